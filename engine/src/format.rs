@@ -1,0 +1,522 @@
+//! Every on-disk structure, encoded and decoded here and nowhere else: explicit offsets,
+//! little-endian, no serde. `engine/FORMAT.md` draws the same layouts; change both together.
+//!
+//! Decoders take bytes just read from disk and validate them before anything else sees them
+//! ("check after reading"); encoders assert a record is valid before it is written.
+
+use crate::error::{Error, Result};
+use std::fmt;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+pub const MAGIC: [u8; 8] = *b"CKPTFS\0\x01";
+/// Bumped on any incompatible change to the structures below (see FORMAT.md's version log).
+pub const FORMAT_VERSION: u32 = 1;
+pub const SUPERBLOCK_LEN: usize = 4096;
+const SUPERBLOCK_USED: usize = 64;
+
+/// Names of the fixed set of files in a backing directory, all made at format time.
+pub const SUPERBLOCK_FILE: &str = "superblock";
+pub const DATA_FILE: &str = "data";
+pub const META_FILE: &str = "meta.redb";
+pub const LOCK_FILE: &str = "lock";
+pub const LOG_FILE: &str = "daemon.log";
+pub const SPACE_FILES: [&str; 5] = [SUPERBLOCK_FILE, DATA_FILE, META_FILE, LOCK_FILE, LOG_FILE];
+
+/// blake3 of a chunk's uncompressed bytes: the chunk's name everywhere.
+#[derive(Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct ChunkHash(pub [u8; 32]);
+
+impl ChunkHash {
+    pub fn of(data: &[u8]) -> Self {
+        ChunkHash(*blake3::hash(data).as_bytes())
+    }
+}
+
+impl fmt::Debug for ChunkHash {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        for b in &self.0[..8] {
+            write!(f, "{b:02x}")?;
+        }
+        Ok(())
+    }
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct InodeId(pub u64);
+
+impl InodeId {
+    pub const ROOT: InodeId = InodeId(1);
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct RevisionId(pub u64);
+
+/// Byte offset inside the reserved data file.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct DataOffset(pub u64);
+
+fn u32_at(b: &[u8], at: usize) -> u32 {
+    u32::from_le_bytes(b[at..at + 4].try_into().expect("4 bytes"))
+}
+fn u64_at(b: &[u8], at: usize) -> u64 {
+    u64::from_le_bytes(b[at..at + 8].try_into().expect("8 bytes"))
+}
+fn i64_at(b: &[u8], at: usize) -> i64 {
+    i64::from_le_bytes(b[at..at + 8].try_into().expect("8 bytes"))
+}
+
+/// Chunking parameters, fixed at format time.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ChunkParams {
+    pub min_bytes: u32,
+    pub avg_bytes: u32,
+    pub max_bytes: u32,
+}
+
+impl ChunkParams {
+    pub const MIN_AVG_BYTES: u32 = 4096;
+    pub const MAX_AVG_BYTES: u32 = 4 << 20;
+
+    /// min = avg/4 and max = avg*4, the spread FastCDC's authors recommend.
+    pub fn from_avg(avg_bytes: u32) -> Result<Self> {
+        if !avg_bytes.is_power_of_two()
+            || !(Self::MIN_AVG_BYTES..=Self::MAX_AVG_BYTES).contains(&avg_bytes)
+        {
+            return Err(Error::Invalid(format!(
+                "chunk size must be a power of two between {} KiB and {} MiB, got {avg_bytes} bytes",
+                Self::MIN_AVG_BYTES >> 10,
+                Self::MAX_AVG_BYTES >> 20
+            )));
+        }
+        Ok(ChunkParams {
+            min_bytes: avg_bytes / 4,
+            avg_bytes,
+            max_bytes: avg_bytes * 4,
+        })
+    }
+}
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Superblock {
+    pub version: u32,
+    pub uuid: [u8; 16],
+    pub data_size_bytes: u64,
+    pub chunk: ChunkParams,
+    pub created_unix_s: u64,
+}
+
+impl Superblock {
+    pub fn encode(&self) -> Vec<u8> {
+        assert!(self.data_size_bytes > 0);
+        assert!(ChunkParams::from_avg(self.chunk.avg_bytes).is_ok());
+        let mut b = vec![0u8; SUPERBLOCK_LEN];
+        b[0..8].copy_from_slice(&MAGIC);
+        b[8..12].copy_from_slice(&self.version.to_le_bytes());
+        b[16..32].copy_from_slice(&self.uuid);
+        b[32..40].copy_from_slice(&self.data_size_bytes.to_le_bytes());
+        b[40..44].copy_from_slice(&self.chunk.min_bytes.to_le_bytes());
+        b[44..48].copy_from_slice(&self.chunk.avg_bytes.to_le_bytes());
+        b[48..52].copy_from_slice(&self.chunk.max_bytes.to_le_bytes());
+        b[56..64].copy_from_slice(&self.created_unix_s.to_le_bytes());
+        let sum = blake3::hash(&b[..SUPERBLOCK_USED]);
+        b[SUPERBLOCK_USED..SUPERBLOCK_USED + 32].copy_from_slice(sum.as_bytes());
+        b
+    }
+
+    pub fn decode(b: &[u8]) -> Result<Self> {
+        if b.len() < SUPERBLOCK_USED + 32 || b[0..8] != MAGIC {
+            return Err(Error::NotASpace(
+                "not a ckptfs backing space (bad superblock magic)".into(),
+            ));
+        }
+        let sum = blake3::hash(&b[..SUPERBLOCK_USED]);
+        if sum.as_bytes() != &b[SUPERBLOCK_USED..SUPERBLOCK_USED + 32] {
+            return Err(Error::Corrupt("superblock checksum mismatch".into()));
+        }
+        let version = u32_at(b, 8);
+        if version != FORMAT_VERSION {
+            return Err(Error::NotASpace(format!(
+                "backing space has format version {version}; this ckptfs reads version {FORMAT_VERSION}"
+            )));
+        }
+        let chunk = ChunkParams::from_avg(u32_at(b, 44))
+            .map_err(|_| Error::Corrupt("superblock chunk size out of range".into()))?;
+        if chunk.min_bytes != u32_at(b, 40) || chunk.max_bytes != u32_at(b, 48) {
+            return Err(Error::Corrupt("superblock chunk bounds inconsistent".into()));
+        }
+        let data_size_bytes = u64_at(b, 32);
+        if data_size_bytes == 0 {
+            return Err(Error::Corrupt("superblock data size is zero".into()));
+        }
+        Ok(Superblock {
+            version,
+            uuid: b[16..32].try_into().expect("16 bytes"),
+            data_size_bytes,
+            chunk,
+            created_unix_s: u64_at(b, 56),
+        })
+    }
+}
+
+/// Seconds and nanoseconds since the Unix epoch (negative seconds before it).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Default)]
+pub struct Timestamp {
+    pub secs: i64,
+    pub nanos: u32,
+}
+
+impl Timestamp {
+    pub fn now() -> Self {
+        SystemTime::now().into()
+    }
+    fn encode(&self, b: &mut [u8]) {
+        b[0..8].copy_from_slice(&self.secs.to_le_bytes());
+        b[8..12].copy_from_slice(&self.nanos.to_le_bytes());
+    }
+    fn decode(b: &[u8]) -> Self {
+        Timestamp {
+            secs: i64_at(b, 0),
+            nanos: u32_at(b, 8),
+        }
+    }
+}
+
+impl From<SystemTime> for Timestamp {
+    fn from(t: SystemTime) -> Self {
+        match t.duration_since(UNIX_EPOCH) {
+            Ok(d) => Timestamp {
+                secs: d.as_secs() as i64,
+                nanos: d.subsec_nanos(),
+            },
+            Err(e) => {
+                let d = e.duration();
+                let (mut secs, mut nanos) = (-(d.as_secs() as i64), d.subsec_nanos());
+                if nanos > 0 {
+                    secs -= 1;
+                    nanos = 1_000_000_000 - nanos;
+                }
+                Timestamp { secs, nanos }
+            }
+        }
+    }
+}
+
+impl From<Timestamp> for SystemTime {
+    fn from(t: Timestamp) -> Self {
+        if t.secs >= 0 {
+            UNIX_EPOCH + Duration::new(t.secs as u64, t.nanos)
+        } else {
+            UNIX_EPOCH - Duration::from_secs(t.secs.unsigned_abs()) + Duration::from_nanos(t.nanos as u64)
+        }
+    }
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum NodeKind {
+    File = 1,
+    Dir = 2,
+    Symlink = 3,
+}
+
+/// One inode as committed in the metadata table. For a regular file, `size` and `current_rev`
+/// always describe a committed revision: uncommitted writes live only in memory.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct InodeRecord {
+    pub kind: NodeKind,
+    /// Permission bits including setuid/setgid/sticky (mode & 0o7777).
+    pub perm: u32,
+    pub uid: u32,
+    pub gid: u32,
+    pub nlink: u32,
+    pub size: u64,
+    /// 0 when the file has never been committed with content.
+    pub current_rev: RevisionId,
+    pub atime: Timestamp,
+    pub mtime: Timestamp,
+    pub ctime: Timestamp,
+    pub crtime: Timestamp,
+    /// The parent directory of a directory (for ".."); 0 for other kinds.
+    pub parent: InodeId,
+    /// Symlink target; empty for other kinds.
+    pub target: Vec<u8>,
+}
+
+const INODE_FIXED: usize = 104;
+
+impl InodeRecord {
+    pub fn encode(&self) -> Vec<u8> {
+        assert!(self.perm <= 0o7777);
+        assert!(self.kind == NodeKind::Symlink || self.target.is_empty());
+        let mut b = vec![0u8; INODE_FIXED + self.target.len()];
+        b[0] = self.kind as u8;
+        b[4..8].copy_from_slice(&self.perm.to_le_bytes());
+        b[8..12].copy_from_slice(&self.uid.to_le_bytes());
+        b[12..16].copy_from_slice(&self.gid.to_le_bytes());
+        b[16..20].copy_from_slice(&self.nlink.to_le_bytes());
+        b[24..32].copy_from_slice(&self.size.to_le_bytes());
+        b[32..40].copy_from_slice(&self.current_rev.0.to_le_bytes());
+        self.atime.encode(&mut b[40..52]);
+        self.mtime.encode(&mut b[52..64]);
+        self.ctime.encode(&mut b[64..76]);
+        self.crtime.encode(&mut b[76..88]);
+        b[88..96].copy_from_slice(&self.parent.0.to_le_bytes());
+        b[96..100].copy_from_slice(&(self.target.len() as u32).to_le_bytes());
+        b[INODE_FIXED..].copy_from_slice(&self.target);
+        b
+    }
+
+    pub fn decode(b: &[u8]) -> Result<Self> {
+        let bad = |m: &str| Error::Corrupt(format!("inode record: {m}"));
+        if b.len() < INODE_FIXED {
+            return Err(bad("too short"));
+        }
+        let kind = match b[0] {
+            1 => NodeKind::File,
+            2 => NodeKind::Dir,
+            3 => NodeKind::Symlink,
+            _ => return Err(bad("unknown kind")),
+        };
+        let perm = u32_at(b, 4);
+        let target_len = u32_at(b, 96) as usize;
+        if perm > 0o7777 || b.len() != INODE_FIXED + target_len {
+            return Err(bad("bad mode or length"));
+        }
+        Ok(InodeRecord {
+            kind,
+            perm,
+            uid: u32_at(b, 8),
+            gid: u32_at(b, 12),
+            nlink: u32_at(b, 16),
+            size: u64_at(b, 24),
+            current_rev: RevisionId(u64_at(b, 32)),
+            atime: Timestamp::decode(&b[40..52]),
+            mtime: Timestamp::decode(&b[52..64]),
+            ctime: Timestamp::decode(&b[64..76]),
+            crtime: Timestamp::decode(&b[76..88]),
+            parent: InodeId(u64_at(b, 88)),
+            target: b[INODE_FIXED..].to_vec(),
+        })
+    }
+}
+
+/// How a chunk's bytes are stored in the data file.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Codec {
+    Raw = 0,
+    /// lz4_flex block format, no size prefix; the raw length is in the chunk record.
+    Lz4 = 1,
+}
+
+/// Where a distinct chunk lives and how many extents of kept revisions name it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ChunkRecord {
+    pub offset: DataOffset,
+    pub stored_len: u32,
+    pub raw_len: u32,
+    pub codec: Codec,
+    pub refs: u64,
+}
+
+pub const CHUNK_RECORD_LEN: usize = 32;
+
+impl ChunkRecord {
+    pub fn encode(&self) -> [u8; CHUNK_RECORD_LEN] {
+        assert!(self.raw_len > 0 && self.stored_len > 0);
+        assert!(self.codec != Codec::Raw || self.stored_len == self.raw_len);
+        let mut b = [0u8; CHUNK_RECORD_LEN];
+        b[0..8].copy_from_slice(&self.offset.0.to_le_bytes());
+        b[8..12].copy_from_slice(&self.stored_len.to_le_bytes());
+        b[12..16].copy_from_slice(&self.raw_len.to_le_bytes());
+        b[16] = self.codec as u8;
+        b[24..32].copy_from_slice(&self.refs.to_le_bytes());
+        b
+    }
+
+    pub fn decode(b: &[u8]) -> Result<Self> {
+        let bad = |m: &str| Error::Corrupt(format!("chunk record: {m}"));
+        if b.len() != CHUNK_RECORD_LEN {
+            return Err(bad("wrong length"));
+        }
+        let codec = match b[16] {
+            0 => Codec::Raw,
+            1 => Codec::Lz4,
+            _ => return Err(bad("unknown codec")),
+        };
+        let r = ChunkRecord {
+            offset: DataOffset(u64_at(b, 0)),
+            stored_len: u32_at(b, 8),
+            raw_len: u32_at(b, 12),
+            codec,
+            refs: u64_at(b, 24),
+        };
+        if r.raw_len == 0 || r.stored_len == 0 || (codec == Codec::Raw && r.stored_len != r.raw_len) {
+            return Err(bad("inconsistent lengths"));
+        }
+        Ok(r)
+    }
+}
+
+/// One piece of a file: `len` bytes taken from `chunk` starting at `chunk_off`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Extent {
+    pub chunk: ChunkHash,
+    pub chunk_off: u32,
+    pub len: u32,
+}
+
+pub const EXTENT_LEN: usize = 40;
+
+impl Extent {
+    pub fn encode(&self) -> [u8; EXTENT_LEN] {
+        assert!(self.len > 0);
+        let mut b = [0u8; EXTENT_LEN];
+        b[0..32].copy_from_slice(&self.chunk.0);
+        b[32..36].copy_from_slice(&self.chunk_off.to_le_bytes());
+        b[36..40].copy_from_slice(&self.len.to_le_bytes());
+        b
+    }
+
+    pub fn decode(b: &[u8]) -> Result<Self> {
+        if b.len() != EXTENT_LEN || u32_at(b, 36) == 0 {
+            return Err(Error::Corrupt("extent record malformed".into()));
+        }
+        Ok(Extent {
+            chunk: ChunkHash(b[0..32].try_into().expect("32 bytes")),
+            chunk_off: u32_at(b, 32),
+            len: u32_at(b, 36),
+        })
+    }
+}
+
+/// A committed revision of a file.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct RevisionRecord {
+    pub size: u64,
+    pub committed: Timestamp,
+    /// Bytes this revision added to the data file (its differential cost).
+    pub new_stored_bytes: u64,
+    /// True when the revision was sealed by the last close; false for an fsync point.
+    pub sealed: bool,
+}
+
+pub const REVISION_RECORD_LEN: usize = 40;
+
+impl RevisionRecord {
+    pub fn encode(&self) -> [u8; REVISION_RECORD_LEN] {
+        let mut b = [0u8; REVISION_RECORD_LEN];
+        b[0..8].copy_from_slice(&self.size.to_le_bytes());
+        self.committed.encode(&mut b[8..20]);
+        b[24..32].copy_from_slice(&self.new_stored_bytes.to_le_bytes());
+        b[32] = self.sealed as u8;
+        b
+    }
+
+    pub fn decode(b: &[u8]) -> Result<Self> {
+        if b.len() != REVISION_RECORD_LEN || b[32] > 1 {
+            return Err(Error::Corrupt("revision record malformed".into()));
+        }
+        Ok(RevisionRecord {
+            size: u64_at(b, 0),
+            committed: Timestamp::decode(&b[8..20]),
+            new_stored_bytes: u64_at(b, 24),
+            sealed: b[32] == 1,
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Golden bytes: an encoded superblock must not change without a format version bump.
+    #[test]
+    fn superblock_golden() {
+        let sb = Superblock {
+            version: FORMAT_VERSION,
+            uuid: [7; 16],
+            data_size_bytes: 1 << 30,
+            chunk: ChunkParams::from_avg(65536).unwrap(),
+            created_unix_s: 1_700_000_000,
+        };
+        let b = sb.encode();
+        assert_eq!(
+            blake3::hash(&b).to_hex().as_str(),
+            blake3::hash(&golden_superblock()).to_hex().as_str()
+        );
+        assert_eq!(Superblock::decode(&b).unwrap(), sb);
+        let mut bad = b.clone();
+        bad[33] ^= 1;
+        assert!(matches!(Superblock::decode(&bad), Err(Error::Corrupt(_))));
+        let mut foreign = b.clone();
+        foreign[0] = b'X';
+        assert!(matches!(Superblock::decode(&foreign), Err(Error::NotASpace(_))));
+    }
+
+    fn golden_superblock() -> Vec<u8> {
+        // Written out by hand from FORMAT.md's diagram, independently of `encode`.
+        let mut b = vec![0u8; SUPERBLOCK_LEN];
+        b[0..8].copy_from_slice(b"CKPTFS\0\x01");
+        b[8] = 1;
+        b[16..32].fill(7);
+        b[32..40].copy_from_slice(&(1u64 << 30).to_le_bytes());
+        b[40..44].copy_from_slice(&16384u32.to_le_bytes());
+        b[44..48].copy_from_slice(&65536u32.to_le_bytes());
+        b[48..52].copy_from_slice(&262144u32.to_le_bytes());
+        b[56..64].copy_from_slice(&1_700_000_000u64.to_le_bytes());
+        let sum = blake3::hash(&b[..64]);
+        b[64..96].copy_from_slice(sum.as_bytes());
+        b
+    }
+
+    #[test]
+    fn records_roundtrip_and_reject_garbage() {
+        let ino = InodeRecord {
+            kind: NodeKind::Symlink,
+            perm: 0o777,
+            uid: 1,
+            gid: 2,
+            nlink: 1,
+            size: 4,
+            current_rev: RevisionId(0),
+            atime: Timestamp { secs: -5, nanos: 3 },
+            mtime: Timestamp::now(),
+            ctime: Timestamp::now(),
+            crtime: Timestamp::now(),
+            parent: InodeId(0),
+            target: b"step".to_vec(),
+        };
+        assert_eq!(InodeRecord::decode(&ino.encode()).unwrap(), ino);
+        assert!(InodeRecord::decode(&ino.encode()[..50]).is_err());
+        let c = ChunkRecord {
+            offset: DataOffset(4096),
+            stored_len: 10,
+            raw_len: 20,
+            codec: Codec::Lz4,
+            refs: 3,
+        };
+        assert_eq!(ChunkRecord::decode(&c.encode()).unwrap(), c);
+        let mut bad = c.encode();
+        bad[16] = 9;
+        assert!(ChunkRecord::decode(&bad).is_err());
+        let e = Extent {
+            chunk: ChunkHash::of(b"x"),
+            chunk_off: 5,
+            len: 7,
+        };
+        assert_eq!(Extent::decode(&e.encode()).unwrap(), e);
+        let r = RevisionRecord {
+            size: 9,
+            committed: Timestamp::now(),
+            new_stored_bytes: 3,
+            sealed: true,
+        };
+        assert_eq!(RevisionRecord::decode(&r.encode()).unwrap(), r);
+    }
+
+    #[test]
+    fn timestamps_before_epoch_roundtrip() {
+        let t = UNIX_EPOCH - Duration::new(5, 250);
+        let ts: Timestamp = t.into();
+        assert_eq!(SystemTime::from(ts), t);
+    }
+}
