@@ -49,7 +49,9 @@ impl ExtentMap {
     pub fn push_loaded(&mut self, off: u64, e: Extent) -> Result<()> {
         if let Some((last_off, last)) = self.extents.iter().next_back() {
             if last_off + last.len as u64 > off {
-                return Err(Error::Corrupt(format!("overlapping extents at file offset {off}")));
+                return Err(Error::Corrupt(format!(
+                    "overlapping extents at file offset {off}"
+                )));
             }
         }
         self.extents.insert(off, e);
@@ -64,7 +66,13 @@ impl ExtentMap {
         if let Some((&o, &e)) = self.extents.range(..start).next_back() {
             let e_end = o + e.len as u64;
             if e_end > start {
-                self.extents.insert(o, Extent { len: (start - o) as u32, ..e });
+                self.extents.insert(
+                    o,
+                    Extent {
+                        len: (start - o) as u32,
+                        ..e
+                    },
+                );
                 if e_end > end {
                     self.insert_tail(o, e, end);
                 }
@@ -218,7 +226,10 @@ impl FileState {
 
     fn dirty_intersects(&self, start: u64, end: u64) -> bool {
         let bs = self.block_bytes();
-        self.dirty.range(start / bs..end.div_ceil(bs)).next().is_some()
+        self.dirty
+            .range(start / bs..end.div_ceil(bs))
+            .next()
+            .is_some()
     }
 
     pub fn write(&mut self, c: &dyn ChunkIo, off: u64, data: &[u8]) -> Result<()> {
@@ -565,7 +576,11 @@ pub(crate) mod tests {
         }
         b.finish(&chunks).unwrap();
         let set_a: std::collections::HashSet<_> = a.map.iter().map(|(_, e)| e.chunk).collect();
-        let shared = b.map.iter().filter(|(_, e)| set_a.contains(&e.chunk)).count();
+        let shared = b
+            .map
+            .iter()
+            .filter(|(_, e)| set_a.contains(&e.chunk))
+            .count();
         assert!(
             shared * 100 >= b.map.len() * 95,
             "only {shared} of {} chunks shared",

@@ -142,7 +142,9 @@ impl Superblock {
         let chunk = ChunkParams::from_avg(u32_at(b, 44))
             .map_err(|_| Error::Corrupt("superblock chunk size out of range".into()))?;
         if chunk.min_bytes != u32_at(b, 40) || chunk.max_bytes != u32_at(b, 48) {
-            return Err(Error::Corrupt("superblock chunk bounds inconsistent".into()));
+            return Err(Error::Corrupt(
+                "superblock chunk bounds inconsistent".into(),
+            ));
         }
         let data_size_bytes = u64_at(b, 32);
         if data_size_bytes == 0 {
@@ -206,7 +208,8 @@ impl From<Timestamp> for SystemTime {
         if t.secs >= 0 {
             UNIX_EPOCH + Duration::new(t.secs as u64, t.nanos)
         } else {
-            UNIX_EPOCH - Duration::from_secs(t.secs.unsigned_abs()) + Duration::from_nanos(t.nanos as u64)
+            UNIX_EPOCH - Duration::from_secs(t.secs.unsigned_abs())
+                + Duration::from_nanos(t.nanos as u64)
         }
     }
 }
@@ -349,7 +352,8 @@ impl ChunkRecord {
             codec,
             refs: u64_at(b, 24),
         };
-        if r.raw_len == 0 || r.stored_len == 0 || (codec == Codec::Raw && r.stored_len != r.raw_len) {
+        if r.raw_len == 0 || r.stored_len == 0 || (codec == Codec::Raw && r.stored_len != r.raw_len)
+        {
             return Err(bad("inconsistent lengths"));
         }
         Ok(r)
@@ -449,7 +453,10 @@ mod tests {
         assert!(matches!(Superblock::decode(&bad), Err(Error::Corrupt(_))));
         let mut foreign = b.clone();
         foreign[0] = b'X';
-        assert!(matches!(Superblock::decode(&foreign), Err(Error::NotASpace(_))));
+        assert!(matches!(
+            Superblock::decode(&foreign),
+            Err(Error::NotASpace(_))
+        ));
     }
 
     fn golden_superblock() -> Vec<u8> {

@@ -28,7 +28,10 @@ pub const ALLOC_HEAD: &str = "alloc_head";
 /// readdir cookies 1 and 2 are "." and ".."; entries start after them.
 pub const FIRST_COOKIE: u64 = 3;
 
-pub fn get_inode(t: &impl ReadableTable<u64, &'static [u8]>, ino: InodeId) -> Result<Option<InodeRecord>> {
+pub fn get_inode(
+    t: &impl ReadableTable<u64, &'static [u8]>,
+    ino: InodeId,
+) -> Result<Option<InodeRecord>> {
     match t.get(ino.0)? {
         Some(v) => Ok(Some(InodeRecord::decode(v.value())?)),
         None => Ok(None),
@@ -137,7 +140,11 @@ impl NsTxn<'_> {
     }
 
     pub fn dir_is_empty(&self, dir: InodeId) -> Result<bool> {
-        Ok(self.dirlist.range((dir.0, 0)..(dir.0, u64::MAX))?.next().is_none())
+        Ok(self
+            .dirlist
+            .range((dir.0, 0)..(dir.0, u64::MAX))?
+            .next()
+            .is_none())
     }
 }
 

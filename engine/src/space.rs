@@ -108,7 +108,9 @@ fn take_lock(dir: &Path) -> Result<File> {
 
 /// Reads the lock file of a space, which names the process and mountpoint holding it.
 pub fn lock_holder(dir: &Path) -> Option<String> {
-    fs::read_to_string(dir.join(LOCK_FILE)).ok().filter(|s| !s.trim().is_empty())
+    fs::read_to_string(dir.join(LOCK_FILE))
+        .ok()
+        .filter(|s| !s.trim().is_empty())
 }
 
 pub fn read_superblock(dir: &Path) -> Result<Superblock> {
@@ -152,7 +154,10 @@ impl Space {
             )));
         }
         if dir.exists() && !dir.is_dir() {
-            return Err(Error::Invalid(format!("{} is not a directory", dir.display())));
+            return Err(Error::Invalid(format!(
+                "{} is not a directory",
+                dir.display()
+            )));
         }
         fs::create_dir_all(dir)?;
         let names: Vec<String> = fs::read_dir(dir)?
@@ -251,8 +256,8 @@ impl Space {
         // The superblock goes last: a directory without one is never mistaken for a space.
         let mut uuid = [0u8; 16];
         uuid.copy_from_slice(
-            &blake3::hash(format!("{:?}{}{:?}", now, std::process::id(), dir).as_bytes()).as_bytes()
-                [..16],
+            &blake3::hash(format!("{:?}{}{:?}", now, std::process::id(), dir).as_bytes())
+                .as_bytes()[..16],
         );
         let sb = Superblock {
             version: FORMAT_VERSION,
@@ -302,7 +307,9 @@ impl Space {
             meta::counter(&c, meta::ALLOC_HEAD)?
         };
         if head > sb.data_size_bytes {
-            return Err(Error::Corrupt("allocation head beyond the data file".into()));
+            return Err(Error::Corrupt(
+                "allocation head beyond the data file".into(),
+            ));
         }
         let store = ChunkStore::new(Arc::new(dev), db.clone(), head);
         Ok(Space {
@@ -348,31 +355,35 @@ impl Space {
 
     /// Runs a namespace change in one write transaction. `durable` commits make it (and every
     /// earlier non-durable commit) survive a crash; the others are ordered but may be lost.
-    pub fn ns_write<R>(&self, durable: bool, f: impl FnOnce(&mut NsTxn) -> Result<R>) -> Result<R> {
+    pub fn ns_write<R, E: From<Error>>(
+        &self,
+        durable: bool,
+        f: impl FnOnce(&mut NsTxn) -> std::result::Result<R, E>,
+    ) -> std::result::Result<R, E> {
         if self.store.is_failed() {
-            return Err(Error::Failed);
+            return Err(Error::Failed.into());
         }
-        let mut txn = self.db.begin_write()?;
+        let mut txn = self.db.begin_write().map_err(Error::from)?;
         if !durable {
             txn.set_durability(Durability::None)
                 .map_err(|e| Error::Meta(e.to_string()))?;
         }
         let r = {
             let mut t = NsTxn {
-                inodes: txn.open_table(meta::INODES)?,
-                dirents: txn.open_table(meta::DIRENTS)?,
-                dirlist: txn.open_table(meta::DIRLIST)?,
-                counters: txn.open_table(meta::COUNTERS)?,
+                inodes: txn.open_table(meta::INODES).map_err(Error::from)?,
+                dirents: txn.open_table(meta::DIRENTS).map_err(Error::from)?,
+                dirlist: txn.open_table(meta::DIRLIST).map_err(Error::from)?,
+                counters: txn.open_table(meta::COUNTERS).map_err(Error::from)?,
             };
             f(&mut t)
         };
         match r {
             Ok(v) => {
-                txn.commit()?;
+                txn.commit().map_err(Error::from)?;
                 Ok(v)
             }
             Err(e) => {
-                txn.abort()?;
+                txn.abort().map_err(Error::from)?;
                 Err(e)
             }
         }
@@ -419,7 +430,9 @@ impl Space {
         let map = self.load_map(rec.current_rev)?;
         if let Some((o, e)) = map.iter().next_back() {
             if o + e.len as u64 > rec.size {
-                return Err(Error::Corrupt("extent map reaches past the file size".into()));
+                return Err(Error::Corrupt(
+                    "extent map reaches past the file size".into(),
+                ));
             }
         }
         Ok(FileState::new(self.sb.chunk, map, rec.size))
@@ -459,7 +472,10 @@ impl Space {
                     .map(|v| ChunkRecord::decode(v.value()))
                     .transpose()?;
                 let updated = match existing {
-                    Some(r) => ChunkRecord { refs: r.refs + 1, ..r },
+                    Some(r) => ChunkRecord {
+                        refs: r.refs + 1,
+                        ..r
+                    },
                     None => {
                         let r = self.store.pending_record(&e.chunk).ok_or_else(|| {
                             Error::Corrupt(format!("extent names unknown chunk {:?}", e.chunk))
@@ -493,7 +509,7 @@ impl Space {
 
     /// Makes every earlier non-durable metadata commit durable (fsync of a directory).
     pub fn sync_meta(&self) -> Result<()> {
-        self.ns_write(true, |_| Ok(()))
+        self.ns_write(true, |_| Ok::<(), Error>(()))
     }
 
     pub fn stats(&self) -> Result<Stats> {

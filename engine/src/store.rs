@@ -203,12 +203,14 @@ impl ChunkIo for ChunkStore {
         let stored = self.read_stored(&rec)?;
         let raw = match rec.codec {
             Codec::Raw => stored,
-            Codec::Lz4 => lz4_flex::block::decompress(&stored, rec.raw_len as usize).map_err(|e| {
-                Error::Corrupt(format!(
-                    "chunk {h:?} at data offset {} does not decode: {e}",
-                    rec.offset.0
-                ))
-            })?,
+            Codec::Lz4 => {
+                lz4_flex::block::decompress(&stored, rec.raw_len as usize).map_err(|e| {
+                    Error::Corrupt(format!(
+                        "chunk {h:?} at data offset {} does not decode: {e}",
+                        rec.offset.0
+                    ))
+                })?
+            }
         };
         // The hash lives in the metadata, not next to the data: a torn, misdirected or rotted
         // write is caught here, and the reader gets an error instead of wrong bytes.

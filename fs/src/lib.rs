@@ -1,0 +1,692 @@
+//! Filesystem semantics over the engine: inodes, directories, open files, POSIX rules.
+//! No FUSE types here; the `ckptfs` binary's adapter translates requests and errors.
+
+use ckptfs_engine::filemap::FileState;
+use ckptfs_engine::format::{InodeId, InodeRecord, NodeKind, RevisionId, Timestamp};
+use ckptfs_engine::meta::DirEntry;
+use ckptfs_engine::{Space, Stats};
+use parking_lot::Mutex;
+use std::collections::HashMap;
+use std::sync::Arc;
+
+/// Longest name in a directory, as reported by statfs.
+pub const NAME_MAX: usize = 255;
+/// Largest file size; writes or truncates beyond it fail with EFBIG.
+pub const MAX_FILE_BYTES: u64 = 1 << 50;
+/// Extended attribute on the root directory that returns `ckptfs stats` as JSON.
+pub const STATS_XATTR: &str = "user.ckptfs.stats";
+
+#[derive(Debug)]
+pub enum Error {
+    NotFound,
+    Exists,
+    NotDir,
+    IsDir,
+    NotEmpty,
+    NameTooLong,
+    /// The operation is refused on purpose (hard links, device and fifo nodes).
+    NotPermitted,
+    Invalid,
+    FileTooBig,
+    Engine(ckptfs_engine::Error),
+}
+
+impl From<ckptfs_engine::Error> for Error {
+    fn from(e: ckptfs_engine::Error) -> Self {
+        Error::Engine(e)
+    }
+}
+
+pub type Result<T> = std::result::Result<T, Error>;
+
+/// Attributes as the kernel sees them: the inode record with the live size of open files.
+#[derive(Clone, Debug)]
+pub struct Attr {
+    pub ino: InodeId,
+    pub rec: InodeRecord,
+}
+
+/// The parts of setattr that are present in a request.
+#[derive(Clone, Debug, Default)]
+pub struct SetAttr {
+    pub perm: Option<u32>,
+    pub uid: Option<u32>,
+    pub gid: Option<u32>,
+    pub size: Option<u64>,
+    pub atime: Option<Timestamp>,
+    pub mtime: Option<Timestamp>,
+    pub ctime: Option<Timestamp>,
+}
+
+/// The caller of an operation, for the owner of new nodes.
+#[derive(Clone, Copy, Debug)]
+pub struct Caller {
+    pub uid: u32,
+    pub gid: u32,
+}
+
+/// A regular file with at least one open handle (or uncommitted writes).
+struct OpenNode {
+    rec: InodeRecord,
+    file: FileState,
+    opens: u32,
+    writers: u32,
+}
+
+impl OpenNode {
+    fn attr(&self, ino: InodeId) -> Attr {
+        let mut rec = self.rec.clone();
+        rec.size = self.file.size();
+        Attr { ino, rec }
+    }
+}
+
+pub struct Fs {
+    space: Space,
+    /// Open regular files by inode. Lock order: this map, then one node.
+    open: Mutex<HashMap<InodeId, Arc<Mutex<OpenNode>>>>,
+}
+
+fn check_name(name: &[u8]) -> Result<()> {
+    if name.len() > NAME_MAX {
+        return Err(Error::NameTooLong);
+    }
+    if name.is_empty() || name == b"." || name == b".." || name.contains(&b'/') {
+        return Err(Error::Invalid);
+    }
+    Ok(())
+}
+
+fn new_record(
+    kind: NodeKind,
+    perm: u32,
+    c: Caller,
+    parent: InodeId,
+    target: Vec<u8>,
+) -> InodeRecord {
+    let now = Timestamp::now();
+    InodeRecord {
+        kind,
+        perm: perm & 0o7777,
+        uid: c.uid,
+        gid: c.gid,
+        nlink: if kind == NodeKind::Dir { 2 } else { 1 },
+        size: target.len() as u64,
+        current_rev: RevisionId(0),
+        atime: now,
+        mtime: now,
+        ctime: now,
+        crtime: now,
+        parent: if kind == NodeKind::Dir {
+            parent
+        } else {
+            InodeId(0)
+        },
+        target,
+    }
+}
+
+impl Fs {
+    pub fn new(space: Space) -> Self {
+        Fs {
+            space,
+            open: Mutex::new(HashMap::new()),
+        }
+    }
+
+    pub fn space(&self) -> &Space {
+        &self.space
+    }
+
+    fn open_node(&self, ino: InodeId) -> Option<Arc<Mutex<OpenNode>>> {
+        self.open.lock().get(&ino).cloned()
+    }
+
+    fn record(&self, ino: InodeId) -> Result<InodeRecord> {
+        self.space.get_inode(ino)?.ok_or(Error::NotFound)
+    }
+
+    pub fn getattr(&self, ino: InodeId) -> Result<Attr> {
+        if let Some(n) = self.open_node(ino) {
+            return Ok(n.lock().attr(ino));
+        }
+        let rec = self.record(ino)?;
+        Ok(Attr { ino, rec })
+    }
+
+    pub fn lookup(&self, parent: InodeId, name: &[u8]) -> Result<Attr> {
+        if name.len() > NAME_MAX {
+            return Err(Error::NameTooLong);
+        }
+        let child = self.space.lookup(parent, name)?.ok_or(Error::NotFound)?;
+        self.getattr(child)
+    }
+
+    /// Updates the in-memory copy of an open inode after a namespace change to its record.
+    fn refresh_open(&self, ino: InodeId, f: impl FnOnce(&mut InodeRecord)) {
+        if let Some(n) = self.open_node(ino) {
+            f(&mut n.lock().rec);
+        }
+    }
+
+    /// The record to persist for `ino`: for an open file, its in-memory attributes with the
+    /// committed size and revision (uncommitted content must never be named by the table).
+    fn current_record(&self, ino: InodeId, stored: InodeRecord) -> InodeRecord {
+        match self.open_node(ino) {
+            Some(n) => {
+                let n = n.lock();
+                InodeRecord {
+                    size: stored.size,
+                    current_rev: stored.current_rev,
+                    nlink: stored.nlink,
+                    ..n.rec.clone()
+                }
+            }
+            None => stored,
+        }
+    }
+
+    fn make_node(&self, parent: InodeId, name: &[u8], rec: InodeRecord) -> Result<Attr> {
+        check_name(name)?;
+        let is_dir = rec.kind == NodeKind::Dir;
+        let (ino, rec) = self.space.ns_write(false, |t| -> Result<_> {
+            let mut p = t.get_inode(parent)?.ok_or(Error::NotFound)?;
+            if p.kind != NodeKind::Dir {
+                return Err(Error::NotDir);
+            }
+            if t.lookup(parent, name)?.is_some() {
+                return Err(Error::Exists);
+            }
+            // BSD group semantics of a setgid directory: new nodes take its group, and new
+            // directories inherit the bit.
+            let mut rec = rec;
+            if p.perm & libc::S_ISGID != 0 {
+                rec.gid = p.gid;
+                if is_dir {
+                    rec.perm |= libc::S_ISGID;
+                }
+            }
+            let ino = t.alloc_ino()?;
+            t.put_inode(ino, &rec)?;
+            t.add_entry(parent, name, ino)?;
+            let now = Timestamp::now();
+            p.mtime = now;
+            p.ctime = now;
+            if is_dir {
+                p.nlink += 1;
+            }
+            t.put_inode(parent, &p)?;
+            Ok((ino, rec))
+        })?;
+        Ok(Attr { ino, rec })
+    }
+
+    pub fn mkdir(&self, parent: InodeId, name: &[u8], perm: u32, c: Caller) -> Result<Attr> {
+        self.make_node(
+            parent,
+            name,
+            new_record(NodeKind::Dir, perm, c, parent, Vec::new()),
+        )
+    }
+
+    pub fn symlink(&self, parent: InodeId, name: &[u8], target: &[u8], c: Caller) -> Result<Attr> {
+        if target.is_empty() || target.len() > 4095 {
+            return Err(if target.is_empty() {
+                Error::NotFound
+            } else {
+                Error::NameTooLong
+            });
+        }
+        self.make_node(
+            parent,
+            name,
+            new_record(NodeKind::Symlink, 0o777, c, parent, target.to_vec()),
+        )
+    }
+
+    pub fn readlink(&self, ino: InodeId) -> Result<Vec<u8>> {
+        let rec = self.record(ino)?;
+        if rec.kind != NodeKind::Symlink {
+            return Err(Error::Invalid);
+        }
+        Ok(rec.target)
+    }
+
+    /// Creates a regular file and opens it; `write` says whether the handle may write.
+    pub fn create(
+        &self,
+        parent: InodeId,
+        name: &[u8],
+        perm: u32,
+        c: Caller,
+        write: bool,
+    ) -> Result<Attr> {
+        let attr = self.make_node(
+            parent,
+            name,
+            new_record(NodeKind::File, perm, c, parent, Vec::new()),
+        )?;
+        self.open(attr.ino, write, false)?;
+        Ok(attr)
+    }
+
+    /// mknod: regular files only; special files are refused on purpose (see the README).
+    pub fn mknod(&self, parent: InodeId, name: &[u8], mode: u32, c: Caller) -> Result<Attr> {
+        if mode & libc::S_IFMT != libc::S_IFREG && mode & libc::S_IFMT != 0 {
+            return Err(Error::NotPermitted);
+        }
+        self.make_node(
+            parent,
+            name,
+            new_record(NodeKind::File, mode, c, parent, Vec::new()),
+        )
+    }
+
+    pub fn unlink(&self, parent: InodeId, name: &[u8]) -> Result<()> {
+        self.remove(parent, name, false)
+    }
+
+    pub fn rmdir(&self, parent: InodeId, name: &[u8]) -> Result<()> {
+        self.remove(parent, name, true)
+    }
+
+    fn remove(&self, parent: InodeId, name: &[u8], dir: bool) -> Result<()> {
+        if name.len() > NAME_MAX {
+            return Err(Error::NameTooLong);
+        }
+        let now = Timestamp::now();
+        let (child, rec) = self.space.ns_write(false, |t| -> Result<_> {
+            let child = t.lookup(parent, name)?.ok_or(Error::NotFound)?;
+            let mut rec = t.inode(child)?;
+            let is_dir = rec.kind == NodeKind::Dir;
+            if dir && !is_dir {
+                return Err(Error::NotDir);
+            }
+            if !dir && is_dir {
+                return Err(Error::IsDir);
+            }
+            if is_dir && !t.dir_is_empty(child)? {
+                return Err(Error::NotEmpty);
+            }
+            t.remove_entry(parent, name)?;
+            let mut p = t.inode(parent)?;
+            p.mtime = now;
+            p.ctime = now;
+            if is_dir {
+                p.nlink -= 1;
+            }
+            t.put_inode(parent, &p)?;
+            // Unlinked inodes stay in the table with nlink 0: open handles keep reading
+            // them, and their revisions stay until gc reclaims them.
+            rec = self.current_record(child, rec);
+            rec.nlink = 0;
+            rec.ctime = now;
+            t.put_inode(child, &rec)?;
+            Ok((child, rec))
+        })?;
+        self.refresh_open(child, |r| {
+            r.nlink = rec.nlink;
+            r.ctime = rec.ctime;
+        });
+        Ok(())
+    }
+
+    pub fn rename(
+        &self,
+        parent: InodeId,
+        name: &[u8],
+        new_parent: InodeId,
+        new_name: &[u8],
+        noreplace: bool,
+        exchange: bool,
+    ) -> Result<()> {
+        check_name(new_name)?;
+        if name.len() > NAME_MAX {
+            return Err(Error::NameTooLong);
+        }
+        let now = Timestamp::now();
+        let mut touched: Vec<(InodeId, InodeRecord)> = Vec::new();
+        self.space.ns_write(false, |t| -> Result<_> {
+            let src = t.lookup(parent, name)?.ok_or(Error::NotFound)?;
+            let dst = t.lookup(new_parent, new_name)?;
+            if t.inode(new_parent)?.kind != NodeKind::Dir {
+                return Err(Error::NotDir);
+            }
+            if dst == Some(src) {
+                return Ok(());
+            }
+            let mut src_rec = self.current_record(src, t.inode(src)?);
+            let src_dir = src_rec.kind == NodeKind::Dir;
+            if exchange {
+                let dst = dst.ok_or(Error::NotFound)?;
+                let mut dst_rec = self.current_record(dst, t.inode(dst)?);
+                let dst_dir = dst_rec.kind == NodeKind::Dir;
+                t.remove_entry(parent, name)?;
+                t.remove_entry(new_parent, new_name)?;
+                t.add_entry(parent, name, dst)?;
+                t.add_entry(new_parent, new_name, src)?;
+                if parent != new_parent && src_dir != dst_dir {
+                    let (gain, lose) = if src_dir {
+                        (new_parent, parent)
+                    } else {
+                        (parent, new_parent)
+                    };
+                    let mut g = t.inode(gain)?;
+                    g.nlink += 1;
+                    t.put_inode(gain, &g)?;
+                    let mut l = t.inode(lose)?;
+                    l.nlink -= 1;
+                    t.put_inode(lose, &l)?;
+                }
+                if src_dir {
+                    src_rec.parent = new_parent;
+                }
+                if dst_dir {
+                    dst_rec.parent = parent;
+                }
+                src_rec.ctime = now;
+                dst_rec.ctime = now;
+                t.put_inode(src, &src_rec)?;
+                t.put_inode(dst, &dst_rec)?;
+                touched.push((src, src_rec));
+                touched.push((dst, dst_rec));
+            } else {
+                if let Some(dst) = dst {
+                    if noreplace {
+                        return Err(Error::Exists);
+                    }
+                    let mut dst_rec = self.current_record(dst, t.inode(dst)?);
+                    let dst_dir = dst_rec.kind == NodeKind::Dir;
+                    if src_dir && !dst_dir {
+                        return Err(Error::NotDir);
+                    }
+                    if !src_dir && dst_dir {
+                        return Err(Error::IsDir);
+                    }
+                    if dst_dir && !t.dir_is_empty(dst)? {
+                        return Err(Error::NotEmpty);
+                    }
+                    t.remove_entry(new_parent, new_name)?;
+                    if dst_dir {
+                        let mut np = t.inode(new_parent)?;
+                        np.nlink -= 1;
+                        t.put_inode(new_parent, &np)?;
+                    }
+                    dst_rec.nlink = 0;
+                    dst_rec.ctime = now;
+                    t.put_inode(dst, &dst_rec)?;
+                    touched.push((dst, dst_rec));
+                }
+                t.remove_entry(parent, name)?;
+                t.add_entry(new_parent, new_name, src)?;
+                if src_dir && parent != new_parent {
+                    let mut op = t.inode(parent)?;
+                    op.nlink -= 1;
+                    t.put_inode(parent, &op)?;
+                    let mut np = t.inode(new_parent)?;
+                    np.nlink += 1;
+                    t.put_inode(new_parent, &np)?;
+                    src_rec.parent = new_parent;
+                }
+                src_rec.ctime = now;
+                t.put_inode(src, &src_rec)?;
+                touched.push((src, src_rec));
+            }
+            for p in [parent, new_parent] {
+                let mut r = t.inode(p)?;
+                r.mtime = now;
+                r.ctime = now;
+                t.put_inode(p, &r)?;
+            }
+            Ok(())
+        })?;
+        for (ino, rec) in touched {
+            self.refresh_open(ino, |r| {
+                r.nlink = rec.nlink;
+                r.ctime = rec.ctime;
+            });
+        }
+        Ok(())
+    }
+
+    pub fn link(&self) -> Result<Attr> {
+        Err(Error::NotPermitted)
+    }
+
+    pub fn setattr(&self, ino: InodeId, s: &SetAttr) -> Result<Attr> {
+        if let Some(size) = s.size {
+            if size > MAX_FILE_BYTES {
+                return Err(Error::FileTooBig);
+            }
+        }
+        let apply = |r: &mut InodeRecord| {
+            if let Some(p) = s.perm {
+                r.perm = p & 0o7777;
+            }
+            if let Some(u) = s.uid {
+                r.uid = u;
+            }
+            if let Some(g) = s.gid {
+                r.gid = g;
+            }
+            if let Some(t) = s.atime {
+                r.atime = t;
+            }
+            if let Some(t) = s.mtime {
+                r.mtime = t;
+            }
+            r.ctime = s.ctime.unwrap_or_else(Timestamp::now);
+        };
+        if let Some(node) = self.open_node(ino) {
+            let mut n = node.lock();
+            if let Some(size) = s.size {
+                n.file.truncate(size);
+                if s.mtime.is_none() {
+                    n.rec.mtime = Timestamp::now();
+                }
+            }
+            apply(&mut n.rec);
+            let rec = n.rec.clone();
+            drop(n);
+            self.space.ns_write(false, |t| -> Result<()> {
+                let stored = t.inode(ino)?;
+                t.put_inode(
+                    ino,
+                    &InodeRecord {
+                        size: stored.size,
+                        current_rev: stored.current_rev,
+                        nlink: stored.nlink,
+                        ..rec
+                    },
+                )?;
+                Ok(())
+            })?;
+            return self.getattr(ino);
+        }
+        let mut rec = self.record(ino)?;
+        if let Some(size) = s.size {
+            if rec.kind == NodeKind::Dir {
+                return Err(Error::IsDir);
+            }
+            if rec.kind != NodeKind::File {
+                return Err(Error::Invalid);
+            }
+            // truncate(2) on a file nobody has open: commit at once, no close will follow.
+            let mut file = self.space.load_file(&rec)?;
+            file.truncate(size);
+            if s.mtime.is_none() {
+                rec.mtime = Timestamp::now();
+            }
+            apply(&mut rec);
+            self.space.commit_file(ino, &file, &mut rec, true)?;
+            return Ok(Attr { ino, rec });
+        }
+        apply(&mut rec);
+        self.space
+            .ns_write(false, |t| -> Result<()> { Ok(t.put_inode(ino, &rec)?) })?;
+        Ok(Attr { ino, rec })
+    }
+
+    /// Opens a regular file; `truncate` for O_TRUNC.
+    pub fn open(&self, ino: InodeId, write: bool, truncate: bool) -> Result<()> {
+        let node = {
+            let mut open = self.open.lock();
+            match open.get(&ino) {
+                Some(n) => n.clone(),
+                None => {
+                    let rec = self.record(ino)?;
+                    match rec.kind {
+                        NodeKind::File => {}
+                        NodeKind::Dir => return Err(Error::IsDir),
+                        NodeKind::Symlink => return Err(Error::Invalid),
+                    }
+                    let file = self.space.load_file(&rec)?;
+                    let n = Arc::new(Mutex::new(OpenNode {
+                        rec,
+                        file,
+                        opens: 0,
+                        writers: 0,
+                    }));
+                    open.insert(ino, n.clone());
+                    n
+                }
+            }
+        };
+        let mut n = node.lock();
+        n.opens += 1;
+        if write {
+            n.writers += 1;
+        }
+        if truncate && n.file.size() != 0 {
+            n.file.truncate(0);
+            let now = Timestamp::now();
+            n.rec.mtime = now;
+            n.rec.ctime = now;
+        }
+        Ok(())
+    }
+
+    fn node(&self, ino: InodeId) -> Result<Arc<Mutex<OpenNode>>> {
+        self.open_node(ino).ok_or(Error::Invalid)
+    }
+
+    pub fn read(&self, ino: InodeId, off: u64, len: usize) -> Result<Vec<u8>> {
+        let node = self.node(ino)?;
+        let n = node.lock();
+        Ok(n.file.read(self.space.chunks(), off, len)?)
+    }
+
+    pub fn write(&self, ino: InodeId, off: u64, data: &[u8]) -> Result<usize> {
+        if off
+            .checked_add(data.len() as u64)
+            .is_none_or(|e| e > MAX_FILE_BYTES)
+        {
+            return Err(Error::FileTooBig);
+        }
+        if self.space.store().is_failed() {
+            return Err(Error::Engine(ckptfs_engine::Error::Failed));
+        }
+        let node = self.node(ino)?;
+        let mut n = node.lock();
+        n.file.write(self.space.chunks(), off, data)?;
+        let now = Timestamp::now();
+        n.rec.mtime = now;
+        n.rec.ctime = now;
+        Ok(data.len())
+    }
+
+    fn commit_node(&self, ino: InodeId, n: &mut OpenNode, sealed: bool) -> Result<()> {
+        if !n.file.is_modified() {
+            return Ok(());
+        }
+        n.file.finish(self.space.chunks())?;
+        // The stored record may have changed under us (rename, unlink): keep its nlink.
+        let stored = self.record(ino)?;
+        let mut rec = InodeRecord {
+            nlink: stored.nlink,
+            ..n.rec.clone()
+        };
+        self.space.commit_file(ino, &n.file, &mut rec, sealed)?;
+        n.rec = rec;
+        n.file.mark_committed();
+        Ok(())
+    }
+
+    /// close() of a handle: commit so the application's close returns with data durable.
+    pub fn flush(&self, ino: InodeId, writer: bool) -> Result<()> {
+        let Some(node) = self.open_node(ino) else {
+            return Ok(());
+        };
+        let mut n = node.lock();
+        let sealed = writer && n.writers <= 1;
+        self.commit_node(ino, &mut n, sealed)
+    }
+
+    pub fn fsync(&self, ino: InodeId) -> Result<()> {
+        let Some(node) = self.open_node(ino) else {
+            return Ok(());
+        };
+        let mut n = node.lock();
+        self.commit_node(ino, &mut n, false)
+    }
+
+    pub fn fsync_dir(&self) -> Result<()> {
+        Ok(self.space.sync_meta()?)
+    }
+
+    /// Last reference to a handle: commit anything left (e.g. from mmap writeback after
+    /// close) and drop the in-memory state when no handle remains.
+    pub fn release(&self, ino: InodeId, writer: bool) -> Result<()> {
+        let mut open = self.open.lock();
+        let Some(node) = open.get(&ino).cloned() else {
+            return Ok(());
+        };
+        let mut n = node.lock();
+        n.opens = n.opens.saturating_sub(1);
+        if writer {
+            n.writers = n.writers.saturating_sub(1);
+        }
+        let sealed = n.writers == 0;
+        let result = self.commit_node(ino, &mut n, sealed);
+        if n.opens == 0 && !n.file.is_modified() {
+            drop(n);
+            open.remove(&ino);
+        }
+        result
+    }
+
+    /// Commits every open file (unmount).
+    pub fn commit_all(&self) -> Result<()> {
+        let nodes: Vec<_> = self
+            .open
+            .lock()
+            .iter()
+            .map(|(i, n)| (*i, n.clone()))
+            .collect();
+        let mut first_err = None;
+        for (ino, node) in nodes {
+            let mut n = node.lock();
+            if let Err(e) = self.commit_node(ino, &mut n, true) {
+                log::error!("commit of inode {} at unmount failed: {e:?}", ino.0);
+                first_err.get_or_insert(e);
+            }
+        }
+        first_err.map_or(Ok(()), Err)
+    }
+
+    pub fn readdir(&self, dir: InodeId, after: u64, limit: usize) -> Result<Vec<DirEntry>> {
+        let rec = self.record(dir)?;
+        if rec.kind != NodeKind::Dir {
+            return Err(Error::NotDir);
+        }
+        Ok(self.space.list_dir(dir, after, limit)?)
+    }
+
+    pub fn parent_of(&self, dir: InodeId) -> Result<InodeId> {
+        Ok(self.record(dir)?.parent)
+    }
+
+    pub fn stats(&self) -> Result<Stats> {
+        Ok(self.space.stats()?)
+    }
+}

@@ -1,0 +1,542 @@
+//! The FUSE adapter: the only place fuser types appear. Every request is translated to an
+//! `fs::Fs` call, and every error to an errno in `errno()`.
+
+use ckptfs_engine::format::{InodeId, NodeKind, Timestamp};
+use ckptfs_fs::{Attr, Caller, Error, Fs, SetAttr, STATS_XATTR};
+use fuser::{
+    Errno, FileAttr, FileHandle, FileType, Filesystem, FopenFlags, Generation, INodeNo, InitFlags,
+    KernelConfig, LockOwner, OpenAccMode, OpenFlags, RenameFlags, ReplyAttr, ReplyCreate,
+    ReplyData, ReplyDirectory, ReplyEmpty, ReplyEntry, ReplyOpen, ReplyStatfs, ReplyWrite,
+    ReplyXattr, Request, TimeOrNow, WriteFlags,
+};
+use std::ffi::OsStr;
+use std::os::unix::ffi::OsStrExt;
+use std::path::Path;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, SystemTime};
+
+/// How long the kernel may cache attributes and names. Only this daemon changes the
+/// filesystem, and it tells the kernel about changes it makes through replies.
+const TTL: Duration = Duration::from_secs(1);
+/// Largest write request the kernel may send; checkpoints are written in large pieces.
+pub const MAX_WRITE_BYTES: u32 = 4 << 20;
+/// Block size reported to statfs and in stat's st_blksize.
+const BLOCK_BYTES: u32 = 4096;
+/// Directory entries fetched from the metadata table per readdir request.
+const READDIR_BATCH: usize = 512;
+
+/// The one map from errors to errno. No catch-all arm: a new error variant must be decided.
+fn errno(e: &Error) -> Errno {
+    use ckptfs_engine::Error as E;
+    let code = match e {
+        Error::NotFound => libc::ENOENT,
+        Error::Exists => libc::EEXIST,
+        Error::NotDir => libc::ENOTDIR,
+        Error::IsDir => libc::EISDIR,
+        Error::NotEmpty => libc::ENOTEMPTY,
+        Error::NameTooLong => libc::ENAMETOOLONG,
+        Error::NotPermitted => libc::EPERM,
+        Error::Invalid => libc::EINVAL,
+        Error::FileTooBig => libc::EFBIG,
+        Error::Engine(inner) => match inner {
+            E::Io(_) => libc::EIO,
+            E::NoSpace => libc::ENOSPC,
+            E::Corrupt(_) => libc::EIO,
+            E::NotASpace(_) => libc::EIO,
+            E::Locked(_) => libc::EBUSY,
+            E::Invalid(_) => libc::EINVAL,
+            E::Meta(_) => libc::EIO,
+            E::Failed => libc::EIO,
+        },
+    };
+    Errno::from_i32(code)
+}
+
+/// Logs errors the application cannot explain by itself (I/O, corruption) and converts.
+fn fail(op: &str, ino: u64, e: Error) -> Errno {
+    match &e {
+        Error::Engine(inner) => log::error!("{op} on inode {ino}: {inner}"),
+        _ => log::debug!("{op} on inode {ino}: {e:?}"),
+    }
+    errno(&e)
+}
+
+fn kind(k: NodeKind) -> FileType {
+    match k {
+        NodeKind::File => FileType::RegularFile,
+        NodeKind::Dir => FileType::Directory,
+        NodeKind::Symlink => FileType::Symlink,
+    }
+}
+
+fn file_attr(a: &Attr) -> FileAttr {
+    let r = &a.rec;
+    FileAttr {
+        ino: INodeNo(a.ino.0),
+        size: r.size,
+        blocks: r.size.div_ceil(512),
+        atime: r.atime.into(),
+        mtime: r.mtime.into(),
+        ctime: r.ctime.into(),
+        crtime: r.crtime.into(),
+        kind: kind(r.kind),
+        perm: r.perm as u16,
+        nlink: r.nlink,
+        uid: r.uid,
+        gid: r.gid,
+        rdev: 0,
+        blksize: BLOCK_BYTES,
+        flags: 0,
+    }
+}
+
+fn time(t: TimeOrNow) -> Timestamp {
+    match t {
+        TimeOrNow::SpecificTime(t) => t.into(),
+        TimeOrNow::Now => Timestamp::now(),
+    }
+}
+
+fn caller(req: &Request) -> Caller {
+    Caller {
+        uid: req.uid(),
+        gid: req.gid(),
+    }
+}
+
+/// File handles carry whether the handle may write, in the low bit.
+fn handle(writer: bool, seq: u64) -> FileHandle {
+    FileHandle((seq << 1) | writer as u64)
+}
+
+fn is_writer(fh: FileHandle) -> bool {
+    fh.0 & 1 == 1
+}
+
+fn writes(flags: OpenFlags) -> bool {
+    !matches!(flags.acc_mode(), OpenAccMode::O_RDONLY)
+}
+
+pub struct CkptFs {
+    fs: Fs,
+    next_fh: AtomicU64,
+}
+
+impl CkptFs {
+    pub fn new(fs: Fs) -> Self {
+        CkptFs {
+            fs,
+            next_fh: AtomicU64::new(1),
+        }
+    }
+
+    fn fh(&self, writer: bool) -> FileHandle {
+        handle(writer, self.next_fh.fetch_add(1, Ordering::Relaxed))
+    }
+
+    fn reply_entry(&self, r: Result<Attr, Error>, op: &str, parent: INodeNo, reply: ReplyEntry) {
+        match r {
+            Ok(a) => reply.entry(&TTL, &file_attr(&a), Generation(0)),
+            Err(e) => reply.error(fail(op, parent.0, e)),
+        }
+    }
+
+    fn reply_empty(r: Result<(), Error>, op: &str, ino: INodeNo, reply: ReplyEmpty) {
+        match r {
+            Ok(()) => reply.ok(),
+            Err(e) => reply.error(fail(op, ino.0, e)),
+        }
+    }
+}
+
+impl Filesystem for CkptFs {
+    fn init(&mut self, _req: &Request, config: &mut KernelConfig) -> std::io::Result<()> {
+        let _ = config.set_max_write(MAX_WRITE_BYTES);
+        let _ = config.set_max_readahead(MAX_WRITE_BYTES);
+        let _ = config.add_capabilities(InitFlags::FUSE_ATOMIC_O_TRUNC);
+        Ok(())
+    }
+
+    fn destroy(&mut self) {
+        if let Err(e) = self.fs.commit_all() {
+            log::error!("committing open files at unmount failed: {e:?}");
+        }
+        log::info!("unmounted; everything closed is committed");
+    }
+
+    fn lookup(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEntry) {
+        let r = self.fs.lookup(InodeId(parent.0), name.as_bytes());
+        match r {
+            Err(Error::NotFound) => reply.error(Errno::ENOENT),
+            r => self.reply_entry(r, "lookup", parent, reply),
+        }
+    }
+
+    fn getattr(&self, _req: &Request, ino: INodeNo, _fh: Option<FileHandle>, reply: ReplyAttr) {
+        match self.fs.getattr(InodeId(ino.0)) {
+            Ok(a) => reply.attr(&TTL, &file_attr(&a)),
+            Err(e) => reply.error(fail("getattr", ino.0, e)),
+        }
+    }
+
+    fn setattr(
+        &self,
+        _req: &Request,
+        ino: INodeNo,
+        mode: Option<u32>,
+        uid: Option<u32>,
+        gid: Option<u32>,
+        size: Option<u64>,
+        atime: Option<TimeOrNow>,
+        mtime: Option<TimeOrNow>,
+        ctime: Option<SystemTime>,
+        _fh: Option<FileHandle>,
+        _crtime: Option<SystemTime>,
+        _chgtime: Option<SystemTime>,
+        _bkuptime: Option<SystemTime>,
+        _flags: Option<fuser::BsdFileFlags>,
+        reply: ReplyAttr,
+    ) {
+        let s = SetAttr {
+            perm: mode.map(|m| m & 0o7777),
+            uid,
+            gid,
+            size,
+            atime: atime.map(time),
+            mtime: mtime.map(time),
+            ctime: ctime.map(Timestamp::from),
+        };
+        match self.fs.setattr(InodeId(ino.0), &s) {
+            Ok(a) => reply.attr(&TTL, &file_attr(&a)),
+            Err(e) => reply.error(fail("setattr", ino.0, e)),
+        }
+    }
+
+    fn readlink(&self, _req: &Request, ino: INodeNo, reply: ReplyData) {
+        match self.fs.readlink(InodeId(ino.0)) {
+            Ok(t) => reply.data(&t),
+            Err(e) => reply.error(fail("readlink", ino.0, e)),
+        }
+    }
+
+    fn mknod(
+        &self,
+        req: &Request,
+        parent: INodeNo,
+        name: &OsStr,
+        mode: u32,
+        _umask: u32,
+        _rdev: u32,
+        reply: ReplyEntry,
+    ) {
+        let r = self
+            .fs
+            .mknod(InodeId(parent.0), name.as_bytes(), mode, caller(req));
+        self.reply_entry(r, "mknod", parent, reply);
+    }
+
+    fn mkdir(
+        &self,
+        req: &Request,
+        parent: INodeNo,
+        name: &OsStr,
+        mode: u32,
+        _umask: u32,
+        reply: ReplyEntry,
+    ) {
+        let r = self
+            .fs
+            .mkdir(InodeId(parent.0), name.as_bytes(), mode, caller(req));
+        self.reply_entry(r, "mkdir", parent, reply);
+    }
+
+    fn unlink(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEmpty) {
+        let r = self.fs.unlink(InodeId(parent.0), name.as_bytes());
+        Self::reply_empty(r, "unlink", parent, reply);
+    }
+
+    fn rmdir(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEmpty) {
+        let r = self.fs.rmdir(InodeId(parent.0), name.as_bytes());
+        Self::reply_empty(r, "rmdir", parent, reply);
+    }
+
+    fn symlink(
+        &self,
+        req: &Request,
+        parent: INodeNo,
+        link_name: &OsStr,
+        target: &Path,
+        reply: ReplyEntry,
+    ) {
+        let r = self.fs.symlink(
+            InodeId(parent.0),
+            link_name.as_bytes(),
+            target.as_os_str().as_bytes(),
+            caller(req),
+        );
+        self.reply_entry(r, "symlink", parent, reply);
+    }
+
+    fn rename(
+        &self,
+        _req: &Request,
+        parent: INodeNo,
+        name: &OsStr,
+        newparent: INodeNo,
+        newname: &OsStr,
+        flags: RenameFlags,
+        reply: ReplyEmpty,
+    ) {
+        if flags.contains(RenameFlags::RENAME_WHITEOUT) {
+            return reply.error(Errno::from_i32(libc::EINVAL));
+        }
+        let r = self.fs.rename(
+            InodeId(parent.0),
+            name.as_bytes(),
+            InodeId(newparent.0),
+            newname.as_bytes(),
+            flags.contains(RenameFlags::RENAME_NOREPLACE),
+            flags.contains(RenameFlags::RENAME_EXCHANGE),
+        );
+        Self::reply_empty(r, "rename", parent, reply);
+    }
+
+    fn link(
+        &self,
+        _req: &Request,
+        ino: INodeNo,
+        _newparent: INodeNo,
+        _newname: &OsStr,
+        reply: ReplyEntry,
+    ) {
+        // Hard links are refused on purpose: a revision belongs to one path.
+        let r = self.fs.link();
+        self.reply_entry(r, "link", ino, reply);
+    }
+
+    fn open(&self, _req: &Request, ino: INodeNo, flags: OpenFlags, reply: ReplyOpen) {
+        let w = writes(flags);
+        let trunc = flags.0 & libc::O_TRUNC != 0 && w;
+        match self.fs.open(InodeId(ino.0), w, trunc) {
+            Ok(()) => reply.opened(self.fh(w), FopenFlags::empty()),
+            Err(e) => reply.error(fail("open", ino.0, e)),
+        }
+    }
+
+    fn read(
+        &self,
+        _req: &Request,
+        ino: INodeNo,
+        _fh: FileHandle,
+        offset: u64,
+        size: u32,
+        _flags: OpenFlags,
+        _lock_owner: Option<LockOwner>,
+        reply: ReplyData,
+    ) {
+        match self.fs.read(InodeId(ino.0), offset, size as usize) {
+            Ok(d) => reply.data(&d),
+            Err(e) => reply.error(fail("read", ino.0, e)),
+        }
+    }
+
+    fn write(
+        &self,
+        _req: &Request,
+        ino: INodeNo,
+        _fh: FileHandle,
+        offset: u64,
+        data: &[u8],
+        _write_flags: WriteFlags,
+        _flags: OpenFlags,
+        _lock_owner: Option<LockOwner>,
+        reply: ReplyWrite,
+    ) {
+        match self.fs.write(InodeId(ino.0), offset, data) {
+            Ok(n) => reply.written(n as u32),
+            Err(e) => reply.error(fail("write", ino.0, e)),
+        }
+    }
+
+    fn flush(
+        &self,
+        _req: &Request,
+        ino: INodeNo,
+        fh: FileHandle,
+        _lock_owner: LockOwner,
+        reply: ReplyEmpty,
+    ) {
+        let r = self.fs.flush(InodeId(ino.0), is_writer(fh));
+        Self::reply_empty(r, "flush", ino, reply);
+    }
+
+    fn release(
+        &self,
+        _req: &Request,
+        ino: INodeNo,
+        fh: FileHandle,
+        _flags: OpenFlags,
+        _lock_owner: Option<LockOwner>,
+        _flush: bool,
+        reply: ReplyEmpty,
+    ) {
+        let r = self.fs.release(InodeId(ino.0), is_writer(fh));
+        Self::reply_empty(r, "release", ino, reply);
+    }
+
+    fn fsync(&self, _req: &Request, ino: INodeNo, _fh: FileHandle, _ds: bool, reply: ReplyEmpty) {
+        let r = self.fs.fsync(InodeId(ino.0));
+        Self::reply_empty(r, "fsync", ino, reply);
+    }
+
+    fn opendir(&self, _req: &Request, ino: INodeNo, _flags: OpenFlags, reply: ReplyOpen) {
+        match self.fs.getattr(InodeId(ino.0)) {
+            Ok(a) if a.rec.kind == NodeKind::Dir => {
+                reply.opened(FileHandle(0), FopenFlags::empty())
+            }
+            Ok(_) => reply.error(Errno::from_i32(libc::ENOTDIR)),
+            Err(e) => reply.error(fail("opendir", ino.0, e)),
+        }
+    }
+
+    fn readdir(
+        &self,
+        _req: &Request,
+        ino: INodeNo,
+        _fh: FileHandle,
+        offset: u64,
+        mut reply: ReplyDirectory,
+    ) {
+        let dir = InodeId(ino.0);
+        // Offsets: 1 is ".", 2 is "..", then each entry's stable cookie.
+        if offset < 1 && reply.add(ino, 1, FileType::Directory, ".") {
+            return reply.ok();
+        }
+        if offset < 2 {
+            let parent = match self.fs.parent_of(dir) {
+                Ok(p) => p,
+                Err(e) => return reply.error(fail("readdir", ino.0, e)),
+            };
+            if reply.add(INodeNo(parent.0), 2, FileType::Directory, "..") {
+                return reply.ok();
+            }
+        }
+        let mut after = offset.max(2);
+        loop {
+            let entries = match self.fs.readdir(dir, after, READDIR_BATCH) {
+                Ok(e) => e,
+                Err(e) => return reply.error(fail("readdir", ino.0, e)),
+            };
+            if entries.is_empty() {
+                return reply.ok();
+            }
+            for e in &entries {
+                let k = match self.fs.getattr(e.ino) {
+                    Ok(a) => kind(a.rec.kind),
+                    Err(err) => return reply.error(fail("readdir", ino.0, err)),
+                };
+                if reply.add(INodeNo(e.ino.0), e.cookie, k, OsStr::from_bytes(&e.name)) {
+                    return reply.ok();
+                }
+                after = e.cookie;
+            }
+        }
+    }
+
+    fn fsyncdir(
+        &self,
+        _req: &Request,
+        ino: INodeNo,
+        _fh: FileHandle,
+        _ds: bool,
+        reply: ReplyEmpty,
+    ) {
+        Self::reply_empty(self.fs.fsync_dir(), "fsyncdir", ino, reply);
+    }
+
+    fn statfs(&self, _req: &Request, _ino: INodeNo, reply: ReplyStatfs) {
+        let store = self.fs.space().store();
+        let total = store.capacity() / BLOCK_BYTES as u64;
+        let free = store.capacity().saturating_sub(store.head()) / BLOCK_BYTES as u64;
+        // Inodes cost only metadata-table space, so report a large, fixed inode budget.
+        let files = 1u64 << 32;
+        reply.statfs(
+            total,
+            free,
+            free,
+            files,
+            files,
+            BLOCK_BYTES,
+            ckptfs_fs::NAME_MAX as u32,
+            BLOCK_BYTES,
+        );
+    }
+
+    fn getxattr(&self, _req: &Request, ino: INodeNo, name: &OsStr, size: u32, reply: ReplyXattr) {
+        if ino != INodeNo::ROOT || name.as_bytes() != STATS_XATTR.as_bytes() {
+            return reply.error(Errno::from_i32(libc::ENODATA));
+        }
+        let json = match self.fs.stats() {
+            Ok(s) => crate::stats_json(&s).to_string(),
+            Err(e) => return reply.error(fail("stats", ino.0, e)),
+        };
+        if size == 0 {
+            reply.size(json.len() as u32);
+        } else if (size as usize) < json.len() {
+            reply.error(Errno::from_i32(libc::ERANGE));
+        } else {
+            reply.data(json.as_bytes());
+        }
+    }
+
+    fn listxattr(&self, _req: &Request, _ino: INodeNo, size: u32, reply: ReplyXattr) {
+        if size == 0 {
+            reply.size(0);
+        } else {
+            reply.data(&[]);
+        }
+    }
+
+    fn setxattr(
+        &self,
+        _req: &Request,
+        _ino: INodeNo,
+        _name: &OsStr,
+        _value: &[u8],
+        _flags: i32,
+        _position: u32,
+        reply: ReplyEmpty,
+    ) {
+        reply.error(Errno::from_i32(libc::EOPNOTSUPP));
+    }
+
+    fn removexattr(&self, _req: &Request, _ino: INodeNo, _name: &OsStr, reply: ReplyEmpty) {
+        reply.error(Errno::from_i32(libc::ENODATA));
+    }
+
+    fn create(
+        &self,
+        req: &Request,
+        parent: INodeNo,
+        name: &OsStr,
+        mode: u32,
+        _umask: u32,
+        flags: i32,
+        reply: ReplyCreate,
+    ) {
+        let w = writes(OpenFlags(flags));
+        match self
+            .fs
+            .create(InodeId(parent.0), name.as_bytes(), mode, caller(req), w)
+        {
+            Ok(a) => reply.created(
+                &TTL,
+                &file_attr(&a),
+                Generation(0),
+                self.fh(w),
+                FopenFlags::empty(),
+            ),
+            Err(e) => reply.error(fail("create", parent.0, e)),
+        }
+    }
+}
