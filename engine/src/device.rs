@@ -12,6 +12,9 @@ pub trait Device: Send + Sync {
     /// Makes every completed write durable.
     fn sync(&self) -> io::Result<()>;
     fn len(&self) -> u64;
+    fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
 }
 
 pub struct FileDevice {

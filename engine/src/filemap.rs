@@ -392,7 +392,7 @@ impl FileState {
         }
         let bs = self.block_bytes();
         self.dirty.split_off(&new_size.div_ceil(bs));
-        if new_size % bs != 0 {
+        if !new_size.is_multiple_of(bs) {
             if let Some(blk) = self.dirty.get_mut(&(new_size / bs)) {
                 blk[(new_size % bs) as usize..].fill(0);
             }

@@ -219,6 +219,11 @@ pub enum NodeKind {
     File = 1,
     Dir = 2,
     Symlink = 3,
+    /// Special nodes: only their inode is stored; the kernel implements their behaviour.
+    Fifo = 4,
+    Socket = 5,
+    CharDevice = 6,
+    BlockDevice = 7,
 }
 
 /// One inode as committed in the metadata table. For a regular file, `size` and `current_rev`
@@ -240,6 +245,8 @@ pub struct InodeRecord {
     pub crtime: Timestamp,
     /// The parent directory of a directory (for ".."); 0 for other kinds.
     pub parent: InodeId,
+    /// Device number of a character or block device node; 0 for other kinds.
+    pub rdev: u32,
     /// Symlink target; empty for other kinds.
     pub target: Vec<u8>,
 }
@@ -256,6 +263,7 @@ impl InodeRecord {
         b[8..12].copy_from_slice(&self.uid.to_le_bytes());
         b[12..16].copy_from_slice(&self.gid.to_le_bytes());
         b[16..20].copy_from_slice(&self.nlink.to_le_bytes());
+        b[20..24].copy_from_slice(&self.rdev.to_le_bytes());
         b[24..32].copy_from_slice(&self.size.to_le_bytes());
         b[32..40].copy_from_slice(&self.current_rev.0.to_le_bytes());
         self.atime.encode(&mut b[40..52]);
@@ -277,6 +285,10 @@ impl InodeRecord {
             1 => NodeKind::File,
             2 => NodeKind::Dir,
             3 => NodeKind::Symlink,
+            4 => NodeKind::Fifo,
+            5 => NodeKind::Socket,
+            6 => NodeKind::CharDevice,
+            7 => NodeKind::BlockDevice,
             _ => return Err(bad("unknown kind")),
         };
         let perm = u32_at(b, 4);
@@ -297,6 +309,7 @@ impl InodeRecord {
             ctime: Timestamp::decode(&b[64..76]),
             crtime: Timestamp::decode(&b[76..88]),
             parent: InodeId(u64_at(b, 88)),
+            rdev: u32_at(b, 20),
             target: b[INODE_FIXED..].to_vec(),
         })
     }
@@ -490,6 +503,7 @@ mod tests {
             ctime: Timestamp::now(),
             crtime: Timestamp::now(),
             parent: InodeId(0),
+            rdev: 0,
             target: b"step".to_vec(),
         };
         assert_eq!(InodeRecord::decode(&ino.encode()).unwrap(), ino);

@@ -43,6 +43,8 @@ pub struct Stats {
     pub files: u64,
     pub dirs: u64,
     pub symlinks: u64,
+    /// fifos, sockets and device nodes
+    pub special: u64,
     pub revisions: u64,
     pub reserved_bytes: u64,
     /// Bytes of the data file in use (committed and not-yet-reclaimed chunks).
@@ -231,6 +233,7 @@ impl Space {
             ctime: now,
             crtime: now,
             parent: InodeId::ROOT,
+            rdev: 0,
             target: Vec::new(),
         };
         let txn = db.begin_write()?;
@@ -533,6 +536,10 @@ impl Space {
             match rec.kind {
                 NodeKind::Dir => s.dirs += 1,
                 NodeKind::Symlink => s.symlinks += 1,
+                NodeKind::Fifo
+                | NodeKind::Socket
+                | NodeKind::CharDevice
+                | NodeKind::BlockDevice => s.special += 1,
                 NodeKind::File => {
                     s.files += 1;
                     s.logical_bytes += rec.size;

@@ -2,7 +2,6 @@
 //! space, checked against a byte-vector model after every reopen, plus the space's own
 //! invariants (refcounts, stored-bytes accounting, no overlapping chunk extents, dedup).
 
-use ckptfs_engine::filemap::FileState;
 use ckptfs_engine::format::*;
 use ckptfs_engine::meta;
 use ckptfs_engine::{Error, Space};
@@ -34,6 +33,7 @@ fn file_record() -> InodeRecord {
         ctime: now,
         crtime: now,
         parent: InodeId(0),
+        rdev: 0,
         target: Vec::new(),
     }
 }

@@ -122,6 +122,7 @@ fn new_record(
         } else {
             InodeId(0)
         },
+        rdev: 0,
         target,
     }
 }
@@ -270,16 +271,29 @@ impl Fs {
         Ok(attr)
     }
 
-    /// mknod: regular files only; special files are refused on purpose (see the README).
-    pub fn mknod(&self, parent: InodeId, name: &[u8], mode: u32, c: Caller) -> Result<Attr> {
-        if mode & libc::S_IFMT != libc::S_IFREG && mode & libc::S_IFMT != 0 {
-            return Err(Error::NotPermitted);
+    /// mknod: regular files and special nodes (fifo, socket, device); for special nodes only
+    /// the inode is stored, the kernel implements what they do.
+    pub fn mknod(
+        &self,
+        parent: InodeId,
+        name: &[u8],
+        mode: u32,
+        rdev: u32,
+        c: Caller,
+    ) -> Result<Attr> {
+        let kind = match mode & libc::S_IFMT {
+            0 | libc::S_IFREG => NodeKind::File,
+            libc::S_IFIFO => NodeKind::Fifo,
+            libc::S_IFSOCK => NodeKind::Socket,
+            libc::S_IFCHR => NodeKind::CharDevice,
+            libc::S_IFBLK => NodeKind::BlockDevice,
+            _ => return Err(Error::Invalid),
+        };
+        let mut rec = new_record(kind, mode, c, parent, Vec::new());
+        if matches!(kind, NodeKind::CharDevice | NodeKind::BlockDevice) {
+            rec.rdev = rdev;
         }
-        self.make_node(
-            parent,
-            name,
-            new_record(NodeKind::File, mode, c, parent, Vec::new()),
-        )
+        self.make_node(parent, name, rec)
     }
 
     pub fn unlink(&self, parent: InodeId, name: &[u8]) -> Result<()> {
@@ -509,7 +523,11 @@ impl Fs {
                 return Err(Error::IsDir);
             }
             if rec.kind != NodeKind::File {
-                return Err(Error::Invalid);
+                // truncate(2) of a fifo or device node is accepted and does nothing.
+                apply(&mut rec);
+                self.space
+                    .ns_write(false, |t| -> Result<()> { Ok(t.put_inode(ino, &rec)?) })?;
+                return Ok(Attr { ino, rec });
             }
             // truncate(2) on a file nobody has open: commit at once, no close will follow.
             let mut file = self.space.load_file(&rec)?;
@@ -538,7 +556,11 @@ impl Fs {
                     match rec.kind {
                         NodeKind::File => {}
                         NodeKind::Dir => return Err(Error::IsDir),
-                        NodeKind::Symlink => return Err(Error::Invalid),
+                        NodeKind::Symlink
+                        | NodeKind::Fifo
+                        | NodeKind::Socket
+                        | NodeKind::CharDevice
+                        | NodeKind::BlockDevice => return Err(Error::Invalid),
                     }
                     let file = self.space.load_file(&rec)?;
                     let n = Arc::new(Mutex::new(OpenNode {

@@ -66,6 +66,10 @@ fn kind(k: NodeKind) -> FileType {
         NodeKind::File => FileType::RegularFile,
         NodeKind::Dir => FileType::Directory,
         NodeKind::Symlink => FileType::Symlink,
+        NodeKind::Fifo => FileType::NamedPipe,
+        NodeKind::Socket => FileType::Socket,
+        NodeKind::CharDevice => FileType::CharDevice,
+        NodeKind::BlockDevice => FileType::BlockDevice,
     }
 }
 
@@ -84,7 +88,7 @@ fn file_attr(a: &Attr) -> FileAttr {
         nlink: r.nlink,
         uid: r.uid,
         gid: r.gid,
-        rdev: 0,
+        rdev: r.rdev,
         blksize: BLOCK_BYTES,
         flags: 0,
     }
@@ -226,12 +230,12 @@ impl Filesystem for CkptFs {
         name: &OsStr,
         mode: u32,
         _umask: u32,
-        _rdev: u32,
+        rdev: u32,
         reply: ReplyEntry,
     ) {
         let r = self
             .fs
-            .mknod(InodeId(parent.0), name.as_bytes(), mode, caller(req));
+            .mknod(InodeId(parent.0), name.as_bytes(), mode, rdev, caller(req));
         self.reply_entry(r, "mknod", parent, reply);
     }
 
