@@ -659,17 +659,23 @@ impl Fs {
     /// Last reference to a handle: commit anything left (e.g. from mmap writeback after
     /// close) and drop the in-memory state when no handle remains.
     pub fn release(&self, ino: InodeId, writer: bool) -> Result<()> {
-        let mut open = self.open.lock();
-        let Some(node) = open.get(&ino).cloned() else {
+        let Some(node) = self.open_node(ino) else {
             return Ok(());
         };
-        let mut n = node.lock();
-        n.opens = n.opens.saturating_sub(1);
-        if writer {
-            n.writers = n.writers.saturating_sub(1);
-        }
-        let sealed = n.writers == 0;
-        let result = self.commit_node(ino, &mut n, sealed);
+        // Commit without holding the open-file map, so other files' requests are not
+        // stalled behind this file's fsync.
+        let result = {
+            let mut n = node.lock();
+            n.opens = n.opens.saturating_sub(1);
+            if writer {
+                n.writers = n.writers.saturating_sub(1);
+            }
+            let sealed = n.writers == 0;
+            self.commit_node(ino, &mut n, sealed)
+        };
+        // Lock order: map, then node. An open() in between raised `opens` again.
+        let mut open = self.open.lock();
+        let n = node.lock();
         if n.opens == 0 && !n.file.is_modified() {
             drop(n);
             open.remove(&ino);
