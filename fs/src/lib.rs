@@ -547,8 +547,10 @@ impl Fs {
 
     /// Opens a regular file; `truncate` for O_TRUNC.
     pub fn open(&self, ino: InodeId, write: bool, truncate: bool) -> Result<()> {
+        // The node is found or made, and `opens` raised, under the map lock: release()
+        // removes a node only when it sees `opens == 0` under the same lock.
+        let mut open = self.open.lock();
         let node = {
-            let mut open = self.open.lock();
             match open.get(&ino) {
                 Some(n) => n.clone(),
                 None => {
@@ -575,6 +577,7 @@ impl Fs {
             }
         };
         let mut n = node.lock();
+        drop(open);
         n.opens += 1;
         if write {
             n.writers += 1;
