@@ -33,7 +33,8 @@ pub struct Space {
 pub struct Stats {
     /// Sum of the sizes of the current (linked) regular files.
     pub logical_bytes: u64,
-    /// Bytes of data extents in the current files (logical bytes minus holes).
+    /// Bytes of data extents over all kept revisions, current or not (holes excluded): what
+    /// would be stored without dedup.
     pub referenced_bytes: u64,
     /// Bytes physically held in the data file for committed chunks (after compression).
     pub stored_bytes: u64,
@@ -56,7 +57,8 @@ pub struct Stats {
 }
 
 impl Stats {
-    /// Referenced bytes per distinct chunk byte: how much dedup saves (1.0 = nothing).
+    /// Referenced bytes (all kept revisions) per distinct chunk byte: how much dedup saves
+    /// (1.0 = nothing).
     pub fn dedup_ratio(&self) -> f64 {
         ratio(self.referenced_bytes, self.raw_chunk_bytes)
     }
@@ -543,16 +545,13 @@ impl Space {
                 NodeKind::File => {
                     s.files += 1;
                     s.logical_bytes += rec.size;
-                    if rec.current_rev.0 != 0 {
-                        let r = rec.current_rev.0;
-                        for e in extents.range((r, 0)..=(r, u64::MAX))? {
-                            s.referenced_bytes += Extent::decode(e?.1.value())?.len as u64;
-                        }
-                    }
                 }
             }
         }
         s.dirs = s.dirs.saturating_sub(1); // the root is not counted
+        for e in extents.iter()? {
+            s.referenced_bytes += Extent::decode(e?.1.value())?.len as u64;
+        }
         s.revisions = txn.open_table(meta::REVISIONS)?.len()?;
         for item in txn.open_table(meta::CHUNKS)?.iter()? {
             let r = ChunkRecord::decode(item?.1.value())?;

@@ -1,0 +1,559 @@
+//! Shared harness for the cross-crate tests: each test formats a fresh backing space, mounts it
+//! through the real `ckptfs` binary, and drives it with ordinary syscalls.
+//!
+//! The binary is found next to the test executable (`target/<profile>/ckptfs`) or at
+//! `$CKPTFS_BIN`. Tests need `/dev/fuse` and root (or `fusermount3`); without them they fail
+//! loudly instead of passing vacuously.
+
+use std::ffi::{CString, OsStr, OsString};
+use std::fs;
+use std::io::{self, Read};
+use std::os::unix::ffi::OsStrExt;
+use std::os::unix::fs::MetadataExt;
+use std::path::{Path, PathBuf};
+use std::process::{Command, ExitStatus, Stdio};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+/// Size of the backing space unless a test asks for another.
+pub const DEFAULT_SPACE_SIZE: &str = "2G";
+
+const FORMAT_TIMEOUT: Duration = Duration::from_secs(180);
+const MOUNT_TIMEOUT: Duration = Duration::from_secs(60);
+const UMOUNT_TIMEOUT: Duration = Duration::from_secs(300);
+const STATS_TIMEOUT: Duration = Duration::from_secs(60);
+
+/// Path of the `ckptfs` binary under test.
+pub fn ckptfs_bin() -> PathBuf {
+    if let Some(p) = std::env::var_os("CKPTFS_BIN") {
+        let p = PathBuf::from(p);
+        assert!(
+            p.is_file(),
+            "CKPTFS_BIN={} does not name a file; build it with `cargo build --workspace`",
+            p.display()
+        );
+        return p;
+    }
+    let exe = std::env::current_exe().expect("current_exe");
+    // exe is target/<profile>/deps/<test>-<hash>; the binary is target/<profile>/ckptfs.
+    let profile_dir = exe
+        .parent()
+        .and_then(Path::parent)
+        .expect("test executable has no target/<profile>/deps parent");
+    let bin = profile_dir.join("ckptfs");
+    assert!(
+        bin.is_file(),
+        "the ckptfs binary is missing at {}: run `cargo build --workspace` first \
+         (or point CKPTFS_BIN at it)",
+        bin.display()
+    );
+    bin
+}
+
+/// Fails the test with a clear message when this machine cannot mount FUSE filesystems.
+pub fn require_fuse() {
+    assert!(
+        Path::new("/dev/fuse").exists(),
+        "/dev/fuse is missing: these tests mount a real FUSE filesystem \
+         (load the fuse module, or give the container --device /dev/fuse)"
+    );
+    // SAFETY: geteuid has no preconditions.
+    let root = unsafe { libc::geteuid() } == 0;
+    let fusermount = ["/usr/bin/fusermount3", "/bin/fusermount3"]
+        .iter()
+        .any(|p| Path::new(p).exists());
+    assert!(
+        root || fusermount,
+        "not root and no fusermount3 found: install fuse3 (apt-get install -y fuse3) or run as root"
+    );
+}
+
+/// A directory under the system temp dir, removed on drop.
+pub struct TempDir {
+    path: PathBuf,
+}
+
+impl TempDir {
+    pub fn new(tag: &str) -> TempDir {
+        static COUNTER: AtomicU64 = AtomicU64::new(0);
+        let nanos = SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .map(|d| d.subsec_nanos())
+            .unwrap_or(0);
+        let n = COUNTER.fetch_add(1, Ordering::Relaxed);
+        let path = std::env::temp_dir().join(format!(
+            "ckptfs-{tag}-{}-{n}-{nanos:08x}",
+            std::process::id()
+        ));
+        fs::create_dir_all(&path)
+            .unwrap_or_else(|e| panic!("create temp dir {}: {e}", path.display()));
+        TempDir { path }
+    }
+
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// Leaves the directory in place when dropped.
+    pub fn keep(&mut self) {
+        self.path = PathBuf::new();
+    }
+}
+
+impl Drop for TempDir {
+    fn drop(&mut self) {
+        if self.path.as_os_str().is_empty() {
+            return;
+        }
+        let _ = fs::remove_dir_all(&self.path);
+    }
+}
+
+/// Runs a command with stdout/stderr sent to files (never pipes: `ckptfs mount` leaves a daemon
+/// behind that would hold a pipe open) and a wall-clock limit. Returns (status, stdout, stderr).
+fn run_logged(
+    cmd: &mut Command,
+    log_dir: &Path,
+    name: &str,
+    timeout: Duration,
+) -> io::Result<(ExitStatus, String, String)> {
+    let out_path = log_dir.join(format!("{name}.stdout"));
+    let err_path = log_dir.join(format!("{name}.stderr"));
+    let out = fs::File::create(&out_path)?;
+    let err = fs::File::create(&err_path)?;
+    let mut child = cmd
+        .stdin(Stdio::null())
+        .stdout(Stdio::from(out))
+        .stderr(Stdio::from(err))
+        .spawn()?;
+    let start = Instant::now();
+    let status = loop {
+        if let Some(s) = child.try_wait()? {
+            break s;
+        }
+        if start.elapsed() > timeout {
+            let _ = child.kill();
+            let _ = child.wait();
+            return Err(io::Error::new(
+                io::ErrorKind::TimedOut,
+                format!("{cmd:?} did not finish within {timeout:?}"),
+            ));
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    let read = |p: &Path| fs::read_to_string(p).unwrap_or_default();
+    Ok((status, read(&out_path), read(&err_path)))
+}
+
+fn st_dev(p: &Path) -> Option<u64> {
+    fs::metadata(p).ok().map(|m| m.dev())
+}
+
+/// A formatted backing space mounted at a private mountpoint; unmounted (even on panic) on drop.
+pub struct TestMount {
+    root: TempDir,
+    backing: PathBuf,
+    mnt: PathBuf,
+    mounted: bool,
+    bin: PathBuf,
+    step: u64,
+}
+
+impl TestMount {
+    /// Formats a 2 GiB space with the default chunk size and mounts it.
+    pub fn new() -> TestMount {
+        TestMount::with_options(DEFAULT_SPACE_SIZE, None)
+    }
+
+    /// Formats with `--size size` (and `--chunk-size` when given), then mounts.
+    pub fn with_options(size: &str, chunk_size: Option<&str>) -> TestMount {
+        require_fuse();
+        let bin = ckptfs_bin();
+        let root = TempDir::new("test");
+        let backing = root.path().join("backing");
+        let mnt = root.path().join("mnt");
+        fs::create_dir(&backing).expect("create backing dir");
+        fs::create_dir(&mnt).expect("create mountpoint");
+        let mut tm = TestMount {
+            root,
+            backing,
+            mnt,
+            mounted: false,
+            bin,
+            step: 0,
+        };
+        let mut args: Vec<&OsStr> = vec![
+            OsStr::new("format"),
+            tm.backing.as_os_str(),
+            OsStr::new("--size"),
+            OsStr::new(size),
+        ];
+        if let Some(cs) = chunk_size {
+            args.push(OsStr::new("--chunk-size"));
+            args.push(OsStr::new(cs));
+        }
+        let args: Vec<OsString> = args.iter().map(|a| a.to_os_string()).collect();
+        tm.run_ok("format", &args, FORMAT_TIMEOUT);
+        tm.mount();
+        tm
+    }
+
+    /// The mountpoint.
+    pub fn mnt(&self) -> &Path {
+        &self.mnt
+    }
+
+    /// The backing directory.
+    pub fn backing(&self) -> &Path {
+        &self.backing
+    }
+
+    /// `mnt/rel`.
+    pub fn path(&self, rel: impl AsRef<Path>) -> PathBuf {
+        self.mnt.join(rel)
+    }
+
+    fn run(
+        &mut self,
+        what: &str,
+        args: &[OsString],
+        timeout: Duration,
+    ) -> io::Result<(ExitStatus, String, String)> {
+        self.step += 1;
+        let name = format!("{:03}-{what}", self.step);
+        let mut cmd = Command::new(&self.bin);
+        cmd.args(args);
+        run_logged(&mut cmd, self.root.path(), &name, timeout)
+    }
+
+    fn run_ok(&mut self, what: &str, args: &[OsString], timeout: Duration) -> String {
+        match self.run(what, args, timeout) {
+            Ok((st, out, _)) if st.success() => out,
+            Ok((st, out, err)) => panic!(
+                "`ckptfs {}` failed ({st}):\nstdout:\n{out}\nstderr:\n{err}",
+                join_args(args)
+            ),
+            Err(e) => panic!("`ckptfs {}`: {e}", join_args(args)),
+        }
+    }
+
+    /// Runs `ckptfs ARGS` as given and returns (exit status, stdout, stderr) without judging it.
+    pub fn ckptfs(&mut self, args: &[&OsStr]) -> (ExitStatus, String, String) {
+        let args: Vec<OsString> = args.iter().map(|a| a.to_os_string()).collect();
+        self.run("cmd", &args, FORMAT_TIMEOUT)
+            .unwrap_or_else(|e| panic!("`ckptfs {}`: {e}", join_args(&args)))
+    }
+
+    /// Mounts the space (it must not be mounted).
+    pub fn mount(&mut self) {
+        assert!(!self.mounted, "already mounted");
+        let args = vec![
+            OsStr::new("mount").to_os_string(),
+            self.backing.clone().into_os_string(),
+            self.mnt.clone().into_os_string(),
+        ];
+        self.run_ok("mount", &args, MOUNT_TIMEOUT);
+        self.mounted = true;
+        let parent_dev = st_dev(self.root.path());
+        assert_ne!(
+            st_dev(&self.mnt),
+            parent_dev,
+            "`ckptfs mount` exited 0 but {} is not a mountpoint yet",
+            self.mnt.display()
+        );
+    }
+
+    /// Unmounts through `ckptfs umount`, which waits for the daemon to exit.
+    pub fn unmount(&mut self) {
+        assert!(self.mounted, "not mounted");
+        let args = vec![
+            OsStr::new("umount").to_os_string(),
+            self.mnt.clone().into_os_string(),
+        ];
+        self.run_ok("umount", &args, UMOUNT_TIMEOUT);
+        self.mounted = false;
+        assert_eq!(
+            st_dev(&self.mnt),
+            st_dev(self.root.path()),
+            "`ckptfs umount` exited 0 but {} is still a mountpoint",
+            self.mnt.display()
+        );
+    }
+
+    /// Unmounts and mounts again: everything afterwards is read from the backing space.
+    pub fn remount(&mut self) {
+        self.unmount();
+        self.mount();
+    }
+
+    /// `ckptfs stats <mountpoint> --json`.
+    pub fn stats(&mut self) -> serde_json::Value {
+        let target = if self.mounted {
+            self.mnt.clone()
+        } else {
+            self.backing.clone()
+        };
+        self.stats_of(&target)
+    }
+
+    /// `ckptfs stats <path> --json` for an explicit path (mountpoint or backing dir).
+    pub fn stats_of(&mut self, target: &Path) -> serde_json::Value {
+        let args = vec![
+            OsStr::new("stats").to_os_string(),
+            target.as_os_str().to_os_string(),
+            OsStr::new("--json").to_os_string(),
+        ];
+        let out = self.run_ok("stats", &args, STATS_TIMEOUT);
+        let v: serde_json::Value = serde_json::from_str(out.trim())
+            .unwrap_or_else(|e| panic!("`ckptfs stats --json` printed non-JSON ({e}):\n{out}"));
+        assert!(v.is_object(), "stats JSON is not an object: {v}");
+        v
+    }
+
+    /// Last lines of the daemon's and commands' logs, for failure messages.
+    pub fn log_tail(&self) -> String {
+        let mut names: Vec<PathBuf> = fs::read_dir(self.root.path())
+            .map(|rd| rd.filter_map(|e| e.ok().map(|e| e.path())).collect())
+            .unwrap_or_default();
+        names.retain(|p| {
+            p.extension()
+                .is_some_and(|e| e == "stderr" || e == "stdout")
+        });
+        // The daemon may keep its own log in the backing dir.
+        if let Ok(rd) = fs::read_dir(&self.backing) {
+            names.extend(
+                rd.filter_map(|e| e.ok().map(|e| e.path()))
+                    .filter(|p| p.extension().is_some_and(|e| e == "log")),
+            );
+        }
+        names.sort();
+        let mut s = String::new();
+        for p in names {
+            let text = fs::read_to_string(&p).unwrap_or_default();
+            if text.trim().is_empty() {
+                continue;
+            }
+            let lines: Vec<&str> = text.lines().collect();
+            let tail = &lines[lines.len().saturating_sub(30)..];
+            s.push_str(&format!(
+                "--- {} ---\n{}\n",
+                p.file_name().unwrap_or_default().to_string_lossy(),
+                tail.join("\n")
+            ));
+        }
+        s
+    }
+}
+
+impl Default for TestMount {
+    fn default() -> Self {
+        TestMount::new()
+    }
+}
+
+impl Drop for TestMount {
+    fn drop(&mut self) {
+        if std::thread::panicking() {
+            eprintln!(
+                "ckptfs logs from {}:\n{}",
+                self.root.path().display(),
+                self.log_tail()
+            );
+        }
+        if self.mounted {
+            let args = vec![
+                OsStr::new("umount").to_os_string(),
+                self.mnt.clone().into_os_string(),
+            ];
+            let ok =
+                matches!(self.run("umount", &args, UMOUNT_TIMEOUT), Ok((st, _, _)) if st.success());
+            if !ok {
+                eprintln!("`ckptfs umount` failed; falling back to fusermount3 -u -z");
+                let _ = Command::new("fusermount3")
+                    .args([OsStr::new("-u"), OsStr::new("-z"), self.mnt.as_os_str()])
+                    .stdout(Stdio::null())
+                    .stderr(Stdio::null())
+                    .status();
+                if st_dev(&self.mnt) != st_dev(self.root.path()) {
+                    let _ = Command::new("umount")
+                        .args([OsStr::new("-l"), self.mnt.as_os_str()])
+                        .stdout(Stdio::null())
+                        .stderr(Stdio::null())
+                        .status();
+                }
+            }
+            self.mounted = false;
+        }
+        // Never recurse into a still-mounted filesystem when the TempDir is removed.
+        if st_dev(&self.mnt).is_some() && st_dev(&self.mnt) != st_dev(self.root.path()) {
+            eprintln!(
+                "{} is still mounted; leaving {} in place",
+                self.mnt.display(),
+                self.root.path().display()
+            );
+            self.root.keep();
+        }
+    }
+}
+
+fn join_args(args: &[OsString]) -> String {
+    args.iter()
+        .map(|a| a.to_string_lossy().into_owned())
+        .collect::<Vec<_>>()
+        .join(" ")
+}
+
+/// Integer field of a stats object; panics naming the key when absent or not an integer.
+#[track_caller]
+pub fn stat_u64(stats: &serde_json::Value, key: &str) -> u64 {
+    stats
+        .get(key)
+        .and_then(serde_json::Value::as_u64)
+        .unwrap_or_else(|| panic!("stats has no integer `{key}`: {stats}"))
+}
+
+/// Float field of a stats object.
+#[track_caller]
+pub fn stat_f64(stats: &serde_json::Value, key: &str) -> f64 {
+    stats
+        .get(key)
+        .and_then(serde_json::Value::as_f64)
+        .unwrap_or_else(|| panic!("stats has no number `{key}`: {stats}"))
+}
+
+/// Seed for a randomized test: `$CKPTFS_SEED` when set, else `default`. Printed so a failing
+/// run can be replayed.
+pub fn test_seed(test: &str, default: u64) -> u64 {
+    let seed = std::env::var("CKPTFS_SEED")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(default);
+    println!("{test}: seed {seed} (replay with CKPTFS_SEED={seed})");
+    seed
+}
+
+fn splitmix64(mut z: u64) -> u64 {
+    z = z.wrapping_add(0x9e37_79b9_7f4a_7c15);
+    z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+    z ^ (z >> 31)
+}
+
+/// Incompressible pseudo-random bytes that depend only on (seed, absolute offset), so any range
+/// of a huge file can be regenerated without keeping it in memory.
+pub fn fill_pattern(seed: u64, offset: u64, buf: &mut [u8]) {
+    let key = splitmix64(seed);
+    let mut pos = offset;
+    let mut i = 0;
+    while i < buf.len() {
+        let word = splitmix64(key ^ (pos / 8)).to_le_bytes();
+        let start = (pos % 8) as usize;
+        let n = (8 - start).min(buf.len() - i);
+        buf[i..i + n].copy_from_slice(&word[start..start + n]);
+        i += n;
+        pos += n as u64;
+    }
+}
+
+/// `len` bytes of [`fill_pattern`] from offset 0.
+pub fn pattern(seed: u64, len: usize) -> Vec<u8> {
+    let mut v = vec![0u8; len];
+    fill_pattern(seed, 0, &mut v);
+    v
+}
+
+/// Where two byte strings first differ, as a short message (None when equal).
+pub fn first_difference(actual: &[u8], expected: &[u8]) -> Option<String> {
+    if actual == expected {
+        return None;
+    }
+    let common = actual.len().min(expected.len());
+    let at = (0..common)
+        .find(|&i| actual[i] != expected[i])
+        .unwrap_or(common);
+    let show = |b: &[u8]| {
+        let end = (at + 16).min(b.len());
+        format!("{:02x?}", &b[at.min(end)..end])
+    };
+    Some(format!(
+        "len actual {} expected {}; first difference at offset {at}: actual {} expected {}",
+        actual.len(),
+        expected.len(),
+        show(actual),
+        show(expected)
+    ))
+}
+
+/// Reads `path` whole and panics with the first differing offset when it is not `expected`.
+#[track_caller]
+pub fn assert_file_eq(path: &Path, expected: &[u8]) {
+    let actual = fs::read(path).unwrap_or_else(|e| panic!("read {}: {e}", path.display()));
+    if let Some(d) = first_difference(&actual, expected) {
+        panic!("{}: content differs: {d}", path.display());
+    }
+}
+
+/// Streams `path` and compares it with `expected(offset, buf)` in 1 MiB pieces.
+#[track_caller]
+pub fn assert_file_matches(path: &Path, len: u64, mut expected: impl FnMut(u64, &mut [u8])) {
+    let meta = fs::metadata(path).unwrap_or_else(|e| panic!("stat {}: {e}", path.display()));
+    assert_eq!(meta.len(), len, "{}: size", path.display());
+    let mut f = fs::File::open(path).unwrap_or_else(|e| panic!("open {}: {e}", path.display()));
+    let mut got = vec![0u8; 1 << 20];
+    let mut want = vec![0u8; 1 << 20];
+    let mut off = 0u64;
+    while off < len {
+        let n = ((len - off) as usize).min(got.len());
+        f.read_exact(&mut got[..n])
+            .unwrap_or_else(|e| panic!("{}: read at {off}: {e}", path.display()));
+        expected(off, &mut want[..n]);
+        if let Some(d) = first_difference(&got[..n], &want[..n]) {
+            panic!(
+                "{}: content differs in the piece at {off}: {d}",
+                path.display()
+            );
+        }
+        off += n as u64;
+    }
+    let mut extra = [0u8; 1];
+    let n = f.read(&mut extra).expect("read at EOF");
+    assert_eq!(n, 0, "{}: readable past its size {len}", path.display());
+}
+
+/// The errno of a failed call, or the value.
+pub fn errno<T>(r: io::Result<T>) -> Result<T, i32> {
+    r.map_err(|e| e.raw_os_error().unwrap_or(-1))
+}
+
+/// A path as a C string for libc calls.
+pub fn cpath(p: &Path) -> CString {
+    CString::new(p.as_os_str().as_bytes()).expect("path has a NUL byte")
+}
+
+/// Converts a libc return value (-1 on error) into io::Result.
+pub fn check(ret: libc::c_int) -> io::Result<libc::c_int> {
+    if ret == -1 {
+        Err(io::Error::last_os_error())
+    } else {
+        Ok(ret)
+    }
+}
+
+/// Sorted relative paths of everything under `dir` (directories included).
+pub fn list_tree(dir: &Path) -> Vec<PathBuf> {
+    fn walk(base: &Path, dir: &Path, out: &mut Vec<PathBuf>) {
+        let rd = fs::read_dir(dir).unwrap_or_else(|e| panic!("read_dir {}: {e}", dir.display()));
+        for e in rd {
+            let e = e.expect("dir entry");
+            let p = e.path();
+            out.push(p.strip_prefix(base).expect("under base").to_path_buf());
+            if e.file_type().expect("file type").is_dir() {
+                walk(base, &p, out);
+            }
+        }
+    }
+    let mut out = Vec::new();
+    walk(dir, dir, &mut out);
+    out.sort();
+    out
+}
