@@ -591,8 +591,17 @@ impl Fs {
         Ok(())
     }
 
+    /// The open state of a file, loaded if no handle has it open: the kernel may write back
+    /// cached pages after the last handle's release, and those bytes must not be dropped.
+    /// Such a node is committed by the next flush/release of the file or at unmount.
     fn node(&self, ino: InodeId) -> Result<Arc<Mutex<OpenNode>>> {
-        self.open_node(ino).ok_or(Error::Invalid)
+        if let Some(n) = self.open_node(ino) {
+            return Ok(n);
+        }
+        self.open(ino, false, false)?;
+        let n = self.open_node(ino).ok_or(Error::Invalid)?;
+        n.lock().opens -= 1;
+        Ok(n)
     }
 
     pub fn read(&self, ino: InodeId, off: u64, len: usize) -> Result<Vec<u8>> {
