@@ -130,7 +130,8 @@ pub fn read_superblock(dir: &Path) -> Result<Superblock> {
     }
 }
 
-fn free_disk_bytes(dir: &Path) -> Result<u64> {
+/// Bytes available to unprivileged users on the filesystem holding `dir`.
+pub fn free_disk_bytes(dir: &Path) -> Result<u64> {
     let c = std::ffi::CString::new(dir.as_os_str().as_encoded_bytes())
         .map_err(|_| Error::Invalid("path contains a NUL byte".into()))?;
     // SAFETY: statvfs writes into the zeroed struct we pass; the path is a valid C string.

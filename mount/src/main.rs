@@ -2,7 +2,7 @@
 
 mod fuse;
 
-use ckptfs_engine::space::{lock_holder, read_superblock, MIN_SPACE_BYTES};
+use ckptfs_engine::space::{free_disk_bytes, lock_holder, read_superblock, MIN_SPACE_BYTES};
 use ckptfs_engine::{Space, Stats};
 use clap::{Parser, Subcommand};
 use std::io::{BufRead, BufReader, Write};
@@ -119,25 +119,14 @@ fn default_space_dir() -> PathBuf {
     base.join("ckptfs/default")
 }
 
-fn free_bytes(dir: &Path) -> u64 {
-    let Ok(c) = std::ffi::CString::new(dir.as_os_str().as_encoded_bytes()) else {
-        return 0;
-    };
-    // SAFETY: statvfs fills the zeroed struct; the path is a valid C string.
-    let mut st: libc::statvfs = unsafe { std::mem::zeroed() };
-    if unsafe { libc::statvfs(c.as_ptr(), &mut st) } != 0 {
-        return 0;
-    }
-    st.f_bavail as u64 * st.f_frsize as u64
-}
-
 fn ensure_default_space(dir: &Path) -> Result<(), String> {
     if dir.join(ckptfs_engine::format::SUPERBLOCK_FILE).exists() {
         return Ok(());
     }
     std::fs::create_dir_all(dir).map_err(|e| format!("cannot create {}: {e}", dir.display()))?;
     // 8 GiB, or half the free space of that disk if that is less.
-    let size = DEFAULT_SPACE_BYTES.min(free_bytes(dir) / 2) & !0xfffff;
+    let free = free_disk_bytes(dir).map_err(|e| e.to_string())?;
+    let size = DEFAULT_SPACE_BYTES.min(free / 2) & !0xfffff;
     if size < MIN_SPACE_BYTES {
         return Err(format!(
             "not enough free disk at {} for a default space",
@@ -236,31 +225,33 @@ fn mount(
         .map_err(|e| format!("FUSE session ended with an error: {e}"))
 }
 
-/// Blocks until SIGTERM, SIGINT or SIGHUP arrives. The signals are blocked in every thread
-/// (the mask is set before the session's threads start), so only this wait receives them.
-fn wait_for_termination() {
-    // SAFETY: plain sigset manipulation on a local set.
+/// The signals that ask the daemon to unmount and exit.
+fn termination_signals() -> libc::sigset_t {
+    // SAFETY: plain sigset manipulation on a local, zero-initialised set.
     unsafe {
         let mut set: libc::sigset_t = std::mem::zeroed();
         libc::sigemptyset(&mut set);
         for s in [libc::SIGTERM, libc::SIGINT, libc::SIGHUP] {
             libc::sigaddset(&mut set, s);
         }
-        let mut sig = 0;
-        libc::sigwait(&set, &mut sig);
+        set
     }
 }
 
+/// Blocks until a termination signal arrives. The signals are blocked in every thread (the
+/// mask is set before the session's threads start), so only this wait receives them.
+fn wait_for_termination() {
+    let set = termination_signals();
+    let mut sig = 0;
+    // SAFETY: sigwait reads the set and writes the signal number into `sig`.
+    unsafe { libc::sigwait(&set, &mut sig) };
+}
+
+/// Applies to this thread and the threads it spawns later.
 fn block_termination_signals() {
-    // SAFETY: plain sigset manipulation; applies to this thread and threads it spawns later.
-    unsafe {
-        let mut set: libc::sigset_t = std::mem::zeroed();
-        libc::sigemptyset(&mut set);
-        for s in [libc::SIGTERM, libc::SIGINT, libc::SIGHUP] {
-            libc::sigaddset(&mut set, s);
-        }
-        libc::pthread_sigmask(libc::SIG_BLOCK, &set, std::ptr::null_mut());
-    }
+    let set = termination_signals();
+    // SAFETY: pthread_sigmask reads the set; the old mask is not requested.
+    unsafe { libc::pthread_sigmask(libc::SIG_BLOCK, &set, std::ptr::null_mut()) };
 }
 
 /// Starts the daemon in its own session, logging to the space's log file, and waits until
