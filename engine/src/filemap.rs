@@ -181,6 +181,8 @@ pub struct FileState {
     /// Block index -> a block of `params.avg_bytes` bytes.
     dirty: BTreeMap<u64, Box<[u8]>>,
     modified: bool,
+    /// One entry per `put` since the last commit: the pins this state holds in the store.
+    held: Vec<ChunkHash>,
 }
 
 impl FileState {
@@ -192,7 +194,14 @@ impl FileState {
             stream: None,
             dirty: BTreeMap::new(),
             modified: false,
+            held: Vec::new(),
         }
+    }
+
+    /// Hands over the pins taken since the last call; the caller releases them once the
+    /// commit naming these chunks is durable (or the state is discarded).
+    pub fn take_held(&mut self) -> Vec<ChunkHash> {
+        std::mem::take(&mut self.held)
     }
 
     pub fn size(&self) -> u64 {
@@ -207,6 +216,11 @@ impl FileState {
     /// The committed form of the content; only complete after `finish`.
     pub fn map(&self) -> &ExtentMap {
         &self.map
+    }
+
+    /// Marks a state built from a committed map as a change to commit (a restore).
+    pub fn mark_replaced(&mut self) {
+        self.modified = true;
     }
 
     pub fn mark_committed(&mut self) {
@@ -316,6 +330,7 @@ impl FileState {
             return Ok(());
         }
         let chunk = c.put(bytes)?;
+        self.held.push(chunk);
         self.map.insert(
             off,
             Extent {

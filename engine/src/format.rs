@@ -102,13 +102,28 @@ pub struct Superblock {
     pub uuid: [u8; 16],
     pub data_size_bytes: u64,
     pub chunk: ChunkParams,
+    /// The data file is allocated and reclaimed in segments of this size.
+    pub segment_bytes: u32,
     pub created_unix_s: u64,
+}
+
+impl Superblock {
+    /// Segments are at least 8 MiB (large sequential writes) and hold at least two maximal
+    /// chunks (so the tail wasted when a chunk does not fit stays under half a segment).
+    pub fn segment_bytes_for(chunk: ChunkParams) -> u32 {
+        (8u32 << 20).max(2 * chunk.max_bytes)
+    }
+
+    pub fn segments(&self) -> u64 {
+        self.data_size_bytes / self.segment_bytes as u64
+    }
 }
 
 impl Superblock {
     pub fn encode(&self) -> Vec<u8> {
         assert!(self.data_size_bytes > 0);
         assert!(ChunkParams::from_avg(self.chunk.avg_bytes).is_ok());
+        assert!(self.segment_bytes >= 2 * self.chunk.max_bytes);
         let mut b = vec![0u8; SUPERBLOCK_LEN];
         b[0..8].copy_from_slice(&MAGIC);
         b[8..12].copy_from_slice(&self.version.to_le_bytes());
@@ -117,6 +132,7 @@ impl Superblock {
         b[40..44].copy_from_slice(&self.chunk.min_bytes.to_le_bytes());
         b[44..48].copy_from_slice(&self.chunk.avg_bytes.to_le_bytes());
         b[48..52].copy_from_slice(&self.chunk.max_bytes.to_le_bytes());
+        b[52..56].copy_from_slice(&self.segment_bytes.to_le_bytes());
         b[56..64].copy_from_slice(&self.created_unix_s.to_le_bytes());
         let sum = blake3::hash(&b[..SUPERBLOCK_USED]);
         b[SUPERBLOCK_USED..SUPERBLOCK_USED + 32].copy_from_slice(sum.as_bytes());
@@ -147,14 +163,16 @@ impl Superblock {
             ));
         }
         let data_size_bytes = u64_at(b, 32);
-        if data_size_bytes == 0 {
-            return Err(Error::Corrupt("superblock data size is zero".into()));
+        let segment_bytes = u32_at(b, 52);
+        if data_size_bytes == 0 || segment_bytes < 2 * chunk.max_bytes {
+            return Err(Error::Corrupt("superblock sizes out of range".into()));
         }
         Ok(Superblock {
             version,
             uuid: b[16..32].try_into().expect("16 bytes"),
             data_size_bytes,
             chunk,
+            segment_bytes,
             created_unix_s: u64_at(b, 56),
         })
     }
@@ -247,16 +265,19 @@ pub struct InodeRecord {
     pub parent: InodeId,
     /// Device number of a character or block device node; 0 for other kinds.
     pub rdev: u32,
-    /// Symlink target; empty for other kinds.
+    /// The revision history this regular file commits into (0 for other kinds).
+    pub history: u64,
+    /// Symlink target; for a directory, its own name in its parent (to rebuild paths);
+    /// empty for other kinds.
     pub target: Vec<u8>,
 }
 
-const INODE_FIXED: usize = 104;
+const INODE_FIXED: usize = 112;
 
 impl InodeRecord {
     pub fn encode(&self) -> Vec<u8> {
         assert!(self.perm <= 0o7777);
-        assert!(self.kind == NodeKind::Symlink || self.target.is_empty());
+        assert!(matches!(self.kind, NodeKind::Symlink | NodeKind::Dir) || self.target.is_empty());
         let mut b = vec![0u8; INODE_FIXED + self.target.len()];
         b[0] = self.kind as u8;
         b[4..8].copy_from_slice(&self.perm.to_le_bytes());
@@ -272,6 +293,7 @@ impl InodeRecord {
         self.crtime.encode(&mut b[76..88]);
         b[88..96].copy_from_slice(&self.parent.0.to_le_bytes());
         b[96..100].copy_from_slice(&(self.target.len() as u32).to_le_bytes());
+        b[104..112].copy_from_slice(&self.history.to_le_bytes());
         b[INODE_FIXED..].copy_from_slice(&self.target);
         b
     }
@@ -310,6 +332,7 @@ impl InodeRecord {
             crtime: Timestamp::decode(&b[76..88]),
             parent: InodeId(u64_at(b, 88)),
             rdev: u32_at(b, 20),
+            history: u64_at(b, 104),
             target: b[INODE_FIXED..].to_vec(),
         })
     }
@@ -414,9 +437,11 @@ pub struct RevisionRecord {
     pub new_stored_bytes: u64,
     /// True when the revision was sealed by the last close; false for an fsync point.
     pub sealed: bool,
+    /// The history (path lineage) this revision belongs to.
+    pub history: u64,
 }
 
-pub const REVISION_RECORD_LEN: usize = 40;
+pub const REVISION_RECORD_LEN: usize = 48;
 
 impl RevisionRecord {
     pub fn encode(&self) -> [u8; REVISION_RECORD_LEN] {
@@ -425,6 +450,7 @@ impl RevisionRecord {
         self.committed.encode(&mut b[8..20]);
         b[24..32].copy_from_slice(&self.new_stored_bytes.to_le_bytes());
         b[32] = self.sealed as u8;
+        b[40..48].copy_from_slice(&self.history.to_le_bytes());
         b
     }
 
@@ -437,6 +463,45 @@ impl RevisionRecord {
             committed: Timestamp::decode(&b[8..20]),
             new_stored_bytes: u64_at(b, 24),
             sealed: b[32] == 1,
+            history: u64_at(b, 40),
+        })
+    }
+}
+
+/// The lineage of one path: the revisions it has had, across rename-replaces. While the
+/// path exists `ino` is the file holding it; once unlinked, `unlinked` says when and `path`
+/// where it was, so `ckptfs revisions` and `restore` can find it until gc drops it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct HistoryRecord {
+    pub ino: InodeId,
+    pub unlinked: Option<Timestamp>,
+    pub path: Vec<u8>,
+}
+
+const HISTORY_FIXED: usize = 32;
+
+impl HistoryRecord {
+    pub fn encode(&self) -> Vec<u8> {
+        let mut b = vec![0u8; HISTORY_FIXED + self.path.len()];
+        b[0..8].copy_from_slice(&self.ino.0.to_le_bytes());
+        if let Some(t) = self.unlinked {
+            t.encode(&mut b[8..20]);
+            b[20] = 1;
+        }
+        b[24..28].copy_from_slice(&(self.path.len() as u32).to_le_bytes());
+        b[HISTORY_FIXED..].copy_from_slice(&self.path);
+        b
+    }
+
+    pub fn decode(b: &[u8]) -> Result<Self> {
+        if b.len() < HISTORY_FIXED || b[20] > 1 || b.len() != HISTORY_FIXED + u32_at(b, 24) as usize
+        {
+            return Err(Error::Corrupt("history record malformed".into()));
+        }
+        Ok(HistoryRecord {
+            ino: InodeId(u64_at(b, 0)),
+            unlinked: (b[20] == 1).then(|| Timestamp::decode(&b[8..20])),
+            path: b[HISTORY_FIXED..].to_vec(),
         })
     }
 }
@@ -453,6 +518,7 @@ mod tests {
             uuid: [7; 16],
             data_size_bytes: 1 << 30,
             chunk: ChunkParams::from_avg(65536).unwrap(),
+            segment_bytes: 8 << 20,
             created_unix_s: 1_700_000_000,
         };
         let b = sb.encode();
@@ -482,6 +548,7 @@ mod tests {
         b[40..44].copy_from_slice(&16384u32.to_le_bytes());
         b[44..48].copy_from_slice(&65536u32.to_le_bytes());
         b[48..52].copy_from_slice(&262144u32.to_le_bytes());
+        b[52..56].copy_from_slice(&(8u32 << 20).to_le_bytes());
         b[56..64].copy_from_slice(&1_700_000_000u64.to_le_bytes());
         let sum = blake3::hash(&b[..64]);
         b[64..96].copy_from_slice(sum.as_bytes());
@@ -504,6 +571,7 @@ mod tests {
             crtime: Timestamp::now(),
             parent: InodeId(0),
             rdev: 0,
+            history: 0,
             target: b"step".to_vec(),
         };
         assert_eq!(InodeRecord::decode(&ino.encode()).unwrap(), ino);
@@ -530,7 +598,14 @@ mod tests {
             committed: Timestamp::now(),
             new_stored_bytes: 3,
             sealed: true,
+            history: 4,
         };
+        let h = HistoryRecord {
+            ino: InodeId(9),
+            unlinked: Some(Timestamp { secs: 5, nanos: 6 }),
+            path: b"run/model.pt".to_vec(),
+        };
+        assert_eq!(HistoryRecord::decode(&h.encode()).unwrap(), h);
         assert_eq!(RevisionRecord::decode(&r.encode()).unwrap(), r);
     }
 

@@ -5,6 +5,7 @@ pub mod device;
 pub mod error;
 pub mod filemap;
 pub mod format;
+pub mod gc;
 pub mod meta;
 pub mod space;
 pub mod store;

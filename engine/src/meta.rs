@@ -2,7 +2,10 @@
 //! Values are the byte encodings from `format`; redb provides atomic, crash-safe commits.
 
 use crate::error::{Error, Result};
-use crate::format::{InodeId, InodeRecord, NodeKind};
+use crate::format::{
+    ChunkHash, ChunkRecord, Extent, HistoryRecord, InodeId, InodeRecord, NodeKind, RevisionId,
+    RevisionRecord, Timestamp,
+};
 use redb::{ReadableTable, Table, TableDefinition};
 
 /// inode number -> InodeRecord
@@ -11,20 +14,29 @@ pub const INODES: TableDefinition<u64, &[u8]> = TableDefinition::new("inodes");
 pub const DIRENTS: TableDefinition<(u64, &[u8]), (u64, u64)> = TableDefinition::new("dirents");
 /// (parent inode, readdir cookie) -> name; gives readdir a stable order and resume point.
 pub const DIRLIST: TableDefinition<(u64, u64), &[u8]> = TableDefinition::new("dirlist");
-/// (inode, revision) -> RevisionRecord
-pub const REVISIONS: TableDefinition<(u64, u64), &[u8]> = TableDefinition::new("revisions");
+/// revision -> RevisionRecord
+pub const REVISIONS: TableDefinition<u64, &[u8]> = TableDefinition::new("revisions");
+/// (history, revision) -> (): the revisions of each history, oldest first
+pub const HISTORY_REVS: TableDefinition<(u64, u64), ()> = TableDefinition::new("history_revs");
+/// history -> HistoryRecord
+pub const HISTORIES: TableDefinition<u64, &[u8]> = TableDefinition::new("histories");
+/// segment index -> (): data-file segments holding no committed chunk
+pub const FREE: TableDefinition<u64, ()> = TableDefinition::new("free_segments");
+/// chunk hash -> (): chunks whose reference count reached zero, for gc to delete
+pub const GC_CANDIDATES: TableDefinition<&[u8], ()> = TableDefinition::new("gc_candidates");
+/// retention policy and gc settings (see `Config`)
+pub const CONFIG: TableDefinition<&str, u64> = TableDefinition::new("config");
 /// (revision, file offset) -> Extent
 pub const EXTENTS: TableDefinition<(u64, u64), &[u8]> = TableDefinition::new("extents");
 /// chunk hash -> ChunkRecord
 pub const CHUNKS: TableDefinition<&[u8], &[u8]> = TableDefinition::new("chunks");
-/// named counters: next_ino, next_rev, next_cookie, alloc_head
+/// named counters: next_ino, next_rev, next_cookie, next_history
 pub const COUNTERS: TableDefinition<&str, u64> = TableDefinition::new("counters");
 
 pub const NEXT_INO: &str = "next_ino";
 pub const NEXT_REV: &str = "next_rev";
 pub const NEXT_COOKIE: &str = "next_cookie";
-/// Every byte of the data file below this offset may hold committed chunks.
-pub const ALLOC_HEAD: &str = "alloc_head";
+pub const NEXT_HISTORY: &str = "next_history";
 /// readdir cookies 1 and 2 are "." and ".."; entries start after them.
 pub const FIRST_COOKIE: u64 = 3;
 
@@ -92,6 +104,11 @@ pub struct NsTxn<'t> {
     pub dirents: Table<'t, (u64, &'static [u8]), (u64, u64)>,
     pub dirlist: Table<'t, (u64, u64), &'static [u8]>,
     pub counters: Table<'t, &'static str, u64>,
+    pub histories: Table<'t, u64, &'static [u8]>,
+    pub revisions: Table<'t, u64, &'static [u8]>,
+    pub history_revs: Table<'t, (u64, u64), ()>,
+    pub extents: Table<'t, (u64, u64), &'static [u8]>,
+    pub chunks: Table<'t, &'static [u8], &'static [u8]>,
 }
 
 impl NsTxn<'_> {
@@ -146,6 +163,154 @@ impl NsTxn<'_> {
             .next()
             .is_none())
     }
+
+    /// Starts a new history owned by `ino`.
+    pub fn new_history(&mut self, ino: InodeId) -> Result<u64> {
+        let hid = counter(&self.counters, NEXT_HISTORY)?;
+        self.counters.insert(NEXT_HISTORY, hid + 1)?;
+        let h = HistoryRecord {
+            ino,
+            unlinked: None,
+            path: Vec::new(),
+        };
+        self.histories.insert(hid, h.encode().as_slice())?;
+        Ok(hid)
+    }
+
+    /// Marks a history as belonging to a path that no longer exists.
+    pub fn retire_history(&mut self, hid: u64, path: Vec<u8>, when: Timestamp) -> Result<()> {
+        let mut h = get_history(&self.histories, hid)?;
+        h.unlinked = Some(when);
+        h.path = path;
+        self.histories.insert(hid, h.encode().as_slice())?;
+        Ok(())
+    }
+
+    pub fn set_history_owner(&mut self, hid: u64, ino: InodeId) -> Result<()> {
+        let mut h = get_history(&self.histories, hid)?;
+        h.ino = ino;
+        h.unlinked = None;
+        h.path.clear();
+        self.histories.insert(hid, h.encode().as_slice())?;
+        Ok(())
+    }
+
+    /// The full path of the entry `name` in directory `parent`, from the root.
+    pub fn path_of(&self, parent: InodeId, name: &[u8]) -> Result<Vec<u8>> {
+        let mut parts = vec![name.to_vec()];
+        let mut dir = parent;
+        while dir != InodeId::ROOT {
+            let rec = self.inode(dir)?;
+            parts.push(rec.target.clone());
+            dir = rec.parent;
+        }
+        parts.reverse();
+        Ok(parts.join(&b'/'))
+    }
+
+    /// Adds a sealed revision to history `hid` with the content of revision `from`, taking a
+    /// reference on each of its chunks. Used when a rename replaces a path's file.
+    pub fn copy_revision(&mut self, from: RevisionId, hid: u64) -> Result<RevisionId> {
+        let src = get_revision(&self.revisions, from)?
+            .ok_or_else(|| Error::Corrupt(format!("revision {} missing", from.0)))?;
+        let rev = counter(&self.counters, NEXT_REV)?;
+        self.counters.insert(NEXT_REV, rev + 1)?;
+        let rows: Vec<(u64, Vec<u8>)> = self
+            .extents
+            .range((from.0, 0)..=(from.0, u64::MAX))?
+            .map(|r| r.map(|(k, v)| (k.value().1, v.value().to_vec())))
+            .collect::<std::result::Result<_, _>>()?;
+        for (off, v) in rows {
+            let e = Extent::decode(&v)?;
+            add_chunk_ref(&mut self.chunks, &e.chunk)?;
+            self.extents.insert((rev, off), v.as_slice())?;
+        }
+        let rr = RevisionRecord {
+            committed: Timestamp::now(),
+            new_stored_bytes: 0,
+            sealed: true,
+            history: hid,
+            ..src
+        };
+        self.revisions.insert(rev, rr.encode().as_slice())?;
+        self.history_revs.insert((hid, rev), ())?;
+        Ok(RevisionId(rev))
+    }
+}
+
+pub fn get_history(t: &impl ReadableTable<u64, &'static [u8]>, hid: u64) -> Result<HistoryRecord> {
+    match t.get(hid)? {
+        Some(v) => HistoryRecord::decode(v.value()),
+        None => Err(Error::Corrupt(format!("history {hid} missing"))),
+    }
+}
+
+pub fn get_revision(
+    t: &impl ReadableTable<u64, &'static [u8]>,
+    rev: RevisionId,
+) -> Result<Option<RevisionRecord>> {
+    match t.get(rev.0)? {
+        Some(v) => Ok(Some(RevisionRecord::decode(v.value())?)),
+        None => Ok(None),
+    }
+}
+
+/// Takes one reference on a committed chunk.
+pub fn add_chunk_ref(
+    chunks: &mut Table<'_, &'static [u8], &'static [u8]>,
+    h: &ChunkHash,
+) -> Result<()> {
+    let rec = chunks
+        .get(h.0.as_slice())?
+        .map(|v| ChunkRecord::decode(v.value()))
+        .transpose()?
+        .ok_or_else(|| Error::Corrupt(format!("extent names unknown chunk {h:?}")))?;
+    let rec = ChunkRecord {
+        refs: rec.refs + 1,
+        ..rec
+    };
+    chunks.insert(h.0.as_slice(), rec.encode().as_slice())?;
+    Ok(())
+}
+
+/// Deletes a revision: its extents (dropping one chunk reference each), its record and its
+/// place in its history. Chunks left with no reference stay until gc removes them.
+pub fn drop_revision(
+    revisions: &mut Table<'_, u64, &'static [u8]>,
+    history_revs: &mut Table<'_, (u64, u64), ()>,
+    extents: &mut Table<'_, (u64, u64), &'static [u8]>,
+    chunks: &mut Table<'_, &'static [u8], &'static [u8]>,
+    candidates: &mut Table<'_, &'static [u8], ()>,
+    rev: RevisionId,
+) -> Result<()> {
+    let Some(rr) = get_revision(revisions, rev)? else {
+        return Ok(());
+    };
+    let rows: Vec<(u64, Vec<u8>)> = extents
+        .range((rev.0, 0)..=(rev.0, u64::MAX))?
+        .map(|r| r.map(|(k, v)| (k.value().1, v.value().to_vec())))
+        .collect::<std::result::Result<_, _>>()?;
+    for (off, v) in rows {
+        let e = Extent::decode(&v)?;
+        let existing = chunks
+            .get(e.chunk.0.as_slice())?
+            .map(|v| ChunkRecord::decode(v.value()))
+            .transpose()?;
+        if let Some(c) = existing {
+            let c = ChunkRecord {
+                refs: c.refs.saturating_sub(1),
+                ..c
+            };
+            chunks.insert(e.chunk.0.as_slice(), c.encode().as_slice())?;
+            if c.refs == 0 {
+                candidates.insert(e.chunk.0.as_slice(), ())?;
+            }
+        }
+        extents.remove((rev.0, off))?;
+    }
+    revisions.remove(rev.0)?;
+    history_revs.remove((rr.history, rev.0))?;
+    Ok(())
 }
 
 pub fn is_dir(rec: &InodeRecord) -> bool {

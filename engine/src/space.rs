@@ -3,6 +3,7 @@
 use crate::device::{Device, FileDevice};
 use crate::error::{Error, Result};
 use crate::filemap::{ChunkIo, ExtentMap, FileState};
+use crate::format::HistoryRecord;
 use crate::format::*;
 use crate::meta::{self, NsTxn};
 use crate::store::ChunkStore;
@@ -19,6 +20,92 @@ pub const MIN_SPACE_BYTES: u64 = 16 << 20;
 /// Page cache redb may use for the metadata table.
 const META_CACHE_BYTES: usize = 64 << 20;
 
+/// Retention policy and gc settings, kept in the metadata table (`ckptfs config`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Config {
+    /// Newest complete revisions kept per path (the current one always counts).
+    pub keep_revisions: u64,
+    /// Revisions younger than this are kept too; 0 = off.
+    pub keep_age_secs: u64,
+    /// How long the revisions of an unlinked path are kept.
+    pub keep_unlinked_secs: u64,
+    /// The daemon runs gc when free space falls below this percentage; 0 = off.
+    pub auto_gc_free_percent: u64,
+}
+
+impl Default for Config {
+    fn default() -> Self {
+        Config {
+            keep_revisions: 2,
+            keep_age_secs: 0,
+            keep_unlinked_secs: 7 * 24 * 3600,
+            auto_gc_free_percent: 20,
+        }
+    }
+}
+
+impl Config {
+    const KEYS: [&'static str; 4] = [
+        "keep_revisions",
+        "keep_age_secs",
+        "keep_unlinked_secs",
+        "auto_gc_free_percent",
+    ];
+
+    fn values(&self) -> [u64; 4] {
+        [
+            self.keep_revisions,
+            self.keep_age_secs,
+            self.keep_unlinked_secs,
+            self.auto_gc_free_percent,
+        ]
+    }
+
+    pub fn validate(&self) -> Result<()> {
+        if self.keep_revisions == 0 {
+            return Err(Error::Invalid(
+                "keep-revisions must be at least 1 (the current revision)".into(),
+            ));
+        }
+        if self.auto_gc_free_percent > 90 {
+            return Err(Error::Invalid(
+                "auto-gc-free-percent must be 0 to 90".into(),
+            ));
+        }
+        Ok(())
+    }
+
+    fn write(&self, t: &mut redb::Table<'_, &'static str, u64>) -> Result<()> {
+        self.validate()?;
+        for (k, v) in Self::KEYS.iter().zip(self.values()) {
+            t.insert(*k, v)?;
+        }
+        Ok(())
+    }
+
+    fn read(t: &impl ReadableTable<&'static str, u64>) -> Result<Self> {
+        let get = |k: &str| -> Result<u64> {
+            t.get(k)?
+                .map(|v| v.value())
+                .ok_or_else(|| Error::Corrupt(format!("config key {k} missing")))
+        };
+        Ok(Config {
+            keep_revisions: get("keep_revisions")?,
+            keep_age_secs: get("keep_age_secs")?,
+            keep_unlinked_secs: get("keep_unlinked_secs")?,
+            auto_gc_free_percent: get("auto_gc_free_percent")?,
+        })
+    }
+}
+
+/// One listed revision of a path.
+#[derive(Clone, Debug)]
+pub struct RevisionInfo {
+    pub id: RevisionId,
+    pub rec: RevisionRecord,
+    pub current: bool,
+}
+
 pub struct Space {
     dir: PathBuf,
     sb: Superblock,
@@ -26,6 +113,8 @@ pub struct Space {
     store: ChunkStore,
     /// Held for the life of the Space: its flock is what makes a second mount fail.
     lock: File,
+    /// One gc at a time.
+    pub(crate) gc_lock: parking_lot::Mutex<()>,
 }
 
 /// What `ckptfs stats` reports.
@@ -48,7 +137,8 @@ pub struct Stats {
     pub special: u64,
     pub revisions: u64,
     pub reserved_bytes: u64,
-    /// Bytes of the data file in use (committed and not-yet-reclaimed chunks).
+    /// Bytes of the data file in use (segments not free, including dead chunks gc has not
+    /// reclaimed yet).
     pub used_bytes: u64,
     pub free_bytes: u64,
     pub chunk_avg_bytes: u32,
@@ -150,12 +240,21 @@ fn sync_dir(dir: &Path) -> Result<()> {
 impl Space {
     /// Creates a backing space in `dir`. Refuses a directory holding anything that is not a
     /// ckptfs space, and an existing space unless `force` (and never one that is mounted).
-    pub fn format(dir: &Path, size_bytes: u64, chunk_avg_bytes: u32, force: bool) -> Result<()> {
+    pub fn format(
+        dir: &Path,
+        size_bytes: u64,
+        chunk_avg_bytes: u32,
+        config: Config,
+        force: bool,
+    ) -> Result<()> {
         let chunk = ChunkParams::from_avg(chunk_avg_bytes)?;
-        if size_bytes < MIN_SPACE_BYTES {
+        config.validate()?;
+        let segment_bytes = Superblock::segment_bytes_for(chunk);
+        let min = MIN_SPACE_BYTES.max(2 * segment_bytes as u64);
+        if size_bytes < min {
             return Err(Error::Invalid(format!(
-                "size {size_bytes} bytes is below the minimum of {} MiB",
-                MIN_SPACE_BYTES >> 20
+                "size {size_bytes} bytes is below the minimum of {} MiB for this chunk size",
+                min >> 20
             )));
         }
         if dir.exists() && !dir.is_dir() {
@@ -237,6 +336,7 @@ impl Space {
             crtime: now,
             parent: InodeId::ROOT,
             rdev: 0,
+            history: 0,
             target: Vec::new(),
         };
         let txn = db.begin_write()?;
@@ -247,10 +347,18 @@ impl Space {
             c.insert(meta::NEXT_INO, 2)?;
             c.insert(meta::NEXT_REV, 1)?;
             c.insert(meta::NEXT_COOKIE, meta::FIRST_COOKIE)?;
-            c.insert(meta::ALLOC_HEAD, 0)?;
+            c.insert(meta::NEXT_HISTORY, 1)?;
+            config.write(&mut txn.open_table(meta::CONFIG)?)?;
+            let mut free = txn.open_table(meta::FREE)?;
+            for seg in 0..size_bytes / segment_bytes as u64 {
+                free.insert(seg, ())?;
+            }
             txn.open_table(meta::DIRENTS)?;
             txn.open_table(meta::DIRLIST)?;
             txn.open_table(meta::REVISIONS)?;
+            txn.open_table(meta::HISTORY_REVS)?;
+            txn.open_table(meta::HISTORIES)?;
+            txn.open_table(meta::GC_CANDIDATES)?;
             txn.open_table(meta::EXTENTS)?;
             txn.open_table(meta::CHUNKS)?;
         }
@@ -270,6 +378,7 @@ impl Space {
             uuid,
             data_size_bytes: size_bytes,
             chunk,
+            segment_bytes,
             created_unix_s: now.secs as u64,
         };
         let tmp = dir.join("superblock.tmp");
@@ -307,23 +416,29 @@ impl Space {
             .open(dir.join(META_FILE))
             .map_err(|e| Error::Meta(format!("cannot open the metadata table: {e}")))?;
         let db = Arc::new(db);
-        let head = {
+        let free = {
             let txn = db.begin_read()?;
-            let c = txn.open_table(meta::COUNTERS)?;
-            meta::counter(&c, meta::ALLOC_HEAD)?
+            let t = txn.open_table(meta::FREE)?;
+            let mut free = std::collections::BTreeSet::new();
+            for item in t.iter()? {
+                let seg = item?.0.value();
+                if seg >= sb.segments() {
+                    return Err(Error::Corrupt(format!(
+                        "free segment {seg} beyond the data file"
+                    )));
+                }
+                free.insert(seg);
+            }
+            free
         };
-        if head > sb.data_size_bytes {
-            return Err(Error::Corrupt(
-                "allocation head beyond the data file".into(),
-            ));
-        }
-        let store = ChunkStore::new(Arc::new(dev), db.clone(), head);
+        let store = ChunkStore::new(Arc::new(dev), db.clone(), sb.segment_bytes as u64, free);
         Ok(Space {
             dir: dir.to_path_buf(),
             sb,
             db,
             store,
             lock,
+            gc_lock: parking_lot::Mutex::new(()),
         })
     }
 
@@ -380,6 +495,11 @@ impl Space {
                 dirents: txn.open_table(meta::DIRENTS).map_err(Error::from)?,
                 dirlist: txn.open_table(meta::DIRLIST).map_err(Error::from)?,
                 counters: txn.open_table(meta::COUNTERS).map_err(Error::from)?,
+                histories: txn.open_table(meta::HISTORIES).map_err(Error::from)?,
+                revisions: txn.open_table(meta::REVISIONS).map_err(Error::from)?,
+                history_revs: txn.open_table(meta::HISTORY_REVS).map_err(Error::from)?,
+                extents: txn.open_table(meta::EXTENTS).map_err(Error::from)?,
+                chunks: txn.open_table(meta::CHUNKS).map_err(Error::from)?,
             };
             f(&mut t)
         };
@@ -444,31 +564,38 @@ impl Space {
         Ok(FileState::new(self.sb.chunk, map, rec.size))
     }
 
-    /// Commits `file` (after `finish`) as a new revision of `ino`, with `rec` as its inode
-    /// record. Protocol: write out and sync the data file, then one durable metadata
-    /// transaction names the new chunks, the revision and its extents. A crash before the
-    /// transaction commits leaves the previous revision current and intact, because chunks are
-    /// only ever appended past the committed allocation head.
+    /// Commits `file` (after `finish`) as a new revision of `ino`'s history, with `rec` as its
+    /// inode record. Protocol: write out and sync the data file, then one durable metadata
+    /// transaction names the new chunks, the revision and its extents, and records the
+    /// segments taken since the last commit. A crash before the transaction commits leaves
+    /// the previous revision current and intact: new chunks only go to segments that were
+    /// free in the committed metadata. An unsealed current revision (an fsync point) is
+    /// replaced rather than kept, so fsync adds no listed revision.
     pub fn commit_file(
         &self,
         ino: InodeId,
-        file: &FileState,
+        file: &mut FileState,
         rec: &mut InodeRecord,
         sealed: bool,
     ) -> Result<RevisionId> {
         assert_eq!(rec.kind, NodeKind::File);
-        let head = self.store.flush_sync()?;
+        assert!(rec.history != 0, "regular file without a history");
+        self.store.flush_sync()?;
+        let taken = self.store.taken_segments();
         let txn = self.db.begin_write()?;
-        let mut newly_committed = Vec::new();
         let rev = {
             let mut counters = txn.open_table(meta::COUNTERS)?;
             let rev = RevisionId(meta::counter(&counters, meta::NEXT_REV)?);
             counters.insert(meta::NEXT_REV, rev.0 + 1)?;
-            let old_head = meta::counter(&counters, meta::ALLOC_HEAD)?;
-            counters.insert(meta::ALLOC_HEAD, old_head.max(head))?;
+            let mut free = txn.open_table(meta::FREE)?;
+            for seg in &taken {
+                free.remove(*seg)?;
+            }
 
             let mut chunks = txn.open_table(meta::CHUNKS)?;
             let mut extents = txn.open_table(meta::EXTENTS)?;
+            let mut revs = txn.open_table(meta::REVISIONS)?;
+            let mut hrevs = txn.open_table(meta::HISTORY_REVS)?;
             let mut new_bytes = 0u64;
             for (off, e) in file.map().iter() {
                 extents.insert((rev.0, off), e.encode().as_slice())?;
@@ -486,22 +613,37 @@ impl Space {
                         let r = self.store.pending_record(&e.chunk).ok_or_else(|| {
                             Error::Corrupt(format!("extent names unknown chunk {:?}", e.chunk))
                         })?;
-                        debug_assert!(r.offset.0 + r.stored_len as u64 <= head);
                         new_bytes += r.stored_len as u64;
-                        newly_committed.push(e.chunk);
                         ChunkRecord { refs: 1, ..r }
                     }
                 };
                 chunks.insert(key.as_slice(), updated.encode().as_slice())?;
             }
-            let mut revs = txn.open_table(meta::REVISIONS)?;
+            let prev = rec.current_rev;
+            if prev.0 != 0 {
+                if let Some(p) = meta::get_revision(&revs, prev)? {
+                    if !p.sealed && p.history == rec.history {
+                        let mut cand = txn.open_table(meta::GC_CANDIDATES)?;
+                        meta::drop_revision(
+                            &mut revs,
+                            &mut hrevs,
+                            &mut extents,
+                            &mut chunks,
+                            &mut cand,
+                            prev,
+                        )?;
+                    }
+                }
+            }
             let rr = RevisionRecord {
                 size: file.size(),
                 committed: Timestamp::now(),
                 new_stored_bytes: new_bytes,
                 sealed,
+                history: rec.history,
             };
-            revs.insert((ino.0, rev.0), rr.encode().as_slice())?;
+            revs.insert(rev.0, rr.encode().as_slice())?;
+            hrevs.insert((rec.history, rev.0), ())?;
             rec.size = file.size();
             rec.current_rev = rev;
             let mut inodes = txn.open_table(meta::INODES)?;
@@ -509,8 +651,141 @@ impl Space {
             rev
         };
         txn.commit()?;
-        self.store.forget_pending(&newly_committed);
+        self.store.recorded_taken(&taken);
+        self.store.unpin(&file.take_held());
         Ok(rev)
+    }
+
+    /// Marks a revision complete: its file's last writer has let go of it.
+    pub fn seal(&self, rev: RevisionId) -> Result<()> {
+        let txn = self.db.begin_write()?;
+        {
+            let mut revs = txn.open_table(meta::REVISIONS)?;
+            if let Some(mut rr) = meta::get_revision(&revs, rev)? {
+                if rr.sealed {
+                    return Ok(());
+                }
+                rr.sealed = true;
+                revs.insert(rev.0, rr.encode().as_slice())?;
+            }
+        }
+        txn.commit()?;
+        Ok(())
+    }
+
+    pub fn config(&self) -> Result<Config> {
+        let txn = self.db.begin_read()?;
+        Config::read(&txn.open_table(meta::CONFIG)?)
+    }
+
+    pub fn set_config(&self, c: &Config) -> Result<()> {
+        let txn = self.db.begin_write()?;
+        c.write(&mut txn.open_table(meta::CONFIG)?)?;
+        txn.commit()?;
+        Ok(())
+    }
+
+    /// Walks `path` (relative to the root, `/`-separated) through the namespace.
+    pub fn resolve(&self, path: &[u8]) -> Result<Option<InodeId>> {
+        let mut ino = InodeId::ROOT;
+        for part in path.split(|b| *b == b'/').filter(|p| !p.is_empty()) {
+            match self.lookup(ino, part)? {
+                Some(i) => ino = i,
+                None => return Ok(None),
+            }
+        }
+        Ok(Some(ino))
+    }
+
+    /// The history of `path`: that of the file there now, else that of the most recently
+    /// unlinked file that lived there and is still retained.
+    pub fn history_of_path(&self, path: &[u8]) -> Result<Option<u64>> {
+        if let Some(ino) = self.resolve(path)? {
+            if let Some(rec) = self.get_inode(ino)? {
+                if rec.kind == NodeKind::File {
+                    return Ok(Some(rec.history));
+                }
+            }
+        }
+        let want: Vec<u8> = path
+            .split(|b| *b == b'/')
+            .filter(|p| !p.is_empty())
+            .collect::<Vec<_>>()
+            .join(&b'/');
+        let txn = self.db.begin_read()?;
+        let t = txn.open_table(meta::HISTORIES)?;
+        let mut best: Option<(Timestamp, u64)> = None;
+        for item in t.iter()? {
+            let (k, v) = item?;
+            let h = HistoryRecord::decode(v.value())?;
+            if let Some(when) = h.unlinked {
+                if h.path == want && best.is_none_or(|(t, _)| when >= t) {
+                    best = Some((when, k.value()));
+                }
+            }
+        }
+        Ok(best.map(|(_, hid)| hid))
+    }
+
+    /// History ids greater than `after`, at most `limit`.
+    pub fn history_ids(&self, after: u64, limit: usize) -> Result<Vec<u64>> {
+        let txn = self.db.begin_read()?;
+        let t = txn.open_table(meta::HISTORIES)?;
+        let mut out = Vec::new();
+        for item in t.range(after + 1..)? {
+            out.push(item?.0.value());
+            if out.len() >= limit {
+                break;
+            }
+        }
+        Ok(out)
+    }
+
+    pub fn history(&self, hid: u64) -> Result<HistoryRecord> {
+        let txn = self.db.begin_read()?;
+        meta::get_history(&txn.open_table(meta::HISTORIES)?, hid)
+    }
+
+    /// The listed revisions of a history, oldest first: the complete ones. An fsync point
+    /// (the content of a file still being written) is durable but not listed.
+    pub fn revisions(&self, hid: u64) -> Result<Vec<RevisionInfo>> {
+        let h = self.history(hid)?;
+        let current = if h.unlinked.is_none() {
+            self.get_inode(h.ino)?.map(|r| r.current_rev)
+        } else {
+            None
+        };
+        let txn = self.db.begin_read()?;
+        let hrevs = txn.open_table(meta::HISTORY_REVS)?;
+        let revs = txn.open_table(meta::REVISIONS)?;
+        let mut out = Vec::new();
+        for item in hrevs.range((hid, 0)..=(hid, u64::MAX))? {
+            let rev = RevisionId(item?.0.value().1);
+            let rec = meta::get_revision(&revs, rev)?
+                .ok_or_else(|| Error::Corrupt(format!("revision {} listed but missing", rev.0)))?;
+            let is_current = current == Some(rev);
+            if rec.sealed {
+                out.push(RevisionInfo {
+                    id: rev,
+                    rec,
+                    current: is_current,
+                });
+            }
+        }
+        Ok(out)
+    }
+
+    pub fn revision(&self, rev: RevisionId) -> Result<Option<RevisionRecord>> {
+        let txn = self.db.begin_read()?;
+        meta::get_revision(&txn.open_table(meta::REVISIONS)?, rev)
+    }
+
+    /// A read-only file state holding the content of a revision.
+    pub fn load_revision(&self, rev: RevisionId) -> Result<FileState> {
+        let rr = self
+            .revision(rev)?
+            .ok_or_else(|| Error::Invalid(format!("no revision {}", rev.0)))?;
+        Ok(FileState::new(self.sb.chunk, self.load_map(rev)?, rr.size))
     }
 
     /// Makes every earlier non-durable metadata commit durable (fsync of a directory).
@@ -521,13 +796,13 @@ impl Space {
     pub fn stats(&self) -> Result<Stats> {
         let txn = self.db.begin_read()?;
         let mut s = Stats {
-            reserved_bytes: self.sb.data_size_bytes,
-            used_bytes: self.store.head(),
+            reserved_bytes: self.store.capacity(),
+            free_bytes: self.store.free_bytes(),
             chunk_avg_bytes: self.sb.chunk.avg_bytes,
             failed: self.store.is_failed(),
             ..Stats::default()
         };
-        s.free_bytes = s.reserved_bytes.saturating_sub(s.used_bytes);
+        s.used_bytes = s.reserved_bytes - s.free_bytes;
         let inodes = txn.open_table(meta::INODES)?;
         let extents = txn.open_table(meta::EXTENTS)?;
         for item in inodes.iter()? {

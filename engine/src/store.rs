@@ -1,36 +1,59 @@
 //! The chunk store: dedup lookup, compression, aggregation of new chunks into large writes to
-//! the reserved data file, and verified reads.
+//! the reserved data file, segment allocation, and verified reads.
+//!
+//! Space is handed out in segments (`Superblock::segment_bytes`). New chunks are appended to
+//! the current segment; a full segment is followed by the lowest free one. gc frees segments
+//! whose chunks are all dead or have been copied elsewhere.
+//!
+//! Pins: a chunk that an uncommitted file state refers to (stored by it, or found by dedup)
+//! is held in `pending` until that file commits or discards its state. gc never deletes a
+//! pinned chunk and never frees a segment holding one. The reuse barrier orders segment reuse
+//! after every chunk lookup that might still see the old location.
 
 use crate::device::Device;
 use crate::error::{Error, Result};
 use crate::filemap::ChunkIo;
 use crate::format::{ChunkHash, ChunkRecord, Codec, DataOffset};
 use crate::meta::CHUNKS;
-use parking_lot::Mutex;
+use parking_lot::{Mutex, RwLock};
 use redb::{Database, ReadableDatabase};
-use std::collections::{HashMap, VecDeque};
+use std::collections::{BTreeSet, HashMap, VecDeque};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 
-/// New chunks are gathered in memory and written to the data file in pieces of this size.
-pub const SEGMENT_BYTES: usize = 8 << 20;
-/// Decoded chunks kept for reads that come back for the same chunk (FUSE reads are smaller
-/// than a chunk's neighbourhood); bounded by count, so at most this many max-size chunks.
+/// Decoded chunks kept for reads that come back for the same chunk; bounded by count, so at
+/// most this many maximal chunks.
 pub const CACHE_CHUNKS: usize = 32;
 
 struct Writer {
-    /// Data-file offset of `buf[0]`; everything below it has been written (not yet synced).
+    /// The segment being filled, and how many of its bytes are used (written or buffered).
+    cur: Option<u64>,
+    fill: u64,
+    /// Data-file offset of `buf[0]`; `buf` never crosses a segment boundary.
     buf_start: u64,
     buf: Vec<u8>,
+    /// Segments free for allocation (authoritative in memory; persisted in the FREE table).
+    free: BTreeSet<u64>,
+    /// Segments taken from the free list since the last commit that recorded them.
+    taken: BTreeSet<u64>,
 }
 
-/// Where a stored-but-uncommitted chunk is, kept until a commit records it in CHUNKS.
+struct Pending {
+    rec: ChunkRecord,
+    holders: u32,
+}
+
 pub struct ChunkStore {
     dev: Arc<dyn Device>,
     db: Arc<Database>,
+    segment_bytes: u64,
+    segments: u64,
     writer: Mutex<Writer>,
-    /// Chunks written since the last commit that named them; lock order: writer, then pending.
-    pending: Mutex<HashMap<ChunkHash, ChunkRecord>>,
+    /// Pinned chunks; lock order: barrier, writer, pending.
+    pending: Mutex<HashMap<ChunkHash, Pending>>,
+    /// Shared by chunk lookups and pinning; exclusive while gc deletes chunks or frees
+    /// segments, so no lookup can straddle a reuse.
+    barrier: RwLock<()>,
     cache: Mutex<VecDeque<(ChunkHash, Arc<[u8]>)>>,
     failed: AtomicBool,
     pub dedup_hits: AtomicU64,
@@ -38,15 +61,28 @@ pub struct ChunkStore {
 }
 
 impl ChunkStore {
-    pub fn new(dev: Arc<dyn Device>, db: Arc<Database>, head: u64) -> Self {
+    pub fn new(
+        dev: Arc<dyn Device>,
+        db: Arc<Database>,
+        segment_bytes: u64,
+        free: BTreeSet<u64>,
+    ) -> Self {
+        let segments = dev.len() / segment_bytes;
         ChunkStore {
             dev,
             db,
+            segment_bytes,
+            segments,
             writer: Mutex::new(Writer {
-                buf_start: head,
-                buf: Vec::with_capacity(SEGMENT_BYTES + (1 << 20)),
+                cur: None,
+                fill: 0,
+                buf_start: 0,
+                buf: Vec::new(),
+                free,
+                taken: BTreeSet::new(),
             }),
             pending: Mutex::new(HashMap::new()),
+            barrier: RwLock::new(()),
             cache: Mutex::new(VecDeque::with_capacity(CACHE_CHUNKS)),
             failed: AtomicBool::new(false),
             dedup_hits: AtomicU64::new(0),
@@ -54,14 +90,24 @@ impl ChunkStore {
         }
     }
 
-    pub fn capacity(&self) -> u64 {
-        self.dev.len()
+    pub fn segment_bytes(&self) -> u64 {
+        self.segment_bytes
     }
 
-    /// Bytes of the data file in use, including chunks not yet committed.
-    pub fn head(&self) -> u64 {
+    pub fn segment_of(&self, off: DataOffset) -> u64 {
+        off.0 / self.segment_bytes
+    }
+
+    /// Usable bytes: whole segments of the data file.
+    pub fn capacity(&self) -> u64 {
+        self.segments * self.segment_bytes
+    }
+
+    /// Bytes that new chunks can still use: free segments plus the rest of the current one.
+    pub fn free_bytes(&self) -> u64 {
         let w = self.writer.lock();
-        w.buf_start + w.buf.len() as u64
+        let rest = w.cur.map_or(0, |_| self.segment_bytes - w.fill);
+        w.free.len() as u64 * self.segment_bytes + rest
     }
 
     pub fn is_failed(&self) -> bool {
@@ -93,16 +139,81 @@ impl ChunkStore {
         }
     }
 
+    /// The record of a pinned chunk (stored or found by an uncommitted file state).
     pub fn pending_record(&self, h: &ChunkHash) -> Option<ChunkRecord> {
-        self.pending.lock().get(h).copied()
+        self.pending.lock().get(h).map(|p| p.rec)
     }
 
-    /// Forgets pending chunks that a commit has just recorded in CHUNKS.
-    pub fn forget_pending(&self, hashes: &[ChunkHash]) {
+    pub fn is_pinned(&self, h: &ChunkHash) -> bool {
+        self.pending.lock().contains_key(h)
+    }
+
+    /// Drops one pin per hash: a file state committed or discarded what it had put.
+    pub fn unpin(&self, hashes: &[ChunkHash]) {
         let mut p = self.pending.lock();
         for h in hashes {
-            p.remove(h);
+            if let Some(e) = p.get_mut(h) {
+                e.holders -= 1;
+                if e.holders == 0 {
+                    p.remove(h);
+                }
+            }
         }
+    }
+
+    /// Segments gc must leave alone: the one being filled, those taken but not yet recorded
+    /// by a commit, and any holding a pinned chunk.
+    pub fn busy_segments(&self) -> BTreeSet<u64> {
+        let w = self.writer.lock();
+        let p = self.pending.lock();
+        let mut s: BTreeSet<u64> = w.taken.clone();
+        s.extend(w.cur);
+        s.extend(p.values().map(|e| e.rec.offset.0 / self.segment_bytes));
+        s
+    }
+
+    /// Segments taken since the last recorded commit; a commit removes them from FREE and
+    /// then calls `recorded_taken`.
+    pub fn taken_segments(&self) -> Vec<u64> {
+        self.writer.lock().taken.iter().copied().collect()
+    }
+
+    pub fn recorded_taken(&self, segs: &[u64]) {
+        let mut w = self.writer.lock();
+        for s in segs {
+            w.taken.remove(s);
+        }
+    }
+
+    /// Makes segments reusable once gc's commit freeing them is durable. Waits for every
+    /// chunk lookup in flight, which might still read the old location.
+    pub fn release_segments(&self, segs: &[u64]) {
+        let _excl = self.barrier.write();
+        let mut w = self.writer.lock();
+        w.free.extend(segs.iter().copied());
+    }
+
+    /// Holds off chunk lookups and pinning while gc deletes chunk records.
+    pub fn exclusive(&self) -> parking_lot::RwLockWriteGuard<'_, ()> {
+        self.barrier.write()
+    }
+
+    /// Finds room for `len` bytes, moving to the next free segment when the current one is
+    /// full. Returns the data-file offset.
+    fn alloc(&self, w: &mut Writer, len: u64) -> Result<u64> {
+        assert!(len <= self.segment_bytes);
+        if let Some(c) = w.cur {
+            if w.fill + len <= self.segment_bytes {
+                return Ok(c * self.segment_bytes + w.fill);
+            }
+        }
+        self.write_out(w)?;
+        let next = w.free.pop_first().ok_or(Error::NoSpace)?;
+        w.taken.insert(next);
+        w.cur = Some(next);
+        w.fill = 0;
+        w.buf_start = next * self.segment_bytes;
+        Ok(w.buf_start)
     }
 
     fn write_out(&self, w: &mut Writer) -> Result<()> {
@@ -117,23 +228,38 @@ impl ChunkStore {
         Ok(())
     }
 
-    /// Writes out buffered chunks and makes the data file durable; returns the durable head.
-    pub fn flush_sync(&self) -> Result<u64> {
+    /// Writes out buffered chunks and makes the data file durable.
+    pub fn flush_sync(&self) -> Result<()> {
         self.check_failed()?;
         let mut w = self.writer.lock();
         self.write_out(&mut w)?;
         if let Err(e) = self.dev.sync() {
             return self.fail(e);
         }
-        Ok(w.buf_start)
+        Ok(())
     }
 
-    fn read_stored(&self, rec: &ChunkRecord) -> Result<Vec<u8>> {
+    /// Appends already-encoded chunk bytes (gc's copies); returns where they went.
+    pub fn append_stored(&self, stored: &[u8]) -> Result<DataOffset> {
+        self.check_failed()?;
+        let mut w = self.writer.lock();
+        let off = self.alloc(&mut w, stored.len() as u64)?;
+        w.buf.extend_from_slice(stored);
+        w.fill += stored.len() as u64;
+        if w.buf.len() as u64 >= self.segment_bytes / 2 {
+            self.write_out(&mut w)?;
+        }
+        Ok(DataOffset(off))
+    }
+
+    /// Reads a chunk's stored bytes (from the write buffer if not yet written out).
+    pub fn read_stored(&self, rec: &ChunkRecord) -> Result<Vec<u8>> {
         let mut stored = vec![0u8; rec.stored_len as usize];
         {
             let w = self.writer.lock();
             let off = rec.offset.0;
-            if off >= w.buf_start {
+            let buf_end = w.buf_start + w.buf.len() as u64;
+            if off >= w.buf_start && off < buf_end {
                 let at = (off - w.buf_start) as usize;
                 let n = stored.len();
                 stored.copy_from_slice(&w.buf[at..at + n]);
@@ -143,64 +269,9 @@ impl ChunkStore {
         self.dev.read_at(&mut stored, rec.offset.0)?;
         Ok(stored)
     }
-}
 
-impl ChunkIo for ChunkStore {
-    fn put(&self, data: &[u8]) -> Result<ChunkHash> {
-        self.check_failed()?;
-        assert!(!data.is_empty() && data.len() <= u32::MAX as usize);
-        let h = ChunkHash::of(data);
-        if self.pending.lock().contains_key(&h) || self.committed_record(&h)?.is_some() {
-            self.dedup_hits.fetch_add(1, Ordering::Relaxed);
-            return Ok(h);
-        }
-        let compressed = lz4_flex::block::compress(data);
-        // Store raw when compression does not pay, so incompressible data costs nothing extra.
-        let (codec, bytes): (Codec, &[u8]) = if compressed.len() < data.len() {
-            (Codec::Lz4, &compressed)
-        } else {
-            (Codec::Raw, data)
-        };
-        let mut w = self.writer.lock();
-        {
-            let mut pending = self.pending.lock();
-            if pending.contains_key(&h) {
-                return Ok(h);
-            }
-            let off = w.buf_start + w.buf.len() as u64;
-            if off + bytes.len() as u64 > self.dev.len() {
-                return Err(Error::NoSpace);
-            }
-            w.buf.extend_from_slice(bytes);
-            pending.insert(
-                h,
-                ChunkRecord {
-                    offset: DataOffset(off),
-                    stored_len: bytes.len() as u32,
-                    raw_len: data.len() as u32,
-                    codec,
-                    refs: 0,
-                },
-            );
-        }
-        self.chunks_stored.fetch_add(1, Ordering::Relaxed);
-        if w.buf.len() >= SEGMENT_BYTES {
-            self.write_out(&mut w)?;
-        }
-        Ok(h)
-    }
-
-    fn get(&self, h: &ChunkHash) -> Result<Arc<[u8]>> {
-        if let Some((_, d)) = self.cache.lock().iter().find(|(k, _)| k == h) {
-            return Ok(d.clone());
-        }
-        let rec = match self.pending_record(h) {
-            Some(r) => r,
-            None => self
-                .committed_record(h)?
-                .ok_or_else(|| Error::Corrupt(format!("chunk {h:?} is not in the chunk table")))?,
-        };
-        let stored = self.read_stored(&rec)?;
+    /// Decodes stored bytes and checks them against the hash that names them.
+    pub fn decode_verified(h: &ChunkHash, rec: &ChunkRecord, stored: Vec<u8>) -> Result<Vec<u8>> {
         let raw = match rec.codec {
             Codec::Raw => stored,
             Codec::Lz4 => {
@@ -220,7 +291,85 @@ impl ChunkIo for ChunkStore {
                 rec.offset.0
             )));
         }
-        let data: Arc<[u8]> = raw.into();
+        Ok(raw)
+    }
+}
+
+impl ChunkIo for ChunkStore {
+    fn put(&self, data: &[u8]) -> Result<ChunkHash> {
+        self.check_failed()?;
+        assert!(!data.is_empty() && data.len() <= u32::MAX as usize);
+        let h = ChunkHash::of(data);
+        {
+            let _shared = self.barrier.read();
+            if let Some(e) = self.pending.lock().get_mut(&h) {
+                e.holders += 1;
+                self.dedup_hits.fetch_add(1, Ordering::Relaxed);
+                return Ok(h);
+            }
+            if let Some(rec) = self.committed_record(&h)? {
+                self.pending
+                    .lock()
+                    .entry(h)
+                    .or_insert(Pending { rec, holders: 0 })
+                    .holders += 1;
+                self.dedup_hits.fetch_add(1, Ordering::Relaxed);
+                return Ok(h);
+            }
+        }
+        let compressed = lz4_flex::block::compress(data);
+        // Store raw when compression does not pay, so incompressible data costs nothing extra.
+        let (codec, bytes): (Codec, &[u8]) = if compressed.len() < data.len() {
+            (Codec::Lz4, &compressed)
+        } else {
+            (Codec::Raw, data)
+        };
+        let mut w = self.writer.lock();
+        {
+            let mut pending = self.pending.lock();
+            if let Some(e) = pending.get_mut(&h) {
+                e.holders += 1;
+                return Ok(h);
+            }
+            let off = self.alloc(&mut w, bytes.len() as u64)?;
+            w.buf.extend_from_slice(bytes);
+            w.fill += bytes.len() as u64;
+            pending.insert(
+                h,
+                Pending {
+                    rec: ChunkRecord {
+                        offset: DataOffset(off),
+                        stored_len: bytes.len() as u32,
+                        raw_len: data.len() as u32,
+                        codec,
+                        refs: 0,
+                    },
+                    holders: 1,
+                },
+            );
+        }
+        self.chunks_stored.fetch_add(1, Ordering::Relaxed);
+        if w.buf.len() as u64 >= self.segment_bytes.min(8 << 20) {
+            self.write_out(&mut w)?;
+        }
+        Ok(h)
+    }
+
+    fn get(&self, h: &ChunkHash) -> Result<Arc<[u8]>> {
+        if let Some((_, d)) = self.cache.lock().iter().find(|(k, _)| k == h) {
+            return Ok(d.clone());
+        }
+        let (rec, stored) = {
+            let _shared = self.barrier.read();
+            let rec = match self.pending_record(h) {
+                Some(r) => r,
+                None => self.committed_record(h)?.ok_or_else(|| {
+                    Error::Corrupt(format!("chunk {h:?} is not in the chunk table"))
+                })?,
+            };
+            (rec, self.read_stored(&rec)?)
+        };
+        let data: Arc<[u8]> = Self::decode_verified(h, &rec, stored)?.into();
         let mut cache = self.cache.lock();
         if cache.len() >= CACHE_CHUNKS {
             cache.pop_front();

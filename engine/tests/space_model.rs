@@ -4,6 +4,7 @@
 
 use ckptfs_engine::format::*;
 use ckptfs_engine::meta;
+use ckptfs_engine::space::Config;
 use ckptfs_engine::{Error, Space};
 use rand::rngs::SmallRng;
 use rand::{Rng, RngCore, SeedableRng};
@@ -14,7 +15,7 @@ use std::path::PathBuf;
 fn temp_space(tag: &str, size: u64) -> PathBuf {
     let dir = std::env::temp_dir().join(format!("ckptfs-engine-{tag}-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&dir);
-    Space::format(&dir, size, 4096, false).unwrap();
+    Space::format(&dir, size, 4096, Config::default(), false).unwrap();
     dir
 }
 
@@ -34,6 +35,7 @@ fn file_record() -> InodeRecord {
         crtime: now,
         parent: InodeId(0),
         rdev: 0,
+        history: 0,
         target: Vec::new(),
     }
 }
@@ -43,14 +45,21 @@ fn check_space(space: &Space) {
     let txn = space.db().begin_read().unwrap();
     let chunks = txn.open_table(meta::CHUNKS).unwrap();
     let extents = txn.open_table(meta::EXTENTS).unwrap();
-    let counters = txn.open_table(meta::COUNTERS).unwrap();
-    let head = meta::counter(&counters, meta::ALLOC_HEAD).unwrap();
+    let free: std::collections::HashSet<u64> = txn
+        .open_table(meta::FREE)
+        .unwrap()
+        .iter()
+        .unwrap()
+        .map(|i| i.unwrap().0.value())
+        .collect();
+    let seg = space.superblock().segment_bytes as u64;
     let mut refs: HashMap<[u8; 32], u64> = HashMap::new();
     for e in extents.iter().unwrap() {
         let e = Extent::decode(e.unwrap().1.value()).unwrap();
         *refs.entry(e.chunk.0).or_default() += 1;
     }
     let mut spans = Vec::new();
+    let mut live = 0usize;
     for c in chunks.iter().unwrap() {
         let (k, v) = c.unwrap();
         let r = ChunkRecord::decode(v.value()).unwrap();
@@ -60,16 +69,22 @@ fn check_space(space: &Space) {
             r.refs,
             "refcount of a chunk"
         );
-        assert!(
-            r.offset.0 + r.stored_len as u64 <= head,
-            "chunk beyond the allocation head"
+        let s0 = r.offset.0 / seg;
+        assert_eq!(
+            s0,
+            (r.offset.0 + r.stored_len as u64 - 1) / seg,
+            "chunk crosses segments"
         );
+        assert!(!free.contains(&s0), "committed chunk in a free segment");
+        if r.refs > 0 {
+            live += 1;
+        }
         spans.push((r.offset.0, r.offset.0 + r.stored_len as u64));
     }
     assert_eq!(
         refs.len(),
-        spans.len(),
-        "an extent names a chunk missing from the table"
+        live,
+        "chunks with references differ from the chunks extents name"
     );
     spans.sort();
     for w in spans.windows(2) {
@@ -107,7 +122,10 @@ fn run(seed: u64) {
     let mut committed_bytes = 0u64;
     for step in 0..60 {
         let ino = rng.random_range(2..6u64);
-        let rec = recs.entry(ino).or_insert_with(file_record);
+        let rec = recs.entry(ino).or_insert_with(|| InodeRecord {
+            history: ino,
+            ..file_record()
+        });
         let mut file = space.load_file(rec).unwrap();
         let content = model.entry(ino).or_default();
         for _ in 0..rng.random_range(1..6) {
@@ -130,7 +148,9 @@ fn run(seed: u64) {
             content.truncate(n as usize);
         }
         file.finish(space.chunks()).unwrap();
-        space.commit_file(InodeId(ino), &file, rec, true).unwrap();
+        space
+            .commit_file(InodeId(ino), &mut file, rec, true)
+            .unwrap();
         committed_bytes += file.size();
         if step % 10 == 9 {
             drop(space);
@@ -163,13 +183,19 @@ fn corrupted_chunk_is_an_error_not_wrong_bytes() {
     let mut b = vec![0u8; 200_000];
     SmallRng::seed_from_u64(9).fill_bytes(&mut a);
     SmallRng::seed_from_u64(10).fill_bytes(&mut b);
-    let mut ra = file_record();
-    let mut rb = file_record();
+    let mut ra = InodeRecord {
+        history: 1,
+        ..file_record()
+    };
+    let mut rb = InodeRecord {
+        history: 2,
+        ..file_record()
+    };
     for (ino, data, rec) in [(2, &a, &mut ra), (3, &b, &mut rb)] {
         let mut f = space.load_file(rec).unwrap();
         f.write(space.chunks(), 0, data).unwrap();
         f.finish(space.chunks()).unwrap();
-        space.commit_file(InodeId(ino), &f, rec, true).unwrap();
+        space.commit_file(InodeId(ino), &mut f, rec, true).unwrap();
     }
     drop(space);
     // Damage one byte inside file a's first chunk: it starts at data offset 0.
@@ -210,22 +236,30 @@ fn full_space_gives_no_space_and_keeps_committed_data() {
     let space = Space::open(&dir).unwrap();
     let mut first = vec![0u8; 6 << 20];
     SmallRng::seed_from_u64(1).fill_bytes(&mut first);
-    let mut rec = file_record();
+    let mut rec = InodeRecord {
+        history: 1,
+        ..file_record()
+    };
     let mut f = space.load_file(&rec).unwrap();
     f.write(space.chunks(), 0, &first).unwrap();
     f.finish(space.chunks()).unwrap();
-    space.commit_file(InodeId(2), &f, &mut rec, true).unwrap();
+    space
+        .commit_file(InodeId(2), &mut f, &mut rec, true)
+        .unwrap();
     // 20 MiB of new random data cannot fit in the remaining ~10 MiB.
     let mut big = vec![0u8; 20 << 20];
     SmallRng::seed_from_u64(2).fill_bytes(&mut big);
-    let mut rec2 = file_record();
+    let mut rec2 = InodeRecord {
+        history: 2,
+        ..file_record()
+    };
     let mut g = space.load_file(&rec2).unwrap();
     let r = g
         .write(space.chunks(), 0, &big)
         .and_then(|_| g.finish(space.chunks()))
         .and_then(|_| {
             space
-                .commit_file(InodeId(3), &g, &mut rec2, true)
+                .commit_file(InodeId(3), &mut g, &mut rec2, true)
                 .map(|_| ())
         });
     assert!(
@@ -250,7 +284,7 @@ fn format_refuses_foreign_and_existing_dirs_and_second_open() {
     std::fs::create_dir_all(&dir).unwrap();
     std::fs::write(dir.join("precious.txt"), b"user data").unwrap();
     assert!(matches!(
-        Space::format(&dir, 32 << 20, 65536, true),
+        Space::format(&dir, 32 << 20, 65536, Config::default(), true),
         Err(Error::Invalid(_))
     ));
     assert!(matches!(Space::open(&dir), Err(Error::NotASpace(_))));
@@ -259,25 +293,25 @@ fn format_refuses_foreign_and_existing_dirs_and_second_open() {
         b"user data"
     );
     std::fs::remove_file(dir.join("precious.txt")).unwrap();
-    Space::format(&dir, 32 << 20, 65536, false).unwrap();
+    Space::format(&dir, 32 << 20, 65536, Config::default(), false).unwrap();
     assert!(matches!(
-        Space::format(&dir, 32 << 20, 65536, false),
+        Space::format(&dir, 32 << 20, 65536, Config::default(), false),
         Err(Error::Invalid(_))
     ));
     let held = Space::open(&dir).unwrap();
     assert!(matches!(Space::open(&dir), Err(Error::Locked(_))));
     assert!(matches!(
-        Space::format(&dir, 32 << 20, 65536, true),
+        Space::format(&dir, 32 << 20, 65536, Config::default(), true),
         Err(Error::Locked(_))
     ));
     drop(held);
-    Space::format(&dir, 32 << 20, 65536, true).unwrap();
+    Space::format(&dir, 32 << 20, 65536, Config::default(), true).unwrap();
     assert!(matches!(
-        Space::format(&dir, 1 << 20, 65536, true),
+        Space::format(&dir, 1 << 20, 65536, Config::default(), true),
         Err(Error::Invalid(_))
     ));
     assert!(matches!(
-        Space::format(&dir, 32 << 20, 1000, true),
+        Space::format(&dir, 32 << 20, 1000, Config::default(), true),
         Err(Error::Invalid(_))
     ));
     std::fs::remove_dir_all(&dir).unwrap();

@@ -3,7 +3,7 @@
 
 use ckptfs_engine::filemap::FileState;
 use ckptfs_engine::format::{InodeId, InodeRecord, NodeKind, RevisionId, Timestamp};
-use ckptfs_engine::meta::DirEntry;
+use ckptfs_engine::gc::{GcOptions, GcProgress, GcReport};
 use ckptfs_engine::{Space, Stats};
 use parking_lot::Mutex;
 use std::collections::HashMap;
@@ -15,6 +15,10 @@ pub const NAME_MAX: usize = 255;
 pub const MAX_FILE_BYTES: u64 = 1 << 50;
 /// Extended attribute on the root directory that returns `ckptfs stats` as JSON.
 pub const STATS_XATTR: &str = "user.ckptfs.stats";
+/// Control selections kept for processes that set one and have not read its answer.
+const SELECTIONS_MAX: usize = 64;
+
+pub mod view;
 
 #[derive(Debug)]
 pub enum Error {
@@ -28,6 +32,10 @@ pub enum Error {
     NotPermitted,
     Invalid,
     FileTooBig,
+    /// A change inside the read-only revision view.
+    ReadOnly,
+    /// The file is open for writing, so it cannot be restored under the writer.
+    Busy,
     Engine(ckptfs_engine::Error),
 }
 
@@ -65,10 +73,13 @@ pub struct Caller {
     pub gid: u32,
 }
 
-/// A regular file with at least one open handle (or uncommitted writes).
+/// A regular file with at least one open handle (or uncommitted writes), or an open
+/// revision in the view.
 struct OpenNode {
     rec: InodeRecord,
     file: FileState,
+    /// The committed revision `file`'s unchanged extents come from; gc keeps it.
+    base_rev: RevisionId,
     opens: u32,
     writers: u32,
 }
@@ -83,8 +94,36 @@ impl OpenNode {
 
 pub struct Fs {
     space: Space,
+    /// Per-process selections for the control xattrs (see `select`), at most
+    /// `SELECTIONS_MAX`, oldest dropped first.
+    selections: Mutex<std::collections::VecDeque<(u32, Vec<u8>)>>,
     /// Open regular files by inode. Lock order: this map, then one node.
     open: Mutex<HashMap<InodeId, Arc<Mutex<OpenNode>>>>,
+    /// The base revision of every open node, readable without node locks (gc runs from
+    /// inside a write that holds one).
+    base_revs: Mutex<HashMap<InodeId, RevisionId>>,
+    /// When automatic gc may next run after one that reclaimed nothing.
+    auto_gc_quiet_until: Mutex<Option<std::time::Instant>>,
+}
+
+/// One directory entry as readdir returns it.
+#[derive(Clone, Debug)]
+pub struct DirItem {
+    /// The offset to resume after this entry.
+    pub offset: u64,
+    pub ino: InodeId,
+    pub kind: NodeKind,
+    pub name: Vec<u8>,
+}
+
+/// One revision of a path, as `ckptfs revisions` lists it.
+#[derive(Clone, Debug)]
+pub struct RevisionListing {
+    pub id: u64,
+    pub committed_unix: f64,
+    pub size: u64,
+    pub new_bytes: u64,
+    pub current: bool,
 }
 
 fn check_name(name: &[u8]) -> Result<()> {
@@ -123,6 +162,7 @@ fn new_record(
             InodeId(0)
         },
         rdev: 0,
+        history: 0,
         target,
     }
 }
@@ -131,7 +171,10 @@ impl Fs {
     pub fn new(space: Space) -> Self {
         Fs {
             space,
+            selections: Mutex::new(std::collections::VecDeque::new()),
             open: Mutex::new(HashMap::new()),
+            base_revs: Mutex::new(HashMap::new()),
+            auto_gc_quiet_until: Mutex::new(None),
         }
     }
 
@@ -148,6 +191,9 @@ impl Fs {
     }
 
     pub fn getattr(&self, ino: InodeId) -> Result<Attr> {
+        if view::is_virtual(ino) {
+            return self.view_getattr(ino);
+        }
         if let Some(n) = self.open_node(ino) {
             return Ok(n.lock().attr(ino));
         }
@@ -158,6 +204,12 @@ impl Fs {
     pub fn lookup(&self, parent: InodeId, name: &[u8]) -> Result<Attr> {
         if name.len() > NAME_MAX {
             return Err(Error::NameTooLong);
+        }
+        if view::is_virtual(parent) {
+            return self.view_lookup(parent, name);
+        }
+        if parent == InodeId::ROOT && name == view::CTL_NAME {
+            return self.view_getattr(view::CTL);
         }
         let child = self.space.lookup(parent, name)?.ok_or(Error::NotFound)?;
         self.getattr(child)
@@ -170,25 +222,12 @@ impl Fs {
         }
     }
 
-    /// The record to persist for `ino`: for an open file, its in-memory attributes with the
-    /// committed size and revision (uncommitted content must never be named by the table).
-    fn current_record(&self, ino: InodeId, stored: InodeRecord) -> InodeRecord {
-        match self.open_node(ino) {
-            Some(n) => {
-                let n = n.lock();
-                InodeRecord {
-                    size: stored.size,
-                    current_rev: stored.current_rev,
-                    nlink: stored.nlink,
-                    ..n.rec.clone()
-                }
-            }
-            None => stored,
-        }
-    }
-
     fn make_node(&self, parent: InodeId, name: &[u8], rec: InodeRecord) -> Result<Attr> {
         check_name(name)?;
+        self.writable(parent)?;
+        if parent == InodeId::ROOT && name == view::CTL_NAME {
+            return Err(Error::Exists);
+        }
         let is_dir = rec.kind == NodeKind::Dir;
         let (ino, rec) = self.space.ns_write(false, |t| -> Result<_> {
             let mut p = t.get_inode(parent)?.ok_or(Error::NotFound)?;
@@ -208,6 +247,12 @@ impl Fs {
                 }
             }
             let ino = t.alloc_ino()?;
+            match rec.kind {
+                NodeKind::File => rec.history = t.new_history(ino)?,
+                // A directory keeps its own name, so paths can be rebuilt from the inode.
+                NodeKind::Dir => rec.target = name.to_vec(),
+                _ => {}
+            }
             t.put_inode(ino, &rec)?;
             t.add_entry(parent, name, ino)?;
             let now = Timestamp::now();
@@ -246,6 +291,9 @@ impl Fs {
     }
 
     pub fn readlink(&self, ino: InodeId) -> Result<Vec<u8>> {
+        if view::is_virtual(ino) {
+            return Err(Error::Invalid);
+        }
         let rec = self.record(ino)?;
         if rec.kind != NodeKind::Symlink {
             return Err(Error::Invalid);
@@ -308,6 +356,7 @@ impl Fs {
         if name.len() > NAME_MAX {
             return Err(Error::NameTooLong);
         }
+        self.writable(parent)?;
         let now = Timestamp::now();
         let (child, rec) = self.space.ns_write(false, |t| -> Result<_> {
             let child = t.lookup(parent, name)?.ok_or(Error::NotFound)?;
@@ -332,9 +381,13 @@ impl Fs {
             t.put_inode(parent, &p)?;
             // Unlinked inodes stay in the table with nlink 0: open handles keep reading
             // them, and their revisions stay until gc reclaims them.
-            rec = self.current_record(child, rec);
             rec.nlink = 0;
             rec.ctime = now;
+            if rec.kind == NodeKind::File {
+                // The path's revisions stay restorable until gc's retention drops them.
+                let path = t.path_of(parent, name)?;
+                t.retire_history(rec.history, path, now)?;
+            }
             t.put_inode(child, &rec)?;
             Ok((child, rec))
         })?;
@@ -358,6 +411,11 @@ impl Fs {
         if name.len() > NAME_MAX {
             return Err(Error::NameTooLong);
         }
+        self.writable(parent)?;
+        self.writable(new_parent)?;
+        if new_parent == InodeId::ROOT && new_name == view::CTL_NAME {
+            return Err(Error::ReadOnly);
+        }
         let now = Timestamp::now();
         let mut touched: Vec<(InodeId, InodeRecord)> = Vec::new();
         self.space.ns_write(false, |t| -> Result<_> {
@@ -369,11 +427,11 @@ impl Fs {
             if dst == Some(src) {
                 return Ok(());
             }
-            let mut src_rec = self.current_record(src, t.inode(src)?);
+            let mut src_rec = t.inode(src)?;
             let src_dir = src_rec.kind == NodeKind::Dir;
             if exchange {
                 let dst = dst.ok_or(Error::NotFound)?;
-                let mut dst_rec = self.current_record(dst, t.inode(dst)?);
+                let mut dst_rec = t.inode(dst)?;
                 let dst_dir = dst_rec.kind == NodeKind::Dir;
                 t.remove_entry(parent, name)?;
                 t.remove_entry(new_parent, new_name)?;
@@ -394,9 +452,11 @@ impl Fs {
                 }
                 if src_dir {
                     src_rec.parent = new_parent;
+                    src_rec.target = new_name.to_vec();
                 }
                 if dst_dir {
                     dst_rec.parent = parent;
+                    dst_rec.target = name.to_vec();
                 }
                 src_rec.ctime = now;
                 dst_rec.ctime = now;
@@ -409,7 +469,7 @@ impl Fs {
                     if noreplace {
                         return Err(Error::Exists);
                     }
-                    let mut dst_rec = self.current_record(dst, t.inode(dst)?);
+                    let mut dst_rec = t.inode(dst)?;
                     let dst_dir = dst_rec.kind == NodeKind::Dir;
                     if src_dir && !dst_dir {
                         return Err(Error::NotDir);
@@ -426,6 +486,29 @@ impl Fs {
                         np.nlink -= 1;
                         t.put_inode(new_parent, &np)?;
                     }
+                    if dst_rec.kind == NodeKind::File && src_rec.kind == NodeKind::File {
+                        // The target path's history goes on: the file renamed over it
+                        // becomes its next revision, and the source's own history is
+                        // retired under the source's old path.
+                        let target_history = dst_rec.history;
+                        let old_path = t.path_of(parent, name)?;
+                        t.retire_history(src_rec.history, old_path, now)?;
+                        if src_rec.current_rev.0 != 0 {
+                            src_rec.current_rev =
+                                t.copy_revision(src_rec.current_rev, target_history)?;
+                        }
+                        src_rec.history = target_history;
+                        t.set_history_owner(target_history, src)?;
+                        // The replaced file (maybe still open) commits into a history
+                        // of its own from now on.
+                        let orphan = t.new_history(dst)?;
+                        let dst_path = t.path_of(new_parent, new_name)?;
+                        t.retire_history(orphan, dst_path, now)?;
+                        dst_rec.history = orphan;
+                    } else if dst_rec.kind == NodeKind::File {
+                        let dst_path = t.path_of(new_parent, new_name)?;
+                        t.retire_history(dst_rec.history, dst_path, now)?;
+                    }
                     dst_rec.nlink = 0;
                     dst_rec.ctime = now;
                     t.put_inode(dst, &dst_rec)?;
@@ -433,6 +516,9 @@ impl Fs {
                 }
                 t.remove_entry(parent, name)?;
                 t.add_entry(new_parent, new_name, src)?;
+                if src_dir {
+                    src_rec.target = new_name.to_vec();
+                }
                 if src_dir && parent != new_parent {
                     let mut op = t.inode(parent)?;
                     op.nlink -= 1;
@@ -458,6 +544,8 @@ impl Fs {
             self.refresh_open(ino, |r| {
                 r.nlink = rec.nlink;
                 r.ctime = rec.ctime;
+                r.history = rec.history;
+                r.current_rev = rec.current_rev;
             });
         }
         Ok(())
@@ -468,6 +556,7 @@ impl Fs {
     }
 
     pub fn setattr(&self, ino: InodeId, s: &SetAttr) -> Result<Attr> {
+        self.writable(ino)?;
         if let Some(size) = s.size {
             if size > MAX_FILE_BYTES {
                 return Err(Error::FileTooBig);
@@ -536,7 +625,7 @@ impl Fs {
                 rec.mtime = Timestamp::now();
             }
             apply(&mut rec);
-            self.space.commit_file(ino, &file, &mut rec, true)?;
+            self.space.commit_file(ino, &mut file, &mut rec, true)?;
             return Ok(Attr { ino, rec });
         }
         apply(&mut rec);
@@ -547,6 +636,9 @@ impl Fs {
 
     /// Opens a regular file; `truncate` for O_TRUNC.
     pub fn open(&self, ino: InodeId, write: bool, truncate: bool) -> Result<()> {
+        if view::is_virtual(ino) {
+            return self.open_view(ino, write);
+        }
         // The node is found or made, and `opens` raised, under the map lock: release()
         // removes a node only when it sees `opens == 0` under the same lock.
         let mut open = self.open.lock();
@@ -565,7 +657,9 @@ impl Fs {
                         | NodeKind::BlockDevice => return Err(Error::Invalid),
                     }
                     let file = self.space.load_file(&rec)?;
+                    self.base_revs.lock().insert(ino, rec.current_rev);
                     let n = Arc::new(Mutex::new(OpenNode {
+                        base_rev: rec.current_rev,
                         rec,
                         file,
                         opens: 0,
@@ -611,6 +705,7 @@ impl Fs {
     }
 
     pub fn write(&self, ino: InodeId, off: u64, data: &[u8]) -> Result<usize> {
+        self.writable(ino)?;
         if off
             .checked_add(data.len() as u64)
             .is_none_or(|e| e > MAX_FILE_BYTES)
@@ -622,7 +717,15 @@ impl Fs {
         }
         let node = self.node(ino)?;
         let mut n = node.lock();
-        n.file.write(self.space.chunks(), off, data)?;
+        if let Err(e) = n.file.write(self.space.chunks(), off, data) {
+            if !matches!(e, ckptfs_engine::Error::NoSpace) {
+                return Err(e.into());
+            }
+            // Rewriting the same bytes at the same offset is idempotent, so a write that
+            // stopped half way is simply done again after gc.
+            self.gc_for_space();
+            n.file.write(self.space.chunks(), off, data)?;
+        }
         let now = Timestamp::now();
         n.rec.mtime = now;
         n.rec.ctime = now;
@@ -633,15 +736,25 @@ impl Fs {
         if !n.file.is_modified() {
             return Ok(());
         }
-        n.file.finish(self.space.chunks())?;
+        if let Err(e) = n.file.finish(self.space.chunks()) {
+            if !matches!(e, ckptfs_engine::Error::NoSpace) {
+                return Err(e.into());
+            }
+            // Full: reclaim what the retention policy allows, then try once more. gc needs
+            // no file lock, only the pins, which this file's state already holds.
+            self.gc_for_space();
+            n.file.finish(self.space.chunks())?;
+        }
         // The stored record may have changed under us (rename, unlink): keep its nlink.
         let stored = self.record(ino)?;
         let mut rec = InodeRecord {
             nlink: stored.nlink,
             ..n.rec.clone()
         };
-        self.space.commit_file(ino, &n.file, &mut rec, sealed)?;
+        let rev = self.space.commit_file(ino, &mut n.file, &mut rec, sealed)?;
         n.rec = rec;
+        n.base_rev = rev;
+        self.base_revs.lock().insert(ino, rev);
         n.file.mark_committed();
         Ok(())
     }
@@ -652,8 +765,11 @@ impl Fs {
             return Ok(());
         };
         let mut n = node.lock();
-        let sealed = writer && n.writers <= 1;
-        self.commit_node(ino, &mut n, sealed)
+        // Durable now, but not yet a listed revision: close() of one of several descriptors
+        // (a shell's dup2, a forked writer) must not list a half-written file. The last
+        // writer's release seals it.
+        let _ = writer;
+        self.commit_node(ino, &mut n, false)
     }
 
     pub fn fsync(&self, ino: InodeId) -> Result<()> {
@@ -682,15 +798,21 @@ impl Fs {
             if writer {
                 n.writers = n.writers.saturating_sub(1);
             }
-            let sealed = n.writers == 0;
-            self.commit_node(ino, &mut n, sealed)
+            let last_writer = writer && n.writers == 0;
+            let mut result = self.commit_node(ino, &mut n, last_writer);
+            if result.is_ok() && last_writer && n.base_rev.0 != 0 {
+                result = self.space.seal(n.base_rev).map_err(Error::from);
+            }
+            result
         };
         // Lock order: map, then node. An open() in between raised `opens` again.
         let mut open = self.open.lock();
-        let n = node.lock();
+        let mut n = node.lock();
         if n.opens == 0 && !n.file.is_modified() {
+            self.space.store().unpin(&n.file.take_held());
             drop(n);
             open.remove(&ino);
+            self.base_revs.lock().remove(&ino);
         }
         result
     }
@@ -714,16 +836,243 @@ impl Fs {
         first_err.map_or(Ok(()), Err)
     }
 
-    pub fn readdir(&self, dir: InodeId, after: u64, limit: usize) -> Result<Vec<DirEntry>> {
-        let rec = self.record(dir)?;
-        if rec.kind != NodeKind::Dir {
-            return Err(Error::NotDir);
+    /// Entries of `dir` after `offset` (0 = from the start): ".", "..", then the entries.
+    pub fn readdir(&self, dir: InodeId, offset: u64, limit: usize) -> Result<Vec<DirItem>> {
+        let mut out = Vec::new();
+        let parent = if view::is_virtual(dir) {
+            self.view_parent(dir)?
+        } else {
+            let rec = self.record(dir)?;
+            if rec.kind != NodeKind::Dir {
+                return Err(Error::NotDir);
+            }
+            rec.parent
+        };
+        if offset < 1 {
+            out.push(DirItem {
+                offset: 1,
+                ino: dir,
+                kind: NodeKind::Dir,
+                name: b".".to_vec(),
+            });
         }
-        Ok(self.space.list_dir(dir, after, limit)?)
+        if offset < 2 {
+            out.push(DirItem {
+                offset: 2,
+                ino: parent,
+                kind: NodeKind::Dir,
+                name: b"..".to_vec(),
+            });
+        }
+        let after = offset.max(2);
+        if view::is_virtual(dir) {
+            out.extend(self.view_readdir(dir, after, limit)?);
+            return Ok(out);
+        }
+        for e in self.space.list_dir(dir, after, limit)? {
+            let kind = self.getattr(e.ino)?.rec.kind;
+            out.push(DirItem {
+                offset: e.cookie,
+                ino: e.ino,
+                kind,
+                name: e.name,
+            });
+        }
+        Ok(out)
     }
 
-    pub fn parent_of(&self, dir: InodeId) -> Result<InodeId> {
-        Ok(self.record(dir)?.parent)
+    /// Refuses changes inside the revision view.
+    fn writable(&self, ino: InodeId) -> Result<()> {
+        if view::is_virtual(ino) {
+            Err(Error::ReadOnly)
+        } else {
+            Ok(())
+        }
+    }
+
+    /// Runs gc with the revisions open files use pinned.
+    pub fn gc(
+        &self,
+        dry_run: bool,
+        throttle: Option<f64>,
+        progress: &mut dyn FnMut(GcProgress),
+    ) -> Result<GcReport> {
+        let mut opts = GcOptions {
+            dry_run,
+            throttle,
+            ..GcOptions::default()
+        };
+        for (ino, rev) in self.base_revs.lock().iter() {
+            opts.pinned_revisions.insert(*rev);
+            if !view::is_virtual(*ino) {
+                opts.open_inodes.insert(*ino);
+            }
+        }
+        Ok(self.space.gc(&opts, progress)?)
+    }
+
+    /// A writer found the space full: reclaim what the policy allows, at full speed.
+    fn gc_for_space(&self) {
+        match self.gc(false, None, &mut |_| {}) {
+            Ok(r) => log::info!(
+                "space full: gc reclaimed {} bytes",
+                r.free_bytes_after.saturating_sub(r.free_bytes_before)
+            ),
+            Err(e) => log::error!("space full and gc failed: {e:?}"),
+        }
+    }
+
+    /// One check of the automatic gc: runs a throttled gc when free space is below the
+    /// configured watermark. After a gc that reclaimed nothing, waits a minute.
+    pub fn auto_gc_tick(&self) {
+        let Ok(config) = self.space.config() else {
+            return;
+        };
+        let store = self.space.store();
+        if config.auto_gc_free_percent == 0
+            || store.is_failed()
+            || store.free_bytes() * 100 >= store.capacity() * config.auto_gc_free_percent
+        {
+            return;
+        }
+        let now = std::time::Instant::now();
+        if self.auto_gc_quiet_until.lock().is_some_and(|t| now < t) {
+            return;
+        }
+        // Throttle 1.0: gc sleeps as long as it works, so writers keep most of the disk.
+        match self.gc(false, Some(1.0), &mut |_| {}) {
+            Ok(r) => {
+                if r.free_bytes_after <= r.free_bytes_before {
+                    *self.auto_gc_quiet_until.lock() =
+                        Some(now + std::time::Duration::from_secs(60));
+                }
+            }
+            Err(e) => log::error!("automatic gc failed: {e:?}"),
+        }
+    }
+
+    /// The listed revisions of `path` (relative to the root), live or unlinked.
+    pub fn revisions_of(&self, path: &[u8]) -> Result<Vec<RevisionListing>> {
+        let hid = self.space.history_of_path(path)?.ok_or(Error::NotFound)?;
+        Ok(self
+            .space
+            .revisions(hid)?
+            .into_iter()
+            .map(|r| RevisionListing {
+                id: r.id.0,
+                committed_unix: view::unix_seconds(r.rec.committed),
+                size: r.rec.size,
+                new_bytes: r.rec.new_stored_bytes,
+                current: r.current,
+            })
+            .collect())
+    }
+
+    /// The history id of `path` (live, or the most recently unlinked file there).
+    pub fn history_of(&self, path: &[u8]) -> Result<u64> {
+        self.space.history_of_path(path)?.ok_or(Error::NotFound)
+    }
+
+    /// The content of a revision of `path`.
+    pub fn read_revision(&self, path: &[u8], rev: u64) -> Result<FileState> {
+        let hid = self.space.history_of_path(path)?.ok_or(Error::NotFound)?;
+        let listed = self.space.revisions(hid)?;
+        if !listed.iter().any(|r| r.id.0 == rev) {
+            return Err(Error::NotFound);
+        }
+        Ok(self.space.load_revision(RevisionId(rev))?)
+    }
+
+    /// Makes revision `rev` of `path` its current content again, as a new revision. An
+    /// unlinked path is re-created (its directory must exist) and continues its history.
+    pub fn restore(&self, path: &[u8], rev: u64, c: Caller) -> Result<()> {
+        let hid = self.space.history_of_path(path)?.ok_or(Error::NotFound)?;
+        if !self.space.revisions(hid)?.iter().any(|r| r.id.0 == rev) {
+            return Err(Error::NotFound);
+        }
+        // Pin the revision against gc until the new revision references its chunks. (Not
+        // the gc lock: a writer holding its file's lock may be waiting in gc.)
+        static NEXT_PIN: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+        // Keys from the top of the inode space, which no real or view inode uses.
+        let pin = InodeId(u64::MAX - NEXT_PIN.fetch_add(1, std::sync::atomic::Ordering::Relaxed));
+        self.base_revs.lock().insert(pin, RevisionId(rev));
+        let result = self.restore_pinned(path, hid, rev, c);
+        self.base_revs.lock().remove(&pin);
+        result
+    }
+
+    fn restore_pinned(&self, path: &[u8], hid: u64, rev: u64, c: Caller) -> Result<()> {
+        let content = self.space.load_revision(RevisionId(rev))?;
+        let ino = match self.space.resolve(path)? {
+            Some(ino) => ino,
+            None => {
+                let (dir, name) = match path.iter().rposition(|b| *b == b'/') {
+                    Some(i) => (&path[..i], &path[i + 1..]),
+                    None => (&b""[..], path),
+                };
+                let parent = self.space.resolve(dir)?.ok_or(Error::NotFound)?;
+                let owner = self.space.history(hid)?.ino;
+                let perm = self.space.get_inode(owner)?.map_or(0o644, |r| r.perm);
+                let attr = self.make_node(
+                    parent,
+                    name,
+                    new_record(NodeKind::File, perm, c, parent, Vec::new()),
+                )?;
+                // The re-created file continues the unlinked path's history.
+                let fresh = attr.rec.history;
+                self.space.ns_write(false, |t| -> Result<()> {
+                    let mut r = t.inode(attr.ino)?;
+                    r.history = hid;
+                    t.put_inode(attr.ino, &r)?;
+                    t.set_history_owner(hid, attr.ino)?;
+                    t.retire_history(fresh, Vec::new(), Timestamp::now())?;
+                    Ok(())
+                })?;
+                attr.ino
+            }
+        };
+        let mut rec = self.record(ino)?;
+        if rec.kind != NodeKind::File {
+            return Err(Error::IsDir);
+        }
+        if let Some(node) = self.open_node(ino) {
+            let mut n = node.lock();
+            if n.writers > 0 {
+                return Err(Error::Busy);
+            }
+            n.file = content;
+            n.file.mark_replaced();
+            let now = Timestamp::now();
+            n.rec.mtime = now;
+            n.rec.ctime = now;
+            return self.commit_node(ino, &mut n, true);
+        }
+        let mut file = content;
+        file.mark_replaced();
+        let now = Timestamp::now();
+        rec.mtime = now;
+        rec.ctime = now;
+        self.space.commit_file(ino, &mut file, &mut rec, true)?;
+        Ok(())
+    }
+
+    /// Remembers `value` for process `pid`, for a control request that needs more than an
+    /// xattr name can carry (a path); answered by the next `selection(pid)`.
+    pub fn select(&self, pid: u32, value: Vec<u8>) {
+        let mut s = self.selections.lock();
+        s.retain(|(p, _)| *p != pid);
+        if s.len() >= SELECTIONS_MAX {
+            s.pop_front();
+        }
+        s.push_back((pid, value));
+    }
+
+    pub fn selection(&self, pid: u32) -> Option<Vec<u8>> {
+        self.selections
+            .lock()
+            .iter()
+            .find(|(p, _)| *p == pid)
+            .map(|(_, v)| v.clone())
     }
 
     pub fn stats(&self) -> Result<Stats> {

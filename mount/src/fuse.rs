@@ -2,17 +2,20 @@
 //! `fs::Fs` call, and every error to an errno in `errno()`.
 
 use ckptfs_engine::format::{InodeId, NodeKind, Timestamp};
-use ckptfs_fs::{Attr, Caller, Error, Fs, SetAttr, STATS_XATTR};
+use ckptfs_fs::{Attr, Caller, Error, Fs, SetAttr};
 use fuser::{
     Errno, FileAttr, FileHandle, FileType, Filesystem, FopenFlags, Generation, INodeNo, InitFlags,
     KernelConfig, LockOwner, OpenAccMode, OpenFlags, RenameFlags, ReplyAttr, ReplyCreate,
     ReplyData, ReplyDirectory, ReplyEmpty, ReplyEntry, ReplyOpen, ReplyStatfs, ReplyWrite,
     ReplyXattr, Request, TimeOrNow, WriteFlags,
 };
+use parking_lot::Mutex;
+use std::collections::VecDeque;
 use std::ffi::OsStr;
 use std::os::unix::ffi::OsStrExt;
 use std::path::Path;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
 /// How long the kernel may cache attributes and names. Only this daemon changes the
@@ -38,6 +41,8 @@ fn errno(e: &Error) -> Errno {
         Error::NotPermitted => libc::EPERM,
         Error::Invalid => libc::EINVAL,
         Error::FileTooBig => libc::EFBIG,
+        Error::ReadOnly => libc::EROFS,
+        Error::Busy => libc::EBUSY,
         Error::Engine(inner) => match inner {
             E::Io(_) => libc::EIO,
             E::NoSpace => libc::ENOSPC,
@@ -122,15 +127,140 @@ fn writes(flags: OpenFlags) -> bool {
 }
 
 pub struct CkptFs {
-    fs: Fs,
+    fs: Arc<Fs>,
     next_fh: AtomicU64,
+    /// Answers of control xattrs per process: the kernel asks for the size first and then
+    /// for the bytes, and both must see the same answer. At most `ANSWERS_MAX` kept.
+    answers: Mutex<VecDeque<(u32, Vec<u8>)>>,
+    /// Set at unmount; stops the automatic gc thread.
+    pub stop: Arc<AtomicBool>,
 }
 
+const ANSWERS_MAX: usize = 64;
+pub const CONTROL_PREFIX: &str = "user.ckptfs.";
+
 impl CkptFs {
-    pub fn new(fs: Fs) -> Self {
+    pub fn new(fs: Arc<Fs>) -> Self {
         CkptFs {
             fs,
             next_fh: AtomicU64::new(1),
+            answers: Mutex::new(VecDeque::new()),
+            stop: Arc::new(AtomicBool::new(false)),
+        }
+    }
+
+    fn answer(&self, pid: u32, v: Vec<u8>) {
+        let mut a = self.answers.lock();
+        a.retain(|(p, _)| *p != pid);
+        if a.len() >= ANSWERS_MAX {
+            a.pop_front();
+        }
+        a.push_back((pid, v));
+    }
+
+    fn take_answer(&self, pid: u32) -> Option<Vec<u8>> {
+        self.answers
+            .lock()
+            .iter()
+            .find(|(p, _)| *p == pid)
+            .map(|(_, v)| v.clone())
+    }
+
+    /// gc, restore and config changes are for root and the user who owns the mount's root.
+    fn may_control(&self, req: &Request) -> bool {
+        req.uid() == 0
+            || self
+                .fs
+                .getattr(InodeId::ROOT)
+                .is_ok_and(|a| a.rec.uid == req.uid())
+    }
+
+    /// Runs one control request; returns the JSON answer.
+    fn control(&self, req: &Request, name: &str, value: Option<&[u8]>) -> Result<Vec<u8>, Errno> {
+        let pid = req.pid();
+        let einval = || Errno::from_i32(libc::EINVAL);
+        let to_json = |v: serde_json::Value| v.to_string().into_bytes();
+        let fail_json = |op: &str, e: Error| fail(op, 1, e);
+        match (name, value) {
+            ("stats", None) => {
+                let s = self.fs.stats().map_err(|e| fail_json("stats", e))?;
+                Ok(to_json(crate::stats_json(&s)))
+            }
+            ("config", None) => {
+                let c = self
+                    .fs
+                    .space()
+                    .config()
+                    .map_err(|e| fail_json("config", e.into()))?;
+                Ok(to_json(crate::config_json(&c)))
+            }
+            ("config", Some(v)) => {
+                if !self.may_control(req) {
+                    return Err(Errno::from_i32(libc::EPERM));
+                }
+                let mut c = self
+                    .fs
+                    .space()
+                    .config()
+                    .map_err(|e| fail_json("config", e.into()))?;
+                crate::apply_config(&mut c, std::str::from_utf8(v).map_err(|_| einval())?)
+                    .map_err(|_| einval())?;
+                self.fs
+                    .space()
+                    .set_config(&c)
+                    .map_err(|e| fail_json("config", e.into()))?;
+                Ok(to_json(crate::config_json(&c)))
+            }
+            ("gc", Some(v)) => {
+                if !self.may_control(req) {
+                    return Err(Errno::from_i32(libc::EPERM));
+                }
+                let dry_run = match v {
+                    b"run" => false,
+                    b"dry-run" => true,
+                    _ => return Err(einval()),
+                };
+                let r = self
+                    .fs
+                    .gc(dry_run, None, &mut |_| {})
+                    .map_err(|e| fail_json("gc", e))?;
+                Ok(to_json(crate::gc_json(&r)))
+            }
+            ("select", Some(v)) => {
+                self.fs.select(pid, v.to_vec());
+                Ok(Vec::new())
+            }
+            ("revisions", None) => {
+                let path = self.fs.selection(pid).ok_or_else(einval)?;
+                let l = self
+                    .fs
+                    .revisions_of(&path)
+                    .map_err(|e| fail_json("revisions", e))?;
+                Ok(to_json(crate::revisions_json(&l)))
+            }
+            ("history", None) => {
+                let path = self.fs.selection(pid).ok_or_else(einval)?;
+                let hid = self
+                    .fs
+                    .history_of(&path)
+                    .map_err(|e| fail_json("history", e))?;
+                Ok(to_json(serde_json::json!({ "history": hid })))
+            }
+            ("restore", Some(v)) => {
+                if !self.may_control(req) {
+                    return Err(Errno::from_i32(libc::EPERM));
+                }
+                let path = self.fs.selection(pid).ok_or_else(einval)?;
+                let rev: u64 = std::str::from_utf8(v)
+                    .ok()
+                    .and_then(|s| s.parse().ok())
+                    .ok_or_else(einval)?;
+                self.fs
+                    .restore(&path, rev, caller(req))
+                    .map_err(|e| fail_json("restore", e))?;
+                Ok(Vec::new())
+            }
+            _ => Err(Errno::from_i32(libc::ENODATA)),
         }
     }
 
@@ -162,8 +292,14 @@ impl Filesystem for CkptFs {
     }
 
     fn destroy(&mut self) {
+        self.stop.store(true, Ordering::Relaxed);
         if let Err(e) = self.fs.commit_all() {
             log::error!("committing open files at unmount failed: {e:?}");
+        }
+        // Namespace changes are committed without an fsync of their own; make them durable
+        // before the daemon goes away.
+        if let Err(e) = self.fs.fsync_dir() {
+            log::error!("making metadata durable at unmount failed: {e:?}");
         }
         log::info!("unmounted; everything closed is committed");
     }
@@ -411,38 +547,21 @@ impl Filesystem for CkptFs {
         offset: u64,
         mut reply: ReplyDirectory,
     ) {
-        let dir = InodeId(ino.0);
-        // Offsets: 1 is ".", 2 is "..", then each entry's stable cookie.
-        if offset < 1 && reply.add(ino, 1, FileType::Directory, ".") {
-            return reply.ok();
-        }
-        if offset < 2 {
-            let parent = match self.fs.parent_of(dir) {
-                Ok(p) => p,
-                Err(e) => return reply.error(fail("readdir", ino.0, e)),
-            };
-            if reply.add(INodeNo(parent.0), 2, FileType::Directory, "..") {
-                return reply.ok();
-            }
-        }
-        let mut after = offset.max(2);
+        let mut after = offset;
         loop {
-            let entries = match self.fs.readdir(dir, after, READDIR_BATCH) {
-                Ok(e) => e,
+            let items = match self.fs.readdir(InodeId(ino.0), after, READDIR_BATCH) {
+                Ok(i) => i,
                 Err(e) => return reply.error(fail("readdir", ino.0, e)),
             };
-            if entries.is_empty() {
+            if items.is_empty() {
                 return reply.ok();
             }
-            for e in &entries {
-                let k = match self.fs.getattr(e.ino) {
-                    Ok(a) => kind(a.rec.kind),
-                    Err(err) => return reply.error(fail("readdir", ino.0, err)),
-                };
-                if reply.add(INodeNo(e.ino.0), e.cookie, k, OsStr::from_bytes(&e.name)) {
+            for it in &items {
+                let name = OsStr::from_bytes(&it.name);
+                if reply.add(INodeNo(it.ino.0), it.offset, kind(it.kind), name) {
                     return reply.ok();
                 }
-                after = e.cookie;
+                after = it.offset;
             }
         }
     }
@@ -461,7 +580,7 @@ impl Filesystem for CkptFs {
     fn statfs(&self, _req: &Request, _ino: INodeNo, reply: ReplyStatfs) {
         let store = self.fs.space().store();
         let total = store.capacity() / BLOCK_BYTES as u64;
-        let free = store.capacity().saturating_sub(store.head()) / BLOCK_BYTES as u64;
+        let free = store.free_bytes() / BLOCK_BYTES as u64;
         // Inodes cost only metadata-table space, so report a large, fixed inode budget.
         let files = 1u64 << 32;
         reply.statfs(
@@ -476,20 +595,36 @@ impl Filesystem for CkptFs {
         );
     }
 
-    fn getxattr(&self, _req: &Request, ino: INodeNo, name: &OsStr, size: u32, reply: ReplyXattr) {
-        if ino != INodeNo::ROOT || name.as_bytes() != STATS_XATTR.as_bytes() {
+    fn getxattr(&self, req: &Request, ino: INodeNo, name: &OsStr, size: u32, reply: ReplyXattr) {
+        let name = name.to_string_lossy();
+        let Some(op) = name
+            .strip_prefix(CONTROL_PREFIX)
+            .filter(|_| ino == INodeNo::ROOT)
+        else {
             return reply.error(Errno::from_i32(libc::ENODATA));
-        }
-        let json = match self.fs.stats() {
-            Ok(s) => crate::stats_json(&s).to_string(),
-            Err(e) => return reply.error(fail("stats", ino.0, e)),
+        };
+        // A size probe computes the answer; the read that follows returns the same bytes.
+        let answer = if size == 0 || op == "stats" || op == "config" {
+            match self.control(req, op, None) {
+                Ok(a) => a,
+                Err(e) => return reply.error(e),
+            }
+        } else {
+            match self.take_answer(req.pid()) {
+                Some(a) => a,
+                None => match self.control(req, op, None) {
+                    Ok(a) => a,
+                    Err(e) => return reply.error(e),
+                },
+            }
         };
         if size == 0 {
-            reply.size(json.len() as u32);
-        } else if (size as usize) < json.len() {
+            self.answer(req.pid(), answer.clone());
+            reply.size(answer.len() as u32);
+        } else if (size as usize) < answer.len() {
             reply.error(Errno::from_i32(libc::ERANGE));
         } else {
-            reply.data(json.as_bytes());
+            reply.data(&answer);
         }
     }
 
@@ -503,15 +638,29 @@ impl Filesystem for CkptFs {
 
     fn setxattr(
         &self,
-        _req: &Request,
-        _ino: INodeNo,
-        _name: &OsStr,
-        _value: &[u8],
+        req: &Request,
+        ino: INodeNo,
+        name: &OsStr,
+        value: &[u8],
         _flags: i32,
         _position: u32,
         reply: ReplyEmpty,
     ) {
-        reply.error(Errno::from_i32(libc::EOPNOTSUPP));
+        let name = name.to_string_lossy();
+        let Some(op) = name
+            .strip_prefix(CONTROL_PREFIX)
+            .filter(|_| ino == INodeNo::ROOT)
+        else {
+            return reply.error(Errno::from_i32(libc::EOPNOTSUPP));
+        };
+        match self.control(req, op, Some(value)) {
+            Ok(a) => {
+                // The result of gc (and the others) is read back with getxattr of the same name.
+                self.answer(req.pid(), a);
+                reply.ok()
+            }
+            Err(e) => reply.error(e),
+        }
     }
 
     fn removexattr(&self, _req: &Request, _ino: INodeNo, _name: &OsStr, reply: ReplyEmpty) {

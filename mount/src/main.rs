@@ -2,13 +2,18 @@
 
 mod fuse;
 
-use ckptfs_engine::space::{free_disk_bytes, lock_holder, read_superblock, MIN_SPACE_BYTES};
+use ckptfs_engine::gc::{GcProgress, GcReport};
+use ckptfs_engine::space::{
+    free_disk_bytes, lock_holder, read_superblock, Config, MIN_SPACE_BYTES,
+};
 use ckptfs_engine::{Space, Stats};
+use ckptfs_fs::{Caller, Fs, RevisionListing};
 use clap::{Parser, Subcommand};
 use std::io::{BufRead, BufReader, Write};
 use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::process::{Command, ExitCode, Stdio};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 /// Default chunk size: 64 KiB catches sparse updates while keeping metadata at ~40 bytes per
@@ -46,6 +51,47 @@ enum Cmd {
         /// Erase an existing (unmounted) ckptfs space in DIR.
         #[arg(long)]
         force: bool,
+        #[command(flatten)]
+        retention: RetentionArgs,
+    },
+    /// Show or change the retention policy and automatic gc of a space (mounted or not).
+    Config {
+        /// A backing directory or a mountpoint.
+        path: PathBuf,
+        #[command(flatten)]
+        retention: RetentionArgs,
+        #[arg(long)]
+        json: bool,
+    },
+    /// Drop revisions outside the retention policy and reclaim their space.
+    Gc {
+        /// A mountpoint or a backing directory.
+        path: PathBuf,
+        /// Show the plan without changing anything.
+        #[arg(long)]
+        dry_run: bool,
+        #[arg(long)]
+        json: bool,
+    },
+    /// List the revisions of a file: `ckptfs revisions PATH` (a path inside a mount), or
+    /// `ckptfs revisions --space BACKING_DIR REL_PATH`.
+    Revisions {
+        path: PathBuf,
+        #[arg(long, value_name = "BACKING_DIR")]
+        space: Option<PathBuf>,
+        #[arg(long)]
+        json: bool,
+    },
+    /// Make revision N current again (as a new revision), or copy it out with --to.
+    Restore {
+        path: PathBuf,
+        #[arg(long, value_name = "BACKING_DIR")]
+        space: Option<PathBuf>,
+        #[arg(long, value_name = "N")]
+        revision: u64,
+        /// Copy the revision's bytes to FILE instead of restoring it in place.
+        #[arg(long, value_name = "FILE")]
+        to: Option<PathBuf>,
     },
     /// Mount a backing space: `ckptfs mount [BACKING_DIR] MOUNTPOINT`. With only a mountpoint,
     /// the default space is used (formatted on first use).
@@ -73,6 +119,140 @@ enum Cmd {
         #[arg(long)]
         json: bool,
     },
+}
+
+/// Retention options shared by `format` and `config`.
+#[derive(clap::Args, Default)]
+struct RetentionArgs {
+    /// Newest complete revisions kept per path (default 2).
+    #[arg(long)]
+    keep_revisions: Option<u64>,
+    /// Also keep revisions younger than this (e.g. 6h, 7d; `off` to disable).
+    #[arg(long, value_parser = parse_duration)]
+    keep_age: Option<u64>,
+    /// Keep the revisions of an unlinked path this long (default 7d).
+    #[arg(long, value_parser = parse_duration)]
+    keep_unlinked: Option<u64>,
+    /// Run gc automatically when free space falls below this percentage (default 20; 0 = off).
+    #[arg(long)]
+    auto_gc_free_percent: Option<u64>,
+}
+
+impl RetentionArgs {
+    fn is_empty(&self) -> bool {
+        self.keep_revisions.is_none()
+            && self.keep_age.is_none()
+            && self.keep_unlinked.is_none()
+            && self.auto_gc_free_percent.is_none()
+    }
+
+    fn apply(&self, c: &mut Config) {
+        if let Some(v) = self.keep_revisions {
+            c.keep_revisions = v;
+        }
+        if let Some(v) = self.keep_age {
+            c.keep_age_secs = v;
+        }
+        if let Some(v) = self.keep_unlinked {
+            c.keep_unlinked_secs = v;
+        }
+        if let Some(v) = self.auto_gc_free_percent {
+            c.auto_gc_free_percent = v;
+        }
+    }
+
+    /// The same settings as `key=value,...`, the form the daemon's config xattr takes.
+    fn to_pairs(&self) -> String {
+        let mut c = Vec::new();
+        let mut push = |k: &str, v: Option<u64>| {
+            if let Some(v) = v {
+                c.push(format!("{k}={v}"));
+            }
+        };
+        push("keep_revisions", self.keep_revisions);
+        push("keep_age_secs", self.keep_age);
+        push("keep_unlinked_secs", self.keep_unlinked);
+        push("auto_gc_free_percent", self.auto_gc_free_percent);
+        c.join(",")
+    }
+}
+
+/// `30s`, `10m`, `2h`, `7d`, a plain number of seconds, or `off` (0).
+fn parse_duration(s: &str) -> Result<u64, String> {
+    let t = s.trim();
+    if t == "off" {
+        return Ok(0);
+    }
+    let (num, mult) = match t.chars().last() {
+        Some('s') => (&t[..t.len() - 1], 1),
+        Some('m') => (&t[..t.len() - 1], 60),
+        Some('h') => (&t[..t.len() - 1], 3600),
+        Some('d') => (&t[..t.len() - 1], 86400),
+        _ => (t, 1),
+    };
+    let n: u64 = num
+        .parse()
+        .map_err(|_| format!("not a duration: {s:?} (use 30s, 10m, 2h, 7d)"))?;
+    n.checked_mul(mult)
+        .ok_or_else(|| format!("duration too large: {s:?}"))
+}
+
+/// Applies `key=value,...` to a config (the daemon's side of `ckptfs config`).
+pub(crate) fn apply_config(c: &mut Config, pairs: &str) -> Result<(), String> {
+    for kv in pairs.split(',').filter(|p| !p.is_empty()) {
+        let (k, v) = kv.split_once('=').ok_or("expected key=value")?;
+        let v: u64 = v.parse().map_err(|_| format!("bad value for {k}"))?;
+        match k {
+            "keep_revisions" => c.keep_revisions = v,
+            "keep_age_secs" => c.keep_age_secs = v,
+            "keep_unlinked_secs" => c.keep_unlinked_secs = v,
+            "auto_gc_free_percent" => c.auto_gc_free_percent = v,
+            _ => return Err(format!("unknown setting {k}")),
+        }
+    }
+    c.validate().map_err(|e| e.to_string())
+}
+
+pub(crate) fn config_json(c: &Config) -> serde_json::Value {
+    serde_json::json!({
+        "keep_revisions": c.keep_revisions,
+        "keep_age_secs": c.keep_age_secs,
+        "keep_unlinked_secs": c.keep_unlinked_secs,
+        "auto_gc_free_percent": c.auto_gc_free_percent,
+    })
+}
+
+pub(crate) fn gc_json(r: &GcReport) -> serde_json::Value {
+    serde_json::json!({
+        "dry_run": r.dry_run,
+        "revisions_dropped": r.revisions_dropped,
+        "histories_dropped": r.histories_dropped,
+        "inodes_dropped": r.inodes_dropped,
+        "chunks_freed": r.chunks_freed,
+        "bytes_freed": r.bytes_freed,
+        "bytes_copied": r.bytes_copied,
+        "segments_compacted": r.segments_compacted,
+        "segments_freed": r.segments_freed,
+        "free_bytes_before": r.free_bytes_before,
+        "free_bytes_after": r.free_bytes_after,
+        "seconds": r.seconds,
+    })
+}
+
+pub(crate) fn revisions_json(l: &[RevisionListing]) -> serde_json::Value {
+    serde_json::Value::Array(
+        l.iter()
+            .map(|r| {
+                serde_json::json!({
+                    "id": r.id,
+                    "committed_unix": r.committed_unix,
+                    "size": r.size,
+                    "new_bytes": r.new_bytes,
+                    "current": r.current,
+                })
+            })
+            .collect(),
+    )
 }
 
 fn parse_size(s: &str) -> Result<u64, String> {
@@ -134,7 +314,7 @@ fn ensure_default_space(dir: &Path) -> Result<(), String> {
         ));
     }
     let chunk = parse_size(DEFAULT_CHUNK)? as u32;
-    Space::format(dir, size, chunk, false).map_err(|e| e.to_string())?;
+    Space::format(dir, size, chunk, Config::default(), false).map_err(|e| e.to_string())?;
     eprintln!(
         "ckptfs: formatted the default backing space at {} ({} MiB)",
         dir.display(),
@@ -184,7 +364,16 @@ fn mount(
             mnt.display()
         ))
         .map_err(|e| e.to_string())?;
-    let fs = fuse::CkptFs::new(ckptfs_fs::Fs::new(space));
+    let fs = Arc::new(Fs::new(space));
+    let adapter = fuse::CkptFs::new(fs.clone());
+    let stop = adapter.stop.clone();
+    // Automatic gc: checks free space every second (see Fs::auto_gc_tick).
+    let auto_gc = std::thread::spawn(move || {
+        while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+            std::thread::sleep(Duration::from_secs(1));
+            fs.auto_gc_tick();
+        }
+    });
     let mut config = fuser::Config::default();
     config.mount_options = vec![
         fuser::MountOption::FSName(format!("ckptfs:{}", backing.display())),
@@ -197,7 +386,7 @@ fn mount(
         config.acl = fuser::SessionACL::All;
     }
     config.n_threads = Some(threads as usize);
-    let mut session = fuser::Session::new(fs, &mnt, &config)
+    let mut session = fuser::Session::new(adapter, &mnt, &config)
         .map_err(|e| format!("cannot mount at {}: {e}", mnt.display()))?;
     log::info!("mounted {} at {}", backing.display(), mnt.display());
     let mut unmounter = session.unmount_callable();
@@ -220,9 +409,12 @@ fn mount(
             }
         }
     }
-    session
+    let result = session
         .run()
-        .map_err(|e| format!("FUSE session ended with an error: {e}"))
+        .map_err(|e| format!("FUSE session ended with an error: {e}"));
+    // destroy() set the stop flag; the space closes when this last holder of it ends.
+    let _ = auto_gc.join();
+    result
 }
 
 /// The signals that ask the daemon to unmount and exit.
@@ -486,10 +678,13 @@ fn run(cli: Cli) -> Result<(), String> {
             size,
             chunk_size,
             force,
+            retention,
         } => {
             let chunk =
                 u32::try_from(chunk_size).map_err(|_| "chunk size too large".to_string())?;
-            Space::format(&dir, size, chunk, force).map_err(|e| e.to_string())?;
+            let mut config = Config::default();
+            retention.apply(&mut config);
+            Space::format(&dir, size, chunk, config, force).map_err(|e| e.to_string())?;
             println!("ckptfs: formatted {} ({})", dir.display(), human(size));
             Ok(())
         }
@@ -506,6 +701,23 @@ fn run(cli: Cli) -> Result<(), String> {
             mount(paths, foreground, allow_other, threads, notify_ready)
         }
         Cmd::Umount { mountpoint } => umount(&mountpoint),
+        Cmd::Config {
+            path,
+            retention,
+            json,
+        } => cmd_config(&path, &retention, json),
+        Cmd::Gc {
+            path,
+            dry_run,
+            json,
+        } => cmd_gc(&path, dry_run, json),
+        Cmd::Revisions { path, space, json } => cmd_revisions(&path, space.as_deref(), json),
+        Cmd::Restore {
+            path,
+            space,
+            revision,
+            to,
+        } => cmd_restore(&path, space.as_deref(), revision, to.as_deref()),
         Cmd::Stats { path, json } => {
             let s = read_stats(&path)?;
             if json {
@@ -528,4 +740,356 @@ fn main() -> ExitCode {
             ExitCode::FAILURE
         }
     }
+}
+
+/// Where a command acts: through a mount's daemon (control xattrs on its root), or directly
+/// on an unmounted backing directory.
+enum Target {
+    Mounted { mnt: PathBuf },
+    Offline { fs: Box<Fs> },
+}
+
+/// The target for a backing directory (through its mount when it is mounted).
+fn space_target(dir: &Path) -> Result<Target, String> {
+    match Space::open(dir) {
+        Ok(space) => Ok(Target::Offline {
+            fs: Box::new(Fs::new(space)),
+        }),
+        Err(ckptfs_engine::Error::Locked(m)) => {
+            let holder = lock_holder(dir).unwrap_or_default();
+            match holder.split(" mounted at ").nth(1) {
+                Some(mnt) => Ok(Target::Mounted {
+                    mnt: PathBuf::from(mnt.trim()),
+                }),
+                None => Err(m),
+            }
+        }
+        Err(e) => Err(e.to_string()),
+    }
+}
+
+/// A mountpoint or a backing directory.
+fn target_of(path: &Path) -> Result<Target, String> {
+    let path = absolute(path);
+    if path.join(ckptfs_engine::format::SUPERBLOCK_FILE).exists() {
+        return space_target(&path);
+    }
+    if backing_of(&path).is_some() {
+        return Ok(Target::Mounted { mnt: path });
+    }
+    Err(format!(
+        "{} is neither a ckptfs mountpoint nor a backing directory",
+        path.display()
+    ))
+}
+
+/// The ckptfs mount holding `path` (which need not exist) and the path relative to it.
+fn locate_in_mount(path: &Path) -> Result<(PathBuf, Vec<u8>), String> {
+    let abs = absolute(path);
+    let mut probe = abs.clone();
+    loop {
+        if backing_of(&probe).is_some() {
+            let rel = abs.strip_prefix(&probe).map_err(|e| e.to_string())?;
+            return Ok((probe, rel.as_os_str().as_encoded_bytes().to_vec()));
+        }
+        if !probe.pop() {
+            return Err(format!("{} is not inside a ckptfs mount", abs.display()));
+        }
+    }
+}
+
+fn xattr_name(op: &str) -> std::ffi::CString {
+    std::ffi::CString::new(format!("{}{op}", fuse::CONTROL_PREFIX)).expect("no NUL")
+}
+
+fn cpath(p: &Path) -> Result<std::ffi::CString, String> {
+    std::ffi::CString::new(p.as_os_str().as_encoded_bytes()).map_err(|e| e.to_string())
+}
+
+fn control_set(mnt: &Path, op: &str, value: &[u8]) -> Result<(), String> {
+    let (p, n) = (cpath(mnt)?, xattr_name(op));
+    // SAFETY: valid C strings and a readable value buffer of the given length.
+    let rc = unsafe {
+        libc::setxattr(
+            p.as_ptr(),
+            n.as_ptr(),
+            value.as_ptr().cast(),
+            value.len(),
+            0,
+        )
+    };
+    if rc != 0 {
+        return Err(format!("{op}: {}", std::io::Error::last_os_error()));
+    }
+    Ok(())
+}
+
+/// Reads a control answer. `probe` first asks for the size, which makes the daemon compute
+/// the answer; without it the daemon returns the answer of this process's last request.
+fn control_get(mnt: &Path, op: &str, probe: bool) -> Result<serde_json::Value, String> {
+    let (p, n) = (cpath(mnt)?, xattr_name(op));
+    let mut len = 65536;
+    if probe {
+        // SAFETY: a size query writes nothing.
+        let r = unsafe { libc::getxattr(p.as_ptr(), n.as_ptr(), std::ptr::null_mut(), 0) };
+        if r < 0 {
+            return Err(format!("{op}: {}", std::io::Error::last_os_error()));
+        }
+        len = r as usize;
+    }
+    let mut buf = vec![0u8; len.max(1)];
+    // SAFETY: getxattr writes at most buf.len() bytes into buf.
+    let r = unsafe { libc::getxattr(p.as_ptr(), n.as_ptr(), buf.as_mut_ptr().cast(), buf.len()) };
+    if r < 0 {
+        return Err(format!("{op}: {}", std::io::Error::last_os_error()));
+    }
+    serde_json::from_slice(&buf[..r as usize]).map_err(|e| format!("{op}: bad answer: {e}"))
+}
+
+fn cmd_config(path: &Path, r: &RetentionArgs, json: bool) -> Result<(), String> {
+    let c = match target_of(path)? {
+        Target::Mounted { mnt } => {
+            if !r.is_empty() {
+                control_set(&mnt, "config", r.to_pairs().as_bytes())?;
+            }
+            let v = control_get(&mnt, "config", true)?;
+            let g = |k: &str| v.get(k).and_then(|x| x.as_u64()).unwrap_or(0);
+            Config {
+                keep_revisions: g("keep_revisions"),
+                keep_age_secs: g("keep_age_secs"),
+                keep_unlinked_secs: g("keep_unlinked_secs"),
+                auto_gc_free_percent: g("auto_gc_free_percent"),
+            }
+        }
+        Target::Offline { fs } => {
+            let mut c = fs.space().config().map_err(|e| e.to_string())?;
+            if !r.is_empty() {
+                r.apply(&mut c);
+                fs.space().set_config(&c).map_err(|e| e.to_string())?;
+            }
+            c
+        }
+    };
+    if json {
+        println!("{}", config_json(&c));
+    } else {
+        let age = |s: u64| {
+            if s == 0 {
+                "off".to_string()
+            } else {
+                format!("{s}s")
+            }
+        };
+        println!("keep revisions        {}", c.keep_revisions);
+        println!("keep younger than     {}", age(c.keep_age_secs));
+        println!("keep unlinked for     {}", age(c.keep_unlinked_secs));
+        println!(
+            "automatic gc below    {}",
+            if c.auto_gc_free_percent == 0 {
+                "off".to_string()
+            } else {
+                format!("{}% free", c.auto_gc_free_percent)
+            }
+        );
+    }
+    Ok(())
+}
+
+fn progress_bar(enabled: bool) -> Option<indicatif::ProgressBar> {
+    use std::io::IsTerminal;
+    if !enabled || !std::io::stderr().is_terminal() {
+        return None;
+    }
+    let pb = indicatif::ProgressBar::new(0);
+    pb.set_style(
+        indicatif::ProgressStyle::with_template(
+            "{spinner} {msg:24} [{bar:30}] {pos}/{len} {elapsed}",
+        )
+        .expect("valid template")
+        .progress_chars("=> "),
+    );
+    pb.enable_steady_tick(Duration::from_millis(120));
+    Some(pb)
+}
+
+fn cmd_gc(path: &Path, dry_run: bool, json: bool) -> Result<(), String> {
+    let pb = progress_bar(!json);
+    let r = match target_of(path)? {
+        Target::Mounted { mnt } => {
+            // The daemon runs gc inside the setxattr; the bar only shows that it is working.
+            if let Some(pb) = &pb {
+                pb.set_message("gc in the daemon");
+            }
+            control_set(&mnt, "gc", if dry_run { b"dry-run" } else { b"run" })?;
+            let v = control_get(&mnt, "gc", false)?;
+            gc_from_json(&v).ok_or("malformed gc answer")?
+        }
+        Target::Offline { fs } => fs
+            .gc(dry_run, None, &mut |p| {
+                if let Some(pb) = &pb {
+                    let (msg, done, total) = match p {
+                        GcProgress::Revisions {
+                            histories_done,
+                            histories,
+                        } => ("retention", histories_done, histories),
+                        GcProgress::Chunks { done, total } => ("unreferenced chunks", done, total),
+                        GcProgress::Compact {
+                            segments_done,
+                            segments,
+                        } => ("compacting", segments_done, segments),
+                    };
+                    pb.set_message(msg);
+                    pb.set_length(total);
+                    pb.set_position(done);
+                }
+            })
+            .map_err(|e| format!("{e:?}"))?,
+    };
+    if let Some(pb) = pb {
+        pb.finish_and_clear();
+    }
+    if json {
+        println!("{}", gc_json(&r));
+    } else {
+        println!(
+            "{}dropped {} revisions, freed {} chunks ({}), copied {}, freed {} segments",
+            if r.dry_run { "would have " } else { "" },
+            r.revisions_dropped,
+            r.chunks_freed,
+            human(r.bytes_freed),
+            human(r.bytes_copied),
+            r.segments_freed
+        );
+        println!(
+            "free space {} -> {} in {:.2}s",
+            human(r.free_bytes_before),
+            human(r.free_bytes_after),
+            r.seconds
+        );
+    }
+    Ok(())
+}
+
+fn gc_from_json(v: &serde_json::Value) -> Option<GcReport> {
+    let u = |k: &str| v.get(k).and_then(|x| x.as_u64());
+    Some(GcReport {
+        dry_run: v.get("dry_run")?.as_bool()?,
+        revisions_dropped: u("revisions_dropped")?,
+        histories_dropped: u("histories_dropped")?,
+        inodes_dropped: u("inodes_dropped")?,
+        chunks_freed: u("chunks_freed")?,
+        bytes_freed: u("bytes_freed")?,
+        bytes_copied: u("bytes_copied")?,
+        segments_compacted: u("segments_compacted")?,
+        segments_freed: u("segments_freed")?,
+        free_bytes_before: u("free_bytes_before")?,
+        free_bytes_after: u("free_bytes_after")?,
+        seconds: v.get("seconds")?.as_f64()?,
+    })
+}
+
+/// The mount (or offline space) and relative path a revisions/restore command names.
+fn path_target(path: &Path, space: Option<&Path>) -> Result<(Target, Vec<u8>), String> {
+    match space {
+        Some(dir) => Ok((
+            space_target(&absolute(dir))?,
+            path.as_os_str().as_encoded_bytes().to_vec(),
+        )),
+        None => {
+            let (mnt, rel) = locate_in_mount(path)?;
+            Ok((Target::Mounted { mnt }, rel))
+        }
+    }
+}
+
+fn cmd_revisions(path: &Path, space: Option<&Path>, json: bool) -> Result<(), String> {
+    let (target, rel) = path_target(path, space)?;
+    let v = match target {
+        Target::Mounted { mnt } => {
+            control_set(&mnt, "select", &rel)?;
+            control_get(&mnt, "revisions", true)?
+        }
+        Target::Offline { fs } => {
+            revisions_json(&fs.revisions_of(&rel).map_err(|e| format!("{e:?}"))?)
+        }
+    };
+    if json {
+        println!("{v}");
+        return Ok(());
+    }
+    println!(
+        "{:>10}  {:>20}  {:>12}  {:>12}",
+        "revision", "committed (unix)", "size", "new bytes"
+    );
+    for r in v.as_array().into_iter().flatten() {
+        let g = |k: &str| r.get(k).and_then(|x| x.as_u64()).unwrap_or(0);
+        println!(
+            "{:>10}  {:>20.3}  {:>12}  {:>12}{}",
+            g("id"),
+            r.get("committed_unix")
+                .and_then(|x| x.as_f64())
+                .unwrap_or(0.0),
+            human(g("size")),
+            human(g("new_bytes")),
+            if r.get("current").and_then(|x| x.as_bool()) == Some(true) {
+                "  current"
+            } else {
+                ""
+            }
+        );
+    }
+    Ok(())
+}
+
+fn cmd_restore(
+    path: &Path,
+    space: Option<&Path>,
+    rev: u64,
+    to: Option<&Path>,
+) -> Result<(), String> {
+    let (target, rel) = path_target(path, space)?;
+    match (target, to) {
+        (Target::Mounted { mnt }, None) => {
+            control_set(&mnt, "select", &rel)?;
+            control_set(&mnt, "restore", rev.to_string().as_bytes())?;
+        }
+        (Target::Mounted { mnt }, Some(to)) => {
+            // Through the view, by history id, so unlinked paths work too.
+            control_set(&mnt, "select", &rel)?;
+            let hid = control_get(&mnt, "history", true)?
+                .get("history")
+                .and_then(|h| h.as_u64())
+                .ok_or("malformed history answer")?;
+            let src = mnt
+                .join(".ckptfs/histories")
+                .join(hid.to_string())
+                .join(rev.to_string());
+            std::fs::copy(&src, to)
+                .map_err(|e| format!("cannot copy revision {rev} ({}): {e}", src.display()))?;
+        }
+        (Target::Offline { fs }, None) => {
+            // SAFETY: getuid/getgid cannot fail.
+            let c = unsafe {
+                Caller {
+                    uid: libc::getuid(),
+                    gid: libc::getgid(),
+                }
+            };
+            fs.restore(&rel, rev, c).map_err(|e| format!("{e:?}"))?;
+        }
+        (Target::Offline { fs }, Some(to)) => {
+            let f = fs.read_revision(&rel, rev).map_err(|e| format!("{e:?}"))?;
+            let mut out = std::fs::File::create(to).map_err(|e| e.to_string())?;
+            let mut off = 0;
+            while off < f.size() {
+                let piece = f
+                    .read(fs.space().chunks(), off, 8 << 20)
+                    .map_err(|e| e.to_string())?;
+                out.write_all(&piece).map_err(|e| e.to_string())?;
+                off += piece.len() as u64;
+            }
+            out.sync_all().map_err(|e| e.to_string())?;
+        }
+    }
+    Ok(())
 }

@@ -167,6 +167,15 @@ impl TestMount {
 
     /// Formats with `--size size` (and `--chunk-size` when given), then mounts.
     pub fn with_options(size: &str, chunk_size: Option<&str>) -> TestMount {
+        match chunk_size {
+            Some(cs) => TestMount::with_format_args(size, &["--chunk-size", cs]),
+            None => TestMount::with_format_args(size, &[]),
+        }
+    }
+
+    /// Formats with `--size size` plus `extra` format options (`--keep-revisions 3`, ...), then
+    /// mounts.
+    pub fn with_format_args(size: &str, extra: &[&str]) -> TestMount {
         require_fuse();
         let bin = ckptfs_bin();
         let root = TempDir::new("test");
@@ -188,10 +197,7 @@ impl TestMount {
             OsStr::new("--size"),
             OsStr::new(size),
         ];
-        if let Some(cs) = chunk_size {
-            args.push(OsStr::new("--chunk-size"));
-            args.push(OsStr::new(cs));
-        }
+        args.extend(extra.iter().map(OsStr::new));
         let args: Vec<OsString> = args.iter().map(|a| a.to_os_string()).collect();
         tm.run_ok("format", &args, FORMAT_TIMEOUT);
         tm.mount();
@@ -308,6 +314,163 @@ impl TestMount {
             .unwrap_or_else(|e| panic!("`ckptfs stats --json` printed non-JSON ({e}):\n{out}"));
         assert!(v.is_object(), "stats JSON is not an object: {v}");
         v
+    }
+
+    /// Whether the space is mounted now.
+    pub fn is_mounted(&self) -> bool {
+        self.mounted
+    }
+
+    /// Runs `ckptfs ARGS` and returns its stdout; panics (with stdout and stderr) when it fails.
+    #[track_caller]
+    pub fn ckptfs_ok(&mut self, args: &[&OsStr]) -> String {
+        let (st, out, err) = self.ckptfs(args);
+        let shown: Vec<OsString> = args.iter().map(|a| a.to_os_string()).collect();
+        assert!(
+            st.success(),
+            "`ckptfs {}` failed ({st}):\nstdout:\n{out}\nstderr:\n{err}",
+            join_args(&shown)
+        );
+        out
+    }
+
+    /// Runs `ckptfs ARGS` (which should include `--json`) and parses its stdout as JSON.
+    #[track_caller]
+    pub fn ckptfs_json(&mut self, args: &[&OsStr]) -> serde_json::Value {
+        let out = self.ckptfs_ok(args);
+        let shown: Vec<OsString> = args.iter().map(|a| a.to_os_string()).collect();
+        serde_json::from_str(out.trim()).unwrap_or_else(|e| {
+            panic!(
+                "`ckptfs {}` printed non-JSON ({e}):\n{out}",
+                join_args(&shown)
+            )
+        })
+    }
+
+    /// The mountpoint when mounted, else the backing directory: what `gc`, `stats` and
+    /// `config` take.
+    pub fn target(&self) -> PathBuf {
+        if self.mounted {
+            self.mnt.clone()
+        } else {
+            self.backing.clone()
+        }
+    }
+
+    /// Revisions of `rel` (a path relative to the fs root): `ckptfs revisions MNT/rel --json`
+    /// when mounted, `ckptfs revisions --space BACKING rel --json` when not. Panics when the
+    /// command fails.
+    #[track_caller]
+    pub fn revisions(&mut self, rel: &str) -> Vec<Revision> {
+        let v = match self.try_revisions_json(rel) {
+            Ok(v) => v,
+            Err(msg) => panic!("{msg}"),
+        };
+        parse_revisions(&v)
+    }
+
+    /// Like [`TestMount::revisions`] but returns the raw JSON, or the failure as a message.
+    pub fn try_revisions_json(&mut self, rel: &str) -> Result<serde_json::Value, String> {
+        let args: Vec<OsString> = if self.mounted {
+            vec![
+                "revisions".into(),
+                self.mnt.join(rel).into_os_string(),
+                "--json".into(),
+            ]
+        } else {
+            vec![
+                "revisions".into(),
+                "--space".into(),
+                self.backing.clone().into_os_string(),
+                rel.into(),
+                "--json".into(),
+            ]
+        };
+        let refs: Vec<&OsStr> = args.iter().map(OsString::as_os_str).collect();
+        let (st, out, err) = self.ckptfs(&refs);
+        if !st.success() {
+            return Err(format!(
+                "`ckptfs {}` failed ({st}):\nstdout:\n{out}\nstderr:\n{err}",
+                join_args(&args)
+            ));
+        }
+        serde_json::from_str(out.trim()).map_err(|e| {
+            format!(
+                "`ckptfs {}` printed non-JSON ({e}):\n{out}",
+                join_args(&args)
+            )
+        })
+    }
+
+    fn restore_args(&self, rel: &str, id: u64, to: Option<&Path>) -> Vec<OsString> {
+        let mut args: Vec<OsString> = vec!["restore".into()];
+        if self.mounted {
+            args.push(self.mnt.join(rel).into_os_string());
+        } else {
+            args.push("--space".into());
+            args.push(self.backing.clone().into_os_string());
+            args.push(rel.into());
+        }
+        args.push("--revision".into());
+        args.push(id.to_string().into());
+        if let Some(to) = to {
+            args.push("--to".into());
+            args.push(to.as_os_str().to_os_string());
+        }
+        args
+    }
+
+    /// `ckptfs restore ... --revision id --to FILE` (through the mount when mounted, with
+    /// `--space` when not).
+    #[track_caller]
+    pub fn restore_to(&mut self, rel: &str, id: u64, to: &Path) {
+        let args = self.restore_args(rel, id, Some(to));
+        let refs: Vec<&OsStr> = args.iter().map(OsString::as_os_str).collect();
+        self.ckptfs_ok(&refs);
+    }
+
+    /// `ckptfs restore ... --revision id` (no `--to`): revision `id` becomes current again.
+    #[track_caller]
+    pub fn restore(&mut self, rel: &str, id: u64) {
+        let args = self.restore_args(rel, id, None);
+        let refs: Vec<&OsStr> = args.iter().map(OsString::as_os_str).collect();
+        self.ckptfs_ok(&refs);
+    }
+
+    /// `ckptfs gc TARGET [--dry-run] --json` on the mountpoint (mounted) or backing dir.
+    #[track_caller]
+    pub fn gc(&mut self, dry_run: bool) -> serde_json::Value {
+        let target = self.target();
+        let mut args: Vec<&OsStr> = vec![OsStr::new("gc"), target.as_os_str()];
+        if dry_run {
+            args.push(OsStr::new("--dry-run"));
+        }
+        args.push(OsStr::new("--json"));
+        let v = self.ckptfs_json(&args);
+        assert!(v.is_object(), "gc JSON is not an object: {v}");
+        v
+    }
+
+    /// `ckptfs config BACKING [OPTIONS] --json` (the backing dir, mounted or not).
+    #[track_caller]
+    pub fn config(&mut self, options: &[&str]) -> serde_json::Value {
+        let backing = self.backing.clone();
+        let mut args: Vec<&OsStr> = vec![OsStr::new("config"), backing.as_os_str()];
+        args.extend(options.iter().map(OsStr::new));
+        args.push(OsStr::new("--json"));
+        let v = self.ckptfs_json(&args);
+        assert!(v.is_object(), "config JSON is not an object: {v}");
+        v
+    }
+
+    /// `MNT/.ckptfs/revisions/<rel>`: the read-only view of a path's revisions.
+    pub fn view_dir(&self, rel: &str) -> PathBuf {
+        self.mnt.join(".ckptfs/revisions").join(rel)
+    }
+
+    /// `MNT/.ckptfs/revisions/<rel>/<id>`.
+    pub fn view_path(&self, rel: &str, id: u64) -> PathBuf {
+        self.view_dir(rel).join(id.to_string())
     }
 
     /// Last lines of the daemon's and commands' logs, for failure messages.
@@ -556,4 +719,99 @@ pub fn list_tree(dir: &Path) -> Vec<PathBuf> {
     walk(dir, dir, &mut out);
     out.sort();
     out
+}
+
+/// One entry of `ckptfs revisions --json`.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Revision {
+    pub id: u64,
+    pub committed_unix: f64,
+    pub size: u64,
+    pub new_bytes: u64,
+    pub current: bool,
+}
+
+/// Parses the `ckptfs revisions --json` array; panics naming what is missing.
+#[track_caller]
+pub fn parse_revisions(v: &serde_json::Value) -> Vec<Revision> {
+    let arr = v
+        .as_array()
+        .unwrap_or_else(|| panic!("`ckptfs revisions --json` is not an array: {v}"));
+    arr.iter()
+        .map(|e| {
+            let u = |k: &str| {
+                e.get(k)
+                    .and_then(serde_json::Value::as_u64)
+                    .unwrap_or_else(|| panic!("revision entry has no integer `{k}`: {e}"))
+            };
+            Revision {
+                id: u("id"),
+                committed_unix: e
+                    .get("committed_unix")
+                    .and_then(serde_json::Value::as_f64)
+                    .unwrap_or_else(|| {
+                        panic!("revision entry has no number `committed_unix`: {e}")
+                    }),
+                size: u("size"),
+                new_bytes: u("new_bytes"),
+                current: e
+                    .get("current")
+                    .and_then(serde_json::Value::as_bool)
+                    .unwrap_or_else(|| panic!("revision entry has no bool `current`: {e}")),
+            }
+        })
+        .collect()
+}
+
+/// Closes `f` and reports close(2)'s error (dropping a File ignores it; ckptfs reports ENOSPC
+/// and EIO at close).
+pub fn close_checked(f: fs::File) -> io::Result<()> {
+    use std::os::unix::io::IntoRawFd;
+    let fd = f.into_raw_fd();
+    // SAFETY: fd was just released by the File, so it is open and owned here.
+    check(unsafe { libc::close(fd) }).map(|_| ())
+}
+
+/// open(O_WRONLY|O_CREAT|O_TRUNC) + sequential writes of `len` bytes produced by
+/// `fill(offset, buf)` in `piece`-byte writes + a checked close. Every failure is returned.
+pub fn write_file_with(
+    path: &Path,
+    len: u64,
+    piece: usize,
+    mut fill: impl FnMut(u64, &mut [u8]),
+) -> io::Result<()> {
+    use std::io::Write;
+    let mut f = fs::OpenOptions::new()
+        .write(true)
+        .create(true)
+        .truncate(true)
+        .open(path)?;
+    let mut buf = vec![0u8; piece.max(1)];
+    let mut off = 0u64;
+    while off < len {
+        let n = ((len - off) as usize).min(buf.len());
+        fill(off, &mut buf[..n]);
+        f.write_all(&buf[..n])?;
+        off += n as u64;
+    }
+    close_checked(f)
+}
+
+/// Writes `data` whole (create/truncate, 1 MiB writes) and checks close.
+pub fn write_file_checked(path: &Path, data: &[u8]) -> io::Result<()> {
+    write_file_with(path, data.len() as u64, 1 << 20, |off, buf| {
+        let o = off as usize;
+        buf.copy_from_slice(&data[o..o + buf.len()]);
+    })
+}
+
+/// statvfs(2) of `path`: (f_bavail * f_frsize, f_blocks * f_frsize).
+pub fn statvfs_bytes(path: &Path) -> (u64, u64) {
+    let c = cpath(path);
+    // SAFETY: statvfs fills the zeroed struct; c is a valid C string.
+    let mut sv: libc::statvfs = unsafe { std::mem::zeroed() };
+    check(unsafe { libc::statvfs(c.as_ptr(), &mut sv) })
+        .unwrap_or_else(|e| panic!("statvfs {}: {e}", path.display()));
+    let fr = sv.f_frsize as u64;
+    (sv.f_bavail as u64 * fr, sv.f_blocks as u64 * fr)
 }

@@ -1,0 +1,470 @@
+//! Garbage collection: plan, then apply, in four steps, each its own transaction.
+//!
+//! 1. Drop revisions outside the retention policy (and retired histories and unlinked inodes
+//!    that nothing holds). Chunks whose reference count reaches zero are queued in the
+//!    GC_CANDIDATES table.
+//! 2. Under the store's exclusive barrier (no chunk lookup or pin in flight), delete the
+//!    queued chunk records that are still unreferenced and unpinned.
+//! 3. Compact: copy the chunks of mostly-dead segments to free segments, then, under the
+//!    barrier, point their records at the copies and mark the old segments free.
+//! 4. Segments become reusable only after the commit freeing them is durable and every chunk
+//!    lookup that might still see the old location has finished.
+//!
+//! Memory: one u64 of live bytes per segment of the data file, plus the records of the chunks
+//! being moved in one round (at most `ROUND_SEGMENTS` segments). Everything else streams from
+//! the metadata table. A dry run performs steps 1 and 2 in one transaction and aborts it, so
+//! its revision and chunk figures are exact; its compaction figures are an estimate.
+
+use crate::error::{Error, Result};
+use crate::format::*;
+use crate::meta;
+use crate::space::{Config, Space};
+use crate::store::ChunkStore;
+use redb::{Durability, ReadableDatabase, ReadableTable, ReadableTableMetadata, WriteTransaction};
+use std::collections::{BTreeSet, HashSet};
+use std::time::{Duration, Instant};
+
+/// Segments compacted per round (bounds the records held in memory while copying).
+pub const ROUND_SEGMENTS: usize = 16;
+/// A segment is compacted when less than this fraction of it holds live chunks.
+pub const COMPACT_LIVE_FRACTION: f64 = 0.5;
+
+#[derive(Clone, Debug, Default)]
+pub struct GcOptions {
+    pub dry_run: bool,
+    /// Revisions open readers or writers are using; never dropped.
+    pub pinned_revisions: HashSet<RevisionId>,
+    /// Inodes with open handles; an unlinked one keeps its record.
+    pub open_inodes: HashSet<InodeId>,
+    /// When set, compaction sleeps this fraction of the time it works (0.5 = run at most
+    /// two thirds of the time), so writers keep most of the disk.
+    pub throttle: Option<f64>,
+}
+
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct GcReport {
+    pub dry_run: bool,
+    pub revisions_dropped: u64,
+    pub histories_dropped: u64,
+    pub inodes_dropped: u64,
+    pub chunks_freed: u64,
+    /// Stored bytes of the chunks freed.
+    pub bytes_freed: u64,
+    /// Live bytes copied out of compacted segments.
+    pub bytes_copied: u64,
+    pub segments_compacted: u64,
+    /// Segments returned to the free list (compacted or found empty).
+    pub segments_freed: u64,
+    pub free_bytes_before: u64,
+    pub free_bytes_after: u64,
+    pub seconds: f64,
+}
+
+/// Progress of a running gc, for a progress bar.
+#[derive(Clone, Copy, Debug)]
+pub enum GcProgress {
+    Revisions { histories_done: u64, histories: u64 },
+    Chunks { done: u64, total: u64 },
+    Compact { segments_done: u64, segments: u64 },
+}
+
+fn begin(space: &Space, dry_run: bool) -> Result<WriteTransaction> {
+    let mut txn = space.db().begin_write()?;
+    if dry_run {
+        // Never committed; no need to pay for durability.
+        txn.set_durability(Durability::None)
+            .map_err(|e| Error::Meta(e.to_string()))?;
+    }
+    Ok(txn)
+}
+
+fn finish(txn: WriteTransaction, dry_run: bool) -> Result<()> {
+    if dry_run {
+        txn.abort()?;
+    } else {
+        txn.commit()?;
+    }
+    Ok(())
+}
+
+impl Space {
+    pub fn gc(&self, opts: &GcOptions, progress: &mut dyn FnMut(GcProgress)) -> Result<GcReport> {
+        let _one = self.gc_lock.lock();
+        if self.store().is_failed() {
+            return Err(Error::Failed);
+        }
+        let start = Instant::now();
+        let mut r = GcReport {
+            dry_run: opts.dry_run,
+            free_bytes_before: self.store().free_bytes(),
+            ..GcReport::default()
+        };
+        let config = self.config()?;
+        let now = Timestamp::now();
+
+        // 1. Drop revisions. A dry run carries the same transaction into step 2 and aborts
+        // it there, so its chunk figures reflect the drops.
+        let txn = begin(self, opts.dry_run)?;
+        self.drop_revisions(&txn, &config, now, opts, &mut r, progress)?;
+        let txn = if opts.dry_run {
+            txn
+        } else {
+            txn.commit()?;
+            begin(self, false)?
+        };
+
+        // 2. Delete unreferenced, unpinned chunks.
+        let usage = {
+            let _excl = self.store().exclusive();
+            self.delete_dead_chunks(&txn, &mut r, progress)?;
+            let usage = if opts.dry_run {
+                Some(self.segment_usage(&txn)?)
+            } else {
+                None
+            };
+            finish(txn, opts.dry_run)?;
+            usage
+        };
+        if let Some(u) = usage {
+            // What compaction would do, from the usage after the drops (an estimate: the
+            // real run re-plans against the space as it is then).
+            self.plan_compaction(&u, &mut r);
+            let seg = self.store().segment_bytes();
+            r.free_bytes_after =
+                (r.free_bytes_before + r.segments_freed * seg).saturating_sub(r.bytes_copied);
+            r.seconds = start.elapsed().as_secs_f64();
+            return Ok(r);
+        }
+
+        // 3 and 4. Compact in rounds until no victim is left or no room to copy into.
+        self.compact(opts, &mut r, progress)?;
+        r.free_bytes_after = self.store().free_bytes();
+        r.seconds = start.elapsed().as_secs_f64();
+        log::info!(
+            "gc: dropped {} revisions, freed {} chunks ({} bytes), copied {} bytes, freed {} segments in {:.2}s",
+            r.revisions_dropped,
+            r.chunks_freed,
+            r.bytes_freed,
+            r.bytes_copied,
+            r.segments_freed,
+            r.seconds
+        );
+        Ok(r)
+    }
+
+    fn drop_revisions(
+        &self,
+        txn: &WriteTransaction,
+        config: &Config,
+        now: Timestamp,
+        opts: &GcOptions,
+        r: &mut GcReport,
+        progress: &mut dyn FnMut(GcProgress),
+    ) -> Result<()> {
+        let mut histories = txn.open_table(meta::HISTORIES)?;
+        let mut revs = txn.open_table(meta::REVISIONS)?;
+        let mut hrevs = txn.open_table(meta::HISTORY_REVS)?;
+        let mut extents = txn.open_table(meta::EXTENTS)?;
+        let mut chunks = txn.open_table(meta::CHUNKS)?;
+        let mut cand = txn.open_table(meta::GC_CANDIDATES)?;
+        let mut inodes = txn.open_table(meta::INODES)?;
+        let total = histories.len()?;
+        let age_limit = now.secs - config.keep_age_secs as i64;
+        let mut done = 0u64;
+        // Walk histories by id; each history's decision reads only its own rows.
+        let mut next = 0u64;
+        loop {
+            let Some((hid, h)) = (match histories.range(next..)?.next() {
+                Some(item) => {
+                    let (k, v) = item?;
+                    Some((k.value(), HistoryRecord::decode(v.value())?))
+                }
+                None => None,
+            }) else {
+                break;
+            };
+            next = hid + 1;
+            done += 1;
+            if done.is_multiple_of(256) {
+                progress(GcProgress::Revisions {
+                    histories_done: done,
+                    histories: total,
+                });
+            }
+            let current = match h.unlinked {
+                None => meta::get_inode(&inodes, h.ino)?.map(|i| i.current_rev),
+                Some(_) => None,
+            };
+            let expired = h
+                .unlinked
+                .is_some_and(|t| now.secs - t.secs > config.keep_unlinked_secs as i64);
+            let mut list = Vec::new();
+            for item in hrevs.range((hid, 0)..=(hid, u64::MAX))? {
+                list.push(RevisionId(item?.0.value().1));
+            }
+            // Newest first: keep the current, the newest N listed, the young and the pinned.
+            let mut kept_listed = 0u64;
+            let mut drop = Vec::new();
+            for rev in list.iter().rev() {
+                let rr = meta::get_revision(&revs, *rev)?
+                    .ok_or_else(|| Error::Corrupt(format!("revision {} missing", rev.0)))?;
+                let is_current = current == Some(*rev);
+                let listed = rr.sealed || is_current;
+                let keep = opts.pinned_revisions.contains(rev)
+                    || is_current
+                    || (!expired
+                        && listed
+                        && (kept_listed < config.keep_revisions
+                            || (config.keep_age_secs > 0 && rr.committed.secs >= age_limit)));
+                if keep {
+                    if listed {
+                        kept_listed += 1;
+                    }
+                } else {
+                    drop.push(*rev);
+                }
+            }
+            for rev in &drop {
+                meta::drop_revision(
+                    &mut revs,
+                    &mut hrevs,
+                    &mut extents,
+                    &mut chunks,
+                    &mut cand,
+                    *rev,
+                )?;
+                r.revisions_dropped += 1;
+            }
+            if h.unlinked.is_some() && drop.len() == list.len() {
+                histories.remove(hid)?;
+                r.histories_dropped += 1;
+            }
+        }
+        progress(GcProgress::Revisions {
+            histories_done: done,
+            histories: total,
+        });
+        // Unlinked inodes nobody has open: their content lives on in their (retired) history.
+        let mut dead = Vec::new();
+        for item in inodes.iter()? {
+            let (k, v) = item?;
+            let rec = InodeRecord::decode(v.value())?;
+            if rec.nlink == 0 && !opts.open_inodes.contains(&InodeId(k.value())) {
+                dead.push(k.value());
+            }
+        }
+        for ino in dead {
+            inodes.remove(ino)?;
+            r.inodes_dropped += 1;
+        }
+        Ok(())
+    }
+
+    fn delete_dead_chunks(
+        &self,
+        txn: &WriteTransaction,
+        r: &mut GcReport,
+        progress: &mut dyn FnMut(GcProgress),
+    ) -> Result<()> {
+        let mut cand = txn.open_table(meta::GC_CANDIDATES)?;
+        let mut chunks = txn.open_table(meta::CHUNKS)?;
+        let total = cand.len()?;
+        let mut done = 0u64;
+        while let Some((k, _)) = cand.pop_first()? {
+            let key: Vec<u8> = k.value().to_vec();
+            drop(k);
+            done += 1;
+            if done.is_multiple_of(4096) {
+                progress(GcProgress::Chunks { done, total });
+            }
+            let h = ChunkHash(
+                key.as_slice()
+                    .try_into()
+                    .map_err(|_| Error::Corrupt("gc candidate key is not a hash".into()))?,
+            );
+            let Some(rec) = chunks
+                .get(key.as_slice())?
+                .map(|v| ChunkRecord::decode(v.value()))
+                .transpose()?
+            else {
+                continue;
+            };
+            if rec.refs == 0 && !self.store().is_pinned(&h) {
+                chunks.remove(key.as_slice())?;
+                r.chunks_freed += 1;
+                r.bytes_freed += rec.stored_len as u64;
+            }
+        }
+        progress(GcProgress::Chunks { done, total });
+        Ok(())
+    }
+
+    /// Live stored bytes per segment, and which segments are free, as seen by `txn`.
+    fn segment_usage(&self, txn: &WriteTransaction) -> Result<SegmentUsage> {
+        let n = self.superblock().segments() as usize;
+        let mut live = vec![0u64; n];
+        for item in txn.open_table(meta::CHUNKS)?.iter()? {
+            let rec = ChunkRecord::decode(item?.1.value())?;
+            let seg = self.store().segment_of(rec.offset) as usize;
+            if seg < n {
+                live[seg] += rec.stored_len as u64;
+            }
+        }
+        let mut free = BTreeSet::new();
+        for item in txn.open_table(meta::FREE)?.iter()? {
+            free.insert(item?.0.value());
+        }
+        Ok(SegmentUsage { live, free })
+    }
+
+    /// Segments worth compacting, emptiest first, as many as fit in the free space.
+    fn victims(&self, u: &SegmentUsage, busy: &BTreeSet<u64>) -> Vec<(u64, u64)> {
+        let seg = self.store().segment_bytes();
+        let mut v: Vec<(u64, u64)> = u
+            .live
+            .iter()
+            .enumerate()
+            .map(|(i, l)| (i as u64, *l))
+            .filter(|(i, l)| {
+                !u.free.contains(i)
+                    && !busy.contains(i)
+                    && (*l as f64) < seg as f64 * COMPACT_LIVE_FRACTION
+            })
+            .collect();
+        v.sort_by_key(|(i, l)| (*l, *i));
+        // Keep copies within the free space (less one segment of slack for the writer).
+        let mut room = self.store().free_bytes().saturating_sub(seg);
+        v.retain(|(_, l)| {
+            if *l <= room {
+                room -= l;
+                true
+            } else {
+                false
+            }
+        });
+        v
+    }
+
+    fn plan_compaction(&self, u: &SegmentUsage, r: &mut GcReport) {
+        let busy = self.store().busy_segments();
+        for (_, live) in self.victims(u, &busy) {
+            r.segments_freed += 1;
+            if live > 0 {
+                r.segments_compacted += 1;
+                r.bytes_copied += live;
+            }
+        }
+    }
+
+    fn compact(
+        &self,
+        opts: &GcOptions,
+        r: &mut GcReport,
+        progress: &mut dyn FnMut(GcProgress),
+    ) -> Result<()> {
+        let usage = {
+            let txn = begin(self, true)?;
+            let u = self.segment_usage(&txn)?;
+            txn.abort()?;
+            u
+        };
+        let busy = self.store().busy_segments();
+        let all = self.victims(&usage, &busy);
+        let total = all.len() as u64;
+        let mut done = 0u64;
+        for round in all.chunks(ROUND_SEGMENTS) {
+            let t0 = Instant::now();
+            let segs: BTreeSet<u64> = round.iter().map(|(s, _)| *s).collect();
+            // Records of the chunks to move, from a consistent snapshot.
+            let mut moving: Vec<(ChunkHash, ChunkRecord)> = Vec::new();
+            {
+                let txn = self.db().begin_read()?;
+                for item in txn.open_table(meta::CHUNKS)?.iter()? {
+                    let (k, v) = item?;
+                    let rec = ChunkRecord::decode(v.value())?;
+                    if segs.contains(&self.store().segment_of(rec.offset)) {
+                        let h = ChunkHash(
+                            k.value()
+                                .try_into()
+                                .map_err(|_| Error::Corrupt("chunk key is not a hash".into()))?,
+                        );
+                        moving.push((h, rec));
+                    }
+                }
+            }
+            let mut moves = Vec::with_capacity(moving.len());
+            let mut unmovable = BTreeSet::new();
+            for (h, rec) in &moving {
+                let stored = self.store().read_stored(rec)?;
+                // Never copy damage forward: a chunk that fails its check stays where it is
+                // (its segment is not freed), for `ckptfs check` to report.
+                if let Err(e) = ChunkStore::decode_verified(h, rec, stored.clone()) {
+                    log::error!("gc: not moving damaged chunk: {e}");
+                    unmovable.insert(self.store().segment_of(rec.offset));
+                    continue;
+                }
+                let new = self.store().append_stored(&stored)?;
+                r.bytes_copied += stored.len() as u64;
+                moves.push((*h, rec.offset, new));
+            }
+            self.store().flush_sync()?;
+            let taken = self.store().taken_segments();
+            let freed: Vec<u64> = {
+                let _excl = self.store().exclusive();
+                // Pins taken since the round started keep their segments.
+                let busy_now = self.store().busy_segments();
+                let freed: Vec<u64> = segs
+                    .iter()
+                    .copied()
+                    .filter(|s| !busy_now.contains(s) && !unmovable.contains(s))
+                    .collect();
+                let txn = self.db().begin_write()?;
+                {
+                    let mut chunks = txn.open_table(meta::CHUNKS)?;
+                    for (h, old, new) in &moves {
+                        let cur = chunks
+                            .get(h.0.as_slice())?
+                            .map(|v| ChunkRecord::decode(v.value()))
+                            .transpose()?;
+                        if let Some(c) = cur {
+                            if c.offset == *old {
+                                let c = ChunkRecord { offset: *new, ..c };
+                                chunks.insert(h.0.as_slice(), c.encode().as_slice())?;
+                            }
+                        }
+                    }
+                    let mut free = txn.open_table(meta::FREE)?;
+                    for s in &taken {
+                        free.remove(*s)?;
+                    }
+                    for s in &freed {
+                        free.insert(*s, ())?;
+                    }
+                }
+                txn.commit()?;
+                self.store().recorded_taken(&taken);
+                freed
+            };
+            self.store().release_segments(&freed);
+            r.segments_freed += freed.len() as u64;
+            r.segments_compacted += round
+                .iter()
+                .filter(|(s, l)| *l > 0 && freed.contains(s))
+                .count() as u64;
+            done += round.len() as u64;
+            progress(GcProgress::Compact {
+                segments_done: done,
+                segments: total,
+            });
+            if let Some(f) = opts.throttle {
+                std::thread::sleep(Duration::from_secs_f64(t0.elapsed().as_secs_f64() * f));
+            }
+        }
+        Ok(())
+    }
+}
+
+struct SegmentUsage {
+    live: Vec<u64>,
+    free: BTreeSet<u64>,
+}

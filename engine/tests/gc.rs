@@ -1,0 +1,266 @@
+//! gc without a mount: space must come back under keep-N retention, kept revisions must read
+//! back exactly, dropped ones must be gone, and a dry run must change nothing.
+
+use ckptfs_engine::format::*;
+use ckptfs_engine::gc::GcOptions;
+use ckptfs_engine::space::Config;
+use ckptfs_engine::{Error, Space};
+use rand::rngs::SmallRng;
+use rand::{Rng, RngCore, SeedableRng};
+
+fn temp_space(tag: &str, size: u64, config: Config) -> std::path::PathBuf {
+    let dir = std::env::temp_dir().join(format!("ckptfs-gc-{tag}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    Space::format(&dir, size, 65536, config, false).unwrap();
+    dir
+}
+
+/// A file record with a fresh history owned by inode 2.
+fn new_file(space: &Space) -> InodeRecord {
+    let hid = space
+        .ns_write(false, |t| t.new_history(InodeId(2)))
+        .unwrap();
+    file_record(hid)
+}
+
+fn file_record(history: u64) -> InodeRecord {
+    let now = Timestamp::now();
+    InodeRecord {
+        kind: NodeKind::File,
+        perm: 0o644,
+        uid: 0,
+        gid: 0,
+        nlink: 1,
+        size: 0,
+        current_rev: RevisionId(0),
+        atime: now,
+        mtime: now,
+        ctime: now,
+        crtime: now,
+        parent: InodeId(0),
+        rdev: 0,
+        history,
+        target: Vec::new(),
+    }
+}
+
+/// Writes `data` as the whole new content of the file (O_TRUNC + sequential writes) and
+/// commits it as a complete revision.
+fn write_revision(space: &Space, rec: &mut InodeRecord, data: &[u8]) -> Result<RevisionId, Error> {
+    let mut f = space.load_file(rec)?;
+    f.truncate(0);
+    for piece in data.chunks(1 << 20) {
+        let off = f.size();
+        f.write(space.chunks(), off, piece)?;
+    }
+    f.finish(space.chunks())?;
+    let r = space.commit_file(InodeId(2), &mut f, rec, true);
+    if r.is_err() {
+        space.store().unpin(&f.take_held());
+    }
+    r
+}
+
+fn read_revision(space: &Space, rev: RevisionId) -> Vec<u8> {
+    let f = space.load_revision(rev).unwrap();
+    f.read(space.chunks(), 0, f.size() as usize).unwrap()
+}
+
+/// The scenario at engine level: 256 MiB reserved, keep 2, 50 revisions of a 64 MiB
+/// checkpoint with 30% changed each time. gc runs when free space is low, as the daemon's
+/// automatic gc does; no revision may fail.
+#[test]
+fn fifty_revisions_fit_in_256_mib_with_keep_two() {
+    let dir = temp_space("fifty", 256 << 20, Config::default());
+    let space = Space::open(&dir).unwrap();
+    let mut rng = SmallRng::seed_from_u64(50);
+    let mut data = vec![0u8; 64 << 20];
+    rng.fill_bytes(&mut data);
+    let mut rec = new_file(&space);
+    let mut kept: Vec<(RevisionId, Vec<u8>)> = Vec::new();
+    let mut gcs = 0;
+    for i in 0..50 {
+        if i > 0 {
+            // 30% changed: three contiguous regions of 10% (rewritten tensors).
+            for _ in 0..3 {
+                let len = data.len() / 10;
+                let at = rng.random_range(0..data.len() - len);
+                rng.fill_bytes(&mut data[at..at + len]);
+            }
+        }
+        let free_pct = space.store().free_bytes() * 100 / space.store().capacity();
+        if free_pct < 50 {
+            space.gc(&GcOptions::default(), &mut |_| {}).unwrap();
+            gcs += 1;
+        }
+        let rev = write_revision(&space, &mut rec, &data)
+            .unwrap_or_else(|e| panic!("revision {i} failed: {e} (free {free_pct}%)"));
+        kept.push((rev, data.clone()));
+        if kept.len() > 2 {
+            kept.remove(0);
+        }
+    }
+    space.gc(&GcOptions::default(), &mut |_| {}).unwrap();
+    let listed = space.revisions(rec.history).unwrap();
+    assert_eq!(listed.len(), 2, "keep-2 leaves two revisions");
+    for (rev, want) in &kept {
+        assert!(
+            read_revision(&space, *rev) == *want,
+            "revision {} differs",
+            rev.0
+        );
+    }
+    let s = space.stats().unwrap();
+    println!(
+        "50 revisions, {gcs} gc runs: stored {} MiB, free {} MiB of {} MiB",
+        s.stored_bytes >> 20,
+        s.free_bytes >> 20,
+        s.reserved_bytes >> 20
+    );
+    drop(space);
+    let space = Space::open(&dir).unwrap();
+    for (rev, want) in &kept {
+        assert!(
+            read_revision(&space, *rev) == *want,
+            "after reopen, revision {} differs",
+            rev.0
+        );
+    }
+    drop(space);
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+#[test]
+fn gc_keeps_newest_n_drops_the_rest_and_dry_run_changes_nothing() {
+    let config = Config {
+        keep_revisions: 3,
+        ..Config::default()
+    };
+    let dir = temp_space("keep", 64 << 20, config);
+    let space = Space::open(&dir).unwrap();
+    let mut rng = SmallRng::seed_from_u64(3);
+    let mut rec = new_file(&space);
+    let mut all = Vec::new();
+    for _ in 0..8 {
+        // 2 MiB each: the first four fill segment 0, which the drops leave empty.
+        let mut d = vec![0u8; 2 << 20];
+        rng.fill_bytes(&mut d);
+        let rev = write_revision(&space, &mut rec, &d).unwrap();
+        all.push((rev, d));
+    }
+    assert_eq!(space.revisions(rec.history).unwrap().len(), 8);
+    let before = space.stats().unwrap();
+    let dry = space
+        .gc(
+            &GcOptions {
+                dry_run: true,
+                ..GcOptions::default()
+            },
+            &mut |_| {},
+        )
+        .unwrap();
+    assert_eq!(dry.revisions_dropped, 5);
+    assert!(dry.chunks_freed > 0);
+    assert_eq!(space.stats().unwrap(), before, "dry run changed the space");
+    assert_eq!(space.revisions(rec.history).unwrap().len(), 8);
+    let real = space.gc(&GcOptions::default(), &mut |_| {}).unwrap();
+    assert_eq!(real.revisions_dropped, dry.revisions_dropped);
+    assert_eq!(real.chunks_freed, dry.chunks_freed);
+    assert_eq!(real.bytes_freed, dry.bytes_freed);
+    assert!(real.free_bytes_after > real.free_bytes_before, "{real:?}");
+    let listed: Vec<RevisionId> = space
+        .revisions(rec.history)
+        .unwrap()
+        .iter()
+        .map(|r| r.id)
+        .collect();
+    assert_eq!(listed, all[5..].iter().map(|(r, _)| *r).collect::<Vec<_>>());
+    for (rev, want) in &all[5..] {
+        assert!(read_revision(&space, *rev) == *want);
+    }
+    for (rev, _) in &all[..5] {
+        assert!(
+            space.revision(*rev).unwrap().is_none(),
+            "dropped revision still there"
+        );
+    }
+    // A pinned revision survives even outside the policy.
+    let mut opts = GcOptions::default();
+    let mut d = vec![0u8; 1 << 20];
+    rng.fill_bytes(&mut d);
+    let pinned = all[5].0;
+    write_revision(&space, &mut rec, &d).unwrap();
+    opts.pinned_revisions.insert(pinned);
+    space.gc(&opts, &mut |_| {}).unwrap();
+    assert!(read_revision(&space, pinned) == all[5].1);
+    // fsync points are not listed and are replaced by the next commit.
+    let mut f = space.load_file(&rec).unwrap();
+    f.write(space.chunks(), 0, b"in progress").unwrap();
+    f.finish(space.chunks()).unwrap();
+    let n = space.revisions(rec.history).unwrap().len();
+    space
+        .commit_file(InodeId(2), &mut f, &mut rec, false)
+        .unwrap();
+    let l = space.revisions(rec.history).unwrap();
+    assert_eq!(
+        l.len(),
+        n + 1,
+        "the current fsync point is listed as current"
+    );
+    assert!(l.last().unwrap().current && !l.last().unwrap().rec.sealed);
+    f.write(space.chunks(), 0, b"done!!!!!!!").unwrap();
+    f.finish(space.chunks()).unwrap();
+    space
+        .commit_file(InodeId(2), &mut f, &mut rec, true)
+        .unwrap();
+    let l2 = space.revisions(rec.history).unwrap();
+    assert_eq!(l2.len(), n + 1, "the fsync point was replaced, not kept");
+    assert!(l2.iter().all(|r| r.rec.sealed));
+    drop(space);
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+#[test]
+fn readers_see_moved_chunks_while_gc_compacts() {
+    let dir = temp_space("moving", 128 << 20, Config::default());
+    let space = std::sync::Arc::new(Space::open(&dir).unwrap());
+    let mut rng = SmallRng::seed_from_u64(7);
+    let mut rec = new_file(&space);
+    let mut d = vec![0u8; 24 << 20];
+    rng.fill_bytes(&mut d);
+    let keep = write_revision(&space, &mut rec, &d).unwrap();
+    let expect = d.clone();
+    // Many revisions with mostly new data, so segments become mostly dead.
+    for _ in 0..4 {
+        rng.fill_bytes(&mut d[..20 << 20]);
+        write_revision(&space, &mut rec, &d).unwrap();
+    }
+    let mut opts = GcOptions::default();
+    opts.pinned_revisions.insert(keep);
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let reader = {
+        let (space, stop, expect) = (space.clone(), stop.clone(), expect.clone());
+        std::thread::spawn(move || {
+            let mut reads = 0;
+            while !stop.load(std::sync::atomic::Ordering::Relaxed) || reads == 0 {
+                let f = space.load_revision(keep).unwrap();
+                let off = (reads * 7919 * 4096) % (expect.len() - 65536);
+                let got = f.read(space.chunks(), off as u64, 65536).unwrap();
+                assert!(got == expect[off..off + 65536], "wrong bytes at {off}");
+                reads += 1;
+            }
+            reads
+        })
+    };
+    let r = space.gc(&opts, &mut |_| {}).unwrap();
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    let reads = reader.join().unwrap();
+    println!("gc: {r:?}; concurrent reads: {reads}");
+    assert!(r.segments_freed > 0, "{r:?}");
+    assert!(read_revision(&space, keep) == expect);
+    // The store still hands out chunks by hash after the moves.
+    let h = ChunkHash::of(&expect[..10]);
+    assert!(space.chunks().get(&h).is_err(), "no such chunk");
+    drop(space);
+    std::fs::remove_dir_all(&dir).unwrap();
+}

@@ -1,0 +1,345 @@
+//! The read-only revision view, `/.ckptfs/revisions/<path>/<revision id>`.
+//!
+//! It lives under a name reserved at the root (`.ckptfs`), which users cannot create, so it
+//! cannot collide with their files. Its inodes are virtual (the top two bits of the inode
+//! number say which kind), so they never collide with real ones. It holds only directories
+//! and read-only regular files: no symlinks, so nothing in it can name anything outside it.
+//! Directories of the live tree appear as directories; each regular file appears as a
+//! directory of its listed revisions. Modes follow the live file's read bits, so the view
+//! shows nobody more than the file itself does.
+
+use super::{Attr, DirItem, Error, Fs, OpenNode, Result};
+use ckptfs_engine::format::{InodeId, InodeRecord, NodeKind, RevisionId, Timestamp};
+use parking_lot::Mutex;
+use std::sync::Arc;
+
+/// The reserved name at the root.
+pub const CTL_NAME: &[u8] = b".ckptfs";
+const REVISIONS_NAME: &[u8] = b"revisions";
+const HISTORIES_NAME: &[u8] = b"histories";
+const VIEW_DIR: u64 = 2;
+const REV_FILE: u64 = 3;
+/// Within VIEW_DIR inodes, this bit marks `/.ckptfs/histories/<id>` (0: the histories dir).
+const HIST_BIT: u64 = 1 << 61;
+
+/// `/.ckptfs` itself.
+pub const CTL: InodeId = InodeId(VIEW_DIR << 62);
+
+pub fn is_virtual(ino: InodeId) -> bool {
+    ino.0 >> 62 >= VIEW_DIR
+}
+
+fn hist_dir(hid: u64) -> InodeId {
+    InodeId((VIEW_DIR << 62) | HIST_BIT | hid)
+}
+
+fn view_dir(real: InodeId) -> InodeId {
+    InodeId((VIEW_DIR << 62) | real.0)
+}
+
+fn rev_file(rev: RevisionId) -> InodeId {
+    InodeId((REV_FILE << 62) | rev.0)
+}
+
+enum Virt {
+    Ctl,
+    /// `/.ckptfs/histories` (None) or one history by id, live or unlinked.
+    Hist(Option<u64>),
+    /// The view of a live directory or file.
+    Of(InodeId),
+    Rev(RevisionId),
+}
+
+fn decode(ino: InodeId) -> Option<Virt> {
+    let low = ino.0 & ((1 << 62) - 1);
+    match ino.0 >> 62 {
+        VIEW_DIR if low == 0 => Some(Virt::Ctl),
+        VIEW_DIR if low & HIST_BIT != 0 => {
+            let hid = low & !HIST_BIT;
+            Some(Virt::Hist((hid != 0).then_some(hid)))
+        }
+        VIEW_DIR => Some(Virt::Of(InodeId(low))),
+        REV_FILE => Some(Virt::Rev(RevisionId(low))),
+        _ => None,
+    }
+}
+
+/// Read bits of `perm`, with search bits where reading is allowed (for directories).
+fn read_only(perm: u32, dir: bool) -> u32 {
+    let r = perm & 0o444;
+    if dir {
+        r | (r >> 2)
+    } else {
+        r
+    }
+}
+
+fn dir_attr(ino: InodeId, like: &InodeRecord) -> Attr {
+    Attr {
+        ino,
+        rec: InodeRecord {
+            kind: NodeKind::Dir,
+            perm: read_only(like.perm, true),
+            nlink: 2,
+            size: 0,
+            history: 0,
+            target: Vec::new(),
+            ..like.clone()
+        },
+    }
+}
+
+impl Fs {
+    pub(crate) fn view_getattr(&self, ino: InodeId) -> Result<Attr> {
+        match decode(ino).ok_or(Error::NotFound)? {
+            Virt::Ctl => Ok(dir_attr(ino, &self.record(InodeId::ROOT)?)),
+            Virt::Hist(None) => Ok(dir_attr(ino, &self.record(InodeId::ROOT)?)),
+            Virt::Hist(Some(hid)) => {
+                let h = self.space.history(hid).map_err(|_| Error::NotFound)?;
+                Ok(dir_attr(ino, &self.history_owner(&h)?))
+            }
+            Virt::Of(real) => {
+                let rec = self.record(real)?;
+                match rec.kind {
+                    NodeKind::Dir | NodeKind::File if rec.nlink > 0 => Ok(dir_attr(ino, &rec)),
+                    _ => Err(Error::NotFound),
+                }
+            }
+            Virt::Rev(rev) => {
+                let rr = self.space.revision(rev)?.ok_or(Error::NotFound)?;
+                let h = self.space.history(rr.history)?;
+                let owner = self.history_owner(&h)?;
+                Ok(Attr {
+                    ino,
+                    rec: InodeRecord {
+                        kind: NodeKind::File,
+                        perm: read_only(owner.perm, false),
+                        nlink: 1,
+                        size: rr.size,
+                        mtime: rr.committed,
+                        ctime: rr.committed,
+                        atime: rr.committed,
+                        crtime: rr.committed,
+                        current_rev: rev,
+                        history: 0,
+                        target: Vec::new(),
+                        parent: InodeId(0),
+                        ..owner
+                    },
+                })
+            }
+        }
+    }
+
+    pub(crate) fn view_lookup(&self, parent: InodeId, name: &[u8]) -> Result<Attr> {
+        match decode(parent).ok_or(Error::NotFound)? {
+            Virt::Ctl if name == REVISIONS_NAME => self.view_getattr(view_dir(InodeId::ROOT)),
+            Virt::Ctl if name == HISTORIES_NAME => self.view_getattr(hist_dir(0)),
+            Virt::Ctl => Err(Error::NotFound),
+            Virt::Hist(None) => {
+                let hid = parse_id(name)?;
+                self.view_getattr(hist_dir(hid))
+            }
+            Virt::Hist(Some(hid)) => {
+                let id = parse_id(name)?;
+                if !self.space.revisions(hid)?.iter().any(|r| r.id.0 == id) {
+                    return Err(Error::NotFound);
+                }
+                self.view_getattr(rev_file(RevisionId(id)))
+            }
+            Virt::Of(real) => {
+                let rec = self.record(real)?;
+                match rec.kind {
+                    NodeKind::Dir => {
+                        let child = self.space.lookup(real, name)?.ok_or(Error::NotFound)?;
+                        self.view_getattr(self.view_of(child)?)
+                    }
+                    NodeKind::File => {
+                        let id = parse_id(name)?;
+                        let listed = self.space.revisions(rec.history)?;
+                        if !listed.iter().any(|r| r.id.0 == id) {
+                            return Err(Error::NotFound);
+                        }
+                        self.view_getattr(rev_file(RevisionId(id)))
+                    }
+                    _ => Err(Error::NotFound),
+                }
+            }
+            Virt::Rev(_) => Err(Error::NotDir),
+        }
+    }
+
+    pub(crate) fn view_parent(&self, dir: InodeId) -> Result<InodeId> {
+        match decode(dir).ok_or(Error::NotFound)? {
+            Virt::Ctl => Ok(InodeId::ROOT),
+            Virt::Hist(None) => Ok(CTL),
+            Virt::Hist(Some(_)) => Ok(hist_dir(0)),
+            Virt::Of(real) if real == InodeId::ROOT => Ok(CTL),
+            Virt::Of(real) => {
+                let rec = self.record(real)?;
+                if rec.kind == NodeKind::Dir {
+                    Ok(view_dir(rec.parent))
+                } else {
+                    // A file's parent is not recorded; ".." of its revision directory is
+                    // the view root, which is always a directory of the view.
+                    Ok(view_dir(InodeId::ROOT))
+                }
+            }
+            Virt::Rev(_) => Err(Error::NotDir),
+        }
+    }
+
+    pub(crate) fn view_readdir(
+        &self,
+        dir: InodeId,
+        after: u64,
+        limit: usize,
+    ) -> Result<Vec<DirItem>> {
+        match decode(dir).ok_or(Error::NotFound)? {
+            Virt::Ctl => Ok([
+                (3, view_dir(InodeId::ROOT), REVISIONS_NAME),
+                (4, hist_dir(0), HISTORIES_NAME),
+            ]
+            .into_iter()
+            .filter(|(o, _, _)| *o > after)
+            .map(|(offset, ino, name)| DirItem {
+                offset,
+                ino,
+                kind: NodeKind::Dir,
+                name: name.to_vec(),
+            })
+            .collect()),
+            Virt::Hist(None) => Ok(self
+                .space
+                .history_ids(after.saturating_sub(2), limit)?
+                .into_iter()
+                .map(|hid| DirItem {
+                    offset: hid + 2,
+                    ino: hist_dir(hid),
+                    kind: NodeKind::Dir,
+                    name: hid.to_string().into_bytes(),
+                })
+                .collect()),
+            Virt::Hist(Some(hid)) => Ok(self.revision_items(hid, after, limit)?),
+            Virt::Of(real) => {
+                let rec = self.record(real)?;
+                match rec.kind {
+                    NodeKind::Dir => {
+                        let mut out = Vec::new();
+                        let mut cursor = after;
+                        // Skip entries the view does not show (symlinks, special files).
+                        loop {
+                            let batch = self.space.list_dir(real, cursor, limit)?;
+                            if batch.is_empty() {
+                                return Ok(out);
+                            }
+                            for e in batch {
+                                cursor = e.cookie;
+                                let k = self.record(e.ino)?.kind;
+                                if matches!(k, NodeKind::Dir | NodeKind::File) {
+                                    out.push(DirItem {
+                                        offset: e.cookie,
+                                        ino: self.view_of(e.ino)?,
+                                        kind: NodeKind::Dir,
+                                        name: e.name,
+                                    });
+                                    if out.len() >= limit {
+                                        return Ok(out);
+                                    }
+                                }
+                            }
+                        }
+                    }
+                    NodeKind::File => self.revision_items(rec.history, after, limit),
+                    _ => Err(Error::NotFound),
+                }
+            }
+            Virt::Rev(_) => Err(Error::NotDir),
+        }
+    }
+
+    /// The view inode of a live directory, or of a live file: the directory of its history,
+    /// which stays the same when a rename replaces the file at that path.
+    fn view_of(&self, real: InodeId) -> Result<InodeId> {
+        let rec = self.record(real)?;
+        Ok(match rec.kind {
+            NodeKind::File => hist_dir(rec.history),
+            _ => view_dir(real),
+        })
+    }
+
+    fn revision_items(&self, hid: u64, after: u64, limit: usize) -> Result<Vec<DirItem>> {
+        Ok(self
+            .space
+            .revisions(hid)?
+            .into_iter()
+            .filter(|r| r.id.0 + 3 > after)
+            .take(limit)
+            .map(|r| DirItem {
+                offset: r.id.0 + 3,
+                ino: rev_file(r.id),
+                kind: NodeKind::File,
+                name: r.id.0.to_string().into_bytes(),
+            })
+            .collect())
+    }
+
+    /// Whose modes the view of a history shows: its live file's, or, once the path is
+    /// unlinked, the root's with access for the root user only.
+    fn history_owner(&self, h: &ckptfs_engine::format::HistoryRecord) -> Result<InodeRecord> {
+        if h.unlinked.is_none() {
+            if let Some(r) = self.space.get_inode(h.ino)? {
+                return Ok(r);
+            }
+        }
+        let root = self.record(InodeId::ROOT)?;
+        Ok(InodeRecord {
+            uid: 0,
+            gid: 0,
+            perm: 0o400,
+            ..root
+        })
+    }
+
+    /// Opens a revision file for reading; its revision is pinned against gc while open.
+    pub(crate) fn open_view(&self, ino: InodeId, write: bool) -> Result<()> {
+        if write {
+            return Err(Error::ReadOnly);
+        }
+        let Some(Virt::Rev(rev)) = decode(ino) else {
+            return Err(Error::IsDir);
+        };
+        let mut open = self.open.lock();
+        let node = match open.get(&ino) {
+            Some(n) => n.clone(),
+            None => {
+                let file = self.space.load_revision(rev)?;
+                let attr = self.view_getattr(ino)?;
+                let n = Arc::new(Mutex::new(OpenNode {
+                    rec: attr.rec,
+                    file,
+                    base_rev: rev,
+                    opens: 0,
+                    writers: 0,
+                }));
+                open.insert(ino, n.clone());
+                self.base_revs.lock().insert(ino, rev);
+                n
+            }
+        };
+        node.lock().opens += 1;
+        Ok(())
+    }
+}
+
+fn parse_id(name: &[u8]) -> Result<u64> {
+    std::str::from_utf8(name)
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .ok_or(Error::NotFound)
+}
+
+/// Revision timestamps for listings.
+pub fn unix_seconds(t: Timestamp) -> f64 {
+    t.secs as f64 + t.nanos as f64 / 1e9
+}
