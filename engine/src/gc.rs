@@ -89,6 +89,16 @@ fn finish(txn: WriteTransaction, dry_run: bool) -> Result<()> {
 
 impl Space {
     pub fn gc(&self, opts: &GcOptions, progress: &mut dyn FnMut(GcProgress)) -> Result<GcReport> {
+        self.gc_with_pins(opts, &|_, _| {}, progress)
+    }
+
+    /// gc with pins sampled by `pins` under the pin gate, right before retention commits.
+    pub fn gc_with_pins(
+        &self,
+        opts: &GcOptions,
+        pins: &dyn Fn(&mut HashSet<RevisionId>, &mut HashSet<InodeId>),
+        progress: &mut dyn FnMut(GcProgress),
+    ) -> Result<GcReport> {
         let _one = self.gc_lock.lock();
         if self.store().is_failed() {
             return Err(Error::Failed);
@@ -104,13 +114,18 @@ impl Space {
 
         // 1. Drop revisions. A dry run carries the same transaction into step 2 and aborts
         // it there, so its chunk figures reflect the drops.
-        let txn = begin(self, opts.dry_run)?;
-        self.drop_revisions(&txn, &config, now, opts, &mut r, progress)?;
-        let txn = if opts.dry_run {
-            txn
-        } else {
-            txn.commit()?;
-            begin(self, false)?
+        let txn = {
+            let _gate = self.pin_gate.write();
+            let mut opts = opts.clone();
+            pins(&mut opts.pinned_revisions, &mut opts.open_inodes);
+            let txn = begin(self, opts.dry_run)?;
+            self.drop_revisions(&txn, &config, now, &opts, &mut r, progress)?;
+            if opts.dry_run {
+                txn
+            } else {
+                txn.commit()?;
+                begin(self, false)?
+            }
         };
 
         // 2. Delete unreferenced, unpinned chunks.

@@ -115,6 +115,10 @@ pub struct Space {
     lock: File,
     /// One gc at a time.
     pub(crate) gc_lock: parking_lot::Mutex<()>,
+    /// Shared while a reader pins a revision and loads it; exclusive while gc samples the pins
+    /// and commits its retention transaction, so a revision is never dropped under a reader
+    /// that pinned it after gc started.
+    pub pin_gate: parking_lot::RwLock<()>,
 }
 
 /// What `ckptfs stats` reports.
@@ -439,6 +443,7 @@ impl Space {
             store,
             lock,
             gc_lock: parking_lot::Mutex::new(()),
+            pin_gate: parking_lot::RwLock::new(()),
         })
     }
 

@@ -656,8 +656,15 @@ impl Fs {
                         | NodeKind::CharDevice
                         | NodeKind::BlockDevice => return Err(Error::Invalid),
                     }
-                    let file = self.space.load_file(&rec)?;
-                    self.base_revs.lock().insert(ino, rec.current_rev);
+                    // Pin the base revision under the gate, re-reading the record there, so the
+                    // pinned revision is the one loaded.
+                    let (rec, file) = {
+                        let _gate = self.space.pin_gate.read();
+                        let rec = self.record(ino)?;
+                        let file = self.space.load_file(&rec)?;
+                        self.base_revs.lock().insert(ino, rec.current_rev);
+                        (rec, file)
+                    };
                     let n = Arc::new(Mutex::new(OpenNode {
                         base_rev: rec.current_rev,
                         rec,
@@ -897,18 +904,21 @@ impl Fs {
         throttle: Option<f64>,
         progress: &mut dyn FnMut(GcProgress),
     ) -> Result<GcReport> {
-        let mut opts = GcOptions {
+        let opts = GcOptions {
             dry_run,
             throttle,
             ..GcOptions::default()
         };
-        for (ino, rev) in self.base_revs.lock().iter() {
-            opts.pinned_revisions.insert(*rev);
-            if !view::is_virtual(*ino) {
-                opts.open_inodes.insert(*ino);
+        let pins = |revs: &mut std::collections::HashSet<RevisionId>,
+                    inos: &mut std::collections::HashSet<InodeId>| {
+            for (ino, rev) in self.base_revs.lock().iter() {
+                revs.insert(*rev);
+                if !view::is_virtual(*ino) {
+                    inos.insert(*ino);
+                }
             }
-        }
-        Ok(self.space.gc(&opts, progress)?)
+        };
+        Ok(self.space.gc_with_pins(&opts, &pins, progress)?)
     }
 
     /// A writer found the space full: reclaim what the policy allows, at full speed.
@@ -995,7 +1005,13 @@ impl Fs {
         static NEXT_PIN: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
         // Keys from the top of the inode space, which no real or view inode uses.
         let pin = InodeId(u64::MAX - NEXT_PIN.fetch_add(1, std::sync::atomic::Ordering::Relaxed));
-        self.base_revs.lock().insert(pin, RevisionId(rev));
+        {
+            let _gate = self.space.pin_gate.read();
+            if !self.space.revisions(hid)?.iter().any(|r| r.id.0 == rev) {
+                return Err(Error::NotFound);
+            }
+            self.base_revs.lock().insert(pin, RevisionId(rev));
+        }
         let result = self.restore_pinned(path, hid, rev, c);
         self.base_revs.lock().remove(&pin);
         result

@@ -313,7 +313,14 @@ impl Fs {
         let node = match open.get(&ino) {
             Some(n) => n.clone(),
             None => {
-                let file = self.space.load_revision(rev)?;
+                // Pin, then load: a gc that samples pins after this sees it, and one that
+                // already dropped the revision makes the load fail with ENOENT, not EIO later.
+                let file = {
+                    let _gate = self.space.pin_gate.read();
+                    let file = self.space.load_revision(rev).map_err(|_| Error::NotFound)?;
+                    self.base_revs.lock().insert(ino, rev);
+                    file
+                };
                 let attr = self.view_getattr(ino)?;
                 let n = Arc::new(Mutex::new(OpenNode {
                     rec: attr.rec,
@@ -323,7 +330,6 @@ impl Fs {
                     writers: 0,
                 }));
                 open.insert(ino, n.clone());
-                self.base_revs.lock().insert(ino, rev);
                 n
             }
         };
