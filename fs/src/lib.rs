@@ -82,6 +82,8 @@ struct OpenNode {
     base_rev: RevisionId,
     opens: u32,
     writers: u32,
+    /// Data was written since the last commit (not only truncated).
+    written: bool,
 }
 
 impl OpenNode {
@@ -671,6 +673,7 @@ impl Fs {
                         file,
                         opens: 0,
                         writers: 0,
+                        written: false,
                     }));
                     open.insert(ino, n.clone());
                     n
@@ -736,6 +739,7 @@ impl Fs {
         let now = Timestamp::now();
         n.rec.mtime = now;
         n.rec.ctime = now;
+        n.written = true;
         Ok(data.len())
     }
 
@@ -759,6 +763,7 @@ impl Fs {
             ..n.rec.clone()
         };
         let rev = self.space.commit_file(ino, &mut n.file, &mut rec, sealed)?;
+        n.written = false;
         n.rec = rec;
         n.base_rev = rev;
         self.base_revs.lock().insert(ino, rev);
@@ -772,11 +777,13 @@ impl Fs {
             return Ok(());
         };
         let mut n = node.lock();
-        // Durable now, but not yet a listed revision: close() of one of several descriptors
-        // (a shell's dup2, a forked writer) must not list a half-written file. The last
-        // writer's release seals it.
-        let _ = writer;
-        self.commit_node(ino, &mut n, false)
+        // The close of the only writer that wrote data completes a revision: listed when
+        // close() returns (release comes asynchronously, possibly after the next open). A
+        // close while other writer descriptors remain (a forked writer), or of a descriptor
+        // that only truncated (a shell redirect before dup2), is durable but not listed; the
+        // last writer's release seals it.
+        let sealed = writer && n.writers <= 1 && n.written;
+        self.commit_node(ino, &mut n, sealed)
     }
 
     pub fn fsync(&self, ino: InodeId) -> Result<()> {

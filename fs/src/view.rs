@@ -328,6 +328,7 @@ impl Fs {
                     base_rev: rev,
                     opens: 0,
                     writers: 0,
+                    written: false,
                 }));
                 open.insert(ino, n.clone());
                 n
