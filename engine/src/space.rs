@@ -583,6 +583,19 @@ impl Space {
         rec: &mut InodeRecord,
         sealed: bool,
     ) -> Result<RevisionId> {
+        self.commit_file_keeping(ino, file, rec, sealed, false)
+    }
+
+    /// `commit_file`; with `keep_prev`, an unsealed current revision is kept (a handle that
+    /// closed it still has to seal it) instead of replaced.
+    pub fn commit_file_keeping(
+        &self,
+        ino: InodeId,
+        file: &mut FileState,
+        rec: &mut InodeRecord,
+        sealed: bool,
+        keep_prev: bool,
+    ) -> Result<RevisionId> {
         assert_eq!(rec.kind, NodeKind::File);
         assert!(rec.history != 0, "regular file without a history");
         self.store.flush_sync()?;
@@ -625,7 +638,7 @@ impl Space {
                 chunks.insert(key.as_slice(), updated.encode().as_slice())?;
             }
             let prev = rec.current_rev;
-            if prev.0 != 0 {
+            if prev.0 != 0 && !keep_prev {
                 if let Some(p) = meta::get_revision(&revs, prev)? {
                     if !p.sealed && p.history == rec.history {
                         let mut cand = txn.open_table(meta::GC_CANDIDATES)?;

@@ -82,8 +82,23 @@ struct OpenNode {
     base_rev: RevisionId,
     opens: u32,
     writers: u32,
-    /// Data was written since the last commit (not only truncated).
-    written: bool,
+    /// The open handles of this file, by file handle.
+    handles: HashMap<u64, Handle>,
+}
+
+/// What ckptfs tracks of one open file handle (one open file description).
+#[derive(Default)]
+struct Handle {
+    writer: bool,
+    /// Data was written through this handle since its last flush.
+    wrote: bool,
+    /// The process (thread) that wrote through it last.
+    writer_pid: u32,
+    /// Closed at least once (a FLUSH came): a handle that is done unless it writes again.
+    flushed: bool,
+    /// A revision this handle's close committed but could not seal (the close came from
+    /// another process than the writer, e.g. a forked child's exec); sealed at release.
+    pending: Option<RevisionId>,
 }
 
 impl OpenNode {
@@ -310,6 +325,7 @@ impl Fs {
         name: &[u8],
         perm: u32,
         c: Caller,
+        fh: u64,
         write: bool,
     ) -> Result<Attr> {
         let attr = self.make_node(
@@ -317,7 +333,7 @@ impl Fs {
             name,
             new_record(NodeKind::File, perm, c, parent, Vec::new()),
         )?;
-        self.open(attr.ino, write, false)?;
+        self.open(attr.ino, fh, write, false)?;
         Ok(attr)
     }
 
@@ -637,10 +653,12 @@ impl Fs {
     }
 
     /// Opens a regular file; `truncate` for O_TRUNC.
-    pub fn open(&self, ino: InodeId, write: bool, truncate: bool) -> Result<()> {
+    /// Opens a regular file under handle `fh` (0: no handle, for internal use).
+    pub fn open(&self, ino: InodeId, fh: u64, write: bool, truncate: bool) -> Result<()> {
         if view::is_virtual(ino) {
             return self.open_view(ino, write);
         }
+        let _ = ();
         // The node is found or made, and `opens` raised, under the map lock: release()
         // removes a node only when it sees `opens == 0` under the same lock.
         let mut open = self.open.lock();
@@ -673,7 +691,7 @@ impl Fs {
                         file,
                         opens: 0,
                         writers: 0,
-                        written: false,
+                        handles: HashMap::new(),
                     }));
                     open.insert(ino, n.clone());
                     n
@@ -685,6 +703,15 @@ impl Fs {
         n.opens += 1;
         if write {
             n.writers += 1;
+        }
+        if fh != 0 {
+            n.handles.insert(
+                fh,
+                Handle {
+                    writer: write,
+                    ..Handle::default()
+                },
+            );
         }
         if truncate && n.file.size() != 0 {
             n.file.truncate(0);
@@ -702,7 +729,7 @@ impl Fs {
         if let Some(n) = self.open_node(ino) {
             return Ok(n);
         }
-        self.open(ino, false, false)?;
+        self.open(ino, 0, false, false)?;
         let n = self.open_node(ino).ok_or(Error::Invalid)?;
         n.lock().opens -= 1;
         Ok(n)
@@ -714,7 +741,7 @@ impl Fs {
         Ok(n.file.read(self.space.chunks(), off, len)?)
     }
 
-    pub fn write(&self, ino: InodeId, off: u64, data: &[u8]) -> Result<usize> {
+    pub fn write(&self, ino: InodeId, fh: u64, pid: u32, off: u64, data: &[u8]) -> Result<usize> {
         self.writable(ino)?;
         if off
             .checked_add(data.len() as u64)
@@ -739,14 +766,24 @@ impl Fs {
         let now = Timestamp::now();
         n.rec.mtime = now;
         n.rec.ctime = now;
-        n.written = true;
+        if let Some(h) = n.handles.get_mut(&fh) {
+            h.wrote = true;
+            h.writer_pid = pid;
+        }
         Ok(data.len())
     }
 
-    fn commit_node(&self, ino: InodeId, n: &mut OpenNode, sealed: bool) -> Result<()> {
+    /// Commits a modified file as handle `fh` (0: none). An unsealed current revision is
+    /// replaced, unless another handle still has to seal it.
+    fn commit_node(&self, ino: InodeId, n: &mut OpenNode, sealed: bool, fh: u64) -> Result<()> {
         if !n.file.is_modified() {
             return Ok(());
         }
+        let prev = n.rec.current_rev;
+        let keep_prev = n
+            .handles
+            .iter()
+            .any(|(f, h)| *f != fh && h.pending == Some(prev));
         if let Err(e) = n.file.finish(self.space.chunks()) {
             if !matches!(e, ckptfs_engine::Error::NoSpace) {
                 return Err(e.into());
@@ -762,8 +799,17 @@ impl Fs {
             nlink: stored.nlink,
             ..n.rec.clone()
         };
-        let rev = self.space.commit_file(ino, &mut n.file, &mut rec, sealed)?;
-        n.written = false;
+        let rev = self
+            .space
+            .commit_file_keeping(ino, &mut n.file, &mut rec, sealed, keep_prev)?;
+        log::debug!(
+            "commit inode {} history {} -> revision {} ({} bytes, sealed {sealed}, writers {})",
+            ino.0,
+            rec.history,
+            rev.0,
+            rec.size,
+            n.writers
+        );
         n.rec = rec;
         n.base_rev = rev;
         self.base_revs.lock().insert(ino, rev);
@@ -771,27 +817,59 @@ impl Fs {
         Ok(())
     }
 
-    /// close() of a handle: commit so the application's close returns with data durable.
-    pub fn flush(&self, ino: InodeId, writer: bool) -> Result<()> {
+    /// close() of a descriptor of handle `fh` by process `pid`: commit, so the application's
+    /// close returns with its data durable.
+    ///
+    /// The revision is complete, and listed at once, when the process that wrote through the
+    /// handle closes it and no other writer handle is open. A FLUSH from another process (a
+    /// child forked while a writer thread was mid-checkpoint closes its copy at exec) or of a
+    /// handle that only truncated (a shell redirect before dup2) makes the state durable but
+    /// lists nothing; if the handle wrote and was the only writer, its release seals that
+    /// commit later, unless the writer's own close sealed a newer one first.
+    pub fn flush(&self, ino: InodeId, fh: u64, pid: u32) -> Result<()> {
         let Some(node) = self.open_node(ino) else {
             return Ok(());
         };
         let mut n = node.lock();
-        // The close of the only writer that wrote data completes a revision: listed when
-        // close() returns (release comes asynchronously, possibly after the next open). A
-        // close while other writer descriptors remain (a forked writer), or of a descriptor
-        // that only truncated (a shell redirect before dup2), is durable but not listed; the
-        // last writer's release seals it.
-        let sealed = writer && n.writers <= 1 && n.written;
-        self.commit_node(ino, &mut n, sealed)
+        let n = &mut *n;
+        // Other writers still at work: writer handles that wrote since their last close, or
+        // never closed. (Not the open count: a handle's release arrives some time after its
+        // close, often after the next open of a back-to-back save loop.)
+        let only_writer = !n
+            .handles
+            .iter()
+            .any(|(f, h)| *f != fh && h.writer && (h.wrote || !h.flushed));
+        let (wrote, seal_now) = match n.handles.get(&fh) {
+            Some(h) => (
+                h.wrote,
+                h.writer && h.wrote && h.writer_pid == pid && only_writer,
+            ),
+            None => (false, false),
+        };
+        if n.file.is_modified() {
+            self.commit_node(ino, n, seal_now, fh)?;
+        } else if seal_now && n.base_rev.0 != 0 {
+            // Another handle's close (a reader's) already committed what this writer wrote.
+            self.space.seal(n.base_rev)?;
+        }
+        if let Some(h) = n.handles.get_mut(&fh) {
+            if seal_now {
+                h.pending = None;
+            } else if wrote && only_writer {
+                h.pending = Some(n.base_rev);
+            }
+            h.wrote = false;
+            h.flushed = true;
+        }
+        Ok(())
     }
 
-    pub fn fsync(&self, ino: InodeId) -> Result<()> {
+    pub fn fsync(&self, ino: InodeId, fh: u64) -> Result<()> {
         let Some(node) = self.open_node(ino) else {
             return Ok(());
         };
         let mut n = node.lock();
-        self.commit_node(ino, &mut n, false)
+        self.commit_node(ino, &mut n, false, fh)
     }
 
     pub fn fsync_dir(&self) -> Result<()> {
@@ -800,7 +878,7 @@ impl Fs {
 
     /// Last reference to a handle: commit anything left (e.g. from mmap writeback after
     /// close) and drop the in-memory state when no handle remains.
-    pub fn release(&self, ino: InodeId, writer: bool) -> Result<()> {
+    pub fn release(&self, ino: InodeId, fh: u64) -> Result<()> {
         let Some(node) = self.open_node(ino) else {
             return Ok(());
         };
@@ -808,14 +886,22 @@ impl Fs {
         // stalled behind this file's fsync.
         let result = {
             let mut n = node.lock();
+            let h = n.handles.remove(&fh).unwrap_or_default();
             n.opens = n.opens.saturating_sub(1);
-            if writer {
+            if h.writer {
                 n.writers = n.writers.saturating_sub(1);
             }
-            let last_writer = writer && n.writers == 0;
-            let mut result = self.commit_node(ino, &mut n, last_writer);
-            if result.is_ok() && last_writer && n.base_rev.0 != 0 {
-                result = self.space.seal(n.base_rev).map_err(Error::from);
+            // Writes that arrive after close (mmap writeback) are committed here.
+            let last_writer = h.writer && n.writers == 0;
+            let sealed = last_writer && h.wrote;
+            let mut result = self.commit_node(ino, &mut n, sealed, fh);
+            if let (Ok(()), Some(rev)) = (&result, h.pending) {
+                log::debug!(
+                    "release of handle {fh} seals inode {} revision {}",
+                    ino.0,
+                    rev.0
+                );
+                result = self.space.seal(rev).map_err(Error::from);
             }
             result
         };
@@ -842,7 +928,7 @@ impl Fs {
         let mut first_err = None;
         for (ino, node) in nodes {
             let mut n = node.lock();
-            if let Err(e) = self.commit_node(ino, &mut n, true) {
+            if let Err(e) = self.commit_node(ino, &mut n, true, 0) {
                 log::error!("commit of inode {} at unmount failed: {e:?}", ino.0);
                 first_err.get_or_insert(e);
             }
@@ -1068,7 +1154,7 @@ impl Fs {
             let now = Timestamp::now();
             n.rec.mtime = now;
             n.rec.ctime = now;
-            return self.commit_node(ino, &mut n, true);
+            return self.commit_node(ino, &mut n, true, 0);
         }
         let mut file = content;
         file.mark_replaced();

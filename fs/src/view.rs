@@ -11,6 +11,7 @@
 use super::{Attr, DirItem, Error, Fs, OpenNode, Result};
 use ckptfs_engine::format::{InodeId, InodeRecord, NodeKind, RevisionId, Timestamp};
 use parking_lot::Mutex;
+use std::collections::HashMap;
 use std::sync::Arc;
 
 /// The reserved name at the root.
@@ -303,6 +304,7 @@ impl Fs {
 
     /// Opens a revision file for reading; its revision is pinned against gc while open.
     pub(crate) fn open_view(&self, ino: InodeId, write: bool) -> Result<()> {
+        // Revision files are read-only, so their handles need no tracking.
         if write {
             return Err(Error::ReadOnly);
         }
@@ -328,7 +330,7 @@ impl Fs {
                     base_rev: rev,
                     opens: 0,
                     writers: 0,
-                    written: false,
+                    handles: HashMap::new(),
                 }));
                 open.insert(ino, n.clone());
                 n

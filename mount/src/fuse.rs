@@ -113,15 +113,6 @@ fn caller(req: &Request) -> Caller {
     }
 }
 
-/// File handles carry whether the handle may write, in the low bit.
-fn handle(writer: bool, seq: u64) -> FileHandle {
-    FileHandle((seq << 1) | writer as u64)
-}
-
-fn is_writer(fh: FileHandle) -> bool {
-    fh.0 & 1 == 1
-}
-
 fn writes(flags: OpenFlags) -> bool {
     !matches!(flags.acc_mode(), OpenAccMode::O_RDONLY)
 }
@@ -264,8 +255,9 @@ impl CkptFs {
         }
     }
 
-    fn fh(&self, writer: bool) -> FileHandle {
-        handle(writer, self.next_fh.fetch_add(1, Ordering::Relaxed))
+    /// A new file handle; fs tracks what each one may do and has done.
+    fn fh(&self) -> FileHandle {
+        FileHandle(self.next_fh.fetch_add(1, Ordering::Relaxed))
     }
 
     fn reply_entry(&self, r: Result<Attr, Error>, op: &str, parent: INodeNo, reply: ReplyEntry) {
@@ -457,8 +449,9 @@ impl Filesystem for CkptFs {
     fn open(&self, _req: &Request, ino: INodeNo, flags: OpenFlags, reply: ReplyOpen) {
         let w = writes(flags);
         let trunc = flags.0 & libc::O_TRUNC != 0 && w;
-        match self.fs.open(InodeId(ino.0), w, trunc) {
-            Ok(()) => reply.opened(self.fh(w), FopenFlags::empty()),
+        let fh = self.fh();
+        match self.fs.open(InodeId(ino.0), fh.0, w, trunc) {
+            Ok(()) => reply.opened(fh, FopenFlags::empty()),
             Err(e) => reply.error(fail("open", ino.0, e)),
         }
     }
@@ -482,9 +475,9 @@ impl Filesystem for CkptFs {
 
     fn write(
         &self,
-        _req: &Request,
+        req: &Request,
         ino: INodeNo,
-        _fh: FileHandle,
+        fh: FileHandle,
         offset: u64,
         data: &[u8],
         _write_flags: WriteFlags,
@@ -492,7 +485,7 @@ impl Filesystem for CkptFs {
         _lock_owner: Option<LockOwner>,
         reply: ReplyWrite,
     ) {
-        match self.fs.write(InodeId(ino.0), offset, data) {
+        match self.fs.write(InodeId(ino.0), fh.0, req.pid(), offset, data) {
             Ok(n) => reply.written(n as u32),
             Err(e) => reply.error(fail("write", ino.0, e)),
         }
@@ -500,13 +493,13 @@ impl Filesystem for CkptFs {
 
     fn flush(
         &self,
-        _req: &Request,
+        req: &Request,
         ino: INodeNo,
         fh: FileHandle,
         _lock_owner: LockOwner,
         reply: ReplyEmpty,
     ) {
-        let r = self.fs.flush(InodeId(ino.0), is_writer(fh));
+        let r = self.fs.flush(InodeId(ino.0), fh.0, req.pid());
         Self::reply_empty(r, "flush", ino, reply);
     }
 
@@ -520,12 +513,12 @@ impl Filesystem for CkptFs {
         _flush: bool,
         reply: ReplyEmpty,
     ) {
-        let r = self.fs.release(InodeId(ino.0), is_writer(fh));
+        let r = self.fs.release(InodeId(ino.0), fh.0);
         Self::reply_empty(r, "release", ino, reply);
     }
 
-    fn fsync(&self, _req: &Request, ino: INodeNo, _fh: FileHandle, _ds: bool, reply: ReplyEmpty) {
-        let r = self.fs.fsync(InodeId(ino.0));
+    fn fsync(&self, _req: &Request, ino: INodeNo, fh: FileHandle, _ds: bool, reply: ReplyEmpty) {
+        let r = self.fs.fsync(InodeId(ino.0), fh.0);
         Self::reply_empty(r, "fsync", ino, reply);
     }
 
@@ -678,17 +671,16 @@ impl Filesystem for CkptFs {
         reply: ReplyCreate,
     ) {
         let w = writes(OpenFlags(flags));
-        match self
-            .fs
-            .create(InodeId(parent.0), name.as_bytes(), mode, caller(req), w)
-        {
-            Ok(a) => reply.created(
-                &TTL,
-                &file_attr(&a),
-                Generation(0),
-                self.fh(w),
-                FopenFlags::empty(),
-            ),
+        let fh = self.fh();
+        match self.fs.create(
+            InodeId(parent.0),
+            name.as_bytes(),
+            mode,
+            caller(req),
+            fh.0,
+            w,
+        ) {
+            Ok(a) => reply.created(&TTL, &file_attr(&a), Generation(0), fh, FopenFlags::empty()),
             Err(e) => reply.error(fail("create", parent.0, e)),
         }
     }

@@ -367,10 +367,11 @@ fn mount(
     let fs = Arc::new(Fs::new(space));
     let adapter = fuse::CkptFs::new(fs.clone());
     let stop = adapter.stop.clone();
-    // Automatic gc: checks free space every second (see Fs::auto_gc_tick).
+    // Automatic gc: checks free space four times a second (see Fs::auto_gc_tick; a check is
+    // one metadata read), so a fast writer does not outrun it.
     let auto_gc = std::thread::spawn(move || {
         while !stop.load(std::sync::atomic::Ordering::Relaxed) {
-            std::thread::sleep(Duration::from_secs(1));
+            std::thread::sleep(Duration::from_millis(250));
             fs.auto_gc_tick();
         }
     });

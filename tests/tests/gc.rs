@@ -141,6 +141,7 @@ fn fifty_revisions_of_a_64mib_checkpoint_fit_in_256mib_with_keep_2() {
     let mut versions = vec![0u32; TENSORS];
     let start = Instant::now();
     show_stats("empty", &m.stats());
+    let mut min_free = (u64::MAX, 0u32);
     for rev in 0..50u32 {
         if rev > 0 {
             let mut groups: Vec<usize> = (0..TENSORS / GROUP).collect();
@@ -164,8 +165,12 @@ fn fifty_revisions_of_a_64mib_checkpoint_fit_in_256mib_with_keep_2() {
             );
         }
         history.push(versions.clone());
+        let s = m.stats();
+        let free = stat_u64(&s, "free_bytes");
+        if free < min_free.0 {
+            min_free = (free, rev);
+        }
         if rev % 10 == 9 || rev < 4 {
-            let s = m.stats();
             show_stats(
                 &format!("after revision {rev} ({:.1}s)", t0.elapsed().as_secs_f64()),
                 &s,
@@ -175,6 +180,10 @@ fn fifty_revisions_of_a_64mib_checkpoint_fit_in_256mib_with_keep_2() {
     println!(
         "50 revisions of 64 MiB written in {:.1}s",
         start.elapsed().as_secs_f64()
+    );
+    println!(
+        "lowest free space after a revision: {} bytes (after revision {})",
+        min_free.0, min_free.1
     );
     let s = m.stats();
     show_stats("after 50 revisions", &s);
@@ -976,6 +985,22 @@ impl Model {
         let pm = self.paths.get_mut(rel).expect("tracked");
         let listed = m.revisions(rel);
         let k = listed.len();
+        let fits = k >= pm.min_keep
+            && k <= pm.revs.len()
+            && listed
+                .iter()
+                .zip(&pm.revs[pm.revs.len() - k..])
+                .all(|(r, &key)| r.size == model_len(seed, key));
+        if !fits {
+            // Tell a revision that shows up late (sealed after close() returned) from one
+            // that is wrong or missing for good.
+            std::thread::sleep(Duration::from_secs(1));
+            let later = m.revisions(rel);
+            println!(
+                "{what}: {rel} listing does not fit the model {pm:?}; \
+                 listed right after the op: {listed:?}; listed 1s later: {later:?}"
+            );
+        }
         let ctx = || format!("{what}: {rel} (model {pm:?}), listed {listed:#?}");
         assert!(
             k >= pm.min_keep && k <= pm.revs.len(),

@@ -645,3 +645,104 @@ fn revisions_view_is_read_only() {
     std::io::Read::read_exact(&mut f, &mut buf).expect("read");
     assert_eq!(&buf[..], &contents[0][1000..1500]);
 }
+
+/// The revision is listed as soon as close() returns (not some time later): 40 rounds of
+/// write + close, each immediately followed by a readdir of the view and `ckptfs revisions`.
+#[test]
+fn revision_is_listed_as_soon_as_close_returns() {
+    let seed = test_seed("revisions_at_close", 0x5eed_1008);
+    let mut m = TestMount::with_format_args("256M", &["--keep-revisions", "100"]);
+    let rel = "quick.bin";
+    let mut late = Vec::new();
+    let mut contents = Vec::new();
+    for i in 0..40u64 {
+        let v = version(seed, i, 20 * KIB + i as usize * 101);
+        write(&m, rel, &v);
+        contents.push(v);
+        // The view first (no process to start), then the command.
+        let in_view = fs::read_dir(m.view_dir(rel))
+            .map(|d| d.count())
+            .unwrap_or(0);
+        if in_view != contents.len() {
+            late.push(format!(
+                "round {i}: right after close the view lists {in_view} revisions, not {}",
+                contents.len()
+            ));
+        }
+        let revs = m.revisions(rel);
+        let ok = revs.len() == contents.len()
+            && revs
+                .last()
+                .is_some_and(|r| r.current && r.size == contents[i as usize].len() as u64);
+        if !ok {
+            late.push(format!(
+                "round {i}: right after close {} listed, newest {:?}",
+                revs.len(),
+                revs.last()
+            ));
+        }
+    }
+    let revs = m.revisions(rel);
+    check_listing(&revs, &contents, "after 40 rounds");
+    assert!(
+        late.is_empty(),
+        "{} times a revision was not listed (as the current one) when close() had returned; \
+         all were listed later:\n{}",
+        late.len(),
+        late.join("\n")
+    );
+}
+
+/// Back-to-back write + close cycles (the next open follows the previous close at once, as a
+/// training loop saving every step would do) each add a revision: none is merged into the
+/// next, even when the listing is taken a second later.
+#[test]
+fn back_to_back_closes_each_add_a_revision() {
+    let seed = test_seed("revisions_back_to_back", 0x5eed_1009);
+    let mut m = TestMount::with_format_args("256M", &["--keep-revisions", "100"]);
+    let rel = "step.bin";
+    let contents: Vec<Vec<u8>> = (0..20u64)
+        .map(|i| version(seed, i, 30 * KIB + i as usize * 1000))
+        .collect();
+    for c in &contents {
+        write(&m, rel, c);
+    }
+    std::thread::sleep(std::time::Duration::from_secs(1));
+    let revs = m.revisions(rel);
+    check_listing(&revs, &contents, "20 back-to-back closes, listed 1s later");
+    check_view(&m, rel, &revs, &contents, "back-to-back");
+}
+
+/// A child process spawned while a writer is half way through a checkpoint closes its
+/// inherited copy of the descriptor at exec, and the kernel sends FLUSH for the writer's
+/// handle. That must make nothing listed: only the writer's own close completes a revision.
+#[test]
+fn subprocess_spawned_mid_write_does_not_list_a_partial_revision() {
+    let seed = test_seed("revisions_fork_mid_write", 0x5eed_100a);
+    let mut m = TestMount::with_format_args("256M", &["--keep-revisions", "10"]);
+    let rel = "ckpt.bin";
+    let first = version(seed, 0, 300 * KIB);
+    write(&m, rel, &first);
+    let second = version(seed, 1, 600 * KIB);
+    let mut f = fs::OpenOptions::new()
+        .write(true)
+        .truncate(true)
+        .open(m.path(rel))
+        .expect("open");
+    f.write_all(&second[..200 * KIB]).expect("write first part");
+    // fork + exec: the child's copy of the descriptor (O_CLOEXEC) is closed at exec.
+    let status = std::process::Command::new("true")
+        .status()
+        .expect("spawn true");
+    assert!(status.success());
+    let mid = m.revisions(rel);
+    assert_eq!(
+        mid.iter().map(|r| r.size).collect::<Vec<_>>(),
+        vec![first.len() as u64],
+        "a partial write was listed after a subprocess exec: {mid:#?}"
+    );
+    f.write_all(&second[200 * KIB..]).expect("write rest");
+    drop(f);
+    let done = m.revisions(rel);
+    check_listing(&done, &[first, second], "after the writer's own close");
+}
