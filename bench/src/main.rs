@@ -32,23 +32,9 @@ fn vm_hwm_kib() -> u64 {
 }
 
 fn record(history: u64) -> InodeRecord {
-    let now = Timestamp::now();
     InodeRecord {
-        kind: NodeKind::File,
-        perm: 0o644,
-        uid: 0,
-        gid: 0,
-        nlink: 1,
-        size: 0,
-        current_rev: RevisionId(0),
-        atime: now,
-        mtime: now,
-        ctime: now,
-        crtime: now,
-        parent: InodeId(0),
-        rdev: 0,
         history,
-        target: Vec::new(),
+        ..InodeRecord::new(NodeKind::File, 0o644, 0, 0)
     }
 }
 

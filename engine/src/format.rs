@@ -275,6 +275,29 @@ pub struct InodeRecord {
 const INODE_FIXED: usize = 112;
 
 impl InodeRecord {
+    /// A new, empty node owned by `uid:gid`, with all timestamps now and a link count of 1
+    /// (2 for a directory).
+    pub fn new(kind: NodeKind, perm: u32, uid: u32, gid: u32) -> Self {
+        let now = Timestamp::now();
+        InodeRecord {
+            kind,
+            perm: perm & 0o7777,
+            uid,
+            gid,
+            nlink: if kind == NodeKind::Dir { 2 } else { 1 },
+            size: 0,
+            current_rev: RevisionId(0),
+            atime: now,
+            mtime: now,
+            ctime: now,
+            crtime: now,
+            parent: InodeId(0),
+            rdev: 0,
+            history: 0,
+            target: Vec::new(),
+        }
+    }
+
     pub fn encode(&self) -> Vec<u8> {
         assert!(self.perm <= 0o7777);
         assert!(matches!(self.kind, NodeKind::Symlink | NodeKind::Dir) || self.target.is_empty());

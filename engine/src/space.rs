@@ -327,21 +327,8 @@ impl Space {
         // SAFETY: getuid/getgid cannot fail.
         let (uid, gid) = unsafe { (libc::getuid(), libc::getgid()) };
         let root = InodeRecord {
-            kind: NodeKind::Dir,
-            perm: 0o755,
-            uid,
-            gid,
-            nlink: 2,
-            size: 0,
-            current_rev: RevisionId(0),
-            atime: now,
-            mtime: now,
-            ctime: now,
-            crtime: now,
             parent: InodeId::ROOT,
-            rdev: 0,
-            history: 0,
-            target: Vec::new(),
+            ..InodeRecord::new(NodeKind::Dir, 0o755, uid, gid)
         };
         let txn = db.begin_write()?;
         {

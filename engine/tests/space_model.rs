@@ -20,24 +20,7 @@ fn temp_space(tag: &str, size: u64) -> PathBuf {
 }
 
 fn file_record() -> InodeRecord {
-    let now = Timestamp::now();
-    InodeRecord {
-        kind: NodeKind::File,
-        perm: 0o644,
-        uid: 0,
-        gid: 0,
-        nlink: 1,
-        size: 0,
-        current_rev: RevisionId(0),
-        atime: now,
-        mtime: now,
-        ctime: now,
-        crtime: now,
-        parent: InodeId(0),
-        rdev: 0,
-        history: 0,
-        target: Vec::new(),
-    }
+    InodeRecord::new(NodeKind::File, 0o644, 0, 0)
 }
 
 /// Checks what must hold of any committed space.

@@ -160,28 +160,13 @@ fn new_record(
     parent: InodeId,
     target: Vec<u8>,
 ) -> InodeRecord {
-    let now = Timestamp::now();
-    InodeRecord {
-        kind,
-        perm: perm & 0o7777,
-        uid: c.uid,
-        gid: c.gid,
-        nlink: if kind == NodeKind::Dir { 2 } else { 1 },
-        size: target.len() as u64,
-        current_rev: RevisionId(0),
-        atime: now,
-        mtime: now,
-        ctime: now,
-        crtime: now,
-        parent: if kind == NodeKind::Dir {
-            parent
-        } else {
-            InodeId(0)
-        },
-        rdev: 0,
-        history: 0,
-        target,
+    let mut rec = InodeRecord::new(kind, perm, c.uid, c.gid);
+    if kind == NodeKind::Dir {
+        rec.parent = parent;
     }
+    rec.size = target.len() as u64;
+    rec.target = target;
+    rec
 }
 
 impl Fs {
