@@ -38,19 +38,7 @@ read -r -a SEEDS <<<"${FSX_SEEDS:-1 2 3}"
 NUMOPS="${FSX_NUMOPS:-10000}"
 TIMEOUT="${FSX_TIMEOUT:-1200}"
 
-usage() { awk 'NR > 1 && /^#/ { sub(/^# ?/, ""); print; next } NR > 1 { exit }' "$0"; exit 2; }
-
-PLAIN_DIR=""
-BIN_ARG=""
-while [[ $# -gt 0 ]]; do
-    case "$1" in
-        --plain) [[ $# -ge 2 ]] || usage; PLAIN_DIR="$2"; shift 2 ;;
-        -h|--help) usage ;;
-        -*) usage ;;
-        *) [[ -z $BIN_ARG ]] || usage; BIN_ARG="$1"; shift ;;
-    esac
-done
-[[ -z $PLAIN_DIR || -z $BIN_ARG ]] || usage
+parse_suite_args "$@"
 [[ -f $CONFIG ]] || die "missing $CONFIG"
 
 FSX_BIN="${FSX:-$(command -v fsx || true)}"

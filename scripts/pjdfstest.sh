@@ -31,19 +31,7 @@ GROUPS_DEFAULT="open ftruncate truncate unlink rename mkdir rmdir chmod chown ut
 read -r -a TEST_GROUPS <<<"${PJDFSTEST_GROUPS:-$GROUPS_DEFAULT}"
 TIMEOUT="${PJDFSTEST_TIMEOUT:-1200}"
 
-usage() { awk 'NR > 1 && /^#/ { sub(/^# ?/, ""); print; next } NR > 1 { exit }' "$0"; exit 2; }
-
-PLAIN_DIR=""
-BIN_ARG=""
-while [[ $# -gt 0 ]]; do
-    case "$1" in
-        --plain) [[ $# -ge 2 ]] || usage; PLAIN_DIR="$2"; shift 2 ;;
-        -h|--help) usage ;;
-        -*) usage ;;
-        *) [[ -z $BIN_ARG ]] || usage; BIN_ARG="$1"; shift ;;
-    esac
-done
-[[ -z $PLAIN_DIR || -z $BIN_ARG ]] || usage
+parse_suite_args "$@"
 
 require_root
 [[ -f $CONFIG ]] || die "missing $CONFIG"

@@ -115,3 +115,21 @@ ckptfs_cleanup() {
     fi
     exit "$rc"
 }
+
+# The arguments both suite scripts take: `[CKPTFS_BIN]` or `--plain DIR`. Sets BIN_ARG and
+# PLAIN_DIR; prints the calling script's header comment as usage on anything else.
+usage() { awk 'NR > 1 && /^#/ { sub(/^# ?/, ""); print; next } NR > 1 { exit }' "$0"; exit 2; }
+
+parse_suite_args() {
+    PLAIN_DIR=""
+    BIN_ARG=""
+    while [[ $# -gt 0 ]]; do
+        case "$1" in
+            --plain) [[ $# -ge 2 ]] || usage; PLAIN_DIR="$2"; shift 2 ;;
+            -h|--help) usage ;;
+            -*) usage ;;
+            *) [[ -z $BIN_ARG ]] || usage; BIN_ARG="$1"; shift ;;
+        esac
+    done
+    [[ -z $PLAIN_DIR || -z $BIN_ARG ]] || usage
+}
