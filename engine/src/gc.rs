@@ -20,7 +20,7 @@ use crate::format::*;
 use crate::meta;
 use crate::space::{Config, Space};
 use crate::store::ChunkStore;
-use redb::{Durability, ReadableDatabase, ReadableTable, ReadableTableMetadata, WriteTransaction};
+use redb::{ReadableDatabase, ReadableTable, ReadableTableMetadata, WriteTransaction};
 use std::collections::{BTreeSet, HashSet};
 use std::time::{Duration, Instant};
 
@@ -69,20 +69,15 @@ pub enum GcProgress {
 }
 
 fn begin(space: &Space, dry_run: bool) -> Result<WriteTransaction> {
-    let mut txn = space.db().begin_write()?;
-    if dry_run {
-        // Never committed; no need to pay for durability.
-        txn.set_durability(Durability::None)
-            .map_err(|e| Error::Meta(e.to_string()))?;
-    }
-    Ok(txn)
+    // A dry run is never committed; no need to pay for durability.
+    space.begin_write(!dry_run)
 }
 
-fn finish(txn: WriteTransaction, dry_run: bool) -> Result<()> {
+fn finish(space: &Space, txn: WriteTransaction, dry_run: bool) -> Result<()> {
     if dry_run {
         txn.abort()?;
     } else {
-        txn.commit()?;
+        space.commit(txn)?;
     }
     Ok(())
 }
@@ -123,7 +118,7 @@ impl Space {
             if opts.dry_run {
                 txn
             } else {
-                txn.commit()?;
+                self.commit(txn)?;
                 begin(self, false)?
             }
         };
@@ -137,7 +132,7 @@ impl Space {
             } else {
                 None
             };
-            finish(txn, opts.dry_run)?;
+            finish(self, txn, opts.dry_run)?;
             usage
         };
         if let Some(u) = usage {
@@ -433,7 +428,7 @@ impl Space {
                     .copied()
                     .filter(|s| !busy_now.contains(s) && !unmovable.contains(s))
                     .collect();
-                let txn = self.db().begin_write()?;
+                let txn = self.begin_write(true)?;
                 {
                     let mut chunks = txn.open_table(meta::CHUNKS)?;
                     for (h, old, new) in &moves {
@@ -456,7 +451,7 @@ impl Space {
                         free.insert(*s, ())?;
                     }
                 }
-                txn.commit()?;
+                self.commit(txn)?;
                 self.store().recorded_taken(&taken);
                 freed
             };

@@ -1,6 +1,6 @@
 //! A backing space: format, open (with its lock), file commits and statistics.
 
-use crate::device::{Device, FileDevice};
+use crate::device::{Device, FileDevice, MetaBackend};
 use crate::error::{Error, Result};
 use crate::filemap::{ChunkIo, ExtentMap, FileState};
 use crate::format::HistoryRecord;
@@ -10,7 +10,7 @@ use crate::store::ChunkStore;
 use redb::{Database, Durability, ReadableDatabase, ReadableTable, ReadableTableMetadata};
 use std::fs::{self, File, OpenOptions};
 use std::io::{Read, Write};
-use std::os::unix::fs::OpenOptionsExt;
+use std::os::unix::fs::{DirBuilderExt, MetadataExt, OpenOptionsExt, PermissionsExt};
 use std::os::unix::io::AsRawFd;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -19,6 +19,35 @@ use std::sync::Arc;
 pub const MIN_SPACE_BYTES: u64 = 16 << 20;
 /// Page cache redb may use for the metadata table.
 const META_CACHE_BYTES: usize = 64 << 20;
+
+/// The devices a space keeps its bytes on: the reserved data file and the metadata table.
+#[derive(Clone)]
+pub struct Devices {
+    pub data: Arc<dyn Device>,
+    pub meta: Arc<dyn Device>,
+}
+
+/// Opens (or with `create`, creates) the metadata table on `meta`. An existing table is opened
+/// with redb's full integrity check: every page checksum verified and the allocator state
+/// rebuilt. That costs one read of the table per mount, and turns a table damaged outside
+/// redb into a clear error instead of a panic or wrong answers later.
+fn open_db(meta: &Arc<dyn Device>, create: bool) -> Result<Database> {
+    if !create && meta.is_empty() {
+        return Err(Error::Corrupt(
+            "the metadata table (meta.redb) is empty; the space is damaged".into(),
+        ));
+    }
+    Database::builder()
+        .set_cache_size(META_CACHE_BYTES)
+        .set_check_integrity_on_open(!create)
+        .create_with_backend(MetaBackend(meta.clone()))
+        .map_err(|e| match e {
+            redb::DatabaseError::Storage(redb::StorageError::Io(io)) => Error::from(io),
+            other => Error::Corrupt(format!(
+                "the metadata table (meta.redb) is damaged and cannot be opened: {other}"
+            )),
+        })
+}
 
 /// Retention policy and gc settings, kept in the metadata table (`ckptfs config`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -111,8 +140,9 @@ pub struct Space {
     sb: Superblock,
     db: Arc<Database>,
     store: ChunkStore,
-    /// Held for the life of the Space: its flock is what makes a second mount fail.
-    lock: File,
+    /// Held for the life of the Space: its flock is what makes a second mount fail. None for
+    /// a space opened on devices (tests), whose caller guarantees exclusive use.
+    lock: Option<File>,
     /// One gc at a time.
     pub(crate) gc_lock: parking_lot::Mutex<()>,
     /// Shared while a reader pins a revision and loads it; exclusive while gc samples the pins
@@ -267,42 +297,66 @@ impl Space {
                 dir.display()
             )));
         }
-        fs::create_dir_all(dir)?;
-        let names: Vec<String> = fs::read_dir(dir)?
-            .map(|e| e.map(|e| e.file_name().to_string_lossy().into_owned()))
-            .collect::<std::io::Result<_>>()?;
-        let _guard = if names.is_empty() {
-            None
-        } else if names.iter().all(|n| SPACE_FILES.contains(&n.as_str())) {
-            if !force {
-                return Err(Error::Invalid(format!(
-                    "{} already holds a ckptfs space; use --force to erase it and format anew",
-                    dir.display()
-                )));
-            }
-            // Hold the old space's lock while erasing it, so a mounted space is never erased.
-            let guard = if names.iter().any(|n| n == LOCK_FILE) {
-                Some(take_lock(dir)?)
-            } else {
-                None
-            };
-            for n in &names {
-                if n != LOCK_FILE {
-                    fs::remove_file(dir.join(n))?;
-                }
-            }
-            guard
+        let names: Vec<String> = if dir.is_dir() {
+            fs::read_dir(dir)?
+                .map(|e| e.map(|e| e.file_name().to_string_lossy().into_owned()))
+                .collect::<std::io::Result<_>>()?
         } else {
+            Vec::new()
+        };
+        let old_space = !names.is_empty();
+        if old_space && !names.iter().all(|n| SPACE_FILES.contains(&n.as_str())) {
             return Err(Error::Invalid(format!(
                 "{} is not empty and is not a ckptfs space; refusing to format it",
                 dir.display()
             )));
+        }
+        if old_space && !force {
+            return Err(Error::Invalid(format!(
+                "{} already holds a ckptfs space; use --force to erase it and format anew",
+                dir.display()
+            )));
+        }
+        // Every refusal comes before the first change: a refused format leaves DIR (and an old
+        // space in it) as it was. Erasing the old space gives its data file's blocks back.
+        let existing = dir
+            .ancestors()
+            .find(|p| p.is_dir())
+            .unwrap_or(Path::new("."));
+        let reclaimed = if old_space {
+            fs::metadata(dir.join(DATA_FILE)).map_or(0, |m| m.blocks() * 512)
+        } else {
+            0
         };
-        let free = free_disk_bytes(dir)?;
+        let free = free_disk_bytes(existing)?.saturating_add(reclaimed);
         if size_bytes > free {
             return Err(Error::Invalid(format!(
                 "size {size_bytes} bytes is larger than the free space on that disk ({free} bytes)"
             )));
+        }
+        // Only the owner may change a space's files: a new backing dir is 0700 (whatever the
+        // umask), and format takes group/other write away from an existing one.
+        fs::DirBuilder::new()
+            .recursive(true)
+            .mode(0o700)
+            .create(dir)?;
+        let perm = fs::metadata(dir)?.permissions();
+        if perm.mode() & 0o022 != 0 {
+            fs::set_permissions(
+                dir,
+                fs::Permissions::from_mode(perm.mode() & 0o7777 & !0o022),
+            )?;
+        }
+        // Hold the old space's lock while erasing it, so a mounted space is never erased.
+        let _guard = if names.iter().any(|n| n == LOCK_FILE) {
+            Some(take_lock(dir)?)
+        } else {
+            None
+        };
+        for n in &names {
+            if n != LOCK_FILE {
+                fs::remove_file(dir.join(n))?;
+            }
         }
 
         let data = open_private(&dir.join(DATA_FILE), true)?;
@@ -320,9 +374,51 @@ impl Space {
         }
         data.sync_all()?;
 
-        let meta_path = dir.join(META_FILE);
-        drop(open_private(&meta_path, true)?);
-        let db = Database::create(&meta_path)?;
+        let meta = open_private(&dir.join(META_FILE), true)?;
+        meta.set_len(0)?;
+        let devs = Devices {
+            data: Arc::new(FileDevice::new(data)?),
+            meta: Arc::new(FileDevice::growable(meta)?),
+        };
+        let sb = Self::format_devices(&devs, chunk_avg_bytes, config)?;
+        drop(open_private(&dir.join(LOCK_FILE), true)?);
+        drop(open_private(&dir.join(LOG_FILE), true)?);
+
+        // The superblock goes last: a directory without one is never mistaken for a space.
+        let tmp = dir.join("superblock.tmp");
+        let mut f = open_private(&tmp, true)?;
+        f.write_all(&sb.encode())?;
+        f.sync_all()?;
+        fs::rename(&tmp, dir.join(SUPERBLOCK_FILE))?;
+        sync_dir(dir)?;
+        Ok(())
+    }
+
+    /// Writes an empty space's metadata table onto `devs.meta` (which must be empty) for a
+    /// data device of `devs.data.len()` bytes; returns the superblock describing it. The
+    /// caller stores the superblock (`format` writes it to its own file, last).
+    pub fn format_devices(
+        devs: &Devices,
+        chunk_avg_bytes: u32,
+        config: Config,
+    ) -> Result<Superblock> {
+        let chunk = ChunkParams::from_avg(chunk_avg_bytes)?;
+        config.validate()?;
+        let size_bytes = devs.data.len();
+        let segment_bytes = Superblock::segment_bytes_for(chunk);
+        let min = MIN_SPACE_BYTES.max(2 * segment_bytes as u64);
+        if size_bytes < min {
+            return Err(Error::Invalid(format!(
+                "size {size_bytes} bytes is below the minimum of {} MiB for this chunk size",
+                min >> 20
+            )));
+        }
+        if !devs.meta.is_empty() {
+            return Err(Error::Invalid(
+                "the metadata device is not empty; refusing to format over it".into(),
+            ));
+        }
+        let db = open_db(&devs.meta, true)?;
         let now = Timestamp::now();
         // SAFETY: getuid/getgid cannot fail.
         let (uid, gid) = unsafe { (libc::getuid(), libc::getgid()) };
@@ -330,7 +426,8 @@ impl Space {
             parent: InodeId::ROOT,
             ..InodeRecord::new(NodeKind::Dir, 0o755, uid, gid)
         };
-        let txn = db.begin_write()?;
+        let mut txn = db.begin_write()?;
+        txn.set_two_phase_commit(true);
         {
             let mut inodes = txn.open_table(meta::INODES)?;
             inodes.insert(InodeId::ROOT.0, root.encode().as_slice())?;
@@ -355,30 +452,19 @@ impl Space {
         }
         txn.commit()?;
         drop(db);
-        drop(open_private(&dir.join(LOCK_FILE), true)?);
-        drop(open_private(&dir.join(LOG_FILE), true)?);
-
-        // The superblock goes last: a directory without one is never mistaken for a space.
         let mut uuid = [0u8; 16];
         uuid.copy_from_slice(
-            &blake3::hash(format!("{:?}{}{:?}", now, std::process::id(), dir).as_bytes())
+            &blake3::hash(format!("{:?}{}{}", now, std::process::id(), size_bytes).as_bytes())
                 .as_bytes()[..16],
         );
-        let sb = Superblock {
+        Ok(Superblock {
             version: FORMAT_VERSION,
             uuid,
             data_size_bytes: size_bytes,
             chunk,
             segment_bytes,
             created_unix_s: now.secs as u64,
-        };
-        let tmp = dir.join("superblock.tmp");
-        let mut f = open_private(&tmp, true)?;
-        f.write_all(&sb.encode())?;
-        f.sync_all()?;
-        fs::rename(&tmp, dir.join(SUPERBLOCK_FILE))?;
-        sync_dir(dir)?;
-        Ok(())
+        })
     }
 
     /// Opens a space for exclusive use; fails if another process holds it.
@@ -393,20 +479,31 @@ impl Space {
         let mut lock = take_lock(dir)?;
         lock.set_len(0)?;
         lock.write_all(format!("pid {}", std::process::id()).as_bytes())?;
-        let data = open_private(&dir.join(DATA_FILE), false)?;
-        let dev = FileDevice::new(data)?;
-        if dev.len() != sb.data_size_bytes {
+        let devs = Devices {
+            data: Arc::new(FileDevice::new(open_private(&dir.join(DATA_FILE), false)?)?),
+            meta: Arc::new(FileDevice::growable(open_private(
+                &dir.join(META_FILE),
+                false,
+            )?)?),
+        };
+        let mut space = Space::open_devices(sb, devs)?;
+        space.dir = dir.to_path_buf();
+        space.lock = Some(lock);
+        Ok(space)
+    }
+
+    /// Opens the space that `sb` describes on the given devices (the caller holds whatever
+    /// makes it the only user). The metadata table's page checksums are all verified here,
+    /// so a damaged table is reported at open instead of trusted.
+    pub fn open_devices(sb: Superblock, devs: Devices) -> Result<Space> {
+        if devs.data.len() != sb.data_size_bytes {
             return Err(Error::Corrupt(format!(
                 "data file is {} bytes, the superblock says {}",
-                dev.len(),
+                devs.data.len(),
                 sb.data_size_bytes
             )));
         }
-        let db = Database::builder()
-            .set_cache_size(META_CACHE_BYTES)
-            .open(dir.join(META_FILE))
-            .map_err(|e| Error::Meta(format!("cannot open the metadata table: {e}")))?;
-        let db = Arc::new(db);
+        let db = Arc::new(open_db(&devs.meta, false)?);
         let free = {
             let txn = db.begin_read()?;
             let t = txn.open_table(meta::FREE)?;
@@ -422,13 +519,13 @@ impl Space {
             }
             free
         };
-        let store = ChunkStore::new(Arc::new(dev), db.clone(), sb.segment_bytes as u64, free);
+        let store = ChunkStore::new(devs.data.clone(), db.clone(), sb.segment_bytes as u64, free);
         Ok(Space {
-            dir: dir.to_path_buf(),
+            dir: PathBuf::new(),
             sb,
             db,
             store,
-            lock,
+            lock: None,
             gc_lock: parking_lot::Mutex::new(()),
             pin_gate: parking_lot::RwLock::new(()),
         })
@@ -436,9 +533,13 @@ impl Space {
 
     /// Records the mountpoint in the lock file, so tools can find the mount from the space.
     pub fn set_lock_note(&mut self, note: &str) -> Result<()> {
-        self.lock.set_len(0)?;
         use std::os::unix::fs::FileExt;
-        self.lock.write_all_at(note.as_bytes(), 0)?;
+        let lock = self
+            .lock
+            .as_ref()
+            .ok_or_else(|| Error::Invalid("this space has no lock file".into()))?;
+        lock.set_len(0)?;
+        lock.write_all_at(note.as_bytes(), 0)?;
         Ok(())
     }
 
@@ -476,11 +577,7 @@ impl Space {
         if self.store.is_failed() {
             return Err(Error::Failed.into());
         }
-        let mut txn = self.db.begin_write().map_err(Error::from)?;
-        if !durable {
-            txn.set_durability(Durability::None)
-                .map_err(|e| Error::Meta(e.to_string()))?;
-        }
+        let txn = self.begin_write(durable)?;
         let r = {
             let mut t = NsTxn {
                 inodes: txn.open_table(meta::INODES).map_err(Error::from)?,
@@ -497,7 +594,7 @@ impl Space {
         };
         match r {
             Ok(v) => {
-                txn.commit().map_err(Error::from)?;
+                self.commit(txn)?;
                 Ok(v)
             }
             Err(e) => {
@@ -505,6 +602,33 @@ impl Space {
                 Err(e)
             }
         }
+    }
+
+    /// Begins a metadata transaction. A durable one commits in two phases (its pages are
+    /// synced before the commit slot naming them is written), so on open redb never has to
+    /// fall back to the previous commit: an acknowledged commit cannot be silently rolled
+    /// back, and a damaged table is an error. Costs one more fdatasync of the table per
+    /// durable commit. Non-durable transactions (namespace changes) become durable with the
+    /// next durable one.
+    pub fn begin_write(&self, durable: bool) -> Result<redb::WriteTransaction> {
+        if self.store.is_failed() {
+            return Err(Error::Failed);
+        }
+        let mut txn = self.db.begin_write()?;
+        if durable {
+            txn.set_two_phase_commit(true);
+        } else {
+            txn.set_durability(Durability::None)
+                .map_err(|e| Error::Meta(e.to_string()))?;
+        }
+        Ok(txn)
+    }
+
+    /// Commits a metadata transaction. A failed commit is sticky like a failed data write:
+    /// the table's state on disk is unknown, so nothing more may be acknowledged.
+    pub fn commit(&self, txn: redb::WriteTransaction) -> Result<()> {
+        txn.commit()
+            .map_err(|e| self.store.fail_with(Error::from(e)))
     }
 
     pub fn get_inode(&self, ino: InodeId) -> Result<Option<InodeRecord>> {
@@ -587,7 +711,7 @@ impl Space {
         assert!(rec.history != 0, "regular file without a history");
         self.store.flush_sync()?;
         let taken = self.store.taken_segments();
-        let txn = self.db.begin_write()?;
+        let txn = self.begin_write(true)?;
         let rev = {
             let mut counters = txn.open_table(meta::COUNTERS)?;
             let rev = RevisionId(meta::counter(&counters, meta::NEXT_REV)?);
@@ -655,7 +779,7 @@ impl Space {
             inodes.insert(ino.0, rec.encode().as_slice())?;
             rev
         };
-        txn.commit()?;
+        self.commit(txn)?;
         self.store.recorded_taken(&taken);
         self.store.unpin(&file.take_held());
         Ok(rev)
@@ -663,7 +787,7 @@ impl Space {
 
     /// Marks a revision complete: its file's last writer has let go of it.
     pub fn seal(&self, rev: RevisionId) -> Result<()> {
-        let txn = self.db.begin_write()?;
+        let txn = self.begin_write(true)?;
         {
             let mut revs = txn.open_table(meta::REVISIONS)?;
             if let Some(mut rr) = meta::get_revision(&revs, rev)? {
@@ -674,7 +798,7 @@ impl Space {
                 revs.insert(rev.0, rr.encode().as_slice())?;
             }
         }
-        txn.commit()?;
+        self.commit(txn)?;
         Ok(())
     }
 
@@ -684,9 +808,9 @@ impl Space {
     }
 
     pub fn set_config(&self, c: &Config) -> Result<()> {
-        let txn = self.db.begin_write()?;
+        let txn = self.begin_write(true)?;
         c.write(&mut txn.open_table(meta::CONFIG)?)?;
-        txn.commit()?;
+        self.commit(txn)?;
         Ok(())
     }
 

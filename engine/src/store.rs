@@ -123,11 +123,18 @@ impl ChunkStore {
     }
 
     fn fail<T>(&self, e: std::io::Error) -> Result<T> {
-        // Sticky: after a failed write or sync the state of the disk is unknown, so no later
-        // write or sync may report success.
-        self.failed.store(true, Ordering::Relaxed);
-        log::error!("backing I/O failed, refusing further writes: {e}");
-        Err(e.into())
+        Err(self.fail_with(e.into()))
+    }
+
+    /// Makes the store refuse writes from now on, and returns `e`. Sticky: after a failed
+    /// write, sync or metadata commit the state of the disk is unknown, so no later write
+    /// or commit may report success (a second fsync "succeeding" after a lost write is how
+    /// data is silently lost).
+    pub fn fail_with(&self, e: Error) -> Error {
+        if !self.failed.swap(true, Ordering::Relaxed) {
+            log::error!("backing I/O failed, refusing further writes until remount: {e}");
+        }
+        e
     }
 
     pub fn committed_record(&self, h: &ChunkHash) -> Result<Option<ChunkRecord>> {
