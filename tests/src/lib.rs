@@ -292,6 +292,73 @@ impl TestMount {
         self.mount();
     }
 
+    /// The mount daemon's pid, from the space's lock file ("pid N mounted at ...").
+    pub fn daemon_pid(&self) -> u32 {
+        let lock = self.backing.join("lock");
+        let note = fs::read_to_string(&lock)
+            .unwrap_or_else(|e| panic!("read {}: {e}", lock.display()));
+        note.strip_prefix("pid ")
+            .and_then(|s| s.split_whitespace().next())
+            .and_then(|s| s.parse().ok())
+            .unwrap_or_else(|| panic!("{} names no pid: {note:?}", lock.display()))
+    }
+
+    /// Crashes the daemon: SIGKILL, so nothing is flushed or committed on the way out. Waits
+    /// until it has exited (its lock and /dev/fuse are released then), detaches the dead mount
+    /// (`fusermount3 -u -z`, else `umount -l`) and leaves the space unmounted; `mount()` mounts
+    /// it again with no repair step. Returns the pid killed.
+    pub fn kill_daemon(&mut self) -> u32 {
+        assert!(self.mounted, "not mounted");
+        let pid = self.daemon_pid();
+        let cmdline = fs::read(format!("/proc/{pid}/cmdline")).unwrap_or_default();
+        assert!(
+            cmdline.windows(6).any(|w| w == b"ckptfs"),
+            "pid {pid} from the lock file is not a ckptfs daemon: {:?}",
+            String::from_utf8_lossy(&cmdline)
+        );
+        // SAFETY: kill has no memory-safety preconditions; pid was checked to be the daemon.
+        check(unsafe { libc::kill(pid as libc::pid_t, libc::SIGKILL) })
+            .unwrap_or_else(|e| panic!("kill -9 {pid}: {e}"));
+        // Gone, or a zombie nobody reaps (its parent `ckptfs mount` has exited): either way
+        // its descriptors are closed.
+        let start = Instant::now();
+        loop {
+            let stat = fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+            let state = stat.rsplit(')').next().and_then(|s| s.split_whitespace().next());
+            if matches!(state, None | Some("Z") | Some("X")) {
+                break;
+            }
+            assert!(
+                start.elapsed() < Duration::from_secs(30),
+                "daemon {pid} still alive 30 s after SIGKILL: {stat}"
+            );
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        for (cmd, flag) in [("fusermount3", "-z"), ("umount", "-l")] {
+            if st_dev(&self.mnt) == st_dev(self.root.path()) {
+                break;
+            }
+            let mut c = Command::new(cmd);
+            if cmd == "fusermount3" {
+                c.arg("-u");
+            }
+            let _ = c
+                .arg(flag)
+                .arg(&self.mnt)
+                .stdout(Stdio::null())
+                .stderr(Stdio::null())
+                .status();
+        }
+        self.mounted = false;
+        assert_eq!(
+            st_dev(&self.mnt),
+            st_dev(self.root.path()),
+            "{} is still a mountpoint after killing the daemon and a lazy unmount",
+            self.mnt.display()
+        );
+        pid
+    }
+
     /// `ckptfs stats <mountpoint> --json`.
     pub fn stats(&mut self) -> serde_json::Value {
         let target = if self.mounted {
