@@ -15,6 +15,8 @@ use std::process::{Command, ExitStatus, Stdio};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
+pub mod tagged;
+
 /// Size of the backing space unless a test asks for another.
 pub const DEFAULT_SPACE_SIZE: &str = "2G";
 
