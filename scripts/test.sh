@@ -1,10 +1,11 @@
 #!/usr/bin/env bash
 # The single test entry point (README, .ci/run): formatting, lints, build,
-# unit/integration tests, then POSIX (pjdfstest) and data-integrity (fsx) runs
-# against a real ckptfs mount of the freshly built debug binary.
+# unit/integration tests, then POSIX (pjdfstest), data-integrity (fsx) and
+# parallel-pattern (fio) runs against a real ckptfs mount of the freshly built
+# debug binary.
 #
 # Usage: scripts/test.sh          (as root: FUSE mount, pjdfstest user switching)
-# Env:   CKPTFS_SKIP_FS_TESTS=1   skip the pjdfstest/fsx steps (e.g. no /dev/fuse
+# Env:   CKPTFS_SKIP_FS_TESTS=1   skip the pjdfstest/fsx/fio steps (e.g. no /dev/fuse
 #                                 or not root); the final line then says SKIPPED.
 set -euo pipefail
 
@@ -44,12 +45,12 @@ step cargo build --workspace --locked
 step cargo nextest run --workspace --locked --no-tests=fail
 
 if [[ -n ${CKPTFS_SKIP_FS_TESTS:-} ]]; then
-    RESULT="PASS (fmt, clippy, build, nextest), pjdfstest/fsx SKIPPED (CKPTFS_SKIP_FS_TESTS set)"
+    RESULT="PASS (fmt, clippy, build, nextest), pjdfstest/fsx/fio SKIPPED (CKPTFS_SKIP_FS_TESTS set)"
     exit 0
 fi
 [[ $(id -u) -eq 0 ]] || { STEP="(pjdfstest needs root)"; echo "pjdfstest/fsx need root (or set CKPTFS_SKIP_FS_TESTS=1)"; exit 1; }
 
-# Run both file system suites even if the first one fails, then fail.
+# Run every file system suite even if one fails, then fail.
 FS_FAILED=()
 step_soft() {
     local s=$SECONDS rc=0
@@ -62,9 +63,10 @@ step_soft() {
 }
 step_soft scripts/pjdfstest.sh "$CKPTFS_BIN"
 step_soft scripts/fsx.sh "$CKPTFS_BIN"
+step_soft scripts/fio.sh "$CKPTFS_BIN"
 if [[ ${#FS_FAILED[@]} -gt 0 ]]; then
     STEP="${FS_FAILED[*]}"
     exit 1
 fi
 
-RESULT="PASS (fmt, clippy, build, nextest, pjdfstest, fsx)"
+RESULT="PASS (fmt, clippy, build, nextest, pjdfstest, fsx, fio)"
