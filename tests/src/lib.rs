@@ -297,8 +297,8 @@ impl TestMount {
     /// The mount daemon's pid, from the space's lock file ("pid N mounted at ...").
     pub fn daemon_pid(&self) -> u32 {
         let lock = self.backing.join("lock");
-        let note = fs::read_to_string(&lock)
-            .unwrap_or_else(|e| panic!("read {}: {e}", lock.display()));
+        let note =
+            fs::read_to_string(&lock).unwrap_or_else(|e| panic!("read {}: {e}", lock.display()));
         note.strip_prefix("pid ")
             .and_then(|s| s.split_whitespace().next())
             .and_then(|s| s.parse().ok())
@@ -326,7 +326,10 @@ impl TestMount {
         let start = Instant::now();
         loop {
             let stat = fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
-            let state = stat.rsplit(')').next().and_then(|s| s.split_whitespace().next());
+            let state = stat
+                .rsplit(')')
+                .next()
+                .and_then(|s| s.split_whitespace().next());
             if matches!(state, None | Some("Z") | Some("X")) {
                 break;
             }
