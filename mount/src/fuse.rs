@@ -217,6 +217,18 @@ impl CkptFs {
                     .map_err(|e| fail_json("gc", e))?;
                 Ok(to_json(crate::gc_json(&r)))
             }
+            ("check", None) => {
+                // Reads every chunk: as costly as gc, so for the same users.
+                if !self.may_control(req) {
+                    return Err(Errno::from_i32(libc::EPERM));
+                }
+                let r = ckptfs_engine::check::check(self.fs.space(), &mut |_, _| {})
+                    .map_err(|e| fail_json("check", e.into()))?;
+                Ok(to_json(crate::check::check_json(
+                    &r,
+                    Some(crate::check::ANSWER_MAX_BYTES),
+                )))
+            }
             ("select", Some(v)) => {
                 self.fs.select(pid, v.to_vec());
                 Ok(Vec::new())

@@ -1,5 +1,6 @@
 //! `ckptfs`: format, mount, unmount and inspect checkpoint filesystems.
 
+mod check;
 mod fuse;
 
 use ckptfs_engine::gc::{GcProgress, GcReport};
@@ -112,6 +113,14 @@ enum Cmd {
     },
     /// Unmount, waiting until every closed file is committed and the daemon has exited.
     Umount { mountpoint: PathBuf },
+    /// Read back and verify every stored chunk and check the metadata; name every damaged
+    /// file and revision. Exit status 0 clean, 1 damage found, 2 could not check.
+    Check {
+        /// A mountpoint or a backing directory.
+        path: PathBuf,
+        #[arg(long)]
+        json: bool,
+    },
     /// Show logical and stored bytes, dedup and compression ratios, and free space.
     Stats {
         /// A mountpoint or a backing directory.
@@ -719,6 +728,7 @@ fn run(cli: Cli) -> Result<(), String> {
             revision,
             to,
         } => cmd_restore(&path, space.as_deref(), revision, to.as_deref()),
+        Cmd::Check { .. } => Err("check sets its own exit status; it is run from main".into()),
         Cmd::Stats { path, json } => {
             let s = read_stats(&path)?;
             if json {
@@ -734,7 +744,12 @@ fn run(cli: Cli) -> Result<(), String> {
 fn main() -> ExitCode {
     env_logger::Builder::from_env(env_logger::Env::default().default_filter_or("ckptfs=warn"))
         .init();
-    match run(Cli::parse()) {
+    let cli = Cli::parse();
+    // check has three outcomes (clean, damaged, could not check), so it picks its own status.
+    if let Cmd::Check { path, json } = &cli.cmd {
+        return check::run(path, *json);
+    }
+    match run(cli) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
             eprintln!("ckptfs: {e}");

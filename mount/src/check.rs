@@ -1,0 +1,336 @@
+//! `ckptfs check (MOUNTPOINT|BACKING_DIR) [--json]`: verifies every committed chunk and the
+//! metadata invariants, offline or through the mount's daemon (`user.ckptfs.check`).
+//!
+//! Exit status: 0 clean, 1 damage or inconsistency found (including a metadata table that
+//! fails its checksums at open), 2 when nothing could be checked (usage, not a space, locked
+//! by a process that is not a mount, I/O error opening it).
+
+use crate::{absolute, backing_of, control_get, human, progress_bar};
+use ckptfs_engine::check::{check, hash_hex, CheckReport, ChunkUse};
+use ckptfs_engine::format::SUPERBLOCK_FILE;
+use ckptfs_engine::space::lock_holder;
+use ckptfs_engine::{Error as EngineError, Space};
+use serde_json::{json, Value};
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+
+/// Largest answer the daemon gives through the control xattr (the kernel's xattr value
+/// limit is 64 KiB); the damaged and problem lists are cut to fit, with counts of the rest.
+pub(crate) const ANSWER_MAX_BYTES: usize = 60 << 10;
+
+fn lossy(p: &Option<Vec<u8>>) -> Value {
+    match p {
+        Some(p) => Value::String(String::from_utf8_lossy(p).into_owned()),
+        None => Value::Null,
+    }
+}
+
+fn use_json(u: &ChunkUse) -> Value {
+    json!({
+        "history": u.history,
+        "path": lossy(&u.path),
+        "unlinked": u.unlinked,
+        "revision": u.revision.0,
+        "current": u.current,
+        "sealed": u.sealed,
+        "start": u.file_start,
+        "end": u.file_end,
+    })
+}
+
+/// The report as JSON. With `max_bytes`, the `damaged`, `damaged_revisions`, `problems` and
+/// `warnings` lists are cut so the whole answer fits; `*_omitted` count what was cut. The
+/// summary counts are always complete.
+pub(crate) fn check_json(r: &CheckReport, max_bytes: Option<usize>) -> Value {
+    let damaged: Vec<Value> = r
+        .damaged
+        .iter()
+        .map(|d| {
+            json!({
+                "hash": hash_hex(&d.hash),
+                "offset": d.offset.0,
+                "stored_len": d.stored_len,
+                "reason": d.reason.kind(),
+                "detail": d.reason.detail(),
+                "uses": d.uses.iter().map(use_json).collect::<Vec<_>>(),
+            })
+        })
+        .collect();
+    let revs = r.damaged_revisions();
+    let damaged_revisions: Vec<Value> = revs
+        .iter()
+        .map(|d| {
+            json!({
+                "history": d.history,
+                "path": lossy(&d.path),
+                "unlinked": d.unlinked,
+                "revision": d.revision.0,
+                "current": d.current,
+                "sealed": d.sealed,
+                "ranges": d.ranges.iter().map(|(s, e)| json!([s, e])).collect::<Vec<_>>(),
+            })
+        })
+        .collect();
+    let problems: Vec<Value> = r.problems.iter().map(|p| json!(p)).collect();
+    let warnings: Vec<Value> = r.warnings.iter().map(|p| json!(p)).collect();
+    let mut v = json!({
+        "clean": r.is_clean(),
+        "inodes": r.inodes,
+        "histories": r.histories,
+        "revisions": r.revisions,
+        "extents": r.extents,
+        "chunks": r.chunks,
+        "chunks_verified": r.chunks_verified,
+        "bytes_verified": r.bytes_verified,
+        "reserved_bytes": r.reserved_bytes,
+        "used_bytes": r.used_bytes,
+        "free_bytes": r.free_bytes,
+        "stored_bytes": r.stored_bytes,
+        "seconds": r.seconds,
+        "damaged_chunks": r.damaged.len(),
+        "damaged_revision_count": revs.len(),
+        "problem_count": r.problems.len() as u64 + r.problems_omitted,
+        "damaged": [],
+        "damaged_omitted": 0,
+        "damaged_revisions": [],
+        "damaged_revisions_omitted": 0,
+        "problems": [],
+        "problems_omitted": r.problems_omitted,
+        "warnings": [],
+        "warnings_omitted": 0,
+    });
+    // Fill the lists in order of importance while they fit: which revisions are damaged,
+    // the metadata problems, then the per-chunk detail, then warnings.
+    let mut room = max_bytes.map(|m| m.saturating_sub(v.to_string().len() + 64));
+    for (key, items) in [
+        ("damaged_revisions", damaged_revisions),
+        ("problems", problems),
+        ("damaged", damaged),
+        ("warnings", warnings),
+    ] {
+        let mut kept = Vec::new();
+        let mut omitted = 0u64;
+        for item in items {
+            let len = item.to_string().len() + 1;
+            match room.as_mut() {
+                Some(left) if omitted > 0 || len > *left => omitted += 1,
+                Some(left) => {
+                    *left -= len;
+                    kept.push(item);
+                }
+                None => kept.push(item),
+            }
+        }
+        v[key] = Value::Array(kept);
+        let omitted_key = format!("{key}_omitted");
+        let before = v[&omitted_key].as_u64().unwrap_or(0);
+        v[&omitted_key] = json!(before + omitted);
+    }
+    v
+}
+
+fn print_human(v: &Value) {
+    let u = |k: &str| v.get(k).and_then(Value::as_u64).unwrap_or(0);
+    println!(
+        "checked {} inodes, {} histories, {} revisions, {} extents, {} chunks ({} read back) \
+         in {:.2}s",
+        u("inodes"),
+        u("histories"),
+        u("revisions"),
+        u("extents"),
+        u("chunks"),
+        human(u("bytes_verified")),
+        v.get("seconds").and_then(Value::as_f64).unwrap_or(0.0)
+    );
+    println!(
+        "space: {} reserved, {} in use ({} of it live chunks), {} free",
+        human(u("reserved_bytes")),
+        human(u("used_bytes")),
+        human(u("stored_bytes")),
+        human(u("free_bytes"))
+    );
+    for d in v["damaged_revisions"].as_array().into_iter().flatten() {
+        let path = d["path"].as_str().unwrap_or("(path unknown)");
+        let ranges: Vec<String> = d["ranges"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .map(|r| {
+                format!(
+                    "{}..{}",
+                    r[0].as_u64().unwrap_or(0),
+                    r[1].as_u64().unwrap_or(0)
+                )
+            })
+            .collect();
+        let state = match (
+            d["current"].as_bool() == Some(true),
+            d["unlinked"].as_bool() == Some(true),
+        ) {
+            (true, _) => " (current)",
+            (false, true) => " (removed file)",
+            (false, false) => "",
+        };
+        println!(
+            "DAMAGED  {path}  history {} revision {}{state}: bytes {}",
+            d["history"],
+            d["revision"],
+            ranges.join(", ")
+        );
+    }
+    for d in v["damaged"].as_array().into_iter().flatten() {
+        if d["uses"].as_array().is_some_and(|a| a.is_empty()) {
+            println!(
+                "DAMAGED  unreferenced chunk {} at data offset {}: {}",
+                d["hash"].as_str().unwrap_or("?"),
+                d["offset"],
+                d["detail"].as_str().unwrap_or("?")
+            );
+        }
+    }
+    for d in v["damaged"].as_array().into_iter().flatten() {
+        println!(
+            "  chunk {} at data offset {} ({} bytes): {}",
+            d["hash"].as_str().unwrap_or("?"),
+            d["offset"],
+            d["stored_len"],
+            d["detail"].as_str().unwrap_or("?")
+        );
+    }
+    for p in v["problems"].as_array().into_iter().flatten() {
+        println!("PROBLEM  {}", p.as_str().unwrap_or("?"));
+    }
+    for w in v["warnings"].as_array().into_iter().flatten() {
+        println!("warning  {}", w.as_str().unwrap_or("?"));
+    }
+    for (key, what) in [
+        ("damaged_revisions_omitted", "damaged revisions"),
+        ("damaged_omitted", "damaged chunks"),
+        ("problems_omitted", "problems"),
+        ("warnings_omitted", "warnings"),
+    ] {
+        if u(key) > 0 {
+            println!(
+                "... and {} more {what} (use --json offline for all)",
+                u(key)
+            );
+        }
+    }
+    if v["clean"].as_bool() == Some(true) {
+        println!("clean: every chunk reads back and verifies; the metadata is consistent");
+    } else {
+        println!(
+            "NOT CLEAN: {} damaged chunks in {} revisions, {} metadata problems",
+            u("damaged_chunks"),
+            u("damaged_revision_count"),
+            u("problem_count")
+        );
+    }
+}
+
+enum Where {
+    Mounted(PathBuf),
+    Offline(Box<Space>),
+}
+
+/// The space `path` names, opened when it is not mounted. On failure: the message, and
+/// whether the failure is damage (a metadata table that fails its checksums or does not
+/// decode) rather than "cannot check".
+fn resolve(path: &Path) -> Result<Where, (String, bool)> {
+    let abs = absolute(path);
+    if abs.join(SUPERBLOCK_FILE).exists() {
+        return match Space::open(&abs) {
+            Ok(space) => Ok(Where::Offline(Box::new(space))),
+            Err(EngineError::Locked(m)) => {
+                let holder = lock_holder(&abs).unwrap_or_default();
+                match holder.split(" mounted at ").nth(1) {
+                    Some(mnt) => Ok(Where::Mounted(PathBuf::from(mnt.trim()))),
+                    None => Err((m, false)),
+                }
+            }
+            Err(e) => {
+                let damaged = matches!(e, EngineError::Corrupt(_) | EngineError::Meta(_));
+                Err((e.to_string(), damaged))
+            }
+        };
+    }
+    if backing_of(&abs).is_some() {
+        return Ok(Where::Mounted(abs));
+    }
+    Err((
+        format!(
+            "{} is neither a ckptfs mountpoint nor a backing directory",
+            abs.display()
+        ),
+        false,
+    ))
+}
+
+/// Runs the command; returns its exit status.
+pub(crate) fn run(path: &Path, json: bool) -> ExitCode {
+    let v = match resolve(path) {
+        Ok(Where::Mounted(mnt)) => {
+            let pb = progress_bar(!json);
+            if let Some(pb) = &pb {
+                pb.set_message("check in the daemon");
+            }
+            let v = control_get(&mnt, "check", true);
+            if let Some(pb) = pb {
+                pb.finish_and_clear();
+            }
+            match v {
+                Ok(v) => v,
+                Err(e) => {
+                    eprintln!("ckptfs: check through {}: {e}", mnt.display());
+                    return ExitCode::from(2);
+                }
+            }
+        }
+        Ok(Where::Offline(space)) => {
+            let pb = progress_bar(!json);
+            if let Some(pb) = &pb {
+                pb.set_message("verifying chunks");
+            }
+            let r = check(&space, &mut |done, total| {
+                if let Some(pb) = &pb {
+                    pb.set_length(total);
+                    pb.set_position(done);
+                }
+            });
+            if let Some(pb) = pb {
+                pb.finish_and_clear();
+            }
+            match r {
+                Ok(r) => check_json(&r, None),
+                Err(e) => {
+                    let damaged = matches!(e, EngineError::Corrupt(_) | EngineError::Meta(_));
+                    return open_failed(path, &e.to_string(), damaged);
+                }
+            }
+        }
+        Err((msg, damaged)) => return open_failed(path, &msg, damaged),
+    };
+    if json {
+        println!("{v}");
+    } else {
+        print_human(&v);
+    }
+    if v["clean"].as_bool() == Some(true) {
+        ExitCode::SUCCESS
+    } else {
+        ExitCode::from(1)
+    }
+}
+
+fn open_failed(path: &Path, msg: &str, damaged: bool) -> ExitCode {
+    if damaged {
+        eprintln!(
+            "ckptfs: check {}: DAMAGED: the space cannot be opened: {msg}",
+            path.display()
+        );
+        ExitCode::from(1)
+    } else {
+        eprintln!("ckptfs: check {}: {msg}", path.display());
+        ExitCode::from(2)
+    }
+}
