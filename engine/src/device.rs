@@ -7,7 +7,7 @@ use parking_lot::RwLock;
 use std::fs::File;
 use std::io;
 use std::os::unix::fs::FileExt;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 
 pub trait Device: Send + Sync {
@@ -87,29 +87,50 @@ impl Device for FileDevice {
 /// and fault devices that stand in for the data file stand in for the table in tests.
 /// Locking is not delegated: the space's own `lock` file already makes its holder the only
 /// process that opens the table.
-pub struct MetaBackend(pub Arc<dyn Device>);
+pub struct MetaBackend {
+    pub dev: Arc<dyn Device>,
+    /// Set by any failed write, length change or sync of the table: the space's sticky
+    /// failure flag (shared with the chunk store), raised here because redb may report such
+    /// an error from inside a transaction, as a later "previous I/O error", or not at all
+    /// (a failed write of pages that a later commit never needed).
+    pub failed: Arc<AtomicBool>,
+}
+
+impl MetaBackend {
+    fn watch<T>(&self, r: io::Result<T>) -> io::Result<T> {
+        if let Err(e) = &r {
+            if !self.failed.swap(true, Ordering::SeqCst) {
+                log::error!(
+                    "metadata table I/O failed, refusing further writes until remount: {e}"
+                );
+            }
+        }
+        r
+    }
+}
 
 impl std::fmt::Debug for MetaBackend {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "MetaBackend({} bytes)", self.0.len())
+        write!(f, "MetaBackend({} bytes)", self.dev.len())
     }
 }
 
 impl redb::StorageBackend for MetaBackend {
     fn len(&self) -> io::Result<u64> {
-        Ok(self.0.len())
+        Ok(self.dev.len())
     }
     fn read(&self, offset: u64, out: &mut [u8]) -> io::Result<()> {
-        self.0.read_at(out, offset)
+        // A failed read changes nothing on disk: an error for this request, not sticky.
+        self.dev.read_at(out, offset)
     }
     fn set_len(&self, len: u64) -> io::Result<()> {
-        self.0.set_len(len)
+        self.watch(self.dev.set_len(len))
     }
     fn sync_data(&self) -> io::Result<()> {
-        self.0.sync()
+        self.watch(self.dev.sync())
     }
     fn write(&self, offset: u64, data: &[u8]) -> io::Result<()> {
-        self.0.write_at(data, offset)
+        self.watch(self.dev.write_at(data, offset))
     }
 }
 

@@ -168,7 +168,10 @@ impl SimDisk {
         self.ops.load(Ordering::SeqCst)
     }
 
-    pub fn inject(&self, f: Fault) {
+    /// Adds a fault; its `nth` counts from now (operations before it do not count).
+    pub fn inject(&self, mut f: Fault) {
+        let counts = self.counts.lock();
+        f.nth += counts.get(&(f.device, f.kind as u8)).copied().unwrap_or(0);
         self.faults.lock().push(f);
     }
 

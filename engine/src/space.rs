@@ -13,6 +13,7 @@ use std::io::{Read, Write};
 use std::os::unix::fs::{DirBuilderExt, MetadataExt, OpenOptionsExt, PermissionsExt};
 use std::os::unix::io::AsRawFd;
 use std::path::{Path, PathBuf};
+use std::sync::atomic::AtomicBool;
 use std::sync::Arc;
 
 /// The smallest reserved space `format` accepts.
@@ -31,7 +32,7 @@ pub struct Devices {
 /// with redb's full integrity check: every page checksum verified and the allocator state
 /// rebuilt. That costs one read of the table per mount, and turns a table damaged outside
 /// redb into a clear error instead of a panic or wrong answers later.
-fn open_db(meta: &Arc<dyn Device>, create: bool) -> Result<Database> {
+fn open_db(meta: &Arc<dyn Device>, create: bool, failed: Arc<AtomicBool>) -> Result<Database> {
     if !create && meta.is_empty() {
         return Err(Error::Corrupt(
             "the metadata table (meta.redb) is empty; the space is damaged".into(),
@@ -40,7 +41,10 @@ fn open_db(meta: &Arc<dyn Device>, create: bool) -> Result<Database> {
     Database::builder()
         .set_cache_size(META_CACHE_BYTES)
         .set_check_integrity_on_open(!create)
-        .create_with_backend(MetaBackend(meta.clone()))
+        .create_with_backend(MetaBackend {
+            dev: meta.clone(),
+            failed,
+        })
         .map_err(|e| match e {
             redb::DatabaseError::Storage(redb::StorageError::Io(io)) => Error::from(io),
             other => Error::Corrupt(format!(
@@ -149,6 +153,8 @@ pub struct Space {
     /// and commits its retention transaction, so a revision is never dropped under a reader
     /// that pinned it after gc started.
     pub pin_gate: parking_lot::RwLock<()>,
+    /// A non-durable namespace change has committed since the last durable commit.
+    ns_dirty: std::sync::atomic::AtomicBool,
 }
 
 /// What `ckptfs stats` reports.
@@ -418,7 +424,7 @@ impl Space {
                 "the metadata device is not empty; refusing to format over it".into(),
             ));
         }
-        let db = open_db(&devs.meta, true)?;
+        let db = open_db(&devs.meta, true, Arc::default())?;
         let now = Timestamp::now();
         // SAFETY: getuid/getgid cannot fail.
         let (uid, gid) = unsafe { (libc::getuid(), libc::getgid()) };
@@ -503,7 +509,8 @@ impl Space {
                 sb.data_size_bytes
             )));
         }
-        let db = Arc::new(open_db(&devs.meta, false)?);
+        let failed = Arc::new(AtomicBool::new(false));
+        let db = Arc::new(open_db(&devs.meta, false, failed.clone())?);
         let free = {
             let txn = db.begin_read()?;
             let t = txn.open_table(meta::FREE)?;
@@ -519,7 +526,18 @@ impl Space {
             }
             free
         };
-        let store = ChunkStore::new(devs.data.clone(), db.clone(), sb.segment_bytes as u64, free);
+        if failed.load(std::sync::atomic::Ordering::SeqCst) {
+            return Err(Error::Io(std::io::Error::other(
+                "writing the metadata table failed while opening it",
+            )));
+        }
+        let store = ChunkStore::new(
+            devs.data.clone(),
+            db.clone(),
+            sb.segment_bytes as u64,
+            free,
+            failed,
+        );
         Ok(Space {
             dir: PathBuf::new(),
             sb,
@@ -528,6 +546,7 @@ impl Space {
             lock: None,
             gc_lock: parking_lot::Mutex::new(()),
             pin_gate: parking_lot::RwLock::new(()),
+            ns_dirty: std::sync::atomic::AtomicBool::new(false),
         })
     }
 
@@ -595,6 +614,10 @@ impl Space {
         match r {
             Ok(v) => {
                 self.commit(txn)?;
+                if !durable {
+                    self.ns_dirty
+                        .store(true, std::sync::atomic::Ordering::SeqCst);
+                }
                 Ok(v)
             }
             Err(e) => {
@@ -617,6 +640,10 @@ impl Space {
         let mut txn = self.db.begin_write()?;
         if durable {
             txn.set_two_phase_commit(true);
+            // Write transactions run one at a time: every non-durable commit so far is
+            // before this one, and becomes durable with it.
+            self.ns_dirty
+                .store(false, std::sync::atomic::Ordering::SeqCst);
         } else {
             txn.set_durability(Durability::None)
                 .map_err(|e| Error::Meta(e.to_string()))?;
@@ -920,6 +947,16 @@ impl Space {
     /// Makes every earlier non-durable metadata commit durable (fsync of a directory).
     pub fn sync_meta(&self) -> Result<()> {
         self.ns_write(true, |_| Ok::<(), Error>(()))
+    }
+
+    /// `sync_meta` when a namespace change is not yet durable; nothing otherwise. A close
+    /// that had no data to commit calls this, so a file created empty (a "done" marker) or an
+    /// unlink before it survives a crash once close returns.
+    pub fn sync_meta_if_dirty(&self) -> Result<()> {
+        if self.ns_dirty.load(std::sync::atomic::Ordering::SeqCst) {
+            self.sync_meta()?;
+        }
+        Ok(())
     }
 
     pub fn stats(&self) -> Result<Stats> {

@@ -55,7 +55,9 @@ pub struct ChunkStore {
     /// segments, so no lookup can straddle a reuse.
     barrier: RwLock<()>,
     cache: Mutex<VecDeque<(ChunkHash, Arc<[u8]>)>>,
-    failed: AtomicBool,
+    /// Sticky failure, shared with the metadata table's backend (`MetaBackend`), which sets
+    /// it on any failed write, length change or sync of the table's file.
+    failed: Arc<AtomicBool>,
     pub dedup_hits: AtomicU64,
     pub chunks_stored: AtomicU64,
 }
@@ -66,6 +68,7 @@ impl ChunkStore {
         db: Arc<Database>,
         segment_bytes: u64,
         free: BTreeSet<u64>,
+        failed: Arc<AtomicBool>,
     ) -> Self {
         let segments = dev.len() / segment_bytes;
         ChunkStore {
@@ -84,7 +87,7 @@ impl ChunkStore {
             pending: Mutex::new(HashMap::new()),
             barrier: RwLock::new(()),
             cache: Mutex::new(VecDeque::with_capacity(CACHE_CHUNKS)),
-            failed: AtomicBool::new(false),
+            failed,
             dedup_hits: AtomicU64::new(0),
             chunks_stored: AtomicU64::new(0),
         }

@@ -813,7 +813,7 @@ impl Fs {
     /// commit later, unless the writer's own close sealed a newer one first.
     pub fn flush(&self, ino: InodeId, fh: u64, pid: u32) -> Result<()> {
         let Some(node) = self.open_node(ino) else {
-            return Ok(());
+            return Ok(self.space.sync_meta_if_dirty()?);
         };
         let mut n = node.lock();
         let n = &mut *n;
@@ -846,15 +846,19 @@ impl Fs {
             h.wrote = false;
             h.flushed = true;
         }
+        // Namespace changes before this close (this file's create, an unlink) are durable
+        // once close returns, even when there was no data to commit.
+        self.space.sync_meta_if_dirty()?;
         Ok(())
     }
 
     pub fn fsync(&self, ino: InodeId, fh: u64) -> Result<()> {
         let Some(node) = self.open_node(ino) else {
-            return Ok(());
+            return Ok(self.space.sync_meta_if_dirty()?);
         };
         let mut n = node.lock();
-        self.commit_node(ino, &mut n, false, fh)
+        self.commit_node(ino, &mut n, false, fh)?;
+        Ok(self.space.sync_meta_if_dirty()?)
     }
 
     pub fn fsync_dir(&self) -> Result<()> {
