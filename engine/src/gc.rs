@@ -104,6 +104,15 @@ impl Space {
             free_bytes_before: self.store().free_bytes(),
             ..GcReport::default()
         };
+        if !opts.dry_run {
+            let back = self.store().reclaim_unrecorded();
+            if !back.is_empty() {
+                log::info!(
+                    "gc: {} segments of uncommitted, abandoned chunks are free again",
+                    back.len()
+                );
+            }
+        }
         let config = self.config()?;
         let now = Timestamp::now();
 

@@ -8,6 +8,7 @@ pub mod filemap;
 pub mod format;
 pub mod gc;
 pub mod meta;
+pub mod sim;
 pub mod space;
 pub mod store;
 

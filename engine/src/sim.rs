@@ -334,6 +334,80 @@ impl Device for SimDevice {
     }
 }
 
+/// A real device behind a `SimDisk`'s faults: every operation is admitted by the disk (and
+/// may fail as a fault says) before it reaches `inner`. This is how a mounted space gets
+/// injected I/O errors (`CKPTFS_FAULTS`, see `parse_faults`) for the tests that check what an
+/// application sees.
+pub struct FaultyDevice {
+    pub name: &'static str,
+    pub disk: Arc<SimDisk>,
+    pub inner: Arc<dyn Device>,
+}
+
+impl Device for FaultyDevice {
+    fn read_at(&self, buf: &mut [u8], off: u64) -> io::Result<()> {
+        self.disk.admit(self.name, OpKind::Read)?;
+        self.inner.read_at(buf, off)
+    }
+    fn write_at(&self, buf: &[u8], off: u64) -> io::Result<()> {
+        self.disk.admit(self.name, OpKind::Write)?;
+        self.inner.write_at(buf, off)
+    }
+    fn sync(&self) -> io::Result<()> {
+        self.disk.admit(self.name, OpKind::Sync)?;
+        self.inner.sync()
+    }
+    fn len(&self) -> u64 {
+        self.inner.len()
+    }
+    fn set_len(&self, len: u64) -> io::Result<()> {
+        self.disk.admit(self.name, OpKind::SetLen)?;
+        self.inner.set_len(len)
+    }
+}
+
+/// Parses a fault list: comma-separated `DEVICE:OP:N:ERRNO[:sticky]`, DEVICE `data` or
+/// `meta`, OP `write|sync|setlen|read`, N counting that device's operations of that kind from
+/// 0, ERRNO `EIO` or `ENOSPC`. Example: `data:sync:2:EIO` fails the third sync of the data file.
+pub fn parse_faults(spec: &str) -> Result<Vec<Fault>, String> {
+    spec.split(',')
+        .filter(|s| !s.trim().is_empty())
+        .map(|f| {
+            let p: Vec<&str> = f.trim().split(':').collect();
+            if p.len() < 4 || p.len() > 5 || (p.len() == 5 && p[4] != "sticky") {
+                return Err(format!("fault `{f}`: expected DEVICE:OP:N:ERRNO[:sticky]"));
+            }
+            let device = match p[0] {
+                "data" => "data",
+                "meta" => "meta",
+                d => return Err(format!("fault `{f}`: unknown device `{d}` (data or meta)")),
+            };
+            let kind = match p[1] {
+                "write" => OpKind::Write,
+                "sync" => OpKind::Sync,
+                "setlen" => OpKind::SetLen,
+                "read" => OpKind::Read,
+                o => return Err(format!("fault `{f}`: unknown operation `{o}`")),
+            };
+            let nth = p[2]
+                .parse()
+                .map_err(|_| format!("fault `{f}`: `{}` is not a number", p[2]))?;
+            let errno = match p[3] {
+                "EIO" => libc::EIO,
+                "ENOSPC" => libc::ENOSPC,
+                e => return Err(format!("fault `{f}`: unknown errno `{e}` (EIO or ENOSPC)")),
+            };
+            Ok(Fault {
+                device: Some(device),
+                kind,
+                nth,
+                errno,
+                sticky: p.len() == 5,
+            })
+        })
+        .collect()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

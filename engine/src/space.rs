@@ -18,6 +18,8 @@ use std::sync::Arc;
 
 /// The smallest reserved space `format` accepts.
 pub const MIN_SPACE_BYTES: u64 = 16 << 20;
+/// Environment variable naming I/O faults to inject (tests only; see `sim::parse_faults`).
+pub const FAULTS_ENV: &str = "CKPTFS_FAULTS";
 /// Page cache redb may use for the metadata table.
 const META_CACHE_BYTES: usize = 64 << 20;
 
@@ -485,14 +487,42 @@ impl Space {
         let mut lock = take_lock(dir)?;
         lock.set_len(0)?;
         lock.write_all(format!("pid {}", std::process::id()).as_bytes())?;
-        let devs = Devices {
+        let mut devs = Devices {
             data: Arc::new(FileDevice::new(open_private(&dir.join(DATA_FILE), false)?)?),
             meta: Arc::new(FileDevice::growable(open_private(
                 &dir.join(META_FILE),
                 false,
             )?)?),
         };
+        let mut injected = None;
+        // Fault injection for tests of what applications see on a mounted space; off unless
+        // the variable is set (and then logged loudly).
+        if let Some(spec) = std::env::var_os(FAULTS_ENV) {
+            let faults = crate::sim::parse_faults(&spec.to_string_lossy())
+                .map_err(|e| Error::Invalid(format!("{FAULTS_ENV}: {e}")))?;
+            log::warn!("{FAULTS_ENV} is set: injecting I/O faults {faults:?}");
+            let disk = crate::sim::SimDisk::new();
+            injected = Some((disk.clone(), faults));
+            let wrap = |name, inner| -> Arc<dyn Device> {
+                Arc::new(crate::sim::FaultyDevice {
+                    name,
+                    disk: disk.clone(),
+                    inner,
+                })
+            };
+            devs = Devices {
+                data: wrap("data", devs.data),
+                meta: wrap("meta", devs.meta),
+            };
+        }
         let mut space = Space::open_devices(sb, devs)?;
+        // Armed once the space is open: operation counts start after the open's own I/O
+        // (the integrity check), so a test can name "the first commit's write".
+        if let Some((disk, faults)) = injected {
+            for f in faults {
+                disk.inject(f);
+            }
+        }
         space.dir = dir.to_path_buf();
         space.lock = Some(lock);
         Ok(space)

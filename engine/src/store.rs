@@ -203,6 +203,33 @@ impl ChunkStore {
         w.free.extend(segs.iter().copied());
     }
 
+    /// Returns to the free set the segments taken since the last commit whose chunks no file
+    /// state holds any more: a save that failed (a full space) or was discarded before any
+    /// commit recorded its segments leaves only garbage there, and the table still lists
+    /// those segments free. Without this they would stay out of use until some later commit
+    /// recorded them, which a full space may never get to. Only gc calls this, under its
+    /// lock: gc's own copies are the only other unpinned chunks in taken segments.
+    pub fn reclaim_unrecorded(&self) -> Vec<u64> {
+        let _excl = self.barrier.write();
+        let mut w = self.writer.lock();
+        let p = self.pending.lock();
+        let held: BTreeSet<u64> = p
+            .values()
+            .map(|e| e.rec.offset.0 / self.segment_bytes)
+            .collect();
+        let back: Vec<u64> = w
+            .taken
+            .iter()
+            .copied()
+            .filter(|s| Some(*s) != w.cur && !held.contains(s))
+            .collect();
+        for s in &back {
+            w.taken.remove(s);
+            w.free.insert(*s);
+        }
+        back
+    }
+
     /// Holds off chunk lookups and pinning while gc deletes chunk records.
     pub fn exclusive(&self) -> parking_lot::RwLockWriteGuard<'_, ()> {
         self.barrier.write()
