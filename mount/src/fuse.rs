@@ -668,6 +668,28 @@ impl Filesystem for CkptFs {
         }
     }
 
+    fn fallocate(
+        &self,
+        _req: &Request,
+        _ino: INodeNo,
+        _fh: FileHandle,
+        offset: u64,
+        length: u64,
+        _mode: i32,
+        reply: ReplyEmpty,
+    ) {
+        // Space is not reserved per file (chunks are shared and compressed), so fallocate is
+        // not supported; a range past the largest file is still EFBIG, as for write/truncate.
+        let past_max = offset
+            .checked_add(length)
+            .is_none_or(|end| end > ckptfs_fs::MAX_FILE_BYTES);
+        reply.error(Errno::from_i32(if past_max {
+            libc::EFBIG
+        } else {
+            libc::EOPNOTSUPP
+        }));
+    }
+
     fn removexattr(&self, _req: &Request, _ino: INodeNo, _name: &OsStr, reply: ReplyEmpty) {
         reply.error(Errno::from_i32(libc::ENODATA));
     }

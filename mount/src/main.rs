@@ -340,6 +340,24 @@ fn check_mountpoint(m: &Path) -> Result<(), String> {
     }
 }
 
+/// A backing directory that is missing or not a directory is named as such, before anything
+/// looks for a superblock in it.
+fn check_backing_dir(b: &Path) -> Result<(), String> {
+    match std::fs::metadata(b) {
+        Ok(md) if md.is_dir() => Ok(()),
+        Ok(_) => Err(format!(
+            "backing directory {} is not a directory",
+            b.display()
+        )),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Err(format!(
+            "backing directory {} does not exist (create a space with `ckptfs format {} --size SIZE`)",
+            b.display(),
+            b.display()
+        )),
+        Err(e) => Err(format!("backing directory {}: {e}", b.display())),
+    }
+}
+
 fn absolute(p: &Path) -> PathBuf {
     std::path::absolute(p).unwrap_or_else(|_| p.to_path_buf())
 }
@@ -361,6 +379,7 @@ fn mount(
         _ => return Err("usage: ckptfs mount [BACKING_DIR] MOUNTPOINT".into()),
     };
     let (backing, mnt) = (absolute(&backing), absolute(&mnt));
+    check_backing_dir(&backing)?;
     check_mountpoint(&mnt)?;
     if !foreground {
         return spawn_daemon(&backing, &mnt, allow_other, threads);
@@ -460,6 +479,7 @@ fn block_termination_signals() {
 /// it reports the mount ready (or fails, in which case its log is shown).
 fn spawn_daemon(backing: &Path, mnt: &Path, allow_other: bool, threads: u32) -> Result<(), String> {
     read_superblock(backing).map_err(|e| e.to_string())?;
+    check_not_locked(backing)?;
     let log_path = backing.join(ckptfs_engine::format::LOG_FILE);
     let log = std::fs::OpenOptions::new()
         .append(true)
@@ -505,6 +525,25 @@ fn spawn_daemon(backing: &Path, mnt: &Path, allow_other: bool, threads: u32) -> 
     let log_text = std::fs::read(&log_path).unwrap_or_default();
     let tail = String::from_utf8_lossy(&log_text[(log_start as usize).min(log_text.len())..]);
     Err(format!("mount failed:\n{}", tail.trim_end()))
+}
+
+/// Refuses a space another process holds before a daemon is started for it, so the refusal
+/// leaves even the space's log untouched. The daemon's own lock is what really excludes a
+/// second mount; this only makes the common case quiet and clear.
+fn check_not_locked(backing: &Path) -> Result<(), String> {
+    use std::os::unix::io::AsRawFd;
+    let path = backing.join(ckptfs_engine::format::LOCK_FILE);
+    let f =
+        std::fs::File::open(&path).map_err(|e| format!("cannot open {}: {e}", path.display()))?;
+    // SAFETY: flock on an open descriptor; a shared probe released when `f` closes.
+    if unsafe { libc::flock(f.as_raw_fd(), libc::LOCK_SH | libc::LOCK_NB) } != 0 {
+        return Err(format!(
+            "backing space {} is in use by another ckptfs process ({})",
+            backing.display(),
+            lock_holder(backing).unwrap_or_default().trim()
+        ));
+    }
+    Ok(())
 }
 
 fn mounted_at(mnt: &Path) -> bool {
@@ -647,6 +686,12 @@ fn read_stats(path: &Path) -> Result<Stats, String> {
             Err(e) => Err(e.to_string()),
         };
     }
+    if backing_of(&path).is_none() {
+        return Err(format!(
+            "{} is neither a ckptfs mountpoint nor a backing directory",
+            path.display()
+        ));
+    }
     from_mount(&path)
 }
 
@@ -690,8 +735,11 @@ fn run(cli: Cli) -> Result<(), String> {
             force,
             retention,
         } => {
-            let chunk =
-                u32::try_from(chunk_size).map_err(|_| "chunk size too large".to_string())?;
+            let chunk = u32::try_from(chunk_size).map_err(|_| {
+                format!(
+                    "chunk size must be a power of two between 4 KiB and 4 MiB, got {chunk_size} bytes"
+                )
+            })?;
             let mut config = Config::default();
             retention.apply(&mut config);
             Space::format(&dir, size, chunk, config, force).map_err(|e| e.to_string())?;
@@ -835,7 +883,15 @@ fn control_set(mnt: &Path, op: &str, value: &[u8]) -> Result<(), String> {
         )
     };
     if rc != 0 {
-        return Err(format!("{op}: {}", std::io::Error::last_os_error()));
+        let e = std::io::Error::last_os_error();
+        if matches!(e.raw_os_error(), Some(libc::EPERM | libc::EACCES)) && op != "select" {
+            return Err(format!(
+                "{op}: {e}: only root and the owner of the mount's root directory ({}) may \
+                 run gc, restore in place or change the config",
+                mnt.display()
+            ));
+        }
+        return Err(format!("{op}: {e}"));
     }
     Ok(())
 }
@@ -863,6 +919,12 @@ fn control_get(mnt: &Path, op: &str, probe: bool) -> Result<serde_json::Value, S
 }
 
 fn cmd_config(path: &Path, r: &RetentionArgs, json: bool) -> Result<(), String> {
+    // Each setting is valid or not on its own, so checking them over the defaults refuses a
+    // bad value before anything is opened (an offline open rewrites the lock file), and with
+    // the engine's message rather than the daemon's bare EINVAL.
+    let mut proposed = Config::default();
+    r.apply(&mut proposed);
+    proposed.validate().map_err(|e| e.to_string())?;
     let c = match target_of(path)? {
         Target::Mounted { mnt } => {
             if !r.is_empty() {

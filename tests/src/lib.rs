@@ -147,6 +147,17 @@ fn run_logged(
     Ok((status, read(&out_path), read(&err_path)))
 }
 
+/// Runs `ckptfs ARGS` outside any [`TestMount`] (for commands that must be refused), logging
+/// into `log_dir` under `name`. Returns (status, stdout, stderr).
+pub fn run_ckptfs(log_dir: &Path, name: &str, args: &[&OsStr]) -> (ExitStatus, String, String) {
+    let mut cmd = Command::new(ckptfs_bin());
+    cmd.args(args);
+    run_logged(&mut cmd, log_dir, name, FORMAT_TIMEOUT).unwrap_or_else(|e| {
+        let shown: Vec<OsString> = args.iter().map(|a| a.to_os_string()).collect();
+        panic!("`ckptfs {}`: {e}", join_args(&shown))
+    })
+}
+
 fn st_dev(p: &Path) -> Option<u64> {
     fs::metadata(p).ok().map(|m| m.dev())
 }
@@ -254,12 +265,16 @@ impl TestMount {
 
     /// Mounts the space (it must not be mounted).
     pub fn mount(&mut self) {
+        self.mount_with(&[]);
+    }
+
+    /// Mounts the space with extra `ckptfs mount` options (`--allow-other`, ...).
+    pub fn mount_with(&mut self, options: &[&str]) {
         assert!(!self.mounted, "already mounted");
-        let args = vec![
-            OsStr::new("mount").to_os_string(),
-            self.backing.clone().into_os_string(),
-            self.mnt.clone().into_os_string(),
-        ];
+        let mut args = vec![OsStr::new("mount").to_os_string()];
+        args.extend(options.iter().map(|o| OsStr::new(o).to_os_string()));
+        args.push(self.backing.clone().into_os_string());
+        args.push(self.mnt.clone().into_os_string());
         self.run_ok("mount", &args, MOUNT_TIMEOUT);
         self.mounted = true;
         let parent_dev = st_dev(self.root.path());
