@@ -360,6 +360,10 @@ impl Fs {
             return Err(Error::NameTooLong);
         }
         self.writable(parent)?;
+        // The view is not in the directory table; without this its name would be ENOENT.
+        if parent == InodeId::ROOT && name == view::CTL_NAME {
+            return Err(Error::ReadOnly);
+        }
         let now = Timestamp::now();
         let (child, rec) = self.space.ns_write(false, |t| -> Result<_> {
             let child = t.lookup(parent, name)?.ok_or(Error::NotFound)?;
@@ -416,7 +420,8 @@ impl Fs {
         }
         self.writable(parent)?;
         self.writable(new_parent)?;
-        if new_parent == InodeId::ROOT && new_name == view::CTL_NAME {
+        let reserved = |dir: InodeId, n: &[u8]| dir == InodeId::ROOT && n == view::CTL_NAME;
+        if reserved(parent, name) || reserved(new_parent, new_name) {
             return Err(Error::ReadOnly);
         }
         let now = Timestamp::now();

@@ -75,12 +75,22 @@ fn read_only(perm: u32, dir: bool) -> u32 {
     }
 }
 
+/// The view of a live directory keeps exactly its read and search bits, so the view lists
+/// and reaches no more than the live tree; the directory of a file's revisions may be listed
+/// and searched by whoever may read the file.
+fn view_dir_perm(like: &InodeRecord) -> u32 {
+    match like.kind {
+        NodeKind::Dir => like.perm & 0o555,
+        _ => read_only(like.perm, true),
+    }
+}
+
 fn dir_attr(ino: InodeId, like: &InodeRecord) -> Attr {
     Attr {
         ino,
         rec: InodeRecord {
             kind: NodeKind::Dir,
-            perm: read_only(like.perm, true),
+            perm: view_dir_perm(like),
             nlink: 2,
             size: 0,
             history: 0,
@@ -94,7 +104,13 @@ impl Fs {
     pub(crate) fn view_getattr(&self, ino: InodeId) -> Result<Attr> {
         match decode(ino).ok_or(Error::NotFound)? {
             Virt::Ctl => Ok(dir_attr(ino, &self.record(InodeId::ROOT)?)),
-            Virt::Hist(None) => Ok(dir_attr(ino, &self.record(InodeId::ROOT)?)),
+            Virt::Hist(None) => {
+                // A history is reached by id, around the permissions of the directories
+                // holding its file, so only root and the root's owner may enter here.
+                let root = self.record(InodeId::ROOT)?;
+                let perm = root.perm & 0o500;
+                Ok(dir_attr(ino, &InodeRecord { perm, ..root }))
+            }
             Virt::Hist(Some(hid)) => {
                 let h = self.space.history(hid).map_err(|_| Error::NotFound)?;
                 Ok(dir_attr(ino, &self.history_owner(&h)?))
@@ -138,7 +154,12 @@ impl Fs {
             Virt::Ctl if name == HISTORIES_NAME => self.view_getattr(hist_dir(0)),
             Virt::Ctl => Err(Error::NotFound),
             Virt::Hist(None) => {
+                // Ids outside 1..2^61 would name the histories dir itself or alias another
+                // history's inode number.
                 let hid = parse_id(name)?;
+                if hid == 0 || hid >= HIST_BIT {
+                    return Err(Error::NotFound);
+                }
                 self.view_getattr(hist_dir(hid))
             }
             Virt::Hist(Some(hid)) => {
@@ -286,7 +307,7 @@ impl Fs {
     }
 
     /// Whose modes the view of a history shows: its live file's, or, once the path is
-    /// unlinked, the root's with access for the root user only.
+    /// unlinked, read access for the owner of the root directory only.
     fn history_owner(&self, h: &ckptfs_engine::format::HistoryRecord) -> Result<InodeRecord> {
         if h.unlinked.is_none() {
             if let Some(r) = self.space.get_inode(h.ino)? {
@@ -295,8 +316,7 @@ impl Fs {
         }
         let root = self.record(InodeId::ROOT)?;
         Ok(InodeRecord {
-            uid: 0,
-            gid: 0,
+            kind: NodeKind::File,
             perm: 0o400,
             ..root
         })
@@ -341,9 +361,15 @@ impl Fs {
     }
 }
 
+/// Only the canonical decimal spelling names an id ("7", not "07" or "+7"), so each view
+/// entry has one name.
 fn parse_id(name: &[u8]) -> Result<u64> {
+    let canonical = !name.is_empty()
+        && name.iter().all(u8::is_ascii_digit)
+        && (name[0] != b'0' || name.len() == 1);
     std::str::from_utf8(name)
         .ok()
+        .filter(|_| canonical)
         .and_then(|s| s.parse().ok())
         .ok_or(Error::NotFound)
 }
