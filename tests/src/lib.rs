@@ -170,6 +170,8 @@ pub struct TestMount {
     mounted: bool,
     bin: PathBuf,
     step: u64,
+    /// Extra environment for every `ckptfs` command (and so the daemon), e.g. CKPTFS_FAULTS.
+    env: Vec<(String, String)>,
 }
 
 impl TestMount {
@@ -203,6 +205,7 @@ impl TestMount {
             mounted: false,
             bin,
             step: 0,
+            env: Vec::new(),
         };
         let mut args: Vec<&OsStr> = vec![
             OsStr::new("format"),
@@ -242,6 +245,7 @@ impl TestMount {
         let name = format!("{:03}-{what}", self.step);
         let mut cmd = Command::new(&self.bin);
         cmd.args(args);
+        cmd.envs(self.env.iter().map(|(k, v)| (k, v)));
         run_logged(&mut cmd, self.root.path(), &name, timeout)
     }
 
@@ -261,6 +265,15 @@ impl TestMount {
         let args: Vec<OsString> = args.iter().map(|a| a.to_os_string()).collect();
         self.run("cmd", &args, FORMAT_TIMEOUT)
             .unwrap_or_else(|e| panic!("`ckptfs {}`: {e}", join_args(&args)))
+    }
+
+    /// Sets `key=value` in the environment of every later `ckptfs` command (and the daemon a
+    /// mount starts); an empty value removes it.
+    pub fn set_env(&mut self, key: &str, value: &str) {
+        self.env.retain(|(k, _)| k != key);
+        if !value.is_empty() {
+            self.env.push((key.to_string(), value.to_string()));
+        }
     }
 
     /// Mounts the space (it must not be mounted).
