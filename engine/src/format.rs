@@ -186,6 +186,10 @@ pub struct Timestamp {
 }
 
 impl Timestamp {
+    pub const EPOCH: Timestamp = Timestamp { secs: 0, nanos: 0 };
+}
+
+impl Timestamp {
     pub fn now() -> Self {
         SystemTime::now().into()
     }

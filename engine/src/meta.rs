@@ -208,6 +208,15 @@ impl NsTxn<'_> {
         Ok(parts.join(&b'/'))
     }
 
+    /// The revisions of a history, oldest first (sealed or not).
+    pub fn history_revisions(&self, hid: u64) -> Result<Vec<RevisionId>> {
+        Ok(self
+            .history_revs
+            .range((hid, 0)..=(hid, u64::MAX))?
+            .map(|r| r.map(|(k, _)| RevisionId(k.value().1)))
+            .collect::<std::result::Result<_, _>>()?)
+    }
+
     /// Adds a sealed revision to history `hid` with the content of revision `from`, taking a
     /// reference on each of its chunks. Used when a rename replaces a path's file.
     pub fn copy_revision(&mut self, from: RevisionId, hid: u64) -> Result<RevisionId> {

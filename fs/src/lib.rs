@@ -402,7 +402,27 @@ impl Fs {
             r.nlink = rec.nlink;
             r.ctime = rec.ctime;
         });
+        if rec.kind == NodeKind::File {
+            self.drop_if_unused(child);
+        }
         Ok(())
+    }
+
+    /// Forgets the in-memory state of an unlinked file no handle has open: writes a failed
+    /// commit left behind (a full space) can never be read again, and their pinned chunks
+    /// must not keep gc from reclaiming the space they took.
+    fn drop_if_unused(&self, ino: InodeId) {
+        let mut open = self.open.lock();
+        let Some(node) = open.get(&ino).cloned() else {
+            return;
+        };
+        let mut n = node.lock();
+        if n.opens == 0 && n.rec.nlink == 0 {
+            self.space.store().unpin(&n.file.take_held());
+            drop(n);
+            open.remove(&ino);
+            self.base_revs.lock().remove(&ino);
+        }
     }
 
     pub fn rename(
@@ -497,10 +517,17 @@ impl Fs {
                     if dst_rec.kind == NodeKind::File && src_rec.kind == NodeKind::File {
                         // The target path's history goes on: the file renamed over it
                         // becomes its next revision, and the source's own history is
-                        // retired under the source's old path.
+                        // retired under the source's old path. When that history held only
+                        // the revision just copied (a temporary file saved once: the
+                        // write-temp-then-rename of torch.save), nothing of it is worth
+                        // keeping for keep_unlinked: it is retired as removed long ago, so
+                        // the next gc drops it and the target's keep-N alone decides.
                         let target_history = dst_rec.history;
                         let old_path = t.path_of(parent, name)?;
-                        t.retire_history(src_rec.history, old_path, now)?;
+                        let only_current =
+                            t.history_revisions(src_rec.history)? == [src_rec.current_rev];
+                        let when = if only_current { Timestamp::EPOCH } else { now };
+                        t.retire_history(src_rec.history, old_path, when)?;
                         if src_rec.current_rev.0 != 0 {
                             src_rec.current_rev =
                                 t.copy_revision(src_rec.current_rev, target_history)?;
@@ -565,6 +592,9 @@ impl Fs {
 
     pub fn setattr(&self, ino: InodeId, s: &SetAttr) -> Result<Attr> {
         self.writable(ino)?;
+        if self.space.store().is_failed() {
+            return Err(Error::Engine(ckptfs_engine::Error::Failed));
+        }
         if let Some(size) = s.size {
             if size > MAX_FILE_BYTES {
                 return Err(Error::FileTooBig);
@@ -648,7 +678,11 @@ impl Fs {
         if view::is_virtual(ino) {
             return self.open_view(ino, write);
         }
-        let _ = ();
+        // Sticky failure: refuse to open for writing at all, so an O_TRUNC cannot empty the
+        // in-memory view of a committed file that nothing can be saved over any more.
+        if write && self.space.store().is_failed() {
+            return Err(Error::Engine(ckptfs_engine::Error::Failed));
+        }
         // The node is found or made, and `opens` raised, under the map lock: release()
         // removes a node only when it sees `opens == 0` under the same lock.
         let mut open = self.open.lock();
@@ -836,6 +870,12 @@ impl Fs {
             ),
             None => (false, false),
         };
+        log::debug!(
+            "flush inode {} handle {fh} pid {pid}: wrote {wrote} only_writer {only_writer} \
+             writer_pid {:?} seal_now {seal_now}",
+            ino.0,
+            n.handles.get(&fh).map(|h| h.writer_pid)
+        );
         if n.file.is_modified() {
             self.commit_node(ino, n, seal_now, fh)?;
         } else if seal_now && n.base_rev.0 != 0 {
@@ -848,7 +888,13 @@ impl Fs {
             } else if wrote && only_writer {
                 h.pending = Some(n.base_rev);
             }
-            h.wrote = false;
+            // Only the writer's own close ends its "wrote since close": a FLUSH from a child
+            // that inherited the descriptor (closing it at exec) must not make the writer's
+            // later close look like a close without writes, which would leave the revision
+            // unlisted until the release that follows close.
+            if h.writer_pid == pid {
+                h.wrote = false;
+            }
             h.flushed = true;
         }
         // Namespace changes before this close (this file's create, an unlink) are durable
@@ -902,7 +948,8 @@ impl Fs {
         // Lock order: map, then node. An open() in between raised `opens` again.
         let mut open = self.open.lock();
         let mut n = node.lock();
-        if n.opens == 0 && !n.file.is_modified() {
+        // A file unlinked while open: its last release drops what a failed commit left.
+        if n.opens == 0 && (!n.file.is_modified() || n.rec.nlink == 0) {
             self.space.store().unpin(&n.file.take_held());
             drop(n);
             open.remove(&ino);
