@@ -289,6 +289,11 @@ impl Space {
         let mut chunks = txn.open_table(meta::CHUNKS)?;
         let total = cand.len()?;
         let mut done = 0u64;
+        // Unreferenced but pinned by an uncommitted file state (a dedup hit): stays queued.
+        // If that state commits, the chunk gains a reference and a later gc drops the entry;
+        // if it is discarded, a later gc deletes the chunk. Dropping the entry here would
+        // leak the chunk for good.
+        let mut still_pinned = Vec::new();
         while let Some((k, _)) = cand.pop_first()? {
             let key: Vec<u8> = k.value().to_vec();
             drop(k);
@@ -308,11 +313,18 @@ impl Space {
             else {
                 continue;
             };
-            if rec.refs == 0 && !self.store().is_pinned(&h) {
-                chunks.remove(key.as_slice())?;
-                r.chunks_freed += 1;
-                r.bytes_freed += rec.stored_len as u64;
+            if rec.refs == 0 {
+                if self.store().is_pinned(&h) {
+                    still_pinned.push(key);
+                } else {
+                    chunks.remove(key.as_slice())?;
+                    r.chunks_freed += 1;
+                    r.bytes_freed += rec.stored_len as u64;
+                }
             }
+        }
+        for key in still_pinned {
+            cand.insert(key.as_slice(), ())?;
         }
         progress(GcProgress::Chunks { done, total });
         Ok(())
