@@ -274,6 +274,22 @@ pub fn free_disk_bytes(dir: &Path) -> Result<u64> {
     Ok(st.f_bavail as u64 * st.f_frsize as u64)
 }
 
+/// Validates a space's size, chunk size and policy; returns the chunk bounds and the segment
+/// size they imply.
+fn geometry(size_bytes: u64, chunk_avg_bytes: u32, config: &Config) -> Result<(ChunkParams, u32)> {
+    let chunk = ChunkParams::from_avg(chunk_avg_bytes)?;
+    config.validate()?;
+    let segment_bytes = Superblock::segment_bytes_for(chunk);
+    let min = MIN_SPACE_BYTES.max(2 * segment_bytes as u64);
+    if size_bytes < min {
+        return Err(Error::Invalid(format!(
+            "size {size_bytes} bytes is below the minimum of {} MiB for this chunk size",
+            min >> 20
+        )));
+    }
+    Ok((chunk, segment_bytes))
+}
+
 fn sync_dir(dir: &Path) -> Result<()> {
     File::open(dir)?.sync_all()?;
     Ok(())
@@ -289,16 +305,8 @@ impl Space {
         config: Config,
         force: bool,
     ) -> Result<()> {
-        let chunk = ChunkParams::from_avg(chunk_avg_bytes)?;
-        config.validate()?;
-        let segment_bytes = Superblock::segment_bytes_for(chunk);
-        let min = MIN_SPACE_BYTES.max(2 * segment_bytes as u64);
-        if size_bytes < min {
-            return Err(Error::Invalid(format!(
-                "size {size_bytes} bytes is below the minimum of {} MiB for this chunk size",
-                min >> 20
-            )));
-        }
+        // Every refusal comes before the first change to `dir`.
+        geometry(size_bytes, chunk_avg_bytes, &config)?;
         if dir.exists() && !dir.is_dir() {
             return Err(Error::Invalid(format!(
                 "{} is not a directory",
@@ -410,17 +418,8 @@ impl Space {
         chunk_avg_bytes: u32,
         config: Config,
     ) -> Result<Superblock> {
-        let chunk = ChunkParams::from_avg(chunk_avg_bytes)?;
-        config.validate()?;
         let size_bytes = devs.data.len();
-        let segment_bytes = Superblock::segment_bytes_for(chunk);
-        let min = MIN_SPACE_BYTES.max(2 * segment_bytes as u64);
-        if size_bytes < min {
-            return Err(Error::Invalid(format!(
-                "size {size_bytes} bytes is below the minimum of {} MiB for this chunk size",
-                min >> 20
-            )));
-        }
+        let (chunk, segment_bytes) = geometry(size_bytes, chunk_avg_bytes, &config)?;
         if !devs.meta.is_empty() {
             return Err(Error::Invalid(
                 "the metadata device is not empty; refusing to format over it".into(),

@@ -586,15 +586,21 @@ impl Fs {
         Ok(())
     }
 
+    /// Sticky failure: after a failed backing write or sync nothing may change a file.
+    fn refuse_if_failed(&self) -> Result<()> {
+        if self.space.store().is_failed() {
+            return Err(Error::Engine(ckptfs_engine::Error::Failed));
+        }
+        Ok(())
+    }
+
     pub fn link(&self) -> Result<Attr> {
         Err(Error::NotPermitted)
     }
 
     pub fn setattr(&self, ino: InodeId, s: &SetAttr) -> Result<Attr> {
         self.writable(ino)?;
-        if self.space.store().is_failed() {
-            return Err(Error::Engine(ckptfs_engine::Error::Failed));
-        }
+        self.refuse_if_failed()?;
         if let Some(size) = s.size {
             if size > MAX_FILE_BYTES {
                 return Err(Error::FileTooBig);
@@ -680,8 +686,8 @@ impl Fs {
         }
         // Sticky failure: refuse to open for writing at all, so an O_TRUNC cannot empty the
         // in-memory view of a committed file that nothing can be saved over any more.
-        if write && self.space.store().is_failed() {
-            return Err(Error::Engine(ckptfs_engine::Error::Failed));
+        if write {
+            self.refuse_if_failed()?;
         }
         // The node is found or made, and `opens` raised, under the map lock: release()
         // removes a node only when it sees `opens == 0` under the same lock.
@@ -773,9 +779,7 @@ impl Fs {
         {
             return Err(Error::FileTooBig);
         }
-        if self.space.store().is_failed() {
-            return Err(Error::Engine(ckptfs_engine::Error::Failed));
-        }
+        self.refuse_if_failed()?;
         let node = self.node(ino)?;
         let mut n = node.lock();
         if let Err(e) = n.file.write(self.space.chunks(), off, data) {

@@ -73,7 +73,6 @@ fn devices(disk: &Arc<SimDisk>, data: Image, meta: Image) -> Devices {
 
 struct Sim {
     disk: Arc<SimDisk>,
-    devs: Devices,
     data: Arc<SimDevice>,
     meta: Arc<SimDevice>,
     sb: Superblock,
@@ -96,7 +95,6 @@ fn format() -> Sim {
     let sb = Space::format_devices(&devs, 4096, config).expect("format on a sim disk");
     Sim {
         disk,
-        devs,
         data,
         meta,
         sb,
@@ -340,8 +338,12 @@ struct Tally {
 fn run(seed: u64, plan: Plan, tally: &mut Tally) -> Result<u64, String> {
     let sim = format();
     let base = sim.disk.ops();
-    let space = Space::open_devices(sim.sb.clone(), sim.devs.clone())
-        .map_err(|e| format!("open after format: {e}"))?;
+    let devs = Devices {
+        data: sim.data.clone(),
+        meta: sim.meta.clone(),
+    };
+    let space =
+        Space::open_devices(sim.sb.clone(), devs).map_err(|e| format!("open after format: {e}"))?;
     match plan {
         Plan::Clean => {}
         Plan::Crash(n) => sim.disk.crash_at(base + n),

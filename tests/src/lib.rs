@@ -695,6 +695,17 @@ pub fn test_seed(test: &str, default: u64) -> u64 {
     seed
 }
 
+/// A well-mixed 64-bit value of two inputs (seed, index): test data and random choices that
+/// depend only on what names them.
+pub fn mix(a: u64, b: u64) -> u64 {
+    let mut z = a ^ b
+        .wrapping_mul(0x9e37_79b9_7f4a_7c15)
+        .wrapping_add(0x632b_e59b_d9b4_e019);
+    z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+    z ^ (z >> 31)
+}
+
 fn splitmix64(mut z: u64) -> u64 {
     z = z.wrapping_add(0x9e37_79b9_7f4a_7c15);
     z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);

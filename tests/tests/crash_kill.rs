@@ -23,7 +23,9 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use ckptfs_tests::{close_checked, fill_pattern, first_difference, stat_u64, test_seed, TestMount};
+use ckptfs_tests::{
+    close_checked, fill_pattern, first_difference, mix, stat_u64, test_seed, TestMount,
+};
 use rand::rngs::SmallRng;
 use rand::{Rng, SeedableRng};
 
@@ -38,15 +40,6 @@ const KEEP_REVISIONS: &str = "1000";
 const PRUNE_FULL_PERCENT: u64 = 40;
 /// How long a writer may take to notice the dead mount before the test calls it hung.
 const WRITER_EXIT_TIMEOUT: Duration = Duration::from_secs(60);
-
-fn mix(a: u64, b: u64) -> u64 {
-    let mut z = a ^ b
-        .wrapping_mul(0x9e37_79b9_7f4a_7c15)
-        .wrapping_add(0x632b_e59b_d9b4_e019);
-    z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-    z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-    z ^ (z >> 31)
-}
 
 /// One version of one file: `len` bytes of the pattern keyed by (run seed, file, number).
 #[derive(Clone, Copy, Debug)]

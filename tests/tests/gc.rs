@@ -13,23 +13,14 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use ckptfs_tests::{
-    assert_file_eq, assert_file_matches, fill_pattern, first_difference, stat_u64, statvfs_bytes,
-    test_seed, write_file_checked, write_file_with, Revision, TempDir, TestMount,
+    assert_file_eq, assert_file_matches, fill_pattern, first_difference, mix, stat_u64,
+    statvfs_bytes, test_seed, write_file_checked, write_file_with, Revision, TempDir, TestMount,
 };
 use rand::rngs::SmallRng;
 use rand::{Rng, SeedableRng};
 
 const KIB: u64 = 1024;
 const MIB: u64 = 1024 * 1024;
-
-fn mix(a: u64, b: u64) -> u64 {
-    let mut z = a ^ b
-        .wrapping_mul(0x9e37_79b9_7f4a_7c15)
-        .wrapping_add(0x632b_e59b_d9b4_e019);
-    z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-    z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-    z ^ (z >> 31)
-}
 
 /// Keys every `ckptfs gc --json` report has.
 const GC_KEYS: [&str; 9] = [
