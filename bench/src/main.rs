@@ -1,144 +1,208 @@
-//! ckptfs benchmarks. So far: `gc-scale`, gc's time and peak memory on a large space.
+//! ckptfs benchmarks.
 //!
+//!   ckptfs-bench all [--size 1G] [--reps 3] [--json FILE] ...   the end-to-end benchmark
+//!   ckptfs-bench first|next|nn|n1-seg|n1-strided|restart ...    one of its scenarios
 //!   ckptfs-bench gc-scale-build DIR [--files N] [--chunk-size BYTES]
 //!   ckptfs-bench gc-scale-run DIR
 //!
-//! build: formats DIR and writes N files of 64 MiB of random data (4 KiB chunks by default,
-//! so 16,384 chunks a file), then a second revision of each with its first half rewritten.
-//! run (in a fresh process, so its peak RSS is gc's own plus the metadata cache): sets
-//! keep-revisions to 1 and runs gc, which drops every first revision, frees their chunks and
-//! compacts the segments they leave half empty.
+//! See bench.rs for what the end-to-end benchmark measures and gc_scale.rs for gc-scale.
 
-use ckptfs_engine::format::*;
-use ckptfs_engine::gc::GcOptions;
-use ckptfs_engine::space::Config;
-use ckptfs_engine::Space;
-use rand::rngs::SmallRng;
-use rand::{RngCore, SeedableRng};
-use std::path::Path;
-use std::time::Instant;
+mod bench;
+mod ckptfs;
+mod data;
+mod gc_scale;
+mod report;
+mod sys;
+mod worker;
 
-const FILE_BYTES: usize = 64 << 20;
+use clap::{Args, Parser, Subcommand};
+use std::path::PathBuf;
 
-fn vm_hwm_kib() -> u64 {
-    std::fs::read_to_string("/proc/self/status")
-        .ok()
-        .and_then(|s| {
-            s.lines()
-                .find(|l| l.starts_with("VmHWM:"))
-                .and_then(|l| l.split_whitespace().nth(1).and_then(|v| v.parse().ok()))
-        })
-        .unwrap_or(0)
+/// Parses a byte count with an optional binary suffix: 4096, 64K, 1M, 1G, 1GiB.
+fn parse_size(s: &str) -> Result<u64, String> {
+    let t = s.trim();
+    let t = t
+        .strip_suffix("iB")
+        .or_else(|| t.strip_suffix('B'))
+        .unwrap_or(t);
+    let (num, shift) = match t.chars().last().map(|c| c.to_ascii_uppercase()) {
+        Some('K') => (&t[..t.len() - 1], 10),
+        Some('M') => (&t[..t.len() - 1], 20),
+        Some('G') => (&t[..t.len() - 1], 30),
+        Some('T') => (&t[..t.len() - 1], 40),
+        _ => (t, 0),
+    };
+    let n: u64 = num
+        .trim()
+        .parse()
+        .map_err(|_| format!("{s:?} is not a size (e.g. 4096, 64K, 256M, 1G)"))?;
+    n.checked_mul(1 << shift)
+        .ok_or_else(|| format!("{s:?} is too large"))
 }
 
-fn record(history: u64) -> InodeRecord {
-    InodeRecord {
-        history,
-        ..InodeRecord::new(NodeKind::File, 0o644, 0, 0)
-    }
+/// Options of the end-to-end benchmark (every scenario takes all of them).
+#[derive(Args, Clone, Debug)]
+pub struct Opts {
+    /// Work directory: plain files in DIR/plain, the ckptfs space in DIR/backing mounted at
+    /// DIR/mnt, so both sides use the same disk
+    #[arg(long, default_value = "/var/tmp/ckptfs-bench")]
+    pub dir: PathBuf,
+    /// The ckptfs binary [default: target/release/ckptfs of this workspace]
+    #[arg(long)]
+    pub ckptfs: Option<PathBuf>,
+    /// Repetitions per side (plain and ckptfs alternate)
+    #[arg(long, default_value_t = 3)]
+    pub reps: usize,
+    /// Bytes of a checkpoint (split over --procs processes in nn/n1); scales every scenario
+    #[arg(long, default_value = "1G", value_parser = parse_size)]
+    pub size: u64,
+    /// Size of each write()/read() call, and the stripe of n1-strided
+    #[arg(long, default_value = "1M", value_parser = parse_size)]
+    pub block: u64,
+    /// Processes of the nn, n1 and parallel restart scenarios
+    #[arg(long, default_value_t = 8)]
+    pub procs: usize,
+    /// Seed of all generated data
+    #[arg(long, default_value_t = 1)]
+    pub seed: u64,
+    /// Size of the ckptfs space to format [default: 8 x --size, at least 1G]
+    #[arg(long, value_parser = parse_size)]
+    pub space: Option<u64>,
+    /// Chunk size given to `ckptfs format`
+    #[arg(long, default_value = "64K")]
+    pub chunk_size: String,
+    /// Also write the results as JSON to this file
+    #[arg(long)]
+    pub json: Option<PathBuf>,
+    /// Print every repetition
+    #[arg(long)]
+    pub verbose: bool,
+    /// Leave the plain files and the ckptfs space in DIR afterwards
+    #[arg(long)]
+    pub keep: bool,
 }
 
-fn build(dir: &Path, files: u64, chunk: u32) -> Result<(), Box<dyn std::error::Error>> {
-    let size = (files * FILE_BYTES as u64 * 3 / 2) + (512 << 20);
-    let _ = std::fs::remove_dir_all(dir);
-    Space::format(dir, size, chunk, Config::default(), false)?;
-    let space = Space::open(dir)?;
-    let mut rng = SmallRng::seed_from_u64(500_000);
-    let mut data = vec![0u8; FILE_BYTES];
-    let t = Instant::now();
-    for f in 0..files {
-        let ino = InodeId(1000 + f);
-        let hid = space.ns_write(false, |t| t.new_history(ino))?;
-        let mut rec = record(hid);
-        rng.fill_bytes(&mut data);
-        for half_only in [false, true] {
-            if half_only {
-                rng.fill_bytes(&mut data[..FILE_BYTES / 2]);
-            }
-            let mut st = space.load_file(&rec)?;
-            st.truncate(0);
-            for piece in data.chunks(1 << 20) {
-                let off = st.size();
-                st.write(space.chunks(), off, piece)?;
-            }
-            st.finish(space.chunks())?;
-            space.commit_file(ino, &mut st, &mut rec, true)?;
-        }
-        eprint!("\rfile {}/{files}", f + 1);
-    }
-    let s = space.stats()?;
-    eprintln!();
-    println!(
-        "built: {} chunks, {} revisions, {} MiB stored, {} MiB free, in {:.1}s",
-        s.chunks,
-        s.revisions,
-        s.stored_bytes >> 20,
-        s.free_bytes >> 20,
-        t.elapsed().as_secs_f64()
-    );
-    Ok(())
+#[derive(Parser)]
+#[command(
+    name = "ckptfs-bench",
+    about = "ckptfs benchmarks: plain directory vs ckptfs mount on the same disk"
+)]
+struct Cli {
+    #[command(subcommand)]
+    cmd: Cmd,
 }
 
-fn run(dir: &Path) -> Result<(), Box<dyn std::error::Error>> {
-    let before_open = vm_hwm_kib();
-    let space = Space::open(dir)?;
-    let mut c = space.config()?;
-    c.keep_revisions = 1;
-    space.set_config(&c)?;
-    let s = space.stats()?;
-    let hwm_before = vm_hwm_kib();
-    let t = Instant::now();
-    let r = space.gc(&GcOptions::default(), &mut |_| {})?;
-    let secs = t.elapsed().as_secs_f64();
-    let hwm_after = vm_hwm_kib();
-    let s2 = space.stats()?;
-    println!(
-        "gc on {} chunks / {} revisions: {:.2}s; dropped {} revisions, freed {} chunks ({} MiB), copied {} MiB, freed {} segments; free {} -> {} MiB",
-        s.chunks,
-        s.revisions,
-        secs,
-        r.revisions_dropped,
-        r.chunks_freed,
-        r.bytes_freed >> 20,
-        r.bytes_copied >> 20,
-        r.segments_freed,
-        r.free_bytes_before >> 20,
-        r.free_bytes_after >> 20
-    );
-    println!(
-        "peak RSS (VmHWM): {} MiB at start, {} MiB after opening and stats, {} MiB after gc; chunks left {}",
-        before_open >> 10,
-        hwm_before >> 10,
-        hwm_after >> 10,
-        s2.chunks
-    );
-    Ok(())
+#[derive(Subcommand)]
+enum Cmd {
+    /// Every scenario below, one table (about 6 minutes at the defaults on 2 cores; run as root)
+    All(Opts),
+    /// First full checkpoint, one writer: random, field and dense data
+    First(Opts),
+    /// Next revision under a new name: random with 5% of blocks changed, dense, finetune
+    Next(Opts),
+    /// N-N: --procs writer processes, one file each; full and next revision
+    Nn(Opts),
+    /// N-1 segmented: --procs processes each write one contiguous part of one shared file
+    #[command(name = "n1-seg")]
+    N1Seg(Opts),
+    /// N-1 strided: --procs processes write --block stripes of one file round-robin
+    #[command(name = "n1-strided")]
+    N1Strided(Opts),
+    /// Cold reads (after drop_caches and a remount): one reader, and one reader per N-N file
+    Restart(Opts),
+    /// Internal: one writer/reader process of a multi-process scenario
+    #[command(hide = true)]
+    Worker { task: String },
+    /// Format DIR and fill it with N files of two revisions each, for gc-scale-run
+    GcScaleBuild {
+        dir: PathBuf,
+        #[arg(long, default_value_t = 32)]
+        files: u64,
+        #[arg(long, default_value_t = 4096)]
+        chunk_size: u32,
+    },
+    /// gc's time and peak memory on a space built by gc-scale-build
+    GcScaleRun { dir: PathBuf },
 }
 
 fn main() {
-    let args: Vec<String> = std::env::args().collect();
-    let flag = |name: &str, default: u64| -> u64 {
-        args.iter()
-            .position(|a| a == name)
-            .and_then(|i| args.get(i + 1))
-            .and_then(|v| v.parse().ok())
-            .unwrap_or(default)
-    };
-    let result = match (args.get(1).map(String::as_str), args.get(2)) {
-        (Some("gc-scale-build"), Some(dir)) => build(
-            Path::new(dir),
-            flag("--files", 32),
-            flag("--chunk-size", 4096) as u32,
+    let cli = Cli::parse();
+    let none = bench::Selection::default();
+    let (opts, sel) = match cli.cmd {
+        Cmd::All(o) => (o, bench::Selection::all()),
+        Cmd::First(o) => (
+            o,
+            bench::Selection {
+                first: true,
+                ..none
+            },
         ),
-        (Some("gc-scale-run"), Some(dir)) => run(Path::new(dir)),
-        _ => {
-            eprintln!("usage: ckptfs-bench gc-scale-build DIR [--files N] [--chunk-size BYTES]");
-            eprintln!("       ckptfs-bench gc-scale-run DIR");
-            std::process::exit(2);
+        Cmd::Next(o) => (o, bench::Selection { next: true, ..none }),
+        Cmd::Nn(o) => (o, bench::Selection { nn: true, ..none }),
+        Cmd::N1Seg(o) => (
+            o,
+            bench::Selection {
+                n1_seg: true,
+                ..none
+            },
+        ),
+        Cmd::N1Strided(o) => (
+            o,
+            bench::Selection {
+                n1_strided: true,
+                ..none
+            },
+        ),
+        Cmd::Restart(o) => (
+            o,
+            bench::Selection {
+                restart: true,
+                ..none
+            },
+        ),
+        Cmd::Worker { task } => {
+            if let Err(e) = worker::worker_main(&task) {
+                eprintln!("ckptfs-bench worker: {e}");
+                std::process::exit(1);
+            }
+            return;
         }
+        Cmd::GcScaleBuild {
+            dir,
+            files,
+            chunk_size,
+        } => exit_on_error(gc_scale::build(&dir, files, chunk_size)),
+        Cmd::GcScaleRun { dir } => exit_on_error(gc_scale::run(&dir)),
     };
-    if let Err(e) = result {
+    match bench::run(&opts, sel) {
+        Ok(true) => {}
+        Ok(false) => std::process::exit(1),
+        Err(e) => {
+            eprintln!("ckptfs-bench: {e}");
+            std::process::exit(1);
+        }
+    }
+}
+
+fn exit_on_error(r: Result<(), Box<dyn std::error::Error>>) -> ! {
+    if let Err(e) = r {
         eprintln!("ckptfs-bench: {e}");
         std::process::exit(1);
+    }
+    std::process::exit(0);
+}
+
+#[cfg(test)]
+mod tests {
+    use super::parse_size;
+
+    #[test]
+    fn sizes() {
+        assert_eq!(parse_size("4096"), Ok(4096));
+        assert_eq!(parse_size("64K"), Ok(64 << 10));
+        assert_eq!(parse_size("1G"), Ok(1 << 30));
+        assert_eq!(parse_size("1GiB"), Ok(1 << 30));
+        assert_eq!(parse_size("256m"), Ok(256 << 20));
+        assert!(parse_size("x").is_err());
     }
 }

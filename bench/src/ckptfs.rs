@@ -1,0 +1,200 @@
+//! The `ckptfs` binary under test, driven through its CLI, and a guard that unmounts the space
+//! when the benchmark ends, fails or is interrupted.
+
+use crate::sys::Result;
+use std::ffi::OsStr;
+use std::fs;
+use std::os::unix::fs::MetadataExt;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+
+pub struct Ckptfs {
+    bin: PathBuf,
+    backing: PathBuf,
+    mnt: PathBuf,
+    logs: PathBuf,
+    step: u32,
+    mounted: bool,
+}
+
+/// Whether something is mounted at `p`: its device differs from its parent's, or it cannot be
+/// stat'ed at all (a FUSE mount whose daemon died answers ENOTCONN).
+pub fn is_mountpoint(p: &Path) -> bool {
+    let parent = p.parent().unwrap_or(Path::new("/"));
+    match (fs::metadata(p), fs::metadata(parent)) {
+        (Ok(a), Ok(b)) => a.dev() != b.dev(),
+        (Err(e), _) => e.kind() != std::io::ErrorKind::NotFound,
+        _ => false,
+    }
+}
+
+impl Ckptfs {
+    pub fn new(bin: PathBuf, backing: PathBuf, mnt: PathBuf, logs: PathBuf) -> Ckptfs {
+        Ckptfs {
+            bin,
+            backing,
+            mnt,
+            logs,
+            step: 0,
+            mounted: false,
+        }
+    }
+
+    pub fn mnt(&self) -> &Path {
+        &self.mnt
+    }
+
+    /// Runs `ckptfs ARGS` and returns its stdout. Output goes to files under the log directory,
+    /// never to pipes: `ckptfs mount` leaves a daemon behind that would hold a pipe open.
+    fn run(&mut self, args: &[&OsStr]) -> Result<String> {
+        self.step += 1;
+        let what = args
+            .first()
+            .map(|a| a.to_string_lossy().into_owned())
+            .unwrap_or_default();
+        let base = self.logs.join(format!("{:04}-{what}", self.step));
+        let out_path = base.with_extension("out");
+        let err_path = base.with_extension("err");
+        let open = |p: &Path| fs::File::create(p).map_err(|e| format!("{}: {e}", p.display()));
+        let status = Command::new(&self.bin)
+            .args(args)
+            .stdin(Stdio::null())
+            .stdout(open(&out_path)?)
+            .stderr(open(&err_path)?)
+            .status()
+            .map_err(|e| format!("run {}: {e}", self.bin.display()))?;
+        let out = fs::read_to_string(&out_path).unwrap_or_default();
+        if !status.success() {
+            let err = fs::read_to_string(&err_path).unwrap_or_default();
+            let shown: Vec<_> = args.iter().map(|a| a.to_string_lossy()).collect();
+            return Err(format!(
+                "`ckptfs {}` failed ({status}): {}{}",
+                shown.join(" "),
+                err.trim(),
+                out.trim()
+            ));
+        }
+        Ok(out)
+    }
+
+    pub fn format(&mut self, size: u64, chunk_size: &str) -> Result<()> {
+        let (b, s) = (self.backing.clone(), size.to_string());
+        self.run(&[
+            "format".as_ref(),
+            b.as_os_str(),
+            "--size".as_ref(),
+            s.as_ref(),
+            "--chunk-size".as_ref(),
+            chunk_size.as_ref(),
+        ])
+        .map(drop)
+    }
+
+    pub fn mount(&mut self) -> Result<()> {
+        let (b, m) = (self.backing.clone(), self.mnt.clone());
+        self.run(&["mount".as_ref(), b.as_os_str(), m.as_os_str()])?;
+        self.mounted = true;
+        Ok(())
+    }
+
+    /// `ckptfs umount`, which returns once the daemon has committed everything and exited.
+    pub fn umount(&mut self) -> Result<()> {
+        let m = self.mnt.clone();
+        self.run(&["umount".as_ref(), m.as_os_str()])?;
+        self.mounted = false;
+        Ok(())
+    }
+
+    /// The retention the benchmark needs: deleted files and replaced revisions go at the next
+    /// gc, so the space never fills across repetitions, and no automatic gc runs inside a timed
+    /// section (the benchmark runs gc itself between repetitions).
+    pub fn configure(&mut self) -> Result<()> {
+        let m = self.mnt.clone();
+        self.run(&[
+            "config".as_ref(),
+            m.as_os_str(),
+            "--keep-revisions".as_ref(),
+            "1".as_ref(),
+            "--keep-unlinked".as_ref(),
+            "off".as_ref(),
+            "--keep-age".as_ref(),
+            "off".as_ref(),
+            "--auto-gc-free-percent".as_ref(),
+            "0".as_ref(),
+        ])
+        .map(drop)
+    }
+
+    pub fn gc(&mut self) -> Result<()> {
+        let m = self.mnt.clone();
+        self.run(&["gc".as_ref(), m.as_os_str(), "--json".as_ref()])
+            .map(drop)
+    }
+
+    pub fn stats(&mut self) -> Result<serde_json::Value> {
+        let m = self.mnt.clone();
+        let out = self.run(&["stats".as_ref(), m.as_os_str(), "--json".as_ref()])?;
+        serde_json::from_str(out.trim())
+            .map_err(|e| format!("`ckptfs stats --json` printed non-JSON ({e}): {out}"))
+    }
+
+    pub fn stored_bytes(&mut self) -> Result<u64> {
+        let s = self.stats()?;
+        s["stored_bytes"]
+            .as_u64()
+            .ok_or_else(|| format!("`ckptfs stats --json` has no stored_bytes: {s}"))
+    }
+
+    /// The daemon's pid, from the lock file ("pid N mounted at ...").
+    pub fn daemon_pid(&self) -> Result<u32> {
+        let lock = self.backing.join("lock");
+        let note = fs::read_to_string(&lock).map_err(|e| format!("{}: {e}", lock.display()))?;
+        note.strip_prefix("pid ")
+            .and_then(|s| s.split_whitespace().next())
+            .and_then(|s| s.parse().ok())
+            .ok_or_else(|| format!("{} names no pid: {note:?}", lock.display()))
+    }
+
+    /// Unmounts a mount left at `mnt` by an earlier, killed run.
+    pub fn clear_stale_mount(&mut self) -> Result<()> {
+        if !is_mountpoint(&self.mnt) {
+            return Ok(());
+        }
+        eprintln!(
+            "ckptfs-bench: {} is still mounted (an earlier run?); unmounting it",
+            self.mnt.display()
+        );
+        if self.umount().is_err() {
+            lazy_unmount(&self.mnt);
+        }
+        if is_mountpoint(&self.mnt) {
+            return Err(format!(
+                "{} is still mounted; unmount it first",
+                self.mnt.display()
+            ));
+        }
+        Ok(())
+    }
+}
+
+fn lazy_unmount(mnt: &Path) {
+    let _ = Command::new("fusermount3")
+        .arg("-u")
+        .arg("-z")
+        .arg(mnt)
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .status();
+}
+
+impl Drop for Ckptfs {
+    fn drop(&mut self) {
+        if !self.mounted {
+            return;
+        }
+        if let Err(e) = self.umount() {
+            eprintln!("ckptfs-bench: {e}; detaching the mount (fusermount3 -u -z)");
+            lazy_unmount(&self.mnt);
+        }
+    }
+}

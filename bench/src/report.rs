@@ -1,0 +1,351 @@
+//! Measurements, the summary table and its JSON form.
+
+use serde_json::{json, Value};
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Side {
+    Plain,
+    Ckptfs,
+}
+
+impl Side {
+    pub fn name(self) -> &'static str {
+        match self {
+            Side::Plain => "plain",
+            Side::Ckptfs => "ckptfs",
+        }
+    }
+}
+
+/// One repetition of one row on one side.
+#[derive(Clone, Debug, Default)]
+pub struct Sample {
+    /// Logical bytes written or read.
+    pub bytes: u64,
+    /// Open to last close (one file), or barrier to last close (several processes).
+    pub secs: f64,
+    /// Close latency of each file: fsync+close (plain), close (ckptfs).
+    pub closes: Vec<f64>,
+    /// ckptfs only: growth of stored_bytes over the timed part.
+    pub stored: Option<i64>,
+    /// ckptfs only: daemon utime+stime over the timed part.
+    pub cpu_s: Option<f64>,
+    /// ckptfs only: daemon VmHWM after the timed part (reset just before it).
+    pub rss_kib: Option<u64>,
+    pub verified: Option<bool>,
+}
+
+impl Sample {
+    pub fn mibs(&self) -> f64 {
+        self.bytes as f64 / 1048576.0 / self.secs.max(1e-9)
+    }
+
+    pub fn line(&self) -> String {
+        let mut s = format!("{:8.1} MiB/s  {:6.2} s", self.mibs(), self.secs);
+        if !self.closes.is_empty() {
+            let mut c = self.closes.clone();
+            sort(&mut c);
+            s += &format!(
+                "  close max {:.1} ms (of {})",
+                1e3 * c[c.len() - 1],
+                c.len()
+            );
+        }
+        if let Some(st) = self.stored {
+            s += &format!(
+                "  stored/logical {:.3}",
+                st as f64 / self.bytes.max(1) as f64
+            );
+        }
+        if let Some(c) = self.cpu_s {
+            s += &format!("  daemon cpu {c:.2} s");
+        }
+        if let Some(r) = self.rss_kib {
+            s += &format!("  peak rss {} MiB", r >> 10);
+        }
+        if let Some(v) = self.verified {
+            s += if v {
+                "  verified ok"
+            } else {
+                "  VERIFY FAILED"
+            };
+        }
+        s
+    }
+}
+
+pub struct Row {
+    pub scenario: String,
+    pub data: String,
+    pub read: bool,
+    pub plain: Vec<Sample>,
+    pub ckptfs: Vec<Sample>,
+}
+
+fn sort(v: &mut [f64]) {
+    v.sort_by(|a, b| a.total_cmp(b));
+}
+
+fn median(v: &[f64]) -> Option<f64> {
+    let mut v = v.to_vec();
+    sort(&mut v);
+    let n = v.len();
+    match n {
+        0 => None,
+        _ if n % 2 == 1 => Some(v[n / 2]),
+        _ => Some((v[n / 2 - 1] + v[n / 2]) / 2.0),
+    }
+}
+
+/// Nearest-rank percentile.
+fn percentile(v: &[f64], p: f64) -> Option<f64> {
+    let mut v = v.to_vec();
+    sort(&mut v);
+    if v.is_empty() {
+        return None;
+    }
+    let rank = ((p / 100.0) * v.len() as f64).ceil() as usize;
+    Some(v[rank.clamp(1, v.len()) - 1])
+}
+
+struct SideSummary {
+    med: Option<f64>,
+    min: Option<f64>,
+    max: Option<f64>,
+    close_p50: Option<f64>,
+    close_p99: Option<f64>,
+}
+
+fn summarize(samples: &[Sample]) -> SideSummary {
+    let mibs: Vec<f64> = samples.iter().map(Sample::mibs).collect();
+    let closes: Vec<f64> = samples.iter().flat_map(|s| s.closes.clone()).collect();
+    SideSummary {
+        med: median(&mibs),
+        min: mibs.iter().copied().reduce(f64::min),
+        max: mibs.iter().copied().reduce(f64::max),
+        close_p50: percentile(&closes, 50.0),
+        close_p99: percentile(&closes, 99.0),
+    }
+}
+
+impl Row {
+    fn samples(&self, side: Side) -> &[Sample] {
+        match side {
+            Side::Plain => &self.plain,
+            Side::Ckptfs => &self.ckptfs,
+        }
+    }
+
+    fn ratio(&self) -> Option<f64> {
+        Some(summarize(&self.ckptfs).med? / summarize(&self.plain).med?)
+    }
+
+    /// Stored over logical bytes, over all repetitions.
+    fn stored_ratio(&self) -> Option<f64> {
+        let stored: Option<i64> = self.ckptfs.iter().map(|s| s.stored).sum();
+        let logical: u64 = self.ckptfs.iter().map(|s| s.bytes).sum();
+        Some(stored? as f64 / logical.max(1) as f64)
+    }
+
+    fn cpu_median(&self) -> Option<f64> {
+        let v: Vec<f64> = self.ckptfs.iter().filter_map(|s| s.cpu_s).collect();
+        median(&v)
+    }
+
+    fn rss_max_kib(&self) -> Option<u64> {
+        self.ckptfs.iter().filter_map(|s| s.rss_kib).max()
+    }
+
+    /// None when nothing was verified; Some(false) when any repetition failed.
+    pub fn verified(&self) -> Option<bool> {
+        let v: Vec<bool> = self
+            .plain
+            .iter()
+            .chain(&self.ckptfs)
+            .filter_map(|s| s.verified)
+            .collect();
+        (!v.is_empty()).then(|| v.iter().all(|&b| b))
+    }
+}
+
+#[derive(Default)]
+pub struct Results {
+    pub rows: Vec<Row>,
+}
+
+impl Results {
+    pub fn add(&mut self, scenario: &str, data: &str, read: bool, side: Side, s: Sample) {
+        let i = match self
+            .rows
+            .iter()
+            .position(|r| r.scenario == scenario && r.data == data)
+        {
+            Some(i) => i,
+            None => {
+                self.rows.push(Row {
+                    scenario: scenario.into(),
+                    data: data.into(),
+                    read,
+                    plain: Vec::new(),
+                    ckptfs: Vec::new(),
+                });
+                self.rows.len() - 1
+            }
+        };
+        match side {
+            Side::Plain => self.rows[i].plain.push(s),
+            Side::Ckptfs => self.rows[i].ckptfs.push(s),
+        }
+    }
+
+    pub fn any_failed(&self) -> bool {
+        self.rows.iter().any(|r| r.verified() == Some(false))
+    }
+
+    pub fn table(&self) -> String {
+        let head = [
+            "scenario",
+            "data",
+            "plain MiB/s med (min-max)",
+            "ckptfs MiB/s med (min-max)",
+            "ratio",
+            "stored/logical",
+            "daemon CPU s",
+            "daemon peak RSS MiB",
+            "close p50/p99 ms plain",
+            "close p50/p99 ms ckptfs",
+            "verified",
+        ];
+        let opt = |v: Option<f64>, prec: usize| match v {
+            Some(x) => format!("{x:.prec$}"),
+            None => "-".into(),
+        };
+        let thr = |s: &SideSummary| match (s.med, s.min, s.max) {
+            (Some(m), Some(a), Some(b)) => format!("{m:.0} ({a:.0}-{b:.0})"),
+            _ => "-".into(),
+        };
+        let close = |s: &SideSummary, read: bool| {
+            if read {
+                return "-".into();
+            }
+            match (s.close_p50, s.close_p99) {
+                (Some(a), Some(b)) => format!("{:.1}/{:.1}", 1e3 * a, 1e3 * b),
+                _ => "-".into(),
+            }
+        };
+        let mut cells: Vec<Vec<String>> = vec![head.iter().map(|s| s.to_string()).collect()];
+        for r in &self.rows {
+            let p = summarize(&r.plain);
+            let c = summarize(&r.ckptfs);
+            cells.push(vec![
+                r.scenario.clone(),
+                r.data.clone(),
+                thr(&p),
+                thr(&c),
+                opt(r.ratio(), 2),
+                if r.read {
+                    "-".into()
+                } else {
+                    opt(r.stored_ratio(), 3)
+                },
+                opt(r.cpu_median(), 2),
+                r.rss_max_kib()
+                    .map(|k| (k >> 10).to_string())
+                    .unwrap_or("-".into()),
+                close(&p, r.read),
+                close(&c, r.read),
+                match r.verified() {
+                    None => "-".into(),
+                    Some(true) => "ok".into(),
+                    Some(false) => "FAIL".into(),
+                },
+            ]);
+        }
+        let widths: Vec<usize> = (0..head.len())
+            .map(|i| {
+                cells
+                    .iter()
+                    .map(|r| r[i].chars().count())
+                    .max()
+                    .unwrap_or(0)
+            })
+            .collect();
+        let mut out = String::new();
+        for (n, row) in cells.iter().enumerate() {
+            let line: Vec<String> = row
+                .iter()
+                .zip(&widths)
+                .enumerate()
+                .map(|(i, (c, w))| {
+                    if i < 2 {
+                        format!("{c:<w$}")
+                    } else {
+                        format!("{c:>w$}")
+                    }
+                })
+                .collect();
+            out += line.join(" | ").trim_end();
+            out.push('\n');
+            if n == 0 {
+                let rule: Vec<String> = widths.iter().map(|w| "-".repeat(*w)).collect();
+                out += &rule.join("-|-");
+                out.push('\n');
+            }
+        }
+        out
+    }
+
+    pub fn json(&self) -> Value {
+        let side = |r: &Row, side: Side| {
+            let samples = r.samples(side);
+            let s = summarize(samples);
+            json!({
+                "mib_s": samples.iter().map(Sample::mibs).collect::<Vec<_>>(),
+                "secs": samples.iter().map(|s| s.secs).collect::<Vec<_>>(),
+                "bytes": samples.iter().map(|s| s.bytes).collect::<Vec<_>>(),
+                "mib_s_median": s.med, "mib_s_min": s.min, "mib_s_max": s.max,
+                "close_ms_p50": s.close_p50.map(|x| x * 1e3),
+                "close_ms_p99": s.close_p99.map(|x| x * 1e3),
+                "close_ms": samples.iter().map(|s| s.closes.iter().map(|c| c * 1e3).collect::<Vec<_>>()).collect::<Vec<_>>(),
+                "stored_bytes": samples.iter().map(|s| s.stored).collect::<Vec<_>>(),
+                "daemon_cpu_s": samples.iter().map(|s| s.cpu_s).collect::<Vec<_>>(),
+                "daemon_peak_rss_kib": samples.iter().map(|s| s.rss_kib).collect::<Vec<_>>(),
+                "verified": samples.iter().map(|s| s.verified).collect::<Vec<_>>(),
+            })
+        };
+        Value::Array(
+            self.rows
+                .iter()
+                .map(|r| {
+                    json!({
+                        "scenario": r.scenario,
+                        "data": r.data,
+                        "kind": if r.read { "read" } else { "write" },
+                        "plain": side(r, Side::Plain),
+                        "ckptfs": side(r, Side::Ckptfs),
+                        "ratio_ckptfs_over_plain": r.ratio(),
+                        "stored_over_logical": if r.read { None } else { r.stored_ratio() },
+                        "daemon_cpu_s_median": r.cpu_median(),
+                        "daemon_peak_rss_mib": r.rss_max_kib().map(|k| k as f64 / 1024.0),
+                        "verified": r.verified(),
+                    })
+                })
+                .collect(),
+        )
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn stats() {
+        assert_eq!(median(&[3.0, 1.0, 2.0]), Some(2.0));
+        assert_eq!(median(&[4.0, 1.0, 2.0, 3.0]), Some(2.5));
+        let v: Vec<f64> = (1..=100).map(f64::from).collect();
+        assert_eq!(percentile(&v, 50.0), Some(50.0));
+        assert_eq!(percentile(&v, 99.0), Some(99.0));
+        assert_eq!(percentile(&[5.0], 99.0), Some(5.0));
+    }
+}

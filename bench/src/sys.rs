@@ -1,0 +1,216 @@
+//! Small Linux helpers: a clock shared between processes, /proc readings, the page cache,
+//! signals and a description of the machine.
+
+use std::fs;
+use std::path::Path;
+use std::process::Command;
+use std::sync::atomic::{AtomicBool, Ordering};
+
+pub type Error = String;
+pub type Result<T> = std::result::Result<T, Error>;
+
+/// CLOCK_MONOTONIC in nanoseconds. Unlike `Instant` it can be compared across processes, so a
+/// worker's "closed at" and the parent's "go at" share one time line.
+pub fn mono_ns() -> u64 {
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: ts is a valid timespec to write to.
+    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
+    ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
+}
+
+pub fn is_root() -> bool {
+    // SAFETY: geteuid has no preconditions.
+    unsafe { libc::geteuid() == 0 }
+}
+
+/// Flushes every dirty page on the machine, so one side's leftover writeback does not run
+/// inside the other side's timed section.
+pub fn sync_all() {
+    // SAFETY: sync has no preconditions.
+    unsafe { libc::sync() };
+}
+
+/// `sync; echo 3 > /proc/sys/vm/drop_caches`: the next reads come from the disk (root only).
+pub fn drop_caches() -> Result<()> {
+    sync_all();
+    fs::write("/proc/sys/vm/drop_caches", "3")
+        .map_err(|e| format!("echo 3 > /proc/sys/vm/drop_caches: {e}"))
+}
+
+fn clock_ticks() -> f64 {
+    // SAFETY: sysconf has no preconditions.
+    let t = unsafe { libc::sysconf(libc::_SC_CLK_TCK) };
+    if t > 0 {
+        t as f64
+    } else {
+        100.0
+    }
+}
+
+/// utime + stime of a process (all its threads), in seconds.
+pub fn cpu_seconds(pid: u32) -> Result<f64> {
+    let stat = fs::read_to_string(format!("/proc/{pid}/stat"))
+        .map_err(|e| format!("read /proc/{pid}/stat: {e}"))?;
+    // The command name may contain spaces; the fields after it are fixed. After ")": state is
+    // field 3 of proc(5), utime 14 and stime 15.
+    let rest = stat.rsplit(')').next().unwrap_or("");
+    let f: Vec<&str> = rest.split_whitespace().collect();
+    let ticks = |i: usize| -> Result<u64> {
+        f.get(i)
+            .and_then(|v| v.parse().ok())
+            .ok_or_else(|| format!("/proc/{pid}/stat: unexpected format: {stat}"))
+    };
+    Ok((ticks(11)? + ticks(12)?) as f64 / clock_ticks())
+}
+
+/// Resets the peak RSS (VmHWM) of a process to its current RSS.
+pub fn reset_peak_rss(pid: u32) -> bool {
+    fs::write(format!("/proc/{pid}/clear_refs"), "5").is_ok()
+}
+
+/// VmHWM (peak RSS) of a process, in KiB.
+pub fn peak_rss_kib(pid: u32) -> Option<u64> {
+    status_field(&format!("/proc/{pid}/status"), "VmHWM:")
+}
+
+fn status_field(path: &str, key: &str) -> Option<u64> {
+    fs::read_to_string(path).ok().and_then(|s| {
+        s.lines()
+            .find(|l| l.starts_with(key))
+            .and_then(|l| l.split_whitespace().nth(1).and_then(|v| v.parse().ok()))
+    })
+}
+
+/// Free bytes on the filesystem holding `p` (for an unprivileged user).
+pub fn free_bytes(p: &Path) -> Result<u64> {
+    let c = std::ffi::CString::new(p.as_os_str().as_encoded_bytes())
+        .map_err(|_| format!("{}: path contains NUL", p.display()))?;
+    // SAFETY: zeroed statvfs is a valid value for statvfs to overwrite.
+    let mut s: libc::statvfs = unsafe { std::mem::zeroed() };
+    // SAFETY: c is a valid C string and s a valid statvfs.
+    if unsafe { libc::statvfs(c.as_ptr(), &mut s) } != 0 {
+        return Err(format!(
+            "statvfs {}: {}",
+            p.display(),
+            std::io::Error::last_os_error()
+        ));
+    }
+    Ok(s.f_bavail as u64 * s.f_frsize as u64)
+}
+
+static INTERRUPTED: AtomicBool = AtomicBool::new(false);
+
+extern "C" fn on_signal(_: libc::c_int) {
+    INTERRUPTED.store(true, Ordering::SeqCst);
+}
+
+/// Turns SIGINT/SIGTERM into an error at the next step, so the run unwinds through its cleanup
+/// (unmount) instead of dying with the space mounted.
+pub fn catch_signals() {
+    let handler = on_signal as extern "C" fn(libc::c_int) as libc::sighandler_t;
+    // SAFETY: the handler only stores to an atomic, which is async-signal-safe.
+    unsafe {
+        libc::signal(libc::SIGINT, handler);
+        libc::signal(libc::SIGTERM, handler);
+    }
+}
+
+pub fn check_interrupted() -> Result<()> {
+    if INTERRUPTED.load(Ordering::SeqCst) {
+        Err("interrupted".into())
+    } else {
+        Ok(())
+    }
+}
+
+fn first_line(s: &str) -> String {
+    s.lines().next().unwrap_or("").trim().to_string()
+}
+
+fn command_line(cmd: &str, args: &[&str]) -> Option<String> {
+    let out = Command::new(cmd).args(args).output().ok()?;
+    out.status
+        .success()
+        .then(|| first_line(&String::from_utf8_lossy(&out.stdout)))
+}
+
+/// The filesystem holding `p`: (mount point, source device, type), from /proc/self/mountinfo.
+fn filesystem_of(p: &Path) -> Option<(String, String, String)> {
+    let p = fs::canonicalize(p).ok()?;
+    let info = fs::read_to_string("/proc/self/mountinfo").ok()?;
+    let mut best: Option<(String, String, String)> = None;
+    for line in info.lines() {
+        let f: Vec<&str> = line.split_whitespace().collect();
+        let Some(dash) = f.iter().position(|x| *x == "-") else {
+            continue;
+        };
+        let (Some(mp), Some(fstype), Some(src)) = (f.get(4), f.get(dash + 1), f.get(dash + 2))
+        else {
+            continue;
+        };
+        if p.starts_with(mp) && best.as_ref().is_none_or(|b| mp.len() >= b.0.len()) {
+            best = Some((mp.to_string(), src.to_string(), fstype.to_string()));
+        }
+    }
+    best
+}
+
+/// (key, value) lines describing the machine and the binaries under test.
+pub fn environment(dir: &Path, ckptfs: &Path) -> Vec<(String, String)> {
+    let mut env = Vec::new();
+    let cpuinfo = fs::read_to_string("/proc/cpuinfo").unwrap_or_default();
+    let model = cpuinfo
+        .lines()
+        .find(|l| l.starts_with("model name"))
+        .and_then(|l| l.split(':').nth(1))
+        .map(str::trim)
+        .unwrap_or("?");
+    env.push((
+        "cpus".into(),
+        format!("{} ({model})", crate::data::threads()),
+    ));
+    if let Some(kib) = status_field("/proc/meminfo", "MemTotal:") {
+        env.push((
+            "memory".into(),
+            format!("{:.1} GiB", kib as f64 / 1048576.0),
+        ));
+    }
+    env.push((
+        "kernel".into(),
+        fs::read_to_string("/proc/sys/kernel/osrelease")
+            .map(|s| s.trim().to_string())
+            .unwrap_or_else(|_| "?".into()),
+    ));
+    let disk = match filesystem_of(dir) {
+        Some((mp, src, ty)) => format!("{src} ({ty}, mounted at {mp})"),
+        None => "?".into(),
+    };
+    env.push(("work dir".into(), format!("{} on {disk}", dir.display())));
+    let version = command_line(&ckptfs.to_string_lossy(), &["--version"]).unwrap_or_default();
+    let mtime = fs::metadata(ckptfs)
+        .and_then(|m| m.modified())
+        .ok()
+        .and_then(|t| t.elapsed().ok())
+        .map(|d| format!(", built {:.0} min ago", d.as_secs_f64() / 60.0))
+        .unwrap_or_default();
+    env.push((
+        "ckptfs".into(),
+        format!("{} ({version}{mtime})", ckptfs.display()),
+    ));
+    let src = env!("CARGO_MANIFEST_DIR");
+    let commit = command_line("git", &["-C", src, "describe", "--always", "--dirty"])
+        .unwrap_or_else(|| "?".into());
+    env.push(("bench source".into(), format!("{src} at git {commit}")));
+    env.push((
+        "root".into(),
+        if is_root() {
+            "yes".into()
+        } else {
+            "NO: cold reads are warm, peak RSS may not reset".into()
+        },
+    ));
+    env
+}
