@@ -550,11 +550,8 @@ fn verify(store: &ChunkStore, h: &ChunkHash) -> Result<Verified> {
 fn classify(rec: &ChunkRecord, stored: &[u8]) -> Damage {
     match rec.codec {
         Codec::Raw => Damage::HashMismatch,
-        Codec::Lz4 => match lz4_flex::block::decompress(stored, rec.raw_len as usize) {
+        _ => match crate::codec::decode(rec.codec, stored.to_vec(), rec.raw_len as usize) {
             Err(e) => Damage::Decode(e.to_string()),
-            Ok(raw) if raw.len() != rec.raw_len as usize => {
-                Damage::Decode(format!("{} bytes, expected {}", raw.len(), rec.raw_len))
-            }
             Ok(_) => Damage::HashMismatch,
         },
     }

@@ -11,7 +11,8 @@
 
 use crate::error::{Error, Result};
 use crate::format::{ChunkHash, ChunkParams, Extent};
-use std::collections::BTreeMap;
+use crate::pipeline::{Piece, Ticket};
+use std::collections::{BTreeMap, VecDeque};
 use std::sync::Arc;
 
 /// Access to chunk bytes by content hash; the chunk store in production, a map in tests.
@@ -20,6 +21,23 @@ pub trait ChunkIo {
     fn put(&self, data: &[u8]) -> Result<ChunkHash>;
     /// Returns the verified bytes of a chunk.
     fn get(&self, hash: &ChunkHash) -> Result<Arc<[u8]>>;
+    /// `get` for several chunks (one lookup and few device reads in the store).
+    fn get_many(&self, hashes: &[ChunkHash]) -> Result<Vec<Arc<[u8]>>> {
+        hashes.iter().map(|h| self.get(h)).collect()
+    }
+    /// Starts storing a piece; the ticket tells when it is stored and under which hash. A
+    /// successful ticket holds one pin, like `put`. May wait for room in the pipeline.
+    fn submit(&self, piece: Piece) -> Ticket {
+        Ticket::ready(self.put(piece.bytes()))
+    }
+    /// `submit` for several pieces at once (one hand-over to the workers, not one each).
+    fn submit_all(&self, pieces: Vec<Piece>) -> Vec<Ticket> {
+        pieces.into_iter().map(|p| self.submit(p)).collect()
+    }
+    /// Runs a job on a worker (here: at once, on this thread).
+    fn spawn(&self, job: Box<dyn FnOnce() + Send>) {
+        job()
+    }
 }
 
 /// Non-overlapping extents keyed by file offset; gaps are holes that read as zeros.
@@ -138,8 +156,21 @@ impl ExtentMap {
 
     /// Copies the bytes of [off, off + buf.len()) into `buf`; holes are left untouched.
     pub fn read_into(&self, c: &dyn ChunkIo, off: u64, buf: &mut [u8]) -> Result<()> {
-        for (s, e) in self.pieces(off, off + buf.len() as u64) {
-            let data = c.get(&e.chunk)?;
+        Self::read_pieces(c, self.pieces(off, off + buf.len() as u64), off, buf)
+    }
+
+    /// Copies the bytes of `pieces` (from `pieces()`) into `buf`, which starts at file
+    /// offset `off`; holes are left untouched. Needs no access to the map itself, so a
+    /// reader can take the pieces under the file's lock and read without it.
+    pub fn read_pieces(
+        c: &dyn ChunkIo,
+        pieces: Vec<(u64, Extent)>,
+        off: u64,
+        buf: &mut [u8],
+    ) -> Result<()> {
+        let hashes: Vec<ChunkHash> = pieces.iter().map(|(_, e)| e.chunk).collect();
+        let chunks = c.get_many(&hashes)?;
+        for ((s, e), data) in pieces.into_iter().zip(chunks) {
             let from = e.chunk_off as usize;
             let to = from + e.len as usize;
             if to > data.len() {
@@ -163,6 +194,177 @@ struct Stream {
     buf: Vec<u8>,
 }
 
+/// A piece of content handed to the store and not yet in the map: newer than the map, older
+/// than the dirty blocks and the stream, and older than the entries after it.
+struct InFlight {
+    off: u64,
+    work: Work,
+}
+
+enum Work {
+    /// All zeros: punched from the map when it retires (in order, so it cannot be undone by
+    /// an older chunk retiring after it).
+    Hole(u64),
+    /// `ticket` is None until the piece is handed to the store, and again after a failure
+    /// (it is handed over again on the next `retire`).
+    Chunk {
+        piece: Piece,
+        ticket: Option<Ticket>,
+    },
+    /// Sequential bytes being cut into chunks by a worker; the pieces cut so far take this
+    /// entry's place in order (`take_cuts`), and it goes once its bytes are all cut.
+    Cut(Arc<CutState>),
+}
+
+impl InFlight {
+    /// Bytes this entry covers now (for a cut: bytes not yet taken out as pieces).
+    fn len(&self) -> u64 {
+        match &self.work {
+            Work::Hole(n) => *n,
+            Work::Chunk { piece, .. } => piece.len() as u64,
+            Work::Cut(st) => {
+                let g = st.m.lock();
+                g.end - g.taken_to
+            }
+        }
+    }
+}
+
+/// Bytes of a sequential stream handed to the cutter and not yet cut, per file at most:
+/// a writer that outruns its cutter waits (bounded memory, back-pressure).
+pub const CUT_QUEUE_BYTES: usize = 4 << 20;
+
+/// The content-defined cut of a sequential stream, done by a worker so the writer's
+/// request only copies bytes: FastCDC takes about as long as blake3 on this hardware, and
+/// on the request path it bounds a single writer to one core's cutting speed.
+pub struct CutState {
+    m: parking_lot::Mutex<CutInner>,
+    cv: parking_lot::Condvar,
+}
+
+struct CutInner {
+    params: ChunkParams,
+    /// Segments handed over, in order and back to back, until their bytes are all taken out
+    /// as pieces; reads see the stream through them.
+    segs: VecDeque<(u64, Arc<Vec<u8>>)>,
+    /// Index in `segs` of the first segment not yet cut, and the bytes from there on.
+    next: usize,
+    queued: usize,
+    /// File offset after the last segment.
+    end: u64,
+    /// The cutter's unfinished last chunk (it may grow with the next segment).
+    carry_start: u64,
+    carry: Vec<u8>,
+    /// Cut pieces not yet taken by the file state: offset, bytes, all zeros.
+    out: Vec<(u64, Piece, bool)>,
+    /// Offset up to which pieces were taken.
+    taken_to: u64,
+    /// No more segments come; the carry is cut to the end.
+    finish: bool,
+    /// A cutter is scheduled or running.
+    running: bool,
+}
+
+impl CutInner {
+    fn done(&self) -> bool {
+        self.finish && !self.running && self.next == self.segs.len() && self.carry.is_empty()
+    }
+}
+
+impl CutState {
+    fn new(params: ChunkParams, start: u64) -> Arc<Self> {
+        Arc::new(CutState {
+            m: parking_lot::Mutex::new(CutInner {
+                params,
+                segs: VecDeque::new(),
+                next: 0,
+                queued: 0,
+                end: start,
+                carry_start: start,
+                carry: Vec::new(),
+                out: Vec::new(),
+                taken_to: start,
+                finish: false,
+                running: false,
+            }),
+            cv: parking_lot::Condvar::new(),
+        })
+    }
+
+    /// Cuts queued segments until none is left, then returns. Whoever sets `running` runs
+    /// this, on a worker or inline.
+    fn run(&self) {
+        loop {
+            let (start, buf, last, p) = {
+                let mut g = self.m.lock();
+                if g.next < g.segs.len() {
+                    let seg = g.segs[g.next].1.clone();
+                    g.next += 1;
+                    g.queued -= seg.len();
+                    let last = g.finish && g.next == g.segs.len();
+                    let mut buf = std::mem::take(&mut g.carry);
+                    let (start, p) = (g.carry_start, g.params);
+                    drop(g);
+                    self.cv.notify_all();
+                    buf.extend_from_slice(&seg);
+                    (start, buf, last, p)
+                } else if g.finish && !g.carry.is_empty() {
+                    (g.carry_start, std::mem::take(&mut g.carry), true, g.params)
+                } else {
+                    g.running = false;
+                    drop(g);
+                    self.cv.notify_all();
+                    return;
+                }
+            };
+            let cuts: Vec<(usize, usize)> = fastcdc::v2020::FastCDC::new(
+                &buf,
+                p.min_bytes as usize,
+                p.avg_bytes as usize,
+                p.max_bytes as usize,
+            )
+            .map(|ch| (ch.offset, ch.length))
+            .collect();
+            // Unless this is the end, the last chunk stays: more bytes may move its end.
+            let emit_n = cuts.len().saturating_sub(usize::from(!last));
+            let consumed = cuts[..emit_n].last().map_or(0, |&(o, l)| o + l);
+            let carry = buf[consumed..].to_vec();
+            let shared = Arc::new(buf);
+            let pieces: Vec<(u64, Piece, bool)> = cuts[..emit_n]
+                .iter()
+                .map(|&(o, l)| {
+                    let piece = Piece::new(shared.clone(), o, l);
+                    let zero = piece.bytes().iter().all(|&b| b == 0);
+                    (start + o as u64, piece, zero)
+                })
+                .collect();
+            let mut g = self.m.lock();
+            g.out.extend(pieces);
+            g.carry = carry;
+            g.carry_start = start + consumed as u64;
+            drop(g);
+            self.cv.notify_all();
+        }
+    }
+
+    /// Ends the stream: the carry is cut to the end. Runs the cutter here if none is
+    /// running, else waits for the running one.
+    fn finish_and_wait(&self) {
+        let run_here = {
+            let mut g = self.m.lock();
+            g.finish = true;
+            !std::mem::replace(&mut g.running, true)
+        };
+        if run_here {
+            self.run();
+        }
+        let mut g = self.m.lock();
+        while !g.done() {
+            self.cv.wait(&mut g);
+        }
+    }
+}
+
 impl Stream {
     fn end(&self) -> u64 {
         self.start + self.buf.len() as u64
@@ -172,11 +374,14 @@ impl Stream {
 /// A file's content while it is open: committed map plus uncommitted changes.
 ///
 /// Memory bound: the stream buffer holds at most `stream_cut_bytes()` plus one write request;
-/// dirty blocks at most `DIRTY_LIMIT_BYTES` plus one write request.
+/// dirty blocks at most `DIRTY_LIMIT_BYTES` plus one write request; pieces in flight are
+/// bounded by the store's pipeline budget (shared by all files).
 pub struct FileState {
     params: ChunkParams,
     map: ExtentMap,
     size: u64,
+    /// Pieces handed to the store, oldest first; they retire into `map` in this order.
+    inflight: VecDeque<InFlight>,
     stream: Option<Stream>,
     /// Block index -> a block of `params.avg_bytes` bytes.
     dirty: BTreeMap<u64, Box<[u8]>>,
@@ -191,6 +396,7 @@ impl FileState {
             params,
             map,
             size,
+            inflight: VecDeque::new(),
             stream: None,
             dirty: BTreeMap::new(),
             modified: false,
@@ -199,13 +405,35 @@ impl FileState {
     }
 
     /// Hands over the pins taken since the last call; the caller releases them once the
-    /// commit naming these chunks is durable (or the state is discarded).
+    /// commit naming these chunks is durable (or the state is discarded). Waits for pieces
+    /// still in flight and forgets them: call it only after `finish` or to discard the state.
     pub fn take_held(&mut self) -> Vec<ChunkHash> {
+        // Cut entries hold no pins (their pieces have not been handed to the store).
+        for f in self.inflight.drain(..) {
+            if let Work::Chunk {
+                ticket: Some(t), ..
+            } = f.work
+            {
+                if let Ok(h) = t.wait() {
+                    self.held.push(h);
+                }
+            }
+        }
         std::mem::take(&mut self.held)
+    }
+
+    /// Bytes of pieces handed over and not yet retired into the map.
+    pub fn inflight_bytes(&self) -> u64 {
+        self.inflight.iter().map(InFlight::len).sum()
     }
 
     pub fn size(&self) -> u64 {
         self.size
+    }
+
+    /// Nothing uncommitted: the content is exactly `map()` and `size()`.
+    pub fn is_clean(&self) -> bool {
+        !self.modified && self.stream.is_none() && self.dirty.is_empty() && self.inflight.is_empty()
     }
 
     /// True if there are changes since the last `finish`.
@@ -224,7 +452,7 @@ impl FileState {
     }
 
     pub fn mark_committed(&mut self) {
-        debug_assert!(self.stream.is_none() && self.dirty.is_empty());
+        debug_assert!(self.stream.is_none() && self.dirty.is_empty() && self.inflight.is_empty());
         self.modified = false;
     }
 
@@ -306,8 +534,7 @@ impl FileState {
                 let covers_all = pos == b_start && piece_end == b_end;
                 if !covers_all && b_start < self.size {
                     let fill_end = b_end.min(self.size);
-                    self.map
-                        .read_into(c, b_start, &mut blk[..(fill_end - b_start) as usize])?;
+                    self.read_base(c, b_start, &mut blk[..(fill_end - b_start) as usize])?;
                 }
                 self.dirty.insert(b, blk);
             }
@@ -323,81 +550,364 @@ impl FileState {
         Ok(())
     }
 
-    /// Stores one piece of content at `off`: a hole if it is all zeros, else a chunk.
-    fn emit(&mut self, c: &dyn ChunkIo, off: u64, bytes: &[u8]) -> Result<()> {
-        if bytes.iter().all(|&b| b == 0) {
-            self.map.punch(off, off + bytes.len() as u64);
-            return Ok(());
+    /// Hands pieces of content (file offset, bytes) to the store, in order: a hole where a
+    /// piece is all zeros, else a chunk. They reach the map when they retire (`retire`).
+    fn emit(&mut self, c: &dyn ChunkIo, pieces: Vec<(u64, Piece)>) -> Result<()> {
+        // Whatever comes after a stream being cut ends it: its pieces take its place, and
+        // it must not take bytes newer than these.
+        self.end_cut(c);
+        for (off, piece) in pieces {
+            let work = if piece.bytes().iter().all(|&b| b == 0) {
+                Work::Hole(piece.len() as u64)
+            } else {
+                Work::Chunk {
+                    piece,
+                    ticket: None,
+                }
+            };
+            self.inflight.push_back(InFlight { off, work });
         }
-        let chunk = c.put(bytes)?;
-        self.held.push(chunk);
-        self.map.insert(
-            off,
-            Extent {
-                chunk,
-                chunk_off: 0,
-                len: bytes.len() as u32,
-            },
-        );
+        self.retire(c, false)
+    }
+
+    /// The cut in progress, if it is the newest entry and still takes bytes.
+    fn open_cut(&self) -> Option<Arc<CutState>> {
+        match self.inflight.back() {
+            Some(InFlight {
+                work: Work::Cut(st),
+                ..
+            }) if !st.m.lock().finish => Some(st.clone()),
+            _ => None,
+        }
+    }
+
+    /// Hands stream bytes at `start` to the cutter (a new cut if none takes bytes); with
+    /// `finish` the stream ends there. Waits while the cutter is `CUT_QUEUE_BYTES` behind.
+    fn hand_over(&mut self, c: &dyn ChunkIo, start: u64, buf: Vec<u8>, finish: bool) {
+        let st = match self.open_cut() {
+            Some(st) => st,
+            None => {
+                let st = CutState::new(self.params, start);
+                self.inflight.push_back(InFlight {
+                    off: start,
+                    work: Work::Cut(st.clone()),
+                });
+                st
+            }
+        };
+        let spawn = {
+            let mut g = st.m.lock();
+            while g.queued > CUT_QUEUE_BYTES {
+                st.cv.wait(&mut g);
+            }
+            debug_assert_eq!(g.end, start, "stream segments are back to back");
+            g.end = start + buf.len() as u64;
+            g.queued += buf.len();
+            g.segs.push_back((start, Arc::new(buf)));
+            g.finish |= finish;
+            !std::mem::replace(&mut g.running, true)
+        };
+        if spawn {
+            let st = st.clone();
+            c.spawn(Box::new(move || st.run()));
+        }
+    }
+
+    /// Ends the cut in progress (its last chunk is cut to the end of what it has).
+    fn end_cut(&mut self, c: &dyn ChunkIo) {
+        if let Some(st) = self.open_cut() {
+            let spawn = {
+                let mut g = st.m.lock();
+                g.finish = true;
+                !std::mem::replace(&mut g.running, true)
+            };
+            if spawn {
+                c.spawn(Box::new(move || st.run()));
+            }
+        }
+    }
+
+    /// Puts the pieces cut so far in place of their cut entries (in order), and drops the
+    /// cut entries that are done. Returns whether any cut entry is left.
+    fn take_cuts(&mut self) -> bool {
+        let mut left = false;
+        let mut i = 0;
+        while i < self.inflight.len() {
+            let Work::Cut(st) = &self.inflight[i].work else {
+                i += 1;
+                continue;
+            };
+            let st = st.clone();
+            let (pieces, done) = {
+                let mut g = st.m.lock();
+                let pieces = std::mem::take(&mut g.out);
+                if let Some((o, p, _)) = pieces.last() {
+                    g.taken_to = o + p.len() as u64;
+                }
+                // Segments whose bytes are all in pieces now are no longer needed for reads.
+                while let Some((o, seg)) = g.segs.front() {
+                    if g.next == 0 || o + seg.len() as u64 > g.taken_to {
+                        break;
+                    }
+                    g.segs.pop_front();
+                    g.next -= 1;
+                }
+                (pieces, g.done())
+            };
+            for (off, piece, zero) in pieces {
+                let work = if zero {
+                    Work::Hole(piece.len() as u64)
+                } else {
+                    Work::Chunk {
+                        piece,
+                        ticket: None,
+                    }
+                };
+                self.inflight.insert(i, InFlight { off, work });
+                i += 1;
+            }
+            if done {
+                self.inflight.remove(i);
+            } else {
+                left = true;
+                i += 1;
+            }
+        }
+        left
+    }
+
+    /// Waits until every cut entry is done and its pieces are in its place. Cuts must be
+    /// ended first (`end_cut`).
+    fn wait_cuts(&mut self) {
+        while self.take_cuts() {
+            let st = self.inflight.iter().find_map(|f| match &f.work {
+                Work::Cut(st) => Some(st.clone()),
+                _ => None,
+            });
+            if let Some(st) = st {
+                st.finish_and_wait();
+            }
+        }
+    }
+
+    /// Moves finished pieces into the map, oldest first, stopping at the first unfinished
+    /// one unless `wait`. Pieces not yet handed to the store (new, or failed before) are
+    /// handed over first, in one batch. With `wait`, every piece is waited for (cuts must
+    /// have been ended); the first failure is returned and the failed pieces (and those
+    /// after them) stay, to be handed over again by the next call.
+    fn retire(&mut self, c: &dyn ChunkIo, wait: bool) -> Result<()> {
+        if wait {
+            self.wait_cuts();
+        } else {
+            self.take_cuts();
+        }
+        let unsent: Vec<Piece> = self
+            .inflight
+            .iter()
+            .filter_map(|f| match &f.work {
+                Work::Chunk {
+                    piece,
+                    ticket: None,
+                } => Some(piece.clone()),
+                _ => None,
+            })
+            .collect();
+        if !unsent.is_empty() {
+            let mut tickets = c.submit_all(unsent).into_iter();
+            for f in self.inflight.iter_mut() {
+                if let Work::Chunk {
+                    ticket: t @ None, ..
+                } = &mut f.work
+                {
+                    *t = Some(tickets.next().expect("one ticket per piece"));
+                }
+            }
+        }
+        let mut first_err = None;
+        let mut i = 0;
+        while i < self.inflight.len() {
+            let f = &mut self.inflight[i];
+            let outcome = match &mut f.work {
+                Work::Hole(_) => None,
+                // Only without `wait`: a stream still being cut.
+                Work::Cut(_) => break,
+                Work::Chunk { ticket, .. } => {
+                    let t = ticket.as_ref().expect("handed over above");
+                    if !wait && !t.is_done() {
+                        break;
+                    }
+                    match t.wait() {
+                        Ok(h) => Some(h),
+                        Err(e) => {
+                            *ticket = None;
+                            if first_err.is_none() {
+                                first_err = Some(e);
+                            }
+                            if !wait {
+                                break;
+                            }
+                            i += 1;
+                            continue;
+                        }
+                    }
+                }
+            };
+            if i > 0 {
+                // Behind a failed piece: must not overtake it into the map.
+                i += 1;
+                continue;
+            }
+            let f = self.inflight.pop_front().expect("index 0 exists");
+            self.apply(f.off, f.len(), outcome);
+        }
+        first_err.map_or(Ok(()), Err)
+    }
+
+    /// Puts a retired piece into the map: a chunk, or a hole (None).
+    fn apply(&mut self, off: u64, len: u64, chunk: Option<ChunkHash>) {
+        match chunk {
+            None => self.map.punch(off, off + len),
+            Some(chunk) => {
+                self.held.push(chunk);
+                self.map.insert(
+                    off,
+                    Extent {
+                        chunk,
+                        chunk_off: 0,
+                        len: len as u32,
+                    },
+                );
+            }
+        }
+    }
+
+    /// Ends and waits for every cut, then waits for every piece in flight and retires what
+    /// succeeded, without handing anything over; what stays behind a failed or unsent piece
+    /// is left in order.
+    fn settle(&mut self) {
+        if let Some(st) = self.open_cut() {
+            st.finish_and_wait();
+        }
+        self.wait_cuts();
+        let mut i = 0;
+        while i < self.inflight.len() {
+            let ok = match &mut self.inflight[i].work {
+                Work::Hole(_) => true,
+                Work::Cut(_) => unreachable!("cuts were waited for"),
+                Work::Chunk { ticket, .. } => match ticket.as_ref().map(Ticket::wait) {
+                    Some(Ok(_)) => true,
+                    Some(Err(_)) | None => {
+                        *ticket = None;
+                        false
+                    }
+                },
+            };
+            if !ok || i > 0 {
+                i += 1;
+                continue;
+            }
+            let f = self.inflight.pop_front().expect("index 0 exists");
+            let len = f.len();
+            let chunk = match f.work {
+                Work::Chunk { ticket, .. } => {
+                    Some(ticket.expect("ok above").wait().expect("ok above"))
+                }
+                _ => None,
+            };
+            self.apply(f.off, len, chunk);
+        }
+    }
+
+    /// The committed map with the pieces in flight laid over it: the content below the
+    /// dirty blocks and the stream.
+    fn read_base(&self, c: &dyn ChunkIo, off: u64, buf: &mut [u8]) -> Result<()> {
+        self.map.read_into(c, off, buf)?;
+        for f in &self.inflight {
+            match &f.work {
+                Work::Hole(n) => zero_range(buf, off, f.off, *n),
+                Work::Chunk { piece, .. } => overlay(buf, off, f.off, piece.bytes()),
+                Work::Cut(st) => {
+                    // Pieces already taken lie before this entry; the rest is in the
+                    // segments (and pieces not yet taken are made of segment bytes).
+                    let g = st.m.lock();
+                    for (o, seg) in &g.segs {
+                        overlay(buf, off, *o, seg);
+                    }
+                }
+            }
+        }
         Ok(())
     }
 
-    /// Cuts the stream buffer into content-defined chunks. Unless `all`, the last chunk stays
-    /// buffered because more data may move its end. On error nothing is lost: bytes leave the
-    /// buffer only once their chunk is in the map.
+    /// Hands the stream buffer to the cutter (a worker cuts it into content-defined chunks
+    /// and carries the last, unfinished chunk into the next buffer). With `all` the stream
+    /// ends: its last chunk is cut at its end.
     fn cut_stream(&mut self, c: &dyn ChunkIo, all: bool) -> Result<()> {
-        let Some(mut s) = self.stream.take() else {
-            return Ok(());
-        };
-        let p = self.params;
-        let cuts: Vec<(usize, usize)> = fastcdc::v2020::FastCDC::new(
-            &s.buf,
-            p.min_bytes as usize,
-            p.avg_bytes as usize,
-            p.max_bytes as usize,
-        )
-        .map(|ch| (ch.offset, ch.length))
-        .collect();
-        let keep_last = usize::from(!all);
-        let mut consumed = 0;
-        let mut result = Ok(());
-        for &(o, l) in &cuts[..cuts.len().saturating_sub(keep_last)] {
-            if let Err(e) = self.emit(c, s.start + o as u64, &s.buf[o..o + l]) {
-                result = Err(e);
-                break;
-            }
-            consumed = o + l;
+        match self.stream.take() {
+            Some(s) => self.hand_over(c, s.start, s.buf, all),
+            None if all => self.end_cut(c),
+            None => {}
         }
-        s.buf.drain(..consumed);
-        s.start += consumed as u64;
-        if !s.buf.is_empty() {
-            self.stream = Some(s);
-        }
-        result
+        self.retire(c, false)
     }
 
     fn flush_dirty(&mut self, c: &dyn ChunkIo) -> Result<()> {
         let bs = self.block_bytes();
-        while let Some((&b, _)) = self.dirty.first_key_value() {
+        let mut pieces = Vec::with_capacity(self.dirty.len());
+        while let Some((b, blk)) = self.dirty.pop_first() {
             let b_start = b * bs;
             if b_start < self.size {
                 let len = bs.min(self.size - b_start) as usize;
-                let blk = self.dirty[&b].clone();
-                self.emit(c, b_start, &blk[..len])?;
+                pieces.push((b_start, Piece::new(Arc::new(blk.into_vec()), 0, len)));
             }
-            self.dirty.remove(&b);
         }
-        Ok(())
+        self.emit(c, pieces)
     }
 
-    /// Turns every uncommitted byte into chunks, so `map()` is the whole content.
+    /// Turns every uncommitted byte into chunks and waits until they are stored, so `map()`
+    /// is the whole content. On error nothing is lost: the pieces that failed stay in flight
+    /// and the next call hands them over again.
     pub fn finish(&mut self, c: &dyn ChunkIo) -> Result<()> {
         self.cut_stream(c, true)?;
-        self.flush_dirty(c)
+        self.flush_dirty(c)?;
+        self.retire(c, true)
     }
 
     pub fn truncate(&mut self, new_size: u64) {
         self.modified = true;
+        // Pieces in flight retire in order into the map, so what lies past the new end must
+        // not be among them: wait, retire what is stored, and cut what is left.
+        self.settle();
+        let mut kept = VecDeque::with_capacity(self.inflight.len());
+        for mut f in self.inflight.drain(..) {
+            if f.off >= new_size {
+                if let Work::Chunk {
+                    ticket: Some(t), ..
+                } = &f.work
+                {
+                    // Stored behind a failed piece: its pin is held until the next commit.
+                    if let Ok(h) = t.wait() {
+                        self.held.push(h);
+                    }
+                }
+                continue;
+            }
+            let keep = (new_size - f.off).min(f.len());
+            match &mut f.work {
+                Work::Cut(_) => unreachable!("settle waited for every cut"),
+                Work::Hole(n) => *n = keep,
+                Work::Chunk { piece, ticket } => {
+                    if keep < piece.len() as u64 {
+                        if let Some(Ok(h)) = ticket.take().map(|t| t.wait()) {
+                            self.held.push(h);
+                        }
+                        *piece = piece.truncated(keep as usize);
+                    }
+                }
+            }
+            kept.push_back(f);
+        }
+        self.inflight = kept;
         if let Some(s) = &mut self.stream {
             if new_size <= s.start {
                 self.stream = None;
@@ -423,7 +933,7 @@ impl FileState {
             return Ok(Vec::new());
         }
         let mut out = vec![0u8; (end - off) as usize];
-        self.map.read_into(c, off, &mut out)?;
+        self.read_base(c, off, &mut out)?;
         let bs = self.block_bytes();
         for (&b, blk) in self.dirty.range(off / bs..end.div_ceil(bs)) {
             overlay(&mut out, off, b * bs, blk);
@@ -432,6 +942,15 @@ impl FileState {
             overlay(&mut out, off, s.start, &s.buf);
         }
         Ok(out)
+    }
+}
+
+/// Zeroes the part of [src_off, src_off + len) that falls in `out` (which starts at `out_off`).
+fn zero_range(out: &mut [u8], out_off: u64, src_off: u64, len: u64) {
+    let s = out_off.max(src_off);
+    let t = (out_off + out.len() as u64).min(src_off + len);
+    if s < t {
+        out[(s - out_off) as usize..(t - out_off) as usize].fill(0);
     }
 }
 
@@ -491,23 +1010,115 @@ pub(crate) mod tests {
     /// a plain byte vector. A failure prints the seed; rerun with CKPTFS_SEED=<seed>.
     #[test]
     fn file_state_matches_model() {
+        for_seeds(|seed| {
+            run_model(seed, &MemChunks::default());
+        });
+    }
+
+    /// The same with pieces stored by worker threads that finish late, out of order, and
+    /// sometimes fail (as a full space does): no byte may be lost or reordered, failed pieces
+    /// must be retried, and every pin taken must be handed back exactly once.
+    #[test]
+    fn file_state_matches_model_with_async_failing_store() {
+        for_seeds(|seed| {
+            let chunks = AsyncChunks::new(seed);
+            // Every ticket has been waited for by now, so every job has counted its pin.
+            let held = run_model(seed, &chunks);
+            assert_eq!(
+                held,
+                chunks.pins.load(std::sync::atomic::Ordering::SeqCst),
+                "pins taken vs handed back"
+            );
+        });
+    }
+
+    fn for_seeds(f: impl Fn(u64) + std::panic::RefUnwindSafe) {
         let seeds: Vec<u64> = match std::env::var("CKPTFS_SEED") {
             Ok(s) => vec![s.parse().unwrap()],
             Err(_) => (0..150).collect(),
         };
         for seed in seeds {
-            let result = std::panic::catch_unwind(|| run_model(seed));
+            let result = std::panic::catch_unwind(|| f(seed));
             if result.is_err() {
                 panic!("model test failed with seed {seed} (rerun: CKPTFS_SEED={seed})");
             }
         }
     }
 
-    fn run_model(seed: u64) {
+    /// Stores pieces on two worker threads after a random delay; one in 16 fails with
+    /// `NoSpace`. Counts the pins successful pieces take.
+    struct AsyncChunks {
+        mem: Arc<MemChunks>,
+        pool: crate::pipeline::Pool,
+        rng: Mutex<SmallRng>,
+        pins: Arc<std::sync::atomic::AtomicU64>,
+    }
+
+    impl AsyncChunks {
+        fn new(seed: u64) -> Self {
+            AsyncChunks {
+                mem: Arc::default(),
+                pool: crate::pipeline::Pool::new(2, "test-store"),
+                rng: Mutex::new(SmallRng::seed_from_u64(seed ^ 0x5eed)),
+                pins: Arc::default(),
+            }
+        }
+    }
+
+    impl ChunkIo for AsyncChunks {
+        fn put(&self, data: &[u8]) -> Result<ChunkHash> {
+            self.mem.put(data)
+        }
+        fn get(&self, hash: &ChunkHash) -> Result<Arc<[u8]>> {
+            self.mem.get(hash)
+        }
+        fn spawn(&self, job: Box<dyn FnOnce() + Send>) {
+            let delay_us = self.rng.lock().random_range(0..40u64);
+            self.pool.run(move || {
+                std::thread::sleep(std::time::Duration::from_micros(delay_us));
+                job()
+            });
+        }
+        fn submit(&self, piece: Piece) -> Ticket {
+            let (delay_us, fail) = {
+                let mut r = self.rng.lock();
+                (r.random_range(0..40u64), r.random_range(0..16) == 0)
+            };
+            let t = Ticket::pending();
+            let done = t.completion();
+            let (mem, pins) = (self.mem.clone(), self.pins.clone());
+            self.pool.run(move || {
+                std::thread::sleep(std::time::Duration::from_micros(delay_us));
+                if fail {
+                    done.complete(Err(Error::NoSpace));
+                } else {
+                    pins.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+                    done.complete(mem.put(piece.bytes()));
+                }
+            });
+            t
+        }
+    }
+
+    /// Retries an operation that a failing store makes fail now and then (what the fs
+    /// layer does after gc makes room).
+    fn retry(mut op: impl FnMut() -> Result<()>) {
+        for _ in 0..200 {
+            match op() {
+                Ok(()) => return,
+                Err(Error::NoSpace) => continue,
+                Err(e) => panic!("unexpected error {e:?}"),
+            }
+        }
+        panic!("still failing after 200 tries");
+    }
+
+    /// Returns the number of pins the state handed back.
+    fn run_model(seed: u64, chunks: &dyn ChunkIo) -> u64 {
         let mut rng = SmallRng::seed_from_u64(seed);
-        let chunks = MemChunks::default();
         let mut model: Vec<u8> = Vec::new();
         let mut f = FileState::new(params(), ExtentMap::new(), 0);
+        let mut held = 0u64;
         for _ in 0..300 {
             match rng.random_range(0..100) {
                 0..=34 => {
@@ -516,7 +1127,7 @@ pub(crate) mod tests {
                     let mut data = vec![0u8; len];
                     fill(&mut rng, &mut data);
                     let off = model.len() as u64;
-                    f.write(&chunks, off, &data).unwrap();
+                    retry(|| f.write(chunks, off, &data));
                     model.extend_from_slice(&data);
                 }
                 35..=64 => {
@@ -524,7 +1135,7 @@ pub(crate) mod tests {
                     let len = rng.random_range(1..40_000);
                     let mut data = vec![0u8; len];
                     fill(&mut rng, &mut data);
-                    f.write(&chunks, off, &data).unwrap();
+                    retry(|| f.write(chunks, off, &data));
                     let end = off as usize + len;
                     if model.len() < end {
                         model.resize(end, 0);
@@ -537,8 +1148,9 @@ pub(crate) mod tests {
                     model.resize(n as usize, 0);
                 }
                 73..=80 => {
-                    f.finish(&chunks).unwrap();
+                    retry(|| f.finish(chunks));
                     f.mark_committed();
+                    held += f.take_held().len() as u64;
                     // Reload from the committed map, as a remount would.
                     let map = f.map.clone();
                     f = FileState::new(params(), map, model.len() as u64);
@@ -546,7 +1158,7 @@ pub(crate) mod tests {
                 _ => {
                     let off = rng.random_range(0..model.len() as u64 + 100);
                     let len = rng.random_range(0..100_000);
-                    let got = f.read(&chunks, off, len).unwrap();
+                    let got = f.read(chunks, off, len).unwrap();
                     let s = (off as usize).min(model.len());
                     let t = (off as usize + len).min(model.len());
                     assert_eq!(got, &model[s..t], "read at {off} len {len}");
@@ -555,9 +1167,10 @@ pub(crate) mod tests {
             assert_eq!(f.size(), model.len() as u64);
             check_invariants(&f);
         }
-        f.finish(&chunks).unwrap();
+        retry(|| f.finish(chunks));
         check_invariants(&f);
-        assert_eq!(f.read(&chunks, 0, model.len()).unwrap(), model);
+        assert_eq!(f.read(chunks, 0, model.len()).unwrap(), model);
+        held + f.take_held().len() as u64
     }
 
     /// Data with runs of zeros and repeated blocks, so holes and dedup paths are exercised.

@@ -371,6 +371,10 @@ pub enum Codec {
     Raw = 0,
     /// lz4_flex block format, no size prefix; the raw length is in the chunk record.
     Lz4 = 1,
+    /// Byte-shuffled as 4-byte elements (float32), then LZ4 (see `codec::shuffle`).
+    Shuffle4Lz4 = 2,
+    /// Byte-shuffled as 8-byte elements (float64), then LZ4.
+    Shuffle8Lz4 = 3,
 }
 
 /// Where a distinct chunk lives and how many extents of kept revisions name it.
@@ -406,6 +410,8 @@ impl ChunkRecord {
         let codec = match b[16] {
             0 => Codec::Raw,
             1 => Codec::Lz4,
+            2 => Codec::Shuffle4Lz4,
+            3 => Codec::Shuffle8Lz4,
             _ => return Err(bad("unknown codec")),
         };
         let r = ChunkRecord {

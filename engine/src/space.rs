@@ -145,7 +145,7 @@ pub struct Space {
     dir: PathBuf,
     sb: Superblock,
     db: Arc<Database>,
-    store: ChunkStore,
+    store: Arc<ChunkStore>,
     /// Held for the life of the Space: its flock is what makes a second mount fail. None for
     /// a space opened on devices (tests), whose caller guarantees exclusive use.
     lock: Option<File>,
@@ -186,6 +186,8 @@ pub struct Stats {
     pub chunk_avg_bytes: u32,
     /// An earlier backing I/O failure has made the space refuse writes.
     pub failed: bool,
+    /// Time spent per data-path stage since the space was opened (empty offline).
+    pub stages: Vec<crate::pipeline::StageTime>,
 }
 
 impl Stats {
@@ -487,7 +489,10 @@ impl Space {
         lock.set_len(0)?;
         lock.write_all(format!("pid {}", std::process::id()).as_bytes())?;
         let mut devs = Devices {
-            data: Arc::new(FileDevice::new(open_private(&dir.join(DATA_FILE), false)?)?),
+            data: Arc::new(FileDevice::new_direct(open_private(
+                &dir.join(DATA_FILE),
+                false,
+            )?)?),
             meta: Arc::new(FileDevice::growable(open_private(
                 &dir.join(META_FILE),
                 false,
@@ -604,7 +609,7 @@ impl Space {
     }
 
     pub fn chunks(&self) -> &dyn ChunkIo {
-        &self.store
+        &*self.store
     }
 
     pub fn store(&self) -> &ChunkStore {
@@ -766,6 +771,7 @@ impl Space {
         assert_eq!(rec.kind, NodeKind::File);
         assert!(rec.history != 0, "regular file without a history");
         self.store.flush_sync()?;
+        let t_commit = std::time::Instant::now();
         let taken = self.store.taken_segments();
         let txn = self.begin_write(true)?;
         let rev = {
@@ -836,6 +842,7 @@ impl Space {
             rev
         };
         self.commit(txn)?;
+        self.store.stages.commit.add(t_commit.elapsed(), 0);
         self.store.recorded_taken(&taken);
         self.store.unpin(&file.take_held());
         Ok(rev)
@@ -995,6 +1002,7 @@ impl Space {
             free_bytes: self.store.free_bytes(),
             chunk_avg_bytes: self.sb.chunk.avg_bytes,
             failed: self.store.is_failed(),
+            stages: self.store.stages.snapshot(),
             ..Stats::default()
         };
         s.used_bytes = s.reserved_bytes - s.free_bytes;

@@ -1,7 +1,7 @@
 //! Filesystem semantics over the engine: inodes, directories, open files, POSIX rules.
 //! No FUSE types here; the `ckptfs` binary's adapter translates requests and errors.
 
-use ckptfs_engine::filemap::FileState;
+use ckptfs_engine::filemap::{ExtentMap, FileState};
 use ckptfs_engine::format::{InodeId, InodeRecord, NodeKind, RevisionId, Timestamp};
 use ckptfs_engine::gc::{GcOptions, GcProgress, GcReport};
 use ckptfs_engine::{Space, Stats};
@@ -767,8 +767,25 @@ impl Fs {
 
     pub fn read(&self, ino: InodeId, off: u64, len: usize) -> Result<Vec<u8>> {
         let node = self.node(ino)?;
-        let n = node.lock();
-        Ok(n.file.read(self.space.chunks(), off, len)?)
+        let (pieces, end) = {
+            let n = node.lock();
+            // A file nobody writes: take the extents and read without the file's lock, so
+            // the kernel's parallel readahead requests for one file are served in parallel
+            // (their device reads and blake3 checks overlap). With a writer, read under the
+            // lock: the content includes uncommitted writes, and a commit may drop the
+            // revision these extents come from.
+            if n.writers != 0 || !n.file.is_clean() {
+                return Ok(n.file.read(self.space.chunks(), off, len)?);
+            }
+            let end = off.saturating_add(len as u64).min(n.file.size());
+            if off >= end {
+                return Ok(Vec::new());
+            }
+            (n.file.map().pieces(off, end), end)
+        };
+        let mut out = vec![0u8; (end - off) as usize];
+        ExtentMap::read_pieces(self.space.chunks(), pieces, off, &mut out)?;
+        Ok(out)
     }
 
     pub fn write(&self, ino: InodeId, fh: u64, pid: u32, off: u64, data: &[u8]) -> Result<usize> {
@@ -782,7 +799,14 @@ impl Fs {
         self.refuse_if_failed()?;
         let node = self.node(ino)?;
         let mut n = node.lock();
-        if let Err(e) = n.file.write(self.space.chunks(), off, data) {
+        let t = std::time::Instant::now();
+        let r = n.file.write(self.space.chunks(), off, data);
+        self.space
+            .store()
+            .stages
+            .ingest
+            .add(t.elapsed(), data.len());
+        if let Err(e) = r {
             if !matches!(e, ckptfs_engine::Error::NoSpace) {
                 return Err(e.into());
             }

@@ -117,6 +117,23 @@ fn writes(flags: OpenFlags) -> bool {
     !matches!(flags.acc_mode(), OpenAccMode::O_RDONLY)
 }
 
+/// How the kernel should treat a handle. Write-only handles (how checkpoints are written:
+/// `open(..., "wb")`, `dd of=`, `cp`) bypass the kernel's page cache: each write() goes to
+/// the daemon as one request of up to `MAX_WRITE_BYTES`, straight from the writer's pages,
+/// instead of being copied into the cache and sent from there in page-cache-sized requests.
+/// That removes a copy and the cache's bookkeeping from the writer's hot path, which on a
+/// checkpoint is most of what the kernel spends. Writers to one file from several
+/// processes (N-1) may send requests in parallel. A write-only handle cannot be mmapped,
+/// so mmap users keep the cache; handles that can read keep it too (reads benefit from
+/// readahead and repeated reads from the cache).
+fn open_flags(flags: OpenFlags) -> FopenFlags {
+    if matches!(flags.acc_mode(), OpenAccMode::O_WRONLY) {
+        FopenFlags::FOPEN_DIRECT_IO | FopenFlags::FOPEN_PARALLEL_DIRECT_WRITES
+    } else {
+        FopenFlags::empty()
+    }
+}
+
 pub struct CkptFs {
     fs: Arc<Fs>,
     next_fh: AtomicU64,
@@ -463,7 +480,7 @@ impl Filesystem for CkptFs {
         let trunc = flags.0 & libc::O_TRUNC != 0 && w;
         let fh = self.fh();
         match self.fs.open(InodeId(ino.0), fh.0, w, trunc) {
-            Ok(()) => reply.opened(fh, FopenFlags::empty()),
+            Ok(()) => reply.opened(fh, open_flags(flags)),
             Err(e) => reply.error(fail("open", ino.0, e)),
         }
     }
@@ -714,7 +731,13 @@ impl Filesystem for CkptFs {
             fh.0,
             w,
         ) {
-            Ok(a) => reply.created(&TTL, &file_attr(&a), Generation(0), fh, FopenFlags::empty()),
+            Ok(a) => reply.created(
+                &TTL,
+                &file_attr(&a),
+                Generation(0),
+                fh,
+                open_flags(OpenFlags(flags)),
+            ),
             Err(e) => reply.error(fail("create", parent.0, e)),
         }
     }

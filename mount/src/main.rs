@@ -108,6 +108,15 @@ enum Cmd {
         /// Threads serving FUSE requests.
         #[arg(long, default_value_t = 4, value_parser = clap::value_parser!(u32).range(1..=64))]
         threads: u32,
+        /// Threads that hash, compress and store chunks (default: one per core). 0 does
+        /// that work on the FUSE threads, inside each write request.
+        #[arg(long, value_parser = clap::value_parser!(u32).range(0..=64))]
+        workers: Option<u32>,
+        /// Encodings for new chunks: `lz4` (LZ4 where it pays, else raw) or `shuffle` (also
+        /// a byte-shuffle before LZ4 for float arrays where that compresses better, at
+        /// about four times the CPU cost on compressible data). Readers decode either.
+        #[arg(long, default_value = "lz4", value_parser = ["lz4", "shuffle"])]
+        codec: String,
         #[arg(long, hide = true)]
         notify_ready: bool,
     },
@@ -362,11 +371,18 @@ fn absolute(p: &Path) -> PathBuf {
     std::path::absolute(p).unwrap_or_else(|_| p.to_path_buf())
 }
 
+/// Daemon settings that do not change what is stored, only how fast.
+struct Tuning {
+    threads: u32,
+    workers: Option<u32>,
+    codec: String,
+}
+
 fn mount(
     paths: Vec<PathBuf>,
     foreground: bool,
     allow_other: bool,
-    threads: u32,
+    tuning: Tuning,
     notify: bool,
 ) -> Result<(), String> {
     let (backing, mnt) = match paths.as_slice() {
@@ -382,9 +398,21 @@ fn mount(
     check_backing_dir(&backing)?;
     check_mountpoint(&mnt)?;
     if !foreground {
-        return spawn_daemon(&backing, &mnt, allow_other, threads);
+        return spawn_daemon(&backing, &mnt, allow_other, &tuning);
     }
     let mut space = Space::open(&backing).map_err(|e| e.to_string())?;
+    if let Some(w) = tuning.workers {
+        space.store().set_workers(w as usize);
+    }
+    let policy = ckptfs_engine::codec::Policy::parse(&tuning.codec)
+        .ok_or_else(|| format!("unknown codec {:?}", tuning.codec))?;
+    space.store().set_codec_policy(policy);
+    log::info!(
+        "{} FUSE threads, {} store workers, codec {}",
+        tuning.threads,
+        space.store().workers(),
+        tuning.codec
+    );
     space
         .set_lock_note(&format!(
             "pid {} mounted at {}",
@@ -414,7 +442,7 @@ fn mount(
     if allow_other {
         config.acl = fuser::SessionACL::All;
     }
-    config.n_threads = Some(threads as usize);
+    config.n_threads = Some(tuning.threads as usize);
     let mut session = fuser::Session::new(adapter, &mnt, &config)
         .map_err(|e| format!("cannot mount at {}: {e}", mnt.display()))?;
     log::info!("mounted {} at {}", backing.display(), mnt.display());
@@ -426,6 +454,8 @@ fn mount(
             log::error!("unmount failed: {e}");
         }
     });
+    let mnt_ra = mnt.clone();
+    std::thread::spawn(move || set_readahead(&mnt_ra));
     if notify {
         println!("ready");
         let _ = std::io::stdout().flush();
@@ -444,6 +474,32 @@ fn mount(
     // destroy() set the stop flag; the space closes when this last holder of it ends.
     let _ = auto_gc.join();
     result
+}
+
+/// Raises the kernel's readahead for this mount to the request size we negotiated. The
+/// kernel caps a FUSE mount's readahead at its block-device default (128 KiB), so without
+/// this a sequential reader (a restart) gets its data in 128 KiB requests, each a round
+/// trip through the daemon. The setting lives in sysfs (root only) and only sticks once the
+/// kernel has processed the mount's INIT reply; a stat of the mountpoint waits for that.
+fn set_readahead(mnt: &Path) {
+    use std::os::unix::fs::MetadataExt;
+    let dev = match std::fs::metadata(mnt) {
+        Ok(m) => m.dev(),
+        Err(e) => {
+            log::warn!("cannot stat {} to set readahead: {e}", mnt.display());
+            return;
+        }
+    };
+    let path = format!(
+        "/sys/class/bdi/{}:{}/read_ahead_kb",
+        libc::major(dev),
+        libc::minor(dev)
+    );
+    let kb = fuse::MAX_WRITE_BYTES / 1024;
+    match std::fs::write(&path, kb.to_string()) {
+        Ok(()) => log::info!("readahead set to {kb} KiB ({path})"),
+        Err(e) => log::info!("readahead left at the kernel default: cannot write {path}: {e}"),
+    }
 }
 
 /// The signals that ask the daemon to unmount and exit.
@@ -477,7 +533,12 @@ fn block_termination_signals() {
 
 /// Starts the daemon in its own session, logging to the space's log file, and waits until
 /// it reports the mount ready (or fails, in which case its log is shown).
-fn spawn_daemon(backing: &Path, mnt: &Path, allow_other: bool, threads: u32) -> Result<(), String> {
+fn spawn_daemon(
+    backing: &Path,
+    mnt: &Path,
+    allow_other: bool,
+    tuning: &Tuning,
+) -> Result<(), String> {
     read_superblock(backing).map_err(|e| e.to_string())?;
     check_not_locked(backing)?;
     let log_path = backing.join(ckptfs_engine::format::LOG_FILE);
@@ -489,7 +550,11 @@ fn spawn_daemon(backing: &Path, mnt: &Path, allow_other: bool, threads: u32) -> 
     let exe = std::env::current_exe().map_err(|e| e.to_string())?;
     let mut cmd = Command::new(exe);
     cmd.arg("mount").arg("--foreground").arg("--notify-ready");
-    cmd.arg("--threads").arg(threads.to_string());
+    cmd.arg("--threads").arg(tuning.threads.to_string());
+    if let Some(w) = tuning.workers {
+        cmd.arg("--workers").arg(w.to_string());
+    }
+    cmd.arg("--codec").arg(&tuning.codec);
     if allow_other {
         cmd.arg("--allow-other");
     }
@@ -620,6 +685,11 @@ pub(crate) fn stats_json(s: &Stats) -> serde_json::Value {
         "free_bytes": s.free_bytes,
         "chunk_avg_bytes": s.chunk_avg_bytes,
         "failed": s.failed,
+        "stages": s.stages.iter().map(|t| (t.name.clone(), serde_json::json!({
+            "seconds": t.seconds,
+            "count": t.count,
+            "bytes": t.bytes,
+        }))).collect::<serde_json::Map<_, _>>(),
     })
 }
 
@@ -641,6 +711,20 @@ fn stats_from_json(v: &serde_json::Value) -> Option<Stats> {
         free_bytes: u("free_bytes")?,
         chunk_avg_bytes: u("chunk_avg_bytes")? as u32,
         failed: v.get("failed")?.as_bool()?,
+        stages: v
+            .get("stages")
+            .and_then(|m| m.as_object())
+            .map(|m| {
+                m.iter()
+                    .map(|(name, t)| ckptfs_engine::pipeline::StageTime {
+                        name: name.clone(),
+                        seconds: t.get("seconds").and_then(|x| x.as_f64()).unwrap_or(0.0),
+                        count: t.get("count").and_then(|x| x.as_u64()).unwrap_or(0),
+                        bytes: t.get("bytes").and_then(|x| x.as_u64()).unwrap_or(0),
+                    })
+                    .collect()
+            })
+            .unwrap_or_default(),
     })
 }
 
@@ -652,7 +736,7 @@ fn read_stats(path: &Path) -> Result<Stats, String> {
         let c = std::ffi::CString::new(mnt.as_os_str().as_encoded_bytes())
             .map_err(|e| e.to_string())?;
         let name = c"user.ckptfs.stats";
-        let mut buf = vec![0u8; 4096];
+        let mut buf = vec![0u8; 16384];
         // SAFETY: getxattr writes at most buf.len() bytes into buf.
         let n = unsafe {
             libc::getxattr(
@@ -751,12 +835,19 @@ fn run(cli: Cli) -> Result<(), String> {
             foreground,
             allow_other,
             threads,
+            workers,
+            codec,
             notify_ready,
         } => {
             if foreground {
                 block_termination_signals();
             }
-            mount(paths, foreground, allow_other, threads, notify_ready)
+            let tuning = Tuning {
+                threads,
+                workers,
+                codec,
+            };
+            mount(paths, foreground, allow_other, tuning, notify_ready)
         }
         Cmd::Umount { mountpoint } => umount(&mountpoint),
         Cmd::Config {

@@ -1,0 +1,330 @@
+//! The write pipeline's moving parts: a pool of worker threads, a byte budget that bounds what
+//! is in flight, and tickets through which a file state learns what became of a chunk.
+//!
+//! A writer's FUSE thread only copies bytes into its file state and cuts them into chunks;
+//! hashing, the dedup lookup, compression and the append to the segment buffer run on the
+//! workers. A file keeps every piece it handed over (and the piece's bytes) until the piece's
+//! ticket says it is stored, so reads see it and a failed piece can be handed over again.
+//!
+//! Bounds: the bytes of pieces queued for or being processed by the workers are at most
+//! `Budget::limit` (plus one piece, so a piece larger than the limit still goes); a writer
+//! that would exceed it waits (back-pressure), so the daemon's memory does not grow with the
+//! number or speed of writers. A finished piece stays with its file state until that file's
+//! next write or commit retires it, so each open file holds at most what its last write
+//! handed over on top of that (one write request plus the stream's cut size).
+
+use crate::error::{Error, Result};
+use crate::format::ChunkHash;
+use parking_lot::{Condvar, Mutex};
+use std::sync::mpsc;
+use std::sync::Arc;
+
+/// Bytes of chunk data in flight between file states and the workers, by default.
+pub const PIPELINE_BYTES: usize = 64 << 20;
+
+/// A slice of a shared buffer: the bytes of one chunk, without copying them out of the
+/// stream buffer or dirty block they were written into.
+#[derive(Clone)]
+pub struct Piece {
+    buf: Arc<Vec<u8>>,
+    start: usize,
+    len: usize,
+}
+
+impl Piece {
+    pub fn new(buf: Arc<Vec<u8>>, start: usize, len: usize) -> Self {
+        assert!(start + len <= buf.len());
+        Piece { buf, start, len }
+    }
+
+    pub fn bytes(&self) -> &[u8] {
+        &self.buf[self.start..self.start + self.len]
+    }
+
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    /// The first `len` bytes.
+    pub fn truncated(&self, len: usize) -> Piece {
+        assert!(len <= self.len);
+        Piece {
+            len,
+            ..self.clone()
+        }
+    }
+}
+
+/// Counts bytes in flight against a limit.
+pub struct Budget {
+    limit: usize,
+    used: Mutex<usize>,
+    freed: Condvar,
+}
+
+impl Budget {
+    pub fn new(limit: usize) -> Arc<Self> {
+        Arc::new(Budget {
+            limit,
+            used: Mutex::new(0),
+            freed: Condvar::new(),
+        })
+    }
+
+    /// Waits until `n` more bytes fit (always admits one request when nothing is in flight,
+    /// so an oversized request cannot wait forever).
+    pub fn acquire(self: &Arc<Self>, n: usize) -> Permit {
+        let mut used = self.used.lock();
+        while *used > 0 && *used + n > self.limit {
+            self.freed.wait(&mut used);
+        }
+        *used += n;
+        Permit {
+            budget: self.clone(),
+            n,
+        }
+    }
+
+    pub fn in_use(&self) -> usize {
+        *self.used.lock()
+    }
+}
+
+/// Bytes admitted by a `Budget`, given back when dropped.
+pub struct Permit {
+    budget: Arc<Budget>,
+    n: usize,
+}
+
+impl Drop for Permit {
+    fn drop(&mut self) {
+        let mut used = self.budget.used.lock();
+        *used -= self.n;
+        self.budget.freed.notify_all();
+    }
+}
+
+#[derive(Default)]
+struct Slot {
+    result: Mutex<Option<Result<ChunkHash>>>,
+    done: Condvar,
+}
+
+/// What became of one handed-over piece.
+pub struct Ticket {
+    slot: Arc<Slot>,
+}
+
+/// The worker's end of a ticket. Dropped without a result (the job panicked), it completes
+/// the ticket with an error, so no writer waits forever.
+pub struct Completion(Arc<Slot>);
+
+impl Completion {
+    pub fn complete(self, r: Result<ChunkHash>) {
+        *self.0.result.lock() = Some(r);
+        self.0.done.notify_all();
+    }
+}
+
+impl Drop for Completion {
+    fn drop(&mut self) {
+        let mut r = self.0.result.lock();
+        if r.is_none() {
+            *r = Some(Err(Error::Io(std::io::Error::other(
+                "a pipeline worker failed while storing a chunk",
+            ))));
+            self.0.done.notify_all();
+        }
+    }
+}
+
+impl Ticket {
+    pub fn ready(r: Result<ChunkHash>) -> Ticket {
+        let t = Ticket::pending();
+        *t.slot.result.lock() = Some(r);
+        t
+    }
+
+    pub fn pending() -> Ticket {
+        Ticket {
+            slot: Arc::new(Slot::default()),
+        }
+    }
+
+    pub fn completion(&self) -> Completion {
+        Completion(self.slot.clone())
+    }
+
+    pub fn is_done(&self) -> bool {
+        self.slot.result.lock().is_some()
+    }
+
+    /// Waits for the outcome. A success can be read again; an error is handed out once
+    /// (the ticket is spent then, and the piece must be handed over again).
+    pub fn wait(&self) -> Result<ChunkHash> {
+        let mut r = self.slot.result.lock();
+        while r.is_none() {
+            self.slot.done.wait(&mut r);
+        }
+        match r.as_ref().expect("checked above") {
+            Ok(h) => Ok(*h),
+            Err(_) => match r.take() {
+                Some(Err(e)) => Err(e),
+                _ => unreachable!("checked above"),
+            },
+        }
+    }
+}
+
+type Job = Box<dyn FnOnce() + Send>;
+
+/// Worker threads taking jobs in FIFO order. Dropping the pool lets the workers finish the
+/// queued jobs and exit; it does not wait for them (the last owner of what a job uses may be
+/// a worker itself).
+pub struct Pool {
+    tx: Option<mpsc::Sender<Job>>,
+    workers: usize,
+}
+
+impl Pool {
+    /// `workers == 0`: no threads; `run` runs the job at once on the caller's thread.
+    pub fn new(workers: usize, name: &str) -> Pool {
+        if workers == 0 {
+            return Pool {
+                tx: None,
+                workers: 0,
+            };
+        }
+        let (tx, rx) = mpsc::channel::<Job>();
+        let rx = Arc::new(Mutex::new(rx));
+        for i in 0..workers {
+            let rx = rx.clone();
+            std::thread::Builder::new()
+                .name(format!("{name}-{i}"))
+                .spawn(move || loop {
+                    let job = rx.lock().recv();
+                    match job {
+                        // A panicking job completes its ticket with an error (Completion's
+                        // Drop); the worker lives on for the next job.
+                        Ok(job) => {
+                            let _ = std::panic::catch_unwind(std::panic::AssertUnwindSafe(job));
+                        }
+                        Err(_) => return,
+                    }
+                })
+                .expect("cannot start a worker thread");
+        }
+        Pool {
+            tx: Some(tx),
+            workers,
+        }
+    }
+
+    pub fn workers(&self) -> usize {
+        self.workers
+    }
+
+    pub fn run(&self, job: impl FnOnce() + Send + 'static) {
+        match &self.tx {
+            Some(tx) => {
+                if let Err(mpsc::SendError(job)) = tx.send(Box::new(job)) {
+                    // All workers gone (one panicked while holding the queue): run here.
+                    job();
+                }
+            }
+            None => job(),
+        }
+    }
+}
+
+/// Worker threads to use by default: one per core, at most 16.
+pub fn default_workers() -> usize {
+    std::thread::available_parallelism()
+        .map(|n| n.get())
+        .unwrap_or(2)
+        .min(16)
+}
+
+/// Time spent in one stage of the data path since the space was opened, by all threads
+/// together: the evidence for which stage limits a workload (`ckptfs stats --json`).
+#[derive(Default)]
+pub struct Stage {
+    ns: std::sync::atomic::AtomicU64,
+    count: std::sync::atomic::AtomicU64,
+    bytes: std::sync::atomic::AtomicU64,
+}
+
+impl Stage {
+    /// Runs `f`, counting its time against this stage.
+    pub fn time<T>(&self, bytes: usize, f: impl FnOnce() -> T) -> T {
+        let t = std::time::Instant::now();
+        let r = f();
+        self.add(t.elapsed(), bytes);
+        r
+    }
+
+    pub fn add(&self, d: std::time::Duration, bytes: usize) {
+        use std::sync::atomic::Ordering::Relaxed;
+        self.ns.fetch_add(d.as_nanos() as u64, Relaxed);
+        self.count.fetch_add(1, Relaxed);
+        self.bytes.fetch_add(bytes as u64, Relaxed);
+    }
+}
+
+/// One stage's totals.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct StageTime {
+    pub name: String,
+    pub seconds: f64,
+    pub count: u64,
+    pub bytes: u64,
+}
+
+macro_rules! stages {
+    ($($(#[$doc:meta])* $name:ident),* $(,)?) => {
+        /// The stages of the write and read paths.
+        #[derive(Default)]
+        pub struct Stages { $($(#[$doc])* pub $name: Stage,)* }
+
+        impl Stages {
+            pub fn snapshot(&self) -> Vec<StageTime> {
+                use std::sync::atomic::Ordering::Relaxed;
+                vec![$(StageTime {
+                    name: stringify!($name).to_string(),
+                    seconds: self.$name.ns.load(Relaxed) as f64 / 1e9,
+                    count: self.$name.count.load(Relaxed),
+                    bytes: self.$name.bytes.load(Relaxed),
+                },)*]
+            }
+        }
+    };
+}
+
+stages! {
+    /// FUSE write requests taken into file states (copy, content-defined cut, hand-over).
+    ingest,
+    /// Writers waiting for room in the pipeline (back-pressure).
+    budget_wait,
+    /// blake3 of new pieces.
+    hash,
+    /// Dedup lookups in the chunk table.
+    lookup,
+    /// Compression of chunks not found.
+    compress,
+    /// Appending to the segment buffer, including waiting for its lock.
+    append,
+    /// Writes of the segment buffer to the data file.
+    write,
+    /// fdatasync of the data file before a commit.
+    sync,
+    /// Metadata commits of file revisions (table writes and their syncs).
+    commit,
+    /// Reading stored chunks from the data file.
+    read,
+    /// Decompression and blake3 verification of chunks read.
+    decode,
+}
