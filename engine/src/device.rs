@@ -66,6 +66,7 @@ impl FileDevice {
         // checked, not whatever is at its path now.
         let path = format!("/proc/self/fd/{}", dev.file.as_raw_fd());
         match std::fs::OpenOptions::new()
+            .read(true)
             .write(true)
             .custom_flags(libc::O_DIRECT)
             .open(&path)
@@ -182,6 +183,22 @@ impl IoBuf {
         self.len += b.len();
     }
 
+    /// Appends `n` zero bytes.
+    pub fn extend_zeros(&mut self, n: usize) {
+        self.reserve(n);
+        // SAFETY: reserve made room for n bytes after len.
+        unsafe { std::ptr::write_bytes(self.ptr.as_ptr().add(self.len), 0, n) };
+        self.len += n;
+    }
+
+    pub fn as_mut_slice(&mut self) -> &mut [u8] {
+        if self.cap == 0 {
+            return &mut [];
+        }
+        // SAFETY: as for as_slice, and &mut self makes the borrow exclusive.
+        unsafe { std::slice::from_raw_parts_mut(self.ptr.as_ptr(), self.len) }
+    }
+
     /// Appends zeros up to the next multiple of `DIRECT_ALIGN`; returns how many.
     pub fn pad_to_block(&mut self) -> usize {
         let pad = self.len.next_multiple_of(DIRECT_ALIGN) - self.len;
@@ -218,8 +235,40 @@ impl Drop for IoBuf {
     }
 }
 
+/// Reads at least this large bypass the page cache (see `FileDevice::read_direct`).
+pub const DIRECT_READ_MIN: usize = 256 << 10;
+
+impl FileDevice {
+    /// A large read (a restart reading back chunks stored one after the other) goes around
+    /// the page cache: the data is read once and verified by hash, so caching it costs a
+    /// copy and memory for nothing, and several FUSE threads reading one file at different
+    /// offsets defeat the kernel's readahead on the shared descriptor. The covering
+    /// block-aligned range is read into an aligned buffer and the asked-for part copied out.
+    fn read_direct(&self, buf: &mut [u8], off: u64) -> Option<io::Result<()>> {
+        if buf.len() < DIRECT_READ_MIN {
+            return None;
+        }
+        let d = self.direct.read();
+        let f = d.as_ref()?;
+        let start = off / DIRECT_ALIGN as u64 * DIRECT_ALIGN as u64;
+        let end = (off + buf.len() as u64).next_multiple_of(DIRECT_ALIGN as u64);
+        let end = end.min(self.len().next_multiple_of(DIRECT_ALIGN as u64));
+        let mut tmp = IoBuf::new();
+        tmp.extend_zeros((end - start) as usize);
+        if let Err(e) = f.read_exact_at(tmp.as_mut_slice(), start) {
+            return Some(Err(e));
+        }
+        let at = (off - start) as usize;
+        buf.copy_from_slice(&tmp.as_slice()[at..at + buf.len()]);
+        Some(Ok(()))
+    }
+}
+
 impl Device for FileDevice {
     fn read_at(&self, buf: &mut [u8], off: u64) -> io::Result<()> {
+        if let Some(r) = self.read_direct(buf, off) {
+            return r;
+        }
         self.file.read_exact_at(buf, off)
     }
     fn write_at(&self, buf: &[u8], off: u64) -> io::Result<()> {

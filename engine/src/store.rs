@@ -42,6 +42,14 @@ struct Writer {
     /// Data-file offset of `buf[0]`; `buf` never crosses a segment boundary.
     buf_start: u64,
     buf: IoBuf,
+    /// Buffers taken out of `buf` for writing: data-file offset, buffer, bytes to write.
+    /// They stay readable here until written (`read_stored`).
+    writing: Vec<(u64, Arc<IoBuf>, usize)>,
+    /// Those of `writing` that no thread has started to write yet.
+    to_write: VecDeque<(u64, Arc<IoBuf>, usize)>,
+    /// Written buffers kept for reuse (at most two), so the daemon does not fault in fresh
+    /// pages for every 8 MiB.
+    spare: Vec<IoBuf>,
     /// Segments free for allocation (authoritative in memory; persisted in the FREE table).
     free: BTreeSet<u64>,
     /// Segments taken from the free list since the last commit that recorded them.
@@ -65,6 +73,8 @@ pub struct ChunkStore {
     segment_bytes: u64,
     segments: u64,
     writer: Mutex<Writer>,
+    /// Signalled when a buffer in `Writer::writing` has been written.
+    written: parking_lot::Condvar,
     /// Pinned chunks; lock order: barrier, writer, pending.
     pending: Mutex<HashMap<ChunkHash, Pending>>,
     /// Shared by chunk lookups and pinning; exclusive while gc deletes chunks or frees
@@ -107,9 +117,13 @@ impl ChunkStore {
                 fill: 0,
                 buf_start: 0,
                 buf: IoBuf::new(),
+                writing: Vec::new(),
+                to_write: VecDeque::new(),
+                spare: Vec::new(),
                 free,
                 taken: BTreeSet::new(),
             }),
+            written: parking_lot::Condvar::new(),
             pending: Mutex::new(HashMap::new()),
             barrier: RwLock::new(()),
             cache: Mutex::new(ChunkCache::default()),
@@ -292,7 +306,7 @@ impl ChunkStore {
                 return Ok(c * self.segment_bytes + w.fill);
             }
         }
-        self.write_out(w, true)?;
+        self.write_out(w, true);
         let next = w.free.pop_first().ok_or(Error::NoSpace)?;
         w.taken.insert(next);
         w.cur = Some(next);
@@ -301,36 +315,72 @@ impl ChunkStore {
         Ok(w.buf_start)
     }
 
-    /// Writes buffered chunks to the data file in whole blocks (`DIRECT_ALIGN`), so the
-    /// write can bypass the page cache. Unless `all`, a last partial block stays buffered
-    /// for the chunks that will fill it. With `all` (a commit, or the segment is done) it is
-    /// padded with zeros and written, and the next chunk starts at the next block: blocks
-    /// once written are never written again, so no write can tear committed bytes. The
-    /// padding costs less than one block per commit.
-    fn write_out(&self, w: &mut Writer, all: bool) -> Result<()> {
+    /// Queues buffered chunks for writing to the data file in whole blocks (`DIRECT_ALIGN`),
+    /// so the write can bypass the page cache; `write_queued` writes them once the caller
+    /// has let go of the writer lock, so workers keep appending while the disk works.
+    /// Unless `all`, a last partial block stays buffered for the chunks that will fill it.
+    /// With `all` (a commit, or the segment is done) it is padded with zeros and written,
+    /// and the next chunk starts at the next block: blocks once written are never written
+    /// again, so no write can tear committed bytes. The padding costs less than one block
+    /// per commit.
+    fn write_out(&self, w: &mut Writer, all: bool) {
         if all && w.cur.is_some() {
             w.fill += w.buf.pad_to_block() as u64;
         }
         let n = w.buf.len() / DIRECT_ALIGN * DIRECT_ALIGN;
         if n == 0 {
-            return Ok(());
+            return;
         }
-        let r = self
-            .stages
-            .write
-            .time(n, || self.dev.write_at(&w.buf.as_slice()[..n], w.buf_start));
-        if let Err(e) = r {
-            return self.fail(e);
-        }
+        let mut next = w.spare.pop().unwrap_or_default();
+        next.extend_from_slice(&w.buf.as_slice()[n..]);
+        let full = Arc::new(std::mem::replace(&mut w.buf, next));
+        w.writing.push((w.buf_start, full.clone(), n));
+        w.to_write.push_back((w.buf_start, full, n));
         w.buf_start += n as u64;
-        w.buf.consume(n);
-        Ok(())
+    }
+
+    /// Writes the queued buffers (see `write_out`). Call without the writer lock.
+    fn write_queued(&self) -> Result<()> {
+        let mut result = Ok(());
+        loop {
+            let Some((start, buf, n)) = self.writer.lock().to_write.pop_front() else {
+                break;
+            };
+            let r = self
+                .stages
+                .write
+                .time(n, || self.dev.write_at(&buf.as_slice()[..n], start));
+            let mut w = self.writer.lock();
+            w.writing.retain(|(s, _, _)| *s != start);
+            self.written.notify_all();
+            if let Err(e) = r {
+                result = result.and(self.fail(e));
+                continue;
+            }
+            if let Ok(mut b) = Arc::try_unwrap(buf) {
+                if w.spare.len() < 2 {
+                    b.consume(b.len());
+                    w.spare.push(b);
+                }
+            }
+        }
+        result
     }
 
     /// Writes out buffered chunks and makes the data file durable.
     pub fn flush_sync(&self) -> Result<()> {
         self.check_failed()?;
-        self.write_out(&mut self.writer.lock(), true)?;
+        self.write_out(&mut self.writer.lock(), true);
+        self.write_queued()?;
+        {
+            // Buffers other threads took for writing before this commit must be on disk
+            // before the sync that makes this commit's chunks durable.
+            let mut w = self.writer.lock();
+            while !w.writing.is_empty() {
+                self.written.wait(&mut w);
+            }
+        }
+        self.check_failed()?;
         // Not under the writer lock: workers keep appending other files' chunks while this
         // commit waits for the disk. The sync covers every write issued before it.
         if let Err(e) = self.stages.sync.time(0, || self.dev.sync()) {
@@ -342,37 +392,57 @@ impl ChunkStore {
     /// Appends already-encoded chunk bytes (gc's copies); returns where they went.
     pub fn append_stored(&self, stored: &[u8]) -> Result<DataOffset> {
         self.check_failed()?;
-        let mut w = self.writer.lock();
-        let off = self.alloc(&mut w, stored.len() as u64)?;
-        w.buf.extend_from_slice(stored);
-        w.fill += stored.len() as u64;
-        if w.buf.len() as u64 >= WRITE_BYTES.min(self.segment_bytes / 2) {
-            self.write_out(&mut w, false)?;
-        }
-        Ok(DataOffset(off))
+        let off = {
+            let mut w = self.writer.lock();
+            let off = self.alloc(&mut w, stored.len() as u64);
+            if off.is_ok() {
+                w.buf.extend_from_slice(stored);
+                w.fill += stored.len() as u64;
+                if w.buf.len() as u64 >= WRITE_BYTES.min(self.segment_bytes / 2) {
+                    self.write_out(&mut w, false);
+                }
+            }
+            off
+        };
+        self.write_queued()?;
+        Ok(DataOffset(off?))
     }
 
-    /// Reads a chunk's stored bytes; the part not yet written out comes from the write
-    /// buffer (a chunk may straddle the last write: its head on disk, its tail buffered).
+    /// Reads a chunk's stored bytes. Parts not yet written out come from the buffers being
+    /// written or the write buffer (a chunk may straddle them: head on disk, tail buffered).
     pub fn read_stored(&self, rec: &ChunkRecord) -> Result<Vec<u8>> {
         let mut stored = vec![0u8; rec.stored_len as usize];
         let (off, end) = (rec.offset.0, rec.offset.0 + rec.stored_len as u64);
-        let on_disk = {
+        let overlaps = |s: u64, n: usize| s < end && s + n as u64 > off;
+        // Buffers are taken (cheap clones) under the lock and copied from after it; the
+        // device is read only if they leave a gap.
+        let (taken, covered) = {
             let w = self.writer.lock();
-            let buf_end = w.buf_start + w.buf.len() as u64;
-            if end > w.buf_start && off < buf_end {
-                let from = off.max(w.buf_start);
-                let to = end.min(buf_end);
-                stored[(from - off) as usize..(to - off) as usize].copy_from_slice(
-                    &w.buf.as_slice()[(from - w.buf_start) as usize..(to - w.buf_start) as usize],
-                );
-                (from - off) as usize
-            } else {
-                stored.len()
+            let mut taken: Vec<(u64, Arc<IoBuf>, usize)> = w
+                .writing
+                .iter()
+                .filter(|(s, _, n)| overlaps(*s, *n))
+                .cloned()
+                .collect();
+            if overlaps(w.buf_start, w.buf.len()) {
+                let mut copy = IoBuf::new();
+                copy.extend_from_slice(w.buf.as_slice());
+                taken.push((w.buf_start, Arc::new(copy), w.buf.len()));
             }
+            let covered: u64 = taken
+                .iter()
+                .map(|(s, _, n)| (s + *n as u64).min(end) - (*s).max(off))
+                .sum();
+            (taken, covered)
         };
-        if on_disk > 0 {
-            self.dev.read_at(&mut stored[..on_disk], off)?;
+        if covered < end - off {
+            self.dev.read_at(&mut stored, off)?;
+        }
+        for (s, b, n) in taken {
+            let from = s.max(off);
+            let to = (s + n as u64).min(end);
+            stored[(from - off) as usize..(to - off) as usize]
+                .copy_from_slice(&b.as_slice()[(from - s) as usize..(to - s) as usize]);
         }
         Ok(stored)
     }
@@ -483,6 +553,31 @@ impl ChunkIo for ChunkStore {
         // Stored raw when compression does not pay, so incompressible data costs nothing extra.
         let bytes: &[u8] = encoded.as_deref().unwrap_or(data);
         let t_append = std::time::Instant::now();
+        let r = self.append_new(h, data.len(), codec, bytes);
+        self.stages.append.add(t_append.elapsed(), bytes.len());
+        // Also after a failure (a full space): buffers queued for writing go out.
+        self.write_queued()?;
+        r
+    }
+
+    fn get(&self, h: &ChunkHash) -> Result<Arc<[u8]>> {
+        Ok(self.get_many(std::slice::from_ref(h))?.remove(0))
+    }
+
+    fn get_many(&self, hashes: &[ChunkHash]) -> Result<Vec<Arc<[u8]>>> {
+        ChunkStore::get_many(self, hashes)
+    }
+}
+
+impl ChunkStore {
+    /// Appends a new chunk's stored bytes to the write buffer and pins it.
+    fn append_new(
+        &self,
+        h: ChunkHash,
+        raw_len: usize,
+        codec: Codec,
+        bytes: &[u8],
+    ) -> Result<ChunkHash> {
         let mut w = self.writer.lock();
         {
             let mut pending = self.pending.lock();
@@ -499,7 +594,7 @@ impl ChunkIo for ChunkStore {
                     rec: ChunkRecord {
                         offset: DataOffset(off),
                         stored_len: bytes.len() as u32,
-                        raw_len: data.len() as u32,
+                        raw_len: raw_len as u32,
                         codec,
                         refs: 0,
                     },
@@ -508,19 +603,10 @@ impl ChunkIo for ChunkStore {
             );
         }
         self.chunks_stored.fetch_add(1, Ordering::Relaxed);
-        self.stages.append.add(t_append.elapsed(), bytes.len());
         if w.buf.len() as u64 >= WRITE_BYTES.min(self.segment_bytes) {
-            self.write_out(&mut w, false)?;
+            self.write_out(&mut w, false);
         }
         Ok(h)
-    }
-
-    fn get(&self, h: &ChunkHash) -> Result<Arc<[u8]>> {
-        Ok(self.get_many(std::slice::from_ref(h))?.remove(0))
-    }
-
-    fn get_many(&self, hashes: &[ChunkHash]) -> Result<Vec<Arc<[u8]>>> {
-        ChunkStore::get_many(self, hashes)
     }
 }
 
