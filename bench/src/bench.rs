@@ -7,9 +7,9 @@
 //! part; a "first checkpoint" gets a fresh seed every repetition (really new data), a "next
 //! revision" is written next to its base from the same repetition.
 
-use crate::ckptfs::Ckptfs;
+use crate::ckptfs::{self, Ckptfs};
 use crate::data::{self, mix, name_label, RandomSpec};
-use crate::report::{Results, Sample, Side};
+use crate::report::{self, Results, Sample, Side, Stages};
 use crate::sys::{self, Result};
 use crate::worker::{self, Group, Op, Task};
 use crate::Opts;
@@ -79,6 +79,8 @@ struct Probe {
     pid: u32,
     cpu0: f64,
     stored0: Option<u64>,
+    /// Stage seconds so far (None: the daemon reports no stages).
+    stages0: Option<Stages>,
 }
 
 struct Bench<'a> {
@@ -150,7 +152,7 @@ impl Bench<'_> {
     }
 
     /// Untimed preparation right before a timed part: flush other writeback, and on ckptfs note
-    /// the daemon's CPU time, reset its peak RSS and (for writes) read stored_bytes.
+    /// the daemon's stage times, (for writes) stored_bytes and CPU time, and reset its peak RSS.
     fn before(&mut self, side: Side, write: bool) -> Result<Option<Probe>> {
         sys::check_interrupted()?;
         sys::sync_all();
@@ -159,26 +161,41 @@ impl Bench<'_> {
         }
         let pid = self.ck.daemon_pid()?;
         // Reading stats makes the daemon read its metadata; a cold read must not get it warm.
-        let stored0 = if write {
-            Some(self.ck.stored_bytes()?)
+        // A cold read comes right after a mount, whose stage counters start at 0.
+        let (stored0, stages0) = if write || !self.ck.fresh() {
+            let st = self.ck.stats()?;
+            let stored = if write {
+                Some(ckptfs::stored_bytes(&st)?)
+            } else {
+                None
+            };
+            (stored, ckptfs::stage_seconds(&st))
         } else {
-            None
+            (None, Some(Stages::new()))
         };
         sys::reset_peak_rss(pid);
         Ok(Some(Probe {
             pid,
             cpu0: sys::cpu_seconds(pid)?,
             stored0,
+            stages0,
         }))
     }
 
+    /// Untimed, right after a timed part: the daemon's CPU time and peak RSS first, then the
+    /// stats (which cost the daemon CPU of their own).
     fn after(&mut self, p: Option<Probe>, mut s: Sample) -> Result<Sample> {
         if let Some(p) = p {
             s.cpu_s = Some(sys::cpu_seconds(p.pid)? - p.cpu0);
             s.rss_kib = sys::peak_rss_kib(p.pid);
+            let st = self.ck.stats()?;
             if let Some(s0) = p.stored0 {
-                s.stored = Some(self.ck.stored_bytes()? as i64 - s0 as i64);
+                s.stored = Some(ckptfs::stored_bytes(&st)? as i64 - s0 as i64);
             }
+            s.stages = match (ckptfs::stage_seconds(&st), &p.stages0) {
+                (Some(a), Some(b)) => Some(report::stage_delta(&a, b)),
+                _ => None,
+            };
         }
         Ok(s)
     }
@@ -693,7 +710,13 @@ pub fn run(o: &Opts, sel: Selection) -> Result<bool> {
     );
     fresh_dir(&logs)?;
     fs::create_dir_all(&mnt).map_err(|e| format!("create {}: {e}", mnt.display()))?;
-    let mut ck = Ckptfs::new(bin.clone(), backing.clone(), mnt, logs);
+    let mut ck = Ckptfs::new(
+        bin.clone(),
+        backing.clone(),
+        mnt,
+        logs,
+        o.mount_args.clone(),
+    );
     ck.clear_stale_mount()?;
     fresh_dir(&plain)?;
     fresh_dir(&backing)?;
@@ -731,6 +754,15 @@ pub fn run(o: &Opts, sel: Selection) -> Result<bool> {
         size_label(space),
         o.chunk_size
     );
+    println!(
+        "  {:<13} {}",
+        "mount args",
+        if o.mount_args.is_empty() {
+            "(none)".to_string()
+        } else {
+            o.mount_args.join(" ")
+        }
+    );
     println!();
 
     ck.format(space, &o.chunk_size)?;
@@ -763,6 +795,10 @@ pub fn run(o: &Opts, sel: Selection) -> Result<bool> {
     println!();
     print!("{}", b.res.table());
     println!();
+    if let Some(t) = b.res.stage_table() {
+        print!("{t}");
+        println!();
+    }
     println!(
         "MiB/s: logical bytes / (open to close returned), or for several processes (start barrier to last close). \
          plain: fsync+close, ckptfs: close (durable by contract). ratio: ckptfs/plain of medians. \
@@ -782,6 +818,7 @@ pub fn run(o: &Opts, sel: Selection) -> Result<bool> {
                 "size": o.size, "block": o.block, "procs": o.procs, "reps": o.reps,
                 "seed": o.seed, "space": space, "chunk_size": o.chunk_size,
                 "ckptfs": bin.to_string_lossy(), "dir": dir.to_string_lossy(), "root": root,
+                "mount_args": o.mount_args,
             },
             "rows": b.res.json(),
             "wall_s": wall,

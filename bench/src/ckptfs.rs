@@ -1,6 +1,7 @@
 //! The `ckptfs` binary under test, driven through its CLI, and a guard that unmounts the space
 //! when the benchmark ends, fails or is interrupted.
 
+use crate::report::Stages;
 use crate::sys::Result;
 use std::ffi::OsStr;
 use std::fs;
@@ -13,8 +14,13 @@ pub struct Ckptfs {
     backing: PathBuf,
     mnt: PathBuf,
     logs: PathBuf,
+    /// Appended to every `ckptfs mount BACKING MNT` (--mount-arg).
+    mount_args: Vec<String>,
     step: u32,
     mounted: bool,
+    /// Mounted, and no `ckptfs` command has run since: the daemon's stage counters are all 0
+    /// and nothing has asked it for its metadata.
+    fresh: bool,
 }
 
 /// Whether something is mounted at `p`: its device differs from its parent's, or it cannot be
@@ -29,15 +35,28 @@ pub fn is_mountpoint(p: &Path) -> bool {
 }
 
 impl Ckptfs {
-    pub fn new(bin: PathBuf, backing: PathBuf, mnt: PathBuf, logs: PathBuf) -> Ckptfs {
+    pub fn new(
+        bin: PathBuf,
+        backing: PathBuf,
+        mnt: PathBuf,
+        logs: PathBuf,
+        mount_args: Vec<String>,
+    ) -> Ckptfs {
         Ckptfs {
             bin,
             backing,
             mnt,
             logs,
+            mount_args,
             step: 0,
             mounted: false,
+            fresh: false,
         }
+    }
+
+    /// Whether the daemon was just mounted and no `ckptfs` command has run since.
+    pub fn fresh(&self) -> bool {
+        self.fresh
     }
 
     pub fn mnt(&self) -> &Path {
@@ -48,6 +67,7 @@ impl Ckptfs {
     /// never to pipes: `ckptfs mount` leaves a daemon behind that would hold a pipe open.
     fn run(&mut self, args: &[&OsStr]) -> Result<String> {
         self.step += 1;
+        self.fresh = false;
         let what = args
             .first()
             .map(|a| a.to_string_lossy().into_owned())
@@ -92,8 +112,12 @@ impl Ckptfs {
 
     pub fn mount(&mut self) -> Result<()> {
         let (b, m) = (self.backing.clone(), self.mnt.clone());
-        self.run(&["mount".as_ref(), b.as_os_str(), m.as_os_str()])?;
+        let extra = self.mount_args.clone();
+        let mut args: Vec<&OsStr> = vec!["mount".as_ref(), b.as_os_str(), m.as_os_str()];
+        args.extend(extra.iter().map(OsStr::new));
+        self.run(&args)?;
         self.mounted = true;
+        self.fresh = true;
         Ok(())
     }
 
@@ -138,13 +162,6 @@ impl Ckptfs {
             .map_err(|e| format!("`ckptfs stats --json` printed non-JSON ({e}): {out}"))
     }
 
-    pub fn stored_bytes(&mut self) -> Result<u64> {
-        let s = self.stats()?;
-        s["stored_bytes"]
-            .as_u64()
-            .ok_or_else(|| format!("`ckptfs stats --json` has no stored_bytes: {s}"))
-    }
-
     /// The daemon's pid, from the lock file ("pid N mounted at ...").
     pub fn daemon_pid(&self) -> Result<u32> {
         let lock = self.backing.join("lock");
@@ -175,6 +192,24 @@ impl Ckptfs {
         }
         Ok(())
     }
+}
+
+/// stored_bytes of a `ckptfs stats --json` answer.
+pub fn stored_bytes(stats: &serde_json::Value) -> Result<u64> {
+    stats["stored_bytes"]
+        .as_u64()
+        .ok_or_else(|| format!("`ckptfs stats --json` has no stored_bytes: {stats}"))
+}
+
+/// Seconds per daemon stage ("stages" of `ckptfs stats --json`: cumulative since the daemon
+/// started, summed over its threads); None from a ckptfs that does not report them.
+pub fn stage_seconds(stats: &serde_json::Value) -> Option<Stages> {
+    let m = stats.get("stages")?.as_object()?;
+    Some(
+        m.iter()
+            .map(|(k, v)| (k.clone(), v["seconds"].as_f64().unwrap_or(0.0)))
+            .collect(),
+    )
 }
 
 fn lazy_unmount(mnt: &Path) {

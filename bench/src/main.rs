@@ -80,6 +80,10 @@ pub struct Opts {
     /// Leave the plain files and the ckptfs space in DIR afterwards
     #[arg(long)]
     pub keep: bool,
+    /// Extra argument appended to every `ckptfs mount BACKING MNT` (repeatable; may start with
+    /// `-`: --mount-arg=--codec --mount-arg=shuffle, or --mount-arg=--codec=shuffle)
+    #[arg(long = "mount-arg", value_name = "ARG", allow_hyphen_values = true)]
+    pub mount_args: Vec<String>,
 }
 
 #[derive(Parser)]
@@ -194,7 +198,35 @@ fn exit_on_error(r: Result<(), Box<dyn std::error::Error>>) -> ! {
 
 #[cfg(test)]
 mod tests {
-    use super::parse_size;
+    use super::{parse_size, Cli, Cmd};
+    use clap::Parser;
+
+    #[test]
+    fn mount_args() {
+        for argv in [
+            &["b", "first", "--mount-arg=--codec", "--mount-arg=shuffle"][..],
+            &[
+                "b",
+                "first",
+                "--mount-arg",
+                "--codec",
+                "--mount-arg",
+                "shuffle",
+            ][..],
+        ] {
+            let Cmd::First(o) = Cli::try_parse_from(argv).unwrap().cmd else {
+                panic!("not first");
+            };
+            assert_eq!(o.mount_args, ["--codec", "shuffle"]);
+        }
+        let Cmd::All(o) = Cli::try_parse_from(["b", "all", "--mount-arg", "--codec=shuffle"])
+            .unwrap()
+            .cmd
+        else {
+            panic!("not all");
+        };
+        assert_eq!(o.mount_args, ["--codec=shuffle"]);
+    }
 
     #[test]
     fn sizes() {

@@ -1,6 +1,48 @@
 //! Measurements, the summary table and its JSON form.
 
 use serde_json::{json, Value};
+use std::collections::BTreeMap;
+
+/// Seconds per daemon stage (summed over the daemon's threads).
+pub type Stages = BTreeMap<String, f64>;
+
+/// The daemon's stages in the order of the write and read paths; names not listed go last.
+const STAGE_ORDER: [&str; 11] = [
+    "ingest",
+    "budget_wait",
+    "hash",
+    "lookup",
+    "compress",
+    "append",
+    "write",
+    "sync",
+    "commit",
+    "read",
+    "decode",
+];
+/// Stages below this many seconds are left out of the stage table.
+const STAGE_MIN_S: f64 = 0.005;
+
+/// `after - before`, per stage (a stage missing from `before` counts from 0).
+pub fn stage_delta(after: &Stages, before: &Stages) -> Stages {
+    after
+        .iter()
+        .map(|(k, a)| (k.clone(), a - before.get(k).copied().unwrap_or(0.0)))
+        .collect()
+}
+
+/// (name, seconds) in path order.
+fn ordered(st: &Stages) -> Vec<(&str, f64)> {
+    let rank = |k: &str| {
+        STAGE_ORDER
+            .iter()
+            .position(|o| *o == k)
+            .unwrap_or(STAGE_ORDER.len())
+    };
+    let mut v: Vec<(&str, f64)> = st.iter().map(|(k, s)| (k.as_str(), *s)).collect();
+    v.sort_by(|a, b| rank(a.0).cmp(&rank(b.0)).then(a.0.cmp(b.0)));
+    v
+}
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Side {
@@ -32,6 +74,9 @@ pub struct Sample {
     pub cpu_s: Option<f64>,
     /// ckptfs only: daemon VmHWM after the timed part (reset just before it).
     pub rss_kib: Option<u64>,
+    /// ckptfs only: growth of the daemon's stage seconds over the timed part (None from a
+    /// ckptfs that does not report stages).
+    pub stages: Option<Stages>,
     pub verified: Option<bool>,
 }
 
@@ -154,6 +199,23 @@ impl Row {
 
     fn rss_max_kib(&self) -> Option<u64> {
         self.ckptfs.iter().filter_map(|s| s.rss_kib).max()
+    }
+
+    /// Stage seconds summed over the ckptfs repetitions; None when no repetition has them.
+    fn stages(&self) -> Option<Stages> {
+        let mut sum: Option<Stages> = None;
+        for st in self.ckptfs.iter().filter_map(|s| s.stages.as_ref()) {
+            let sum = sum.get_or_insert_with(Stages::new);
+            for (k, v) in st {
+                *sum.entry(k.clone()).or_insert(0.0) += v;
+            }
+        }
+        sum
+    }
+
+    /// Timed seconds of the ckptfs side, summed over repetitions.
+    fn ckptfs_wall(&self) -> f64 {
+        self.ckptfs.iter().map(|s| s.secs).sum()
     }
 
     /// None when nothing was verified; Some(false) when any repetition failed.
@@ -295,6 +357,41 @@ impl Results {
         out
     }
 
+    /// Per row: scenario, data, ckptfs wall seconds and the daemon's stage seconds, both summed
+    /// over repetitions. None when the daemon reported no stages (an older ckptfs).
+    pub fn stage_table(&self) -> Option<String> {
+        let rows: Vec<(&Row, Stages)> = self
+            .rows
+            .iter()
+            .filter_map(|r| Some((r, r.stages()?)))
+            .collect();
+        if rows.is_empty() {
+            return None;
+        }
+        let w0 = rows.iter().map(|(r, _)| r.scenario.chars().count()).max();
+        let w1 = rows.iter().map(|(r, _)| r.data.chars().count()).max();
+        let (w0, w1) = (w0.unwrap_or(0), w1.unwrap_or(0));
+        let mut out = String::from(
+            "daemon stage seconds (summed over threads and reps; wall = ckptfs timed seconds)\n",
+        );
+        for (r, st) in rows {
+            let mut line = format!(
+                "{:<w0$} | {:<w1$} | wall {:.2}",
+                r.scenario,
+                r.data,
+                r.ckptfs_wall()
+            );
+            for (k, v) in ordered(&st) {
+                if v >= STAGE_MIN_S {
+                    line += &format!("  {k} {v:.2}");
+                }
+            }
+            out += &line;
+            out.push('\n');
+        }
+        Some(out)
+    }
+
     pub fn json(&self) -> Value {
         let side = |r: &Row, side: Side| {
             let samples = r.samples(side);
@@ -327,6 +424,8 @@ impl Results {
                         "stored_over_logical": if r.read { None } else { r.stored_ratio() },
                         "daemon_cpu_s_median": r.cpu_median(),
                         "daemon_peak_rss_mib": r.rss_max_kib().map(|k| k as f64 / 1024.0),
+                        "ckptfs_wall_seconds": r.ckptfs_wall(),
+                        "stages": r.stages(),
                         "verified": r.verified(),
                     })
                 })
