@@ -7,8 +7,9 @@ use std::collections::BTreeMap;
 pub type Stages = BTreeMap<String, f64>;
 
 /// The daemon's stages in the order of the write and read paths; names not listed go last.
-const STAGE_ORDER: [&str; 11] = [
+const STAGE_ORDER: [&str; 12] = [
     "ingest",
+    "cut",
     "budget_wait",
     "hash",
     "lookup",

@@ -295,21 +295,21 @@ impl CutState {
     /// this, on a worker or inline.
     fn run(&self) {
         loop {
-            let (start, buf, last, p) = {
+            let (start, carry, seg, last, p) = {
                 let mut g = self.m.lock();
                 if g.next < g.segs.len() {
                     let seg = g.segs[g.next].1.clone();
                     g.next += 1;
                     g.queued -= seg.len();
                     let last = g.finish && g.next == g.segs.len();
-                    let mut buf = std::mem::take(&mut g.carry);
+                    let carry = std::mem::take(&mut g.carry);
                     let (start, p) = (g.carry_start, g.params);
                     drop(g);
                     self.cv.notify_all();
-                    buf.extend_from_slice(&seg);
-                    (start, buf, last, p)
+                    (start, carry, seg, last, p)
                 } else if g.finish && !g.carry.is_empty() {
-                    (g.carry_start, std::mem::take(&mut g.carry), true, g.params)
+                    let carry = std::mem::take(&mut g.carry);
+                    (g.carry_start, carry, Arc::new(Vec::new()), true, g.params)
                 } else {
                     g.running = false;
                     drop(g);
@@ -317,31 +317,11 @@ impl CutState {
                     return;
                 }
             };
-            let cuts: Vec<(usize, usize)> = fastcdc::v2020::FastCDC::new(
-                &buf,
-                p.min_bytes as usize,
-                p.avg_bytes as usize,
-                p.max_bytes as usize,
-            )
-            .map(|ch| (ch.offset, ch.length))
-            .collect();
-            // Unless this is the end, the last chunk stays: more bytes may move its end.
-            let emit_n = cuts.len().saturating_sub(usize::from(!last));
-            let consumed = cuts[..emit_n].last().map_or(0, |&(o, l)| o + l);
-            let carry = buf[consumed..].to_vec();
-            let shared = Arc::new(buf);
-            let pieces: Vec<(u64, Piece, bool)> = cuts[..emit_n]
-                .iter()
-                .map(|&(o, l)| {
-                    let piece = Piece::new(shared.clone(), o, l);
-                    let zero = piece.bytes().iter().all(|&b| b == 0);
-                    (start + o as u64, piece, zero)
-                })
-                .collect();
+            let (pieces, carry_start, carry) = cut_segment(p, start, carry, seg, last);
             let mut g = self.m.lock();
             g.out.extend(pieces);
             g.carry = carry;
-            g.carry_start = start + consumed as u64;
+            g.carry_start = carry_start;
             drop(g);
             self.cv.notify_all();
         }
@@ -363,6 +343,83 @@ impl CutState {
             self.cv.wait(&mut g);
         }
     }
+}
+
+/// FastCDC cuts of `buf[from..]`: (offset in `buf`, length).
+fn cdc(p: ChunkParams, buf: &[u8], from: usize) -> Vec<(usize, usize)> {
+    fastcdc::v2020::FastCDC::new(
+        &buf[from..],
+        p.min_bytes as usize,
+        p.avg_bytes as usize,
+        p.max_bytes as usize,
+    )
+    .map(|ch| (from + ch.offset, ch.length))
+    .collect()
+}
+
+/// Cuts the stream bytes `carry` (at file offset `start`) followed by `seg` into pieces;
+/// returns them (offset, piece, all zeros) and the new carry (offset, bytes): the last,
+/// unfinished chunk, unless `last`. The result is the same as FastCDC over the whole stream.
+///
+/// Only the chunk that began in the carry is cut on a joined copy (it ends within the first
+/// `max_bytes` of the segment); the rest is cut in place and its pieces share the segment's
+/// buffer, so the stream's bytes are not copied again here.
+fn cut_segment(
+    p: ChunkParams,
+    start: u64,
+    carry: Vec<u8>,
+    seg: Arc<Vec<u8>>,
+    last: bool,
+) -> (Vec<(u64, Piece, bool)>, u64, Vec<u8>) {
+    let mut pieces = Vec::new();
+    let piece = |buf: &Arc<Vec<u8>>, o: usize, l: usize, off: u64| {
+        let piece = Piece::new(buf.clone(), o, l);
+        let zero = piece.bytes().iter().all(|&b| b == 0);
+        (off, piece, zero)
+    };
+    // Where the in-place part of the segment starts.
+    let mut from = 0;
+    let carry_len = carry.len();
+    if carry_len > 0 {
+        let head = seg.len().min(p.max_bytes as usize);
+        let mut joined = carry;
+        joined.extend_from_slice(&seg[..head]);
+        let joined_is_all = head == seg.len();
+        let joined = Arc::new(joined);
+        let cuts = cdc(p, &joined, 0);
+        match cuts.first() {
+            // The carried chunk ends inside the head: cut, and go on in place from there.
+            Some(&(0, l)) if l > carry_len && (l < joined.len() || (last && joined_is_all)) => {
+                pieces.push(piece(&joined, 0, l, start));
+                from = l - carry_len;
+            }
+            // Everything is in the joined buffer (a short segment): cut it like a stream.
+            _ if joined_is_all => {
+                let emit_n = cuts.len().saturating_sub(usize::from(!last));
+                for &(o, l) in &cuts[..emit_n] {
+                    pieces.push(piece(&joined, o, l, start + o as u64));
+                }
+                let consumed = cuts[..emit_n].last().map_or(0, |&(o, l)| o + l);
+                return (pieces, start + consumed as u64, joined[consumed..].to_vec());
+            }
+            // Cannot happen with FastCDC (a chunk is at most max_bytes, so the carried one
+            // ends inside the head); kept total by cutting a full joined copy.
+            _ => {
+                let mut all = joined[..carry_len].to_vec();
+                all.extend_from_slice(&seg);
+                return cut_segment(p, start, all, Arc::new(Vec::new()), last);
+            }
+        }
+    }
+    // File offset of seg[0].
+    let seg_off = start + carry_len as u64;
+    let cuts = cdc(p, &seg, from);
+    let emit_n = cuts.len().saturating_sub(usize::from(!last));
+    for &(o, l) in &cuts[..emit_n] {
+        pieces.push(piece(&seg, o, l, seg_off + o as u64));
+    }
+    let consumed = cuts[..emit_n].last().map_or(from, |&(o, l)| o + l);
+    (pieces, seg_off + consumed as u64, seg[consumed..].to_vec())
 }
 
 impl Stream {
@@ -1192,6 +1249,44 @@ pub(crate) mod tests {
             0 => data.fill(0),
             1 => data.fill(rng.random()),
             _ => rng.fill_bytes(data),
+        }
+    }
+
+    /// Cutting a stream segment by segment (with the carry between them, as the cutter
+    /// does) gives exactly FastCDC's chunks of the whole stream, whatever the segment sizes.
+    #[test]
+    fn segmented_cut_equals_whole_stream_cut() {
+        let p = params();
+        let mut rng = SmallRng::seed_from_u64(3);
+        for round in 0..40 {
+            let mut data = vec![0u8; rng.random_range(1..400_000)];
+            fill(&mut rng, &mut data);
+            let whole: Vec<(u64, usize)> = cdc(p, &data, 0)
+                .into_iter()
+                .map(|(o, l)| (o as u64, l))
+                .collect();
+            let mut got = Vec::new();
+            let (mut start, mut carry, mut at) = (0u64, Vec::new(), 0usize);
+            while at < data.len() {
+                let n = rng.random_range(1..100_000).min(data.len() - at);
+                let last = at + n == data.len();
+                let seg = Arc::new(data[at..at + n].to_vec());
+                let (pieces, s, c) = cut_segment(p, start, carry, seg, last);
+                for (off, piece, _) in pieces {
+                    assert_eq!(
+                        piece.bytes(),
+                        &data[off as usize..off as usize + piece.len()],
+                        "round {round}"
+                    );
+                    got.push((off, piece.len()));
+                }
+                (start, carry, at) = (s, c, at + n);
+            }
+            assert!(
+                carry.is_empty(),
+                "round {round}: the last segment cuts everything"
+            );
+            assert_eq!(got, whole, "round {round}");
         }
     }
 

@@ -305,8 +305,11 @@ macro_rules! stages {
 }
 
 stages! {
-    /// FUSE write requests taken into file states (copy, content-defined cut, hand-over).
+    /// FUSE write requests taken into file states (copy, hand-over to the cutter and the
+    /// workers, including waiting when the file's cutter is `CUT_QUEUE_BYTES` behind).
     ingest,
+    /// Content-defined cutting of sequential streams (worker threads).
+    cut,
     /// Writers waiting for room in the pipeline (back-pressure).
     budget_wait,
     /// blake3 of new pieces.
