@@ -11,7 +11,7 @@
 
 use crate::error::{Error, Result};
 use crate::format::{ChunkHash, ChunkParams, Extent};
-use crate::pipeline::{Piece, Ticket};
+use crate::pipeline::{Permit, Piece, Ticket};
 use std::collections::{BTreeMap, VecDeque};
 use std::sync::Arc;
 
@@ -37,6 +37,11 @@ pub trait ChunkIo {
     /// Runs a job on a worker (here: at once, on this thread).
     fn spawn(&self, job: Box<dyn FnOnce() + Send>) {
         job()
+    }
+    /// Room for `bytes` of stream handed to a cutter, shared by all files (waits for it);
+    /// None: no bound.
+    fn reserve_cut(&self, _bytes: usize) -> Option<Permit> {
+        None
     }
 }
 
@@ -231,7 +236,8 @@ impl InFlight {
 }
 
 /// Bytes of a sequential stream handed to the cutter and not yet cut, per file at most:
-/// a writer that outruns its cutter waits (bounded memory, back-pressure).
+/// a writer that outruns its cutter waits (bounded memory, back-pressure). All files
+/// together are bounded too (`ChunkIo::reserve_cut`; the store's `CUT_BYTES`).
 pub const CUT_QUEUE_BYTES: usize = 4 << 20;
 
 /// The content-defined cut of a sequential stream, done by a worker so the writer's
@@ -250,6 +256,8 @@ struct CutInner {
     /// Index in `segs` of the first segment not yet cut, and the bytes from there on.
     next: usize,
     queued: usize,
+    /// The global room each segment not yet cut holds (`ChunkIo::reserve_cut`), in order.
+    permits: VecDeque<Option<Permit>>,
     /// File offset after the last segment.
     end: u64,
     /// The cutter's unfinished last chunk (it may grow with the next segment).
@@ -279,6 +287,7 @@ impl CutState {
                 segs: VecDeque::new(),
                 next: 0,
                 queued: 0,
+                permits: VecDeque::new(),
                 end: start,
                 carry_start: start,
                 carry: Vec::new(),
@@ -301,6 +310,8 @@ impl CutState {
                     let seg = g.segs[g.next].1.clone();
                     g.next += 1;
                     g.queued -= seg.len();
+                    // Its bytes go on as pieces, which the store's own budget bounds.
+                    drop(g.permits.pop_front());
                     let last = g.finish && g.next == g.segs.len();
                     let carry = std::mem::take(&mut g.carry);
                     let (start, p) = (g.carry_start, g.params);
@@ -658,11 +669,14 @@ impl FileState {
                 st
             }
         };
+        // Not under the cut's lock: the cutter needs it to make room.
+        let permit = c.reserve_cut(buf.len());
         let spawn = {
             let mut g = st.m.lock();
             while g.queued > CUT_QUEUE_BYTES {
                 st.cv.wait(&mut g);
             }
+            g.permits.push_back(permit);
             assert_eq!(g.end, start, "stream segments are back to back");
             g.end = start + buf.len() as u64;
             g.queued += buf.len();

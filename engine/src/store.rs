@@ -26,6 +26,9 @@ use std::sync::{Arc, Weak};
 /// large writes are what a parallel filesystem and a direct write want.
 pub const WRITE_BYTES: u64 = 8 << 20;
 
+/// Stream bytes of all files waiting for their cutters, at most (writers wait beyond it).
+pub const CUT_BYTES: usize = 64 << 20;
+
 /// Pieces handed to one worker job at most (see `submit_all`).
 pub const BATCH_BYTES: usize = 512 << 10;
 
@@ -66,8 +69,10 @@ pub struct ChunkStore {
     me: Weak<ChunkStore>,
     /// Hash, dedup lookup, compression and append of submitted pieces.
     workers: Mutex<Arc<Pool>>,
-    /// Bounds the bytes of submitted pieces not yet retired by their file states.
+    /// Bounds the bytes of submitted pieces queued for or in the workers.
     budget: Arc<Budget>,
+    /// Bounds the stream bytes of all files queued for their cutters.
+    cut_budget: Arc<Budget>,
     dev: Arc<dyn Device>,
     db: Arc<Database>,
     segment_bytes: u64,
@@ -108,6 +113,7 @@ impl ChunkStore {
                 "ckptfs-store",
             ))),
             budget: Budget::new(PIPELINE_BYTES),
+            cut_budget: Budget::new(CUT_BYTES),
             dev,
             db,
             segment_bytes,
@@ -516,6 +522,14 @@ impl ChunkIo for ChunkStore {
             }
         }
         tickets
+    }
+
+    fn reserve_cut(&self, bytes: usize) -> Option<crate::pipeline::Permit> {
+        Some(
+            self.stages
+                .budget_wait
+                .time(0, || self.cut_budget.acquire(bytes)),
+        )
     }
 
     /// Runs a file's cutter (the only jobs spawned this way), timed as the `cut` stage.
