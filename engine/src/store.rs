@@ -33,7 +33,17 @@ pub const CUT_BYTES: usize = 64 << 20;
 pub const BATCH_BYTES: usize = 512 << 10;
 
 /// Bytes of decoded chunks kept for reads (see `ChunkCache`).
-pub const CACHE_BYTES: usize = 32 << 20;
+pub const CACHE_BYTES: usize = 64 << 20;
+
+/// Chunks per prefetch job (see `prefetch`): 2 MiB at the default chunk size.
+const PREFETCH_JOB_CHUNKS: usize = 32;
+
+/// A chunk some thread is reading; others wait for it instead of reading it again.
+#[derive(Default)]
+struct Loading {
+    done: Mutex<bool>,
+    cv: parking_lot::Condvar,
+}
 
 /// Largest single device read when chunks stored back to back are read together.
 pub const READ_BYTES: u64 = 8 << 20;
@@ -86,6 +96,8 @@ pub struct ChunkStore {
     /// segments, so no lookup can straddle a reuse.
     barrier: RwLock<()>,
     cache: Mutex<ChunkCache>,
+    /// Chunks being read by some thread (lock order: cache, then this).
+    loading: Mutex<HashMap<ChunkHash, Arc<Loading>>>,
     /// Sticky failure, shared with the metadata table's backend (`MetaBackend`), which sets
     /// it on any failed write, length change or sync of the table's file.
     failed: Arc<AtomicBool>,
@@ -133,6 +145,7 @@ impl ChunkStore {
             pending: Mutex::new(HashMap::new()),
             barrier: RwLock::new(()),
             cache: Mutex::new(ChunkCache::default()),
+            loading: Mutex::new(HashMap::new()),
             failed,
             dedup_hits: AtomicU64::new(0),
             chunks_stored: AtomicU64::new(0),
@@ -664,6 +677,77 @@ impl ChunkStore {
     /// one after the other (a sequentially written file) come back in reads of up to
     /// `READ_BYTES`, not one small read each.
     pub fn get_many(&self, hashes: &[ChunkHash]) -> Result<Vec<Arc<[u8]>>> {
+        // Chunks another thread is reading right now (a prefetch, a parallel request) are
+        // waited for, not read twice; the rest are claimed and read here.
+        let (claimed, others) = {
+            let cache = self.cache.lock();
+            let mut loading = self.loading.lock();
+            let mut claimed = Vec::new();
+            let mut others = Vec::new();
+            for h in hashes {
+                if cache.get(h).is_some() || claimed.contains(h) {
+                    continue;
+                }
+                match loading.get(h) {
+                    Some(l) => others.push(l.clone()),
+                    None => {
+                        loading.insert(*h, Arc::new(Loading::default()));
+                        claimed.push(*h);
+                    }
+                }
+            }
+            (claimed, others)
+        };
+        if !claimed.is_empty() {
+            let r = self.load_many(&claimed);
+            let mut loading = self.loading.lock();
+            for h in &claimed {
+                if let Some(l) = loading.remove(h) {
+                    *l.done.lock() = true;
+                    l.cv.notify_all();
+                }
+            }
+            drop(loading);
+            r?;
+        }
+        for l in others {
+            let mut done = l.done.lock();
+            while !*done {
+                l.cv.wait(&mut done);
+            }
+        }
+        // Everything is cached now, unless a load failed or the cache let a chunk go: those
+        // are read (and their errors reported) here.
+        self.load_many(hashes)
+    }
+
+    /// Reads, verifies and caches chunks on the workers, for a sequential reader that will
+    /// ask for them soon; jobs of `PREFETCH_JOB_CHUNKS` so the workers read in parallel.
+    /// Errors are left for the reader to meet and report. Bounded by the decoded-chunk
+    /// cache, which is where the chunks go.
+    pub fn prefetch(&self, hashes: Vec<ChunkHash>) {
+        let pool = self.workers.lock().clone();
+        if pool.workers() == 0 || hashes.is_empty() {
+            return;
+        }
+        let missing: Vec<ChunkHash> = {
+            let cache = self.cache.lock();
+            let loading = self.loading.lock();
+            hashes
+                .into_iter()
+                .filter(|h| cache.get(h).is_none() && !loading.contains_key(h))
+                .collect()
+        };
+        for part in missing.chunks(PREFETCH_JOB_CHUNKS) {
+            let me = self.me.upgrade().expect("a store in use is alive");
+            let part = part.to_vec();
+            pool.run(move || {
+                let _ = me.get_many(&part);
+            });
+        }
+    }
+
+    fn load_many(&self, hashes: &[ChunkHash]) -> Result<Vec<Arc<[u8]>>> {
         let mut out: Vec<Option<Arc<[u8]>>> = {
             let cache = self.cache.lock();
             hashes.iter().map(|h| cache.get(h)).collect()

@@ -84,6 +84,8 @@ struct OpenNode {
     writers: u32,
     /// The open handles of this file, by file handle.
     handles: HashMap<u64, Handle>,
+    /// File offset up to which chunks were handed to the store's prefetch (see `read`).
+    prefetched_to: u64,
 }
 
 /// What ckptfs tracks of one open file handle (one open file description).
@@ -108,6 +110,10 @@ impl OpenNode {
         Attr { ino, rec }
     }
 }
+
+/// How far ahead of a sequential reader chunks are read (see `Fs::read`); with several
+/// readers at once it must stay well below the store's decoded-chunk cache.
+pub const PREFETCH_BYTES: u64 = 8 << 20;
 
 pub struct Fs {
     space: Space,
@@ -722,6 +728,7 @@ impl Fs {
                         opens: 0,
                         writers: 0,
                         handles: HashMap::new(),
+                        prefetched_to: 0,
                     }));
                     open.insert(ino, n.clone());
                     n
@@ -768,7 +775,7 @@ impl Fs {
     pub fn read(&self, ino: InodeId, off: u64, len: usize) -> Result<Vec<u8>> {
         let node = self.node(ino)?;
         let (pieces, end) = {
-            let n = node.lock();
+            let mut n = node.lock();
             // A file nobody writes: take the extents and read without the file's lock, so
             // the kernel's parallel readahead requests for one file are served in parallel
             // (their device reads and blake3 checks overlap). With a writer, read under the
@@ -780,6 +787,23 @@ impl Fs {
             let end = off.saturating_add(len as u64).min(n.file.size());
             if off >= end {
                 return Ok(Vec::new());
+            }
+            // A sequential reader (a restart): read and verify the chunks ahead of it on the
+            // store's workers, so the kernel's next requests find them decoded. The kernel's
+            // readahead keeps only a few requests in flight; this adds depth.
+            if off <= n.prefetched_to && end + PREFETCH_BYTES / 2 > n.prefetched_to {
+                let from = n.prefetched_to.max(end);
+                let to = (end + PREFETCH_BYTES).min(n.file.size());
+                if from < to {
+                    let ahead = n.file.map().pieces(from, to);
+                    self.space
+                        .store()
+                        .prefetch(ahead.into_iter().map(|(_, e)| e.chunk).collect());
+                    n.prefetched_to = to;
+                }
+            } else if off > n.prefetched_to || end + PREFETCH_BYTES < n.prefetched_to {
+                // Not where the last prefetch went: start over from here.
+                n.prefetched_to = end;
             }
             (n.file.map().pieces(off, end), end)
         };

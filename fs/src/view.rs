@@ -351,6 +351,7 @@ impl Fs {
                     opens: 0,
                     writers: 0,
                     handles: HashMap::new(),
+                    prefetched_to: 0,
                 }));
                 open.insert(ino, n.clone());
                 n
