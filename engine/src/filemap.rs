@@ -490,11 +490,6 @@ impl FileState {
         std::mem::take(&mut self.held)
     }
 
-    /// Bytes of pieces handed over and not yet retired into the map.
-    pub fn inflight_bytes(&self) -> u64 {
-        self.inflight.iter().map(InFlight::len).sum()
-    }
-
     pub fn size(&self) -> u64 {
         self.size
     }

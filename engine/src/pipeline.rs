@@ -88,10 +88,6 @@ impl Budget {
             n,
         }
     }
-
-    pub fn in_use(&self) -> usize {
-        *self.used.lock()
-    }
 }
 
 /// Bytes admitted by a `Budget`, given back when dropped.

@@ -169,11 +169,6 @@ impl ChunkStore {
         self.workers.lock().workers()
     }
 
-    /// Bytes submitted and not yet retired by their file states.
-    pub fn pipeline_bytes(&self) -> usize {
-        self.budget.in_use()
-    }
-
     pub fn segment_bytes(&self) -> u64 {
         self.segment_bytes
     }
