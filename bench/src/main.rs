@@ -18,27 +18,7 @@ mod worker;
 use clap::{Args, Parser, Subcommand};
 use std::path::PathBuf;
 
-/// Parses a byte count with an optional binary suffix: 4096, 64K, 1M, 1G, 1GiB.
-fn parse_size(s: &str) -> Result<u64, String> {
-    let t = s.trim();
-    let t = t
-        .strip_suffix("iB")
-        .or_else(|| t.strip_suffix('B'))
-        .unwrap_or(t);
-    let (num, shift) = match t.chars().last().map(|c| c.to_ascii_uppercase()) {
-        Some('K') => (&t[..t.len() - 1], 10),
-        Some('M') => (&t[..t.len() - 1], 20),
-        Some('G') => (&t[..t.len() - 1], 30),
-        Some('T') => (&t[..t.len() - 1], 40),
-        _ => (t, 0),
-    };
-    let n: u64 = num
-        .trim()
-        .parse()
-        .map_err(|_| format!("{s:?} is not a size (e.g. 4096, 64K, 256M, 1G)"))?;
-    n.checked_mul(1 << shift)
-        .ok_or_else(|| format!("{s:?} is too large"))
-}
+use ckptfs_engine::parse_size;
 
 /// Options of the end-to-end benchmark (every scenario takes all of them).
 #[derive(Args, Clone, Debug)]

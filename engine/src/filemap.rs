@@ -795,6 +795,13 @@ impl FileState {
                 }
             }
         }
+        self.drain(wait)
+    }
+
+    /// Retires pieces into the map, oldest first, stopping at the first unfinished one
+    /// unless `wait` (then every piece handed over is waited for). A failed piece, and one
+    /// not handed over, stays with everything after it; the first failure is returned.
+    fn drain(&mut self, wait: bool) -> Result<()> {
         let mut first_err = None;
         let mut i = 0;
         while i < self.inflight.len() {
@@ -804,7 +811,14 @@ impl FileState {
                 // Only without `wait`: a stream still being cut.
                 Work::Cut(_) => break,
                 Work::Chunk { ticket, .. } => {
-                    let t = ticket.as_ref().expect("handed over above");
+                    let Some(t) = ticket.as_ref() else {
+                        // Not handed over (a state settled without a store).
+                        if !wait {
+                            break;
+                        }
+                        i += 1;
+                        continue;
+                    };
                     if !wait && !t.is_done() {
                         break;
                     }
@@ -861,33 +875,8 @@ impl FileState {
             st.finish_and_wait();
         }
         self.wait_cuts();
-        let mut i = 0;
-        while i < self.inflight.len() {
-            let ok = match &mut self.inflight[i].work {
-                Work::Hole(_) => true,
-                Work::Cut(_) => unreachable!("cuts were waited for"),
-                Work::Chunk { ticket, .. } => match ticket.as_ref().map(Ticket::wait) {
-                    Some(Ok(_)) => true,
-                    Some(Err(_)) | None => {
-                        *ticket = None;
-                        false
-                    }
-                },
-            };
-            if !ok || i > 0 {
-                i += 1;
-                continue;
-            }
-            let f = self.inflight.pop_front().expect("index 0 exists");
-            let len = f.len();
-            let chunk = match f.work {
-                Work::Chunk { ticket, .. } => {
-                    Some(ticket.expect("ok above").wait().expect("ok above"))
-                }
-                _ => None,
-            };
-            self.apply(f.off, len, chunk);
-        }
+        // Failures stay in flight, to be handed over again by the next `retire`.
+        let _ = self.drain(true);
     }
 
     /// The committed map with the pieces in flight laid over it: the content below the

@@ -16,3 +16,32 @@ pub mod store;
 
 pub use error::{Error, Result};
 pub use space::{Space, Stats};
+
+/// Parses a byte count with an optional binary suffix: 4096, 64K, 256M, 1G, 1GiB (the CLI's
+/// and the benchmark's size arguments).
+pub fn parse_size(s: &str) -> std::result::Result<u64, String> {
+    let t = s.trim();
+    let t = t
+        .strip_suffix("iB")
+        .or_else(|| t.strip_suffix('B'))
+        .unwrap_or(t);
+    let (num, mult) = match t.char_indices().last() {
+        Some((i, c)) if c.is_ascii_alphabetic() => {
+            let m: u64 = match c.to_ascii_uppercase() {
+                'K' => 1 << 10,
+                'M' => 1 << 20,
+                'G' => 1 << 30,
+                'T' => 1 << 40,
+                _ => return Err(format!("unknown size suffix in {s:?} (use K, M, G or T)")),
+            };
+            (&t[..i], m)
+        }
+        _ => (t, 1),
+    };
+    let n: u64 = num
+        .trim()
+        .parse()
+        .map_err(|_| format!("not a size: {s:?}"))?;
+    n.checked_mul(mult)
+        .ok_or_else(|| format!("size too large: {s:?}"))
+}

@@ -55,11 +55,9 @@ struct Writer {
     /// Data-file offset of `buf[0]`; `buf` never crosses a segment boundary.
     buf_start: u64,
     buf: IoBuf,
-    /// Buffers taken out of `buf` for writing: data-file offset, buffer, bytes to write.
-    /// They stay readable here until written (`read_stored`).
-    writing: Vec<(u64, Arc<IoBuf>, usize)>,
-    /// Those of `writing` that no thread has started to write yet.
-    to_write: VecDeque<(u64, Arc<IoBuf>, usize)>,
+    /// Buffers taken out of `buf` for writing, oldest first. They stay readable here until
+    /// written (`read_stored`).
+    writing: Vec<OutBuf>,
     /// Written buffers kept for reuse (at most two), so the daemon does not fault in fresh
     /// pages for every 8 MiB.
     spare: Vec<IoBuf>,
@@ -67,6 +65,16 @@ struct Writer {
     free: BTreeSet<u64>,
     /// Segments taken from the free list since the last commit that recorded them.
     taken: BTreeSet<u64>,
+}
+
+/// A buffer on its way to the data file.
+struct OutBuf {
+    start: u64,
+    buf: Arc<IoBuf>,
+    /// Bytes to write (whole blocks; the buffer may hold a partial block after them).
+    n: usize,
+    /// A thread is writing it (`write_queued`).
+    started: bool,
 }
 
 struct Pending {
@@ -136,7 +144,6 @@ impl ChunkStore {
                 buf_start: 0,
                 buf: IoBuf::new(),
                 writing: Vec::new(),
-                to_write: VecDeque::new(),
                 spare: Vec::new(),
                 free,
                 taken: BTreeSet::new(),
@@ -348,8 +355,12 @@ impl ChunkStore {
         let mut next = w.spare.pop().unwrap_or_default();
         next.extend_from_slice(&w.buf.as_slice()[n..]);
         let full = Arc::new(std::mem::replace(&mut w.buf, next));
-        w.writing.push((w.buf_start, full.clone(), n));
-        w.to_write.push_back((w.buf_start, full, n));
+        w.writing.push(OutBuf {
+            start: w.buf_start,
+            buf: full,
+            n,
+            started: false,
+        });
         w.buf_start += n as u64;
     }
 
@@ -357,15 +368,22 @@ impl ChunkStore {
     fn write_queued(&self) -> Result<()> {
         let mut result = Ok(());
         loop {
-            let Some((start, buf, n)) = self.writer.lock().to_write.pop_front() else {
-                break;
+            let (start, buf, n) = {
+                let mut w = self.writer.lock();
+                match w.writing.iter_mut().find(|o| !o.started) {
+                    Some(o) => {
+                        o.started = true;
+                        (o.start, o.buf.clone(), o.n)
+                    }
+                    None => break,
+                }
             };
             let r = self
                 .stages
                 .write
                 .time(n, || self.dev.write_at(&buf.as_slice()[..n], start));
             let mut w = self.writer.lock();
-            w.writing.retain(|(s, _, _)| *s != start);
+            w.writing.retain(|o| o.start != start);
             self.written.notify_all();
             if let Err(e) = r {
                 result = result.and(self.fail(e));
@@ -425,8 +443,13 @@ impl ChunkStore {
     /// Reads a chunk's stored bytes. Parts not yet written out come from the buffers being
     /// written or the write buffer (a chunk may straddle them: head on disk, tail buffered).
     pub fn read_stored(&self, rec: &ChunkRecord) -> Result<Vec<u8>> {
-        let mut stored = vec![0u8; rec.stored_len as usize];
-        let (off, end) = (rec.offset.0, rec.offset.0 + rec.stored_len as u64);
+        self.read_range(rec.offset.0, rec.stored_len as usize)
+    }
+
+    /// `len` bytes of the data file at `off`, seeing writes not yet on disk.
+    fn read_range(&self, off: u64, len: usize) -> Result<Vec<u8>> {
+        let mut stored = vec![0u8; len];
+        let end = off + len as u64;
         let overlaps = |s: u64, n: usize| s < end && s + n as u64 > off;
         // Buffers are taken (cheap clones) under the lock and copied from after it; the
         // device is read only if they leave a gap.
@@ -435,13 +458,18 @@ impl ChunkStore {
             let mut taken: Vec<(u64, Arc<IoBuf>, usize)> = w
                 .writing
                 .iter()
-                .filter(|(s, _, n)| overlaps(*s, *n))
-                .cloned()
+                .filter(|o| overlaps(o.start, o.n))
+                .map(|o| (o.start, o.buf.clone(), o.n))
                 .collect();
             if overlaps(w.buf_start, w.buf.len()) {
+                // Only the overlapping bytes: the buffer may hold megabytes.
+                let from = off.max(w.buf_start);
+                let to = end.min(w.buf_start + w.buf.len() as u64);
                 let mut copy = IoBuf::new();
-                copy.extend_from_slice(w.buf.as_slice());
-                taken.push((w.buf_start, Arc::new(copy), w.buf.len()));
+                copy.extend_from_slice(
+                    &w.buf.as_slice()[(from - w.buf_start) as usize..(to - w.buf_start) as usize],
+                );
+                taken.push((from, Arc::new(copy), (to - from) as usize));
             }
             let covered: u64 = taken
                 .iter()
@@ -743,18 +771,23 @@ impl ChunkStore {
     }
 
     fn load_many(&self, hashes: &[ChunkHash]) -> Result<Vec<Arc<[u8]>>> {
-        let mut out: Vec<Option<Arc<[u8]>>> = {
+        let mut found: HashMap<ChunkHash, Arc<[u8]>> = HashMap::with_capacity(hashes.len());
+        {
             let cache = self.cache.lock();
-            hashes.iter().map(|h| cache.get(h)).collect()
-        };
-        let mut missing: Vec<(ChunkRecord, usize)> = Vec::new();
+            for h in hashes {
+                if let Some(d) = cache.get(h) {
+                    found.insert(*h, d);
+                }
+            }
+        }
+        let mut missing: Vec<(ChunkHash, ChunkRecord)> = Vec::new();
         let mut stored: Vec<Vec<u8>> = Vec::new();
         {
             let _shared = self.barrier.read();
             let txn = self.db.begin_read()?;
             let table = txn.open_table(CHUNKS)?;
-            for (i, h) in hashes.iter().enumerate() {
-                if out[i].is_some() || missing.iter().any(|(_, j)| hashes[*j] == *h) {
+            for h in hashes {
+                if found.contains_key(h) || missing.iter().any(|(m, _)| m == h) {
                     continue;
                 }
                 let rec = match self.pending_record(h) {
@@ -768,47 +801,33 @@ impl ChunkStore {
                         }
                     },
                 };
-                missing.push((rec, i));
+                missing.push((*h, rec));
             }
-            missing.sort_by_key(|(r, _)| r.offset.0);
+            missing.sort_by_key(|(_, r)| r.offset.0);
             let mut k = 0;
             while k < missing.len() {
                 // A run of chunks that lie back to back (small gaps, such as the padding
-                // after a commit, are read along).
-                let start = missing[k].0.offset.0;
-                let mut end = start + missing[k].0.stored_len as u64;
+                // after a commit, are read along) is one device read.
+                let start = missing[k].1.offset.0;
+                let mut end = start + missing[k].1.stored_len as u64;
                 let mut m = k + 1;
-                while m < missing.len() {
-                    let r = &missing[m].0;
+                while let Some((_, r)) = missing.get(m) {
+                    let r_end = r.offset.0 + r.stored_len as u64;
                     if r.offset.0 < end
                         || r.offset.0 > end + 64 * 1024
-                        || r.offset.0 + r.stored_len as u64 - start > READ_BYTES
+                        || r_end - start > READ_BYTES
                     {
                         break;
                     }
-                    end = r.offset.0 + r.stored_len as u64;
+                    end = r_end;
                     m += 1;
                 }
+                let len = (end - start) as usize;
+                let all = self.stages.read.time(len, || self.read_range(start, len))?;
                 if m - k == 1 {
-                    let rec = missing[k].0;
-                    stored.push(
-                        self.stages
-                            .read
-                            .time(rec.stored_len as usize, || self.read_stored(&rec))?,
-                    );
+                    stored.push(all);
                 } else {
-                    let span = ChunkRecord {
-                        offset: DataOffset(start),
-                        stored_len: (end - start) as u32,
-                        raw_len: (end - start) as u32,
-                        codec: Codec::Raw,
-                        refs: 0,
-                    };
-                    let all = self
-                        .stages
-                        .read
-                        .time(span.stored_len as usize, || self.read_stored(&span))?;
-                    for (r, _) in &missing[k..m] {
+                    for (_, r) in &missing[k..m] {
                         let at = (r.offset.0 - start) as usize;
                         stored.push(all[at..at + r.stored_len as usize].to_vec());
                     }
@@ -816,8 +835,7 @@ impl ChunkStore {
                 k = m;
             }
         }
-        for ((rec, i), bytes) in missing.iter().zip(stored) {
-            let h = &hashes[*i];
+        for ((h, rec), bytes) in missing.iter().zip(stored) {
             let data: Arc<[u8]> = self
                 .stages
                 .decode
@@ -826,29 +844,8 @@ impl ChunkStore {
                 })?
                 .into();
             self.cache.lock().put(*h, data.clone());
-            out[*i] = Some(data);
+            found.insert(*h, data);
         }
-        // Repeated hashes in one request were decoded once.
-        let cache = self.cache.lock();
-        let mut result = Vec::with_capacity(hashes.len());
-        for (i, d) in out.into_iter().enumerate() {
-            match d {
-                Some(d) => result.push(d),
-                None => {
-                    let j = missing
-                        .iter()
-                        .find(|(_, j)| hashes[*j] == hashes[i])
-                        .map(|(_, j)| *j)
-                        .expect("every hash was looked up");
-                    let d = result
-                        .get(j)
-                        .cloned()
-                        .or_else(|| cache.get(&hashes[i]))
-                        .ok_or_else(|| Error::Corrupt("chunk evicted while read".into()))?;
-                    result.push(d);
-                }
-            }
-        }
-        Ok(result)
+        Ok(hashes.iter().map(|h| found[h].clone()).collect())
     }
 }

@@ -7,7 +7,7 @@ use ckptfs_engine::gc::{GcProgress, GcReport};
 use ckptfs_engine::space::{
     free_disk_bytes, lock_holder, read_superblock, Config, MIN_SPACE_BYTES,
 };
-use ckptfs_engine::{Space, Stats};
+use ckptfs_engine::{parse_size, Space, Stats};
 use ckptfs_fs::{Caller, Fs, RevisionListing};
 use clap::{Parser, Subcommand};
 use std::io::{BufRead, BufReader, Write};
@@ -271,33 +271,6 @@ pub(crate) fn revisions_json(l: &[RevisionListing]) -> serde_json::Value {
             })
             .collect(),
     )
-}
-
-fn parse_size(s: &str) -> Result<u64, String> {
-    let t = s.trim();
-    let t = t
-        .strip_suffix("iB")
-        .or_else(|| t.strip_suffix('B'))
-        .unwrap_or(t);
-    let (num, mult) = match t.char_indices().last() {
-        Some((i, c)) if c.is_ascii_alphabetic() => {
-            let m: u64 = match c.to_ascii_uppercase() {
-                'K' => 1 << 10,
-                'M' => 1 << 20,
-                'G' => 1 << 30,
-                'T' => 1 << 40,
-                _ => return Err(format!("unknown size suffix in {s:?} (use K, M, G or T)")),
-            };
-            (&t[..i], m)
-        }
-        _ => (t, 1),
-    };
-    let n: u64 = num
-        .trim()
-        .parse()
-        .map_err(|_| format!("not a size: {s:?}"))?;
-    n.checked_mul(mult)
-        .ok_or_else(|| format!("size too large: {s:?}"))
 }
 
 /// Where `ckptfs mount MOUNTPOINT` keeps its space: $CKPTFS_DEFAULT_SPACE, else
