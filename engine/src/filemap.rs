@@ -879,6 +879,20 @@ impl FileState {
         let _ = self.drain(true);
     }
 
+    /// Waits for the pieces handed over and marks every failed one to be handed over
+    /// again. After gc has made room, failures that happened before it are stale: a write
+    /// retried then must not report the next of them (the pipeline may have had many
+    /// pieces fail at once when the space ran full).
+    pub fn retry_failed(&mut self) {
+        for f in self.inflight.iter_mut() {
+            if let Work::Chunk { ticket, .. } = &mut f.work {
+                if ticket.as_ref().is_some_and(|t| t.wait().is_err()) {
+                    *ticket = None;
+                }
+            }
+        }
+    }
+
     /// The committed map with the pieces in flight laid over it: the content below the
     /// dirty blocks and the stream.
     fn read_base(&self, c: &dyn ChunkIo, off: u64, buf: &mut [u8]) -> Result<()> {

@@ -836,7 +836,7 @@ impl Fs {
             }
             // Rewriting the same bytes at the same offset is idempotent, so a write that
             // stopped half way is simply done again after gc.
-            self.gc_for_space();
+            self.make_room(&mut n.file);
             n.file.write(self.space.chunks(), off, data)?;
         }
         let now = Timestamp::now();
@@ -866,7 +866,7 @@ impl Fs {
             }
             // Full: reclaim what the retention policy allows, then try once more. gc needs
             // no file lock, only the pins, which this file's state already holds.
-            self.gc_for_space();
+            self.make_room(&mut n.file);
             n.file.finish(self.space.chunks())?;
         }
         // The stored record may have changed under us (rename, unlink): keep its nlink.
@@ -1108,6 +1108,12 @@ impl Fs {
     }
 
     /// A writer found the space full: reclaim what the policy allows, at full speed.
+    /// A file's save ran out of space: gc, then let its failed pieces be stored again.
+    fn make_room(&self, file: &mut FileState) {
+        self.gc_for_space();
+        file.retry_failed();
+    }
+
     fn gc_for_space(&self) {
         match self.gc(false, None, &mut |_| {}) {
             Ok(r) => log::info!(
