@@ -4,13 +4,16 @@
 //!   ckptfs-bench first|next|nn|n1-seg|n1-strided|restart ...    one of its scenarios
 //!   ckptfs-bench gc-scale-build DIR [--files N] [--chunk-size BYTES]
 //!   ckptfs-bench gc-scale-run DIR
+//!   ckptfs-bench gpu [--bytes 1G] [--emulate] [--require-gpu] [--json FILE] ...
 //!
-//! See bench.rs for what the end-to-end benchmark measures and gc_scale.rs for gc-scale.
+//! See bench.rs for what the end-to-end benchmark measures, gc_scale.rs for gc-scale and
+//! gpu.rs for the GPU codec benchmark.
 
 mod bench;
 mod ckptfs;
 mod data;
 mod gc_scale;
+mod gpu;
 mod report;
 mod sys;
 mod worker;
@@ -107,6 +110,9 @@ enum Cmd {
     },
     /// gc's time and peak memory on a space built by gc-scale-build
     GcScaleRun { dir: PathBuf },
+    /// GPU LZ4 (ckptfs-kernels) vs lz4_flex on all cores: GiB/s and ratio per data kind; needs
+    /// neither root nor FUSE
+    Gpu(gpu::GpuOpts),
 }
 
 fn main() {
@@ -157,6 +163,13 @@ fn main() {
             chunk_size,
         } => exit_on_error(gc_scale::build(&dir, files, chunk_size)),
         Cmd::GcScaleRun { dir } => exit_on_error(gc_scale::run(&dir)),
+        Cmd::Gpu(o) => match gpu::run(&o) {
+            Ok(ok) => std::process::exit(if ok { 0 } else { 1 }),
+            Err(e) => {
+                eprintln!("ckptfs-bench gpu: {e}");
+                std::process::exit(1);
+            }
+        },
     };
     match bench::run(&opts, sel) {
         Ok(true) => {}

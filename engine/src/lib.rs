@@ -14,6 +14,8 @@ pub mod sim;
 pub mod space;
 pub mod store;
 
+/// The GPU codec crate, for the daemon to choose a device or the emulation.
+pub use ckptfs_kernels as kernels;
 pub use error::{Error, Result};
 pub use space::{Space, Stats};
 

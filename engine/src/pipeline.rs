@@ -312,8 +312,11 @@ stages! {
     hash,
     /// Dedup lookups in the chunk table.
     lookup,
-    /// Compression of chunks not found.
+    /// Compression of chunks not found (on the workers).
     compress,
+    /// Batches of new chunks compressed by the GPU (wall time per batch on the GPU's thread,
+    /// transfers included; bytes are the chunks' raw bytes).
+    gpu,
     /// Appending to the segment buffer, including waiting for its lock.
     append,
     /// Writes of the segment buffer to the data file.

@@ -22,6 +22,8 @@ use std::collections::{BTreeSet, HashMap, VecDeque};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Weak};
 
+mod gpu;
+
 /// New chunks are gathered in memory and written to the data file in pieces of this size:
 /// large writes are what a parallel filesystem and a direct write want.
 pub const WRITE_BYTES: u64 = 8 << 20;
@@ -115,6 +117,8 @@ pub struct ChunkStore {
     pub stages: Stages,
     /// Which encodings new chunks may get.
     codec: Mutex<crate::codec::Policy>,
+    /// Compresses new chunks in batches on a GPU instead of on the workers, when set.
+    gpu: Mutex<Option<Arc<gpu::GpuStage>>>,
 }
 
 impl ChunkStore {
@@ -158,6 +162,7 @@ impl ChunkStore {
             chunks_stored: AtomicU64::new(0),
             stages: Stages::default(),
             codec: Mutex::new(crate::codec::Policy::Lz4),
+            gpu: Mutex::new(None),
         })
     }
 
@@ -174,6 +179,14 @@ impl ChunkStore {
 
     pub fn workers(&self) -> usize {
         self.workers.lock().workers()
+    }
+
+    /// Compresses new chunks with `codec` (the GPU) from now on, in batches gathered from
+    /// every file being written; `None` goes back to LZ4 on the workers. The batch codec
+    /// writes plain LZ4 blocks (codec id 1), so the CPU decodes everything it stored. Only
+    /// for the `Lz4` policy: the shuffle codec runs on the CPU.
+    pub fn set_batch_codec(&self, codec: Option<Arc<dyn ckptfs_kernels::BatchCodec>>) {
+        *self.gpu.lock() = codec.map(|c| gpu::GpuStage::start(c, self.me.clone()));
     }
 
     pub fn segment_bytes(&self) -> u64 {
@@ -548,11 +561,29 @@ impl ChunkIo for ChunkStore {
                     .time(0, || self.budget.acquire(batch_bytes));
                 let me = self.me.upgrade().expect("a store in use is alive");
                 let job = std::mem::take(&mut batch);
-                pool.run(move || {
-                    for (piece, done) in job {
-                        done.complete(me.put(piece.bytes()));
+                let gpu = self.gpu.lock().clone();
+                pool.run(move || match gpu {
+                    // Hash and dedup here; chunks not found go to the GPU's batches, with
+                    // the permit, which is released once they are appended.
+                    Some(gpu) => {
+                        let mut new = Vec::new();
+                        for (piece, done) in job {
+                            match me.lookup(piece.bytes()) {
+                                Ok(Lookup::Miss(hash)) => {
+                                    new.push(gpu::NewChunk { hash, piece, done })
+                                }
+                                Ok(Lookup::Hit(h)) => done.complete(Ok(h)),
+                                Err(e) => done.complete(Err(e)),
+                            }
+                        }
+                        gpu.push(new, permit);
                     }
-                    drop(permit);
+                    None => {
+                        for (piece, done) in job {
+                            done.complete(me.put(piece.bytes()));
+                        }
+                        drop(permit);
+                    }
                 });
                 batch_bytes = 0;
             }
@@ -576,40 +607,17 @@ impl ChunkIo for ChunkStore {
     }
 
     fn put(&self, data: &[u8]) -> Result<ChunkHash> {
-        self.check_failed()?;
-        assert!(!data.is_empty() && data.len() <= u32::MAX as usize);
-        let h = self.stages.hash.time(data.len(), || ChunkHash::of(data));
-        {
-            let _shared = self.barrier.read();
-            if let Some(e) = self.pending.lock().get_mut(&h) {
-                e.holders += 1;
-                self.dedup_hits.fetch_add(1, Ordering::Relaxed);
-                return Ok(h);
-            }
-            let found = self.stages.lookup.time(0, || self.committed_record(&h))?;
-            if let Some(rec) = found {
-                self.pending
-                    .lock()
-                    .entry(h)
-                    .or_insert(Pending { rec, holders: 0 })
-                    .holders += 1;
-                self.dedup_hits.fetch_add(1, Ordering::Relaxed);
-                return Ok(h);
-            }
-        }
+        let h = match self.lookup(data)? {
+            Lookup::Hit(h) => return Ok(h),
+            Lookup::Miss(h) => h,
+        };
         let policy = *self.codec.lock();
         let (codec, encoded) = self
             .stages
             .compress
             .time(data.len(), || crate::codec::encode(data, policy));
         // Stored raw when compression does not pay, so incompressible data costs nothing extra.
-        let bytes: &[u8] = encoded.as_deref().unwrap_or(data);
-        let t_append = std::time::Instant::now();
-        let r = self.append_new(h, data.len(), codec, bytes);
-        self.stages.append.add(t_append.elapsed(), bytes.len());
-        // Also after a failure (a full space): buffers queued for writing go out.
-        self.write_queued()?;
-        r
+        self.store_new(h, data.len(), codec, encoded.as_deref().unwrap_or(data))
     }
 
     fn get(&self, h: &ChunkHash) -> Result<Arc<[u8]>> {
@@ -621,7 +629,55 @@ impl ChunkIo for ChunkStore {
     }
 }
 
+/// What the dedup lookup found for a piece.
+enum Lookup {
+    /// Stored already (committed, or pinned by a file state); now pinned once more.
+    Hit(ChunkHash),
+    /// New: to be encoded and stored.
+    Miss(ChunkHash),
+}
+
 impl ChunkStore {
+    /// Hashes a piece and pins the chunk if it is stored already.
+    fn lookup(&self, data: &[u8]) -> Result<Lookup> {
+        self.check_failed()?;
+        assert!(!data.is_empty() && data.len() <= u32::MAX as usize);
+        let h = self.stages.hash.time(data.len(), || ChunkHash::of(data));
+        let _shared = self.barrier.read();
+        if let Some(e) = self.pending.lock().get_mut(&h) {
+            e.holders += 1;
+            self.dedup_hits.fetch_add(1, Ordering::Relaxed);
+            return Ok(Lookup::Hit(h));
+        }
+        let found = self.stages.lookup.time(0, || self.committed_record(&h))?;
+        if let Some(rec) = found {
+            self.pending
+                .lock()
+                .entry(h)
+                .or_insert(Pending { rec, holders: 0 })
+                .holders += 1;
+            self.dedup_hits.fetch_add(1, Ordering::Relaxed);
+            return Ok(Lookup::Hit(h));
+        }
+        Ok(Lookup::Miss(h))
+    }
+
+    /// Stores a new chunk's encoded bytes: appends them and writes out full buffers.
+    fn store_new(
+        &self,
+        h: ChunkHash,
+        raw_len: usize,
+        codec: Codec,
+        bytes: &[u8],
+    ) -> Result<ChunkHash> {
+        let t_append = std::time::Instant::now();
+        let r = self.append_new(h, raw_len, codec, bytes);
+        self.stages.append.add(t_append.elapsed(), bytes.len());
+        // Also after a failure (a full space): buffers queued for writing go out.
+        self.write_queued()?;
+        r
+    }
+
     /// Appends a new chunk's stored bytes to the write buffer and pins it.
     fn append_new(
         &self,

@@ -117,6 +117,17 @@ enum Cmd {
         /// about four times the CPU cost on compressible data). Readers decode either.
         #[arg(long, default_value = "lz4", value_parser = ["lz4", "shuffle"])]
         codec: String,
+        /// Compress new chunks on a GPU, in batches gathered from every file being written:
+        /// `auto` uses one when libcuda, NVRTC and a device are there and logs which path it
+        /// took; `on` refuses to mount without one; `off` keeps to the CPU. The GPU writes
+        /// standard LZ4 blocks, so a space written with it reads anywhere. `emulate` runs the
+        /// GPU kernels in a slow CPU emulation (for tests).
+        #[arg(long, default_value = "auto", value_parser = ["auto", "on", "off", "emulate"])]
+        gpu: String,
+        /// Directory holding libcuda.so.1 / libnvrtc.so.13 when they are not on the loader's
+        /// path (also CKPTFS_CUDA_LIB_DIR).
+        #[arg(long, value_name = "DIR")]
+        cuda_lib_dir: Option<PathBuf>,
         #[arg(long, hide = true)]
         notify_ready: bool,
     },
@@ -349,6 +360,50 @@ struct Tuning {
     threads: u32,
     workers: Option<u32>,
     codec: String,
+    gpu: String,
+    cuda_lib_dir: Option<PathBuf>,
+}
+
+/// The batch codec `--gpu` asks for, if any (see the flag's help).
+fn choose_gpu(
+    tuning: &Tuning,
+) -> Result<Option<Arc<dyn ckptfs_engine::kernels::BatchCodec>>, String> {
+    use ckptfs_engine::kernels::{gpu, BatchCodec, Emu};
+    let mode = tuning.gpu.as_str();
+    match mode {
+        "off" => return Ok(None),
+        "emulate" => {
+            log::warn!("--gpu emulate: the GPU kernels run in a slow CPU emulation (for tests)");
+            return Ok(Some(Arc::new(Emu)));
+        }
+        _ => {}
+    }
+    if tuning.codec == "shuffle" {
+        if mode == "on" {
+            return Err(
+                "--gpu on compresses with plain LZ4; --codec shuffle runs on the CPU \
+                        (choose one)"
+                    .into(),
+            );
+        }
+        log::info!("GPU: not used: --codec shuffle runs on the CPU");
+        return Ok(None);
+    }
+    let opts = gpu::GpuOptions {
+        lib_dir: tuning.cuda_lib_dir.clone(),
+        ..Default::default()
+    };
+    match gpu::Gpu::open(&opts) {
+        Ok(g) => {
+            log::info!("GPU: compressing new chunks on {}", g.describe());
+            Ok(Some(Arc::new(g)))
+        }
+        Err(e) if mode == "auto" => {
+            log::info!("GPU: not used, compressing on the CPU: {e}");
+            Ok(None)
+        }
+        Err(e) => Err(format!("--gpu on: {e}")),
+    }
 }
 
 fn mount(
@@ -380,8 +435,11 @@ fn mount(
     let policy = ckptfs_engine::codec::Policy::parse(&tuning.codec)
         .ok_or_else(|| format!("unknown codec {:?}", tuning.codec))?;
     space.store().set_codec_policy(policy);
+    let gpu = choose_gpu(&tuning)?;
+    let compressor = gpu.as_ref().map_or("the CPU".to_string(), |g| g.describe());
+    space.store().set_batch_codec(gpu);
     log::info!(
-        "{} FUSE threads, {} store workers, codec {}",
+        "{} FUSE threads, {} store workers, codec {}, new chunks compressed on {compressor}",
         tuning.threads,
         space.store().workers(),
         tuning.codec
@@ -528,6 +586,10 @@ fn spawn_daemon(
         cmd.arg("--workers").arg(w.to_string());
     }
     cmd.arg("--codec").arg(&tuning.codec);
+    cmd.arg("--gpu").arg(&tuning.gpu);
+    if let Some(d) = &tuning.cuda_lib_dir {
+        cmd.arg("--cuda-lib-dir").arg(d);
+    }
     if allow_other {
         cmd.arg("--allow-other");
     }
@@ -810,6 +872,8 @@ fn run(cli: Cli) -> Result<(), String> {
             threads,
             workers,
             codec,
+            gpu,
+            cuda_lib_dir,
             notify_ready,
         } => {
             if foreground {
@@ -819,6 +883,8 @@ fn run(cli: Cli) -> Result<(), String> {
                 threads,
                 workers,
                 codec,
+                gpu,
+                cuda_lib_dir,
             };
             mount(paths, foreground, allow_other, tuning, notify_ready)
         }
