@@ -580,38 +580,7 @@ fn table(results: &[KindResult], emulated: bool) -> String {
             },
         ]);
     }
-    let widths: Vec<usize> = (0..head.len())
-        .map(|i| {
-            cells
-                .iter()
-                .map(|r| r[i].chars().count())
-                .max()
-                .unwrap_or(0)
-        })
-        .collect();
-    let mut out = String::new();
-    for (n, row) in cells.iter().enumerate() {
-        let line: Vec<String> = row
-            .iter()
-            .zip(&widths)
-            .enumerate()
-            .map(|(i, (c, w))| {
-                if i == 0 {
-                    format!("{c:<w$}")
-                } else {
-                    format!("{c:>w$}")
-                }
-            })
-            .collect();
-        out += line.join(" | ").trim_end();
-        out.push('\n');
-        if n == 0 {
-            let rule: Vec<String> = widths.iter().map(|w| "-".repeat(*w)).collect();
-            out += &rule.join("-|-");
-            out.push('\n');
-        }
-    }
-    out
+    crate::report::render_table(&cells, 1)
 }
 
 /// The goal line: measured GPU compression of random and field data against 20 GiB/s.

@@ -324,38 +324,7 @@ impl Results {
                 },
             ]);
         }
-        let widths: Vec<usize> = (0..head.len())
-            .map(|i| {
-                cells
-                    .iter()
-                    .map(|r| r[i].chars().count())
-                    .max()
-                    .unwrap_or(0)
-            })
-            .collect();
-        let mut out = String::new();
-        for (n, row) in cells.iter().enumerate() {
-            let line: Vec<String> = row
-                .iter()
-                .zip(&widths)
-                .enumerate()
-                .map(|(i, (c, w))| {
-                    if i < 2 {
-                        format!("{c:<w$}")
-                    } else {
-                        format!("{c:>w$}")
-                    }
-                })
-                .collect();
-            out += line.join(" | ").trim_end();
-            out.push('\n');
-            if n == 0 {
-                let rule: Vec<String> = widths.iter().map(|w| "-".repeat(*w)).collect();
-                out += &rule.join("-|-");
-                out.push('\n');
-            }
-        }
-        out
+        render_table(&cells, 2)
     }
 
     /// Per row: scenario, data, ckptfs wall seconds and the daemon's stage seconds, both summed
@@ -433,6 +402,44 @@ impl Results {
                 .collect(),
         )
     }
+}
+
+/// Renders rows of cells (the first row is the header) as a text table: the first
+/// `left_cols` columns left-aligned, the rest right-aligned, a rule under the header.
+pub fn render_table(cells: &[Vec<String>], left_cols: usize) -> String {
+    let cols = cells.first().map_or(0, |r| r.len());
+    let widths: Vec<usize> = (0..cols)
+        .map(|i| {
+            cells
+                .iter()
+                .map(|r| r[i].chars().count())
+                .max()
+                .unwrap_or(0)
+        })
+        .collect();
+    let mut out = String::new();
+    for (n, row) in cells.iter().enumerate() {
+        let line: Vec<String> = row
+            .iter()
+            .zip(&widths)
+            .enumerate()
+            .map(|(i, (c, w))| {
+                if i < left_cols {
+                    format!("{c:<w$}")
+                } else {
+                    format!("{c:>w$}")
+                }
+            })
+            .collect();
+        out += line.join(" | ").trim_end();
+        out.push('\n');
+        if n == 0 {
+            let rule: Vec<String> = widths.iter().map(|w| "-".repeat(*w)).collect();
+            out += &rule.join("-|-");
+            out.push('\n');
+        }
+    }
+    out
 }
 
 #[cfg(test)]

@@ -3,67 +3,9 @@
 //! decompressor must return the input for any LZ4 block and refuse malformed ones.
 
 use ckptfs_kernels::{BatchCodec, Emu, Error};
-use rand::{Rng, RngCore, SeedableRng};
 
-const CHUNK: usize = 64 << 10;
-
-fn rng(seed: u64) -> rand::rngs::SmallRng {
-    rand::rngs::SmallRng::seed_from_u64(seed)
-}
-
-fn random(n: usize, seed: u64) -> Vec<u8> {
-    let mut v = vec![0u8; n];
-    rng(seed).fill_bytes(&mut v);
-    v
-}
-
-/// A smooth float64 field (a simulation's state): compresses a little with LZ4.
-fn field(n: usize, seed: u64) -> Vec<u8> {
-    let mut r = rng(seed);
-    let mut x = r.random::<f64>();
-    let mut v = Vec::with_capacity(n);
-    while v.len() < n {
-        x += (r.random::<f64>() - 0.5) * 1e-3;
-        v.extend_from_slice(&x.to_le_bytes());
-    }
-    v.truncate(n);
-    v
-}
-
-/// float32 weights quantized to a few levels with runs of zeros, the kind of data that
-/// compresses well.
-fn sparse_weights(n: usize, seed: u64) -> Vec<u8> {
-    let mut r = rng(seed);
-    let mut v = Vec::with_capacity(n);
-    while v.len() < n {
-        let w: f32 = if r.random_bool(0.6) {
-            0.0
-        } else {
-            (r.random_range(-8i32..8) as f32) * 0.125
-        };
-        v.extend_from_slice(&w.to_le_bytes());
-    }
-    v.truncate(n);
-    v
-}
-
-/// Text-like data: repeated lines with changing numbers.
-fn text(n: usize, seed: u64) -> Vec<u8> {
-    let mut r = rng(seed);
-    let mut v = Vec::with_capacity(n);
-    let mut i = 0u64;
-    while v.len() < n {
-        let line = format!(
-            "step {i:>8} loss {:.5} lr 3.0e-4 grad_norm {:.3}\n",
-            r.random::<f64>() * 4.0,
-            r.random::<f64>()
-        );
-        v.extend_from_slice(line.as_bytes());
-        i += 1;
-    }
-    v.truncate(n);
-    v
-}
+mod common;
+use common::*;
 
 /// Compresses `chunks` with the emulated kernel; checks that every block decodes to its chunk
 /// and returns (kernel stored bytes, lz4_flex stored bytes), raw chunks counted at full size.
@@ -119,7 +61,7 @@ fn float_field_decodes_and_ratio_matches_lz4_flex() {
 
 #[test]
 fn sparse_weights_decode_and_ratio_matches_lz4_flex() {
-    let chunks = chunks_of(sparse_weights(6 * CHUNK, 3));
+    let chunks = chunks_of(weights(6 * CHUNK, 3));
     let (ours, flex) = check_roundtrip(&chunks);
     assert!(ours < 6 * CHUNK / 2, "sparse weights compress");
     assert_ratio_close("sparse weights", ours, flex, 6 * CHUNK);
@@ -238,7 +180,7 @@ fn many_chunks_in_one_batch() {
     for i in 0..24u64 {
         chunks.push(match i % 3 {
             0 => text(CHUNK / 4, i),
-            1 => sparse_weights(CHUNK / 4, i),
+            1 => weights(CHUNK / 4, i),
             _ => random(CHUNK / 4, i),
         });
     }

@@ -389,8 +389,20 @@ fn choose_gpu(
         log::info!("GPU: not used: --codec shuffle runs on the CPU");
         return Ok(None);
     }
+    if tuning.workers == Some(0) {
+        if mode == "on" {
+            return Err(
+                "--gpu on needs store workers; --workers 0 compresses inline on the \
+                        FUSE threads"
+                    .into(),
+            );
+        }
+        log::info!("GPU: not used: --workers 0 compresses inline on the FUSE threads");
+        return Ok(None);
+    }
     let opts = gpu::GpuOptions {
         lib_dir: tuning.cuda_lib_dir.clone(),
+        sub_batch_bytes: Some(ckptfs_engine::store::GPU_SUB_BATCH_BYTES),
         ..Default::default()
     };
     match gpu::Gpu::open(&opts) {

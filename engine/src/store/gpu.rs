@@ -27,6 +27,12 @@ use std::sync::{Arc, Weak};
 /// can be on the GPU while the next one gathers.
 pub const GPU_BATCH_BYTES: usize = 32 << 20;
 
+/// Sub-batch size the daemon asks of the GPU codec: a batch goes in four, so the copies of
+/// one sub-batch overlap the kernel of another within a call (a whole batch in one sub-batch
+/// would copy in, compute and copy out one after the other). Not yet measured on a GPU;
+/// `ckptfs-bench gpu --sub-batch` is how to.
+pub const GPU_SUB_BATCH_BYTES: usize = GPU_BATCH_BYTES / 4;
+
 /// A piece the dedup lookup did not find.
 pub(crate) struct NewChunk {
     pub hash: ChunkHash,
