@@ -4,7 +4,7 @@
 // and by the host C++ compiler with emu.h, which defines the CUDA built-ins used here, so the
 // same logic is tested on machines without a GPU (kernels/src/emu.rs). Keep to that subset:
 // threadIdx/blockIdx/blockDim/gridDim .x, __shared__ arrays, __syncwarp, __ballot_sync,
-// __shfl_sync, __match_any_sync, __ffs.
+// __shfl_sync, __match_any_sync, __ffs, __clz.
 //
 // Output is the standard LZ4 block format (lz4_flex and liblz4 decode it):
 //   sequence = token (4 bits literal length, 4 bits match length - 4), length extension bytes,
@@ -20,9 +20,11 @@
 // the first lane with a match; the match is then extended 32 bytes per step, each lane
 // comparing one byte and a vote finding the first mismatch. The lanes write the sequence
 // together (literals copied in parallel), and the window moves past the match, or by 32
-// positions if no lane matched. The table learns the window's positions up to the match and
-// the last 32 positions of the match; where lanes share a hash, the highest position wins, so
-// the output is deterministic: the emulation and every GPU produce the same bytes.
+// positions if no lane matched. A lane whose 4 bytes repeat those of a lower lane takes that
+// lane as candidate too (runs of a byte value), and a match is extended backwards over equal
+// literals, as LZ4 does. The table learns the window's positions up to the match and the
+// match's last two positions; where lanes share a hash, the highest position wins, so the
+// output is deterministic: the emulation and every GPU produce the same bytes.
 //
 // The table holds the low 16 bits of positions (4096 entries, 8 KiB of shared memory per
 // warp). A candidate is reconstructed as the latest position with those low bits below the
@@ -105,14 +107,28 @@ extern "C" __global__ void ckpt_lz4_compress(const u8* __restrict__ in,
             const u32 p = pos + lane;
             const bool valid = p < mlimit;
             u32 h = CKPT_NONE;
+            u32 v = 0;
             u32 cand = 0;
             bool ok = false;
             if (valid) {
-                const u32 v = ckpt_load32(src + p);
+                v = ckpt_load32(src + p);
                 h = ckpt_hash5(src + p);
                 const u32 dist = (p - (u32)table[h]) & 0xffffu;
                 ok = dist != 0 && dist <= p && ckpt_load32(src + p - dist) == v;
                 cand = p - dist;
+            }
+            // Repeats within the window are not in the table yet: the nearest lower lane
+            // holding the same 4 bytes is a candidate too. This is what finds a run of one
+            // byte value at offset 1 from its second byte on (without it, runs of bytes other
+            // than zero cost a window of literals each: three times lz4_flex's size on data
+            // of short runs). Lanes below a valid lane are valid, so only real values match.
+            const u32 same = __match_any_sync(CKPT_FULL, v) & ((1u << lane) - 1u);
+            if (valid && same != 0) {
+                const u32 near = pos + 31 - (u32)__clz(same);
+                if (!ok || near > cand) {
+                    ok = true;
+                    cand = near;
+                }
             }
             const u32 found = __ballot_sync(CKPT_FULL, ok);
             // The first lane with a match; positions after it are inside the match (and
@@ -131,11 +147,19 @@ extern "C" __global__ void ckpt_lz4_compress(const u8* __restrict__ in,
                 pos += 32;
                 continue;
             }
-            const u32 mp = pos + m;
-            const u32 mc = __shfl_sync(CKPT_FULL, cand, m);
+            u32 mp = pos + m;
+            u32 mc = __shfl_sync(CKPT_FULL, cand, m);
+            // Extend the match backwards over literals that match too (as LZ4 does): the
+            // candidate found may start after the repeat does, when the repeat's first
+            // positions were inside an earlier match and never entered the table.
+            u32 back = 0;
+            while (mp - back > anchor && mc - back > 0 && src[mp - back - 1] == src[mc - back - 1])
+                back++;
+            mp -= back;
+            mc -= back;
 
             // Extend the match 32 bytes per step; lanes past `mend` count as a mismatch.
-            u32 len = CKPT_MIN_MATCH;
+            u32 len = CKPT_MIN_MATCH + back;
             for (;;) {
                 const u32 q = mp + len + lane;
                 const bool differs = q >= mend || src[q] != src[mc + len + lane];
@@ -176,16 +200,15 @@ extern "C" __global__ void ckpt_lz4_compress(const u8* __restrict__ in,
             pos = mp + len;
             anchor = pos;
 
-            // Insert the match's last 32 positions: the next repeat of this text is most
-            // likely to be found at them (without this, text-like data compressed to about
-            // 1.6 times lz4_flex's size, its repeats pointing at stale positions).
-            const u32 first = pos - mp > 32 ? pos - 32 : mp + 1;
-            const u32 q = first + lane;
-            const bool qins = q < pos && q + 5 <= n;
-            const u32 hq = qins ? ckpt_hash5(src + q) : CKPT_NONE;
-            const u32 qpeers = __match_any_sync(CKPT_FULL, hq);
-            if (qins && (qpeers >> lane) == 1u)
-                table[hq] = (u16)q;
+            // Insert the match's last two positions, as LZ4 does: the next repeat of this
+            // text is likely to be found there. Inserting more of the match's tail made
+            // data with repeats at scattered offsets compress worse (later repeats were
+            // pointed at copies that end sooner than the original); inserting none made float
+            // weights 7% worse. Lane 0 writes both, in order, so the later one wins a tie.
+            if (lane == 0) {
+                for (u32 q = pos - 2 > mp ? pos - 2 : mp + 1; q < pos && q + 5 <= n; q++)
+                    table[ckpt_hash5(src + q)] = (u16)q;
+            }
             __syncwarp();
         }
 

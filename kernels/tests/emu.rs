@@ -75,6 +75,25 @@ fn text_decodes_and_ratio_matches_lz4_flex() {
 }
 
 #[test]
+fn synthetic_structures_decode_and_ratio_matches_lz4_flex() {
+    // Runs of any byte value, repeats at scattered offsets (some beyond LZ4's 64 KiB reach),
+    // small alphabets, and chunks over 64 KiB (the table keeps 16-bit positions).
+    for (i, (alpha, mode)) in [(255u8, 2u32), (255, 4), (3, 1), (255, 7), (3, 7), (1, 0)]
+        .into_iter()
+        .enumerate()
+    {
+        let chunks: Vec<Vec<u8>> = [CHUNK, CHUNK, 100_000]
+            .iter()
+            .enumerate()
+            .map(|(j, &n)| synthetic(n, (i * 10 + j) as u64, alpha, mode))
+            .collect();
+        let total = chunks.iter().map(|c| c.len()).sum();
+        let (ours, flex) = check_roundtrip(&chunks);
+        assert_ratio_close(&format!("alpha {alpha} mode {mode}"), ours, flex, total);
+    }
+}
+
+#[test]
 fn zero_chunks_compress_to_almost_nothing() {
     let chunks = vec![vec![0u8; CHUNK]; 4];
     let (ours, flex) = check_roundtrip(&chunks);

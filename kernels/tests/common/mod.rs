@@ -62,3 +62,33 @@ pub fn text(n: usize, seed: u64) -> Vec<u8> {
     v.truncate(n);
     v
 }
+
+/// Synthetic data of a chosen structure: `mode` bits 1 = bursts of bytes below `alpha`, 2 =
+/// copies of earlier bytes at offsets up to 70000 (some beyond LZ4's reach), 4 = runs of one
+/// byte value; bytes below `alpha` fill the rest.
+pub fn synthetic(n: usize, seed: u64, alpha: u8, mode: u32) -> Vec<u8> {
+    let mut r = rng(seed);
+    let mut v: Vec<u8> = Vec::with_capacity(n);
+    while v.len() < n {
+        match r.random_range(0..4) {
+            0 if mode & 1 != 0 => {
+                for _ in 0..r.random_range(1..40) {
+                    v.push(r.random_range(0..=alpha));
+                }
+            }
+            1 if !v.is_empty() && mode & 2 != 0 => {
+                let off = r.random_range(1..=v.len().min(70_000));
+                for _ in 0..r.random_range(1..300) {
+                    v.push(v[v.len() - off]);
+                }
+            }
+            2 if mode & 4 != 0 => {
+                let b: u8 = r.random();
+                v.extend(std::iter::repeat_n(b, r.random_range(1..500)));
+            }
+            _ => v.push(r.random_range(0..=alpha)),
+        }
+    }
+    v.truncate(n);
+    v
+}
