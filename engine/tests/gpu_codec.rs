@@ -150,17 +150,40 @@ impl BatchCodec for Broken {
     }
 }
 
+/// A GPU codec that panics (a bug in a binding).
+struct Panics;
+
+impl BatchCodec for Panics {
+    fn describe(&self) -> String {
+        "a panicking GPU codec".into()
+    }
+    fn compress(&self, _: &[&[u8]]) -> ckptfs_kernels::Result<Compressed> {
+        panic!("injected panic in the GPU codec")
+    }
+    fn decompress(&self, _: &[&[u8]], _: &[usize]) -> ckptfs_kernels::Result<Vec<u8>> {
+        panic!("injected panic in the GPU codec")
+    }
+}
+
 #[test]
 fn a_failing_gpu_falls_back_to_the_cpu_and_loses_nothing() {
-    let dir = temp_space("broken");
-    let data = checkpoint(7, 1 << 20);
-    let space = Space::open(&dir).unwrap();
-    space.store().set_workers(2);
-    space.store().set_batch_codec(Some(Arc::new(Broken)));
-    let rev = write_file(&space, 10, &data);
-    let (_, cpu) = stage(&space, "compress");
-    assert_eq!(cpu as usize, data.len(), "the CPU compressed every chunk");
-    assert!(read_revision(&space, rev) == data);
-    drop(space);
-    std::fs::remove_dir_all(&dir).unwrap();
+    for (i, codec) in [
+        Arc::new(Broken) as Arc<dyn BatchCodec>,
+        Arc::new(Panics) as Arc<dyn BatchCodec>,
+    ]
+    .into_iter()
+    .enumerate()
+    {
+        let dir = temp_space(&format!("broken{i}"));
+        let data = checkpoint(7, 1 << 20);
+        let space = Space::open(&dir).unwrap();
+        space.store().set_workers(2);
+        space.store().set_batch_codec(Some(codec));
+        let rev = write_file(&space, 10, &data);
+        let (_, cpu) = stage(&space, "compress");
+        assert_eq!(cpu as usize, data.len(), "the CPU compressed every chunk");
+        assert!(read_revision(&space, rev) == data);
+        drop(space);
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
 }

@@ -178,7 +178,16 @@ fn compress(
         .collect();
     if !disabled.load(Ordering::Relaxed) {
         let bytes = chunks.iter().map(|c| c.len()).sum();
-        match store.stages.gpu.time(bytes, || codec.compress(&chunks)) {
+        // A panic in the codec (a driver binding, the emulation) must not end this thread:
+        // the tickets of every queued chunk would never complete and their writers would
+        // hang. It counts as a GPU failure.
+        let r = store.stages.gpu.time(bytes, || {
+            std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| codec.compress(&chunks)))
+                .unwrap_or_else(|_| {
+                    Err(ckptfs_kernels::Error::Cuda("the GPU codec panicked".into()))
+                })
+        });
+        match r {
             Ok(out) => return Encoded::Gpu(out),
             Err(e) => {
                 disabled.store(true, Ordering::Relaxed);
