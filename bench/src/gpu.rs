@@ -75,6 +75,10 @@ pub struct GpuOpts {
     /// copies and kernels sooner. Run with several values to choose the default.
     #[arg(long, value_parser = parse_size)]
     pub sub_batch: Option<u64>,
+    /// Threads that pack chunks into pinned memory and unpack results
+    /// (`GpuOptions::copy_threads`; default up to 4).
+    #[arg(long)]
+    pub copy_threads: Option<usize>,
     /// Also write the results as JSON to this file
     #[arg(long)]
     pub json: Option<PathBuf>,
@@ -500,6 +504,7 @@ fn open_codec(o: &GpuOpts) -> Result<Codec, String> {
         device: o.device,
         lib_dir: o.cuda_lib_dir.clone(),
         sub_batch_bytes: o.sub_batch.map(|b| b as usize),
+        copy_threads: o.copy_threads,
     };
     match Gpu::open(&opts) {
         Ok(g) => Ok(Codec::Gpu(Box::new(g))),

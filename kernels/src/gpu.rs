@@ -60,6 +60,9 @@ pub struct GpuOptions {
     /// of a big GPU, smaller ones overlap copies and kernels sooner. Not measured on a GPU
     /// yet: `ckptfs-bench gpu --sub-batch` sweeps it.
     pub sub_batch_bytes: Option<usize>,
+    /// Threads that pack chunks into pinned memory and unpack results (default: up to 4 of
+    /// the machine's cores). One core's copies would cap the GPU path near 10 GB/s.
+    pub copy_threads: Option<usize>,
 }
 
 /// The LZ4 kernels on a CUDA GPU. One batch runs at a time per `Gpu` (callers on other
@@ -67,6 +70,7 @@ pub struct GpuOptions {
 pub struct Gpu {
     describe: String,
     sub_bytes: usize,
+    copy_threads: usize,
     /// Seconds the kernels of the last batch ran (f64 bits).
     kernel_seconds: AtomicU64,
     state: Mutex<State>,
@@ -124,7 +128,9 @@ impl Gpu {
         let total_out: usize = subs.iter().map(|s| s.out_bytes).sum();
         let mut sink = match kind {
             Kind::Compress => Sink::Compress(Compressed::with_capacity(inputs.len(), total_out)),
-            Kind::Decompress => Sink::Decompress(Vec::with_capacity(total_out)),
+            // Zeroed allocation of this size comes from fresh pages (no memset pass); each
+            // sub-batch's decoded bytes are copied into their place.
+            Kind::Decompress => Sink::Decompress(vec![0u8; total_out], 0),
         };
         if inputs.is_empty() {
             return Ok(sink);
@@ -142,6 +148,7 @@ impl Gpu {
         };
         let job = Job {
             kind,
+            copy_threads: self.copy_threads,
             inputs,
             raw_lens,
         };
@@ -214,7 +221,7 @@ impl BatchCodec for Gpu {
         check_batch(chunks)?;
         match self.run(Kind::Compress, chunks, &[])? {
             Sink::Compress(c) => Ok(c),
-            Sink::Decompress(_) => unreachable!("compress collects blocks"),
+            Sink::Decompress(..) => unreachable!("compress collects blocks"),
         }
     }
 
@@ -226,7 +233,7 @@ impl BatchCodec for Gpu {
             ));
         }
         match self.run(Kind::Decompress, blocks, raw_lens)? {
-            Sink::Decompress(v) => Ok(v),
+            Sink::Decompress(v, _) => Ok(v),
             Sink::Compress(_) => unreachable!("decompress collects bytes"),
         }
     }
@@ -268,6 +275,9 @@ fn open_inner(opts: &GpuOptions) -> Result<Gpu> {
     let gpu = Gpu {
         describe: format!("{name} (sm_{major}{minor})"),
         sub_bytes: opts.sub_batch_bytes.unwrap_or(SUB_BATCH_BYTES).max(1),
+        copy_threads: opts
+            .copy_threads
+            .unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get().min(4))),
         kernel_seconds: AtomicU64::new(0f64.to_bits()),
         state: Mutex::new(State {
             ctx,
@@ -592,13 +602,15 @@ enum Kind {
 /// One batch: the chunks (compress) or blocks (decompress), and the decoded lengths.
 struct Job<'a> {
     kind: Kind,
+    copy_threads: usize,
     inputs: &'a [&'a [u8]],
     raw_lens: &'a [usize],
 }
 
 enum Sink {
     Compress(Compressed),
-    Decompress(Vec<u8>),
+    /// The batch's decoded bytes, and how many are filled.
+    Decompress(Vec<u8>, usize),
 }
 
 /// Chunks `first .. first + count` of a batch.
@@ -813,9 +825,9 @@ impl Slot {
             let bytes = self.input.host_mut()?;
             let offs = self.in_offs.host_mut()?;
             let lens = self.in_lens.host_mut()?;
+            crate::copy_pieces(&mut bytes[..sub.in_bytes], chunks, job.copy_threads);
             let mut at = 0usize;
             for (j, c) in chunks.iter().enumerate() {
-                bytes[at..at + c.len()].copy_from_slice(c);
                 offs[j] = at as u64;
                 lens[j] = c.len() as u32;
                 at += c.len();
@@ -890,13 +902,14 @@ impl Slot {
         let bytes = &self.output.host()?[..p.out_bytes];
         match sink {
             Sink::Compress(c) => {
+                let mut blocks = Vec::with_capacity(p.count);
                 let mut at = 0usize;
                 for (j, chunk) in job.inputs[p.first..p.first + p.count].iter().enumerate() {
                     let n = lens[j];
                     if n == NONE || n as usize == chunk.len() {
-                        c.push(None);
+                        blocks.push(None);
                     } else if (n as usize) < chunk.len() {
-                        c.push(Some(&bytes[at..at + n as usize]));
+                        blocks.push(Some(&bytes[at..at + n as usize]));
                     } else {
                         return Err(Error::Cuda(format!(
                             "compress kernel: chunk {} of {} bytes came back with {n} bytes",
@@ -906,13 +919,16 @@ impl Slot {
                     }
                     at += chunk.len();
                 }
+                c.push_all(&blocks, job.copy_threads);
             }
-            Sink::Decompress(out) => {
+            Sink::Decompress(out, filled) => {
                 let raw = &job.raw_lens[p.first..p.first + p.count];
                 if let Some(j) = (0..p.count).find(|&j| lens[j] as usize != raw[j]) {
                     return Err(Error::Corrupt { index: p.first + j });
                 }
-                out.extend_from_slice(bytes);
+                let dst = &mut out[*filled..*filled + bytes.len()];
+                crate::copy_pieces(dst, &[bytes], job.copy_threads);
+                *filled += bytes.len();
             }
         }
         Ok(())
