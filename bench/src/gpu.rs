@@ -93,9 +93,21 @@ struct Timed {
     secs: Vec<f64>,
     /// The real GPU: seconds its kernels ran in each timed call.
     kernel_secs: Vec<f64>,
+    /// Seconds of the untimed first call.
+    warmup_s: Option<f64>,
 }
 
 impl Timed {
+    /// Records one call: the warm-up, or a timed one (with its kernel seconds, if known).
+    fn record(&mut self, warmup: bool, secs: f64, kernel_secs: Option<f64>) {
+        if warmup {
+            self.warmup_s = Some(secs);
+        } else {
+            self.secs.push(secs);
+            self.kernel_secs.extend(kernel_secs);
+        }
+    }
+
     fn gib_s(&self) -> Option<f64> {
         let m = median(&self.secs)?;
         (self.bytes > 0 && m > 0.0).then(|| self.bytes as f64 / GIB / m)
@@ -124,9 +136,6 @@ struct Side {
     stored: usize,
     compress: Timed,
     decompress: Timed,
-    /// Seconds of the untimed first calls.
-    warmup_compress_s: Option<f64>,
-    warmup_decompress_s: Option<f64>,
 }
 
 impl Side {
@@ -136,8 +145,8 @@ impl Side {
             "ratio": ratio(self.stored, logical),
             "compress": self.compress.json(),
             "decompress": self.decompress.json(),
-            "warmup_compress_s": self.warmup_compress_s,
-            "warmup_decompress_s": self.warmup_decompress_s,
+            "warmup_compress_s": self.compress.warmup_s,
+            "warmup_decompress_s": self.decompress.warmup_s,
         })
     }
 }
@@ -275,12 +284,8 @@ fn cpu_compress(chunks: &[&[u8]], threads: usize, reps: usize, side: &mut Side) 
             on_all_cores(&mut jobs, threads, |(c, o, l)| {
                 **l = lz4_flex::block::compress_into(c, o).expect("output sized to the bound");
             });
-            let s = t.elapsed().as_secs_f64();
-            if rep == 0 {
-                side.warmup_compress_s = Some(s);
-            } else {
-                side.compress.secs.push(s);
-            }
+            side.compress
+                .record(rep == 0, t.elapsed().as_secs_f64(), None);
         }
     }
     side.stored = chunks.iter().zip(&lens).map(|(c, &l)| l.min(c.len())).sum();
@@ -320,12 +325,8 @@ fn cpu_decompress(
             on_all_cores(&mut jobs, threads, |(b, o, g)| {
                 **g = lz4_flex::block::decompress_into(b, o).unwrap_or(usize::MAX);
             });
-            let s = t.elapsed().as_secs_f64();
-            if rep == 0 {
-                side.warmup_decompress_s = Some(s);
-            } else {
-                side.decompress.secs.push(s);
-            }
+            side.decompress
+                .record(rep == 0, t.elapsed().as_secs_f64(), None);
         }
     }
     let mut pos = 0;
@@ -365,12 +366,8 @@ fn gpu_side(
             }
         };
         let s = t.elapsed().as_secs_f64();
-        if call == 0 && !emulated {
-            side.warmup_compress_s = Some(s);
-        } else {
-            side.compress.secs.push(s);
-            side.compress.kernel_secs.extend(codec.kernel_seconds());
-        }
+        side.compress
+            .record(call == 0 && !emulated, s, codec.kernel_seconds());
         if c.len() != chunks.len() {
             failures.push(format!(
                 "GPU compress returned {} results for {} chunks",
@@ -441,12 +438,8 @@ fn gpu_side(
             }
         };
         let s = t.elapsed().as_secs_f64();
-        if call == 0 && !emulated {
-            side.warmup_decompress_s = Some(s);
-        } else {
-            side.decompress.secs.push(s);
-            side.decompress.kernel_secs.extend(codec.kernel_seconds());
-        }
+        side.decompress
+            .record(call == 0 && !emulated, s, codec.kernel_seconds());
         if call == 0 {
             if out.len() != side.decompress.bytes {
                 failures.push(format!(

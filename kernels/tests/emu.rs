@@ -10,24 +10,12 @@ use common::*;
 /// Compresses `chunks` with the emulated kernel; checks that every block decodes to its chunk
 /// and returns (kernel stored bytes, lz4_flex stored bytes), raw chunks counted at full size.
 fn check_roundtrip(chunks: &[Vec<u8>]) -> (usize, usize) {
-    let refs: Vec<&[u8]> = chunks.iter().map(|c| c.as_slice()).collect();
-    let out = Emu.compress(&refs).expect("emulated compress");
-    assert_eq!(out.len(), chunks.len());
-    let mut ours = 0;
-    let mut flex = 0;
-    for (i, c) in chunks.iter().enumerate() {
-        match out.get(i) {
-            Some(block) => {
-                assert!(block.len() < c.len(), "chunk {i}: a block must be smaller");
-                let back = lz4_flex::block::decompress(block, c.len())
-                    .unwrap_or_else(|e| panic!("chunk {i}: lz4_flex rejects the block: {e}"));
-                assert!(back == *c, "chunk {i}: decodes to different bytes");
-                ours += block.len();
-            }
-            None => ours += c.len(),
-        }
-        flex += lz4_flex::block::compress(c).len().min(c.len());
-    }
+    let out = Emu.compress(&refs(chunks)).expect("emulated compress");
+    let ours = check_blocks("emulated", chunks, &out);
+    let flex = chunks
+        .iter()
+        .map(|c| lz4_flex::block::compress(c).len().min(c.len()))
+        .sum();
     (ours, flex)
 }
 
@@ -137,9 +125,8 @@ fn odd_sizes_and_edges_round_trip() {
 #[test]
 fn same_input_same_bytes() {
     let chunks = chunks_of(field(3 * CHUNK, 5));
-    let refs: Vec<&[u8]> = chunks.iter().map(|c| c.as_slice()).collect();
-    let a = Emu.compress(&refs).unwrap();
-    let b = Emu.compress(&refs).unwrap();
+    let a = Emu.compress(&refs(&chunks)).unwrap();
+    let b = Emu.compress(&refs(&chunks)).unwrap();
     for i in 0..chunks.len() {
         assert_eq!(
             a.get(i),

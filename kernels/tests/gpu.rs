@@ -44,35 +44,6 @@ fn gpu() -> Option<&'static Gpu> {
     }
 }
 
-fn refs(chunks: &[Vec<u8>]) -> Vec<&[u8]> {
-    chunks.iter().map(|c| c.as_slice()).collect()
-}
-
-/// Checks that every block decodes with lz4_flex to exactly its chunk and is smaller than it;
-/// returns the stored bytes (raw chunks at full size).
-fn check_blocks(what: &str, chunks: &[Vec<u8>], out: &Compressed) -> usize {
-    assert_eq!(out.len(), chunks.len(), "{what}: one result per chunk");
-    let mut stored = 0;
-    for (i, c) in chunks.iter().enumerate() {
-        match out.get(i) {
-            Some(block) => {
-                assert!(
-                    block.len() < c.len(),
-                    "{what}: chunk {i}: a block of {} bytes for {} bytes",
-                    block.len(),
-                    c.len()
-                );
-                let back = lz4_flex::block::decompress(block, c.len())
-                    .unwrap_or_else(|e| panic!("{what}: chunk {i}: lz4_flex rejects it: {e}"));
-                assert!(back == *c, "{what}: chunk {i} decodes to different bytes");
-                stored += block.len();
-            }
-            None => stored += c.len(),
-        }
-    }
-    stored
-}
-
 fn compress(gpu: &Gpu, what: &str, chunks: &[Vec<u8>]) -> Compressed {
     let out = gpu
         .compress(&refs(chunks))

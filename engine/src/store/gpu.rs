@@ -20,7 +20,6 @@ use crate::Error;
 use ckptfs_kernels::BatchCodec;
 use parking_lot::{Condvar, Mutex};
 use std::collections::VecDeque;
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Weak};
 
 /// Raw bytes handed to the GPU in one call at most. Half the pipeline budget, so one batch
@@ -95,7 +94,8 @@ impl Drop for GpuStage {
 }
 
 fn run(codec: Arc<dyn BatchCodec>, store: Weak<ChunkStore>, queue: Arc<(Mutex<Queue>, Condvar)>) {
-    let disabled = AtomicBool::new(false);
+    // Set after the first GPU failure; only this thread reads it.
+    let mut disabled = false;
     loop {
         let batch = {
             let (m, cv) = &*queue;
@@ -125,7 +125,7 @@ fn run(codec: Arc<dyn BatchCodec>, store: Weak<ChunkStore>, queue: Arc<(Mutex<Qu
             }
             continue;
         };
-        let compressed = compress(&*codec, &store, &batch, &disabled);
+        let compressed = compress(&*codec, &store, &batch, &mut disabled);
         // One worker job per queued job: appends of a large batch spread over the workers.
         let compressed = Arc::new(compressed);
         let mut first = 0;
@@ -170,13 +170,13 @@ fn compress(
     codec: &dyn BatchCodec,
     store: &ChunkStore,
     batch: &[Job],
-    disabled: &AtomicBool,
+    disabled: &mut bool,
 ) -> Encoded {
     let chunks: Vec<&[u8]> = batch
         .iter()
         .flat_map(|j| j.chunks.iter().map(|c| c.piece.bytes()))
         .collect();
-    if !disabled.load(Ordering::Relaxed) {
+    if !*disabled {
         let bytes = chunks.iter().map(|c| c.len()).sum();
         // A panic in the codec (a driver binding, the emulation) must not end this thread:
         // the tickets of every queued chunk would never complete and their writers would
@@ -190,7 +190,7 @@ fn compress(
         match r {
             Ok(out) => return Encoded::Gpu(out),
             Err(e) => {
-                disabled.store(true, Ordering::Relaxed);
+                *disabled = true;
                 log::error!("GPU compression failed ({e}); compressing on the CPU from now on");
             }
         }

@@ -2,6 +2,7 @@
 
 #![allow(dead_code)] // each test binary uses its own subset
 
+use ckptfs_kernels::Compressed;
 use rand::{Rng, RngCore, SeedableRng};
 
 pub const CHUNK: usize = 64 << 10;
@@ -91,4 +92,33 @@ pub fn synthetic(n: usize, seed: u64, alpha: u8, mode: u32) -> Vec<u8> {
     }
     v.truncate(n);
     v
+}
+
+pub fn refs(chunks: &[Vec<u8>]) -> Vec<&[u8]> {
+    chunks.iter().map(|c| c.as_slice()).collect()
+}
+
+/// Checks that every block decodes with lz4_flex to exactly its chunk and is smaller than it;
+/// returns the stored bytes (raw chunks at full size).
+pub fn check_blocks(what: &str, chunks: &[Vec<u8>], out: &Compressed) -> usize {
+    assert_eq!(out.len(), chunks.len(), "{what}: one result per chunk");
+    let mut stored = 0;
+    for (i, c) in chunks.iter().enumerate() {
+        match out.get(i) {
+            Some(block) => {
+                assert!(
+                    block.len() < c.len(),
+                    "{what}: chunk {i}: a block of {} bytes for {} bytes",
+                    block.len(),
+                    c.len()
+                );
+                let back = lz4_flex::block::decompress(block, c.len())
+                    .unwrap_or_else(|e| panic!("{what}: chunk {i}: lz4_flex rejects it: {e}"));
+                assert!(back == *c, "{what}: chunk {i} decodes to different bytes");
+                stored += block.len();
+            }
+            None => stored += c.len(),
+        }
+    }
+    stored
 }
