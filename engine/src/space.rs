@@ -810,6 +810,15 @@ impl Space {
                 };
                 chunks.insert(key.as_slice(), updated.encode().as_slice())?;
             }
+            let mut inodes = txn.open_table(meta::INODES)?;
+            // The namespace owns nlink, the history and which revision is current (a
+            // rename or unlink may have changed them since the caller's copy was taken):
+            // take them from the stored record, inside this transaction.
+            if let Some(stored) = meta::get_inode(&inodes, ino)? {
+                rec.nlink = stored.nlink;
+                rec.history = stored.history;
+                rec.current_rev = stored.current_rev;
+            }
             let prev = rec.current_rev;
             if prev.0 != 0 && !keep_prev {
                 if let Some(p) = meta::get_revision(&revs, prev)? {
@@ -837,7 +846,6 @@ impl Space {
             hrevs.insert((rec.history, rev.0), ())?;
             rec.size = file.size();
             rec.current_rev = rev;
-            let mut inodes = txn.open_table(meta::INODES)?;
             inodes.insert(ino.0, rec.encode().as_slice())?;
             rev
         };

@@ -36,6 +36,9 @@ pub enum Error {
     ReadOnly,
     /// The file is open for writing, so it cannot be restored under the writer.
     Busy,
+    /// A request names a file handle this daemon did not hand out or already released:
+    /// a kernel/daemon disagreement that must never be answered as if nothing happened.
+    BadHandle,
     Engine(ckptfs_engine::Error),
 }
 
@@ -52,7 +55,23 @@ pub type Result<T> = std::result::Result<T, Error>;
 pub struct Attr {
     pub ino: InodeId,
     pub rec: InodeRecord,
+    /// Bytes of a regular file that are not holes (what st_blocks counts), when known;
+    /// `None`: count the whole size (files being written, special nodes).
+    pub data_bytes: Option<u64>,
 }
+
+impl Attr {
+    fn new(ino: InodeId, rec: InodeRecord) -> Attr {
+        Attr {
+            ino,
+            rec,
+            data_bytes: None,
+        }
+    }
+}
+
+/// Entries kept in the data-bytes cache (see `Fs::data_bytes`); cleared whole when full.
+const DATA_BYTES_CACHE_MAX: usize = 1 << 16;
 
 /// The parts of setattr that are present in a request.
 #[derive(Clone, Debug, Default)]
@@ -107,8 +126,24 @@ impl OpenNode {
     fn attr(&self, ino: InodeId) -> Attr {
         let mut rec = self.rec.clone();
         rec.size = self.file.size();
-        Attr { ino, rec }
+        Attr::new(ino, rec)
     }
+}
+
+/// The open-file table: open nodes by inode and live handles by file handle, under one
+/// lock (lock order: this table, then one node).
+///
+/// Invariants, relied on by every request that carries a handle:
+/// - each live handle names the node it opened, and that node is `nodes[ino]` for as long
+///   as the handle lives (a node counts its handles and internal references in `opens`, and
+///   is only removed from `nodes` at `opens == 0`);
+/// - a node is removed only after checking, under this lock, that `nodes[ino]` is that very
+///   node (`Arc::ptr_eq`): a check made on an earlier lookup says nothing about a node an
+///   OPEN made since.
+#[derive(Default)]
+struct OpenTable {
+    nodes: HashMap<InodeId, Arc<Mutex<OpenNode>>>,
+    handles: HashMap<u64, (InodeId, Arc<Mutex<OpenNode>>)>,
 }
 
 /// How far ahead of a sequential reader chunks are read (see `Fs::read`); with several
@@ -120,11 +155,13 @@ pub struct Fs {
     /// Per-process selections for the control xattrs (see `select`), at most
     /// `SELECTIONS_MAX`, oldest dropped first.
     selections: Mutex<std::collections::VecDeque<(u32, Vec<u8>)>>,
-    /// Open regular files by inode. Lock order: this map, then one node.
-    open: Mutex<HashMap<InodeId, Arc<Mutex<OpenNode>>>>,
+    /// Open regular files and revision files, and their handles (see `OpenTable`).
+    open: Mutex<OpenTable>,
     /// The base revision of every open node, readable without node locks (gc runs from
     /// inside a write that holds one).
     base_revs: Mutex<HashMap<InodeId, RevisionId>>,
+    /// Non-hole bytes by (inode, revision), at most `DATA_BYTES_CACHE_MAX` entries.
+    data_bytes_cache: Mutex<HashMap<(InodeId, RevisionId), u64>>,
     /// When automatic gc may next run after one that reclaimed nothing.
     auto_gc_quiet_until: Mutex<Option<std::time::Instant>>,
 }
@@ -180,9 +217,10 @@ impl Fs {
         Fs {
             space,
             selections: Mutex::new(std::collections::VecDeque::new()),
-            open: Mutex::new(HashMap::new()),
+            open: Mutex::new(OpenTable::default()),
             base_revs: Mutex::new(HashMap::new()),
             auto_gc_quiet_until: Mutex::new(None),
+            data_bytes_cache: Mutex::new(HashMap::new()),
         }
     }
 
@@ -190,8 +228,68 @@ impl Fs {
         &self.space
     }
 
+    /// (open nodes, live handles) in the open-file table: what tests and diagnostics check
+    /// the table's bookkeeping with.
+    pub fn open_counts(&self) -> (usize, usize) {
+        let t = self.open.lock();
+        (t.nodes.len(), t.handles.len())
+    }
+
     fn open_node(&self, ino: InodeId) -> Option<Arc<Mutex<OpenNode>>> {
-        self.open.lock().get(&ino).cloned()
+        self.open.lock().nodes.get(&ino).cloned()
+    }
+
+    /// The node handle `fh` opened. An unknown handle (or one of another inode) is an error
+    /// the kernel and daemon must not paper over: logged, and EIO to the caller.
+    fn handle_node(&self, ino: InodeId, fh: u64, op: &str) -> Result<Arc<Mutex<OpenNode>>> {
+        match self.open.lock().handles.get(&fh) {
+            Some((i, n)) if *i == ino => Ok(n.clone()),
+            Some((i, _)) => {
+                log::error!(
+                    "{op} of inode {} names handle {fh}, which is open on inode {}",
+                    ino.0,
+                    i.0
+                );
+                Err(Error::BadHandle)
+            }
+            None => {
+                log::error!(
+                    "{op} of inode {} names handle {fh}, which is not open",
+                    ino.0
+                );
+                Err(Error::BadHandle)
+            }
+        }
+    }
+
+    /// Drops one open reference to `node` (a handle's release or an internal reference) and
+    /// forgets the node when nothing references it and nothing of it is left to commit.
+    fn unref(&self, ino: InodeId, node: &Arc<Mutex<OpenNode>>, writer: bool) {
+        {
+            let mut n = node.lock();
+            n.opens = n.opens.checked_sub(1).expect("open count underflow");
+            if writer {
+                n.writers = n.writers.checked_sub(1).expect("writer count underflow");
+            }
+        }
+        self.forget_if_unused(ino, node);
+    }
+
+    /// Removes `node` from the table if it is still the inode's node, no handle or internal
+    /// reference holds it, and it has nothing uncommitted (or its file is unlinked, so what
+    /// a failed commit left can never be read again and must not pin space).
+    fn forget_if_unused(&self, ino: InodeId, node: &Arc<Mutex<OpenNode>>) {
+        let mut t = self.open.lock();
+        if !t.nodes.get(&ino).is_some_and(|cur| Arc::ptr_eq(cur, node)) {
+            return;
+        }
+        let mut n = node.lock();
+        if n.opens == 0 && (!n.file.is_modified() || n.rec.nlink == 0) {
+            self.space.store().unpin(&n.file.take_held());
+            drop(n);
+            t.nodes.remove(&ino);
+            self.base_revs.lock().remove(&ino);
+        }
     }
 
     fn record(&self, ino: InodeId) -> Result<InodeRecord> {
@@ -203,10 +301,50 @@ impl Fs {
             return self.view_getattr(ino);
         }
         if let Some(n) = self.open_node(ino) {
-            return Ok(n.lock().attr(ino));
+            let n = n.lock();
+            let mut a = n.attr(ino);
+            // Unchanged since its base revision: the same extents, so the same answer.
+            if n.file.is_clean() && n.base_rev == n.rec.current_rev {
+                a.data_bytes = Some(self.data_bytes(ino, n.base_rev, || {
+                    Ok(n.file.map().iter().map(|(_, e)| e.len as u64).sum())
+                })?);
+            }
+            return Ok(a);
         }
         let rec = self.record(ino)?;
-        Ok(Attr { ino, rec })
+        let mut a = Attr::new(ino, rec);
+        if a.rec.kind == NodeKind::File {
+            let rev = a.rec.current_rev;
+            a.data_bytes = Some(self.data_bytes(ino, rev, || {
+                Ok(self
+                    .space
+                    .load_map(rev)?
+                    .iter()
+                    .map(|(_, e)| e.len as u64)
+                    .sum())
+            })?);
+        }
+        Ok(a)
+    }
+
+    /// Bytes of revision `rev` of `ino` that are not holes, computed once per revision (an
+    /// extent-map read) and cached: `du` and hole-detecting tools read st_blocks.
+    fn data_bytes(
+        &self,
+        ino: InodeId,
+        rev: RevisionId,
+        compute: impl FnOnce() -> Result<u64>,
+    ) -> Result<u64> {
+        if let Some(b) = self.data_bytes_cache.lock().get(&(ino, rev)) {
+            return Ok(*b);
+        }
+        let b = compute()?;
+        let mut c = self.data_bytes_cache.lock();
+        if c.len() >= DATA_BYTES_CACHE_MAX {
+            c.clear();
+        }
+        c.insert((ino, rev), b);
+        Ok(b)
     }
 
     pub fn lookup(&self, parent: InodeId, name: &[u8]) -> Result<Attr> {
@@ -272,7 +410,7 @@ impl Fs {
             t.put_inode(parent, &p)?;
             Ok((ino, rec))
         })?;
-        Ok(Attr { ino, rec })
+        Ok(Attr::new(ino, rec))
     }
 
     pub fn mkdir(&self, parent: InodeId, name: &[u8], perm: u32, c: Caller) -> Result<Attr> {
@@ -418,16 +556,8 @@ impl Fs {
     /// commit left behind (a full space) can never be read again, and their pinned chunks
     /// must not keep gc from reclaiming the space they took.
     fn drop_if_unused(&self, ino: InodeId) {
-        let mut open = self.open.lock();
-        let Some(node) = open.get(&ino).cloned() else {
-            return;
-        };
-        let mut n = node.lock();
-        if n.opens == 0 && n.rec.nlink == 0 {
-            self.space.store().unpin(&n.file.take_held());
-            drop(n);
-            open.remove(&ino);
-            self.base_revs.lock().remove(&ino);
+        if let Some(node) = self.open_node(ino) {
+            self.forget_if_unused(ino, &node);
         }
     }
 
@@ -612,6 +742,7 @@ impl Fs {
                 return Err(Error::FileTooBig);
             }
         }
+        let now = Timestamp::now();
         let apply = |r: &mut InodeRecord| {
             if let Some(p) = s.perm {
                 r.perm = p & 0o7777;
@@ -628,120 +759,148 @@ impl Fs {
             if let Some(t) = s.mtime {
                 r.mtime = t;
             }
-            r.ctime = s.ctime.unwrap_or_else(Timestamp::now);
+            r.ctime = s.ctime.unwrap_or(now);
         };
-        if let Some(node) = self.open_node(ino) {
-            let mut n = node.lock();
-            if let Some(size) = s.size {
-                n.file.truncate(size);
-                if s.mtime.is_none() {
-                    n.rec.mtime = Timestamp::now();
-                }
-            }
-            apply(&mut n.rec);
-            let rec = n.rec.clone();
-            drop(n);
-            self.space.ns_write(false, |t| -> Result<()> {
-                let stored = t.inode(ino)?;
-                t.put_inode(
-                    ino,
-                    &InodeRecord {
-                        size: stored.size,
-                        current_rev: stored.current_rev,
-                        nlink: stored.nlink,
-                        ..rec
-                    },
-                )?;
-                Ok(())
-            })?;
-            return self.getattr(ino);
-        }
-        let mut rec = self.record(ino)?;
         if let Some(size) = s.size {
-            if rec.kind == NodeKind::Dir {
-                return Err(Error::IsDir);
-            }
-            if rec.kind != NodeKind::File {
+            let rec = self.record(ino)?;
+            match rec.kind {
+                NodeKind::File => return self.truncate(ino, size, s.mtime.is_none(), &apply),
+                NodeKind::Dir => return Err(Error::IsDir),
                 // truncate(2) of a fifo or device node is accepted and does nothing.
-                apply(&mut rec);
-                self.space
-                    .ns_write(false, |t| -> Result<()> { Ok(t.put_inode(ino, &rec)?) })?;
-                return Ok(Attr { ino, rec });
+                _ => {}
             }
-            // truncate(2) on a file nobody has open: commit at once, no close will follow.
-            let mut file = self.space.load_file(&rec)?;
-            file.truncate(size);
-            if s.mtime.is_none() {
-                rec.mtime = Timestamp::now();
-            }
-            apply(&mut rec);
-            self.space.commit_file(ino, &mut file, &mut rec, true)?;
-            return Ok(Attr { ino, rec });
         }
-        apply(&mut rec);
-        self.space
-            .ns_write(false, |t| -> Result<()> { Ok(t.put_inode(ino, &rec)?) })?;
-        Ok(Attr { ino, rec })
+        // Attributes only: change the stored record in place (its namespace fields, history
+        // and revision belong to other transactions), and the open copy alike.
+        let rec = self.space.ns_write(false, |t| -> Result<_> {
+            let mut rec = t.inode(ino)?;
+            apply(&mut rec);
+            t.put_inode(ino, &rec)?;
+            Ok(rec)
+        })?;
+        self.refresh_open(ino, |r| apply(r));
+        if let Some(n) = self.open_node(ino) {
+            return Ok(n.lock().attr(ino));
+        }
+        Ok(Attr::new(ino, rec))
     }
 
-    /// Opens a regular file; `truncate` for O_TRUNC.
-    /// Opens a regular file under handle `fh` (0: no handle, for internal use).
+    /// truncate(2)/ftruncate(2) of a regular file, through its open node (made for the call
+    /// if no handle has the file open), so it is ordered with every open, write and commit
+    /// of the file. With no other writer the new size is committed at once, as a complete
+    /// revision: no close will follow a truncate(2).
+    fn truncate(
+        &self,
+        ino: InodeId,
+        size: u64,
+        touch_mtime: bool,
+        apply: &dyn Fn(&mut InodeRecord),
+    ) -> Result<Attr> {
+        let node = self.open_ref(ino, None, true, false)?;
+        let result = (|| {
+            let mut n = node.lock();
+            n.file.truncate(size);
+            if touch_mtime {
+                n.rec.mtime = Timestamp::now();
+            }
+            apply(&mut n.rec);
+            if n.writers == 1 {
+                self.commit_node(ino, &mut n, true, 0)?;
+            } else {
+                // A writer's close commits the size; the attributes are stored now.
+                let rec = n.rec.clone();
+                self.space.ns_write(false, |t| -> Result<()> {
+                    let mut stored = t.inode(ino)?;
+                    apply(&mut stored);
+                    stored.mtime = rec.mtime;
+                    t.put_inode(ino, &stored)?;
+                    Ok(())
+                })?;
+            }
+            Ok(n.attr(ino))
+        })();
+        self.unref(ino, &node, true);
+        result
+    }
+
+    /// Opens a regular file (or a revision file of the view) under handle `fh`, which the
+    /// caller chose and must not reuse until its release; `truncate` for O_TRUNC.
     pub fn open(&self, ino: InodeId, fh: u64, write: bool, truncate: bool) -> Result<()> {
-        if view::is_virtual(ino) {
-            return self.open_view(ino, write);
+        if fh == 0 {
+            // 0 is no handle at all (FUSE's opendir answer); a release could not name it.
+            return Err(Error::Invalid);
         }
+        if view::is_virtual(ino) {
+            return self.open_view(ino, fh, write);
+        }
+        self.open_ref(ino, Some(fh), write, truncate).map(drop)
+    }
+
+    /// Finds or makes the open node of `ino` and takes one reference to it: handle `fh`'s,
+    /// or an internal one (`None`: truncate(2), restore) dropped with `unref`.
+    fn open_ref(
+        &self,
+        ino: InodeId,
+        fh: Option<u64>,
+        write: bool,
+        truncate: bool,
+    ) -> Result<Arc<Mutex<OpenNode>>> {
         // Sticky failure: refuse to open for writing at all, so an O_TRUNC cannot empty the
         // in-memory view of a committed file that nothing can be saved over any more.
         if write {
             self.refuse_if_failed()?;
         }
-        // The node is found or made, and `opens` raised, under the map lock: release()
-        // removes a node only when it sees `opens == 0` under the same lock.
-        let mut open = self.open.lock();
-        let node = {
-            match open.get(&ino) {
-                Some(n) => n.clone(),
-                None => {
-                    let rec = self.record(ino)?;
-                    match rec.kind {
-                        NodeKind::File => {}
-                        NodeKind::Dir => return Err(Error::IsDir),
-                        NodeKind::Symlink
-                        | NodeKind::Fifo
-                        | NodeKind::Socket
-                        | NodeKind::CharDevice
-                        | NodeKind::BlockDevice => return Err(Error::Invalid),
-                    }
-                    // Pin the base revision under the gate, re-reading the record there, so the
-                    // pinned revision is the one loaded.
-                    let (rec, file) = {
-                        let _gate = self.space.pin_gate.read();
-                        let rec = self.record(ino)?;
-                        let file = self.space.load_file(&rec)?;
-                        self.base_revs.lock().insert(ino, rec.current_rev);
-                        (rec, file)
-                    };
-                    let n = Arc::new(Mutex::new(OpenNode {
-                        base_rev: rec.current_rev,
-                        rec,
-                        file,
-                        opens: 0,
-                        writers: 0,
-                        handles: HashMap::new(),
-                        prefetched_to: 0,
-                    }));
-                    open.insert(ino, n.clone());
-                    n
+        // The node is found or made, its count raised and the handle entered, all under the
+        // table lock: a release removes a node only under the same lock, at `opens == 0`.
+        let mut t = self.open.lock();
+        let node = match t.nodes.get(&ino) {
+            Some(n) => n.clone(),
+            None => {
+                let rec = self.record(ino)?;
+                match rec.kind {
+                    NodeKind::File => {}
+                    NodeKind::Dir => return Err(Error::IsDir),
+                    NodeKind::Symlink
+                    | NodeKind::Fifo
+                    | NodeKind::Socket
+                    | NodeKind::CharDevice
+                    | NodeKind::BlockDevice => return Err(Error::Invalid),
                 }
+                // Pin the base revision under the gate, re-reading the record there, so the
+                // pinned revision is the one loaded.
+                let (rec, file) = {
+                    let _gate = self.space.pin_gate.read();
+                    let rec = self.record(ino)?;
+                    let file = self.space.load_file(&rec)?;
+                    self.base_revs.lock().insert(ino, rec.current_rev);
+                    (rec, file)
+                };
+                let n = Arc::new(Mutex::new(OpenNode {
+                    base_rev: rec.current_rev,
+                    rec,
+                    file,
+                    opens: 0,
+                    writers: 0,
+                    handles: HashMap::new(),
+                    prefetched_to: 0,
+                }));
+                t.nodes.insert(ino, n.clone());
+                n
             }
         };
+        if let Some(fh) = fh {
+            if t.handles.insert(fh, (ino, node.clone())).is_some() {
+                // The adapter hands out each handle once; a reuse would misroute requests.
+                panic!("file handle {fh} opened twice");
+            }
+        }
         let mut n = node.lock();
-        drop(open);
+        drop(t);
         n.opens += 1;
         if write {
             n.writers += 1;
         }
-        if fh != 0 {
+        if let Some(fh) = fh {
             n.handles.insert(
                 fh,
                 Handle {
@@ -756,24 +915,12 @@ impl Fs {
             n.rec.mtime = now;
             n.rec.ctime = now;
         }
-        Ok(())
+        drop(n);
+        Ok(node)
     }
 
-    /// The open state of a file, loaded if no handle has it open: the kernel may write back
-    /// cached pages after the last handle's release, and those bytes must not be dropped.
-    /// Such a node is committed by the next flush/release of the file or at unmount.
-    fn node(&self, ino: InodeId) -> Result<Arc<Mutex<OpenNode>>> {
-        if let Some(n) = self.open_node(ino) {
-            return Ok(n);
-        }
-        self.open(ino, 0, false, false)?;
-        let n = self.open_node(ino).ok_or(Error::Invalid)?;
-        n.lock().opens -= 1;
-        Ok(n)
-    }
-
-    pub fn read(&self, ino: InodeId, off: u64, len: usize) -> Result<Vec<u8>> {
-        let node = self.node(ino)?;
+    pub fn read(&self, ino: InodeId, fh: u64, off: u64, len: usize) -> Result<Vec<u8>> {
+        let node = self.handle_node(ino, fh, "read")?;
         let (pieces, end) = {
             let mut n = node.lock();
             // A file nobody writes: take the extents and read without the file's lock, so
@@ -821,7 +968,36 @@ impl Fs {
             return Err(Error::FileTooBig);
         }
         self.refuse_if_failed()?;
-        let node = self.node(ino)?;
+        // The kernel sends a handle's writes (mmap writeback included) before its RELEASE,
+        // so an unknown handle should not happen. If it does, the bytes still go to the
+        // inode's open state, under a reference held across the write, and are committed by
+        // the next close of the file or at unmount, rather than refused after the
+        // application let go of them.
+        let (node, internal) = match self.handle_node(ino, fh, "write") {
+            Ok(n) => (n, false),
+            Err(_) => {
+                log::warn!(
+                    "write of inode {} goes to its open state without a handle",
+                    ino.0
+                );
+                (self.open_ref(ino, None, false, false)?, true)
+            }
+        };
+        let r = self.write_node(&node, fh, pid, off, data);
+        if internal {
+            self.unref(ino, &node, false);
+        }
+        r
+    }
+
+    fn write_node(
+        &self,
+        node: &Mutex<OpenNode>,
+        fh: u64,
+        pid: u32,
+        off: u64,
+        data: &[u8],
+    ) -> Result<usize> {
         let mut n = node.lock();
         let t = std::time::Instant::now();
         let r = n.file.write(self.space.chunks(), off, data);
@@ -869,12 +1045,9 @@ impl Fs {
             self.make_room(&mut n.file);
             n.file.finish(self.space.chunks())?;
         }
-        // The stored record may have changed under us (rename, unlink): keep its nlink.
-        let stored = self.record(ino)?;
-        let mut rec = InodeRecord {
-            nlink: stored.nlink,
-            ..n.rec.clone()
-        };
+        // The engine takes nlink, history and current revision from the stored record
+        // inside the commit's transaction (a rename or unlink may have changed them).
+        let mut rec = n.rec.clone();
         let rev = self
             .space
             .commit_file_keeping(ino, &mut n.file, &mut rec, sealed, keep_prev)?;
@@ -903,9 +1076,7 @@ impl Fs {
     /// lists nothing; if the handle wrote and was the only writer, its release seals that
     /// commit later, unless the writer's own close sealed a newer one first.
     pub fn flush(&self, ino: InodeId, fh: u64, pid: u32) -> Result<()> {
-        let Some(node) = self.open_node(ino) else {
-            return Ok(self.space.sync_meta_if_dirty()?);
-        };
+        let node = self.handle_node(ino, fh, "flush")?;
         let mut n = node.lock();
         let n = &mut *n;
         // Other writers still at work: writer handles that wrote since their last close, or
@@ -956,9 +1127,7 @@ impl Fs {
     }
 
     pub fn fsync(&self, ino: InodeId, fh: u64) -> Result<()> {
-        let Some(node) = self.open_node(ino) else {
-            return Ok(self.space.sync_meta_if_dirty()?);
-        };
+        let node = self.handle_node(ino, fh, "fsync")?;
         let mut n = node.lock();
         self.commit_node(ino, &mut n, false, fh)?;
         Ok(self.space.sync_meta_if_dirty()?)
@@ -971,20 +1140,30 @@ impl Fs {
     /// Last reference to a handle: commit anything left (e.g. from mmap writeback after
     /// close) and drop the in-memory state when no handle remains.
     pub fn release(&self, ino: InodeId, fh: u64) -> Result<()> {
-        let Some(node) = self.open_node(ino) else {
-            return Ok(());
+        // The handle leaves the table first: the node it opened is the one this release
+        // works on, whatever the table holds for the inode by now.
+        let node = {
+            let mut t = self.open.lock();
+            match t.handles.get(&fh) {
+                Some((i, n)) if *i == ino => {
+                    let n = n.clone();
+                    t.handles.remove(&fh);
+                    n
+                }
+                _ => {
+                    drop(t);
+                    // Logs and answers EIO.
+                    return self.handle_node(ino, fh, "release").map(drop);
+                }
+            }
         };
-        // Commit without holding the open-file map, so other files' requests are not
-        // stalled behind this file's fsync.
-        let result = {
+        // Commit without holding the table, so other files' requests are not stalled
+        // behind this file's fsync.
+        let (result, writer) = {
             let mut n = node.lock();
             let h = n.handles.remove(&fh).unwrap_or_default();
-            n.opens = n.opens.saturating_sub(1);
-            if h.writer {
-                n.writers = n.writers.saturating_sub(1);
-            }
             // Writes that arrive after close (mmap writeback) are committed here.
-            let last_writer = h.writer && n.writers == 0;
+            let last_writer = h.writer && n.writers == 1;
             let sealed = last_writer && h.wrote;
             let mut result = self.commit_node(ino, &mut n, sealed, fh);
             if let (Ok(()), Some(rev)) = (&result, h.pending) {
@@ -995,18 +1174,9 @@ impl Fs {
                 );
                 result = self.space.seal(rev).map_err(Error::from);
             }
-            result
+            (result, h.writer)
         };
-        // Lock order: map, then node. An open() in between raised `opens` again.
-        let mut open = self.open.lock();
-        let mut n = node.lock();
-        // A file unlinked while open: its last release drops what a failed commit left.
-        if n.opens == 0 && (!n.file.is_modified() || n.rec.nlink == 0) {
-            self.space.store().unpin(&n.file.take_held());
-            drop(n);
-            open.remove(&ino);
-            self.base_revs.lock().remove(&ino);
-        }
+        self.unref(ino, &node, writer);
         result
     }
 
@@ -1015,6 +1185,7 @@ impl Fs {
         let nodes: Vec<_> = self
             .open
             .lock()
+            .nodes
             .iter()
             .map(|(i, n)| (*i, n.clone()))
             .collect();
@@ -1239,29 +1410,28 @@ impl Fs {
                 attr.ino
             }
         };
-        let mut rec = self.record(ino)?;
-        if rec.kind != NodeKind::File {
+        if self.record(ino)?.kind != NodeKind::File {
             return Err(Error::IsDir);
         }
-        if let Some(node) = self.open_node(ino) {
+        // Through the open node, like truncate: ordered with every open and commit of it.
+        let node = self.open_ref(ino, None, true, false)?;
+        let result = (|| {
             let mut n = node.lock();
-            if n.writers > 0 {
+            if n.writers > 1 {
                 return Err(Error::Busy);
             }
+            // Chunks an uncommitted state (a failed save) pinned are not needed any more.
+            let held = n.file.take_held();
+            self.space.store().unpin(&held);
             n.file = content;
             n.file.mark_replaced();
             let now = Timestamp::now();
             n.rec.mtime = now;
             n.rec.ctime = now;
-            return self.commit_node(ino, &mut n, true, 0);
-        }
-        let mut file = content;
-        file.mark_replaced();
-        let now = Timestamp::now();
-        rec.mtime = now;
-        rec.ctime = now;
-        self.space.commit_file(ino, &mut file, &mut rec, true)?;
-        Ok(())
+            self.commit_node(ino, &mut n, true, 0)
+        })();
+        self.unref(ino, &node, true);
+        result
     }
 
     /// Remembers `value` for process `pid`, for a control request that needs more than an

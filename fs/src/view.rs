@@ -88,6 +88,7 @@ fn view_dir_perm(like: &InodeRecord) -> u32 {
 fn dir_attr(ino: InodeId, like: &InodeRecord) -> Attr {
     Attr {
         ino,
+        data_bytes: None,
         rec: InodeRecord {
             kind: NodeKind::Dir,
             perm: view_dir_perm(like),
@@ -128,6 +129,7 @@ impl Fs {
                 let owner = self.history_owner(&h)?;
                 Ok(Attr {
                     ino,
+                    data_bytes: None,
                     rec: InodeRecord {
                         kind: NodeKind::File,
                         perm: read_only(owner.perm, false),
@@ -323,8 +325,7 @@ impl Fs {
     }
 
     /// Opens a revision file for reading; its revision is pinned against gc while open.
-    pub(crate) fn open_view(&self, ino: InodeId, write: bool) -> Result<()> {
-        // Revision files are read-only, so their handles need no tracking.
+    pub(crate) fn open_view(&self, ino: InodeId, fh: u64, write: bool) -> Result<()> {
         if write {
             return Err(Error::ReadOnly);
         }
@@ -332,7 +333,7 @@ impl Fs {
             return Err(Error::IsDir);
         };
         let mut open = self.open.lock();
-        let node = match open.get(&ino) {
+        let node = match open.nodes.get(&ino) {
             Some(n) => n.clone(),
             None => {
                 // Pin, then load: a gc that samples pins after this sees it, and one that
@@ -353,10 +354,15 @@ impl Fs {
                     handles: HashMap::new(),
                     prefetched_to: 0,
                 }));
-                open.insert(ino, n.clone());
+                open.nodes.insert(ino, n.clone());
                 n
             }
         };
+        // Revision files are read-only; the handle is tracked only so that its reads and
+        // release reach this node.
+        if open.handles.insert(fh, (ino, node.clone())).is_some() {
+            panic!("file handle {fh} opened twice");
+        }
         node.lock().opens += 1;
         Ok(())
     }

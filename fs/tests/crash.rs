@@ -153,6 +153,9 @@ fn workload(fs: &Fs, sim: &Sim, seed: u64, model: &mut Model) -> Option<(String,
         })
         .collect();
     let mut fh = 1u64;
+    // Handles whose RELEASE has not come yet: the kernel sends RELEASE asynchronously, often
+    // after the same process's next OPEN of the file, and a reader's at any time.
+    let mut late: Vec<(InodeId, u64)> = Vec::new();
     let steps = rng.random_range(10..40);
     for _ in 0..steps {
         if sim.disk.has_crashed() {
@@ -161,7 +164,11 @@ fn workload(fs: &Fs, sim: &Sim, seed: u64, model: &mut Model) -> Option<(String,
         let f = rng.random_range(0..FILES);
         let nm = name(f);
         let r: Result<(), Error> = (|| {
-            match rng.random_range(0..20) {
+            if !late.is_empty() && rng.random_bool(0.4) {
+                let (ino, h) = late.swap_remove(rng.random_range(0..late.len()));
+                fs.release(ino, h)?;
+            }
+            match rng.random_range(0..22) {
                 0..=13 => {
                     // A save: new content, written sequentially or patched in place.
                     fh += 1;
@@ -233,7 +240,28 @@ fn workload(fs: &Fs, sim: &Sim, seed: u64, model: &mut Model) -> Option<(String,
                     model.push(s);
                     fs.flush(ino, fh, 7)?;
                     model.ack();
-                    fs.release(ino, fh)?;
+                    if rng.random_bool(0.4) {
+                        late.push((ino, fh));
+                    } else {
+                        fs.release(ino, fh)?;
+                    }
+                }
+                20 | 21 => {
+                    // A bystander (a monitoring script, a data loader): opens the file,
+                    // maybe reads and closes it, and releases now or later.
+                    if let Ok(a) = fs.lookup(ROOT, nm.as_bytes()) {
+                        fh += 1;
+                        fs.open(a.ino, fh, false, false)?;
+                        if rng.random_bool(0.5) {
+                            fs.read(a.ino, fh, 0, 4096)?;
+                        }
+                        fs.flush(a.ino, fh, 9)?;
+                        if rng.random_bool(0.5) {
+                            late.push((a.ino, fh));
+                        } else {
+                            fs.release(a.ino, fh)?;
+                        }
+                    }
                 }
                 14..=16 => {
                     if fs.lookup(ROOT, nm.as_bytes()).is_ok() {
@@ -258,6 +286,17 @@ fn workload(fs: &Fs, sim: &Sim, seed: u64, model: &mut Model) -> Option<(String,
             return Some((format!("{e:?}"), nm));
         }
     }
+    for (ino, h) in late {
+        if let Err(e) = fs.release(ino, h) {
+            return Some((format!("late release: {e:?}"), String::new()));
+        }
+    }
+    // Every handle is released: the open-file table must hold none, and no node but those
+    // whose commit failed (a fault run stops at the first error, before this point).
+    let (_, handles) = fs.open_counts();
+    if handles != 0 {
+        return Some((format!("{handles} handles left after every release"), String::new()));
+    }
     None
 }
 
@@ -274,7 +313,7 @@ fn observe(fs: &Fs) -> Result<State, String> {
         fs.open(a.ino, 1000 + i as u64, false, false)
             .map_err(|e| format!("open {nm}: {e:?}"))?;
         let content = fs
-            .read(a.ino, 0, a.rec.size as usize + 1)
+            .read(a.ino, 1000 + i as u64, 0, a.rec.size as usize + 1)
             .map_err(|e| format!("read {nm}: {e:?}"))?;
         fs.release(a.ino, 1000 + i as u64)
             .map_err(|e| format!("release {nm}: {e:?}"))?;
@@ -411,7 +450,7 @@ fn run(seed: u64, plan: Plan, tally: &mut Tally) -> Result<u64, String> {
                 fs.open(a.ino, 88_888, false, false)
                     .map_err(|e| format!("open {nm} after the failure: {e:?}"))?;
                 let got = fs
-                    .read(a.ino, 0, a.rec.size as usize + 1)
+                    .read(a.ino, 88_888, 0, a.rec.size as usize + 1)
                     .map_err(|e| format!("read {nm} after the failure: {e:?}"))?;
                 let _ = fs.release(a.ino, 88_888);
                 if !model.states[model.acked..]

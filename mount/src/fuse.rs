@@ -43,6 +43,7 @@ fn errno(e: &Error) -> Errno {
         Error::FileTooBig => libc::EFBIG,
         Error::ReadOnly => libc::EROFS,
         Error::Busy => libc::EBUSY,
+        Error::BadHandle => libc::EIO,
         Error::Engine(inner) => match inner {
             E::Io(_) => libc::EIO,
             E::NoSpace => libc::ENOSPC,
@@ -83,7 +84,9 @@ fn file_attr(a: &Attr) -> FileAttr {
     FileAttr {
         ino: INodeNo(a.ino.0),
         size: r.size,
-        blocks: r.size.div_ceil(512),
+        // Blocks for the bytes that are not holes, in 4 KiB units as ext4 allocates them, so
+        // `du` and hole-detecting tools (cp --sparse, tar -S) see a sparse file as sparse.
+        blocks: a.data_bytes.unwrap_or(r.size).next_multiple_of(4096) / 512,
         atime: r.atime.into(),
         mtime: r.mtime.into(),
         ctime: r.ctime.into(),
@@ -145,6 +148,11 @@ pub struct CkptFs {
 }
 
 const ANSWERS_MAX: usize = 64;
+/// Control op prefix for one page of a revision listing: `revisions-after-<id>`.
+pub const REVISIONS_AFTER: &str = "revisions-after-";
+/// Revisions per page: about 120 bytes of JSON each, so a page stays far below the 64 KiB
+/// an xattr value may have.
+const REVISIONS_PAGE: usize = 256;
 pub const CONTROL_PREFIX: &str = "user.ckptfs.";
 
 impl CkptFs {
@@ -250,13 +258,28 @@ impl CkptFs {
                 self.fs.select(pid, v.to_vec());
                 Ok(Vec::new())
             }
-            ("revisions", None) => {
+            (name, None) if name.starts_with(REVISIONS_AFTER) => {
+                // One page of the listing: revisions with ids above the one named, so a file
+                // with any number of revisions is listed in answers that fit an xattr.
+                let after: u64 = name[REVISIONS_AFTER.len()..]
+                    .parse()
+                    .map_err(|_| einval())?;
                 let path = self.fs.selection(pid).ok_or_else(einval)?;
                 let l = self
                     .fs
                     .revisions_of(&path)
                     .map_err(|e| fail_json("revisions", e))?;
-                Ok(to_json(crate::revisions_json(&l)))
+                let page: Vec<_> = l
+                    .into_iter()
+                    .filter(|r| r.id > after)
+                    .take(REVISIONS_PAGE + 1)
+                    .collect();
+                let more = page.len() > REVISIONS_PAGE;
+                let page = &page[..page.len().min(REVISIONS_PAGE)];
+                Ok(to_json(serde_json::json!({
+                    "revisions": crate::revisions_json(page),
+                    "more": more,
+                })))
             }
             ("history", None) => {
                 let path = self.fs.selection(pid).ok_or_else(einval)?;
@@ -489,14 +512,14 @@ impl Filesystem for CkptFs {
         &self,
         _req: &Request,
         ino: INodeNo,
-        _fh: FileHandle,
+        fh: FileHandle,
         offset: u64,
         size: u32,
         _flags: OpenFlags,
         _lock_owner: Option<LockOwner>,
         reply: ReplyData,
     ) {
-        match self.fs.read(InodeId(ino.0), offset, size as usize) {
+        match self.fs.read(InodeId(ino.0), fh.0, offset, size as usize) {
             Ok(d) => reply.data(&d),
             Err(e) => reply.error(fail("read", ino.0, e)),
         }

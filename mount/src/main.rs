@@ -440,6 +440,9 @@ fn mount(
     if !foreground {
         return spawn_daemon(&backing, &mnt, allow_other, &tuning);
     }
+    // A foreground mount started by hand (or by a service manager) right after an unmount
+    // waits for the exiting daemon too; started by `spawn_daemon`, this returns at once.
+    check_not_locked(&backing)?;
     let mut space = Space::open(&backing).map_err(|e| e.to_string())?;
     if let Some(w) = tuning.workers {
         space.store().set_workers(w as usize);
@@ -639,23 +642,56 @@ fn spawn_daemon(
     Err(format!("mount failed:\n{}", tail.trim_end()))
 }
 
+/// How long a mount waits for a daemon that was unmounted but is still exiting (committing
+/// what was open, closing the metadata table) to let go of the space.
+const EXITING_HOLDER_WAIT: Duration = Duration::from_secs(30);
+
 /// Refuses a space another process holds before a daemon is started for it, so the refusal
 /// leaves even the space's log untouched. The daemon's own lock is what really excludes a
-/// second mount; this only makes the common case quiet and clear.
+/// second mount; this only makes the common case quiet and clear. A holder that is a
+/// daemon whose mount is already gone (an unmount just returned, or `umount -l`) is exiting:
+/// waited for, up to `EXITING_HOLDER_WAIT`, saying so, instead of refused.
 fn check_not_locked(backing: &Path) -> Result<(), String> {
     use std::os::unix::io::AsRawFd;
     let path = backing.join(ckptfs_engine::format::LOCK_FILE);
-    let f =
-        std::fs::File::open(&path).map_err(|e| format!("cannot open {}: {e}", path.display()))?;
-    // SAFETY: flock on an open descriptor; a shared probe released when `f` closes.
-    if unsafe { libc::flock(f.as_raw_fd(), libc::LOCK_SH | libc::LOCK_NB) } != 0 {
-        return Err(format!(
-            "backing space {} is in use by another ckptfs process ({})",
-            backing.display(),
-            lock_holder(backing).unwrap_or_default().trim()
-        ));
+    let deadline = Instant::now() + EXITING_HOLDER_WAIT;
+    let mut said = false;
+    loop {
+        let f = std::fs::File::open(&path)
+            .map_err(|e| format!("cannot open {}: {e}", path.display()))?;
+        // SAFETY: flock on an open descriptor; a shared probe released when `f` closes.
+        if unsafe { libc::flock(f.as_raw_fd(), libc::LOCK_SH | libc::LOCK_NB) } == 0 {
+            if said {
+                eprintln!("ckptfs: the previous daemon has exited");
+            }
+            return Ok(());
+        }
+        let holder = lock_holder(backing).unwrap_or_default();
+        let holder = holder.trim();
+        // "pid N mounted at MOUNTPOINT": exiting when MOUNTPOINT no longer mounts this space.
+        let exiting = holder
+            .split_once(" mounted at ")
+            .is_some_and(|(_, m)| backing_of(Path::new(m)).as_deref() != Some(backing));
+        if !exiting || Instant::now() >= deadline {
+            return Err(format!(
+                "backing space {} is in use by another ckptfs process ({holder}){}",
+                backing.display(),
+                if exiting {
+                    format!("; it was unmounted but has not exited after {EXITING_HOLDER_WAIT:?}")
+                } else {
+                    String::new()
+                }
+            ));
+        }
+        if !said {
+            eprintln!(
+                "ckptfs: waiting for the daemon that held {} to exit ({holder}, unmounted)",
+                backing.display()
+            );
+            said = true;
+        }
+        std::thread::sleep(Duration::from_millis(50));
     }
-    Ok(())
 }
 
 fn mounted_at(mnt: &Path) -> bool {
@@ -1226,8 +1262,27 @@ fn cmd_revisions(path: &Path, space: Option<&Path>, json: bool) -> Result<(), St
     let (target, rel) = path_target(path, space)?;
     let v = match target {
         Target::Mounted { mnt } => {
+            // Paged: one answer must fit an xattr value (64 KiB), a long history does not.
             control_set(&mnt, "select", &rel)?;
-            control_get(&mnt, "revisions", true)?
+            let mut all = Vec::new();
+            let mut after = 0u64;
+            loop {
+                let page = control_get(&mnt, &format!("{}{after}", fuse::REVISIONS_AFTER), true)?;
+                let list = page
+                    .get("revisions")
+                    .and_then(|v| v.as_array())
+                    .ok_or("revisions: bad answer from the daemon")?;
+                let last = list
+                    .last()
+                    .and_then(|r| r.get("id"))
+                    .and_then(|i| i.as_u64());
+                all.extend(list.iter().cloned());
+                match (page.get("more").and_then(|m| m.as_bool()), last) {
+                    (Some(true), Some(id)) => after = id,
+                    _ => break,
+                }
+            }
+            serde_json::Value::Array(all)
         }
         Target::Offline { fs } => {
             revisions_json(&fs.revisions_of(&rel).map_err(|e| format!("{e:?}"))?)
