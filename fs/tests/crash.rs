@@ -295,7 +295,10 @@ fn workload(fs: &Fs, sim: &Sim, seed: u64, model: &mut Model) -> Option<(String,
     // whose commit failed (a fault run stops at the first error, before this point).
     let (_, handles) = fs.open_counts();
     if handles != 0 {
-        return Some((format!("{handles} handles left after every release"), String::new()));
+        return Some((
+            format!("{handles} handles left after every release"),
+            String::new(),
+        ));
     }
     None
 }

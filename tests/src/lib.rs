@@ -392,6 +392,35 @@ impl TestMount {
         pid
     }
 
+    /// Detaches the mount (`fusermount3 -u -z`, else `umount -l`) without waiting for the
+    /// daemon: with a descriptor still open in the mount, the daemon lives on, unmounted but
+    /// holding the space, until that descriptor is closed. Leaves the space unmounted.
+    pub fn lazy_unmount(&mut self) {
+        assert!(self.mounted, "not mounted");
+        for (cmd, flag) in [("fusermount3", "-z"), ("umount", "-l")] {
+            if st_dev(&self.mnt) == st_dev(self.root.path()) {
+                break;
+            }
+            let mut c = Command::new(cmd);
+            if cmd == "fusermount3" {
+                c.arg("-u");
+            }
+            let _ = c
+                .arg(flag)
+                .arg(&self.mnt)
+                .stdout(Stdio::null())
+                .stderr(Stdio::null())
+                .status();
+        }
+        self.mounted = false;
+        assert_eq!(
+            st_dev(&self.mnt),
+            st_dev(self.root.path()),
+            "{} is still a mountpoint after a lazy unmount",
+            self.mnt.display()
+        );
+    }
+
     /// `ckptfs stats <mountpoint> --json`.
     pub fn stats(&mut self) -> serde_json::Value {
         let target = if self.mounted {

@@ -1,5 +1,5 @@
-//! The command line around the mount: chunk size at format time, and format/mount refusing to
-//! clobber or double-mount a space.
+//! The command line around the mount: chunk size at format time, format/mount refusing to
+//! clobber or double-mount a space, and a mount waiting for a daemon that is still exiting.
 
 use std::ffi::OsStr;
 use std::fs;
@@ -82,4 +82,22 @@ fn format_and_mount_refuse_to_clobber_or_double_mount() {
         "a re-formatted space is empty, found {} entries",
         names.len()
     );
+}
+
+/// A mount started while the previous daemon of the space is unmounted but still exiting
+/// (here: kept alive by a descriptor open in its lazily detached mount) waits for it, saying
+/// so, instead of refusing the space as "in use".
+#[test]
+fn mount_waits_for_a_daemon_that_is_still_exiting() {
+    let mut m = TestMount::new();
+    fs::write(m.path("kept"), b"still here").expect("write");
+    let held = fs::File::open(m.path("kept")).expect("open");
+    m.lazy_unmount();
+    let releaser = std::thread::spawn(move || {
+        std::thread::sleep(std::time::Duration::from_millis(1500));
+        drop(held);
+    });
+    m.mount();
+    releaser.join().unwrap();
+    assert_file_eq(&m.path("kept"), b"still here");
 }

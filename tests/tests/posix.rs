@@ -7,7 +7,9 @@ use std::os::unix::fs::{FileExt, MetadataExt, OpenOptionsExt, PermissionsExt};
 use std::os::unix::io::AsRawFd;
 use std::path::Path;
 
-use ckptfs_tests::{assert_file_eq, check, cpath, errno, first_difference, pattern, TestMount};
+use ckptfs_tests::{
+    assert_file_eq, check, close_checked, cpath, errno, first_difference, pattern, TestMount,
+};
 
 fn read_all(f: &mut File) -> Vec<u8> {
     f.seek(SeekFrom::Start(0)).expect("seek");
@@ -741,4 +743,39 @@ fn mmap_read_only_mapping_matches_the_file() {
     if let Some(d) = first_difference(map.bytes(), &data) {
         panic!("MAP_PRIVATE read-only mapping: {d}");
     }
+}
+
+/// st_blocks counts the bytes that are not holes, as on ext4, so `du` and hole-detecting
+/// tools see a sparse file as sparse; the same file in a plain directory is the reference.
+#[test]
+fn st_blocks_counts_data_not_holes() {
+    let mut m = TestMount::new();
+    let plain = ckptfs_tests::TempDir::new("blocks-plain");
+    let data = vec![0xa5u8; 50 << 10];
+    for dir in [m.mnt().to_path_buf(), plain.path().to_path_buf()] {
+        let f = File::create(dir.join("sparse")).expect("create");
+        f.write_all_at(&data, 1_600_000).expect("pwrite");
+        close_checked(f).expect("close");
+        fs::write(dir.join("dense"), vec![1u8; 3 << 20]).expect("write dense");
+    }
+    let blocks = |p: &Path| fs::metadata(p).expect("stat").blocks() * 512;
+    let check = |m: &TestMount, when: &str| {
+        let (ours, theirs) = (
+            blocks(&m.path("sparse")),
+            blocks(&plain.path().join("sparse")),
+        );
+        println!("{when}: sparse file: ckptfs {ours} bytes of blocks, plain directory {theirs}");
+        assert!(
+            ours >= 50 << 10 && ours <= theirs.max(56 << 10),
+            "{when}: a 50 KiB write at 1.6 MB shows {ours} bytes of blocks (plain: {theirs})"
+        );
+        let dense = blocks(&m.path("dense"));
+        assert!(
+            dense >= 3 << 20,
+            "{when}: a dense 3 MiB file shows {dense} bytes of blocks"
+        );
+    };
+    check(&m, "after close");
+    m.remount();
+    check(&m, "after remount");
 }

@@ -746,3 +746,32 @@ fn subprocess_spawned_mid_write_does_not_list_a_partial_revision() {
     let done = m.revisions(rel);
     check_listing(&done, &[first, second], "after the writer's own close");
 }
+
+/// A long history is listed whole over the mount: the listing is read in pages, because one
+/// control answer (an xattr value) holds at most 64 KiB, about 600 revisions.
+#[test]
+fn a_long_history_is_listed_whole() {
+    const REVISIONS: u64 = 700;
+    let mut m = TestMount::with_format_args("256M", &["--keep-revisions", "1000"]);
+    let rel = "many.bin";
+    for i in 0..REVISIONS {
+        write(&m, rel, &i.to_le_bytes());
+    }
+    let revs = m.revisions(rel);
+    assert_eq!(
+        revs.len() as u64,
+        REVISIONS,
+        "revisions listed over the mount"
+    );
+    assert!(
+        revs.windows(2).all(|w| w[0].id < w[1].id),
+        "listed in order, each once"
+    );
+    assert!(revs.last().is_some_and(|r| r.current));
+    m.unmount();
+    assert_eq!(
+        m.revisions(rel).len() as u64,
+        REVISIONS,
+        "revisions listed offline"
+    );
+}
