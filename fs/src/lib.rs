@@ -186,6 +186,19 @@ pub struct RevisionListing {
     pub current: bool,
 }
 
+/// Whether caller `c` (process `pid`) is in group `gid`: its gid, or one of the
+/// supplementary groups /proc lists for the process (FUSE passes only the primary one).
+fn in_group(c: Caller, pid: u32, gid: u32) -> bool {
+    if c.gid == gid {
+        return true;
+    }
+    std::fs::read_to_string(format!("/proc/{pid}/status")).is_ok_and(|st| {
+        st.lines()
+            .find_map(|l| l.strip_prefix("Groups:"))
+            .is_some_and(|g| g.split_whitespace().any(|x| x.parse() == Ok(gid)))
+    })
+}
+
 fn check_name(name: &[u8]) -> Result<()> {
     if name.len() > NAME_MAX {
         return Err(Error::NameTooLong);
@@ -821,6 +834,72 @@ impl Fs {
         })();
         self.unref(ino, &node, true);
         result
+    }
+
+    /// A write or truncate by process `pid` of caller `c`, which lacks CAP_FSETID (the kernel
+    /// flags direct-I/O writes so; the adapter decides for O_TRUNC at open and truncate):
+    /// clears the setid bits as ext4 does. S_ISUID always; S_ISGID when group-execute is
+    /// set, or when the writer is not in the file's group (without group-execute the bit
+    /// marks mandatory locking, which a group member's write keeps). A world-writable setuid
+    /// file must not stay setuid after someone else wrote it.
+    pub fn kill_setid(&self, ino: InodeId, c: Caller, pid: u32) -> Result<()> {
+        let (perm, gid) = match self.open_node(ino) {
+            Some(n) => {
+                let n = n.lock();
+                (n.rec.perm, n.rec.gid)
+            }
+            None => {
+                let r = self.record(ino)?;
+                (r.perm, r.gid)
+            }
+        };
+        let mut cleared = perm & !libc::S_ISUID;
+        if perm & libc::S_ISGID != 0 && (perm & libc::S_IXGRP != 0 || !in_group(c, pid, gid)) {
+            cleared &= !libc::S_ISGID;
+        }
+        if cleared == perm {
+            return Ok(());
+        }
+        log::debug!(
+            "inode {}: mode {perm:o} -> {cleared:o} (written by uid {} without CAP_FSETID)",
+            ino.0,
+            c.uid
+        );
+        self.setattr(
+            ino,
+            &SetAttr {
+                perm: Some(cleared),
+                ..SetAttr::default()
+            },
+        )
+        .map(drop)
+    }
+
+    /// setattr as requested by caller `c` (process `pid`). Two cases carry the setid rule of
+    /// `kill_setid`: a size change by a caller other than root, and a mode-only change by a
+    /// caller that neither owns the file nor is root: the kernel (default_permissions) lets
+    /// no such caller chmod, so that request is the kernel dropping the bits for a write of
+    /// theirs through the page cache or an mmap, with FUSE's narrower S_ISGID rule; ext4's
+    /// rule is applied instead. Root is taken to have CAP_FSETID, everyone else not: FUSE
+    /// does not say.
+    pub fn setattr_by(&self, ino: InodeId, s: &SetAttr, c: Caller, pid: u32) -> Result<Attr> {
+        let mode_only = s.perm.is_some()
+            && s.uid.is_none()
+            && s.gid.is_none()
+            && s.size.is_none()
+            && s.atime.is_none()
+            && s.mtime.is_none();
+        if mode_only && c.uid != 0 && !view::is_virtual(ino) && self.getattr(ino)?.rec.uid != c.uid
+        {
+            self.kill_setid(ino, c, pid)?;
+            return self.getattr(ino);
+        }
+        let a = self.setattr(ino, s)?;
+        if s.size.is_some() && c.uid != 0 && a.rec.kind == NodeKind::File {
+            self.kill_setid(ino, c, pid)?;
+            return self.getattr(ino);
+        }
+        Ok(a)
     }
 
     /// Opens a regular file (or a revision file of the view) under handle `fh`, which the

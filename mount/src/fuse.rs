@@ -365,7 +365,7 @@ impl Filesystem for CkptFs {
 
     fn setattr(
         &self,
-        _req: &Request,
+        req: &Request,
         ino: INodeNo,
         mode: Option<u32>,
         uid: Option<u32>,
@@ -390,7 +390,10 @@ impl Filesystem for CkptFs {
             mtime: mtime.map(time),
             ctime: ctime.map(Timestamp::from),
         };
-        match self.fs.setattr(InodeId(ino.0), &s) {
+        match self
+            .fs
+            .setattr_by(InodeId(ino.0), &s, caller(req), req.pid())
+        {
             Ok(a) => reply.attr(&TTL, &file_attr(&a)),
             Err(e) => reply.error(fail("setattr", ino.0, e)),
         }
@@ -498,11 +501,19 @@ impl Filesystem for CkptFs {
         self.reply_entry(r, "link", ino, reply);
     }
 
-    fn open(&self, _req: &Request, ino: INodeNo, flags: OpenFlags, reply: ReplyOpen) {
+    fn open(&self, req: &Request, ino: INodeNo, flags: OpenFlags, reply: ReplyOpen) {
         let w = writes(flags);
         let trunc = flags.0 & libc::O_TRUNC != 0 && w;
         let fh = self.fh();
-        match self.fs.open(InodeId(ino.0), fh.0, w, trunc) {
+        // O_TRUNC is done here (atomic_o_trunc), so the kernel's truncate, which would drop
+        // the setid bits, never runs. FUSE says nothing of the opener's CAP_FSETID at open:
+        // root is taken to have it, everyone else not.
+        let r = if trunc && req.uid() != 0 {
+            self.fs.kill_setid(InodeId(ino.0), caller(req), req.pid())
+        } else {
+            Ok(())
+        };
+        match r.and_then(|()| self.fs.open(InodeId(ino.0), fh.0, w, trunc)) {
             Ok(()) => reply.opened(fh, open_flags(flags)),
             Err(e) => reply.error(fail("open", ino.0, e)),
         }
@@ -532,12 +543,19 @@ impl Filesystem for CkptFs {
         fh: FileHandle,
         offset: u64,
         data: &[u8],
-        _write_flags: WriteFlags,
+        write_flags: WriteFlags,
         _flags: OpenFlags,
         _lock_owner: Option<LockOwner>,
         reply: ReplyWrite,
     ) {
-        match self.fs.write(InodeId(ino.0), fh.0, req.pid(), offset, data) {
+        // Direct-I/O writes (write-only handles) carry the kernel's "writer lacks
+        // CAP_FSETID" flag; page-cache writes had their bits dropped by the kernel already.
+        let r = if write_flags.contains(WriteFlags::FUSE_WRITE_KILL_SUIDGID) {
+            self.fs.kill_setid(InodeId(ino.0), caller(req), req.pid())
+        } else {
+            Ok(())
+        };
+        match r.and_then(|()| self.fs.write(InodeId(ino.0), fh.0, req.pid(), offset, data)) {
             Ok(n) => reply.written(n as u32),
             Err(e) => reply.error(fail("write", ino.0, e)),
         }
