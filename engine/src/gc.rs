@@ -26,8 +26,11 @@ use std::time::{Duration, Instant};
 
 /// Segments compacted per round (bounds the records held in memory while copying).
 pub const ROUND_SEGMENTS: usize = 16;
-/// A segment is compacted when less than this fraction of it holds live chunks.
+/// A segment is compacted when less than this fraction of it holds live chunks (without
+/// space pressure; see `GcOptions::pressure`).
 pub const COMPACT_LIVE_FRACTION: f64 = 0.5;
+/// Compaction passes one gc runs under space pressure at most.
+pub const PRESSURE_PASSES: usize = 64;
 
 #[derive(Clone, Debug, Default)]
 pub struct GcOptions {
@@ -39,6 +42,12 @@ pub struct GcOptions {
     /// When set, compaction sleeps this fraction of the time it works (0.5 = run at most
     /// two thirds of the time), so writers keep most of the disk.
     pub throttle: Option<f64>,
+    /// Space pressure (a writer waiting for room, free space below the auto-gc watermark):
+    /// compact every segment with dead bytes, emptiest first, round after round, using gc's
+    /// reserve segment, instead of only mostly-dead segments.
+    pub pressure: bool,
+    /// Under pressure, stop compacting once this many bytes are free (0: never stop early).
+    pub room_goal_bytes: u64,
 }
 
 #[derive(Clone, Debug, Default, PartialEq)]
@@ -348,23 +357,31 @@ impl Space {
         Ok(SegmentUsage { live, free })
     }
 
-    /// Segments worth compacting, emptiest first, as many as fit in the free space.
-    fn victims(&self, u: &SegmentUsage, busy: &BTreeSet<u64>) -> Vec<(u64, u64)> {
+    /// Segments worth compacting, emptiest first, as many as fit in the free space. Without
+    /// pressure: segments less than `COMPACT_LIVE_FRACTION` live, copied within the free
+    /// space less one segment of slack for writers. Under pressure: every segment with dead
+    /// bytes, copied into any free space, gc's reserve included.
+    fn victims(&self, u: &SegmentUsage, busy: &BTreeSet<u64>, pressure: bool) -> Vec<(u64, u64)> {
         let seg = self.store().segment_bytes();
+        let limit = if pressure {
+            seg as f64
+        } else {
+            seg as f64 * COMPACT_LIVE_FRACTION
+        };
         let mut v: Vec<(u64, u64)> = u
             .live
             .iter()
             .enumerate()
             .map(|(i, l)| (i as u64, *l))
-            .filter(|(i, l)| {
-                !u.free.contains(i)
-                    && !busy.contains(i)
-                    && (*l as f64) < seg as f64 * COMPACT_LIVE_FRACTION
-            })
+            .filter(|(i, l)| !u.free.contains(i) && !busy.contains(i) && (*l as f64) < limit)
             .collect();
         v.sort_by_key(|(i, l)| (*l, *i));
-        // Keep copies within the free space (less one segment of slack for the writer).
-        let mut room = self.store().free_bytes().saturating_sub(seg);
+        let free = self.store().free_bytes();
+        let mut room = if pressure {
+            free
+        } else {
+            free.saturating_sub(seg)
+        };
         v.retain(|(_, l)| {
             if *l <= room {
                 room -= l;
@@ -378,7 +395,7 @@ impl Space {
 
     fn plan_compaction(&self, u: &SegmentUsage, r: &mut GcReport) {
         let busy = self.store().busy_segments();
-        for (_, live) in self.victims(u, &busy) {
+        for (_, live) in self.victims(u, &busy, false) {
             r.segments_freed += 1;
             if live > 0 {
                 r.segments_compacted += 1;
@@ -387,7 +404,28 @@ impl Space {
         }
     }
 
+    /// Compacts; under pressure pass after pass (each re-planned against the space as it
+    /// is then, since every pass makes room for the next) until a pass frees nothing, at
+    /// most `PRESSURE_PASSES`.
     fn compact(
+        &self,
+        opts: &GcOptions,
+        r: &mut GcReport,
+        progress: &mut dyn FnMut(GcProgress),
+    ) -> Result<()> {
+        for _ in 0..if opts.pressure { PRESSURE_PASSES } else { 1 } {
+            let before = r.segments_freed;
+            self.compact_pass(opts, r, progress)?;
+            if r.segments_freed == before
+                || (opts.room_goal_bytes > 0 && self.store().free_bytes() >= opts.room_goal_bytes)
+            {
+                break;
+            }
+        }
+        Ok(())
+    }
+
+    fn compact_pass(
         &self,
         opts: &GcOptions,
         r: &mut GcReport,
@@ -400,8 +438,17 @@ impl Space {
             u
         };
         let busy = self.store().busy_segments();
-        let all = self.victims(&usage, &busy);
+        let all = self.victims(&usage, &busy, opts.pressure);
         let total = all.len() as u64;
+        log::debug!(
+            "gc: compaction pass{}: {} segments free ({} bytes), {} busy, {} victims with {} live bytes",
+            if opts.pressure { " under pressure" } else { "" },
+            usage.free.len(),
+            self.store().free_bytes(),
+            busy.len(),
+            total,
+            all.iter().map(|(_, l)| l).sum::<u64>()
+        );
         let mut done = 0u64;
         for round in all.chunks(ROUND_SEGMENTS) {
             let t0 = Instant::now();
@@ -423,9 +470,24 @@ impl Space {
                     }
                 }
             }
+            // Victim by victim, emptiest first: a round cut short by writers taking the room
+            // it planned on still empties, and frees, its first victims.
+            let order: std::collections::HashMap<u64, usize> = round
+                .iter()
+                .enumerate()
+                .map(|(k, (seg, _))| (*seg, k))
+                .collect();
+            moving.sort_by_key(|(_, rec)| {
+                (order[&self.store().segment_of(rec.offset)], rec.offset.0)
+            });
             let mut moves = Vec::with_capacity(moving.len());
             let mut unmovable = BTreeSet::new();
+            let mut out_of_room = false;
             for (h, rec) in &moving {
+                if out_of_room {
+                    unmovable.insert(self.store().segment_of(rec.offset));
+                    continue;
+                }
                 let stored = self.store().read_stored(rec)?;
                 // Never copy damage forward: a chunk that fails its check stays where it is
                 // (its segment is not freed), for `ckptfs check` to report.
@@ -434,7 +496,19 @@ impl Space {
                     unmovable.insert(self.store().segment_of(rec.offset));
                     continue;
                 }
-                let new = self.store().append_stored(&stored)?;
+                let new = match self.store().append_stored(&stored) {
+                    Ok(new) => new,
+                    // Writers took the room this round planned on (they share the segment
+                    // being filled, and may take free segments down to gc's reserve): keep
+                    // what was copied, leave the rest where it is, commit, and let the next
+                    // pass plan against the space as it is then.
+                    Err(Error::NoSpace) => {
+                        out_of_room = true;
+                        unmovable.insert(self.store().segment_of(rec.offset));
+                        continue;
+                    }
+                    Err(e) => return Err(e),
+                };
                 r.bytes_copied += stored.len() as u64;
                 moves.push((*h, rec.offset, new));
             }
@@ -474,6 +548,8 @@ impl Space {
                 }
                 self.commit(txn)?;
                 self.store().recorded_taken(&taken);
+                // Still under the barrier: open files' pins of moved chunks follow them.
+                self.store().relocate_pinned(&moves);
                 freed
             };
             self.store().release_segments(&freed);
@@ -489,6 +565,9 @@ impl Space {
             });
             if let Some(f) = opts.throttle {
                 std::thread::sleep(Duration::from_secs_f64(t0.elapsed().as_secs_f64() * f));
+            }
+            if out_of_room {
+                break;
             }
         }
         Ok(())

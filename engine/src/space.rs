@@ -193,6 +193,12 @@ pub struct Stats {
 impl Stats {
     /// Referenced bytes (all kept revisions) per distinct chunk byte: how much dedup saves
     /// (1.0 = nothing).
+    /// Bytes of the data file in use that hold no committed chunk: dead chunks, padding and
+    /// uncommitted saves, which gc's compaction can give back (retention may free more).
+    pub fn reclaimable_bytes(&self) -> u64 {
+        self.used_bytes.saturating_sub(self.stored_bytes)
+    }
+
     pub fn dedup_ratio(&self) -> f64 {
         ratio(self.referenced_bytes, self.raw_chunk_bytes)
     }

@@ -28,6 +28,10 @@ pub use gpu::{GPU_BATCH_BYTES, GPU_SUB_BATCH_BYTES};
 /// New chunks are gathered in memory and written to the data file in pieces of this size:
 /// large writes are what a parallel filesystem and a direct write want.
 pub const WRITE_BYTES: u64 = 8 << 20;
+/// Free segments new chunks may not take, kept for gc's copies: with one segment of room, a
+/// compaction of any partly dead segment frees more than it uses, so a full space always
+/// comes back once retention has dropped something (see FORMAT.md, "Space pressure").
+pub const GC_RESERVE_SEGMENTS: u64 = 1;
 
 /// Stream bytes of all files waiting for their cutters, at most (writers wait beyond it).
 pub const CUT_BYTES: usize = 64 << 20;
@@ -83,6 +87,10 @@ struct OutBuf {
 struct Pending {
     rec: ChunkRecord,
     holders: u32,
+    /// Stored by `append_new`: the chunk table may not name it yet (its file has not
+    /// committed), so gc cannot see it and must not touch its segment. False for a dedup hit
+    /// on a committed chunk, which gc may move (see `relocate_pinned`).
+    new: bool,
 }
 
 pub struct ChunkStore {
@@ -203,7 +211,8 @@ impl ChunkStore {
         self.segments * self.segment_bytes
     }
 
-    /// Bytes that new chunks can still use: free segments plus the rest of the current one.
+    /// Free bytes: free segments (gc's reserve included, see `GC_RESERVE_SEGMENTS`) plus the
+    /// rest of the current one.
     pub fn free_bytes(&self) -> u64 {
         let w = self.writer.lock();
         let rest = w.cur.map_or(0, |_| self.segment_bytes - w.fill);
@@ -269,14 +278,38 @@ impl ChunkStore {
     }
 
     /// Segments gc must leave alone: the one being filled, those taken but not yet recorded
-    /// by a commit, and any holding a pinned chunk.
+    /// by a commit, and those holding new chunks not yet committed. Segments holding pinned
+    /// committed chunks (an open file's dedup hits) are not busy: gc moves such a chunk like
+    /// any other and points its pin at the copy (`relocate_pinned`). Were they busy, a file
+    /// being rewritten would pin nearly every segment of its previous revision, and a full
+    /// space could never be compacted while that file is open.
     pub fn busy_segments(&self) -> BTreeSet<u64> {
         let w = self.writer.lock();
         let p = self.pending.lock();
         let mut s: BTreeSet<u64> = w.taken.clone();
         s.extend(w.cur);
-        s.extend(p.values().map(|e| e.rec.offset.0 / self.segment_bytes));
+        // A new chunk of a file not yet committed may lie in a segment another file's commit
+        // already recorded (segments are shared): that segment is busy until it commits.
+        s.extend(
+            p.values()
+                .filter(|e| e.new)
+                .map(|e| e.rec.offset.0 / self.segment_bytes),
+        );
         s
+    }
+
+    /// gc moved chunks (hash, old offset, new offset): pins of them read the copies from now
+    /// on. Called under `exclusive()`, in the same critical section that commits the moves,
+    /// so no lookup or read sees one location in the table and another in its pin.
+    pub fn relocate_pinned(&self, moves: &[(ChunkHash, DataOffset, DataOffset)]) {
+        let mut p = self.pending.lock();
+        for (h, old, new) in moves {
+            if let Some(e) = p.get_mut(h) {
+                if e.rec.offset == *old {
+                    e.rec.offset = *new;
+                }
+            }
+        }
     }
 
     /// Segments taken since the last recorded commit; a commit removes them from FREE and
@@ -333,13 +366,19 @@ impl ChunkStore {
     }
 
     /// Finds room for `len` bytes, moving to the next free segment when the current one is
-    /// full. Returns the data-file offset.
-    fn alloc(&self, w: &mut Writer, len: u64) -> Result<u64> {
+    /// full. Returns the data-file offset. New chunks (`for_gc` false) may not take the
+    /// last `GC_RESERVE_SEGMENTS` free segments: gc's copies may, so compaction can always
+    /// make progress on a full space (copying a segment's live bytes into the reserve frees
+    /// the whole segment).
+    fn alloc(&self, w: &mut Writer, len: u64, for_gc: bool) -> Result<u64> {
         assert!(len <= self.segment_bytes);
         if let Some(c) = w.cur {
             if w.fill + len <= self.segment_bytes {
                 return Ok(c * self.segment_bytes + w.fill);
             }
+        }
+        if !for_gc && w.free.len() as u64 <= GC_RESERVE_SEGMENTS {
+            return Err(Error::NoSpace);
         }
         self.write_out(w, true);
         let next = w.free.pop_first().ok_or(Error::NoSpace)?;
@@ -440,7 +479,7 @@ impl ChunkStore {
         self.check_failed()?;
         let off = {
             let mut w = self.writer.lock();
-            let off = self.alloc(&mut w, stored.len() as u64);
+            let off = self.alloc(&mut w, stored.len() as u64, true);
             if off.is_ok() {
                 w.buf.extend_from_slice(stored);
                 w.fill += stored.len() as u64;
@@ -655,7 +694,11 @@ impl ChunkStore {
             self.pending
                 .lock()
                 .entry(h)
-                .or_insert(Pending { rec, holders: 0 })
+                .or_insert(Pending {
+                    rec,
+                    holders: 0,
+                    new: false,
+                })
                 .holders += 1;
             self.dedup_hits.fetch_add(1, Ordering::Relaxed);
             return Ok(Lookup::Hit(h));
@@ -694,7 +737,7 @@ impl ChunkStore {
                 e.holders += 1;
                 return Ok(h);
             }
-            let off = self.alloc(&mut w, bytes.len() as u64)?;
+            let off = self.alloc(&mut w, bytes.len() as u64, false)?;
             w.buf.extend_from_slice(bytes);
             w.fill += bytes.len() as u64;
             pending.insert(
@@ -708,6 +751,7 @@ impl ChunkStore {
                         refs: 0,
                     },
                     holders: 1,
+                    new: true,
                 },
             );
         }

@@ -70,6 +70,10 @@ impl Attr {
     }
 }
 
+/// A writer that found the space full waits for gc to free this fraction (1/N) of the
+/// space, or for all it can get if less.
+const PRESSURE_ROOM_FRACTION: u64 = 8;
+
 /// Entries kept in the data-bytes cache (see `Fs::data_bytes`); cleared whole when full.
 const DATA_BYTES_CACHE_MAX: usize = 1 << 16;
 
@@ -162,6 +166,8 @@ pub struct Fs {
     base_revs: Mutex<HashMap<InodeId, RevisionId>>,
     /// Non-hole bytes by (inode, revision), at most `DATA_BYTES_CACHE_MAX` entries.
     data_bytes_cache: Mutex<HashMap<(InodeId, RevisionId), u64>>,
+    /// "Space full, nothing to reclaim" was logged, and nothing was reclaimed since.
+    space_full_said: std::sync::atomic::AtomicBool,
     /// When automatic gc may next run after one that reclaimed nothing.
     auto_gc_quiet_until: Mutex<Option<std::time::Instant>>,
 }
@@ -233,6 +239,7 @@ impl Fs {
             open: Mutex::new(OpenTable::default()),
             base_revs: Mutex::new(HashMap::new()),
             auto_gc_quiet_until: Mutex::new(None),
+            space_full_said: std::sync::atomic::AtomicBool::new(false),
             data_bytes_cache: Mutex::new(HashMap::new()),
         }
     }
@@ -288,16 +295,25 @@ impl Fs {
         self.forget_if_unused(ino, node);
     }
 
-    /// Removes `node` from the table if it is still the inode's node, no handle or internal
-    /// reference holds it, and it has nothing uncommitted (or its file is unlinked, so what
-    /// a failed commit left can never be read again and must not pin space).
+    /// Removes `node` from the table if it is still the inode's node and no handle or
+    /// internal reference holds it. Its last release tried to commit it: what is still
+    /// uncommitted then is a save whose close (or fsync) reported the failure (ENOSPC, EIO),
+    /// so it was never acknowledged; it is discarded, and its pins with it, rather than kept
+    /// in memory holding space that a full space needs back.
     fn forget_if_unused(&self, ino: InodeId, node: &Arc<Mutex<OpenNode>>) {
         let mut t = self.open.lock();
         if !t.nodes.get(&ino).is_some_and(|cur| Arc::ptr_eq(cur, node)) {
             return;
         }
         let mut n = node.lock();
-        if n.opens == 0 && (!n.file.is_modified() || n.rec.nlink == 0) {
+        if n.opens == 0 {
+            if n.file.is_modified() && n.rec.nlink > 0 {
+                log::warn!(
+                    "inode {}: discarding uncommitted changes whose commit failed and was \
+                     reported; the file stays at its last committed revision",
+                    ino.0
+                );
+            }
             self.space.store().unpin(&n.file.take_held());
             drop(n);
             t.nodes.remove(&ino);
@@ -689,6 +705,11 @@ impl Fs {
                         let dst_path = t.path_of(new_parent, new_name)?;
                         t.retire_history(orphan, dst_path, now)?;
                         dst_rec.history = orphan;
+                        // Its current revision stays in the target's history, which the
+                        // renamed file continues; the replaced inode names none of its own
+                        // (a handle still reading it has its revision pinned).
+                        dst_rec.current_rev = RevisionId(0);
+                        dst_rec.size = 0;
                     } else if dst_rec.kind == NodeKind::File {
                         let dst_path = t.path_of(new_parent, new_name)?;
                         t.retire_history(dst_rec.history, dst_path, now)?;
@@ -1062,8 +1083,15 @@ impl Fs {
                 (self.open_ref(ino, None, false, false)?, true)
             }
         };
-        let r = self.write_node(&node, fh, pid, off, data);
+        let mut r = self.write_node(&node, fh, pid, off, data);
         if internal {
+            // No close will follow for these bytes: commit them now, before the reference
+            // goes (a node nothing references is forgotten, uncommitted changes and all).
+            if r.is_ok() {
+                r = self
+                    .commit_node(ino, &mut node.lock(), false, 0)
+                    .map(|()| data.len());
+            }
             self.unref(ino, &node, false);
         }
         r
@@ -1340,11 +1368,17 @@ impl Fs {
         throttle: Option<f64>,
         progress: &mut dyn FnMut(GcProgress),
     ) -> Result<GcReport> {
-        let opts = GcOptions {
-            dry_run,
-            throttle,
-            ..GcOptions::default()
-        };
+        self.gc_with(
+            GcOptions {
+                dry_run,
+                throttle,
+                ..GcOptions::default()
+            },
+            progress,
+        )
+    }
+
+    fn gc_with(&self, opts: GcOptions, progress: &mut dyn FnMut(GcProgress)) -> Result<GcReport> {
         let pins = |revs: &mut std::collections::HashSet<RevisionId>,
                     inos: &mut std::collections::HashSet<InodeId>| {
             for (ino, rev) in self.base_revs.lock().iter() {
@@ -1364,13 +1398,42 @@ impl Fs {
         file.retry_failed();
     }
 
+    /// Under space pressure: retention, then compaction of every segment with dead bytes,
+    /// until `PRESSURE_ROOM_FRACTION` of the space is free or nothing more can be had. Says
+    /// so in the log once per episode of a full space, not once per waiting write.
     fn gc_for_space(&self) {
-        match self.gc(false, None, &mut |_| {}) {
-            Ok(r) => log::info!(
-                "space full: gc reclaimed {} bytes",
-                r.free_bytes_after.saturating_sub(r.free_bytes_before)
-            ),
+        let goal = self.space.store().capacity() / PRESSURE_ROOM_FRACTION;
+        match self.gc_with(self.pressure_opts(None, goal), &mut |_| {}) {
+            Ok(r) => {
+                let gained = r.free_bytes_after.saturating_sub(r.free_bytes_before);
+                if gained > 0 {
+                    self.space_full_said
+                        .store(false, std::sync::atomic::Ordering::Relaxed);
+                    log::info!(
+                        "space full: gc dropped {} revisions and reclaimed {gained} bytes",
+                        r.revisions_dropped
+                    );
+                } else if !self
+                    .space_full_said
+                    .swap(true, std::sync::atomic::Ordering::Relaxed)
+                {
+                    log::warn!(
+                        "space full: gc found nothing to reclaim ({} bytes free); writers get \
+                         ENOSPC until files are removed or retention allows more (said once)",
+                        r.free_bytes_after
+                    );
+                }
+            }
             Err(e) => log::error!("space full and gc failed: {e:?}"),
+        }
+    }
+
+    fn pressure_opts(&self, throttle: Option<f64>, room_goal_bytes: u64) -> GcOptions {
+        GcOptions {
+            throttle,
+            pressure: true,
+            room_goal_bytes,
+            ..GcOptions::default()
         }
     }
 
@@ -1391,8 +1454,11 @@ impl Fs {
         if self.auto_gc_quiet_until.lock().is_some_and(|t| now < t) {
             return;
         }
-        // Throttle 1.0: gc sleeps as long as it works, so writers keep most of the disk.
-        match self.gc(false, Some(1.0), &mut |_| {}) {
+        // Below the watermark counts as pressure (every segment with dead bytes may be
+        // compacted, up to the watermark); throttle 1.0: gc sleeps as long as it works, so
+        // writers keep most of the disk.
+        let goal = store.capacity() * config.auto_gc_free_percent / 100;
+        match self.gc_with(self.pressure_opts(Some(1.0), goal), &mut |_| {}) {
             Ok(r) => {
                 if r.free_bytes_after <= r.free_bytes_before {
                     *self.auto_gc_quiet_until.lock() =

@@ -766,6 +766,7 @@ pub(crate) fn stats_json(s: &Stats) -> serde_json::Value {
         "reserved_bytes": s.reserved_bytes,
         "used_bytes": s.used_bytes,
         "free_bytes": s.free_bytes,
+        "reclaimable_bytes": s.reclaimable_bytes(),
         "chunk_avg_bytes": s.chunk_avg_bytes,
         "failed": s.failed,
         "stages": s.stages.iter().map(|t| (t.name.clone(), serde_json::json!({
@@ -888,6 +889,10 @@ fn print_stats(s: &Stats) {
     println!("revisions          {}", s.revisions);
     println!("reserved space     {}", human(s.reserved_bytes));
     println!("free space         {}", human(s.free_bytes));
+    println!(
+        "reclaimable        {} (used but holding no committed chunk; gc compacts it)",
+        human(s.reclaimable_bytes())
+    );
     if s.failed {
         println!("STATE              FAILED: a backing write or sync failed; writes are refused");
     }
