@@ -168,7 +168,14 @@ impl Space {
         self.compact(opts, &mut r, progress)?;
         r.free_bytes_after = self.store().free_bytes();
         r.seconds = start.elapsed().as_secs_f64();
-        log::info!(
+        // A gc that found nothing is not news: under a full space every waiting write asks.
+        let level = if r.revisions_dropped + r.chunks_freed + r.segments_freed > 0 {
+            log::Level::Info
+        } else {
+            log::Level::Debug
+        };
+        log::log!(
+            level,
             "gc: dropped {} revisions, freed {} chunks ({} bytes), copied {} bytes, freed {} segments in {:.2}s",
             r.revisions_dropped,
             r.chunks_freed,
@@ -357,10 +364,9 @@ impl Space {
         Ok(SegmentUsage { live, free })
     }
 
-    /// Segments worth compacting, emptiest first, as many as fit in the free space. Without
-    /// pressure: segments less than `COMPACT_LIVE_FRACTION` live, copied within the free
-    /// space less one segment of slack for writers. Under pressure: every segment with dead
-    /// bytes, copied into any free space, gc's reserve included.
+    /// Segments worth compacting, emptiest first, as many as fit in the free space: without
+    /// pressure those less than `COMPACT_LIVE_FRACTION` live, under pressure every segment
+    /// with dead bytes.
     fn victims(&self, u: &SegmentUsage, busy: &BTreeSet<u64>, pressure: bool) -> Vec<(u64, u64)> {
         let seg = self.store().segment_bytes();
         let limit = if pressure {
@@ -376,12 +382,9 @@ impl Space {
             .filter(|(i, l)| !u.free.contains(i) && !busy.contains(i) && (*l as f64) < limit)
             .collect();
         v.sort_by_key(|(i, l)| (*l, *i));
-        let free = self.store().free_bytes();
-        let mut room = if pressure {
-            free
-        } else {
-            free.saturating_sub(seg)
-        };
+        // Copies may use every free byte, gc's reserve included: writers cannot take the
+        // reserve, and every victim frees more than its copies take.
+        let mut room = self.store().free_bytes();
         v.retain(|(_, l)| {
             if *l <= room {
                 room -= l;
