@@ -367,7 +367,15 @@ impl Space {
     /// Segments worth compacting, emptiest first, as many as fit in the free space: without
     /// pressure those less than `COMPACT_LIVE_FRACTION` live, under pressure every segment
     /// with dead bytes.
-    fn victims(&self, u: &SegmentUsage, busy: &BTreeSet<u64>, pressure: bool) -> Vec<(u64, u64)> {
+    /// `need`: under pressure, stop choosing once the victims free this many bytes more than
+    /// their copies take (0: no limit), so a gc that wants room copies no more than it must.
+    fn victims(
+        &self,
+        u: &SegmentUsage,
+        busy: &BTreeSet<u64>,
+        pressure: bool,
+        need: u64,
+    ) -> Vec<(u64, u64)> {
         let seg = self.store().segment_bytes();
         let limit = if pressure {
             seg as f64
@@ -385,20 +393,21 @@ impl Space {
         // Copies may use every free byte, gc's reserve included: writers cannot take the
         // reserve, and every victim frees more than its copies take.
         let mut room = self.store().free_bytes();
+        let mut gained = 0u64;
         v.retain(|(_, l)| {
-            if *l <= room {
-                room -= l;
-                true
-            } else {
-                false
+            if (need > 0 && gained >= need) || *l > room {
+                return false;
             }
+            room -= l;
+            gained += seg - l;
+            true
         });
         v
     }
 
     fn plan_compaction(&self, u: &SegmentUsage, r: &mut GcReport) {
         let busy = self.store().busy_segments();
-        for (_, live) in self.victims(u, &busy, false) {
+        for (_, live) in self.victims(u, &busy, false, 0) {
             r.segments_freed += 1;
             if live > 0 {
                 r.segments_compacted += 1;
@@ -441,7 +450,16 @@ impl Space {
             u
         };
         let busy = self.store().busy_segments();
-        let all = self.victims(&usage, &busy, opts.pressure);
+        let need = if opts.pressure && opts.room_goal_bytes > 0 {
+            let free = self.store().free_bytes();
+            if free >= opts.room_goal_bytes {
+                return Ok(());
+            }
+            opts.room_goal_bytes - free
+        } else {
+            0
+        };
+        let all = self.victims(&usage, &busy, opts.pressure, need);
         let total = all.len() as u64;
         log::debug!(
             "gc: compaction pass{}: {} segments free ({} bytes), {} busy, {} victims with {} live bytes",
