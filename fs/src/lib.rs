@@ -73,6 +73,9 @@ impl Attr {
 /// A writer that found the space full waits for gc to free this fraction (1/N) of the
 /// space, or for all it can get if less.
 const PRESSURE_ROOM_FRACTION: u64 = 8;
+/// Times one write or commit asks gc for room before its ENOSPC stands: each time gc did
+/// free space, which other writers may have taken first.
+const ROOM_RETRIES: u32 = 32;
 
 /// Entries kept in the data-bytes cache (see `Fs::data_bytes`); cleared whole when full.
 const DATA_BYTES_CACHE_MAX: usize = 1 << 16;
@@ -1113,14 +1116,19 @@ impl Fs {
             .stages
             .ingest
             .add(t.elapsed(), data.len());
-        if let Err(e) = r {
-            if !matches!(e, ckptfs_engine::Error::NoSpace) {
+        // Rewriting the same bytes at the same offset is idempotent, so a write that stopped
+        // half way is simply done again after gc made room.
+        let mut r = r;
+        let mut tries = 0;
+        while let Err(e) = r {
+            tries += 1;
+            if !matches!(e, ckptfs_engine::Error::NoSpace)
+                || tries > ROOM_RETRIES
+                || !self.make_room(&mut n.file)
+            {
                 return Err(e.into());
             }
-            // Rewriting the same bytes at the same offset is idempotent, so a write that
-            // stopped half way is simply done again after gc.
-            self.make_room(&mut n.file);
-            n.file.write(self.space.chunks(), off, data)?;
+            r = n.file.write(self.space.chunks(), off, data);
         }
         let now = Timestamp::now();
         n.rec.mtime = now;
@@ -1143,14 +1151,17 @@ impl Fs {
             .handles
             .iter()
             .any(|(f, h)| *f != fh && h.pending == Some(prev));
-        if let Err(e) = n.file.finish(self.space.chunks()) {
-            if !matches!(e, ckptfs_engine::Error::NoSpace) {
+        // Full: reclaim what the retention policy allows and try again, as long as gc finds
+        // room. gc needs no file lock, only the pins, which this file's state holds.
+        let mut tries = 0;
+        while let Err(e) = n.file.finish(self.space.chunks()) {
+            tries += 1;
+            if !matches!(e, ckptfs_engine::Error::NoSpace)
+                || tries > ROOM_RETRIES
+                || !self.make_room(&mut n.file)
+            {
                 return Err(e.into());
             }
-            // Full: reclaim what the retention policy allows, then try once more. gc needs
-            // no file lock, only the pins, which this file's state already holds.
-            self.make_room(&mut n.file);
-            n.file.finish(self.space.chunks())?;
         }
         // The engine takes nlink, history and current revision from the stored record
         // inside the commit's transaction (a rename or unlink may have changed them).
@@ -1393,19 +1404,30 @@ impl Fs {
 
     /// A writer found the space full: reclaim what the policy allows, at full speed.
     /// A file's save ran out of space: gc, then let its failed pieces be stored again.
-    fn make_room(&self, file: &mut FileState) {
-        self.gc_for_space();
+    /// Returns whether gc made room (then the failed pieces are to be stored again); false
+    /// means ENOSPC for the writer. Each call that returns true freed space, and what is
+    /// freed is bounded, so a writer's retry loop ends.
+    fn make_room(&self, file: &mut FileState) -> bool {
+        if !self.gc_for_space() {
+            return false;
+        }
         file.retry_failed();
+        true
     }
 
     /// Under space pressure: retention, then compaction of every segment with dead bytes,
     /// until `PRESSURE_ROOM_FRACTION` of the space is free or nothing more can be had. Says
     /// so in the log once per episode of a full space, not once per waiting write.
-    fn gc_for_space(&self) {
-        let goal = self.space.store().capacity() / PRESSURE_ROOM_FRACTION;
+    fn gc_for_space(&self) -> bool {
+        // The room wanted: 1/8 of the space beyond what is free now (a writer calls this
+        // when what is free did not take its next chunk).
+        let store = self.space.store();
+        // Taken before waiting for another writer's gc, whose room counts for this one too.
+        let before = store.free_bytes();
+        let goal = before + store.capacity() / PRESSURE_ROOM_FRACTION;
         match self.gc_with(self.pressure_opts(None, goal), &mut |_| {}) {
             Ok(r) => {
-                let gained = r.free_bytes_after.saturating_sub(r.free_bytes_before);
+                let gained = r.free_bytes_after.saturating_sub(before);
                 if gained > 0 {
                     self.space_full_said
                         .store(false, std::sync::atomic::Ordering::Relaxed);
@@ -1423,8 +1445,12 @@ impl Fs {
                         r.free_bytes_after
                     );
                 }
+                gained > 0
             }
-            Err(e) => log::error!("space full and gc failed: {e:?}"),
+            Err(e) => {
+                log::error!("space full and gc failed: {e:?}");
+                false
+            }
         }
     }
 

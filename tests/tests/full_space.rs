@@ -9,7 +9,8 @@
 //!   file vs 1 MiB writes, with and without fsync before close, rewrite in place (O_TRUNC)
 //!   vs write-temp-then-rename, one vs four files, chunk size 64 KiB and 1 MiB; each space
 //!   sized to the 75% rule and each run to at least 3x the space size written. By default
-//!   `SWEEP_SAMPLE` patterns chosen by the seed; `CKPTFS_FULL_SWEEP=1` runs all 96.
+//!   `SWEEP_SAMPLE` patterns chosen by the seed; `CKPTFS_FULL_SWEEP=1` runs all 96, and
+//!   `CKPTFS_SWEEP_ONLY=<text>` those whose printed name contains the text.
 //! - Beyond the rule: ENOSPC, nothing committed lost, and the space back after an unlink,
 //!   without gc by hand and without a remount.
 //!
@@ -332,7 +333,11 @@ fn fifty_revisions_written_in_one_write_with_fsync_fit_in_256mib() {
 fn seventy_five_percent_rule_holds_for_every_write_pattern() {
     let seed = test_seed("full_space_sweep", 0x5eed_1201);
     let mut all = Pattern::all();
-    if std::env::var_os("CKPTFS_FULL_SWEEP").is_none() {
+    if let Ok(only) = std::env::var("CKPTFS_SWEEP_ONLY") {
+        // Patterns whose name contains this text (as the table prints them).
+        all.retain(|p| p.name().contains(&only));
+        println!("running the {} patterns matching {only:?}", all.len());
+    } else if std::env::var_os("CKPTFS_FULL_SWEEP").is_none() {
         all.shuffle(&mut SmallRng::seed_from_u64(seed));
         all.truncate(SWEEP_SAMPLE);
         println!("running {SWEEP_SAMPLE} of 96 patterns (CKPTFS_FULL_SWEEP=1 runs all of them)");
