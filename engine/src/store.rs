@@ -58,6 +58,9 @@ pub const READ_BYTES: u64 = 8 << 20;
 struct Writer {
     /// The segment being filled, and how many of its bytes are used (written or buffered).
     cur: Option<u64>,
+    /// `cur` is gc's reserve segment (gc took it when no other was free): only gc's copies
+    /// may go into it, or writers sharing it would eat the room compaction counts on.
+    cur_reserved: bool,
     fill: u64,
     /// Data-file offset of `buf[0]`; `buf` never crosses a segment boundary.
     buf_start: u64,
@@ -153,6 +156,7 @@ impl ChunkStore {
             segments,
             writer: Mutex::new(Writer {
                 cur: None,
+                cur_reserved: false,
                 fill: 0,
                 buf_start: 0,
                 buf: IoBuf::new(),
@@ -373,17 +377,19 @@ impl ChunkStore {
     fn alloc(&self, w: &mut Writer, len: u64, for_gc: bool) -> Result<u64> {
         assert!(len <= self.segment_bytes);
         if let Some(c) = w.cur {
-            if w.fill + len <= self.segment_bytes {
+            if w.fill + len <= self.segment_bytes && (for_gc || !w.cur_reserved) {
                 return Ok(c * self.segment_bytes + w.fill);
             }
         }
-        if !for_gc && w.free.len() as u64 <= GC_RESERVE_SEGMENTS {
+        let reserve = w.free.len() as u64 <= GC_RESERVE_SEGMENTS;
+        if !for_gc && reserve {
             return Err(Error::NoSpace);
         }
         self.write_out(w, true);
         let next = w.free.pop_first().ok_or(Error::NoSpace)?;
         w.taken.insert(next);
         w.cur = Some(next);
+        w.cur_reserved = reserve;
         w.fill = 0;
         w.buf_start = next * self.segment_bytes;
         Ok(w.buf_start)
