@@ -662,7 +662,10 @@ fn check_inodes_and_histories(
                             rec.current_rev.0
                         )),
                         Some(Ok(rr)) => {
-                            if rr.history != rec.history {
+                            // A file replaced by a rename keeps its content's revision in the
+                            // history its path went on with, and commits (if still open) into
+                            // a history of its own: only linked files must agree.
+                            if rr.history != rec.history && rec.nlink > 0 {
                                 r.problem(format!(
                                     "file inode {ino}: current revision {} belongs to history \
                                      {}, the file to {}",

@@ -708,11 +708,10 @@ impl Fs {
                         let dst_path = t.path_of(new_parent, new_name)?;
                         t.retire_history(orphan, dst_path, now)?;
                         dst_rec.history = orphan;
-                        // Its current revision stays in the target's history, which the
-                        // renamed file continues; the replaced inode names none of its own
-                        // (a handle still reading it has its revision pinned).
-                        dst_rec.current_rev = RevisionId(0);
-                        dst_rec.size = 0;
+                        // Its current revision stays where it is, in the target's history,
+                        // which the renamed file continues: a process that looked the name
+                        // up before the rename and opens the inode after it still reads the
+                        // content it found (`ckptfs check` allows this for unlinked inodes).
                     } else if dst_rec.kind == NodeKind::File {
                         let dst_path = t.path_of(new_parent, new_name)?;
                         t.retire_history(dst_rec.history, dst_path, now)?;

@@ -367,6 +367,13 @@ impl TestMount {
             );
             std::thread::sleep(Duration::from_millis(5));
         }
+        self.detach("after killing the daemon and a lazy unmount");
+        pid
+    }
+
+    /// Detaches the mount lazily (`fusermount3 -u -z`, else `umount -l`) and marks the space
+    /// unmounted; `what` names the situation in the failure message.
+    fn detach(&mut self, what: &str) {
         for (cmd, flag) in [("fusermount3", "-z"), ("umount", "-l")] {
             if st_dev(&self.mnt) == st_dev(self.root.path()) {
                 break;
@@ -386,10 +393,9 @@ impl TestMount {
         assert_eq!(
             st_dev(&self.mnt),
             st_dev(self.root.path()),
-            "{} is still a mountpoint after killing the daemon and a lazy unmount",
+            "{} is still a mountpoint {what}",
             self.mnt.display()
         );
-        pid
     }
 
     /// Detaches the mount (`fusermount3 -u -z`, else `umount -l`) without waiting for the
@@ -397,28 +403,7 @@ impl TestMount {
     /// holding the space, until that descriptor is closed. Leaves the space unmounted.
     pub fn lazy_unmount(&mut self) {
         assert!(self.mounted, "not mounted");
-        for (cmd, flag) in [("fusermount3", "-z"), ("umount", "-l")] {
-            if st_dev(&self.mnt) == st_dev(self.root.path()) {
-                break;
-            }
-            let mut c = Command::new(cmd);
-            if cmd == "fusermount3" {
-                c.arg("-u");
-            }
-            let _ = c
-                .arg(flag)
-                .arg(&self.mnt)
-                .stdout(Stdio::null())
-                .stderr(Stdio::null())
-                .status();
-        }
-        self.mounted = false;
-        assert_eq!(
-            st_dev(&self.mnt),
-            st_dev(self.root.path()),
-            "{} is still a mountpoint after a lazy unmount",
-            self.mnt.display()
-        );
+        self.detach("after a lazy unmount");
     }
 
     /// `ckptfs stats <mountpoint> --json`.
