@@ -748,11 +748,11 @@ fn subprocess_spawned_mid_write_does_not_list_a_partial_revision() {
 }
 
 /// A long history is listed whole over the mount: the listing is read in pages, because one
-/// control answer (an xattr value) holds at most 64 KiB, about 600 revisions.
+/// control answer (an xattr value) holds at most 64 KiB, about 750 revisions.
 #[test]
 fn a_long_history_is_listed_whole() {
-    const REVISIONS: u64 = 700;
-    let mut m = TestMount::with_format_args("256M", &["--keep-revisions", "1000"]);
+    const REVISIONS: u64 = 1500;
+    let mut m = TestMount::with_format_args("256M", &["--keep-revisions", "2000"]);
     let rel = "many.bin";
     for i in 0..REVISIONS {
         write(&m, rel, &i.to_le_bytes());
