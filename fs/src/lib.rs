@@ -865,7 +865,9 @@ impl Fs {
     /// set, or when the writer is not in the file's group (without group-execute the bit
     /// marks mandatory locking, which a group member's write keeps). A world-writable setuid
     /// file must not stay setuid after someone else wrote it.
-    pub fn kill_setid(&self, ino: InodeId, c: Caller, pid: u32) -> Result<()> {
+    /// Returns whether the mode changed: the caller must then drop the kernel's cached
+    /// attributes, which still show the bits (and exec would honour them).
+    pub fn kill_setid(&self, ino: InodeId, c: Caller, pid: u32) -> Result<bool> {
         let (perm, gid) = match self.open_node(ino) {
             Some(n) => {
                 let n = n.lock();
@@ -881,7 +883,7 @@ impl Fs {
             cleared &= !libc::S_ISGID;
         }
         if cleared == perm {
-            return Ok(());
+            return Ok(false);
         }
         log::debug!(
             "inode {}: mode {perm:o} -> {cleared:o} (written by uid {} without CAP_FSETID)",
@@ -894,8 +896,8 @@ impl Fs {
                 perm: Some(cleared),
                 ..SetAttr::default()
             },
-        )
-        .map(drop)
+        )?;
+        Ok(true)
     }
 
     /// setattr as requested by caller `c` (process `pid`). Two cases carry the setid rule of
@@ -1109,7 +1111,7 @@ impl Fs {
     ) -> Result<usize> {
         let mut n = node.lock();
         let t = std::time::Instant::now();
-        let r = n.file.write(self.space.chunks(), off, data);
+        let mut r = n.file.write(self.space.chunks(), off, data);
         self.space
             .store()
             .stages
@@ -1117,7 +1119,6 @@ impl Fs {
             .add(t.elapsed(), data.len());
         // Rewriting the same bytes at the same offset is idempotent, so a write that stopped
         // half way is simply done again after gc made room.
-        let mut r = r;
         let mut tries = 0;
         while let Err(e) = r {
             tries += 1;

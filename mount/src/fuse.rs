@@ -145,6 +145,8 @@ pub struct CkptFs {
     answers: Mutex<VecDeque<(u32, Vec<u8>)>>,
     /// Set at unmount; stops the automatic gc thread.
     pub stop: Arc<AtomicBool>,
+    /// Tells the kernel to drop what it cached; set once the session exists.
+    pub notifier: Arc<std::sync::OnceLock<fuser::Notifier>>,
 }
 
 const ANSWERS_MAX: usize = 64;
@@ -162,6 +164,7 @@ impl CkptFs {
             next_fh: AtomicU64::new(1),
             answers: Mutex::new(VecDeque::new()),
             stop: Arc::new(AtomicBool::new(false)),
+            notifier: Arc::new(std::sync::OnceLock::new()),
         }
     }
 
@@ -305,6 +308,21 @@ impl CkptFs {
             }
             _ => Err(Errno::from_i32(libc::ENODATA)),
         }
+    }
+
+    /// Drops the setid bits for a write by `req`'s caller (see `Fs::kill_setid`) and, when
+    /// they changed, the kernel's cached attributes of the inode: no reply of this request
+    /// carries the new mode, and until the cache expires stat and exec would see the old one.
+    fn kill_setid(&self, req: &Request, ino: INodeNo) -> Result<(), Error> {
+        if self.fs.kill_setid(InodeId(ino.0), caller(req), req.pid())? {
+            if let Some(n) = self.notifier.get() {
+                // Offset -1: attributes only, no page-cache work (safe inside a request).
+                if let Err(e) = n.inval_inode(ino, -1, 0) {
+                    log::warn!("invalidating inode {} attributes: {e}", ino.0);
+                }
+            }
+        }
+        Ok(())
     }
 
     /// A new file handle; fs tracks what each one may do and has done.
@@ -509,7 +527,7 @@ impl Filesystem for CkptFs {
         // the setid bits, never runs. FUSE says nothing of the opener's CAP_FSETID at open:
         // root is taken to have it, everyone else not.
         let r = if trunc && req.uid() != 0 {
-            self.fs.kill_setid(InodeId(ino.0), caller(req), req.pid())
+            self.kill_setid(req, ino)
         } else {
             Ok(())
         };
@@ -551,7 +569,7 @@ impl Filesystem for CkptFs {
         // Direct-I/O writes (write-only handles) carry the kernel's "writer lacks
         // CAP_FSETID" flag; page-cache writes had their bits dropped by the kernel already.
         let r = if write_flags.contains(WriteFlags::FUSE_WRITE_KILL_SUIDGID) {
-            self.fs.kill_setid(InodeId(ino.0), caller(req), req.pid())
+            self.kill_setid(req, ino)
         } else {
             Ok(())
         };

@@ -469,6 +469,7 @@ fn mount(
     let fs = Arc::new(Fs::new(space));
     let adapter = fuse::CkptFs::new(fs.clone());
     let stop = adapter.stop.clone();
+    let notifier = adapter.notifier.clone();
     // Automatic gc: checks free space four times a second (see Fs::auto_gc_tick; a check is
     // one metadata read), so a fast writer does not outrun it.
     let auto_gc = std::thread::spawn(move || {
@@ -491,6 +492,7 @@ fn mount(
     config.n_threads = Some(tuning.threads as usize);
     let mut session = fuser::Session::new(adapter, &mnt, &config)
         .map_err(|e| format!("cannot mount at {}: {e}", mnt.display()))?;
+    let _ = notifier.set(session.notifier());
     log::info!("mounted {} at {}", backing.display(), mnt.display());
     let mut unmounter = session.unmount_callable();
     std::thread::spawn(move || {

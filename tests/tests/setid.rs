@@ -74,6 +74,9 @@ fn mode_after(path: &Path, mode: u32, op: &str, who: Who) -> Result<u32, String>
         .map_err(|e| format!("chown {}: {e}", path.display()))?;
     fs::set_permissions(path, fs::Permissions::from_mode(mode))
         .map_err(|e| format!("chmod {}: {e}", path.display()))?;
+    // A stat first, so the kernel has the setid mode cached: a write that drops the bits
+    // behind it must also drop that cache (exec would honour a stale setuid mode).
+    fs::metadata(path).map_err(|e| format!("stat: {e}"))?;
     let out = Command::new(env!("CARGO_BIN_EXE_setid-op"))
         .arg(op)
         .arg(path)
