@@ -153,6 +153,16 @@ struct OpenTable {
     handles: HashMap<u64, (InodeId, Arc<Mutex<OpenNode>>)>,
 }
 
+impl OpenTable {
+    /// Enters handle `fh` of `node` (the inode's node in `nodes`).
+    fn add_handle(&mut self, fh: u64, ino: InodeId, node: &Arc<Mutex<OpenNode>>) {
+        if self.handles.insert(fh, (ino, node.clone())).is_some() {
+            // The adapter hands out each handle once; a reuse would misroute requests.
+            panic!("file handle {fh} opened twice");
+        }
+    }
+}
+
 /// How far ahead of a sequential reader chunks are read (see `Fs::read`); with several
 /// readers at once it must stay well below the store's decoded-chunk cache.
 pub const PREFETCH_BYTES: u64 = 8 << 20;
@@ -868,16 +878,7 @@ impl Fs {
     /// Returns whether the mode changed: the caller must then drop the kernel's cached
     /// attributes, which still show the bits (and exec would honour them).
     pub fn kill_setid(&self, ino: InodeId, c: Caller, pid: u32) -> Result<bool> {
-        let (perm, gid) = match self.open_node(ino) {
-            Some(n) => {
-                let n = n.lock();
-                (n.rec.perm, n.rec.gid)
-            }
-            None => {
-                let r = self.record(ino)?;
-                (r.perm, r.gid)
-            }
-        };
+        let (perm, _, gid) = self.mode_and_owner(ino)?;
         let mut cleared = perm & !libc::S_ISUID;
         if perm & libc::S_ISGID != 0 && (perm & libc::S_IXGRP != 0 || !in_group(c, pid, gid)) {
             cleared &= !libc::S_ISGID;
@@ -900,6 +901,21 @@ impl Fs {
         Ok(true)
     }
 
+    /// (mode, uid, gid) as they are now: the open copy's if the file is open. Cheaper than
+    /// `getattr`, which may read the extent map for st_blocks.
+    fn mode_and_owner(&self, ino: InodeId) -> Result<(u32, u32, u32)> {
+        Ok(match self.open_node(ino) {
+            Some(n) => {
+                let n = n.lock();
+                (n.rec.perm, n.rec.uid, n.rec.gid)
+            }
+            None => {
+                let r = self.record(ino)?;
+                (r.perm, r.uid, r.gid)
+            }
+        })
+    }
+
     /// setattr as requested by caller `c` (process `pid`). Two cases carry the setid rule of
     /// `kill_setid`: a size change by a caller other than root, and a mode-only change by a
     /// caller that neither owns the file nor is root: the kernel (default_permissions) lets
@@ -914,7 +930,7 @@ impl Fs {
             && s.size.is_none()
             && s.atime.is_none()
             && s.mtime.is_none();
-        if mode_only && c.uid != 0 && !view::is_virtual(ino) && self.getattr(ino)?.rec.uid != c.uid
+        if mode_only && c.uid != 0 && !view::is_virtual(ino) && self.mode_and_owner(ino)?.1 != c.uid
         {
             self.kill_setid(ino, c, pid)?;
             return self.getattr(ino);
@@ -993,10 +1009,7 @@ impl Fs {
             }
         };
         if let Some(fh) = fh {
-            if t.handles.insert(fh, (ino, node.clone())).is_some() {
-                // The adapter hands out each handle once; a reuse would misroute requests.
-                panic!("file handle {fh} opened twice");
-            }
+            t.add_handle(fh, ino, &node);
         }
         let mut n = node.lock();
         drop(t);

@@ -360,9 +360,7 @@ impl Fs {
         };
         // Revision files are read-only; the handle is tracked only so that its reads and
         // release reach this node.
-        if open.handles.insert(fh, (ino, node.clone())).is_some() {
-            panic!("file handle {fh} opened twice");
-        }
+        open.add_handle(fh, ino, &node);
         node.lock().opens += 1;
         Ok(())
     }
