@@ -147,6 +147,46 @@ impl NsTxn<'_> {
         Ok(())
     }
 
+    /// Points the existing entry `name` of `parent` at `child`, keeping its readdir cookie:
+    /// an exchange changes what a name refers to, not where the name sits in a listing.
+    pub fn repoint_entry(&mut self, parent: InodeId, name: &[u8], child: InodeId) -> Result<()> {
+        let (_, cookie) = self
+            .dirents
+            .get((parent.0, name))?
+            .map(|v| v.value())
+            .ok_or_else(|| Error::Corrupt(format!("entry to repoint missing in {}", parent.0)))?;
+        self.dirents.insert((parent.0, name), (child.0, cookie))?;
+        Ok(())
+    }
+
+    /// Moves the entry `name` of `parent` to `new_name` of `new_parent` (which must not
+    /// exist). Within one directory the entry keeps its cookie, so a readdir pass running
+    /// while files are renamed in place returns each entry once: a new cookie would put the
+    /// renamed entry after the pass's position and list it a second time.
+    pub fn move_entry(
+        &mut self,
+        parent: InodeId,
+        name: &[u8],
+        new_parent: InodeId,
+        new_name: &[u8],
+    ) -> Result<()> {
+        if parent != new_parent {
+            let child = self
+                .remove_entry(parent, name)?
+                .ok_or_else(|| Error::Corrupt(format!("entry to move missing in {}", parent.0)))?;
+            return self.add_entry(new_parent, new_name, child);
+        }
+        let (child, cookie) = self
+            .dirents
+            .remove((parent.0, name))?
+            .map(|v| v.value())
+            .ok_or_else(|| Error::Corrupt(format!("entry to move missing in {}", parent.0)))?;
+        let old = self.dirents.insert((parent.0, new_name), (child, cookie))?;
+        assert!(old.is_none(), "move_entry over an existing name");
+        self.dirlist.insert((parent.0, cookie), new_name)?;
+        Ok(())
+    }
+
     pub fn remove_entry(&mut self, parent: InodeId, name: &[u8]) -> Result<Option<InodeId>> {
         let Some((child, cookie)) = self.dirents.remove((parent.0, name))?.map(|v| v.value())
         else {

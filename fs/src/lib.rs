@@ -639,10 +639,8 @@ impl Fs {
                 let dst = dst.ok_or(Error::NotFound)?;
                 let mut dst_rec = t.inode(dst)?;
                 let dst_dir = dst_rec.kind == NodeKind::Dir;
-                t.remove_entry(parent, name)?;
-                t.remove_entry(new_parent, new_name)?;
-                t.add_entry(parent, name, dst)?;
-                t.add_entry(new_parent, new_name, src)?;
+                t.repoint_entry(parent, name, dst)?;
+                t.repoint_entry(new_parent, new_name, src)?;
                 if parent != new_parent && src_dir != dst_dir {
                     let (gain, lose) = if src_dir {
                         (new_parent, parent)
@@ -731,8 +729,7 @@ impl Fs {
                     t.put_inode(dst, &dst_rec)?;
                     touched.push((dst, dst_rec));
                 }
-                t.remove_entry(parent, name)?;
-                t.add_entry(new_parent, new_name, src)?;
+                t.move_entry(parent, name, new_parent, new_name)?;
                 if src_dir {
                     src_rec.target = new_name.to_vec();
                 }
@@ -1542,7 +1539,8 @@ impl Fs {
 
     /// Makes revision `rev` of `path` its current content again, as a new revision. An
     /// unlinked path is re-created (its directory must exist) and continues its history.
-    pub fn restore(&self, path: &[u8], rev: u64, c: Caller) -> Result<()> {
+    /// Makes revision `rev` the current content of `path`; returns the file's inode.
+    pub fn restore(&self, path: &[u8], rev: u64, c: Caller) -> Result<InodeId> {
         let hid = self.space.history_of_path(path)?.ok_or(Error::NotFound)?;
         if !self.space.revisions(hid)?.iter().any(|r| r.id.0 == rev) {
             return Err(Error::NotFound);
@@ -1564,7 +1562,7 @@ impl Fs {
         result
     }
 
-    fn restore_pinned(&self, path: &[u8], hid: u64, rev: u64, c: Caller) -> Result<()> {
+    fn restore_pinned(&self, path: &[u8], hid: u64, rev: u64, c: Caller) -> Result<InodeId> {
         let content = self.space.load_revision(RevisionId(rev))?;
         let ino = match self.space.resolve(path)? {
             Some(ino) => ino,
@@ -1615,7 +1613,7 @@ impl Fs {
             self.commit_node(ino, &mut n, true, 0)
         })();
         self.unref(ino, &node, true);
-        result
+        result.map(|()| ino)
     }
 
     /// Remembers `value` for process `pid`, for a control request that needs more than an

@@ -137,6 +137,76 @@ fn open_flags(flags: OpenFlags) -> FopenFlags {
     }
 }
 
+/// Drops the pages the kernel cached for a range whose bytes changed behind its page cache:
+/// a write through a direct-I/O handle, a restore. The kernel drops a direct write's range
+/// before it sends the write, but a buffered read running at the same time can cache the old
+/// bytes again before the write lands; the daemon drops them once more after storing the
+/// write and before answering it, so a read that starts after the write returned sees it.
+///
+/// The kernel carries out an invalidation inside the daemon's write to /dev/fuse, and may
+/// wait there for a page that an in-flight READ holds locked; that READ needs a free FUSE
+/// thread. So invalidations run on a thread of their own, and a request waits for its own
+/// at most `INVAL_WAIT`: even with every FUSE thread waiting, none waits for ever (past the
+/// bound the request is answered and the invalidation still completes, a moment later).
+/// The queue holds at most `INVAL_QUEUE` invalidations.
+pub struct Invalidator {
+    tx: std::sync::mpsc::SyncSender<(INodeNo, i64, i64, std::sync::mpsc::SyncSender<()>)>,
+}
+
+const INVAL_QUEUE: usize = 256;
+const INVAL_WAIT: Duration = Duration::from_secs(1);
+
+impl Invalidator {
+    pub fn start(notifier: fuser::Notifier) -> Invalidator {
+        let (tx, rx) =
+            std::sync::mpsc::sync_channel::<(INodeNo, i64, i64, std::sync::mpsc::SyncSender<()>)>(
+                INVAL_QUEUE,
+            );
+        std::thread::Builder::new()
+            .name("ckptfs-inval".into())
+            .spawn(move || {
+                for (ino, off, len, done) in rx {
+                    if let Err(e) = notifier.inval_inode(ino, off, len) {
+                        log::warn!("invalidating cached pages of inode {}: {e}", ino.0);
+                    }
+                    let _ = done.try_send(());
+                }
+            })
+            .expect("spawn the invalidation thread");
+        Invalidator { tx }
+    }
+
+    /// Drops cached pages of `len` bytes from `off` (`len` 0: to the end of the file) and
+    /// waits for it, at most `INVAL_WAIT`.
+    fn pages(&self, ino: INodeNo, off: u64, len: u64) {
+        let (done_tx, done_rx) = std::sync::mpsc::sync_channel(1);
+        let deadline = std::time::Instant::now() + INVAL_WAIT;
+        let mut job = (ino, off as i64, len as i64, done_tx);
+        loop {
+            match self.tx.try_send(job) {
+                Ok(()) => break,
+                Err(std::sync::mpsc::TrySendError::Full(j)) => {
+                    if std::time::Instant::now() >= deadline {
+                        log::warn!("invalidation queue full; inode {} not invalidated", ino.0);
+                        return;
+                    }
+                    job = j;
+                    std::thread::sleep(Duration::from_millis(1));
+                }
+                Err(std::sync::mpsc::TrySendError::Disconnected(_)) => return,
+            }
+        }
+        let left = deadline.saturating_duration_since(std::time::Instant::now());
+        if done_rx.recv_timeout(left).is_err() {
+            log::warn!(
+                "invalidating cached pages of inode {} took over {INVAL_WAIT:?}; answering \
+                 the request, the invalidation completes in the background",
+                ino.0
+            );
+        }
+    }
+}
+
 pub struct CkptFs {
     fs: Arc<Fs>,
     next_fh: AtomicU64,
@@ -147,6 +217,9 @@ pub struct CkptFs {
     pub stop: Arc<AtomicBool>,
     /// Tells the kernel to drop what it cached; set once the session exists.
     pub notifier: Arc<std::sync::OnceLock<fuser::Notifier>>,
+    /// Drops cached pages when data changes behind the page cache; set once the session
+    /// exists.
+    pub invalidator: Arc<std::sync::OnceLock<Invalidator>>,
 }
 
 const ANSWERS_MAX: usize = 64;
@@ -165,6 +238,7 @@ impl CkptFs {
             answers: Mutex::new(VecDeque::new()),
             stop: Arc::new(AtomicBool::new(false)),
             notifier: Arc::new(std::sync::OnceLock::new()),
+            invalidator: Arc::new(std::sync::OnceLock::new()),
         }
     }
 
@@ -301,9 +375,14 @@ impl CkptFs {
                     .ok()
                     .and_then(|s| s.parse().ok())
                     .ok_or_else(einval)?;
-                self.fs
+                let ino = self
+                    .fs
                     .restore(&path, rev, caller(req))
                     .map_err(|e| fail_json("restore", e))?;
+                // The file's bytes changed behind the page cache of anyone reading it.
+                if let Some(inv) = self.invalidator.get() {
+                    inv.pages(INodeNo(ino.0), 0, 0);
+                }
                 Ok(Vec::new())
             }
             _ => Err(Errno::from_i32(libc::ENODATA)),
@@ -562,7 +641,7 @@ impl Filesystem for CkptFs {
         offset: u64,
         data: &[u8],
         write_flags: WriteFlags,
-        _flags: OpenFlags,
+        flags: OpenFlags,
         _lock_owner: Option<LockOwner>,
         reply: ReplyWrite,
     ) {
@@ -574,7 +653,16 @@ impl Filesystem for CkptFs {
             Ok(())
         };
         match r.and_then(|()| self.fs.write(InodeId(ino.0), fh.0, req.pid(), offset, data)) {
-            Ok(n) => reply.written(n as u32),
+            Ok(n) => {
+                // A write-only handle is served with direct I/O (`open_flags`): its bytes
+                // went past the page cache that other handles of the file read through.
+                if matches!(flags.acc_mode(), OpenAccMode::O_WRONLY) {
+                    if let Some(inv) = self.invalidator.get() {
+                        inv.pages(ino, offset, n as u64);
+                    }
+                }
+                reply.written(n as u32)
+            }
             Err(e) => reply.error(fail("write", ino.0, e)),
         }
     }

@@ -470,6 +470,7 @@ fn mount(
     let adapter = fuse::CkptFs::new(fs.clone());
     let stop = adapter.stop.clone();
     let notifier = adapter.notifier.clone();
+    let invalidator = adapter.invalidator.clone();
     // Automatic gc: checks free space four times a second (see Fs::auto_gc_tick; a check is
     // one metadata read), so a fast writer does not outrun it.
     let auto_gc = std::thread::spawn(move || {
@@ -492,6 +493,7 @@ fn mount(
     config.n_threads = Some(tuning.threads as usize);
     let mut session = fuser::Session::new(adapter, &mnt, &config)
         .map_err(|e| format!("cannot mount at {}: {e}", mnt.display()))?;
+    let _ = invalidator.set(fuse::Invalidator::start(session.notifier()));
     let _ = notifier.set(session.notifier());
     log::info!("mounted {} at {}", backing.display(), mnt.display());
     let mut unmounter = session.unmount_callable();
