@@ -250,7 +250,7 @@ fn readdir_during_renames_lists_each_entry_once() {
             let mut round = 0u64;
             while !stop.load(Ordering::Relaxed) {
                 for i in 0..n {
-                    let (from, to) = if round % 2 == 0 {
+                    let (from, to) = if round.is_multiple_of(2) {
                         (format!("a{i:06}"), format!("z{i:06}"))
                     } else {
                         (format!("z{i:06}"), format!("a{i:06}"))
