@@ -1001,6 +1001,62 @@ impl FileState {
         self.size = new_size;
     }
 
+    /// Makes [start, end) a hole (reads return zeros) without changing the size: fallocate's
+    /// PUNCH_HOLE and ZERO_RANGE. Settles the state first (`finish`), so nothing in flight
+    /// retires into the range afterwards.
+    pub fn punch_hole(&mut self, c: &dyn ChunkIo, start: u64, end: u64) -> Result<()> {
+        let end = end.min(self.size);
+        if start >= end {
+            return Ok(());
+        }
+        self.finish(c)?;
+        self.map.punch(start, end);
+        self.modified = true;
+        Ok(())
+    }
+
+    /// The extents of [start, end) of a settled state (after `finish`), clipped to it, with
+    /// offsets relative to `start`; ranges without an extent are holes.
+    pub fn copy_source(&self, start: u64, end: u64) -> Vec<(u64, Extent)> {
+        debug_assert!(self.stream.is_none() && self.dirty.is_empty() && self.inflight.is_empty());
+        let end = end.min(self.size);
+        self.map
+            .pieces(start, end)
+            .into_iter()
+            .map(|(o, e)| (o - start, e))
+            .collect()
+    }
+
+    /// Places `pieces` (from `copy_source`) at `off` as the content of [off, off + len):
+    /// a metadata-only copy. The chunks must be pinned for this state already (`pinned`, one
+    /// pin per entry, released at the next commit like the pins of written chunks). Settles
+    /// the state first, so nothing in flight retires over the copied range afterwards.
+    pub fn paste(
+        &mut self,
+        c: &dyn ChunkIo,
+        off: u64,
+        len: u64,
+        pieces: &[(u64, Extent)],
+        pinned: Vec<ChunkHash>,
+    ) -> Result<()> {
+        if let Err(e) = self.finish(c) {
+            // The pins were taken for this state: hand them over so they are released.
+            self.held.extend(pinned);
+            return Err(e);
+        }
+        self.held.extend(pinned);
+        if len == 0 {
+            return Ok(());
+        }
+        self.map.punch(off, off + len);
+        for (rel, e) in pieces {
+            self.map.insert(off + rel, *e);
+        }
+        self.size = self.size.max(off + len);
+        self.modified = true;
+        Ok(())
+    }
+
     /// Reads up to `len` bytes at `off`, seeing uncommitted writes.
     pub fn read(&self, c: &dyn ChunkIo, off: u64, len: usize) -> Result<Vec<u8>> {
         let end = (off + len as u64).min(self.size);

@@ -268,6 +268,32 @@ impl ChunkStore {
         self.pending.lock().contains_key(h)
     }
 
+    /// Pins a chunk that is stored already (committed, or pinned by some file state), as a
+    /// dedup hit does: for a metadata-only copy, whose extents name the chunks of another
+    /// file. The caller must hold what keeps the chunk alive until this returns (the source
+    /// file's lock, whose state or base revision references it). Errors with corruption if
+    /// the chunk is unknown.
+    pub fn pin_stored(&self, h: &ChunkHash) -> Result<()> {
+        let _shared = self.barrier.read();
+        if let Some(e) = self.pending.lock().get_mut(h) {
+            e.holders += 1;
+            return Ok(());
+        }
+        let rec = self
+            .committed_record(h)?
+            .ok_or_else(|| Error::Corrupt(format!("copied extent names unknown chunk {h:?}")))?;
+        self.pending
+            .lock()
+            .entry(*h)
+            .or_insert(Pending {
+                rec,
+                holders: 0,
+                new: false,
+            })
+            .holders += 1;
+        Ok(())
+    }
+
     /// Drops one pin per hash: a file state committed or discarded what it had put.
     pub fn unpin(&self, hashes: &[ChunkHash]) {
         let mut p = self.pending.lock();

@@ -36,6 +36,8 @@ pub enum Error {
     ReadOnly,
     /// The file is open for writing, so it cannot be restored under the writer.
     Busy,
+    /// An operation ckptfs does not offer (fallocate's COLLAPSE_RANGE, INSERT_RANGE).
+    NotSupported,
     /// A request names a file handle this daemon did not hand out or already released:
     /// a kernel/daemon disagreement that must never be answered as if nothing happened.
     BadHandle,
@@ -1148,6 +1150,153 @@ impl Fs {
             h.writer_pid = pid;
         }
         Ok(data.len())
+    }
+
+    /// Settles a file's uncommitted bytes into chunks (`FileState::finish`), making room
+    /// through gc when the space is full, as a commit does.
+    fn settle_node(&self, n: &mut OpenNode) -> Result<()> {
+        let mut tries = 0;
+        while let Err(e) = n.file.finish(self.space.chunks()) {
+            tries += 1;
+            if !matches!(e, ckptfs_engine::Error::NoSpace)
+                || tries > ROOM_RETRIES
+                || !self.make_room(&mut n.file)
+            {
+                return Err(e.into());
+            }
+        }
+        Ok(())
+    }
+
+    /// Records that handle `fh` of process `pid` changed the file now (its close seals).
+    fn touched_by(n: &mut OpenNode, fh: u64, pid: u32) {
+        let now = Timestamp::now();
+        n.rec.mtime = now;
+        n.rec.ctime = now;
+        if let Some(h) = n.handles.get_mut(&fh) {
+            h.wrote = true;
+            h.writer_pid = pid;
+        }
+    }
+
+    /// fallocate(2) through handle `fh`. Mode 0 and KEEP_SIZE allocate: holes cost nothing
+    /// here, so allocating extends the size (unless KEEP_SIZE) after checking that the space
+    /// has room for the new bytes now; it reserves nothing (see the README: a later write
+    /// can still meet ENOSPC when other writers fill the space first). PUNCH_HOLE (with
+    /// KEEP_SIZE) and ZERO_RANGE make the range a hole; ZERO_RANGE without KEEP_SIZE also
+    /// extends the size. COLLAPSE_RANGE, INSERT_RANGE and the rest: not supported.
+    pub fn fallocate(
+        &self,
+        ino: InodeId,
+        fh: u64,
+        pid: u32,
+        off: u64,
+        len: u64,
+        mode: i32,
+    ) -> Result<()> {
+        const KEEP_SIZE: i32 = libc::FALLOC_FL_KEEP_SIZE;
+        const PUNCH_HOLE: i32 = libc::FALLOC_FL_PUNCH_HOLE;
+        const ZERO_RANGE: i32 = libc::FALLOC_FL_ZERO_RANGE;
+        if mode & !(KEEP_SIZE | PUNCH_HOLE | ZERO_RANGE) != 0 {
+            return Err(Error::NotSupported);
+        }
+        if len == 0 {
+            return Err(Error::Invalid);
+        }
+        let end = off
+            .checked_add(len)
+            .filter(|e| *e <= MAX_FILE_BYTES)
+            .ok_or(Error::FileTooBig)?;
+        let punch = mode & PUNCH_HOLE != 0;
+        let zero = mode & ZERO_RANGE != 0;
+        if (punch && mode & KEEP_SIZE == 0) || (punch && zero) {
+            return Err(Error::NotSupported);
+        }
+        self.refuse_if_failed()?;
+        let node = self.handle_node(ino, fh, "fallocate")?;
+        let mut n = node.lock();
+        let size = n.file.size();
+        let grow = mode & KEEP_SIZE == 0 && end > size;
+        if punch || zero {
+            n.file
+                .punch_hole(self.space.chunks(), off, end)
+                .or_else(|e| {
+                    // Settling may need room as a commit does.
+                    if matches!(e, ckptfs_engine::Error::NoSpace) {
+                        self.settle_node(&mut n)?;
+                        n.file
+                            .punch_hole(self.space.chunks(), off, end)
+                            .map_err(Error::from)
+                    } else {
+                        Err(e.into())
+                    }
+                })?;
+        } else if grow {
+            let new_bytes = end - off.max(size);
+            if new_bytes > self.space.store().free_bytes() {
+                return Err(Error::Engine(ckptfs_engine::Error::NoSpace));
+            }
+        }
+        if grow {
+            n.file.truncate(end);
+        }
+        if punch || zero || grow {
+            Self::touched_by(&mut n, fh, pid);
+        }
+        Ok(())
+    }
+
+    /// copy_file_range(2) within the mount as a metadata-only copy: the destination range
+    /// gets extents naming the source's chunks, pinned until the destination's next commit,
+    /// and no data bytes are read or written. The copy becomes durable and listed like any
+    /// write through `dst_fh`: at its close (or fsync). The kernel has checked the handles'
+    /// modes, the file types, overlap within one file and the size limits; the source range
+    /// is clipped at the source's end. Returns the bytes copied.
+    #[allow(clippy::too_many_arguments)]
+    pub fn copy_range(
+        &self,
+        src: InodeId,
+        src_fh: u64,
+        src_off: u64,
+        dst: InodeId,
+        dst_fh: u64,
+        dst_off: u64,
+        len: u64,
+        pid: u32,
+    ) -> Result<u64> {
+        self.refuse_if_failed()?;
+        let src_node = self.handle_node(src, src_fh, "copy_file_range")?;
+        let dst_node = self.handle_node(dst, dst_fh, "copy_file_range")?;
+        if dst_off.checked_add(len).is_none_or(|e| e > MAX_FILE_BYTES) {
+            return Err(Error::FileTooBig);
+        }
+        let (pieces, n, pinned) = {
+            let mut s = src_node.lock();
+            let n = len.min(s.file.size().saturating_sub(src_off));
+            if n == 0 {
+                return Ok(0);
+            }
+            // The source's uncommitted bytes become chunks (pinned by its state), so the
+            // copy names chunks like every committed extent does.
+            self.settle_node(&mut s)?;
+            let pieces = s.file.copy_source(src_off, src_off + n);
+            // Pinned while the source's lock keeps them referenced.
+            let store = self.space.store();
+            let mut pinned = Vec::with_capacity(pieces.len());
+            for (_, e) in &pieces {
+                if let Err(err) = store.pin_stored(&e.chunk) {
+                    store.unpin(&pinned);
+                    return Err(err.into());
+                }
+                pinned.push(e.chunk);
+            }
+            (pieces, n, pinned)
+        };
+        let mut d = dst_node.lock();
+        d.file
+            .paste(self.space.chunks(), dst_off, n, &pieces, pinned)?;
+        Self::touched_by(&mut d, dst_fh, pid);
+        Ok(n)
     }
 
     /// Commits a modified file as handle `fh` (0: none). An unsealed current revision is

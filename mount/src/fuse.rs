@@ -43,6 +43,7 @@ fn errno(e: &Error) -> Errno {
         Error::FileTooBig => libc::EFBIG,
         Error::ReadOnly => libc::EROFS,
         Error::Busy => libc::EBUSY,
+        Error::NotSupported => libc::EOPNOTSUPP,
         Error::BadHandle => libc::EIO,
         Error::Engine(inner) => match inner {
             E::Io(_) => libc::EIO,
@@ -834,24 +835,55 @@ impl Filesystem for CkptFs {
 
     fn fallocate(
         &self,
-        _req: &Request,
-        _ino: INodeNo,
-        _fh: FileHandle,
+        req: &Request,
+        ino: INodeNo,
+        fh: FileHandle,
         offset: u64,
         length: u64,
-        _mode: i32,
+        mode: i32,
         reply: ReplyEmpty,
     ) {
-        // Space is not reserved per file (chunks are shared and compressed), so fallocate is
-        // not supported; a range past the largest file is still EFBIG, as for write/truncate.
-        let past_max = offset
-            .checked_add(length)
-            .is_none_or(|end| end > ckptfs_fs::MAX_FILE_BYTES);
-        reply.error(Errno::from_i32(if past_max {
-            libc::EFBIG
-        } else {
-            libc::EOPNOTSUPP
-        }));
+        let r = self
+            .fs
+            .fallocate(InodeId(ino.0), fh.0, req.pid(), offset, length, mode);
+        Self::reply_empty(r, "fallocate", ino, reply);
+    }
+
+    fn copy_file_range(
+        &self,
+        req: &Request,
+        ino_in: INodeNo,
+        fh_in: FileHandle,
+        offset_in: u64,
+        ino_out: INodeNo,
+        fh_out: FileHandle,
+        offset_out: u64,
+        len: u64,
+        _flags: fuser::CopyFileRangeFlags,
+        reply: ReplyWrite,
+    ) {
+        // The kernel passes at most a size_t and answers with a u32 count: larger requests
+        // are copied in pieces by the caller's loop (cp, copy_file_range users retry).
+        let len = len.min(u32::MAX as u64 & !0xfff);
+        match self.fs.copy_range(
+            InodeId(ino_in.0),
+            fh_in.0,
+            offset_in,
+            InodeId(ino_out.0),
+            fh_out.0,
+            offset_out,
+            len,
+            req.pid(),
+        ) {
+            Ok(n) => {
+                // The destination's bytes changed without passing its page cache.
+                if let Some(inv) = self.invalidator.get() {
+                    inv.pages(ino_out, offset_out, n);
+                }
+                reply.written(n as u32)
+            }
+            Err(e) => reply.error(fail("copy_file_range", ino_out.0, e)),
+        }
     }
 
     fn removexattr(&self, _req: &Request, _ino: INodeNo, _name: &OsStr, reply: ReplyEmpty) {

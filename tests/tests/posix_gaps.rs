@@ -316,3 +316,347 @@ fn restore_drops_cached_pages_of_open_readers() {
         "an open reader still read the bytes from before the restore"
     );
 }
+
+/// RLIMIT_FSIZE holds on every path that can grow a file, with the answers a plain
+/// directory gives: a short write up to the limit, then EFBIG (SIGXFSZ ignored here, so
+/// the process lives to compare).
+#[test]
+fn file_size_limit_is_honoured_like_a_plain_directory() {
+    let m = TestMount::new();
+    let plain = tempfile_dir(&m);
+    const LIMIT: u64 = 64 << 10;
+    // After the mount: the daemon must not inherit the limit.
+    // SAFETY: plain libc calls with valid arguments; this test runs in a process of its own.
+    unsafe {
+        libc::signal(libc::SIGXFSZ, libc::SIG_IGN);
+        let lim = libc::rlimit {
+            rlim_cur: LIMIT,
+            rlim_max: libc::RLIM_INFINITY,
+        };
+        assert_eq!(libc::setrlimit(libc::RLIMIT_FSIZE, &lim), 0);
+    }
+    let data = Aligned::new(&pattern(3, 128 << 10));
+    type Op = fn(&std::path::Path, &Aligned) -> Result<u64, i32>;
+    let ops: Vec<(&str, Op)> = vec![
+        ("buffered write across the limit", |p, d| {
+            let f = OpenOptions::new()
+                .read(true)
+                .write(true)
+                .create(true)
+                .open(p)
+                .unwrap();
+            f.write_at(d.as_slice(), 0)
+                .map(|n| n as u64)
+                .map_err(|e| e.raw_os_error().unwrap())
+        }),
+        ("write-only write across the limit", |p, d| {
+            let f = OpenOptions::new().write(true).create(true).open(p).unwrap();
+            f.write_at(d.as_slice(), 0)
+                .map(|n| n as u64)
+                .map_err(|e| e.raw_os_error().unwrap())
+        }),
+        ("O_DIRECT write across the limit", |p, d| {
+            let f = OpenOptions::new()
+                .write(true)
+                .create(true)
+                .custom_flags(libc::O_DIRECT)
+                .open(p)
+                .unwrap();
+            f.write_at(d.as_slice(), 0)
+                .map(|n| n as u64)
+                .map_err(|e| e.raw_os_error().unwrap())
+        }),
+        ("write at the limit", |p, d| {
+            let f = OpenOptions::new().write(true).create(true).open(p).unwrap();
+            f.write_at(&d.as_slice()[..100], LIMIT)
+                .map(|n| n as u64)
+                .map_err(|e| e.raw_os_error().unwrap())
+        }),
+        ("aio write past the limit", |p, d| {
+            let f = OpenOptions::new()
+                .write(true)
+                .create(true)
+                .custom_flags(libc::O_DIRECT)
+                .open(p)
+                .unwrap();
+            let tail = Aligned::new(&d.as_slice()[..4096]);
+            aio_pwrite(&f, &tail, LIMIT)
+                .map(|n| n as u64)
+                .map_err(|e| e.raw_os_error().unwrap())
+        }),
+        ("ftruncate past the limit", |p, _| {
+            let f = OpenOptions::new().write(true).create(true).open(p).unwrap();
+            f.set_len(LIMIT + 1)
+                .map(|()| 0)
+                .map_err(|e| e.raw_os_error().unwrap())
+        }),
+        ("fallocate past the limit", |p, _| {
+            let f = OpenOptions::new().write(true).create(true).open(p).unwrap();
+            // SAFETY: a valid descriptor.
+            let r = unsafe { libc::fallocate(f.as_raw_fd(), 0, 0, (LIMIT + 4096) as i64) };
+            if r == 0 {
+                Ok(0)
+            } else {
+                Err(std::io::Error::last_os_error().raw_os_error().unwrap())
+            }
+        }),
+    ];
+    for (what, op) in ops {
+        let got: Vec<_> = [plain.as_path(), m.mnt()]
+            .iter()
+            .map(|dir| {
+                let p = dir.join(what.replace(' ', "-"));
+                let r = op(&p, &data);
+                (r, fs::metadata(&p).map(|md| md.len()).unwrap_or(0))
+            })
+            .collect();
+        eprintln!("{what}: plain {:?}, ckptfs {:?}", got[0], got[1]);
+        assert_eq!(
+            got[1], got[0],
+            "{what}: ckptfs (right) differs from a plain directory (left)"
+        );
+    }
+}
+
+fn fallocate(f: &File, mode: i32, off: u64, len: u64) -> Result<(), i32> {
+    // SAFETY: a valid descriptor.
+    let r = unsafe { libc::fallocate(f.as_raw_fd(), mode, off as i64, len as i64) };
+    if r == 0 {
+        Ok(())
+    } else {
+        Err(std::io::Error::last_os_error().raw_os_error().unwrap())
+    }
+}
+
+/// fallocate's modes give the bytes and sizes a plain directory gives; COLLAPSE_RANGE and
+/// INSERT_RANGE are refused with EOPNOTSUPP.
+#[test]
+fn fallocate_modes_match_a_plain_directory() {
+    let m = TestMount::new();
+    let plain = tempfile_dir(&m);
+    let seed = test_seed("fallocate_modes_match_a_plain_directory", 5);
+    let k = libc::FALLOC_FL_KEEP_SIZE;
+    let steps: &[(&str, i32, u64, u64)] = &[
+        ("allocate past the end", 0, 300_000, 100_000),
+        ("keep-size past the end", k, 500_000, 100_000),
+        (
+            "punch inside",
+            libc::FALLOC_FL_PUNCH_HOLE | k,
+            70_000,
+            50_001,
+        ),
+        (
+            "punch across the end",
+            libc::FALLOC_FL_PUNCH_HOLE | k,
+            390_000,
+            50_000,
+        ),
+        ("zero inside", libc::FALLOC_FL_ZERO_RANGE, 10_000, 4_000),
+        (
+            "zero past the end",
+            libc::FALLOC_FL_ZERO_RANGE,
+            395_000,
+            20_000,
+        ),
+        (
+            "zero keep-size past the end",
+            libc::FALLOC_FL_ZERO_RANGE | k,
+            410_000,
+            50_000,
+        ),
+        ("allocate inside", 0, 1000, 1000),
+        ("zero length", 0, 0, 0),
+        (
+            "punch without keep-size",
+            libc::FALLOC_FL_PUNCH_HOLE,
+            0,
+            4096,
+        ),
+    ];
+    let base = pattern(seed, 256 << 10);
+    for (where_, dir) in [("plain", plain.clone()), ("ckptfs", m.mnt().to_path_buf())] {
+        fs::write(dir.join("f"), &base).expect("write");
+    }
+    for &(what, mode, off, len) in steps {
+        let mut got = Vec::new();
+        for dir in [plain.as_path(), m.mnt()] {
+            let f = OpenOptions::new()
+                .read(true)
+                .write(true)
+                .open(dir.join("f"))
+                .unwrap();
+            let r = fallocate(&f, mode, off, len);
+            drop(f);
+            got.push((r, fs::read(dir.join("f")).expect("read back")));
+        }
+        assert_eq!(
+            got[1].0, got[0].0,
+            "{what}: result differs (ckptfs right, plain left)"
+        );
+        assert_eq!(got[1].1.len(), got[0].1.len(), "{what}: size differs");
+        assert!(
+            got[1].1 == got[0].1,
+            "{what}: bytes differ from the plain directory's"
+        );
+    }
+    // Writes after a punch land in the hole; the file reads like the plain one.
+    for dir in [plain.as_path(), m.mnt()] {
+        let f = OpenOptions::new().write(true).open(dir.join("f")).unwrap();
+        f.write_at(b"inside the hole", 80_000).unwrap();
+    }
+    assert!(fs::read(plain.join("f")).unwrap() == fs::read(m.path("f")).unwrap());
+    let f = OpenOptions::new().write(true).open(m.path("f")).unwrap();
+    for mode in [libc::FALLOC_FL_COLLAPSE_RANGE, libc::FALLOC_FL_INSERT_RANGE] {
+        assert_eq!(
+            fallocate(&f, mode, 0, 4096),
+            Err(libc::EOPNOTSUPP),
+            "mode {mode:#x}"
+        );
+    }
+}
+
+fn copy_range(
+    src: &File,
+    src_off: u64,
+    dst: &File,
+    dst_off: u64,
+    len: usize,
+) -> Result<usize, i32> {
+    let (mut so, mut d_o) = (src_off as i64, dst_off as i64);
+    // SAFETY: valid descriptors and offsets that live across the call.
+    let r = unsafe {
+        libc::copy_file_range(src.as_raw_fd(), &mut so, dst.as_raw_fd(), &mut d_o, len, 0)
+    };
+    if r < 0 {
+        Err(std::io::Error::last_os_error().raw_os_error().unwrap())
+    } else {
+        Ok(r as usize)
+    }
+}
+
+/// copy_file_range inside the mount copies references to chunks, not bytes: a 64 MiB copy
+/// adds (almost) nothing to the stored bytes; partial, unaligned and same-file copies give
+/// the bytes a plain directory gives.
+#[test]
+fn copy_file_range_is_a_metadata_only_copy() {
+    let mut m = TestMount::new();
+    let plain = tempfile_dir(&m);
+    let seed = test_seed("copy_file_range_is_a_metadata_only_copy", 11);
+    let big = pattern(seed, 64 << 20);
+    fs::write(m.path("big"), &big).expect("write big");
+    let stored = |m: &mut TestMount| ckptfs_tests::stat_u64(&m.stats(), "stored_bytes");
+    let before = stored(&mut m);
+    {
+        let src = File::open(m.path("big")).unwrap();
+        let dst = File::create(m.path("copy")).unwrap();
+        let mut done = 0;
+        while done < big.len() {
+            let n = copy_range(&src, done as u64, &dst, done as u64, big.len() - done)
+                .expect("copy_file_range");
+            assert!(n > 0, "copy_file_range stopped at {done}");
+            done += n;
+        }
+    }
+    let after = stored(&mut m);
+    assert!(
+        fs::read(m.path("copy")).unwrap() == big,
+        "the copy's bytes differ"
+    );
+    assert!(
+        after - before < 1 << 20,
+        "a 64 MiB copy stored {} new bytes",
+        after - before
+    );
+    // Unaligned pieces, into the middle of files with uncommitted writes, and within one
+    // file, compared with a plain directory.
+    for dir in [plain.as_path(), m.mnt()] {
+        fs::write(dir.join("a"), pattern(seed + 1, 1 << 20)).unwrap();
+        let a = OpenOptions::new()
+            .read(true)
+            .write(true)
+            .open(dir.join("a"))
+            .unwrap();
+        let b = OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create(true)
+            .truncate(true)
+            .open(dir.join("b"))
+            .unwrap();
+        b.write_at(&pattern(seed + 2, 300_000), 0).unwrap();
+        assert_eq!(copy_range(&a, 12_345, &b, 100_001, 500_000), Ok(500_000));
+        a.write_at(b"uncommitted", 5).unwrap();
+        assert_eq!(copy_range(&a, 0, &b, 700_000, 64), Ok(64));
+        assert_eq!(copy_range(&a, 0, &a, 900_000, 100_000), Ok(100_000));
+        // Past the source's end: clipped, then nothing.
+        assert_eq!(copy_range(&b, 690_000, &a, 10, 100_000), Ok(10_064));
+        assert_eq!(copy_range(&b, 2_000_000, &a, 10, 100), Ok(0));
+    }
+    for name in ["a", "b"] {
+        assert!(
+            fs::read(plain.join(name)).unwrap() == fs::read(m.path(name)).unwrap(),
+            "{name} differs from the plain directory's"
+        );
+    }
+    // After a remount the copies are committed revisions like any write.
+    drop(m.path("x"));
+    m.remount();
+    assert!(fs::read(m.path("copy")).unwrap() == big);
+    assert!(fs::read(plain.join("b")).unwrap() == fs::read(m.path("b")).unwrap());
+}
+
+/// copy_file_range's error cases give what the kernel documents, as in a plain directory.
+#[test]
+fn copy_file_range_errors_match_a_plain_directory() {
+    let m = TestMount::new();
+    let plain = tempfile_dir(&m);
+    type Case = fn(&std::path::Path) -> Result<usize, i32>;
+    let cases: Vec<(&str, Case)> = vec![
+        ("overlapping ranges in one file", |d| {
+            let f = OpenOptions::new()
+                .read(true)
+                .write(true)
+                .open(d.join("src"))
+                .unwrap();
+            copy_range(&f, 0, &f, 1000, 5000)
+        }),
+        ("read-only destination", |d| {
+            let s = File::open(d.join("src")).unwrap();
+            let t = File::open(d.join("dst")).unwrap();
+            copy_range(&s, 0, &t, 0, 100)
+        }),
+        ("write-only source", |d| {
+            let s = OpenOptions::new().write(true).open(d.join("src")).unwrap();
+            let t = OpenOptions::new().write(true).open(d.join("dst")).unwrap();
+            copy_range(&s, 0, &t, 0, 100)
+        }),
+        ("append-only destination", |d| {
+            let s = File::open(d.join("src")).unwrap();
+            let t = OpenOptions::new().append(true).open(d.join("dst")).unwrap();
+            copy_range(&s, 0, &t, 0, 100)
+        }),
+        ("directory source", |d| {
+            let s = File::open(d.join("dir")).unwrap();
+            let t = OpenOptions::new().write(true).open(d.join("dst")).unwrap();
+            copy_range(&s, 0, &t, 0, 100)
+        }),
+        ("source offset past the end", |d| {
+            let s = File::open(d.join("src")).unwrap();
+            let t = OpenOptions::new().write(true).open(d.join("dst")).unwrap();
+            copy_range(&s, 1 << 30, &t, 0, 100)
+        }),
+    ];
+    for dir in [plain.as_path(), m.mnt()] {
+        fs::write(dir.join("src"), pattern(1, 20_000)).unwrap();
+        fs::write(dir.join("dst"), b"dst").unwrap();
+        fs::create_dir(dir.join("dir")).unwrap();
+    }
+    for (what, case) in cases {
+        let (p, c) = (case(&plain), case(m.mnt()));
+        eprintln!("{what}: plain {p:?}, ckptfs {c:?}");
+        assert_eq!(
+            c, p,
+            "{what}: ckptfs (right) differs from a plain directory (left)"
+        );
+    }
+}
