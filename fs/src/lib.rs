@@ -395,6 +395,32 @@ impl Fs {
         if name.len() > NAME_MAX {
             return Err(Error::NameTooLong);
         }
+        // The kernel looks up "." and ".." only to find an inode again by its number
+        // (open_by_handle_at, an NFS export of the mount): inode numbers are never reused,
+        // so the number alone names the inode, and a removed one answers ENOENT (ESTALE to
+        // the caller).
+        if name == b"." {
+            // A removed file keeps its record for its revisions, but is gone as a file.
+            return self.getattr(parent).and_then(|a| {
+                if a.rec.nlink == 0 {
+                    Err(Error::NotFound)
+                } else {
+                    Ok(a)
+                }
+            });
+        }
+        if name == b".." {
+            let up = if view::is_virtual(parent) {
+                self.view_parent(parent)?
+            } else {
+                let rec = self.record(parent)?;
+                if rec.kind != NodeKind::Dir {
+                    return Err(Error::NotDir);
+                }
+                rec.parent
+            };
+            return self.getattr(up);
+        }
         if view::is_virtual(parent) {
             return self.view_lookup(parent, name);
         }

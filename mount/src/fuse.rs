@@ -430,6 +430,14 @@ impl Filesystem for CkptFs {
         let _ = config.set_max_write(MAX_WRITE_BYTES);
         let _ = config.set_max_readahead(MAX_WRITE_BYTES);
         let _ = config.add_capabilities(InitFlags::FUSE_ATOMIC_O_TRUNC);
+        // File handles (name_to_handle_at, NFS export) carry the inode number; `lookup` of
+        // "." and ".." finds an inode again from it after the kernel forgot it.
+        if config
+            .add_capabilities(InitFlags::FUSE_EXPORT_SUPPORT)
+            .is_err()
+        {
+            log::info!("the kernel does not offer FUSE_EXPORT_SUPPORT: no open_by_handle_at");
+        }
         Ok(())
     }
 

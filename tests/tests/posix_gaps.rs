@@ -660,3 +660,66 @@ fn copy_file_range_errors_match_a_plain_directory() {
         );
     }
 }
+
+/// A file handle from name_to_handle_at opens the file again with open_by_handle_at, also
+/// after the kernel dropped its inode cache; a removed file's handle is stale.
+#[test]
+fn open_by_handle_finds_files_after_the_cache_is_dropped() {
+    let m = TestMount::new();
+    fs::create_dir(m.path("d")).unwrap();
+    fs::write(m.path("d/f"), b"found again").unwrap();
+    fs::write(m.path("gone"), b"x").unwrap();
+    let handle = |p: &std::path::Path| -> Vec<u8> {
+        let mut buf = vec![0u8; 8 + 128];
+        buf[..4].copy_from_slice(&128u32.to_ne_bytes());
+        let mut mount_id = 0;
+        let c = ckptfs_tests::cpath(p);
+        // SAFETY: buf holds a file_handle header and 128 bytes of handle.
+        let r = unsafe {
+            libc::name_to_handle_at(
+                libc::AT_FDCWD,
+                c.as_ptr(),
+                buf.as_mut_ptr().cast(),
+                &mut mount_id,
+                0,
+            )
+        };
+        assert_eq!(
+            r,
+            0,
+            "name_to_handle_at {p:?}: {}",
+            std::io::Error::last_os_error()
+        );
+        buf
+    };
+    let open = |mut h: Vec<u8>| -> Result<File, i32> {
+        let mnt = File::open(m.mnt()).unwrap();
+        // SAFETY: h is a handle filled by name_to_handle_at.
+        let fd = unsafe { libc::open_by_handle_at(mnt.as_raw_fd(), h.as_mut_ptr().cast(), 0) };
+        if fd < 0 {
+            Err(std::io::Error::last_os_error().raw_os_error().unwrap())
+        } else {
+            // SAFETY: a new descriptor we own.
+            Ok(unsafe { <File as std::os::fd::FromRawFd>::from_raw_fd(fd) })
+        }
+    };
+    let (hf, hd, hg) = (
+        handle(&m.path("d/f")),
+        handle(&m.path("d")),
+        handle(&m.path("gone")),
+    );
+    fs::remove_file(m.path("gone")).unwrap();
+    // Make the kernel forget the inodes, so it must ask the daemon by number.
+    let _ = fs::write("/proc/sys/vm/drop_caches", b"2");
+    let mut f = open(hf).expect("open_by_handle_at of a live file");
+    let mut s = String::new();
+    std::io::Read::read_to_string(&mut f, &mut s).unwrap();
+    assert_eq!(s, "found again");
+    let d = open(hd).expect("open_by_handle_at of a directory");
+    assert!(d.metadata().unwrap().is_dir());
+    assert_eq!(
+        open(hg).err(),
+        Some(libc::ESTALE),
+        "a removed file's handle"
+    );
+}
