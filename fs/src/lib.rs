@@ -1235,7 +1235,8 @@ impl Fs {
             .ok_or(Error::FileTooBig)?;
         let punch = mode & PUNCH_HOLE != 0;
         let zero = mode & ZERO_RANGE != 0;
-        if (punch && mode & KEEP_SIZE == 0) || (punch && zero) {
+        // PUNCH_HOLE must keep the size and cannot be combined with ZERO_RANGE.
+        if punch && (zero || mode & KEEP_SIZE == 0) {
             return Err(Error::NotSupported);
         }
         self.refuse_if_failed()?;

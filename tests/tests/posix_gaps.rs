@@ -343,6 +343,7 @@ fn file_size_limit_is_honoured_like_a_plain_directory() {
                 .read(true)
                 .write(true)
                 .create(true)
+                .truncate(false)
                 .open(p)
                 .unwrap();
             f.write_at(d.as_slice(), 0)
@@ -350,7 +351,12 @@ fn file_size_limit_is_honoured_like_a_plain_directory() {
                 .map_err(|e| e.raw_os_error().unwrap())
         }),
         ("write-only write across the limit", |p, d| {
-            let f = OpenOptions::new().write(true).create(true).open(p).unwrap();
+            let f = OpenOptions::new()
+                .write(true)
+                .create(true)
+                .truncate(false)
+                .open(p)
+                .unwrap();
             f.write_at(d.as_slice(), 0)
                 .map(|n| n as u64)
                 .map_err(|e| e.raw_os_error().unwrap())
@@ -367,7 +373,12 @@ fn file_size_limit_is_honoured_like_a_plain_directory() {
                 .map_err(|e| e.raw_os_error().unwrap())
         }),
         ("write at the limit", |p, d| {
-            let f = OpenOptions::new().write(true).create(true).open(p).unwrap();
+            let f = OpenOptions::new()
+                .write(true)
+                .create(true)
+                .truncate(false)
+                .open(p)
+                .unwrap();
             f.write_at(&d.as_slice()[..100], LIMIT)
                 .map(|n| n as u64)
                 .map_err(|e| e.raw_os_error().unwrap())
@@ -385,13 +396,23 @@ fn file_size_limit_is_honoured_like_a_plain_directory() {
                 .map_err(|e| e.raw_os_error().unwrap())
         }),
         ("ftruncate past the limit", |p, _| {
-            let f = OpenOptions::new().write(true).create(true).open(p).unwrap();
+            let f = OpenOptions::new()
+                .write(true)
+                .create(true)
+                .truncate(false)
+                .open(p)
+                .unwrap();
             f.set_len(LIMIT + 1)
                 .map(|()| 0)
                 .map_err(|e| e.raw_os_error().unwrap())
         }),
         ("fallocate past the limit", |p, _| {
-            let f = OpenOptions::new().write(true).create(true).open(p).unwrap();
+            let f = OpenOptions::new()
+                .write(true)
+                .create(true)
+                .truncate(false)
+                .open(p)
+                .unwrap();
             // SAFETY: a valid descriptor.
             let r = unsafe { libc::fallocate(f.as_raw_fd(), 0, 0, (LIMIT + 4096) as i64) };
             if r == 0 {
@@ -474,7 +495,7 @@ fn fallocate_modes_match_a_plain_directory() {
         ),
     ];
     let base = pattern(seed, 256 << 10);
-    for (where_, dir) in [("plain", plain.clone()), ("ckptfs", m.mnt().to_path_buf())] {
+    for dir in [plain.clone(), m.mnt().to_path_buf()] {
         fs::write(dir.join("f"), &base).expect("write");
     }
     for &(what, mode, off, len) in steps {
