@@ -410,16 +410,7 @@ impl Fs {
             });
         }
         if name == b".." {
-            let up = if view::is_virtual(parent) {
-                self.view_parent(parent)?
-            } else {
-                let rec = self.record(parent)?;
-                if rec.kind != NodeKind::Dir {
-                    return Err(Error::NotDir);
-                }
-                rec.parent
-            };
-            return self.getattr(up);
+            return self.getattr(self.dir_parent(parent)?);
         }
         if view::is_virtual(parent) {
             return self.view_lookup(parent, name);
@@ -1178,8 +1169,9 @@ impl Fs {
         Ok(data.len())
     }
 
-    /// Settles a file's uncommitted bytes into chunks (`FileState::finish`), making room
-    /// through gc when the space is full, as a commit does.
+    /// Settles a file's uncommitted bytes into chunks (`FileState::finish`). Full: reclaims
+    /// what the retention policy allows and tries again, as long as gc finds room (gc needs
+    /// no file lock, only the pins, which this file's state holds).
     fn settle_node(&self, n: &mut OpenNode) -> Result<()> {
         let mut tries = 0;
         while let Err(e) = n.file.finish(self.space.chunks()) {
@@ -1245,19 +1237,9 @@ impl Fs {
         let size = n.file.size();
         let grow = mode & KEEP_SIZE == 0 && end > size;
         if punch || zero {
-            n.file
-                .punch_hole(self.space.chunks(), off, end)
-                .or_else(|e| {
-                    // Settling may need room as a commit does.
-                    if matches!(e, ckptfs_engine::Error::NoSpace) {
-                        self.settle_node(&mut n)?;
-                        n.file
-                            .punch_hole(self.space.chunks(), off, end)
-                            .map_err(Error::from)
-                    } else {
-                        Err(e.into())
-                    }
-                })?;
+            // Settled first, with gc making room if needed; the punch then only edits the map.
+            self.settle_node(&mut n)?;
+            n.file.punch_hole(self.space.chunks(), off, end)?;
         } else if grow {
             let new_bytes = end - off.max(size);
             if new_bytes > self.space.store().free_bytes() {
@@ -1337,18 +1319,7 @@ impl Fs {
             .handles
             .iter()
             .any(|(f, h)| *f != fh && h.pending == Some(prev));
-        // Full: reclaim what the retention policy allows and try again, as long as gc finds
-        // room. gc needs no file lock, only the pins, which this file's state holds.
-        let mut tries = 0;
-        while let Err(e) = n.file.finish(self.space.chunks()) {
-            tries += 1;
-            if !matches!(e, ckptfs_engine::Error::NoSpace)
-                || tries > ROOM_RETRIES
-                || !self.make_room(&mut n.file)
-            {
-                return Err(e.into());
-            }
-        }
+        self.settle_node(n)?;
         // The engine takes nlink, history and current revision from the stored record
         // inside the commit's transaction (a rename or unlink may have changed them).
         let mut rec = n.rec.clone();
@@ -1504,18 +1475,22 @@ impl Fs {
         first_err.map_or(Ok(()), Err)
     }
 
+    /// The parent of directory `dir` (its own parent for the root); NotDir for other kinds.
+    fn dir_parent(&self, dir: InodeId) -> Result<InodeId> {
+        if view::is_virtual(dir) {
+            return self.view_parent(dir);
+        }
+        let rec = self.record(dir)?;
+        if rec.kind != NodeKind::Dir {
+            return Err(Error::NotDir);
+        }
+        Ok(rec.parent)
+    }
+
     /// Entries of `dir` after `offset` (0 = from the start): ".", "..", then the entries.
     pub fn readdir(&self, dir: InodeId, offset: u64, limit: usize) -> Result<Vec<DirItem>> {
         let mut out = Vec::new();
-        let parent = if view::is_virtual(dir) {
-            self.view_parent(dir)?
-        } else {
-            let rec = self.record(dir)?;
-            if rec.kind != NodeKind::Dir {
-                return Err(Error::NotDir);
-            }
-            rec.parent
-        };
+        let parent = self.dir_parent(dir)?;
         if offset < 1 {
             out.push(DirItem {
                 offset: 1,
