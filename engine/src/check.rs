@@ -250,6 +250,7 @@ pub fn check(space: &Space, progress: &mut dyn FnMut(u64, u64)) -> Result<CheckR
     check_revisions(&t, &mut r, next_rev)?;
     check_inodes_and_histories(&t, &mut r, next_ino, next_history)?;
     check_dirents(&t, &mut r, next_cookie)?;
+    check_xattrs(&t, &mut r)?;
 
     // Read back every chunk once, in data-file order.
     placed.sort_unstable_by_key(|p| p.0);
@@ -313,6 +314,8 @@ struct Tables {
     candidates: ReadOnlyTable<&'static [u8], ()>,
     free: ReadOnlyTable<u64, ()>,
     counters: ReadOnlyTable<&'static str, u64>,
+    xattrs: ReadOnlyTable<(u64, &'static [u8]), &'static [u8]>,
+    rev_xattrs: ReadOnlyTable<u64, &'static [u8]>,
 }
 
 impl Tables {
@@ -329,6 +332,8 @@ impl Tables {
             candidates: txn.open_table(meta::GC_CANDIDATES)?,
             free: txn.open_table(meta::FREE)?,
             counters: txn.open_table(meta::COUNTERS)?,
+            xattrs: txn.open_table(meta::XATTRS)?,
+            rev_xattrs: txn.open_table(meta::REV_XATTRS)?,
         })
     }
 
@@ -602,6 +607,39 @@ fn check_revisions(t: &Tables, r: &mut CheckReport, next_rev: u64) -> Result<()>
             r.problem(format!(
                 "revision {rev} is listed under history {hid}, which does not exist"
             ));
+        }
+    }
+    Ok(())
+}
+
+/// Extended attributes belong to inodes and revisions that exist, within the limits.
+fn check_xattrs(t: &Tables, r: &mut CheckReport) -> Result<()> {
+    for item in t.xattrs.iter()? {
+        let (k, v) = item?;
+        let (ino, name) = k.value();
+        if t.inodes.get(ino)?.is_none() {
+            r.problem(format!(
+                "extended attribute of inode {ino}, which does not exist"
+            ));
+        }
+        if name.is_empty() || name.len() > XATTR_NAME_MAX || v.value().len() > XATTR_VALUE_MAX {
+            r.problem(format!(
+                "inode {ino}: extended attribute of {} name bytes and {} value bytes is outside the limits",
+                name.len(),
+                v.value().len()
+            ));
+        }
+    }
+    for item in t.rev_xattrs.iter()? {
+        let (k, v) = item?;
+        let rev = k.value();
+        if t.revisions.get(rev)?.is_none() {
+            r.problem(format!(
+                "extended attributes recorded for revision {rev}, which does not exist"
+            ));
+        }
+        if let Err(e) = decode_xattrs(v.value()) {
+            r.problem(format!("revision {rev}: {e}"));
         }
     }
     Ok(())

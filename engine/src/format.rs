@@ -539,9 +539,71 @@ impl HistoryRecord {
     }
 }
 
+/// Longest extended-attribute name (Linux's XATTR_NAME_MAX; the kernel refuses longer ones
+/// with ERANGE before they reach the daemon).
+pub const XATTR_NAME_MAX: usize = 255;
+/// Largest extended-attribute value (Linux's XATTR_SIZE_MAX; larger ones get E2BIG).
+pub const XATTR_VALUE_MAX: usize = 65536;
+/// Room for one inode's attribute names, each counted with its terminating NUL: what
+/// listxattr(2) can return at most (XATTR_LIST_MAX), so the list is always readable.
+pub const XATTR_NAMES_ROOM: usize = 65536;
+/// Room for one inode's attribute values together. An attribute beyond it gets ENOSPC, as
+/// on ext4 when an inode's attribute block is full; it keeps what a revision records of its
+/// file's attributes small next to the file.
+pub const XATTR_VALUES_ROOM: usize = 256 * 1024;
+
+/// One inode's extended attributes, by name.
+pub type Xattrs = std::collections::BTreeMap<Vec<u8>, Vec<u8>>;
+
+/// Encodes a file's extended attributes as a revision records them:
+/// `name_len u8 | value_len u32 | name | value`, repeated, in name order.
+pub fn encode_xattrs(x: &Xattrs) -> Vec<u8> {
+    let mut b = Vec::new();
+    for (name, value) in x {
+        b.push(name.len() as u8);
+        b.extend_from_slice(&(value.len() as u32).to_le_bytes());
+        b.extend_from_slice(name);
+        b.extend_from_slice(value);
+    }
+    b
+}
+
+pub fn decode_xattrs(mut b: &[u8]) -> Result<Xattrs> {
+    let bad = || Error::Corrupt("revision xattr record malformed".into());
+    let mut x = Xattrs::new();
+    while !b.is_empty() {
+        if b.len() < 5 {
+            return Err(bad());
+        }
+        let nlen = b[0] as usize;
+        let vlen = u32_at(b, 1) as usize;
+        if nlen == 0 || vlen > XATTR_VALUE_MAX || b.len() < 5 + nlen + vlen {
+            return Err(bad());
+        }
+        x.insert(
+            b[5..5 + nlen].to_vec(),
+            b[5 + nlen..5 + nlen + vlen].to_vec(),
+        );
+        b = &b[5 + nlen + vlen..];
+    }
+    Ok(x)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn xattrs_round_trip_and_reject_truncation() {
+        let mut x = Xattrs::new();
+        x.insert(b"user.a".to_vec(), Vec::new());
+        x.insert(b"user.b".to_vec(), vec![7; 300]);
+        let b = encode_xattrs(&x);
+        assert_eq!(b.len(), 2 * 5 + 12 + 300);
+        assert_eq!(decode_xattrs(&b).unwrap(), x);
+        assert!(decode_xattrs(&b[..b.len() - 1]).is_err());
+        assert!(decode_xattrs(&[0, 0, 0, 0, 0]).is_err());
+    }
 
     /// Golden bytes: an encoded superblock must not change without a format version bump.
     #[test]

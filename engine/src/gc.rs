@@ -202,6 +202,7 @@ impl Space {
         let mut extents = txn.open_table(meta::EXTENTS)?;
         let mut chunks = txn.open_table(meta::CHUNKS)?;
         let mut cand = txn.open_table(meta::GC_CANDIDATES)?;
+        let mut rev_xattrs = txn.open_table(meta::REV_XATTRS)?;
         let mut inodes = txn.open_table(meta::INODES)?;
         let total = histories.len()?;
         let age_limit = now.secs - config.keep_age_secs as i64;
@@ -266,6 +267,7 @@ impl Space {
                     &mut extents,
                     &mut chunks,
                     &mut cand,
+                    &mut rev_xattrs,
                     *rev,
                 )?;
                 r.revisions_dropped += 1;
@@ -288,8 +290,10 @@ impl Space {
                 dead.push(k.value());
             }
         }
+        let mut xattrs = txn.open_table(meta::XATTRS)?;
         for ino in dead {
             inodes.remove(ino)?;
+            meta::clear_xattrs(&mut xattrs, InodeId(ino))?;
             r.inodes_dropped += 1;
         }
         Ok(())

@@ -3,8 +3,8 @@
 
 use crate::error::{Error, Result};
 use crate::format::{
-    ChunkHash, ChunkRecord, Extent, HistoryRecord, InodeId, InodeRecord, NodeKind, RevisionId,
-    RevisionRecord, Timestamp,
+    decode_xattrs, encode_xattrs, ChunkHash, ChunkRecord, Extent, HistoryRecord, InodeId,
+    InodeRecord, NodeKind, RevisionId, RevisionRecord, Timestamp, Xattrs,
 };
 use redb::{ReadableTable, Table, TableDefinition};
 
@@ -32,6 +32,11 @@ pub const EXTENTS: TableDefinition<(u64, u64), &[u8]> = TableDefinition::new("ex
 pub const CHUNKS: TableDefinition<&[u8], &[u8]> = TableDefinition::new("chunks");
 /// named counters: next_ino, next_rev, next_cookie, next_history
 pub const COUNTERS: TableDefinition<&str, u64> = TableDefinition::new("counters");
+/// (inode, name) -> value: the extended attributes of live inodes
+pub const XATTRS: TableDefinition<(u64, &[u8]), &[u8]> = TableDefinition::new("xattrs");
+/// revision -> its file's extended attributes when it was committed (`format::encode_xattrs`);
+/// no row when the file had none
+pub const REV_XATTRS: TableDefinition<u64, &[u8]> = TableDefinition::new("revision_xattrs");
 
 pub const NEXT_INO: &str = "next_ino";
 pub const NEXT_REV: &str = "next_rev";
@@ -62,6 +67,56 @@ pub fn counter(t: &impl ReadableTable<&'static str, u64>, name: &str) -> Result<
     t.get(name)?
         .map(|v| v.value())
         .ok_or_else(|| Error::Corrupt(format!("counter {name} missing from the metadata table")))
+}
+
+/// The extended attributes of `ino`.
+pub fn xattrs_of(
+    t: &impl ReadableTable<(u64, &'static [u8]), &'static [u8]>,
+    ino: InodeId,
+) -> Result<Xattrs> {
+    let mut x = Xattrs::new();
+    for item in t.range((ino.0, &b""[..])..(ino.0 + 1, &b""[..]))? {
+        let (k, v) = item?;
+        x.insert(k.value().1.to_vec(), v.value().to_vec());
+    }
+    Ok(x)
+}
+
+/// What revision `rev` recorded of its file's extended attributes.
+pub fn revision_xattrs(
+    t: &impl ReadableTable<u64, &'static [u8]>,
+    rev: RevisionId,
+) -> Result<Xattrs> {
+    match t.get(rev.0)? {
+        Some(v) => decode_xattrs(v.value()),
+        None => Ok(Xattrs::new()),
+    }
+}
+
+/// Records the extended attributes of `ino` as those of revision `rev` (no row if none).
+pub fn record_revision_xattrs(
+    xattrs: &impl ReadableTable<(u64, &'static [u8]), &'static [u8]>,
+    rev_xattrs: &mut Table<'_, u64, &'static [u8]>,
+    ino: InodeId,
+    rev: RevisionId,
+) -> Result<()> {
+    let x = xattrs_of(xattrs, ino)?;
+    if !x.is_empty() {
+        rev_xattrs.insert(rev.0, encode_xattrs(&x).as_slice())?;
+    }
+    Ok(())
+}
+
+/// Removes every extended attribute of `ino` (an inode being deleted).
+pub fn clear_xattrs(
+    xattrs: &mut Table<'_, (u64, &'static [u8]), &'static [u8]>,
+    ino: InodeId,
+) -> Result<()> {
+    let names: Vec<Vec<u8>> = xattrs_of(xattrs, ino)?.into_keys().collect();
+    for n in names {
+        xattrs.remove((ino.0, n.as_slice()))?;
+    }
+    Ok(())
 }
 
 /// One directory entry as listed by readdir.
@@ -109,6 +164,8 @@ pub struct NsTxn<'t> {
     pub history_revs: Table<'t, (u64, u64), ()>,
     pub extents: Table<'t, (u64, u64), &'static [u8]>,
     pub chunks: Table<'t, &'static [u8], &'static [u8]>,
+    pub xattrs: Table<'t, (u64, &'static [u8]), &'static [u8]>,
+    pub rev_xattrs: Table<'t, u64, &'static [u8]>,
 }
 
 impl NsTxn<'_> {
@@ -257,6 +314,33 @@ impl NsTxn<'_> {
             .collect::<std::result::Result<_, _>>()?)
     }
 
+    pub fn xattrs(&self, ino: InodeId) -> Result<Xattrs> {
+        xattrs_of(&self.xattrs, ino)
+    }
+
+    pub fn put_xattr(&mut self, ino: InodeId, name: &[u8], value: &[u8]) -> Result<()> {
+        self.xattrs.insert((ino.0, name), value)?;
+        Ok(())
+    }
+
+    /// Whether `ino` had the attribute.
+    pub fn remove_xattr(&mut self, ino: InodeId, name: &[u8]) -> Result<bool> {
+        Ok(self.xattrs.remove((ino.0, name))?.is_some())
+    }
+
+    /// Makes `x` the whole set of `ino`'s extended attributes.
+    pub fn replace_xattrs(&mut self, ino: InodeId, x: &Xattrs) -> Result<()> {
+        clear_xattrs(&mut self.xattrs, ino)?;
+        for (n, v) in x {
+            self.put_xattr(ino, n, v)?;
+        }
+        Ok(())
+    }
+
+    pub fn revision_xattrs(&self, rev: RevisionId) -> Result<Xattrs> {
+        revision_xattrs(&self.rev_xattrs, rev)
+    }
+
     /// Adds a sealed revision to history `hid` with the content of revision `from`, taking a
     /// reference on each of its chunks. Used when a rename replaces a path's file.
     pub fn copy_revision(&mut self, from: RevisionId, hid: u64) -> Result<RevisionId> {
@@ -283,6 +367,10 @@ impl NsTxn<'_> {
         };
         self.revisions.insert(rev, rr.encode().as_slice())?;
         self.history_revs.insert((hid, rev), ())?;
+        let x = self.rev_xattrs.get(from.0)?.map(|v| v.value().to_vec());
+        if let Some(x) = x {
+            self.rev_xattrs.insert(rev, x.as_slice())?;
+        }
         Ok(RevisionId(rev))
     }
 }
@@ -330,6 +418,7 @@ pub fn drop_revision(
     extents: &mut Table<'_, (u64, u64), &'static [u8]>,
     chunks: &mut Table<'_, &'static [u8], &'static [u8]>,
     candidates: &mut Table<'_, &'static [u8], ()>,
+    rev_xattrs: &mut Table<'_, u64, &'static [u8]>,
     rev: RevisionId,
 ) -> Result<()> {
     let Some(rr) = get_revision(revisions, rev)? else {
@@ -359,6 +448,7 @@ pub fn drop_revision(
     }
     revisions.remove(rev.0)?;
     history_revs.remove((rr.history, rev.0))?;
+    rev_xattrs.remove(rev.0)?;
     Ok(())
 }
 

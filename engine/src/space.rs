@@ -30,6 +30,31 @@ pub struct Devices {
     pub meta: Arc<dyn Device>,
 }
 
+/// Creates the tables that spaces formatted by earlier builds lack (`xattrs`,
+/// `revision_xattrs`: see FORMAT.md's version log). Writes the table only when one is
+/// missing, so opening an up-to-date space changes nothing.
+fn add_missing_tables(db: &Database) -> Result<()> {
+    let exists = |r: std::result::Result<_, redb::TableError>| match r {
+        Ok(_) => Ok(true),
+        Err(redb::TableError::TableDoesNotExist(_)) => Ok(false),
+        Err(e) => Err(Error::from(e)),
+    };
+    let complete = {
+        let txn = db.begin_read()?;
+        exists(txn.open_table(meta::XATTRS).map(drop))?
+            && exists(txn.open_table(meta::REV_XATTRS).map(drop))?
+    };
+    if !complete {
+        let mut txn = db.begin_write()?;
+        txn.set_two_phase_commit(true);
+        txn.open_table(meta::XATTRS)?;
+        txn.open_table(meta::REV_XATTRS)?;
+        txn.commit()?;
+        log::info!("added the extended-attribute tables to a space formatted by an earlier build");
+    }
+    Ok(())
+}
+
 /// Opens (or with `create`, creates) the metadata table on `meta`. An existing table is opened
 /// with redb's full integrity check: every page checksum verified and the allocator state
 /// rebuilt. That costs one read of the table per mount, and turns a table damaged outside
@@ -464,6 +489,8 @@ impl Space {
             txn.open_table(meta::GC_CANDIDATES)?;
             txn.open_table(meta::EXTENTS)?;
             txn.open_table(meta::CHUNKS)?;
+            txn.open_table(meta::XATTRS)?;
+            txn.open_table(meta::REV_XATTRS)?;
         }
         txn.commit()?;
         drop(db);
@@ -551,6 +578,7 @@ impl Space {
         }
         let failed = Arc::new(AtomicBool::new(false));
         let db = Arc::new(open_db(&devs.meta, false, failed.clone())?);
+        add_missing_tables(&db)?;
         let free = {
             let txn = db.begin_read()?;
             let t = txn.open_table(meta::FREE)?;
@@ -648,6 +676,8 @@ impl Space {
                 history_revs: txn.open_table(meta::HISTORY_REVS).map_err(Error::from)?,
                 extents: txn.open_table(meta::EXTENTS).map_err(Error::from)?,
                 chunks: txn.open_table(meta::CHUNKS).map_err(Error::from)?,
+                xattrs: txn.open_table(meta::XATTRS).map_err(Error::from)?,
+                rev_xattrs: txn.open_table(meta::REV_XATTRS).map_err(Error::from)?,
             };
             f(&mut t)
         };
@@ -701,6 +731,25 @@ impl Space {
     pub fn get_inode(&self, ino: InodeId) -> Result<Option<InodeRecord>> {
         let txn = self.db.begin_read()?;
         meta::get_inode(&txn.open_table(meta::INODES)?, ino)
+    }
+
+    /// The extended attributes of `ino`.
+    pub fn xattrs(&self, ino: InodeId) -> Result<Xattrs> {
+        let txn = self.db.begin_read()?;
+        meta::xattrs_of(&txn.open_table(meta::XATTRS)?, ino)
+    }
+
+    /// One extended attribute of `ino`.
+    pub fn xattr(&self, ino: InodeId, name: &[u8]) -> Result<Option<Vec<u8>>> {
+        let txn = self.db.begin_read()?;
+        let t = txn.open_table(meta::XATTRS)?;
+        Ok(t.get((ino.0, name))?.map(|v| v.value().to_vec()))
+    }
+
+    /// What revision `rev` recorded of its file's extended attributes.
+    pub fn revision_xattrs(&self, rev: RevisionId) -> Result<Xattrs> {
+        let txn = self.db.begin_read()?;
+        meta::revision_xattrs(&txn.open_table(meta::REV_XATTRS)?, rev)
     }
 
     pub fn lookup(&self, parent: InodeId, name: &[u8]) -> Result<Option<InodeId>> {
@@ -836,6 +885,7 @@ impl Space {
                             &mut extents,
                             &mut chunks,
                             &mut cand,
+                            &mut txn.open_table(meta::REV_XATTRS)?,
                             prev,
                         )?;
                     }
@@ -850,6 +900,12 @@ impl Space {
             };
             revs.insert(rev.0, rr.encode().as_slice())?;
             hrevs.insert((rec.history, rev.0), ())?;
+            meta::record_revision_xattrs(
+                &txn.open_table(meta::XATTRS)?,
+                &mut txn.open_table(meta::REV_XATTRS)?,
+                ino,
+                rev,
+            )?;
             rec.size = file.size();
             rec.current_rev = rev;
             inodes.insert(ino.0, rec.encode().as_slice())?;

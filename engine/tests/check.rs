@@ -195,6 +195,13 @@ fn inconsistent_metadata_is_reported() {
         dirents
             .insert((InodeId::ROOT.0, b"ghost".as_slice()), (999, 7))
             .unwrap();
+        // Extended attributes of an inode and a revision that do not exist.
+        let mut xattrs = txn.open_table(meta::XATTRS).unwrap();
+        xattrs
+            .insert((888, b"user.orphan".as_slice()), b"v".as_slice())
+            .unwrap();
+        let mut rev_xattrs = txn.open_table(meta::REV_XATTRS).unwrap();
+        rev_xattrs.insert(777, b"".as_slice()).unwrap();
     }
     txn.commit().unwrap();
     let r = check(&space, &mut |_, _| {}).unwrap();
@@ -203,10 +210,39 @@ fn inconsistent_metadata_is_reported() {
     let all = r.problems.join("\n");
     assert!(all.contains("reference count"), "{all}");
     assert!(all.contains("inode 999"), "{all}");
+    assert!(all.contains("extended attribute of inode 888"), "{all}");
+    assert!(all.contains("revision 777, which does not exist"), "{all}");
     assert!(
         all.contains("at or above next_cookie") || all.contains("readdir"),
         "{all}"
     );
+    drop(space);
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+/// A space formatted before the extended-attribute tables existed gets them at its next
+/// open (and only then is meta.redb written); its files keep working and check clean.
+#[test]
+fn a_space_without_xattr_tables_gains_them_at_open() {
+    let dir = temp_space("upgrade");
+    let space = Space::open(&dir).unwrap();
+    let a = create(&space, InodeId::ROOT, b"a", false);
+    commit(&space, a, &random(9, 10_000));
+    let txn = space.db().begin_write().unwrap();
+    assert!(txn.delete_table(meta::XATTRS).unwrap());
+    assert!(txn.delete_table(meta::REV_XATTRS).unwrap());
+    txn.commit().unwrap();
+    drop(space);
+
+    let space = Space::open(&dir).unwrap();
+    assert!(space.xattrs(a).unwrap().is_empty());
+    space
+        .ns_write(true, |t| t.put_xattr(a, b"user.k", b"v"))
+        .unwrap();
+    let rev = commit(&space, a, &random(10, 10_000));
+    assert_eq!(space.revision_xattrs(rev).unwrap().len(), 1);
+    let r = check(&space, &mut |_, _| {}).unwrap();
+    assert!(r.is_clean(), "{r:#?}");
     drop(space);
     std::fs::remove_dir_all(&dir).unwrap();
 }

@@ -19,6 +19,7 @@ pub const STATS_XATTR: &str = "user.ckptfs.stats";
 const SELECTIONS_MAX: usize = 64;
 
 pub mod view;
+pub mod xattr;
 
 #[derive(Debug)]
 pub enum Error {
@@ -38,6 +39,12 @@ pub enum Error {
     Busy,
     /// An operation ckptfs does not offer (fallocate's COLLAPSE_RANGE, INSERT_RANGE).
     NotSupported,
+    /// No such extended attribute (ENODATA).
+    NoData,
+    /// An extended-attribute name longer than 255 bytes (ERANGE).
+    OutOfRange,
+    /// An extended-attribute value larger than 64 KiB (E2BIG).
+    ValueTooBig,
     /// A request names a file handle this daemon did not hand out or already released:
     /// a kernel/daemon disagreement that must never be answered as if nothing happened.
     BadHandle,
@@ -1758,6 +1765,13 @@ impl Fs {
             self.space.store().unpin(&held);
             n.file = content;
             n.file.mark_replaced();
+            // The revision's extended attributes come back with its bytes (first, so the
+            // commit below records them in the new revision).
+            self.space.ns_write(false, |t| -> Result<()> {
+                let x = t.revision_xattrs(RevisionId(rev))?;
+                t.replace_xattrs(ino, &x)?;
+                Ok(())
+            })?;
             let now = Timestamp::now();
             n.rec.mtime = now;
             n.rec.ctime = now;

@@ -102,6 +102,16 @@ fn dir_attr(ino: InodeId, like: &InodeRecord) -> Attr {
 }
 
 impl Fs {
+    /// A revision file shows the extended attributes its revision recorded; the view's
+    /// directories have none.
+    pub(crate) fn view_xattrs(&self, ino: InodeId) -> Result<ckptfs_engine::format::Xattrs> {
+        self.view_getattr(ino)?;
+        match decode(ino) {
+            Some(Virt::Rev(rev)) => Ok(self.space.revision_xattrs(rev)?),
+            _ => Ok(Default::default()),
+        }
+    }
+
     pub(crate) fn view_getattr(&self, ino: InodeId) -> Result<Attr> {
         match decode(ino).ok_or(Error::NotFound)? {
             Virt::Ctl => Ok(dir_attr(ino, &self.record(InodeId::ROOT)?)),

@@ -2,6 +2,7 @@
 //! `fs::Fs` call, and every error to an errno in `errno()`.
 
 use ckptfs_engine::format::{InodeId, NodeKind, Timestamp};
+use ckptfs_fs::xattr::XattrSet;
 use ckptfs_fs::{Attr, Caller, Error, Fs, SetAttr};
 use fuser::{
     Errno, FileAttr, FileHandle, FileType, Filesystem, FopenFlags, Generation, INodeNo, InitFlags,
@@ -45,6 +46,9 @@ fn errno(e: &Error) -> Errno {
         Error::Busy => libc::EBUSY,
         Error::NotSupported => libc::EOPNOTSUPP,
         Error::BadHandle => libc::EIO,
+        Error::NoData => libc::ENODATA,
+        Error::OutOfRange => libc::ERANGE,
+        Error::ValueTooBig => libc::E2BIG,
         Error::Engine(inner) => match inner {
             E::Io(_) => libc::EIO,
             E::NoSpace => libc::ENOSPC,
@@ -425,6 +429,18 @@ impl CkptFs {
         }
     }
 
+    /// Answers getxattr/listxattr: the size for a probe (size 0), ERANGE when the caller's
+    /// buffer is too small, else the bytes.
+    fn reply_xattr(v: &[u8], size: u32, reply: ReplyXattr) {
+        if size == 0 {
+            reply.size(v.len() as u32);
+        } else if (size as usize) < v.len() {
+            reply.error(Errno::from_i32(libc::ERANGE));
+        } else {
+            reply.data(v);
+        }
+    }
+
     fn reply_empty(r: Result<(), Error>, op: &str, ino: INodeNo, reply: ReplyEmpty) {
         match r {
             Ok(()) => reply.ok(),
@@ -627,6 +643,10 @@ impl Filesystem for CkptFs {
         } else {
             Ok(())
         };
+        let r = r.and_then(|()| match trunc {
+            true => self.fs.drop_file_caps(InodeId(ino.0)),
+            false => Ok(()),
+        });
         match r.and_then(|()| self.fs.open(InodeId(ino.0), fh.0, w, trunc)) {
             Ok(()) => reply.opened(fh, open_flags(flags)),
             Err(e) => reply.error(fail("open", ino.0, e)),
@@ -669,11 +689,17 @@ impl Filesystem for CkptFs {
         } else {
             Ok(())
         };
+        // Nor do they drop file capabilities, which any write removes.
+        let direct = matches!(flags.acc_mode(), OpenAccMode::O_WRONLY);
+        let r = r.and_then(|()| match direct {
+            true => self.fs.drop_file_caps(InodeId(ino.0)),
+            false => Ok(()),
+        });
         match r.and_then(|()| self.fs.write(InodeId(ino.0), fh.0, req.pid(), offset, data)) {
             Ok(n) => {
                 // A write-only handle is served with direct I/O (`open_flags`): its bytes
                 // went past the page cache that other handles of the file read through.
-                if matches!(flags.acc_mode(), OpenAccMode::O_WRONLY) {
+                if direct {
                     if let Some(inv) = self.invalidator.get() {
                         inv.pages(ino, offset, n as u64);
                     }
@@ -782,12 +808,15 @@ impl Filesystem for CkptFs {
     }
 
     fn getxattr(&self, req: &Request, ino: INodeNo, name: &OsStr, size: u32, reply: ReplyXattr) {
-        let name = name.to_string_lossy();
         let Some(op) = name
-            .strip_prefix(CONTROL_PREFIX)
+            .to_str()
+            .and_then(|n| n.strip_prefix(CONTROL_PREFIX))
             .filter(|_| ino == INodeNo::ROOT)
         else {
-            return reply.error(Errno::from_i32(libc::ENODATA));
+            return match self.fs.getxattr(InodeId(ino.0), name.as_bytes()) {
+                Ok(v) => Self::reply_xattr(&v, size, reply),
+                Err(e) => reply.error(fail("getxattr", ino.0, e)),
+            };
         };
         // A size probe computes the answer; the read that follows returns the same bytes.
         let answer = if size == 0 || op == "stats" || op == "config" {
@@ -806,19 +835,14 @@ impl Filesystem for CkptFs {
         };
         if size == 0 {
             self.answer(req.pid(), answer.clone());
-            reply.size(answer.len() as u32);
-        } else if (size as usize) < answer.len() {
-            reply.error(Errno::from_i32(libc::ERANGE));
-        } else {
-            reply.data(&answer);
         }
+        Self::reply_xattr(&answer, size, reply)
     }
 
-    fn listxattr(&self, _req: &Request, _ino: INodeNo, size: u32, reply: ReplyXattr) {
-        if size == 0 {
-            reply.size(0);
-        } else {
-            reply.data(&[]);
+    fn listxattr(&self, req: &Request, ino: INodeNo, size: u32, reply: ReplyXattr) {
+        match self.fs.listxattr(InodeId(ino.0), req.uid() == 0) {
+            Ok(v) => Self::reply_xattr(&v, size, reply),
+            Err(e) => reply.error(fail("listxattr", ino.0, e)),
         }
     }
 
@@ -828,16 +852,26 @@ impl Filesystem for CkptFs {
         ino: INodeNo,
         name: &OsStr,
         value: &[u8],
-        _flags: i32,
+        flags: i32,
         _position: u32,
         reply: ReplyEmpty,
     ) {
-        let name = name.to_string_lossy();
         let Some(op) = name
-            .strip_prefix(CONTROL_PREFIX)
+            .to_str()
+            .and_then(|n| n.strip_prefix(CONTROL_PREFIX))
             .filter(|_| ino == INodeNo::ROOT)
         else {
-            return reply.error(Errno::from_i32(libc::EOPNOTSUPP));
+            if flags & !(libc::XATTR_CREATE | libc::XATTR_REPLACE) != 0 {
+                return reply.error(Errno::from_i32(libc::EINVAL));
+            }
+            let how = XattrSet {
+                create: flags & libc::XATTR_CREATE != 0,
+                replace: flags & libc::XATTR_REPLACE != 0,
+            };
+            let r = self
+                .fs
+                .setxattr(InodeId(ino.0), name.as_bytes(), value, how);
+            return Self::reply_empty(r, "setxattr", ino, reply);
         };
         match self.control(req, op, Some(value)) {
             Ok(a) => {
@@ -902,8 +936,9 @@ impl Filesystem for CkptFs {
         }
     }
 
-    fn removexattr(&self, _req: &Request, _ino: INodeNo, _name: &OsStr, reply: ReplyEmpty) {
-        reply.error(Errno::from_i32(libc::ENODATA));
+    fn removexattr(&self, _req: &Request, ino: INodeNo, name: &OsStr, reply: ReplyEmpty) {
+        let r = self.fs.removexattr(InodeId(ino.0), name.as_bytes());
+        Self::reply_empty(r, "removexattr", ino, reply);
     }
 
     fn create(

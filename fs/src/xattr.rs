@@ -1,0 +1,186 @@
+//! Extended attributes: stored in the metadata table per inode, recorded by each revision of
+//! a file, restored with it, and shown on the revision view's files.
+//!
+//! Namespaces: `user.`, `trusted.` and `security.`. The kernel enforces who may use each
+//! (default_permissions: write permission for `user.` sets, CAP_SYS_ADMIN for `trusted.`,
+//! `user.` only on regular files and directories) and the size limits (names up to 255 bytes,
+//! else ERANGE; values up to 64 KiB, else E2BIG) before a request reaches the daemon; they
+//! are checked again here so no caller of this crate can store more. `system.` names (POSIX
+//! ACLs) are not offered: EOPNOTSUPP. On the root, `user.ckptfs.*` names are ckptfs's
+//! control interface and cannot be stored.
+
+use super::{Error, Fs, Result};
+use ckptfs_engine::format::{
+    InodeId, Timestamp, Xattrs, XATTR_NAMES_ROOM, XATTR_NAME_MAX, XATTR_VALUES_ROOM,
+    XATTR_VALUE_MAX,
+};
+
+/// The control names on the root (see the adapter's control interface).
+pub const CONTROL_PREFIX: &[u8] = b"user.ckptfs.";
+
+/// The attribute holding a file's capabilities (setcap).
+const FILE_CAPS: &[u8] = b"security.capability";
+
+const NAMESPACES: [&[u8]; 3] = [b"user.", b"trusted.", b"security."];
+
+/// setxattr(2)'s flags; neither set: create or replace. Both set is legal and checked in
+/// this order, as ext4 does: EEXIST if the attribute exists, else ENODATA.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct XattrSet {
+    /// XATTR_CREATE: fail with EEXIST if the attribute exists.
+    pub create: bool,
+    /// XATTR_REPLACE: fail with ENODATA if it does not.
+    pub replace: bool,
+}
+
+fn check_xattr_name(ino: InodeId, name: &[u8]) -> Result<()> {
+    if name.len() > XATTR_NAME_MAX {
+        return Err(Error::OutOfRange);
+    }
+    let Some(ns) = NAMESPACES.iter().find(|ns| name.starts_with(ns)) else {
+        return Err(Error::NotSupported);
+    };
+    if name.len() == ns.len() || name.contains(&0) {
+        return Err(Error::Invalid);
+    }
+    if ino == InodeId::ROOT && name.starts_with(CONTROL_PREFIX) {
+        return Err(Error::NotPermitted);
+    }
+    Ok(())
+}
+
+/// The names of `x` as listxattr(2) returns them: each followed by a NUL.
+fn name_list(x: &Xattrs) -> Vec<u8> {
+    let mut out = Vec::new();
+    for n in x.keys() {
+        out.extend_from_slice(n);
+        out.push(0);
+    }
+    out
+}
+
+impl Fs {
+    fn xattrs_of(&self, ino: InodeId) -> Result<Xattrs> {
+        if super::view::is_virtual(ino) {
+            return self.view_xattrs(ino);
+        }
+        // An inode that does not exist has no attributes to list: ENOENT, not an empty list.
+        self.record(ino)?;
+        Ok(self.space.xattrs(ino)?)
+    }
+
+    /// getxattr(2): the value, or ENODATA.
+    pub fn getxattr(&self, ino: InodeId, name: &[u8]) -> Result<Vec<u8>> {
+        if name.len() > XATTR_NAME_MAX {
+            return Err(Error::OutOfRange);
+        }
+        self.xattrs_of(ino)?.remove(name).ok_or(Error::NoData)
+    }
+
+    /// listxattr(2): the names, each followed by a NUL. `trusted.` names only for a
+    /// privileged caller (root: FUSE does not pass capabilities), as ext4 lists them only to
+    /// CAP_SYS_ADMIN; the kernel hides their values from others itself.
+    pub fn listxattr(&self, ino: InodeId, privileged: bool) -> Result<Vec<u8>> {
+        let mut x = self.xattrs_of(ino)?;
+        if !privileged {
+            x.retain(|n, _| !n.starts_with(b"trusted."));
+        }
+        Ok(name_list(&x))
+    }
+
+    /// setxattr(2). Like any namespace change it is ordered with the others and becomes
+    /// durable with the next fsync or close of a written file (or the next durable commit);
+    /// the next commit of a file records it in that revision.
+    pub fn setxattr(&self, ino: InodeId, name: &[u8], value: &[u8], how: XattrSet) -> Result<()> {
+        self.writable(ino)?;
+        self.refuse_if_failed()?;
+        check_xattr_name(ino, name)?;
+        if value.len() > XATTR_VALUE_MAX {
+            return Err(Error::ValueTooBig);
+        }
+        let now = Timestamp::now();
+        self.space.ns_write(false, |t| -> Result<()> {
+            let mut rec = t.inode(ino)?;
+            let mut x = t.xattrs(ino)?;
+            let exists = x.contains_key(name);
+            if how.create && exists {
+                return Err(Error::Exists);
+            }
+            if how.replace && !exists {
+                return Err(Error::NoData);
+            }
+            x.insert(name.to_vec(), value.to_vec());
+            let names: usize = x.keys().map(|n| n.len() + 1).sum();
+            let values: usize = x.values().map(Vec::len).sum();
+            if names > XATTR_NAMES_ROOM || values > XATTR_VALUES_ROOM {
+                return Err(ckptfs_engine::Error::NoSpace.into());
+            }
+            t.put_xattr(ino, name, value)?;
+            rec.ctime = now;
+            t.put_inode(ino, &rec)?;
+            Ok(())
+        })?;
+        self.refresh_open(ino, |r| r.ctime = now);
+        Ok(())
+    }
+
+    /// Drops the file capabilities (`security.capability`) of `ino`, as the kernel does on
+    /// every write and truncate through the page cache, whoever writes. Writes that bypass
+    /// it (direct-I/O handles) and the O_TRUNC the daemon does at open come here instead.
+    /// One table read when there is nothing to drop.
+    pub fn drop_file_caps(&self, ino: InodeId) -> Result<()> {
+        if self.space.xattr(ino, FILE_CAPS)?.is_none() {
+            return Ok(());
+        }
+        match self.removexattr(ino, FILE_CAPS) {
+            Err(Error::NoData) => Ok(()),
+            r => r,
+        }
+    }
+
+    /// removexattr(2): ENODATA if there is no such attribute.
+    pub fn removexattr(&self, ino: InodeId, name: &[u8]) -> Result<()> {
+        self.writable(ino)?;
+        self.refuse_if_failed()?;
+        if name.len() > XATTR_NAME_MAX {
+            return Err(Error::OutOfRange);
+        }
+        let now = Timestamp::now();
+        self.space.ns_write(false, |t| -> Result<()> {
+            let mut rec = t.inode(ino)?;
+            if !t.remove_xattr(ino, name)? {
+                return Err(Error::NoData);
+            }
+            rec.ctime = now;
+            t.put_inode(ino, &rec)?;
+            Ok(())
+        })?;
+        self.refresh_open(ino, |r| r.ctime = now);
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn names_outside_the_offered_namespaces_are_refused() {
+        let f = InodeId(5);
+        assert!(check_xattr_name(f, b"user.a").is_ok());
+        assert!(check_xattr_name(f, b"trusted.a").is_ok());
+        assert!(check_xattr_name(f, b"security.capability").is_ok());
+        assert!(matches!(
+            check_xattr_name(f, b"system.posix_acl_access"),
+            Err(Error::NotSupported)
+        ));
+        assert!(matches!(check_xattr_name(f, b"user."), Err(Error::Invalid)));
+        assert!(check_xattr_name(f, b"user.ckptfs.x").is_ok());
+        assert!(matches!(
+            check_xattr_name(InodeId::ROOT, b"user.ckptfs.x"),
+            Err(Error::NotPermitted)
+        ));
+        let long = [b"user.".as_slice(), &[b'a'; 251]].concat();
+        assert!(matches!(check_xattr_name(f, &long), Err(Error::OutOfRange)));
+    }
+}
