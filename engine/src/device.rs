@@ -111,6 +111,148 @@ impl FileDevice {
     }
 }
 
+/// A device that refuses every write with EROFS: the data file of a read-only mount, so
+/// no path can change it, even one the layers above forgot to refuse.
+pub struct ReadOnlyDevice(pub Arc<dyn Device>);
+
+impl Device for ReadOnlyDevice {
+    fn read_at(&self, buf: &mut [u8], off: u64) -> io::Result<()> {
+        self.0.read_at(buf, off)
+    }
+    fn write_at(&self, _buf: &[u8], _off: u64) -> io::Result<()> {
+        Err(io::Error::from_raw_os_error(libc::EROFS))
+    }
+    fn sync(&self) -> io::Result<()> {
+        Ok(())
+    }
+    fn len(&self) -> u64 {
+        self.0.len()
+    }
+}
+
+/// The metadata table of a read-only mount: reads come from the file, writes stay in memory.
+/// redb writes even to a table nobody changes (its allocator state on open and close, the
+/// repair of a table left by a crash); here they land in this overlay and never reach the
+/// backing directory. Every change a user could make is refused above (the space's
+/// `begin_write`), so the overlay holds only redb's own bookkeeping: a few pages normally,
+/// at most about the size of the table after a crash repair. Bounded by that, not by use.
+pub struct OverlayDevice {
+    base: Arc<dyn Device>,
+    /// 4 KiB blocks written since open, by block number.
+    blocks: parking_lot::Mutex<std::collections::HashMap<u64, Box<[u8; OVERLAY_BLOCK]>>>,
+    len: AtomicU64,
+    /// The base's bytes are visible below this: the base length, lowered by every shrink
+    /// (bytes cut off and grown back read as zero).
+    floor: AtomicU64,
+}
+
+const OVERLAY_BLOCK: usize = 4096;
+
+impl OverlayDevice {
+    pub fn new(base: Arc<dyn Device>) -> Self {
+        let len = base.len();
+        OverlayDevice {
+            base,
+            blocks: parking_lot::Mutex::new(std::collections::HashMap::new()),
+            len: AtomicU64::new(len),
+            floor: AtomicU64::new(len),
+        }
+    }
+
+    /// Bytes held in memory.
+    pub fn overlay_bytes(&self) -> usize {
+        self.blocks.lock().len() * OVERLAY_BLOCK
+    }
+
+    /// Block `b` as it reads now: the overlay's copy, else the base's bytes (zeros past
+    /// either's end).
+    fn block(
+        &self,
+        blocks: &std::collections::HashMap<u64, Box<[u8; OVERLAY_BLOCK]>>,
+        b: u64,
+    ) -> io::Result<[u8; OVERLAY_BLOCK]> {
+        if let Some(x) = blocks.get(&b) {
+            return Ok(**x);
+        }
+        let mut out = [0u8; OVERLAY_BLOCK];
+        let start = b * OVERLAY_BLOCK as u64;
+        let end = (start + OVERLAY_BLOCK as u64).min(self.floor.load(Ordering::SeqCst));
+        if end > start {
+            self.base
+                .read_at(&mut out[..(end - start) as usize], start)?;
+        }
+        Ok(out)
+    }
+}
+
+impl Device for OverlayDevice {
+    fn read_at(&self, buf: &mut [u8], off: u64) -> io::Result<()> {
+        let blocks = self.blocks.lock();
+        let bs = OVERLAY_BLOCK as u64;
+        let end = off + buf.len() as u64;
+        if end > self.len.load(Ordering::SeqCst) {
+            return Err(io::Error::from(io::ErrorKind::UnexpectedEof));
+        }
+        // Straight from the base when no block of the range was written here.
+        if !(off / bs..end.div_ceil(bs)).any(|b| blocks.contains_key(&b))
+            && end <= self.floor.load(Ordering::SeqCst)
+        {
+            return self.base.read_at(buf, off);
+        }
+        let mut pos = off;
+        while pos < end {
+            let b = pos / bs;
+            let within = (pos % bs) as usize;
+            let n = ((bs - pos % bs).min(end - pos)) as usize;
+            let block = self.block(&blocks, b)?;
+            let at = (pos - off) as usize;
+            buf[at..at + n].copy_from_slice(&block[within..within + n]);
+            pos += n as u64;
+        }
+        Ok(())
+    }
+
+    fn write_at(&self, buf: &[u8], off: u64) -> io::Result<()> {
+        let mut blocks = self.blocks.lock();
+        let bs = OVERLAY_BLOCK as u64;
+        let end = off + buf.len() as u64;
+        let mut pos = off;
+        while pos < end {
+            let b = pos / bs;
+            let within = (pos % bs) as usize;
+            let n = ((bs - pos % bs).min(end - pos)) as usize;
+            let mut block = self.block(&blocks, b)?;
+            let at = (pos - off) as usize;
+            block[within..within + n].copy_from_slice(&buf[at..at + n]);
+            blocks.insert(b, Box::new(block));
+            pos += n as u64;
+        }
+        self.len.fetch_max(end, Ordering::SeqCst);
+        Ok(())
+    }
+
+    fn sync(&self) -> io::Result<()> {
+        Ok(())
+    }
+
+    fn len(&self) -> u64 {
+        self.len.load(Ordering::SeqCst)
+    }
+
+    fn set_len(&self, len: u64) -> io::Result<()> {
+        let mut blocks = self.blocks.lock();
+        let bs = OVERLAY_BLOCK as u64;
+        // Bytes past the new end read as zero if the device grows again.
+        blocks.retain(|b, _| *b * bs < len);
+        if let Some(last) = blocks.get_mut(&(len / bs)) {
+            last[(len % bs) as usize..].fill(0);
+        }
+        self.floor.fetch_min(len, Ordering::SeqCst);
+        self.len.store(len, Ordering::SeqCst);
+        Ok(())
+    }
+}
+
 /// A write buffer whose bytes start at a `DIRECT_ALIGN`-aligned address, so whole-block
 /// prefixes of it can be written with O_DIRECT.
 pub struct IoBuf {
@@ -394,5 +536,79 @@ impl Device for MemDevice {
     fn set_len(&self, len: u64) -> io::Result<()> {
         self.bytes.write().resize(len as usize, 0);
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod overlay_tests {
+    use super::*;
+
+    /// A plain in-memory device, the overlay's base.
+    struct Mem(parking_lot::Mutex<Vec<u8>>);
+    impl Device for Mem {
+        fn read_at(&self, buf: &mut [u8], off: u64) -> io::Result<()> {
+            let v = self.0.lock();
+            buf.copy_from_slice(&v[off as usize..off as usize + buf.len()]);
+            Ok(())
+        }
+        fn write_at(&self, _: &[u8], _: u64) -> io::Result<()> {
+            panic!("the overlay wrote to its base")
+        }
+        fn sync(&self) -> io::Result<()> {
+            Ok(())
+        }
+        fn len(&self) -> u64 {
+            self.0.lock().len() as u64
+        }
+    }
+
+    /// Random writes, reads, shrinks and growths agree with a model vector; the base never
+    /// changes.
+    #[test]
+    fn overlay_reads_like_a_written_copy_of_its_base() {
+        let base: Vec<u8> = (0..20_000u32).map(|i| (i * 7 % 251) as u8).collect();
+        let dev = OverlayDevice::new(Arc::new(Mem(parking_lot::Mutex::new(base.clone()))));
+        let mut model = base.clone();
+        let mut x = 12345u64;
+        let mut next = |m: u64| {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            x % m
+        };
+        for _ in 0..2000 {
+            match next(4) {
+                0 | 1 => {
+                    let off = next(model.len() as u64 + 5000);
+                    let len = next(9000) as usize;
+                    let data: Vec<u8> = (0..len).map(|i| (i as u64 ^ off) as u8).collect();
+                    dev.write_at(&data, off).unwrap();
+                    let end = off as usize + len;
+                    if model.len() < end {
+                        model.resize(end, 0);
+                    }
+                    model[off as usize..end].copy_from_slice(&data);
+                }
+                2 => {
+                    let len = next(30_000) as usize;
+                    dev.set_len(len as u64).unwrap();
+                    model.resize(len, 0);
+                }
+                _ => {
+                    if model.is_empty() {
+                        continue;
+                    }
+                    let off = next(model.len() as u64) as usize;
+                    let len = next((model.len() - off) as u64 + 1) as usize;
+                    let mut buf = vec![0u8; len];
+                    dev.read_at(&mut buf, off as u64).unwrap();
+                    assert!(buf == model[off..off + len], "read {off}+{len}");
+                }
+            }
+            assert_eq!(dev.len(), model.len() as u64);
+        }
+        let mut all = vec![0u8; base.len()];
+        dev.base.read_at(&mut all, 0).unwrap();
+        assert!(all == base);
     }
 }

@@ -22,6 +22,8 @@ pub enum Error {
     Meta(String),
     /// An earlier write or sync failed; the space refuses further writes (sticky failure).
     Failed,
+    /// The space is open read-only (`ckptfs mount --read-only`): nothing may change it.
+    ReadOnly,
 }
 
 pub type Result<T> = std::result::Result<T, Error>;
@@ -39,6 +41,10 @@ impl fmt::Display for Error {
             Error::Failed => write!(
                 f,
                 "an earlier write or sync to the backing space failed; refusing writes until remount"
+            ),
+            Error::ReadOnly => write!(
+                f,
+                "the space is mounted read-only; unmount it and mount it without --read-only to change it"
             ),
         }
     }

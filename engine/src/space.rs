@@ -182,6 +182,9 @@ pub struct Space {
     pub pin_gate: parking_lot::RwLock<()>,
     /// A non-durable namespace change has committed since the last durable commit.
     ns_dirty: std::sync::atomic::AtomicBool,
+    /// Opened by `open_read_only`: every metadata write transaction is refused, the data
+    /// file refuses writes, and the lock is shared.
+    read_only: bool,
 }
 
 /// What `ckptfs stats` reports.
@@ -264,12 +267,47 @@ fn take_lock(dir: &Path) -> Result<File> {
     })?;
     // SAFETY: flock on a valid open descriptor has no memory-safety preconditions.
     if unsafe { libc::flock(f.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) } != 0 {
+        // Held shared: read-only mounts, which leave no note in the file (the note there is
+        // an earlier holder's).
+        let probe = File::open(&path)?;
+        // SAFETY: as above; the probe's lock goes with `probe`.
+        if unsafe { libc::flock(probe.as_raw_fd(), libc::LOCK_SH | libc::LOCK_NB) } == 0 {
+            return Err(Error::Locked(format!(
+                "backing space {} is mounted read-only by another ckptfs process; unmount \
+                 that first",
+                dir.display()
+            )));
+        }
         let mut who = String::new();
         let _ = f.read_to_string(&mut who);
         return Err(Error::Locked(format!(
             "backing space {} is in use by another ckptfs process ({})",
             dir.display(),
             who.trim()
+        )));
+    }
+    Ok(f)
+}
+
+/// The lock of a read-only open: shared with other read-only opens, refused while a
+/// read-write holder has the space. Opens the lock file read-only and writes nothing.
+fn take_shared_lock(dir: &Path) -> Result<File> {
+    let path = dir.join(LOCK_FILE);
+    let f = File::open(&path).map_err(|e| match e.kind() {
+        std::io::ErrorKind::NotFound => Error::NotASpace(format!(
+            "{} is not a ckptfs backing space (no lock file); run `ckptfs format {}`",
+            dir.display(),
+            dir.display()
+        )),
+        _ => Error::from(e),
+    })?;
+    // SAFETY: flock on a valid open descriptor has no memory-safety preconditions.
+    if unsafe { libc::flock(f.as_raw_fd(), libc::LOCK_SH | libc::LOCK_NB) } != 0 {
+        return Err(Error::Locked(format!(
+            "backing space {} is in use by another ckptfs process ({}); a read-only mount \
+             needs it unmounted",
+            dir.display(),
+            lock_holder(dir).unwrap_or_default().trim()
         )));
     }
     Ok(f)
@@ -565,6 +603,40 @@ impl Space {
         Ok(space)
     }
 
+    /// Opens the space in `dir` for reading only, writing nothing to the directory: the data
+    /// file and the table are opened read-only, the table's own bookkeeping writes (and the
+    /// repair of a table a crash left) stay in memory (`OverlayDevice`), the lock is shared
+    /// (other read-only opens may share it; a read-write mount may not) and records no pid.
+    /// Every change is refused with `Error::ReadOnly`.
+    pub fn open_read_only(dir: &Path) -> Result<Space> {
+        if !dir.is_dir() {
+            return Err(Error::Invalid(format!(
+                "backing directory {} does not exist or is not a directory",
+                dir.display()
+            )));
+        }
+        let sb = read_superblock(dir)?;
+        let lock = take_shared_lock(dir)?;
+        let ro = |name: &str| -> Result<File> { Ok(File::open(dir.join(name))?) };
+        let devs = Devices {
+            data: Arc::new(crate::device::ReadOnlyDevice(Arc::new(FileDevice::new(
+                ro(DATA_FILE)?,
+            )?))),
+            meta: Arc::new(crate::device::OverlayDevice::new(Arc::new(
+                FileDevice::growable(ro(META_FILE)?)?,
+            ))),
+        };
+        let mut space = Space::open_devices(sb, devs)?;
+        space.read_only = true;
+        space.dir = dir.to_path_buf();
+        space.lock = Some(lock);
+        Ok(space)
+    }
+
+    pub fn is_read_only(&self) -> bool {
+        self.read_only
+    }
+
     /// Opens the space that `sb` describes on the given devices (the caller holds whatever
     /// makes it the only user). The metadata table's page checksums are all verified here,
     /// so a damaged table is reported at open instead of trusted.
@@ -615,6 +687,7 @@ impl Space {
             gc_lock: parking_lot::Mutex::new(()),
             pin_gate: parking_lot::RwLock::new(()),
             ns_dirty: std::sync::atomic::AtomicBool::new(false),
+            read_only: false,
         })
     }
 
@@ -661,6 +734,9 @@ impl Space {
         durable: bool,
         f: impl FnOnce(&mut NsTxn) -> std::result::Result<R, E>,
     ) -> std::result::Result<R, E> {
+        if self.read_only {
+            return Err(Error::ReadOnly.into());
+        }
         if self.store.is_failed() {
             return Err(Error::Failed.into());
         }
@@ -704,6 +780,9 @@ impl Space {
     /// durable commit. Non-durable transactions (namespace changes) become durable with the
     /// next durable one.
     pub fn begin_write(&self, durable: bool) -> Result<redb::WriteTransaction> {
+        if self.read_only {
+            return Err(Error::ReadOnly);
+        }
         if self.store.is_failed() {
             return Err(Error::Failed);
         }

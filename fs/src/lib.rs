@@ -991,6 +991,11 @@ impl Fs {
         // Sticky failure: refuse to open for writing at all, so an O_TRUNC cannot empty the
         // in-memory view of a committed file that nothing can be saved over any more.
         if write {
+            // Read-only space: EROFS at open, as a read-only filesystem answers, also after
+            // a `mount -o remount,rw` the kernel allows but this daemon cannot honour.
+            if self.space.is_read_only() {
+                return Err(ckptfs_engine::Error::ReadOnly.into());
+            }
             self.refuse_if_failed()?;
         }
         // The node is found or made, its count raised and the handle entered, all under the
@@ -1415,7 +1420,12 @@ impl Fs {
         Ok(self.space.sync_meta_if_dirty()?)
     }
 
+    /// fsync of a directory: namespace changes so far become durable. Nothing to do on a
+    /// read-only space.
     pub fn fsync_dir(&self) -> Result<()> {
+        if self.space.is_read_only() {
+            return Ok(());
+        }
         Ok(self.space.sync_meta()?)
     }
 
@@ -1533,7 +1543,7 @@ impl Fs {
 
     /// Refuses changes inside the revision view.
     fn writable(&self, ino: InodeId) -> Result<()> {
-        if view::is_virtual(ino) {
+        if view::is_virtual(ino) || self.space.is_read_only() {
             Err(Error::ReadOnly)
         } else {
             Ok(())
@@ -1639,6 +1649,7 @@ impl Fs {
         };
         let store = self.space.store();
         if config.auto_gc_free_percent == 0
+            || self.space.is_read_only()
             || store.is_failed()
             || store.free_bytes() * 100 >= store.capacity() * config.auto_gc_free_percent
         {

@@ -58,6 +58,7 @@ fn errno(e: &Error) -> Errno {
             E::Invalid(_) => libc::EINVAL,
             E::Meta(_) => libc::EIO,
             E::Failed => libc::EIO,
+            E::ReadOnly => libc::EROFS,
         },
     };
     Errno::from_i32(code)
@@ -66,6 +67,9 @@ fn errno(e: &Error) -> Errno {
 /// Logs errors the application cannot explain by itself (I/O, corruption) and converts.
 fn fail(op: &str, ino: u64, e: Error) -> Errno {
     match &e {
+        // A change refused on a read-only mount (after `remount,rw`, or through the control
+        // interface): the caller's doing, said once per request.
+        Error::Engine(ckptfs_engine::Error::ReadOnly) => log::warn!("{op} on inode {ino}: {e:?}"),
         Error::Engine(inner) => log::error!("{op} on inode {ino}: {inner}"),
         _ => log::debug!("{op} on inode {ino}: {e:?}"),
     }
@@ -288,6 +292,9 @@ impl CkptFs {
         let to_json = |v: serde_json::Value| v.to_string().into_bytes();
         let fail_json = |op: &str, e: Error| fail(op, 1, e);
         match (name, value) {
+            // The daemon's pid, for `ckptfs umount` to wait on (a read-only mount leaves no
+            // note in the lock file).
+            ("pid", None) => Ok(to_json(serde_json::json!(std::process::id()))),
             ("stats", None) => {
                 let s = self.fs.stats().map_err(|e| fail_json("stats", e))?;
                 Ok(to_json(crate::stats_json(&s)))

@@ -11,6 +11,7 @@ use ckptfs_engine::{parse_size, Space, Stats};
 use ckptfs_fs::{Caller, Fs, RevisionListing};
 use clap::{Parser, Subcommand};
 use std::io::{BufRead, BufReader, Write};
+use std::os::unix::fs::OpenOptionsExt;
 use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::process::{Command, ExitCode, Stdio};
@@ -128,6 +129,16 @@ enum Cmd {
         /// path (also CKPTFS_CUDA_LIB_DIR).
         #[arg(long, value_name = "DIR")]
         cuda_lib_dir: Option<PathBuf>,
+        /// Mount read-only: nothing is written to the backing directory (not even the
+        /// metadata table's bookkeeping, the lock file's note or the log, which goes to
+        /// the temporary directory), writes fail with EROFS, automatic gc is off. Other
+        /// read-only mounts of the same space may run at the same time; a read-write one
+        /// may not.
+        #[arg(long)]
+        read_only: bool,
+        /// Mount options, comma-separated: `ro` (as --read-only), `rw`, `allow_other`.
+        #[arg(short = 'o', value_name = "OPTIONS")]
+        options: Option<String>,
         #[arg(long, hide = true)]
         notify_ready: bool,
     },
@@ -362,6 +373,8 @@ struct Tuning {
     codec: String,
     gpu: String,
     cuda_lib_dir: Option<PathBuf>,
+    /// Not tuning, but carried to the daemon alike: `--read-only`.
+    read_only: bool,
 }
 
 /// The batch codec `--gpu` asks for, if any (see the flag's help).
@@ -428,7 +441,10 @@ fn mount(
     let (backing, mnt) = match paths.as_slice() {
         [m] => {
             let d = default_space_dir();
-            ensure_default_space(&d)?;
+            // A read-only mount formats nothing: no space there is an error below.
+            if !tuning.read_only {
+                ensure_default_space(&d)?;
+            }
             (d, m.clone())
         }
         [b, m] => (b.clone(), m.clone()),
@@ -442,8 +458,13 @@ fn mount(
     }
     // A foreground mount started by hand (or by a service manager) right after an unmount
     // waits for the exiting daemon too; started by `spawn_daemon`, this returns at once.
-    check_not_locked(&backing)?;
-    let mut space = Space::open(&backing).map_err(|e| e.to_string())?;
+    check_not_locked(&backing, tuning.read_only)?;
+    let mut space = if tuning.read_only {
+        Space::open_read_only(&backing)
+    } else {
+        Space::open(&backing)
+    }
+    .map_err(|e| e.to_string())?;
     if let Some(w) = tuning.workers {
         space.store().set_workers(w as usize);
     }
@@ -459,13 +480,20 @@ fn mount(
         space.store().workers(),
         tuning.codec
     );
-    space
-        .set_lock_note(&format!(
-            "pid {} mounted at {}",
-            std::process::id(),
-            mnt.display()
-        ))
-        .map_err(|e| e.to_string())?;
+    if !tuning.read_only {
+        space
+            .set_lock_note(&format!(
+                "pid {} mounted at {}",
+                std::process::id(),
+                mnt.display()
+            ))
+            .map_err(|e| e.to_string())?;
+    } else {
+        log::info!(
+            "read-only: nothing will be written to {}",
+            backing.display()
+        );
+    }
     let fs = Arc::new(Fs::new(space));
     let adapter = fuse::CkptFs::new(fs.clone());
     let stop = adapter.stop.clone();
@@ -485,7 +513,11 @@ fn mount(
         fuser::MountOption::Subtype("ckptfs".into()),
         fuser::MountOption::DefaultPermissions,
         fuser::MountOption::NoDev,
-        fuser::MountOption::RW,
+        if tuning.read_only {
+            fuser::MountOption::RO
+        } else {
+            fuser::MountOption::RW
+        },
     ];
     if allow_other {
         config.acl = fuser::SessionACL::All;
@@ -589,11 +621,20 @@ fn spawn_daemon(
     allow_other: bool,
     tuning: &Tuning,
 ) -> Result<(), String> {
-    read_superblock(backing).map_err(|e| e.to_string())?;
-    check_not_locked(backing)?;
-    let log_path = backing.join(ckptfs_engine::format::LOG_FILE);
+    let sb = read_superblock(backing).map_err(|e| e.to_string())?;
+    check_not_locked(backing, tuning.read_only)?;
+    // A read-only mount logs to the temporary directory, one file per space, so that
+    // nothing in the backing directory changes.
+    let log_path = if tuning.read_only {
+        let uuid: String = sb.uuid[..8].iter().map(|b| format!("{b:02x}")).collect();
+        std::env::temp_dir().join(format!("ckptfs-{uuid}-read-only.log"))
+    } else {
+        backing.join(ckptfs_engine::format::LOG_FILE)
+    };
     let log = std::fs::OpenOptions::new()
         .append(true)
+        .create(tuning.read_only)
+        .mode(0o600)
         .open(&log_path)
         .map_err(|e| format!("cannot open {}: {e}", log_path.display()))?;
     let log_start = log.metadata().map(|m| m.len()).unwrap_or(0);
@@ -611,6 +652,9 @@ fn spawn_daemon(
     }
     if allow_other {
         cmd.arg("--allow-other");
+    }
+    if tuning.read_only {
+        cmd.arg("--read-only");
     }
     cmd.arg(backing).arg(mnt);
     if std::env::var_os("RUST_LOG").is_none() {
@@ -636,7 +680,16 @@ fn spawn_daemon(
     });
     let line = rx.recv_timeout(MOUNT_TIMEOUT).unwrap_or_default();
     if line.trim() == "ready" {
-        println!("ckptfs: mounted {} at {}", backing.display(), mnt.display());
+        if tuning.read_only {
+            println!(
+                "ckptfs: mounted {} at {} read-only (log: {})",
+                backing.display(),
+                mnt.display(),
+                log_path.display()
+            );
+        } else {
+            println!("ckptfs: mounted {} at {}", backing.display(), mnt.display());
+        }
         return Ok(());
     }
     let _ = child.kill();
@@ -655,20 +708,35 @@ const EXITING_HOLDER_WAIT: Duration = Duration::from_secs(30);
 /// second mount; this only makes the common case quiet and clear. A holder that is a
 /// daemon whose mount is already gone (an unmount just returned, or `umount -l`) is exiting:
 /// waited for, up to `EXITING_HOLDER_WAIT`, saying so, instead of refused.
-fn check_not_locked(backing: &Path) -> Result<(), String> {
+fn check_not_locked(backing: &Path, read_only: bool) -> Result<(), String> {
     use std::os::unix::io::AsRawFd;
+    // A read-only mount shares the space with other read-only ones: it probes for a
+    // read-write holder only. A read-write mount probes for any holder.
+    let want = if read_only {
+        libc::LOCK_SH
+    } else {
+        libc::LOCK_EX
+    };
     let path = backing.join(ckptfs_engine::format::LOCK_FILE);
     let deadline = Instant::now() + EXITING_HOLDER_WAIT;
     let mut said = false;
     loop {
         let f = std::fs::File::open(&path)
             .map_err(|e| format!("cannot open {}: {e}", path.display()))?;
-        // SAFETY: flock on an open descriptor; a shared probe released when `f` closes.
-        if unsafe { libc::flock(f.as_raw_fd(), libc::LOCK_SH | libc::LOCK_NB) } == 0 {
+        // SAFETY: flock on an open descriptor; the probe's lock is released when `f` closes.
+        if unsafe { libc::flock(f.as_raw_fd(), want | libc::LOCK_NB) } == 0 {
             if said {
                 eprintln!("ckptfs: the previous daemon has exited");
             }
             return Ok(());
+        }
+        // SAFETY: as above.
+        if !read_only && unsafe { libc::flock(f.as_raw_fd(), libc::LOCK_SH | libc::LOCK_NB) } == 0 {
+            return Err(format!(
+                "backing space {} is mounted read-only by another ckptfs process; unmount \
+                 that first",
+                backing.display()
+            ));
         }
         let holder = lock_holder(backing).unwrap_or_default();
         let holder = holder.trim();
@@ -707,8 +775,13 @@ fn umount(mnt: &Path) -> Result<(), String> {
     if !mounted_at(&mnt) {
         return Err(format!("{} is not a ckptfs mount", mnt.display()));
     }
-    // The daemon's pid is in the space's lock file; find it through the mount's fsname.
-    let pid = daemon_pid(&mnt);
+    // Asked of the daemon itself; else from the space's lock file, found through the
+    // mount's fsname (a daemon from before the "pid" control request).
+    let pid = control_get(&mnt, "pid", true)
+        .ok()
+        .and_then(|v| v.as_i64())
+        .map(|p| p as i32)
+        .or_else(|| daemon_pid(&mnt));
     let status = Command::new("fusermount3")
         .arg("-u")
         .arg(&mnt)
@@ -746,6 +819,18 @@ fn backing_of(mnt: &Path) -> Option<PathBuf> {
         }
     }
     None
+}
+
+/// Whether the mount at `mnt` is read-only (its `ro` mount flag, from mountinfo).
+fn is_read_only_mount(mnt: &Path) -> bool {
+    let Ok(s) = std::fs::read_to_string("/proc/self/mountinfo") else {
+        return false;
+    };
+    let want = mnt.to_string_lossy();
+    s.lines()
+        .map(|l| l.split(' ').collect::<Vec<_>>())
+        .find(|f| f.len() > 5 && f[4] == want)
+        .is_some_and(|f| f[5].split(',').any(|o| o == "ro"))
 }
 
 fn daemon_pid(mnt: &Path) -> Option<i32> {
@@ -846,7 +931,8 @@ fn read_stats(path: &Path) -> Result<Stats, String> {
         stats_from_json(&v).ok_or_else(|| "malformed stats from the daemon".to_string())
     };
     if path.join(ckptfs_engine::format::SUPERBLOCK_FILE).exists() {
-        return match Space::open(&path) {
+        // Read-only: stats of an unmounted (or read-only mounted) space change nothing.
+        return match Space::open_read_only(&path) {
             Ok(space) => space.stats().map_err(|e| e.to_string()),
             Err(ckptfs_engine::Error::Locked(m)) => {
                 let holder = lock_holder(&path).unwrap_or_default();
@@ -931,10 +1017,29 @@ fn run(cli: Cli) -> Result<(), String> {
             codec,
             gpu,
             cuda_lib_dir,
+            read_only,
+            options,
             notify_ready,
         } => {
             if foreground {
                 block_termination_signals();
+            }
+            let (mut read_only, mut allow_other) = (read_only, allow_other);
+            for o in options
+                .iter()
+                .flat_map(|o| o.split(','))
+                .filter(|o| !o.is_empty())
+            {
+                match o {
+                    "ro" => read_only = true,
+                    "rw" => read_only = false,
+                    "allow_other" => allow_other = true,
+                    other => {
+                        return Err(format!(
+                            "unknown mount option {other:?} (known: ro, rw, allow_other)"
+                        ))
+                    }
+                }
             }
             let tuning = Tuning {
                 threads,
@@ -942,6 +1047,7 @@ fn run(cli: Cli) -> Result<(), String> {
                 codec,
                 gpu,
                 cuda_lib_dir,
+                read_only,
             };
             mount(paths, foreground, allow_other, tuning, notify_ready)
         }
@@ -1270,6 +1376,13 @@ fn path_target(path: &Path, space: Option<&Path>) -> Result<(Target, Vec<u8>), S
 fn cmd_revisions(path: &Path, space: Option<&Path>, json: bool) -> Result<(), String> {
     let (target, rel) = path_target(path, space)?;
     let v = match target {
+        Target::Mounted { mnt } if is_read_only_mount(&mnt) => {
+            // The kernel refuses setxattr, and so the daemon's select, on a read-only
+            // mount; read the space directly instead (read-only opens share its lock).
+            let backing = backing_of(&mnt).ok_or("cannot find the mount's backing space")?;
+            let fs = Fs::new(Space::open_read_only(&backing).map_err(|e| e.to_string())?);
+            revisions_json(&fs.revisions_of(&rel).map_err(|e| format!("{e:?}"))?)
+        }
         Target::Mounted { mnt } => {
             // Paged: one answer must fit an xattr value (64 KiB), a long history does not.
             control_set(&mnt, "select", &rel)?;
