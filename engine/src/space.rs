@@ -254,15 +254,31 @@ fn open_private(path: &Path, create: bool) -> Result<File> {
         .open(path)?)
 }
 
+/// The superblock of backing directory `dir`, with a clear error when `dir` is missing.
+fn read_backing_dir(dir: &Path) -> Result<Superblock> {
+    if !dir.is_dir() {
+        return Err(Error::Invalid(format!(
+            "backing directory {} does not exist or is not a directory",
+            dir.display()
+        )));
+    }
+    read_superblock(dir)
+}
+
+/// The error for a directory without a lock file.
+fn no_lock_file(dir: &Path) -> Error {
+    Error::NotASpace(format!(
+        "{} is not a ckptfs backing space (no lock file); run `ckptfs format {}`",
+        dir.display(),
+        dir.display()
+    ))
+}
+
 /// Takes the space's lock without blocking; the lock file says who holds it.
 fn take_lock(dir: &Path) -> Result<File> {
     let path = dir.join(LOCK_FILE);
     let mut f = open_private(&path, false).map_err(|e| match e {
-        Error::Io(io) if io.kind() == std::io::ErrorKind::NotFound => Error::NotASpace(format!(
-            "{} is not a ckptfs backing space (no lock file); run `ckptfs format {}`",
-            dir.display(),
-            dir.display()
-        )),
+        Error::Io(io) if io.kind() == std::io::ErrorKind::NotFound => no_lock_file(dir),
         other => other,
     })?;
     // SAFETY: flock on a valid open descriptor has no memory-safety preconditions.
@@ -294,11 +310,7 @@ fn take_lock(dir: &Path) -> Result<File> {
 fn take_shared_lock(dir: &Path) -> Result<File> {
     let path = dir.join(LOCK_FILE);
     let f = File::open(&path).map_err(|e| match e.kind() {
-        std::io::ErrorKind::NotFound => Error::NotASpace(format!(
-            "{} is not a ckptfs backing space (no lock file); run `ckptfs format {}`",
-            dir.display(),
-            dir.display()
-        )),
+        std::io::ErrorKind::NotFound => no_lock_file(dir),
         _ => Error::from(e),
     })?;
     // SAFETY: flock on a valid open descriptor has no memory-safety preconditions.
@@ -549,13 +561,7 @@ impl Space {
 
     /// Opens a space for exclusive use; fails if another process holds it.
     pub fn open(dir: &Path) -> Result<Space> {
-        if !dir.is_dir() {
-            return Err(Error::Invalid(format!(
-                "backing directory {} does not exist or is not a directory",
-                dir.display()
-            )));
-        }
-        let sb = read_superblock(dir)?;
+        let sb = read_backing_dir(dir)?;
         let mut lock = take_lock(dir)?;
         lock.set_len(0)?;
         lock.write_all(format!("pid {}", std::process::id()).as_bytes())?;
@@ -609,13 +615,7 @@ impl Space {
     /// (other read-only opens may share it; a read-write mount may not) and records no pid.
     /// Every change is refused with `Error::ReadOnly`.
     pub fn open_read_only(dir: &Path) -> Result<Space> {
-        if !dir.is_dir() {
-            return Err(Error::Invalid(format!(
-                "backing directory {} does not exist or is not a directory",
-                dir.display()
-            )));
-        }
-        let sb = read_superblock(dir)?;
+        let sb = read_backing_dir(dir)?;
         let lock = take_shared_lock(dir)?;
         let ro = |name: &str| -> Result<File> { Ok(File::open(dir.join(name))?) };
         let devs = Devices {

@@ -1171,13 +1171,7 @@ impl Fs {
             }
             r = n.file.write(self.space.chunks(), off, data);
         }
-        let now = Timestamp::now();
-        n.rec.mtime = now;
-        n.rec.ctime = now;
-        if let Some(h) = n.handles.get_mut(&fh) {
-            h.wrote = true;
-            h.writer_pid = pid;
-        }
+        Self::touched_by(&mut n, fh, pid);
         Ok(data.len())
     }
 

@@ -14,6 +14,7 @@ use ckptfs_engine::format::{
     InodeId, Timestamp, Xattrs, XATTR_NAMES_ROOM, XATTR_NAME_MAX, XATTR_VALUES_ROOM,
     XATTR_VALUE_MAX,
 };
+use ckptfs_engine::meta::NsTxn;
 
 /// The control names on the root (see the adapter's control interface).
 pub const CONTROL_PREFIX: &[u8] = b"user.ckptfs.";
@@ -112,9 +113,7 @@ impl Fs {
         if value.len() > XATTR_VALUE_MAX {
             return Err(Error::ValueTooBig);
         }
-        let now = Timestamp::now();
-        self.space.ns_write(false, |t| -> Result<()> {
-            let mut rec = t.inode(ino)?;
+        self.change_xattrs(ino, |t| {
             let mut x = t.xattrs(ino)?;
             let exists = x.contains_key(name);
             if how.create && exists {
@@ -129,7 +128,17 @@ impl Fs {
             if names > XATTR_NAMES_ROOM || values > XATTR_VALUES_ROOM {
                 return Err(ckptfs_engine::Error::NoSpace.into());
             }
-            t.put_xattr(ino, name, value)?;
+            Ok(t.put_xattr(ino, name, value)?)
+        })
+    }
+
+    /// Runs an attribute change of `ino` and moves its ctime, in one namespace transaction,
+    /// and in the open copy of its record.
+    fn change_xattrs(&self, ino: InodeId, f: impl FnOnce(&mut NsTxn) -> Result<()>) -> Result<()> {
+        let now = Timestamp::now();
+        self.space.ns_write(false, |t| -> Result<()> {
+            let mut rec = t.inode(ino)?;
+            f(t)?;
             rec.ctime = now;
             t.put_inode(ino, &rec)?;
             Ok(())
@@ -159,18 +168,10 @@ impl Fs {
         if name.len() > XATTR_NAME_MAX {
             return Err(Error::OutOfRange);
         }
-        let now = Timestamp::now();
-        self.space.ns_write(false, |t| -> Result<()> {
-            let mut rec = t.inode(ino)?;
-            if !t.remove_xattr(ino, name)? {
-                return Err(Error::NoData);
-            }
-            rec.ctime = now;
-            t.put_inode(ino, &rec)?;
-            Ok(())
-        })?;
-        self.refresh_open(ino, |r| r.ctime = now);
-        Ok(())
+        self.change_xattrs(ino, |t| match t.remove_xattr(ino, name)? {
+            true => Ok(()),
+            false => Err(Error::NoData),
+        })
     }
 }
 

@@ -114,6 +114,13 @@ fn aio_pwrite(f: &File, buf: &Aligned, off: u64) -> std::io::Result<usize> {
     }
 }
 
+/// One write of `d` at offset 0: the bytes written, or the errno.
+fn write_at_start(f: &File, d: &Aligned) -> Result<u64, i32> {
+    f.write_at(d.as_slice(), 0)
+        .map(|n| n as u64)
+        .map_err(|e| e.raw_os_error().unwrap())
+}
+
 fn pread_all(f: &File, off: u64, len: usize) -> Vec<u8> {
     let mut v = vec![0u8; len];
     f.read_exact_at(&mut v, off).expect("pread");
@@ -346,9 +353,7 @@ fn file_size_limit_is_honoured_like_a_plain_directory() {
                 .truncate(false)
                 .open(p)
                 .unwrap();
-            f.write_at(d.as_slice(), 0)
-                .map(|n| n as u64)
-                .map_err(|e| e.raw_os_error().unwrap())
+            write_at_start(&f, d)
         }),
         ("write-only write across the limit", |p, d| {
             let f = OpenOptions::new()
@@ -357,9 +362,7 @@ fn file_size_limit_is_honoured_like_a_plain_directory() {
                 .truncate(false)
                 .open(p)
                 .unwrap();
-            f.write_at(d.as_slice(), 0)
-                .map(|n| n as u64)
-                .map_err(|e| e.raw_os_error().unwrap())
+            write_at_start(&f, d)
         }),
         ("O_DIRECT write across the limit", |p, d| {
             let f = OpenOptions::new()
@@ -368,9 +371,7 @@ fn file_size_limit_is_honoured_like_a_plain_directory() {
                 .custom_flags(libc::O_DIRECT)
                 .open(p)
                 .unwrap();
-            f.write_at(d.as_slice(), 0)
-                .map(|n| n as u64)
-                .map_err(|e| e.raw_os_error().unwrap())
+            write_at_start(&f, d)
         }),
         ("write at the limit", |p, d| {
             let f = OpenOptions::new()
