@@ -18,8 +18,11 @@ pub const STATS_XATTR: &str = "user.ckptfs.stats";
 /// Control selections kept for processes that set one and have not read its answer.
 const SELECTIONS_MAX: usize = 64;
 
+pub mod creds;
 pub mod view;
 pub mod xattr;
+
+pub use creds::{Credentials, Requester};
 
 #[derive(Debug)]
 pub enum Error {
@@ -212,19 +215,6 @@ pub struct RevisionListing {
     pub size: u64,
     pub new_bytes: u64,
     pub current: bool,
-}
-
-/// Whether caller `c` (process `pid`) is in group `gid`: its gid, or one of the
-/// supplementary groups /proc lists for the process (FUSE passes only the primary one).
-fn in_group(c: Caller, pid: u32, gid: u32) -> bool {
-    if c.gid == gid {
-        return true;
-    }
-    std::fs::read_to_string(format!("/proc/{pid}/status")).is_ok_and(|st| {
-        st.lines()
-            .find_map(|l| l.strip_prefix("Groups:"))
-            .is_some_and(|g| g.split_whitespace().any(|x| x.parse() == Ok(gid)))
-    })
 }
 
 fn check_name(name: &[u8]) -> Result<()> {
@@ -892,18 +882,24 @@ impl Fs {
         result
     }
 
-    /// A write or truncate by process `pid` of caller `c`, which lacks CAP_FSETID (the kernel
-    /// flags direct-I/O writes so; the adapter decides for O_TRUNC at open and truncate):
-    /// clears the setid bits as ext4 does. S_ISUID always; S_ISGID when group-execute is
-    /// set, or when the writer is not in the file's group (without group-execute the bit
-    /// marks mandatory locking, which a group member's write keeps). A world-writable setuid
-    /// file must not stay setuid after someone else wrote it.
+    /// A write or truncate by `who`: clears the setid bits as ext4 does, unless `who` holds
+    /// CAP_FSETID. S_ISUID always; S_ISGID when group-execute is set, or when the
+    /// writer is not in the file's group (without group-execute the bit marks mandatory
+    /// locking, which a group member's write keeps). A world-writable setuid file must not
+    /// stay setuid after someone else wrote it.
     /// Returns whether the mode changed: the caller must then drop the kernel's cached
     /// attributes, which still show the bits (and exec would honour them).
-    pub fn kill_setid(&self, ino: InodeId, c: Caller, pid: u32) -> Result<bool> {
+    pub fn kill_setid(&self, ino: InodeId, who: &Requester) -> Result<bool> {
         let (perm, _, gid) = self.mode_and_owner(ino)?;
+        if perm & (libc::S_ISUID | libc::S_ISGID) == 0 {
+            return Ok(false);
+        }
+        let who = who.credentials();
+        if who.has(creds::CAP_FSETID) {
+            return Ok(false);
+        }
         let mut cleared = perm & !libc::S_ISUID;
-        if perm & libc::S_ISGID != 0 && (perm & libc::S_IXGRP != 0 || !in_group(c, pid, gid)) {
+        if perm & libc::S_ISGID != 0 && (perm & libc::S_IXGRP != 0 || !who.in_group(gid)) {
             cleared &= !libc::S_ISGID;
         }
         if cleared == perm {
@@ -912,7 +908,7 @@ impl Fs {
         log::debug!(
             "inode {}: mode {perm:o} -> {cleared:o} (written by uid {} without CAP_FSETID)",
             ino.0,
-            c.uid
+            who.uid
         );
         self.setattr(
             ino,
@@ -939,28 +935,39 @@ impl Fs {
         })
     }
 
-    /// setattr as requested by caller `c` (process `pid`). Two cases carry the setid rule of
-    /// `kill_setid`: a size change by a caller other than root, and a mode-only change by a
-    /// caller that neither owns the file nor is root: the kernel (default_permissions) lets
-    /// no such caller chmod, so that request is the kernel dropping the bits for a write of
-    /// theirs through the page cache or an mmap, with FUSE's narrower S_ISGID rule; ext4's
-    /// rule is applied instead. Root is taken to have CAP_FSETID, everyone else not: FUSE
-    /// does not say.
-    pub fn setattr_by(&self, ino: InodeId, s: &SetAttr, c: Caller, pid: u32) -> Result<Attr> {
+    /// setattr as requested by `who`. Two cases carry the setid rule of `kill_setid`: a size
+    /// change by a caller without CAP_FSETID, and the kernel dropping the bits for a write
+    /// through the page cache or an mmap. The kernel sends that drop as a mode-only change
+    /// with FUSE's narrower S_ISGID rule; ext4's rule is applied instead. It is told from a
+    /// chmod by its shape (the current mode less S_ISUID, and less S_ISGID when
+    /// group-execute is set) together with a caller that could not have chmodded: neither
+    /// the owner nor holding CAP_FOWNER, as default_permissions checks. The shape matters
+    /// under an idmapped mount, where the owner as the kernel compared it is not visible
+    /// here: a real chmod by such an owner goes through unchanged.
+    pub fn setattr_by(&self, ino: InodeId, s: &SetAttr, who: &Requester) -> Result<Attr> {
         let mode_only = s.perm.is_some()
             && s.uid.is_none()
             && s.gid.is_none()
             && s.size.is_none()
             && s.atime.is_none()
             && s.mtime.is_none();
-        if mode_only && c.uid != 0 && !view::is_virtual(ino) && self.mode_and_owner(ino)?.1 != c.uid
-        {
-            self.kill_setid(ino, c, pid)?;
-            return self.getattr(ino);
+        if mode_only && !view::is_virtual(ino) {
+            let (perm, uid, _) = self.mode_and_owner(ino)?;
+            let mut dropped = perm & !libc::S_ISUID;
+            if perm & (libc::S_ISGID | libc::S_IXGRP) == libc::S_ISGID | libc::S_IXGRP {
+                dropped &= !libc::S_ISGID;
+            }
+            if dropped != perm && s.perm == Some(dropped) {
+                let c = who.credentials();
+                if uid != c.uid && !c.has(creds::CAP_FOWNER) {
+                    self.kill_setid(ino, who)?;
+                    return self.getattr(ino);
+                }
+            }
         }
         let a = self.setattr(ino, s)?;
-        if s.size.is_some() && c.uid != 0 && a.rec.kind == NodeKind::File {
-            self.kill_setid(ino, c, pid)?;
+        if s.size.is_some() && a.rec.kind == NodeKind::File {
+            self.kill_setid(ino, who)?;
             return self.getattr(ino);
         }
         Ok(a)

@@ -93,8 +93,8 @@ impl Fs {
     }
 
     /// listxattr(2): the names, each followed by a NUL. `trusted.` names only for a
-    /// privileged caller (root: FUSE does not pass capabilities), as ext4 lists them only to
-    /// CAP_SYS_ADMIN; the kernel hides their values from others itself.
+    /// privileged caller (holding CAP_SYS_ADMIN: see `creds`), as ext4 lists them only to
+    /// such a caller; the kernel hides their values from others itself.
     pub fn listxattr(&self, ino: InodeId, privileged: bool) -> Result<Vec<u8>> {
         let mut x = self.xattrs_of(ino)?;
         if !privileged {

@@ -3,7 +3,7 @@
 
 use ckptfs_engine::format::{InodeId, NodeKind, Timestamp};
 use ckptfs_fs::xattr::XattrSet;
-use ckptfs_fs::{Attr, Caller, Error, Fs, SetAttr};
+use ckptfs_fs::{creds, Attr, Caller, Error, Fs, Requester, SetAttr};
 use fuser::{
     Errno, FileAttr, FileHandle, FileType, Filesystem, FopenFlags, Generation, INodeNo, InitFlags,
     KernelConfig, LockOwner, OpenAccMode, OpenFlags, RenameFlags, ReplyAttr, ReplyCreate,
@@ -126,10 +126,28 @@ fn time(t: TimeOrNow) -> Timestamp {
     }
 }
 
+/// The owner of a node a request creates. With idmapped mounts allowed, the kernel sends
+/// the ids (mapped through the mount's idmap) only with such requests.
 fn caller(req: &Request) -> Caller {
     Caller {
         uid: req.uid(),
         gid: req.gid(),
+    }
+}
+
+/// The sender of `req`, for decisions that need its groups or capabilities (see
+/// `ckptfs_fs::creds`).
+fn requester(req: &Request) -> Requester {
+    Requester::new(req.pid(), req.uid(), req.gid())
+}
+
+/// The owner of a file `restore` has to create: the caller of the control request, whose
+/// ids FUSE does not send once idmapped mounts are allowed (not a creation request).
+fn owner_of_restored(req: &Request) -> Caller {
+    let c = requester(req).credentials().clone();
+    Caller {
+        uid: c.uid,
+        gid: c.gid,
     }
 }
 
@@ -237,6 +255,8 @@ pub struct CkptFs {
     /// Drops cached pages when data changes behind the page cache; set once the session
     /// exists.
     pub invalidator: Arc<std::sync::OnceLock<Invalidator>>,
+    /// Whether to offer idmapped mounts to the kernel (the mount has allow_other; see `init`).
+    pub allow_idmap: bool,
 }
 
 const ANSWERS_MAX: usize = 64;
@@ -255,6 +275,7 @@ impl CkptFs {
             answers: Mutex::new(VecDeque::new()),
             stop: Arc::new(AtomicBool::new(false)),
             notifier: Arc::new(std::sync::OnceLock::new()),
+            allow_idmap: false,
             invalidator: Arc::new(std::sync::OnceLock::new()),
         }
     }
@@ -278,11 +299,12 @@ impl CkptFs {
 
     /// gc, restore and config changes are for root and the user who owns the mount's root.
     fn may_control(&self, req: &Request) -> bool {
-        req.uid() == 0
+        let uid = requester(req).credentials().uid;
+        uid == 0
             || self
                 .fs
                 .getattr(InodeId::ROOT)
-                .is_ok_and(|a| a.rec.uid == req.uid())
+                .is_ok_and(|a| a.rec.uid == uid)
     }
 
     /// Runs one control request; returns the JSON answer.
@@ -397,7 +419,7 @@ impl CkptFs {
                     .ok_or_else(einval)?;
                 let ino = self
                     .fs
-                    .restore(&path, rev, caller(req))
+                    .restore(&path, rev, owner_of_restored(req))
                     .map_err(|e| fail_json("restore", e))?;
                 // The file's bytes changed behind the page cache of anyone reading it.
                 if let Some(inv) = self.invalidator.get() {
@@ -413,7 +435,7 @@ impl CkptFs {
     /// they changed, the kernel's cached attributes of the inode: no reply of this request
     /// carries the new mode, and until the cache expires stat and exec would see the old one.
     fn kill_setid(&self, req: &Request, ino: INodeNo) -> Result<(), Error> {
-        if self.fs.kill_setid(InodeId(ino.0), caller(req), req.pid())? {
+        if self.fs.kill_setid(InodeId(ino.0), &requester(req))? {
             if let Some(n) = self.notifier.get() {
                 // Offset -1: attributes only, no page-cache work (safe inside a request).
                 if let Err(e) = n.inval_inode(ino, -1, 0) {
@@ -468,6 +490,18 @@ impl Filesystem for CkptFs {
             .is_err()
         {
             log::info!("the kernel does not offer FUSE_EXPORT_SUPPORT: no open_by_handle_at");
+        }
+        // Idmapped mounts (mount_setattr MOUNT_ATTR_IDMAP, as container runtimes make them)
+        // only with allow_other: once this is on, the kernel sends -1 as the caller's ids of
+        // every request but a creation, and fuser's own access check of a mount without
+        // allow_other would refuse those. The daemon reads what it needs from /proc instead
+        // (`ckptfs_fs::creds`).
+        if self.allow_idmap
+            && config
+                .add_capabilities(InitFlags::FUSE_ALLOW_IDMAP)
+                .is_err()
+        {
+            log::info!("the kernel does not offer FUSE_ALLOW_IDMAP: no idmapped mounts");
         }
         Ok(())
     }
@@ -527,10 +561,7 @@ impl Filesystem for CkptFs {
             mtime: mtime.map(time),
             ctime: ctime.map(Timestamp::from),
         };
-        match self
-            .fs
-            .setattr_by(InodeId(ino.0), &s, caller(req), req.pid())
-        {
+        match self.fs.setattr_by(InodeId(ino.0), &s, &requester(req)) {
             Ok(a) => reply.attr(&TTL, &file_attr(&a)),
             Err(e) => reply.error(fail("setattr", ino.0, e)),
         }
@@ -644,8 +675,8 @@ impl Filesystem for CkptFs {
         let fh = self.fh();
         // O_TRUNC is done here (atomic_o_trunc), so the kernel's truncate, which would drop
         // the setid bits, never runs. FUSE says nothing of the opener's CAP_FSETID at open:
-        // root is taken to have it, everyone else not.
-        let r = if trunc && req.uid() != 0 {
+        // `kill_setid` looks it up.
+        let r = if trunc {
             self.kill_setid(req, ino)
         } else {
             Ok(())
@@ -847,7 +878,9 @@ impl Filesystem for CkptFs {
     }
 
     fn listxattr(&self, req: &Request, ino: INodeNo, size: u32, reply: ReplyXattr) {
-        match self.fs.listxattr(InodeId(ino.0), req.uid() == 0) {
+        // ext4 lists `trusted.` names only to a caller with CAP_SYS_ADMIN.
+        let privileged = requester(req).credentials().has(creds::CAP_SYS_ADMIN);
+        match self.fs.listxattr(InodeId(ino.0), privileged) {
             Ok(v) => Self::reply_xattr(&v, size, reply),
             Err(e) => reply.error(fail("listxattr", ino.0, e)),
         }

@@ -495,7 +495,8 @@ fn mount(
         );
     }
     let fs = Arc::new(Fs::new(space));
-    let adapter = fuse::CkptFs::new(fs.clone());
+    let mut adapter = fuse::CkptFs::new(fs.clone());
+    adapter.allow_idmap = allow_other;
     let stop = adapter.stop.clone();
     let notifier = adapter.notifier.clone();
     let invalidator = adapter.invalidator.clone();
