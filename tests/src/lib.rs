@@ -198,6 +198,10 @@ impl TestMount {
         let mnt = root.path().join("mnt");
         fs::create_dir(&backing).expect("create backing dir");
         fs::create_dir(&mnt).expect("create mountpoint");
+        // The daemon's temporary files (a read-only mount's log) stay with the test's files
+        // and go with them.
+        let tmp = root.path().join("tmp");
+        fs::create_dir(&tmp).expect("create temp dir");
         let mut tm = TestMount {
             root,
             backing,
@@ -205,7 +209,7 @@ impl TestMount {
             mounted: false,
             bin,
             step: 0,
-            env: Vec::new(),
+            env: vec![("TMPDIR".into(), tmp.to_string_lossy().into_owned())],
         };
         let mut args: Vec<&OsStr> = vec![
             OsStr::new("format"),
