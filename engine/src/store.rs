@@ -402,6 +402,14 @@ impl ChunkStore {
     /// the whole segment).
     fn alloc(&self, w: &mut Writer, len: u64, for_gc: bool) -> Result<u64> {
         assert!(len <= self.segment_bytes);
+        // The reserve is a count of free segments, not a particular one. Once gc, having
+        // copied into the reserve segment, freed the segments it emptied, the reserve is
+        // whole again and the segment gc wrote into is an ordinary one: writers may fill
+        // it. Without this a space of two segments refused every write after a remount
+        // (one segment live, the other the reserve) however much gc freed.
+        if w.cur_reserved && w.free.len() as u64 >= GC_RESERVE_SEGMENTS {
+            w.cur_reserved = false;
+        }
         if let Some(c) = w.cur {
             if w.fill + len <= self.segment_bytes && (for_gc || !w.cur_reserved) {
                 return Ok(c * self.segment_bytes + w.fill);

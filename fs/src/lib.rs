@@ -207,6 +207,17 @@ pub struct DirItem {
     pub name: Vec<u8>,
 }
 
+/// What statfs reports, in bytes.
+#[derive(Clone, Copy, Debug)]
+pub struct SpaceUsage {
+    /// Whole segments of the data file.
+    pub capacity: u64,
+    /// Free segments and the rest of the current one, gc's reserve included: writers get
+    /// the reserve's worth back as soon as gc compacts (which a full writer triggers), so
+    /// this is both `df`'s free and its available.
+    pub free: u64,
+}
+
 /// One revision of a path, as `ckptfs revisions` lists it.
 #[derive(Clone, Debug)]
 pub struct RevisionListing {
@@ -253,6 +264,15 @@ impl Fs {
             auto_gc_quiet_until: Mutex::new(None),
             space_full_said: std::sync::atomic::AtomicBool::new(false),
             data_bytes_cache: Mutex::new(HashMap::new()),
+        }
+    }
+
+    /// Sizes for statfs.
+    pub fn usage(&self) -> SpaceUsage {
+        let store = self.space.store();
+        SpaceUsage {
+            capacity: store.capacity(),
+            free: store.free_bytes(),
         }
     }
 

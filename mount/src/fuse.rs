@@ -828,15 +828,14 @@ impl Filesystem for CkptFs {
     }
 
     fn statfs(&self, _req: &Request, _ino: INodeNo, reply: ReplyStatfs) {
-        let store = self.fs.space().store();
-        let total = store.capacity() / BLOCK_BYTES as u64;
-        let free = store.free_bytes() / BLOCK_BYTES as u64;
+        let u = self.fs.usage();
+        let blocks = |bytes: u64| bytes / BLOCK_BYTES as u64;
         // Inodes cost only metadata-table space, so report a large, fixed inode budget.
         let files = 1u64 << 32;
         reply.statfs(
-            total,
-            free,
-            free,
+            blocks(u.capacity),
+            blocks(u.free),
+            blocks(u.free),
             files,
             files,
             BLOCK_BYTES,

@@ -191,26 +191,7 @@ impl TestMount {
     /// Formats with `--size size` plus `extra` format options (`--keep-revisions 3`, ...), then
     /// mounts.
     pub fn with_format_args(size: &str, extra: &[&str]) -> TestMount {
-        require_fuse();
-        let bin = ckptfs_bin();
-        let root = TempDir::new("test");
-        let backing = root.path().join("backing");
-        let mnt = root.path().join("mnt");
-        fs::create_dir(&backing).expect("create backing dir");
-        fs::create_dir(&mnt).expect("create mountpoint");
-        // The daemon's temporary files (a read-only mount's log) stay with the test's files
-        // and go with them.
-        let tmp = root.path().join("tmp");
-        fs::create_dir(&tmp).expect("create temp dir");
-        let mut tm = TestMount {
-            root,
-            backing,
-            mnt,
-            mounted: false,
-            bin,
-            step: 0,
-            env: vec![("TMPDIR".into(), tmp.to_string_lossy().into_owned())],
-        };
+        let mut tm = TestMount::unformatted();
         let mut args: Vec<&OsStr> = vec![
             OsStr::new("format"),
             tm.backing.as_os_str(),
@@ -224,7 +205,51 @@ impl TestMount {
         tm
     }
 
-    /// The mountpoint.
+    /// A space unpacked from a `.tar.gz` of a backing directory (a fixture made by an earlier
+    /// build), mounted.
+    pub fn from_archive(archive: &Path) -> TestMount {
+        let mut tm = TestMount::unformatted();
+        let out = Command::new("tar")
+            .arg("-xzf")
+            .arg(archive)
+            .arg("-C")
+            .arg(&tm.backing)
+            .output()
+            .unwrap_or_else(|e| panic!("run tar: {e}"));
+        assert!(
+            out.status.success(),
+            "unpacking {}: {}",
+            archive.display(),
+            String::from_utf8_lossy(&out.stderr)
+        );
+        tm.mount();
+        tm
+    }
+
+    /// Empty backing directory and mountpoint, nothing mounted.
+    fn unformatted() -> TestMount {
+        require_fuse();
+        let bin = ckptfs_bin();
+        let root = TempDir::new("test");
+        let backing = root.path().join("backing");
+        let mnt = root.path().join("mnt");
+        fs::create_dir(&backing).expect("create backing dir");
+        fs::create_dir(&mnt).expect("create mountpoint");
+        // The daemon's temporary files (a read-only mount's log) stay with the test's files
+        // and go with them.
+        let tmp = root.path().join("tmp");
+        fs::create_dir(&tmp).expect("create temp dir");
+        TestMount {
+            root,
+            backing,
+            mnt,
+            mounted: false,
+            bin,
+            step: 0,
+            env: vec![("TMPDIR".into(), tmp.to_string_lossy().into_owned())],
+        }
+    }
+
     pub fn mnt(&self) -> &Path {
         &self.mnt
     }
