@@ -910,6 +910,10 @@ impl Fs {
     /// Returns whether the mode changed: the caller must then drop the kernel's cached
     /// attributes, which still show the bits (and exec would honour them).
     pub fn kill_setid(&self, ino: InodeId, who: &Requester) -> Result<bool> {
+        // The revision view is read-only: its open refuses the write that brought us here.
+        if view::is_virtual(ino) {
+            return Ok(false);
+        }
         let (perm, _, gid) = self.mode_and_owner(ino)?;
         if perm & (libc::S_ISUID | libc::S_ISGID) == 0 {
             return Ok(false);
