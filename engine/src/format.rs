@@ -9,10 +9,87 @@ use std::fmt;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 pub const MAGIC: [u8; 8] = *b"CKPTFS\0\x01";
-/// Bumped on any incompatible change to the structures below (see FORMAT.md's version log).
+/// Version 1: the layout below. Version 2: the same, with at least one incompatible feature
+/// flag set; a superblock says 2 exactly when it has one, so builds from before the flags
+/// (which read version 1 only) refuse such a space instead of misreading it.
 pub const FORMAT_VERSION: u32 = 1;
+pub const FORMAT_VERSION_WITH_INCOMPAT: u32 = 2;
 pub const SUPERBLOCK_LEN: usize = 4096;
 const SUPERBLOCK_USED: usize = 64;
+/// Feature flags: three u64 at 96..120, blake3 of bytes 0..120 at 120..152. All zero when no
+/// flag is set (a superblock written before the flags existed reads as "no features").
+const FEATURES_AT: usize = 96;
+const FEATURES_SUM_AT: usize = 120;
+const FEATURES_END: usize = 152;
+
+/// Feature flags, as ext4 has them. A build refuses to open a space with an `incompat` bit it
+/// does not know, opens one with an unknown `ro_compat` bit only read-only, and ignores
+/// unknown `compat` bits. FORMAT.md lists which feature sets which bit.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Features {
+    pub compat: u64,
+    pub ro_compat: u64,
+    pub incompat: u64,
+}
+
+impl Features {
+    /// Tables `xattrs` and `revision_xattrs`. Older builds ignore them (and leave rows their
+    /// gc should have removed, which `ckptfs check` of a newer build reports).
+    pub const COMPAT_XATTRS: Features = Features {
+        compat: 1,
+        ro_compat: 0,
+        incompat: 0,
+    };
+    /// Chunks with codec 2 or 3 (byte shuffle + LZ4): a build without them cannot read the
+    /// chunks. Set before the first such chunk is written (`--codec shuffle`).
+    pub const INCOMPAT_SHUFFLE_CODECS: Features = Features {
+        compat: 0,
+        ro_compat: 0,
+        incompat: 1,
+    };
+    /// Every flag this build knows.
+    pub const KNOWN: Features = Features {
+        compat: 1,
+        ro_compat: 0,
+        incompat: 1,
+    };
+    /// What `format` sets: the features every new space has.
+    pub const AT_FORMAT: Features = Features::COMPAT_XATTRS;
+
+    pub fn union(self, o: Features) -> Features {
+        Features {
+            compat: self.compat | o.compat,
+            ro_compat: self.ro_compat | o.ro_compat,
+            incompat: self.incompat | o.incompat,
+        }
+    }
+
+    pub fn contains(self, o: Features) -> bool {
+        self.union(o) == self
+    }
+
+    /// The bits of `self` this build does not know.
+    pub fn unknown(self) -> Features {
+        Features {
+            compat: self.compat & !Self::KNOWN.compat,
+            ro_compat: self.ro_compat & !Self::KNOWN.ro_compat,
+            incompat: self.incompat & !Self::KNOWN.incompat,
+        }
+    }
+
+    /// The superblock version these flags call for.
+    pub fn format_version(self) -> u32 {
+        if self.incompat != 0 {
+            FORMAT_VERSION_WITH_INCOMPAT
+        } else {
+            FORMAT_VERSION
+        }
+    }
+
+    pub fn is_empty(self) -> bool {
+        self == Features::default()
+    }
+}
 
 /// Names of the fixed set of files in a backing directory, all made at format time.
 pub const SUPERBLOCK_FILE: &str = "superblock";
@@ -105,9 +182,22 @@ pub struct Superblock {
     /// The data file is allocated and reclaimed in segments of this size.
     pub segment_bytes: u32,
     pub created_unix_s: u64,
+    /// Must agree with `version` (see `FORMAT_VERSION_WITH_INCOMPAT`): set both with
+    /// `with_features`.
+    pub features: Features,
 }
 
 impl Superblock {
+    /// This superblock with `features` added, and the version they call for.
+    pub fn with_features(&self, features: Features) -> Superblock {
+        let features = self.features.union(features);
+        Superblock {
+            version: features.format_version(),
+            features,
+            ..self.clone()
+        }
+    }
+
     /// Segments are at least 8 MiB (large sequential writes) and hold at least two maximal
     /// chunks (so the tail wasted when a chunk does not fit stays under half a segment).
     pub fn segment_bytes_for(chunk: ChunkParams) -> u32 {
@@ -136,6 +226,14 @@ impl Superblock {
         b[56..64].copy_from_slice(&self.created_unix_s.to_le_bytes());
         let sum = blake3::hash(&b[..SUPERBLOCK_USED]);
         b[SUPERBLOCK_USED..SUPERBLOCK_USED + 32].copy_from_slice(sum.as_bytes());
+        if !self.features.is_empty() {
+            let f = &self.features;
+            b[FEATURES_AT..FEATURES_AT + 8].copy_from_slice(&f.compat.to_le_bytes());
+            b[FEATURES_AT + 8..FEATURES_AT + 16].copy_from_slice(&f.ro_compat.to_le_bytes());
+            b[FEATURES_AT + 16..FEATURES_SUM_AT].copy_from_slice(&f.incompat.to_le_bytes());
+            let sum = blake3::hash(&b[..FEATURES_SUM_AT]);
+            b[FEATURES_SUM_AT..FEATURES_END].copy_from_slice(sum.as_bytes());
+        }
         b
     }
 
@@ -150,9 +248,32 @@ impl Superblock {
             return Err(Error::Corrupt("superblock checksum mismatch".into()));
         }
         let version = u32_at(b, 8);
-        if version != FORMAT_VERSION {
+        if version != FORMAT_VERSION && version != FORMAT_VERSION_WITH_INCOMPAT {
             return Err(Error::NotASpace(format!(
-                "backing space has format version {version}; this ckptfs reads version {FORMAT_VERSION}"
+                "backing space has format version {version}; this ckptfs reads versions \
+                 {FORMAT_VERSION} and {FORMAT_VERSION_WITH_INCOMPAT}"
+            )));
+        }
+        let features =
+            if b.len() < FEATURES_END || b[FEATURES_AT..FEATURES_END].iter().all(|&x| x == 0) {
+                Features::default()
+            } else {
+                let sum = blake3::hash(&b[..FEATURES_SUM_AT]);
+                if sum.as_bytes() != &b[FEATURES_SUM_AT..FEATURES_END] {
+                    return Err(Error::Corrupt(
+                        "superblock feature flags checksum mismatch".into(),
+                    ));
+                }
+                Features {
+                    compat: u64_at(b, FEATURES_AT),
+                    ro_compat: u64_at(b, FEATURES_AT + 8),
+                    incompat: u64_at(b, FEATURES_AT + 16),
+                }
+            };
+        if features.format_version() != version {
+            return Err(Error::Corrupt(format!(
+                "superblock says version {version} but has incompatible feature flags {:#x}",
+                features.incompat
             )));
         }
         let chunk = ChunkParams::from_avg(u32_at(b, 44))
@@ -174,6 +295,7 @@ impl Superblock {
             chunk,
             segment_bytes,
             created_unix_s: u64_at(b, 56),
+            features,
         })
     }
 }
@@ -615,6 +737,7 @@ mod tests {
             chunk: ChunkParams::from_avg(65536).unwrap(),
             segment_bytes: 8 << 20,
             created_unix_s: 1_700_000_000,
+            features: Features::default(),
         };
         let b = sb.encode();
         assert_eq!(
@@ -631,6 +754,74 @@ mod tests {
             Superblock::decode(&foreign),
             Err(Error::NotASpace(_))
         ));
+    }
+
+    #[test]
+    fn feature_flags_golden() {
+        let plain = Superblock {
+            version: FORMAT_VERSION,
+            uuid: [7; 16],
+            data_size_bytes: 1 << 30,
+            chunk: ChunkParams::from_avg(65536).unwrap(),
+            segment_bytes: 8 << 20,
+            created_unix_s: 1_700_000_000,
+            features: Features::default(),
+        };
+        let sb = plain.with_features(Features {
+            compat: 1,
+            ro_compat: 4,
+            incompat: 1,
+        });
+        assert_eq!(sb.version, 2, "an incompatible flag makes it version 2");
+        let b = sb.encode();
+        // By hand from FORMAT.md: version 2, then the three flags after the first checksum,
+        // then their own checksum over bytes 0..120.
+        let mut want = golden_superblock();
+        want[8] = 2;
+        let sum = blake3::hash(&want[..64]);
+        want[64..96].copy_from_slice(sum.as_bytes());
+        want[96..104].copy_from_slice(&1u64.to_le_bytes());
+        want[104..112].copy_from_slice(&4u64.to_le_bytes());
+        want[112..120].copy_from_slice(&1u64.to_le_bytes());
+        let sum = blake3::hash(&want[..120]);
+        want[120..152].copy_from_slice(sum.as_bytes());
+        assert!(b == want, "encoder differs from FORMAT.md's layout");
+        assert_eq!(Superblock::decode(&b).unwrap(), sb);
+        // Only compatible flags: still version 1, readable by builds from before the flags.
+        let compat = plain.with_features(Features::COMPAT_XATTRS);
+        assert_eq!(compat.version, 1);
+        assert_eq!(Superblock::decode(&compat.encode()).unwrap(), compat);
+        // A flipped flag bit is caught by the second checksum.
+        let mut bad = b.clone();
+        bad[97] ^= 1;
+        assert!(matches!(Superblock::decode(&bad), Err(Error::Corrupt(_))));
+        // Version and flags must agree.
+        let v1_with_incompat = Superblock {
+            version: 1,
+            ..sb.clone()
+        }
+        .encode();
+        assert!(matches!(
+            Superblock::decode(&v1_with_incompat),
+            Err(Error::Corrupt(_))
+        ));
+        let v2_without = Superblock {
+            version: 2,
+            ..plain.clone()
+        }
+        .encode();
+        assert!(matches!(
+            Superblock::decode(&v2_without),
+            Err(Error::Corrupt(_))
+        ));
+        assert_eq!(
+            sb.features.unknown(),
+            Features {
+                compat: 0,
+                ro_compat: 4,
+                incompat: 0
+            }
+        );
     }
 
     fn golden_superblock() -> Vec<u8> {

@@ -255,14 +255,45 @@ fn open_private(path: &Path, create: bool) -> Result<File> {
 }
 
 /// The superblock of backing directory `dir`, with a clear error when `dir` is missing.
-fn read_backing_dir(dir: &Path) -> Result<Superblock> {
+/// The superblock of backing directory `dir`, refused with a clear error when `dir` is not a
+/// space, or has feature flags this build cannot honour for the use (`writable`).
+pub fn read_backing_dir(dir: &Path, writable: bool) -> Result<Superblock> {
     if !dir.is_dir() {
         return Err(Error::Invalid(format!(
             "backing directory {} does not exist or is not a directory",
             dir.display()
         )));
     }
-    read_superblock(dir)
+    let sb = read_superblock(dir)?;
+    let unknown = sb.features.unknown();
+    if unknown.incompat != 0 {
+        return Err(Error::NotASpace(format!(
+            "{} uses features this ckptfs does not know (incompatible feature flags {:#x}); \
+             use the ckptfs that made it, or a newer one",
+            dir.display(),
+            unknown.incompat
+        )));
+    }
+    if writable && unknown.ro_compat != 0 {
+        return Err(Error::Invalid(format!(
+            "{} uses features this ckptfs can read but not write (read-only compatible \
+             feature flags {:#x}); mount it with --read-only, or use a newer ckptfs",
+            dir.display(),
+            unknown.ro_compat
+        )));
+    }
+    Ok(sb)
+}
+
+/// Writes superblock `sb` into `dir` so that a crash leaves the old one or the new one:
+/// a temporary file, fsynced, renamed over the old, and the directory fsynced.
+fn write_superblock(dir: &Path, sb: &Superblock) -> Result<()> {
+    let tmp = dir.join("superblock.tmp");
+    let mut f = open_private(&tmp, true)?;
+    f.write_all(&sb.encode())?;
+    f.sync_all()?;
+    fs::rename(&tmp, dir.join(SUPERBLOCK_FILE))?;
+    sync_dir(dir)
 }
 
 /// The error for a directory without a lock file.
@@ -484,13 +515,7 @@ impl Space {
         drop(open_private(&dir.join(LOG_FILE), true)?);
 
         // The superblock goes last: a directory without one is never mistaken for a space.
-        let tmp = dir.join("superblock.tmp");
-        let mut f = open_private(&tmp, true)?;
-        f.write_all(&sb.encode())?;
-        f.sync_all()?;
-        fs::rename(&tmp, dir.join(SUPERBLOCK_FILE))?;
-        sync_dir(dir)?;
-        Ok(())
+        write_superblock(dir, &sb)
     }
 
     /// Writes an empty space's metadata table onto `devs.meta` (which must be empty) for a
@@ -550,7 +575,8 @@ impl Space {
                 .as_bytes()[..16],
         );
         Ok(Superblock {
-            version: FORMAT_VERSION,
+            version: Features::AT_FORMAT.format_version(),
+            features: Features::AT_FORMAT,
             uuid,
             data_size_bytes: size_bytes,
             chunk,
@@ -561,7 +587,7 @@ impl Space {
 
     /// Opens a space for exclusive use; fails if another process holds it.
     pub fn open(dir: &Path) -> Result<Space> {
-        let sb = read_backing_dir(dir)?;
+        let sb = read_backing_dir(dir, true)?;
         let mut lock = take_lock(dir)?;
         lock.set_len(0)?;
         lock.write_all(format!("pid {}", std::process::id()).as_bytes())?;
@@ -606,7 +632,45 @@ impl Space {
         }
         space.dir = dir.to_path_buf();
         space.lock = Some(lock);
+        // Spaces formatted before the feature flags have the attribute tables now (the open
+        // added them if they were missing): say so.
+        space.add_features(Features::COMPAT_XATTRS)?;
         Ok(space)
+    }
+
+    /// Records `features` in the superblock (on disk first) unless it has them already.
+    /// Called before the first write that needs them, so a build that does not know them
+    /// never finds their data without the flag that makes it refuse.
+    pub fn add_features(&mut self, features: Features) -> Result<()> {
+        if self.sb.features.contains(features) {
+            return Ok(());
+        }
+        if self.read_only {
+            return Err(Error::ReadOnly);
+        }
+        let sb = self.sb.with_features(features);
+        write_superblock(&self.dir, &sb)?;
+        log::info!(
+            "superblock: feature flags now compat {:#x}, ro_compat {:#x}, incompat {:#x} \
+             (format version {})",
+            sb.features.compat,
+            sb.features.ro_compat,
+            sb.features.incompat,
+            sb.version
+        );
+        self.sb = sb;
+        Ok(())
+    }
+
+    /// The codec policy for new chunks. The shuffle codecs mark the superblock first
+    /// (`Features::INCOMPAT_SHUFFLE_CODECS`), so builds without them refuse the space
+    /// instead of reporting its chunks as corrupt.
+    pub fn set_codec_policy(&mut self, policy: crate::codec::Policy) -> Result<()> {
+        if policy == crate::codec::Policy::Shuffle && !self.read_only {
+            self.add_features(Features::INCOMPAT_SHUFFLE_CODECS)?;
+        }
+        self.store.set_codec_policy(policy);
+        Ok(())
     }
 
     /// Opens the space in `dir` for reading only, writing nothing to the directory: the data
@@ -615,7 +679,7 @@ impl Space {
     /// (other read-only opens may share it; a read-write mount may not) and records no pid.
     /// Every change is refused with `Error::ReadOnly`.
     pub fn open_read_only(dir: &Path) -> Result<Space> {
-        let sb = read_backing_dir(dir)?;
+        let sb = read_backing_dir(dir, false)?;
         let lock = take_shared_lock(dir)?;
         let ro = |name: &str| -> Result<File> { Ok(File::open(dir.join(name))?) };
         let devs = Devices {

@@ -5,7 +5,7 @@ mod fuse;
 
 use ckptfs_engine::gc::{GcProgress, GcReport};
 use ckptfs_engine::space::{
-    free_disk_bytes, lock_holder, read_superblock, Config, MIN_SPACE_BYTES,
+    free_disk_bytes, lock_holder, read_backing_dir, Config, MIN_SPACE_BYTES,
 };
 use ckptfs_engine::{parse_size, Space, Stats};
 use ckptfs_fs::{Caller, Fs, RevisionListing};
@@ -470,7 +470,9 @@ fn mount(
     }
     let policy = ckptfs_engine::codec::Policy::parse(&tuning.codec)
         .ok_or_else(|| format!("unknown codec {:?}", tuning.codec))?;
-    space.store().set_codec_policy(policy);
+    space
+        .set_codec_policy(policy)
+        .map_err(|e| format!("cannot record the codec in the superblock: {e}"))?;
     let gpu = choose_gpu(&tuning)?;
     let compressor = gpu.as_ref().map_or("the CPU".to_string(), |g| g.describe());
     space.store().set_batch_codec(gpu);
@@ -622,7 +624,8 @@ fn spawn_daemon(
     allow_other: bool,
     tuning: &Tuning,
 ) -> Result<(), String> {
-    let sb = read_superblock(backing).map_err(|e| e.to_string())?;
+    // Refused here, before the daemon appends to the space's log.
+    let sb = read_backing_dir(backing, !tuning.read_only).map_err(|e| e.to_string())?;
     check_not_locked(backing, tuning.read_only)?;
     // A read-only mount logs to the temporary directory, one file per space, so that
     // nothing in the backing directory changes.

@@ -12,7 +12,7 @@ use std::io::Read;
 use std::os::unix::fs::{FileExt, MetadataExt};
 use std::path::{Path, PathBuf};
 
-use ckptfs_engine::format::{Superblock, SUPERBLOCK_FILE};
+use ckptfs_engine::format::{Features, Superblock, SUPERBLOCK_FILE};
 use ckptfs_tests::{
     assert_file_eq, check, cpath, errno, pattern, run_ckptfs, write_file_checked, TempDir,
     TestMount,
@@ -228,7 +228,7 @@ fn mount_refuses_unknown_versions_and_damaged_superblocks() {
         assert_refused(
             other.path(),
             &args,
-            &["version 99", "version 1"],
+            &["version 99", "versions 1 and 2"],
             &[&backing, &mnt],
         );
     }
@@ -269,6 +269,84 @@ fn mount_refuses_unknown_versions_and_damaged_superblocks() {
     fs::write(backing.join(SUPERBLOCK_FILE), &good).expect("restore superblock");
     m.mount();
     assert_file_eq(&m.path("keep"), b"kept across refusals");
+}
+
+/// Feature flags (FORMAT.md): an unknown incompatible flag refuses every open, an unknown
+/// read-only-compatible flag refuses writing but allows `--read-only`, an unknown compatible
+/// flag changes nothing. The data stays readable throughout.
+#[test]
+fn unknown_feature_flags_are_refused_by_kind() {
+    let mut m = TestMount::with_options(SMALL, None);
+    write_file_checked(&m.path("keep"), b"kept across feature refusals").expect("write");
+    m.unmount();
+    let backing = m.backing().to_path_buf();
+    let good = fs::read(backing.join(SUPERBLOCK_FILE)).expect("read superblock");
+    let sb = Superblock::decode(&good).expect("decodes");
+    assert!(
+        sb.features.contains(Features::COMPAT_XATTRS),
+        "format records the xattr tables: {:?}",
+        sb.features
+    );
+    let other = TempDir::new("feature-mnt");
+    let mnt = other.path().join("mnt");
+    fs::create_dir(&mnt).unwrap();
+    let unknown = |compat, ro_compat, incompat| {
+        sb.with_features(Features {
+            compat,
+            ro_compat,
+            incompat,
+        })
+        .encode()
+    };
+
+    write_superblock(&backing, &unknown(0, 0, 1 << 40));
+    for args in [
+        vec![os("mount"), backing.as_os_str(), mnt.as_os_str()],
+        vec![
+            os("mount"),
+            os("--read-only"),
+            backing.as_os_str(),
+            mnt.as_os_str(),
+        ],
+        vec![os("stats"), backing.as_os_str()],
+        vec![os("gc"), backing.as_os_str()],
+    ] {
+        assert_refused(
+            other.path(),
+            &args,
+            &["features this ckptfs does not know", "0x10000000000"],
+            &[&backing, &mnt],
+        );
+    }
+    not_mounted(&mnt);
+
+    write_superblock(&backing, &unknown(0, 1 << 41, 0));
+    assert_refused(
+        other.path(),
+        &[os("mount"), backing.as_os_str(), mnt.as_os_str()],
+        &["can read but not write", "--read-only"],
+        &[&backing, &mnt],
+    );
+    not_mounted(&mnt);
+    m.mount_with(&["--read-only"]);
+    assert_file_eq(&m.path("keep"), b"kept across feature refusals");
+    m.unmount();
+
+    write_superblock(&backing, &unknown(1 << 42, 0, 0));
+    m.mount();
+    assert_file_eq(&m.path("keep"), b"kept across feature refusals");
+    write_file_checked(&m.path("more"), b"written with an unknown compat flag").expect("write");
+    m.unmount();
+    let kept = Superblock::decode(&fs::read(backing.join(SUPERBLOCK_FILE)).unwrap()).unwrap();
+    assert!(
+        kept.features.contains(Features {
+            compat: 1 << 42,
+            ro_compat: 0,
+            incompat: 0
+        }),
+        "an unknown compat flag must survive a read-write mount: {:?}",
+        kept.features
+    );
 }
 
 #[test]

@@ -118,3 +118,39 @@ fn random_data_stores_at_most_1_percent_larger() {
         "random data: stored {stored} B for {logical} B logical, want at most 1% larger"
     );
 }
+
+/// `--codec shuffle` writes chunks with codecs 2 and 3, which builds without them cannot
+/// decode: the superblock carries the incompatible feature flag (and so version 2) before
+/// the first such chunk, and the data reads back through a later mount without the option.
+#[test]
+fn shuffle_codec_marks_the_superblock_and_reads_back() {
+    use ckptfs_engine::format::{Features, Superblock, SUPERBLOCK_FILE};
+    let mut m = TestMount::new();
+    let sb_now = |m: &TestMount| {
+        Superblock::decode(&std::fs::read(m.backing().join(SUPERBLOCK_FILE)).expect("read"))
+            .expect("decode")
+    };
+    assert!(!sb_now(&m)
+        .features
+        .contains(Features::INCOMPAT_SHUFFLE_CODECS));
+    m.unmount();
+    m.mount_with(&["--codec", "shuffle"]);
+    let sb = sb_now(&m);
+    assert!(
+        sb.features.contains(Features::INCOMPAT_SHUFFLE_CODECS) && sb.version == 2,
+        "a shuffle mount must mark the superblock first: version {} {:?}",
+        sb.version,
+        sb.features
+    );
+    let data = heat_field();
+    let (stored, logical) = stored_delta(&mut m, "heat.f64", &data);
+    println!("shuffle codec: logical {logical} B, stored {stored} B");
+    m.unmount();
+    m.mount();
+    assert_file_eq(&m.path("heat.f64"), &data);
+    assert_eq!(
+        sb_now(&m).version,
+        2,
+        "the flag stays once chunks may use the codecs"
+    );
+}
