@@ -14,12 +14,12 @@
 //! and gc go on. Each chunk is read through its current record, not the snapshot's (gc may
 //! have moved it and reused the old place), and a failure is confirmed by a second read.
 
+use crate::catalog::{self, RawTables};
 use crate::error::{Error, Result};
 use crate::format::*;
-use crate::meta;
 use crate::space::Space;
 use crate::store::ChunkStore;
-use redb::{ReadOnlyTable, ReadTransaction, ReadableDatabase, ReadableTable};
+use redb::ReadableTable;
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::time::Instant;
 
@@ -203,16 +203,16 @@ pub fn check(space: &Space, progress: &mut dyn FnMut(u64, u64)) -> Result<CheckR
         reserved_bytes: segments * seg_bytes,
         ..CheckReport::default()
     };
-    let txn = space.db().begin_read()?;
-    let t = Tables::open(&txn)?;
+    let reader = space.reader()?;
+    let t = reader.raw()?;
 
     // Counters first: every id in use must be below its counter.
     let mut counters = [0u64; 4];
     for (i, name) in [
-        meta::NEXT_INO,
-        meta::NEXT_REV,
-        meta::NEXT_COOKIE,
-        meta::NEXT_HISTORY,
+        catalog::NEXT_INO,
+        catalog::NEXT_REV,
+        catalog::NEXT_COOKIE,
+        catalog::NEXT_HISTORY,
     ]
     .iter()
     .enumerate()
@@ -301,48 +301,13 @@ pub fn check(space: &Space, progress: &mut dyn FnMut(u64, u64)) -> Result<CheckR
     Ok(r)
 }
 
-/// The tables of one read snapshot.
-struct Tables {
-    inodes: ReadOnlyTable<u64, &'static [u8]>,
-    dirents: ReadOnlyTable<(u64, &'static [u8]), (u64, u64)>,
-    dirlist: ReadOnlyTable<(u64, u64), &'static [u8]>,
-    histories: ReadOnlyTable<u64, &'static [u8]>,
-    history_revs: ReadOnlyTable<(u64, u64), ()>,
-    revisions: ReadOnlyTable<u64, &'static [u8]>,
-    extents: ReadOnlyTable<(u64, u64), &'static [u8]>,
-    chunks: ReadOnlyTable<&'static [u8], &'static [u8]>,
-    candidates: ReadOnlyTable<&'static [u8], ()>,
-    free: ReadOnlyTable<u64, ()>,
-    counters: ReadOnlyTable<&'static str, u64>,
-    xattrs: ReadOnlyTable<(u64, &'static [u8]), &'static [u8]>,
-    rev_xattrs: ReadOnlyTable<u64, &'static [u8]>,
-}
+type Tables = RawTables;
 
-impl Tables {
-    fn open(txn: &ReadTransaction) -> Result<Self> {
-        Ok(Tables {
-            inodes: txn.open_table(meta::INODES)?,
-            dirents: txn.open_table(meta::DIRENTS)?,
-            dirlist: txn.open_table(meta::DIRLIST)?,
-            histories: txn.open_table(meta::HISTORIES)?,
-            history_revs: txn.open_table(meta::HISTORY_REVS)?,
-            revisions: txn.open_table(meta::REVISIONS)?,
-            extents: txn.open_table(meta::EXTENTS)?,
-            chunks: txn.open_table(meta::CHUNKS)?,
-            candidates: txn.open_table(meta::GC_CANDIDATES)?,
-            free: txn.open_table(meta::FREE)?,
-            counters: txn.open_table(meta::COUNTERS)?,
-            xattrs: txn.open_table(meta::XATTRS)?,
-            rev_xattrs: txn.open_table(meta::REV_XATTRS)?,
-        })
-    }
-
-    fn revision(&self, rev: u64) -> Result<Option<std::result::Result<RevisionRecord, Error>>> {
-        Ok(self
-            .revisions
-            .get(rev)?
-            .map(|v| RevisionRecord::decode(v.value())))
-    }
+/// A revision row, decoded if it decodes.
+fn revision_of(t: &Tables, rev: u64) -> Result<Option<std::result::Result<RevisionRecord, Error>>> {
+    Ok(t.revisions
+        .get(rev)?
+        .map(|v| RevisionRecord::decode(v.value())))
 }
 
 fn hash_of(key: &[u8]) -> Option<ChunkHash> {
@@ -365,7 +330,7 @@ fn check_extents(
         let (rev, off) = k.value();
         r.extents += 1;
         if cur.as_ref().map(|c| c.0) != Some(rev) {
-            let rr = match t.revision(rev)? {
+            let rr = match revision_of(t, rev)? {
                 Some(Ok(rr)) => Some(rr),
                 Some(Err(e)) => {
                     r.problem(format!("revision {rev}: record does not decode: {e}"));
@@ -593,7 +558,7 @@ fn check_revisions(t: &Tables, r: &mut CheckReport, next_rev: u64) -> Result<()>
     }
     for item in t.history_revs.iter()? {
         let (hid, rev) = item?.0.value();
-        match t.revision(rev)? {
+        match revision_of(t, rev)? {
             None => r.problem(format!(
                 "history {hid} lists revision {rev}, which does not exist"
             )),
@@ -694,7 +659,7 @@ fn check_inodes_and_histories(
                     }
                 }
                 if rec.current_rev.0 != 0 {
-                    match t.revision(rec.current_rev.0)? {
+                    match revision_of(t, rec.current_rev.0)? {
                         None => r.problem(format!(
                             "file inode {ino}: current revision {} does not exist",
                             rec.current_rev.0
@@ -851,7 +816,7 @@ fn collect_uses(t: &Tables, damaged: &mut HashMap<ChunkHash, DamagedChunk>) -> R
             let (rev, off) = k.value();
             found.push((e.chunk, rev, off, off + e.len as u64));
             if let std::collections::hash_map::Entry::Vacant(slot) = revs.entry(rev) {
-                slot.insert(match t.revision(rev)? {
+                slot.insert(match revision_of(t, rev)? {
                     Some(Ok(rr)) => Some(RevInfo {
                         history: rr.history,
                         sealed: rr.sealed,
@@ -949,7 +914,7 @@ fn paths_of(t: &Tables, inos: &BTreeSet<u64>) -> Result<HashMap<u64, Vec<u8>>> {
             if dir == InodeId::ROOT {
                 break;
             }
-            match meta::get_inode(&t.inodes, dir) {
+            match t.inode(dir) {
                 Ok(Some(rec)) => {
                     parts.push(rec.target.clone());
                     dir = rec.parent;

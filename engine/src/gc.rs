@@ -15,12 +15,12 @@
 //! the metadata table. A dry run performs steps 1 and 2 in one transaction and aborts it, so
 //! its revision and chunk figures are exact; its compaction figures are an estimate.
 
+use crate::catalog::{Config, Reader, Txn};
 use crate::error::{Error, Result};
 use crate::format::*;
-use crate::meta;
-use crate::space::{Config, Space};
+use crate::space::Space;
 use crate::store::ChunkStore;
-use redb::{ReadableDatabase, ReadableTable, ReadableTableMetadata, WriteTransaction};
+use redb::WriteTransaction;
 use std::collections::{BTreeSet, HashSet};
 use std::time::{Duration, Instant};
 
@@ -132,7 +132,7 @@ impl Space {
             let mut opts = opts.clone();
             pins(&mut opts.pinned_revisions, &mut opts.open_inodes);
             let txn = begin(self, opts.dry_run)?;
-            self.drop_revisions(&txn, &config, now, &opts, &mut r, progress)?;
+            self.drop_revisions(&mut Txn::open(&txn)?, &config, now, &opts, &mut r, progress)?;
             if opts.dry_run {
                 txn
             } else {
@@ -144,11 +144,14 @@ impl Space {
         // 2. Delete unreferenced, unpinned chunks.
         let usage = {
             let _excl = self.store().exclusive();
-            self.delete_dead_chunks(&txn, &mut r, progress)?;
-            let usage = if opts.dry_run {
-                Some(self.segment_usage(&txn)?)
-            } else {
-                None
+            let usage = {
+                let mut t = Txn::open(&txn)?;
+                self.delete_dead_chunks(&mut t, &mut r, progress)?;
+                if opts.dry_run {
+                    Some(self.segment_usage(&t)?)
+                } else {
+                    None
+                }
             };
             finish(self, txn, opts.dry_run)?;
             usage
@@ -189,36 +192,19 @@ impl Space {
 
     fn drop_revisions(
         &self,
-        txn: &WriteTransaction,
+        t: &mut Txn,
         config: &Config,
         now: Timestamp,
         opts: &GcOptions,
         r: &mut GcReport,
         progress: &mut dyn FnMut(GcProgress),
     ) -> Result<()> {
-        let mut histories = txn.open_table(meta::HISTORIES)?;
-        let mut revs = txn.open_table(meta::REVISIONS)?;
-        let mut hrevs = txn.open_table(meta::HISTORY_REVS)?;
-        let mut extents = txn.open_table(meta::EXTENTS)?;
-        let mut chunks = txn.open_table(meta::CHUNKS)?;
-        let mut cand = txn.open_table(meta::GC_CANDIDATES)?;
-        let mut rev_xattrs = txn.open_table(meta::REV_XATTRS)?;
-        let mut inodes = txn.open_table(meta::INODES)?;
-        let total = histories.len()?;
+        let total = t.history_count()?;
         let age_limit = now.secs - config.keep_age_secs as i64;
         let mut done = 0u64;
         // Walk histories by id; each history's decision reads only its own rows.
         let mut next = 0u64;
-        loop {
-            let Some((hid, h)) = (match histories.range(next..)?.next() {
-                Some(item) => {
-                    let (k, v) = item?;
-                    Some((k.value(), HistoryRecord::decode(v.value())?))
-                }
-                None => None,
-            }) else {
-                break;
-            };
+        while let Some((hid, h)) = t.history_from(next)? {
             next = hid + 1;
             done += 1;
             if done.is_multiple_of(256) {
@@ -228,21 +214,19 @@ impl Space {
                 });
             }
             let current = match h.unlinked {
-                None => meta::get_inode(&inodes, h.ino)?.map(|i| i.current_rev),
+                None => t.get_inode(h.ino)?.map(|i| i.current_rev),
                 Some(_) => None,
             };
             let expired = h
                 .unlinked
                 .is_some_and(|t| now.secs - t.secs > config.keep_unlinked_secs as i64);
-            let mut list = Vec::new();
-            for item in hrevs.range((hid, 0)..=(hid, u64::MAX))? {
-                list.push(RevisionId(item?.0.value().1));
-            }
+            let list = t.history_revisions(hid)?;
             // Newest first: keep the current, the newest N listed, the young and the pinned.
             let mut kept_listed = 0u64;
             let mut drop = Vec::new();
             for rev in list.iter().rev() {
-                let rr = meta::get_revision(&revs, *rev)?
+                let rr = t
+                    .revision(*rev)?
                     .ok_or_else(|| Error::Corrupt(format!("revision {} missing", rev.0)))?;
                 let is_current = current == Some(*rev);
                 let listed = rr.sealed || is_current;
@@ -261,19 +245,11 @@ impl Space {
                 }
             }
             for rev in &drop {
-                meta::drop_revision(
-                    &mut revs,
-                    &mut hrevs,
-                    &mut extents,
-                    &mut chunks,
-                    &mut cand,
-                    &mut rev_xattrs,
-                    *rev,
-                )?;
+                t.drop_revision(*rev)?;
                 r.revisions_dropped += 1;
             }
             if h.unlinked.is_some() && drop.len() == list.len() {
-                histories.remove(hid)?;
+                t.remove_history(hid)?;
                 r.histories_dropped += 1;
             }
         }
@@ -282,18 +258,8 @@ impl Space {
             histories: total,
         });
         // Unlinked inodes nobody has open: their content lives on in their (retired) history.
-        let mut dead = Vec::new();
-        for item in inodes.iter()? {
-            let (k, v) = item?;
-            let rec = InodeRecord::decode(v.value())?;
-            if rec.nlink == 0 && !opts.open_inodes.contains(&InodeId(k.value())) {
-                dead.push(k.value());
-            }
-        }
-        let mut xattrs = txn.open_table(meta::XATTRS)?;
-        for ino in dead {
-            inodes.remove(ino)?;
-            meta::clear_xattrs(&mut xattrs, InodeId(ino))?;
+        for ino in t.dead_inodes(|ino| opts.open_inodes.contains(&ino))? {
+            t.remove_inode(ino)?;
             r.inodes_dropped += 1;
         }
         Ok(())
@@ -301,71 +267,34 @@ impl Space {
 
     fn delete_dead_chunks(
         &self,
-        txn: &WriteTransaction,
+        t: &mut Txn,
         r: &mut GcReport,
         progress: &mut dyn FnMut(GcProgress),
     ) -> Result<()> {
-        let mut cand = txn.open_table(meta::GC_CANDIDATES)?;
-        let mut chunks = txn.open_table(meta::CHUNKS)?;
-        let total = cand.len()?;
-        let mut done = 0u64;
-        // Unreferenced but pinned by an uncommitted file state (a dedup hit): stays queued.
-        // If that state commits, the chunk gains a reference and a later gc drops the entry;
-        // if it is discarded, a later gc deletes the chunk. Dropping the entry here would
-        // leak the chunk for good.
-        let mut still_pinned = Vec::new();
-        while let Some((k, _)) = cand.pop_first()? {
-            let key: Vec<u8> = k.value().to_vec();
-            drop(k);
-            done += 1;
-            if done.is_multiple_of(4096) {
-                progress(GcProgress::Chunks { done, total });
-            }
-            let h = ChunkHash(
-                key.as_slice()
-                    .try_into()
-                    .map_err(|_| Error::Corrupt("gc candidate key is not a hash".into()))?,
-            );
-            let Some(rec) = chunks
-                .get(key.as_slice())?
-                .map(|v| ChunkRecord::decode(v.value()))
-                .transpose()?
-            else {
-                continue;
-            };
-            if rec.refs == 0 {
-                if self.store().is_pinned(&h) {
-                    still_pinned.push(key);
-                } else {
-                    chunks.remove(key.as_slice())?;
-                    r.chunks_freed += 1;
-                    r.bytes_freed += rec.stored_len as u64;
+        // Unreferenced but pinned by an uncommitted file state (a dedup hit): stays queued
+        // (see `Txn::delete_dead_chunks`).
+        let mut last = (0, 0);
+        let (freed, bytes) = t.delete_dead_chunks(
+            |h| self.store().is_pinned(h),
+            |done, total| {
+                last = (done, total);
+                if done.is_multiple_of(4096) {
+                    progress(GcProgress::Chunks { done, total });
                 }
-            }
-        }
-        for key in still_pinned {
-            cand.insert(key.as_slice(), ())?;
-        }
-        progress(GcProgress::Chunks { done, total });
+            },
+        )?;
+        r.chunks_freed += freed;
+        r.bytes_freed += bytes;
+        progress(GcProgress::Chunks {
+            done: last.0,
+            total: last.1,
+        });
         Ok(())
     }
 
-    /// Live stored bytes per segment, and which segments are free, as seen by `txn`.
-    fn segment_usage(&self, txn: &WriteTransaction) -> Result<SegmentUsage> {
-        let n = self.superblock().segments() as usize;
-        let mut live = vec![0u64; n];
-        for item in txn.open_table(meta::CHUNKS)?.iter()? {
-            let rec = ChunkRecord::decode(item?.1.value())?;
-            let seg = self.store().segment_of(rec.offset) as usize;
-            if seg < n {
-                live[seg] += rec.stored_len as u64;
-            }
-        }
-        let mut free = BTreeSet::new();
-        for item in txn.open_table(meta::FREE)?.iter()? {
-            free.insert(item?.0.value());
-        }
-        Ok(SegmentUsage { live, free })
+    /// Live stored bytes per segment, and which segments are free, as seen by `t`.
+    fn segment_usage(&self, t: &Txn) -> Result<SegmentUsage> {
+        self.usage_of(|f| t.for_each_chunk(f), t.free_segments()?)
     }
 
     /// Segments worth compacting, emptiest first, as many as fit in the free space: without
@@ -447,12 +376,7 @@ impl Space {
         r: &mut GcReport,
         progress: &mut dyn FnMut(GcProgress),
     ) -> Result<()> {
-        let usage = {
-            let txn = begin(self, true)?;
-            let u = self.segment_usage(&txn)?;
-            txn.abort()?;
-            u
-        };
+        let usage = self.segment_usage_now()?;
         let busy = self.store().busy_segments();
         let need = if opts.pressure && opts.room_goal_bytes > 0 {
             let free = self.store().free_bytes();
@@ -480,21 +404,12 @@ impl Space {
             let segs: BTreeSet<u64> = round.iter().map(|(s, _)| *s).collect();
             // Records of the chunks to move, from a consistent snapshot.
             let mut moving: Vec<(ChunkHash, ChunkRecord)> = Vec::new();
-            {
-                let txn = self.db().begin_read()?;
-                for item in txn.open_table(meta::CHUNKS)?.iter()? {
-                    let (k, v) = item?;
-                    let rec = ChunkRecord::decode(v.value())?;
-                    if segs.contains(&self.store().segment_of(rec.offset)) {
-                        let h = ChunkHash(
-                            k.value()
-                                .try_into()
-                                .map_err(|_| Error::Corrupt("chunk key is not a hash".into()))?,
-                        );
-                        moving.push((h, rec));
-                    }
+            self.reader()?.for_each_chunk(|h, rec| {
+                if segs.contains(&self.store().segment_of(rec.offset)) {
+                    moving.push((h, rec));
                 }
-            }
+                Ok(())
+            })?;
             // Victim by victim, emptiest first: a round cut short by writers taking the room
             // it planned on still empties, and frees, its first victims.
             let order: std::collections::HashMap<u64, usize> = round
@@ -550,26 +465,12 @@ impl Space {
                     .collect();
                 let txn = self.begin_write(true)?;
                 {
-                    let mut chunks = txn.open_table(meta::CHUNKS)?;
+                    let mut t = Txn::open(&txn)?;
                     for (h, old, new) in &moves {
-                        let cur = chunks
-                            .get(h.0.as_slice())?
-                            .map(|v| ChunkRecord::decode(v.value()))
-                            .transpose()?;
-                        if let Some(c) = cur {
-                            if c.offset == *old {
-                                let c = ChunkRecord { offset: *new, ..c };
-                                chunks.insert(h.0.as_slice(), c.encode().as_slice())?;
-                            }
-                        }
+                        t.move_chunk(h, *old, *new)?;
                     }
-                    let mut free = txn.open_table(meta::FREE)?;
-                    for s in &taken {
-                        free.remove(*s)?;
-                    }
-                    for s in &freed {
-                        free.insert(*s, ())?;
-                    }
+                    t.mark_taken(&taken)?;
+                    t.mark_free(&freed)?;
                 }
                 self.commit(txn)?;
                 self.store().recorded_taken(&taken);
@@ -596,6 +497,32 @@ impl Space {
             }
         }
         Ok(())
+    }
+}
+
+impl Space {
+    /// Segment usage from a read snapshot of the committed catalog.
+    fn segment_usage_now(&self) -> Result<SegmentUsage> {
+        let r: Reader = self.reader()?;
+        self.usage_of(|f| r.for_each_chunk(f), r.free_segments()?)
+    }
+
+    /// Live bytes per segment of the chunks `each_chunk` walks.
+    fn usage_of(
+        &self,
+        each_chunk: impl FnOnce(&mut dyn FnMut(ChunkHash, ChunkRecord) -> Result<()>) -> Result<()>,
+        free: BTreeSet<u64>,
+    ) -> Result<SegmentUsage> {
+        let n = self.superblock().segments() as usize;
+        let mut live = vec![0u64; n];
+        each_chunk(&mut |_, rec| {
+            let seg = self.store().segment_of(rec.offset) as usize;
+            if seg < n {
+                live[seg] += rec.stored_len as u64;
+            }
+            Ok(())
+        })?;
+        Ok(SegmentUsage { live, free })
     }
 }
 

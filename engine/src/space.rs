@@ -1,13 +1,14 @@
 //! A backing space: format, open (with its lock), file commits and statistics.
 
+pub use crate::catalog::Config;
+use crate::catalog::{self, Reader, Txn};
 use crate::device::{Device, FileDevice, MetaBackend};
 use crate::error::{Error, Result};
 use crate::filemap::{ChunkIo, ExtentMap, FileState};
 use crate::format::HistoryRecord;
 use crate::format::*;
-use crate::meta::{self, NsTxn};
 use crate::store::ChunkStore;
-use redb::{Database, Durability, ReadableDatabase, ReadableTable, ReadableTableMetadata};
+use redb::{Database, Durability};
 use std::fs::{self, File, OpenOptions};
 use std::io::{Read, Write};
 use std::os::unix::fs::{DirBuilderExt, MetadataExt, OpenOptionsExt, PermissionsExt};
@@ -28,31 +29,6 @@ const META_CACHE_BYTES: usize = 64 << 20;
 pub struct Devices {
     pub data: Arc<dyn Device>,
     pub meta: Arc<dyn Device>,
-}
-
-/// Creates the tables that spaces formatted by earlier builds lack (`xattrs`,
-/// `revision_xattrs`: see FORMAT.md's version log). Writes the table only when one is
-/// missing, so opening an up-to-date space changes nothing.
-fn add_missing_tables(db: &Database) -> Result<()> {
-    let exists = |r: std::result::Result<_, redb::TableError>| match r {
-        Ok(_) => Ok(true),
-        Err(redb::TableError::TableDoesNotExist(_)) => Ok(false),
-        Err(e) => Err(Error::from(e)),
-    };
-    let complete = {
-        let txn = db.begin_read()?;
-        exists(txn.open_table(meta::XATTRS).map(drop))?
-            && exists(txn.open_table(meta::REV_XATTRS).map(drop))?
-    };
-    if !complete {
-        let mut txn = db.begin_write()?;
-        txn.set_two_phase_commit(true);
-        txn.open_table(meta::XATTRS)?;
-        txn.open_table(meta::REV_XATTRS)?;
-        txn.commit()?;
-        log::info!("added the extended-attribute tables to a space formatted by an earlier build");
-    }
-    Ok(())
 }
 
 /// Opens (or with `create`, creates) the metadata table on `meta`. An existing table is opened
@@ -78,84 +54,6 @@ fn open_db(meta: &Arc<dyn Device>, create: bool, failed: Arc<AtomicBool>) -> Res
                 "the metadata table (meta.redb) is damaged and cannot be opened: {other}"
             )),
         })
-}
-
-/// Retention policy and gc settings, kept in the metadata table (`ckptfs config`).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct Config {
-    /// Newest complete revisions kept per path (the current one always counts).
-    pub keep_revisions: u64,
-    /// Revisions younger than this are kept too; 0 = off.
-    pub keep_age_secs: u64,
-    /// How long the revisions of an unlinked path are kept.
-    pub keep_unlinked_secs: u64,
-    /// The daemon runs gc when free space falls below this percentage; 0 = off.
-    pub auto_gc_free_percent: u64,
-}
-
-impl Default for Config {
-    fn default() -> Self {
-        Config {
-            keep_revisions: 2,
-            keep_age_secs: 0,
-            keep_unlinked_secs: 7 * 24 * 3600,
-            auto_gc_free_percent: 20,
-        }
-    }
-}
-
-impl Config {
-    const KEYS: [&'static str; 4] = [
-        "keep_revisions",
-        "keep_age_secs",
-        "keep_unlinked_secs",
-        "auto_gc_free_percent",
-    ];
-
-    fn values(&self) -> [u64; 4] {
-        [
-            self.keep_revisions,
-            self.keep_age_secs,
-            self.keep_unlinked_secs,
-            self.auto_gc_free_percent,
-        ]
-    }
-
-    pub fn validate(&self) -> Result<()> {
-        if self.keep_revisions == 0 {
-            return Err(Error::Invalid(
-                "keep-revisions must be at least 1 (the current revision)".into(),
-            ));
-        }
-        if self.auto_gc_free_percent > 90 {
-            return Err(Error::Invalid(
-                "auto-gc-free-percent must be 0 to 90".into(),
-            ));
-        }
-        Ok(())
-    }
-
-    fn write(&self, t: &mut redb::Table<'_, &'static str, u64>) -> Result<()> {
-        self.validate()?;
-        for (k, v) in Self::KEYS.iter().zip(self.values()) {
-            t.insert(*k, v)?;
-        }
-        Ok(())
-    }
-
-    fn read(t: &impl ReadableTable<&'static str, u64>) -> Result<Self> {
-        let get = |k: &str| -> Result<u64> {
-            t.get(k)?
-                .map(|v| v.value())
-                .ok_or_else(|| Error::Corrupt(format!("config key {k} missing")))
-        };
-        Ok(Config {
-            keep_revisions: get("keep_revisions")?,
-            keep_age_secs: get("keep_age_secs")?,
-            keep_unlinked_secs: get("keep_unlinked_secs")?,
-            auto_gc_free_percent: get("auto_gc_free_percent")?,
-        })
-    }
 }
 
 /// One listed revision of a path.
@@ -543,30 +441,8 @@ impl Space {
         };
         let mut txn = db.begin_write()?;
         txn.set_two_phase_commit(true);
-        {
-            let mut inodes = txn.open_table(meta::INODES)?;
-            inodes.insert(InodeId::ROOT.0, root.encode().as_slice())?;
-            let mut c = txn.open_table(meta::COUNTERS)?;
-            c.insert(meta::NEXT_INO, 2)?;
-            c.insert(meta::NEXT_REV, 1)?;
-            c.insert(meta::NEXT_COOKIE, meta::FIRST_COOKIE)?;
-            c.insert(meta::NEXT_HISTORY, 1)?;
-            config.write(&mut txn.open_table(meta::CONFIG)?)?;
-            let mut free = txn.open_table(meta::FREE)?;
-            for seg in 0..size_bytes / segment_bytes as u64 {
-                free.insert(seg, ())?;
-            }
-            txn.open_table(meta::DIRENTS)?;
-            txn.open_table(meta::DIRLIST)?;
-            txn.open_table(meta::REVISIONS)?;
-            txn.open_table(meta::HISTORY_REVS)?;
-            txn.open_table(meta::HISTORIES)?;
-            txn.open_table(meta::GC_CANDIDATES)?;
-            txn.open_table(meta::EXTENTS)?;
-            txn.open_table(meta::CHUNKS)?;
-            txn.open_table(meta::XATTRS)?;
-            txn.open_table(meta::REV_XATTRS)?;
-        }
+        catalog::create_tables(&txn)?;
+        Txn::open(&txn)?.init(&root, &config, size_bytes / segment_bytes as u64)?;
         txn.commit()?;
         drop(db);
         let mut uuid = [0u8; 16];
@@ -714,22 +590,17 @@ impl Space {
         }
         let failed = Arc::new(AtomicBool::new(false));
         let db = Arc::new(open_db(&devs.meta, false, failed.clone())?);
-        add_missing_tables(&db)?;
-        let free = {
-            let txn = db.begin_read()?;
-            let t = txn.open_table(meta::FREE)?;
-            let mut free = std::collections::BTreeSet::new();
-            for item in t.iter()? {
-                let seg = item?.0.value();
-                if seg >= sb.segments() {
-                    return Err(Error::Corrupt(format!(
-                        "free segment {seg} beyond the data file"
-                    )));
-                }
-                free.insert(seg);
-            }
-            free
-        };
+        if catalog::add_missing_tables(&db)? {
+            log::info!(
+                "added the extended-attribute tables to a space formatted by an earlier build"
+            );
+        }
+        let free = Reader::new(&db)?.free_segments()?;
+        if let Some(seg) = free.iter().find(|s| **s >= sb.segments()) {
+            return Err(Error::Corrupt(format!(
+                "free segment {seg} beyond the data file"
+            )));
+        }
         if failed.load(std::sync::atomic::Ordering::SeqCst) {
             return Err(Error::Io(std::io::Error::other(
                 "writing the metadata table failed while opening it",
@@ -737,7 +608,7 @@ impl Space {
         }
         let store = ChunkStore::new(
             devs.data.clone(),
-            db.clone(),
+            Arc::new(catalog::ChunkIndex(db.clone())),
             sb.segment_bytes as u64,
             free,
             failed,
@@ -787,6 +658,8 @@ impl Space {
         &self.store
     }
 
+    /// The metadata table itself: for tests that damage a space on purpose. Product code
+    /// reads and writes through the catalog (`reader`, `ns_write`, `begin_write`).
     pub fn db(&self) -> &Database {
         &self.db
     }
@@ -796,7 +669,7 @@ impl Space {
     pub fn ns_write<R, E: From<Error>>(
         &self,
         durable: bool,
-        f: impl FnOnce(&mut NsTxn) -> std::result::Result<R, E>,
+        f: impl FnOnce(&mut Txn) -> std::result::Result<R, E>,
     ) -> std::result::Result<R, E> {
         if self.read_only {
             return Err(Error::ReadOnly.into());
@@ -806,19 +679,7 @@ impl Space {
         }
         let txn = self.begin_write(durable)?;
         let r = {
-            let mut t = NsTxn {
-                inodes: txn.open_table(meta::INODES).map_err(Error::from)?,
-                dirents: txn.open_table(meta::DIRENTS).map_err(Error::from)?,
-                dirlist: txn.open_table(meta::DIRLIST).map_err(Error::from)?,
-                counters: txn.open_table(meta::COUNTERS).map_err(Error::from)?,
-                histories: txn.open_table(meta::HISTORIES).map_err(Error::from)?,
-                revisions: txn.open_table(meta::REVISIONS).map_err(Error::from)?,
-                history_revs: txn.open_table(meta::HISTORY_REVS).map_err(Error::from)?,
-                extents: txn.open_table(meta::EXTENTS).map_err(Error::from)?,
-                chunks: txn.open_table(meta::CHUNKS).map_err(Error::from)?,
-                xattrs: txn.open_table(meta::XATTRS).map_err(Error::from)?,
-                rev_xattrs: txn.open_table(meta::REV_XATTRS).map_err(Error::from)?,
-            };
+            let mut t = Txn::open(&txn)?;
             f(&mut t)
         };
         match r {
@@ -871,44 +732,41 @@ impl Space {
             .map_err(|e| self.store.fail_with(Error::from(e)))
     }
 
+    /// A read snapshot of the catalog.
+    pub fn reader(&self) -> Result<Reader> {
+        Reader::new(&self.db)
+    }
+
     pub fn get_inode(&self, ino: InodeId) -> Result<Option<InodeRecord>> {
-        let txn = self.db.begin_read()?;
-        meta::get_inode(&txn.open_table(meta::INODES)?, ino)
+        self.reader()?.inode(ino)
     }
 
     /// The extended attributes of `ino`.
     pub fn xattrs(&self, ino: InodeId) -> Result<Xattrs> {
-        let txn = self.db.begin_read()?;
-        meta::xattrs_of(&txn.open_table(meta::XATTRS)?, ino)
+        self.reader()?.xattrs(ino)
     }
 
     /// One extended attribute of `ino`.
     pub fn xattr(&self, ino: InodeId, name: &[u8]) -> Result<Option<Vec<u8>>> {
-        let txn = self.db.begin_read()?;
-        let t = txn.open_table(meta::XATTRS)?;
-        Ok(t.get((ino.0, name))?.map(|v| v.value().to_vec()))
+        self.reader()?.xattr(ino, name)
     }
 
     /// What revision `rev` recorded of its file's extended attributes.
     pub fn revision_xattrs(&self, rev: RevisionId) -> Result<Xattrs> {
-        let txn = self.db.begin_read()?;
-        meta::revision_xattrs(&txn.open_table(meta::REV_XATTRS)?, rev)
+        self.reader()?.revision_xattrs(rev)
     }
 
     pub fn lookup(&self, parent: InodeId, name: &[u8]) -> Result<Option<InodeId>> {
-        let txn = self.db.begin_read()?;
-        meta::lookup(&txn.open_table(meta::DIRENTS)?, parent, name)
+        self.reader()?.lookup(parent, name)
     }
 
-    pub fn list_dir(&self, dir: InodeId, after: u64, limit: usize) -> Result<Vec<meta::DirEntry>> {
-        let txn = self.db.begin_read()?;
-        meta::list_dir(
-            &txn.open_table(meta::DIRLIST)?,
-            &txn.open_table(meta::DIRENTS)?,
-            dir,
-            after,
-            limit,
-        )
+    pub fn list_dir(
+        &self,
+        dir: InodeId,
+        after: u64,
+        limit: usize,
+    ) -> Result<Vec<catalog::DirEntry>> {
+        self.reader()?.list_dir(dir, after, limit)
     }
 
     /// The extent map of a committed revision.
@@ -917,11 +775,8 @@ impl Space {
         if rev.0 == 0 {
             return Ok(map);
         }
-        let txn = self.db.begin_read()?;
-        let t = txn.open_table(meta::EXTENTS)?;
-        for item in t.range((rev.0, 0)..=(rev.0, u64::MAX))? {
-            let (k, v) = item?;
-            map.push_loaded(k.value().1, Extent::decode(v.value())?)?;
+        for (off, e) in self.reader()?.extents(rev)? {
+            map.push_loaded(off, e)?;
         }
         Ok(map)
     }
@@ -973,85 +828,38 @@ impl Space {
         let taken = self.store.taken_segments();
         let txn = self.begin_write(true)?;
         let rev = {
-            let mut counters = txn.open_table(meta::COUNTERS)?;
-            let rev = RevisionId(meta::counter(&counters, meta::NEXT_REV)?);
-            counters.insert(meta::NEXT_REV, rev.0 + 1)?;
-            let mut free = txn.open_table(meta::FREE)?;
-            for seg in &taken {
-                free.remove(*seg)?;
-            }
-
-            let mut chunks = txn.open_table(meta::CHUNKS)?;
-            let mut extents = txn.open_table(meta::EXTENTS)?;
-            let mut revs = txn.open_table(meta::REVISIONS)?;
-            let mut hrevs = txn.open_table(meta::HISTORY_REVS)?;
-            let mut new_bytes = 0u64;
-            for (off, e) in file.map().iter() {
-                extents.insert((rev.0, off), e.encode().as_slice())?;
-                let key = e.chunk.0;
-                let existing = chunks
-                    .get(key.as_slice())?
-                    .map(|v| ChunkRecord::decode(v.value()))
-                    .transpose()?;
-                let updated = match existing {
-                    Some(r) => ChunkRecord {
-                        refs: r.refs + 1,
-                        ..r
-                    },
-                    None => {
-                        let r = self.store.pending_record(&e.chunk).ok_or_else(|| {
-                            Error::Corrupt(format!("extent names unknown chunk {:?}", e.chunk))
-                        })?;
-                        new_bytes += r.stored_len as u64;
-                        ChunkRecord { refs: 1, ..r }
-                    }
-                };
-                chunks.insert(key.as_slice(), updated.encode().as_slice())?;
-            }
-            let mut inodes = txn.open_table(meta::INODES)?;
+            let mut t = Txn::open(&txn)?;
+            let rev = t.next_revision_id()?;
+            t.mark_taken(&taken)?;
             // The namespace owns nlink, the history and which revision is current (a
             // rename or unlink may have changed them since the caller's copy was taken):
             // take them from the stored record, inside this transaction.
-            if let Some(stored) = meta::get_inode(&inodes, ino)? {
+            if let Some(stored) = t.get_inode(ino)? {
                 rec.nlink = stored.nlink;
                 rec.history = stored.history;
                 rec.current_rev = stored.current_rev;
             }
             let prev = rec.current_rev;
             if prev.0 != 0 && !keep_prev {
-                if let Some(p) = meta::get_revision(&revs, prev)? {
+                if let Some(p) = t.revision(prev)? {
                     if !p.sealed && p.history == rec.history {
-                        let mut cand = txn.open_table(meta::GC_CANDIDATES)?;
-                        meta::drop_revision(
-                            &mut revs,
-                            &mut hrevs,
-                            &mut extents,
-                            &mut chunks,
-                            &mut cand,
-                            &mut txn.open_table(meta::REV_XATTRS)?,
-                            prev,
-                        )?;
+                        t.drop_revision(prev)?;
                     }
                 }
             }
             let rr = RevisionRecord {
                 size: file.size(),
                 committed: Timestamp::now(),
-                new_stored_bytes: new_bytes,
+                new_stored_bytes: 0,
                 sealed,
                 history: rec.history,
             };
-            revs.insert(rev.0, rr.encode().as_slice())?;
-            hrevs.insert((rec.history, rev.0), ())?;
-            meta::record_revision_xattrs(
-                &txn.open_table(meta::XATTRS)?,
-                &mut txn.open_table(meta::REV_XATTRS)?,
-                ino,
-                rev,
-            )?;
+            t.put_revision(rev, &rr, file.map().iter(), ino, |h| {
+                self.store.pending_record(h)
+            })?;
             rec.size = file.size();
             rec.current_rev = rev;
-            inodes.insert(ino.0, rec.encode().as_slice())?;
+            t.put_inode(ino, rec)?;
             rev
         };
         self.commit(txn)?;
@@ -1064,28 +872,21 @@ impl Space {
     /// Marks a revision complete: its file's last writer has let go of it.
     pub fn seal(&self, rev: RevisionId) -> Result<()> {
         let txn = self.begin_write(true)?;
-        {
-            let mut revs = txn.open_table(meta::REVISIONS)?;
-            if let Some(mut rr) = meta::get_revision(&revs, rev)? {
-                if rr.sealed {
-                    return Ok(());
-                }
-                rr.sealed = true;
-                revs.insert(rev.0, rr.encode().as_slice())?;
-            }
+        if !Txn::open(&txn)?.seal(rev)? {
+            txn.abort()?;
+            return Ok(());
         }
         self.commit(txn)?;
         Ok(())
     }
 
     pub fn config(&self) -> Result<Config> {
-        let txn = self.db.begin_read()?;
-        Config::read(&txn.open_table(meta::CONFIG)?)
+        self.reader()?.config()
     }
 
     pub fn set_config(&self, c: &Config) -> Result<()> {
         let txn = self.begin_write(true)?;
-        c.write(&mut txn.open_table(meta::CONFIG)?)?;
+        Txn::open(&txn)?.set_config(c)?;
         self.commit(txn)?;
         Ok(())
     }
@@ -1117,38 +918,16 @@ impl Space {
             .filter(|p| !p.is_empty())
             .collect::<Vec<_>>()
             .join(&b'/');
-        let txn = self.db.begin_read()?;
-        let t = txn.open_table(meta::HISTORIES)?;
-        let mut best: Option<(Timestamp, u64)> = None;
-        for item in t.iter()? {
-            let (k, v) = item?;
-            let h = HistoryRecord::decode(v.value())?;
-            if let Some(when) = h.unlinked {
-                if h.path == want && best.is_none_or(|(t, _)| when >= t) {
-                    best = Some((when, k.value()));
-                }
-            }
-        }
-        Ok(best.map(|(_, hid)| hid))
+        self.reader()?.unlinked_history_at(&want)
     }
 
     /// History ids greater than `after`, at most `limit`.
     pub fn history_ids(&self, after: u64, limit: usize) -> Result<Vec<u64>> {
-        let txn = self.db.begin_read()?;
-        let t = txn.open_table(meta::HISTORIES)?;
-        let mut out = Vec::new();
-        for item in t.range(after + 1..)? {
-            out.push(item?.0.value());
-            if out.len() >= limit {
-                break;
-            }
-        }
-        Ok(out)
+        self.reader()?.history_ids(after, limit)
     }
 
     pub fn history(&self, hid: u64) -> Result<HistoryRecord> {
-        let txn = self.db.begin_read()?;
-        meta::get_history(&txn.open_table(meta::HISTORIES)?, hid)
+        self.reader()?.history(hid)
     }
 
     /// The listed revisions of a history, oldest first: the complete ones. An fsync point
@@ -1160,13 +939,11 @@ impl Space {
         } else {
             None
         };
-        let txn = self.db.begin_read()?;
-        let hrevs = txn.open_table(meta::HISTORY_REVS)?;
-        let revs = txn.open_table(meta::REVISIONS)?;
+        let r = self.reader()?;
         let mut out = Vec::new();
-        for item in hrevs.range((hid, 0)..=(hid, u64::MAX))? {
-            let rev = RevisionId(item?.0.value().1);
-            let rec = meta::get_revision(&revs, rev)?
+        for rev in r.history_revisions(hid)? {
+            let rec = r
+                .revision(rev)?
                 .ok_or_else(|| Error::Corrupt(format!("revision {} listed but missing", rev.0)))?;
             let is_current = current == Some(rev);
             if rec.sealed {
@@ -1181,8 +958,7 @@ impl Space {
     }
 
     pub fn revision(&self, rev: RevisionId) -> Result<Option<RevisionRecord>> {
-        let txn = self.db.begin_read()?;
-        meta::get_revision(&txn.open_table(meta::REVISIONS)?, rev)
+        self.reader()?.revision(rev)
     }
 
     /// A read-only file state holding the content of a revision.
@@ -1209,7 +985,7 @@ impl Space {
     }
 
     pub fn stats(&self) -> Result<Stats> {
-        let txn = self.db.begin_read()?;
+        let r = self.reader()?;
         let mut s = Stats {
             reserved_bytes: self.store.capacity(),
             free_bytes: self.store.free_bytes(),
@@ -1219,13 +995,9 @@ impl Space {
             ..Stats::default()
         };
         s.used_bytes = s.reserved_bytes - s.free_bytes;
-        let inodes = txn.open_table(meta::INODES)?;
-        let extents = txn.open_table(meta::EXTENTS)?;
-        for item in inodes.iter()? {
-            let (_, v) = item?;
-            let rec = InodeRecord::decode(v.value())?;
+        r.for_each_inode(|_, rec| {
             if rec.nlink == 0 {
-                continue;
+                return;
             }
             match rec.kind {
                 NodeKind::Dir => s.dirs += 1,
@@ -1239,18 +1011,16 @@ impl Space {
                     s.logical_bytes += rec.size;
                 }
             }
-        }
+        })?;
         s.dirs = s.dirs.saturating_sub(1); // the root is not counted
-        for e in extents.iter()? {
-            s.referenced_bytes += Extent::decode(e?.1.value())?.len as u64;
-        }
-        s.revisions = txn.open_table(meta::REVISIONS)?.len()?;
-        for item in txn.open_table(meta::CHUNKS)?.iter()? {
-            let r = ChunkRecord::decode(item?.1.value())?;
+        r.for_each_extent(|e| s.referenced_bytes += e.len as u64)?;
+        s.revisions = r.revision_count()?;
+        r.for_each_chunk(|_, c| {
             s.chunks += 1;
-            s.stored_bytes += r.stored_len as u64;
-            s.raw_chunk_bytes += r.raw_len as u64;
-        }
+            s.stored_bytes += c.stored_len as u64;
+            s.raw_chunk_bytes += c.raw_len as u64;
+            Ok(())
+        })?;
         Ok(s)
     }
 }

@@ -14,10 +14,8 @@ use crate::device::{Device, IoBuf, DIRECT_ALIGN};
 use crate::error::{Error, Result};
 use crate::filemap::ChunkIo;
 use crate::format::{ChunkHash, ChunkRecord, Codec, DataOffset};
-use crate::meta::CHUNKS;
 use crate::pipeline::{Budget, Piece, Pool, Stages, Ticket, PIPELINE_BYTES};
 use parking_lot::{Mutex, RwLock};
-use redb::{Database, ReadableDatabase};
 use std::collections::{BTreeSet, HashMap, VecDeque};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Weak};
@@ -106,7 +104,8 @@ pub struct ChunkStore {
     /// Bounds the stream bytes of all files queued for their cutters.
     cut_budget: Arc<Budget>,
     dev: Arc<dyn Device>,
-    db: Arc<Database>,
+    /// The catalog's answer to where committed chunks lie.
+    db: Arc<dyn CommittedChunks>,
     segment_bytes: u64,
     segments: u64,
     writer: Mutex<Writer>,
@@ -133,10 +132,18 @@ pub struct ChunkStore {
     gpu: Mutex<Option<Arc<gpu::GpuStage>>>,
 }
 
+/// Where committed chunks lie. The catalog answers; the store sits below it and opens no
+/// table itself.
+pub trait CommittedChunks: Send + Sync {
+    /// The committed records of `hashes`, in order (`None`: not in the chunk table), from
+    /// one consistent snapshot.
+    fn committed(&self, hashes: &[ChunkHash]) -> Result<Vec<Option<ChunkRecord>>>;
+}
+
 impl ChunkStore {
     pub fn new(
         dev: Arc<dyn Device>,
-        db: Arc<Database>,
+        db: Arc<dyn CommittedChunks>,
         segment_bytes: u64,
         free: BTreeSet<u64>,
         failed: Arc<AtomicBool>,
@@ -251,12 +258,7 @@ impl ChunkStore {
     }
 
     pub fn committed_record(&self, h: &ChunkHash) -> Result<Option<ChunkRecord>> {
-        let txn = self.db.begin_read()?;
-        let t = txn.open_table(CHUNKS)?;
-        match t.get(h.0.as_slice())? {
-            Some(v) => Ok(Some(ChunkRecord::decode(v.value())?)),
-            None => Ok(None),
-        }
+        Ok(self.db.committed(std::slice::from_ref(h))?.pop().flatten())
     }
 
     /// The record of a pinned chunk (stored or found by an uncommitted file state).
@@ -925,23 +927,23 @@ impl ChunkStore {
         let mut stored: Vec<Vec<u8>> = Vec::new();
         {
             let _shared = self.barrier.read();
-            let txn = self.db.begin_read()?;
-            let table = txn.open_table(CHUNKS)?;
+            let mut unpinned = Vec::new();
             for h in hashes {
-                if found.contains_key(h) || missing.iter().any(|(m, _)| m == h) {
+                if found.contains_key(h)
+                    || missing.iter().any(|(m, _)| m == h)
+                    || unpinned.contains(h)
+                {
                     continue;
                 }
-                let rec = match self.pending_record(h) {
-                    Some(r) => r,
-                    None => match table.get(h.0.as_slice())? {
-                        Some(v) => ChunkRecord::decode(v.value())?,
-                        None => {
-                            return Err(Error::Corrupt(format!(
-                                "chunk {h:?} is not in the chunk table"
-                            )))
-                        }
-                    },
-                };
+                match self.pending_record(h) {
+                    Some(r) => missing.push((*h, r)),
+                    None => unpinned.push(*h),
+                }
+            }
+            for (h, rec) in unpinned.iter().zip(self.db.committed(&unpinned)?) {
+                let rec = rec.ok_or_else(|| {
+                    Error::Corrupt(format!("chunk {h:?} is not in the chunk table"))
+                })?;
                 missing.push((*h, rec));
             }
             missing.sort_by_key(|(_, r)| r.offset.0);

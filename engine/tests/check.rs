@@ -1,9 +1,9 @@
 //! `check`: a healthy space is clean; a damaged chunk is reported with every file, revision
 //! and byte range that uses it (and nothing else); inconsistent metadata is reported.
 
+use ckptfs_engine::catalog::tables as meta;
 use ckptfs_engine::check::{check, Damage};
 use ckptfs_engine::format::*;
-use ckptfs_engine::meta;
 use ckptfs_engine::space::Config;
 use ckptfs_engine::{Error, Space};
 use rand::rngs::SmallRng;

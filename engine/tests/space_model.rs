@@ -2,8 +2,8 @@
 //! space, checked against a byte-vector model after every reopen, plus the space's own
 //! invariants (refcounts, stored-bytes accounting, no overlapping chunk extents, dedup).
 
+use ckptfs_engine::catalog::tables as meta;
 use ckptfs_engine::format::*;
-use ckptfs_engine::meta;
 use ckptfs_engine::space::Config;
 use ckptfs_engine::{Error, Space};
 use rand::rngs::SmallRng;

@@ -10,11 +10,11 @@
 //! control interface and cannot be stored.
 
 use super::{Error, Fs, Result};
+use ckptfs_engine::catalog::Txn;
 use ckptfs_engine::format::{
     InodeId, Timestamp, Xattrs, XATTR_NAMES_ROOM, XATTR_NAME_MAX, XATTR_VALUES_ROOM,
     XATTR_VALUE_MAX,
 };
-use ckptfs_engine::meta::NsTxn;
 
 /// The control names on the root (see the adapter's control interface).
 pub const CONTROL_PREFIX: &[u8] = b"user.ckptfs.";
@@ -134,7 +134,7 @@ impl Fs {
 
     /// Runs an attribute change of `ino` and moves its ctime, in one namespace transaction,
     /// and in the open copy of its record.
-    fn change_xattrs(&self, ino: InodeId, f: impl FnOnce(&mut NsTxn) -> Result<()>) -> Result<()> {
+    fn change_xattrs(&self, ino: InodeId, f: impl FnOnce(&mut Txn) -> Result<()>) -> Result<()> {
         let now = Timestamp::now();
         self.space.ns_write(false, |t| -> Result<()> {
             let mut rec = t.inode(ino)?;

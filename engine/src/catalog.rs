@@ -1,0 +1,1181 @@
+//! The catalog: the metadata table (redb), typed. The only module that opens a redb table:
+//! everything above it reads through a [`Reader`] (one snapshot) and changes through a
+//! [`Txn`] (one write transaction), with typed keys and values, and chunk reference counts
+//! kept by one helper that reports an underflow as corruption. Values are the byte
+//! encodings from `format`; redb provides atomic, crash-safe commits.
+//!
+//! `ckptfs check` is the one reader that must see rows that do not decode (to report them):
+//! it gets the raw tables of a snapshot from [`Reader::raw`].
+
+use crate::error::{Error, Result};
+use crate::format::{
+    decode_xattrs, encode_xattrs, ChunkHash, ChunkRecord, DataOffset, Extent, HistoryRecord,
+    InodeId, InodeRecord, NodeKind, RevisionId, RevisionRecord, Timestamp, Xattrs,
+};
+use redb::{
+    Database, ReadOnlyTable, ReadTransaction, ReadableDatabase, ReadableTable,
+    ReadableTableMetadata, Table, WriteTransaction,
+};
+use std::collections::BTreeSet;
+
+/// The table definitions. Public for tests that damage a space on purpose; product code
+/// goes through `Reader` and `Txn`.
+pub mod tables {
+    use redb::TableDefinition;
+    /// inode number -> InodeRecord
+    pub const INODES: TableDefinition<u64, &[u8]> = TableDefinition::new("inodes");
+    /// (parent inode, name) -> (child inode, readdir cookie)
+    pub const DIRENTS: TableDefinition<(u64, &[u8]), (u64, u64)> = TableDefinition::new("dirents");
+    /// (parent inode, readdir cookie) -> name; gives readdir a stable order and resume point.
+    pub const DIRLIST: TableDefinition<(u64, u64), &[u8]> = TableDefinition::new("dirlist");
+    /// revision -> RevisionRecord
+    pub const REVISIONS: TableDefinition<u64, &[u8]> = TableDefinition::new("revisions");
+    /// (history, revision) -> (): the revisions of each history, oldest first
+    pub const HISTORY_REVS: TableDefinition<(u64, u64), ()> = TableDefinition::new("history_revs");
+    /// history -> HistoryRecord
+    pub const HISTORIES: TableDefinition<u64, &[u8]> = TableDefinition::new("histories");
+    /// segment index -> (): data-file segments holding no committed chunk
+    pub const FREE: TableDefinition<u64, ()> = TableDefinition::new("free_segments");
+    /// chunk hash -> (): chunks whose reference count reached zero, for gc to delete
+    pub const GC_CANDIDATES: TableDefinition<&[u8], ()> = TableDefinition::new("gc_candidates");
+    /// retention policy and gc settings (see `Config`)
+    pub const CONFIG: TableDefinition<&str, u64> = TableDefinition::new("config");
+    /// (revision, file offset) -> Extent
+    pub const EXTENTS: TableDefinition<(u64, u64), &[u8]> = TableDefinition::new("extents");
+    /// chunk hash -> ChunkRecord
+    pub const CHUNKS: TableDefinition<&[u8], &[u8]> = TableDefinition::new("chunks");
+    /// named counters: next_ino, next_rev, next_cookie, next_history
+    pub const COUNTERS: TableDefinition<&str, u64> = TableDefinition::new("counters");
+    /// (inode, name) -> value: the extended attributes of live inodes
+    pub const XATTRS: TableDefinition<(u64, &[u8]), &[u8]> = TableDefinition::new("xattrs");
+    /// revision -> its file's extended attributes when it was committed
+    /// (`format::encode_xattrs`); no row when the file had none
+    pub const REV_XATTRS: TableDefinition<u64, &[u8]> = TableDefinition::new("revision_xattrs");
+}
+use tables::*;
+
+pub const NEXT_INO: &str = "next_ino";
+pub const NEXT_REV: &str = "next_rev";
+pub const NEXT_COOKIE: &str = "next_cookie";
+pub const NEXT_HISTORY: &str = "next_history";
+/// readdir cookies 1 and 2 are "." and ".."; entries start after them.
+pub const FIRST_COOKIE: u64 = 3;
+
+/// Retention policy and gc settings, kept in the metadata table (`ckptfs config`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Config {
+    /// Newest complete revisions kept per path (the current one always counts).
+    pub keep_revisions: u64,
+    /// Revisions younger than this are kept too; 0 = off.
+    pub keep_age_secs: u64,
+    /// How long the revisions of an unlinked path are kept.
+    pub keep_unlinked_secs: u64,
+    /// The daemon runs gc when free space falls below this percentage; 0 = off.
+    pub auto_gc_free_percent: u64,
+}
+
+impl Default for Config {
+    fn default() -> Self {
+        Config {
+            keep_revisions: 2,
+            keep_age_secs: 0,
+            keep_unlinked_secs: 7 * 24 * 3600,
+            auto_gc_free_percent: 20,
+        }
+    }
+}
+
+impl Config {
+    const KEYS: [&'static str; 4] = [
+        "keep_revisions",
+        "keep_age_secs",
+        "keep_unlinked_secs",
+        "auto_gc_free_percent",
+    ];
+
+    fn values(&self) -> [u64; 4] {
+        [
+            self.keep_revisions,
+            self.keep_age_secs,
+            self.keep_unlinked_secs,
+            self.auto_gc_free_percent,
+        ]
+    }
+
+    pub fn validate(&self) -> Result<()> {
+        if self.keep_revisions == 0 {
+            return Err(Error::Invalid(
+                "keep-revisions must be at least 1 (the current revision)".into(),
+            ));
+        }
+        if self.auto_gc_free_percent > 90 {
+            return Err(Error::Invalid(
+                "auto-gc-free-percent must be 0 to 90".into(),
+            ));
+        }
+        Ok(())
+    }
+
+    fn write(&self, t: &mut Table<'_, &'static str, u64>) -> Result<()> {
+        self.validate()?;
+        for (k, v) in Self::KEYS.iter().zip(self.values()) {
+            t.insert(*k, v)?;
+        }
+        Ok(())
+    }
+
+    fn read(t: &impl ReadableTable<&'static str, u64>) -> Result<Self> {
+        let get = |k: &str| -> Result<u64> {
+            t.get(k)?
+                .map(|v| v.value())
+                .ok_or_else(|| Error::Corrupt(format!("config key {k} missing")))
+        };
+        Ok(Config {
+            keep_revisions: get("keep_revisions")?,
+            keep_age_secs: get("keep_age_secs")?,
+            keep_unlinked_secs: get("keep_unlinked_secs")?,
+            auto_gc_free_percent: get("auto_gc_free_percent")?,
+        })
+    }
+}
+
+/// Every table, created empty (format), or added where an older build's space lacks it.
+pub fn create_tables(txn: &WriteTransaction) -> Result<()> {
+    txn.open_table(INODES)?;
+    txn.open_table(DIRENTS)?;
+    txn.open_table(DIRLIST)?;
+    txn.open_table(REVISIONS)?;
+    txn.open_table(HISTORY_REVS)?;
+    txn.open_table(HISTORIES)?;
+    txn.open_table(FREE)?;
+    txn.open_table(GC_CANDIDATES)?;
+    txn.open_table(CONFIG)?;
+    txn.open_table(EXTENTS)?;
+    txn.open_table(CHUNKS)?;
+    txn.open_table(COUNTERS)?;
+    txn.open_table(XATTRS)?;
+    txn.open_table(REV_XATTRS)?;
+    Ok(())
+}
+
+/// Adds the tables later builds introduced (`xattrs`, `revision_xattrs`: see FORMAT.md's
+/// version log) to a space made by an earlier one; returns whether any was missing. Writes
+/// the table only then, so opening an up-to-date space changes nothing.
+pub fn add_missing_tables(db: &Database) -> Result<bool> {
+    let exists = |r: std::result::Result<_, redb::TableError>| match r {
+        Ok(_) => Ok(true),
+        Err(redb::TableError::TableDoesNotExist(_)) => Ok(false),
+        Err(e) => Err(Error::from(e)),
+    };
+    let complete = {
+        let txn = db.begin_read()?;
+        exists(txn.open_table(XATTRS).map(drop))? && exists(txn.open_table(REV_XATTRS).map(drop))?
+    };
+    if !complete {
+        let mut txn = db.begin_write()?;
+        txn.set_two_phase_commit(true);
+        txn.open_table(XATTRS)?;
+        txn.open_table(REV_XATTRS)?;
+        txn.commit()?;
+    }
+    Ok(!complete)
+}
+
+fn hash_key(key: &[u8], what: &str) -> Result<ChunkHash> {
+    Ok(ChunkHash(key.try_into().map_err(|_| {
+        Error::Corrupt(format!("{what} key is not a chunk hash"))
+    })?))
+}
+
+fn get_chunk(
+    t: &impl ReadableTable<&'static [u8], &'static [u8]>,
+    h: &ChunkHash,
+) -> Result<Option<ChunkRecord>> {
+    t.get(h.0.as_slice())?
+        .map(|v| ChunkRecord::decode(v.value()))
+        .transpose()
+}
+
+fn extents_of(
+    t: &impl ReadableTable<(u64, u64), &'static [u8]>,
+    rev: RevisionId,
+) -> Result<Vec<(u64, Extent)>> {
+    let mut out = Vec::new();
+    for item in t.range((rev.0, 0)..=(rev.0, u64::MAX))? {
+        let (k, v) = item?;
+        out.push((k.value().1, Extent::decode(v.value())?));
+    }
+    Ok(out)
+}
+
+fn revisions_of(t: &impl ReadableTable<(u64, u64), ()>, hid: u64) -> Result<Vec<RevisionId>> {
+    Ok(t.range((hid, 0)..=(hid, u64::MAX))?
+        .map(|r| r.map(|(k, _)| RevisionId(k.value().1)))
+        .collect::<std::result::Result<_, _>>()?)
+}
+
+fn for_each_chunk_in(
+    t: &impl ReadableTable<&'static [u8], &'static [u8]>,
+    mut f: impl FnMut(ChunkHash, ChunkRecord) -> Result<()>,
+) -> Result<()> {
+    for item in t.iter()? {
+        let (k, v) = item?;
+        f(
+            hash_key(k.value(), "chunk")?,
+            ChunkRecord::decode(v.value())?,
+        )?;
+    }
+    Ok(())
+}
+
+fn free_segments_in(t: &impl ReadableTable<u64, ()>) -> Result<BTreeSet<u64>> {
+    let mut free = BTreeSet::new();
+    for item in t.iter()? {
+        free.insert(item?.0.value());
+    }
+    Ok(free)
+}
+
+fn get_inode(
+    t: &impl ReadableTable<u64, &'static [u8]>,
+    ino: InodeId,
+) -> Result<Option<InodeRecord>> {
+    match t.get(ino.0)? {
+        Some(v) => Ok(Some(InodeRecord::decode(v.value())?)),
+        None => Ok(None),
+    }
+}
+
+fn lookup(
+    t: &impl ReadableTable<(u64, &'static [u8]), (u64, u64)>,
+    parent: InodeId,
+    name: &[u8],
+) -> Result<Option<InodeId>> {
+    Ok(t.get((parent.0, name))?.map(|v| InodeId(v.value().0)))
+}
+
+fn counter(t: &impl ReadableTable<&'static str, u64>, name: &str) -> Result<u64> {
+    t.get(name)?
+        .map(|v| v.value())
+        .ok_or_else(|| Error::Corrupt(format!("counter {name} missing from the metadata table")))
+}
+
+/// The extended attributes of `ino`.
+fn xattrs_of(
+    t: &impl ReadableTable<(u64, &'static [u8]), &'static [u8]>,
+    ino: InodeId,
+) -> Result<Xattrs> {
+    let mut x = Xattrs::new();
+    for item in t.range((ino.0, &b""[..])..(ino.0 + 1, &b""[..]))? {
+        let (k, v) = item?;
+        x.insert(k.value().1.to_vec(), v.value().to_vec());
+    }
+    Ok(x)
+}
+
+/// What revision `rev` recorded of its file's extended attributes.
+fn revision_xattrs(t: &impl ReadableTable<u64, &'static [u8]>, rev: RevisionId) -> Result<Xattrs> {
+    match t.get(rev.0)? {
+        Some(v) => decode_xattrs(v.value()),
+        None => Ok(Xattrs::new()),
+    }
+}
+
+/// Records the extended attributes of `ino` as those of revision `rev` (no row if none).
+fn record_revision_xattrs(
+    xattrs: &impl ReadableTable<(u64, &'static [u8]), &'static [u8]>,
+    rev_xattrs: &mut Table<'_, u64, &'static [u8]>,
+    ino: InodeId,
+    rev: RevisionId,
+) -> Result<()> {
+    let x = xattrs_of(xattrs, ino)?;
+    if !x.is_empty() {
+        rev_xattrs.insert(rev.0, encode_xattrs(&x).as_slice())?;
+    }
+    Ok(())
+}
+
+/// Removes every extended attribute of `ino` (an inode being deleted).
+fn clear_xattrs(
+    xattrs: &mut Table<'_, (u64, &'static [u8]), &'static [u8]>,
+    ino: InodeId,
+) -> Result<()> {
+    let names: Vec<Vec<u8>> = xattrs_of(xattrs, ino)?.into_keys().collect();
+    for n in names {
+        xattrs.remove((ino.0, n.as_slice()))?;
+    }
+    Ok(())
+}
+
+/// One directory entry as listed by readdir.
+#[derive(Clone, Debug)]
+pub struct DirEntry {
+    pub cookie: u64,
+    pub name: Vec<u8>,
+    pub ino: InodeId,
+}
+
+/// Entries of `dir` with cookies greater than `after`, at most `limit` of them.
+fn list_dir(
+    dirlist: &impl ReadableTable<(u64, u64), &'static [u8]>,
+    dirents: &impl ReadableTable<(u64, &'static [u8]), (u64, u64)>,
+    dir: InodeId,
+    after: u64,
+    limit: usize,
+) -> Result<Vec<DirEntry>> {
+    let mut out = Vec::new();
+    for item in dirlist.range((dir.0, after + 1)..(dir.0, u64::MAX))? {
+        let (k, v) = item?;
+        let name = v.value().to_vec();
+        let ino = lookup(dirents, dir, &name)?
+            .ok_or_else(|| Error::Corrupt(format!("dirlist names a missing entry in {}", dir.0)))?;
+        out.push(DirEntry {
+            cookie: k.value().1,
+            name,
+            ino,
+        });
+        if out.len() >= limit {
+            break;
+        }
+    }
+    Ok(out)
+}
+
+/// Every table, opened in one write transaction: the one way to change the catalog. The
+/// fields stay private; each change is a method, so the rules (reference counts, readdir
+/// cookies, history membership) live in one place.
+pub struct Txn<'t> {
+    inodes: Table<'t, u64, &'static [u8]>,
+    dirents: Table<'t, (u64, &'static [u8]), (u64, u64)>,
+    dirlist: Table<'t, (u64, u64), &'static [u8]>,
+    counters: Table<'t, &'static str, u64>,
+    histories: Table<'t, u64, &'static [u8]>,
+    revisions: Table<'t, u64, &'static [u8]>,
+    history_revs: Table<'t, (u64, u64), ()>,
+    extents: Table<'t, (u64, u64), &'static [u8]>,
+    chunks: Table<'t, &'static [u8], &'static [u8]>,
+    candidates: Table<'t, &'static [u8], ()>,
+    free: Table<'t, u64, ()>,
+    config: Table<'t, &'static str, u64>,
+    xattrs: Table<'t, (u64, &'static [u8]), &'static [u8]>,
+    rev_xattrs: Table<'t, u64, &'static [u8]>,
+}
+
+impl<'t> Txn<'t> {
+    pub fn open(txn: &'t WriteTransaction) -> Result<Txn<'t>> {
+        Ok(Txn {
+            inodes: txn.open_table(INODES)?,
+            dirents: txn.open_table(DIRENTS)?,
+            dirlist: txn.open_table(DIRLIST)?,
+            counters: txn.open_table(COUNTERS)?,
+            histories: txn.open_table(HISTORIES)?,
+            revisions: txn.open_table(REVISIONS)?,
+            history_revs: txn.open_table(HISTORY_REVS)?,
+            extents: txn.open_table(EXTENTS)?,
+            chunks: txn.open_table(CHUNKS)?,
+            candidates: txn.open_table(GC_CANDIDATES)?,
+            free: txn.open_table(FREE)?,
+            config: txn.open_table(CONFIG)?,
+            xattrs: txn.open_table(XATTRS)?,
+            rev_xattrs: txn.open_table(REV_XATTRS)?,
+        })
+    }
+
+    /// An empty space's first rows: the root directory, the counters, `config`, and every
+    /// one of `segments` segments free.
+    pub fn init(&mut self, root: &InodeRecord, config: &Config, segments: u64) -> Result<()> {
+        self.put_inode(InodeId::ROOT, root)?;
+        self.counters.insert(NEXT_INO, 2)?;
+        self.counters.insert(NEXT_REV, 1)?;
+        self.counters.insert(NEXT_COOKIE, FIRST_COOKIE)?;
+        self.counters.insert(NEXT_HISTORY, 1)?;
+        config.write(&mut self.config)?;
+        for seg in 0..segments {
+            self.free.insert(seg, ())?;
+        }
+        Ok(())
+    }
+
+    pub fn set_config(&mut self, c: &Config) -> Result<()> {
+        c.write(&mut self.config)
+    }
+
+    pub fn config(&self) -> Result<Config> {
+        Config::read(&self.config)
+    }
+
+    /// Segments the data file writer took: no longer free.
+    pub fn mark_taken(&mut self, segs: &[u64]) -> Result<()> {
+        for s in segs {
+            self.free.remove(*s)?;
+        }
+        Ok(())
+    }
+
+    /// Segments gc emptied.
+    pub fn mark_free(&mut self, segs: &[u64]) -> Result<()> {
+        for s in segs {
+            self.free.insert(*s, ())?;
+        }
+        Ok(())
+    }
+
+    pub fn free_segments(&self) -> Result<BTreeSet<u64>> {
+        free_segments_in(&self.free)
+    }
+
+    pub fn chunk(&self, h: &ChunkHash) -> Result<Option<ChunkRecord>> {
+        get_chunk(&self.chunks, h)
+    }
+
+    pub fn for_each_chunk(
+        &self,
+        f: impl FnMut(ChunkHash, ChunkRecord) -> Result<()>,
+    ) -> Result<()> {
+        for_each_chunk_in(&self.chunks, f)
+    }
+
+    /// One more reference to chunk `h`: a committed chunk gains one; a chunk the table does
+    /// not have yet is added with `new` (its record as stored, from the store's pending
+    /// chunks) and one reference. Returns whether the chunk was new.
+    pub fn add_chunk_ref(
+        &mut self,
+        h: &ChunkHash,
+        new: impl FnOnce() -> Option<ChunkRecord>,
+    ) -> Result<bool> {
+        let (rec, added) = match self.chunk(h)? {
+            Some(r) => (
+                ChunkRecord {
+                    refs: r.refs + 1,
+                    ..r
+                },
+                false,
+            ),
+            None => {
+                let r = new()
+                    .ok_or_else(|| Error::Corrupt(format!("extent names unknown chunk {h:?}")))?;
+                (ChunkRecord { refs: 1, ..r }, true)
+            }
+        };
+        self.chunks
+            .insert(h.0.as_slice(), rec.encode().as_slice())?;
+        Ok(added)
+    }
+
+    /// One reference fewer to chunk `h`; at zero the chunk becomes a gc candidate. A count
+    /// that would go below zero, or a chunk the table does not have, is corruption (an
+    /// extent named a chunk more often than counted), reported instead of hidden.
+    fn drop_chunk_ref(&mut self, h: &ChunkHash) -> Result<()> {
+        let c = self.chunk(h)?.ok_or_else(|| {
+            Error::Corrupt(format!(
+                "an extent names chunk {h:?}, which the chunk table lacks"
+            ))
+        })?;
+        let refs = c.refs.checked_sub(1).ok_or_else(|| {
+            Error::Corrupt(format!(
+                "chunk {h:?} has no reference left to drop (reference count underflow)"
+            ))
+        })?;
+        let c = ChunkRecord { refs, ..c };
+        self.chunks.insert(h.0.as_slice(), c.encode().as_slice())?;
+        if refs == 0 {
+            self.candidates.insert(h.0.as_slice(), ())?;
+        }
+        Ok(())
+    }
+
+    /// Points chunk `h` at `new` if it still lies at `old` (gc moved it; a chunk deleted or
+    /// moved meanwhile is left alone). Returns whether it was moved.
+    pub fn move_chunk(&mut self, h: &ChunkHash, old: DataOffset, new: DataOffset) -> Result<bool> {
+        match self.chunk(h)? {
+            Some(c) if c.offset == old => {
+                let c = ChunkRecord { offset: new, ..c };
+                self.chunks.insert(h.0.as_slice(), c.encode().as_slice())?;
+                Ok(true)
+            }
+            _ => Ok(false),
+        }
+    }
+
+    /// Deletes the chunks whose reference count reached zero, except those `keep` says are
+    /// still pinned (a dedup hit of a file not yet committed: if it commits, the chunk gains
+    /// a reference; if not, a later gc deletes it), which stay queued. `each` sees every
+    /// candidate handled (for progress). Returns (chunks deleted, their stored bytes).
+    pub fn delete_dead_chunks(
+        &mut self,
+        keep: impl Fn(&ChunkHash) -> bool,
+        mut each: impl FnMut(u64, u64),
+    ) -> Result<(u64, u64)> {
+        let total = self.candidates.len()?;
+        let (mut done, mut freed, mut bytes) = (0u64, 0u64, 0u64);
+        let mut still_pinned = Vec::new();
+        loop {
+            let popped = self
+                .candidates
+                .pop_first()?
+                .map(|(k, _)| k.value().to_vec());
+            let Some(key) = popped else {
+                break;
+            };
+            let h = hash_key(&key, "gc candidate")?;
+            done += 1;
+            each(done, total);
+            let Some(rec) = self.chunk(&h)? else {
+                continue;
+            };
+            if rec.refs == 0 {
+                if keep(&h) {
+                    still_pinned.push(h);
+                } else {
+                    self.chunks.remove(h.0.as_slice())?;
+                    freed += 1;
+                    bytes += rec.stored_len as u64;
+                }
+            }
+        }
+        for h in still_pinned {
+            self.candidates.insert(h.0.as_slice(), ())?;
+        }
+        Ok((freed, bytes))
+    }
+
+    pub fn next_revision_id(&mut self) -> Result<RevisionId> {
+        let rev = counter(&self.counters, NEXT_REV)?;
+        self.counters.insert(NEXT_REV, rev + 1)?;
+        Ok(RevisionId(rev))
+    }
+
+    /// Records revision `rev` of history `rr.history` with extents `map`, taking one chunk
+    /// reference per extent (`new` gives the record of a chunk not in the table yet), and
+    /// the current extended attributes of `ino`. Returns the stored bytes of the chunks
+    /// this revision added to the table.
+    pub fn put_revision<'m>(
+        &mut self,
+        rev: RevisionId,
+        rr: &RevisionRecord,
+        map: impl Iterator<Item = (u64, &'m Extent)>,
+        ino: InodeId,
+        new: impl Fn(&ChunkHash) -> Option<ChunkRecord>,
+    ) -> Result<u64> {
+        let mut new_bytes = 0u64;
+        for (off, e) in map {
+            self.extents.insert((rev.0, off), e.encode().as_slice())?;
+            let mut rec = None;
+            if self.add_chunk_ref(&e.chunk, || {
+                rec = new(&e.chunk);
+                rec
+            })? {
+                new_bytes += rec.map_or(0, |r| r.stored_len as u64);
+            }
+        }
+        let rr = RevisionRecord {
+            new_stored_bytes: new_bytes,
+            ..*rr
+        };
+        self.revisions.insert(rev.0, rr.encode().as_slice())?;
+        self.history_revs.insert((rr.history, rev.0), ())?;
+        record_revision_xattrs(&self.xattrs, &mut self.rev_xattrs, ino, rev)?;
+        Ok(new_bytes)
+    }
+
+    pub fn revision(&self, rev: RevisionId) -> Result<Option<RevisionRecord>> {
+        get_revision(&self.revisions, rev)
+    }
+
+    /// Marks revision `rev` complete; false if it was already (or does not exist).
+    pub fn seal(&mut self, rev: RevisionId) -> Result<bool> {
+        match get_revision(&self.revisions, rev)? {
+            Some(mut rr) if !rr.sealed => {
+                rr.sealed = true;
+                self.revisions.insert(rev.0, rr.encode().as_slice())?;
+                Ok(true)
+            }
+            _ => Ok(false),
+        }
+    }
+
+    /// Deletes a revision: its extents (dropping one chunk reference each), its record, its
+    /// place in its history and its attributes. Chunks left with no reference stay until gc
+    /// removes them.
+    pub fn drop_revision(&mut self, rev: RevisionId) -> Result<()> {
+        let Some(rr) = get_revision(&self.revisions, rev)? else {
+            return Ok(());
+        };
+        for (off, e) in extents_of(&self.extents, rev)? {
+            self.drop_chunk_ref(&e.chunk)?;
+            self.extents.remove((rev.0, off))?;
+        }
+        self.revisions.remove(rev.0)?;
+        self.history_revs.remove((rr.history, rev.0))?;
+        self.rev_xattrs.remove(rev.0)?;
+        Ok(())
+    }
+
+    pub fn history_count(&self) -> Result<u64> {
+        Ok(self.histories.len()?)
+    }
+
+    /// The history with the smallest id at or after `from`.
+    pub fn history_from(&self, from: u64) -> Result<Option<(u64, HistoryRecord)>> {
+        match self.histories.range(from..)?.next() {
+            Some(item) => {
+                let (k, v) = item?;
+                Ok(Some((k.value(), HistoryRecord::decode(v.value())?)))
+            }
+            None => Ok(None),
+        }
+    }
+
+    pub fn remove_history(&mut self, hid: u64) -> Result<()> {
+        self.histories.remove(hid)?;
+        Ok(())
+    }
+
+    /// Unlinked inodes (nlink 0) for which `open` says no handle is open.
+    pub fn dead_inodes(&self, open: impl Fn(InodeId) -> bool) -> Result<Vec<InodeId>> {
+        let mut dead = Vec::new();
+        for item in self.inodes.iter()? {
+            let (k, v) = item?;
+            let rec = InodeRecord::decode(v.value())?;
+            let ino = InodeId(k.value());
+            if rec.nlink == 0 && !open(ino) {
+                dead.push(ino);
+            }
+        }
+        Ok(dead)
+    }
+
+    /// Deletes inode `ino` and its extended attributes.
+    pub fn remove_inode(&mut self, ino: InodeId) -> Result<()> {
+        self.inodes.remove(ino.0)?;
+        clear_xattrs(&mut self.xattrs, ino)
+    }
+
+    pub fn get_inode(&self, ino: InodeId) -> Result<Option<InodeRecord>> {
+        get_inode(&self.inodes, ino)
+    }
+
+    /// The inode, or a corruption error: callers use it for inodes that must exist.
+    pub fn inode(&self, ino: InodeId) -> Result<InodeRecord> {
+        self.get_inode(ino)?
+            .ok_or_else(|| Error::Corrupt(format!("inode {} missing", ino.0)))
+    }
+
+    pub fn put_inode(&mut self, ino: InodeId, rec: &InodeRecord) -> Result<()> {
+        self.inodes.insert(ino.0, rec.encode().as_slice())?;
+        Ok(())
+    }
+
+    pub fn lookup(&self, parent: InodeId, name: &[u8]) -> Result<Option<InodeId>> {
+        lookup(&self.dirents, parent, name)
+    }
+
+    pub fn alloc_ino(&mut self) -> Result<InodeId> {
+        let n = counter(&self.counters, NEXT_INO)?;
+        self.counters.insert(NEXT_INO, n + 1)?;
+        Ok(InodeId(n))
+    }
+
+    /// Adds the entry `name` -> `child` to `parent`, which must not have it yet.
+    pub fn add_entry(&mut self, parent: InodeId, name: &[u8], child: InodeId) -> Result<()> {
+        let cookie = counter(&self.counters, NEXT_COOKIE)?;
+        self.counters.insert(NEXT_COOKIE, cookie + 1)?;
+        let old = self.dirents.insert((parent.0, name), (child.0, cookie))?;
+        assert!(old.is_none(), "add_entry over an existing name");
+        self.dirlist.insert((parent.0, cookie), name)?;
+        Ok(())
+    }
+
+    /// Points the existing entry `name` of `parent` at `child`, keeping its readdir cookie:
+    /// an exchange changes what a name refers to, not where the name sits in a listing.
+    pub fn repoint_entry(&mut self, parent: InodeId, name: &[u8], child: InodeId) -> Result<()> {
+        let (_, cookie) = self
+            .dirents
+            .get((parent.0, name))?
+            .map(|v| v.value())
+            .ok_or_else(|| Error::Corrupt(format!("entry to repoint missing in {}", parent.0)))?;
+        self.dirents.insert((parent.0, name), (child.0, cookie))?;
+        Ok(())
+    }
+
+    /// Moves the entry `name` of `parent` to `new_name` of `new_parent` (which must not
+    /// exist). Within one directory the entry keeps its cookie, so a readdir pass running
+    /// while files are renamed in place returns each entry once: a new cookie would put the
+    /// renamed entry after the pass's position and list it a second time.
+    pub fn move_entry(
+        &mut self,
+        parent: InodeId,
+        name: &[u8],
+        new_parent: InodeId,
+        new_name: &[u8],
+    ) -> Result<()> {
+        if parent != new_parent {
+            let child = self
+                .remove_entry(parent, name)?
+                .ok_or_else(|| Error::Corrupt(format!("entry to move missing in {}", parent.0)))?;
+            return self.add_entry(new_parent, new_name, child);
+        }
+        let (child, cookie) = self
+            .dirents
+            .remove((parent.0, name))?
+            .map(|v| v.value())
+            .ok_or_else(|| Error::Corrupt(format!("entry to move missing in {}", parent.0)))?;
+        let old = self.dirents.insert((parent.0, new_name), (child, cookie))?;
+        assert!(old.is_none(), "move_entry over an existing name");
+        self.dirlist.insert((parent.0, cookie), new_name)?;
+        Ok(())
+    }
+
+    pub fn remove_entry(&mut self, parent: InodeId, name: &[u8]) -> Result<Option<InodeId>> {
+        let Some((child, cookie)) = self.dirents.remove((parent.0, name))?.map(|v| v.value())
+        else {
+            return Ok(None);
+        };
+        self.dirlist.remove((parent.0, cookie))?;
+        Ok(Some(InodeId(child)))
+    }
+
+    pub fn dir_is_empty(&self, dir: InodeId) -> Result<bool> {
+        Ok(self
+            .dirlist
+            .range((dir.0, 0)..(dir.0, u64::MAX))?
+            .next()
+            .is_none())
+    }
+
+    /// Starts a new history owned by `ino`.
+    pub fn new_history(&mut self, ino: InodeId) -> Result<u64> {
+        let hid = counter(&self.counters, NEXT_HISTORY)?;
+        self.counters.insert(NEXT_HISTORY, hid + 1)?;
+        let h = HistoryRecord {
+            ino,
+            unlinked: None,
+            path: Vec::new(),
+        };
+        self.histories.insert(hid, h.encode().as_slice())?;
+        Ok(hid)
+    }
+
+    /// Marks a history as belonging to a path that no longer exists.
+    pub fn retire_history(&mut self, hid: u64, path: Vec<u8>, when: Timestamp) -> Result<()> {
+        let mut h = get_history(&self.histories, hid)?;
+        h.unlinked = Some(when);
+        h.path = path;
+        self.histories.insert(hid, h.encode().as_slice())?;
+        Ok(())
+    }
+
+    pub fn set_history_owner(&mut self, hid: u64, ino: InodeId) -> Result<()> {
+        let mut h = get_history(&self.histories, hid)?;
+        h.ino = ino;
+        h.unlinked = None;
+        h.path.clear();
+        self.histories.insert(hid, h.encode().as_slice())?;
+        Ok(())
+    }
+
+    /// The full path of the entry `name` in directory `parent`, from the root.
+    pub fn path_of(&self, parent: InodeId, name: &[u8]) -> Result<Vec<u8>> {
+        let mut parts = vec![name.to_vec()];
+        let mut dir = parent;
+        while dir != InodeId::ROOT {
+            let rec = self.inode(dir)?;
+            parts.push(rec.target.clone());
+            dir = rec.parent;
+        }
+        parts.reverse();
+        Ok(parts.join(&b'/'))
+    }
+
+    /// The revisions of a history, oldest first (sealed or not).
+    pub fn history_revisions(&self, hid: u64) -> Result<Vec<RevisionId>> {
+        revisions_of(&self.history_revs, hid)
+    }
+
+    pub fn xattrs(&self, ino: InodeId) -> Result<Xattrs> {
+        xattrs_of(&self.xattrs, ino)
+    }
+
+    pub fn put_xattr(&mut self, ino: InodeId, name: &[u8], value: &[u8]) -> Result<()> {
+        self.xattrs.insert((ino.0, name), value)?;
+        Ok(())
+    }
+
+    /// Whether `ino` had the attribute.
+    pub fn remove_xattr(&mut self, ino: InodeId, name: &[u8]) -> Result<bool> {
+        Ok(self.xattrs.remove((ino.0, name))?.is_some())
+    }
+
+    /// Makes `x` the whole set of `ino`'s extended attributes.
+    pub fn replace_xattrs(&mut self, ino: InodeId, x: &Xattrs) -> Result<()> {
+        clear_xattrs(&mut self.xattrs, ino)?;
+        for (n, v) in x {
+            self.put_xattr(ino, n, v)?;
+        }
+        Ok(())
+    }
+
+    pub fn revision_xattrs(&self, rev: RevisionId) -> Result<Xattrs> {
+        revision_xattrs(&self.rev_xattrs, rev)
+    }
+
+    /// Adds a sealed revision to history `hid` with the content of revision `from`, taking a
+    /// reference on each of its chunks. Used when a rename replaces a path's file.
+    pub fn copy_revision(&mut self, from: RevisionId, hid: u64) -> Result<RevisionId> {
+        let src = get_revision(&self.revisions, from)?
+            .ok_or_else(|| Error::Corrupt(format!("revision {} missing", from.0)))?;
+        let rev = counter(&self.counters, NEXT_REV)?;
+        self.counters.insert(NEXT_REV, rev + 1)?;
+        let rows: Vec<(u64, Vec<u8>)> = self
+            .extents
+            .range((from.0, 0)..=(from.0, u64::MAX))?
+            .map(|r| r.map(|(k, v)| (k.value().1, v.value().to_vec())))
+            .collect::<std::result::Result<_, _>>()?;
+        for (off, v) in rows {
+            let e = Extent::decode(&v)?;
+            self.add_chunk_ref(&e.chunk, || None)?;
+            self.extents.insert((rev, off), v.as_slice())?;
+        }
+        let rr = RevisionRecord {
+            committed: Timestamp::now(),
+            new_stored_bytes: 0,
+            sealed: true,
+            history: hid,
+            ..src
+        };
+        self.revisions.insert(rev, rr.encode().as_slice())?;
+        self.history_revs.insert((hid, rev), ())?;
+        let x = self.rev_xattrs.get(from.0)?.map(|v| v.value().to_vec());
+        if let Some(x) = x {
+            self.rev_xattrs.insert(rev, x.as_slice())?;
+        }
+        Ok(RevisionId(rev))
+    }
+}
+
+/// The catalog's answer to the store's "where do these committed chunks lie".
+pub struct ChunkIndex(pub std::sync::Arc<Database>);
+
+impl crate::store::CommittedChunks for ChunkIndex {
+    fn committed(&self, hashes: &[ChunkHash]) -> Result<Vec<Option<ChunkRecord>>> {
+        let txn = self.0.begin_read()?;
+        let t = txn.open_table(CHUNKS)?;
+        hashes.iter().map(|h| get_chunk(&t, h)).collect()
+    }
+}
+
+/// One read snapshot of the catalog. Each method opens the tables it reads (cheap on a
+/// read transaction), so a point lookup costs one table open, not thirteen.
+pub struct Reader {
+    txn: ReadTransaction,
+}
+
+impl Reader {
+    pub fn new(db: &Database) -> Result<Reader> {
+        Ok(Reader {
+            txn: db.begin_read()?,
+        })
+    }
+
+    pub fn inode(&self, ino: InodeId) -> Result<Option<InodeRecord>> {
+        get_inode(&self.txn.open_table(INODES)?, ino)
+    }
+
+    pub fn lookup(&self, parent: InodeId, name: &[u8]) -> Result<Option<InodeId>> {
+        lookup(&self.txn.open_table(DIRENTS)?, parent, name)
+    }
+
+    /// Entries of `dir` with cookies greater than `after`, at most `limit` of them.
+    pub fn list_dir(&self, dir: InodeId, after: u64, limit: usize) -> Result<Vec<DirEntry>> {
+        list_dir(
+            &self.txn.open_table(DIRLIST)?,
+            &self.txn.open_table(DIRENTS)?,
+            dir,
+            after,
+            limit,
+        )
+    }
+
+    pub fn xattrs(&self, ino: InodeId) -> Result<Xattrs> {
+        xattrs_of(&self.txn.open_table(XATTRS)?, ino)
+    }
+
+    pub fn xattr(&self, ino: InodeId, name: &[u8]) -> Result<Option<Vec<u8>>> {
+        let t = self.txn.open_table(XATTRS)?;
+        Ok(t.get((ino.0, name))?.map(|v| v.value().to_vec()))
+    }
+
+    pub fn revision_xattrs(&self, rev: RevisionId) -> Result<Xattrs> {
+        revision_xattrs(&self.txn.open_table(REV_XATTRS)?, rev)
+    }
+
+    /// The extents of revision `rev`, by file offset.
+    pub fn extents(&self, rev: RevisionId) -> Result<Vec<(u64, Extent)>> {
+        extents_of(&self.txn.open_table(EXTENTS)?, rev)
+    }
+
+    pub fn config(&self) -> Result<Config> {
+        Config::read(&self.txn.open_table(CONFIG)?)
+    }
+
+    pub fn history(&self, hid: u64) -> Result<HistoryRecord> {
+        get_history(&self.txn.open_table(HISTORIES)?, hid)
+    }
+
+    /// History ids greater than `after`, at most `limit`.
+    pub fn history_ids(&self, after: u64, limit: usize) -> Result<Vec<u64>> {
+        let t = self.txn.open_table(HISTORIES)?;
+        let mut out = Vec::new();
+        for item in t.range(after + 1..)? {
+            out.push(item?.0.value());
+            if out.len() >= limit {
+                break;
+            }
+        }
+        Ok(out)
+    }
+
+    /// The most recently unlinked history whose path was `path`.
+    pub fn unlinked_history_at(&self, path: &[u8]) -> Result<Option<u64>> {
+        let t = self.txn.open_table(HISTORIES)?;
+        let mut best: Option<(Timestamp, u64)> = None;
+        for item in t.iter()? {
+            let (k, v) = item?;
+            let h = HistoryRecord::decode(v.value())?;
+            if let Some(when) = h.unlinked {
+                if h.path == path && best.is_none_or(|(t, _)| when >= t) {
+                    best = Some((when, k.value()));
+                }
+            }
+        }
+        Ok(best.map(|(_, hid)| hid))
+    }
+
+    /// The revisions of a history, oldest first (sealed or not).
+    pub fn history_revisions(&self, hid: u64) -> Result<Vec<RevisionId>> {
+        revisions_of(&self.txn.open_table(HISTORY_REVS)?, hid)
+    }
+
+    pub fn revision(&self, rev: RevisionId) -> Result<Option<RevisionRecord>> {
+        get_revision(&self.txn.open_table(REVISIONS)?, rev)
+    }
+
+    pub fn revision_count(&self) -> Result<u64> {
+        Ok(self.txn.open_table(REVISIONS)?.len()?)
+    }
+
+    pub fn chunk(&self, h: &ChunkHash) -> Result<Option<ChunkRecord>> {
+        get_chunk(&self.txn.open_table(CHUNKS)?, h)
+    }
+
+    pub fn for_each_chunk(
+        &self,
+        f: impl FnMut(ChunkHash, ChunkRecord) -> Result<()>,
+    ) -> Result<()> {
+        for_each_chunk_in(&self.txn.open_table(CHUNKS)?, f)
+    }
+
+    pub fn for_each_inode(&self, mut f: impl FnMut(InodeId, InodeRecord)) -> Result<()> {
+        for item in self.txn.open_table(INODES)?.iter()? {
+            let (k, v) = item?;
+            f(InodeId(k.value()), InodeRecord::decode(v.value())?);
+        }
+        Ok(())
+    }
+
+    /// Every extent of every revision (for stats).
+    pub fn for_each_extent(&self, mut f: impl FnMut(&Extent)) -> Result<()> {
+        for item in self.txn.open_table(EXTENTS)?.iter()? {
+            f(&Extent::decode(item?.1.value())?);
+        }
+        Ok(())
+    }
+
+    pub fn free_segments(&self) -> Result<BTreeSet<u64>> {
+        free_segments_in(&self.txn.open_table(FREE)?)
+    }
+
+    /// The raw tables of this snapshot, for `ckptfs check`, which must see rows that do not
+    /// decode in order to report them.
+    pub fn raw(&self) -> Result<RawTables> {
+        let txn = &self.txn;
+        Ok(RawTables {
+            inodes: txn.open_table(INODES)?,
+            dirents: txn.open_table(DIRENTS)?,
+            dirlist: txn.open_table(DIRLIST)?,
+            histories: txn.open_table(HISTORIES)?,
+            history_revs: txn.open_table(HISTORY_REVS)?,
+            revisions: txn.open_table(REVISIONS)?,
+            extents: txn.open_table(EXTENTS)?,
+            chunks: txn.open_table(CHUNKS)?,
+            candidates: txn.open_table(GC_CANDIDATES)?,
+            free: txn.open_table(FREE)?,
+            counters: txn.open_table(COUNTERS)?,
+            xattrs: txn.open_table(XATTRS)?,
+            rev_xattrs: txn.open_table(REV_XATTRS)?,
+        })
+    }
+}
+
+/// The tables of one read snapshot, undecoded (see `Reader::raw`).
+pub struct RawTables {
+    pub inodes: ReadOnlyTable<u64, &'static [u8]>,
+    pub dirents: ReadOnlyTable<(u64, &'static [u8]), (u64, u64)>,
+    pub dirlist: ReadOnlyTable<(u64, u64), &'static [u8]>,
+    pub histories: ReadOnlyTable<u64, &'static [u8]>,
+    pub history_revs: ReadOnlyTable<(u64, u64), ()>,
+    pub revisions: ReadOnlyTable<u64, &'static [u8]>,
+    pub extents: ReadOnlyTable<(u64, u64), &'static [u8]>,
+    pub chunks: ReadOnlyTable<&'static [u8], &'static [u8]>,
+    pub candidates: ReadOnlyTable<&'static [u8], ()>,
+    pub free: ReadOnlyTable<u64, ()>,
+    pub counters: ReadOnlyTable<&'static str, u64>,
+    pub xattrs: ReadOnlyTable<(u64, &'static [u8]), &'static [u8]>,
+    pub rev_xattrs: ReadOnlyTable<u64, &'static [u8]>,
+}
+
+impl RawTables {
+    /// The inode, decoded.
+    pub fn inode(&self, ino: InodeId) -> Result<Option<InodeRecord>> {
+        get_inode(&self.inodes, ino)
+    }
+}
+
+fn get_history(t: &impl ReadableTable<u64, &'static [u8]>, hid: u64) -> Result<HistoryRecord> {
+    match t.get(hid)? {
+        Some(v) => HistoryRecord::decode(v.value()),
+        None => Err(Error::Corrupt(format!("history {hid} missing"))),
+    }
+}
+
+fn get_revision(
+    t: &impl ReadableTable<u64, &'static [u8]>,
+    rev: RevisionId,
+) -> Result<Option<RevisionRecord>> {
+    match t.get(rev.0)? {
+        Some(v) => Ok(Some(RevisionRecord::decode(v.value())?)),
+        None => Ok(None),
+    }
+}
+
+pub fn is_dir(rec: &InodeRecord) -> bool {
+    rec.kind == NodeKind::Dir
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::format::Codec;
+
+    fn db() -> Database {
+        let db = Database::builder()
+            .create_with_backend(redb::backends::InMemoryBackend::new())
+            .expect("in-memory table");
+        let txn = db.begin_write().unwrap();
+        create_tables(&txn).unwrap();
+        let root = InodeRecord::new(NodeKind::Dir, 0o755, 0, 0);
+        Txn::open(&txn)
+            .unwrap()
+            .init(&root, &Config::default(), 4)
+            .unwrap();
+        txn.commit().unwrap();
+        db
+    }
+
+    fn record(refs: u64) -> ChunkRecord {
+        ChunkRecord {
+            offset: DataOffset(0),
+            stored_len: 10,
+            raw_len: 10,
+            codec: Codec::Raw,
+            refs,
+        }
+    }
+
+    /// Commits a revision naming chunk `h` twice (two extents), with the chunk new.
+    fn commit_two_refs(db: &Database, h: ChunkHash) -> RevisionId {
+        let txn = db.begin_write().unwrap();
+        let rev = {
+            let mut t = Txn::open(&txn).unwrap();
+            let rev = t.next_revision_id().unwrap();
+            let e = Extent {
+                chunk: h,
+                chunk_off: 0,
+                len: 10,
+            };
+            let rr = RevisionRecord {
+                size: 20,
+                committed: Timestamp::EPOCH,
+                new_stored_bytes: 0,
+                sealed: true,
+                history: 1,
+            };
+            let new = t
+                .put_revision(
+                    rev,
+                    &rr,
+                    [(0, &e), (10, &e)].into_iter(),
+                    InodeId::ROOT,
+                    |_| Some(record(0)),
+                )
+                .unwrap();
+            assert_eq!(new, 10, "the new chunk's bytes count once");
+            assert_eq!(t.chunk(&h).unwrap().unwrap().refs, 2);
+            rev
+        };
+        txn.commit().unwrap();
+        rev
+    }
+
+    #[test]
+    fn references_count_each_extent_and_dropping_queues_the_chunk_for_gc() {
+        let db = db();
+        let h = ChunkHash([1; 32]);
+        let rev = commit_two_refs(&db, h);
+        let txn = db.begin_write().unwrap();
+        let mut t = Txn::open(&txn).unwrap();
+        t.drop_revision(rev).unwrap();
+        assert_eq!(t.chunk(&h).unwrap().unwrap().refs, 0);
+        let (freed, bytes) = t.delete_dead_chunks(|_| false, |_, _| {}).unwrap();
+        assert_eq!(
+            (freed, bytes),
+            (1, 10),
+            "the unreferenced chunk was a candidate"
+        );
+        assert!(t.chunk(&h).unwrap().is_none());
+    }
+
+    /// A count that would go below zero is reported as corruption, not clamped at zero
+    /// (which would let gc delete a chunk other extents still name).
+    #[test]
+    fn a_reference_count_underflow_is_corruption() {
+        let db = db();
+        let h = ChunkHash([2; 32]);
+        let rev = commit_two_refs(&db, h);
+        let txn = db.begin_write().unwrap();
+        let mut t = Txn::open(&txn).unwrap();
+        // Damage: the chunk claims one reference while two extents name it.
+        t.chunks
+            .insert(h.0.as_slice(), record(1).encode().as_slice())
+            .unwrap();
+        match t.drop_revision(rev) {
+            Err(Error::Corrupt(m)) => assert!(m.contains("underflow"), "{m}"),
+            other => panic!("want corruption, got {other:?}"),
+        }
+    }
+
+    #[test]
+    fn an_extent_naming_a_missing_chunk_is_corruption() {
+        let db = db();
+        let h = ChunkHash([3; 32]);
+        let rev = commit_two_refs(&db, h);
+        let txn = db.begin_write().unwrap();
+        let mut t = Txn::open(&txn).unwrap();
+        t.chunks.remove(h.0.as_slice()).unwrap();
+        assert!(matches!(t.drop_revision(rev), Err(Error::Corrupt(_))));
+        assert!(matches!(
+            t.add_chunk_ref(&h, || None),
+            Err(Error::Corrupt(_))
+        ));
+    }
+}
