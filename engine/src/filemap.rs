@@ -11,37 +11,16 @@
 
 use crate::error::{Error, Result};
 use crate::format::{ChunkHash, ChunkParams, Extent};
+pub use crate::pipeline::ChunkIo;
 use crate::pipeline::{Permit, Piece, Ticket};
 use std::collections::{BTreeMap, VecDeque};
 use std::sync::Arc;
 
-/// Access to chunk bytes by content hash; the chunk store in production, a map in tests.
-pub trait ChunkIo {
-    /// Stores `data` (or finds it already stored) and returns its hash.
-    fn put(&self, data: &[u8]) -> Result<ChunkHash>;
-    /// Returns the verified bytes of a chunk.
-    fn get(&self, hash: &ChunkHash) -> Result<Arc<[u8]>>;
-    /// `get` for several chunks (one lookup and few device reads in the store).
-    fn get_many(&self, hashes: &[ChunkHash]) -> Result<Vec<Arc<[u8]>>> {
-        hashes.iter().map(|h| self.get(h)).collect()
-    }
-    /// Starts storing a piece; the ticket tells when it is stored and under which hash. A
-    /// successful ticket holds one pin, like `put`. May wait for room in the pipeline.
-    fn submit(&self, piece: Piece) -> Ticket {
-        Ticket::ready(self.put(piece.bytes()))
-    }
-    /// `submit` for several pieces at once (one hand-over to the workers, not one each).
-    fn submit_all(&self, pieces: Vec<Piece>) -> Vec<Ticket> {
-        pieces.into_iter().map(|p| self.submit(p)).collect()
-    }
-    /// Runs a job on a worker (here: at once, on this thread).
-    fn spawn(&self, job: Box<dyn FnOnce() + Send>) {
-        job()
-    }
-    /// Room for `bytes` of stream handed to a cutter, shared by all files (waits for it);
-    /// None: no bound.
-    fn reserve_cut(&self, _bytes: usize) -> Option<Permit> {
-        None
+/// Runs a cutter job where `c` schedules cutters (the pipeline's workers), or at once.
+fn run_cutter(c: &dyn ChunkIo, job: Box<dyn FnOnce() + Send>) {
+    match c.cutters() {
+        Some(p) => p.spawn_cut(job),
+        None => job(),
     }
 }
 
@@ -665,7 +644,7 @@ impl FileState {
             }
         };
         // Not under the cut's lock: the cutter needs it to make room.
-        let permit = c.reserve_cut(buf.len());
+        let permit = c.cutters().and_then(|p| p.reserve_cut(buf.len()));
         let spawn = {
             let mut g = st.m.lock();
             while g.queued > CUT_QUEUE_BYTES {
@@ -681,7 +660,7 @@ impl FileState {
         };
         if spawn {
             let st = st.clone();
-            c.spawn(Box::new(move || st.run()));
+            run_cutter(c, Box::new(move || st.run()));
         }
     }
 
@@ -694,7 +673,7 @@ impl FileState {
                 !std::mem::replace(&mut g.running, true)
             };
             if spawn {
-                c.spawn(Box::new(move || st.run()));
+                run_cutter(c, Box::new(move || st.run()));
             }
         }
     }
@@ -1197,6 +1176,20 @@ pub(crate) mod tests {
         }
     }
 
+    /// Cutters on the test's pool after a random delay, unbounded.
+    impl crate::pipeline::Cutters for AsyncChunks {
+        fn reserve_cut(&self, _bytes: usize) -> Option<Permit> {
+            None
+        }
+        fn spawn_cut(&self, job: Box<dyn FnOnce() + Send>) {
+            let delay_us = self.rng.lock().random_range(0..40u64);
+            self.pool.run(move || {
+                std::thread::sleep(std::time::Duration::from_micros(delay_us));
+                job()
+            });
+        }
+    }
+
     impl ChunkIo for AsyncChunks {
         fn put(&self, data: &[u8]) -> Result<ChunkHash> {
             self.mem.put(data)
@@ -1204,12 +1197,8 @@ pub(crate) mod tests {
         fn get(&self, hash: &ChunkHash) -> Result<Arc<[u8]>> {
             self.mem.get(hash)
         }
-        fn spawn(&self, job: Box<dyn FnOnce() + Send>) {
-            let delay_us = self.rng.lock().random_range(0..40u64);
-            self.pool.run(move || {
-                std::thread::sleep(std::time::Duration::from_micros(delay_us));
-                job()
-            });
+        fn cutters(&self) -> Option<&dyn crate::pipeline::Cutters> {
+            Some(self)
         }
         fn submit(&self, piece: Piece) -> Ticket {
             let (delay_us, fail) = {

@@ -22,6 +22,110 @@ use std::sync::Arc;
 /// Bytes of chunk data in flight between file states and the workers, by default.
 pub const PIPELINE_BYTES: usize = 64 << 20;
 
+/// Stream bytes of all files waiting for their cutters, at most (writers wait beyond it).
+pub const CUT_BYTES: usize = 64 << 20;
+
+/// Access to chunk bytes by content hash; the chunk store in production, a map in tests.
+pub trait ChunkIo {
+    /// Stores `data` (or finds it already stored) and returns its hash.
+    fn put(&self, data: &[u8]) -> Result<ChunkHash>;
+    /// Returns the verified bytes of a chunk.
+    fn get(&self, hash: &ChunkHash) -> Result<Arc<[u8]>>;
+    /// `get` for several chunks (one lookup and few device reads in the store).
+    fn get_many(&self, hashes: &[ChunkHash]) -> Result<Vec<Arc<[u8]>>> {
+        hashes.iter().map(|h| self.get(h)).collect()
+    }
+    /// Starts storing a piece; the ticket tells when it is stored and under which hash. A
+    /// successful ticket holds one pin, like `put`. May wait for room in the pipeline.
+    fn submit(&self, piece: Piece) -> Ticket {
+        Ticket::ready(self.put(piece.bytes()))
+    }
+    /// `submit` for several pieces at once (one hand-over to the workers, not one each).
+    fn submit_all(&self, pieces: Vec<Piece>) -> Vec<Ticket> {
+        pieces.into_iter().map(|p| self.submit(p)).collect()
+    }
+    /// Where file states run their cutters; `None`: cut on the writing thread, unbounded
+    /// (tests with a map for a store).
+    fn cutters(&self) -> Option<&dyn Cutters> {
+        None
+    }
+}
+
+/// Cutter scheduling: where a file state's content-defined cutter runs, and the bound on
+/// stream bytes queued for all cutters.
+pub trait Cutters: Send + Sync {
+    /// Room for `bytes` of stream handed to a cutter, shared by all files (waits for it);
+    /// `None`: no bound.
+    fn reserve_cut(&self, bytes: usize) -> Option<Permit>;
+    /// Runs a cutter job.
+    fn spawn_cut(&self, job: Box<dyn FnOnce() + Send>);
+}
+
+/// The write pipeline's shared parts: the worker pool, the two byte budgets (pieces in
+/// flight to the workers; stream bytes queued for cutters) and the stage timers. The store
+/// runs its chunk jobs here, file states their cutters; neither owns the other's scheduling.
+pub struct Pipeline {
+    me: std::sync::Weak<Pipeline>,
+    pool: Mutex<Arc<Pool>>,
+    /// Bounds the bytes of submitted pieces queued for or in the workers.
+    budget: Arc<Budget>,
+    /// Bounds the stream bytes of all files queued for their cutters.
+    cut_budget: Arc<Budget>,
+    /// Where the data path's time goes.
+    pub stages: Stages,
+}
+
+impl Pipeline {
+    pub fn new() -> Arc<Pipeline> {
+        Arc::new_cyclic(|me| Pipeline {
+            me: me.clone(),
+            pool: Mutex::new(Arc::new(Pool::new(default_workers(), "ckptfs-store"))),
+            budget: Budget::new(PIPELINE_BYTES),
+            cut_budget: Budget::new(CUT_BYTES),
+            stages: Stages::default(),
+        })
+    }
+
+    /// The worker pool as it is now (`set_workers` replaces it; jobs already given to the old
+    /// one finish there).
+    pub fn pool(&self) -> Arc<Pool> {
+        self.pool.lock().clone()
+    }
+
+    /// Sets the number of worker threads; 0 runs every job on the thread that submits it,
+    /// in order (the crash tests use that to replay a run exactly).
+    pub fn set_workers(&self, n: usize) {
+        *self.pool.lock() = Arc::new(Pool::new(n, "ckptfs-store"));
+    }
+
+    pub fn workers(&self) -> usize {
+        self.pool.lock().workers()
+    }
+
+    /// Room for `bytes` of pieces in flight to the workers (waits for it: back-pressure).
+    pub fn admit(&self, bytes: usize) -> Permit {
+        self.stages
+            .budget_wait
+            .time(0, || self.budget.acquire(bytes))
+    }
+}
+
+impl Cutters for Pipeline {
+    fn reserve_cut(&self, bytes: usize) -> Option<Permit> {
+        Some(
+            self.stages
+                .budget_wait
+                .time(0, || self.cut_budget.acquire(bytes)),
+        )
+    }
+
+    /// Runs a file's cutter on a worker, timed as the `cut` stage.
+    fn spawn_cut(&self, job: Box<dyn FnOnce() + Send>) {
+        let me = self.me.upgrade().expect("a pipeline in use is alive");
+        self.pool().run(move || me.stages.cut.time(0, job));
+    }
+}
+
 /// A slice of a shared buffer: the bytes of one chunk, without copying them out of the
 /// stream buffer or dirty block they were written into.
 #[derive(Clone)]

@@ -12,9 +12,8 @@
 
 use crate::device::{Device, IoBuf, DIRECT_ALIGN};
 use crate::error::{Error, Result};
-use crate::filemap::ChunkIo;
 use crate::format::{ChunkHash, ChunkRecord, Codec, DataOffset};
-use crate::pipeline::{Budget, Piece, Pool, Stages, Ticket, PIPELINE_BYTES};
+use crate::pipeline::{ChunkIo, Piece, Pipeline, Ticket};
 use parking_lot::{Mutex, RwLock};
 use std::collections::{BTreeSet, HashMap, VecDeque};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -30,9 +29,6 @@ pub const WRITE_BYTES: u64 = 8 << 20;
 /// compaction of any partly dead segment frees more than it uses, so a full space always
 /// comes back once retention has dropped something (see FORMAT.md, "Space pressure").
 pub const GC_RESERVE_SEGMENTS: u64 = 1;
-
-/// Stream bytes of all files waiting for their cutters, at most (writers wait beyond it).
-pub const CUT_BYTES: usize = 64 << 20;
 
 /// Pieces handed to one worker job at most (see `submit_all`).
 pub const BATCH_BYTES: usize = 512 << 10;
@@ -97,12 +93,9 @@ struct Pending {
 pub struct ChunkStore {
     /// Itself, for the jobs it gives its workers.
     me: Weak<ChunkStore>,
-    /// Hash, dedup lookup, compression and append of submitted pieces.
-    workers: Mutex<Arc<Pool>>,
-    /// Bounds the bytes of submitted pieces queued for or in the workers.
-    budget: Arc<Budget>,
-    /// Bounds the stream bytes of all files queued for their cutters.
-    cut_budget: Arc<Budget>,
+    /// Workers, budgets and stage timers; hash, dedup lookup, compression and append of
+    /// submitted pieces run there.
+    pipeline: Arc<Pipeline>,
     dev: Arc<dyn Device>,
     /// The catalog's answer to where committed chunks lie.
     db: Arc<dyn CommittedChunks>,
@@ -124,8 +117,6 @@ pub struct ChunkStore {
     failed: Arc<AtomicBool>,
     pub dedup_hits: AtomicU64,
     pub chunks_stored: AtomicU64,
-    /// Where the data path's time goes.
-    pub stages: Stages,
     /// Which encodings new chunks may get.
     codec: Mutex<crate::codec::Policy>,
     /// Compresses new chunks in batches on a GPU instead of on the workers, when set.
@@ -143,6 +134,7 @@ pub trait CommittedChunks: Send + Sync {
 impl ChunkStore {
     pub fn new(
         dev: Arc<dyn Device>,
+        pipeline: Arc<Pipeline>,
         db: Arc<dyn CommittedChunks>,
         segment_bytes: u64,
         free: BTreeSet<u64>,
@@ -151,12 +143,7 @@ impl ChunkStore {
         let segments = dev.len() / segment_bytes;
         Arc::new_cyclic(|me| ChunkStore {
             me: me.clone(),
-            workers: Mutex::new(Arc::new(Pool::new(
-                crate::pipeline::default_workers(),
-                "ckptfs-store",
-            ))),
-            budget: Budget::new(PIPELINE_BYTES),
-            cut_budget: Budget::new(CUT_BYTES),
+            pipeline,
             dev,
             db,
             segment_bytes,
@@ -180,16 +167,25 @@ impl ChunkStore {
             failed,
             dedup_hits: AtomicU64::new(0),
             chunks_stored: AtomicU64::new(0),
-            stages: Stages::default(),
             codec: Mutex::new(crate::codec::Policy::Lz4),
             gpu: Mutex::new(None),
         })
     }
 
+    /// The pipeline the store runs its jobs on.
+    pub fn pipeline(&self) -> &Arc<Pipeline> {
+        &self.pipeline
+    }
+
+    /// Where the data path's time goes (the pipeline's timers).
+    pub fn stages(&self) -> &crate::pipeline::Stages {
+        &self.pipeline.stages
+    }
+
     /// Sets the number of worker threads for submitted pieces; 0 stores them on the
     /// submitting thread, in order (the crash tests use that to replay a run exactly).
     pub fn set_workers(&self, n: usize) {
-        *self.workers.lock() = Arc::new(Pool::new(n, "ckptfs-store"));
+        self.pipeline.set_workers(n);
     }
 
     /// Chooses the encodings for new chunks (readers decode every codec regardless).
@@ -198,7 +194,7 @@ impl ChunkStore {
     }
 
     pub fn workers(&self) -> usize {
-        self.workers.lock().workers()
+        self.pipeline.workers()
     }
 
     /// Compresses new chunks with `codec` (the GPU) from now on, in batches gathered from
@@ -474,7 +470,7 @@ impl ChunkStore {
                 }
             };
             let r = self
-                .stages
+                .stages()
                 .write
                 .time(n, || self.dev.write_at(&buf.as_slice()[..n], start));
             let mut w = self.writer.lock();
@@ -510,7 +506,7 @@ impl ChunkStore {
         self.check_failed()?;
         // Not under the writer lock: workers keep appending other files' chunks while this
         // commit waits for the disk. The sync covers every write issued before it.
-        if let Err(e) = self.stages.sync.time(0, || self.dev.sync()) {
+        if let Err(e) = self.stages().sync.time(0, || self.dev.sync()) {
             return self.fail(e);
         }
         Ok(())
@@ -616,7 +612,7 @@ impl ChunkIo for ChunkStore {
     /// daemon's CPU time. Batches larger than `BATCH_BYTES` are split so both workers get
     /// a share of one large cut.
     fn submit_all(&self, pieces: Vec<Piece>) -> Vec<Ticket> {
-        let pool = self.workers.lock().clone();
+        let pool = self.pipeline.pool();
         if pool.workers() == 0 {
             return pieces
                 .iter()
@@ -637,10 +633,7 @@ impl ChunkIo for ChunkStore {
                 // running work. It does not wait for the file state to retire the pieces:
                 // that happens at the file's next write or commit, and a state stuck behind
                 // a failed piece (a full space) must not keep every other writer waiting.
-                let permit = self
-                    .stages
-                    .budget_wait
-                    .time(0, || self.budget.acquire(batch_bytes));
+                let permit = self.pipeline.admit(batch_bytes);
                 let me = self.me.upgrade().expect("a store in use is alive");
                 let job = std::mem::take(&mut batch);
                 let gpu = self.gpu.lock().clone();
@@ -673,19 +666,8 @@ impl ChunkIo for ChunkStore {
         tickets
     }
 
-    fn reserve_cut(&self, bytes: usize) -> Option<crate::pipeline::Permit> {
-        Some(
-            self.stages
-                .budget_wait
-                .time(0, || self.cut_budget.acquire(bytes)),
-        )
-    }
-
-    /// Runs a file's cutter (the only jobs spawned this way), timed as the `cut` stage.
-    fn spawn(&self, job: Box<dyn FnOnce() + Send>) {
-        let pool = self.workers.lock().clone();
-        let me = self.me.upgrade().expect("a store in use is alive");
-        pool.run(move || me.stages.cut.time(0, job));
+    fn cutters(&self) -> Option<&dyn crate::pipeline::Cutters> {
+        Some(&*self.pipeline)
     }
 
     fn put(&self, data: &[u8]) -> Result<ChunkHash> {
@@ -695,7 +677,7 @@ impl ChunkIo for ChunkStore {
         };
         let policy = *self.codec.lock();
         let (codec, encoded) = self
-            .stages
+            .stages()
             .compress
             .time(data.len(), || crate::codec::encode(data, policy));
         // Stored raw when compression does not pay, so incompressible data costs nothing extra.
@@ -724,14 +706,14 @@ impl ChunkStore {
     fn lookup(&self, data: &[u8]) -> Result<Lookup> {
         self.check_failed()?;
         assert!(!data.is_empty() && data.len() <= u32::MAX as usize);
-        let h = self.stages.hash.time(data.len(), || ChunkHash::of(data));
+        let h = self.stages().hash.time(data.len(), || ChunkHash::of(data));
         let _shared = self.barrier.read();
         if let Some(e) = self.pending.lock().get_mut(&h) {
             e.holders += 1;
             self.dedup_hits.fetch_add(1, Ordering::Relaxed);
             return Ok(Lookup::Hit(h));
         }
-        let found = self.stages.lookup.time(0, || self.committed_record(&h))?;
+        let found = self.stages().lookup.time(0, || self.committed_record(&h))?;
         if let Some(rec) = found {
             self.pending
                 .lock()
@@ -758,7 +740,7 @@ impl ChunkStore {
     ) -> Result<ChunkHash> {
         let t_append = std::time::Instant::now();
         let r = self.append_new(h, raw_len, codec, bytes);
-        self.stages.append.add(t_append.elapsed(), bytes.len());
+        self.stages().append.add(t_append.elapsed(), bytes.len());
         // Also after a failure (a full space): buffers queued for writing go out.
         self.write_queued()?;
         r
@@ -892,7 +874,7 @@ impl ChunkStore {
     /// Errors are left for the reader to meet and report. Bounded by the decoded-chunk
     /// cache, which is where the chunks go.
     pub fn prefetch(&self, hashes: Vec<ChunkHash>) {
-        let pool = self.workers.lock().clone();
+        let pool = self.pipeline.pool();
         if pool.workers() == 0 || hashes.is_empty() {
             return;
         }
@@ -966,7 +948,10 @@ impl ChunkStore {
                     m += 1;
                 }
                 let len = (end - start) as usize;
-                let all = self.stages.read.time(len, || self.read_range(start, len))?;
+                let all = self
+                    .stages()
+                    .read
+                    .time(len, || self.read_range(start, len))?;
                 if m - k == 1 {
                     stored.push(all);
                 } else {
@@ -980,7 +965,7 @@ impl ChunkStore {
         }
         for ((h, rec), bytes) in missing.iter().zip(stored) {
             let data: Arc<[u8]> = self
-                .stages
+                .stages()
                 .decode
                 .time(rec.raw_len as usize, || {
                     Self::decode_verified(h, rec, bytes)

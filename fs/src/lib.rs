@@ -1182,13 +1182,7 @@ impl Fs {
         data: &[u8],
     ) -> Result<usize> {
         let mut n = node.lock();
-        let t = std::time::Instant::now();
-        let mut r = n.file.write(self.space.chunks(), off, data);
-        self.space
-            .store()
-            .stages
-            .ingest
-            .add(t.elapsed(), data.len());
+        let mut r = self.space.ingest(&mut n.file, off, data);
         // Rewriting the same bytes at the same offset is idempotent, so a write that stopped
         // half way is simply done again after gc made room.
         let mut tries = 0;
@@ -1200,7 +1194,7 @@ impl Fs {
             {
                 return Err(e.into());
             }
-            r = n.file.write(self.space.chunks(), off, data);
+            r = self.space.ingest(&mut n.file, off, data);
         }
         Self::touched_by(&mut n, fh, pid);
         Ok(data.len())

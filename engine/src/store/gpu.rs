@@ -129,7 +129,7 @@ fn run(codec: Arc<dyn BatchCodec>, store: Weak<ChunkStore>, queue: Arc<(Mutex<Qu
         // One worker job per queued job: appends of a large batch spread over the workers.
         let compressed = Arc::new(compressed);
         let mut first = 0;
-        let pool = store.workers.lock().clone();
+        let pool = store.pipeline().pool();
         for job in batch {
             let (store, compressed) = (store.clone(), compressed.clone());
             let start = first;
@@ -181,7 +181,7 @@ fn compress(
         // A panic in the codec (a driver binding, the emulation) must not end this thread:
         // the tickets of every queued chunk would never complete and their writers would
         // hang. It counts as a GPU failure.
-        let r = store.stages.gpu.time(bytes, || {
+        let r = store.stages().gpu.time(bytes, || {
             std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| codec.compress(&chunks)))
                 .unwrap_or_else(|_| {
                     Err(ckptfs_kernels::Error::Cuda("the GPU codec panicked".into()))
@@ -199,7 +199,7 @@ fn compress(
         chunks
             .iter()
             .map(|c| {
-                store.stages.compress.time(c.len(), || {
+                store.stages().compress.time(c.len(), || {
                     crate::codec::encode(c, crate::codec::Policy::Lz4)
                 })
             })
