@@ -228,6 +228,22 @@ fn for_each_chunk_in(
     Ok(())
 }
 
+fn dead_inodes_in(
+    t: &impl ReadableTable<u64, &'static [u8]>,
+    open: impl Fn(InodeId) -> bool,
+) -> Result<Vec<InodeId>> {
+    let mut dead = Vec::new();
+    for item in t.iter()? {
+        let (k, v) = item?;
+        let rec = InodeRecord::decode(v.value())?;
+        let ino = InodeId(k.value());
+        if rec.nlink == 0 && !open(ino) {
+            dead.push(ino);
+        }
+    }
+    Ok(dead)
+}
+
 fn free_segments_in(t: &impl ReadableTable<u64, ()>) -> Result<BTreeSet<u64>> {
     let mut free = BTreeSet::new();
     for item in t.iter()? {
@@ -633,16 +649,7 @@ impl<'t> Txn<'t> {
 
     /// Unlinked inodes (nlink 0) for which `open` says no handle is open.
     pub fn dead_inodes(&self, open: impl Fn(InodeId) -> bool) -> Result<Vec<InodeId>> {
-        let mut dead = Vec::new();
-        for item in self.inodes.iter()? {
-            let (k, v) = item?;
-            let rec = InodeRecord::decode(v.value())?;
-            let ino = InodeId(k.value());
-            if rec.nlink == 0 && !open(ino) {
-                dead.push(ino);
-            }
-        }
-        Ok(dead)
+        dead_inodes_in(&self.inodes, open)
     }
 
     /// Deletes inode `ino` and its extended attributes.
@@ -993,6 +1000,32 @@ impl Reader {
 
     pub fn free_segments(&self) -> Result<BTreeSet<u64>> {
         free_segments_in(&self.txn.open_table(FREE)?)
+    }
+
+    /// Unlinked inodes (nlink 0) for which `open` says no handle is open.
+    pub fn dead_inodes(&self, open: impl Fn(InodeId) -> bool) -> Result<Vec<InodeId>> {
+        dead_inodes_in(&self.txn.open_table(INODES)?, open)
+    }
+
+    /// Every history, by id.
+    pub fn for_each_history(
+        &self,
+        mut f: impl FnMut(u64, HistoryRecord) -> Result<()>,
+    ) -> Result<()> {
+        for item in self.txn.open_table(HISTORIES)?.iter()? {
+            let (k, v) = item?;
+            f(k.value(), HistoryRecord::decode(v.value())?)?;
+        }
+        Ok(())
+    }
+
+    /// Chunks queued for gc (their reference count reached zero).
+    pub fn gc_candidates(&self) -> Result<Vec<ChunkHash>> {
+        let mut out = Vec::new();
+        for item in self.txn.open_table(GC_CANDIDATES)?.iter()? {
+            out.push(hash_key(item?.0.value(), "gc candidate")?);
+        }
+        Ok(out)
     }
 
     /// The raw tables of this snapshot, for `ckptfs check`, which must see rows that do not

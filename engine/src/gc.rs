@@ -12,15 +12,19 @@
 //!
 //! Memory: one u64 of live bytes per segment of the data file, plus the records of the chunks
 //! being moved in one round (at most `ROUND_SEGMENTS` segments). Everything else streams from
-//! the metadata table. A dry run performs steps 1 and 2 in one transaction and aborts it, so
-//! its revision and chunk figures are exact; its compaction figures are an estimate.
+//! the metadata table.
+//!
+//! A dry run is a plan and nothing else (`gc_plan`): the same retention decisions
+//! (`retention::decide`, a pure function tested table by table) over one read snapshot, the
+//! chunks those drops leave unreferenced, and the compaction that would follow. It writes
+//! nothing, so it runs on a read-only space; its revision and chunk figures are what gc would
+//! do to that snapshot, its compaction figures an estimate.
 
 use crate::catalog::{Config, Reader, Txn};
 use crate::error::{Error, Result};
 use crate::format::*;
 use crate::space::Space;
 use crate::store::ChunkStore;
-use redb::WriteTransaction;
 use std::collections::{BTreeSet, HashSet};
 use std::time::{Duration, Instant};
 
@@ -77,20 +81,6 @@ pub enum GcProgress {
     Compact { segments_done: u64, segments: u64 },
 }
 
-fn begin(space: &Space, dry_run: bool) -> Result<WriteTransaction> {
-    // A dry run is never committed; no need to pay for durability.
-    space.begin_write(!dry_run)
-}
-
-fn finish(space: &Space, txn: WriteTransaction, dry_run: bool) -> Result<()> {
-    if dry_run {
-        txn.abort()?;
-    } else {
-        space.commit(txn)?;
-    }
-    Ok(())
-}
-
 impl Space {
     pub fn gc(&self, opts: &GcOptions, progress: &mut dyn FnMut(GcProgress)) -> Result<GcReport> {
         self.gc_with_pins(opts, &|_, _| {}, progress)
@@ -113,58 +103,47 @@ impl Space {
             free_bytes_before: self.store().free_bytes(),
             ..GcReport::default()
         };
-        if !opts.dry_run {
-            let back = self.store().reclaim_unrecorded();
-            if !back.is_empty() {
-                log::info!(
-                    "gc: {} segments of uncommitted, abandoned chunks are free again",
-                    back.len()
-                );
-            }
-        }
-        let config = self.config()?;
-        let now = Timestamp::now();
-
-        // 1. Drop revisions. A dry run carries the same transaction into step 2 and aborts
-        // it there, so its chunk figures reflect the drops.
-        let txn = {
-            let _gate = self.pin_gate.write();
+        if opts.dry_run {
+            // The plan alone: a read snapshot, nothing written.
             let mut opts = opts.clone();
-            pins(&mut opts.pinned_revisions, &mut opts.open_inodes);
-            let txn = begin(self, opts.dry_run)?;
-            self.drop_revisions(&mut Txn::open(&txn)?, &config, now, &opts, &mut r, progress)?;
-            if opts.dry_run {
-                txn
-            } else {
-                self.commit(txn)?;
-                begin(self, false)?
+            {
+                let _gate = self.pin_gate.write();
+                pins(&mut opts.pinned_revisions, &mut opts.open_inodes);
             }
-        };
-
-        // 2. Delete unreferenced, unpinned chunks.
-        let usage = {
-            let _excl = self.store().exclusive();
-            let usage = {
-                let mut t = Txn::open(&txn)?;
-                self.delete_dead_chunks(&mut t, &mut r, progress)?;
-                if opts.dry_run {
-                    Some(self.segment_usage(&t)?)
-                } else {
-                    None
-                }
-            };
-            finish(self, txn, opts.dry_run)?;
-            usage
-        };
-        if let Some(u) = usage {
-            // What compaction would do, from the usage after the drops (an estimate: the
-            // real run re-plans against the space as it is then).
-            self.plan_compaction(&u, &mut r);
+            self.gc_plan(&opts, &mut r)?;
             let seg = self.store().segment_bytes();
             r.free_bytes_after =
                 (r.free_bytes_before + r.segments_freed * seg).saturating_sub(r.bytes_copied);
             r.seconds = start.elapsed().as_secs_f64();
             return Ok(r);
+        }
+        let back = self.store().reclaim_unrecorded();
+        if !back.is_empty() {
+            log::info!(
+                "gc: {} segments of uncommitted, abandoned chunks are free again",
+                back.len()
+            );
+        }
+        let config = self.config()?;
+        let now = Timestamp::now();
+
+        // 1. Drop revisions. The next transaction begins before the pin gate opens again,
+        // as it always has: nothing commits between the two.
+        let txn = {
+            let _gate = self.pin_gate.write();
+            let mut opts = opts.clone();
+            pins(&mut opts.pinned_revisions, &mut opts.open_inodes);
+            let txn = self.begin_write(true)?;
+            self.drop_revisions(&mut Txn::open(&txn)?, &config, now, &opts, &mut r, progress)?;
+            self.commit(txn)?;
+            self.begin_write(true)?
+        };
+
+        // 2. Delete unreferenced, unpinned chunks.
+        {
+            let _excl = self.store().exclusive();
+            self.delete_dead_chunks(&mut Txn::open(&txn)?, &mut r, progress)?;
+            self.commit(txn)?;
         }
 
         // 3 and 4. Compact in rounds until no victim is left or no room to copy into.
@@ -200,7 +179,6 @@ impl Space {
         progress: &mut dyn FnMut(GcProgress),
     ) -> Result<()> {
         let total = t.history_count()?;
-        let age_limit = now.secs - config.keep_age_secs as i64;
         let mut done = 0u64;
         // Walk histories by id; each history's decision reads only its own rows.
         let mut next = 0u64;
@@ -213,42 +191,18 @@ impl Space {
                     histories: total,
                 });
             }
-            let current = match h.unlinked {
-                None => t.get_inode(h.ino)?.map(|i| i.current_rev),
-                Some(_) => None,
-            };
-            let expired = h
-                .unlinked
-                .is_some_and(|t| now.secs - t.secs > config.keep_unlinked_secs as i64);
-            let list = t.history_revisions(hid)?;
-            // Newest first: keep the current, the newest N listed, the young and the pinned.
-            let mut kept_listed = 0u64;
-            let mut drop = Vec::new();
-            for rev in list.iter().rev() {
-                let rr = t
-                    .revision(*rev)?
-                    .ok_or_else(|| Error::Corrupt(format!("revision {} missing", rev.0)))?;
-                let is_current = current == Some(*rev);
-                let listed = rr.sealed || is_current;
-                let keep = opts.pinned_revisions.contains(rev)
-                    || is_current
-                    || (!expired
-                        && listed
-                        && (kept_listed < config.keep_revisions
-                            || (config.keep_age_secs > 0 && rr.committed.secs >= age_limit)));
-                if keep {
-                    if listed {
-                        kept_listed += 1;
-                    }
-                } else {
-                    drop.push(*rev);
-                }
-            }
-            for rev in &drop {
+            let facts = history_facts(
+                &h,
+                |ino| t.get_inode(ino),
+                t.history_revisions(hid)?,
+                |r| t.revision(r),
+            )?;
+            let d = retention::decide(config, now, &opts.pinned_revisions, &facts);
+            for rev in &d.drop {
                 t.drop_revision(*rev)?;
                 r.revisions_dropped += 1;
             }
-            if h.unlinked.is_some() && drop.len() == list.len() {
+            if d.drop_history {
                 t.remove_history(hid)?;
                 r.histories_dropped += 1;
             }
@@ -290,11 +244,6 @@ impl Space {
             total: last.1,
         });
         Ok(())
-    }
-
-    /// Live stored bytes per segment, and which segments are free, as seen by `t`.
-    fn segment_usage(&self, t: &Txn) -> Result<SegmentUsage> {
-        self.usage_of(|f| t.for_each_chunk(f), t.free_segments()?)
     }
 
     /// Segments worth compacting, emptiest first, as many as fit in the free space: without
@@ -501,6 +450,79 @@ impl Space {
 }
 
 impl Space {
+    /// What gc would do now, from one read snapshot and without writing anything (so it
+    /// works on a read-only space): the same retention decisions as `drop_revisions`, the
+    /// chunks whose last reference those drops remove (or that are queued already) and no
+    /// file pins, and the compaction that would follow (an estimate: a real gc re-plans
+    /// each pass against the space as it is then).
+    /// Memory: one counter per distinct chunk the dropped revisions name, plus one u64 per
+    /// segment.
+    fn gc_plan(&self, opts: &GcOptions, r: &mut GcReport) -> Result<()> {
+        let snap = self.reader()?;
+        let config = snap.config()?;
+        let now = Timestamp::now();
+        let mut unref: std::collections::HashMap<ChunkHash, u64> = Default::default();
+        snap.for_each_history(|hid, h| {
+            let facts = history_facts(
+                &h,
+                |i| snap.inode(i),
+                snap.history_revisions(hid)?,
+                |x| snap.revision(x),
+            )?;
+            let d = retention::decide(&config, now, &opts.pinned_revisions, &facts);
+            for rev in &d.drop {
+                for (_, e) in snap.extents(*rev)? {
+                    *unref.entry(e.chunk).or_default() += 1;
+                }
+                r.revisions_dropped += 1;
+            }
+            r.histories_dropped += d.drop_history as u64;
+            Ok(())
+        })?;
+        r.inodes_dropped = snap
+            .dead_inodes(|ino| opts.open_inodes.contains(&ino))?
+            .len() as u64;
+        let mut freed = HashSet::new();
+        let mut free_chunk = |h: ChunkHash, c: ChunkRecord, r: &mut GcReport| {
+            if !self.store().is_pinned(&h) && freed.insert(h) {
+                r.chunks_freed += 1;
+                r.bytes_freed += c.stored_len as u64;
+            }
+        };
+        for h in snap.gc_candidates()? {
+            if let Some(c) = snap.chunk(&h)?.filter(|c| c.refs == 0) {
+                free_chunk(h, c, r);
+            }
+        }
+        for (h, n) in unref {
+            let c = snap.chunk(&h)?.ok_or_else(|| {
+                Error::Corrupt(format!(
+                    "an extent names chunk {h:?}, which the chunk table lacks"
+                ))
+            })?;
+            match c.refs.checked_sub(n) {
+                Some(0) => free_chunk(h, c, r),
+                Some(_) => {}
+                None => {
+                    return Err(Error::Corrupt(format!(
+                        "chunk {h:?} has fewer references than extents name it"
+                    )))
+                }
+            }
+        }
+        let usage = self.usage_of(
+            |f| {
+                snap.for_each_chunk(|h, c| match freed.contains(&h) {
+                    true => Ok(()),
+                    false => f(h, c),
+                })
+            },
+            snap.free_segments()?,
+        )?;
+        self.plan_compaction(&usage, r);
+        Ok(())
+    }
+
     /// Segment usage from a read snapshot of the committed catalog.
     fn segment_usage_now(&self) -> Result<SegmentUsage> {
         let r: Reader = self.reader()?;
@@ -526,7 +548,271 @@ impl Space {
     }
 }
 
+/// The facts retention needs of history `h`, from whichever view of the catalog the
+/// closures read (a write transaction in gc, a read snapshot in its plan).
+fn history_facts(
+    h: &HistoryRecord,
+    inode: impl Fn(InodeId) -> Result<Option<InodeRecord>>,
+    revs: Vec<RevisionId>,
+    revision: impl Fn(RevisionId) -> Result<Option<RevisionRecord>>,
+) -> Result<retention::HistoryFacts> {
+    let current = match h.unlinked {
+        None => inode(h.ino)?.map(|i| i.current_rev),
+        Some(_) => None,
+    };
+    let mut revisions = Vec::with_capacity(revs.len());
+    for rev in revs {
+        let rr =
+            revision(rev)?.ok_or_else(|| Error::Corrupt(format!("revision {} missing", rev.0)))?;
+        revisions.push((rev, rr));
+    }
+    Ok(retention::HistoryFacts {
+        unlinked: h.unlinked,
+        current,
+        revisions,
+    })
+}
+
 struct SegmentUsage {
     live: Vec<u64>,
     free: BTreeSet<u64>,
+}
+
+/// The retention decision, as a pure function of one history's state and the policy: what
+/// both a gc and its dry run use, so a dry run reports exactly what gc would drop.
+pub mod retention {
+    use crate::catalog::Config;
+    use crate::format::{RevisionId, RevisionRecord, Timestamp};
+    use std::collections::HashSet;
+
+    /// What retention needs to know of one history.
+    #[derive(Clone, Debug)]
+    pub struct HistoryFacts {
+        /// When its path was unlinked, if it was.
+        pub unlinked: Option<Timestamp>,
+        /// The revision its file reads now (none once unlinked).
+        pub current: Option<RevisionId>,
+        /// Its revisions, oldest first.
+        pub revisions: Vec<(RevisionId, RevisionRecord)>,
+    }
+
+    /// What retention does to one history.
+    #[derive(Clone, Debug, Default, PartialEq, Eq)]
+    pub struct HistoryDecision {
+        /// Revisions to drop, newest first.
+        pub drop: Vec<RevisionId>,
+        /// The whole history goes (an unlinked path with nothing kept).
+        pub drop_history: bool,
+    }
+
+    /// Keeps, newest first: the current revision, the pinned ones (open readers and
+    /// writers), the newest `keep_revisions` listed ones (sealed, or current) and, with
+    /// `keep_age_secs`, every listed one younger than that. An unlinked history keeps
+    /// nothing but pins once `keep_unlinked_secs` have passed.
+    pub fn decide(
+        config: &Config,
+        now: Timestamp,
+        pinned: &HashSet<RevisionId>,
+        h: &HistoryFacts,
+    ) -> HistoryDecision {
+        let age_limit = now.secs - config.keep_age_secs as i64;
+        let expired = h
+            .unlinked
+            .is_some_and(|t| now.secs - t.secs > config.keep_unlinked_secs as i64);
+        let mut kept_listed = 0u64;
+        let mut drop = Vec::new();
+        for (rev, rr) in h.revisions.iter().rev() {
+            let is_current = h.current == Some(*rev);
+            let listed = rr.sealed || is_current;
+            let keep = pinned.contains(rev)
+                || is_current
+                || (!expired
+                    && listed
+                    && (kept_listed < config.keep_revisions
+                        || (config.keep_age_secs > 0 && rr.committed.secs >= age_limit)));
+            if keep {
+                if listed {
+                    kept_listed += 1;
+                }
+            } else {
+                drop.push(*rev);
+            }
+        }
+        let drop_history = h.unlinked.is_some() && drop.len() == h.revisions.len();
+        HistoryDecision { drop, drop_history }
+    }
+
+    #[cfg(test)]
+    mod tests {
+        use super::*;
+
+        const DAY: i64 = 24 * 3600;
+        const NOW: i64 = 100 * DAY;
+
+        fn rev(id: u64, age_secs: i64, sealed: bool) -> (RevisionId, RevisionRecord) {
+            (
+                RevisionId(id),
+                RevisionRecord {
+                    size: 1,
+                    committed: Timestamp {
+                        secs: NOW - age_secs,
+                        nanos: 0,
+                    },
+                    new_stored_bytes: 0,
+                    sealed,
+                    history: 1,
+                },
+            )
+        }
+
+        struct Case {
+            name: &'static str,
+            keep: u64,
+            keep_age: u64,
+            unlinked_ago: Option<i64>,
+            current: Option<u64>,
+            revs: Vec<(RevisionId, RevisionRecord)>,
+            pinned: Vec<u64>,
+            want_drop: Vec<u64>,
+            want_history_dropped: bool,
+        }
+
+        #[test]
+        fn retention_table() {
+            let cases = vec![
+                Case {
+                    name: "newest two of five kept, current among them",
+                    keep: 2,
+                    keep_age: 0,
+                    unlinked_ago: None,
+                    current: Some(5),
+                    revs: (1..=5)
+                        .map(|i| rev(i, (6 - i as i64) * DAY, true))
+                        .collect(),
+                    pinned: vec![],
+                    want_drop: vec![3, 2, 1],
+                    want_history_dropped: false,
+                },
+                Case {
+                    name: "a pinned old revision survives and does not count",
+                    keep: 2,
+                    keep_age: 0,
+                    unlinked_ago: None,
+                    current: Some(5),
+                    revs: (1..=5)
+                        .map(|i| rev(i, (6 - i as i64) * DAY, true))
+                        .collect(),
+                    pinned: vec![1],
+                    want_drop: vec![3, 2],
+                    want_history_dropped: false,
+                },
+                Case {
+                    name: "an unsealed fsync point is neither listed nor counted",
+                    keep: 2,
+                    keep_age: 0,
+                    unlinked_ago: None,
+                    current: Some(3),
+                    revs: vec![
+                        rev(1, 3 * DAY, true),
+                        rev(2, 2 * DAY, false),
+                        rev(3, DAY, true),
+                    ],
+                    pinned: vec![],
+                    want_drop: vec![2],
+                    want_history_dropped: false,
+                },
+                Case {
+                    name: "the current revision is kept even beyond keep-revisions",
+                    keep: 1,
+                    keep_age: 0,
+                    unlinked_ago: None,
+                    current: Some(1),
+                    revs: vec![
+                        rev(1, 3 * DAY, true),
+                        rev(2, 2 * DAY, true),
+                        rev(3, DAY, true),
+                    ],
+                    pinned: vec![],
+                    want_drop: vec![2],
+                    want_history_dropped: false,
+                },
+                Case {
+                    name: "keep-age keeps every young listed revision",
+                    keep: 1,
+                    keep_age: (3 * DAY / 2) as u64,
+                    unlinked_ago: None,
+                    current: Some(4),
+                    revs: (1..=4)
+                        .map(|i| rev(i, (5 - i as i64) * DAY / 2, true))
+                        .collect(),
+                    pinned: vec![],
+                    want_drop: vec![1],
+                    want_history_dropped: false,
+                },
+                Case {
+                    name: "unlinked, not yet expired: the newest N stay",
+                    keep: 2,
+                    keep_age: 0,
+                    unlinked_ago: Some(DAY),
+                    current: None,
+                    revs: (1..=3)
+                        .map(|i| rev(i, (4 - i as i64) * DAY, true))
+                        .collect(),
+                    pinned: vec![],
+                    want_drop: vec![1],
+                    want_history_dropped: false,
+                },
+                Case {
+                    name: "unlinked and expired: everything goes, and the history",
+                    keep: 2,
+                    keep_age: 0,
+                    unlinked_ago: Some(8 * DAY),
+                    current: None,
+                    revs: (1..=3)
+                        .map(|i| rev(i, (10 - i as i64) * DAY, true))
+                        .collect(),
+                    pinned: vec![],
+                    want_drop: vec![3, 2, 1],
+                    want_history_dropped: true,
+                },
+                Case {
+                    name: "unlinked and expired but pinned: the history stays",
+                    keep: 2,
+                    keep_age: 0,
+                    unlinked_ago: Some(8 * DAY),
+                    current: None,
+                    revs: (1..=2)
+                        .map(|i| rev(i, (10 - i as i64) * DAY, true))
+                        .collect(),
+                    pinned: vec![2],
+                    want_drop: vec![1],
+                    want_history_dropped: false,
+                },
+            ];
+            for c in cases {
+                let config = Config {
+                    keep_revisions: c.keep,
+                    keep_age_secs: c.keep_age,
+                    ..Config::default()
+                };
+                let facts = HistoryFacts {
+                    unlinked: c.unlinked_ago.map(|a| Timestamp {
+                        secs: NOW - a,
+                        nanos: 0,
+                    }),
+                    current: c.current.map(RevisionId),
+                    revisions: c.revs,
+                };
+                let pinned = c.pinned.into_iter().map(RevisionId).collect();
+                let now = Timestamp {
+                    secs: NOW,
+                    nanos: 0,
+                };
+                let d = decide(&config, now, &pinned, &facts);
+                let got: Vec<u64> = d.drop.iter().map(|r| r.0).collect();
+                assert_eq!(got, c.want_drop, "{}", c.name);
+                assert_eq!(d.drop_history, c.want_history_dropped, "{}", c.name);
+            }
+        }
+    }
 }

@@ -117,6 +117,59 @@ fn fifty_revisions_fit_in_256_mib_with_keep_two() {
 }
 
 #[test]
+fn gc_plan_matches_what_gc_does_when_revisions_share_chunks() {
+    // Each revision changes 1 of 16 blocks of the one before: most chunks are named by
+    // kept and dropped revisions alike, and only those the drops leave unreferenced go.
+    let config = Config {
+        keep_revisions: 2,
+        ..Config::default()
+    };
+    let dir = temp_space("plan-dedup", 64 << 20, config);
+    let space = Space::open(&dir).unwrap();
+    let mut rng = SmallRng::seed_from_u64(7);
+    // (The helpers write inode 2, so one file: a second would share its inode record.)
+    let mut rec = new_file(&space);
+    let mut d = vec![0u8; 1 << 20];
+    rng.fill_bytes(&mut d);
+    for round in 0..10 {
+        let b = rng.random_range(0..16usize) * (64 << 10);
+        rng.fill_bytes(&mut d[b..b + (64 << 10)]);
+        write_revision(&space, &mut rec, &d).unwrap_or_else(|e| panic!("round {round}: {e}"));
+    }
+    let listed = space.revisions(rec.history).unwrap().len() as u64;
+    let before = space.stats().unwrap();
+    let plan = space
+        .gc(
+            &GcOptions {
+                dry_run: true,
+                ..GcOptions::default()
+            },
+            &mut |_| {},
+        )
+        .unwrap();
+    assert_eq!(space.stats().unwrap(), before, "the plan changed the space");
+    assert_eq!(plan.revisions_dropped, listed - 2, "keep 2: {plan:?}");
+    let real = space.gc(&GcOptions::default(), &mut |_| {}).unwrap();
+    for (what, p, r) in [
+        ("revisions", plan.revisions_dropped, real.revisions_dropped),
+        ("histories", plan.histories_dropped, real.histories_dropped),
+        ("inodes", plan.inodes_dropped, real.inodes_dropped),
+        ("chunks", plan.chunks_freed, real.chunks_freed),
+        ("bytes", plan.bytes_freed, real.bytes_freed),
+    ] {
+        assert_eq!(
+            p, r,
+            "{what}: the plan said {p}, gc did {r}\n{plan:?}\n{real:?}"
+        );
+    }
+    // Shared chunks stayed: far fewer chunks went than the dropped revisions name.
+    assert!(
+        real.chunks_freed > 0 && real.chunks_freed < real.revisions_dropped * 16,
+        "{real:?}"
+    );
+}
+
+#[test]
 fn gc_keeps_newest_n_drops_the_rest_and_dry_run_changes_nothing() {
     let config = Config {
         keep_revisions: 3,

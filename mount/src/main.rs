@@ -1289,7 +1289,27 @@ fn progress_bar(enabled: bool) -> Option<indicatif::ProgressBar> {
 
 fn cmd_gc(path: &Path, dry_run: bool, json: bool) -> Result<(), String> {
     let pb = progress_bar(!json);
-    let r = match target_of(path)? {
+    let target = match target_of(path)? {
+        // The kernel refuses setxattr (the control channel) on a read-only mount. A dry run
+        // writes nothing: plan it on the space directly (read-only opens share its lock).
+        Target::Mounted { mnt } if is_read_only_mount(&mnt) => {
+            if !dry_run {
+                return Err(format!(
+                    "{} is mounted read-only; gc changes the space (remount it read-write), \
+                     `--dry-run` shows what it would do",
+                    mnt.display()
+                ));
+            }
+            let backing = backing_of(&mnt).ok_or("cannot find the mount's backing space")?;
+            Target::Offline {
+                fs: Box::new(Fs::new(
+                    Space::open_read_only(&backing).map_err(|e| e.to_string())?,
+                )),
+            }
+        }
+        t => t,
+    };
+    let r = match target {
         Target::Mounted { mnt } => {
             // The daemon runs gc inside the setxattr; the bar only shows that it is working.
             if let Some(pb) = &pb {
