@@ -9,6 +9,7 @@
 use ckptfs_engine::format::*;
 use ckptfs_engine::gc::GcOptions;
 use ckptfs_engine::space::Config;
+use ckptfs_engine::space::Seal;
 use ckptfs_engine::Space;
 use rand::rngs::SmallRng;
 use rand::{RngCore, SeedableRng};
@@ -59,7 +60,7 @@ pub fn build(dir: &Path, files: u64, chunk: u32) -> Result<(), Box<dyn std::erro
                 st.write(space.chunks(), off, piece)?;
             }
             st.finish(space.chunks())?;
-            space.commit_file(ino, &mut st, &mut rec, true)?;
+            space.commit_file(ino, &mut st, &mut rec, Seal::Complete)?;
         }
         eprint!("\rfile {}/{files}", f + 1);
     }

@@ -56,6 +56,25 @@ fn open_db(meta: &Arc<dyn Device>, create: bool, failed: Arc<AtomicBool>) -> Res
         })
 }
 
+/// What a commit makes of the revision it writes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Seal {
+    /// A complete revision (the last writer closed the file): listed and kept by retention.
+    Complete,
+    /// An fsync point of a file still being written: durable, not listed, replaced by the
+    /// next commit.
+    FsyncPoint,
+}
+
+/// What a commit does to an unsealed current revision (an earlier fsync point).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Previous {
+    /// Replace it: it was only ever an intermediate state of this writer.
+    Replace,
+    /// Keep it: another handle that wrote it has yet to close and seal it.
+    Keep,
+}
+
 /// One listed revision of a path.
 #[derive(Clone, Debug)]
 pub struct RevisionInfo {
@@ -815,20 +834,19 @@ impl Space {
         ino: InodeId,
         file: &mut FileState,
         rec: &mut InodeRecord,
-        sealed: bool,
+        seal: Seal,
     ) -> Result<RevisionId> {
-        self.commit_file_keeping(ino, file, rec, sealed, false)
+        self.commit_file_keeping(ino, file, rec, seal, Previous::Replace)
     }
 
-    /// `commit_file`; with `keep_prev`, an unsealed current revision is kept (a handle that
-    /// closed it still has to seal it) instead of replaced.
+    /// `commit_file`, saying what becomes of an unsealed current revision.
     pub fn commit_file_keeping(
         &self,
         ino: InodeId,
         file: &mut FileState,
         rec: &mut InodeRecord,
-        sealed: bool,
-        keep_prev: bool,
+        seal: Seal,
+        previous: Previous,
     ) -> Result<RevisionId> {
         assert_eq!(rec.kind, NodeKind::File);
         assert!(rec.history != 0, "regular file without a history");
@@ -849,7 +867,7 @@ impl Space {
                 rec.current_rev = stored.current_rev;
             }
             let prev = rec.current_rev;
-            if prev.0 != 0 && !keep_prev {
+            if prev.0 != 0 && previous == Previous::Replace {
                 if let Some(p) = t.revision(prev)? {
                     if !p.sealed && p.history == rec.history {
                         t.drop_revision(prev)?;
@@ -860,7 +878,7 @@ impl Space {
                 size: file.size(),
                 committed: Timestamp::now(),
                 new_stored_bytes: 0,
-                sealed,
+                sealed: seal == Seal::Complete,
                 history: rec.history,
             };
             t.put_revision(rev, &rr, file.map().iter(), ino, |h| {

@@ -5,6 +5,7 @@ use ckptfs_engine::catalog::tables as meta;
 use ckptfs_engine::check::{check, Damage};
 use ckptfs_engine::format::*;
 use ckptfs_engine::space::Config;
+use ckptfs_engine::space::Seal;
 use ckptfs_engine::{Error, Space};
 use rand::rngs::SmallRng;
 use rand::{RngCore, SeedableRng};
@@ -57,7 +58,9 @@ fn commit(space: &Space, ino: InodeId, data: &[u8]) -> RevisionId {
     f.truncate(0);
     f.write(space.chunks(), 0, data).unwrap();
     f.finish(space.chunks()).unwrap();
-    space.commit_file(ino, &mut f, &mut rec, true).unwrap()
+    space
+        .commit_file(ino, &mut f, &mut rec, Seal::Complete)
+        .unwrap()
 }
 
 fn chunks_of(space: &Space, rev: RevisionId) -> Vec<(u64, Extent)> {

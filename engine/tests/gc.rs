@@ -4,6 +4,7 @@
 use ckptfs_engine::format::*;
 use ckptfs_engine::gc::GcOptions;
 use ckptfs_engine::space::Config;
+use ckptfs_engine::space::Seal;
 use ckptfs_engine::{Error, Space};
 use rand::rngs::SmallRng;
 use rand::{Rng, RngCore, SeedableRng};
@@ -40,7 +41,7 @@ fn write_revision(space: &Space, rec: &mut InodeRecord, data: &[u8]) -> Result<R
         f.write(space.chunks(), off, piece)?;
     }
     f.finish(space.chunks())?;
-    let r = space.commit_file(InodeId(2), &mut f, rec, true);
+    let r = space.commit_file(InodeId(2), &mut f, rec, Seal::Complete);
     if r.is_err() {
         space.store().unpin(&f.take_held());
     }
@@ -238,7 +239,7 @@ fn gc_keeps_newest_n_drops_the_rest_and_dry_run_changes_nothing() {
     f.finish(space.chunks()).unwrap();
     let n = space.revisions(rec.history).unwrap().len();
     space
-        .commit_file(InodeId(2), &mut f, &mut rec, false)
+        .commit_file(InodeId(2), &mut f, &mut rec, Seal::FsyncPoint)
         .unwrap();
     let l = space.revisions(rec.history).unwrap();
     assert_eq!(l.len(), n, "an fsync point is durable but not listed");
@@ -249,7 +250,7 @@ fn gc_keeps_newest_n_drops_the_rest_and_dry_run_changes_nothing() {
     f.write(space.chunks(), 0, b"done!!!!!!!").unwrap();
     f.finish(space.chunks()).unwrap();
     space
-        .commit_file(InodeId(2), &mut f, &mut rec, true)
+        .commit_file(InodeId(2), &mut f, &mut rec, Seal::Complete)
         .unwrap();
     let l2 = space.revisions(rec.history).unwrap();
     assert_eq!(l2.len(), n + 1, "the fsync point was replaced, not kept");

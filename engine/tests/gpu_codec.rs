@@ -5,6 +5,7 @@
 
 use ckptfs_engine::format::*;
 use ckptfs_engine::space::Config;
+use ckptfs_engine::space::Seal;
 use ckptfs_engine::Space;
 use ckptfs_kernels::{BatchCodec, Compressed, Emu};
 use rand::{Rng, RngCore, SeedableRng};
@@ -53,7 +54,7 @@ fn write_file(space: &Space, ino: u64, data: &[u8]) -> RevisionId {
     }
     f.finish(space.chunks()).unwrap();
     space
-        .commit_file(InodeId(ino), &mut f, &mut rec, true)
+        .commit_file(InodeId(ino), &mut f, &mut rec, Seal::Complete)
         .unwrap()
 }
 

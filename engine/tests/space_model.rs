@@ -5,6 +5,7 @@
 use ckptfs_engine::catalog::tables as meta;
 use ckptfs_engine::format::*;
 use ckptfs_engine::space::Config;
+use ckptfs_engine::space::Seal;
 use ckptfs_engine::{Error, Space};
 use rand::rngs::SmallRng;
 use rand::{Rng, RngCore, SeedableRng};
@@ -132,7 +133,7 @@ fn run(seed: u64) {
         }
         file.finish(space.chunks()).unwrap();
         space
-            .commit_file(InodeId(ino), &mut file, rec, true)
+            .commit_file(InodeId(ino), &mut file, rec, Seal::Complete)
             .unwrap();
         committed_bytes += file.size();
         if step % 10 == 9 {
@@ -178,7 +179,9 @@ fn corrupted_chunk_is_an_error_not_wrong_bytes() {
         let mut f = space.load_file(rec).unwrap();
         f.write(space.chunks(), 0, data).unwrap();
         f.finish(space.chunks()).unwrap();
-        space.commit_file(InodeId(ino), &mut f, rec, true).unwrap();
+        space
+            .commit_file(InodeId(ino), &mut f, rec, Seal::Complete)
+            .unwrap();
     }
     drop(space);
     // Damage one byte inside file a's first chunk: it starts at data offset 0.
@@ -227,7 +230,7 @@ fn full_space_gives_no_space_and_keeps_committed_data() {
     f.write(space.chunks(), 0, &first).unwrap();
     f.finish(space.chunks()).unwrap();
     space
-        .commit_file(InodeId(2), &mut f, &mut rec, true)
+        .commit_file(InodeId(2), &mut f, &mut rec, Seal::Complete)
         .unwrap();
     // 20 MiB of new random data cannot fit in the remaining ~10 MiB.
     let mut big = vec![0u8; 20 << 20];
@@ -242,7 +245,7 @@ fn full_space_gives_no_space_and_keeps_committed_data() {
         .and_then(|_| g.finish(space.chunks()))
         .and_then(|_| {
             space
-                .commit_file(InodeId(3), &mut g, &mut rec2, true)
+                .commit_file(InodeId(3), &mut g, &mut rec2, Seal::Complete)
                 .map(|_| ())
         });
     assert!(

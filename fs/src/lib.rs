@@ -4,6 +4,7 @@
 use ckptfs_engine::filemap::{ExtentMap, FileState};
 use ckptfs_engine::format::{InodeId, InodeRecord, NodeKind, RevisionId, Timestamp};
 use ckptfs_engine::gc::{GcOptions, GcProgress, GcReport};
+use ckptfs_engine::space::{Previous, Seal};
 use ckptfs_engine::{Space, Stats};
 use parking_lot::Mutex;
 use std::collections::HashMap;
@@ -59,6 +60,33 @@ impl From<ckptfs_engine::Error> for Error {
         Error::Engine(e)
     }
 }
+
+/// What the CLI prints and the daemon logs: a sentence, never a Rust debug dump.
+impl std::fmt::Display for Error {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            Error::NotFound => "no such file or directory",
+            Error::Exists => "the name exists already",
+            Error::NotDir => "not a directory",
+            Error::IsDir => "is a directory",
+            Error::NotEmpty => "the directory is not empty",
+            Error::NameTooLong => "the name is longer than 255 bytes",
+            Error::NotPermitted => "ckptfs refuses this on purpose (hard links, for example)",
+            Error::Invalid => "invalid argument",
+            Error::FileTooBig => "the file would grow past the largest size ckptfs stores",
+            Error::ReadOnly => "the revision view is read-only; use `ckptfs restore` instead",
+            Error::Busy => "the file is open for writing; close it before restoring it",
+            Error::NotSupported => "ckptfs does not offer this operation",
+            Error::NoData => "no such extended attribute",
+            Error::OutOfRange => "the extended attribute name is longer than 255 bytes",
+            Error::ValueTooBig => "the extended attribute value is larger than 64 KiB",
+            Error::BadHandle => "the kernel named a file handle this daemon does not know",
+            Error::Engine(e) => return write!(f, "{e}"),
+        })
+    }
+}
+
+impl std::error::Error for Error {}
 
 pub type Result<T> = std::result::Result<T, Error>;
 
@@ -884,7 +912,7 @@ impl Fs {
             }
             apply(&mut n.rec);
             if n.writers == 1 {
-                self.commit_node(ino, &mut n, true, 0)?;
+                self.commit_node(ino, &mut n, Seal::Complete, 0)?;
             } else {
                 // A writer's close commits the size; the attributes are stored now.
                 let rec = n.rec.clone();
@@ -1165,7 +1193,7 @@ impl Fs {
             // goes (a node nothing references is forgotten, uncommitted changes and all).
             if r.is_ok() {
                 r = self
-                    .commit_node(ino, &mut node.lock(), false, 0)
+                    .commit_node(ino, &mut node.lock(), Seal::FsyncPoint, 0)
                     .map(|()| data.len());
             }
             self.unref(ino, &node, false);
@@ -1341,24 +1369,28 @@ impl Fs {
 
     /// Commits a modified file as handle `fh` (0: none). An unsealed current revision is
     /// replaced, unless another handle still has to seal it.
-    fn commit_node(&self, ino: InodeId, n: &mut OpenNode, sealed: bool, fh: u64) -> Result<()> {
+    fn commit_node(&self, ino: InodeId, n: &mut OpenNode, seal: Seal, fh: u64) -> Result<()> {
         if !n.file.is_modified() {
             return Ok(());
         }
         let prev = n.rec.current_rev;
-        let keep_prev = n
+        let previous = match n
             .handles
             .iter()
-            .any(|(f, h)| *f != fh && h.pending == Some(prev));
+            .any(|(f, h)| *f != fh && h.pending == Some(prev))
+        {
+            true => Previous::Keep,
+            false => Previous::Replace,
+        };
         self.settle_node(n)?;
         // The engine takes nlink, history and current revision from the stored record
         // inside the commit's transaction (a rename or unlink may have changed them).
         let mut rec = n.rec.clone();
         let rev = self
             .space
-            .commit_file_keeping(ino, &mut n.file, &mut rec, sealed, keep_prev)?;
+            .commit_file_keeping(ino, &mut n.file, &mut rec, seal, previous)?;
         log::debug!(
-            "commit inode {} history {} -> revision {} ({} bytes, sealed {sealed}, writers {})",
+            "commit inode {} history {} -> revision {} ({} bytes, {seal:?}, writers {})",
             ino.0,
             rec.history,
             rev.0,
@@ -1406,7 +1438,12 @@ impl Fs {
             n.handles.get(&fh).map(|h| h.writer_pid)
         );
         if n.file.is_modified() {
-            self.commit_node(ino, n, seal_now, fh)?;
+            let seal = if seal_now {
+                Seal::Complete
+            } else {
+                Seal::FsyncPoint
+            };
+            self.commit_node(ino, n, seal, fh)?;
         } else if seal_now && n.base_rev.0 != 0 {
             // Another handle's close (a reader's) already committed what this writer wrote.
             self.space.seal(n.base_rev)?;
@@ -1435,7 +1472,7 @@ impl Fs {
     pub fn fsync(&self, ino: InodeId, fh: u64) -> Result<()> {
         let node = self.handle_node(ino, fh, "fsync")?;
         let mut n = node.lock();
-        self.commit_node(ino, &mut n, false, fh)?;
+        self.commit_node(ino, &mut n, Seal::FsyncPoint, fh)?;
         Ok(self.space.sync_meta_if_dirty()?)
     }
 
@@ -1476,7 +1513,12 @@ impl Fs {
             // Writes that arrive after close (mmap writeback) are committed here.
             let last_writer = h.writer && n.writers == 1;
             let sealed = last_writer && h.wrote;
-            let mut result = self.commit_node(ino, &mut n, sealed, fh);
+            let seal = if sealed {
+                Seal::Complete
+            } else {
+                Seal::FsyncPoint
+            };
+            let mut result = self.commit_node(ino, &mut n, seal, fh);
             if let (Ok(()), Some(rev)) = (&result, h.pending) {
                 log::debug!(
                     "release of handle {fh} seals inode {} revision {}",
@@ -1503,7 +1545,7 @@ impl Fs {
         let mut first_err = None;
         for (ino, node) in nodes {
             let mut n = node.lock();
-            if let Err(e) = self.commit_node(ino, &mut n, true, 0) {
+            if let Err(e) = self.commit_node(ino, &mut n, Seal::Complete, 0) {
                 log::error!("commit of inode {} at unmount failed: {e:?}", ino.0);
                 first_err.get_or_insert(e);
             }
@@ -1805,7 +1847,7 @@ impl Fs {
             let now = Timestamp::now();
             n.rec.mtime = now;
             n.rec.ctime = now;
-            self.commit_node(ino, &mut n, true, 0)
+            self.commit_node(ino, &mut n, Seal::Complete, 0)
         })();
         self.unref(ino, &node, true);
         result.map(|()| ino)

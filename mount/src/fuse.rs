@@ -69,9 +69,9 @@ fn fail(op: &str, ino: u64, e: Error) -> Errno {
     match &e {
         // A change refused on a read-only mount (after `remount,rw`, or through the control
         // interface): the caller's doing, said once per request.
-        Error::Engine(ckptfs_engine::Error::ReadOnly) => log::warn!("{op} on inode {ino}: {e:?}"),
+        Error::Engine(ckptfs_engine::Error::ReadOnly) => log::warn!("{op} on inode {ino}: {e}"),
         Error::Engine(inner) => log::error!("{op} on inode {ino}: {inner}"),
-        _ => log::debug!("{op} on inode {ino}: {e:?}"),
+        _ => log::debug!("{op} on inode {ino}: {e}"),
     }
     errno(&e)
 }
@@ -509,12 +509,12 @@ impl Filesystem for CkptFs {
     fn destroy(&mut self) {
         self.stop.store(true, Ordering::Relaxed);
         if let Err(e) = self.fs.commit_all() {
-            log::error!("committing open files at unmount failed: {e:?}");
+            log::error!("committing open files at unmount failed: {e}");
         }
         // Namespace changes are committed without an fsync of their own; make them durable
         // before the daemon goes away.
         if let Err(e) = self.fs.fsync_dir() {
-            log::error!("making metadata durable at unmount failed: {e:?}");
+            log::error!("making metadata durable at unmount failed: {e}");
         }
         log::info!("unmounted; everything closed is committed");
     }

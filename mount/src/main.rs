@@ -1338,7 +1338,7 @@ fn cmd_gc(path: &Path, dry_run: bool, json: bool) -> Result<(), String> {
                     pb.set_position(done);
                 }
             })
-            .map_err(|e| format!("{e:?}"))?,
+            .map_err(|e| e.to_string())?,
     };
     if let Some(pb) = pb {
         pb.finish_and_clear();
@@ -1405,7 +1405,7 @@ fn cmd_revisions(path: &Path, space: Option<&Path>, json: bool) -> Result<(), St
             // mount; read the space directly instead (read-only opens share its lock).
             let backing = backing_of(&mnt).ok_or("cannot find the mount's backing space")?;
             let fs = Fs::new(Space::open_read_only(&backing).map_err(|e| e.to_string())?);
-            revisions_json(&fs.revisions_of(&rel).map_err(|e| format!("{e:?}"))?)
+            revisions_json(&fs.revisions_of(&rel).map_err(|e| e.to_string())?)
         }
         Target::Mounted { mnt } => {
             // Paged: one answer must fit an xattr value (64 KiB), a long history does not.
@@ -1431,7 +1431,7 @@ fn cmd_revisions(path: &Path, space: Option<&Path>, json: bool) -> Result<(), St
             serde_json::Value::Array(all)
         }
         Target::Offline { fs } => {
-            revisions_json(&fs.revisions_of(&rel).map_err(|e| format!("{e:?}"))?)
+            revisions_json(&fs.revisions_of(&rel).map_err(|e| e.to_string())?)
         }
     };
     if json {
@@ -1496,10 +1496,10 @@ fn cmd_restore(
                     gid: libc::getgid(),
                 }
             };
-            fs.restore(&rel, rev, c).map_err(|e| format!("{e:?}"))?;
+            fs.restore(&rel, rev, c).map_err(|e| e.to_string())?;
         }
         (Target::Offline { fs }, Some(to)) => {
-            let f = fs.read_revision(&rel, rev).map_err(|e| format!("{e:?}"))?;
+            let f = fs.read_revision(&rel, rev).map_err(|e| e.to_string())?;
             let mut out = std::fs::File::create(to).map_err(|e| e.to_string())?;
             let mut off = 0;
             while off < f.size() {
