@@ -82,17 +82,9 @@ pub enum GcProgress {
 }
 
 impl Space {
+    /// gc; the revisions pinned now (`Space::pin`) are sampled under the pin gate right
+    /// before retention commits and kept, with the pins in `opts`.
     pub fn gc(&self, opts: &GcOptions, progress: &mut dyn FnMut(GcProgress)) -> Result<GcReport> {
-        self.gc_with_pins(opts, &|_, _| {}, progress)
-    }
-
-    /// gc with pins sampled by `pins` under the pin gate, right before retention commits.
-    pub fn gc_with_pins(
-        &self,
-        opts: &GcOptions,
-        pins: &dyn Fn(&mut HashSet<RevisionId>, &mut HashSet<InodeId>),
-        progress: &mut dyn FnMut(GcProgress),
-    ) -> Result<GcReport> {
         let _one = self.gc_lock.lock();
         if self.store().is_failed() {
             return Err(Error::Failed);
@@ -108,7 +100,8 @@ impl Space {
             let mut opts = opts.clone();
             {
                 let _gate = self.pin_gate.write();
-                pins(&mut opts.pinned_revisions, &mut opts.open_inodes);
+                self.pins
+                    .sample(&mut opts.pinned_revisions, &mut opts.open_inodes);
             }
             self.gc_plan(&opts, &mut r)?;
             let seg = self.store().segment_bytes();
@@ -132,7 +125,8 @@ impl Space {
         let txn = {
             let _gate = self.pin_gate.write();
             let mut opts = opts.clone();
-            pins(&mut opts.pinned_revisions, &mut opts.open_inodes);
+            self.pins
+                .sample(&mut opts.pinned_revisions, &mut opts.open_inodes);
             let txn = self.begin_write(true)?;
             self.drop_revisions(&mut Txn::open(&txn)?, &config, now, &opts, &mut r, progress)?;
             self.commit(txn)?;

@@ -9,6 +9,7 @@ pub mod error;
 pub mod filemap;
 pub mod format;
 pub mod gc;
+pub mod pins;
 pub mod pipeline;
 pub mod sim;
 pub mod space;

@@ -96,7 +96,9 @@ pub struct Space {
     /// Shared while a reader pins a revision and loads it; exclusive while gc samples the pins
     /// and commits its retention transaction, so a revision is never dropped under a reader
     /// that pinned it after gc started.
-    pub pin_gate: parking_lot::RwLock<()>,
+    pub(crate) pin_gate: parking_lot::RwLock<()>,
+    /// The revisions open files and restores hold (see `pins`).
+    pub(crate) pins: Arc<crate::pins::RevisionPins>,
     /// A non-durable namespace change has committed since the last durable commit.
     ns_dirty: std::sync::atomic::AtomicBool,
     /// Opened by `open_read_only`: every metadata write transaction is refused, the data
@@ -641,6 +643,7 @@ impl Space {
             lock: None,
             gc_lock: parking_lot::Mutex::new(()),
             pin_gate: parking_lot::RwLock::new(()),
+            pins: Arc::default(),
             ns_dirty: std::sync::atomic::AtomicBool::new(false),
             read_only: false,
         })
@@ -758,6 +761,19 @@ impl Space {
     pub fn commit(&self, txn: redb::WriteTransaction) -> Result<()> {
         txn.commit()
             .map_err(|e| self.store.fail_with(Error::from(e)))
+    }
+
+    /// Runs `load` under the pin gate and pins the revision it returns before the gate
+    /// opens again (see `pins`): gc keeps that revision until the pin is dropped. `ino`:
+    /// the open inode the pin belongs to, which gc then keeps too even when unlinked.
+    pub fn pin<T, E: From<Error>>(
+        &self,
+        ino: Option<InodeId>,
+        load: impl FnOnce() -> std::result::Result<(RevisionId, T), E>,
+    ) -> std::result::Result<(crate::pins::RevisionPin, T), E> {
+        let _gate = self.pin_gate.read();
+        let (rev, t) = load()?;
+        Ok((self.pins.pin(rev, ino), t))
     }
 
     /// A read snapshot of the catalog.

@@ -4,6 +4,7 @@
 use ckptfs_engine::filemap::{ExtentMap, FileState};
 use ckptfs_engine::format::{InodeId, InodeRecord, NodeKind, RevisionId, Timestamp};
 use ckptfs_engine::gc::{GcOptions, GcProgress, GcReport};
+use ckptfs_engine::pins::RevisionPin;
 use ckptfs_engine::space::{Previous, Seal};
 use ckptfs_engine::{Space, Stats};
 use parking_lot::Mutex;
@@ -144,8 +145,9 @@ pub struct Caller {
 struct OpenNode {
     rec: InodeRecord,
     file: FileState,
-    /// The committed revision `file`'s unchanged extents come from; gc keeps it.
-    base_rev: RevisionId,
+    /// The committed revision `file`'s unchanged extents come from, pinned: gc keeps it
+    /// while the node lives.
+    base: RevisionPin,
     opens: u32,
     writers: u32,
     /// The open handles of this file, by file handle.
@@ -214,9 +216,6 @@ pub struct Fs {
     selections: Mutex<std::collections::VecDeque<(u32, Vec<u8>)>>,
     /// Open regular files and revision files, and their handles (see `OpenTable`).
     open: Mutex<OpenTable>,
-    /// The base revision of every open node, readable without node locks (gc runs from
-    /// inside a write that holds one).
-    base_revs: Mutex<HashMap<InodeId, RevisionId>>,
     /// Non-hole bytes by (inode, revision), at most `DATA_BYTES_CACHE_MAX` entries.
     data_bytes_cache: Mutex<HashMap<(InodeId, RevisionId), u64>>,
     /// "Space full, nothing to reclaim" was logged, and nothing was reclaimed since.
@@ -288,7 +287,6 @@ impl Fs {
             space,
             selections: Mutex::new(std::collections::VecDeque::new()),
             open: Mutex::new(OpenTable::default()),
-            base_revs: Mutex::new(HashMap::new()),
             auto_gc_quiet_until: Mutex::new(None),
             space_full_said: std::sync::atomic::AtomicBool::new(false),
             data_bytes_cache: Mutex::new(HashMap::new()),
@@ -377,7 +375,6 @@ impl Fs {
             self.space.store().unpin(&n.file.take_held());
             drop(n);
             t.nodes.remove(&ino);
-            self.base_revs.lock().remove(&ino);
         }
     }
 
@@ -393,8 +390,9 @@ impl Fs {
             let n = n.lock();
             let mut a = n.attr(ino);
             // Unchanged since its base revision: the same extents, so the same answer.
-            if n.file.is_clean() && n.base_rev == n.rec.current_rev {
-                a.data_bytes = Some(self.data_bytes(ino, n.base_rev, || {
+            let base = n.base.revision();
+            if n.file.is_clean() && base == n.rec.current_rev {
+                a.data_bytes = Some(self.data_bytes(ino, base, || {
                     Ok(n.file.map().iter().map(|(_, e)| e.len as u64).sum())
                 })?);
             }
@@ -1075,15 +1073,13 @@ impl Fs {
                 }
                 // Pin the base revision under the gate, re-reading the record there, so the
                 // pinned revision is the one loaded.
-                let (rec, file) = {
-                    let _gate = self.space.pin_gate.read();
+                let (base, (rec, file)) = self.space.pin(Some(ino), || {
                     let rec = self.record(ino)?;
                     let file = self.space.load_file(&rec)?;
-                    self.base_revs.lock().insert(ino, rec.current_rev);
-                    (rec, file)
-                };
+                    Ok::<_, Error>((rec.current_rev, (rec, file)))
+                })?;
                 let n = Arc::new(Mutex::new(OpenNode {
-                    base_rev: rec.current_rev,
+                    base,
                     rec,
                     file,
                     opens: 0,
@@ -1398,8 +1394,7 @@ impl Fs {
             n.writers
         );
         n.rec = rec;
-        n.base_rev = rev;
-        self.base_revs.lock().insert(ino, rev);
+        n.base.set(rev);
         n.file.mark_committed();
         Ok(())
     }
@@ -1444,15 +1439,15 @@ impl Fs {
                 Seal::FsyncPoint
             };
             self.commit_node(ino, n, seal, fh)?;
-        } else if seal_now && n.base_rev.0 != 0 {
+        } else if seal_now && n.base.revision().0 != 0 {
             // Another handle's close (a reader's) already committed what this writer wrote.
-            self.space.seal(n.base_rev)?;
+            self.space.seal(n.base.revision())?;
         }
         if let Some(h) = n.handles.get_mut(&fh) {
             if seal_now {
                 h.pending = None;
             } else if wrote && only_writer {
-                h.pending = Some(n.base_rev);
+                h.pending = Some(n.base.revision());
             }
             // Only the writer's own close ends its "wrote since close": a FLUSH from a child
             // that inherited the descriptor (closing it at exec) must not make the writer's
@@ -1628,17 +1623,9 @@ impl Fs {
         )
     }
 
+    /// gc; the engine keeps what open files and restores have pinned.
     fn gc_with(&self, opts: GcOptions, progress: &mut dyn FnMut(GcProgress)) -> Result<GcReport> {
-        let pins = |revs: &mut std::collections::HashSet<RevisionId>,
-                    inos: &mut std::collections::HashSet<InodeId>| {
-            for (ino, rev) in self.base_revs.lock().iter() {
-                revs.insert(*rev);
-                if !view::is_virtual(*ino) {
-                    inos.insert(*ino);
-                }
-            }
-        };
-        Ok(self.space.gc_with_pins(&opts, &pins, progress)?)
+        Ok(self.space.gc(&opts, progress)?)
     }
 
     /// A writer found the space full: reclaim what the policy allows, at full speed.
@@ -1777,19 +1764,13 @@ impl Fs {
         }
         // Pin the revision against gc until the new revision references its chunks. (Not
         // the gc lock: a writer holding its file's lock may be waiting in gc.)
-        static NEXT_PIN: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
-        // Keys from the top of the inode space, which no real or view inode uses.
-        let pin = InodeId(u64::MAX - NEXT_PIN.fetch_add(1, std::sync::atomic::Ordering::Relaxed));
-        {
-            let _gate = self.space.pin_gate.read();
+        let (_pin, ()) = self.space.pin(None, || {
             if !self.space.revisions(hid)?.iter().any(|r| r.id.0 == rev) {
                 return Err(Error::NotFound);
             }
-            self.base_revs.lock().insert(pin, RevisionId(rev));
-        }
-        let result = self.restore_pinned(path, hid, rev, c);
-        self.base_revs.lock().remove(&pin);
-        result
+            Ok((RevisionId(rev), ()))
+        })?;
+        self.restore_pinned(path, hid, rev, c)
     }
 
     fn restore_pinned(&self, path: &[u8], hid: u64, rev: u64, c: Caller) -> Result<InodeId> {

@@ -348,17 +348,15 @@ impl Fs {
             None => {
                 // Pin, then load: a gc that samples pins after this sees it, and one that
                 // already dropped the revision makes the load fail with ENOENT, not EIO later.
-                let file = {
-                    let _gate = self.space.pin_gate.read();
+                let (base, file) = self.space.pin(None, || {
                     let file = self.space.load_revision(rev).map_err(|_| Error::NotFound)?;
-                    self.base_revs.lock().insert(ino, rev);
-                    file
-                };
+                    Ok::<_, Error>((rev, file))
+                })?;
                 let attr = self.view_getattr(ino)?;
                 let n = Arc::new(Mutex::new(OpenNode {
                     rec: attr.rec,
                     file,
-                    base_rev: rev,
+                    base,
                     opens: 0,
                     writers: 0,
                     handles: HashMap::new(),
