@@ -261,47 +261,176 @@ fn gc_keeps_newest_n_drops_the_rest_and_dry_run_changes_nothing() {
     std::fs::remove_dir_all(&dir).unwrap();
 }
 
+/// Appends `data` to the file and commits the result as a complete revision.
+fn append_revision(space: &Space, rec: &mut InodeRecord, data: &[u8]) -> RevisionId {
+    let mut f = space.load_file(rec).unwrap();
+    let off = f.size();
+    f.write(space.chunks(), off, data).unwrap();
+    f.finish(space.chunks()).unwrap();
+    space.commit_file(InodeId(2), &mut f, rec, true).unwrap()
+}
+
+/// (file offset, extent) of every extent of a revision, with its chunk's committed record.
+fn placed_extents(space: &Space, rev: RevisionId) -> Vec<(u64, Extent, ChunkRecord)> {
+    space
+        .load_map(rev)
+        .unwrap()
+        .iter()
+        .map(|(off, e)| {
+            let rec = space.store().committed_record(&e.chunk).unwrap().unwrap();
+            (off, *e, rec)
+        })
+        .collect()
+}
+
+/// gc moves the chunks of a kept revision out of mostly-dead segments while a reader reads
+/// that revision. Proves (1) chunks of the revision were moved (their records name new
+/// offsets, and the bytes there verify), and (2) the reader overlapped the moves: it was
+/// reading before gc committed its first moves, and read the whole revision again, from the
+/// data file at the new locations, before gc returned.
 #[test]
 fn readers_see_moved_chunks_while_gc_compacts() {
-    let dir = temp_space("moving", 128 << 20, Config::default());
-    let space = std::sync::Arc::new(Space::open(&dir).unwrap());
+    use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+    use std::sync::Arc;
+    use std::time::{Duration, Instant};
+    const MIB: usize = 1 << 20;
+    const READ: usize = 64 << 10;
+    // The kept file is larger than the store's decoded-chunk cache, and the reader reads it
+    // front to back over and over: the cache (FIFO) has let a chunk go by the time the
+    // reader comes back to it, so each pass reads every chunk from the data file again.
+    const KEEP_PIECES: usize = 72;
+    const { assert!(KEEP_PIECES * MIB > ckptfs_engine::store::CACHE_BYTES) };
+    let config = Config {
+        keep_revisions: 1,
+        ..Config::default()
+    };
+    let dir = temp_space("moving", 256 << 20, config);
+    let space = Arc::new(Space::open(&dir).unwrap());
     let mut rng = SmallRng::seed_from_u64(7);
+    // The kept file grows by 1 MiB per revision, each followed by 1.25 MiB of a junk file
+    // that keep-1 drops: every segment ends up less than half live (a victim), and holds
+    // chunks of the kept file.
     let mut rec = new_file(&space);
-    let mut d = vec![0u8; 24 << 20];
-    rng.fill_bytes(&mut d);
-    let keep = write_revision(&space, &mut rec, &d).unwrap();
-    let expect = d.clone();
-    // Many revisions with mostly new data, so segments become mostly dead.
-    for _ in 0..4 {
-        rng.fill_bytes(&mut d[..20 << 20]);
-        write_revision(&space, &mut rec, &d).unwrap();
+    let mut junk = new_file(&space);
+    let mut expect = Vec::with_capacity(KEEP_PIECES * MIB);
+    let mut keep = RevisionId(0);
+    for _ in 0..KEEP_PIECES {
+        let mut piece = vec![0u8; MIB];
+        rng.fill_bytes(&mut piece);
+        keep = append_revision(&space, &mut rec, &piece);
+        expect.extend_from_slice(&piece);
+        let mut j = vec![0u8; MIB + MIB / 4];
+        rng.fill_bytes(&mut j);
+        write_revision(&space, &mut junk, &j).unwrap();
     }
-    let mut opts = GcOptions::default();
-    opts.pinned_revisions.insert(keep);
-    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let expect = Arc::new(expect);
+    let before = placed_extents(&space, keep);
+
+    let stop = Arc::new(AtomicBool::new(false));
+    let reads = Arc::new(AtomicU64::new(0));
     let reader = {
-        let (space, stop, expect) = (space.clone(), stop.clone(), expect.clone());
+        let (space, stop, expect, reads) =
+            (space.clone(), stop.clone(), expect.clone(), reads.clone());
         std::thread::spawn(move || {
-            let mut reads = 0;
-            while !stop.load(std::sync::atomic::Ordering::Relaxed) || reads == 0 {
+            let mut n = 0usize;
+            while !stop.load(Ordering::SeqCst) {
                 let f = space.load_revision(keep).unwrap();
-                let off = (reads * 7919 * 4096) % (expect.len() - 65536);
-                let got = f.read(space.chunks(), off as u64, 65536).unwrap();
-                assert!(got == expect[off..off + 65536], "wrong bytes at {off}");
-                reads += 1;
+                let off = (n * READ) % expect.len();
+                let got = f.read(space.chunks(), off as u64, READ).unwrap();
+                assert!(got == expect[off..off + READ], "wrong bytes at {off}");
+                n += 1;
+                reads.store(n as u64, Ordering::SeqCst);
             }
-            reads
         })
     };
-    let r = space.gc(&opts, &mut |_| {}).unwrap();
-    stop.store(true, std::sync::atomic::Ordering::Relaxed);
-    let reads = reader.join().unwrap();
-    println!("gc: {r:?}; concurrent reads: {reads}");
-    assert!(r.segments_freed > 0, "{r:?}");
-    assert!(read_revision(&space, keep) == expect);
-    // The store still hands out chunks by hash after the moves.
-    let h = ChunkHash::of(&expect[..10]);
-    assert!(space.chunks().get(&h).is_err(), "no such chunk");
+    // Waits (polling, with a hang guard) until the reader has done `n` reads.
+    let wait_reads = |n: u64, what: &str| {
+        let start = Instant::now();
+        while reads.load(Ordering::SeqCst) < n {
+            assert!(
+                !reader.is_finished(),
+                "the reader stopped (panicked) {what}"
+            );
+            assert!(
+                start.elapsed() < Duration::from_secs(300),
+                "the reader did not reach {n} reads {what}"
+            );
+            std::thread::sleep(Duration::from_millis(1));
+        }
+    };
+    wait_reads(1, "before gc");
+    let pass = (expect.len() / READ) as u64;
+    // Both files are committed as inode 2 (no namespace here), so the kept file's history is
+    // not the inode's: pinned, as an open reader's revision is.
+    let mut opts = GcOptions::default();
+    opts.pinned_revisions.insert(keep);
+    let mut at_first_move = None;
+    let r = space
+        .gc(&opts, &mut |p| {
+            // Called after each compaction round has committed its moves: at the first, the
+            // reader must read the whole revision once more while gc is still running.
+            if let ckptfs_engine::gc::GcProgress::Compact { .. } = p {
+                if at_first_move.is_none() {
+                    let n = reads.load(Ordering::SeqCst);
+                    at_first_move = Some(n);
+                    wait_reads(n + pass, "after gc's first moves");
+                }
+            }
+        })
+        .unwrap();
+    stop.store(true, Ordering::SeqCst);
+    reader.join().expect("reader panicked");
+    let total_reads = reads.load(Ordering::SeqCst);
+    let at_first_move = at_first_move.expect("gc compacted no round");
+    println!(
+        "gc: {r:?}; concurrent reads: {total_reads} ({at_first_move} before the first moves \
+         committed, one pass is {pass})"
+    );
+    assert!(
+        at_first_move > 0,
+        "the reader had not read before the moves"
+    );
+    assert!(total_reads >= at_first_move + pass);
+    assert!(
+        r.bytes_copied > 0 && r.segments_compacted > 0,
+        "gc moved nothing: {r:?}"
+    );
+
+    // The kept revision's chunks: many moved, and each moved one verifies at its new place
+    // (read from the data file, not the cache) with the bytes the revision holds there.
+    let after = placed_extents(&space, keep);
+    assert_eq!(before.len(), after.len());
+    let mut moved = 0;
+    for ((off, e, old), (off2, e2, new)) in before.iter().zip(&after) {
+        assert_eq!((off, e), (off2, e2), "the extent map changed");
+        if new.offset == old.offset {
+            continue;
+        }
+        moved += 1;
+        let stored = space.store().read_stored(new).unwrap();
+        let data = ckptfs_engine::store::ChunkStore::decode_verified(&e.chunk, new, stored)
+            .unwrap_or_else(|err| panic!("moved chunk at {}: {err}", new.offset.0));
+        let (o, c) = (*off as usize, e.chunk_off as usize);
+        assert!(
+            data[c..c + e.len as usize] == expect[o..o + e.len as usize],
+            "moved chunk at file offset {o} holds other bytes"
+        );
+    }
+    println!("{moved} of {} extents' chunks moved", after.len());
+    // Every segment of the kept file is a victim; a quarter is far below what one gc moves
+    // (it copies as much as fits in the free space).
+    assert!(
+        moved * 4 >= after.len(),
+        "only {moved} of {} chunks of the kept revision moved",
+        after.len()
+    );
+    assert!(read_revision(&space, keep) == *expect);
+    drop(space);
+    let space = Space::open(&dir).unwrap();
+    assert!(
+        read_revision(&space, keep) == *expect,
+        "after reopen, the kept revision differs"
+    );
     drop(space);
     std::fs::remove_dir_all(&dir).unwrap();
 }
