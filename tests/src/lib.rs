@@ -3,7 +3,9 @@
 //!
 //! The binary is found next to the test executable (`target/<profile>/ckptfs`) or at
 //! `$CKPTFS_BIN`. Tests need `/dev/fuse` and root (or `fusermount3`); without them they fail
-//! loudly instead of passing vacuously.
+//! loudly instead of passing vacuously. Tests that wait for the daemon to have answered the
+//! kernel's background requests ([`TestMount::wait_requests_answered`]) also need fusectl at
+//! `/sys/fs/fuse/connections` (mounted there on first use when root may).
 
 use std::ffi::{CString, OsStr, OsString};
 use std::fs;
@@ -453,6 +455,52 @@ impl TestMount {
         self.detach("after a lazy unmount");
     }
 
+    /// Waits until the daemon has answered every request the kernel has queued for this
+    /// mount, including the RELEASEs that the kernel sends in the background after close(2)
+    /// has returned: the condition a test means by "once the late releases have arrived".
+    /// Reads the kernel's own count (`/sys/fs/fuse/connections/<minor>/waiting`, fusectl),
+    /// mounting fusectl there first when the system has not (root only). Fails after 60 s.
+    pub fn wait_requests_answered(&self) {
+        assert!(self.mounted, "not mounted");
+        let conns = Path::new("/sys/fs/fuse/connections");
+        let dev = fs::metadata(&self.mnt)
+            .unwrap_or_else(|e| panic!("stat {}: {e}", self.mnt.display()))
+            .dev();
+        let waiting = conns.join(libc::minor(dev).to_string()).join("waiting");
+        if !waiting.exists() {
+            let _ = Command::new("mount")
+                .args(["-t", "fusectl", "fusectl"])
+                .arg(conns)
+                .stdout(Stdio::null())
+                .stderr(Stdio::null())
+                .status();
+        }
+        assert!(
+            waiting.exists(),
+            "{} is missing: these tests read the FUSE connection's request count from \
+             fusectl (mount -t fusectl fusectl {}, as root)",
+            waiting.display(),
+            conns.display()
+        );
+        let start = Instant::now();
+        loop {
+            let text = fs::read_to_string(&waiting)
+                .unwrap_or_else(|e| panic!("read {}: {e}", waiting.display()));
+            let n: u64 = text
+                .trim()
+                .parse()
+                .unwrap_or_else(|_| panic!("{}: {text:?}", waiting.display()));
+            if n == 0 {
+                return;
+            }
+            assert!(
+                start.elapsed() < Duration::from_secs(60),
+                "the daemon still has {n} requests unanswered after 60 s"
+            );
+            std::thread::sleep(Duration::from_millis(5));
+        }
+    }
+
     /// `ckptfs stats <mountpoint> --json`.
     pub fn stats(&mut self) -> serde_json::Value {
         let target = if self.mounted {
@@ -754,6 +802,31 @@ pub fn test_seed(test: &str, default: u64) -> u64 {
         .unwrap_or(default);
     println!("{test}: seed {seed} (replay with CKPTFS_SEED={seed})");
     seed
+}
+
+/// Whole seconds of the system clock (what the daemon stamps commits and removals with).
+pub fn unix_secs_now() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .expect("clock before 1970")
+        .as_secs()
+}
+
+/// Waits until the system clock reads more than `secs` whole seconds: for a test that needs
+/// a timestamp the daemon takes next to differ from one it took before (a policy age, a
+/// commit time). Polls the clock rather than sleeping a fixed time; fails if the clock has
+/// not got there 60 s after it should have (a clock that stopped or went back).
+pub fn wait_for_clock_past(secs: u64) {
+    let start = Instant::now();
+    let limit = Duration::from_secs(secs.saturating_sub(unix_secs_now()) + 60);
+    while unix_secs_now() <= secs {
+        assert!(
+            start.elapsed() < limit,
+            "the system clock did not pass {secs} (now {})",
+            unix_secs_now()
+        );
+        std::thread::sleep(Duration::from_millis(10));
+    }
 }
 
 /// A well-mixed 64-bit value of two inputs (seed, index): test data and random choices that

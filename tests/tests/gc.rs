@@ -14,7 +14,8 @@ use std::time::{Duration, Instant};
 
 use ckptfs_tests::{
     assert_file_eq, assert_file_matches, fill_pattern, first_difference, mix, stat_u64,
-    statvfs_bytes, test_seed, write_file_checked, write_file_with, Revision, TempDir, TestMount,
+    statvfs_bytes, test_seed, unix_secs_now, wait_for_clock_past, write_file_checked,
+    write_file_with, Revision, TempDir, TestMount,
 };
 use rand::rngs::SmallRng;
 use rand::{Rng, SeedableRng};
@@ -829,6 +830,8 @@ fn config_changes_policy_keep_age_and_keep_unlinked_apply() {
         write_file_checked(&m.path("g"), &version(seed, 10 + i, 200 * KIB)).expect("write g");
     }
     fs::remove_file(m.path("g")).expect("rm g");
+    // The daemon stamped g's removal with its clock, at the latest now.
+    let removed_by = unix_secs_now();
     let r = m.gc(false);
     println!("gc under keep-age 1h: {r}");
     check_gc_report(&r, false);
@@ -853,7 +856,10 @@ fn config_changes_policy_keep_age_and_keep_unlinked_apply() {
     assert_eq!(c["keep_revisions"].as_u64(), Some(1), "{c}");
     assert_eq!(c["keep_age_secs"].as_u64(), Some(0), "{c}");
     assert_eq!(c["keep_unlinked_secs"].as_u64(), Some(1), "{c}");
-    std::thread::sleep(Duration::from_millis(2500));
+    // gc expires a removed path once `now - removed > keep_unlinked` in whole seconds: wait
+    // until the clock reads two whole seconds past the removal (polling it, not a fixed
+    // sleep that a slow or stepped clock could make too short).
+    wait_for_clock_past(removed_by + 1);
     let r = m.gc(false);
     println!("gc under keep 1, keep-age off, keep-unlinked 1s: {r}");
     check_gc_report(&r, false);
@@ -951,6 +957,17 @@ impl PathModel {
     }
 }
 
+/// Whether a listing has as many revisions as the model allows, with the model's sizes.
+fn listing_fits(seed: u64, pm: &PathModel, listed: &[Revision]) -> bool {
+    let k = listed.len();
+    k >= pm.min_keep
+        && k <= pm.revs.len()
+        && listed
+            .iter()
+            .zip(&pm.revs[pm.revs.len() - k..])
+            .all(|(r, &key)| r.size == model_len(seed, key))
+}
+
 struct Model {
     seed: u64,
     paths: BTreeMap<String, PathModel>,
@@ -976,20 +993,25 @@ impl Model {
         let pm = self.paths.get_mut(rel).expect("tracked");
         let listed = m.revisions(rel);
         let k = listed.len();
-        let fits = k >= pm.min_keep
-            && k <= pm.revs.len()
-            && listed
-                .iter()
-                .zip(&pm.revs[pm.revs.len() - k..])
-                .all(|(r, &key)| r.size == model_len(seed, key));
+        let fits = listing_fits(seed, pm, &listed);
         if !fits {
-            // Tell a revision that shows up late (sealed after close() returned) from one
-            // that is wrong or missing for good.
-            std::thread::sleep(Duration::from_secs(1));
-            let later = m.revisions(rel);
+            // Only a diagnosis before the assertions below fail: tell a revision that shows
+            // up late (sealed after close() returned) from one that is wrong or missing for
+            // good, by listing again until the listing fits or 10 s have passed.
+            let start = Instant::now();
+            let mut later = m.revisions(rel);
+            while !listing_fits(seed, pm, &later) && start.elapsed() < Duration::from_secs(10) {
+                std::thread::sleep(Duration::from_millis(50));
+                later = m.revisions(rel);
+            }
+            let when = if listing_fits(seed, pm, &later) {
+                format!("fits {:.2}s later", start.elapsed().as_secs_f64())
+            } else {
+                "still does not fit 10s later".to_string()
+            };
             println!(
                 "{what}: {rel} listing does not fit the model {pm:?}; \
-                 listed right after the op: {listed:?}; listed 1s later: {later:?}"
+                 listed right after the op: {listed:?}; {when}: {later:?}"
             );
         }
         let ctx = || format!("{what}: {rel} (model {pm:?}), listed {listed:#?}");

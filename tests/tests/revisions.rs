@@ -695,7 +695,8 @@ fn revision_is_listed_as_soon_as_close_returns() {
 
 /// Back-to-back write + close cycles (the next open follows the previous close at once, as a
 /// training loop saving every step would do) each add a revision: none is merged into the
-/// next, even when the listing is taken a second later.
+/// next, also once every late RELEASE (sent by the kernel after close returned) has been
+/// answered.
 #[test]
 fn back_to_back_closes_each_add_a_revision() {
     let seed = test_seed("revisions_back_to_back", 0x5eed_1009);
@@ -707,9 +708,13 @@ fn back_to_back_closes_each_add_a_revision() {
     for c in &contents {
         write(&m, rel, c);
     }
-    std::thread::sleep(std::time::Duration::from_secs(1));
+    m.wait_requests_answered();
     let revs = m.revisions(rel);
-    check_listing(&revs, &contents, "20 back-to-back closes, listed 1s later");
+    check_listing(
+        &revs,
+        &contents,
+        "20 back-to-back closes, listed after the releases",
+    );
     check_view(&m, rel, &revs, &contents, "back-to-back");
 }
 
