@@ -609,26 +609,63 @@ fn umask() -> u32 {
     }
 }
 
+/// fsync, fdatasync and a directory fsync make what they cover durable before any close:
+/// after each, the daemon is killed (SIGKILL, no unmount, nothing committed on the way out)
+/// with the descriptor still open, and the space is mounted again. A clean remount would
+/// commit everything anyway (and so passes with an fsync that does nothing); only a crash
+/// right after fsync returned shows what fsync itself made durable (README, Durability
+/// contract).
 #[test]
-fn fsync_and_fdatasync_succeed() {
+fn fsync_and_fdatasync_survive_a_crash_before_close() {
     let mut m = TestMount::new();
     let p = m.path("ckpt");
     let data = pattern(30, 3 << 20);
+
+    // fdatasync of a new file: its data and the name that reaches it.
     let mut f = File::create(&p).expect("create");
     f.write_all(&data[..1 << 20]).expect("write");
     f.sync_data().expect("fdatasync");
+    m.kill_daemon();
+    drop(f);
+    m.mount();
+    assert_file_eq(&m.path("ckpt"), &data[..1 << 20]);
+
+    // fsync of more data written to the existing file (and a second fsync with nothing new).
+    let mut f = OpenOptions::new()
+        .write(true)
+        .open(m.path("ckpt"))
+        .expect("open for append");
+    f.seek(SeekFrom::Start(1 << 20)).expect("seek");
     f.write_all(&data[1 << 20..]).expect("write");
     f.sync_all().expect("fsync");
     f.sync_all().expect("fsync with nothing new");
+    m.kill_daemon();
     drop(f);
-    let r = File::open(&p).expect("open read-only");
+    m.mount();
+    assert_file_eq(&m.path("ckpt"), &data);
+
+    // fsync on a read-only descriptor succeeds and changes nothing.
+    let r = File::open(m.path("ckpt")).expect("open read-only");
     r.sync_all().expect("fsync on a read-only fd");
     drop(r);
+
+    // A rename is a namespace change: durable with a directory fsync, with no close after it.
+    fs::rename(m.path("ckpt"), m.path("renamed")).expect("rename");
     let dir = File::open(m.mnt()).expect("open dir");
     dir.sync_all().expect("fsync on a directory");
+    m.kill_daemon();
     drop(dir);
+    m.mount();
+    assert_file_eq(&m.path("renamed"), &data);
+    assert_errno(
+        fs::metadata(m.path("ckpt")),
+        libc::ENOENT,
+        "the old name after a renamed and dir-fsynced file survived a crash",
+    );
+
+    // And the space still unmounts and mounts cleanly afterwards.
     m.remount();
-    assert_file_eq(&m.path("ckpt"), &data);
+    assert_file_eq(&m.path("renamed"), &data);
 }
 
 struct Map {
