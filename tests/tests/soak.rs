@@ -3,7 +3,9 @@
 //! meanwhile read the published files, the revisions of every file through the read-only view,
 //! and the files being rewritten; `ckptfs gc` runs through the mount every 2 s. Nothing may
 //! fail and nothing may miscompare: a published file or a revision is always one whole
-//! version (tests/src/tagged.rs). Afterwards the space survives a remount.
+//! version (tests/src/tagged.rs). Afterwards, after a remount, every file a writer wrote holds
+//! exactly the last version it wrote (a file missing then is a failure), and the run must have
+//! done enough of each kind of read and enough gc runs to have tested anything.
 //!
 //! Runs 20 s; `CKPTFS_SOAK_SECS` runs longer. `CKPTFS_SEED` replays the writers' choices.
 
@@ -14,7 +16,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use ckptfs_tests::{stat_u64, tagged, test_seed, TestMount};
+use ckptfs_tests::{first_difference, stat_u64, tagged, test_seed, TestMount};
 use rand::rngs::SmallRng;
 use rand::{Rng, SeedableRng};
 
@@ -23,6 +25,16 @@ const READERS: u64 = 4;
 const GC_EVERY: Duration = Duration::from_secs(2);
 /// Beyond the run time, how long writers may take to finish their last op and exit.
 const EXIT_GRACE: Duration = Duration::from_secs(120);
+
+/// Floors, per run second where they scale: far below what a slow 2-core machine does
+/// (measured there, debug build, 20 s: about 1700-1900 published files, 1900-2000
+/// revisions and 870-910 live files read, 9-10 gc runs), so only a run where the readers or
+/// gc were starved or shut out (every read ENOENT, gc blocked for the run) trips them.
+const MIN_PUBLISHED_READS_PER_SEC: u64 = 1;
+const MIN_REVISION_READS_PER_SEC: u64 = 1;
+const MIN_LIVE_READS_PER_SEC: u64 = 1;
+/// gc runs every 2 s: at least a third of the possible runs, and at least 3.
+const MIN_GC_RUNS_FRACTION: u64 = 3;
 
 #[derive(Default)]
 struct ReadCounts {
@@ -107,8 +119,30 @@ fn reader(
     Ok(())
 }
 
-fn wait_all(children: Vec<(u64, Child)>, deadline: Instant) -> Vec<String> {
+/// What a writer reported it wrote last: file name -> (tagged key, length).
+type LastVersions = std::collections::BTreeMap<String, (u64, u64)>;
+
+/// The `last FILE KEY LEN` lines of a writer's report.
+fn parse_last(out: &str) -> Result<LastVersions, String> {
+    let mut last = LastVersions::new();
+    for line in out.lines().filter(|l| l.starts_with("last ")) {
+        let f: Vec<&str> = line.split_whitespace().collect();
+        let parsed = match f.as_slice() {
+            [_, name, key, len] => key.parse().ok().zip(len.parse().ok()).map(|kl| (name, kl)),
+            _ => None,
+        };
+        let (name, kl) = parsed.ok_or_else(|| format!("bad report line {line:?}"))?;
+        last.insert(name.to_string(), kl);
+    }
+    Ok(last)
+}
+
+fn wait_all(
+    children: Vec<(u64, Child)>,
+    deadline: Instant,
+) -> (Vec<String>, Vec<(u64, LastVersions)>) {
     let mut failures = Vec::new();
+    let mut lasts = Vec::new();
     for (w, mut child) in children {
         let status = loop {
             match child.try_wait() {
@@ -131,12 +165,19 @@ fn wait_all(children: Vec<(u64, Child)>, deadline: Instant) -> Vec<String> {
             let _ = e.read_to_string(&mut err);
         }
         match status {
-            Some(st) if st.success() => print!("  {out}"),
+            Some(st) if st.success() => {
+                print!("  {}", out.lines().next().unwrap_or_default());
+                println!();
+                match parse_last(&out) {
+                    Ok(l) => lasts.push((w, l)),
+                    Err(e) => failures.push(format!("writer {w}: {e}")),
+                }
+            }
             Some(st) => failures.push(format!("writer {w} failed ({st}): {err}{out}")),
             None => failures.push(format!("writer {w} hung past the deadline; killed")),
         }
     }
-    failures
+    (failures, lasts)
 }
 
 #[test]
@@ -179,7 +220,7 @@ fn sixteen_writers_readers_and_gc_soak() {
         freed += stat_u64(&r, "bytes_freed");
     }
     println!("writers:");
-    let mut failures = wait_all(children, start + Duration::from_secs(secs) + EXIT_GRACE);
+    let (mut failures, lasts) = wait_all(children, start + Duration::from_secs(secs) + EXIT_GRACE);
     stop.store(true, Ordering::Relaxed);
     for (i, h) in readers.into_iter().enumerate() {
         match h.join() {
@@ -208,16 +249,67 @@ fn sixteen_writers_readers_and_gc_soak() {
         "soak failures:\n{}",
         failures.join("\n")
     );
+    // Enough of everything happened for the run to mean something.
+    let floor = |what: &str, got: u64, min: u64| {
+        assert!(
+            got >= min,
+            "only {got} {what} in a {secs} s soak (floor {min}): readers or gc were starved \
+             or shut out"
+        );
+    };
+    floor(
+        "published files read",
+        c.published.load(Ordering::Relaxed),
+        MIN_PUBLISHED_READS_PER_SEC * secs,
+    );
+    floor(
+        "revisions read through the view",
+        c.revisions.load(Ordering::Relaxed),
+        MIN_REVISION_READS_PER_SEC * secs,
+    );
+    floor(
+        "files being rewritten read",
+        c.live.load(Ordering::Relaxed),
+        MIN_LIVE_READS_PER_SEC * secs,
+    );
+    let possible_gcs = secs / GC_EVERY.as_secs();
+    floor("gc runs", gcs, (possible_gcs / MIN_GC_RUNS_FRACTION).max(3));
+    floor("revisions dropped by gc", dropped, 1);
+    assert_eq!(lasts.len() as u64, WRITERS, "every writer reported");
+    let published: usize = lasts
+        .iter()
+        .map(|(_, l)| l.keys().filter(|n| n.starts_with("pub-")).count())
+        .sum();
+    floor("files published", published as u64, WRITERS);
 
-    // Every published file is still one whole version after a remount.
+    // After a remount every file holds exactly the last version its writer wrote, and a
+    // published name no writer published does not exist.
     m.remount();
-    for w in 0..WRITERS {
-        for j in 0..2 {
-            let p = m.path(format!("w{w:02}/pub-{j}"));
-            if let Some(d) = read_if_there(&p).expect("read after remount") {
-                if let Err(e) = tagged::check(&d) {
-                    panic!("{} after remount: {e}", p.display());
+    for (w, last) in &lasts {
+        for name in ["pub-0", "pub-1", "own-0", "own-1", "own-2"] {
+            let p = m.path(format!("w{w:02}/{name}"));
+            let got = read_if_there(&p).expect("read after remount");
+            match (last.get(name), got) {
+                (Some(&(key, len)), Some(d)) => {
+                    if let Some(diff) = first_difference(&d, &tagged::bytes(key, len)) {
+                        panic!(
+                            "{} after remount is not the last version written (key {key:#x}, \
+                             {len} bytes): {diff}",
+                            p.display()
+                        );
+                    }
                 }
+                (Some(&(key, len)), None) => panic!(
+                    "{} is missing after remount; its writer last wrote key {key:#x}, {len} \
+                     bytes",
+                    p.display()
+                ),
+                (None, Some(d)) if name.starts_with("pub-") => panic!(
+                    "{} exists after remount ({} bytes) but was never published",
+                    p.display(),
+                    d.len()
+                ),
+                (None, _) => {}
             }
         }
     }

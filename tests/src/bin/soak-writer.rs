@@ -9,8 +9,9 @@
 //!   in-memory model.
 //!
 //! `own-*` and `pub-*` hold [`tagged`] content, which the soak's readers can check
-//! without knowing who wrote it. Prints one line of op counts; on the first error or
-//! miscompare prints it to stderr and exits 1.
+//! without knowing who wrote it. Prints one line of op counts, then one line
+//! `last FILE KEY LEN` for each `own-*`/`pub-*` file it wrote: the version that must be there
+//! after a remount. On the first error or miscompare prints it to stderr and exits 1.
 
 use std::fs::{self, OpenOptions};
 use std::io::{self, Write};
@@ -58,6 +59,8 @@ struct Counts {
     verifies: u64,
     bytes_written: u64,
     bytes_read: u64,
+    /// The newest version (tagged key, length) of each file, by name.
+    last: std::collections::BTreeMap<String, (u64, u64)>,
 }
 
 fn version_len(rng: &mut Rng) -> u64 {
@@ -115,20 +118,26 @@ fn run(dir: &Path, seed: u64, secs: u64) -> Result<Counts, String> {
         n += 1;
         let op = rng.range(0, 99);
         if op < 55 {
-            let path: PathBuf = dir.join(format!("own-{}", rng.range(0, OWN_FILES - 1)));
-            let data = tagged::bytes(rng.next(), version_len(&mut rng));
+            let name = format!("own-{}", rng.range(0, OWN_FILES - 1));
+            let path: PathBuf = dir.join(&name);
+            let key = rng.next();
+            let data = tagged::bytes(key, version_len(&mut rng));
             let what = format!("rewrite #{n} ({} bytes)", data.len());
             write_whole(&path, &data, &mut rng, &mut c).map_err(io(what.clone()))?;
             verify(&path, &data, &what, &mut c)?;
+            c.last.insert(name, (key, data.len() as u64));
             c.rewrites += 1;
         } else if op < 80 {
-            let path = dir.join(format!("pub-{}", rng.range(0, PUB_FILES - 1)));
+            let name = format!("pub-{}", rng.range(0, PUB_FILES - 1));
+            let path = dir.join(&name);
             let tmp = dir.join("pub.tmp");
-            let data = tagged::bytes(rng.next(), version_len(&mut rng));
+            let key = rng.next();
+            let data = tagged::bytes(key, version_len(&mut rng));
             let what = format!("publish #{n} ({} bytes)", data.len());
             write_whole(&tmp, &data, &mut rng, &mut c).map_err(io(what.clone()))?;
             fs::rename(&tmp, &path).map_err(io(format!("{what}: rename")))?;
             verify(&path, &data, &what, &mut c)?;
+            c.last.insert(name, (key, data.len() as u64));
             c.publishes += 1;
         } else {
             let end = scratch.len() as u64 + 64 * KIB;
@@ -174,18 +183,23 @@ fn main() {
         std::process::exit(2);
     };
     match run(&dir, seed, secs) {
-        Ok(c) => println!(
-            "{}: rewrites {} publishes {} overwrites {} fsyncs {} verifies {} written {} MiB \
-             read {} MiB",
-            dir.file_name().unwrap_or_default().to_string_lossy(),
-            c.rewrites,
-            c.publishes,
-            c.overwrites,
-            c.fsyncs,
-            c.verifies,
-            c.bytes_written / MIB,
-            c.bytes_read / MIB
-        ),
+        Ok(c) => {
+            println!(
+                "{}: rewrites {} publishes {} overwrites {} fsyncs {} verifies {} written {} \
+                 MiB read {} MiB",
+                dir.file_name().unwrap_or_default().to_string_lossy(),
+                c.rewrites,
+                c.publishes,
+                c.overwrites,
+                c.fsyncs,
+                c.verifies,
+                c.bytes_written / MIB,
+                c.bytes_read / MIB
+            );
+            for (name, (key, len)) in &c.last {
+                println!("last {name} {key} {len}");
+            }
+        }
         Err(e) => {
             eprintln!("{} (seed {seed}): {e}", dir.display());
             std::process::exit(1);
