@@ -13,6 +13,11 @@
 //!   listed in the order written;
 //! - writes work again (the next round's writers, and a final clean umount + mount).
 //!
+//! The kills aim at commits: after the round's random run time the test waits until a writer
+//! is inside one (close, fsync, or a rename and its directory fsync) before it kills. At the
+//! end the run must have verified a floor of acknowledged versions, and most kills must have
+//! hit a commit that had not returned.
+//!
 //! `CKPTFS_KILL_ITERATIONS` sets the number of kill rounds (default 10, for CI);
 //! `CKPTFS_SEED` replays a run.
 
@@ -40,6 +45,13 @@ const KEEP_REVISIONS: &str = "1000";
 const PRUNE_FULL_PERCENT: u64 = 40;
 /// How long a writer may take to notice the dead mount before the test calls it hung.
 const WRITER_EXIT_TIMEOUT: Duration = Duration::from_secs(60);
+/// How long the writers may take to start a commit (a hang guard, not a timing assertion).
+const COMMIT_START_TIMEOUT: Duration = Duration::from_secs(120);
+/// Acknowledged versions verified per round, at least, on average: a round runs 10..1500 ms
+/// with 4 writers, and on a slow 2-core machine (debug build) the default 10 rounds verified
+/// about 1400 (32 to 271 a round); a floor this low only trips when (almost) no close or
+/// fsync returned before the kills, which leaves nothing for the test to check.
+const MIN_ACKED_PER_ROUND: u64 = 1;
 
 /// One version of one file: `len` bytes of the pattern keyed by (run seed, file, number).
 #[derive(Clone, Copy, Debug)]
@@ -132,6 +144,10 @@ struct Totals {
     in_flight_landed_whole: u64,
     in_flight_landed_prefix: u64,
     synced_prefixes: u64,
+    /// Writers whose commit (close, fsync, or rename + directory fsync) had started and not
+    /// returned when the daemon died, over all rounds.
+    commits_in_flight: u64,
+    rounds_with_commit_in_flight: u64,
     prunes: u64,
     max_used_percent: u64,
 }
@@ -152,6 +168,7 @@ fn write_version(
     ver: Version,
     rng: &mut SmallRng,
     sync_at: Option<u64>,
+    committing: &AtomicBool,
     mut on_sync: impl FnMut(u64),
 ) -> io::Result<()> {
     let mut buf = vec![0u8; MIB as usize];
@@ -163,11 +180,13 @@ fn write_version(
         f.write_all(&buf[..piece])?;
         off += piece as u64;
         if !synced && sync_at.is_some_and(|s| off >= s) {
+            committing.store(true, Ordering::SeqCst);
             if rng.random_bool(0.5) {
                 f.sync_all()?;
             } else {
                 f.sync_data()?;
             }
+            committing.store(false, Ordering::SeqCst);
             synced = true;
             on_sync(off);
         }
@@ -177,11 +196,14 @@ fn write_version(
 
 /// One writer: new versions of its own files until an operation fails. Before `killed` is set
 /// a failure is a bug, returned as the error; after it, it is the dead mount and ends the round.
+/// `committing` is set while a commit (close, fsync, rename + directory fsync) is under way
+/// and stays set when the dead mount ends it.
 fn writer(
     mnt: &Path,
     mut files: Vec<FileLog>,
     seed: u64,
     killed: &AtomicBool,
+    committing: &AtomicBool,
 ) -> (Vec<FileLog>, Option<String>) {
     let mut rng = SmallRng::seed_from_u64(seed);
     loop {
@@ -209,17 +231,19 @@ fn writer(
                 .create(true)
                 .truncate(true)
                 .open(target)?;
-            write_version(&mut f, ver, &mut rng, sync_at, |n| {
+            write_version(&mut f, ver, &mut rng, sync_at, committing, |n| {
                 if let Some(inf) = log.in_flight.as_mut() {
                     inf.synced_len = Some(n);
                 }
             })?;
+            committing.store(true, Ordering::SeqCst);
             close_checked(f)?;
             if rename {
                 fs::rename(&tmp, &path)?;
                 fs::File::open(mnt.join(log.rel.rsplit_once('/').map_or("", |p| p.0)))?
                     .sync_all()?;
             }
+            committing.store(false, Ordering::SeqCst);
             Ok(())
         })();
         match result {
@@ -416,18 +440,38 @@ fn round(
 ) -> Vec<FileLog> {
     let mut rng = SmallRng::seed_from_u64(mix(seed, round_no));
     let killed = Arc::new(AtomicBool::new(false));
+    let committing: Arc<Vec<AtomicBool>> =
+        Arc::new((0..WRITERS).map(|_| AtomicBool::new(false)).collect());
     let mut handles = Vec::new();
     for w in 0..WRITERS {
         let mine: Vec<FileLog> = files.drain(..FILES_PER_WRITER).collect();
         let wseed = mix(mix(seed, round_no), w as u64 + 1);
         let mnt = m.mnt().to_path_buf();
-        let killed = killed.clone();
+        let (killed, committing) = (killed.clone(), committing.clone());
         handles.push(std::thread::spawn(move || {
-            writer(&mnt, mine, wseed, &killed)
+            writer(&mnt, mine, wseed, &killed, &committing[w])
         }));
     }
+    // The writers' run time before the kill is part of the workload (random, seeded); then
+    // the kill waits for a commit to be under way, so that every round crashes one.
     let run_ms = rng.random_range(10..1500);
     std::thread::sleep(Duration::from_millis(run_ms));
+    let in_commit = || {
+        committing
+            .iter()
+            .filter(|c| c.load(Ordering::SeqCst))
+            .count()
+    };
+    let wait = Instant::now();
+    // (A writer that stopped has failed: the kill goes ahead and its error is reported.)
+    while in_commit() == 0 && !handles.iter().any(|h| h.is_finished()) {
+        assert!(
+            wait.elapsed() < COMMIT_START_TIMEOUT,
+            "round {round_no}: no writer started a commit in {COMMIT_START_TIMEOUT:?}"
+        );
+        // Not a sleep: a short commit would be over before the poll came round again.
+        std::thread::yield_now();
+    }
     killed.store(true, Ordering::SeqCst);
     let pid = m.kill_daemon();
     let start = Instant::now();
@@ -446,6 +490,13 @@ fn round(
         errors.extend(err);
     }
     assert!(errors.is_empty(), "round {round_no}: {errors:#?}");
+    // Writers whose commit had not returned when the mount died (a commit a writer starts
+    // after the kill fails at once, but `killed` was set first and ends nothing it began).
+    // (A short commit can still return between the poll above and the signal, so this is
+    // counted, and the whole run checked against a floor, rather than asserted per round.)
+    let crashed_commits = in_commit();
+    t.commits_in_flight += crashed_commits as u64;
+    t.rounds_with_commit_in_flight += u64::from(crashed_commits > 0);
 
     m.mount();
     let acked: usize = files.iter().map(|f| f.acked.len()).sum();
@@ -455,8 +506,8 @@ fn round(
         f.in_flight = None;
     }
     println!(
-        "round {round_no}: killed daemon {pid} after {run_ms} ms; {acked} acknowledged \
-         versions verified"
+        "round {round_no}: killed daemon {pid} after {run_ms} ms with {crashed_commits} \
+         commits in flight; {acked} acknowledged versions verified"
     );
     t.rounds += 1;
 
@@ -487,6 +538,11 @@ fn kill_9_loses_no_acknowledged_version() {
     for w in 0..WRITERS {
         fs::create_dir(m.path(format!("w{w}"))).expect("mkdir");
     }
+    // The directories are namespace changes: durable at the next close or fsync, which the
+    // first round's kill may come before.
+    fs::File::open(m.mnt())
+        .and_then(|d| d.sync_all())
+        .expect("fsync the mount's root");
     let mut files: Vec<FileLog> = (0..WRITERS * FILES_PER_WRITER)
         .map(|i| FileLog {
             idx: i,
@@ -530,18 +586,34 @@ fn kill_9_loses_no_acknowledged_version() {
     }
     println!(
         "kill -9: {} rounds, {} acknowledged versions verified, 0 lost; {} revisions read, \
-         {} MiB compared; {} in flight at the kill ({} landed whole, {} as a prefix, {} \
-         past a successful fsync); {} prunes, space at most {}% used; {:.1} s",
+         {} MiB compared; {} in flight at the kill ({} inside a commit, {} landed whole, {} \
+         as a prefix, {} past a successful fsync); {} prunes, space at most {}% used; {:.1} s",
         t.rounds,
         t.acked_verified,
         t.revisions_read,
         t.bytes_verified / MIB,
         t.in_flight,
+        t.commits_in_flight,
         t.in_flight_landed_whole,
         t.in_flight_landed_prefix,
         t.synced_prefixes,
         t.prunes,
         t.max_used_percent,
         start.elapsed().as_secs_f64()
+    );
+    // A run that verified (almost) nothing acknowledged proves nothing about losing it.
+    assert!(
+        t.acked_verified >= MIN_ACKED_PER_ROUND * rounds,
+        "only {} acknowledged versions verified in {rounds} rounds (floor {}): closes and \
+         fsyncs did not return before the kills",
+        t.acked_verified,
+        MIN_ACKED_PER_ROUND * rounds
+    );
+    // The kill waits for a commit under way, so nearly every round crashes one (10 of 10
+    // measured on a slow 2-core machine, 2 to 4 commits each); half is the floor.
+    assert!(
+        t.rounds_with_commit_in_flight * 2 >= rounds,
+        "only {} of {rounds} kills hit a commit in flight",
+        t.rounds_with_commit_in_flight
     );
 }
