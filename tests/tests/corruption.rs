@@ -6,15 +6,20 @@
 //!   exactly the pages that overlap a damaged extent), everything else reads byte-exact, and
 //!   `ckptfs check --json` (through the mount or offline) names exactly the damaged files,
 //!   revisions and byte ranges, with exit status 1.
-//! - Metadata table: random bytes flipped in meta.redb. Either the mount fails with a message
-//!   naming the metadata table and nothing in the backing directory changes, or it mounts,
-//!   everything reads byte-exact and check is clean.
+//! - Metadata table: bytes flipped in meta.redb, in every other trial anywhere in the file,
+//!   in the others near the head of the pages the table reads when it is opened (its live pages, found
+//!   by opening a copy through a device that records reads). Either the mount fails with a
+//!   message naming the metadata table and nothing in the backing directory changes, or it
+//!   mounts, everything reads byte-exact and check is clean; and most flips in live pages
+//!   must be refused at mount (a floor), or the trials could all land in unused bytes.
 //! - A healthy mounted space checks clean through the control xattr.
 //!
 //! Trials: 20 each by default, `CKPTFS_CORRUPTION_TRIALS=N` for more; trial i uses seed
 //! `CKPTFS_SEED + i` (see `test_seed`), printed when it fails.
 
+use ckptfs_engine::device::{Device, FileDevice, OverlayDevice};
 use ckptfs_engine::format::{ChunkHash, ChunkRecord, DATA_FILE, META_FILE};
+use ckptfs_engine::space::{read_superblock, Devices};
 use ckptfs_engine::Space;
 use ckptfs_tests::{
     errno, first_difference, pattern, test_seed, write_file_checked, TempDir, TestMount,
@@ -27,9 +32,12 @@ use std::fs;
 use std::os::unix::fs::FileExt;
 use std::os::unix::io::AsRawFd;
 use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
 
 const KIB: usize = 1024;
 const PAGE: u64 = 4096;
+/// The first bytes of a metadata page, where the aimed flips land.
+const META_PAGE_HEAD: u64 = 64;
 
 fn trials() -> u64 {
     std::env::var("CKPTFS_CORRUPTION_TRIALS")
@@ -334,9 +342,16 @@ fn data_corruption_is_eio_and_check_names_it() {
     println!(
         "data corruption: {n} trials passed, {damaged_total} damaged revisions found and matched"
     );
+    // Every trial flips bytes inside at least one live chunk, which at least one revision
+    // references: each must have found damage (data_trial returns the damaged revisions it
+    // matched; a trial that found none tested nothing).
+    assert!(
+        damaged_total as u64 >= n,
+        "{damaged_total} damaged revisions found in {n} trials"
+    );
 }
 
-/// One trial; returns how many revisions it damaged.
+/// One trial; returns how many revisions it damaged (at least one: check matched them).
 fn data_trial(fx: &mut Fixture, hashes: &[ChunkHash], seed: u64, trial: u64) -> usize {
     if fx.m.is_mounted() {
         fx.m.unmount();
@@ -436,6 +451,10 @@ fn data_trial(fx: &mut Fixture, hashes: &[ChunkHash], seed: u64, trial: u64) -> 
         run_check(&mut fx.m, &backing)
     };
     let got = reported(&v);
+    assert!(
+        !want.is_empty(),
+        "trial {trial} (seed {seed}): damaged nothing"
+    );
     assert_eq!(
         got, want,
         "trial {trial} (seed {seed}): check reports (left) vs damage (right); report {v:#}"
@@ -467,6 +486,54 @@ fn hex(b: &[u8]) -> String {
     b.iter().map(|x| format!("{x:02x}")).collect()
 }
 
+/// A device that records the byte ranges read from it.
+struct RecordingDevice {
+    inner: Arc<dyn Device>,
+    reads: Mutex<Vec<(u64, u64)>>,
+}
+
+impl Device for RecordingDevice {
+    fn read_at(&self, buf: &mut [u8], off: u64) -> std::io::Result<()> {
+        self.reads
+            .lock()
+            .expect("lock")
+            .push((off, off + buf.len() as u64));
+        self.inner.read_at(buf, off)
+    }
+    fn write_at(&self, buf: &[u8], off: u64) -> std::io::Result<()> {
+        self.inner.write_at(buf, off)
+    }
+    fn sync(&self) -> std::io::Result<()> {
+        self.inner.sync()
+    }
+    fn len(&self) -> u64 {
+        self.inner.len()
+    }
+    fn set_len(&self, len: u64) -> std::io::Result<()> {
+        self.inner.set_len(len)
+    }
+}
+
+/// The byte ranges of meta.redb that opening the space reads (the open verifies every page
+/// checksum of the table, so these are its live pages and headers), merged. Opened read-only
+/// through an in-memory overlay: nothing in `backing` changes.
+fn live_meta_ranges(backing: &Path) -> Vec<(u64, u64)> {
+    let open =
+        |f: &str| fs::File::open(backing.join(f)).unwrap_or_else(|e| panic!("open {f}: {e}"));
+    let rec = Arc::new(RecordingDevice {
+        inner: Arc::new(FileDevice::growable(open(META_FILE)).expect("meta device")),
+        reads: Mutex::new(Vec::new()),
+    });
+    let devs = Devices {
+        data: Arc::new(FileDevice::new(open(DATA_FILE)).expect("data device")),
+        meta: Arc::new(OverlayDevice::new(rec.clone())),
+    };
+    let sb = read_superblock(backing).expect("superblock");
+    drop(Space::open_devices(sb, devs).expect("open the pristine space"));
+    let reads = rec.reads.lock().expect("lock").clone();
+    merge(reads)
+}
+
 #[test]
 fn metadata_corruption_fails_the_mount_or_is_harmless() {
     let base = test_seed("metadata_corruption_fails_the_mount_or_is_harmless", 0x3e7a);
@@ -475,12 +542,26 @@ fn metadata_corruption_fails_the_mount_or_is_harmless() {
     let meta_len = fs::metadata(fx.m.backing().join(META_FILE))
         .expect("meta.redb")
         .len();
-    println!("metadata corruption: {n} trials on a {meta_len}-byte meta.redb");
+    let live = live_meta_ranges(fx.m.backing());
+    let live_bytes: u64 = live.iter().map(|(s, e)| e - s).sum();
+    println!(
+        "metadata corruption: {n} trials on a {meta_len}-byte meta.redb, {live_bytes} bytes \
+         of it read at open in {} ranges",
+        live.len()
+    );
+    assert!(
+        live_bytes > 0,
+        "opening the space read nothing of meta.redb"
+    );
     let (mut detected, mut harmless) = (0u64, 0u64);
+    let (mut aimed, mut aimed_detected) = (0u64, 0u64);
     for trial in 0..n {
         let seed = base.wrapping_add(trial);
+        // Odd seeds flip bytes in live pages, even ones anywhere (by seed, not by trial, so
+        // that CKPTFS_SEED=<seed> CKPTFS_CORRUPTION_TRIALS=1 replays a trial).
+        let target = (seed % 2 == 1).then_some(live.as_slice());
         let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-            meta_trial(&mut fx, meta_len, seed, trial)
+            meta_trial(&mut fx, meta_len, target, seed, trial)
         }));
         match r {
             Ok(true) => detected += 1,
@@ -490,15 +571,34 @@ fn metadata_corruption_fails_the_mount_or_is_harmless() {
                 std::panic::resume_unwind(e);
             }
         }
+        if target.is_some() {
+            aimed += 1;
+            aimed_detected += u64::from(matches!(r, Ok(true)));
+        }
     }
     println!(
-        "metadata corruption: {n} trials: {detected} refused at mount, {harmless} harmless \
-         (flip in unused bytes); none read wrong bytes"
+        "metadata corruption: {n} trials: {detected} refused at mount ({aimed_detected} of \
+         {aimed} aimed at live pages), {harmless} harmless; none read wrong bytes"
+    );
+    // A flip in a live page fails that page's checksum at open, unless it lands in bytes the
+    // page does not use. Measured: 9 of the 10 aimed trials refused with the default seed
+    // (10 and 9 with seeds 1 and 777), 4 of 10 when aimed anywhere in the live pages rather
+    // than at their heads; the floor, half, leaves room for other seeds.
+    assert!(
+        aimed_detected * 2 >= aimed,
+        "only {aimed_detected} of {aimed} flips in live pages of meta.redb were refused at mount"
     );
 }
 
-/// One trial; true when the damage was detected at mount.
-fn meta_trial(fx: &mut Fixture, meta_len: u64, seed: u64, trial: u64) -> bool {
+/// One trial; true when the damage was detected at mount. `live`: flip only inside these
+/// byte ranges of meta.redb (else anywhere).
+fn meta_trial(
+    fx: &mut Fixture,
+    meta_len: u64,
+    live: Option<&[(u64, u64)]>,
+    seed: u64,
+    trial: u64,
+) -> bool {
     if fx.m.is_mounted() {
         fx.m.unmount();
     }
@@ -506,11 +606,30 @@ fn meta_trial(fx: &mut Fixture, meta_len: u64, seed: u64, trial: u64) -> bool {
     let mut rng = SmallRng::seed_from_u64(seed);
     let meta = fx.m.backing().join(META_FILE);
     for _ in 0..rng.random_range(1..=4) {
-        flip_byte(
-            &meta,
-            rng.random_range(0..meta_len),
-            rng.random_range(1..=255u8),
-        );
+        let off = match live {
+            Some(ranges) => {
+                // A live page, uniformly, and a byte in its head: a page's checksum covers
+                // the bytes it uses, which start at its head (a leaf's entries fill it from
+                // the front; its tail may be unused, and a flip there is harmless).
+                let pages: u64 = ranges
+                    .iter()
+                    .map(|(s, e)| e.div_ceil(PAGE) - s / PAGE)
+                    .sum();
+                let mut k = rng.random_range(0..pages);
+                let mut page = 0;
+                for &(s, e) in ranges {
+                    let n = e.div_ceil(PAGE) - s / PAGE;
+                    if k < n {
+                        page = s / PAGE + k;
+                        break;
+                    }
+                    k -= n;
+                }
+                page * PAGE + rng.random_range(0..META_PAGE_HEAD)
+            }
+            None => rng.random_range(0..meta_len),
+        };
+        flip_byte(&meta, off, rng.random_range(1..=255u8));
     }
     let before: HashMap<&str, Vec<u8>> = [DATA_FILE, META_FILE]
         .iter()
