@@ -267,7 +267,9 @@ fn append_revision(space: &Space, rec: &mut InodeRecord, data: &[u8]) -> Revisio
     let off = f.size();
     f.write(space.chunks(), off, data).unwrap();
     f.finish(space.chunks()).unwrap();
-    space.commit_file(InodeId(2), &mut f, rec, true).unwrap()
+    space
+        .commit_file(InodeId(2), &mut f, rec, Seal::Complete)
+        .unwrap()
 }
 
 /// (file offset, extent) of every extent of a revision, with its chunk's committed record.
