@@ -49,7 +49,14 @@ fn open_db(meta: &Arc<dyn Device>, create: bool, failed: Arc<AtomicBool>) -> Res
             failed,
         })
         .map_err(|e| match e {
-            redb::DatabaseError::Storage(redb::StorageError::Io(io)) => Error::from(io),
+            // An error of the device itself (it carries an errno); redb reports what it
+            // finds wrong in the file's contents (a bad magic number) as an I/O error too,
+            // without one, and that is damage.
+            redb::DatabaseError::Storage(redb::StorageError::Io(io))
+                if io.raw_os_error().is_some() =>
+            {
+                Error::from(io)
+            }
             other => Error::Corrupt(format!(
                 "the metadata table (meta.redb) is damaged and cannot be opened: {other}"
             )),

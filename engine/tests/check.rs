@@ -249,3 +249,20 @@ fn a_space_without_xattr_tables_gains_them_at_open() {
     drop(space);
     std::fs::remove_dir_all(&dir).unwrap();
 }
+
+/// A metadata table whose header is damaged (redb's magic number) is reported as damage
+/// naming the table, not as an I/O error of the backing space: `ckptfs check` then exits
+/// with "damage" rather than "could not check".
+#[test]
+fn a_damaged_table_header_is_corruption_not_an_io_error() {
+    let dir = temp_space("magic");
+    let meta = dir.join(ckptfs_engine::format::META_FILE);
+    let mut b = std::fs::read(&meta).unwrap();
+    b[0] ^= 0xff;
+    std::fs::write(&meta, &b).unwrap();
+    match Space::open(&dir) {
+        Err(Error::Corrupt(m)) => assert!(m.contains("meta.redb"), "{m}"),
+        Err(e) => panic!("want corruption, got: {e}"),
+        Ok(_) => panic!("a table with a damaged header opened"),
+    }
+}
