@@ -494,12 +494,15 @@ fn verify(store: &ChunkStore, h: &ChunkHash) -> Result<Verified> {
         let Some(rec) = store.committed_record(h)? else {
             return Ok(Verified::Gone);
         };
-        let damage = match store.read_stored(&rec) {
+        let damage = match store.read_stored(h, &rec) {
             Err(e) => Some(Damage::Io(e.to_string())),
-            Ok(stored) => match ChunkStore::decode_verified(h, &rec, stored.clone()) {
-                Ok(_) => None,
-                Err(_) => Some(classify(&rec, &stored)),
-            },
+            Ok(stored) => {
+                let seen = stored.unverified_bytes().to_vec();
+                match stored.verify() {
+                    Ok(_) => None,
+                    Err(_) => Some(classify(&rec, &seen)),
+                }
+            }
         };
         let Some(damage) = damage else {
             return Ok(Verified::Intact);

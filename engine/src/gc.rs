@@ -24,7 +24,6 @@ use crate::catalog::{Config, Reader, Txn};
 use crate::error::{Error, Result};
 use crate::format::*;
 use crate::space::Space;
-use crate::store::ChunkStore;
 use std::collections::{BTreeSet, HashSet};
 use std::time::{Duration, Instant};
 
@@ -371,15 +370,17 @@ impl Space {
                     unmovable.insert(self.store().segment_of(rec.offset));
                     continue;
                 }
-                let stored = self.store().read_stored(rec)?;
                 // Never copy damage forward: a chunk that fails its check stays where it is
                 // (its segment is not freed), for `ckptfs check` to report.
-                if let Err(e) = ChunkStore::decode_verified(h, rec, stored.clone()) {
-                    log::error!("gc: not moving damaged chunk: {e}");
-                    unmovable.insert(self.store().segment_of(rec.offset));
-                    continue;
-                }
-                let new = match self.store().append_stored(&stored) {
+                let checked = match self.store().read_stored(h, rec)?.check() {
+                    Ok(c) => c,
+                    Err(e) => {
+                        log::error!("gc: not moving damaged chunk: {e}");
+                        unmovable.insert(self.store().segment_of(rec.offset));
+                        continue;
+                    }
+                };
+                let new = match self.store().append_stored(&checked) {
                     Ok(new) => new,
                     // Writers took the room this round planned on (they share the segment
                     // being filled, and may take free segments down to gc's reserve): keep
@@ -392,7 +393,7 @@ impl Space {
                     }
                     Err(e) => return Err(e),
                 };
-                r.bytes_copied += stored.len() as u64;
+                r.bytes_copied += checked.bytes().len() as u64;
                 moves.push((*h, rec.offset, new));
             }
             self.store().flush_sync()?;

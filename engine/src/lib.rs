@@ -3,6 +3,7 @@
 
 pub mod catalog;
 pub mod check;
+pub mod chunk;
 pub mod codec;
 pub mod device;
 pub mod error;

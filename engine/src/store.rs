@@ -10,6 +10,7 @@
 //! pinned chunk and never frees a segment holding one. The reuse barrier orders segment reuse
 //! after every chunk lookup that might still see the old location.
 
+use crate::chunk::{Checked, Stored};
 use crate::device::{Device, IoBuf, DIRECT_ALIGN};
 use crate::error::{Error, Result};
 use crate::format::{ChunkHash, ChunkRecord, Codec, DataOffset};
@@ -513,7 +514,8 @@ impl ChunkStore {
     }
 
     /// Appends already-encoded chunk bytes (gc's copies); returns where they went.
-    pub fn append_stored(&self, stored: &[u8]) -> Result<DataOffset> {
+    pub fn append_stored(&self, chunk: &Checked) -> Result<DataOffset> {
+        let stored = chunk.bytes();
         self.check_failed()?;
         let off = {
             let mut w = self.writer.lock();
@@ -533,8 +535,9 @@ impl ChunkStore {
 
     /// Reads a chunk's stored bytes. Parts not yet written out come from the buffers being
     /// written or the write buffer (a chunk may straddle them: head on disk, tail buffered).
-    pub fn read_stored(&self, rec: &ChunkRecord) -> Result<Vec<u8>> {
-        self.read_range(rec.offset.0, rec.stored_len as usize)
+    pub fn read_stored(&self, h: &ChunkHash, rec: &ChunkRecord) -> Result<Stored> {
+        let bytes = self.read_range(rec.offset.0, rec.stored_len as usize)?;
+        Ok(Stored::new(*h, *rec, bytes))
     }
 
     /// `len` bytes of the data file at `off`, seeing writes not yet on disk.
@@ -578,25 +581,6 @@ impl ChunkStore {
                 .copy_from_slice(&b.as_slice()[(from - s) as usize..(to - s) as usize]);
         }
         Ok(stored)
-    }
-
-    /// Decodes stored bytes and checks them against the hash that names them.
-    pub fn decode_verified(h: &ChunkHash, rec: &ChunkRecord, stored: Vec<u8>) -> Result<Vec<u8>> {
-        let raw = crate::codec::decode(rec.codec, stored, rec.raw_len as usize).map_err(|e| {
-            Error::Corrupt(format!(
-                "chunk {h:?} at data offset {} does not decode: {e}",
-                rec.offset.0
-            ))
-        })?;
-        // The hash lives in the metadata, not next to the data: a torn, misdirected or rotted
-        // write is caught here, and the reader gets an error instead of wrong bytes.
-        if raw.len() != rec.raw_len as usize || ChunkHash::of(&raw) != *h {
-            return Err(Error::Corrupt(format!(
-                "chunk {h:?} at data offset {} fails its blake3 check",
-                rec.offset.0
-            )));
-        }
-        Ok(raw)
     }
 }
 
@@ -968,8 +952,9 @@ impl ChunkStore {
                 .stages()
                 .decode
                 .time(rec.raw_len as usize, || {
-                    Self::decode_verified(h, rec, bytes)
+                    Stored::new(*h, *rec, bytes).verify()
                 })?
+                .into_bytes()
                 .into();
             self.cache.lock().put(*h, data.clone());
             found.insert(*h, data);

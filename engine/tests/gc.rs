@@ -409,9 +409,13 @@ fn readers_see_moved_chunks_while_gc_compacts() {
             continue;
         }
         moved += 1;
-        let stored = space.store().read_stored(new).unwrap();
-        let data = ckptfs_engine::store::ChunkStore::decode_verified(&e.chunk, new, stored)
-            .unwrap_or_else(|err| panic!("moved chunk at {}: {err}", new.offset.0));
+        let data = space
+            .store()
+            .read_stored(&e.chunk, new)
+            .unwrap()
+            .verify()
+            .unwrap_or_else(|err| panic!("moved chunk at {}: {err}", new.offset.0))
+            .into_bytes();
         let (o, c) = (*off as usize, e.chunk_off as usize);
         assert!(
             data[c..c + e.len as usize] == expect[o..o + e.len as usize],
