@@ -10,6 +10,7 @@
 //! pinned chunk and never frees a segment holding one. The reuse barrier orders segment reuse
 //! after every chunk lookup that might still see the old location.
 
+use crate::alloc::Segments;
 use crate::chunk::{Checked, Stored};
 use crate::device::{Device, IoBuf, DIRECT_ALIGN};
 use crate::error::{Error, Result};
@@ -26,10 +27,7 @@ pub use gpu::{GPU_BATCH_BYTES, GPU_SUB_BATCH_BYTES};
 /// New chunks are gathered in memory and written to the data file in pieces of this size:
 /// large writes are what a parallel filesystem and a direct write want.
 pub const WRITE_BYTES: u64 = 8 << 20;
-/// Free segments new chunks may not take, kept for gc's copies: with one segment of room, a
-/// compaction of any partly dead segment frees more than it uses, so a full space always
-/// comes back once retention has dropped something (see FORMAT.md, "Space pressure").
-pub const GC_RESERVE_SEGMENTS: u64 = 1;
+pub use crate::alloc::GC_RESERVE_SEGMENTS;
 
 /// Pieces handed to one worker job at most (see `submit_all`).
 pub const BATCH_BYTES: usize = 512 << 10;
@@ -66,10 +64,8 @@ struct Writer {
     /// Written buffers kept for reuse (at most two), so the daemon does not fault in fresh
     /// pages for every 8 MiB.
     spare: Vec<IoBuf>,
-    /// Segments free for allocation (authoritative in memory; persisted in the FREE table).
-    free: BTreeSet<u64>,
-    /// Segments taken from the free list since the last commit that recorded them.
-    taken: BTreeSet<u64>,
+    /// Which segments are free or taken (see `alloc`).
+    segs: Segments,
 }
 
 /// A buffer on its way to the data file.
@@ -157,8 +153,7 @@ impl ChunkStore {
                 buf: IoBuf::new(),
                 writing: Vec::new(),
                 spare: Vec::new(),
-                free,
-                taken: BTreeSet::new(),
+                segs: Segments::new(free),
             }),
             written: parking_lot::Condvar::new(),
             pending: Mutex::new(HashMap::new()),
@@ -224,7 +219,7 @@ impl ChunkStore {
     pub fn free_bytes(&self) -> u64 {
         let w = self.writer.lock();
         let rest = w.cur.map_or(0, |_| self.segment_bytes - w.fill);
-        w.free.len() as u64 * self.segment_bytes + rest
+        w.segs.free_count() * self.segment_bytes + rest
     }
 
     pub fn is_failed(&self) -> bool {
@@ -315,7 +310,7 @@ impl ChunkStore {
     pub fn busy_segments(&self) -> BTreeSet<u64> {
         let w = self.writer.lock();
         let p = self.pending.lock();
-        let mut s: BTreeSet<u64> = w.taken.clone();
+        let mut s: BTreeSet<u64> = w.segs.taken().into_iter().collect();
         s.extend(w.cur);
         // A new chunk of a file not yet committed may lie in a segment another file's commit
         // already recorded (segments are shared): that segment is busy until it commits.
@@ -344,22 +339,18 @@ impl ChunkStore {
     /// Segments taken since the last recorded commit; a commit removes them from FREE and
     /// then calls `recorded_taken`.
     pub fn taken_segments(&self) -> Vec<u64> {
-        self.writer.lock().taken.iter().copied().collect()
+        self.writer.lock().segs.taken()
     }
 
     pub fn recorded_taken(&self, segs: &[u64]) {
-        let mut w = self.writer.lock();
-        for s in segs {
-            w.taken.remove(s);
-        }
+        self.writer.lock().segs.recorded(segs);
     }
 
     /// Makes segments reusable once gc's commit freeing them is durable. Waits for every
     /// chunk lookup in flight, which might still read the old location.
     pub fn release_segments(&self, segs: &[u64]) {
         let _excl = self.barrier.write();
-        let mut w = self.writer.lock();
-        w.free.extend(segs.iter().copied());
+        self.writer.lock().segs.release(segs);
     }
 
     /// Returns to the free set the segments taken since the last commit whose chunks no file
@@ -376,17 +367,8 @@ impl ChunkStore {
             .values()
             .map(|e| e.rec.offset.0 / self.segment_bytes)
             .collect();
-        let back: Vec<u64> = w
-            .taken
-            .iter()
-            .copied()
-            .filter(|s| Some(*s) != w.cur && !held.contains(s))
-            .collect();
-        for s in &back {
-            w.taken.remove(s);
-            w.free.insert(*s);
-        }
-        back
+        let cur = w.cur;
+        w.segs.reclaim(|s| Some(s) != cur && !held.contains(&s))
     }
 
     /// Holds off chunk lookups and pinning while gc deletes chunk records.
@@ -401,12 +383,10 @@ impl ChunkStore {
     /// the whole segment).
     fn alloc(&self, w: &mut Writer, len: u64, for_gc: bool) -> Result<u64> {
         assert!(len <= self.segment_bytes);
-        // The reserve is a count of free segments, not a particular one. Once gc, having
-        // copied into the reserve segment, freed the segments it emptied, the reserve is
-        // whole again and the segment gc wrote into is an ordinary one: writers may fill
-        // it. Without this a space of two segments refused every write after a remount
-        // (one segment live, the other the reserve) however much gc freed.
-        if w.cur_reserved && w.free.len() as u64 >= GC_RESERVE_SEGMENTS {
+        // Once gc freed what it emptied into the reserve segment, that segment is ordinary
+        // (`Segments::reserve_whole`). Without this a space of two segments refused every
+        // write after a remount (one segment live, the other the reserve).
+        if w.cur_reserved && w.segs.reserve_whole() {
             w.cur_reserved = false;
         }
         if let Some(c) = w.cur {
@@ -414,15 +394,16 @@ impl ChunkStore {
                 return Ok(c * self.segment_bytes + w.fill);
             }
         }
-        let reserve = w.free.len() as u64 <= GC_RESERVE_SEGMENTS;
-        if !for_gc && reserve {
+        // Refused before the current segment is closed, so a writer that finds no room
+        // leaves the writer as it was.
+        if !for_gc && w.segs.free_count() <= GC_RESERVE_SEGMENTS {
             return Err(Error::NoSpace);
         }
         self.write_out(w, true);
-        let next = w.free.pop_first().ok_or(Error::NoSpace)?;
-        w.taken.insert(next);
+        let t = w.segs.take(for_gc)?;
+        let next = t.segment;
         w.cur = Some(next);
-        w.cur_reserved = reserve;
+        w.cur_reserved = t.reserved;
         w.fill = 0;
         w.buf_start = next * self.segment_bytes;
         Ok(w.buf_start)
