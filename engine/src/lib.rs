@@ -13,6 +13,7 @@ pub mod format;
 pub mod gc;
 pub mod pins;
 pub mod pipeline;
+pub mod placement;
 pub mod sim;
 pub mod space;
 pub mod store;

@@ -635,10 +635,12 @@ impl Space {
             )));
         }
         let store = ChunkStore::new(
-            devs.data.clone(),
+            Arc::new(crate::placement::SingleFile::new(
+                devs.data.clone(),
+                sb.segment_bytes as u64,
+            )),
             crate::pipeline::Pipeline::new(),
             Arc::new(catalog::ChunkIndex(db.clone())),
-            sb.segment_bytes as u64,
             free,
             failed,
         );

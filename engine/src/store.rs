@@ -12,10 +12,11 @@
 
 use crate::alloc::Segments;
 use crate::chunk::{Checked, Stored};
-use crate::device::{Device, IoBuf, DIRECT_ALIGN};
+use crate::device::{IoBuf, DIRECT_ALIGN};
 use crate::error::{Error, Result};
 use crate::format::{ChunkHash, ChunkRecord, Codec, DataOffset};
 use crate::pipeline::{ChunkIo, Piece, Pipeline, Ticket};
+use crate::placement::{Location, Placement};
 use parking_lot::{Mutex, RwLock};
 use std::collections::{BTreeSet, HashMap, VecDeque};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -93,7 +94,8 @@ pub struct ChunkStore {
     /// Workers, budgets and stage timers; hash, dedup lookup, compression and append of
     /// submitted pieces run there.
     pipeline: Arc<Pipeline>,
-    dev: Arc<dyn Device>,
+    /// Where segments' bytes live (today: the data file).
+    place: Arc<dyn Placement>,
     /// The catalog's answer to where committed chunks lie.
     db: Arc<dyn CommittedChunks>,
     segment_bytes: u64,
@@ -130,18 +132,18 @@ pub trait CommittedChunks: Send + Sync {
 
 impl ChunkStore {
     pub fn new(
-        dev: Arc<dyn Device>,
+        place: Arc<dyn Placement>,
         pipeline: Arc<Pipeline>,
         db: Arc<dyn CommittedChunks>,
-        segment_bytes: u64,
         free: BTreeSet<u64>,
         failed: Arc<AtomicBool>,
     ) -> Arc<Self> {
-        let segments = dev.len() / segment_bytes;
+        let segments = place.segments();
+        let segment_bytes = place.segment_bytes();
         Arc::new_cyclic(|me| ChunkStore {
             me: me.clone(),
             pipeline,
-            dev,
+            place,
             db,
             segment_bytes,
             segments,
@@ -203,6 +205,11 @@ impl ChunkStore {
 
     pub fn segment_bytes(&self) -> u64 {
         self.segment_bytes
+    }
+
+    /// Where data-file offset `off` lies (see `placement`).
+    fn location(&self, off: u64) -> Location {
+        Location::of(DataOffset(off), self.segment_bytes)
     }
 
     pub fn segment_of(&self, off: DataOffset) -> u64 {
@@ -451,10 +458,9 @@ impl ChunkStore {
                     None => break,
                 }
             };
-            let r = self
-                .stages()
-                .write
-                .time(n, || self.dev.write_at(&buf.as_slice()[..n], start));
+            let r = self.stages().write.time(n, || {
+                self.place.write(self.location(start), &buf.as_slice()[..n])
+            });
             let mut w = self.writer.lock();
             w.writing.retain(|o| o.start != start);
             self.written.notify_all();
@@ -488,7 +494,7 @@ impl ChunkStore {
         self.check_failed()?;
         // Not under the writer lock: workers keep appending other files' chunks while this
         // commit waits for the disk. The sync covers every write issued before it.
-        if let Err(e) = self.stages().sync.time(0, || self.dev.sync()) {
+        if let Err(e) = self.stages().sync.time(0, || self.place.sync()) {
             return self.fail(e);
         }
         Ok(())
@@ -553,7 +559,7 @@ impl ChunkStore {
             (taken, covered)
         };
         if covered < end - off {
-            self.dev.read_at(&mut stored, off)?;
+            self.place.read(self.location(off), &mut stored)?;
         }
         for (s, b, n) in taken {
             let from = s.max(off);

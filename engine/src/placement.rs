@@ -1,0 +1,104 @@
+//! Placement: where the bytes of each segment live. The store addresses stored chunks as a
+//! location within a segment and asks the placement to read, write and sync; it never
+//! knows the files behind them. Today a space has one target, the preallocated data file,
+//! and segment `s` is bytes `s * segment_bytes ..` of it (`SingleFile`). A space over
+//! several storage targets (erasure-coded rows of shards) is another `Placement`.
+//!
+//! The on-disk chunk record keeps the single-file form of a location (`DataOffset`:
+//! `segment * segment_bytes + offset`), so this layer changes no format.
+
+use crate::device::Device;
+use crate::format::DataOffset;
+use std::io;
+use std::sync::Arc;
+
+/// A place in the space: a segment and a byte offset within it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct Location {
+    pub segment: u64,
+    pub offset: u64,
+}
+
+impl Location {
+    /// The location a chunk record's offset names, for segments of `segment_bytes`.
+    pub fn of(at: DataOffset, segment_bytes: u64) -> Location {
+        Location {
+            segment: at.0 / segment_bytes,
+            offset: at.0 % segment_bytes,
+        }
+    }
+
+    /// The record form (see the module comment).
+    pub fn to_offset(self, segment_bytes: u64) -> DataOffset {
+        DataOffset(self.segment * segment_bytes + self.offset)
+    }
+}
+
+/// Where segments' bytes live. Reads and writes may span segment boundaries (a run of
+/// chunks stored back to back); an implementation splits them where its layout needs.
+pub trait Placement: Send + Sync {
+    fn segment_bytes(&self) -> u64;
+    /// Segments the space holds.
+    fn segments(&self) -> u64;
+    fn read(&self, at: Location, buf: &mut [u8]) -> io::Result<()>;
+    /// Writes whole blocks (`device::DIRECT_ALIGN`) at block-aligned locations.
+    fn write(&self, at: Location, buf: &[u8]) -> io::Result<()>;
+    /// Makes every completed write durable.
+    fn sync(&self) -> io::Result<()>;
+}
+
+/// One target: the data file, segment after segment.
+pub struct SingleFile {
+    dev: Arc<dyn Device>,
+    segment_bytes: u64,
+}
+
+impl SingleFile {
+    pub fn new(dev: Arc<dyn Device>, segment_bytes: u64) -> SingleFile {
+        SingleFile { dev, segment_bytes }
+    }
+}
+
+impl Placement for SingleFile {
+    fn segment_bytes(&self) -> u64 {
+        self.segment_bytes
+    }
+
+    fn segments(&self) -> u64 {
+        self.dev.len() / self.segment_bytes
+    }
+
+    fn read(&self, at: Location, buf: &mut [u8]) -> io::Result<()> {
+        self.dev.read_at(buf, at.to_offset(self.segment_bytes).0)
+    }
+
+    fn write(&self, at: Location, buf: &[u8]) -> io::Result<()> {
+        self.dev.write_at(buf, at.to_offset(self.segment_bytes).0)
+    }
+
+    fn sync(&self) -> io::Result<()> {
+        self.dev.sync()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn locations_round_trip_through_the_record_form() {
+        let seg = 8 << 20;
+        for off in [0u64, 1, seg - 1, seg, 3 * seg + 4096] {
+            let l = Location::of(DataOffset(off), seg);
+            assert!(l.offset < seg);
+            assert_eq!(l.to_offset(seg), DataOffset(off));
+        }
+        assert_eq!(
+            Location::of(DataOffset(3 * seg + 5), seg),
+            Location {
+                segment: 3,
+                offset: 5
+            }
+        );
+    }
+}
