@@ -53,7 +53,9 @@ pub struct GcOptions {
     pub room_goal_bytes: u64,
 }
 
-#[derive(Clone, Debug, Default, PartialEq)]
+/// What a gc did (or, with `dry_run`, would do). Its JSON form (serde, field names as here)
+/// is what the daemon answers and `ckptfs gc --json` prints.
+#[derive(Clone, Debug, Default, PartialEq, serde::Serialize, serde::Deserialize)]
 pub struct GcReport {
     pub dry_run: bool,
     pub revisions_dropped: u64,

@@ -375,13 +375,35 @@ impl Stage {
     }
 }
 
-/// One stage's totals.
-#[derive(Clone, Debug, Default, PartialEq)]
+/// One stage's totals. In JSON, `Stats` lists them as a map from the stage's name.
+#[derive(Clone, Debug, Default, PartialEq, serde::Serialize, serde::Deserialize)]
 pub struct StageTime {
+    #[serde(skip)]
     pub name: String,
     pub seconds: f64,
     pub count: u64,
     pub bytes: u64,
+}
+
+/// `Vec<StageTime>` as a JSON map from each stage's name to its totals.
+pub mod stage_map {
+    use super::StageTime;
+    use serde::{Deserialize, Deserializer, Serialize, Serializer};
+    use std::collections::BTreeMap;
+
+    pub fn serialize<S: Serializer>(v: &[StageTime], s: S) -> Result<S::Ok, S::Error> {
+        v.iter()
+            .map(|t| (t.name.as_str(), t))
+            .collect::<BTreeMap<_, _>>()
+            .serialize(s)
+    }
+
+    pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Vec<StageTime>, D::Error> {
+        Ok(BTreeMap::<String, StageTime>::deserialize(d)?
+            .into_iter()
+            .map(|(name, t)| StageTime { name, ..t })
+            .collect())
+    }
 }
 
 macro_rules! stages {

@@ -113,8 +113,9 @@ pub struct Space {
     read_only: bool,
 }
 
-/// What `ckptfs stats` reports.
-#[derive(Clone, Debug, Default, PartialEq)]
+/// What `ckptfs stats` reports. Its JSON form (serde, field names as here, plus the derived
+/// ratios of `StatsReport`) is what the daemon answers and `ckptfs stats --json` prints.
+#[derive(Clone, Debug, Default, PartialEq, serde::Serialize, serde::Deserialize)]
 pub struct Stats {
     /// Sum of the sizes of the current (linked) regular files.
     pub logical_bytes: u64,
@@ -141,6 +142,7 @@ pub struct Stats {
     /// An earlier backing I/O failure has made the space refuse writes.
     pub failed: bool,
     /// Time spent per data-path stage since the space was opened (empty offline).
+    #[serde(with = "crate::pipeline::stage_map")]
     pub stages: Vec<crate::pipeline::StageTime>,
 }
 
@@ -159,6 +161,27 @@ impl Stats {
     /// Distinct chunk bytes per stored byte: how much compression saves.
     pub fn compression_ratio(&self) -> f64 {
         ratio(self.raw_chunk_bytes, self.stored_bytes)
+    }
+}
+
+/// `Stats` with the figures derived from it, as the JSON of `ckptfs stats` carries them.
+#[derive(Clone, Debug, PartialEq, serde::Serialize, serde::Deserialize)]
+pub struct StatsReport {
+    #[serde(flatten)]
+    pub stats: Stats,
+    pub dedup_ratio: f64,
+    pub compression_ratio: f64,
+    pub reclaimable_bytes: u64,
+}
+
+impl From<Stats> for StatsReport {
+    fn from(stats: Stats) -> StatsReport {
+        StatsReport {
+            dedup_ratio: stats.dedup_ratio(),
+            compression_ratio: stats.compression_ratio(),
+            reclaimable_bytes: stats.reclaimable_bytes(),
+            stats,
+        }
     }
 }
 

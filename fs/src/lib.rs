@@ -1606,6 +1606,19 @@ impl Fs {
         }
     }
 
+    /// opendir(2): directories only (ENOTDIR for anything else).
+    pub fn opendir(&self, ino: InodeId) -> Result<()> {
+        match self.getattr(ino)?.rec.kind {
+            NodeKind::Dir => Ok(()),
+            _ => Err(Error::NotDir),
+        }
+    }
+
+    /// `ckptfs check` of the mounted space: every chunk read back and verified.
+    pub fn check(&self) -> Result<ckptfs_engine::check::CheckReport> {
+        Ok(ckptfs_engine::check::check(&self.space, &mut |_, _| {})?)
+    }
+
     /// Runs gc with the revisions open files use pinned.
     pub fn gc(
         &self,

@@ -366,8 +366,7 @@ impl CkptFs {
                 if !self.may_control(req) {
                     return Err(Errno::from_i32(libc::EPERM));
                 }
-                let r = ckptfs_engine::check::check(self.fs.space(), &mut |_, _| {})
-                    .map_err(|e| fail_json("check", e.into()))?;
+                let r = self.fs.check().map_err(|e| fail_json("check", e))?;
                 Ok(to_json(crate::check::check_json(
                     &r,
                     Some(crate::check::ANSWER_MAX_BYTES),
@@ -780,11 +779,8 @@ impl Filesystem for CkptFs {
     }
 
     fn opendir(&self, _req: &Request, ino: INodeNo, _flags: OpenFlags, reply: ReplyOpen) {
-        match self.fs.getattr(InodeId(ino.0)) {
-            Ok(a) if a.rec.kind == NodeKind::Dir => {
-                reply.opened(FileHandle(0), FopenFlags::empty())
-            }
-            Ok(_) => reply.error(Errno::from_i32(libc::ENOTDIR)),
+        match self.fs.opendir(InodeId(ino.0)) {
+            Ok(()) => reply.opened(FileHandle(0), FopenFlags::empty()),
             Err(e) => reply.error(fail("opendir", ino.0, e)),
         }
     }

@@ -4,6 +4,7 @@ mod check;
 mod fuse;
 
 use ckptfs_engine::gc::{GcProgress, GcReport};
+use ckptfs_engine::space::StatsReport;
 use ckptfs_engine::space::{
     free_disk_bytes, lock_holder, read_backing_dir, Config, MIN_SPACE_BYTES,
 };
@@ -263,20 +264,7 @@ pub(crate) fn config_json(c: &Config) -> serde_json::Value {
 }
 
 pub(crate) fn gc_json(r: &GcReport) -> serde_json::Value {
-    serde_json::json!({
-        "dry_run": r.dry_run,
-        "revisions_dropped": r.revisions_dropped,
-        "histories_dropped": r.histories_dropped,
-        "inodes_dropped": r.inodes_dropped,
-        "chunks_freed": r.chunks_freed,
-        "bytes_freed": r.bytes_freed,
-        "bytes_copied": r.bytes_copied,
-        "segments_compacted": r.segments_compacted,
-        "segments_freed": r.segments_freed,
-        "free_bytes_before": r.free_bytes_before,
-        "free_bytes_after": r.free_bytes_after,
-        "seconds": r.seconds,
-    })
+    serde_json::to_value(r).expect("gc report serializes")
 }
 
 pub(crate) fn revisions_json(l: &[RevisionListing]) -> serde_json::Value {
@@ -843,66 +831,13 @@ fn daemon_pid(mnt: &Path) -> Option<i32> {
 }
 
 pub(crate) fn stats_json(s: &Stats) -> serde_json::Value {
-    serde_json::json!({
-        "logical_bytes": s.logical_bytes,
-        "referenced_bytes": s.referenced_bytes,
-        "stored_bytes": s.stored_bytes,
-        "raw_chunk_bytes": s.raw_chunk_bytes,
-        "dedup_ratio": s.dedup_ratio(),
-        "compression_ratio": s.compression_ratio(),
-        "chunks": s.chunks,
-        "files": s.files,
-        "dirs": s.dirs,
-        "symlinks": s.symlinks,
-        "special": s.special,
-        "revisions": s.revisions,
-        "reserved_bytes": s.reserved_bytes,
-        "used_bytes": s.used_bytes,
-        "free_bytes": s.free_bytes,
-        "reclaimable_bytes": s.reclaimable_bytes(),
-        "chunk_avg_bytes": s.chunk_avg_bytes,
-        "failed": s.failed,
-        "stages": s.stages.iter().map(|t| (t.name.clone(), serde_json::json!({
-            "seconds": t.seconds,
-            "count": t.count,
-            "bytes": t.bytes,
-        }))).collect::<serde_json::Map<_, _>>(),
-    })
+    serde_json::to_value(StatsReport::from(s.clone())).expect("stats serialize")
 }
 
 fn stats_from_json(v: &serde_json::Value) -> Option<Stats> {
-    let u = |k: &str| v.get(k).and_then(|x| x.as_u64());
-    Some(Stats {
-        logical_bytes: u("logical_bytes")?,
-        referenced_bytes: u("referenced_bytes")?,
-        stored_bytes: u("stored_bytes")?,
-        raw_chunk_bytes: u("raw_chunk_bytes")?,
-        chunks: u("chunks")?,
-        files: u("files")?,
-        dirs: u("dirs")?,
-        symlinks: u("symlinks")?,
-        special: u("special")?,
-        revisions: u("revisions")?,
-        reserved_bytes: u("reserved_bytes")?,
-        used_bytes: u("used_bytes")?,
-        free_bytes: u("free_bytes")?,
-        chunk_avg_bytes: u("chunk_avg_bytes")? as u32,
-        failed: v.get("failed")?.as_bool()?,
-        stages: v
-            .get("stages")
-            .and_then(|m| m.as_object())
-            .map(|m| {
-                m.iter()
-                    .map(|(name, t)| ckptfs_engine::pipeline::StageTime {
-                        name: name.clone(),
-                        seconds: t.get("seconds").and_then(|x| x.as_f64()).unwrap_or(0.0),
-                        count: t.get("count").and_then(|x| x.as_u64()).unwrap_or(0),
-                        bytes: t.get("bytes").and_then(|x| x.as_u64()).unwrap_or(0),
-                    })
-                    .collect()
-            })
-            .unwrap_or_default(),
-    })
+    serde_json::from_value::<StatsReport>(v.clone())
+        .ok()
+        .map(|r| r.stats)
 }
 
 /// Stats from a mount (through an xattr the daemon answers) or a backing directory (read
@@ -1366,21 +1301,7 @@ fn cmd_gc(path: &Path, dry_run: bool, json: bool) -> Result<(), String> {
 }
 
 fn gc_from_json(v: &serde_json::Value) -> Option<GcReport> {
-    let u = |k: &str| v.get(k).and_then(|x| x.as_u64());
-    Some(GcReport {
-        dry_run: v.get("dry_run")?.as_bool()?,
-        revisions_dropped: u("revisions_dropped")?,
-        histories_dropped: u("histories_dropped")?,
-        inodes_dropped: u("inodes_dropped")?,
-        chunks_freed: u("chunks_freed")?,
-        bytes_freed: u("bytes_freed")?,
-        bytes_copied: u("bytes_copied")?,
-        segments_compacted: u("segments_compacted")?,
-        segments_freed: u("segments_freed")?,
-        free_bytes_before: u("free_bytes_before")?,
-        free_bytes_after: u("free_bytes_after")?,
-        seconds: v.get("seconds")?.as_f64()?,
-    })
+    serde_json::from_value(v.clone()).ok()
 }
 
 /// The mount (or offline space) and relative path a revisions/restore command names.
