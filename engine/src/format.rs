@@ -401,6 +401,16 @@ pub struct InodeRecord {
 const INODE_FIXED: usize = 112;
 
 impl InodeRecord {
+    /// Takes what the namespace owns from `stored`, the record in the table: the link count,
+    /// the history and the current revision (an unlink, rename or commit elsewhere changes
+    /// them). An open file's copy owns the rest (size, times, mode) while it is open. The one
+    /// place the two copies are merged.
+    pub fn adopt_namespace(&mut self, stored: &InodeRecord) {
+        self.nlink = stored.nlink;
+        self.history = stored.history;
+        self.current_rev = stored.current_rev;
+    }
+
     /// A new, empty node owned by `uid:gid`, with all timestamps now and a link count of 1
     /// (2 for a directory).
     pub fn new(kind: NodeKind, perm: u32, uid: u32, gid: u32) -> Self {

@@ -910,9 +910,7 @@ impl Space {
             // rename or unlink may have changed them since the caller's copy was taken):
             // take them from the stored record, inside this transaction.
             if let Some(stored) = t.get_inode(ino)? {
-                rec.nlink = stored.nlink;
-                rec.history = stored.history;
-                rec.current_rev = stored.current_rev;
+                rec.adopt_namespace(&stored);
             }
             let prev = rec.current_rev;
             if prev.0 != 0 && previous == Previous::Replace {

@@ -647,7 +647,7 @@ impl Fs {
             Ok((child, rec))
         })?;
         self.refresh_open(child, |r| {
-            r.nlink = rec.nlink;
+            r.adopt_namespace(&rec);
             r.ctime = rec.ctime;
         });
         if rec.kind == NodeKind::File {
@@ -818,10 +818,8 @@ impl Fs {
         })?;
         for (ino, rec) in touched {
             self.refresh_open(ino, |r| {
-                r.nlink = rec.nlink;
+                r.adopt_namespace(&rec);
                 r.ctime = rec.ctime;
-                r.history = rec.history;
-                r.current_rev = rec.current_rev;
             });
         }
         Ok(())
