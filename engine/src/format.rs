@@ -740,15 +740,7 @@ mod tests {
     /// Golden bytes: an encoded superblock must not change without a format version bump.
     #[test]
     fn superblock_golden() {
-        let sb = Superblock {
-            version: FORMAT_VERSION,
-            uuid: [7; 16],
-            data_size_bytes: 1 << 30,
-            chunk: ChunkParams::from_avg(65536).unwrap(),
-            segment_bytes: 8 << 20,
-            created_unix_s: 1_700_000_000,
-            features: Features::default(),
-        };
+        let sb = sample_superblock();
         let b = sb.encode();
         assert_eq!(
             blake3::hash(&b).to_hex().as_str(),
@@ -768,15 +760,7 @@ mod tests {
 
     #[test]
     fn feature_flags_golden() {
-        let plain = Superblock {
-            version: FORMAT_VERSION,
-            uuid: [7; 16],
-            data_size_bytes: 1 << 30,
-            chunk: ChunkParams::from_avg(65536).unwrap(),
-            segment_bytes: 8 << 20,
-            created_unix_s: 1_700_000_000,
-            features: Features::default(),
-        };
+        let plain = sample_superblock();
         let sb = plain.with_features(Features {
             compat: 1,
             ro_compat: 4,
@@ -832,6 +816,19 @@ mod tests {
                 incompat: 0
             }
         );
+    }
+
+    /// The superblock `golden_superblock` draws by hand.
+    fn sample_superblock() -> Superblock {
+        Superblock {
+            version: FORMAT_VERSION,
+            uuid: [7; 16],
+            data_size_bytes: 1 << 30,
+            chunk: ChunkParams::from_avg(65536).unwrap(),
+            segment_bytes: 8 << 20,
+            created_unix_s: 1_700_000_000,
+            features: Features::default(),
+        }
     }
 
     fn golden_superblock() -> Vec<u8> {
