@@ -11,7 +11,7 @@ use std::ffi::{CString, OsStr, OsString};
 use std::fs;
 use std::io::{self, Read};
 use std::os::unix::ffi::OsStrExt;
-use std::os::unix::fs::MetadataExt;
+use std::os::unix::fs::{MetadataExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 use std::process::{Command, ExitStatus, Stdio};
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -158,6 +158,26 @@ pub fn run_ckptfs(log_dir: &Path, name: &str, args: &[&OsStr]) -> (ExitStatus, S
         let shown: Vec<OsString> = args.iter().map(|a| a.to_os_string()).collect();
         panic!("`ckptfs {}`: {e}", join_args(&shown))
     })
+}
+
+/// For tests that compare answers with the machine's own filesystem as another user: a
+/// ckptfs mount made with `--allow-other` and a plain directory (tagged `tag`), both open to
+/// everyone. Panics unless run as root (the tests switch users).
+pub fn mount_beside_plain(tag: &str) -> (TestMount, TempDir) {
+    // SAFETY: geteuid has no preconditions.
+    assert_eq!(
+        unsafe { libc::geteuid() },
+        0,
+        "this test switches users: run it as root"
+    );
+    let mut m = TestMount::new();
+    m.unmount();
+    m.mount_with(&["--allow-other"]);
+    let plain = TempDir::new(tag);
+    for d in [m.mnt(), plain.path()] {
+        fs::set_permissions(d, fs::Permissions::from_mode(0o777)).expect("chmod dir");
+    }
+    (m, plain)
 }
 
 fn is_mountpoint(p: &Path, parent: &Path) -> bool {

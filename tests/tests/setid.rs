@@ -163,23 +163,8 @@ fn compare(ours: &Path, plain: &Path, label: &str, idmapped: bool) {
     );
 }
 
-/// A ckptfs mount made with `--allow-other` (the other user must reach it) and a plain
-/// directory, both open to everyone.
 fn mount_and_plain() -> (TestMount, TempDir) {
-    // SAFETY: geteuid has no preconditions.
-    assert_eq!(
-        unsafe { libc::geteuid() },
-        0,
-        "this test switches users: run it as root"
-    );
-    let mut m = TestMount::new();
-    m.unmount();
-    m.mount_with(&["--allow-other"]);
-    let plain = TempDir::new("setid-plain");
-    for d in [m.mnt(), plain.path()] {
-        fs::set_permissions(d, fs::Permissions::from_mode(0o777)).expect("chmod dir");
-    }
-    (m, plain)
+    ckptfs_tests::mount_beside_plain("setid-plain")
 }
 
 #[test]

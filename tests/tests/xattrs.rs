@@ -10,7 +10,7 @@ use std::os::unix::process::CommandExt;
 use std::path::Path;
 use std::process::Command;
 
-use ckptfs_tests::{TempDir, TestMount};
+use ckptfs_tests::TestMount;
 
 const NOBODY: u32 = 65534;
 
@@ -276,19 +276,7 @@ fn script(dir: &Path) -> Vec<(String, String)> {
 
 #[test]
 fn xattr_answers_match_a_plain_directory() {
-    // SAFETY: geteuid has no preconditions.
-    assert_eq!(
-        unsafe { libc::geteuid() },
-        0,
-        "this test switches users: run it as root"
-    );
-    let mut m = TestMount::new();
-    m.unmount();
-    m.mount_with(&["--allow-other"]);
-    let plain = TempDir::new("xattr-plain");
-    for d in [m.mnt(), plain.path()] {
-        fs::set_permissions(d, fs::Permissions::from_mode(0o777)).unwrap();
-    }
+    let (mut m, plain) = ckptfs_tests::mount_beside_plain("xattr-plain");
     let theirs = script(plain.path());
     let ours = script(m.mnt());
     let mut diffs = Vec::new();
