@@ -11,6 +11,7 @@
 
 use crate::error::{Error, Result};
 use crate::format::{ChunkHash, ChunkParams, Extent};
+use crate::pins::ChunkPins;
 pub use crate::pipeline::ChunkIo;
 use crate::pipeline::{Permit, Piece, Ticket};
 use std::collections::{BTreeMap, VecDeque};
@@ -433,12 +434,23 @@ pub struct FileState {
     /// Block index -> a block of `params.avg_bytes` bytes.
     dirty: BTreeMap<u64, Box<[u8]>>,
     modified: bool,
-    /// One entry per `put` since the last commit: the pins this state holds in the store.
-    held: Vec<ChunkHash>,
+    /// One entry per `put` (and pasted extent) since the last commit: the pins this state
+    /// holds in the store, released when it commits or is dropped.
+    held: ChunkPins,
+}
+
+/// A discarded state (an unlink, a failed save given up, a restore replacing it) releases
+/// its pins, including those of pieces the workers are still storing: it waits for them.
+impl Drop for FileState {
+    fn drop(&mut self) {
+        self.forget_inflight();
+    }
 }
 
 impl FileState {
-    pub fn new(params: ChunkParams, map: ExtentMap, size: u64) -> Self {
+    /// `pins`: an empty set from the store the state's chunks go to
+    /// (`ChunkStore::new_pins`), which takes the pins of the chunks it puts.
+    pub fn new(params: ChunkParams, map: ExtentMap, size: u64, pins: ChunkPins) -> Self {
         FileState {
             params,
             map,
@@ -447,14 +459,21 @@ impl FileState {
             stream: None,
             dirty: BTreeMap::new(),
             modified: false,
-            held: Vec::new(),
+            held: pins,
         }
     }
 
-    /// Hands over the pins taken since the last call; the caller releases them once the
-    /// commit naming these chunks is durable (or the state is discarded). Waits for pieces
-    /// still in flight and forgets them: call it only after `finish` or to discard the state.
-    pub fn take_held(&mut self) -> Vec<ChunkHash> {
+    /// Hands over the pins taken since the last call; dropping them releases them, which
+    /// the caller does once the commit naming these chunks is durable. Waits for pieces still
+    /// in flight and forgets them: call it only after `finish`.
+    pub fn take_pins(&mut self) -> ChunkPins {
+        self.forget_inflight();
+        self.held.split_off()
+    }
+
+    /// Waits for the pieces handed to the store and keeps their pins in `held`; forgets the
+    /// rest of what is in flight.
+    fn forget_inflight(&mut self) {
         // Cut entries hold no pins (their pieces have not been handed to the store).
         for f in self.inflight.drain(..) {
             if let Work::Chunk {
@@ -462,11 +481,10 @@ impl FileState {
             } = f.work
             {
                 if let Ok(h) = t.wait() {
-                    self.held.push(h);
+                    self.held.adopt(h);
                 }
             }
         }
-        std::mem::take(&mut self.held)
     }
 
     pub fn size(&self) -> u64 {
@@ -833,7 +851,7 @@ impl FileState {
         match chunk {
             None => self.map.punch(off, off + len),
             Some(chunk) => {
-                self.held.push(chunk);
+                self.held.adopt(chunk);
                 self.map.insert(
                     off,
                     Extent {
@@ -941,7 +959,7 @@ impl FileState {
                 {
                     // Stored behind a failed piece: its pin is held until the next commit.
                     if let Ok(h) = t.wait() {
-                        self.held.push(h);
+                        self.held.adopt(h);
                     }
                 }
                 continue;
@@ -953,7 +971,7 @@ impl FileState {
                 Work::Chunk { piece, ticket } => {
                     if keep < piece.len() as u64 {
                         if let Some(Ok(h)) = ticket.take().map(|t| t.wait()) {
-                            self.held.push(h);
+                            self.held.adopt(h);
                         }
                         *piece = piece.truncated(keep as usize);
                     }
@@ -1016,14 +1034,11 @@ impl FileState {
         off: u64,
         len: u64,
         pieces: &[(u64, Extent)],
-        pinned: Vec<ChunkHash>,
+        pinned: ChunkPins,
     ) -> Result<()> {
-        if let Err(e) = self.finish(c) {
-            // The pins were taken for this state: hand them over so they are released.
-            self.held.extend(pinned);
-            return Err(e);
-        }
-        self.held.extend(pinned);
+        // Dropped with the error if the state cannot settle: the copy did not happen.
+        self.finish(c)?;
+        self.held.absorb(pinned);
         if len == 0 {
             return Ok(());
         }
@@ -1121,24 +1136,29 @@ pub(crate) mod tests {
     #[test]
     fn file_state_matches_model() {
         for_seeds(150, |seed| {
-            run_model(seed, &MemChunks::default());
+            run_model(seed, &MemChunks::default(), &ChunkPins::detached);
         });
     }
 
     /// The same with pieces stored by worker threads that finish late, out of order, and
     /// sometimes fail (as a full space does): no byte may be lost or reordered, failed pieces
-    /// must be retried, and every pin taken must be handed back exactly once.
+    /// must be retried, and every pin taken must be released exactly once: at a commit, or
+    /// when a state is dropped with pieces still in flight.
     #[test]
     fn file_state_matches_model_with_async_failing_store() {
+        use std::sync::atomic::Ordering::SeqCst;
         for_seeds(60, |seed| {
             let chunks = AsyncChunks::new(seed);
-            // Every ticket has been waited for by now, so every job has counted its pin.
-            let held = run_model(seed, &chunks);
+            let committed = run_model(seed, &chunks, &|| chunks.new_pins());
+            // Every state is dropped by now, and a dropped state waits for its tickets, so
+            // every job has counted its pin.
+            let taken = chunks.pins.load(SeqCst);
             assert_eq!(
-                held,
-                chunks.pins.load(std::sync::atomic::Ordering::SeqCst),
-                "pins taken vs handed back"
+                taken,
+                chunks.released.n.load(SeqCst),
+                "pins taken vs released"
             );
+            assert!(committed > 0 && taken > 0, "the model committed nothing");
         });
     }
 
@@ -1163,6 +1183,20 @@ pub(crate) mod tests {
         pool: crate::pipeline::Pool,
         rng: Mutex<SmallRng>,
         pins: Arc<std::sync::atomic::AtomicU64>,
+        released: Arc<Released>,
+    }
+
+    /// Counts released pins.
+    #[derive(Default)]
+    struct Released {
+        n: std::sync::atomic::AtomicU64,
+    }
+
+    impl crate::pins::ReleasePins for Released {
+        fn release(&self, hashes: &[ChunkHash]) {
+            self.n
+                .fetch_add(hashes.len() as u64, std::sync::atomic::Ordering::SeqCst);
+        }
     }
 
     impl AsyncChunks {
@@ -1172,7 +1206,14 @@ pub(crate) mod tests {
                 pool: crate::pipeline::Pool::new(2, "test-store"),
                 rng: Mutex::new(SmallRng::seed_from_u64(seed ^ 0x5eed)),
                 pins: Arc::default(),
+                released: Arc::default(),
             }
+        }
+
+        fn new_pins(&self) -> ChunkPins {
+            let owner: std::sync::Weak<dyn crate::pins::ReleasePins> =
+                Arc::downgrade(&self.released) as _;
+            ChunkPins::new(owner)
         }
     }
 
@@ -1234,12 +1275,14 @@ pub(crate) mod tests {
         panic!("still failing after 200 tries");
     }
 
-    /// Returns the number of pins the state handed back.
-    fn run_model(seed: u64, chunks: &dyn ChunkIo) -> u64 {
+    /// Returns the number of commits. `pins` makes the pin set of each new state.
+    fn run_model(seed: u64, chunks: &dyn ChunkIo, pins: &dyn Fn() -> ChunkPins) -> u64 {
         let mut rng = SmallRng::seed_from_u64(seed);
         let mut model: Vec<u8> = Vec::new();
-        let mut f = FileState::new(params(), ExtentMap::new(), 0);
-        let mut held = 0u64;
+        let mut f = FileState::new(params(), ExtentMap::new(), 0, pins());
+        // What the last commit saved: a discarded state goes back to it.
+        let mut saved = (ExtentMap::new(), Vec::new());
+        let mut commits = 0u64;
         for _ in 0..300 {
             match rng.random_range(0..100) {
                 0..=34 => {
@@ -1277,10 +1320,17 @@ pub(crate) mod tests {
                 73..=80 => {
                     retry(|| f.finish(chunks));
                     f.mark_committed();
-                    held += f.take_held().len() as u64;
+                    drop(f.take_pins());
+                    commits += 1;
                     // Reload from the committed map, as a remount would.
-                    let map = f.map.clone();
-                    f = FileState::new(params(), map, model.len() as u64);
+                    saved = (f.map.clone(), model.clone());
+                    f = FileState::new(params(), saved.0.clone(), model.len() as u64, pins());
+                }
+                81..=83 => {
+                    // Discarded (an unlink, a save given up) with pieces possibly still in
+                    // flight: back to the last commit.
+                    model = saved.1.clone();
+                    f = FileState::new(params(), saved.0.clone(), model.len() as u64, pins());
                 }
                 _ => {
                     let off = rng.random_range(0..model.len() as u64 + 100);
@@ -1297,7 +1347,7 @@ pub(crate) mod tests {
         retry(|| f.finish(chunks));
         check_invariants(&f);
         assert_eq!(f.read(chunks, 0, model.len()).unwrap(), model);
-        held + f.take_held().len() as u64
+        commits
     }
 
     /// Data with runs of zeros and repeated blocks, so holes and dedup paths are exercised.
@@ -1353,7 +1403,7 @@ pub(crate) mod tests {
         let chunks = MemChunks::default();
         let mut data = vec![0u8; 4 << 20];
         SmallRng::seed_from_u64(1).fill_bytes(&mut data);
-        let mut a = FileState::new(params(), ExtentMap::new(), 0);
+        let mut a = FileState::new(params(), ExtentMap::new(), 0, ChunkPins::detached());
         for piece in data.chunks(128 << 10) {
             let off = a.size();
             a.write(&chunks, off, piece).unwrap();
@@ -1362,7 +1412,7 @@ pub(crate) mod tests {
         let mut shifted = data[..100].to_vec();
         shifted.extend_from_slice(b"12345678");
         shifted.extend_from_slice(&data[100..]);
-        let mut b = FileState::new(params(), ExtentMap::new(), 0);
+        let mut b = FileState::new(params(), ExtentMap::new(), 0, ChunkPins::detached());
         for piece in shifted.chunks(100_000) {
             let off = b.size();
             b.write(&chunks, off, piece).unwrap();

@@ -1,5 +1,10 @@
-//! Revision pins: the revisions open files read from (and restores copy), which gc must
-//! keep. A pin is a guard: dropping it unpins, so no caller has to remember to.
+//! Pins: what gc must keep while someone still needs it. A pin is a guard: dropping it
+//! unpins, so no caller has to remember to.
+//!
+//! - Revision pins: the revisions open files read from (and restores copy).
+//! - Chunk pins (`ChunkPins`): the chunks an uncommitted file state refers to (stored by it,
+//!   found by dedup, or named by a metadata-only copy). The store counts them; the state
+//!   owns them and they go when it commits or is dropped.
 //!
 //! Taking a pin and loading the revision happen under the space's pin gate (shared), and gc
 //! samples the pins under the same gate (exclusive) right before its retention commits:
@@ -8,11 +13,11 @@
 //!
 //! Bound: one entry per open file and per restore in progress.
 
-use crate::format::{InodeId, RevisionId};
+use crate::format::{ChunkHash, InodeId, RevisionId};
 use parking_lot::Mutex;
 use std::collections::{HashMap, HashSet};
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, Weak};
 
 /// The pins of one space.
 #[derive(Default)]
@@ -80,5 +85,89 @@ impl Drop for RevisionPin {
 impl std::fmt::Debug for RevisionPin {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         write!(f, "RevisionPin({})", self.revision().0)
+    }
+}
+
+/// Who counts chunk pins (the chunk store): told once per pin when a `ChunkPins` lets go.
+pub trait ReleasePins: Send + Sync {
+    fn release(&self, hashes: &[ChunkHash]);
+}
+
+/// Chunk pins held by one owner (a file state, a copy in progress): one entry per pin taken,
+/// all released when this is dropped. The counter is held weakly: pins outliving their
+/// store have nothing left to release.
+///
+/// Bound: one entry per chunk put or pasted since the owner's last commit.
+#[must_use = "dropping chunk pins releases them at once"]
+pub struct ChunkPins {
+    owner: Option<Weak<dyn ReleasePins>>,
+    hashes: Vec<ChunkHash>,
+}
+
+impl ChunkPins {
+    /// An empty set whose pins `owner` counts.
+    pub fn new(owner: Weak<dyn ReleasePins>) -> ChunkPins {
+        ChunkPins {
+            owner: Some(owner),
+            hashes: Vec::new(),
+        }
+    }
+
+    /// For chunk stores that count no pins (in-memory test stores).
+    pub fn detached() -> ChunkPins {
+        ChunkPins {
+            owner: None,
+            hashes: Vec::new(),
+        }
+    }
+
+    /// Takes over one pin the owner has counted already for `h`.
+    pub(crate) fn adopt(&mut self, h: ChunkHash) {
+        self.hashes.push(h);
+    }
+
+    /// Takes over every pin of `other` (same owner).
+    pub fn absorb(&mut self, mut other: ChunkPins) {
+        debug_assert!(
+            match (&self.owner, &other.owner) {
+                (Some(a), Some(b)) => Weak::ptr_eq(a, b),
+                (a, b) => a.is_none() && b.is_none(),
+            },
+            "pins of two different stores"
+        );
+        self.hashes.append(&mut other.hashes);
+    }
+
+    /// Moves the pins out into a new set, leaving this one empty (and still usable).
+    pub fn split_off(&mut self) -> ChunkPins {
+        ChunkPins {
+            owner: self.owner.clone(),
+            hashes: std::mem::take(&mut self.hashes),
+        }
+    }
+
+    pub fn len(&self) -> usize {
+        self.hashes.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.hashes.is_empty()
+    }
+}
+
+impl Drop for ChunkPins {
+    fn drop(&mut self) {
+        if self.hashes.is_empty() {
+            return;
+        }
+        if let Some(owner) = self.owner.as_ref().and_then(Weak::upgrade) {
+            owner.release(&self.hashes);
+        }
+    }
+}
+
+impl std::fmt::Debug for ChunkPins {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "ChunkPins({})", self.hashes.len())
     }
 }

@@ -867,7 +867,12 @@ impl Space {
                 ));
             }
         }
-        Ok(FileState::new(self.sb.chunk, map, rec.size))
+        Ok(FileState::new(
+            self.sb.chunk,
+            map,
+            rec.size,
+            self.store.new_pins(),
+        ))
     }
 
     /// Commits `file` (after `finish`) as a new revision of `ino`'s history, with `rec` as its
@@ -938,7 +943,8 @@ impl Space {
         self.commit(txn)?;
         self.store.stages().commit.add(t_commit.elapsed(), 0);
         self.store.recorded_taken(&taken);
-        self.store.unpin(&file.take_held());
+        // Durable now: the pins of the chunks this commit names can go.
+        drop(file.take_pins());
         Ok(rev)
     }
 
@@ -1039,7 +1045,12 @@ impl Space {
         let rr = self
             .revision(rev)?
             .ok_or_else(|| Error::Invalid(format!("no revision {}", rev.0)))?;
-        Ok(FileState::new(self.sb.chunk, self.load_map(rev)?, rr.size))
+        Ok(FileState::new(
+            self.sb.chunk,
+            self.load_map(rev)?,
+            rr.size,
+            self.store.new_pins(),
+        ))
     }
 
     /// Makes every earlier non-durable metadata commit durable (fsync of a directory).

@@ -6,7 +6,8 @@
 //! whose chunks are all dead or have been copied elsewhere.
 //!
 //! Pins: a chunk that an uncommitted file state refers to (stored by it, or found by dedup)
-//! is held in `pending` until that file commits or discards its state. gc never deletes a
+//! is held in `pending` until that file commits or discards its state (the state owns its
+//! pins as a `ChunkPins` guard). gc never deletes a
 //! pinned chunk and never frees a segment holding one. The reuse barrier orders segment reuse
 //! after every chunk lookup that might still see the old location.
 
@@ -15,6 +16,7 @@ use crate::chunk::{Checked, Stored};
 use crate::device::{IoBuf, DIRECT_ALIGN};
 use crate::error::{Error, Result};
 use crate::format::{ChunkHash, ChunkRecord, Codec, DataOffset};
+use crate::pins::{ChunkPins, ReleasePins};
 use crate::pipeline::{ChunkIo, Piece, Pipeline, Ticket};
 use crate::placement::{Location, Placement};
 use parking_lot::{Mutex, RwLock};
@@ -269,34 +271,45 @@ impl ChunkStore {
         self.pending.lock().contains_key(h)
     }
 
-    /// Pins a chunk that is stored already (committed, or pinned by some file state), as a
+    /// An empty pin set counted by this store, for a new file state.
+    pub fn new_pins(&self) -> ChunkPins {
+        let me: Weak<dyn ReleasePins> = self.me.clone();
+        ChunkPins::new(me)
+    }
+
+    /// Pins chunks that are stored already (committed, or pinned by some file state), as a
     /// dedup hit does: for a metadata-only copy, whose extents name the chunks of another
-    /// file. The caller must hold what keeps the chunk alive until this returns (the source
-    /// file's lock, whose state or base revision references it). Errors with corruption if
-    /// the chunk is unknown.
-    pub fn pin_stored(&self, h: &ChunkHash) -> Result<()> {
+    /// file. The caller must hold what keeps the chunks alive until this returns (the source
+    /// file's lock, whose state or base revision references them). Errors with corruption if
+    /// a chunk is unknown, and then holds none of them.
+    pub fn pin_stored(&self, hashes: &[ChunkHash]) -> Result<ChunkPins> {
+        let mut pins = self.new_pins();
         let _shared = self.barrier.read();
-        if let Some(e) = self.pending.lock().get_mut(h) {
-            e.holders += 1;
-            return Ok(());
+        for h in hashes {
+            if let Some(e) = self.pending.lock().get_mut(h) {
+                e.holders += 1;
+                pins.adopt(*h);
+                continue;
+            }
+            let rec = self.committed_record(h)?.ok_or_else(|| {
+                Error::Corrupt(format!("copied extent names unknown chunk {h:?}"))
+            })?;
+            self.pending
+                .lock()
+                .entry(*h)
+                .or_insert(Pending {
+                    rec,
+                    holders: 0,
+                    new: false,
+                })
+                .holders += 1;
+            pins.adopt(*h);
         }
-        let rec = self
-            .committed_record(h)?
-            .ok_or_else(|| Error::Corrupt(format!("copied extent names unknown chunk {h:?}")))?;
-        self.pending
-            .lock()
-            .entry(*h)
-            .or_insert(Pending {
-                rec,
-                holders: 0,
-                new: false,
-            })
-            .holders += 1;
-        Ok(())
+        Ok(pins)
     }
 
     /// Drops one pin per hash: a file state committed or discarded what it had put.
-    pub fn unpin(&self, hashes: &[ChunkHash]) {
+    fn unpin(&self, hashes: &[ChunkHash]) {
         let mut p = self.pending.lock();
         for h in hashes {
             if let Some(e) = p.get_mut(h) {
@@ -568,6 +581,12 @@ impl ChunkStore {
                 .copy_from_slice(&b.as_slice()[(from - s) as usize..(to - s) as usize]);
         }
         Ok(stored)
+    }
+}
+
+impl ReleasePins for ChunkStore {
+    fn release(&self, hashes: &[ChunkHash]) {
+        self.unpin(hashes)
     }
 }
 

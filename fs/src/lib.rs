@@ -363,7 +363,7 @@ impl Fs {
         if !t.nodes.get(&ino).is_some_and(|cur| Arc::ptr_eq(cur, node)) {
             return;
         }
-        let mut n = node.lock();
+        let n = node.lock();
         if n.opens == 0 {
             if n.file.is_modified() && n.rec.nlink > 0 {
                 log::warn!(
@@ -372,7 +372,7 @@ impl Fs {
                     ino.0
                 );
             }
-            self.space.store().unpin(&n.file.take_held());
+            // The node's file state goes with it, and with the state its chunk pins.
             drop(n);
             t.nodes.remove(&ino);
         }
@@ -1343,15 +1343,8 @@ impl Fs {
             self.settle_node(&mut s)?;
             let pieces = s.file.copy_source(src_off, src_off + n);
             // Pinned while the source's lock keeps them referenced.
-            let store = self.space.store();
-            let mut pinned = Vec::with_capacity(pieces.len());
-            for (_, e) in &pieces {
-                if let Err(err) = store.pin_stored(&e.chunk) {
-                    store.unpin(&pinned);
-                    return Err(err.into());
-                }
-                pinned.push(e.chunk);
-            }
+            let chunks: Vec<_> = pieces.iter().map(|(_, e)| e.chunk).collect();
+            let pinned = self.space.store().pin_stored(&chunks)?;
             (pieces, n, pinned)
         };
         let mut d = dst_node.lock();
@@ -1824,9 +1817,7 @@ impl Fs {
             if n.writers > 1 {
                 return Err(Error::Busy);
             }
-            // Chunks an uncommitted state (a failed save) pinned are not needed any more.
-            let held = n.file.take_held();
-            self.space.store().unpin(&held);
+            // Replacing the state releases the pins an uncommitted one (a failed save) held.
             n.file = content;
             n.file.mark_replaced();
             // The revision's extended attributes come back with its bytes (first, so the
