@@ -29,7 +29,7 @@ fn vm_hwm_kib() -> u64 {
         .unwrap_or(0)
 }
 
-fn record(history: u64) -> InodeRecord {
+fn record(history: HistoryId) -> InodeRecord {
     InodeRecord {
         history,
         ..InodeRecord::new(NodeKind::File, 0o644, 0, 0)

@@ -6,6 +6,7 @@
 //! Bound: two sets of segment numbers, at most the segment count of the space.
 
 use crate::error::{Error, Result};
+use crate::format::SegmentId;
 use std::collections::BTreeSet;
 
 /// Free segments new chunks may not take, kept for gc's copies: with one segment of room, a
@@ -15,14 +16,14 @@ pub const GC_RESERVE_SEGMENTS: u64 = 1;
 
 pub struct Segments {
     /// Segments free for allocation.
-    free: BTreeSet<u64>,
+    free: BTreeSet<SegmentId>,
     /// Segments taken from the free list since the last commit that recorded them.
-    taken: BTreeSet<u64>,
+    taken: BTreeSet<SegmentId>,
 }
 
 /// A segment handed out by `take`.
 pub struct Taken {
-    pub segment: u64,
+    pub segment: SegmentId,
     /// It came out of gc's reserve: only gc's copies may fill it (until the reserve is
     /// whole again, see `reserve_whole`).
     pub reserved: bool,
@@ -30,7 +31,7 @@ pub struct Taken {
 
 impl Segments {
     /// `free`: the free segments the catalog lists.
-    pub fn new(free: BTreeSet<u64>) -> Segments {
+    pub fn new(free: BTreeSet<SegmentId>) -> Segments {
         Segments {
             free,
             taken: BTreeSet::new(),
@@ -61,30 +62,30 @@ impl Segments {
     }
 
     /// Segments taken since the last commit that recorded them.
-    pub fn taken(&self) -> Vec<u64> {
+    pub fn taken(&self) -> Vec<SegmentId> {
         self.taken.iter().copied().collect()
     }
 
-    pub fn is_taken(&self, segment: u64) -> bool {
+    pub fn is_taken(&self, segment: SegmentId) -> bool {
         self.taken.contains(&segment)
     }
 
     /// A commit recorded these taken segments as used.
-    pub fn recorded(&mut self, segs: &[u64]) {
+    pub fn recorded(&mut self, segs: &[SegmentId]) {
         for s in segs {
             self.taken.remove(s);
         }
     }
 
     /// gc's durable commit freed these segments: they may be taken again.
-    pub fn release(&mut self, segs: &[u64]) {
+    pub fn release(&mut self, segs: &[SegmentId]) {
         self.free.extend(segs.iter().copied());
     }
 
     /// Returns taken, unrecorded segments for which `garbage` holds (nothing live in them)
     /// to the free set; returns them.
-    pub fn reclaim(&mut self, garbage: impl Fn(u64) -> bool) -> Vec<u64> {
-        let back: Vec<u64> = self.taken.iter().copied().filter(|s| garbage(*s)).collect();
+    pub fn reclaim(&mut self, garbage: impl Fn(SegmentId) -> bool) -> Vec<SegmentId> {
+        let back: Vec<SegmentId> = self.taken.iter().copied().filter(|s| garbage(*s)).collect();
         for s in &back {
             self.taken.remove(s);
             self.free.insert(*s);
@@ -97,21 +98,25 @@ impl Segments {
 mod tests {
     use super::*;
 
+    fn ids(v: &[u64]) -> Vec<SegmentId> {
+        v.iter().map(|s| SegmentId(*s)).collect()
+    }
+
     #[test]
     fn writers_never_take_the_reserve_and_gc_may() {
-        let mut s = Segments::new((0..3).collect());
-        assert_eq!(s.take(false).unwrap().segment, 0);
-        assert_eq!(s.take(false).unwrap().segment, 1);
+        let mut s = Segments::new((0..3).map(SegmentId).collect());
+        assert_eq!(s.take(false).unwrap().segment, SegmentId(0));
+        assert_eq!(s.take(false).unwrap().segment, SegmentId(1));
         assert!(
             matches!(s.take(false), Err(Error::NoSpace)),
             "the last one is gc's"
         );
         let t = s.take(true).unwrap();
-        assert!(t.reserved && t.segment == 2);
+        assert!(t.reserved && t.segment == SegmentId(2));
         assert!(!s.reserve_whole());
-        assert_eq!(s.taken(), vec![0, 1, 2]);
-        s.recorded(&[0, 1, 2]);
-        s.release(&[0]);
+        assert_eq!(s.taken(), ids(&[0, 1, 2]));
+        s.recorded(&ids(&[0, 1, 2]));
+        s.release(&ids(&[0]));
         assert!(
             s.reserve_whole(),
             "gc freed a segment: the reserve is whole again"
@@ -121,12 +126,12 @@ mod tests {
 
     #[test]
     fn reclaim_returns_only_garbage_segments() {
-        let mut s = Segments::new((0..4).collect());
+        let mut s = Segments::new((0..4).map(SegmentId).collect());
         for _ in 0..3 {
             s.take(false).unwrap();
         }
-        assert_eq!(s.reclaim(|seg| seg != 1), vec![0, 2]);
-        assert_eq!(s.taken(), vec![1]);
+        assert_eq!(s.reclaim(|seg| seg != SegmentId(1)), ids(&[0, 2]));
+        assert_eq!(s.taken(), ids(&[1]));
         assert_eq!(s.free_count(), 3);
     }
 }

@@ -9,8 +9,9 @@
 
 use crate::error::{Error, Result};
 use crate::format::{
-    decode_xattrs, encode_xattrs, ChunkHash, ChunkRecord, DataOffset, Extent, HistoryRecord,
-    InodeId, InodeRecord, NodeKind, RevisionId, RevisionRecord, Timestamp, Xattrs,
+    decode_xattrs, encode_xattrs, ChunkHash, ChunkRecord, DataOffset, Extent, HistoryId,
+    HistoryRecord, InodeId, InodeRecord, NodeKind, RevisionId, RevisionRecord, SegmentId,
+    Timestamp, Xattrs,
 };
 use redb::{
     Database, ReadOnlyTable, ReadTransaction, ReadableDatabase, ReadableTable,
@@ -208,8 +209,8 @@ fn extents_of(
     Ok(out)
 }
 
-fn revisions_of(t: &impl ReadableTable<(u64, u64), ()>, hid: u64) -> Result<Vec<RevisionId>> {
-    Ok(t.range((hid, 0)..=(hid, u64::MAX))?
+fn revisions_of(t: &impl ReadableTable<(u64, u64), ()>, hid: HistoryId) -> Result<Vec<RevisionId>> {
+    Ok(t.range((hid.0, 0)..=(hid.0, u64::MAX))?
         .map(|r| r.map(|(k, _)| RevisionId(k.value().1)))
         .collect::<std::result::Result<_, _>>()?)
 }
@@ -244,10 +245,10 @@ fn dead_inodes_in(
     Ok(dead)
 }
 
-fn free_segments_in(t: &impl ReadableTable<u64, ()>) -> Result<BTreeSet<u64>> {
+fn free_segments_in(t: &impl ReadableTable<u64, ()>) -> Result<BTreeSet<SegmentId>> {
     let mut free = BTreeSet::new();
     for item in t.iter()? {
-        free.insert(item?.0.value());
+        free.insert(SegmentId(item?.0.value()));
     }
     Ok(free)
 }
@@ -421,22 +422,22 @@ impl<'t> Txn<'t> {
     }
 
     /// Segments the data file writer took: no longer free.
-    pub fn mark_taken(&mut self, segs: &[u64]) -> Result<()> {
+    pub fn mark_taken(&mut self, segs: &[SegmentId]) -> Result<()> {
         for s in segs {
-            self.free.remove(*s)?;
+            self.free.remove(s.0)?;
         }
         Ok(())
     }
 
     /// Segments gc emptied.
-    pub fn mark_free(&mut self, segs: &[u64]) -> Result<()> {
+    pub fn mark_free(&mut self, segs: &[SegmentId]) -> Result<()> {
         for s in segs {
-            self.free.insert(*s, ())?;
+            self.free.insert(s.0, ())?;
         }
         Ok(())
     }
 
-    pub fn free_segments(&self) -> Result<BTreeSet<u64>> {
+    pub fn free_segments(&self) -> Result<BTreeSet<SegmentId>> {
         free_segments_in(&self.free)
     }
 
@@ -589,7 +590,7 @@ impl<'t> Txn<'t> {
             ..*rr
         };
         self.revisions.insert(rev.0, rr.encode().as_slice())?;
-        self.history_revs.insert((rr.history, rev.0), ())?;
+        self.history_revs.insert((rr.history.0, rev.0), ())?;
         record_revision_xattrs(&self.xattrs, &mut self.rev_xattrs, ino, rev)?;
         Ok(new_bytes)
     }
@@ -622,7 +623,7 @@ impl<'t> Txn<'t> {
             self.extents.remove((rev.0, off))?;
         }
         self.revisions.remove(rev.0)?;
-        self.history_revs.remove((rr.history, rev.0))?;
+        self.history_revs.remove((rr.history.0, rev.0))?;
         self.rev_xattrs.remove(rev.0)?;
         Ok(())
     }
@@ -632,18 +633,21 @@ impl<'t> Txn<'t> {
     }
 
     /// The history with the smallest id at or after `from`.
-    pub fn history_from(&self, from: u64) -> Result<Option<(u64, HistoryRecord)>> {
-        match self.histories.range(from..)?.next() {
+    pub fn history_from(&self, from: HistoryId) -> Result<Option<(HistoryId, HistoryRecord)>> {
+        match self.histories.range(from.0..)?.next() {
             Some(item) => {
                 let (k, v) = item?;
-                Ok(Some((k.value(), HistoryRecord::decode(v.value())?)))
+                Ok(Some((
+                    HistoryId(k.value()),
+                    HistoryRecord::decode(v.value())?,
+                )))
             }
             None => Ok(None),
         }
     }
 
-    pub fn remove_history(&mut self, hid: u64) -> Result<()> {
-        self.histories.remove(hid)?;
+    pub fn remove_history(&mut self, hid: HistoryId) -> Result<()> {
+        self.histories.remove(hid.0)?;
         Ok(())
     }
 
@@ -751,7 +755,7 @@ impl<'t> Txn<'t> {
     }
 
     /// Starts a new history owned by `ino`.
-    pub fn new_history(&mut self, ino: InodeId) -> Result<u64> {
+    pub fn new_history(&mut self, ino: InodeId) -> Result<HistoryId> {
         let hid = counter(&self.counters, NEXT_HISTORY)?;
         self.counters.insert(NEXT_HISTORY, hid + 1)?;
         let h = HistoryRecord {
@@ -760,24 +764,24 @@ impl<'t> Txn<'t> {
             path: Vec::new(),
         };
         self.histories.insert(hid, h.encode().as_slice())?;
-        Ok(hid)
+        Ok(HistoryId(hid))
     }
 
     /// Marks a history as belonging to a path that no longer exists.
-    pub fn retire_history(&mut self, hid: u64, path: Vec<u8>, when: Timestamp) -> Result<()> {
+    pub fn retire_history(&mut self, hid: HistoryId, path: Vec<u8>, when: Timestamp) -> Result<()> {
         let mut h = get_history(&self.histories, hid)?;
         h.unlinked = Some(when);
         h.path = path;
-        self.histories.insert(hid, h.encode().as_slice())?;
+        self.histories.insert(hid.0, h.encode().as_slice())?;
         Ok(())
     }
 
-    pub fn set_history_owner(&mut self, hid: u64, ino: InodeId) -> Result<()> {
+    pub fn set_history_owner(&mut self, hid: HistoryId, ino: InodeId) -> Result<()> {
         let mut h = get_history(&self.histories, hid)?;
         h.ino = ino;
         h.unlinked = None;
         h.path.clear();
-        self.histories.insert(hid, h.encode().as_slice())?;
+        self.histories.insert(hid.0, h.encode().as_slice())?;
         Ok(())
     }
 
@@ -795,7 +799,7 @@ impl<'t> Txn<'t> {
     }
 
     /// The revisions of a history, oldest first (sealed or not).
-    pub fn history_revisions(&self, hid: u64) -> Result<Vec<RevisionId>> {
+    pub fn history_revisions(&self, hid: HistoryId) -> Result<Vec<RevisionId>> {
         revisions_of(&self.history_revs, hid)
     }
 
@@ -828,7 +832,7 @@ impl<'t> Txn<'t> {
 
     /// Adds a sealed revision to history `hid` with the content of revision `from`, taking a
     /// reference on each of its chunks. Used when a rename replaces a path's file.
-    pub fn copy_revision(&mut self, from: RevisionId, hid: u64) -> Result<RevisionId> {
+    pub fn copy_revision(&mut self, from: RevisionId, hid: HistoryId) -> Result<RevisionId> {
         let src = get_revision(&self.revisions, from)?
             .ok_or_else(|| Error::Corrupt(format!("revision {} missing", from.0)))?;
         let rev = counter(&self.counters, NEXT_REV)?;
@@ -851,7 +855,7 @@ impl<'t> Txn<'t> {
             ..src
         };
         self.revisions.insert(rev, rr.encode().as_slice())?;
-        self.history_revs.insert((hid, rev), ())?;
+        self.history_revs.insert((hid.0, rev), ())?;
         let x = self.rev_xattrs.get(from.0)?.map(|v| v.value().to_vec());
         if let Some(x) = x {
             self.rev_xattrs.insert(rev, x.as_slice())?;
@@ -925,16 +929,16 @@ impl Reader {
         Config::read(&self.txn.open_table(CONFIG)?)
     }
 
-    pub fn history(&self, hid: u64) -> Result<HistoryRecord> {
+    pub fn history(&self, hid: HistoryId) -> Result<HistoryRecord> {
         get_history(&self.txn.open_table(HISTORIES)?, hid)
     }
 
     /// History ids greater than `after`, at most `limit`.
-    pub fn history_ids(&self, after: u64, limit: usize) -> Result<Vec<u64>> {
+    pub fn history_ids(&self, after: HistoryId, limit: usize) -> Result<Vec<HistoryId>> {
         let t = self.txn.open_table(HISTORIES)?;
         let mut out = Vec::new();
-        for item in t.range(after + 1..)? {
-            out.push(item?.0.value());
+        for item in t.range(after.0 + 1..)? {
+            out.push(HistoryId(item?.0.value()));
             if out.len() >= limit {
                 break;
             }
@@ -943,7 +947,7 @@ impl Reader {
     }
 
     /// The most recently unlinked history whose path was `path`.
-    pub fn unlinked_history_at(&self, path: &[u8]) -> Result<Option<u64>> {
+    pub fn unlinked_history_at(&self, path: &[u8]) -> Result<Option<HistoryId>> {
         let t = self.txn.open_table(HISTORIES)?;
         let mut best: Option<(Timestamp, u64)> = None;
         for item in t.iter()? {
@@ -955,11 +959,11 @@ impl Reader {
                 }
             }
         }
-        Ok(best.map(|(_, hid)| hid))
+        Ok(best.map(|(_, hid)| HistoryId(hid)))
     }
 
     /// The revisions of a history, oldest first (sealed or not).
-    pub fn history_revisions(&self, hid: u64) -> Result<Vec<RevisionId>> {
+    pub fn history_revisions(&self, hid: HistoryId) -> Result<Vec<RevisionId>> {
         revisions_of(&self.txn.open_table(HISTORY_REVS)?, hid)
     }
 
@@ -998,7 +1002,7 @@ impl Reader {
         Ok(())
     }
 
-    pub fn free_segments(&self) -> Result<BTreeSet<u64>> {
+    pub fn free_segments(&self) -> Result<BTreeSet<SegmentId>> {
         free_segments_in(&self.txn.open_table(FREE)?)
     }
 
@@ -1010,11 +1014,11 @@ impl Reader {
     /// Every history, by id.
     pub fn for_each_history(
         &self,
-        mut f: impl FnMut(u64, HistoryRecord) -> Result<()>,
+        mut f: impl FnMut(HistoryId, HistoryRecord) -> Result<()>,
     ) -> Result<()> {
         for item in self.txn.open_table(HISTORIES)?.iter()? {
             let (k, v) = item?;
-            f(k.value(), HistoryRecord::decode(v.value())?)?;
+            f(HistoryId(k.value()), HistoryRecord::decode(v.value())?)?;
         }
         Ok(())
     }
@@ -1074,8 +1078,11 @@ impl RawTables {
     }
 }
 
-fn get_history(t: &impl ReadableTable<u64, &'static [u8]>, hid: u64) -> Result<HistoryRecord> {
-    match t.get(hid)? {
+fn get_history(
+    t: &impl ReadableTable<u64, &'static [u8]>,
+    hid: HistoryId,
+) -> Result<HistoryRecord> {
+    match t.get(hid.0)? {
         Some(v) => HistoryRecord::decode(v.value()),
         None => Err(Error::Corrupt(format!("history {hid} missing"))),
     }
@@ -1141,7 +1148,7 @@ mod tests {
                 committed: Timestamp::EPOCH,
                 new_stored_bytes: 0,
                 sealed: true,
-                history: 1,
+                history: HistoryId(1),
             };
             let new = t
                 .put_revision(

@@ -66,7 +66,7 @@ impl Damage {
 /// One extent of one revision that names a damaged chunk.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct ChunkUse {
-    pub history: u64,
+    pub history: HistoryId,
     /// The path as the metadata knows it: where the file is now for a live history, the
     /// path it had when it was removed for an unlinked one. None when it cannot be rebuilt.
     pub path: Option<Vec<u8>>,
@@ -96,7 +96,7 @@ pub struct DamagedChunk {
 /// The damage of one revision of one file: every byte range that cannot be read back.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct DamagedRevision {
-    pub history: u64,
+    pub history: HistoryId,
     pub path: Option<Vec<u8>>,
     pub unlinked: bool,
     pub revision: RevisionId,
@@ -156,7 +156,7 @@ impl CheckReport {
 
     /// The damage grouped per (history, revision), ordered by path then revision.
     pub fn damaged_revisions(&self) -> Vec<DamagedRevision> {
-        let mut by: BTreeMap<(u64, RevisionId), DamagedRevision> = BTreeMap::new();
+        let mut by: BTreeMap<(HistoryId, RevisionId), DamagedRevision> = BTreeMap::new();
         for d in &self.damaged {
             for u in &d.uses {
                 by.entry((u.history, u.revision))
@@ -546,13 +546,13 @@ fn check_revisions(t: &Tables, r: &mut CheckReport, next_rev: u64) -> Result<()>
                 continue;
             }
         };
-        if t.histories.get(rr.history)?.is_none() {
+        if t.histories.get(rr.history.0)?.is_none() {
             r.problem(format!(
                 "revision {rev} belongs to history {}, which does not exist",
                 rr.history
             ));
         }
-        if t.history_revs.get((rr.history, rev))?.is_none() {
+        if t.history_revs.get((rr.history.0, rev))?.is_none() {
             r.problem(format!(
                 "revision {rev} is not listed in its history {}",
                 rr.history
@@ -565,7 +565,7 @@ fn check_revisions(t: &Tables, r: &mut CheckReport, next_rev: u64) -> Result<()>
             None => r.problem(format!(
                 "history {hid} lists revision {rev}, which does not exist"
             )),
-            Some(Ok(rr)) if rr.history != hid => r.problem(format!(
+            Some(Ok(rr)) if rr.history.0 != hid => r.problem(format!(
                 "history {hid} lists revision {rev}, which belongs to history {}",
                 rr.history
             )),
@@ -641,7 +641,7 @@ fn check_inodes_and_histories(
         match rec.kind {
             NodeKind::File => {
                 if rec.nlink > 0 {
-                    match t.histories.get(rec.history)? {
+                    match t.histories.get(rec.history.0)? {
                         None => r.problem(format!(
                             "file inode {ino} commits into history {}, which does not exist",
                             rec.history
@@ -734,7 +734,7 @@ fn check_inodes_and_histories(
                 .get(h.ino.0)?
                 .map(|v| InodeRecord::decode(v.value()));
             match owner {
-                Some(Ok(rec)) if rec.kind == NodeKind::File && rec.history == hid => {}
+                Some(Ok(rec)) if rec.kind == NodeKind::File && rec.history.0 == hid => {}
                 Some(Ok(_)) => r.problem(format!(
                     "history {hid} names inode {}, which is not the file that has it",
                     h.ino.0
@@ -805,7 +805,7 @@ fn check_dirents(t: &Tables, r: &mut CheckReport, next_cookie: u64) -> Result<()
 /// Fills in every extent naming a damaged chunk, with its file's path and revision.
 fn collect_uses(t: &Tables, damaged: &mut HashMap<ChunkHash, DamagedChunk>) -> Result<()> {
     struct RevInfo {
-        history: u64,
+        history: HistoryId,
         sealed: bool,
     }
     let mut revs: HashMap<u64, Option<RevInfo>> = HashMap::new();
@@ -835,15 +835,15 @@ fn collect_uses(t: &Tables, damaged: &mut HashMap<ChunkHash, DamagedChunk>) -> R
         unlinked: bool,
         current: RevisionId,
     }
-    let mut hists: HashMap<u64, HistInfo> = HashMap::new();
-    let mut live_inos: HashMap<u64, u64> = HashMap::new();
+    let mut hists: HashMap<HistoryId, HistInfo> = HashMap::new();
+    let mut live_inos: HashMap<u64, HistoryId> = HashMap::new();
     for info in revs.values().flatten() {
         if hists.contains_key(&info.history) {
             continue;
         }
         let h = t
             .histories
-            .get(info.history)?
+            .get(info.history.0)?
             .and_then(|v| HistoryRecord::decode(v.value()).ok());
         let hi = match h {
             Some(h) if h.unlinked.is_some() => HistInfo {
@@ -886,7 +886,7 @@ fn collect_uses(t: &Tables, damaged: &mut HashMap<ChunkHash, DamagedChunk>) -> R
         let info = revs.get(&rev).and_then(|i| i.as_ref());
         let hist = info.and_then(|i| hists.get(&i.history));
         d.uses.push(ChunkUse {
-            history: info.map_or(0, |i| i.history),
+            history: info.map_or(HistoryId::NONE, |i| i.history),
             path: hist.and_then(|h| h.path.clone()),
             unlinked: hist.is_some_and(|h| h.unlinked),
             revision: RevisionId(rev),

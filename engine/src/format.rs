@@ -5,6 +5,7 @@
 //! ("check after reading"); encoders assert a record is valid before it is written.
 
 use crate::error::{Error, Result};
+use serde::{Deserialize, Serialize};
 use std::fmt;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
@@ -127,6 +128,35 @@ impl InodeId {
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct RevisionId(pub u64);
+
+/// A revision history: the lineage of one path's revisions, kept across unlink and rename.
+/// 0 means none (a record that is not a regular file).
+#[derive(
+    Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Default, Serialize, Deserialize,
+)]
+#[serde(transparent)]
+pub struct HistoryId(pub u64);
+
+impl HistoryId {
+    pub const NONE: HistoryId = HistoryId(0);
+}
+
+impl fmt::Display for HistoryId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}", self.0)
+    }
+}
+
+/// A segment of the data space: the unit of allocation, compaction and (next) placement.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+#[serde(transparent)]
+pub struct SegmentId(pub u64);
+
+impl fmt::Display for SegmentId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}", self.0)
+    }
+}
 
 /// Byte offset inside the reserved data file.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -391,8 +421,9 @@ pub struct InodeRecord {
     pub parent: InodeId,
     /// Device number of a character or block device node; 0 for other kinds.
     pub rdev: u32,
-    /// The revision history this regular file commits into (0 for other kinds).
-    pub history: u64,
+    /// The revision history this regular file commits into (`HistoryId::NONE` for other
+    /// kinds).
+    pub history: HistoryId,
     /// Symlink target; for a directory, its own name in its parent (to rebuild paths);
     /// empty for other kinds.
     pub target: Vec<u8>,
@@ -429,7 +460,7 @@ impl InodeRecord {
             crtime: now,
             parent: InodeId(0),
             rdev: 0,
-            history: 0,
+            history: HistoryId::NONE,
             target: Vec::new(),
         }
     }
@@ -452,7 +483,7 @@ impl InodeRecord {
         self.crtime.encode(&mut b[76..88]);
         b[88..96].copy_from_slice(&self.parent.0.to_le_bytes());
         b[96..100].copy_from_slice(&(self.target.len() as u32).to_le_bytes());
-        b[104..112].copy_from_slice(&self.history.to_le_bytes());
+        b[104..112].copy_from_slice(&self.history.0.to_le_bytes());
         b[INODE_FIXED..].copy_from_slice(&self.target);
         b
     }
@@ -491,7 +522,7 @@ impl InodeRecord {
             crtime: Timestamp::decode(&b[76..88]),
             parent: InodeId(u64_at(b, 88)),
             rdev: u32_at(b, 20),
-            history: u64_at(b, 104),
+            history: HistoryId(u64_at(b, 104)),
             target: b[INODE_FIXED..].to_vec(),
         })
     }
@@ -603,7 +634,7 @@ pub struct RevisionRecord {
     /// True when the revision was sealed by the last close; false for an fsync point.
     pub sealed: bool,
     /// The history (path lineage) this revision belongs to.
-    pub history: u64,
+    pub history: HistoryId,
 }
 
 pub const REVISION_RECORD_LEN: usize = 48;
@@ -615,7 +646,7 @@ impl RevisionRecord {
         self.committed.encode(&mut b[8..20]);
         b[24..32].copy_from_slice(&self.new_stored_bytes.to_le_bytes());
         b[32] = self.sealed as u8;
-        b[40..48].copy_from_slice(&self.history.to_le_bytes());
+        b[40..48].copy_from_slice(&self.history.0.to_le_bytes());
         b
     }
 
@@ -628,7 +659,7 @@ impl RevisionRecord {
             committed: Timestamp::decode(&b[8..20]),
             new_stored_bytes: u64_at(b, 24),
             sealed: b[32] == 1,
-            history: u64_at(b, 40),
+            history: HistoryId(u64_at(b, 40)),
         })
     }
 }
@@ -864,7 +895,7 @@ mod tests {
             crtime: Timestamp::now(),
             parent: InodeId(0),
             rdev: 0,
-            history: 0,
+            history: HistoryId(0),
             target: b"step".to_vec(),
         };
         assert_eq!(InodeRecord::decode(&ino.encode()).unwrap(), ino);
@@ -891,7 +922,7 @@ mod tests {
             committed: Timestamp::now(),
             new_stored_bytes: 3,
             sealed: true,
-            history: 4,
+            history: HistoryId(4),
         };
         let h = HistoryRecord {
             ino: InodeId(9),

@@ -176,9 +176,9 @@ impl Space {
         let total = t.history_count()?;
         let mut done = 0u64;
         // Walk histories by id; each history's decision reads only its own rows.
-        let mut next = 0u64;
+        let mut next = HistoryId(0);
         while let Some((hid, h)) = t.history_from(next)? {
-            next = hid + 1;
+            next = HistoryId(hid.0 + 1);
             done += 1;
             if done.is_multiple_of(256) {
                 progress(GcProgress::Revisions {
@@ -249,21 +249,21 @@ impl Space {
     fn victims(
         &self,
         u: &SegmentUsage,
-        busy: &BTreeSet<u64>,
+        busy: &BTreeSet<SegmentId>,
         pressure: bool,
         need: u64,
-    ) -> Vec<(u64, u64)> {
+    ) -> Vec<(SegmentId, u64)> {
         let seg = self.store().segment_bytes();
         let limit = if pressure {
             seg as f64
         } else {
             seg as f64 * COMPACT_LIVE_FRACTION
         };
-        let mut v: Vec<(u64, u64)> = u
+        let mut v: Vec<(SegmentId, u64)> = u
             .live
             .iter()
             .enumerate()
-            .map(|(i, l)| (i as u64, *l))
+            .map(|(i, l)| (SegmentId(i as u64), *l))
             .filter(|(i, l)| !u.free.contains(i) && !busy.contains(i) && (*l as f64) < limit)
             .collect();
         v.sort_by_key(|(i, l)| (*l, *i));
@@ -345,7 +345,7 @@ impl Space {
         let mut done = 0u64;
         for round in all.chunks(ROUND_SEGMENTS) {
             let t0 = Instant::now();
-            let segs: BTreeSet<u64> = round.iter().map(|(s, _)| *s).collect();
+            let segs: BTreeSet<SegmentId> = round.iter().map(|(s, _)| *s).collect();
             // Records of the chunks to move, from a consistent snapshot.
             let mut moving: Vec<(ChunkHash, ChunkRecord)> = Vec::new();
             self.reader()?.for_each_chunk(|h, rec| {
@@ -356,7 +356,7 @@ impl Space {
             })?;
             // Victim by victim, emptiest first: a round cut short by writers taking the room
             // it planned on still empties, and frees, its first victims.
-            let order: std::collections::HashMap<u64, usize> = round
+            let order: std::collections::HashMap<SegmentId, usize> = round
                 .iter()
                 .enumerate()
                 .map(|(k, (seg, _))| (*seg, k))
@@ -400,11 +400,11 @@ impl Space {
             }
             self.store().flush_sync()?;
             let taken = self.store().taken_segments();
-            let freed: Vec<u64> = {
+            let freed: Vec<SegmentId> = {
                 let _excl = self.store().exclusive();
                 // Pins taken since the round started keep their segments.
                 let busy_now = self.store().busy_segments();
-                let freed: Vec<u64> = segs
+                let freed: Vec<SegmentId> = segs
                     .iter()
                     .copied()
                     .filter(|s| !busy_now.contains(s) && !unmovable.contains(s))
@@ -530,12 +530,12 @@ impl Space {
     fn usage_of(
         &self,
         each_chunk: impl FnOnce(&mut dyn FnMut(ChunkHash, ChunkRecord) -> Result<()>) -> Result<()>,
-        free: BTreeSet<u64>,
+        free: BTreeSet<SegmentId>,
     ) -> Result<SegmentUsage> {
         let n = self.superblock().segments() as usize;
         let mut live = vec![0u64; n];
         each_chunk(&mut |_, rec| {
-            let seg = self.store().segment_of(rec.offset) as usize;
+            let seg = self.store().segment_of(rec.offset).0 as usize;
             if seg < n {
                 live[seg] += rec.stored_len as u64;
             }
@@ -571,8 +571,9 @@ fn history_facts(
 }
 
 struct SegmentUsage {
+    /// Live bytes per segment, indexed by segment number.
     live: Vec<u64>,
-    free: BTreeSet<u64>,
+    free: BTreeSet<SegmentId>,
 }
 
 /// The retention decision, as a pure function of one history's state and the policy: what
@@ -657,7 +658,7 @@ pub mod retention {
                     },
                     new_stored_bytes: 0,
                     sealed,
-                    history: 1,
+                    history: crate::format::HistoryId(1),
                 },
             )
         }

@@ -8,14 +8,14 @@
 //! `segment * segment_bytes + offset`), so this layer changes no format.
 
 use crate::device::Device;
-use crate::format::DataOffset;
+use crate::format::{DataOffset, SegmentId};
 use std::io;
 use std::sync::Arc;
 
 /// A place in the space: a segment and a byte offset within it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub struct Location {
-    pub segment: u64,
+    pub segment: SegmentId,
     pub offset: u64,
 }
 
@@ -23,14 +23,14 @@ impl Location {
     /// The location a chunk record's offset names, for segments of `segment_bytes`.
     pub fn of(at: DataOffset, segment_bytes: u64) -> Location {
         Location {
-            segment: at.0 / segment_bytes,
+            segment: SegmentId(at.0 / segment_bytes),
             offset: at.0 % segment_bytes,
         }
     }
 
     /// The record form (see the module comment).
     pub fn to_offset(self, segment_bytes: u64) -> DataOffset {
-        DataOffset(self.segment * segment_bytes + self.offset)
+        DataOffset(self.segment.0 * segment_bytes + self.offset)
     }
 }
 
@@ -96,7 +96,7 @@ mod tests {
         assert_eq!(
             Location::of(DataOffset(3 * seg + 5), seg),
             Location {
-                segment: 3,
+                segment: SegmentId(3),
                 offset: 5
             }
         );

@@ -647,7 +647,7 @@ impl Space {
             );
         }
         let free = Reader::new(&db)?.free_segments()?;
-        if let Some(seg) = free.iter().find(|s| **s >= sb.segments()) {
+        if let Some(seg) = free.iter().find(|s| s.0 >= sb.segments()) {
             return Err(Error::Corrupt(format!(
                 "free segment {seg} beyond the data file"
             )));
@@ -902,7 +902,10 @@ impl Space {
         previous: Previous,
     ) -> Result<RevisionId> {
         assert_eq!(rec.kind, NodeKind::File);
-        assert!(rec.history != 0, "regular file without a history");
+        assert!(
+            rec.history != HistoryId::NONE,
+            "regular file without a history"
+        );
         self.store.flush_sync()?;
         let t_commit = std::time::Instant::now();
         let taken = self.store.taken_segments();
@@ -984,7 +987,7 @@ impl Space {
 
     /// The history of `path`: that of the file there now, else that of the most recently
     /// unlinked file that lived there and is still retained.
-    pub fn history_of_path(&self, path: &[u8]) -> Result<Option<u64>> {
+    pub fn history_of_path(&self, path: &[u8]) -> Result<Option<HistoryId>> {
         if let Some(ino) = self.resolve(path)? {
             if let Some(rec) = self.get_inode(ino)? {
                 if rec.kind == NodeKind::File {
@@ -1001,17 +1004,17 @@ impl Space {
     }
 
     /// History ids greater than `after`, at most `limit`.
-    pub fn history_ids(&self, after: u64, limit: usize) -> Result<Vec<u64>> {
+    pub fn history_ids(&self, after: HistoryId, limit: usize) -> Result<Vec<HistoryId>> {
         self.reader()?.history_ids(after, limit)
     }
 
-    pub fn history(&self, hid: u64) -> Result<HistoryRecord> {
+    pub fn history(&self, hid: HistoryId) -> Result<HistoryRecord> {
         self.reader()?.history(hid)
     }
 
     /// The listed revisions of a history, oldest first: the complete ones. An fsync point
     /// (the content of a file still being written) is durable but not listed.
-    pub fn revisions(&self, hid: u64) -> Result<Vec<RevisionInfo>> {
+    pub fn revisions(&self, hid: HistoryId) -> Result<Vec<RevisionInfo>> {
         let h = self.history(hid)?;
         let current = if h.unlinked.is_none() {
             self.get_inode(h.ino)?.map(|r| r.current_rev)

@@ -15,7 +15,7 @@ use crate::alloc::Segments;
 use crate::chunk::{Checked, Stored};
 use crate::device::{IoBuf, DIRECT_ALIGN};
 use crate::error::{Error, Result};
-use crate::format::{ChunkHash, ChunkRecord, Codec, DataOffset};
+use crate::format::{ChunkHash, ChunkRecord, Codec, DataOffset, SegmentId};
 use crate::pins::{ChunkPins, ReleasePins};
 use crate::pipeline::{ChunkIo, Piece, Pipeline, Ticket};
 use crate::placement::{Location, Placement};
@@ -53,7 +53,7 @@ pub const READ_BYTES: u64 = 8 << 20;
 
 struct Writer {
     /// The segment being filled, and how many of its bytes are used (written or buffered).
-    cur: Option<u64>,
+    cur: Option<SegmentId>,
     /// `cur` is gc's reserve segment (gc took it when no other was free): only gc's copies
     /// may go into it, or writers sharing it would eat the room compaction counts on.
     cur_reserved: bool,
@@ -137,7 +137,7 @@ impl ChunkStore {
         place: Arc<dyn Placement>,
         pipeline: Arc<Pipeline>,
         db: Arc<dyn CommittedChunks>,
-        free: BTreeSet<u64>,
+        free: BTreeSet<SegmentId>,
         failed: Arc<AtomicBool>,
     ) -> Arc<Self> {
         let segments = place.segments();
@@ -214,8 +214,18 @@ impl ChunkStore {
         Location::of(DataOffset(off), self.segment_bytes)
     }
 
-    pub fn segment_of(&self, off: DataOffset) -> u64 {
-        off.0 / self.segment_bytes
+    pub fn segment_of(&self, off: DataOffset) -> SegmentId {
+        self.location(off.0).segment
+    }
+
+    /// The data-file offset where segment `s` starts.
+    fn start_of(&self, s: SegmentId) -> u64 {
+        Location {
+            segment: s,
+            offset: 0,
+        }
+        .to_offset(self.segment_bytes)
+        .0
     }
 
     /// Usable bytes: whole segments of the data file.
@@ -327,17 +337,17 @@ impl ChunkStore {
     /// any other and points its pin at the copy (`relocate_pinned`). Were they busy, a file
     /// being rewritten would pin nearly every segment of its previous revision, and a full
     /// space could never be compacted while that file is open.
-    pub fn busy_segments(&self) -> BTreeSet<u64> {
+    pub fn busy_segments(&self) -> BTreeSet<SegmentId> {
         let w = self.writer.lock();
         let p = self.pending.lock();
-        let mut s: BTreeSet<u64> = w.segs.taken().into_iter().collect();
+        let mut s: BTreeSet<SegmentId> = w.segs.taken().into_iter().collect();
         s.extend(w.cur);
         // A new chunk of a file not yet committed may lie in a segment another file's commit
         // already recorded (segments are shared): that segment is busy until it commits.
         s.extend(
             p.values()
                 .filter(|e| e.new)
-                .map(|e| e.rec.offset.0 / self.segment_bytes),
+                .map(|e| self.segment_of(e.rec.offset)),
         );
         s
     }
@@ -358,17 +368,17 @@ impl ChunkStore {
 
     /// Segments taken since the last recorded commit; a commit removes them from FREE and
     /// then calls `recorded_taken`.
-    pub fn taken_segments(&self) -> Vec<u64> {
+    pub fn taken_segments(&self) -> Vec<SegmentId> {
         self.writer.lock().segs.taken()
     }
 
-    pub fn recorded_taken(&self, segs: &[u64]) {
+    pub fn recorded_taken(&self, segs: &[SegmentId]) {
         self.writer.lock().segs.recorded(segs);
     }
 
     /// Makes segments reusable once gc's commit freeing them is durable. Waits for every
     /// chunk lookup in flight, which might still read the old location.
-    pub fn release_segments(&self, segs: &[u64]) {
+    pub fn release_segments(&self, segs: &[SegmentId]) {
         let _excl = self.barrier.write();
         self.writer.lock().segs.release(segs);
     }
@@ -379,14 +389,11 @@ impl ChunkStore {
     /// those segments free. Without this they would stay out of use until some later commit
     /// recorded them, which a full space may never get to. Only gc calls this, under its
     /// lock: gc's own copies are the only other unpinned chunks in taken segments.
-    pub fn reclaim_unrecorded(&self) -> Vec<u64> {
+    pub fn reclaim_unrecorded(&self) -> Vec<SegmentId> {
         let _excl = self.barrier.write();
         let mut w = self.writer.lock();
         let p = self.pending.lock();
-        let held: BTreeSet<u64> = p
-            .values()
-            .map(|e| e.rec.offset.0 / self.segment_bytes)
-            .collect();
+        let held: BTreeSet<SegmentId> = p.values().map(|e| self.segment_of(e.rec.offset)).collect();
         let cur = w.cur;
         w.segs.reclaim(|s| Some(s) != cur && !held.contains(&s))
     }
@@ -411,7 +418,7 @@ impl ChunkStore {
         }
         if let Some(c) = w.cur {
             if w.fill + len <= self.segment_bytes && (for_gc || !w.cur_reserved) {
-                return Ok(c * self.segment_bytes + w.fill);
+                return Ok(self.start_of(c) + w.fill);
             }
         }
         // Refused before the current segment is closed, so a writer that finds no room
@@ -425,7 +432,7 @@ impl ChunkStore {
         w.cur = Some(next);
         w.cur_reserved = t.reserved;
         w.fill = 0;
-        w.buf_start = next * self.segment_bytes;
+        w.buf_start = self.start_of(next);
         Ok(w.buf_start)
     }
 

@@ -24,7 +24,7 @@ fn new_file(space: &Space) -> InodeRecord {
     file_record(hid)
 }
 
-fn file_record(history: u64) -> InodeRecord {
+fn file_record(history: HistoryId) -> InodeRecord {
     InodeRecord {
         history,
         ..InodeRecord::new(NodeKind::File, 0o644, 0, 0)

@@ -107,7 +107,7 @@ fn run(seed: u64) {
     for step in 0..60 {
         let ino = rng.random_range(2..6u64);
         let rec = recs.entry(ino).or_insert_with(|| InodeRecord {
-            history: ino,
+            history: HistoryId(ino),
             ..file_record()
         });
         let mut file = space.load_file(rec).unwrap();
@@ -168,11 +168,11 @@ fn corrupted_chunk_is_an_error_not_wrong_bytes() {
     SmallRng::seed_from_u64(9).fill_bytes(&mut a);
     SmallRng::seed_from_u64(10).fill_bytes(&mut b);
     let mut ra = InodeRecord {
-        history: 1,
+        history: HistoryId(1),
         ..file_record()
     };
     let mut rb = InodeRecord {
-        history: 2,
+        history: HistoryId(2),
         ..file_record()
     };
     for (ino, data, rec) in [(2, &a, &mut ra), (3, &b, &mut rb)] {
@@ -223,7 +223,7 @@ fn full_space_gives_no_space_and_keeps_committed_data() {
     let mut first = vec![0u8; 6 << 20];
     SmallRng::seed_from_u64(1).fill_bytes(&mut first);
     let mut rec = InodeRecord {
-        history: 1,
+        history: HistoryId(1),
         ..file_record()
     };
     let mut f = space.load_file(&rec).unwrap();
@@ -236,7 +236,7 @@ fn full_space_gives_no_space_and_keeps_committed_data() {
     let mut big = vec![0u8; 20 << 20];
     SmallRng::seed_from_u64(2).fill_bytes(&mut big);
     let mut rec2 = InodeRecord {
-        history: 2,
+        history: HistoryId(2),
         ..file_record()
     };
     let mut g = space.load_file(&rec2).unwrap();

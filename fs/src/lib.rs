@@ -2,7 +2,7 @@
 //! No FUSE types here; the `ckptfs` binary's adapter translates requests and errors.
 
 use ckptfs_engine::filemap::{ExtentMap, FileState};
-use ckptfs_engine::format::{InodeId, InodeRecord, NodeKind, RevisionId, Timestamp};
+use ckptfs_engine::format::{HistoryId, InodeId, InodeRecord, NodeKind, RevisionId, Timestamp};
 use ckptfs_engine::gc::{GcOptions, GcProgress, GcReport};
 use ckptfs_engine::pins::RevisionPin;
 use ckptfs_engine::space::{Previous, Seal};
@@ -133,6 +133,21 @@ pub struct SetAttr {
     pub ctime: Option<Timestamp>,
 }
 
+/// An open file handle, as the kernel names it in every request on it (chosen by the mount,
+/// unique while open). `NONE` (0): an operation not made through a handle.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct HandleId(pub u64);
+
+impl HandleId {
+    pub const NONE: HandleId = HandleId(0);
+}
+
+impl std::fmt::Display for HandleId {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}", self.0)
+    }
+}
+
 /// The caller of an operation, for the owner of new nodes.
 #[derive(Clone, Copy, Debug)]
 pub struct Caller {
@@ -151,7 +166,7 @@ struct OpenNode {
     opens: u32,
     writers: u32,
     /// The open handles of this file, by file handle.
-    handles: HashMap<u64, Handle>,
+    handles: HashMap<HandleId, Handle>,
     /// File offset up to which chunks were handed to the store's prefetch (see `read`).
     prefetched_to: u64,
 }
@@ -192,12 +207,12 @@ impl OpenNode {
 #[derive(Default)]
 struct OpenTable {
     nodes: HashMap<InodeId, Arc<Mutex<OpenNode>>>,
-    handles: HashMap<u64, (InodeId, Arc<Mutex<OpenNode>>)>,
+    handles: HashMap<HandleId, (InodeId, Arc<Mutex<OpenNode>>)>,
 }
 
 impl OpenTable {
     /// Enters handle `fh` of `node` (the inode's node in `nodes`).
-    fn add_handle(&mut self, fh: u64, ino: InodeId, node: &Arc<Mutex<OpenNode>>) {
+    fn add_handle(&mut self, fh: HandleId, ino: InodeId, node: &Arc<Mutex<OpenNode>>) {
         if self.handles.insert(fh, (ino, node.clone())).is_some() {
             // The adapter hands out each handle once; a reuse would misroute requests.
             panic!("file handle {fh} opened twice");
@@ -319,7 +334,7 @@ impl Fs {
 
     /// The node handle `fh` opened. An unknown handle (or one of another inode) is an error
     /// the kernel and daemon must not paper over: logged, and EIO to the caller.
-    fn handle_node(&self, ino: InodeId, fh: u64, op: &str) -> Result<Arc<Mutex<OpenNode>>> {
+    fn handle_node(&self, ino: InodeId, fh: HandleId, op: &str) -> Result<Arc<Mutex<OpenNode>>> {
         match self.open.lock().handles.get(&fh) {
             Some((i, n)) if *i == ino => Ok(n.clone()),
             Some((i, _)) => {
@@ -558,7 +573,7 @@ impl Fs {
         name: &[u8],
         perm: u32,
         c: Caller,
-        fh: u64,
+        fh: HandleId,
         write: bool,
     ) -> Result<Attr> {
         let attr = self.make_node(
@@ -908,7 +923,7 @@ impl Fs {
             }
             apply(&mut n.rec);
             if n.writers == 1 {
-                self.commit_node(ino, &mut n, Seal::Complete, 0)?;
+                self.commit_node(ino, &mut n, Seal::Complete, HandleId::NONE)?;
             } else {
                 // A writer's close commits the size; the attributes are stored now.
                 let rec = n.rec.clone();
@@ -1023,8 +1038,8 @@ impl Fs {
 
     /// Opens a regular file (or a revision file of the view) under handle `fh`, which the
     /// caller chose and must not reuse until its release; `truncate` for O_TRUNC.
-    pub fn open(&self, ino: InodeId, fh: u64, write: bool, truncate: bool) -> Result<()> {
-        if fh == 0 {
+    pub fn open(&self, ino: InodeId, fh: HandleId, write: bool, truncate: bool) -> Result<()> {
+        if fh == HandleId::NONE {
             // 0 is no handle at all (FUSE's opendir answer); a release could not name it.
             return Err(Error::Invalid);
         }
@@ -1039,7 +1054,7 @@ impl Fs {
     fn open_ref(
         &self,
         ino: InodeId,
-        fh: Option<u64>,
+        fh: Option<HandleId>,
         write: bool,
         truncate: bool,
     ) -> Result<Arc<Mutex<OpenNode>>> {
@@ -1117,7 +1132,7 @@ impl Fs {
         Ok(node)
     }
 
-    pub fn read(&self, ino: InodeId, fh: u64, off: u64, len: usize) -> Result<Vec<u8>> {
+    pub fn read(&self, ino: InodeId, fh: HandleId, off: u64, len: usize) -> Result<Vec<u8>> {
         let node = self.handle_node(ino, fh, "read")?;
         let (pieces, end) = {
             let mut n = node.lock();
@@ -1157,7 +1172,14 @@ impl Fs {
         Ok(out)
     }
 
-    pub fn write(&self, ino: InodeId, fh: u64, pid: u32, off: u64, data: &[u8]) -> Result<usize> {
+    pub fn write(
+        &self,
+        ino: InodeId,
+        fh: HandleId,
+        pid: u32,
+        off: u64,
+        data: &[u8],
+    ) -> Result<usize> {
         self.writable(ino)?;
         if off
             .checked_add(data.len() as u64)
@@ -1187,7 +1209,7 @@ impl Fs {
             // goes (a node nothing references is forgotten, uncommitted changes and all).
             if r.is_ok() {
                 r = self
-                    .commit_node(ino, &mut node.lock(), Seal::FsyncPoint, 0)
+                    .commit_node(ino, &mut node.lock(), Seal::FsyncPoint, HandleId::NONE)
                     .map(|()| data.len());
             }
             self.unref(ino, &node, false);
@@ -1198,7 +1220,7 @@ impl Fs {
     fn write_node(
         &self,
         node: &Mutex<OpenNode>,
-        fh: u64,
+        fh: HandleId,
         pid: u32,
         off: u64,
         data: &[u8],
@@ -1240,7 +1262,7 @@ impl Fs {
     }
 
     /// Records that handle `fh` of process `pid` changed the file now (its close seals).
-    fn touched_by(n: &mut OpenNode, fh: u64, pid: u32) {
+    fn touched_by(n: &mut OpenNode, fh: HandleId, pid: u32) {
         let now = Timestamp::now();
         n.rec.mtime = now;
         n.rec.ctime = now;
@@ -1259,7 +1281,7 @@ impl Fs {
     pub fn fallocate(
         &self,
         ino: InodeId,
-        fh: u64,
+        fh: HandleId,
         pid: u32,
         off: u64,
         len: u64,
@@ -1318,10 +1340,10 @@ impl Fs {
     pub fn copy_range(
         &self,
         src: InodeId,
-        src_fh: u64,
+        src_fh: HandleId,
         src_off: u64,
         dst: InodeId,
-        dst_fh: u64,
+        dst_fh: HandleId,
         dst_off: u64,
         len: u64,
         pid: u32,
@@ -1356,7 +1378,7 @@ impl Fs {
 
     /// Commits a modified file as handle `fh` (0: none). An unsealed current revision is
     /// replaced, unless another handle still has to seal it.
-    fn commit_node(&self, ino: InodeId, n: &mut OpenNode, seal: Seal, fh: u64) -> Result<()> {
+    fn commit_node(&self, ino: InodeId, n: &mut OpenNode, seal: Seal, fh: HandleId) -> Result<()> {
         if !n.file.is_modified() {
             return Ok(());
         }
@@ -1399,7 +1421,7 @@ impl Fs {
     /// handle that only truncated (a shell redirect before dup2) makes the state durable but
     /// lists nothing; if the handle wrote and was the only writer, its release seals that
     /// commit later, unless the writer's own close sealed a newer one first.
-    pub fn flush(&self, ino: InodeId, fh: u64, pid: u32) -> Result<()> {
+    pub fn flush(&self, ino: InodeId, fh: HandleId, pid: u32) -> Result<()> {
         let node = self.handle_node(ino, fh, "flush")?;
         let mut n = node.lock();
         let n = &mut *n;
@@ -1455,7 +1477,7 @@ impl Fs {
         Ok(())
     }
 
-    pub fn fsync(&self, ino: InodeId, fh: u64) -> Result<()> {
+    pub fn fsync(&self, ino: InodeId, fh: HandleId) -> Result<()> {
         let node = self.handle_node(ino, fh, "fsync")?;
         let mut n = node.lock();
         self.commit_node(ino, &mut n, Seal::FsyncPoint, fh)?;
@@ -1473,7 +1495,7 @@ impl Fs {
 
     /// Last reference to a handle: commit anything left (e.g. from mmap writeback after
     /// close) and drop the in-memory state when no handle remains.
-    pub fn release(&self, ino: InodeId, fh: u64) -> Result<()> {
+    pub fn release(&self, ino: InodeId, fh: HandleId) -> Result<()> {
         // The handle leaves the table first: the node it opened is the one this release
         // works on, whatever the table holds for the inode by now.
         let node = {
@@ -1531,7 +1553,7 @@ impl Fs {
         let mut first_err = None;
         for (ino, node) in nodes {
             let mut n = node.lock();
-            if let Err(e) = self.commit_node(ino, &mut n, Seal::Complete, 0) {
+            if let Err(e) = self.commit_node(ino, &mut n, Seal::Complete, HandleId::NONE) {
                 log::error!("commit of inode {} at unmount failed: {e:?}", ino.0);
                 first_err.get_or_insert(e);
             }
@@ -1744,7 +1766,7 @@ impl Fs {
     }
 
     /// The history id of `path` (live, or the most recently unlinked file there).
-    pub fn history_of(&self, path: &[u8]) -> Result<u64> {
+    pub fn history_of(&self, path: &[u8]) -> Result<HistoryId> {
         self.space.history_of_path(path)?.ok_or(Error::NotFound)
     }
 
@@ -1777,7 +1799,7 @@ impl Fs {
         self.restore_pinned(path, hid, rev, c)
     }
 
-    fn restore_pinned(&self, path: &[u8], hid: u64, rev: u64, c: Caller) -> Result<InodeId> {
+    fn restore_pinned(&self, path: &[u8], hid: HistoryId, rev: u64, c: Caller) -> Result<InodeId> {
         let content = self.space.load_revision(RevisionId(rev))?;
         let ino = match self.space.resolve(path)? {
             Some(ino) => ino,
@@ -1830,7 +1852,7 @@ impl Fs {
             let now = Timestamp::now();
             n.rec.mtime = now;
             n.rec.ctime = now;
-            self.commit_node(ino, &mut n, Seal::Complete, 0)
+            self.commit_node(ino, &mut n, Seal::Complete, HandleId::NONE)
         })();
         self.unref(ino, &node, true);
         result.map(|()| ino)

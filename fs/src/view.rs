@@ -8,8 +8,8 @@
 //! directory of its listed revisions. Modes follow the live file's read bits, so the view
 //! shows nobody more than the file itself does.
 
-use super::{Attr, DirItem, Error, Fs, OpenNode, Result};
-use ckptfs_engine::format::{InodeId, InodeRecord, NodeKind, RevisionId, Timestamp};
+use super::{Attr, DirItem, Error, Fs, HandleId, OpenNode, Result};
+use ckptfs_engine::format::{HistoryId, InodeId, InodeRecord, NodeKind, RevisionId, Timestamp};
 use parking_lot::Mutex;
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -30,8 +30,8 @@ pub fn is_virtual(ino: InodeId) -> bool {
     ino.0 >> 62 >= VIEW_DIR
 }
 
-fn hist_dir(hid: u64) -> InodeId {
-    InodeId((VIEW_DIR << 62) | HIST_BIT | hid)
+fn hist_dir(hid: HistoryId) -> InodeId {
+    InodeId((VIEW_DIR << 62) | HIST_BIT | hid.0)
 }
 
 fn view_dir(real: InodeId) -> InodeId {
@@ -45,7 +45,7 @@ fn rev_file(rev: RevisionId) -> InodeId {
 enum Virt {
     Ctl,
     /// `/.ckptfs/histories` (None) or one history by id, live or unlinked.
-    Hist(Option<u64>),
+    Hist(Option<HistoryId>),
     /// The view of a live directory or file.
     Of(InodeId),
     Rev(RevisionId),
@@ -57,7 +57,7 @@ fn decode(ino: InodeId) -> Option<Virt> {
         VIEW_DIR if low == 0 => Some(Virt::Ctl),
         VIEW_DIR if low & HIST_BIT != 0 => {
             let hid = low & !HIST_BIT;
-            Some(Virt::Hist((hid != 0).then_some(hid)))
+            Some(Virt::Hist((hid != 0).then_some(HistoryId(hid))))
         }
         VIEW_DIR => Some(Virt::Of(InodeId(low))),
         REV_FILE => Some(Virt::Rev(RevisionId(low))),
@@ -94,7 +94,7 @@ fn dir_attr(ino: InodeId, like: &InodeRecord) -> Attr {
             perm: view_dir_perm(like),
             nlink: 2,
             size: 0,
-            history: 0,
+            history: HistoryId::NONE,
             target: Vec::new(),
             ..like.clone()
         },
@@ -150,7 +150,7 @@ impl Fs {
                         atime: rr.committed,
                         crtime: rr.committed,
                         current_rev: rev,
-                        history: 0,
+                        history: HistoryId::NONE,
                         target: Vec::new(),
                         parent: InodeId(0),
                         ..owner
@@ -163,7 +163,7 @@ impl Fs {
     pub(crate) fn view_lookup(&self, parent: InodeId, name: &[u8]) -> Result<Attr> {
         match decode(parent).ok_or(Error::NotFound)? {
             Virt::Ctl if name == REVISIONS_NAME => self.view_getattr(view_dir(InodeId::ROOT)),
-            Virt::Ctl if name == HISTORIES_NAME => self.view_getattr(hist_dir(0)),
+            Virt::Ctl if name == HISTORIES_NAME => self.view_getattr(hist_dir(HistoryId::NONE)),
             Virt::Ctl => Err(Error::NotFound),
             Virt::Hist(None) => {
                 // Ids outside 1..2^61 would name the histories dir itself or alias another
@@ -172,7 +172,7 @@ impl Fs {
                 if hid == 0 || hid >= HIST_BIT {
                     return Err(Error::NotFound);
                 }
-                self.view_getattr(hist_dir(hid))
+                self.view_getattr(hist_dir(HistoryId(hid)))
             }
             Virt::Hist(Some(hid)) => {
                 let id = parse_id(name)?;
@@ -207,7 +207,7 @@ impl Fs {
         match decode(dir).ok_or(Error::NotFound)? {
             Virt::Ctl => Ok(InodeId::ROOT),
             Virt::Hist(None) => Ok(CTL),
-            Virt::Hist(Some(_)) => Ok(hist_dir(0)),
+            Virt::Hist(Some(_)) => Ok(hist_dir(HistoryId::NONE)),
             Virt::Of(real) if real == InodeId::ROOT => Ok(CTL),
             Virt::Of(real) => {
                 let rec = self.record(real)?;
@@ -232,7 +232,7 @@ impl Fs {
         match decode(dir).ok_or(Error::NotFound)? {
             Virt::Ctl => Ok([
                 (3, view_dir(InodeId::ROOT), REVISIONS_NAME),
-                (4, hist_dir(0), HISTORIES_NAME),
+                (4, hist_dir(HistoryId::NONE), HISTORIES_NAME),
             ]
             .into_iter()
             .filter(|(o, _, _)| *o > after)
@@ -245,10 +245,10 @@ impl Fs {
             .collect()),
             Virt::Hist(None) => Ok(self
                 .space
-                .history_ids(after.saturating_sub(2), limit)?
+                .history_ids(HistoryId(after.saturating_sub(2)), limit)?
                 .into_iter()
                 .map(|hid| DirItem {
-                    offset: hid + 2,
+                    offset: hid.0 + 2,
                     ino: hist_dir(hid),
                     kind: NodeKind::Dir,
                     name: hid.to_string().into_bytes(),
@@ -302,7 +302,7 @@ impl Fs {
         })
     }
 
-    fn revision_items(&self, hid: u64, after: u64, limit: usize) -> Result<Vec<DirItem>> {
+    fn revision_items(&self, hid: HistoryId, after: u64, limit: usize) -> Result<Vec<DirItem>> {
         Ok(self
             .space
             .revisions(hid)?
@@ -335,7 +335,7 @@ impl Fs {
     }
 
     /// Opens a revision file for reading; its revision is pinned against gc while open.
-    pub(crate) fn open_view(&self, ino: InodeId, fh: u64, write: bool) -> Result<()> {
+    pub(crate) fn open_view(&self, ino: InodeId, fh: HandleId, write: bool) -> Result<()> {
         if write {
             return Err(Error::ReadOnly);
         }

@@ -22,7 +22,7 @@ use ckptfs_engine::format::{InodeId, Superblock};
 use ckptfs_engine::sim::{Fault, Image, OpKind, SimDevice, SimDisk};
 use ckptfs_engine::space::{Config, Devices};
 use ckptfs_engine::Space;
-use ckptfs_fs::{Caller, Error, Fs};
+use ckptfs_fs::{Caller, Error, Fs, HandleId};
 use rand::rngs::SmallRng;
 use rand::{Rng, RngCore, SeedableRng};
 use std::collections::BTreeMap;
@@ -152,10 +152,10 @@ fn workload(fs: &Fs, sim: &Sim, seed: u64, model: &mut Model) -> Option<(String,
             b
         })
         .collect();
-    let mut fh = 1u64;
+    let mut fh = HandleId(1);
     // Handles whose RELEASE has not come yet: the kernel sends RELEASE asynchronously, often
     // after the same process's next OPEN of the file, and a reader's at any time.
-    let mut late: Vec<(InodeId, u64)> = Vec::new();
+    let mut late: Vec<(InodeId, HandleId)> = Vec::new();
     let steps = rng.random_range(10..40);
     for _ in 0..steps {
         if sim.disk.has_crashed() {
@@ -171,7 +171,7 @@ fn workload(fs: &Fs, sim: &Sim, seed: u64, model: &mut Model) -> Option<(String,
             match rng.random_range(0..22) {
                 0..=13 => {
                     // A save: new content, written sequentially or patched in place.
-                    fh += 1;
+                    fh.0 += 1;
                     let mut s = model.cur();
                     let existing = fs.lookup(ROOT, nm.as_bytes());
                     let ino = match existing {
@@ -250,7 +250,7 @@ fn workload(fs: &Fs, sim: &Sim, seed: u64, model: &mut Model) -> Option<(String,
                     // A bystander (a monitoring script, a data loader): opens the file,
                     // maybe reads and closes it, and releases now or later.
                     if let Ok(a) = fs.lookup(ROOT, nm.as_bytes()) {
-                        fh += 1;
+                        fh.0 += 1;
                         fs.open(a.ino, fh, false, false)?;
                         if rng.random_bool(0.5) {
                             fs.read(a.ino, fh, 0, 4096)?;
@@ -313,12 +313,12 @@ fn observe(fs: &Fs) -> Result<State, String> {
             Err(Error::NotFound) => continue,
             Err(e) => return Err(format!("lookup {nm}: {e:?}")),
         };
-        fs.open(a.ino, 1000 + i as u64, false, false)
+        fs.open(a.ino, HandleId(1000 + i as u64), false, false)
             .map_err(|e| format!("open {nm}: {e:?}"))?;
         let content = fs
-            .read(a.ino, 1000 + i as u64, 0, a.rec.size as usize + 1)
+            .read(a.ino, HandleId(1000 + i as u64), 0, a.rec.size as usize + 1)
             .map_err(|e| format!("read {nm}: {e:?}"))?;
-        fs.release(a.ino, 1000 + i as u64)
+        fs.release(a.ino, HandleId(1000 + i as u64))
             .map_err(|e| format!("release {nm}: {e:?}"))?;
         let mut sealed = Vec::new();
         for r in fs
@@ -418,15 +418,15 @@ fn run(seed: u64, plan: Plan, tally: &mut Tally) -> Result<u64, String> {
             let f = name(0);
             let refused = match fs.lookup(ROOT, f.as_bytes()) {
                 Ok(a) => fs
-                    .open(a.ino, 99_999, true, false)
-                    .and_then(|_| fs.write(a.ino, 99_999, 1, 0, b"after the failure"))
-                    .and_then(|_| fs.flush(a.ino, 99_999, 1))
+                    .open(a.ino, HandleId(99_999), true, false)
+                    .and_then(|_| fs.write(a.ino, HandleId(99_999), 1, 0, b"after the failure"))
+                    .and_then(|_| fs.flush(a.ino, HandleId(99_999), 1))
                     .is_err(),
                 Err(_) => fs
-                    .create(ROOT, f.as_bytes(), 0o644, ME, 99_999, true)
+                    .create(ROOT, f.as_bytes(), 0o644, ME, HandleId(99_999), true)
                     .and_then(|a| {
-                        fs.write(a.ino, 99_999, 1, 0, b"x")?;
-                        fs.flush(a.ino, 99_999, 1)
+                        fs.write(a.ino, HandleId(99_999), 1, 0, b"x")?;
+                        fs.flush(a.ino, HandleId(99_999), 1)
                     })
                     .is_err(),
             };
@@ -450,12 +450,12 @@ fn run(seed: u64, plan: Plan, tally: &mut Tally) -> Result<u64, String> {
                     Err(Error::NotFound) if later.iter().any(|s| !s.contains_key(nm)) => continue,
                     r => r.map_err(|e| format!("lookup {nm} after the failure: {e:?}"))?,
                 };
-                fs.open(a.ino, 88_888, false, false)
+                fs.open(a.ino, HandleId(88_888), false, false)
                     .map_err(|e| format!("open {nm} after the failure: {e:?}"))?;
                 let got = fs
-                    .read(a.ino, 88_888, 0, a.rec.size as usize + 1)
+                    .read(a.ino, HandleId(88_888), 0, a.rec.size as usize + 1)
                     .map_err(|e| format!("read {nm} after the failure: {e:?}"))?;
-                let _ = fs.release(a.ino, 88_888);
+                let _ = fs.release(a.ino, HandleId(88_888));
                 if !model.states[model.acked..]
                     .iter()
                     .any(|s| s.get(nm).is_some_and(|m| *m.content == got))
@@ -523,11 +523,11 @@ fn run(seed: u64, plan: Plan, tally: &mut Tally) -> Result<u64, String> {
     }
     // The space takes writes again.
     let a = fs
-        .create(ROOT, b"after-reboot", 0o644, ME, 5, true)
+        .create(ROOT, b"after-reboot", 0o644, ME, HandleId(5), true)
         .map_err(|e| format!("create after reboot: {e:?}"))?;
-    fs.write(a.ino, 5, 1, 0, b"alive")
-        .and_then(|_| fs.flush(a.ino, 5, 1))
-        .and_then(|_| fs.release(a.ino, 5))
+    fs.write(a.ino, HandleId(5), 1, 0, b"alive")
+        .and_then(|_| fs.flush(a.ino, HandleId(5), 1))
+        .and_then(|_| fs.release(a.ino, HandleId(5)))
         .map_err(|e| format!("write after reboot: {e:?}"))?;
     Ok(total_ops)
 }

@@ -13,7 +13,7 @@
 use ckptfs_engine::format::InodeId;
 use ckptfs_engine::space::Config;
 use ckptfs_engine::Space;
-use ckptfs_fs::{Caller, Error, Fs};
+use ckptfs_fs::{Caller, Error, Fs, HandleId};
 use rand::rngs::SmallRng;
 use rand::{Rng, RngCore, SeedableRng};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -35,8 +35,8 @@ fn seed() -> u64 {
 
 /// File handles are unique for the life of the daemon, as the adapter hands them out.
 static NEXT_FH: AtomicU64 = AtomicU64::new(1);
-fn fh() -> u64 {
-    NEXT_FH.fetch_add(1, Ordering::Relaxed)
+fn fh() -> HandleId {
+    HandleId(NEXT_FH.fetch_add(1, Ordering::Relaxed))
 }
 
 fn read_all(fs: &Fs, name: &str) -> Result<Vec<u8>, String> {
@@ -57,7 +57,7 @@ struct Writer {
     name: String,
     acked: Vec<u8>,
     /// A handle whose RELEASE the "kernel" has not sent yet: it goes after the next OPEN.
-    late_release: Option<(InodeId, u64)>,
+    late_release: Option<(InodeId, HandleId)>,
 }
 
 impl Writer {
@@ -156,7 +156,7 @@ impl Writer {
 /// several of its own steps, until `stop`.
 fn bystander(fs: &Fs, seed: u64, stop: &AtomicBool) -> Result<u64, String> {
     let mut rng = SmallRng::seed_from_u64(seed);
-    let mut held: Vec<(InodeId, u64)> = Vec::new();
+    let mut held: Vec<(InodeId, HandleId)> = Vec::new();
     let mut ops = 0;
     while !stop.load(Ordering::Relaxed) {
         let name = format!("f{}", rng.random_range(0..WRITERS));
@@ -297,8 +297,14 @@ fn racing_open_flush_release_rename_lose_nothing() {
     );
     // A handle the daemon does not know is an error, never a silent success.
     let a = fs.lookup(ROOT, b"f0").unwrap();
-    assert!(matches!(fs.flush(a.ino, 1 << 60, 1), Err(Error::BadHandle)));
-    assert!(matches!(fs.release(a.ino, 1 << 60), Err(Error::BadHandle)));
+    assert!(matches!(
+        fs.flush(a.ino, HandleId(1 << 60), 1),
+        Err(Error::BadHandle)
+    ));
+    assert!(matches!(
+        fs.release(a.ino, HandleId(1 << 60)),
+        Err(Error::BadHandle)
+    ));
 
     fs.commit_all().expect("commit at unmount");
     drop(Arc::into_inner(fs).expect("only reference"));

@@ -3,7 +3,7 @@
 
 use ckptfs_engine::format::{InodeId, NodeKind, Timestamp};
 use ckptfs_fs::xattr::XattrSet;
-use ckptfs_fs::{creds, Attr, Caller, Error, Fs, Requester, SetAttr};
+use ckptfs_fs::{creds, Attr, Caller, Error, Fs, HandleId, Requester, SetAttr};
 use fuser::{
     Errno, FileAttr, FileHandle, FileType, Filesystem, FopenFlags, Generation, INodeNo, InitFlags,
     KernelConfig, LockOwner, OpenAccMode, OpenFlags, RenameFlags, ReplyAttr, ReplyCreate,
@@ -684,7 +684,7 @@ impl Filesystem for CkptFs {
             true => self.fs.drop_file_caps(InodeId(ino.0)),
             false => Ok(()),
         });
-        match r.and_then(|()| self.fs.open(InodeId(ino.0), fh.0, w, trunc)) {
+        match r.and_then(|()| self.fs.open(InodeId(ino.0), HandleId(fh.0), w, trunc)) {
             Ok(()) => reply.opened(fh, open_flags(flags)),
             Err(e) => reply.error(fail("open", ino.0, e)),
         }
@@ -701,7 +701,10 @@ impl Filesystem for CkptFs {
         _lock_owner: Option<LockOwner>,
         reply: ReplyData,
     ) {
-        match self.fs.read(InodeId(ino.0), fh.0, offset, size as usize) {
+        match self
+            .fs
+            .read(InodeId(ino.0), HandleId(fh.0), offset, size as usize)
+        {
             Ok(d) => reply.data(&d),
             Err(e) => reply.error(fail("read", ino.0, e)),
         }
@@ -732,7 +735,10 @@ impl Filesystem for CkptFs {
             true => self.fs.drop_file_caps(InodeId(ino.0)),
             false => Ok(()),
         });
-        match r.and_then(|()| self.fs.write(InodeId(ino.0), fh.0, req.pid(), offset, data)) {
+        match r.and_then(|()| {
+            self.fs
+                .write(InodeId(ino.0), HandleId(fh.0), req.pid(), offset, data)
+        }) {
             Ok(n) => {
                 // A write-only handle is served with direct I/O (`open_flags`): its bytes
                 // went past the page cache that other handles of the file read through.
@@ -755,7 +761,7 @@ impl Filesystem for CkptFs {
         _lock_owner: LockOwner,
         reply: ReplyEmpty,
     ) {
-        let r = self.fs.flush(InodeId(ino.0), fh.0, req.pid());
+        let r = self.fs.flush(InodeId(ino.0), HandleId(fh.0), req.pid());
         Self::reply_empty(r, "flush", ino, reply);
     }
 
@@ -769,12 +775,12 @@ impl Filesystem for CkptFs {
         _flush: bool,
         reply: ReplyEmpty,
     ) {
-        let r = self.fs.release(InodeId(ino.0), fh.0);
+        let r = self.fs.release(InodeId(ino.0), HandleId(fh.0));
         Self::reply_empty(r, "release", ino, reply);
     }
 
     fn fsync(&self, _req: &Request, ino: INodeNo, fh: FileHandle, _ds: bool, reply: ReplyEmpty) {
-        let r = self.fs.fsync(InodeId(ino.0), fh.0);
+        let r = self.fs.fsync(InodeId(ino.0), HandleId(fh.0));
         Self::reply_empty(r, "fsync", ino, reply);
     }
 
@@ -928,9 +934,14 @@ impl Filesystem for CkptFs {
         mode: i32,
         reply: ReplyEmpty,
     ) {
-        let r = self
-            .fs
-            .fallocate(InodeId(ino.0), fh.0, req.pid(), offset, length, mode);
+        let r = self.fs.fallocate(
+            InodeId(ino.0),
+            HandleId(fh.0),
+            req.pid(),
+            offset,
+            length,
+            mode,
+        );
         Self::reply_empty(r, "fallocate", ino, reply);
     }
 
@@ -952,10 +963,10 @@ impl Filesystem for CkptFs {
         let len = len.min(u32::MAX as u64 & !0xfff);
         match self.fs.copy_range(
             InodeId(ino_in.0),
-            fh_in.0,
+            HandleId(fh_in.0),
             offset_in,
             InodeId(ino_out.0),
-            fh_out.0,
+            HandleId(fh_out.0),
             offset_out,
             len,
             req.pid(),
@@ -993,7 +1004,7 @@ impl Filesystem for CkptFs {
             name.as_bytes(),
             mode,
             caller(req),
-            fh.0,
+            HandleId(fh.0),
             w,
         ) {
             Ok(a) => reply.created(

@@ -99,7 +99,7 @@ fn contents(seed: u64) -> Vec<(&'static str, Vec<Vec<u8>>)> {
 /// One revision as the engine stores it.
 struct Rev {
     path: &'static str,
-    history: u64,
+    history: ckptfs_engine::format::HistoryId,
     id: u64,
     current: bool,
     data: Vec<u8>,
