@@ -7,7 +7,7 @@
 //! `ckptfs check` is the one reader that must see rows that do not decode (to report them):
 //! it gets the raw tables of a snapshot from [`Reader::raw`].
 
-use crate::error::{Error, Result};
+use crate::error::{Corruption, Error, Missing, Result};
 use crate::format::{
     decode_xattrs, encode_xattrs, ChunkHash, ChunkRecord, DataOffset, Extent, HistoryId,
     HistoryRecord, InodeId, InodeRecord, NodeKind, RevisionId, RevisionRecord, SegmentId,
@@ -129,7 +129,7 @@ impl Config {
         let get = |k: &str| -> Result<u64> {
             t.get(k)?
                 .map(|v| v.value())
-                .ok_or_else(|| Error::Corrupt(format!("config key {k} missing")))
+                .ok_or_else(|| Corruption::Missing(Missing::Key(format!("config key {k}"))).into())
         };
         Ok(Config {
             keep_revisions: get("keep_revisions")?,
@@ -184,7 +184,10 @@ pub fn add_missing_tables(db: &Database) -> Result<bool> {
 
 fn hash_key(key: &[u8], what: &str) -> Result<ChunkHash> {
     Ok(ChunkHash(key.try_into().map_err(|_| {
-        Error::Corrupt(format!("{what} key is not a chunk hash"))
+        Error::from(Corruption::Record {
+            record: "chunk table key",
+            why: format!("the {what} key is not a chunk hash"),
+        })
     })?))
 }
 
@@ -274,7 +277,7 @@ fn lookup(
 fn counter(t: &impl ReadableTable<&'static str, u64>, name: &str) -> Result<u64> {
     t.get(name)?
         .map(|v| v.value())
-        .ok_or_else(|| Error::Corrupt(format!("counter {name} missing from the metadata table")))
+        .ok_or_else(|| Corruption::Missing(Missing::Key(format!("counter {name}"))).into())
 }
 
 /// The extended attributes of `ino`.
@@ -344,8 +347,8 @@ fn list_dir(
     for item in dirlist.range((dir.0, after + 1)..(dir.0, u64::MAX))? {
         let (k, v) = item?;
         let name = v.value().to_vec();
-        let ino = lookup(dirents, dir, &name)?
-            .ok_or_else(|| Error::Corrupt(format!("dirlist names a missing entry in {}", dir.0)))?;
+        let ino =
+            lookup(dirents, dir, &name)?.ok_or(Corruption::Missing(Missing::Entry { dir }))?;
         out.push(DirEntry {
             cookie: k.value().1,
             name,
@@ -469,8 +472,7 @@ impl<'t> Txn<'t> {
                 false,
             ),
             None => {
-                let r = new()
-                    .ok_or_else(|| Error::Corrupt(format!("extent names unknown chunk {h:?}")))?;
+                let r = new().ok_or(Corruption::UnknownChunk(*h))?;
                 (ChunkRecord { refs: 1, ..r }, true)
             }
         };
@@ -483,16 +485,8 @@ impl<'t> Txn<'t> {
     /// that would go below zero, or a chunk the table does not have, is corruption (an
     /// extent named a chunk more often than counted), reported instead of hidden.
     fn drop_chunk_ref(&mut self, h: &ChunkHash) -> Result<()> {
-        let c = self.chunk(h)?.ok_or_else(|| {
-            Error::Corrupt(format!(
-                "an extent names chunk {h:?}, which the chunk table lacks"
-            ))
-        })?;
-        let refs = c.refs.checked_sub(1).ok_or_else(|| {
-            Error::Corrupt(format!(
-                "chunk {h:?} has no reference left to drop (reference count underflow)"
-            ))
-        })?;
+        let c = self.chunk(h)?.ok_or(Corruption::UnknownChunk(*h))?;
+        let refs = c.refs.checked_sub(1).ok_or(Corruption::RefUnderflow(*h))?;
         let c = ChunkRecord { refs, ..c };
         self.chunks.insert(h.0.as_slice(), c.encode().as_slice())?;
         if refs == 0 {
@@ -669,7 +663,7 @@ impl<'t> Txn<'t> {
     /// The inode, or a corruption error: callers use it for inodes that must exist.
     pub fn inode(&self, ino: InodeId) -> Result<InodeRecord> {
         self.get_inode(ino)?
-            .ok_or_else(|| Error::Corrupt(format!("inode {} missing", ino.0)))
+            .ok_or_else(|| Corruption::Missing(Missing::Inode(ino)).into())
     }
 
     pub fn put_inode(&mut self, ino: InodeId, rec: &InodeRecord) -> Result<()> {
@@ -704,7 +698,7 @@ impl<'t> Txn<'t> {
             .dirents
             .get((parent.0, name))?
             .map(|v| v.value())
-            .ok_or_else(|| Error::Corrupt(format!("entry to repoint missing in {}", parent.0)))?;
+            .ok_or(Corruption::Missing(Missing::Entry { dir: parent }))?;
         self.dirents.insert((parent.0, name), (child.0, cookie))?;
         Ok(())
     }
@@ -723,14 +717,14 @@ impl<'t> Txn<'t> {
         if parent != new_parent {
             let child = self
                 .remove_entry(parent, name)?
-                .ok_or_else(|| Error::Corrupt(format!("entry to move missing in {}", parent.0)))?;
+                .ok_or(Corruption::Missing(Missing::Entry { dir: parent }))?;
             return self.add_entry(new_parent, new_name, child);
         }
         let (child, cookie) = self
             .dirents
             .remove((parent.0, name))?
             .map(|v| v.value())
-            .ok_or_else(|| Error::Corrupt(format!("entry to move missing in {}", parent.0)))?;
+            .ok_or(Corruption::Missing(Missing::Entry { dir: parent }))?;
         let old = self.dirents.insert((parent.0, new_name), (child, cookie))?;
         assert!(old.is_none(), "move_entry over an existing name");
         self.dirlist.insert((parent.0, cookie), new_name)?;
@@ -834,7 +828,7 @@ impl<'t> Txn<'t> {
     /// reference on each of its chunks. Used when a rename replaces a path's file.
     pub fn copy_revision(&mut self, from: RevisionId, hid: HistoryId) -> Result<RevisionId> {
         let src = get_revision(&self.revisions, from)?
-            .ok_or_else(|| Error::Corrupt(format!("revision {} missing", from.0)))?;
+            .ok_or(Corruption::Missing(Missing::Revision(from)))?;
         let rev = counter(&self.counters, NEXT_REV)?;
         self.counters.insert(NEXT_REV, rev + 1)?;
         let rows: Vec<(u64, Vec<u8>)> = self
@@ -1084,7 +1078,7 @@ fn get_history(
 ) -> Result<HistoryRecord> {
     match t.get(hid.0)? {
         Some(v) => HistoryRecord::decode(v.value()),
-        None => Err(Error::Corrupt(format!("history {hid} missing"))),
+        None => Err(Corruption::Missing(Missing::History(hid)).into()),
     }
 }
 
@@ -1199,7 +1193,7 @@ mod tests {
             .insert(h.0.as_slice(), record(1).encode().as_slice())
             .unwrap();
         match t.drop_revision(rev) {
-            Err(Error::Corrupt(m)) => assert!(m.contains("underflow"), "{m}"),
+            Err(Error::Corrupt(Corruption::RefUnderflow(x))) => assert_eq!(x, h),
             other => panic!("want corruption, got {other:?}"),
         }
     }
@@ -1212,10 +1206,8 @@ mod tests {
         let txn = db.begin_write().unwrap();
         let mut t = Txn::open(&txn).unwrap();
         t.chunks.remove(h.0.as_slice()).unwrap();
-        assert!(matches!(t.drop_revision(rev), Err(Error::Corrupt(_))));
-        assert!(matches!(
-            t.add_chunk_ref(&h, || None),
-            Err(Error::Corrupt(_))
-        ));
+        let unknown = |r| matches!(r, Err(Error::Corrupt(Corruption::UnknownChunk(x))) if x == h);
+        assert!(unknown(t.drop_revision(rev)));
+        assert!(unknown(t.add_chunk_ref(&h, || None).map(|_| ())));
     }
 }

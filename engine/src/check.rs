@@ -15,7 +15,7 @@
 //! have moved it and reused the old place), and a failure is confirmed by a second read.
 
 use crate::catalog::{self, RawTables};
-use crate::error::{Error, Result};
+use crate::error::{ChunkDamage, Error, Result};
 use crate::format::*;
 use crate::space::Space;
 use crate::store::ChunkStore;
@@ -524,7 +524,8 @@ fn classify(rec: &ChunkRecord, stored: &[u8]) -> Damage {
     match rec.codec {
         Codec::Raw => Damage::HashMismatch,
         _ => match crate::codec::decode(rec.codec, stored.to_vec(), rec.raw_len as usize) {
-            Err(e) => Damage::Decode(e.to_string()),
+            Err(ChunkDamage::Decode(why)) => Damage::Decode(why),
+            Err(ChunkDamage::HashMismatch) => Damage::HashMismatch,
             Ok(_) => Damage::HashMismatch,
         },
     }

@@ -4,7 +4,7 @@
 //! may copy forward). Reads return only `Verified`, gc's copies take only `Checked`, so bytes
 //! that were never compared with their blake3 cannot be handed to a reader or moved.
 
-use crate::error::{Error, Result};
+use crate::error::{ChunkDamage, Corruption, Error, Result};
 use crate::format::{ChunkHash, ChunkRecord};
 
 /// A chunk's bytes as read from the data file, not yet checked.
@@ -37,18 +37,17 @@ impl Stored {
     /// error instead of wrong bytes).
     pub fn verify(self) -> Result<Verified> {
         let (h, rec) = (self.hash, self.rec);
+        let damaged = |damage| {
+            Error::from(Corruption::Chunk {
+                hash: h,
+                offset: rec.offset,
+                damage,
+            })
+        };
         let raw =
-            crate::codec::decode(rec.codec, self.bytes, rec.raw_len as usize).map_err(|e| {
-                Error::Corrupt(format!(
-                    "chunk {h:?} at data offset {} does not decode: {e}",
-                    rec.offset.0
-                ))
-            })?;
+            crate::codec::decode(rec.codec, self.bytes, rec.raw_len as usize).map_err(damaged)?;
         if raw.len() != rec.raw_len as usize || ChunkHash::of(&raw) != h {
-            return Err(Error::Corrupt(format!(
-                "chunk {h:?} at data offset {} fails its blake3 check",
-                rec.offset.0
-            )));
+            return Err(damaged(ChunkDamage::HashMismatch));
         }
         Ok(Verified(raw))
     }

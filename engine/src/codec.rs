@@ -9,7 +9,7 @@
 //! sample (shuffle plus LZ4 costs about four times plain LZ4's CPU on compressible data).
 //! The codec is recorded per chunk, so readers need no configuration.
 
-use crate::error::{Error, Result};
+use crate::error::ChunkDamage;
 use crate::format::Codec;
 
 /// Bytes of a chunk compressed both ways to choose the element width.
@@ -71,10 +71,15 @@ fn shuffle_width(data: &[u8]) -> Option<usize> {
     ((len as f64) < plain as f64 * SHUFFLE_MIN_GAIN).then_some(best)
 }
 
-/// Decodes stored bytes into the chunk's `raw_len` bytes.
-pub fn decode(codec: Codec, stored: Vec<u8>, raw_len: usize) -> Result<Vec<u8>> {
+/// Decodes stored bytes into the chunk's `raw_len` bytes. Knows nothing of which chunk
+/// it decodes: the caller names it in the error (`chunk::Stored::verify`).
+pub fn decode(
+    codec: Codec,
+    stored: Vec<u8>,
+    raw_len: usize,
+) -> std::result::Result<Vec<u8>, ChunkDamage> {
     let lz4 = |s: &[u8]| {
-        lz4_flex::block::decompress(s, raw_len).map_err(|e| Error::Corrupt(e.to_string()))
+        lz4_flex::block::decompress(s, raw_len).map_err(|e| ChunkDamage::Decode(e.to_string()))
     };
     let raw = match codec {
         Codec::Raw => stored,
@@ -83,8 +88,8 @@ pub fn decode(codec: Codec, stored: Vec<u8>, raw_len: usize) -> Result<Vec<u8>> 
         Codec::Shuffle8Lz4 => unshuffle(&lz4(&stored)?, 8),
     };
     if raw.len() != raw_len {
-        return Err(Error::Corrupt(format!(
-            "decodes to {} bytes, expected {raw_len}",
+        return Err(ChunkDamage::Decode(format!(
+            "it decodes to {} bytes, its record says {raw_len}",
             raw.len()
         )));
     }

@@ -1,6 +1,7 @@
 //! The engine's one error type. The FUSE adapter maps every variant to an errno in one
 //! exhaustive match, so adding a variant forces a decision there.
 
+use crate::ids::{ChunkHash, DataOffset, HistoryId, InodeId, RevisionId};
 use std::fmt;
 use std::io;
 
@@ -10,8 +11,8 @@ pub enum Error {
     Io(io::Error),
     /// The reserved data file has no room for the data being stored.
     NoSpace,
-    /// Stored bytes do not match their content hash, or a record failed validation.
-    Corrupt(String),
+    /// Stored bytes do not match their content hash, or the metadata contradicts itself.
+    Corrupt(Corruption),
     /// The backing directory is not a ckptfs space, or of an unknown version.
     NotASpace(String),
     /// Another process holds the space (it is mounted or being formatted).
@@ -33,7 +34,7 @@ impl fmt::Display for Error {
         match self {
             Error::Io(e) => write!(f, "I/O error on the backing space: {e}"),
             Error::NoSpace => write!(f, "the reserved space is full"),
-            Error::Corrupt(m) => write!(f, "corruption detected: {m}"),
+            Error::Corrupt(c) => write!(f, "corruption detected: {c}"),
             Error::NotASpace(m) => write!(f, "{m}"),
             Error::Locked(m) => write!(f, "{m}"),
             Error::Invalid(m) => write!(f, "{m}"),
@@ -51,6 +52,112 @@ impl fmt::Display for Error {
 }
 
 impl std::error::Error for Error {}
+
+/// What is damaged, and where: callers act on the kind (`ckptfs check` groups chunk damage
+/// by file; gc refuses to copy a damaged chunk forward) and print the sentence.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Corruption {
+    /// A stored chunk fails its blake3 check or does not decode.
+    Chunk {
+        hash: ChunkHash,
+        offset: DataOffset,
+        damage: ChunkDamage,
+    },
+    /// An extent (or a copy of one) names a chunk the chunk table does not have.
+    UnknownChunk(ChunkHash),
+    /// A chunk's reference count is lower than the extents naming it: dropping a
+    /// reference would take it below zero.
+    RefUnderflow(ChunkHash),
+    /// A row another row names is missing.
+    Missing(Missing),
+    /// A catalog record does not decode or contradicts its neighbours (`record` names which
+    /// kind, `why` says what is wrong with it).
+    Record { record: &'static str, why: String },
+    /// The superblock fails its checksum or holds values out of range.
+    Superblock(String),
+    /// The metadata table's file (meta.redb) is damaged.
+    Catalog(String),
+    /// The data file disagrees with the superblock or the catalog about its size.
+    Layout(String),
+}
+
+/// What is wrong with a stored chunk.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum ChunkDamage {
+    /// The decoded bytes do not hash to the chunk's name.
+    HashMismatch,
+    /// The stored bytes do not decode (with the codec's complaint).
+    Decode(String),
+}
+
+/// A missing row, by what names it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Missing {
+    Inode(InodeId),
+    Revision(RevisionId),
+    History(HistoryId),
+    /// A directory entry that the directory's listing (or a rename) names.
+    Entry {
+        dir: InodeId,
+    },
+    /// A counter or configuration key every space has.
+    Key(String),
+}
+
+impl fmt::Display for Corruption {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Corruption::Chunk {
+                hash,
+                offset,
+                damage: ChunkDamage::HashMismatch,
+            } => write!(
+                f,
+                "chunk {hash} at data offset {} fails its blake3 check",
+                offset.0
+            ),
+            Corruption::Chunk {
+                hash,
+                offset,
+                damage: ChunkDamage::Decode(why),
+            } => write!(
+                f,
+                "chunk {hash} at data offset {} does not decode ({why})",
+                offset.0
+            ),
+            Corruption::UnknownChunk(h) => {
+                write!(f, "an extent names chunk {h}, which the chunk table lacks")
+            }
+            Corruption::RefUnderflow(h) => write!(
+                f,
+                "chunk {h} has fewer references than extents name it (reference count underflow)"
+            ),
+            Corruption::Missing(m) => match m {
+                Missing::Inode(i) => write!(f, "inode {} is missing from the inode table", i.0),
+                Missing::Revision(r) => {
+                    write!(f, "revision {} is missing from the revision table", r.0)
+                }
+                Missing::History(h) => write!(f, "history {h} is missing from the history table"),
+                Missing::Entry { dir } => write!(
+                    f,
+                    "an entry the listing of directory inode {} names is missing",
+                    dir.0
+                ),
+                Missing::Key(k) => write!(f, "the metadata table lacks its {k} entry"),
+            },
+            Corruption::Record { record, why } => write!(f, "a {record} is malformed: {why}"),
+            Corruption::Superblock(why) => write!(f, "the superblock is damaged: {why}"),
+            Corruption::Catalog(why) => write!(f, "the metadata table (meta.redb) {why}"),
+            Corruption::Layout(why) => write!(f, "{why}"),
+        }
+    }
+}
+
+impl From<Corruption> for Error {
+    fn from(c: Corruption) -> Self {
+        Error::Corrupt(c)
+    }
+}
 
 impl From<io::Error> for Error {
     fn from(e: io::Error) -> Self {

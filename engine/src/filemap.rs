@@ -9,7 +9,7 @@
 //! - the stream's bytes are newer than the map, and no dirty block intersects a block the
 //!   stream covers, so the three sources never disagree about which byte is newest.
 
-use crate::error::{Error, Result};
+use crate::error::{Corruption, Result};
 use crate::format::{ChunkHash, ChunkParams, Extent};
 use crate::pins::ChunkPins;
 pub use crate::pipeline::ChunkIo;
@@ -52,9 +52,11 @@ impl ExtentMap {
     pub fn push_loaded(&mut self, off: u64, e: Extent) -> Result<()> {
         if let Some((last_off, last)) = self.extents.iter().next_back() {
             if last_off + last.len as u64 > off {
-                return Err(Error::Corrupt(format!(
-                    "overlapping extents at file offset {off}"
-                )));
+                return Err(Corruption::Record {
+                    record: "extent record",
+                    why: format!("it overlaps the extent before it at file offset {off}"),
+                }
+                .into());
             }
         }
         self.extents.insert(off, e);
@@ -159,10 +161,14 @@ impl ExtentMap {
             let from = e.chunk_off as usize;
             let to = from + e.len as usize;
             if to > data.len() {
-                return Err(Error::Corrupt(format!(
-                    "extent at file offset {s} reaches past the end of chunk {:?}",
-                    e.chunk
-                )));
+                return Err(Corruption::Record {
+                    record: "extent record",
+                    why: format!(
+                        "the extent at file offset {s} reaches past the end of chunk {}",
+                        e.chunk
+                    ),
+                }
+                .into());
             }
             let at = (s - off) as usize;
             buf[at..at + e.len as usize].copy_from_slice(&data[from..to]);
@@ -1093,6 +1099,7 @@ fn overlay(out: &mut [u8], out_off: u64, src_off: u64, src: &[u8]) {
 #[cfg(test)]
 pub(crate) mod tests {
     use super::*;
+    use crate::error::Error;
     use parking_lot::Mutex;
     use rand::rngs::SmallRng;
     use rand::{Rng, RngCore, SeedableRng};
@@ -1114,7 +1121,7 @@ pub(crate) mod tests {
                 .lock()
                 .get(hash)
                 .cloned()
-                .ok_or_else(|| Error::Corrupt("missing chunk".into()))
+                .ok_or_else(|| Corruption::UnknownChunk(*hash).into())
         }
     }
 

@@ -4,9 +4,8 @@
 //! Decoders take bytes just read from disk and validate them before anything else sees them
 //! ("check after reading"); encoders assert a record is valid before it is written.
 
-use crate::error::{Error, Result};
-use serde::{Deserialize, Serialize};
-use std::fmt;
+use crate::error::{Corruption, Error, Result};
+pub use crate::ids::*;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 pub const MAGIC: [u8; 8] = *b"CKPTFS\0\x01";
@@ -100,67 +99,14 @@ pub const LOCK_FILE: &str = "lock";
 pub const LOG_FILE: &str = "daemon.log";
 pub const SPACE_FILES: [&str; 5] = [SUPERBLOCK_FILE, DATA_FILE, META_FILE, LOCK_FILE, LOG_FILE];
 
-/// blake3 of a chunk's uncompressed bytes: the chunk's name everywhere.
-#[derive(Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub struct ChunkHash(pub [u8; 32]);
-
-impl ChunkHash {
-    pub fn of(data: &[u8]) -> Self {
-        ChunkHash(*blake3::hash(data).as_bytes())
+/// A record of kind `record` that does not decode.
+fn malformed(record: &'static str) -> Error {
+    Corruption::Record {
+        record,
+        why: "it does not decode".into(),
     }
+    .into()
 }
-
-impl fmt::Debug for ChunkHash {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        for b in &self.0[..8] {
-            write!(f, "{b:02x}")?;
-        }
-        Ok(())
-    }
-}
-
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub struct InodeId(pub u64);
-
-impl InodeId {
-    pub const ROOT: InodeId = InodeId(1);
-}
-
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub struct RevisionId(pub u64);
-
-/// A revision history: the lineage of one path's revisions, kept across unlink and rename.
-/// 0 means none (a record that is not a regular file).
-#[derive(
-    Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Default, Serialize, Deserialize,
-)]
-#[serde(transparent)]
-pub struct HistoryId(pub u64);
-
-impl HistoryId {
-    pub const NONE: HistoryId = HistoryId(0);
-}
-
-impl fmt::Display for HistoryId {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "{}", self.0)
-    }
-}
-
-/// A segment of the data space: the unit of allocation, compaction and (next) placement.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
-#[serde(transparent)]
-pub struct SegmentId(pub u64);
-
-impl fmt::Display for SegmentId {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "{}", self.0)
-    }
-}
-
-/// Byte offset inside the reserved data file.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub struct DataOffset(pub u64);
 
 fn u32_at(b: &[u8], at: usize) -> u32 {
     u32::from_le_bytes(b[at..at + 4].try_into().expect("4 bytes"))
@@ -275,7 +221,7 @@ impl Superblock {
         }
         let sum = blake3::hash(&b[..SUPERBLOCK_USED]);
         if sum.as_bytes() != &b[SUPERBLOCK_USED..SUPERBLOCK_USED + 32] {
-            return Err(Error::Corrupt("superblock checksum mismatch".into()));
+            return Err(Corruption::Superblock("its checksum does not match".into()).into());
         }
         let version = u32_at(b, 8);
         if version != FORMAT_VERSION && version != FORMAT_VERSION_WITH_INCOMPAT {
@@ -290,9 +236,10 @@ impl Superblock {
             } else {
                 let sum = blake3::hash(&b[..FEATURES_SUM_AT]);
                 if sum.as_bytes() != &b[FEATURES_SUM_AT..FEATURES_END] {
-                    return Err(Error::Corrupt(
-                        "superblock feature flags checksum mismatch".into(),
-                    ));
+                    return Err(Corruption::Superblock(
+                        "the checksum of its feature flags does not match".into(),
+                    )
+                    .into());
                 }
                 Features {
                     compat: u64_at(b, FEATURES_AT),
@@ -301,22 +248,23 @@ impl Superblock {
                 }
             };
         if features.format_version() != version {
-            return Err(Error::Corrupt(format!(
-                "superblock says version {version} but has incompatible feature flags {:#x}",
+            return Err(Corruption::Superblock(format!(
+                "it says version {version} but has incompatible feature flags {:#x}",
                 features.incompat
-            )));
+            ))
+            .into());
         }
         let chunk = ChunkParams::from_avg(u32_at(b, 44))
-            .map_err(|_| Error::Corrupt("superblock chunk size out of range".into()))?;
+            .map_err(|_| Corruption::Superblock("its chunk size is out of range".into()))?;
         if chunk.min_bytes != u32_at(b, 40) || chunk.max_bytes != u32_at(b, 48) {
-            return Err(Error::Corrupt(
-                "superblock chunk bounds inconsistent".into(),
-            ));
+            return Err(Error::from(Corruption::Superblock(
+                "its chunk size bounds are inconsistent".into(),
+            )));
         }
         let data_size_bytes = u64_at(b, 32);
         let segment_bytes = u32_at(b, 52);
         if data_size_bytes == 0 || segment_bytes < 2 * chunk.max_bytes {
-            return Err(Error::Corrupt("superblock sizes out of range".into()));
+            return Err(Corruption::Superblock("its sizes are out of range".into()).into());
         }
         Ok(Superblock {
             version,
@@ -489,7 +437,12 @@ impl InodeRecord {
     }
 
     pub fn decode(b: &[u8]) -> Result<Self> {
-        let bad = |m: &str| Error::Corrupt(format!("inode record: {m}"));
+        let bad = |m: &str| {
+            Error::from(Corruption::Record {
+                record: "inode record",
+                why: m.into(),
+            })
+        };
         if b.len() < INODE_FIXED {
             return Err(bad("too short"));
         }
@@ -566,7 +519,12 @@ impl ChunkRecord {
     }
 
     pub fn decode(b: &[u8]) -> Result<Self> {
-        let bad = |m: &str| Error::Corrupt(format!("chunk record: {m}"));
+        let bad = |m: &str| {
+            Error::from(Corruption::Record {
+                record: "chunk record",
+                why: m.into(),
+            })
+        };
         if b.len() != CHUNK_RECORD_LEN {
             return Err(bad("wrong length"));
         }
@@ -614,7 +572,7 @@ impl Extent {
 
     pub fn decode(b: &[u8]) -> Result<Self> {
         if b.len() != EXTENT_LEN || u32_at(b, 36) == 0 {
-            return Err(Error::Corrupt("extent record malformed".into()));
+            return Err(malformed("extent record"));
         }
         Ok(Extent {
             chunk: ChunkHash(b[0..32].try_into().expect("32 bytes")),
@@ -652,7 +610,7 @@ impl RevisionRecord {
 
     pub fn decode(b: &[u8]) -> Result<Self> {
         if b.len() != REVISION_RECORD_LEN || b[32] > 1 {
-            return Err(Error::Corrupt("revision record malformed".into()));
+            return Err(malformed("revision record"));
         }
         Ok(RevisionRecord {
             size: u64_at(b, 0),
@@ -692,7 +650,7 @@ impl HistoryRecord {
     pub fn decode(b: &[u8]) -> Result<Self> {
         if b.len() < HISTORY_FIXED || b[20] > 1 || b.len() != HISTORY_FIXED + u32_at(b, 24) as usize
         {
-            return Err(Error::Corrupt("history record malformed".into()));
+            return Err(malformed("history record"));
         }
         Ok(HistoryRecord {
             ino: InodeId(u64_at(b, 0)),
@@ -732,7 +690,7 @@ pub fn encode_xattrs(x: &Xattrs) -> Vec<u8> {
 }
 
 pub fn decode_xattrs(mut b: &[u8]) -> Result<Xattrs> {
-    let bad = || Error::Corrupt("revision xattr record malformed".into());
+    let bad = || malformed("revision xattr record");
     let mut x = Xattrs::new();
     while !b.is_empty() {
         if b.len() < 5 {

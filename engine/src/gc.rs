@@ -21,7 +21,7 @@
 //! do to that snapshot, its compaction figures an estimate.
 
 use crate::catalog::{Config, Reader, Txn};
-use crate::error::{Error, Result};
+use crate::error::{Corruption, Error, Missing, Result};
 use crate::format::*;
 use crate::space::Space;
 use std::collections::{BTreeSet, HashSet};
@@ -492,19 +492,11 @@ impl Space {
             }
         }
         for (h, n) in unref {
-            let c = snap.chunk(&h)?.ok_or_else(|| {
-                Error::Corrupt(format!(
-                    "an extent names chunk {h:?}, which the chunk table lacks"
-                ))
-            })?;
+            let c = snap.chunk(&h)?.ok_or(Corruption::UnknownChunk(h))?;
             match c.refs.checked_sub(n) {
                 Some(0) => free_chunk(h, c, r),
                 Some(_) => {}
-                None => {
-                    return Err(Error::Corrupt(format!(
-                        "chunk {h:?} has fewer references than extents name it"
-                    )))
-                }
+                None => return Err(Corruption::RefUnderflow(h).into()),
             }
         }
         let usage = self.usage_of(
@@ -559,8 +551,7 @@ fn history_facts(
     };
     let mut revisions = Vec::with_capacity(revs.len());
     for rev in revs {
-        let rr =
-            revision(rev)?.ok_or_else(|| Error::Corrupt(format!("revision {} missing", rev.0)))?;
+        let rr = revision(rev)?.ok_or(Corruption::Missing(Missing::Revision(rev)))?;
         revisions.push((rev, rr));
     }
     Ok(retention::HistoryFacts {

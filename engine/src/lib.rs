@@ -11,6 +11,7 @@ pub mod error;
 pub mod filemap;
 pub mod format;
 pub mod gc;
+pub mod ids;
 pub mod pins;
 pub mod pipeline;
 pub mod placement;

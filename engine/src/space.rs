@@ -3,7 +3,7 @@
 pub use crate::catalog::Config;
 use crate::catalog::{self, Reader, Txn};
 use crate::device::{Device, FileDevice, MetaBackend};
-use crate::error::{Error, Result};
+use crate::error::{Corruption, Error, Missing, Result};
 use crate::filemap::{ChunkIo, ExtentMap, FileState};
 use crate::format::HistoryRecord;
 use crate::format::*;
@@ -37,9 +37,7 @@ pub struct Devices {
 /// redb into a clear error instead of a panic or wrong answers later.
 fn open_db(meta: &Arc<dyn Device>, create: bool, failed: Arc<AtomicBool>) -> Result<Database> {
     if !create && meta.is_empty() {
-        return Err(Error::Corrupt(
-            "the metadata table (meta.redb) is empty; the space is damaged".into(),
-        ));
+        return Err(Corruption::Catalog("is empty".into()).into());
     }
     Database::builder()
         .set_cache_size(META_CACHE_BYTES)
@@ -57,9 +55,9 @@ fn open_db(meta: &Arc<dyn Device>, create: bool, failed: Arc<AtomicBool>) -> Res
             {
                 Error::from(io)
             }
-            other => Error::Corrupt(format!(
-                "the metadata table (meta.redb) is damaged and cannot be opened: {other}"
-            )),
+            other => {
+                Corruption::Catalog(format!("is damaged and cannot be opened: {other}")).into()
+            }
         })
 }
 
@@ -633,11 +631,12 @@ impl Space {
     /// so a damaged table is reported at open instead of trusted.
     pub fn open_devices(sb: Superblock, devs: Devices) -> Result<Space> {
         if devs.data.len() != sb.data_size_bytes {
-            return Err(Error::Corrupt(format!(
-                "data file is {} bytes, the superblock says {}",
+            return Err(Corruption::Layout(format!(
+                "the data file is {} bytes, the superblock says {}",
                 devs.data.len(),
                 sb.data_size_bytes
-            )));
+            ))
+            .into());
         }
         let failed = Arc::new(AtomicBool::new(false));
         let db = Arc::new(open_db(&devs.meta, false, failed.clone())?);
@@ -648,9 +647,10 @@ impl Space {
         }
         let free = Reader::new(&db)?.free_segments()?;
         if let Some(seg) = free.iter().find(|s| s.0 >= sb.segments()) {
-            return Err(Error::Corrupt(format!(
-                "free segment {seg} beyond the data file"
-            )));
+            return Err(Corruption::Layout(format!(
+                "the catalog lists segment {seg} as free, beyond the end of the data file"
+            ))
+            .into());
         }
         if failed.load(std::sync::atomic::Ordering::SeqCst) {
             return Err(Error::Io(std::io::Error::other(
@@ -862,9 +862,11 @@ impl Space {
         let map = self.load_map(rec.current_rev)?;
         if let Some((o, e)) = map.iter().next_back() {
             if o + e.len as u64 > rec.size {
-                return Err(Error::Corrupt(
-                    "extent map reaches past the file size".into(),
-                ));
+                return Err(Corruption::Record {
+                    record: "extent map",
+                    why: format!("it reaches past the size of its file ({} bytes)", rec.size),
+                }
+                .into());
             }
         }
         Ok(FileState::new(
@@ -1026,7 +1028,7 @@ impl Space {
         for rev in r.history_revisions(hid)? {
             let rec = r
                 .revision(rev)?
-                .ok_or_else(|| Error::Corrupt(format!("revision {} listed but missing", rev.0)))?;
+                .ok_or(Corruption::Missing(Missing::Revision(rev)))?;
             let is_current = current == Some(rev);
             if rec.sealed {
                 out.push(RevisionInfo {

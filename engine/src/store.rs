@@ -14,7 +14,7 @@
 use crate::alloc::Segments;
 use crate::chunk::{Checked, Stored};
 use crate::device::{IoBuf, DIRECT_ALIGN};
-use crate::error::{Error, Result};
+use crate::error::{Corruption, Error, Result};
 use crate::format::{ChunkHash, ChunkRecord, Codec, DataOffset, SegmentId};
 use crate::pins::{ChunkPins, ReleasePins};
 use crate::pipeline::{ChunkIo, Piece, Pipeline, Ticket};
@@ -301,9 +301,9 @@ impl ChunkStore {
                 pins.adopt(*h);
                 continue;
             }
-            let rec = self.committed_record(h)?.ok_or_else(|| {
-                Error::Corrupt(format!("copied extent names unknown chunk {h:?}"))
-            })?;
+            let rec = self
+                .committed_record(h)?
+                .ok_or(Corruption::UnknownChunk(*h))?;
             self.pending
                 .lock()
                 .entry(*h)
@@ -920,9 +920,7 @@ impl ChunkStore {
                 }
             }
             for (h, rec) in unpinned.iter().zip(self.db.committed(&unpinned)?) {
-                let rec = rec.ok_or_else(|| {
-                    Error::Corrupt(format!("chunk {h:?} is not in the chunk table"))
-                })?;
+                let rec = rec.ok_or(Corruption::UnknownChunk(*h))?;
                 missing.push((*h, rec));
             }
             missing.sort_by_key(|(_, r)| r.offset.0);

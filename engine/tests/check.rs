@@ -261,7 +261,9 @@ fn a_damaged_table_header_is_corruption_not_an_io_error() {
     b[0] ^= 0xff;
     std::fs::write(&meta, &b).unwrap();
     match Space::open(&dir) {
-        Err(Error::Corrupt(m)) => assert!(m.contains("meta.redb"), "{m}"),
+        Err(Error::Corrupt(ckptfs_engine::error::Corruption::Catalog(m))) => {
+            assert!(m.contains("cannot be opened"), "{m}")
+        }
         Err(e) => panic!("want corruption, got: {e}"),
         Ok(_) => panic!("a table with a damaged header opened"),
     }

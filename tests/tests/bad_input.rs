@@ -251,7 +251,7 @@ fn mount_refuses_unknown_versions_and_damaged_superblocks() {
         assert_refused(
             other.path(),
             &args,
-            &["superblock checksum mismatch"],
+            &["the superblock is damaged: its checksum does not match"],
             &[&backing, &mnt],
         );
     }
