@@ -7,6 +7,8 @@
 //! kernel's background requests ([`TestMount::wait_requests_answered`]) also need fusectl at
 //! `/sys/fs/fuse/connections` (mounted there on first use when root may).
 
+pub use ckptfs_engine::gc::GcReport;
+pub use ckptfs_engine::space::StatsReport;
 use std::ffi::{CString, OsStr, OsString};
 use std::fs;
 use std::io::{self, Read};
@@ -521,18 +523,20 @@ impl TestMount {
         }
     }
 
-    /// `ckptfs stats <mountpoint> --json`.
-    pub fn stats(&mut self) -> serde_json::Value {
-        let target = if self.mounted {
-            self.mnt.clone()
-        } else {
-            self.backing.clone()
-        };
+    /// `ckptfs stats <mountpoint> --json` (the backing dir when unmounted), read with the
+    /// engine's own type: the JSON has one schema, the one the daemon writes it with.
+    pub fn stats(&mut self) -> Report<StatsReport> {
+        let target = self.target();
         self.stats_of(&target)
     }
 
     /// `ckptfs stats <path> --json` for an explicit path (mountpoint or backing dir).
-    pub fn stats_of(&mut self, target: &Path) -> serde_json::Value {
+    pub fn stats_of(&mut self, target: &Path) -> Report<StatsReport> {
+        Report::read("stats", self.stats_json_of(target))
+    }
+
+    /// The stats JSON itself, for tests of its form.
+    pub fn stats_json_of(&mut self, target: &Path) -> serde_json::Value {
         let args = vec![
             OsStr::new("stats").to_os_string(),
             target.as_os_str().to_os_string(),
@@ -666,18 +670,19 @@ impl TestMount {
         self.ckptfs_ok(&refs);
     }
 
-    /// `ckptfs gc TARGET [--dry-run] --json` on the mountpoint (mounted) or backing dir.
+    /// `ckptfs gc TARGET [--dry-run] --json` on the mountpoint (mounted) or backing dir,
+    /// read with the engine's type.
     #[track_caller]
-    pub fn gc(&mut self, dry_run: bool) -> serde_json::Value {
+    pub fn gc(&mut self, dry_run: bool) -> Report<GcReport> {
         let target = self.target();
         let mut args: Vec<&OsStr> = vec![OsStr::new("gc"), target.as_os_str()];
         if dry_run {
             args.push(OsStr::new("--dry-run"));
         }
         args.push(OsStr::new("--json"));
-        let v = self.ckptfs_json(&args);
-        assert!(v.is_object(), "gc JSON is not an object: {v}");
-        v
+        let r: Report<GcReport> = Report::read("gc", self.ckptfs_json(&args));
+        assert_eq!(r.dry_run, dry_run, "gc `dry_run`: {r}");
+        r
     }
 
     /// `ckptfs config BACKING [OPTIONS] --json` (the backing dir, mounted or not).
@@ -795,22 +800,47 @@ fn join_args(args: &[OsString]) -> String {
         .join(" ")
 }
 
-/// Integer field of a stats object; panics naming the key when absent or not an integer.
-#[track_caller]
-pub fn stat_u64(stats: &serde_json::Value, key: &str) -> u64 {
-    stats
-        .get(key)
-        .and_then(serde_json::Value::as_u64)
-        .unwrap_or_else(|| panic!("stats has no integer `{key}`: {stats}"))
+/// A report the CLI printed as JSON (`stats`, `gc`), read with the engine's serde type, so
+/// daemon, CLI and tests share one schema; prints as the JSON it came from.
+#[derive(Clone)]
+pub struct Report<T> {
+    pub report: T,
+    json: serde_json::Value,
 }
 
-/// Float field of a stats object.
-#[track_caller]
-pub fn stat_f64(stats: &serde_json::Value, key: &str) -> f64 {
-    stats
-        .get(key)
-        .and_then(serde_json::Value::as_f64)
-        .unwrap_or_else(|| panic!("stats has no number `{key}`: {stats}"))
+impl<T: serde::de::DeserializeOwned> Report<T> {
+    #[track_caller]
+    fn read(what: &str, json: serde_json::Value) -> Report<T> {
+        let report = serde_json::from_value(json.clone()).unwrap_or_else(|e| {
+            panic!("`ckptfs {what} --json` does not match the engine's type ({e}):\n{json}")
+        });
+        Report { report, json }
+    }
+}
+
+impl<T> Report<T> {
+    pub fn json(&self) -> &serde_json::Value {
+        &self.json
+    }
+}
+
+impl<T> std::ops::Deref for Report<T> {
+    type Target = T;
+    fn deref(&self) -> &T {
+        &self.report
+    }
+}
+
+impl<T> std::fmt::Display for Report<T> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}", self.json)
+    }
+}
+
+impl<T> std::fmt::Debug for Report<T> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}", self.json)
+    }
 }
 
 /// Seed for a randomized test: `$CKPTFS_SEED` when set, else `default`. Printed so a failing

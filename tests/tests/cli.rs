@@ -4,7 +4,7 @@
 use std::ffi::OsStr;
 use std::fs;
 
-use ckptfs_tests::{assert_file_eq, pattern, stat_u64, TempDir, TestMount};
+use ckptfs_tests::{assert_file_eq, pattern, TempDir, TestMount};
 
 #[test]
 fn chunk_size_option_changes_chunking_and_data_roundtrips() {
@@ -15,7 +15,7 @@ fn chunk_size_option_changes_chunking_and_data_roundtrips() {
         fs::write(m.path("ckpt"), &data).expect("write");
         let s = m.stats();
         println!("--chunk-size {cs}: {s}");
-        chunks.push(stat_u64(&s, "chunks"));
+        chunks.push(s.stats.chunks);
         m.remount();
         assert_file_eq(&m.path("ckpt"), &data);
     }

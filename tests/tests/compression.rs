@@ -4,7 +4,7 @@
 use std::fs::File;
 use std::io::Write;
 
-use ckptfs_tests::{assert_file_eq, pattern, stat_f64, stat_u64, test_seed, TestMount};
+use ckptfs_tests::{assert_file_eq, pattern, test_seed, TestMount};
 
 const N: usize = 2048;
 const MIB: usize = 1024 * 1024;
@@ -65,14 +65,11 @@ fn stored_delta(m: &mut TestMount, name: &str, data: &[u8]) -> (u64, u64) {
     write_file(m, name, data);
     let after = m.stats();
     println!("{name}: stats after write {after}");
-    println!(
-        "{name}: compression_ratio={:.3}",
-        stat_f64(&after, "compression_ratio")
-    );
+    println!("{name}: compression_ratio={:.3}", after.compression_ratio);
     assert_file_eq(&m.path(name), data);
     (
-        stat_u64(&after, "stored_bytes") - stat_u64(&before, "stored_bytes"),
-        stat_u64(&after, "logical_bytes") - stat_u64(&before, "logical_bytes"),
+        after.stats.stored_bytes - before.stats.stored_bytes,
+        after.stats.logical_bytes - before.stats.logical_bytes,
     )
 }
 

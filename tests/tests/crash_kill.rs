@@ -28,9 +28,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use ckptfs_tests::{
-    close_checked, fill_pattern, first_difference, mix, stat_u64, test_seed, TestMount,
-};
+use ckptfs_tests::{close_checked, fill_pattern, first_difference, mix, test_seed, TestMount};
 use rand::rngs::SmallRng;
 use rand::{Rng, SeedableRng};
 
@@ -512,7 +510,7 @@ fn round(
     t.rounds += 1;
 
     let s = m.stats();
-    let (free, size) = (stat_u64(&s, "free_bytes"), stat_u64(&s, "reserved_bytes"));
+    let (free, size) = (s.stats.free_bytes, s.stats.reserved_bytes);
     let used_percent = (size - free) * 100 / size;
     t.max_used_percent = t.max_used_percent.max(used_percent);
     if used_percent > PRUNE_FULL_PERCENT {

@@ -5,7 +5,7 @@
 use std::fs::File;
 use std::io::Write;
 
-use ckptfs_tests::{assert_file_eq, pattern, stat_f64, stat_u64, test_seed, TestMount};
+use ckptfs_tests::{assert_file_eq, pattern, test_seed, Report, StatsReport, TestMount};
 use rand::rngs::SmallRng;
 use rand::{Rng, RngCore, SeedableRng};
 
@@ -21,16 +21,16 @@ fn write_checkpoint(m: &TestMount, name: &str, data: &[u8]) {
     drop(f);
 }
 
-fn show(stage: &str, s: &serde_json::Value) {
+fn show(stage: &str, s: &Report<StatsReport>) {
     println!(
         "{stage:<28} logical={} stored={} raw_chunk={} chunks={} files={} dedup_ratio={:.3} compression_ratio={:.3}",
-        stat_u64(s, "logical_bytes"),
-        stat_u64(s, "stored_bytes"),
-        stat_u64(s, "raw_chunk_bytes"),
-        stat_u64(s, "chunks"),
-        stat_u64(s, "files"),
-        stat_f64(s, "dedup_ratio"),
-        stat_f64(s, "compression_ratio"),
+        s.stats.logical_bytes,
+        s.stats.stored_bytes,
+        s.stats.raw_chunk_bytes,
+        s.stats.chunks,
+        s.stats.files,
+        s.dedup_ratio,
+        s.compression_ratio,
     );
 }
 
@@ -51,7 +51,7 @@ fn dedup_of_copies_revisions_and_shifted_checkpoints() {
     write_checkpoint(&m, "ckpt-0001.bin", &base);
     let s1 = m.stats();
     show("first 64 MiB checkpoint", &s1);
-    let d1 = stat_u64(&s1, "stored_bytes") - stat_u64(&s0, "stored_bytes");
+    let d1 = s1.stats.stored_bytes - s0.stats.stored_bytes;
     println!(
         "first checkpoint: stored grew by {d1} bytes ({:.2}% of 64 MiB)",
         pct(d1)
@@ -60,7 +60,7 @@ fn dedup_of_copies_revisions_and_shifted_checkpoints() {
     write_checkpoint(&m, "ckpt-0001-copy.bin", &base);
     let s2 = m.stats();
     show("identical copy", &s2);
-    let d2 = stat_u64(&s2, "stored_bytes") - stat_u64(&s1, "stored_bytes");
+    let d2 = s2.stats.stored_bytes - s1.stats.stored_bytes;
     println!(
         "identical copy: stored grew by {d2} bytes ({:.3}% of 64 MiB)",
         pct(d2)
@@ -80,7 +80,7 @@ fn dedup_of_copies_revisions_and_shifted_checkpoints() {
     write_checkpoint(&m, "ckpt-0002.bin", &revised);
     let s3 = m.stats();
     show("revision (5% changed)", &s3);
-    let d3 = stat_u64(&s3, "stored_bytes") - stat_u64(&s2, "stored_bytes");
+    let d3 = s3.stats.stored_bytes - s2.stats.stored_bytes;
     println!(
         "5% revision: stored grew by {d3} bytes ({:.2}% of 64 MiB)",
         pct(d3)
@@ -93,7 +93,7 @@ fn dedup_of_copies_revisions_and_shifted_checkpoints() {
     write_checkpoint(&m, "ckpt-0001-shifted.bin", &shifted);
     let s4 = m.stats();
     show("8 bytes inserted at 100", &s4);
-    let d4 = stat_u64(&s4, "stored_bytes") - stat_u64(&s3, "stored_bytes");
+    let d4 = s4.stats.stored_bytes - s3.stats.stored_bytes;
     println!(
         "8-byte insert: stored grew by {d4} bytes ({:.2}% of 64 MiB)",
         pct(d4)
@@ -128,19 +128,18 @@ fn dedup_of_copies_revisions_and_shifted_checkpoints() {
     m.remount();
     let s5 = m.stats();
     show("after remount", &s5);
-    for key in [
-        "logical_bytes",
-        "stored_bytes",
-        "raw_chunk_bytes",
-        "chunks",
-        "files",
-    ] {
-        assert_eq!(
-            stat_u64(&s5, key),
-            stat_u64(&s4, key),
-            "stats `{key}` changed across remount"
-        );
-    }
+    // (logical_bytes, stored_bytes, raw_chunk_bytes, chunks, files)
+    let core = |s: &StatsReport| {
+        let s = &s.stats;
+        (
+            s.logical_bytes,
+            s.stored_bytes,
+            s.raw_chunk_bytes,
+            s.chunks,
+            s.files,
+        )
+    };
+    assert_eq!(core(&s5), core(&s4), "stats changed across remount");
     assert_file_eq(&m.path("ckpt-0001-shifted.bin"), &shifted);
     assert_file_eq(&m.path("ckpt-0002.bin"), &revised);
 }

@@ -6,9 +6,7 @@
 use std::fs;
 use std::io::{Read, Write};
 
-use ckptfs_tests::{
-    assert_file_eq, close_checked, pattern, stat_u64, write_file_checked, TestMount,
-};
+use ckptfs_tests::{assert_file_eq, close_checked, pattern, write_file_checked, TestMount};
 
 fn errno_of(e: &std::io::Error) -> i32 {
     e.raw_os_error().unwrap_or(-1)
@@ -48,7 +46,7 @@ fn failed_data_sync_is_reported_sticky_and_loses_nothing_committed() {
     assert_file_eq(&m.path("a"), &a);
     assert_file_eq(&m.path("b"), &b);
     let s = m.stats();
-    assert_eq!(s["failed"], true, "stats must report the failed state: {s}");
+    assert!(s.stats.failed, "stats must report the failed state: {s}");
     let log = fs::read_to_string(m.backing().join("daemon.log")).unwrap_or_default();
     assert!(
         log.contains("refusing further writes"),
@@ -78,7 +76,7 @@ fn failed_data_sync_is_reported_sticky_and_loses_nothing_committed() {
         );
     }
     write_file_checked(&m.path("e"), b"writes work after remount").expect("write after remount");
-    assert_eq!(m.stats()["failed"], false);
+    assert!(!m.stats().stats.failed);
 }
 
 /// A failed write into the metadata table (during a commit) fails that close and makes the
@@ -97,7 +95,7 @@ fn failed_metadata_write_fails_the_close_and_is_sticky() {
     assert_eq!(errno_of(&err), libc::EIO, "{err}");
     assert!(write_file_checked(&m.path("c"), b"more").is_err());
     assert_file_eq(&m.path("a"), &a);
-    assert_eq!(m.stats()["failed"], true);
+    assert!(m.stats().stats.failed);
     m.unmount();
     m.set_env("CKPTFS_FAULTS", "");
     m.mount();
@@ -126,9 +124,8 @@ fn failed_data_reads_are_errors_for_those_reads_only() {
     assert_eq!(errno_of(&e), libc::EIO, "{e}");
     drop(f);
     write_file_checked(&m.path("b"), b"still writable").expect("write after read errors");
-    assert_eq!(
-        m.stats()["failed"],
-        false,
+    assert!(
+        !m.stats().stats.failed,
         "read errors must not fail the space"
     );
     m.unmount();
@@ -159,11 +156,7 @@ fn full_space_gives_enospc_keeps_committed_data_and_recovers() {
     let err = res.expect_err("writing more than the space holds must fail");
     assert_eq!(errno_of(&err), libc::ENOSPC, "{err}");
     assert_file_eq(&m.path("a"), &a);
-    assert_eq!(
-        m.stats()["failed"],
-        false,
-        "a full space is not a failed one"
-    );
+    assert!(!m.stats().stats.failed, "a full space is not a failed one");
 
     fs::remove_file(m.path("big")).expect("unlink the failed file");
     let g = m.gc(false);
@@ -174,5 +167,5 @@ fn full_space_gives_enospc_keeps_committed_data_and_recovers() {
     assert_file_eq(&m.path("a"), &a);
     assert_file_eq(&m.path("c"), &c);
     let s = m.stats();
-    assert!(stat_u64(&s, "free_bytes") > 0, "{s}");
+    assert!(s.stats.free_bytes > 0, "{s}");
 }

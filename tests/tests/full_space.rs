@@ -23,9 +23,7 @@ use std::io::Write;
 use std::os::unix::fs::OpenOptionsExt;
 use std::time::Instant;
 
-use ckptfs_tests::{
-    close_checked, fill_pattern, first_difference, mix, stat_u64, test_seed, TestMount,
-};
+use ckptfs_tests::{close_checked, fill_pattern, first_difference, mix, test_seed, TestMount};
 use rand::rngs::SmallRng;
 use rand::seq::SliceRandom;
 use rand::SeedableRng;
@@ -207,8 +205,7 @@ fn run(p: &Pattern, seed: u64) -> Outcome {
                 let s = m.stats();
                 out.failures.push(format!(
                     "revision {rev} of {rel}: {e}; free {} reclaimable {}",
-                    stat_u64(&s, "free_bytes"),
-                    stat_u64(&s, "reclaimable_bytes")
+                    s.stats.free_bytes, s.reclaimable_bytes
                 ));
                 break;
             }
@@ -224,7 +221,7 @@ fn run(p: &Pattern, seed: u64) -> Outcome {
                     .failures
                     .push(format!("revision {rev} of {rel}: read: {e}")),
             }
-            out.lowest_free = out.lowest_free.min(stat_u64(&m.stats(), "free_bytes"));
+            out.lowest_free = out.lowest_free.min(m.stats().stats.free_bytes);
         }
         rev += 1;
     }
@@ -300,14 +297,14 @@ fn fifty_revisions_written_in_one_write_with_fsync_fit_in_256mib() {
             panic!("revision {rev} reads back wrong: {d}");
         }
         let s = m.stats();
-        lowest_free = lowest_free.min(stat_u64(&s, "free_bytes"));
+        lowest_free = lowest_free.min(s.stats.free_bytes);
         if rev % 10 == 0 {
             println!(
                 "revision {rev}: stored {} MiB, free {} MiB, reclaimable {} MiB, {} revisions",
-                stat_u64(&s, "stored_bytes") >> 20,
-                stat_u64(&s, "free_bytes") >> 20,
-                stat_u64(&s, "reclaimable_bytes") >> 20,
-                stat_u64(&s, "revisions")
+                s.stats.stored_bytes >> 20,
+                s.stats.free_bytes >> 20,
+                s.reclaimable_bytes >> 20,
+                s.stats.revisions
             );
         }
     }

@@ -12,49 +12,19 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use ckptfs_engine::format::{ChunkParams, Superblock};
+use ckptfs_engine::space::Stats;
 use ckptfs_tests::{
-    assert_file_eq, assert_file_matches, fill_pattern, first_difference, mix, stat_u64,
-    statvfs_bytes, test_seed, unix_secs_now, wait_for_clock_past, write_file_checked,
-    write_file_with, Revision, TempDir, TestMount,
+    assert_file_eq, assert_file_matches, fill_pattern, first_difference, mix, statvfs_bytes,
+    test_seed, unix_secs_now, wait_for_clock_past, write_file_checked, write_file_with, Revision,
+    TempDir, TestMount,
 };
+use ckptfs_tests::{Report, StatsReport};
 use rand::rngs::SmallRng;
 use rand::{Rng, SeedableRng};
 
 const KIB: u64 = 1024;
 const MIB: u64 = 1024 * 1024;
-
-/// Keys every `ckptfs gc --json` report has.
-const GC_KEYS: [&str; 9] = [
-    "revisions_dropped",
-    "chunks_freed",
-    "bytes_freed",
-    "bytes_copied",
-    "segments_freed",
-    "free_bytes_before",
-    "free_bytes_after",
-    "seconds",
-    "dry_run",
-];
-
-#[track_caller]
-fn check_gc_report(v: &serde_json::Value, dry_run: bool) {
-    for k in GC_KEYS {
-        assert!(v.get(k).is_some(), "gc report has no `{k}`: {v}");
-    }
-    for k in &GC_KEYS[..7] {
-        assert!(
-            v[*k].as_u64().is_some(),
-            "gc report `{k}` is not an unsigned integer: {v}"
-        );
-    }
-    assert!(v["seconds"].as_f64().is_some(), "gc `seconds`: {v}");
-    assert_eq!(v["dry_run"].as_bool(), Some(dry_run), "gc `dry_run`: {v}");
-}
-
-fn gc_u64(v: &serde_json::Value, k: &str) -> u64 {
-    v[k].as_u64()
-        .unwrap_or_else(|| panic!("gc report `{k}`: {v}"))
-}
 
 /// The policy must be what the test formatted (and keep-age off, so only keep-N decides).
 #[track_caller]
@@ -79,15 +49,15 @@ fn expect_policy(m: &mut TestMount, keep: u64, auto_gc: u64) {
     );
 }
 
-fn show_stats(stage: &str, s: &serde_json::Value) {
+fn show_stats(stage: &str, s: &Report<StatsReport>) {
     println!(
         "{stage:<34} free={} stored={} used={} revisions={} reserved={} chunks={}",
-        stat_u64(s, "free_bytes"),
-        stat_u64(s, "stored_bytes"),
-        s.get("used_bytes").and_then(|v| v.as_u64()).unwrap_or(0),
-        stat_u64(s, "revisions"),
-        stat_u64(s, "reserved_bytes"),
-        s.get("chunks").and_then(|v| v.as_u64()).unwrap_or(0),
+        s.stats.free_bytes,
+        s.stats.stored_bytes,
+        s.stats.used_bytes,
+        s.stats.revisions,
+        s.stats.reserved_bytes,
+        s.stats.chunks,
     );
 }
 
@@ -158,7 +128,7 @@ fn fifty_revisions_of_a_64mib_checkpoint_fit_in_256mib_with_keep_2() {
         }
         history.push(versions.clone());
         let s = m.stats();
-        let free = stat_u64(&s, "free_bytes");
+        let free = s.stats.free_bytes;
         if free < min_free.0 {
             min_free = (free, rev);
         }
@@ -204,7 +174,6 @@ fn fifty_revisions_of_a_64mib_checkpoint_fit_in_256mib_with_keep_2() {
 
     let g = m.gc(false);
     println!("explicit gc: {g}");
-    check_gc_report(&g, false);
     let revs = m.revisions(rel);
     assert_eq!(revs.len(), 2, "after gc, keep-2 lists two: {revs:#?}");
     m.remount();
@@ -471,7 +440,6 @@ fn gc_while_writers_and_readers_are_busy_keeps_exactly_the_policy() {
             "gc #{g} (after {last} rounds, {:.2}s): {rep}",
             t.elapsed().as_secs_f64()
         );
-        check_gc_report(&rep, false);
     }
     stop.store(true, Ordering::Relaxed);
     let written: Vec<BTreeMap<u32, Vec<u32>>> = writers
@@ -514,7 +482,6 @@ fn gc_while_writers_and_readers_are_busy_keeps_exactly_the_policy() {
     // A final gc with nothing in flight: exactly the newest KEEP revisions of every path remain.
     let rep = m.gc(false);
     println!("final gc: {rep}");
-    check_gc_report(&rep, false);
     let verify = |m: &mut TestMount, what: &str| -> BTreeMap<u32, Vec<Revision>> {
         let mut out = BTreeMap::new();
         for f in files.iter() {
@@ -563,11 +530,9 @@ fn gc_while_writers_and_readers_are_busy_keeps_exactly_the_policy() {
     let s = m.stats();
     show_stats("after the final gc", &s);
     let (bavail, blocks) = statvfs_bytes(m.mnt());
-    let seg = s
-        .get("segment_bytes")
-        .and_then(|v| v.as_u64())
-        .unwrap_or(8 * MIB);
-    let free = stat_u64(&s, "free_bytes");
+    let chunk = ChunkParams::from_avg(s.stats.chunk_avg_bytes).expect("chunk size");
+    let seg = Superblock::segment_bytes_for(chunk) as u64;
+    let free = s.stats.free_bytes;
     println!("statvfs: f_bavail*f_frsize={bavail} f_blocks*f_frsize={blocks}; stats free_bytes={free}; segment {seg}");
     assert!(
         free.abs_diff(bavail) <= seg,
@@ -598,24 +563,12 @@ fn version(seed: u64, i: u64, len: u64) -> Vec<u8> {
     v
 }
 
-/// The stats figures gc could change.
-fn stats_core(s: &serde_json::Value) -> BTreeMap<String, serde_json::Value> {
-    [
-        "logical_bytes",
-        "referenced_bytes",
-        "stored_bytes",
-        "raw_chunk_bytes",
-        "chunks",
-        "files",
-        "dirs",
-        "revisions",
-        "reserved_bytes",
-        "used_bytes",
-        "free_bytes",
-    ]
-    .iter()
-    .filter_map(|k| s.get(*k).map(|v| (k.to_string(), v.clone())))
-    .collect()
+/// The stats figures gc could change (all but the stage timings).
+fn stats_core(s: &StatsReport) -> Stats {
+    Stats {
+        stages: Vec::new(),
+        ..s.stats.clone()
+    }
 }
 
 fn listing_key(revs: &[Revision]) -> Vec<(u64, u64, bool, i64)> {
@@ -676,10 +629,8 @@ fn dry_run_changes_nothing_and_offline_gc_keeps_the_newest_n() {
 
     let dry = m.gc(true);
     println!("gc --dry-run (mounted): {dry}");
-    check_gc_report(&dry, true);
     assert_eq!(
-        gc_u64(&dry, "revisions_dropped"),
-        9,
+        dry.revisions_dropped, 9,
         "3 paths x (5 - keep 2) would be dropped: {dry}"
     );
     let s1 = m.stats();
@@ -702,14 +653,12 @@ fn dry_run_changes_nothing_and_offline_gc_keeps_the_newest_n() {
     let s2 = m.stats();
     show_stats("offline", &s2);
     assert_eq!(
-        stat_u64(&s2, "files"),
-        stat_u64(&s0, "files"),
+        s2.stats.files, s0.stats.files,
         "files mounted {s0} vs offline {s2}: the rm of {gone} just before umount was lost"
     );
     let dry2 = m.gc(true);
     println!("gc --dry-run (offline): {dry2}");
-    check_gc_report(&dry2, true);
-    assert_eq!(gc_u64(&dry2, "revisions_dropped"), 9, "{dry2}");
+    assert_eq!(dry2.revisions_dropped, 9, "{dry2}");
     assert_eq!(
         stats_core(&m.stats()),
         stats_core(&s2),
@@ -725,27 +674,23 @@ fn dry_run_changes_nothing_and_offline_gc_keeps_the_newest_n() {
 
     let real = m.gc(false);
     println!("gc (offline): {real}");
-    check_gc_report(&real, false);
-    assert_eq!(gc_u64(&real, "revisions_dropped"), 9, "{real}");
-    assert!(gc_u64(&real, "chunks_freed") > 0, "{real}");
-    assert!(gc_u64(&real, "bytes_freed") > 0, "{real}");
+    assert_eq!(real.revisions_dropped, 9, "{real}");
+    assert!(real.chunks_freed > 0, "{real}");
+    assert!(real.bytes_freed > 0, "{real}");
     assert!(
-        gc_u64(&real, "free_bytes_after") > gc_u64(&real, "free_bytes_before"),
+        real.free_bytes_after > real.free_bytes_before,
         "36 MiB of unique data dropped: {real}"
     );
     let s3 = m.stats();
     show_stats("after offline gc", &s3);
     assert_eq!(
-        stat_u64(&s3, "revisions"),
-        stat_u64(&s2, "revisions") - 9,
+        s3.stats.revisions,
+        s2.stats.revisions - 9,
         "stats revisions before {s2} after {s3}"
     );
+    assert!(s3.stats.free_bytes > s2.stats.free_bytes, "{s2} -> {s3}");
     assert!(
-        stat_u64(&s3, "free_bytes") > stat_u64(&s2, "free_bytes"),
-        "{s2} -> {s3}"
-    );
-    assert!(
-        stat_u64(&s3, "stored_bytes") < stat_u64(&s2, "stored_bytes"),
+        s3.stats.stored_bytes < s2.stats.stored_bytes,
         "{s2} -> {s3}"
     );
     for rel in &all {
@@ -784,8 +729,7 @@ fn dry_run_changes_nothing_and_offline_gc_keeps_the_newest_n() {
     }
     let again = m.gc(false);
     println!("gc again (mounted): {again}");
-    check_gc_report(&again, false);
-    assert_eq!(gc_u64(&again, "revisions_dropped"), 0, "{again}");
+    assert_eq!(again.revisions_dropped, 0, "{again}");
     // The rm'd path's two kept revisions: restore the older in place, then copy out the newer.
     let l = m.revisions(gone);
     m.restore(gone, l[0].id);
@@ -834,10 +778,8 @@ fn config_changes_policy_keep_age_and_keep_unlinked_apply() {
     let removed_by = unix_secs_now();
     let r = m.gc(false);
     println!("gc under keep-age 1h: {r}");
-    check_gc_report(&r, false);
     assert_eq!(
-        gc_u64(&r, "revisions_dropped"),
-        0,
+        r.revisions_dropped, 0,
         "all revisions are younger than 1h: {r}"
     );
     assert_eq!(m.revisions("f").len(), 5);
@@ -862,9 +804,8 @@ fn config_changes_policy_keep_age_and_keep_unlinked_apply() {
     wait_for_clock_past(removed_by + 1);
     let r = m.gc(false);
     println!("gc under keep 1, keep-age off, keep-unlinked 1s: {r}");
-    check_gc_report(&r, false);
     assert!(
-        gc_u64(&r, "revisions_dropped") >= 4,
+        r.revisions_dropped >= 4,
         "4 old revisions of f (and g's 2 expired) are dropped: {r}"
     );
     let after = m.revisions("f");
@@ -1236,7 +1177,6 @@ fn model_of_writes_unlinks_renames_gc_and_remounts() {
             }
             63..68 => {
                 let r = m.gc(false);
-                check_gc_report(&r, false);
                 for pm in model.paths.values_mut() {
                     pm.gc(MODEL_KEEP);
                 }
@@ -1251,7 +1191,6 @@ fn model_of_writes_unlinks_renames_gc_and_remounts() {
             70..72 => {
                 m.unmount();
                 let r = m.gc(false);
-                check_gc_report(&r, false);
                 for pm in model.paths.values_mut() {
                     pm.gc(MODEL_KEEP);
                 }
@@ -1274,7 +1213,6 @@ fn model_of_writes_unlinks_renames_gc_and_remounts() {
     model.check_all(&mut m, "end");
     let r = m.gc(false);
     println!("final gc: {r}");
-    check_gc_report(&r, false);
     for pm in model.paths.values_mut() {
         pm.gc(MODEL_KEEP);
     }

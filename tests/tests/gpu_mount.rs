@@ -4,7 +4,7 @@
 
 use std::ffi::OsStr;
 
-use ckptfs_tests::{assert_file_eq, stat_u64, TestMount};
+use ckptfs_tests::{assert_file_eq, Report, StatsReport, TestMount};
 
 /// Log-like text: compresses well with LZ4.
 fn log_text(len: usize) -> Vec<u8> {
@@ -25,9 +25,13 @@ fn log_text(len: usize) -> Vec<u8> {
     v
 }
 
-fn stage_bytes(stats: &serde_json::Value, name: &str) -> u64 {
-    stats["stages"][name]["bytes"]
-        .as_u64()
+fn stage_bytes(stats: &Report<StatsReport>, name: &str) -> u64 {
+    stats
+        .stats
+        .stages
+        .iter()
+        .find(|s| s.name == name)
+        .map(|s| s.bytes)
         .unwrap_or_else(|| panic!("no stage {name} in {stats}"))
 }
 
@@ -71,7 +75,7 @@ fn gpu_emulated_kernels_store_lz4_that_reads_back_without_a_gpu() {
         "every new chunk was compressed by the (emulated) GPU kernels"
     );
     assert_eq!(stage_bytes(&stats, "compress"), 0, "none on the CPU");
-    let stored = stat_u64(&stats, "stored_bytes");
+    let stored = stats.stats.stored_bytes;
     assert!(
         stored < data.len() as u64 / 3,
         "log text compresses: {stored} of {}",

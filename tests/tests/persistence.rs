@@ -6,7 +6,7 @@ use std::fs;
 use std::os::unix::fs::{MetadataExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 
-use ckptfs_tests::{check, cpath, list_tree, pattern, stat_f64, stat_u64, TestMount};
+use ckptfs_tests::{check, cpath, list_tree, pattern, StatsReport, TestMount};
 
 #[derive(Debug, PartialEq, Eq)]
 struct Entry {
@@ -159,24 +159,11 @@ fn tree_with_modes_owners_mtimes_and_symlinks_survives_remount() {
 fn stats_are_consistent_on_mountpoint_and_backing_dir() {
     let mut m = TestMount::new();
     let s0 = m.stats();
-    for key in [
-        "logical_bytes",
-        "stored_bytes",
-        "raw_chunk_bytes",
-        "chunks",
-        "files",
-        "dirs",
-        "reserved_bytes",
-        "used_bytes",
-        "free_bytes",
-    ] {
-        stat_u64(&s0, key);
-    }
-    stat_f64(&s0, "dedup_ratio");
-    stat_f64(&s0, "compression_ratio");
+    // Every key is there: `stats()` reads the JSON into the engine's StatsReport, which
+    // fails on a missing one.
     println!("empty: {s0}");
     assert!(
-        stat_u64(&s0, "reserved_bytes") >= 2 << 30,
+        s0.stats.reserved_bytes >= 2 << 30,
         "reserved_bytes after --size 2G: {s0}"
     );
 
@@ -189,28 +176,29 @@ fn stats_are_consistent_on_mountpoint_and_backing_dir() {
     let logical: u64 = sizes.iter().map(|&s| s as u64).sum();
     let s1 = m.stats();
     println!("after 4 files: {s1}");
-    let grew = |k: &str| stat_u64(&s1, k) - stat_u64(&s0, k);
-    assert_eq!(grew("logical_bytes"), logical, "logical_bytes growth");
-    assert_eq!(grew("files"), sizes.len() as u64, "files growth");
-    assert_eq!(grew("dirs"), 2, "dirs growth");
-    assert!(
-        stat_u64(&s1, "chunks") > stat_u64(&s0, "chunks"),
-        "chunks grew"
+    let grew = |k: fn(&StatsReport) -> u64| k(&s1) - k(&s0);
+    assert_eq!(
+        grew(|s| s.stats.logical_bytes),
+        logical,
+        "logical_bytes growth"
     );
-    let stored = stat_u64(&s1, "stored_bytes");
-    let used = stat_u64(&s1, "used_bytes");
-    let reserved = stat_u64(&s1, "reserved_bytes");
+    assert_eq!(grew(|s| s.stats.files), sizes.len() as u64, "files growth");
+    assert_eq!(grew(|s| s.stats.dirs), 2, "dirs growth");
+    assert!(s1.stats.chunks > s0.stats.chunks, "chunks grew");
+    let stored = s1.stats.stored_bytes;
+    let used = s1.stats.used_bytes;
+    let reserved = s1.stats.reserved_bytes;
     assert!(stored <= used, "stored_bytes {stored} > used_bytes {used}");
     assert!(
         used <= reserved,
         "used_bytes {used} > reserved_bytes {reserved}"
     );
     assert!(
-        stat_u64(&s1, "free_bytes") <= reserved,
+        s1.stats.free_bytes <= reserved,
         "free_bytes > reserved_bytes"
     );
     assert_eq!(
-        grew("raw_chunk_bytes"),
+        grew(|s| s.stats.raw_chunk_bytes),
         logical,
         "raw_chunk_bytes growth for distinct random data"
     );
@@ -219,15 +207,11 @@ fn stats_are_consistent_on_mountpoint_and_backing_dir() {
     let s2 = m.stats();
     println!("after unlinking the 1 MiB file: {s2}");
     assert_eq!(
-        stat_u64(&s2, "logical_bytes"),
-        stat_u64(&s1, "logical_bytes") - (1 << 20),
+        s2.stats.logical_bytes,
+        s1.stats.logical_bytes - (1 << 20),
         "logical_bytes after unlink"
     );
-    assert_eq!(
-        stat_u64(&s2, "files"),
-        stat_u64(&s1, "files") - 1,
-        "files after unlink"
-    );
+    assert_eq!(s2.stats.files, s1.stats.files - 1, "files after unlink");
 
     let backing = m.backing().to_path_buf();
     let via_backing_mounted = m.stats_of(&backing);
@@ -235,17 +219,20 @@ fn stats_are_consistent_on_mountpoint_and_backing_dir() {
     m.unmount();
     let via_backing = m.stats();
     println!("backing dir after umount: {via_backing}");
-    for key in ["logical_bytes", "stored_bytes", "files", "dirs", "chunks"] {
-        assert_eq!(
-            stat_u64(&via_backing, key),
-            stat_u64(&s2, key),
-            "`{key}` via backing dir after umount"
-        );
-        assert_eq!(
-            stat_u64(&via_backing_mounted, key),
-            stat_u64(&s2, key),
-            "`{key}` via backing dir while mounted"
-        );
-    }
+    // (logical_bytes, stored_bytes, files, dirs, chunks)
+    let core = |s: &StatsReport| {
+        let s = &s.stats;
+        (s.logical_bytes, s.stored_bytes, s.files, s.dirs, s.chunks)
+    };
+    assert_eq!(
+        core(&via_backing),
+        core(&s2),
+        "via backing dir after umount"
+    );
+    assert_eq!(
+        core(&via_backing_mounted),
+        core(&s2),
+        "via backing dir while mounted"
+    );
     m.mount();
 }

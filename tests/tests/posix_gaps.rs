@@ -566,7 +566,7 @@ fn copy_file_range_is_a_metadata_only_copy() {
     let seed = test_seed("copy_file_range_is_a_metadata_only_copy", 11);
     let big = pattern(seed, 64 << 20);
     fs::write(m.path("big"), &big).expect("write big");
-    let stored = |m: &mut TestMount| ckptfs_tests::stat_u64(&m.stats(), "stored_bytes");
+    let stored = |m: &mut TestMount| m.stats().stats.stored_bytes;
     let before = stored(&mut m);
     {
         let src = File::open(m.path("big")).unwrap();

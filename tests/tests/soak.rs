@@ -16,7 +16,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use ckptfs_tests::{first_difference, stat_u64, tagged, test_seed, TestMount};
+use ckptfs_tests::{first_difference, tagged, test_seed, TestMount};
 use rand::rngs::SmallRng;
 use rand::{Rng, SeedableRng};
 
@@ -216,8 +216,8 @@ fn sixteen_writers_readers_and_gc_soak() {
         std::thread::sleep(GC_EVERY);
         let r = m.gc(false);
         gcs += 1;
-        dropped += stat_u64(&r, "revisions_dropped");
-        freed += stat_u64(&r, "bytes_freed");
+        dropped += r.revisions_dropped;
+        freed += r.bytes_freed;
     }
     println!("writers:");
     let (mut failures, lasts) = wait_all(children, start + Duration::from_secs(secs) + EXIT_GRACE);
