@@ -2,6 +2,7 @@
 
 mod check;
 mod fuse;
+mod when;
 
 use ckptfs_engine::gc::{GcProgress, GcReport};
 use ckptfs_engine::space::StatsReport;
@@ -1355,22 +1356,32 @@ fn cmd_revisions(path: &Path, space: Option<&Path>, json: bool) -> Result<(), St
             revisions_json(&fs.revisions_of(&rel).map_err(|e| e.to_string())?)
         }
     };
+    // Commit times in the reader's local zone: RFC 3339 for programs, local time and age
+    // for people (the daemon's answer carries only the unix time; its zone may differ).
+    let mut v = v;
+    for r in v.as_array_mut().into_iter().flatten() {
+        if let Some(t) = r.get("committed_unix").and_then(|x| x.as_f64()) {
+            r["committed"] = serde_json::Value::String(when::rfc3339(t));
+        }
+    }
     if json {
         println!("{v}");
         return Ok(());
     }
     println!(
-        "{:>10}  {:>20}  {:>12}  {:>12}",
-        "revision", "committed (unix)", "size", "new bytes"
+        "{:>10}  {:<34}  {:>12}  {:>12}",
+        "revision", "committed", "size", "new bytes"
     );
     for r in v.as_array().into_iter().flatten() {
         let g = |k: &str| r.get(k).and_then(|x| x.as_u64()).unwrap_or(0);
+        let committed = r
+            .get("committed_unix")
+            .and_then(|x| x.as_f64())
+            .map_or_else(|| "?".to_string(), when::human);
         println!(
-            "{:>10}  {:>20.3}  {:>12}  {:>12}{}",
+            "{:>10}  {:<34}  {:>12}  {:>12}{}",
             g("id"),
-            r.get("committed_unix")
-                .and_then(|x| x.as_f64())
-                .unwrap_or(0.0),
+            committed,
             human(g("size")),
             human(g("new_bytes")),
             if r.get("current").and_then(|x| x.as_bool()) == Some(true) {

@@ -1021,9 +1021,71 @@ pub fn list_tree(dir: &Path) -> Vec<PathBuf> {
 pub struct Revision {
     pub id: u64,
     pub committed_unix: f64,
+    /// RFC 3339 with the local offset; checked against `committed_unix` when parsed.
+    pub committed: String,
     pub size: u64,
     pub new_bytes: u64,
     pub current: bool,
+}
+
+/// Seconds since the epoch of an RFC 3339 time `YYYY-MM-DDTHH:MM:SS[.fff](Z|+HH:MM|-HH:MM)`;
+/// None when it is not one. Written out here so the test does not share the CLI's code.
+pub fn rfc3339_unix(s: &str) -> Option<f64> {
+    let b = s.as_bytes();
+    let num = |r: std::ops::Range<usize>| -> Option<i64> {
+        let t = s.get(r)?;
+        t.bytes()
+            .all(|c| c.is_ascii_digit())
+            .then(|| t.parse().ok())?
+    };
+    if b.len() < 20
+        || b[4] != b'-'
+        || b[7] != b'-'
+        || b[10] != b'T'
+        || b[13] != b':'
+        || b[16] != b':'
+    {
+        return None;
+    }
+    let (y, mo, d) = (num(0..4)?, num(5..7)?, num(8..10)?);
+    let (h, mi, sec) = (num(11..13)?, num(14..16)?, num(17..19)?);
+    if !(1..=12).contains(&mo) || !(1..=31).contains(&d) || h > 23 || mi > 59 || sec > 60 {
+        return None;
+    }
+    let mut i = 19;
+    let mut frac = 0.0;
+    if b.get(i) == Some(&b'.') {
+        let start = i + 1;
+        i = start;
+        while b.get(i).is_some_and(u8::is_ascii_digit) {
+            i += 1;
+        }
+        if i == start {
+            return None;
+        }
+        frac = format!("0.{}", &s[start..i]).parse().ok()?;
+    }
+    let off = match b.get(i)? {
+        b'Z' if i + 1 == b.len() => 0,
+        c @ (b'+' | b'-') if i + 6 == b.len() && b[i + 3] == b':' => {
+            let o = num(i + 1..i + 3)? * 3600 + num(i + 4..i + 6)? * 60;
+            if *c == b'-' {
+                -o
+            } else {
+                o
+            }
+        }
+        _ => return None,
+    };
+    // Days from 1970-01-01 to y-mo-d (proleptic Gregorian; Howard Hinnant's algorithm).
+    let yy = if mo <= 2 { y - 1 } else { y };
+    let era = yy.div_euclid(400);
+    let yoe = yy - era * 400;
+    let mp = (mo + 9) % 12;
+    let doy = (153 * mp + 2) / 5 + d - 1;
+    let doe = yoe * 365 + yoe / 4 - yoe / 100 + doy;
+    let days = era * 146_097 + doe - 719_468;
+    Some((days * 86_400 + h * 3600 + mi * 60 + sec - off) as f64 + frac)
 }
 
 /// Parses the `ckptfs revisions --json` array; panics naming what is missing.
@@ -1039,14 +1101,25 @@ pub fn parse_revisions(v: &serde_json::Value) -> Vec<Revision> {
                     .and_then(serde_json::Value::as_u64)
                     .unwrap_or_else(|| panic!("revision entry has no integer `{k}`: {e}"))
             };
+            let committed_unix = e
+                .get("committed_unix")
+                .and_then(serde_json::Value::as_f64)
+                .unwrap_or_else(|| panic!("revision entry has no number `committed_unix`: {e}"));
+            let committed = e
+                .get("committed")
+                .and_then(serde_json::Value::as_str)
+                .unwrap_or_else(|| panic!("revision entry has no string `committed`: {e}"))
+                .to_string();
+            let t = rfc3339_unix(&committed)
+                .unwrap_or_else(|| panic!("`committed` is not RFC 3339 with an offset: {e}"));
+            assert!(
+                (t - committed_unix).abs() < 0.002,
+                "`committed` {committed} is not `committed_unix` {committed_unix}: {e}"
+            );
             Revision {
                 id: u("id"),
-                committed_unix: e
-                    .get("committed_unix")
-                    .and_then(serde_json::Value::as_f64)
-                    .unwrap_or_else(|| {
-                        panic!("revision entry has no number `committed_unix`: {e}")
-                    }),
+                committed_unix,
+                committed,
                 size: u("size"),
                 new_bytes: u("new_bytes"),
                 current: e

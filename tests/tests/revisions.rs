@@ -780,3 +780,41 @@ fn a_long_history_is_listed_whole() {
         "revisions listed offline"
     );
 }
+
+/// `ckptfs revisions` prints commit times in the reader's local zone with their age, and
+/// `--json` adds them in RFC 3339 with the zone's offset (checked against `committed_unix`
+/// by `parse_revisions`). A zone with a half-hour offset catches an offset printed in whole
+/// hours or taken from UTC.
+#[test]
+fn revisions_show_local_time_with_age_and_rfc3339() {
+    let mut m = TestMount::new();
+    write(&m, "t.bin", b"a revision");
+    write(&m, "t.bin", b"another revision");
+    // POSIX TZ: "XST-05:30" is 5 h 30 min east of UTC.
+    m.set_env("TZ", "XST-05:30");
+    let revs = m.revisions("t.bin");
+    assert_eq!(revs.len(), 2, "{revs:#?}");
+    for r in &revs {
+        assert!(r.committed.ends_with("+05:30"), "{r:?}");
+    }
+    let path = m.path("t.bin");
+    let out = m.ckptfs_ok(&["revisions".as_ref(), path.as_os_str()]);
+    println!("{out}");
+    for r in &revs {
+        // The local date and time is the RFC 3339 one with a space for the T, to the second.
+        let local = r.committed[..19].replacen('T', " ", 1);
+        let line = out
+            .lines()
+            .find(|l| l.split_whitespace().next() == Some(&r.id.to_string()))
+            .unwrap_or_else(|| panic!("no line for revision {}:\n{out}", r.id));
+        assert!(line.contains(&local), "{line:?} lacks {local:?}");
+        assert!(
+            line.contains(" ago)") || line.contains("(just now)"),
+            "{line:?} has no age"
+        );
+    }
+    assert!(
+        !out.contains("unix"),
+        "no raw unix seconds for people:\n{out}"
+    );
+}
