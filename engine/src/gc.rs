@@ -55,6 +55,27 @@ pub struct GcOptions {
 
 /// What a gc did (or, with `dry_run`, would do). Its JSON form (serde, field names as here)
 /// is what the daemon answers and `ckptfs gc --json` prints.
+/// What the gc runs since the space was opened did (dry runs excluded): the counters
+/// `ckptfs stats` reports (a daemon's lifetime; zero offline).
+#[derive(Clone, Debug, Default, PartialEq, serde::Serialize, serde::Deserialize)]
+pub struct GcTotals {
+    pub runs: u64,
+    pub revisions_dropped: u64,
+    pub bytes_freed: u64,
+    pub bytes_copied: u64,
+    pub seconds: f64,
+}
+
+impl GcTotals {
+    fn add(&mut self, r: &GcReport) {
+        self.runs += 1;
+        self.revisions_dropped += r.revisions_dropped;
+        self.bytes_freed += r.bytes_freed;
+        self.bytes_copied += r.bytes_copied;
+        self.seconds += r.seconds;
+    }
+}
+
 #[derive(Clone, Debug, Default, PartialEq, serde::Serialize, serde::Deserialize)]
 pub struct GcReport {
     pub dry_run: bool,
@@ -86,6 +107,14 @@ impl Space {
     /// gc; the revisions pinned now (`Space::pin`) are sampled under the pin gate right
     /// before retention commits and kept, with the pins in `opts`.
     pub fn gc(&self, opts: &GcOptions, progress: &mut dyn FnMut(GcProgress)) -> Result<GcReport> {
+        let r = self.run_gc(opts, progress)?;
+        if !r.dry_run {
+            self.gc_totals.lock().add(&r);
+        }
+        Ok(r)
+    }
+
+    fn run_gc(&self, opts: &GcOptions, progress: &mut dyn FnMut(GcProgress)) -> Result<GcReport> {
         let _one = self.gc_lock.lock();
         if self.store().is_failed() {
             return Err(Error::Failed);

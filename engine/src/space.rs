@@ -98,6 +98,8 @@ pub struct Space {
     lock: Option<File>,
     /// One gc at a time.
     pub(crate) gc_lock: parking_lot::Mutex<()>,
+    /// What gc did since the space was opened (for `stats`).
+    pub(crate) gc_totals: parking_lot::Mutex<crate::gc::GcTotals>,
     /// Shared while a reader pins a revision and loads it; exclusive while gc samples the pins
     /// and commits its retention transaction, so a revision is never dropped under a reader
     /// that pinned it after gc started.
@@ -142,6 +144,10 @@ pub struct Stats {
     /// Time spent per data-path stage since the space was opened (empty offline).
     #[serde(with = "crate::pipeline::stage_map")]
     pub stages: Vec<crate::pipeline::StageTime>,
+    /// gc since the space was opened (a daemon's lifetime; zero offline). Absent from the
+    /// answer of a daemon started by an older build, hence the default.
+    #[serde(default)]
+    pub gc: crate::gc::GcTotals,
 }
 
 impl Stats {
@@ -674,6 +680,7 @@ impl Space {
             store,
             lock: None,
             gc_lock: parking_lot::Mutex::new(()),
+            gc_totals: parking_lot::Mutex::new(crate::gc::GcTotals::default()),
             pin_gate: parking_lot::RwLock::new(()),
             pins: Arc::default(),
             ns_dirty: std::sync::atomic::AtomicBool::new(false),
@@ -1081,6 +1088,7 @@ impl Space {
             chunk_avg_bytes: self.sb.chunk.avg_bytes,
             failed: self.store.is_failed(),
             stages: self.store.stages().snapshot(),
+            gc: self.gc_totals.lock().clone(),
             ..Stats::default()
         };
         s.used_bytes = s.reserved_bytes - s.free_bytes;

@@ -2,6 +2,7 @@
 
 mod check;
 mod fuse;
+mod metrics;
 mod when;
 
 use ckptfs_engine::gc::{GcProgress, GcReport};
@@ -158,8 +159,11 @@ enum Cmd {
     Stats {
         /// A mountpoint or a backing directory.
         path: PathBuf,
-        #[arg(long)]
+        #[arg(long, conflicts_with = "prometheus")]
         json: bool,
+        /// Print the Prometheus text format (for node_exporter's textfile collector).
+        #[arg(long)]
+        prometheus: bool,
     },
 }
 
@@ -923,6 +927,16 @@ fn print_stats(s: &Stats) {
         "reclaimable        {} (used but holding no committed chunk; gc compacts it)",
         human(s.reclaimable_bytes())
     );
+    if s.gc.runs > 0 {
+        println!(
+            "gc since mount     {} runs, {} revisions dropped, {} freed, {} copied, {:.1}s",
+            s.gc.runs,
+            s.gc.revisions_dropped,
+            human(s.gc.bytes_freed),
+            human(s.gc.bytes_copied),
+            s.gc.seconds
+        );
+    }
     if s.failed {
         println!("STATE              FAILED: a backing write or sync failed; writes are refused");
     }
@@ -1010,10 +1024,19 @@ fn run(cli: Cli) -> Result<(), String> {
             to,
         } => cmd_restore(&path, space.as_deref(), revision, to.as_deref()),
         Cmd::Check { .. } => Err("check sets its own exit status; it is run from main".into()),
-        Cmd::Stats { path, json } => {
+        Cmd::Stats {
+            path,
+            json,
+            prometheus,
+        } => {
             let s = read_stats(&path)?;
             if json {
                 println!("{}", stats_json(&s));
+            } else if prometheus {
+                print!(
+                    "{}",
+                    metrics::prometheus(&s, &absolute(&path).to_string_lossy())
+                );
             } else {
                 print_stats(&s);
             }

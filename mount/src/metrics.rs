@@ -1,0 +1,231 @@
+//! `ckptfs stats --prometheus`: the stats in the Prometheus text exposition format (0.0.4),
+//! for node_exporter's textfile collector (`ckptfs stats /ckpt --prometheus >
+//! /var/lib/node_exporter/ckptfs.prom.tmp && mv ... ckptfs.prom`).
+//!
+//! Every sample carries `space="<path>"`, so one node's several spaces do not collide.
+//! Sizes are gauges in bytes; what only grows while a daemon runs (gc work, stage time) is
+//! a counter (`_total`), which restarts at zero with the daemon, as Prometheus counters may.
+
+use ckptfs_engine::Stats;
+use std::fmt::Write;
+
+/// A label value with `\`, `"` and newlines escaped as the format requires.
+fn label(v: &str) -> String {
+    v.replace('\\', "\\\\")
+        .replace('"', "\\\"")
+        .replace('\n', "\\n")
+}
+
+/// A sample value: integers as integers, non-finite floats spelled as the format spells them.
+fn value(v: f64) -> String {
+    if v.is_nan() {
+        "NaN".into()
+    } else if v.is_infinite() {
+        if v > 0.0 { "+Inf" } else { "-Inf" }.into()
+    } else {
+        format!("{v}")
+    }
+}
+
+struct Out {
+    text: String,
+    space: String,
+}
+
+impl Out {
+    fn family(&mut self, name: &str, kind: &str, help: &str) {
+        let _ = writeln!(self.text, "# HELP ckptfs_{name} {help}");
+        let _ = writeln!(self.text, "# TYPE ckptfs_{name} {kind}");
+    }
+
+    fn sample(&mut self, name: &str, extra: &[(&str, &str)], v: f64) {
+        let mut labels = format!("space=\"{}\"", self.space);
+        for (k, x) in extra {
+            let _ = write!(labels, ",{k}=\"{}\"", label(x));
+        }
+        let _ = writeln!(self.text, "ckptfs_{name}{{{labels}}} {}", value(v));
+    }
+
+    fn one(&mut self, name: &str, kind: &str, help: &str, v: f64) {
+        self.family(name, kind, help);
+        self.sample(name, &[], v);
+    }
+}
+
+/// The whole exposition for one space.
+pub fn prometheus(s: &Stats, space: &str) -> String {
+    let mut o = Out {
+        text: String::new(),
+        space: label(space),
+    };
+    let g = "gauge";
+    let c = "counter";
+    o.one(
+        "reserved_bytes",
+        g,
+        "Bytes reserved for the space's data.",
+        s.reserved_bytes as f64,
+    );
+    o.one(
+        "used_bytes",
+        g,
+        "Reserved bytes in use (segments not free).",
+        s.used_bytes as f64,
+    );
+    o.one(
+        "free_bytes",
+        g,
+        "Reserved bytes free for new chunks.",
+        s.free_bytes as f64,
+    );
+    o.one(
+        "reclaimable_bytes",
+        g,
+        "Used bytes holding no committed chunk (gc compacts them).",
+        s.reclaimable_bytes() as f64,
+    );
+    o.one(
+        "stored_bytes",
+        g,
+        "Bytes the committed chunks take in the space (after compression).",
+        s.stored_bytes as f64,
+    );
+    o.one(
+        "logical_bytes",
+        g,
+        "Sum of the sizes of the current files.",
+        s.logical_bytes as f64,
+    );
+    o.one(
+        "referenced_bytes",
+        g,
+        "Data bytes of all kept revisions (what would be stored without dedup).",
+        s.referenced_bytes as f64,
+    );
+    o.one(
+        "chunk_bytes",
+        g,
+        "Uncompressed bytes of the distinct committed chunks.",
+        s.raw_chunk_bytes as f64,
+    );
+    o.one(
+        "dedup_ratio",
+        g,
+        "Referenced bytes per distinct chunk byte (1 = no saving).",
+        s.dedup_ratio(),
+    );
+    o.one(
+        "compression_ratio",
+        g,
+        "Distinct chunk bytes per stored byte (1 = no saving).",
+        s.compression_ratio(),
+    );
+    o.one("chunks", g, "Distinct committed chunks.", s.chunks as f64);
+    o.one("files", g, "Regular files.", s.files as f64);
+    o.one(
+        "directories",
+        g,
+        "Directories (the root not counted).",
+        s.dirs as f64,
+    );
+    o.one(
+        "revisions",
+        g,
+        "Kept revisions of all files.",
+        s.revisions as f64,
+    );
+    o.one(
+        "failed",
+        g,
+        "1 when a backing write or sync failed and the space refuses writes until remounted.",
+        if s.failed { 1.0 } else { 0.0 },
+    );
+    o.one(
+        "gc_runs_total",
+        c,
+        "gc runs (explicit, automatic and under space pressure) since the space was opened.",
+        s.gc.runs as f64,
+    );
+    o.one(
+        "gc_revisions_dropped_total",
+        c,
+        "Revisions gc dropped since the space was opened.",
+        s.gc.revisions_dropped as f64,
+    );
+    o.one(
+        "gc_freed_bytes_total",
+        c,
+        "Stored bytes of the chunks gc freed since the space was opened.",
+        s.gc.bytes_freed as f64,
+    );
+    o.one(
+        "gc_copied_bytes_total",
+        c,
+        "Bytes gc copied to compact segments since the space was opened.",
+        s.gc.bytes_copied as f64,
+    );
+    o.one(
+        "gc_seconds_total",
+        c,
+        "Seconds spent in gc since the space was opened.",
+        s.gc.seconds,
+    );
+    o.family(
+        "stage_seconds_total",
+        c,
+        "Seconds per data-path stage since the space was opened, summed over threads.",
+    );
+    for st in &s.stages {
+        o.sample("stage_seconds_total", &[("stage", &st.name)], st.seconds);
+    }
+    o.family(
+        "stage_bytes_total",
+        c,
+        "Bytes through each data-path stage since the space was opened.",
+    );
+    for st in &s.stages {
+        o.sample("stage_bytes_total", &[("stage", &st.name)], st.bytes as f64);
+    }
+    o.text
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn labels_and_values_are_escaped_as_the_format_requires() {
+        assert_eq!(label("a\"b\\c\nd"), "a\\\"b\\\\c\\nd");
+        assert_eq!(value(f64::NAN), "NaN");
+        assert_eq!(value(f64::INFINITY), "+Inf");
+        assert_eq!(value(3.0), "3");
+        assert_eq!(value(0.25), "0.25");
+    }
+
+    #[test]
+    fn every_family_has_help_type_and_samples_with_the_space() {
+        let s = Stats {
+            reserved_bytes: 1 << 30,
+            stages: vec![ckptfs_engine::pipeline::StageTime {
+                name: "hash".into(),
+                seconds: 1.5,
+                count: 3,
+                bytes: 4096,
+            }],
+            ..Stats::default()
+        };
+        let t = prometheus(&s, "/ckpt");
+        assert!(
+            t.contains("ckptfs_reserved_bytes{space=\"/ckpt\"} 1073741824\n"),
+            "{t}"
+        );
+        assert!(
+            t.contains("ckptfs_stage_seconds_total{space=\"/ckpt\",stage=\"hash\"} 1.5\n"),
+            "{t}"
+        );
+        for line in t.lines().filter(|l| !l.starts_with('#')) {
+            let name = line.split('{').next().unwrap();
+            assert!(t.contains(&format!("# TYPE {name} ")), "{name} has no TYPE");
+        }
+    }
+}

@@ -1,0 +1,114 @@
+//! `ckptfs stats --prometheus`, read back by a real parser of the format (the Python
+//! prometheus_client's, from Debian's python3-prometheus-client, which `.ci/run` installs)
+//! and compared with `stats --json` of the same space.
+
+use std::collections::BTreeMap;
+use std::fs;
+use std::io::Write;
+use std::process::{Command, Stdio};
+
+use ckptfs_tests::{pattern, TestMount};
+
+/// Parses the exposition with prometheus_client and prints `name<TAB>labels-json<TAB>value`
+/// per sample, and `#TYPE<TAB>family<TAB>type` per family.
+const PARSE: &str = r##"
+import json, sys
+from prometheus_client.parser import text_string_to_metric_families
+for fam in text_string_to_metric_families(sys.stdin.read()):
+    print("#TYPE\t%s\t%s" % (fam.name, fam.type))
+    for s in fam.samples:
+        print("%s\t%s\t%r" % (s.name, json.dumps(s.labels, sort_keys=True), s.value))
+"##;
+
+/// A Python that has prometheus_client: Debian's (pyenv shims may shadow it on PATH).
+fn parser_python() -> Option<&'static str> {
+    ["/usr/bin/python3", "python3"].into_iter().find(|py| {
+        Command::new(py)
+            .args(["-c", "import prometheus_client.parser"])
+            .stderr(Stdio::null())
+            .status()
+            .is_ok_and(|s| s.success())
+    })
+}
+
+#[test]
+fn prometheus_output_parses_and_matches_the_json_stats() {
+    let Some(py) = parser_python() else {
+        let msg = "SKIPPED prometheus_output_parses_and_matches_the_json_stats: no Python with \
+                   prometheus_client (apt-get install python3-prometheus-client)";
+        assert!(std::env::var_os("CI").is_none(), "{msg}; CI must have it");
+        eprintln!("{msg}");
+        return;
+    };
+    let mut m = TestMount::with_format_args("256M", &["--keep-revisions", "1"]);
+    for i in 0..3u64 {
+        fs::write(m.path("model.pt"), pattern(i, 3 << 20)).expect("write");
+    }
+    let g = m.gc(false);
+    assert!(g.revisions_dropped >= 2, "keep-1 drops the older two: {g}");
+    let mnt = m.mnt().to_path_buf();
+    let text = m.ckptfs_ok(&["stats".as_ref(), mnt.as_os_str(), "--prometheus".as_ref()]);
+    let s = m.stats();
+
+    let mut child = Command::new(py)
+        .args(["-c", PARSE])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("run the parser");
+    child
+        .stdin
+        .take()
+        .unwrap()
+        .write_all(text.as_bytes())
+        .unwrap();
+    let out = child.wait_with_output().expect("parser output");
+    assert!(
+        out.status.success(),
+        "prometheus_client refused the output: {}\n{text}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let mut types = BTreeMap::new();
+    let mut samples: BTreeMap<(String, String), f64> = BTreeMap::new();
+    for line in String::from_utf8(out.stdout).unwrap().lines() {
+        let f: Vec<&str> = line.split('\t').collect();
+        if f[0] == "#TYPE" {
+            types.insert(f[1].to_string(), f[2].to_string());
+        } else {
+            samples.insert((f[0].to_string(), f[1].to_string()), f[2].parse().unwrap());
+        }
+    }
+    let space = format!("{{\"space\": \"{}\"}}", mnt.display());
+    let get = |name: &str| -> f64 {
+        *samples
+            .get(&(name.to_string(), space.clone()))
+            .unwrap_or_else(|| panic!("no sample {name}{space} in:\n{text}"))
+    };
+    assert_eq!(get("ckptfs_stored_bytes"), s.stats.stored_bytes as f64);
+    assert_eq!(get("ckptfs_logical_bytes"), s.stats.logical_bytes as f64);
+    assert_eq!(get("ckptfs_reserved_bytes"), s.stats.reserved_bytes as f64);
+    assert_eq!(get("ckptfs_revisions"), s.stats.revisions as f64);
+    assert_eq!(get("ckptfs_failed"), 0.0);
+    assert!((get("ckptfs_dedup_ratio") - s.dedup_ratio).abs() < 1e-9);
+    // The parser strips `_total` from a counter's family name and keeps it on the sample.
+    assert_eq!(
+        types.get("ckptfs_gc_runs").map(String::as_str),
+        Some("counter")
+    );
+    assert_eq!(get("ckptfs_gc_runs_total"), s.stats.gc.runs as f64);
+    assert!(s.stats.gc.runs >= 1, "the gc above counts: {s}");
+    assert_eq!(
+        get("ckptfs_gc_revisions_dropped_total"),
+        s.stats.gc.revisions_dropped as f64
+    );
+    assert_eq!(
+        types.get("ckptfs_free_bytes").map(String::as_str),
+        Some("gauge")
+    );
+    let hash = format!("{{\"space\": \"{}\", \"stage\": \"hash\"}}", mnt.display());
+    assert!(
+        samples.contains_key(&("ckptfs_stage_seconds_total".to_string(), hash)),
+        "no hash stage in:\n{text}"
+    );
+}
