@@ -139,7 +139,13 @@ enum Cmd {
         /// may not.
         #[arg(long)]
         read_only: bool,
-        /// Mount options, comma-separated: `ro` (as --read-only), `rw`, `allow_other`.
+        /// Mount options, comma-separated, as mount(8) and fstab pass them: `ro` (as
+        /// --read-only), `rw`, `allow_other`, `threads=N`, `workers=N`, `codec=C`, `gpu=G`,
+        /// `cuda_lib_dir=DIR` (as the flags), `suid` (ckptfs mounts nosuid unless told),
+        /// `nosuid`, `noexec`, `exec`; the ones
+        /// mount(8) and the kernel handle themselves (`defaults`, `auto`, `noauto`, `user`,
+        /// `nofail`, `_netdev`, `dev`, `nodev`, the atime ones, `x-*`, `comment=`) are
+        /// accepted and ignored. Any other is refused.
         #[arg(short = 'o', value_name = "OPTIONS")]
         options: Option<String>,
         #[arg(long, hide = true)]
@@ -155,6 +161,13 @@ enum Cmd {
         #[arg(long)]
         json: bool,
     },
+    /// Write the man pages or a shell's completions, generated from this command line's
+    /// definition (what `scripts/install.sh` installs).
+    #[command(hide = true)]
+    Generate {
+        #[command(subcommand)]
+        what: Generate,
+    },
     /// Show logical and stored bytes, dedup and compression ratios, and free space.
     Stats {
         /// A mountpoint or a backing directory.
@@ -165,6 +178,14 @@ enum Cmd {
         #[arg(long)]
         prometheus: bool,
     },
+}
+
+#[derive(Subcommand)]
+enum Generate {
+    /// Man pages (ckptfs.1 and one per command, ckptfs-mount.1, ...) into DIR.
+    Man { dir: PathBuf },
+    /// Completions for SHELL (bash, zsh, fish, elvish, powershell) on stdout.
+    Completions { shell: clap_complete::Shell },
 }
 
 /// Retention options shared by `format` and `config`.
@@ -368,6 +389,10 @@ struct Tuning {
     cuda_lib_dir: Option<PathBuf>,
     /// Not tuning, but carried to the daemon alike: `--read-only`.
     read_only: bool,
+    /// Kernel mount flags from `-o`: `suid` (ckptfs mounts nosuid unless told), `noexec`.
+    /// ckptfs always mounts `nodev`.
+    suid: bool,
+    noexec: bool,
 }
 
 /// The batch codec `--gpu` asks for, if any (see the flag's help).
@@ -509,6 +534,18 @@ fn mount(
         fuser::MountOption::Subtype("ckptfs".into()),
         fuser::MountOption::DefaultPermissions,
         fuser::MountOption::NoDev,
+        // fuser mounts nosuid unless it sees Suid: set-user-ID files written by any user
+        // of a checkpoint space do not gain privileges by exec unless the admin says so.
+        if tuning.suid {
+            fuser::MountOption::Suid
+        } else {
+            fuser::MountOption::NoSuid
+        },
+        if tuning.noexec {
+            fuser::MountOption::NoExec
+        } else {
+            fuser::MountOption::Exec
+        },
         if tuning.read_only {
             fuser::MountOption::RO
         } else {
@@ -652,6 +689,13 @@ fn spawn_daemon(
     }
     if tuning.read_only {
         cmd.arg("--read-only");
+    }
+    let kernel: Vec<&str> = [(tuning.suid, "suid"), (tuning.noexec, "noexec")]
+        .into_iter()
+        .filter_map(|(on, o)| on.then_some(o))
+        .collect();
+    if !kernel.is_empty() {
+        cmd.arg("-o").arg(kernel.join(","));
     }
     cmd.arg(backing).arg(mnt);
     if std::env::var_os("RUST_LOG").is_none() {
@@ -978,31 +1022,20 @@ fn run(cli: Cli) -> Result<(), String> {
             if foreground {
                 block_termination_signals();
             }
-            let (mut read_only, mut allow_other) = (read_only, allow_other);
-            for o in options
-                .iter()
-                .flat_map(|o| o.split(','))
-                .filter(|o| !o.is_empty())
-            {
-                match o {
-                    "ro" => read_only = true,
-                    "rw" => read_only = false,
-                    "allow_other" => allow_other = true,
-                    other => {
-                        return Err(format!(
-                            "unknown mount option {other:?} (known: ro, rw, allow_other)"
-                        ))
-                    }
-                }
-            }
-            let tuning = Tuning {
+            let mut tuning = Tuning {
                 threads,
                 workers,
                 codec,
                 gpu,
                 cuda_lib_dir,
                 read_only,
+                suid: false,
+                noexec: false,
             };
+            let mut allow_other = allow_other;
+            if let Some(o) = &options {
+                apply_mount_options(o, &mut tuning, &mut allow_other)?;
+            }
             mount(paths, foreground, allow_other, tuning, notify_ready)
         }
         Cmd::Umount { mountpoint } => umount(&mountpoint),
@@ -1024,6 +1057,22 @@ fn run(cli: Cli) -> Result<(), String> {
             to,
         } => cmd_restore(&path, space.as_deref(), revision, to.as_deref()),
         Cmd::Check { .. } => Err("check sets its own exit status; it is run from main".into()),
+        Cmd::Generate { what } => {
+            use clap::CommandFactory;
+            let mut cmd = Cli::command();
+            match what {
+                Generate::Man { dir } => {
+                    std::fs::create_dir_all(&dir)
+                        .map_err(|e| format!("cannot create {}: {e}", dir.display()))?;
+                    clap_mangen::generate_to(cmd, &dir)
+                        .map_err(|e| format!("cannot write man pages to {}: {e}", dir.display()))
+                }
+                Generate::Completions { shell } => {
+                    clap_complete::generate(shell, &mut cmd, "ckptfs", &mut std::io::stdout());
+                    Ok(())
+                }
+            }
+        }
         Cmd::Stats {
             path,
             json,
@@ -1045,10 +1094,90 @@ fn run(cli: Cli) -> Result<(), String> {
     }
 }
 
+/// Applies `-o` mount options (see the flag's help) over the flags' values.
+fn apply_mount_options(
+    options: &str,
+    tuning: &mut Tuning,
+    allow_other: &mut bool,
+) -> Result<(), String> {
+    const KNOWN: &str = "ro, rw, allow_other, threads=N, workers=N, codec=lz4|shuffle, \
+                         gpu=auto|on|off|emulate, cuda_lib_dir=DIR, nosuid, noexec, suid, exec";
+    for o in options.split(',').filter(|o| !o.is_empty()) {
+        let (key, val) = match o.split_once('=') {
+            Some((k, v)) => (k, Some(v)),
+            None => (o, None),
+        };
+        let number = |max: u32, min: u32| -> Result<u32, String> {
+            val.and_then(|v| v.parse::<u32>().ok())
+                .filter(|n| (min..=max).contains(n))
+                .ok_or_else(|| format!("mount option {o:?}: {key} takes a number {min}..={max}"))
+        };
+        let one_of = |allowed: &[&str]| -> Result<String, String> {
+            val.filter(|v| allowed.contains(v))
+                .map(str::to_string)
+                .ok_or_else(|| {
+                    format!("mount option {o:?}: {key} is one of {}", allowed.join(", "))
+                })
+        };
+        match (key, val) {
+            ("ro", None) => tuning.read_only = true,
+            ("rw", None) => tuning.read_only = false,
+            ("allow_other", None) => *allow_other = true,
+            ("nosuid", None) => tuning.suid = false,
+            ("suid", None) => tuning.suid = true,
+            ("noexec", None) => tuning.noexec = true,
+            ("exec", None) => tuning.noexec = false,
+            ("threads", _) => tuning.threads = number(64, 1)?,
+            ("workers", _) => tuning.workers = Some(number(64, 0)?),
+            ("codec", _) => tuning.codec = one_of(&["lz4", "shuffle"])?,
+            ("gpu", _) => tuning.gpu = one_of(&["auto", "on", "off", "emulate"])?,
+            ("cuda_lib_dir", Some(d)) if !d.is_empty() => tuning.cuda_lib_dir = Some(d.into()),
+            // Consumed by mount(8), fstab or the kernel's VFS, or meaningless for a FUSE
+            // daemon (nodev: ckptfs always mounts nodev; atime: ckptfs keeps its own).
+            (
+                "defaults" | "auto" | "noauto" | "user" | "nouser" | "users" | "owner" | "group"
+                | "nofail" | "_netdev" | "dev" | "nodev" | "atime" | "noatime" | "relatime"
+                | "norelatime" | "strictatime" | "nostrictatime" | "diratime" | "nodiratime"
+                | "lazytime" | "nolazytime" | "async",
+                None,
+            ) => {}
+            ("comment", Some(_)) => {}
+            (k, _) if k.starts_with("x-") => {}
+            _ => return Err(format!("unknown mount option {o:?} (known: {KNOWN})")),
+        }
+    }
+    Ok(())
+}
+
+/// mount(8) runs `mount.fuse3 SOURCE MOUNTPOINT -o OPTS` for `-t fuse.ckptfs` (and fstab
+/// lines of that type), which runs `ckptfs SOURCE MOUNTPOINT -o OPTS`: the mount command
+/// without its name. Such a command line (a first argument that is neither a flag nor a
+/// subcommand) is read as `ckptfs mount ...`.
+fn helper_args(args: Vec<std::ffi::OsString>) -> Vec<std::ffi::OsString> {
+    use clap::CommandFactory;
+    let Some(first) = args.get(1).and_then(|a| a.to_str().map(str::to_string)) else {
+        return args;
+    };
+    let cmd = Cli::command();
+    let known = first.starts_with('-')
+        || first == "help"
+        || cmd
+            .get_subcommands()
+            .any(|c| c.get_name() == first || c.get_all_aliases().any(|a| a == first));
+    if known || args.len() < 3 {
+        return args;
+    }
+    let mut out = Vec::with_capacity(args.len() + 1);
+    out.push(args[0].clone());
+    out.push("mount".into());
+    out.extend(args[1..].iter().cloned());
+    out
+}
+
 fn main() -> ExitCode {
     env_logger::Builder::from_env(env_logger::Env::default().default_filter_or("ckptfs=warn"))
         .init();
-    let cli = Cli::parse();
+    let cli = Cli::parse_from(helper_args(std::env::args_os().collect()));
     // check has three outcomes (clean, damaged, could not check), so it picks its own status.
     if let Cmd::Check { path, json } = &cli.cmd {
         return check::run(path, *json);
@@ -1468,4 +1597,65 @@ fn cmd_restore(
         }
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn tuning() -> Tuning {
+        Tuning {
+            threads: 4,
+            workers: None,
+            codec: "lz4".into(),
+            gpu: "auto".into(),
+            cuda_lib_dir: None,
+            read_only: false,
+            suid: false,
+            noexec: false,
+        }
+    }
+
+    #[test]
+    fn fstab_options_map_to_the_flags_and_unknown_ones_are_refused() {
+        let (mut t, mut other) = (tuning(), false);
+        apply_mount_options(
+            "defaults,ro,allow_other,threads=8,workers=0,codec=shuffle,gpu=off,nosuid,\
+             noatime,_netdev,nofail,x-systemd.automount,comment=ckpt",
+            &mut t,
+            &mut other,
+        )
+        .unwrap();
+        assert!(t.read_only && other && !t.suid && !t.noexec);
+        assert_eq!((t.threads, t.workers), (8, Some(0)));
+        assert_eq!((t.codec.as_str(), t.gpu.as_str()), ("shuffle", "off"));
+        for bad in [
+            "bogus",
+            "threads=0",
+            "threads=x",
+            "codec=zstd",
+            "ro=1",
+            "cuda_lib_dir=",
+        ] {
+            let e = apply_mount_options(bad, &mut tuning(), &mut false).unwrap_err();
+            assert!(e.contains("mount option"), "{bad}: {e}");
+        }
+    }
+
+    #[test]
+    fn a_mount_helper_command_line_is_a_mount() {
+        let v = |a: &[&str]| a.iter().map(std::ffi::OsString::from).collect::<Vec<_>>();
+        assert_eq!(
+            helper_args(v(&["ckptfs", "/data/space", "/ckpt", "-o", "rw"])),
+            v(&["ckptfs", "mount", "/data/space", "/ckpt", "-o", "rw"])
+        );
+        for same in [
+            &["ckptfs", "stats", "/ckpt"][..],
+            &["ckptfs", "--help"],
+            &["ckptfs", "mount", "/ckpt"],
+            &["ckptfs", "/ckpt"],
+        ] {
+            assert_eq!(helper_args(v(same)), v(same));
+        }
+    }
 }

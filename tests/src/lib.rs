@@ -287,6 +287,11 @@ impl TestMount {
         &self.backing
     }
 
+    /// The test's own directory (holds the backing dir, the mountpoint and logs).
+    pub fn root(&self) -> &Path {
+        self.root.path()
+    }
+
     /// `mnt/rel`.
     pub fn path(&self, rel: impl AsRef<Path>) -> PathBuf {
         self.mnt.join(rel)

@@ -101,3 +101,184 @@ fn mount_waits_for_a_daemon_that_is_still_exiting() {
     releaser.join().unwrap();
     assert_file_eq(&m.path("kept"), b"still here");
 }
+
+/// The mount(8) source naming the binary under test: fuse3's helper runs `PROG SOURCE MNT -o
+/// OPTS` for `-t fuse` and a source `PROG#SOURCE`. (For `-t fuse.ckptfs` it runs `ckptfs`
+/// from the standard PATH that mount(8) gives its helpers, which would be an installed
+/// binary, not this build; README "System mounts" says how to install one.)
+fn helper_source(backing: &std::path::Path) -> String {
+    format!(
+        "{}#{}",
+        ckptfs_tests::ckptfs_bin().display(),
+        backing.display()
+    )
+}
+
+/// The fields of the mountinfo line of `mnt`: (fstype, source, mount options), if mounted.
+fn mountinfo(mnt: &std::path::Path) -> Option<(String, String, String)> {
+    let info = fs::read_to_string("/proc/self/mountinfo").unwrap();
+    info.lines().find_map(|l| {
+        let f: Vec<&str> = l.split(' ').collect();
+        let dash = f.iter().position(|x| *x == "-")?;
+        (std::path::Path::new(f[4]) == mnt).then(|| {
+            (
+                f[dash + 1].to_string(),
+                f[dash + 2].to_string(),
+                f[5].to_string(),
+            )
+        })
+    })
+}
+
+/// mount(8) and an fstab line go through fuse3's helper (mount.fuse3 runs `ckptfs BACKING
+/// MNT -o OPTS`) with the mount options a site writes; the mount is of type fuse.ckptfs with
+/// the kernel flags asked for (mount.fuse3 adds `dev,suid` unless the line says otherwise,
+/// as mount(8) means by default; ckptfs keeps nodev always); df and plain umount work; an unknown option is refused with
+/// a message.
+#[test]
+fn mount_t_fuse_ckptfs_and_fstab_lines_work() {
+    if !std::path::Path::new("/sbin/mount.fuse3").exists()
+        && !std::path::Path::new("/usr/sbin/mount.fuse3").exists()
+    {
+        assert!(std::env::var_os("CI").is_none(), "CI installs fuse3");
+        eprintln!("SKIPPED mount_t_fuse_ckptfs_and_fstab_lines_work: no mount.fuse3 (fuse3)");
+        return;
+    }
+    let mut m = TestMount::new();
+    m.unmount();
+    let (backing, mnt) = (m.backing().to_path_buf(), m.mnt().to_path_buf());
+    let umount = |what: &str| {
+        let out = std::process::Command::new("umount")
+            .arg(&mnt)
+            .output()
+            .unwrap();
+        assert!(out.status.success(), "umount after {what}: {out:?}");
+        assert!(
+            mountinfo(&mnt).is_none(),
+            "still mounted after umount ({what})"
+        );
+    };
+
+    let out = std::process::Command::new("mount")
+        .args(["-t", "fuse"])
+        .arg(helper_source(&backing))
+        .arg(&mnt)
+        .args([
+            "-o",
+            "threads=2,nosuid,noexec,noatime,_netdev,x-systemd.automount",
+        ])
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "mount -t fuse.ckptfs: {out:?}");
+    let (fstype, source, opts) = mountinfo(&mnt).expect("mounted");
+    // fuser mounts with type "fuse" (no subtype) when it can call mount(2) itself.
+    assert_eq!(fstype, "fuse");
+    assert_eq!(source, format!("ckptfs:{}", backing.display()));
+    for flag in ["nosuid", "noexec", "nodev"] {
+        assert!(
+            opts.split(',').any(|o| o == flag),
+            "{flag} not applied: {opts}"
+        );
+    }
+    let data = pattern(7, 3 << 20);
+    fs::write(mnt.join("a.bin"), &data).unwrap();
+    assert_file_eq(&mnt.join("a.bin"), &data);
+    let df = std::process::Command::new("df").arg(&mnt).output().unwrap();
+    assert!(df.status.success(), "df: {df:?}");
+    assert!(String::from_utf8_lossy(&df.stdout).contains(&*mnt.to_string_lossy()));
+    umount("mount -t");
+
+    // An fstab line (in a file of its own: `mount -T`), mounted by its mountpoint alone.
+    let fstab = m.root().join("fstab");
+    fs::write(
+        &fstab,
+        format!(
+            "{} {} fuse noauto,threads=3,codec=lz4 0 0\n",
+            helper_source(&backing),
+            mnt.display()
+        ),
+    )
+    .unwrap();
+    let out = std::process::Command::new("mount")
+        .arg("-T")
+        .arg(&fstab)
+        .arg(&mnt)
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "mount from fstab: {out:?}");
+    assert_file_eq(&mnt.join("a.bin"), &data);
+    umount("fstab");
+
+    let out = std::process::Command::new("mount")
+        .args(["-t", "fuse"])
+        .arg(helper_source(&backing))
+        .arg(&mnt)
+        .args(["-o", "bogus_option"])
+        .output()
+        .unwrap();
+    assert!(!out.status.success(), "an unknown option must be refused");
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("unknown mount option \"bogus_option\""),
+        "{err}"
+    );
+    assert!(mountinfo(&mnt).is_none());
+
+    m.mount();
+    assert_file_eq(&m.path("a.bin"), &data);
+}
+
+/// `scripts/install.sh` (staged with DESTDIR) installs the binary, a man page per command
+/// and completions for bash, zsh and fish, generated from the CLI definition.
+#[test]
+fn install_script_installs_binary_man_pages_and_completions() {
+    let dest = TempDir::new("install");
+    let script = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../scripts/install.sh");
+    let out = std::process::Command::new(&script)
+        .arg("/usr/local")
+        .env("DESTDIR", dest.path())
+        .env("CKPTFS_BIN", ckptfs_tests::ckptfs_bin())
+        .output()
+        .expect("run scripts/install.sh");
+    assert!(out.status.success(), "install.sh: {out:?}");
+    let root = dest.path().join("usr/local");
+    let bin = root.join("bin/ckptfs");
+    let v = std::process::Command::new(&bin)
+        .arg("--version")
+        .output()
+        .unwrap();
+    assert!(
+        String::from_utf8_lossy(&v.stdout).starts_with("ckptfs "),
+        "{v:?}"
+    );
+    for page in [
+        "ckptfs",
+        "ckptfs-mount",
+        "ckptfs-stats",
+        "ckptfs-revisions",
+        "ckptfs-gc",
+    ] {
+        let p = root.join(format!("share/man/man1/{page}.1"));
+        let text = fs::read_to_string(&p).unwrap_or_else(|e| panic!("{}: {e}", p.display()));
+        assert!(text.contains(".TH "), "{} is not a man page", p.display());
+    }
+    let bash = root.join("share/bash-completion/completions/ckptfs");
+    let check = std::process::Command::new("bash")
+        .arg("-n")
+        .arg(&bash)
+        .output()
+        .unwrap();
+    assert!(
+        check.status.success(),
+        "bash -n {}: {check:?}",
+        bash.display()
+    );
+    let text = fs::read_to_string(&bash).unwrap();
+    for word in ["mount", "revisions", "--prometheus"] {
+        assert!(text.contains(word), "bash completion lacks {word}");
+    }
+    assert!(root.join("share/zsh/site-functions/_ckptfs").is_file());
+    assert!(root
+        .join("share/fish/vendor_completions.d/ckptfs.fish")
+        .is_file());
+}
