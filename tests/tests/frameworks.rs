@@ -1,0 +1,126 @@
+//! The framework examples (examples/frameworks: numpy with np.save and memmap, safetensors
+//! with weights and optimizer state, h5py) write five steps into a real mount with a
+//! `latest` symlink, a second run resumes from `latest` (verifying it bit for bit) and
+//! writes two more, and the space's stored/logical shows what ckptfs saved.
+//!
+//! They need Debian's python3-numpy and python3-h5py, and python3-venv for a venv that
+//! pip-installs safetensors; `.ci/run` installs them. Without them a test says so loudly
+//! and skips, except under CI, where it fails.
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use ckptfs_tests::{TempDir, TestMount};
+
+fn example(name: &str) -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../examples/frameworks")
+        .join(name)
+}
+
+fn has_modules(py: &Path, modules: &str) -> bool {
+    Command::new(py)
+        .args(["-c", &format!("import {modules}")])
+        .output()
+        .is_ok_and(|o| o.status.success())
+}
+
+/// Debian's python3 when it has `modules` (pyenv shims on PATH may shadow it).
+fn system_python(modules: &str) -> Option<PathBuf> {
+    ["/usr/bin/python3", "python3"]
+        .iter()
+        .map(PathBuf::from)
+        .find(|py| has_modules(py, modules))
+}
+
+fn skip(test: &str, why: &str) {
+    let msg = format!("SKIPPED {test}: {why}");
+    assert!(std::env::var_os("CI").is_none(), "{msg}; CI must have it");
+    eprintln!("{msg}");
+}
+
+/// Runs the example twice (to step 5, then resumed to step 7) in a fresh mount and
+/// returns stored/logical.
+fn run_example(py: &Path, script: &str) -> f64 {
+    let mut m = TestMount::with_format_args("1G", &["--keep-revisions", "1"]);
+    let dir = m.path("ckpt");
+    std::fs::create_dir(&dir).unwrap();
+    let before = m.stats();
+    for (steps, want) in [("5", "done at step 5"), ("7", "resumed from step 5")] {
+        let out = Command::new(py)
+            .arg(example(script))
+            .arg(&dir)
+            .arg(steps)
+            .output()
+            .expect("run the example");
+        let text = format!(
+            "{}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+        println!("--- {script} to step {steps} ---\n{text}");
+        assert!(out.status.success(), "{script} {steps} failed:\n{text}");
+        assert!(
+            text.contains(want),
+            "{script} {steps}: no {want:?}:\n{text}"
+        );
+    }
+    let latest = std::fs::read_link(dir.join("latest")).unwrap();
+    assert!(latest.to_string_lossy().starts_with("step-7"), "{latest:?}");
+    let after = m.stats();
+    let logical = after.stats.logical_bytes - before.stats.logical_bytes;
+    let stored = after.stats.stored_bytes - before.stats.stored_bytes;
+    let ratio = stored as f64 / logical as f64;
+    println!(
+        "{script}: 7 steps, logical {logical} B, stored {stored} B, stored/logical {ratio:.3}"
+    );
+    ratio
+}
+
+/// Each step changes a quarter of the tensors; the rest repeat the previous step's bytes,
+/// which ckptfs stores once: 7 steps store about (1 + 6/4)/7 = 0.36 of what they write.
+const WANT_BELOW: f64 = 0.6;
+
+#[test]
+fn numpy_save_and_memmap_resume() {
+    let Some(py) = system_python("numpy") else {
+        return skip("numpy_save_and_memmap_resume", "no python3 with numpy");
+    };
+    let r = run_example(&py, "numpy_ckpt.py");
+    assert!(r < WANT_BELOW, "stored/logical {r:.3}");
+}
+
+#[test]
+fn h5py_checkpoints_resume() {
+    let Some(py) = system_python("numpy, h5py") else {
+        return skip("h5py_checkpoints_resume", "no python3 with h5py");
+    };
+    let r = run_example(&py, "h5py_ckpt.py");
+    assert!(r < WANT_BELOW, "stored/logical {r:.3}");
+}
+
+#[test]
+fn safetensors_weights_and_optimizer_resume() {
+    const TEST: &str = "safetensors_weights_and_optimizer_resume";
+    let Some(sys_py) = system_python("numpy, venv") else {
+        return skip(TEST, "no python3 with numpy and venv");
+    };
+    // A venv on top of the system's numpy, with safetensors from PyPI.
+    let venv = TempDir::new("venv");
+    let made = Command::new(&sys_py)
+        .args(["-m", "venv", "--system-site-packages"])
+        .arg(venv.path())
+        .status()
+        .is_ok_and(|s| s.success());
+    let py = venv.path().join("bin/python");
+    let installed = made
+        && Command::new(&py)
+            .args(["-m", "pip", "install", "--quiet", "safetensors"])
+            .status()
+            .is_ok_and(|s| s.success());
+    if !installed || !has_modules(&py, "safetensors.numpy") {
+        return skip(TEST, "could not pip-install safetensors into a venv");
+    }
+    let r = run_example(&py, "safetensors_ckpt.py");
+    assert!(r < WANT_BELOW, "stored/logical {r:.3}");
+}
