@@ -3,6 +3,7 @@
 mod check;
 mod fuse;
 mod metrics;
+mod report;
 mod when;
 
 use ckptfs_engine::gc::{GcProgress, GcReport};
@@ -86,6 +87,18 @@ enum Cmd {
         space: Option<PathBuf>,
         #[arg(long)]
         json: bool,
+    },
+    /// Draw what checkpoints cost as an SVG: for a file, logical and newly stored bytes of
+    /// each revision; for a directory in a mount, of each entry (a checkpoint step), by
+    /// commit time; and their ratio per checkpoint and cumulatively.
+    Report {
+        /// A file or a directory inside a mount (or a file's path in the space with --space).
+        path: PathBuf,
+        #[arg(long, value_name = "BACKING_DIR")]
+        space: Option<PathBuf>,
+        /// Where to write the SVG.
+        #[arg(long, value_name = "FILE")]
+        svg: PathBuf,
     },
     /// Make revision N current again (as a new revision), or copy it out with --to.
     Restore {
@@ -1050,6 +1063,7 @@ fn run(cli: Cli) -> Result<(), String> {
             json,
         } => cmd_gc(&path, dry_run, json),
         Cmd::Revisions { path, space, json } => cmd_revisions(&path, space.as_deref(), json),
+        Cmd::Report { path, space, svg } => cmd_report(&path, space.as_deref(), &svg),
         Cmd::Restore {
             path,
             space,
@@ -1471,9 +1485,14 @@ fn path_target(path: &Path, space: Option<&Path>) -> Result<(Target, Vec<u8>), S
     }
 }
 
-fn cmd_revisions(path: &Path, space: Option<&Path>, json: bool) -> Result<(), String> {
+/// The revisions of `path` as the daemon (or the offline space) lists them: a JSON array of
+/// {id, committed_unix, size, new_bytes, current}, oldest first.
+pub(crate) fn list_revisions(
+    path: &Path,
+    space: Option<&Path>,
+) -> Result<serde_json::Value, String> {
     let (target, rel) = path_target(path, space)?;
-    let v = match target {
+    Ok(match target {
         Target::Mounted { mnt } if is_read_only_mount(&mnt) => {
             // The kernel refuses setxattr, and so the daemon's select, on a read-only
             // mount; read the space directly instead (read-only opens share its lock).
@@ -1507,7 +1526,66 @@ fn cmd_revisions(path: &Path, space: Option<&Path>, json: bool) -> Result<(), St
         Target::Offline { fs } => {
             revisions_json(&fs.revisions_of(&rel).map_err(|e| e.to_string())?)
         }
+    })
+}
+
+fn cmd_report(path: &Path, space: Option<&Path>, svg: &Path) -> Result<(), String> {
+    // The space's ratios for the subtitle: from the mount, or the backing dir offline.
+    let stats_of = match space {
+        Some(dir) => absolute(dir),
+        None => locate_in_mount(path)?.0,
     };
+    let (points, what) = if space.is_none() && std::fs::metadata(path).is_ok_and(|m| m.is_dir()) {
+        let mut steps = Vec::new();
+        let mut entries: Vec<_> = std::fs::read_dir(path)
+            .map_err(|e| format!("cannot list {}: {e}", path.display()))?
+            .collect::<Result<_, _>>()
+            .map_err(|e| e.to_string())?;
+        entries.sort_by_key(|e| e.file_name());
+        for e in entries {
+            let name = e.file_name().to_string_lossy().into_owned();
+            // Links (`latest`) and the revision view are not checkpoints of their own.
+            if name == ".ckptfs" || e.file_type().map_err(|e| e.to_string())?.is_symlink() {
+                continue;
+            }
+            let p = report::step_point(&e.path(), name, &mut |f| list_revisions(f, None))?;
+            if p.logical > 0 {
+                steps.push(p);
+            }
+        }
+        steps.sort_by(|a, b| a.committed_unix.total_cmp(&b.committed_unix));
+        (steps, "checkpoint steps")
+    } else {
+        (
+            report::file_points(&list_revisions(path, space)?),
+            "revisions",
+        )
+    };
+    let s = read_stats(&stats_of)?;
+    let subtitle = format!(
+        "{} {what}; the space now: dedup {:.2}x, compression {:.2}x, {} stored for {} logical",
+        points.len(),
+        s.dedup_ratio(),
+        s.compression_ratio(),
+        human(s.stored_bytes),
+        human(s.logical_bytes)
+    );
+    report::render_svg(&path.display().to_string(), &subtitle, &points, svg)?;
+    let (logical, stored) = points
+        .iter()
+        .fold((0, 0), |(l, s), p| (l + p.logical, s + p.stored));
+    println!(
+        "wrote {}: {} {what}, {} logical, {} newly stored",
+        svg.display(),
+        points.len(),
+        human(logical),
+        human(stored)
+    );
+    Ok(())
+}
+
+fn cmd_revisions(path: &Path, space: Option<&Path>, json: bool) -> Result<(), String> {
+    let v = list_revisions(path, space)?;
     // Commit times in the reader's local zone: RFC 3339 for programs, local time and age
     // for people (the daemon's answer carries only the unix time; its zone may differ).
     let mut v = v;

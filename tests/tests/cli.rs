@@ -282,3 +282,65 @@ fn install_script_installs_binary_man_pages_and_completions() {
         .join("share/fish/vendor_completions.d/ckptfs.fish")
         .is_file());
 }
+
+/// `ckptfs report --svg` draws a file's revisions and a directory's checkpoint steps; the
+/// SVG is well-formed XML (checked with Python's parser where there is one) with a bar
+/// pair per checkpoint and its labels.
+#[test]
+fn report_draws_revisions_of_a_file_and_steps_of_a_directory() {
+    let m = TestMount::new();
+    // model.pt and two ranks' states; a quarter of each changes per step.
+    let mut states: Vec<Vec<u8>> = (0..3).map(|i| pattern(1 + i, 8 << 20)).collect();
+    for step in 1..=6u64 {
+        for (i, state) in states.iter_mut().enumerate() {
+            let q = state.len() / 4;
+            let at = (step as usize % 4) * q;
+            state[at..at + q].copy_from_slice(&pattern(100 * (i as u64 + 1) + step, q));
+        }
+        fs::write(m.path("model.pt"), &states[0]).unwrap();
+        fs::create_dir_all(m.path(format!("run/step-{step}"))).unwrap();
+        for rank in 0..2 {
+            let f = m.path(format!("run/step-{step}/rank-{rank}.bin"));
+            fs::write(f, &states[rank + 1]).unwrap();
+        }
+    }
+    std::os::unix::fs::symlink("step-6", m.path("run/latest")).unwrap();
+    let dir = TempDir::new("report");
+    let bin = ckptfs_tests::ckptfs_bin();
+    for (target, want) in [("model.pt", "rev "), ("run", "step-6")] {
+        let svg = dir.path().join(format!("{target}.svg"));
+        let out = std::process::Command::new(&bin)
+            .arg("report")
+            .arg(m.path(target))
+            .arg("--svg")
+            .arg(&svg)
+            .output()
+            .unwrap();
+        let said = String::from_utf8_lossy(&out.stdout);
+        println!("{said}{}", String::from_utf8_lossy(&out.stderr));
+        assert!(out.status.success(), "report {target}: {out:?}");
+        assert!(said.contains(": 6 "), "six checkpoints of {target}: {said}");
+        let text = fs::read_to_string(&svg).unwrap();
+        if let Some(keep) = std::env::var_os("CKPTFS_KEEP_REPORT") {
+            fs::copy(
+                &svg,
+                std::path::Path::new(&keep).join(format!("{target}.svg")),
+            )
+            .unwrap();
+        }
+        assert!(text.starts_with("<svg") && text.trim_end().ends_with("</svg>"));
+        assert!(text.contains(want), "{target}: no label {want}");
+        assert!(text.matches("<rect").count() >= 12, "{target}: bars");
+        let parsed = std::process::Command::new("/usr/bin/python3")
+            .args([
+                "-c",
+                "import sys, xml.etree.ElementTree as E; E.parse(sys.argv[1])",
+            ])
+            .arg(&svg)
+            .status();
+        match parsed {
+            Ok(st) => assert!(st.success(), "{target}: the SVG is not well-formed XML"),
+            Err(e) => eprintln!("WARNING: no /usr/bin/python3 ({e}); XML not parsed"),
+        }
+    }
+}
