@@ -344,3 +344,102 @@ fn report_draws_revisions_of_a_file_and_steps_of_a_directory() {
         }
     }
 }
+
+/// A user other than root mounts, uses, and unmounts a space (through fuse3's setuid
+/// fusermount3, which fuser falls back to when mount(2) says EPERM), and `df`, `ckptfs
+/// umount` and `fusermount3 -u` work for them. Needs root to play the user (nobody) and
+/// /dev/fuse open to users, as distributions make it (`.ci/run` sets that mode where a
+/// container made it 0600).
+#[test]
+fn an_unprivileged_user_mounts_uses_and_unmounts_a_space() {
+    use std::os::unix::fs::PermissionsExt;
+    use std::os::unix::process::CommandExt;
+    const TEST: &str = "an_unprivileged_user_mounts_uses_and_unmounts_a_space";
+    let fuse_mode = fs::metadata("/dev/fuse")
+        .map(|m| m.permissions().mode() & 0o777)
+        .ok();
+    // SAFETY: geteuid has no preconditions.
+    let root = unsafe { libc::geteuid() } == 0;
+    if !root || fuse_mode.is_none_or(|m| m & 0o006 != 0o006) {
+        let msg = format!(
+            "SKIPPED {TEST}: needs root and /dev/fuse open to users (euid root: {root}, \
+             /dev/fuse mode {})",
+            fuse_mode.map_or("absent".into(), |m| format!("{m:o}"))
+        );
+        assert!(
+            std::env::var_os("CI").is_none(),
+            "{msg}; .ci/run provides both"
+        );
+        eprintln!("{msg}");
+        return;
+    }
+    let (uid, gid) = (65534u32, 65534u32);
+    let dir = TempDir::new("user-mount");
+    let bin = dir.path().join("ckptfs");
+    fs::copy(ckptfs_tests::ckptfs_bin(), &bin).unwrap();
+    fs::set_permissions(&bin, fs::Permissions::from_mode(0o755)).unwrap();
+    let (space, mnt) = (dir.path().join("space"), dir.path().join("mnt"));
+    fs::create_dir(&mnt).unwrap();
+    for p in [dir.path(), &mnt] {
+        std::os::unix::fs::chown(p, Some(uid), Some(gid)).unwrap();
+    }
+    let as_user = |prog: &std::path::Path, args: &[&std::ffi::OsStr]| {
+        let out = std::process::Command::new(prog)
+            .args(args)
+            .env("HOME", dir.path())
+            .env("TMPDIR", dir.path())
+            .uid(uid)
+            .gid(gid)
+            .output()
+            .unwrap();
+        println!(
+            "$ {} {args:?}\n{}{}",
+            prog.display(),
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+        assert!(
+            out.status.success(),
+            "{} {args:?} as uid {uid}: {out:?}",
+            prog.display()
+        );
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    };
+    let sh = std::path::Path::new("/bin/sh");
+    let (s, m) = (space.as_os_str(), mnt.as_os_str());
+    as_user(
+        &bin,
+        &["format".as_ref(), s, "--size".as_ref(), "64M".as_ref()],
+    );
+    as_user(&bin, &["mount".as_ref(), s, m]);
+    let (fstype, _, opts) = mountinfo(&mnt).expect("mounted by the user");
+    assert!(fstype.starts_with("fuse"), "{fstype}");
+    assert!(opts.contains("nosuid") && opts.contains("nodev"), "{opts}");
+    let f = mnt.join("ckpt.bin");
+    let script = format!(
+        "head -c 3000000 /dev/urandom > {0} && cat {0} | wc -c",
+        f.display()
+    );
+    let wc = as_user(sh, &["-c".as_ref(), script.as_ref()]);
+    assert_eq!(wc.trim(), "3000000");
+    let df = as_user("df".as_ref(), &[m]);
+    assert!(df.contains(&*mnt.to_string_lossy()), "{df}");
+    as_user(&bin, &["umount".as_ref(), m]);
+    assert!(
+        mountinfo(&mnt).is_none(),
+        "still mounted after ckptfs umount"
+    );
+
+    // Again, unmounted with the helper directly; the checkpoint is still there.
+    as_user(&bin, &["mount".as_ref(), s, m]);
+    let n = as_user(
+        sh,
+        &["-c".as_ref(), format!("wc -c < {}", f.display()).as_ref()],
+    );
+    assert_eq!(n.trim(), "3000000", "the checkpoint survived the remount");
+    as_user("fusermount3".as_ref(), &["-u".as_ref(), m]);
+    assert!(
+        mountinfo(&mnt).is_none(),
+        "still mounted after fusermount3 -u"
+    );
+}
