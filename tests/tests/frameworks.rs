@@ -42,6 +42,11 @@ fn skip(test: &str, why: &str) {
 /// Runs the example twice (to step 5, then resumed to step 7) in a fresh mount and
 /// returns stored/logical.
 fn run_example(py: &Path, script: &str) -> f64 {
+    run_example_with(py, script, &[])
+}
+
+/// The same with arguments before the directory (`--dcp RANKS`).
+fn run_example_with(py: &Path, script: &str, pre: &[&str]) -> f64 {
     let mut m = TestMount::with_format_args("1G", &["--keep-revisions", "1"]);
     let dir = m.path("ckpt");
     std::fs::create_dir(&dir).unwrap();
@@ -49,6 +54,7 @@ fn run_example(py: &Path, script: &str) -> f64 {
     for (steps, want) in [("5", "done at step 5"), ("7", "resumed from step 5")] {
         let out = Command::new(py)
             .arg(example(script))
+            .args(pre)
             .arg(&dir)
             .arg(steps)
             .output()
@@ -72,7 +78,8 @@ fn run_example(py: &Path, script: &str) -> f64 {
     let stored = after.stats.stored_bytes - before.stats.stored_bytes;
     let ratio = stored as f64 / logical as f64;
     println!(
-        "{script}: 7 steps, logical {logical} B, stored {stored} B, stored/logical {ratio:.3}"
+        "{script} {pre:?}: 7 steps, logical {logical} B, stored {stored} B, stored/logical \
+         {ratio:.3}"
     );
     ratio
 }
@@ -122,5 +129,45 @@ fn safetensors_weights_and_optimizer_resume() {
         return skip(TEST, "could not pip-install safetensors into a venv");
     }
     let r = run_example(&py, "safetensors_ckpt.py");
+    assert!(r < WANT_BELOW, "stored/logical {r:.3}");
+}
+
+/// A Python with PyTorch >= 2.1: `$CKPTFS_TORCH_PYTHON`, else the system's. CI does not
+/// install it (the PyPI wheel brings about 5 GB of CUDA libraries into a venv), so these
+/// tests skip loudly there; README "Using ckptfs in a job" says how to run them.
+fn torch_python() -> Option<PathBuf> {
+    let check = "import torch, torch.distributed.checkpoint; \
+                 assert tuple(map(int, torch.__version__.split('.')[:2])) >= (2, 1)";
+    std::env::var_os("CKPTFS_TORCH_PYTHON")
+        .map(PathBuf::from)
+        .into_iter()
+        .chain(["/usr/bin/python3", "python3"].iter().map(PathBuf::from))
+        .find(|py| has_modules(py, "numpy") && has_modules(py, &format!("sys; {check}")))
+}
+
+fn skip_torch(test: &str) {
+    eprintln!(
+        "SKIPPED {test}: no Python with PyTorch >= 2.1 (CI does not install it: the PyPI \
+         wheel pulls about 5 GB of CUDA libraries). Run it with a venv that has torch: \
+         CKPTFS_TORCH_PYTHON=/path/to/venv/bin/python cargo nextest run -p ckptfs-tests \
+         --test frameworks"
+    );
+}
+
+#[test]
+fn torch_save_and_mmap_load_resume() {
+    let Some(py) = torch_python() else {
+        return skip_torch("torch_save_and_mmap_load_resume");
+    };
+    let r = run_example(&py, "torch_ckpt.py");
+    assert!(r < WANT_BELOW, "stored/logical {r:.3}");
+}
+
+#[test]
+fn torch_distributed_checkpoint_with_four_gloo_ranks() {
+    let Some(py) = torch_python() else {
+        return skip_torch("torch_distributed_checkpoint_with_four_gloo_ranks");
+    };
+    let r = run_example_with(&py, "torch_ckpt.py", &["--dcp", "4"]);
     assert!(r < WANT_BELOW, "stored/logical {r:.3}");
 }
