@@ -1166,7 +1166,8 @@ fn apply_mount_options(
 /// mount(8) runs `mount.fuse3 SOURCE MOUNTPOINT -o OPTS` for `-t fuse.ckptfs` (and fstab
 /// lines of that type), which runs `ckptfs SOURCE MOUNTPOINT -o OPTS`: the mount command
 /// without its name. Such a command line (a first argument that is neither a flag nor a
-/// subcommand) is read as `ckptfs mount ...`.
+/// subcommand, and is a path or comes with `-o`) is read as `ckptfs mount ...`. A mistyped
+/// subcommand (`ckptfs stat /ckpt x`) is left to clap, which names the right one.
 fn helper_args(args: Vec<std::ffi::OsString>) -> Vec<std::ffi::OsString> {
     use clap::CommandFactory;
     let Some(first) = args.get(1).and_then(|a| a.to_str().map(str::to_string)) else {
@@ -1178,7 +1179,8 @@ fn helper_args(args: Vec<std::ffi::OsString>) -> Vec<std::ffi::OsString> {
         || cmd
             .get_subcommands()
             .any(|c| c.get_name() == first || c.get_all_aliases().any(|a| a == first));
-    if known || args.len() < 3 {
+    let helper_like = first.contains('/') || args.iter().any(|a| a == "-o");
+    if known || !helper_like || args.len() < 3 {
         return args;
     }
     let mut out = Vec::with_capacity(args.len() + 1);
@@ -1727,11 +1729,16 @@ mod tests {
             helper_args(v(&["ckptfs", "/data/space", "/ckpt", "-o", "rw"])),
             v(&["ckptfs", "mount", "/data/space", "/ckpt", "-o", "rw"])
         );
+        assert_eq!(
+            helper_args(v(&["ckptfs", "space", "/ckpt", "-o", "rw"])),
+            v(&["ckptfs", "mount", "space", "/ckpt", "-o", "rw"])
+        );
         for same in [
             &["ckptfs", "stats", "/ckpt"][..],
             &["ckptfs", "--help"],
             &["ckptfs", "mount", "/ckpt"],
             &["ckptfs", "/ckpt"],
+            &["ckptfs", "stat", "/ckpt", "x"],
         ] {
             assert_eq!(helper_args(v(same)), v(same));
         }
