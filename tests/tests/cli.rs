@@ -114,6 +114,20 @@ fn helper_source(backing: &std::path::Path) -> String {
     )
 }
 
+/// Lazily unmounts its path when dropped, if something is mounted there.
+struct DetachOnDrop(Option<std::path::PathBuf>);
+
+impl Drop for DetachOnDrop {
+    fn drop(&mut self) {
+        if let Some(p) = self.0.as_ref().filter(|p| mountinfo(p).is_some()) {
+            let _ = std::process::Command::new("umount")
+                .arg("-l")
+                .arg(p)
+                .status();
+        }
+    }
+}
+
 /// The fields of the mountinfo line of `mnt`: (fstype, source, mount options), if mounted.
 fn mountinfo(mnt: &std::path::Path) -> Option<(String, String, String)> {
     let info = fs::read_to_string("/proc/self/mountinfo").unwrap();
@@ -147,6 +161,9 @@ fn mount_t_fuse_ckptfs_and_fstab_lines_work() {
     let mut m = TestMount::new();
     m.unmount();
     let (backing, mnt) = (m.backing().to_path_buf(), m.mnt().to_path_buf());
+    // Mounts made by mount(8) are not TestMount's: if an assertion fails while one is up,
+    // detach it so the test leaves no mount (and daemon) behind.
+    let mut detach = DetachOnDrop(Some(mnt.clone()));
     let umount = |what: &str| {
         let out = std::process::Command::new("umount")
             .arg(&mnt)
@@ -224,6 +241,7 @@ fn mount_t_fuse_ckptfs_and_fstab_lines_work() {
     );
     assert!(mountinfo(&mnt).is_none());
 
+    detach.0 = None;
     m.mount();
     assert_file_eq(&m.path("a.bin"), &data);
 }
