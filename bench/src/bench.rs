@@ -802,7 +802,7 @@ pub fn run(o: &Opts, sel: Selection) -> Result<bool> {
     println!(
         "MiB/s: logical bytes / (open to close returned), or for several processes (start barrier to last close). \
          plain: fsync+close, ckptfs: close (durable by contract). ratio: ckptfs/plain of medians. \
-         stored/logical: growth of ckptfs stored_bytes / bytes written. daemon CPU: utime+stime over the timed part (median). \
+         stored/logical: growth of ckptfs stored_bytes / bytes written. daemon CPU: utime+stime over the timed part (median); CPU s/GiB: the same per GiB written or read (comparable across runs when MiB/s is not). \
          Peak RSS: max VmHWM over repetitions (reset before each). close p99 of few closes is their max. restart: after {}drop_caches and a ckptfs remount.",
         if root { "" } else { "(NOT: not root) " }
     );

@@ -198,6 +198,18 @@ impl Row {
         median(&v)
     }
 
+    /// Daemon CPU seconds per GiB moved (median over repetitions): comparable across runs
+    /// and machines when throughput is not, since a busy neighbour slows both sides.
+    fn cpu_per_gib(&self) -> Option<f64> {
+        let v: Vec<f64> = self
+            .ckptfs
+            .iter()
+            .filter(|s| s.bytes > 0)
+            .filter_map(|s| Some(s.cpu_s? / (s.bytes as f64 / (1u64 << 30) as f64)))
+            .collect();
+        median(&v)
+    }
+
     fn rss_max_kib(&self) -> Option<u64> {
         self.ckptfs.iter().filter_map(|s| s.rss_kib).max()
     }
@@ -274,6 +286,7 @@ impl Results {
             "ratio",
             "stored/logical",
             "daemon CPU s",
+            "CPU s/GiB",
             "daemon peak RSS MiB",
             "close p50/p99 ms plain",
             "close p50/p99 ms ckptfs",
@@ -312,6 +325,7 @@ impl Results {
                     opt(r.stored_ratio(), 3)
                 },
                 opt(r.cpu_median(), 2),
+                opt(r.cpu_per_gib(), 2),
                 r.rss_max_kib()
                     .map(|k| (k >> 10).to_string())
                     .unwrap_or("-".into()),
@@ -393,6 +407,7 @@ impl Results {
                         "ratio_ckptfs_over_plain": r.ratio(),
                         "stored_over_logical": if r.read { None } else { r.stored_ratio() },
                         "daemon_cpu_s_median": r.cpu_median(),
+                        "daemon_cpu_s_per_gib_median": r.cpu_per_gib(),
                         "daemon_peak_rss_mib": r.rss_max_kib().map(|k| k as f64 / 1024.0),
                         "ckptfs_wall_seconds": r.ckptfs_wall(),
                         "stages": r.stages(),
