@@ -45,11 +45,6 @@ impl Out {
         }
         let _ = writeln!(self.text, "ckptfs_{name}{{{labels}}} {}", value(v));
     }
-
-    fn one(&mut self, name: &str, kind: &str, help: &str, v: f64) {
-        self.family(name, kind, help);
-        self.sample(name, &[], v);
-    }
 }
 
 /// The whole exposition for one space.
@@ -58,121 +53,128 @@ pub fn prometheus(s: &Stats, space: &str) -> String {
         text: String::new(),
         space: label(space),
     };
-    let g = "gauge";
-    let c = "counter";
-    o.one(
-        "reserved_bytes",
-        g,
-        "Bytes reserved for the space's data.",
-        s.reserved_bytes as f64,
-    );
-    o.one(
-        "used_bytes",
-        g,
-        "Reserved bytes in use (segments not free).",
-        s.used_bytes as f64,
-    );
-    o.one(
-        "free_bytes",
-        g,
-        "Reserved bytes free for new chunks.",
-        s.free_bytes as f64,
-    );
-    o.one(
-        "reclaimable_bytes",
-        g,
-        "Used bytes holding no committed chunk (gc compacts them).",
-        s.reclaimable_bytes() as f64,
-    );
-    o.one(
-        "stored_bytes",
-        g,
-        "Bytes the committed chunks take in the space (after compression).",
-        s.stored_bytes as f64,
-    );
-    o.one(
-        "logical_bytes",
-        g,
-        "Sum of the sizes of the current files.",
-        s.logical_bytes as f64,
-    );
-    o.one(
-        "referenced_bytes",
-        g,
-        "Data bytes of all kept revisions (what would be stored without dedup).",
-        s.referenced_bytes as f64,
-    );
-    o.one(
-        "chunk_bytes",
-        g,
-        "Uncompressed bytes of the distinct committed chunks.",
-        s.raw_chunk_bytes as f64,
-    );
-    o.one(
-        "dedup_ratio",
-        g,
-        "Referenced bytes per distinct chunk byte (1 = no saving).",
-        s.dedup_ratio(),
-    );
-    o.one(
-        "compression_ratio",
-        g,
-        "Distinct chunk bytes per stored byte (1 = no saving).",
-        s.compression_ratio(),
-    );
-    o.one("chunks", g, "Distinct committed chunks.", s.chunks as f64);
-    o.one("files", g, "Regular files.", s.files as f64);
-    o.one(
-        "directories",
-        g,
-        "Directories (the root not counted).",
-        s.dirs as f64,
-    );
-    o.one(
-        "revisions",
-        g,
-        "Kept revisions of all files.",
-        s.revisions as f64,
-    );
-    o.one(
-        "failed",
-        g,
-        "1 when a backing write or sync failed and the space refuses writes until remounted.",
-        if s.failed { 1.0 } else { 0.0 },
-    );
-    o.one(
-        "gc_runs_total",
-        c,
-        "gc runs (explicit, automatic and under space pressure) since the space was opened.",
-        s.gc.runs as f64,
-    );
-    o.one(
-        "gc_revisions_dropped_total",
-        c,
-        "Revisions gc dropped since the space was opened.",
-        s.gc.revisions_dropped as f64,
-    );
-    o.one(
-        "gc_freed_bytes_total",
-        c,
-        "Stored bytes of the chunks gc freed since the space was opened.",
-        s.gc.bytes_freed as f64,
-    );
-    o.one(
-        "gc_copied_bytes_total",
-        c,
-        "Bytes gc copied to compact segments since the space was opened.",
-        s.gc.bytes_copied as f64,
-    );
-    o.one(
-        "gc_seconds_total",
-        c,
-        "Seconds spent in gc since the space was opened.",
-        s.gc.seconds,
-    );
+    const G: &str = "gauge";
+    const C: &str = "counter";
+    // (name, type, help, value): one sample each.
+    let single: [(&str, &str, &str, f64); 20] = [
+        (
+            "reserved_bytes",
+            G,
+            "Bytes reserved for the space's data.",
+            s.reserved_bytes as f64,
+        ),
+        (
+            "used_bytes",
+            G,
+            "Reserved bytes in use (segments not free).",
+            s.used_bytes as f64,
+        ),
+        (
+            "free_bytes",
+            G,
+            "Reserved bytes free for new chunks.",
+            s.free_bytes as f64,
+        ),
+        (
+            "reclaimable_bytes",
+            G,
+            "Used bytes holding no committed chunk (gc compacts them).",
+            s.reclaimable_bytes() as f64,
+        ),
+        (
+            "stored_bytes",
+            G,
+            "Bytes the committed chunks take in the space (after compression).",
+            s.stored_bytes as f64,
+        ),
+        (
+            "logical_bytes",
+            G,
+            "Sum of the sizes of the current files.",
+            s.logical_bytes as f64,
+        ),
+        (
+            "referenced_bytes",
+            G,
+            "Data bytes of all kept revisions (what would be stored without dedup).",
+            s.referenced_bytes as f64,
+        ),
+        (
+            "chunk_bytes",
+            G,
+            "Uncompressed bytes of the distinct committed chunks.",
+            s.raw_chunk_bytes as f64,
+        ),
+        (
+            "dedup_ratio",
+            G,
+            "Referenced bytes per distinct chunk byte (1 = no saving).",
+            s.dedup_ratio(),
+        ),
+        (
+            "compression_ratio",
+            G,
+            "Distinct chunk bytes per stored byte (1 = no saving).",
+            s.compression_ratio(),
+        ),
+        ("chunks", G, "Distinct committed chunks.", s.chunks as f64),
+        ("files", G, "Regular files.", s.files as f64),
+        (
+            "directories",
+            G,
+            "Directories (the root not counted).",
+            s.dirs as f64,
+        ),
+        (
+            "revisions",
+            G,
+            "Kept revisions of all files.",
+            s.revisions as f64,
+        ),
+        (
+            "failed",
+            G,
+            "1 when a backing write or sync failed and the space refuses writes until remounted.",
+            if s.failed { 1.0 } else { 0.0 },
+        ),
+        (
+            "gc_runs_total",
+            C,
+            "gc runs (explicit, automatic and under space pressure) since the space was opened.",
+            s.gc.runs as f64,
+        ),
+        (
+            "gc_revisions_dropped_total",
+            C,
+            "Revisions gc dropped since the space was opened.",
+            s.gc.revisions_dropped as f64,
+        ),
+        (
+            "gc_freed_bytes_total",
+            C,
+            "Stored bytes of the chunks gc freed since the space was opened.",
+            s.gc.bytes_freed as f64,
+        ),
+        (
+            "gc_copied_bytes_total",
+            C,
+            "Bytes gc copied to compact segments since the space was opened.",
+            s.gc.bytes_copied as f64,
+        ),
+        (
+            "gc_seconds_total",
+            C,
+            "Seconds spent in gc since the space was opened.",
+            s.gc.seconds,
+        ),
+    ];
+    for (name, kind, help, v) in single {
+        o.family(name, kind, help);
+        o.sample(name, &[], v);
+    }
     o.family(
         "stage_seconds_total",
-        c,
+        C,
         "Seconds per data-path stage since the space was opened, summed over threads.",
     );
     for st in &s.stages {
@@ -180,7 +182,7 @@ pub fn prometheus(s: &Stats, space: &str) -> String {
     }
     o.family(
         "stage_bytes_total",
-        c,
+        C,
         "Bytes through each data-path stage since the space was opened.",
     );
     for st in &s.stages {

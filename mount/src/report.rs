@@ -141,30 +141,33 @@ pub fn render_svg(title: &str, subtitle: &str, points: &[Point], out: &Path) -> 
         .map_err(|e| err(&e))?;
     let logical_color = RGBColor(158, 202, 225);
     let stored_color = RGBColor(230, 85, 13);
-    c.draw_series(points.iter().enumerate().map(|(i, p)| {
-        let x = i as u32;
-        let mut r = Rectangle::new(
-            [(x, 0.0), (x + 1, p.logical as f64 / div)],
-            logical_color.filled(),
-        );
-        r.set_margin(0, 0, 4, 4);
-        r
-    }))
-    .map_err(|e| err(&e))?
-    .label("logical bytes (what the checkpoint holds)")
-    .legend(move |(x, y)| Rectangle::new([(x, y - 5), (x + 14, y + 5)], logical_color.filled()));
-    c.draw_series(points.iter().enumerate().map(|(i, p)| {
-        let x = i as u32;
-        let mut r = Rectangle::new(
-            [(x, 0.0), (x + 1, p.stored as f64 / div)],
-            stored_color.filled(),
-        );
-        r.set_margin(0, 0, 14, 14);
-        r
-    }))
-    .map_err(|e| err(&e))?
-    .label("newly stored bytes (what it added to the space)")
-    .legend(move |(x, y)| Rectangle::new([(x, y - 5), (x + 14, y + 5)], stored_color.filled()));
+    // Logical bars full width, newly stored ones narrower in front of them.
+    type Bar = (fn(&Point) -> u64, RGBColor, u32, &'static str);
+    let bars: [Bar; 2] = [
+        (
+            |p| p.logical,
+            logical_color,
+            4,
+            "logical bytes (what the checkpoint holds)",
+        ),
+        (
+            |p| p.stored,
+            stored_color,
+            14,
+            "newly stored bytes (what it added to the space)",
+        ),
+    ];
+    for (value, color, inset, label) in bars {
+        c.draw_series(points.iter().enumerate().map(|(i, p)| {
+            let x = i as u32;
+            let mut r = Rectangle::new([(x, 0.0), (x + 1, value(p) as f64 / div)], color.filled());
+            r.set_margin(0, 0, inset, inset);
+            r
+        }))
+        .map_err(|e| err(&e))?
+        .label(label)
+        .legend(move |(x, y)| Rectangle::new([(x, y - 5), (x + 14, y + 5)], color.filled()));
+    }
     c.configure_series_labels()
         .position(SeriesLabelPosition::UpperRight)
         .background_style(WHITE.mix(0.85))
