@@ -401,16 +401,21 @@ impl<'t> Txn<'t> {
         })
     }
 
-    /// An empty space's first rows: the root directory, the counters, `config`, and every
-    /// one of `segments` segments free.
-    pub fn init(&mut self, root: &InodeRecord, config: &Config, segments: u64) -> Result<()> {
+    /// An empty space's (or slot's) first rows: the root directory, the counters, `config`,
+    /// and every one of its `segments` free.
+    pub fn init(
+        &mut self,
+        root: &InodeRecord,
+        config: &Config,
+        segments: std::ops::Range<u64>,
+    ) -> Result<()> {
         self.put_inode(InodeId::ROOT, root)?;
         self.counters.insert(NEXT_INO, 2)?;
         self.counters.insert(NEXT_REV, 1)?;
         self.counters.insert(NEXT_COOKIE, FIRST_COOKIE)?;
         self.counters.insert(NEXT_HISTORY, 1)?;
         config.write(&mut self.config)?;
-        for seg in 0..segments {
+        for seg in segments {
             self.free.insert(seg, ())?;
         }
         Ok(())
@@ -1110,7 +1115,7 @@ mod tests {
         let root = InodeRecord::new(NodeKind::Dir, 0o755, 0, 0);
         Txn::open(&txn)
             .unwrap()
-            .init(&root, &Config::default(), 4)
+            .init(&root, &Config::default(), 0..4)
             .unwrap();
         txn.commit().unwrap();
         db

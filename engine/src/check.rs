@@ -198,9 +198,9 @@ pub fn check(space: &Space, progress: &mut dyn FnMut(u64, u64)) -> Result<CheckR
     let start = Instant::now();
     let sb = space.superblock().clone();
     let seg_bytes = sb.segment_bytes as u64;
-    let segments = sb.segments();
+    let range = space.segment_range();
     let mut r = CheckReport {
-        reserved_bytes: segments * seg_bytes,
+        reserved_bytes: (range.end - range.start) * seg_bytes,
         ..CheckReport::default()
     };
     let reader = space.reader()?;
@@ -234,9 +234,10 @@ pub fn check(space: &Space, progress: &mut dyn FnMut(u64, u64)) -> Result<CheckR
     let mut free = BTreeSet::new();
     for item in t.free.iter()? {
         let seg = item?.0.value();
-        if seg >= segments {
+        if !range.contains(&seg) {
             r.problem(format!(
-                "free segment {seg} lies beyond the data file ({segments} segments)"
+                "free segment {seg} lies outside this slot's segments {}..{}",
+                range.start, range.end
             ));
         } else {
             free.insert(seg);
@@ -393,7 +394,7 @@ fn check_chunks(
 ) -> Result<(Vec<(u64, u32, ChunkHash)>, Vec<ChunkHash>)> {
     let sb = space.superblock();
     let seg_bytes = sb.segment_bytes as u64;
-    let segments = sb.segments();
+    let range = space.segment_range();
     let mut placed = Vec::new();
     for item in t.chunks.iter()? {
         let (k, v) = item?;
@@ -439,9 +440,10 @@ fn check_chunks(
         }
         let (off, end) = (rec.offset.0, rec.offset.0 + rec.stored_len as u64);
         let seg = off / seg_bytes;
-        if end > segments * seg_bytes {
+        if off < range.start * seg_bytes || end > range.end * seg_bytes {
             r.problem(format!(
-                "chunk {h:?}: bytes {off}..{end} lie beyond the usable data file"
+                "chunk {h:?}: bytes {off}..{end} lie outside this slot's segments {}..{}",
+                range.start, range.end
             ));
         } else if (end - 1) / seg_bytes != seg {
             r.problem(format!(

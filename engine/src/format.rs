@@ -47,11 +47,19 @@ impl Features {
         ro_compat: 0,
         incompat: 1,
     };
+    /// Several slots (`format --slots N`, N > 1): the slot count in the superblock, the
+    /// `slots/` directory with the slot headers and one metadata table per slot, and the
+    /// data file split into per-slot segment ranges. Set at format only.
+    pub const INCOMPAT_SLOTS: Features = Features {
+        compat: 0,
+        ro_compat: 0,
+        incompat: 2,
+    };
     /// Every flag this build knows.
     pub const KNOWN: Features = Features {
         compat: 1,
         ro_compat: 0,
-        incompat: 1,
+        incompat: 3,
     };
     /// What `format` sets: the features every new space has.
     pub const AT_FORMAT: Features = Features::COMPAT_XATTRS;
@@ -97,7 +105,19 @@ pub const DATA_FILE: &str = "data";
 pub const META_FILE: &str = "meta.redb";
 pub const LOCK_FILE: &str = "lock";
 pub const LOG_FILE: &str = "daemon.log";
+/// The directory of a multi-slot space holding the slot headers and the slots' tables.
+pub const SLOTS_DIR: &str = "slots";
+/// In `SLOTS_DIR`: two header copies per slot (`SlotHeader`).
+pub const SLOT_HEADERS_FILE: &str = "headers";
 pub const SPACE_FILES: [&str; 5] = [SUPERBLOCK_FILE, DATA_FILE, META_FILE, LOCK_FILE, LOG_FILE];
+/// The names a multi-slot space has at its top level (its tables are in `SLOTS_DIR`).
+pub const SLOTTED_SPACE_FILES: [&str; 5] =
+    [SUPERBLOCK_FILE, DATA_FILE, SLOTS_DIR, LOCK_FILE, LOG_FILE];
+
+/// The metadata table of slot `slot` of a multi-slot space, relative to the backing dir.
+pub fn slot_meta_file(slot: SlotId) -> String {
+    format!("{SLOTS_DIR}/{:04}.redb", slot.0)
+}
 
 /// A record of kind `record` that does not decode.
 fn malformed(record: &'static str) -> Error {
@@ -158,6 +178,8 @@ pub struct Superblock {
     /// The data file is allocated and reclaimed in segments of this size.
     pub segment_bytes: u32,
     pub created_unix_s: u64,
+    /// Slots (nodes that may mount the space at once): 1 unless `Features::INCOMPAT_SLOTS`.
+    pub slots: u32,
     /// Must agree with `version` (see `FORMAT_VERSION_WITH_INCOMPAT`): set both with
     /// `with_features`.
     pub features: Features,
@@ -183,6 +205,14 @@ impl Superblock {
     pub fn segments(&self) -> u64 {
         self.data_size_bytes / self.segment_bytes as u64
     }
+
+    /// The segments slot `slot` allocates from: an equal share of the data file, in slot
+    /// order (the whole data file for a single-slot space).
+    pub fn slot_segments(&self, slot: SlotId) -> std::ops::Range<u64> {
+        let (n, s) = (self.slots.max(1) as u64, self.segments());
+        let i = slot.0 as u64;
+        i * s / n..(i + 1) * s / n
+    }
 }
 
 impl Superblock {
@@ -193,6 +223,14 @@ impl Superblock {
         let mut b = vec![0u8; SUPERBLOCK_LEN];
         b[0..8].copy_from_slice(&MAGIC);
         b[8..12].copy_from_slice(&self.version.to_le_bytes());
+        assert_eq!(
+            self.slots > 1,
+            self.features.contains(Features::INCOMPAT_SLOTS),
+            "a slot count above 1 goes with the slots feature"
+        );
+        if self.slots > 1 {
+            b[12..16].copy_from_slice(&self.slots.to_le_bytes());
+        }
         b[16..32].copy_from_slice(&self.uuid);
         b[32..40].copy_from_slice(&self.data_size_bytes.to_le_bytes());
         b[40..44].copy_from_slice(&self.chunk.min_bytes.to_le_bytes());
@@ -266,6 +304,17 @@ impl Superblock {
         if data_size_bytes == 0 || segment_bytes < 2 * chunk.max_bytes {
             return Err(Corruption::Superblock("its sizes are out of range".into()).into());
         }
+        let slots = match features.contains(Features::INCOMPAT_SLOTS) {
+            true => u32_at(b, 12),
+            false => 1,
+        };
+        let segments = data_size_bytes / segment_bytes as u64;
+        if slots == 0 || (slots > 1 && segments / (slots as u64) < 2) {
+            return Err(Corruption::Superblock(format!(
+                "its slot count {slots} does not fit {segments} segments"
+            ))
+            .into());
+        }
         Ok(Superblock {
             version,
             uuid: b[16..32].try_into().expect("16 bytes"),
@@ -273,8 +322,234 @@ impl Superblock {
             chunk,
             segment_bytes,
             created_unix_s: u64_at(b, 56),
+            slots,
             features,
         })
+    }
+}
+
+/// The first block of `slots/headers`: what every slot starts from (`SlotTableHead`).
+pub const SLOT_TABLE_HEAD_LEN: u64 = 4096;
+const SLOT_TABLE_MAGIC: [u8; 8] = *b"CKSLOTS\x01";
+
+/// The head of `slots/headers`: the space it belongs to, the slot count, and the retention
+/// policy `format` was given, which each slot's table starts with at its first claim (the
+/// tables are made then, not at format, so unused slots cost one header each).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct SlotTableHead {
+    pub uuid: [u8; 16],
+    pub slots: u32,
+    /// `keep_revisions`, `keep_age_secs`, `keep_unlinked_secs`, `auto_gc_free_percent`.
+    pub config: [u64; 4],
+}
+
+impl SlotTableHead {
+    pub fn encode(&self) -> Vec<u8> {
+        let mut b = vec![0u8; SLOT_TABLE_HEAD_LEN as usize];
+        b[0..8].copy_from_slice(&SLOT_TABLE_MAGIC);
+        b[8..12].copy_from_slice(&self.slots.to_le_bytes());
+        b[16..32].copy_from_slice(&self.uuid);
+        for (i, v) in self.config.iter().enumerate() {
+            b[32 + 8 * i..40 + 8 * i].copy_from_slice(&v.to_le_bytes());
+        }
+        let sum = blake3::hash(&b[..64]);
+        b[64..96].copy_from_slice(sum.as_bytes());
+        b
+    }
+
+    pub fn decode(b: &[u8]) -> Result<SlotTableHead> {
+        if b.len() < 96 || b[0..8] != SLOT_TABLE_MAGIC {
+            return Err(Corruption::Record {
+                record: "slot table head",
+                why: "bad magic".into(),
+            }
+            .into());
+        }
+        if blake3::hash(&b[..64]).as_bytes() != &b[64..96] {
+            return Err(Corruption::Record {
+                record: "slot table head",
+                why: "checksum mismatch".into(),
+            }
+            .into());
+        }
+        Ok(SlotTableHead {
+            slots: u32_at(b, 8),
+            uuid: b[16..32].try_into().expect("16 bytes"),
+            config: [0, 1, 2, 3].map(|i| u64_at(b, 32 + 8 * i)),
+        })
+    }
+}
+
+/// Bytes per slot in `slots/headers`: two copies of `SLOT_HEADER_LEN`, written alternately.
+pub const SLOT_HEADER_PAIR: u64 = 2 * SLOT_HEADER_LEN as u64;
+pub const SLOT_HEADER_LEN: usize = 4096;
+const SLOT_MAGIC: [u8; 8] = *b"CKSLOT\0\x01";
+const SLOT_HOST_MAX: usize = 64;
+const SLOT_MOUNTPOINT_AT: usize = 132;
+pub const SLOT_MOUNTPOINT_MAX: usize = 1024;
+const SLOT_USED_AT: usize = SLOT_MOUNTPOINT_AT + SLOT_MOUNTPOINT_MAX;
+const SLOT_SUM_AT: usize = SLOT_HEADER_LEN - 32;
+
+/// What a slot header says of its slot.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum SlotState {
+    /// Never claimed since format: both copies all zero.
+    Free = 0,
+    /// Claimed by the owner named; the lease runs `lease_ms` from `renewed_unix_ns`.
+    Held = 1,
+    /// Released by its owner's unmount.
+    Released = 2,
+}
+
+/// One copy of a slot's header (`slots/headers`, FORMAT.md "Slot headers"). Every write
+/// goes to the copy `seq % 2` with `seq` one above the newest valid copy, so a torn write
+/// leaves the other copy, and a reader takes the valid copy with the higher `seq`.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct SlotHeader {
+    pub slot: SlotId,
+    pub state: SlotState,
+    pub seq: u64,
+    /// Bumped by every claim: what fences an owner that lost its slot.
+    pub epoch: u64,
+    /// Wall-clock time of the owner's last renewal (taken before the renewal's read).
+    pub renewed_unix_ns: u64,
+    pub lease_ms: u32,
+    pub pid: u32,
+    /// Random per mount: tells two claims of one slot apart even from one host and pid.
+    pub mount_id: [u8; 16],
+    pub host: String,
+    pub mountpoint: String,
+    /// Bytes of the slot's segments in use, as of the header's write (for `ckptfs slots`,
+    /// which never opens a slot's table).
+    pub used_bytes: u64,
+}
+
+impl SlotHeader {
+    /// The header of a slot never claimed.
+    pub fn free(slot: SlotId) -> SlotHeader {
+        SlotHeader {
+            slot,
+            state: SlotState::Free,
+            seq: 0,
+            epoch: 0,
+            renewed_unix_ns: 0,
+            lease_ms: 0,
+            pid: 0,
+            mount_id: [0; 16],
+            host: String::new(),
+            mountpoint: String::new(),
+            used_bytes: 0,
+        }
+    }
+
+    pub fn encode(&self) -> Vec<u8> {
+        assert!(self.host.len() <= SLOT_HOST_MAX && self.mountpoint.len() <= SLOT_MOUNTPOINT_MAX);
+        let mut b = vec![0u8; SLOT_HEADER_LEN];
+        b[0..8].copy_from_slice(&SLOT_MAGIC);
+        b[8..12].copy_from_slice(&self.slot.0.to_le_bytes());
+        b[12] = self.state as u8;
+        b[16..24].copy_from_slice(&self.seq.to_le_bytes());
+        b[24..32].copy_from_slice(&self.epoch.to_le_bytes());
+        b[32..40].copy_from_slice(&self.renewed_unix_ns.to_le_bytes());
+        b[40..44].copy_from_slice(&self.lease_ms.to_le_bytes());
+        b[44..48].copy_from_slice(&self.pid.to_le_bytes());
+        b[48..64].copy_from_slice(&self.mount_id);
+        b[64..64 + self.host.len()].copy_from_slice(self.host.as_bytes());
+        b[128..130].copy_from_slice(&(self.mountpoint.len() as u16).to_le_bytes());
+        b[SLOT_MOUNTPOINT_AT..SLOT_MOUNTPOINT_AT + self.mountpoint.len()]
+            .copy_from_slice(self.mountpoint.as_bytes());
+        b[SLOT_USED_AT..SLOT_USED_AT + 8].copy_from_slice(&self.used_bytes.to_le_bytes());
+        let sum = blake3::hash(&b[..SLOT_SUM_AT]);
+        b[SLOT_SUM_AT..].copy_from_slice(sum.as_bytes());
+        b
+    }
+
+    /// Decodes one copy: `Ok(None)` for an all-zero copy (never written), an error for a
+    /// copy that is torn or not slot `slot`'s.
+    pub fn decode(b: &[u8], slot: SlotId) -> Result<Option<SlotHeader>> {
+        if b.len() != SLOT_HEADER_LEN {
+            return Err(malformed("slot header"));
+        }
+        if b.iter().all(|&x| x == 0) {
+            return Ok(None);
+        }
+        let bad = |why: &str| -> Error {
+            Corruption::Record {
+                record: "slot header",
+                why: format!("slot {slot}: {why}"),
+            }
+            .into()
+        };
+        if b[0..8] != SLOT_MAGIC {
+            return Err(bad("bad magic"));
+        }
+        if blake3::hash(&b[..SLOT_SUM_AT]).as_bytes() != &b[SLOT_SUM_AT..] {
+            return Err(bad("checksum mismatch (a torn or damaged write)"));
+        }
+        if u32_at(b, 8) != slot.0 {
+            return Err(bad(&format!("it names slot {}", u32_at(b, 8))));
+        }
+        let state = match b[12] {
+            1 => SlotState::Held,
+            2 => SlotState::Released,
+            _ => return Err(bad("unknown state")),
+        };
+        let text = |r: std::ops::Range<usize>| -> Result<String> {
+            let raw = &b[r];
+            let end = raw.iter().position(|&c| c == 0).unwrap_or(raw.len());
+            String::from_utf8(raw[..end].to_vec()).map_err(|_| bad("text is not UTF-8"))
+        };
+        let mlen = u16::from_le_bytes([b[128], b[129]]) as usize;
+        if mlen > SLOT_MOUNTPOINT_MAX {
+            return Err(bad("mountpoint too long"));
+        }
+        Ok(Some(SlotHeader {
+            slot,
+            state,
+            seq: u64_at(b, 16),
+            epoch: u64_at(b, 24),
+            renewed_unix_ns: u64_at(b, 32),
+            lease_ms: u32_at(b, 40),
+            pid: u32_at(b, 44),
+            mount_id: b[48..64].try_into().expect("16 bytes"),
+            host: text(64..64 + SLOT_HOST_MAX)?,
+            mountpoint: text(SLOT_MOUNTPOINT_AT..SLOT_MOUNTPOINT_AT + mlen)?,
+            used_bytes: u64_at(b, SLOT_USED_AT),
+        }))
+    }
+
+    /// The newest valid header of a slot from its two copies; `Free` when neither was ever
+    /// written, an error only when neither copy is valid.
+    pub fn newest(pair: &[u8], slot: SlotId) -> Result<SlotHeader> {
+        let (a, b) = pair.split_at(SLOT_HEADER_LEN);
+        match (SlotHeader::decode(a, slot), SlotHeader::decode(b, slot)) {
+            (Ok(x), Ok(y)) => Ok(match (x, y) {
+                (Some(x), Some(y)) => {
+                    if x.seq >= y.seq {
+                        x
+                    } else {
+                        y
+                    }
+                }
+                (Some(x), None) | (None, Some(x)) => x,
+                (None, None) => SlotHeader::free(slot),
+            }),
+            (Ok(Some(x)), Err(_)) | (Err(_), Ok(Some(x))) => Ok(x),
+            // One copy torn, the other never written: a first claim that did not complete.
+            (Ok(None), Err(_)) | (Err(_), Ok(None)) => Ok(SlotHeader::free(slot)),
+            (Err(e), Err(_)) => Err(e),
+        }
+    }
+
+    /// Where the pair of slot `slot` starts in `slots/headers`.
+    pub fn pair_offset(slot: SlotId) -> u64 {
+        SLOT_TABLE_HEAD_LEN + slot.0 as u64 * SLOT_HEADER_PAIR
+    }
+
+    /// Where copy `seq % 2` of slot `slot` lives in `slots/headers`.
+    pub fn offset(slot: SlotId, seq: u64) -> u64 {
+        SLOT_TABLE_HEAD_LEN + slot.0 as u64 * SLOT_HEADER_PAIR + (seq % 2) * SLOT_HEADER_LEN as u64
     }
 }
 
@@ -816,6 +1091,7 @@ mod tests {
             chunk: ChunkParams::from_avg(65536).unwrap(),
             segment_bytes: 8 << 20,
             created_unix_s: 1_700_000_000,
+            slots: 1,
             features: Features::default(),
         }
     }
@@ -889,6 +1165,81 @@ mod tests {
         };
         assert_eq!(HistoryRecord::decode(&h.encode()).unwrap(), h);
         assert_eq!(RevisionRecord::decode(&r.encode()).unwrap(), r);
+    }
+
+    #[test]
+    fn slot_headers_round_trip_and_the_newest_valid_copy_wins() {
+        let slot = SlotId(3);
+        let h = SlotHeader {
+            slot,
+            state: SlotState::Held,
+            seq: 7,
+            epoch: 2,
+            renewed_unix_ns: 1_700_000_000_123_456_789,
+            lease_ms: 30_000,
+            pid: 4242,
+            mount_id: [9; 16],
+            host: "n017".into(),
+            mountpoint: "/ckpt".into(),
+            used_bytes: 1 << 30,
+        };
+        let b = h.encode();
+        // By hand from FORMAT.md: a few fields at their offsets.
+        assert_eq!(&b[0..8], b"CKSLOT\0\x01");
+        assert_eq!(u32_at(&b, 8), 3);
+        assert_eq!(b[12], 1);
+        assert_eq!(u64_at(&b, 24), 2);
+        assert_eq!(&b[64..68], b"n017");
+        assert_eq!(&b[132..137], b"/ckpt");
+        assert_eq!(u64_at(&b, 1156), 1 << 30);
+        assert_eq!(SlotHeader::decode(&b, slot).unwrap(), Some(h.clone()));
+        assert!(
+            SlotHeader::decode(&b, SlotId(4)).is_err(),
+            "another slot's copy"
+        );
+        assert_eq!(
+            SlotHeader::decode(&vec![0; SLOT_HEADER_LEN], slot).unwrap(),
+            None
+        );
+        // A pair: the valid copy with the higher seq wins; a torn copy is passed over.
+        let newer = SlotHeader {
+            seq: 8,
+            epoch: 3,
+            ..h.clone()
+        };
+        let mut pair = vec![0u8; SLOT_HEADER_PAIR as usize];
+        pair[..SLOT_HEADER_LEN].copy_from_slice(&newer.encode());
+        pair[SLOT_HEADER_LEN..].copy_from_slice(&b);
+        assert_eq!(SlotHeader::newest(&pair, slot).unwrap(), newer);
+        pair[100] ^= 1;
+        assert_eq!(
+            SlotHeader::newest(&pair, slot).unwrap(),
+            h,
+            "torn newer copy"
+        );
+        pair[SLOT_HEADER_LEN + 100] ^= 1;
+        assert!(SlotHeader::newest(&pair, slot).is_err(), "both copies torn");
+        let zero = vec![0u8; SLOT_HEADER_PAIR as usize];
+        assert_eq!(
+            SlotHeader::newest(&zero, slot).unwrap().state,
+            SlotState::Free
+        );
+        assert_eq!(SlotHeader::offset(slot, 8), 4096 + 3 * 8192);
+        assert_eq!(SlotHeader::offset(slot, 7), 4096 + 3 * 8192 + 4096);
+    }
+
+    #[test]
+    fn slot_count_lives_in_bytes_12_to_16_with_its_flag() {
+        let sb = Superblock {
+            slots: 4,
+            ..sample_superblock().with_features(Features::INCOMPAT_SLOTS)
+        };
+        let b = sb.encode();
+        assert_eq!(u32_at(&b, 12), 4);
+        assert_eq!(u64_at(&b, 112), 2, "incompat bit 1");
+        assert_eq!(Superblock::decode(&b).unwrap(), sb);
+        assert_eq!(sb.slot_segments(SlotId(0)), 0..32);
+        assert_eq!(sb.slot_segments(SlotId(3)), 96..128);
     }
 
     #[test]

@@ -553,7 +553,8 @@ impl Space {
         each_chunk: impl FnOnce(&mut dyn FnMut(ChunkHash, ChunkRecord) -> Result<()>) -> Result<()>,
         free: BTreeSet<SegmentId>,
     ) -> Result<SegmentUsage> {
-        let n = self.superblock().segments() as usize;
+        // Indexed by absolute segment number: a slot's segments start at its range's start.
+        let n = self.segment_range().end as usize;
         let mut live = vec![0u64; n];
         each_chunk(&mut |_, rec| {
             let seg = self.store().segment_of(rec.offset).0 as usize;

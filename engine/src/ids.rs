@@ -70,6 +70,18 @@ impl fmt::Display for SegmentId {
     }
 }
 
+/// A slot of a multi-slot space: one node's writable partition (its segment range and
+/// metadata table). A single-slot space has only slot 0.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+#[serde(transparent)]
+pub struct SlotId(pub u32);
+
+impl fmt::Display for SlotId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}", self.0)
+    }
+}
+
 /// Byte offset inside the reserved data file.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct DataOffset(pub u64);

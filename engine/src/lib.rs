@@ -16,6 +16,7 @@ pub mod pins;
 pub mod pipeline;
 pub mod placement;
 pub mod sim;
+pub mod slots;
 pub mod space;
 pub mod store;
 

@@ -38,7 +38,7 @@ impl Location {
 /// chunks stored back to back); an implementation splits them where its layout needs.
 pub trait Placement: Send + Sync {
     fn segment_bytes(&self) -> u64;
-    /// Segments the space holds.
+    /// Segments the space (slot) allocates from.
     fn segments(&self) -> u64;
     fn read(&self, at: Location, buf: &mut [u8]) -> io::Result<()>;
     /// Writes whole blocks (`device::DIRECT_ALIGN`) at block-aligned locations.
@@ -51,11 +51,17 @@ pub trait Placement: Send + Sync {
 pub struct SingleFile {
     dev: Arc<dyn Device>,
     segment_bytes: u64,
+    /// Segments this space allocates from (a slot's share of a multi-slot data file).
+    segments: u64,
 }
 
 impl SingleFile {
-    pub fn new(dev: Arc<dyn Device>, segment_bytes: u64) -> SingleFile {
-        SingleFile { dev, segment_bytes }
+    pub fn new(dev: Arc<dyn Device>, segment_bytes: u64, segments: u64) -> SingleFile {
+        SingleFile {
+            dev,
+            segment_bytes,
+            segments,
+        }
     }
 }
 
@@ -65,7 +71,7 @@ impl Placement for SingleFile {
     }
 
     fn segments(&self) -> u64 {
-        self.dev.len() / self.segment_bytes
+        self.segments
     }
 
     fn read(&self, at: Location, buf: &mut [u8]) -> io::Result<()> {

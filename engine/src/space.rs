@@ -7,6 +7,7 @@ use crate::error::{Corruption, Error, Missing, Result};
 use crate::filemap::{ChunkIo, ExtentMap, FileState};
 use crate::format::HistoryRecord;
 use crate::format::*;
+use crate::slots::{FencedDevice, Lease, SlotRequest, SlotTable};
 use crate::store::ChunkStore;
 use redb::{Database, Durability};
 use std::fs::{self, File, OpenOptions};
@@ -16,6 +17,7 @@ use std::os::unix::io::AsRawFd;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::AtomicBool;
 use std::sync::Arc;
+use std::time::Duration;
 
 /// The smallest reserved space `format` accepts.
 pub const MIN_SPACE_BYTES: u64 = 16 << 20;
@@ -111,6 +113,23 @@ pub struct Space {
     /// Opened by `open_read_only`: every metadata write transaction is refused, the data
     /// file refuses writes, and the lock is shared.
     read_only: bool,
+    /// The slot this space is (slot 0 of a single-slot space) and the data-file segments
+    /// it allocates from.
+    slot: SlotId,
+    segment_range: std::ops::Range<u64>,
+    /// The lease of a slot of a multi-slot space. Last, so it is released after the table
+    /// and the store above have closed.
+    lease: Option<crate::slots::LeaseGuard>,
+}
+
+impl Drop for Space {
+    fn drop(&mut self) {
+        // The store is still open here (fields drop after this): the released header
+        // says what the slot holds.
+        if let Some(l) = self.lease() {
+            l.refresh_usage();
+        }
+    }
 }
 
 /// What `ckptfs stats` reports. Its JSON form (serde, field names as here, plus the derived
@@ -357,6 +376,140 @@ fn geometry(size_bytes: u64, chunk_avg_bytes: u32, config: &Config) -> Result<(C
     Ok((chunk, segment_bytes))
 }
 
+fn multi_slot_refusal(dir: &Path, sb: &Superblock) -> Error {
+    Error::Invalid(format!(
+        "{} has {} slots, each mounted by its own node: run this through a mountpoint \
+         (it acts on that mount's slot); `ckptfs slots {}` lists them",
+        dir.display(),
+        sb.slots,
+        dir.display()
+    ))
+}
+
+/// The most slots a space may have (its headers file is 8 KiB per slot).
+pub const MAX_SLOTS: u32 = 16384;
+
+fn new_superblock(
+    size_bytes: u64,
+    chunk: ChunkParams,
+    segment_bytes: u32,
+    slots: u32,
+) -> Superblock {
+    let now = Timestamp::now();
+    let mut uuid = [0u8; 16];
+    uuid.copy_from_slice(
+        &blake3::hash(format!("{:?}{}{}", now, std::process::id(), size_bytes).as_bytes())
+            .as_bytes()[..16],
+    );
+    let features = match slots > 1 {
+        true => Features::AT_FORMAT.union(Features::INCOMPAT_SLOTS),
+        false => Features::AT_FORMAT,
+    };
+    Superblock {
+        version: features.format_version(),
+        features,
+        uuid,
+        data_size_bytes: size_bytes,
+        chunk,
+        segment_bytes,
+        created_unix_s: now.secs as u64,
+        slots,
+    }
+}
+
+/// Writes an empty table onto `meta` (which must be empty): the root directory, the
+/// counters, `config`, and `segments` free.
+fn init_meta(
+    meta: &Arc<dyn Device>,
+    config: &Config,
+    segments: std::ops::Range<u64>,
+) -> Result<()> {
+    let db = open_db(meta, true, Arc::default())?;
+    // SAFETY: getuid/getgid cannot fail.
+    let (uid, gid) = unsafe { (libc::getuid(), libc::getgid()) };
+    let root = InodeRecord {
+        parent: InodeId::ROOT,
+        ..InodeRecord::new(NodeKind::Dir, 0o755, uid, gid)
+    };
+    let mut txn = db.begin_write()?;
+    txn.set_two_phase_commit(true);
+    catalog::create_tables(&txn)?;
+    Txn::open(&txn)?.init(&root, config, segments)?;
+    txn.commit()?;
+    Ok(())
+}
+
+/// The `slots/` directory of a new multi-slot space: the headers file (its head, then two
+/// zeroed header copies per slot: sparse until written) and one empty table file per slot,
+/// filled at the slot's first claim. Nothing is created in it afterwards.
+fn format_slot_files(dir: &Path, sb: &Superblock, config: &Config) -> Result<()> {
+    let sdir = dir.join(SLOTS_DIR);
+    fs::DirBuilder::new().mode(0o700).create(&sdir)?;
+    let headers = open_private(&sdir.join(SLOT_HEADERS_FILE), true)?;
+    let head = SlotTableHead {
+        uuid: sb.uuid,
+        slots: sb.slots,
+        config: [
+            config.keep_revisions,
+            config.keep_age_secs,
+            config.keep_unlinked_secs,
+            config.auto_gc_free_percent,
+        ],
+    };
+    {
+        use std::os::unix::fs::FileExt;
+        headers.write_all_at(&head.encode(), 0)?;
+    }
+    headers.set_len(SLOT_TABLE_HEAD_LEN + sb.slots as u64 * SLOT_HEADER_PAIR)?;
+    headers.sync_all()?;
+    for i in 0..sb.slots {
+        drop(open_private(&dir.join(slot_meta_file(SlotId(i))), true)?);
+    }
+    sync_dir(&sdir)
+}
+
+/// The slot headers of multi-slot space `sb` in `dir`, checked against its superblock.
+pub fn slot_table(
+    dir: &Path,
+    sb: &Superblock,
+    writable: bool,
+) -> Result<(SlotTable, SlotTableHead)> {
+    let path = dir.join(SLOTS_DIR).join(SLOT_HEADERS_FILE);
+    let f = match writable {
+        true => open_private(&path, false),
+        false => Ok(File::open(&path)?),
+    }
+    .map_err(|e| match e {
+        Error::Io(io) if io.kind() == std::io::ErrorKind::NotFound => {
+            Error::from(Corruption::Layout(format!("{} is missing", path.display())))
+        }
+        other => other,
+    })?;
+    let dev: Arc<dyn Device> = Arc::new(FileDevice::new(f)?);
+    let mut b = vec![0u8; SLOT_TABLE_HEAD_LEN as usize];
+    dev.read_at(&mut b, 0)?;
+    let head = SlotTableHead::decode(&b)?;
+    if head.uuid != sb.uuid || head.slots != sb.slots {
+        return Err(Corruption::Layout(format!(
+            "{} belongs to another space or says {} slots (the superblock says {})",
+            path.display(),
+            head.slots,
+            sb.slots
+        ))
+        .into());
+    }
+    let need = SLOT_TABLE_HEAD_LEN + sb.slots as u64 * SLOT_HEADER_PAIR;
+    if dev.len() < need {
+        return Err(Corruption::Layout(format!(
+            "{} is {} bytes, {need} expected",
+            path.display(),
+            dev.len()
+        ))
+        .into());
+    }
+    Ok((SlotTable::new(dev, sb.slots), head))
+}
+
 fn sync_dir(dir: &Path) -> Result<()> {
     File::open(dir)?.sync_all()?;
     Ok(())
@@ -372,8 +525,36 @@ impl Space {
         config: Config,
         force: bool,
     ) -> Result<()> {
+        Self::format_slots(dir, size_bytes, chunk_avg_bytes, config, force, 1)
+    }
+
+    /// `format` with `slots` slots: each a node's writable partition of the space (its own
+    /// share of the data file's segments and its own metadata table, made at its first
+    /// claim). One slot is the plain single-node layout.
+    pub fn format_slots(
+        dir: &Path,
+        size_bytes: u64,
+        chunk_avg_bytes: u32,
+        config: Config,
+        force: bool,
+        slots: u32,
+    ) -> Result<()> {
         // Every refusal comes before the first change to `dir`.
-        geometry(size_bytes, chunk_avg_bytes, &config)?;
+        let (_, segment_bytes) = geometry(size_bytes, chunk_avg_bytes, &config)?;
+        if slots == 0 || slots > MAX_SLOTS {
+            return Err(Error::Invalid(format!(
+                "--slots {slots} is out of range (1 to {MAX_SLOTS})"
+            )));
+        }
+        let segments = size_bytes / segment_bytes as u64;
+        if slots > 1 && segments / (slots as u64) < 2 {
+            return Err(Error::Invalid(format!(
+                "size {size_bytes} bytes holds {segments} segments of {} MiB; {slots} slots \
+                 need at least 2 each, so at least {} MiB",
+                segment_bytes >> 20,
+                (2 * slots as u64 * segment_bytes as u64) >> 20
+            )));
+        }
         if dir.exists() && !dir.is_dir() {
             return Err(Error::Invalid(format!(
                 "{} is not a directory",
@@ -388,7 +569,11 @@ impl Space {
             Vec::new()
         };
         let old_space = !names.is_empty();
-        if old_space && !names.iter().all(|n| SPACE_FILES.contains(&n.as_str())) {
+        if old_space
+            && !names.iter().all(|n| {
+                SPACE_FILES.contains(&n.as_str()) || SLOTTED_SPACE_FILES.contains(&n.as_str())
+            })
+        {
             return Err(Error::Invalid(format!(
                 "{} is not empty and is not a ckptfs space; refusing to format it",
                 dir.display()
@@ -436,8 +621,30 @@ impl Space {
         } else {
             None
         };
+        // Other nodes do not share this node's flock: a slot with a live lease is a mount.
+        if names.iter().any(|n| n == SLOTS_DIR) {
+            if let Ok(sb) = read_superblock(dir) {
+                let (table, _) = slot_table(dir, &sb, false)?;
+                let now = crate::slots::now_unix_ns();
+                let live: Vec<String> = table
+                    .all()?
+                    .iter()
+                    .filter(|h| crate::slots::is_live(h, now))
+                    .map(|h| crate::slots::describe_holder(h, now))
+                    .collect();
+                if !live.is_empty() {
+                    return Err(Error::Locked(format!(
+                        "{} is mounted: {}; unmount it everywhere first",
+                        dir.display(),
+                        live.join("; ")
+                    )));
+                }
+            }
+        }
         for n in &names {
-            if n != LOCK_FILE {
+            if n == SLOTS_DIR {
+                fs::remove_dir_all(dir.join(n))?;
+            } else if n != LOCK_FILE {
                 fs::remove_file(dir.join(n))?;
             }
         }
@@ -457,13 +664,20 @@ impl Space {
         }
         data.sync_all()?;
 
-        let meta = open_private(&dir.join(META_FILE), true)?;
-        meta.set_len(0)?;
-        let devs = Devices {
-            data: Arc::new(FileDevice::new(data)?),
-            meta: Arc::new(FileDevice::growable(meta)?),
+        let sb = if slots == 1 {
+            let meta = open_private(&dir.join(META_FILE), true)?;
+            meta.set_len(0)?;
+            let devs = Devices {
+                data: Arc::new(FileDevice::new(data)?),
+                meta: Arc::new(FileDevice::growable(meta)?),
+            };
+            Self::format_devices(&devs, chunk_avg_bytes, config)?
+        } else {
+            let (chunk, segment_bytes) = geometry(size_bytes, chunk_avg_bytes, &config)?;
+            let sb = new_superblock(size_bytes, chunk, segment_bytes, slots);
+            format_slot_files(dir, &sb, &config)?;
+            sb
         };
-        let sb = Self::format_devices(&devs, chunk_avg_bytes, config)?;
         drop(open_private(&dir.join(LOCK_FILE), true)?);
         drop(open_private(&dir.join(LOG_FILE), true)?);
 
@@ -486,49 +700,67 @@ impl Space {
                 "the metadata device is not empty; refusing to format over it".into(),
             ));
         }
-        let db = open_db(&devs.meta, true, Arc::default())?;
-        let now = Timestamp::now();
-        // SAFETY: getuid/getgid cannot fail.
-        let (uid, gid) = unsafe { (libc::getuid(), libc::getgid()) };
-        let root = InodeRecord {
-            parent: InodeId::ROOT,
-            ..InodeRecord::new(NodeKind::Dir, 0o755, uid, gid)
-        };
-        let mut txn = db.begin_write()?;
-        txn.set_two_phase_commit(true);
-        catalog::create_tables(&txn)?;
-        Txn::open(&txn)?.init(&root, &config, size_bytes / segment_bytes as u64)?;
-        txn.commit()?;
-        drop(db);
-        let mut uuid = [0u8; 16];
-        uuid.copy_from_slice(
-            &blake3::hash(format!("{:?}{}{}", now, std::process::id(), size_bytes).as_bytes())
-                .as_bytes()[..16],
-        );
-        Ok(Superblock {
-            version: Features::AT_FORMAT.format_version(),
-            features: Features::AT_FORMAT,
-            uuid,
-            data_size_bytes: size_bytes,
-            chunk,
-            segment_bytes,
-            created_unix_s: now.secs as u64,
-        })
+        init_meta(&devs.meta, &config, 0..size_bytes / segment_bytes as u64)?;
+        Ok(new_superblock(size_bytes, chunk, segment_bytes, 1))
     }
 
-    /// Opens a space for exclusive use; fails if another process holds it.
+    /// Opens a space for exclusive use; fails if another process holds it. Of a multi-slot
+    /// space, claims the first free slot.
     pub fn open(dir: &Path) -> Result<Space> {
+        Self::open_with(dir, &SlotRequest::default())
+    }
+
+    /// Opens a single-slot space for an offline command (gc, check, config of a backing
+    /// directory). A multi-slot space is refused: each of its slots is some node's, reached
+    /// through that node's mount.
+    pub fn open_offline(dir: &Path) -> Result<Space> {
         let sb = read_backing_dir(dir, true)?;
-        let mut lock = take_lock(dir)?;
-        lock.set_len(0)?;
-        lock.write_all(format!("pid {}", std::process::id()).as_bytes())?;
+        if sb.slots > 1 {
+            return Err(multi_slot_refusal(dir, &sb));
+        }
+        Self::open(dir)
+    }
+
+    /// Opens a space for writing: a single-slot space exclusively (its lock), a multi-slot
+    /// space by claiming the slot `req` asks for (see `slots`).
+    pub fn open_with(dir: &Path, req: &SlotRequest) -> Result<Space> {
+        let sb = read_backing_dir(dir, true)?;
+        if sb.slots == 1 {
+            if let Some(s) = req.slot.filter(|s| s.0 != 0) {
+                return Err(Error::Invalid(format!(
+                    "slot {s} does not exist: {} has one slot (format it with --slots N for \
+                     several nodes)",
+                    dir.display()
+                )));
+            }
+        }
+        let (lock, lease, meta_file) = if sb.slots == 1 {
+            let mut lock = take_lock(dir)?;
+            lock.set_len(0)?;
+            lock.write_all(format!("pid {}", std::process::id()).as_bytes())?;
+            (lock, None, PathBuf::from(META_FILE))
+        } else {
+            // Shared: `format --force` on this node waits for every mount of it; other
+            // nodes see the leases.
+            let lock = File::open(dir.join(LOCK_FILE)).map_err(|e| match e.kind() {
+                std::io::ErrorKind::NotFound => no_lock_file(dir),
+                _ => Error::from(e),
+            })?;
+            // SAFETY: flock on a valid open descriptor has no memory-safety preconditions.
+            unsafe { libc::flock(lock.as_raw_fd(), libc::LOCK_SH | libc::LOCK_NB) };
+            let (table, _) = slot_table(dir, &sb, true)?;
+            let settle = (req.lease / 4).clamp(Duration::from_millis(100), Duration::from_secs(1));
+            let lease = Lease::claim(table, req, settle)?;
+            let meta = PathBuf::from(slot_meta_file(lease.slot()));
+            (lock, Some(lease), meta)
+        };
         let mut devs = Devices {
             data: Arc::new(FileDevice::new_direct(open_private(
                 &dir.join(DATA_FILE),
                 false,
             )?)?),
             meta: Arc::new(FileDevice::growable(open_private(
-                &dir.join(META_FILE),
+                &dir.join(&meta_file),
                 false,
             )?)?),
         };
@@ -553,7 +785,42 @@ impl Space {
                 meta: wrap("meta", devs.meta),
             };
         }
-        let mut space = Space::open_devices(sb, devs)?;
+        let slot = lease.as_ref().map_or(SlotId(0), |l| l.slot());
+        if let Some(lease) = &lease {
+            let fence = |inner| -> Arc<dyn Device> {
+                Arc::new(FencedDevice {
+                    inner,
+                    lease: lease.clone(),
+                })
+            };
+            devs = Devices {
+                data: fence(devs.data),
+                meta: fence(devs.meta),
+            };
+            if devs.meta.is_empty() {
+                // The slot's first claim: its table starts from the policy given at format.
+                let (_, head) = slot_table(dir, &sb, false)?;
+                let [keep_revisions, keep_age_secs, keep_unlinked_secs, auto_gc_free_percent] =
+                    head.config;
+                let config = Config {
+                    keep_revisions,
+                    keep_age_secs,
+                    keep_unlinked_secs,
+                    auto_gc_free_percent,
+                };
+                init_meta(&devs.meta, &config, sb.slot_segments(slot))?;
+                log::info!("slot {slot}: first claim, metadata table created");
+            }
+        }
+        let mut space = Space::open_devices_slot(sb, devs, slot)?;
+        if let Some(lease) = &lease {
+            let store = Arc::downgrade(&space.store);
+            lease.set_usage(Box::new(move || {
+                let s = store.upgrade()?;
+                Some(s.capacity() - s.free_bytes())
+            }));
+        }
+        space.lease = lease.map(crate::slots::LeaseGuard);
         // Armed once the space is open: operation counts start after the open's own I/O
         // (the integrity check), so a test can name "the first commit's write".
         if let Some((disk, faults)) = injected {
@@ -611,6 +878,9 @@ impl Space {
     /// Every change is refused with `Error::ReadOnly`.
     pub fn open_read_only(dir: &Path) -> Result<Space> {
         let sb = read_backing_dir(dir, false)?;
+        if sb.slots > 1 {
+            return Err(multi_slot_refusal(dir, &sb));
+        }
         let lock = take_shared_lock(dir)?;
         let ro = |name: &str| -> Result<File> { Ok(File::open(dir.join(name))?) };
         let devs = Devices {
@@ -636,6 +906,13 @@ impl Space {
     /// makes it the only user). The metadata table's page checksums are all verified here,
     /// so a damaged table is reported at open instead of trusted.
     pub fn open_devices(sb: Superblock, devs: Devices) -> Result<Space> {
+        Self::open_devices_slot(sb, devs, SlotId(0))
+    }
+
+    /// `open_devices` for slot `slot` of the space: the table is that slot's, and only the
+    /// slot's share of the data file is allocated from.
+    pub fn open_devices_slot(sb: Superblock, devs: Devices, slot: SlotId) -> Result<Space> {
+        let range = sb.slot_segments(slot);
         if devs.data.len() != sb.data_size_bytes {
             return Err(Corruption::Layout(format!(
                 "the data file is {} bytes, the superblock says {}",
@@ -652,9 +929,11 @@ impl Space {
             );
         }
         let free = Reader::new(&db)?.free_segments()?;
-        if let Some(seg) = free.iter().find(|s| s.0 >= sb.segments()) {
+        if let Some(seg) = free.iter().find(|s| !range.contains(&s.0)) {
             return Err(Corruption::Layout(format!(
-                "the catalog lists segment {seg} as free, beyond the end of the data file"
+                "the catalog lists segment {seg} as free, outside this slot's segments \
+                 {}..{} of the data file",
+                range.start, range.end
             ))
             .into());
         }
@@ -667,6 +946,7 @@ impl Space {
             Arc::new(crate::placement::SingleFile::new(
                 devs.data.clone(),
                 sb.segment_bytes as u64,
+                range.end - range.start,
             )),
             crate::pipeline::Pipeline::new(),
             Arc::new(catalog::ChunkIndex(db.clone())),
@@ -685,6 +965,9 @@ impl Space {
             pins: Arc::default(),
             ns_dirty: std::sync::atomic::AtomicBool::new(false),
             read_only: false,
+            slot,
+            segment_range: range,
+            lease: None,
         })
     }
 
@@ -706,6 +989,21 @@ impl Space {
 
     pub fn superblock(&self) -> &Superblock {
         &self.sb
+    }
+
+    /// The slot this space is (0 for a single-slot space).
+    pub fn slot(&self) -> SlotId {
+        self.slot
+    }
+
+    /// The data-file segments this space (slot) allocates from.
+    pub fn segment_range(&self) -> std::ops::Range<u64> {
+        self.segment_range.clone()
+    }
+
+    /// The lease of a slot of a multi-slot space.
+    pub fn lease(&self) -> Option<&Arc<Lease>> {
+        self.lease.as_ref().map(|g| &g.0)
     }
 
     pub fn chunk_params(&self) -> ChunkParams {

@@ -239,7 +239,7 @@ enum Where {
 fn resolve(path: &Path) -> Result<Where, (String, bool)> {
     let abs = absolute(path);
     if abs.join(SUPERBLOCK_FILE).exists() {
-        return match Space::open(&abs) {
+        return match Space::open_offline(&abs) {
             Ok(space) => Ok(Where::Offline(Box::new(space))),
             Err(EngineError::Locked(m)) => {
                 let holder = lock_holder(&abs).unwrap_or_default();

@@ -4,9 +4,12 @@ mod check;
 mod fuse;
 mod metrics;
 mod report;
+mod slots;
 mod when;
 
+use ckptfs_engine::format::SlotId;
 use ckptfs_engine::gc::{GcProgress, GcReport};
+use ckptfs_engine::slots::SlotRequest;
 use ckptfs_engine::space::StatsReport;
 use ckptfs_engine::space::{
     free_disk_bytes, lock_holder, read_backing_dir, Config, MIN_SPACE_BYTES,
@@ -57,8 +60,20 @@ enum Cmd {
         /// Erase an existing (unmounted) ckptfs space in DIR.
         #[arg(long)]
         force: bool,
+        /// Nodes that may mount the space at once: each mount claims a slot, its own share
+        /// of the data file and its own metadata table (made at the slot's first claim).
+        #[arg(long, default_value_t = 1)]
+        slots: u32,
         #[command(flatten)]
         retention: RetentionArgs,
+    },
+    /// Show the slots of a multi-slot space: who holds each (host, pid, mountpoint), its
+    /// lease epoch and age, and the bytes it uses. Reads only the slot headers.
+    Slots {
+        /// A backing directory.
+        dir: PathBuf,
+        #[arg(long)]
+        json: bool,
     },
     /// Show or change the retention policy and automatic gc of a space (mounted or not).
     Config {
@@ -161,6 +176,16 @@ enum Cmd {
         /// accepted and ignored. Any other is refused.
         #[arg(short = 'o', value_name = "OPTIONS")]
         options: Option<String>,
+        /// Of a multi-slot space: claim slot N (refused while another live mount holds
+        /// it; taken over once its holder's lease has run out). Default: the first free
+        /// slot, else the first whose lease ran out.
+        #[arg(long, value_name = "N")]
+        slot: Option<u32>,
+        /// Of a multi-slot space: the lease this mount renews (every quarter of it). A dead
+        /// node's slot can be taken over after this long; a mount that could not renew for
+        /// 3/4 of it (frozen, or its storage stalled) stops writing for good.
+        #[arg(long, value_name = "DURATION", default_value = "30s", value_parser = parse_lease)]
+        lease: Duration,
         #[arg(long, hide = true)]
         notify_ready: bool,
     },
@@ -275,6 +300,24 @@ fn parse_duration(s: &str) -> Result<u64, String> {
         .map_err(|_| format!("not a duration: {s:?} (use 30s, 10m, 2h, 7d)"))?;
     n.checked_mul(mult)
         .ok_or_else(|| format!("duration too large: {s:?}"))
+}
+
+/// A lease: a duration as `parse_duration` reads it, or milliseconds (`500ms`).
+fn parse_lease(s: &str) -> Result<Duration, String> {
+    let d = match s.trim().strip_suffix("ms") {
+        Some(ms) => Duration::from_millis(
+            ms.parse()
+                .map_err(|_| format!("not a duration: {s:?} (use 30s, 2m, 500ms)"))?,
+        ),
+        None => Duration::from_secs(parse_duration(s)?),
+    };
+    if d < ckptfs_engine::slots::MIN_LEASE {
+        return Err(format!(
+            "a lease of {d:?} is below the minimum of {:?}",
+            ckptfs_engine::slots::MIN_LEASE
+        ));
+    }
+    Ok(d)
 }
 
 /// Applies `key=value,...` to a config (the daemon's side of `ckptfs config`).
@@ -406,6 +449,9 @@ struct Tuning {
     /// ckptfs always mounts `nodev`.
     suid: bool,
     noexec: bool,
+    /// Of a multi-slot space: `--slot`, `--lease`.
+    slot: Option<u32>,
+    lease: Duration,
 }
 
 /// The batch codec `--gpu` asks for, if any (see the flag's help).
@@ -489,13 +535,33 @@ fn mount(
     }
     // A foreground mount started by hand (or by a service manager) right after an unmount
     // waits for the exiting daemon too; started by `spawn_daemon`, this returns at once.
-    check_not_locked(&backing, tuning.read_only)?;
+    let slots = read_backing_dir(&backing, !tuning.read_only)
+        .map_err(|e| e.to_string())?
+        .slots;
+    if slots == 1 {
+        check_not_locked(&backing, tuning.read_only)?;
+    }
     let mut space = if tuning.read_only {
         Space::open_read_only(&backing)
     } else {
-        Space::open(&backing)
+        Space::open_with(
+            &backing,
+            &SlotRequest {
+                slot: tuning.slot.map(SlotId),
+                lease: tuning.lease,
+                mountpoint: mnt.display().to_string(),
+            },
+        )
     }
     .map_err(|e| e.to_string())?;
+    if let Some(l) = space.lease() {
+        log::info!(
+            "claimed slot {} of {slots} (epoch {}, lease {:?})",
+            l.slot(),
+            l.epoch(),
+            tuning.lease
+        );
+    }
     if let Some(w) = tuning.workers {
         space.store().set_workers(w as usize);
     }
@@ -514,13 +580,15 @@ fn mount(
         tuning.codec
     );
     if !tuning.read_only {
-        space
-            .set_lock_note(&format!(
-                "pid {} mounted at {}",
-                std::process::id(),
-                mnt.display()
-            ))
-            .map_err(|e| e.to_string())?;
+        if slots == 1 {
+            space
+                .set_lock_note(&format!(
+                    "pid {} mounted at {}",
+                    std::process::id(),
+                    mnt.display()
+                ))
+                .map_err(|e| e.to_string())?;
+        }
     } else {
         log::info!(
             "read-only: nothing will be written to {}",
@@ -669,7 +737,9 @@ fn spawn_daemon(
 ) -> Result<(), String> {
     // Refused here, before the daemon appends to the space's log.
     let sb = read_backing_dir(backing, !tuning.read_only).map_err(|e| e.to_string())?;
-    check_not_locked(backing, tuning.read_only)?;
+    if sb.slots == 1 {
+        check_not_locked(backing, tuning.read_only)?;
+    }
     // A read-only mount logs to the temporary directory, one file per space, so that
     // nothing in the backing directory changes.
     let log_path = if tuning.read_only {
@@ -703,6 +773,11 @@ fn spawn_daemon(
     if tuning.read_only {
         cmd.arg("--read-only");
     }
+    if let Some(n) = tuning.slot {
+        cmd.arg("--slot").arg(n.to_string());
+    }
+    cmd.arg("--lease")
+        .arg(format!("{}ms", tuning.lease.as_millis()));
     let kernel: Vec<&str> = [(tuning.suid, "suid"), (tuning.noexec, "noexec")]
         .into_iter()
         .filter_map(|(on, o)| on.then_some(o))
@@ -1006,6 +1081,7 @@ fn run(cli: Cli) -> Result<(), String> {
             size,
             chunk_size,
             force,
+            slots,
             retention,
         } => {
             let chunk = u32::try_from(chunk_size).map_err(|_| {
@@ -1015,10 +1091,20 @@ fn run(cli: Cli) -> Result<(), String> {
             })?;
             let mut config = Config::default();
             retention.apply(&mut config);
-            Space::format(&dir, size, chunk, config, force).map_err(|e| e.to_string())?;
-            println!("ckptfs: formatted {} ({})", dir.display(), human(size));
+            Space::format_slots(&dir, size, chunk, config, force, slots)
+                .map_err(|e| e.to_string())?;
+            match slots {
+                1 => println!("ckptfs: formatted {} ({})", dir.display(), human(size)),
+                n => println!(
+                    "ckptfs: formatted {} ({}, {n} slots of {} each)",
+                    dir.display(),
+                    human(size),
+                    human(size / n as u64)
+                ),
+            }
             Ok(())
         }
+        Cmd::Slots { dir, json } => slots::run(&absolute(&dir), json),
         Cmd::Mount {
             paths,
             foreground,
@@ -1030,6 +1116,8 @@ fn run(cli: Cli) -> Result<(), String> {
             cuda_lib_dir,
             read_only,
             options,
+            slot,
+            lease,
             notify_ready,
         } => {
             if foreground {
@@ -1044,6 +1132,8 @@ fn run(cli: Cli) -> Result<(), String> {
                 read_only,
                 suid: false,
                 noexec: false,
+                slot,
+                lease,
             };
             let mut allow_other = allow_other;
             if let Some(o) = &options {
@@ -1115,7 +1205,8 @@ fn apply_mount_options(
     allow_other: &mut bool,
 ) -> Result<(), String> {
     const KNOWN: &str = "ro, rw, allow_other, threads=N, workers=N, codec=lz4|shuffle, \
-                         gpu=auto|on|off|emulate, cuda_lib_dir=DIR, nosuid, noexec, suid, exec";
+                         gpu=auto|on|off|emulate, cuda_lib_dir=DIR, slot=N, lease=DURATION, nosuid, \
+                         noexec, suid, exec";
     for o in options.split(',').filter(|o| !o.is_empty()) {
         let (key, val) = match o.split_once('=') {
             Some((k, v)) => (k, Some(v)),
@@ -1146,6 +1237,10 @@ fn apply_mount_options(
             ("codec", _) => tuning.codec = one_of(&["lz4", "shuffle"])?,
             ("gpu", _) => tuning.gpu = one_of(&["auto", "on", "off", "emulate"])?,
             ("cuda_lib_dir", Some(d)) if !d.is_empty() => tuning.cuda_lib_dir = Some(d.into()),
+            ("slot", _) => tuning.slot = Some(number(u32::MAX, 0)?),
+            ("lease", Some(d)) => {
+                tuning.lease = parse_lease(d).map_err(|e| format!("mount option {o:?}: {e}"))?
+            }
             // Consumed by mount(8), fstab or the kernel's VFS, or meaningless for a FUSE
             // daemon (nodev: ckptfs always mounts nodev; atime: ckptfs keeps its own).
             (
@@ -1216,7 +1311,7 @@ enum Target {
 
 /// The target for a backing directory (through its mount when it is mounted).
 fn space_target(dir: &Path) -> Result<Target, String> {
-    match Space::open(dir) {
+    match Space::open_offline(dir) {
         Ok(space) => Ok(Target::Offline {
             fs: Box::new(Fs::new(space)),
         }),
@@ -1693,6 +1788,8 @@ mod tests {
             read_only: false,
             suid: false,
             noexec: false,
+            slot: None,
+            lease: ckptfs_engine::slots::DEFAULT_LEASE,
         }
     }
 
@@ -1709,8 +1806,12 @@ mod tests {
         assert!(t.read_only && other && !t.suid && !t.noexec);
         assert_eq!((t.threads, t.workers), (8, Some(0)));
         assert_eq!((t.codec.as_str(), t.gpu.as_str()), ("shuffle", "off"));
+        apply_mount_options("slot=7,lease=500ms", &mut t, &mut other).unwrap();
+        assert_eq!((t.slot, t.lease), (Some(7), Duration::from_millis(500)));
         for bad in [
             "bogus",
+            "slot=x",
+            "lease=10ms",
             "threads=0",
             "threads=x",
             "codec=zstd",

@@ -19,13 +19,14 @@ use std::process::{Command, ExitStatus, Stdio};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
+pub mod cluster;
 pub mod tagged;
 
 /// Size of the backing space unless a test asks for another.
 pub const DEFAULT_SPACE_SIZE: &str = "2G";
 
-const FORMAT_TIMEOUT: Duration = Duration::from_secs(180);
-const MOUNT_TIMEOUT: Duration = Duration::from_secs(60);
+pub(crate) const FORMAT_TIMEOUT: Duration = Duration::from_secs(180);
+pub(crate) const MOUNT_TIMEOUT: Duration = Duration::from_secs(60);
 const UMOUNT_TIMEOUT: Duration = Duration::from_secs(300);
 const STATS_TIMEOUT: Duration = Duration::from_secs(60);
 

@@ -1,0 +1,515 @@
+//! Slots of a multi-slot space: claiming one, keeping its lease, and fencing an owner that
+//! lost it (FORMAT.md "Slots").
+//!
+//! A slot is claimed by writing its header (owner, epoch + 1, lease), waiting `settle`, and
+//! reading it back: of two claims racing for one slot, the later write wins and the earlier
+//! claimer sees it and moves on. There is no `flock` in this: parallel filesystems do not
+//! all honour it across nodes. The owner renews its lease every quarter lease. Everything
+//! the owner writes to the backing space goes through a `FencedDevice`, which lets a write
+//! through only while the lease is valid by the owner's own clock (at most 3/4 of a lease
+//! since the last renewal that found the header still its own); past that it renews first,
+//! and an owner whose lease lapsed (a frozen process, a stalled disk) or whose header names
+//! another owner fails every later write: sticky, whatever the header says now. A taker
+//! claims a held slot only once its lease is over by the taker's clock plus
+//! `CLOCK_SKEW_MS`, so a fenced owner stops writing before a taker starts, as long as the
+//! nodes' clocks agree within that margin and a write is not already inside the kernel when
+//! its process freezes (no shared file can fence that one; FORMAT.md says so).
+
+use crate::device::Device;
+use crate::error::{Error, Result};
+use crate::format::{SlotHeader, SlotId, SlotState, SLOT_HEADER_PAIR, SLOT_MOUNTPOINT_MAX};
+use parking_lot::Mutex;
+use std::io;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+/// The lease a mount takes unless told otherwise: a dead node's slot can be taken over this
+/// long after its last renewal; an owner stalled for 3/4 of it fences itself.
+pub const DEFAULT_LEASE: Duration = Duration::from_secs(30);
+/// The shortest lease accepted (tests use short ones; renewal is every quarter lease).
+pub const MIN_LEASE: Duration = Duration::from_millis(400);
+/// How far the clocks of two nodes may disagree: added to a lease before a taker claims.
+pub const CLOCK_SKEW_MS: u64 = 500;
+
+pub fn now_unix_ns() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_nanos() as u64)
+}
+
+fn host_name() -> String {
+    let mut buf = [0u8; 256];
+    // SAFETY: gethostname writes at most buf.len() bytes into buf.
+    let rc = unsafe { libc::gethostname(buf.as_mut_ptr().cast(), buf.len()) };
+    if rc != 0 {
+        return "unknown".into();
+    }
+    let end = buf.iter().position(|&c| c == 0).unwrap_or(buf.len());
+    let mut h = String::from_utf8_lossy(&buf[..end]).into_owned();
+    while h.len() > 64 {
+        h.pop();
+    }
+    h
+}
+
+/// The slot headers file (`slots/headers`): two copies per slot.
+#[derive(Clone)]
+pub struct SlotTable {
+    dev: Arc<dyn Device>,
+    slots: u32,
+}
+
+impl SlotTable {
+    pub fn new(dev: Arc<dyn Device>, slots: u32) -> SlotTable {
+        SlotTable { dev, slots }
+    }
+
+    pub fn slots(&self) -> u32 {
+        self.slots
+    }
+
+    /// The newest valid header of `slot`.
+    pub fn read(&self, slot: SlotId) -> Result<SlotHeader> {
+        let mut pair = vec![0u8; SLOT_HEADER_PAIR as usize];
+        self.dev.read_at(&mut pair, SlotHeader::pair_offset(slot))?;
+        SlotHeader::newest(&pair, slot)
+    }
+
+    /// Writes `h` into its copy (`h.seq % 2`) and makes it durable.
+    pub fn write(&self, h: &SlotHeader) -> io::Result<()> {
+        self.dev
+            .write_at(&h.encode(), SlotHeader::offset(h.slot, h.seq))?;
+        self.dev.sync()
+    }
+
+    /// Every slot's header, in slot order.
+    pub fn all(&self) -> Result<Vec<SlotHeader>> {
+        let mut b = vec![0u8; self.slots as usize * SLOT_HEADER_PAIR as usize];
+        self.dev
+            .read_at(&mut b, SlotHeader::pair_offset(SlotId(0)))?;
+        (0..self.slots)
+            .map(|i| {
+                let at = i as usize * SLOT_HEADER_PAIR as usize;
+                SlotHeader::newest(&b[at..at + SLOT_HEADER_PAIR as usize], SlotId(i))
+            })
+            .collect()
+    }
+}
+
+/// Whether a header's lease is still running at `now_ns` (plus the clock-skew margin).
+pub fn is_live(h: &SlotHeader, now_ns: u64) -> bool {
+    h.state == SlotState::Held
+        && now_ns
+            < h.renewed_unix_ns
+                .saturating_add(h.lease_ms as u64 * 1_000_000)
+                .saturating_add(CLOCK_SKEW_MS * 1_000_000)
+}
+
+/// Who holds a slot ("slot 3 by host n17 pid 4242 mounted at /ckpt (epoch 2, ...)"), for
+/// messages.
+pub fn describe_holder(h: &SlotHeader, now_ns: u64) -> String {
+    let age = now_ns.saturating_sub(h.renewed_unix_ns) as f64 / 1e9;
+    format!(
+        "slot {} by host {} pid {}{} (epoch {}, lease renewed {age:.1} s ago, {} s lease)",
+        h.slot.0,
+        h.host,
+        h.pid,
+        if h.mountpoint.is_empty() {
+            String::new()
+        } else {
+            format!(" mounted at {}", h.mountpoint)
+        },
+        h.epoch,
+        h.lease_ms as f64 / 1000.0
+    )
+}
+
+/// How a mount asks for a slot.
+#[derive(Clone, Debug)]
+pub struct SlotRequest {
+    /// A particular slot (`mount --slot N`), else the first free one.
+    pub slot: Option<SlotId>,
+    pub lease: Duration,
+    /// Recorded in the header, so `ckptfs slots` can say where the slot is mounted.
+    pub mountpoint: String,
+}
+
+impl Default for SlotRequest {
+    fn default() -> Self {
+        SlotRequest {
+            slot: None,
+            lease: DEFAULT_LEASE,
+            mountpoint: String::new(),
+        }
+    }
+}
+
+/// A held slot: its lease, renewed by a background thread until `release` (or drop).
+pub struct Lease {
+    table: SlotTable,
+    me: SlotHeader,
+    lease: Duration,
+    base: Instant,
+    /// Nanoseconds after `base` at which the last successful renewal started.
+    renewed_at: AtomicU64,
+    /// Serialises renewals (the thread's and a writer's).
+    renewing: Mutex<u64>,
+    fenced: AtomicBool,
+    why: Mutex<Option<String>>,
+    /// Released by unmount: every later write is refused (another mount may own it now).
+    released: AtomicBool,
+    stop: AtomicBool,
+    thread: Mutex<Option<std::thread::JoinHandle<()>>>,
+    /// What the slot uses, for its header (set by the space once its store is open). Called
+    /// only by the renewal thread, which holds no lock of the store: a writer that renews
+    /// from `permit` may hold them, so renewals read the last value from `used`.
+    usage: Mutex<Option<UsageFn>>,
+    used: AtomicU64,
+}
+
+/// Bytes of the slot's segments in use now.
+pub type UsageFn = Box<dyn Fn() -> Option<u64> + Send + Sync>;
+
+impl Lease {
+    /// Claims a slot of `table` as `req` asks, waiting `settle` between the claim and its
+    /// read-back. Refuses, naming the holders, when no slot can be claimed.
+    pub fn claim(table: SlotTable, req: &SlotRequest, settle: Duration) -> Result<Arc<Lease>> {
+        if req.lease < MIN_LEASE {
+            return Err(Error::Invalid(format!(
+                "a lease of {:?} is below the minimum of {MIN_LEASE:?}",
+                req.lease
+            )));
+        }
+        let n = table.slots();
+        let candidates: Vec<SlotId> = match req.slot {
+            Some(s) if s.0 >= n => {
+                return Err(Error::Invalid(format!(
+                    "slot {s} does not exist: this space has {n} slots (0 to {})",
+                    n - 1
+                )))
+            }
+            Some(s) => vec![s],
+            None => {
+                // Slots nobody holds first (never used, then released), then expired ones.
+                let all = table.all()?;
+                let now = now_unix_ns();
+                let mut c: Vec<&SlotHeader> = all.iter().filter(|h| !is_live(h, now)).collect();
+                c.sort_by_key(|h| (h.state == SlotState::Held, h.slot));
+                if c.is_empty() {
+                    let mut holders: Vec<String> = all
+                        .iter()
+                        .take(8)
+                        .map(|h| describe_holder(h, now))
+                        .collect();
+                    if all.len() > 8 {
+                        holders.push(format!("and {} more", all.len() - 8));
+                    }
+                    return Err(Error::Locked(format!(
+                        "every one of the {n} slots of this space is held by a live mount: {}",
+                        holders.join("; ")
+                    )));
+                }
+                c.iter().map(|h| h.slot).collect()
+            }
+        };
+        let mut mount_id = [0u8; 16];
+        mount_id.copy_from_slice(
+            &blake3::hash(
+                format!(
+                    "{}{}{:?}",
+                    now_unix_ns(),
+                    std::process::id(),
+                    Instant::now()
+                )
+                .as_bytes(),
+            )
+            .as_bytes()[..16],
+        );
+        let mut mountpoint = req.mountpoint.clone();
+        while mountpoint.len() > SLOT_MOUNTPOINT_MAX {
+            mountpoint.pop();
+        }
+        let mut lost = Vec::new();
+        for slot in candidates {
+            let h = table.read(slot)?;
+            let now = now_unix_ns();
+            if is_live(&h, now) {
+                if req.slot.is_some() {
+                    return Err(Error::Locked(format!(
+                        "slot {slot} is held by a live mount: {}; it can be taken over once \
+                         that lease has run out",
+                        describe_holder(&h, now)
+                    )));
+                }
+                lost.push(describe_holder(&h, now));
+                continue;
+            }
+            let base = Instant::now();
+            let mine = SlotHeader {
+                slot,
+                state: SlotState::Held,
+                seq: h.seq + 1,
+                epoch: h.epoch + 1,
+                renewed_unix_ns: now_unix_ns(),
+                lease_ms: req.lease.as_millis() as u32,
+                pid: std::process::id(),
+                mount_id,
+                host: host_name(),
+                mountpoint: mountpoint.clone(),
+                used_bytes: h.used_bytes,
+            };
+            table.write(&mine)?;
+            std::thread::sleep(settle);
+            let back = table.read(slot)?;
+            if back.mount_id != mine.mount_id || back.epoch != mine.epoch {
+                // Another claim of the same slot landed after ours: it is theirs.
+                if req.slot.is_some() {
+                    return Err(Error::Locked(format!(
+                        "slot {slot} was claimed by another mount at the same time: {}",
+                        describe_holder(&back, now_unix_ns())
+                    )));
+                }
+                lost.push(describe_holder(&back, now_unix_ns()));
+                continue;
+            }
+            if h.state == SlotState::Held {
+                log::warn!(
+                    "took over slot {slot} from a lease that ran out ({}); now epoch {}",
+                    describe_holder(&h, now),
+                    mine.epoch
+                );
+            }
+            let lease = Arc::new(Lease {
+                table,
+                me: mine.clone(),
+                lease: req.lease,
+                base,
+                renewed_at: AtomicU64::new(0),
+                renewing: Mutex::new(mine.seq),
+                fenced: AtomicBool::new(false),
+                why: Mutex::new(None),
+                released: AtomicBool::new(false),
+                stop: AtomicBool::new(false),
+                thread: Mutex::new(None),
+                usage: Mutex::new(None),
+                used: AtomicU64::new(h.used_bytes),
+            });
+            let weak = Arc::downgrade(&lease);
+            let period = req.lease / 4;
+            let t = std::thread::Builder::new()
+                .name(format!("lease-slot-{slot}"))
+                .spawn(move || loop {
+                    let deadline = Instant::now() + period;
+                    while Instant::now() < deadline {
+                        std::thread::sleep(Duration::from_millis(20).min(period));
+                        match weak.upgrade() {
+                            Some(l) if !l.stop.load(Ordering::Acquire) => {}
+                            _ => return,
+                        }
+                    }
+                    match weak.upgrade() {
+                        Some(l) if !l.stop.load(Ordering::Acquire) => {
+                            l.refresh_usage();
+                            let _ = l.renew();
+                        }
+                        _ => return,
+                    }
+                })
+                .map_err(Error::Io)?;
+            *lease.thread.lock() = Some(t);
+            return Ok(lease);
+        }
+        Err(Error::Locked(format!(
+            "no slot of this space could be claimed: {}",
+            lost.join("; ")
+        )))
+    }
+
+    pub fn slot(&self) -> SlotId {
+        self.me.slot
+    }
+
+    /// How renewals learn the bytes the slot uses (published in its header).
+    pub fn set_usage(&self, f: UsageFn) {
+        *self.usage.lock() = Some(f);
+    }
+
+    /// Reads the slot's usage now (for the next header write). Call holding no store lock.
+    pub fn refresh_usage(&self) {
+        if let Some(u) = self.usage.lock().as_ref().and_then(|f| f()) {
+            self.used.store(u, Ordering::Relaxed);
+        }
+    }
+
+    pub fn epoch(&self) -> u64 {
+        self.me.epoch
+    }
+
+    /// Why this owner is fenced, if it is.
+    pub fn fenced(&self) -> Option<String> {
+        match self.fenced.load(Ordering::Acquire) {
+            true => self.why.lock().clone(),
+            false => None,
+        }
+    }
+
+    fn fence(&self, why: String) -> io::Error {
+        let mut w = self.why.lock();
+        if w.is_none() {
+            log::error!("{why}");
+            *w = Some(why.clone());
+        }
+        self.fenced.store(true, Ordering::Release);
+        io::Error::other(w.clone().unwrap_or(why))
+    }
+
+    fn since_renewal(&self) -> Duration {
+        let now = self.base.elapsed().as_nanos() as u64;
+        Duration::from_nanos(now.saturating_sub(self.renewed_at.load(Ordering::Acquire)))
+    }
+
+    /// Renews the lease: reads the header (fencing this owner if it names another claim),
+    /// then writes it back with the renewal time. An owner whose lease lapsed is fenced
+    /// without looking: a taker may be writing already.
+    pub fn renew(&self) -> io::Result<()> {
+        let mut seq = self.renewing.lock();
+        if let Some(why) = self.fenced() {
+            return Err(io::Error::other(why));
+        }
+        let since = self.since_renewal();
+        let slot = self.me.slot;
+        if since >= self.lease {
+            let now_hdr = self.table.read(slot).ok();
+            let who = match now_hdr {
+                Some(h) if h.epoch != self.me.epoch => {
+                    format!("; it now belongs to {}", describe_holder(&h, now_unix_ns()))
+                }
+                _ => String::new(),
+            };
+            return Err(self.fence(format!(
+                "slot {slot}: this mount did not renew its lease for {:.1} s (the process was \
+                 stopped or the backing storage stalled), longer than the {:.1} s lease{who}; \
+                 it writes nothing more and fails every write; unmount it",
+                since.as_secs_f64(),
+                self.lease.as_secs_f64()
+            )));
+        }
+        let started = self.base.elapsed().as_nanos() as u64;
+        let wall = now_unix_ns();
+        let h = self
+            .table
+            .read(slot)
+            .map_err(|e| io::Error::other(e.to_string()))?;
+        if h.epoch != self.me.epoch || h.mount_id != self.me.mount_id || h.state != SlotState::Held
+        {
+            return Err(self.fence(format!(
+                "slot {slot} was taken over ({}); this mount (epoch {}) writes nothing more \
+                 and fails every write; unmount it",
+                describe_holder(&h, now_unix_ns()),
+                self.me.epoch
+            )));
+        }
+        let next = SlotHeader {
+            seq: h.seq + 1,
+            renewed_unix_ns: wall,
+            used_bytes: self.used.load(Ordering::Relaxed),
+            ..self.me.clone()
+        };
+        self.table.write(&next)?;
+        *seq = next.seq;
+        self.renewed_at.store(started, Ordering::Release);
+        Ok(())
+    }
+
+    /// Lets a write to the backing space through only while the lease is valid: within 3/4
+    /// of a lease of the last renewal, else after renewing now.
+    pub fn permit(&self) -> io::Result<()> {
+        if let Some(why) = self.fenced() {
+            return Err(io::Error::other(why));
+        }
+        if self.released.load(Ordering::Acquire) {
+            return Err(io::Error::other(format!(
+                "slot {} was released by this mount's unmount",
+                self.me.slot
+            )));
+        }
+        if self.since_renewal() < self.lease * 3 / 4 {
+            return Ok(());
+        }
+        self.renew()
+    }
+
+    /// Gives the slot back (unmount): the header says released, so the next mount may take
+    /// it at once. Does nothing for a fenced owner.
+    pub fn release(&self) {
+        self.stop.store(true, Ordering::Release);
+        let t = self.thread.lock().take();
+        // Not joined from the lease thread itself (it may hold the last reference).
+        if let Some(t) = t.filter(|t| t.thread().id() != std::thread::current().id()) {
+            let _ = t.join();
+        }
+        let seq = self.renewing.lock();
+        if self.fenced().is_some() || self.released.swap(true, Ordering::AcqRel) {
+            return;
+        }
+        match self.table.read(self.me.slot) {
+            Ok(h) if h.epoch == self.me.epoch && h.mount_id == self.me.mount_id => {
+                let released = SlotHeader {
+                    seq: h.seq.max(*seq) + 1,
+                    state: SlotState::Released,
+                    renewed_unix_ns: now_unix_ns(),
+                    used_bytes: self.used.load(Ordering::Relaxed),
+                    ..self.me.clone()
+                };
+                if let Err(e) = self.table.write(&released) {
+                    log::warn!("slot {}: could not record its release: {e}", self.me.slot);
+                }
+            }
+            Ok(h) => log::warn!(
+                "slot {}: not released, it was taken over ({})",
+                self.me.slot,
+                describe_holder(&h, now_unix_ns())
+            ),
+            Err(e) => log::warn!("slot {}: not released: {e}", self.me.slot),
+        }
+    }
+}
+
+/// A device whose writes, syncs and resizes pass only while its owner's lease is valid
+/// (`Lease::permit`); reads always pass.
+pub struct FencedDevice {
+    pub inner: Arc<dyn Device>,
+    pub lease: Arc<Lease>,
+}
+
+impl Device for FencedDevice {
+    fn read_at(&self, buf: &mut [u8], off: u64) -> io::Result<()> {
+        self.inner.read_at(buf, off)
+    }
+    fn write_at(&self, buf: &[u8], off: u64) -> io::Result<()> {
+        self.lease.permit()?;
+        self.inner.write_at(buf, off)
+    }
+    fn sync(&self) -> io::Result<()> {
+        self.lease.permit()?;
+        self.inner.sync()
+    }
+    fn len(&self) -> u64 {
+        self.inner.len()
+    }
+    fn set_len(&self, len: u64) -> io::Result<()> {
+        self.lease.permit()?;
+        self.inner.set_len(len)
+    }
+}
+
+/// Releases its slot when dropped: the last field of a `Space`, so the slot is given back
+/// after the space's table and store have closed (a write after the release is refused).
+pub struct LeaseGuard(pub Arc<Lease>);
+
+impl Drop for LeaseGuard {
+    fn drop(&mut self) {
+        self.0.release();
+    }
+}

@@ -1,0 +1,96 @@
+//! `ckptfs slots DIR`: who holds each slot of a multi-slot space. Reads the slot headers
+//! only (never a slot's table), so it is safe and cheap from any node at any time.
+
+use ckptfs_engine::format::{SlotHeader, SlotState};
+use ckptfs_engine::slots::{is_live, now_unix_ns};
+use ckptfs_engine::space::{read_backing_dir, slot_table};
+use std::path::Path;
+
+/// What `ckptfs slots` says of one slot: the header, plus whether its lease runs now.
+fn state_word(h: &SlotHeader, now: u64) -> &'static str {
+    match h.state {
+        SlotState::Free => "free",
+        SlotState::Released => "released",
+        SlotState::Held if is_live(h, now) => "held",
+        SlotState::Held => "expired",
+    }
+}
+
+pub fn run(dir: &Path, json: bool) -> Result<(), String> {
+    let sb = read_backing_dir(dir, false).map_err(|e| e.to_string())?;
+    if sb.slots == 1 {
+        return Err(format!(
+            "{} has a single slot (one mount at a time; format with --slots N for several \
+             nodes)",
+            dir.display()
+        ));
+    }
+    let (table, _) = slot_table(dir, &sb, false).map_err(|e| e.to_string())?;
+    let all = table.all().map_err(|e| e.to_string())?;
+    let now = now_unix_ns();
+    let seg = sb.segment_bytes as u64;
+    let rows: Vec<serde_json::Value> = all
+        .iter()
+        .map(|h| {
+            let r = sb.slot_segments(h.slot);
+            serde_json::json!({
+                "slot": h.slot,
+                "state": state_word(h, now),
+                "epoch": h.epoch,
+                "host": h.host,
+                "pid": h.pid,
+                "mountpoint": h.mountpoint,
+                "lease_ms": h.lease_ms,
+                "lease_age_ms": match h.state {
+                    SlotState::Free => None,
+                    _ => Some(now.saturating_sub(h.renewed_unix_ns) / 1_000_000),
+                },
+                "used_bytes": h.used_bytes,
+                "reserved_bytes": (r.end - r.start) * seg,
+            })
+        })
+        .collect();
+    if json {
+        let v = serde_json::json!({ "slots": rows });
+        println!("{}", serde_json::to_string_pretty(&v).expect("json"));
+        return Ok(());
+    }
+    let held = rows.iter().filter(|r| r["state"] == "held").count();
+    println!(
+        "{}: {} slots, {held} held, {} each",
+        dir.display(),
+        sb.slots,
+        crate::human(
+            rows.first()
+                .map_or(0, |r| r["reserved_bytes"].as_u64().unwrap_or(0))
+        )
+    );
+    println!(
+        "{:>5}  {:<8} {:>5}  {:<20} {:>8}  {:>10}  {:>10}  mountpoint",
+        "slot", "state", "epoch", "host", "pid", "lease age", "used"
+    );
+    for (h, r) in all.iter().zip(&rows) {
+        if h.state == SlotState::Free {
+            continue;
+        }
+        println!(
+            "{:>5}  {:<8} {:>5}  {:<20} {:>8}  {:>10}  {:>10}  {}",
+            h.slot.0,
+            r["state"].as_str().unwrap_or(""),
+            h.epoch,
+            h.host,
+            h.pid,
+            format!(
+                "{:.1} s",
+                r["lease_age_ms"].as_u64().unwrap_or(0) as f64 / 1000.0
+            ),
+            crate::human(h.used_bytes),
+            h.mountpoint
+        );
+    }
+    let free = all.iter().filter(|h| h.state == SlotState::Free).count();
+    if free > 0 {
+        println!("({free} slots never claimed)");
+    }
+    Ok(())
+}

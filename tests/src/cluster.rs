@@ -1,0 +1,262 @@
+//! Several daemons on one machine standing in for several nodes: one multi-slot backing
+//! directory, one mountpoint per "node". Every mount is undone on drop, stopped daemons are
+//! continued first, and on a panic the space's log is printed.
+
+use crate::{ckptfs_bin, require_fuse, run_logged, TempDir, FORMAT_TIMEOUT, MOUNT_TIMEOUT};
+use std::ffi::OsString;
+use std::fs;
+use std::os::unix::fs::MetadataExt;
+use std::path::{Path, PathBuf};
+use std::process::{Command, ExitStatus, Stdio};
+use std::time::{Duration, Instant};
+
+pub struct Node {
+    pub mnt: PathBuf,
+    pub pid: Option<u32>,
+    stopped: bool,
+}
+
+pub struct Cluster {
+    root: TempDir,
+    pub backing: PathBuf,
+    pub nodes: Vec<Node>,
+    /// The lease every mount takes (`--lease`).
+    pub lease: Duration,
+    step: u64,
+}
+
+impl Cluster {
+    /// Formats a space with `slots` slots and makes `nodes` empty mountpoints (nothing
+    /// mounted).
+    pub fn new(slots: u32, size: &str, nodes: usize, lease: Duration) -> Cluster {
+        require_fuse();
+        let root = TempDir::new("cluster");
+        let backing = root.path().join("backing");
+        let mut c = Cluster {
+            nodes: (0..nodes)
+                .map(|i| {
+                    let mnt = root.path().join(format!("node{i}"));
+                    fs::create_dir(&mnt).expect("mountpoint");
+                    Node {
+                        mnt,
+                        pid: None,
+                        stopped: false,
+                    }
+                })
+                .collect(),
+            root,
+            backing,
+            lease,
+            step: 0,
+        };
+        let (st, out, err) = c.ckptfs(&[
+            "format".into(),
+            c.backing.clone().into(),
+            "--size".into(),
+            size.into(),
+            "--slots".into(),
+            slots.to_string().into(),
+        ]);
+        assert!(st.success(), "format --slots {slots}: {out}{err}");
+        c
+    }
+
+    pub fn root(&self) -> &Path {
+        self.root.path()
+    }
+
+    /// Runs `ckptfs ARGS`; (status, stdout, stderr).
+    pub fn ckptfs(&mut self, args: &[OsString]) -> (ExitStatus, String, String) {
+        self.step += 1;
+        let name = format!("{:03}-cmd", self.step);
+        let mut cmd = Command::new(ckptfs_bin());
+        cmd.args(args);
+        run_logged(&mut cmd, self.root.path(), &name, FORMAT_TIMEOUT)
+            .unwrap_or_else(|e| panic!("ckptfs {args:?}: {e}"))
+    }
+
+    /// `node`'s mountpoint joined with `rel`.
+    pub fn path(&self, node: usize, rel: &str) -> PathBuf {
+        self.nodes[node].mnt.join(rel)
+    }
+
+    /// Tries to mount the space at `node`'s mountpoint with `extra` options (and the
+    /// cluster's lease); (status, stdout, stderr).
+    pub fn try_mount(&mut self, node: usize, extra: &[&str]) -> (ExitStatus, String, String) {
+        let mut args: Vec<OsString> = vec!["mount".into()];
+        args.extend(extra.iter().map(OsString::from));
+        args.push("--lease".into());
+        args.push(format!("{}ms", self.lease.as_millis()).into());
+        args.push(self.backing.clone().into());
+        args.push(self.nodes[node].mnt.clone().into());
+        self.step += 1;
+        let name = format!("{:03}-mount{node}", self.step);
+        let mut cmd = Command::new(ckptfs_bin());
+        cmd.args(&args);
+        let r = run_logged(&mut cmd, self.root.path(), &name, MOUNT_TIMEOUT)
+            .unwrap_or_else(|e| panic!("ckptfs {args:?}: {e}"));
+        if r.0.success() {
+            self.nodes[node].pid = Some(self.pid_of(node));
+        }
+        r
+    }
+
+    /// Mounts `node` (which must succeed); returns the slot it claimed.
+    pub fn mount(&mut self, node: usize, extra: &[&str]) -> u32 {
+        let (st, out, err) = self.try_mount(node, extra);
+        assert!(
+            st.success(),
+            "mount node {node}: {out}{err}\n{}",
+            self.log_tail()
+        );
+        self.slot_of(node)
+    }
+
+    /// `ckptfs slots --json`.
+    pub fn slots(&mut self) -> serde_json::Value {
+        let (st, out, err) =
+            self.ckptfs(&["slots".into(), self.backing.clone().into(), "--json".into()]);
+        assert!(st.success(), "ckptfs slots: {out}{err}");
+        serde_json::from_str::<serde_json::Value>(&out).expect("slots json")["slots"].clone()
+    }
+
+    fn row_of(&mut self, node: usize) -> serde_json::Value {
+        let want = self.nodes[node].mnt.to_string_lossy().into_owned();
+        let rows = self.slots();
+        rows.as_array()
+            .expect("slots array")
+            .iter()
+            .filter(|r| r["mountpoint"] == want.as_str() && r["state"] != "released")
+            .max_by_key(|r| r["epoch"].as_u64())
+            .cloned()
+            .unwrap_or_else(|| panic!("no slot is mounted at {want}: {rows:#}"))
+    }
+
+    /// The slot `node`'s mount holds.
+    pub fn slot_of(&mut self, node: usize) -> u32 {
+        self.row_of(node)["slot"].as_u64().expect("slot") as u32
+    }
+
+    fn pid_of(&mut self, node: usize) -> u32 {
+        self.row_of(node)["pid"].as_u64().expect("pid") as u32
+    }
+
+    pub fn unmount(&mut self, node: usize) {
+        let mnt = self.nodes[node].mnt.clone();
+        let (st, out, err) = self.ckptfs(&["umount".into(), mnt.into()]);
+        assert!(st.success(), "umount node {node}: {out}{err}");
+        self.nodes[node].pid = None;
+    }
+
+    fn signal(&mut self, node: usize, sig: libc::c_int) {
+        let pid = self.nodes[node].pid.expect("node is mounted");
+        // SAFETY: kill has no memory-safety preconditions; pid is the node's daemon.
+        assert_eq!(
+            unsafe { libc::kill(pid as i32, sig) },
+            0,
+            "kill {sig} {pid}"
+        );
+    }
+
+    /// SIGSTOP `node`'s daemon (a frozen, not dead, node). Nothing may touch its mount
+    /// until `resume`.
+    pub fn freeze(&mut self, node: usize) {
+        self.signal(node, libc::SIGSTOP);
+        self.nodes[node].stopped = true;
+    }
+
+    pub fn resume(&mut self, node: usize) {
+        self.signal(node, libc::SIGCONT);
+        self.nodes[node].stopped = false;
+    }
+
+    /// SIGKILL `node`'s daemon, wait for it to be gone, and detach its dead mount.
+    pub fn kill(&mut self, node: usize) {
+        self.signal(node, libc::SIGKILL);
+        let pid = self.nodes[node].pid.take().expect("pid");
+        let start = Instant::now();
+        loop {
+            let stat = fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+            let state = stat
+                .rsplit(')')
+                .next()
+                .and_then(|s| s.split_whitespace().next());
+            if matches!(state, None | Some("Z") | Some("X")) {
+                break;
+            }
+            assert!(start.elapsed() < Duration::from_secs(30), "{pid} survives");
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        self.nodes[node].stopped = false;
+        detach(&self.nodes[node].mnt, self.root.path());
+    }
+
+    /// Sleeps until a lease renewed now has certainly run out for a taker (lease plus the
+    /// clock-skew margin, plus slack).
+    pub fn wait_lease_out(&self) {
+        std::thread::sleep(self.lease + Duration::from_millis(800));
+    }
+
+    pub fn log_tail(&self) -> String {
+        let text = fs::read_to_string(self.backing.join("daemon.log")).unwrap_or_default();
+        let lines: Vec<&str> = text.lines().collect();
+        lines[lines.len().saturating_sub(60)..].join("\n")
+    }
+}
+
+fn detach(mnt: &Path, parent: &Path) {
+    let dev = |p: &Path| fs::metadata(p).ok().map(|m| m.dev());
+    for (cmd, flag) in [("fusermount3", "-z"), ("umount", "-l")] {
+        if dev(mnt) == dev(parent) {
+            return;
+        }
+        let mut c = Command::new(cmd);
+        if cmd == "fusermount3" {
+            c.arg("-u");
+        }
+        let _ = c
+            .arg(flag)
+            .arg(mnt)
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .status();
+    }
+}
+
+impl Drop for Cluster {
+    fn drop(&mut self) {
+        if std::thread::panicking() {
+            eprintln!(
+                "daemon.log of {}:\n{}",
+                self.backing.display(),
+                self.log_tail()
+            );
+        }
+        for i in 0..self.nodes.len() {
+            if self.nodes[i].stopped {
+                self.resume(i);
+            }
+        }
+        for i in 0..self.nodes.len() {
+            if self.nodes[i].pid.is_some() {
+                let mnt = self.nodes[i].mnt.clone();
+                let (st, _, _) = self.ckptfs(&["umount".into(), mnt.clone().into()]);
+                if !st.success() {
+                    detach(&mnt, self.root.path());
+                }
+            }
+        }
+        let dev = |p: &Path| fs::metadata(p).ok().map(|m| m.dev());
+        if self
+            .nodes
+            .iter()
+            .any(|n| dev(&n.mnt) != dev(self.root.path()))
+        {
+            eprintln!(
+                "a node is still mounted; leaving {}",
+                self.root.path().display()
+            );
+            self.root.keep();
+        }
+    }
+}
