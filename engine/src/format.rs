@@ -105,6 +105,9 @@ pub const DATA_FILE: &str = "data";
 pub const META_FILE: &str = "meta.redb";
 pub const LOCK_FILE: &str = "lock";
 pub const LOG_FILE: &str = "daemon.log";
+/// Segments a slot needs at least: two for chunks, two for its manifest area.
+pub const MIN_SLOT_SEGMENTS: u64 = 4;
+
 /// The directory of a multi-slot space holding the slot headers and the slots' tables.
 pub const SLOTS_DIR: &str = "slots";
 /// In `SLOTS_DIR`: two header copies per slot (`SlotHeader`).
@@ -206,12 +209,36 @@ impl Superblock {
         self.data_size_bytes / self.segment_bytes as u64
     }
 
-    /// The segments slot `slot` allocates from: an equal share of the data file, in slot
-    /// order (the whole data file for a single-slot space).
-    pub fn slot_segments(&self, slot: SlotId) -> std::ops::Range<u64> {
+    /// Slot `slot`'s share of the data file: an equal share, in slot order (the whole data
+    /// file for a single-slot space).
+    pub fn slot_share(&self, slot: SlotId) -> std::ops::Range<u64> {
         let (n, s) = (self.slots.max(1) as u64, self.segments());
         let i = slot.0 as u64;
         i * s / n..(i + 1) * s / n
+    }
+
+    /// Segments per half of a slot's manifest area: 1/64 of its share, at least one; none in
+    /// a single-slot space (nothing reads it from elsewhere).
+    pub fn manifest_half_segments(&self, slot: SlotId) -> u64 {
+        if self.slots <= 1 {
+            return 0;
+        }
+        let r = self.slot_share(slot);
+        ((r.end - r.start) / 64).max(1)
+    }
+
+    /// The data-file offset and length of half `half` (0 or 1) of slot `slot`'s manifest
+    /// area: the first segments of its share.
+    pub fn manifest_half(&self, slot: SlotId, half: u64) -> (u64, u64) {
+        let h = self.manifest_half_segments(slot);
+        let seg = self.segment_bytes as u64;
+        ((self.slot_share(slot).start + half * h) * seg, h * seg)
+    }
+
+    /// The segments slot `slot` allocates chunks from: its share after its manifest area.
+    pub fn slot_segments(&self, slot: SlotId) -> std::ops::Range<u64> {
+        let r = self.slot_share(slot);
+        r.start + 2 * self.manifest_half_segments(slot)..r.end
     }
 }
 
@@ -309,7 +336,7 @@ impl Superblock {
             false => 1,
         };
         let segments = data_size_bytes / segment_bytes as u64;
-        if slots == 0 || (slots > 1 && segments / (slots as u64) < 2) {
+        if slots == 0 || (slots > 1 && segments / (slots as u64) < MIN_SLOT_SEGMENTS) {
             return Err(Corruption::Superblock(format!(
                 "its slot count {slots} does not fit {segments} segments"
             ))
@@ -423,6 +450,9 @@ pub struct SlotHeader {
     /// Bytes of the slot's segments in use, as of the header's write (for `ckptfs slots`,
     /// which never opens a slot's table).
     pub used_bytes: u64,
+    /// The published manifest: generation (its half is `gen % 2`) and valid length.
+    pub manifest_gen: u64,
+    pub manifest_len: u64,
 }
 
 impl SlotHeader {
@@ -440,6 +470,8 @@ impl SlotHeader {
             host: String::new(),
             mountpoint: String::new(),
             used_bytes: 0,
+            manifest_gen: 0,
+            manifest_len: 0,
         }
     }
 
@@ -460,6 +492,8 @@ impl SlotHeader {
         b[SLOT_MOUNTPOINT_AT..SLOT_MOUNTPOINT_AT + self.mountpoint.len()]
             .copy_from_slice(self.mountpoint.as_bytes());
         b[SLOT_USED_AT..SLOT_USED_AT + 8].copy_from_slice(&self.used_bytes.to_le_bytes());
+        b[SLOT_USED_AT + 8..SLOT_USED_AT + 16].copy_from_slice(&self.manifest_gen.to_le_bytes());
+        b[SLOT_USED_AT + 16..SLOT_USED_AT + 24].copy_from_slice(&self.manifest_len.to_le_bytes());
         let sum = blake3::hash(&b[..SLOT_SUM_AT]);
         b[SLOT_SUM_AT..].copy_from_slice(sum.as_bytes());
         b
@@ -516,6 +550,8 @@ impl SlotHeader {
             host: text(64..64 + SLOT_HOST_MAX)?,
             mountpoint: text(SLOT_MOUNTPOINT_AT..SLOT_MOUNTPOINT_AT + mlen)?,
             used_bytes: u64_at(b, SLOT_USED_AT),
+            manifest_gen: u64_at(b, SLOT_USED_AT + 8),
+            manifest_len: u64_at(b, SLOT_USED_AT + 16),
         }))
     }
 
@@ -623,6 +659,21 @@ pub enum NodeKind {
     BlockDevice = 7,
 }
 
+impl NodeKind {
+    pub fn from_u8(k: u8) -> Option<NodeKind> {
+        Some(match k {
+            1 => NodeKind::File,
+            2 => NodeKind::Dir,
+            3 => NodeKind::Symlink,
+            4 => NodeKind::Fifo,
+            5 => NodeKind::Socket,
+            6 => NodeKind::CharDevice,
+            7 => NodeKind::BlockDevice,
+            _ => return None,
+        })
+    }
+}
+
 /// One inode as committed in the metadata table. For a regular file, `size` and `current_rev`
 /// always describe a committed revision: uncommitted writes live only in memory.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -721,16 +772,7 @@ impl InodeRecord {
         if b.len() < INODE_FIXED {
             return Err(bad("too short"));
         }
-        let kind = match b[0] {
-            1 => NodeKind::File,
-            2 => NodeKind::Dir,
-            3 => NodeKind::Symlink,
-            4 => NodeKind::Fifo,
-            5 => NodeKind::Socket,
-            6 => NodeKind::CharDevice,
-            7 => NodeKind::BlockDevice,
-            _ => return Err(bad("unknown kind")),
-        };
+        let kind = NodeKind::from_u8(b[0]).ok_or_else(|| bad("unknown kind"))?;
         let perm = u32_at(b, 4);
         let target_len = u32_at(b, 96) as usize;
         if perm > 0o7777 || b.len() != INODE_FIXED + target_len {
@@ -768,6 +810,18 @@ pub enum Codec {
     Shuffle8Lz4 = 3,
 }
 
+impl Codec {
+    pub fn from_u8(c: u8) -> Option<Codec> {
+        Some(match c {
+            0 => Codec::Raw,
+            1 => Codec::Lz4,
+            2 => Codec::Shuffle4Lz4,
+            3 => Codec::Shuffle8Lz4,
+            _ => return None,
+        })
+    }
+}
+
 /// Where a distinct chunk lives and how many extents of kept revisions name it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct ChunkRecord {
@@ -803,13 +857,7 @@ impl ChunkRecord {
         if b.len() != CHUNK_RECORD_LEN {
             return Err(bad("wrong length"));
         }
-        let codec = match b[16] {
-            0 => Codec::Raw,
-            1 => Codec::Lz4,
-            2 => Codec::Shuffle4Lz4,
-            3 => Codec::Shuffle8Lz4,
-            _ => return Err(bad("unknown codec")),
-        };
+        let codec = Codec::from_u8(b[16]).ok_or_else(|| bad("unknown codec"))?;
         let r = ChunkRecord {
             offset: DataOffset(u64_at(b, 0)),
             stored_len: u32_at(b, 8),
@@ -1182,6 +1230,8 @@ mod tests {
             host: "n017".into(),
             mountpoint: "/ckpt".into(),
             used_bytes: 1 << 30,
+            manifest_gen: 5,
+            manifest_len: 12288,
         };
         let b = h.encode();
         // By hand from FORMAT.md: a few fields at their offsets.
@@ -1192,6 +1242,7 @@ mod tests {
         assert_eq!(&b[64..68], b"n017");
         assert_eq!(&b[132..137], b"/ckpt");
         assert_eq!(u64_at(&b, 1156), 1 << 30);
+        assert_eq!((u64_at(&b, 1164), u64_at(&b, 1172)), (5, 12288));
         assert_eq!(SlotHeader::decode(&b, slot).unwrap(), Some(h.clone()));
         assert!(
             SlotHeader::decode(&b, SlotId(4)).is_err(),
@@ -1238,8 +1289,10 @@ mod tests {
         assert_eq!(u32_at(&b, 12), 4);
         assert_eq!(u64_at(&b, 112), 2, "incompat bit 1");
         assert_eq!(Superblock::decode(&b).unwrap(), sb);
-        assert_eq!(sb.slot_segments(SlotId(0)), 0..32);
-        assert_eq!(sb.slot_segments(SlotId(3)), 96..128);
+        assert_eq!(sb.slot_share(SlotId(3)), 96..128);
+        assert_eq!(sb.manifest_half(SlotId(3), 1), (97 * (8 << 20), 8 << 20));
+        assert_eq!(sb.slot_segments(SlotId(0)), 2..32);
+        assert_eq!(sb.slot_segments(SlotId(3)), 98..128);
     }
 
     #[test]

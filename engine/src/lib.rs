@@ -12,6 +12,7 @@ pub mod filemap;
 pub mod format;
 pub mod gc;
 pub mod ids;
+pub mod manifest;
 pub mod pins;
 pub mod pipeline;
 pub mod placement;

@@ -166,6 +166,8 @@ pub struct Lease {
     /// from `permit` may hold them, so renewals read the last value from `used`.
     usage: Mutex<Option<UsageFn>>,
     used: AtomicU64,
+    /// The published manifest (generation, length) every header write carries.
+    manifest: Mutex<(u64, u64)>,
 }
 
 /// Bytes of the slot's segments in use now.
@@ -258,6 +260,8 @@ impl Lease {
                 host: host_name(),
                 mountpoint: mountpoint.clone(),
                 used_bytes: h.used_bytes,
+                manifest_gen: h.manifest_gen,
+                manifest_len: h.manifest_len,
             };
             table.write(&mine)?;
             std::thread::sleep(settle);
@@ -294,6 +298,7 @@ impl Lease {
                 thread: Mutex::new(None),
                 usage: Mutex::new(None),
                 used: AtomicU64::new(h.used_bytes),
+                manifest: Mutex::new((h.manifest_gen, h.manifest_len)),
             });
             let weak = Arc::downgrade(&lease);
             let period = req.lease / 4;
@@ -373,6 +378,23 @@ impl Lease {
     /// then writes it back with the renewal time. An owner whose lease lapsed is fenced
     /// without looking: a taker may be writing already.
     pub fn renew(&self) -> io::Result<()> {
+        self.write_own(None)
+    }
+
+    /// The manifest this slot has published (generation, length).
+    pub fn manifest(&self) -> (u64, u64) {
+        *self.manifest.lock()
+    }
+
+    /// Publishes manifest generation `gen`, valid up to `len` bytes, by a header write
+    /// (after the caller made those bytes durable). Fenced like any write.
+    pub fn publish(&self, gen: u64, len: u64) -> io::Result<()> {
+        self.permit()?;
+        self.write_own(Some((gen, len)))
+    }
+
+    /// A renewal, carrying a new manifest pointer when `manifest` is given.
+    fn write_own(&self, manifest: Option<(u64, u64)>) -> io::Result<()> {
         let mut seq = self.renewing.lock();
         if let Some(why) = self.fenced() {
             return Err(io::Error::other(why));
@@ -410,13 +432,17 @@ impl Lease {
                 self.me.epoch
             )));
         }
+        let (manifest_gen, manifest_len) = manifest.unwrap_or_else(|| self.manifest());
         let next = SlotHeader {
             seq: h.seq + 1,
             renewed_unix_ns: wall,
             used_bytes: self.used.load(Ordering::Relaxed),
+            manifest_gen,
+            manifest_len,
             ..self.me.clone()
         };
         self.table.write(&next)?;
+        *self.manifest.lock() = (manifest_gen, manifest_len);
         *seq = next.seq;
         self.renewed_at.store(started, Ordering::Release);
         Ok(())
@@ -460,6 +486,8 @@ impl Lease {
                     state: SlotState::Released,
                     renewed_unix_ns: now_unix_ns(),
                     used_bytes: self.used.load(Ordering::Relaxed),
+                    manifest_gen: self.manifest().0,
+                    manifest_len: self.manifest().1,
                     ..self.me.clone()
                 };
                 if let Err(e) = self.table.write(&released) {

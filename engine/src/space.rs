@@ -7,6 +7,7 @@ use crate::error::{Corruption, Error, Missing, Result};
 use crate::filemap::{ChunkIo, ExtentMap, FileState};
 use crate::format::HistoryRecord;
 use crate::format::*;
+use crate::manifest::{PubDir, PubExtent, PubNode, Publisher, Record, Union};
 use crate::slots::{FencedDevice, Lease, SlotRequest, SlotTable};
 use crate::store::ChunkStore;
 use redb::{Database, Durability};
@@ -117,6 +118,9 @@ pub struct Space {
     /// it allocates from.
     slot: SlotId,
     segment_range: std::ops::Range<u64>,
+    /// Of a multi-slot space: this slot's manifest writer, and the other slots' manifests.
+    publisher: Option<Publisher>,
+    union: Option<Arc<Union>>,
     /// The lease of a slot of a multi-slot space. Last, so it is released after the table
     /// and the store above have closed.
     lease: Option<crate::slots::LeaseGuard>,
@@ -547,12 +551,13 @@ impl Space {
             )));
         }
         let segments = size_bytes / segment_bytes as u64;
-        if slots > 1 && segments / (slots as u64) < 2 {
+        if slots > 1 && segments / (slots as u64) < MIN_SLOT_SEGMENTS {
             return Err(Error::Invalid(format!(
                 "size {size_bytes} bytes holds {segments} segments of {} MiB; {slots} slots \
-                 need at least 2 each, so at least {} MiB",
+                 need at least {MIN_SLOT_SEGMENTS} each (two for chunks, two for the slot's \
+                 manifest), so at least {} MiB",
                 segment_bytes >> 20,
-                (2 * slots as u64 * segment_bytes as u64) >> 20
+                (MIN_SLOT_SEGMENTS * slots as u64 * segment_bytes as u64) >> 20
             )));
         }
         if dir.exists() && !dir.is_dir() {
@@ -812,8 +817,12 @@ impl Space {
                 log::info!("slot {slot}: first claim, metadata table created");
             }
         }
-        let mut space = Space::open_devices_slot(sb, devs, slot)?;
+        let data_dev = devs.data.clone();
+        let mut space = Space::open_devices_slot(sb.clone(), devs, slot)?;
         if let Some(lease) = &lease {
+            space.publisher = Some(Publisher::new(&sb, data_dev.clone(), lease.clone()));
+            let (table, _) = slot_table(dir, &sb, false)?;
+            space.union = Some(Arc::new(Union::new(table, data_dev, sb.clone(), slot)));
             let store = Arc::downgrade(&space.store);
             lease.set_usage(Box::new(move || {
                 let s = store.upgrade()?;
@@ -967,6 +976,8 @@ impl Space {
             read_only: false,
             slot,
             segment_range: range,
+            publisher: None,
+            union: None,
             lease: None,
         })
     }
@@ -1004,6 +1015,144 @@ impl Space {
     /// The lease of a slot of a multi-slot space.
     pub fn lease(&self) -> Option<&Arc<Lease>> {
         self.lease.as_ref().map(|g| &g.0)
+    }
+
+    /// The other slots' published namespaces (a multi-slot space).
+    pub fn union(&self) -> Option<&Arc<Union>> {
+        self.union.as_ref()
+    }
+
+    /// A published node: `ino`'s committed state with each extent's chunk location. None
+    /// for a node that is gone (or unlinked).
+    fn pub_node(&self, r: &Reader, ino: InodeId) -> Result<Option<PubNode>> {
+        let Some(rec) = r.inode(ino)? else {
+            return Ok(None);
+        };
+        if rec.nlink == 0 {
+            return Ok(None);
+        }
+        let mut extents = Vec::new();
+        if rec.kind == NodeKind::File && rec.current_rev.0 != 0 {
+            for (off, e) in r.extents(rec.current_rev)? {
+                let c = r
+                    .chunk(&e.chunk)?
+                    .ok_or(Corruption::UnknownChunk(e.chunk))?;
+                extents.push(PubExtent {
+                    off,
+                    len: e.len,
+                    chunk_off: e.chunk_off,
+                    hash: e.chunk,
+                    at: c.offset,
+                    stored_len: c.stored_len,
+                    raw_len: c.raw_len,
+                    codec: c.codec,
+                });
+            }
+        }
+        Ok(Some(PubNode {
+            ino,
+            kind: rec.kind,
+            perm: rec.perm,
+            uid: rec.uid,
+            gid: rec.gid,
+            mtime: rec.mtime,
+            ctime: rec.ctime,
+            size: match rec.kind {
+                NodeKind::Symlink => rec.target.len() as u64,
+                _ => rec.size,
+            },
+            rev: rec.current_rev.0,
+            target: match rec.kind {
+                NodeKind::Symlink => rec.target,
+                _ => Vec::new(),
+            },
+            extents,
+        }))
+    }
+
+    fn pub_dir(&self, r: &Reader, ino: InodeId) -> Result<Option<PubDir>> {
+        let Some(node) = self.pub_node(r, ino)? else {
+            return Ok(None);
+        };
+        if node.kind != NodeKind::Dir {
+            return Ok(None);
+        }
+        let mut entries = Vec::new();
+        let mut after = 0;
+        loop {
+            let batch = r.list_dir(ino, after, 1024)?;
+            if batch.is_empty() {
+                break;
+            }
+            for e in &batch {
+                if let Some(rec) = r.inode(e.ino)? {
+                    entries.push((e.name.clone(), e.ino, rec.kind));
+                }
+            }
+            after = batch.last().expect("non-empty").cookie;
+        }
+        Ok(Some(PubDir { node, entries }))
+    }
+
+    /// Publishes the committed state of directories `dirs` and nodes `nodes` to other nodes
+    /// (a multi-slot space; nothing otherwise). Makes pending namespace changes durable
+    /// first: nothing is published that a crash could take back. Falls back to a snapshot
+    /// when the manifest half is full.
+    pub fn publish(&self, dirs: &[InodeId], nodes: &[InodeId]) -> Result<()> {
+        let Some(p) = &self.publisher else {
+            return Ok(());
+        };
+        self.sync_meta_if_dirty()?;
+        let r = self.reader()?;
+        let mut recs = Vec::new();
+        for d in dirs {
+            if let Some(d) = self.pub_dir(&r, *d)? {
+                recs.push(Record::Dir(d));
+            }
+        }
+        for n in nodes {
+            if dirs.contains(n) {
+                continue;
+            }
+            if let Some(n) = self.pub_node(&r, *n)? {
+                recs.push(Record::Node(n));
+            }
+        }
+        drop(r);
+        if recs.is_empty() || p.append(&recs)? {
+            return Ok(());
+        }
+        self.publish_snapshot()
+    }
+
+    /// Publishes the whole committed namespace of this slot as a new manifest generation
+    /// (at mount, when a half fills up, after gc moved chunks).
+    pub fn publish_snapshot(&self) -> Result<()> {
+        let Some(p) = &self.publisher else {
+            return Ok(());
+        };
+        self.sync_meta_if_dirty()?;
+        let r = self.reader()?;
+        let mut recs = Vec::new();
+        let mut stack = vec![InodeId::ROOT];
+        while let Some(d) = stack.pop() {
+            let Some(dir) = self.pub_dir(&r, d)? else {
+                continue;
+            };
+            for (_, ino, kind) in &dir.entries {
+                match kind {
+                    NodeKind::Dir => stack.push(*ino),
+                    _ => {
+                        if let Some(n) = self.pub_node(&r, *ino)? {
+                            recs.push(Record::Node(n));
+                        }
+                    }
+                }
+            }
+            recs.push(Record::Dir(dir));
+        }
+        drop(r);
+        p.snapshot(&recs)
     }
 
     pub fn chunk_params(&self) -> ChunkParams {

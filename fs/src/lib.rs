@@ -21,6 +21,7 @@ pub const STATS_XATTR: &str = "user.ckptfs.stats";
 const SELECTIONS_MAX: usize = 64;
 
 pub mod creds;
+pub mod union;
 pub mod view;
 pub mod xattr;
 
@@ -237,6 +238,10 @@ pub struct Fs {
     space_full_said: std::sync::atomic::AtomicBool,
     /// When automatic gc may next run after one that reclaimed nothing.
     auto_gc_quiet_until: Mutex<Option<std::time::Instant>>,
+    /// Other slots' entries by inode number, and what this slot has to publish (`union`).
+    remotes: union::RemoteTable,
+    /// Held while this slot publishes (see `publish_pending`).
+    publishing: Mutex<()>,
 }
 
 /// One directory entry as readdir returns it.
@@ -280,7 +285,7 @@ fn check_name(name: &[u8]) -> Result<()> {
     Ok(())
 }
 
-fn new_record(
+pub(crate) fn new_record(
     kind: NodeKind,
     perm: u32,
     c: Caller,
@@ -305,7 +310,15 @@ impl Fs {
             auto_gc_quiet_until: Mutex::new(None),
             space_full_said: std::sync::atomic::AtomicBool::new(false),
             data_bytes_cache: Mutex::new(HashMap::new()),
+            remotes: Default::default(),
+            publishing: Mutex::new(()),
         }
+    }
+
+    /// Whether other nodes change this namespace too (a slot of a multi-slot space): then
+    /// the kernel must not cache names or attributes.
+    pub fn shares_namespace(&self) -> bool {
+        self.has_union()
     }
 
     /// Sizes for statfs.
@@ -401,6 +414,9 @@ impl Fs {
         if view::is_virtual(ino) {
             return self.view_getattr(ino);
         }
+        if union::is_remote(ino) {
+            return self.remote_getattr(ino);
+        }
         if let Some(n) = self.open_node(ino) {
             let n = n.lock();
             let mut a = n.attr(ino);
@@ -476,8 +492,25 @@ impl Fs {
         if parent == InodeId::ROOT && name == view::CTL_NAME {
             return self.view_getattr(view::CTL);
         }
+        if self.has_union() {
+            let local = match self.local_of(parent)? {
+                Some(d) => self.space.lookup(d, name)?,
+                None => None,
+            };
+            return self.union_lookup(parent, name, local, true);
+        }
         let child = self.space.lookup(parent, name)?.ok_or(Error::NotFound)?;
         self.getattr(child)
+    }
+
+    /// This slot's directory for `dir` (itself, or for another slot's directory this
+    /// slot's at the same path, if it has one).
+    fn local_of(&self, dir: InodeId) -> Result<Option<InodeId>> {
+        if !union::is_remote(dir) {
+            return Ok(Some(dir));
+        }
+        let p = self.dir_path(dir)?;
+        self.local_dir(&p)
     }
 
     /// Updates the in-memory copy of an open inode after a namespace change to its record.
@@ -489,6 +522,22 @@ impl Fs {
 
     fn make_node(&self, parent: InodeId, name: &[u8], rec: InodeRecord) -> Result<Attr> {
         check_name(name)?;
+        let parent = self.local_parent(parent)?;
+        if self.has_union() && self.union_lookup(parent, name, None, false).is_ok() {
+            // Another slot has the name: it exists for everyone.
+            return Err(Error::Exists);
+        }
+        self.make_node_here(parent, name, rec)
+    }
+
+    /// Makes a node in this slot's directory `parent` (also where only another slot has
+    /// the name: a directory that `local_parent` makes here).
+    pub(crate) fn make_node_here(
+        &self,
+        parent: InodeId,
+        name: &[u8],
+        rec: InodeRecord,
+    ) -> Result<Attr> {
         self.writable(parent)?;
         if parent == InodeId::ROOT && name == view::CTL_NAME {
             return Err(Error::Exists);
@@ -529,6 +578,7 @@ impl Fs {
             t.put_inode(parent, &p)?;
             Ok((ino, rec))
         })?;
+        self.touch(&[parent], &[ino]);
         Ok(Attr::new(ino, rec))
     }
 
@@ -558,6 +608,9 @@ impl Fs {
     pub fn readlink(&self, ino: InodeId) -> Result<Vec<u8>> {
         if view::is_virtual(ino) {
             return Err(Error::Invalid);
+        }
+        if union::is_remote(ino) {
+            return self.remote_readlink(ino);
         }
         let rec = self.record(ino)?;
         if rec.kind != NodeKind::Symlink {
@@ -622,6 +675,7 @@ impl Fs {
         if name.len() > NAME_MAX {
             return Err(Error::NameTooLong);
         }
+        let parent = self.local_for_change(parent, name)?;
         self.writable(parent)?;
         // The view is not in the directory table; without this its name would be ENOENT.
         if parent == InodeId::ROOT && name == view::CTL_NAME {
@@ -668,7 +722,27 @@ impl Fs {
         if rec.kind == NodeKind::File {
             self.drop_if_unused(child);
         }
+        self.touch(&[parent], &[]);
         Ok(())
+    }
+
+    /// The local directory where `name` in `dir` is changed (renamed, removed): refused
+    /// with EROFS when the name is only another slot's (whiteouts are not published yet).
+    fn local_for_change(&self, dir: InodeId, name: &[u8]) -> Result<InodeId> {
+        if !self.has_union() {
+            return Ok(dir);
+        }
+        let local = self.local_of(dir)?;
+        let here = match local {
+            Some(d) => self.space.lookup(d, name)?,
+            None => None,
+        };
+        match (local, here) {
+            (Some(d), Some(_)) => Ok(d),
+            _ if self.union_lookup(dir, name, None, false).is_ok() => Err(Error::ReadOnly),
+            (Some(d), None) => Ok(d),
+            (None, _) => Err(Error::NotFound),
+        }
     }
 
     /// Forgets the in-memory state of an unlinked file no handle has open: writes a failed
@@ -693,6 +767,8 @@ impl Fs {
         if name.len() > NAME_MAX {
             return Err(Error::NameTooLong);
         }
+        let parent = self.local_for_change(parent, name)?;
+        let new_parent = self.local_parent(new_parent)?;
         self.writable(parent)?;
         self.writable(new_parent)?;
         let reserved = |dir: InodeId, n: &[u8]| dir == InodeId::ROOT && n == view::CTL_NAME;
@@ -837,6 +913,12 @@ impl Fs {
                 r.ctime = rec.ctime;
             });
         }
+        let moved: Vec<InodeId> = self
+            .space
+            .lookup(new_parent, new_name)?
+            .into_iter()
+            .collect();
+        self.touch(&[parent, new_parent], &moved);
         Ok(())
     }
 
@@ -1029,6 +1111,10 @@ impl Fs {
             }
         }
         let a = self.setattr(ino, s)?;
+        match a.rec.kind {
+            NodeKind::Dir => self.touch(&[ino], &[]),
+            _ => self.touch(&[], &[ino]),
+        }
         if s.size.is_some() && a.rec.kind == NodeKind::File {
             self.kill_setid(ino, who)?;
             return self.getattr(ino);
@@ -1045,6 +1131,16 @@ impl Fs {
         }
         if view::is_virtual(ino) {
             return self.open_view(ino, fh, write);
+        }
+        if union::is_remote(ino) {
+            // Read straight from the published content; no handle state to keep.
+            self.refresh_since(std::time::Instant::now());
+            let a = self.remote_getattr(ino)?;
+            return match (write || truncate, a.rec.kind) {
+                (true, _) => Err(Error::ReadOnly),
+                (false, NodeKind::Dir) => Err(Error::IsDir),
+                (false, _) => Ok(()),
+            };
         }
         self.open_ref(ino, Some(fh), write, truncate).map(drop)
     }
@@ -1133,6 +1229,9 @@ impl Fs {
     }
 
     pub fn read(&self, ino: InodeId, fh: HandleId, off: u64, len: usize) -> Result<Vec<u8>> {
+        if union::is_remote(ino) {
+            return self.remote_read(ino, off, len);
+        }
         let node = self.handle_node(ino, fh, "read")?;
         let (pieces, end) = {
             let mut n = node.lock();
@@ -1409,6 +1508,7 @@ impl Fs {
         n.rec = rec;
         n.base.set(rev);
         n.file.mark_committed();
+        self.touch(&[], &[ino]);
         Ok(())
     }
 
@@ -1422,6 +1522,18 @@ impl Fs {
     /// lists nothing; if the handle wrote and was the only writer, its release seals that
     /// commit later, unless the writer's own close sealed a newer one first.
     pub fn flush(&self, ino: InodeId, fh: HandleId, pid: u32) -> Result<()> {
+        if union::is_remote(ino) {
+            return Ok(());
+        }
+        let r = self.flush_local(ino, fh, pid);
+        // Close-to-open: what this close committed is published before it returns.
+        if r.is_ok() {
+            self.publish_pending()?;
+        }
+        r
+    }
+
+    fn flush_local(&self, ino: InodeId, fh: HandleId, pid: u32) -> Result<()> {
         let node = self.handle_node(ino, fh, "flush")?;
         let mut n = node.lock();
         let n = &mut *n;
@@ -1478,10 +1590,15 @@ impl Fs {
     }
 
     pub fn fsync(&self, ino: InodeId, fh: HandleId) -> Result<()> {
+        if union::is_remote(ino) {
+            return Ok(());
+        }
         let node = self.handle_node(ino, fh, "fsync")?;
         let mut n = node.lock();
         self.commit_node(ino, &mut n, Seal::FsyncPoint, fh)?;
-        Ok(self.space.sync_meta_if_dirty()?)
+        drop(n);
+        self.space.sync_meta_if_dirty()?;
+        self.publish_pending()
     }
 
     /// fsync of a directory: namespace changes so far become durable. Nothing to do on a
@@ -1490,12 +1607,16 @@ impl Fs {
         if self.space.is_read_only() {
             return Ok(());
         }
-        Ok(self.space.sync_meta()?)
+        self.space.sync_meta()?;
+        self.publish_pending()
     }
 
     /// Last reference to a handle: commit anything left (e.g. from mmap writeback after
     /// close) and drop the in-memory state when no handle remains.
     pub fn release(&self, ino: InodeId, fh: HandleId) -> Result<()> {
+        if union::is_remote(ino) {
+            return Ok(());
+        }
         // The handle leaves the table first: the node it opened is the one this release
         // works on, whatever the table holds for the inode by now.
         let node = {
@@ -1566,6 +1687,9 @@ impl Fs {
         if view::is_virtual(dir) {
             return self.view_parent(dir);
         }
+        if union::is_remote(dir) {
+            return self.remote_parent(dir);
+        }
         let rec = self.record(dir)?;
         if rec.kind != NodeKind::Dir {
             return Err(Error::NotDir);
@@ -1598,21 +1722,34 @@ impl Fs {
             out.extend(self.view_readdir(dir, after, limit)?);
             return Ok(out);
         }
-        for e in self.space.list_dir(dir, after, limit)? {
-            let kind = self.getattr(e.ino)?.rec.kind;
-            out.push(DirItem {
-                offset: e.cookie,
-                ino: e.ino,
-                kind,
-                name: e.name,
-            });
+        let local = self.local_of(dir)?;
+        let mut listed = 0;
+        if let (Some(l), false) = (local, Self::is_remote_offset(after)) {
+            for e in self.space.list_dir(l, after, limit)? {
+                let kind = self.getattr(e.ino)?.rec.kind;
+                listed += 1;
+                out.push(DirItem {
+                    offset: e.cookie,
+                    ino: e.ino,
+                    kind,
+                    name: e.name,
+                });
+            }
+            if listed >= limit {
+                return Ok(out);
+            }
+        }
+        if self.has_union() {
+            let here =
+                |n: &[u8]| local.is_some_and(|l| matches!(self.space.lookup(l, n), Ok(Some(_))));
+            out.extend(self.remote_readdir(dir, after, limit - listed, &here)?);
         }
         Ok(out)
     }
 
     /// Refuses changes inside the revision view.
     fn writable(&self, ino: InodeId) -> Result<()> {
-        if view::is_virtual(ino) || self.space.is_read_only() {
+        if view::is_virtual(ino) || union::is_remote(ino) || self.space.is_read_only() {
             Err(Error::ReadOnly)
         } else {
             Ok(())
@@ -1651,7 +1788,15 @@ impl Fs {
 
     /// gc; the engine keeps what open files and restores have pinned.
     fn gc_with(&self, opts: GcOptions, progress: &mut dyn FnMut(GcProgress)) -> Result<GcReport> {
-        Ok(self.space.gc(&opts, progress)?)
+        let r = self.space.gc(&opts, progress)?;
+        if r.bytes_copied > 0 {
+            // Chunks moved: other nodes must learn their new places (they find stale ones
+            // by blake3 and read this slot's manifest again).
+            if let Err(e) = self.publish_all() {
+                log::warn!("publishing chunk locations after gc: {e}");
+            }
+        }
+        Ok(r)
     }
 
     /// A writer found the space full: reclaim what the policy allows, at full speed.

@@ -65,6 +65,11 @@ impl Fs {
         if super::view::is_virtual(ino) {
             return self.view_xattrs(ino);
         }
+        if super::union::is_remote(ino) {
+            // Extended attributes are not published (yet): other slots' entries have none.
+            self.remote_getattr(ino)?;
+            return Ok(Xattrs::default());
+        }
         // An inode that does not exist has no attributes to list: ENOENT, not an empty list.
         self.record(ino)?;
         Ok(self.space.xattrs(ino)?)
@@ -77,8 +82,8 @@ impl Fs {
         if name.len() > XATTR_NAME_MAX {
             return Err(Error::OutOfRange);
         }
-        if super::view::is_virtual(ino) {
-            return self.view_xattrs(ino)?.remove(name).ok_or(Error::NoData);
+        if super::view::is_virtual(ino) || super::union::is_remote(ino) {
+            return self.xattrs_of(ino)?.remove(name).ok_or(Error::NoData);
         }
         match self.space.xattr(ino, name)? {
             Some(v) => Ok(v),

@@ -445,6 +445,15 @@ impl CkptFs {
         Ok(())
     }
 
+    /// How long the kernel may cache names and attributes: not at all when other nodes
+    /// change the namespace too (a multi-slot space), else `TTL`.
+    fn ttl(&self) -> Duration {
+        match self.fs.shares_namespace() {
+            true => Duration::ZERO,
+            false => TTL,
+        }
+    }
+
     /// A new file handle; fs tracks what each one may do and has done.
     fn fh(&self) -> FileHandle {
         FileHandle(self.next_fh.fetch_add(1, Ordering::Relaxed))
@@ -452,7 +461,7 @@ impl CkptFs {
 
     fn reply_entry(&self, r: Result<Attr, Error>, op: &str, parent: INodeNo, reply: ReplyEntry) {
         match r {
-            Ok(a) => reply.entry(&TTL, &file_attr(&a), Generation(0)),
+            Ok(a) => reply.entry(&self.ttl(), &file_attr(&a), Generation(0)),
             Err(e) => reply.error(fail(op, parent.0, e)),
         }
     }
@@ -515,6 +524,9 @@ impl Filesystem for CkptFs {
         if let Err(e) = self.fs.fsync_dir() {
             log::error!("making metadata durable at unmount failed: {e}");
         }
+        if let Err(e) = self.fs.publish_pending() {
+            log::error!("publishing this slot's last changes at unmount failed: {e}");
+        }
         log::info!("unmounted; everything closed is committed");
     }
 
@@ -528,7 +540,7 @@ impl Filesystem for CkptFs {
 
     fn getattr(&self, _req: &Request, ino: INodeNo, _fh: Option<FileHandle>, reply: ReplyAttr) {
         match self.fs.getattr(InodeId(ino.0)) {
-            Ok(a) => reply.attr(&TTL, &file_attr(&a)),
+            Ok(a) => reply.attr(&self.ttl(), &file_attr(&a)),
             Err(e) => reply.error(fail("getattr", ino.0, e)),
         }
     }
@@ -561,7 +573,7 @@ impl Filesystem for CkptFs {
             ctime: ctime.map(Timestamp::from),
         };
         match self.fs.setattr_by(InodeId(ino.0), &s, &requester(req)) {
-            Ok(a) => reply.attr(&TTL, &file_attr(&a)),
+            Ok(a) => reply.attr(&self.ttl(), &file_attr(&a)),
             Err(e) => reply.error(fail("setattr", ino.0, e)),
         }
     }
@@ -1008,7 +1020,7 @@ impl Filesystem for CkptFs {
             w,
         ) {
             Ok(a) => reply.created(
-                &TTL,
+                &self.ttl(),
                 &file_attr(&a),
                 Generation(0),
                 fh,

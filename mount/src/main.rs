@@ -596,6 +596,13 @@ fn mount(
         );
     }
     let fs = Arc::new(Fs::new(space));
+    // A slot of a multi-slot space: publish the slot's namespace for the other nodes (a
+    // new manifest generation: a takeover publishes what the dead owner committed) and
+    // read theirs before the mount is ready.
+    fs.publish_all()
+        .map_err(|e| format!("cannot publish this slot's manifest: {e}"))?;
+    fs.refresh_union()
+        .map_err(|e| format!("cannot read the other slots' manifests: {e}"))?;
     let mut adapter = fuse::CkptFs::new(fs.clone());
     adapter.allow_idmap = allow_other;
     let stop = adapter.stop.clone();
@@ -603,10 +610,22 @@ fn mount(
     let invalidator = adapter.invalidator.clone();
     // Automatic gc: checks free space four times a second (see Fs::auto_gc_tick; a check is
     // one metadata read), so a fast writer does not outrun it.
+    // The same thread publishes this slot's pending namespace changes and reads the other
+    // slots' manifests once a second (a multi-slot space; nothing otherwise).
     let auto_gc = std::thread::spawn(move || {
+        let mut tick = 0u64;
         while !stop.load(std::sync::atomic::Ordering::Relaxed) {
             std::thread::sleep(Duration::from_millis(250));
             fs.auto_gc_tick();
+            tick += 1;
+            if tick.is_multiple_of(4) {
+                if let Err(e) = fs.publish_pending() {
+                    log::warn!("publishing this slot's changes: {e}");
+                }
+                if let Err(e) = fs.refresh_union() {
+                    log::warn!("reading the other slots' manifests: {e}");
+                }
+            }
         }
     });
     let mut config = fuser::Config::default();

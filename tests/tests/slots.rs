@@ -8,6 +8,7 @@ use ckptfs_tests::{assert_file_eq, close_checked, pattern, run_ckptfs, TempDir, 
 use std::ffi::OsStr;
 use std::fs;
 use std::io::Write;
+use std::process::Command;
 use std::time::Duration;
 
 /// Long enough that a loaded CI machine never misses a renewal (every quarter lease; a
@@ -102,7 +103,7 @@ fn slot_requests_that_cannot_be_met_are_refused_clearly() {
         (vec!["--size", "256M", "--slots", "0"], "out of range"),
         (
             vec!["--size", "64M", "--slots", "8"],
-            "need at least 2 each",
+            "need at least 4 each",
         ),
     ] {
         let mut a = vec![OsStr::new("format"), dir.as_os_str()];
@@ -239,4 +240,233 @@ fn a_frozen_owner_that_lost_its_slot_is_fenced() {
     let (st, out, err) = c.ckptfs(&["check".into(), c.nodes[2].mnt.clone().into()]);
     assert!(st.success(), "check: {out}{err}");
     c.unmount(0);
+}
+
+/// N-N: 4 nodes, 8 writers each, 3 steps; every file of every step reads back byte-exact
+/// from every node, and `latest`, switched from a different node each step, resolves to the
+/// newest step everywhere.
+#[test]
+fn every_node_reads_every_ranks_checkpoint_and_the_newest_latest() {
+    const NODES: usize = 4;
+    const WRITERS: usize = 8;
+    const STEPS: usize = 3;
+    let mut c = Cluster::new(NODES as u32, "1G", NODES, Duration::from_secs(5));
+    for n in 0..NODES {
+        c.mount(n, &[]);
+    }
+    let len = |step: usize, rank: usize| 200_000 + (step * 37 + rank * 4099) % 150_000;
+    for step in 1..=STEPS {
+        std::thread::scope(|s| {
+            for n in 0..NODES {
+                let dir = c.path(n, &format!("step-{step}"));
+                for w in 0..WRITERS {
+                    let dir = dir.clone();
+                    s.spawn(move || {
+                        let rank = n * WRITERS + w;
+                        // Every rank makes the step directory, as a job's ranks do.
+                        fs::create_dir_all(&dir).expect("mkdir -p step");
+                        let mut f = fs::File::create(dir.join(format!("rank-{rank:03}")))
+                            .expect("create rank file");
+                        f.write_all(&pattern((step * 1000 + rank) as u64, len(step, rank)))
+                            .expect("write");
+                        close_checked(f).expect("close");
+                    });
+                }
+            }
+        });
+        // The step is complete: one node (a different one each step) switches `latest`.
+        let n = step % NODES;
+        let tmp = c.path(n, "latest.tmp");
+        let _ = fs::remove_file(&tmp);
+        std::os::unix::fs::symlink(format!("step-{step}"), &tmp).expect("symlink");
+        fs::rename(&tmp, c.path(n, "latest")).expect("rename latest");
+        fs::File::open(&c.nodes[n].mnt)
+            .and_then(|d| d.sync_all())
+            .expect("fsync the directory");
+    }
+    // Close-to-open: every file is readable by name at once from every node.
+    for reader in 0..NODES {
+        for step in 1..=STEPS {
+            for rank in 0..NODES * WRITERS {
+                assert_file_eq(
+                    &c.path(reader, &format!("step-{step}/rank-{rank:03}")),
+                    &pattern((step * 1000 + rank) as u64, len(step, rank)),
+                );
+            }
+        }
+    }
+    // Listings and `latest` may lag by the refresh interval (a second).
+    std::thread::sleep(Duration::from_millis(2500));
+    for reader in 0..NODES {
+        for step in 1..=STEPS {
+            let mut names: Vec<String> = fs::read_dir(c.path(reader, &format!("step-{step}")))
+                .expect("list step")
+                .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+                .collect();
+            names.sort();
+            let want: Vec<String> = (0..NODES * WRITERS)
+                .map(|r| format!("rank-{r:03}"))
+                .collect();
+            assert_eq!(names, want, "node {reader} lists step-{step}");
+        }
+        assert_eq!(
+            fs::read_link(c.path(reader, "latest")).expect("readlink latest"),
+            std::path::PathBuf::from(format!("step-{STEPS}")),
+            "node {reader} resolves latest to the newest step"
+        );
+        assert_file_eq(
+            &c.path(reader, "latest/rank-017"),
+            &pattern((STEPS * 1000 + 17) as u64, len(STEPS, 17)),
+        );
+    }
+}
+
+/// Restart anywhere: a node dies mid-checkpoint, another node takes its slot over; every
+/// checkpoint the dead node committed reads back from every node, and the one it was
+/// writing is whole or absent.
+#[test]
+fn a_dead_nodes_checkpoints_read_back_everywhere_after_takeover() {
+    let mut c = Cluster::new(3, "768M", 4, LEASE);
+    for n in 0..3 {
+        c.mount(n, &[]);
+    }
+    let dead = 1;
+    let slot = c.slot_of(dead).to_string();
+    fs::create_dir(c.path(dead, "ckpt-1")).unwrap();
+    for r in 0..4u64 {
+        let mut f = fs::File::create(c.path(dead, &format!("ckpt-1/part-{r}"))).unwrap();
+        f.write_all(&pattern(100 + r, 1 << 20)).unwrap();
+        close_checked(f).unwrap();
+    }
+    // Mid-checkpoint: part 0 of ckpt-2 committed, part 1 half written and never closed.
+    fs::create_dir(c.path(dead, "ckpt-2")).unwrap();
+    let mut f = fs::File::create(c.path(dead, "ckpt-2/part-0")).unwrap();
+    f.write_all(&pattern(200, 1 << 20)).unwrap();
+    close_checked(f).unwrap();
+    let mut open = fs::File::create(c.path(dead, "ckpt-2/part-1")).unwrap();
+    open.write_all(&pattern(201, 1 << 19)).unwrap();
+    c.kill(dead);
+    drop(open);
+    let check_everywhere = |c: &Cluster, nodes: &[usize]| {
+        for &n in nodes {
+            for r in 0..4u64 {
+                assert_file_eq(
+                    &c.path(n, &format!("ckpt-1/part-{r}")),
+                    &pattern(100 + r, 1 << 20),
+                );
+            }
+            assert_file_eq(&c.path(n, "ckpt-2/part-0"), &pattern(200, 1 << 20));
+            match fs::read(c.path(n, "ckpt-2/part-1")) {
+                Err(e) => assert_eq!(e.kind(), std::io::ErrorKind::NotFound),
+                Ok(b) => assert!(
+                    b.is_empty() || b == pattern(201, 1 << 19),
+                    "node {n}: the interrupted file is mixed ({} bytes)",
+                    b.len()
+                ),
+            }
+        }
+    };
+    // The survivors read the dead node's committed checkpoints from its last manifest.
+    check_everywhere(&c, &[0, 2]);
+    c.wait_lease_out();
+    c.mount(3, &["--slot", &slot]);
+    check_everywhere(&c, &[0, 2, 3]);
+    // The new owner goes on writing in the slot; everyone sees it.
+    let mut f = fs::File::create(c.path(3, "ckpt-2/part-2")).unwrap();
+    f.write_all(&pattern(202, 1 << 20)).unwrap();
+    close_checked(f).unwrap();
+    for n in [0, 2, 3] {
+        assert_file_eq(&c.path(n, "ckpt-2/part-2"), &pattern(202, 1 << 20));
+    }
+}
+
+/// gc on one slot moves chunks while another node reads that slot's files, and the owner
+/// then writes into the segments gc freed: never a wrong byte, never an EIO (the reader
+/// finds moved chunks through the republished manifest).
+#[test]
+fn gc_on_one_node_while_another_reads_its_files() {
+    use std::sync::atomic::{AtomicBool, Ordering};
+    let mut c = Cluster::new(2, "512M", 2, Duration::from_secs(5));
+    c.mount(0, &[]);
+    c.mount(1, &[]);
+    // Rounds of rewritten files with a small file kept from each round in the same
+    // segments: after retention drops the old rounds, those segments are mostly dead but
+    // not empty, so gc copies the kept files elsewhere.
+    let files = 4u64;
+    let write = |p: std::path::PathBuf, data: Vec<u8>| {
+        let mut f = fs::File::create(p).unwrap();
+        f.write_all(&data).unwrap();
+        close_checked(f).unwrap();
+    };
+    for round in 0..6u64 {
+        for i in 0..files {
+            write(
+                c.path(0, &format!("f{i}")),
+                pattern(round * 100 + i, 2 << 20),
+            );
+        }
+        write(
+            c.path(0, &format!("keep-{round}")),
+            pattern(900 + round, 300_000),
+        );
+    }
+    let expected = |name: &str| -> Vec<u8> {
+        match name.strip_prefix("keep-") {
+            Some(r) => pattern(900 + r.parse::<u64>().unwrap(), 300_000),
+            None => pattern(500 + name[1..].parse::<u64>().unwrap(), 2 << 20),
+        }
+    };
+    let names: Vec<String> = (0..files)
+        .map(|i| format!("f{i}"))
+        .chain((0..6).map(|r| format!("keep-{r}")))
+        .collect();
+    let stop = AtomicBool::new(false);
+    // Stops the reader whatever happens below, so a failed assertion cannot hang the scope.
+    struct Stop<'a>(&'a AtomicBool);
+    impl Drop for Stop<'_> {
+        fn drop(&mut self) {
+            self.0.store(true, Ordering::Relaxed);
+        }
+    }
+    let node1 = c.nodes[1].mnt.clone();
+    let node0 = c.nodes[0].mnt.clone();
+    let reads = std::thread::scope(|s| {
+        let reader = s.spawn(|| {
+            let mut reads = 0usize;
+            while !stop.load(Ordering::Relaxed) || reads < 3 * names.len() {
+                let name = &names[reads % names.len()];
+                let got = fs::read(node1.join(name))
+                    .unwrap_or_else(|e| panic!("{name}: read during gc: {e}"));
+                assert!(got == expected(name), "{name}: wrong bytes read during gc");
+                reads += 1;
+            }
+            reads
+        });
+        let _stop = Stop(&stop);
+        let out = Command::new(ckptfs_tests::ckptfs_bin())
+            .args(["gc".as_ref(), node0.as_os_str(), "--json".as_ref()])
+            .output()
+            .expect("run gc");
+        let text = String::from_utf8_lossy(&out.stdout).into_owned();
+        assert!(
+            out.status.success(),
+            "gc: {text}{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let r: serde_json::Value = serde_json::from_str(&text).expect("gc json");
+        assert!(
+            r["bytes_copied"].as_u64().unwrap() > 0,
+            "gc moved no chunk, so this test shows nothing: {r}"
+        );
+        // New data into the segments gc freed, while the reader goes on.
+        for i in 0..12u64 {
+            write(node0.join(format!("new-{i}")), pattern(700 + i, 2 << 20));
+        }
+        drop(_stop);
+        reader.join().expect("reader")
+    });
+    eprintln!("{reads} whole-file reads during gc and the writes after it");
+    for name in &names {
+        assert_file_eq(&c.path(1, name), &expected(name));
+    }
 }

@@ -1,0 +1,517 @@
+//! One namespace over every slot of a multi-slot space: this slot's own tree (its metadata
+//! table) merged with what the other slots published (their manifests, `engine::manifest`).
+//!
+//! - A name found in several slots: directories are merged (one directory listing the
+//!   entries of all of them); otherwise the entry changed last (ctime) wins.
+//! - Entries that exist only in other slots get inode numbers of their own (bits 62..63 =
+//!   1), each naming a path (a merged directory) or one slot's node (a file, a symlink).
+//! - Their files are read straight from the data file at the published locations and
+//!   verified by blake3; a chunk that fails (the owner's gc moved it) makes the slot's
+//!   manifest be read again, and the read retried once.
+//! - Changes always go to this slot: creating in a directory that exists only elsewhere
+//!   first makes it here (same path, mode and owner). Changing or removing another slot's
+//!   entry is refused with EROFS for now.
+//! - This slot publishes what changed at every durable commit (a file's close or fsync, a
+//!   directory fsync) before the call returns, and at most a second after any other change.
+//!   Others see it when they next read the headers: every second, and before answering
+//!   any lookup (one header read shared by the lookups that wait for it), so a path looked
+//!   up after another node's close returned shows what that close wrote. The kernel caches
+//!   nothing of a multi-slot mount (attribute and entry timeouts 0).
+
+use super::{Attr, DirItem, Error, Fs, Result};
+use ckptfs_engine::format::{HistoryId, InodeId, InodeRecord, NodeKind, RevisionId, SlotId};
+use ckptfs_engine::manifest::PubNode;
+use parking_lot::Mutex;
+use std::collections::{BTreeMap, HashMap};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+const REMOTE: u64 = 1;
+/// readdir offsets of entries from other slots, after the local ones (whose offsets are
+/// cookies, far below this).
+const REMOTE_OFFSET: u64 = 1 << 62;
+/// Times a read of another slot's chunk that fails its blake3 check reads that slot's
+/// manifest again (50, 100, 200, 400 ms apart) before EIO.
+const READ_RETRIES: u32 = 4;
+/// Decoded chunks of other slots kept for reads (each up to the largest chunk size).
+const CHUNK_CACHE_MAX: usize = 256;
+
+pub fn is_remote(ino: InodeId) -> bool {
+    ino.0 >> 62 == REMOTE
+}
+
+/// What an inode number of another slot's entry stands for.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+enum Remote {
+    /// A directory found only in other slots, by its path (components).
+    Dir(Vec<Vec<u8>>),
+    /// A node of one slot: its inode number there.
+    Node(SlotId, InodeId, Vec<Vec<u8>>),
+}
+
+#[derive(Default)]
+pub(crate) struct Remotes {
+    by_ino: HashMap<InodeId, Remote>,
+    by_ref: HashMap<Remote, InodeId>,
+    next: u64,
+    /// Touched since the last publication: directories and nodes of this slot.
+    touched_dirs: std::collections::BTreeSet<InodeId>,
+    touched_nodes: std::collections::BTreeSet<InodeId>,
+    chunks: HashMap<ckptfs_engine::format::ChunkHash, Arc<[u8]>>,
+}
+
+impl Remotes {
+    fn ino_of(&mut self, r: Remote) -> InodeId {
+        if let Some(i) = self.by_ref.get(&r) {
+            return *i;
+        }
+        self.next += 1;
+        let ino = InodeId((REMOTE << 62) | self.next);
+        self.by_ino.insert(ino, r.clone());
+        self.by_ref.insert(r, ino);
+        ino
+    }
+}
+
+fn attr_of(ino: InodeId, n: &PubNode) -> Attr {
+    let mut rec = InodeRecord::new(n.kind, n.perm, n.uid, n.gid);
+    rec.nlink = if n.kind == NodeKind::Dir { 2 } else { 1 };
+    rec.size = n.size;
+    rec.mtime = n.mtime;
+    rec.ctime = n.ctime;
+    rec.atime = n.mtime;
+    rec.crtime = n.ctime;
+    rec.current_rev = RevisionId(n.rev);
+    rec.history = HistoryId::NONE;
+    rec.target = n.target.clone();
+    Attr {
+        ino,
+        rec,
+        data_bytes: Some(n.extents.iter().map(|e| e.len as u64).sum()),
+    }
+}
+
+impl Fs {
+    /// Whether this space shows other slots (a mounted slot of a multi-slot space).
+    pub(crate) fn has_union(&self) -> bool {
+        self.space.union().is_some()
+    }
+
+    /// Records that directory `dirs` and nodes `nodes` of this slot changed, for the next
+    /// publication.
+    pub(crate) fn touch(&self, dirs: &[InodeId], nodes: &[InodeId]) {
+        if !self.has_union() {
+            return;
+        }
+        let mut r = self.remotes.lock();
+        r.touched_dirs.extend(dirs.iter().copied());
+        r.touched_nodes.extend(nodes.iter().copied());
+    }
+
+    /// Publishes what changed since the last publication (see the module comment). Failed
+    /// publications are put back and retried at the next one.
+    pub fn publish_pending(&self) -> Result<()> {
+        if !self.has_union() || self.space.is_read_only() {
+            return Ok(());
+        }
+        // One publication at a time, and the touched set is taken inside it: a caller whose
+        // change another caller's publication took returns only once that one is done
+        // (close-to-open for every close).
+        let _one = self.publishing.lock();
+        let (dirs, nodes) = {
+            let mut r = self.remotes.lock();
+            (
+                std::mem::take(&mut r.touched_dirs),
+                std::mem::take(&mut r.touched_nodes),
+            )
+        };
+        if dirs.is_empty() && nodes.is_empty() {
+            return Ok(());
+        }
+        let d: Vec<InodeId> = dirs.iter().copied().collect();
+        let n: Vec<InodeId> = nodes.iter().copied().collect();
+        if let Err(e) = self.space.publish(&d, &n) {
+            let mut r = self.remotes.lock();
+            r.touched_dirs.extend(dirs);
+            r.touched_nodes.extend(nodes);
+            return Err(e.into());
+        }
+        Ok(())
+    }
+
+    /// Publishes this slot's whole namespace (at mount, and after gc moved chunks).
+    pub fn publish_all(&self) -> Result<()> {
+        if !self.has_union() || self.space.is_read_only() {
+            return Ok(());
+        }
+        Ok(self.space.publish_snapshot()?)
+    }
+
+    /// Reads the other slots' headers and new manifest records.
+    pub fn refresh_union(&self) -> Result<()> {
+        match self.space.union() {
+            Some(u) => Ok(u.refresh()?),
+            None => Ok(()),
+        }
+    }
+
+    /// A refresh that started at `t` or later (shared with concurrent callers); a failure
+    /// is logged and the last views are used.
+    pub(crate) fn refresh_since(&self, t: Instant) {
+        if let Some(u) = self.space.union() {
+            if let Err(e) = u.refresh_since(t) {
+                log::warn!("reading the other slots' manifests: {e}");
+            }
+        }
+    }
+
+    /// The path (components) of directory `dir`, local or remote.
+    pub(crate) fn dir_path(&self, dir: InodeId) -> Result<Vec<Vec<u8>>> {
+        if is_remote(dir) {
+            return match self.remotes.lock().by_ino.get(&dir) {
+                Some(Remote::Dir(p)) => Ok(p.clone()),
+                Some(Remote::Node(..)) => Err(Error::NotDir),
+                None => Err(Error::NotFound),
+            };
+        }
+        let mut comps = Vec::new();
+        let mut ino = dir;
+        while ino != InodeId::ROOT {
+            let rec = self.record(ino)?;
+            if rec.kind != NodeKind::Dir {
+                return Err(Error::NotDir);
+            }
+            comps.push(rec.target.clone());
+            ino = rec.parent;
+        }
+        comps.reverse();
+        Ok(comps)
+    }
+
+    /// This slot's directory at `path`, if it has one.
+    pub(crate) fn local_dir(&self, path: &[Vec<u8>]) -> Result<Option<InodeId>> {
+        let mut ino = InodeId::ROOT;
+        for c in path {
+            match self.space.lookup(ino, c)? {
+                Some(i) => ino = i,
+                None => return Ok(None),
+            }
+        }
+        Ok(Some(ino))
+    }
+
+    /// The local directory a change in `dir` goes to: `dir` itself, or for a directory of
+    /// other slots, this slot's directory at its path, made (with the same mode and owner
+    /// as the newest of theirs) where missing.
+    pub(crate) fn local_parent(&self, dir: InodeId) -> Result<InodeId> {
+        if !is_remote(dir) {
+            return Ok(dir);
+        }
+        let path = self.dir_path(dir)?;
+        let mut ino = InodeId::ROOT;
+        for i in 0..path.len() {
+            if let Some(c) = self.space.lookup(ino, &path[i])? {
+                ino = c;
+                continue;
+            }
+            let like = self
+                .remote_nodes(&path[..=i])
+                .into_iter()
+                .filter(|(_, n)| n.kind == NodeKind::Dir)
+                .max_by_key(|(_, n)| n.ctime)
+                .ok_or(Error::NotFound)?
+                .1;
+            let c = super::Caller {
+                uid: like.uid,
+                gid: like.gid,
+            };
+            let rec = super::new_record(NodeKind::Dir, like.perm, c, ino, Vec::new());
+            ino = match self.make_node_here(ino, &path[i], rec) {
+                Ok(a) => a.ino,
+                Err(Error::Exists) => self.space.lookup(ino, &path[i])?.ok_or(Error::NotFound)?,
+                Err(e) => return Err(e),
+            };
+        }
+        Ok(ino)
+    }
+
+    /// Every other slot's node at `path`.
+    fn remote_nodes(&self, path: &[Vec<u8>]) -> Vec<(SlotId, PubNode)> {
+        let Some(u) = self.space.union() else {
+            return Vec::new();
+        };
+        let comps: Vec<&[u8]> = path.iter().map(|c| c.as_slice()).collect();
+        u.views()
+            .into_iter()
+            .filter_map(|(s, v)| v.resolve(&comps).map(|n| (s, n.clone())))
+            .collect()
+    }
+
+    /// Lookup over the union: `local` is this slot's answer (already found).
+    pub(crate) fn union_lookup(
+        &self,
+        parent: InodeId,
+        name: &[u8],
+        local: Option<InodeId>,
+        refresh: bool,
+    ) -> Result<Attr> {
+        let mut path = self.dir_path(parent)?;
+        path.push(name.to_vec());
+        if refresh {
+            // Close-to-open: a name looked up after another node's close returned finds
+            // what that close published.
+            self.refresh_since(Instant::now());
+        }
+        let remote = self.remote_nodes(&path);
+        let local_attr = match local {
+            Some(i) => Some(self.getattr(i)?),
+            None => None,
+        };
+        if let Some(a) = &local_attr {
+            // Directories merge through this slot's own; otherwise the newer entry wins.
+            let newer = remote
+                .iter()
+                .filter(|(_, n)| n.kind != NodeKind::Dir)
+                .max_by_key(|(_, n)| n.ctime)
+                .filter(|(_, n)| a.rec.kind != NodeKind::Dir && n.ctime > a.rec.ctime);
+            return match newer {
+                Some((s, n)) => Ok(self.remote_attr(*s, n, path)),
+                None => Ok(a.clone()),
+            };
+        }
+        if let Some((_, d)) = remote
+            .iter()
+            .filter(|(_, n)| n.kind == NodeKind::Dir)
+            .max_by_key(|(_, n)| n.ctime)
+        {
+            let ino = self.remotes.lock().ino_of(Remote::Dir(path));
+            return Ok(attr_of(ino, d));
+        }
+        let (s, n) = remote
+            .iter()
+            .max_by_key(|(_, n)| n.ctime)
+            .ok_or(Error::NotFound)?;
+        Ok(self.remote_attr(*s, n, path))
+    }
+
+    fn remote_attr(&self, slot: SlotId, n: &PubNode, path: Vec<Vec<u8>>) -> Attr {
+        let ino = self.remotes.lock().ino_of(Remote::Node(slot, n.ino, path));
+        attr_of(ino, n)
+    }
+
+    /// The node an inode number of another slot's entry names, as now published.
+    fn remote_node(&self, ino: InodeId) -> Result<(Option<SlotId>, PubNode)> {
+        let r = self.remotes.lock().by_ino.get(&ino).cloned();
+        match r.ok_or(Error::NotFound)? {
+            Remote::Dir(path) => {
+                let d = self
+                    .remote_nodes(&path)
+                    .into_iter()
+                    .filter(|(_, n)| n.kind == NodeKind::Dir)
+                    .max_by_key(|(_, n)| n.ctime)
+                    .map(|(_, n)| n);
+                match d {
+                    Some(d) => Ok((None, d)),
+                    // Gone from the other slots: this slot may have it now.
+                    None => match self.local_dir(&path)? {
+                        Some(l) => {
+                            let a = self.getattr(l)?;
+                            Ok((
+                                None,
+                                PubNode {
+                                    ino,
+                                    kind: NodeKind::Dir,
+                                    perm: a.rec.perm,
+                                    uid: a.rec.uid,
+                                    gid: a.rec.gid,
+                                    mtime: a.rec.mtime,
+                                    ctime: a.rec.ctime,
+                                    size: 0,
+                                    rev: 0,
+                                    target: Vec::new(),
+                                    extents: Vec::new(),
+                                },
+                            ))
+                        }
+                        None => Err(Error::NotFound),
+                    },
+                }
+            }
+            Remote::Node(slot, rino, _) => {
+                let v = self
+                    .space
+                    .union()
+                    .and_then(|u| u.view(slot))
+                    .ok_or(Error::NotFound)?;
+                let n = v.nodes.get(&rino).cloned().ok_or(Error::NotFound)?;
+                Ok((Some(slot), n))
+            }
+        }
+    }
+
+    pub(crate) fn remote_getattr(&self, ino: InodeId) -> Result<Attr> {
+        let (_, n) = self.remote_node(ino)?;
+        Ok(attr_of(ino, &n))
+    }
+
+    pub(crate) fn remote_readlink(&self, ino: InodeId) -> Result<Vec<u8>> {
+        let (_, n) = self.remote_node(ino)?;
+        match n.kind {
+            NodeKind::Symlink => Ok(n.target),
+            _ => Err(Error::Invalid),
+        }
+    }
+
+    /// The parent of a remote directory (for ".."): local where this slot has it.
+    pub(crate) fn remote_parent(&self, dir: InodeId) -> Result<InodeId> {
+        let mut path = self.dir_path(dir)?;
+        path.pop();
+        if let Some(l) = self.local_dir(&path)? {
+            return Ok(l);
+        }
+        Ok(self.remotes.lock().ino_of(Remote::Dir(path)))
+    }
+
+    /// The entries of other slots in directory `path` that `skip` (this slot's names) does
+    /// not have: name -> (kind, winning slot, node).
+    fn remote_entries(
+        &self,
+        path: &[Vec<u8>],
+    ) -> BTreeMap<Vec<u8>, (NodeKind, SlotId, InodeId, ckptfs_engine::format::Timestamp)> {
+        let mut out: BTreeMap<Vec<u8>, (NodeKind, SlotId, InodeId, _)> = BTreeMap::new();
+        let Some(u) = self.space.union() else {
+            return out;
+        };
+        let comps: Vec<&[u8]> = path.iter().map(|c| c.as_slice()).collect();
+        for (slot, v) in u.views() {
+            let Some(dir) = v.resolve(&comps).filter(|n| n.kind == NodeKind::Dir) else {
+                continue;
+            };
+            let Some(d) = v.dirs.get(&dir.ino) else {
+                continue;
+            };
+            for (name, ino, kind) in &d.entries {
+                let ctime = v.nodes.get(ino).map(|n| n.ctime).unwrap_or_default();
+                let keep = match out.get(name) {
+                    None => true,
+                    Some((k, ..)) if *k == NodeKind::Dir => false,
+                    Some(_) if *kind == NodeKind::Dir => true,
+                    Some((_, _, _, t)) => ctime > *t,
+                };
+                if keep {
+                    out.insert(name.clone(), (*kind, slot, *ino, ctime));
+                }
+            }
+        }
+        out
+    }
+
+    /// readdir's entries from other slots, after this slot's own (`local`: its names).
+    pub(crate) fn remote_readdir(
+        &self,
+        dir: InodeId,
+        offset: u64,
+        limit: usize,
+        local: &dyn Fn(&[u8]) -> bool,
+    ) -> Result<Vec<DirItem>> {
+        let path = self.dir_path(dir)?;
+        let start = offset.saturating_sub(REMOTE_OFFSET) as usize;
+        let mut out = Vec::new();
+        for (i, (name, (kind, slot, rino, _))) in self
+            .remote_entries(&path)
+            .into_iter()
+            .filter(|(n, _)| !local(n))
+            .enumerate()
+            .skip(start)
+        {
+            if out.len() >= limit {
+                break;
+            }
+            let mut p = path.clone();
+            p.push(name.clone());
+            let r = match kind {
+                NodeKind::Dir => Remote::Dir(p),
+                _ => Remote::Node(slot, rino, p),
+            };
+            let ino = self.remotes.lock().ino_of(r);
+            out.push(DirItem {
+                offset: REMOTE_OFFSET + i as u64 + 1,
+                ino,
+                kind,
+                name,
+            });
+        }
+        Ok(out)
+    }
+
+    pub(crate) fn is_remote_offset(offset: u64) -> bool {
+        offset >= REMOTE_OFFSET
+    }
+
+    /// Reads a file of another slot: chunk by chunk at its published locations, verified.
+    pub(crate) fn remote_read(&self, ino: InodeId, off: u64, len: usize) -> Result<Vec<u8>> {
+        let mut tries = 0;
+        loop {
+            match self.remote_read_once(ino, off, len) {
+                Err(Error::Engine(ckptfs_engine::Error::Corrupt(c))) if tries < READ_RETRIES => {
+                    // The owner may have moved the chunk (gc) and be about to publish where
+                    // to: read its manifest again, a little later each time.
+                    log::info!("reading another slot's file: {c}; reading its manifest again");
+                    self.remotes.lock().chunks.clear();
+                    std::thread::sleep(Duration::from_millis(50 << tries));
+                    self.refresh_union()?;
+                    tries += 1;
+                }
+                r => return r,
+            }
+        }
+    }
+
+    fn remote_read_once(&self, ino: InodeId, off: u64, len: usize) -> Result<Vec<u8>> {
+        let (_, n) = self.remote_node(ino)?;
+        if n.kind != NodeKind::File {
+            return Err(Error::IsDir);
+        }
+        let end = (off + len as u64).min(n.size);
+        if off >= end {
+            return Ok(Vec::new());
+        }
+        let mut out = vec![0u8; (end - off) as usize];
+        let u = self.space.union().ok_or(Error::NotFound)?;
+        // Extents are sorted by offset: start at the last one beginning at or before `off`.
+        let first = n
+            .extents
+            .partition_point(|e| e.off <= off)
+            .saturating_sub(1);
+        for e in &n.extents[first..] {
+            let (es, ee) = (e.off, e.off + e.len as u64);
+            if es >= end {
+                break;
+            }
+            if ee <= off {
+                continue;
+            }
+            let cached = self.remotes.lock().chunks.get(&e.hash).cloned();
+            let raw = match cached {
+                Some(c) => c,
+                None => {
+                    let v: Arc<[u8]> = u.read_chunk(e)?.into_bytes().into();
+                    let mut r = self.remotes.lock();
+                    if r.chunks.len() >= CHUNK_CACHE_MAX {
+                        r.chunks.clear();
+                    }
+                    r.chunks.insert(e.hash, v.clone());
+                    v
+                }
+            };
+            let (s, t) = (es.max(off), ee.min(end));
+            let from = e.chunk_off as usize + (s - es) as usize;
+            out[(s - off) as usize..(t - off) as usize]
+                .copy_from_slice(&raw[from..from + (t - s) as usize]);
+        }
+        Ok(out)
+    }
+}
+
+/// The lock of the remote-inode table (kept apart from the open-file table).
+pub(crate) type RemoteTable = Mutex<Remotes>;
