@@ -14,6 +14,9 @@ pub struct Node {
     pub mnt: PathBuf,
     pub pid: Option<u32>,
     stopped: bool,
+    /// A daemon run in the foreground under a tracer (`mount_traced`): waited for at its
+    /// unmount.
+    traced: Option<std::process::Child>,
 }
 
 pub struct Cluster {
@@ -41,6 +44,7 @@ impl Cluster {
                         mnt,
                         pid: None,
                         stopped: false,
+                        traced: None,
                     }
                 })
                 .collect(),
@@ -146,6 +150,42 @@ impl Cluster {
         let (st, out, err) = self.ckptfs(&["umount".into(), mnt.into()]);
         assert!(st.success(), "umount node {node}: {out}{err}");
         self.nodes[node].pid = None;
+        if let Some(mut child) = self.nodes[node].traced.take() {
+            let _ = child.wait();
+        }
+    }
+
+    /// Mounts `node` with its daemon in the foreground under `tracer` (a command line such
+    /// as `strace -f -o LOG`), so every system call the daemon makes is seen. Returns once
+    /// the mount is ready; the tracer exits with the daemon at `unmount`.
+    pub fn mount_traced(&mut self, node: usize, tracer: &[&str]) {
+        let mut cmd = Command::new(tracer[0]);
+        cmd.args(&tracer[1..])
+            .arg(ckptfs_bin())
+            .args(["mount", "--foreground", "--lease"])
+            .arg(format!("{}ms", self.lease.as_millis()))
+            .arg(&self.backing)
+            .arg(&self.nodes[node].mnt)
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(
+                fs::File::create(self.root.path().join(format!("traced-{node}.stderr")))
+                    .expect("stderr file"),
+            );
+        let child = cmd.spawn().expect("start the traced daemon");
+        self.nodes[node].traced = Some(child);
+        let dev = |p: &Path| fs::metadata(p).ok().map(|m| m.dev());
+        let start = Instant::now();
+        while dev(&self.nodes[node].mnt) == dev(self.root.path()) {
+            assert!(
+                start.elapsed() < MOUNT_TIMEOUT,
+                "the traced daemon did not mount: {}",
+                fs::read_to_string(self.root.path().join(format!("traced-{node}.stderr")))
+                    .unwrap_or_default()
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        self.nodes[node].pid = Some(self.pid_of(node));
     }
 
     fn signal(&mut self, node: usize, sig: libc::c_int) {
@@ -244,6 +284,10 @@ impl Drop for Cluster {
                 if !st.success() {
                     detach(&mnt, self.root.path());
                 }
+            }
+            if let Some(mut child) = self.nodes[i].traced.take() {
+                let _ = child.kill();
+                let _ = child.wait();
             }
         }
         let dev = |p: &Path| fs::metadata(p).ok().map(|m| m.dev());

@@ -470,3 +470,126 @@ fn gc_on_one_node_while_another_reads_its_files() {
         assert_file_eq(&c.path(1, name), &expected(name));
     }
 }
+
+/// PFS delegation's point: checkpoint files cost the backing filesystem no name-based
+/// metadata operation. Every daemon runs under strace; calls naming a path in the backing
+/// directory (open, stat, create, rename, unlink, mkdir, ...) are counted per phase: mount,
+/// the checkpoints (files written on both nodes and read across), unmount.
+#[test]
+fn checkpoint_files_cost_the_backing_filesystem_no_metadata_operations() {
+    if Command::new("strace").arg("-V").output().is_err() {
+        eprintln!(
+            "SKIPPED (LOUDLY): strace is not installed, so the backing metadata operations \
+             cannot be counted; .ci/run installs it"
+        );
+        return;
+    }
+    let mut c = Cluster::new(2, "512M", 2, Duration::from_secs(5));
+    let logs: Vec<std::path::PathBuf> = (0..2)
+        .map(|n| c.root().join(format!("strace-{n}.log")))
+        .collect();
+    for (n, log) in logs.iter().enumerate() {
+        let log = log.to_string_lossy().into_owned();
+        c.mount_traced(
+            n,
+            &[
+                "strace",
+                "-f",
+                "-qq",
+                "-ttt",
+                "-e",
+                "trace=%file",
+                "-o",
+                &log,
+            ],
+        );
+    }
+    let now = || {
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap()
+            .as_secs_f64()
+    };
+    let mounted = now();
+    let (steps, per_node) = (3, 8);
+    for step in 0..steps {
+        for n in 0..2 {
+            let dir = c.path(n, &format!("step-{step}"));
+            fs::create_dir_all(&dir).unwrap();
+            for r in 0..per_node {
+                let rank = n * per_node + r;
+                let mut f = fs::File::create(dir.join(format!("rank-{rank}"))).unwrap();
+                f.write_all(&pattern((step * 100 + rank) as u64, 256 << 10))
+                    .unwrap();
+                close_checked(f).unwrap();
+            }
+        }
+        for n in 0..2 {
+            for rank in 0..2 * per_node {
+                assert_file_eq(
+                    &c.path(n, &format!("step-{step}/rank-{rank}")),
+                    &pattern((step * 100 + rank) as u64, 256 << 10),
+                );
+            }
+        }
+        let tmp = c.path(step % 2, "latest.tmp");
+        std::os::unix::fs::symlink(format!("step-{step}"), &tmp).unwrap();
+        fs::rename(&tmp, c.path(step % 2, "latest")).unwrap();
+    }
+    let written = now();
+    for n in 0..2 {
+        c.unmount(n);
+    }
+    let backing = c.backing.to_string_lossy().into_owned();
+    let files = steps * 2 * per_node;
+    let mut report = Vec::new();
+    for (n, log) in logs.iter().enumerate() {
+        let text = fs::read_to_string(log).expect("strace log");
+        let mut phases: [Vec<&str>; 3] = Default::default();
+        for line in text.lines().filter(|l| l.contains(backing.as_str())) {
+            // "PID SECONDS.MICROS call(...)"
+            let t: f64 = line
+                .split_whitespace()
+                .nth(1)
+                .and_then(|t| t.parse().ok())
+                .unwrap_or_else(|| panic!("unparsed strace line: {line}"));
+            let phase = if t < mounted {
+                0
+            } else if t < written {
+                1
+            } else {
+                2
+            };
+            phases[phase].push(line);
+        }
+        assert!(
+            phases[1].is_empty(),
+            "node {n}: {} name-based calls on the backing directory while {files} \
+             checkpoint files were written and read:\n{}",
+            phases[1].len(),
+            phases[1].join("\n")
+        );
+        assert!(
+            !phases[0].is_empty(),
+            "node {n}: no call seen at mount: the trace does not see the daemon"
+        );
+        assert!(
+            phases[0].len() <= 16 && phases[2].len() <= 4,
+            "node {n}: more name-based calls at mount ({}) or unmount ({}) than a small \
+             constant:\n{}\n{}",
+            phases[0].len(),
+            phases[2].len(),
+            phases[0].join("\n"),
+            phases[2].join("\n")
+        );
+        report.push(format!(
+            "node {n}: mount {}, {files} checkpoint files 0, unmount {}",
+            phases[0].len(),
+            phases[2].len()
+        ));
+    }
+    eprintln!(
+        "name-based calls on the backing directory: {}",
+        report.join("; ")
+    );
+}
