@@ -52,6 +52,20 @@ pub mod tables {
     /// revision -> its file's extended attributes when it was committed
     /// (`format::encode_xattrs`); no row when the file had none
     pub const REV_XATTRS: TableDefinition<u64, &[u8]> = TableDefinition::new("revision_xattrs");
+    /// path -> time (12 bytes): names this slot removed that other slots publish (a slot
+    /// of a multi-slot space; created at the first such removal)
+    pub const WHITEOUTS: TableDefinition<&[u8], &[u8]> = TableDefinition::new("whiteouts");
+}
+
+/// Records in `txn` that this slot removed `path` at `when`, hiding other slots' older
+/// entries there (see FORMAT.md "Whiteouts").
+pub fn put_whiteout(txn: &WriteTransaction, path: &[u8], when: Timestamp) -> Result<()> {
+    let mut t = txn.open_table(WHITEOUTS)?;
+    let mut b = [0u8; 12];
+    b[0..8].copy_from_slice(&when.secs.to_le_bytes());
+    b[8..12].copy_from_slice(&when.nanos.to_le_bytes());
+    t.insert(path, b.as_slice())?;
+    Ok(())
 }
 use tables::*;
 
@@ -1027,6 +1041,35 @@ impl Reader {
         let mut out = Vec::new();
         for item in self.txn.open_table(GC_CANDIDATES)?.iter()? {
             out.push(hash_key(item?.0.value(), "gc candidate")?);
+        }
+        Ok(out)
+    }
+
+    /// This slot's whiteouts (none before the first).
+    pub fn whiteouts(&self) -> Result<Vec<(Vec<u8>, Timestamp)>> {
+        let t = match self.txn.open_table(WHITEOUTS) {
+            Ok(t) => t,
+            Err(redb::TableError::TableDoesNotExist(_)) => return Ok(Vec::new()),
+            Err(e) => return Err(e.into()),
+        };
+        let mut out = Vec::new();
+        for item in t.iter()? {
+            let (k, v) = item?;
+            let v = v.value();
+            if v.len() != 12 {
+                return Err(Corruption::Record {
+                    record: "whiteout",
+                    why: "it is not 12 bytes".into(),
+                }
+                .into());
+            }
+            out.push((
+                k.value().to_vec(),
+                Timestamp {
+                    secs: i64::from_le_bytes(v[0..8].try_into().expect("8")),
+                    nanos: u32::from_le_bytes(v[8..12].try_into().expect("4")),
+                },
+            ));
         }
         Ok(out)
     }

@@ -29,6 +29,7 @@ const BLOCK: usize = 4096;
 const KIND_SNAPSHOT: u8 = 1;
 const KIND_DIR: u8 = 2;
 const KIND_NODE: u8 = 3;
+const KIND_WHITEOUT: u8 = 4;
 const EXTENT_BYTES: usize = 68;
 
 /// One extent of a published file, with where its chunk is stored.
@@ -87,6 +88,9 @@ pub enum Record {
     Snapshot,
     Dir(PubDir),
     Node(PubNode),
+    /// This slot removed `path` at `when`: other slots' entries there changed before
+    /// `when` are hidden.
+    Whiteout(Vec<u8>, Timestamp),
 }
 
 fn put_node(b: &mut Vec<u8>, n: &PubNode) {
@@ -238,6 +242,13 @@ impl Record {
                 put_node(out, n);
                 KIND_NODE
             }
+            Record::Whiteout(path, when) => {
+                out.extend_from_slice(&when.secs.to_le_bytes());
+                out.extend_from_slice(&when.nanos.to_le_bytes());
+                out.extend_from_slice(&(path.len() as u32).to_le_bytes());
+                out.extend_from_slice(path);
+                KIND_WHITEOUT
+            }
         };
         let len = (out.len() - start + 8) as u32;
         out[start..start + 4].copy_from_slice(&len.to_le_bytes());
@@ -271,6 +282,11 @@ impl Record {
             out.push(match rec[4] {
                 KIND_SNAPSHOT => Record::Snapshot,
                 KIND_NODE => Record::Node(get_node(&mut c)?),
+                KIND_WHITEOUT => {
+                    let when = c.time()?;
+                    let n = c.u32()? as usize;
+                    Record::Whiteout(c.take(n)?.to_vec(), when)
+                }
                 KIND_DIR => {
                     let node = get_node(&mut c)?;
                     let n = c.u32()? as usize;
@@ -368,6 +384,8 @@ pub struct SlotView {
     pub len: u64,
     pub dirs: HashMap<InodeId, PubDir>,
     pub nodes: HashMap<InodeId, PubNode>,
+    /// Paths (from the root, '/'-separated) this slot removed, and when.
+    pub whiteouts: HashMap<Vec<u8>, Timestamp>,
 }
 
 impl SlotView {
@@ -377,6 +395,10 @@ impl SlotView {
                 Record::Snapshot => {
                     self.dirs.clear();
                     self.nodes.clear();
+                    self.whiteouts.clear();
+                }
+                Record::Whiteout(path, when) => {
+                    self.whiteouts.insert(path, when);
                 }
                 Record::Dir(d) => {
                     self.nodes.insert(d.node.ino, d.node.clone());
@@ -508,6 +530,7 @@ impl Union {
                     len,
                     dirs: o.dirs.clone(),
                     nodes: o.nodes.clone(),
+                    whiteouts: o.whiteouts.clone(),
                 },
                 _ => SlotView {
                     gen,
@@ -584,17 +607,19 @@ mod tests {
                 entries: vec![(b"f".to_vec(), InodeId(2), NodeKind::File)],
             }),
             Record::Node(node(2, NodeKind::File, vec![e])),
+            Record::Whiteout(b"step-1/rank-3".to_vec(), Timestamp { secs: 9, nanos: 1 }),
         ];
         let b = batch(&recs);
         assert_eq!(b.len() % BLOCK, 0);
         let mut two = b.clone();
         two.extend_from_slice(&batch(&recs[2..]));
         let back = Record::decode_all(&two).unwrap();
-        assert_eq!(back.len(), 4);
-        assert_eq!(back[..3], recs[..]);
+        assert_eq!(back.len(), 6);
+        assert_eq!(back[..4], recs[..]);
         let mut v = SlotView::default();
         v.apply(back);
         assert_eq!(v.resolve(&[b"f"]).unwrap().extents.len(), 1);
+        assert_eq!(v.whiteouts.len(), 1);
         let mut bad = b.clone();
         bad[20] ^= 1;
         assert!(Record::decode_all(&bad).is_err());

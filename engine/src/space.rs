@@ -1017,6 +1017,22 @@ impl Space {
         self.lease.as_ref().map(|g| &g.0)
     }
 
+    /// Records that this slot removed `path` (another slot's entry) at `when`; published
+    /// with the next publication that names it.
+    pub fn put_whiteout(&self, path: &[u8], when: Timestamp) -> Result<()> {
+        let txn = self.begin_write(false)?;
+        catalog::put_whiteout(&txn, path, when)?;
+        self.commit(txn)?;
+        self.ns_dirty
+            .store(true, std::sync::atomic::Ordering::SeqCst);
+        Ok(())
+    }
+
+    /// This slot's whiteouts.
+    pub fn whiteouts(&self) -> Result<Vec<(Vec<u8>, Timestamp)>> {
+        self.reader()?.whiteouts()
+    }
+
     /// The other slots' published namespaces (a multi-slot space).
     pub fn union(&self) -> Option<&Arc<Union>> {
         self.union.as_ref()
@@ -1098,13 +1114,25 @@ impl Space {
     /// (a multi-slot space; nothing otherwise). Makes pending namespace changes durable
     /// first: nothing is published that a crash could take back. Falls back to a snapshot
     /// when the manifest half is full.
-    pub fn publish(&self, dirs: &[InodeId], nodes: &[InodeId]) -> Result<()> {
+    pub fn publish(
+        &self,
+        dirs: &[InodeId],
+        nodes: &[InodeId],
+        whiteouts: &[Vec<u8>],
+    ) -> Result<()> {
         let Some(p) = &self.publisher else {
             return Ok(());
         };
         self.sync_meta_if_dirty()?;
         let r = self.reader()?;
         let mut recs = Vec::new();
+        if !whiteouts.is_empty() {
+            for (path, when) in r.whiteouts()? {
+                if whiteouts.contains(&path) {
+                    recs.push(Record::Whiteout(path, when));
+                }
+            }
+        }
         for d in dirs {
             if let Some(d) = self.pub_dir(&r, *d)? {
                 recs.push(Record::Dir(d));
@@ -1133,7 +1161,11 @@ impl Space {
         };
         self.sync_meta_if_dirty()?;
         let r = self.reader()?;
-        let mut recs = Vec::new();
+        let mut recs: Vec<Record> = r
+            .whiteouts()?
+            .into_iter()
+            .map(|(p, t)| Record::Whiteout(p, t))
+            .collect();
         let mut stack = vec![InodeId::ROOT];
         while let Some(d) = stack.pop() {
             let Some(dir) = self.pub_dir(&r, d)? else {

@@ -45,6 +45,8 @@ pub enum Error {
     Busy,
     /// An operation ckptfs does not offer (fallocate's COLLAPSE_RANGE, INSERT_RANGE).
     NotSupported,
+    /// A rename of another slot's entry (EXDEV: copy, then remove).
+    CrossDevice,
     /// No such extended attribute (ENODATA).
     NoData,
     /// An extended-attribute name longer than 255 bytes (ERANGE).
@@ -79,6 +81,7 @@ impl std::fmt::Display for Error {
             Error::ReadOnly => "the revision view is read-only; use `ckptfs restore` instead",
             Error::Busy => "the file is open for writing; close it before restoring it",
             Error::NotSupported => "ckptfs does not offer this operation",
+            Error::CrossDevice => "the entry is another node's slot's; copy it instead",
             Error::NoData => "no such extended attribute",
             Error::OutOfRange => "the extended attribute name is longer than 255 bytes",
             Error::ValueTooBig => "the extended attribute value is larger than 64 KiB",
@@ -523,9 +526,21 @@ impl Fs {
     fn make_node(&self, parent: InodeId, name: &[u8], rec: InodeRecord) -> Result<Attr> {
         check_name(name)?;
         let parent = self.local_parent(parent)?;
-        if self.has_union() && self.union_lookup(parent, name, None, false).is_ok() {
-            // Another slot has the name: it exists for everyone.
-            return Err(Error::Exists);
+        if self.has_union() {
+            if self.union_lookup(parent, name, None, false).is_ok() {
+                // Another slot has the name: it exists for everyone.
+                return Err(Error::Exists);
+            }
+            // This slot's entry that another node removed (a whiteout hides it): it goes
+            // here too before the name is made again.
+            if let Some(old) = self.space.lookup(parent, name)? {
+                let a = self.getattr(old)?;
+                let mut path = self.dir_path(parent)?;
+                path.push(name.to_vec());
+                if self.hidden(&union::join(&path), None, a.rec.ctime) {
+                    self.remove(parent, name, a.rec.kind == NodeKind::Dir)?;
+                }
+            }
         }
         self.make_node_here(parent, name, rec)
     }
@@ -675,7 +690,17 @@ impl Fs {
         if name.len() > NAME_MAX {
             return Err(Error::NameTooLong);
         }
-        let parent = self.local_for_change(parent, name)?;
+        let mut also_hide = false;
+        let parent = match self.has_union() {
+            true => match self.union_remove(parent, name, dir)? {
+                None => return self.publish_pending(),
+                Some((d, hide)) => {
+                    also_hide = hide;
+                    d
+                }
+            },
+            false => parent,
+        };
         self.writable(parent)?;
         // The view is not in the directory table; without this its name would be ENOENT.
         if parent == InodeId::ROOT && name == view::CTL_NAME {
@@ -723,6 +748,12 @@ impl Fs {
             self.drop_if_unused(child);
         }
         self.touch(&[parent], &[]);
+        if also_hide {
+            // Other slots have the name too: it goes for everyone.
+            let mut path = self.dir_path(parent)?;
+            path.push(name.to_vec());
+            self.write_whiteout(&path, rec.ctime)?;
+        }
         Ok(())
     }
 
@@ -739,7 +770,9 @@ impl Fs {
         };
         match (local, here) {
             (Some(d), Some(_)) => Ok(d),
-            _ if self.union_lookup(dir, name, None, false).is_ok() => Err(Error::ReadOnly),
+            // Moving another slot's entry would move its data into this slot: EXDEV, so
+            // `mv` copies it and removes the original (a whiteout).
+            _ if self.union_lookup(dir, name, None, false).is_ok() => Err(Error::CrossDevice),
             (Some(d), None) => Ok(d),
             (None, _) => Err(Error::NotFound),
         }
@@ -1447,6 +1480,11 @@ impl Fs {
         len: u64,
         pid: u32,
     ) -> Result<u64> {
+        if union::is_remote(src) || union::is_remote(dst) {
+            // Another slot's chunks cannot be referenced from this one: EXDEV makes the
+            // caller (cp, mv) fall back to reading and writing.
+            return Err(Error::CrossDevice);
+        }
         self.refuse_if_failed()?;
         let src_node = self.handle_node(src, src_fh, "copy_file_range")?;
         let dst_node = self.handle_node(dst, dst_fh, "copy_file_range")?;
@@ -1724,10 +1762,26 @@ impl Fs {
         }
         let local = self.local_of(dir)?;
         let mut listed = 0;
+        let shared = match self.has_union() {
+            true => Some(union::join(&self.dir_path(dir)?)),
+            false => None,
+        };
         if let (Some(l), false) = (local, Self::is_remote_offset(after)) {
             for e in self.space.list_dir(l, after, limit)? {
-                let kind = self.getattr(e.ino)?.rec.kind;
+                let a = self.getattr(e.ino)?;
+                let kind = a.rec.kind;
                 listed += 1;
+                if let Some(d) = &shared {
+                    // Removed by another node (a later whiteout of the path).
+                    let mut p = d.clone();
+                    if !p.is_empty() {
+                        p.push(b'/');
+                    }
+                    p.extend_from_slice(&e.name);
+                    if self.hidden(&p, None, a.rec.ctime) {
+                        continue;
+                    }
+                }
                 out.push(DirItem {
                     offset: e.cookie,
                     ino: e.ino,

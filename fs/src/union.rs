@@ -19,7 +19,9 @@
 //!   nothing of a multi-slot mount (attribute and entry timeouts 0).
 
 use super::{Attr, DirItem, Error, Fs, Result};
-use ckptfs_engine::format::{HistoryId, InodeId, InodeRecord, NodeKind, RevisionId, SlotId};
+use ckptfs_engine::format::{
+    HistoryId, InodeId, InodeRecord, NodeKind, RevisionId, SlotId, Timestamp,
+};
 use ckptfs_engine::manifest::PubNode;
 use parking_lot::Mutex;
 use std::collections::{BTreeMap, HashMap};
@@ -57,6 +59,9 @@ pub(crate) struct Remotes {
     /// Touched since the last publication: directories and nodes of this slot.
     touched_dirs: std::collections::BTreeSet<InodeId>,
     touched_nodes: std::collections::BTreeSet<InodeId>,
+    touched_whiteouts: std::collections::BTreeSet<Vec<u8>>,
+    /// This slot's whiteouts (loaded from its table at first use).
+    own_whiteouts: Option<HashMap<Vec<u8>, Timestamp>>,
     chunks: HashMap<ckptfs_engine::format::ChunkHash, Arc<[u8]>>,
 }
 
@@ -118,22 +123,25 @@ impl Fs {
         // change another caller's publication took returns only once that one is done
         // (close-to-open for every close).
         let _one = self.publishing.lock();
-        let (dirs, nodes) = {
+        let (dirs, nodes, wh) = {
             let mut r = self.remotes.lock();
             (
                 std::mem::take(&mut r.touched_dirs),
                 std::mem::take(&mut r.touched_nodes),
+                std::mem::take(&mut r.touched_whiteouts),
             )
         };
-        if dirs.is_empty() && nodes.is_empty() {
+        if dirs.is_empty() && nodes.is_empty() && wh.is_empty() {
             return Ok(());
         }
         let d: Vec<InodeId> = dirs.iter().copied().collect();
         let n: Vec<InodeId> = nodes.iter().copied().collect();
-        if let Err(e) = self.space.publish(&d, &n) {
+        let w: Vec<Vec<u8>> = wh.iter().cloned().collect();
+        if let Err(e) = self.space.publish(&d, &n, &w) {
             let mut r = self.remotes.lock();
             r.touched_dirs.extend(dirs);
             r.touched_nodes.extend(nodes);
+            r.touched_whiteouts.extend(wh);
             return Err(e.into());
         }
         Ok(())
@@ -235,16 +243,106 @@ impl Fs {
         Ok(ino)
     }
 
-    /// Every other slot's node at `path`.
+    /// Every other slot's node at `path` that no whiteout hides.
     fn remote_nodes(&self, path: &[Vec<u8>]) -> Vec<(SlotId, PubNode)> {
         let Some(u) = self.space.union() else {
             return Vec::new();
         };
         let comps: Vec<&[u8]> = path.iter().map(|c| c.as_slice()).collect();
+        let joined = join(path);
         u.views()
             .into_iter()
             .filter_map(|(s, v)| v.resolve(&comps).map(|n| (s, n.clone())))
+            .filter(|(s, n)| !self.hidden(&joined, Some(*s), n.ctime))
             .collect()
+    }
+
+    /// Whether an entry at `path` of slot `slot` (None: this slot's own) changed at
+    /// `ctime` is hidden by a later whiteout of another slot (or of this one).
+    pub(crate) fn hidden(&self, path: &[u8], slot: Option<SlotId>, ctime: Timestamp) -> bool {
+        let Some(u) = self.space.union() else {
+            return false;
+        };
+        if slot.is_some() {
+            let mut r = self.remotes.lock();
+            if r.own_whiteouts.is_none() {
+                match self.space.whiteouts() {
+                    Ok(w) => r.own_whiteouts = Some(w.into_iter().collect()),
+                    Err(e) => log::warn!("reading this slot's whiteouts: {e}"),
+                }
+            }
+            if r.own_whiteouts
+                .as_ref()
+                .and_then(|w| w.get(path))
+                .is_some_and(|t| *t > ctime)
+            {
+                return true;
+            }
+        }
+        u.views()
+            .iter()
+            .any(|(s, v)| Some(*s) != slot && v.whiteouts.get(path).is_some_and(|t| *t > ctime))
+    }
+
+    /// Removes another slot's entry for everyone: a whiteout, later than the entry.
+    pub(crate) fn write_whiteout(&self, path: &[Vec<u8>], newer_than: Timestamp) -> Result<()> {
+        let joined = join(path);
+        let mut when = Timestamp::now();
+        if when <= newer_than {
+            when = Timestamp {
+                secs: newer_than.secs,
+                nanos: newer_than.nanos + 1,
+            };
+        }
+        self.space.put_whiteout(&joined, when)?;
+        let mut r = self.remotes.lock();
+        if let Some(w) = r.own_whiteouts.as_mut() {
+            w.insert(joined.clone(), when);
+        }
+        r.touched_whiteouts.insert(joined);
+        Ok(())
+    }
+
+    /// What a removal of `name` in `dir` must do in a shared namespace: `Ok(Some(d))`
+    /// remove this slot's entry in its directory `d` (and, `wh`, also hide the other
+    /// slots' entries there); `Ok(None)`: the name was only other slots', and is hidden now.
+    pub(crate) fn union_remove(
+        &self,
+        dir: InodeId,
+        name: &[u8],
+        want_dir: bool,
+    ) -> Result<Option<(InodeId, bool)>> {
+        let mut path = self.dir_path(dir)?;
+        path.push(name.to_vec());
+        self.refresh_since(Instant::now());
+        let local_dir = self.local_dir(&path[..path.len() - 1])?;
+        let local = match local_dir {
+            Some(d) => self.space.lookup(d, name)?,
+            None => None,
+        };
+        let remote = self.remote_nodes(&path);
+        match (local_dir, local) {
+            (Some(d), Some(_)) => return Ok(Some((d, !remote.is_empty()))),
+            (Some(d), None) if remote.is_empty() => return Ok(Some((d, false))),
+            (None, None) if remote.is_empty() => return Err(Error::NotFound),
+            _ => {}
+        }
+        let newest = remote
+            .iter()
+            .map(|(_, n)| n.ctime)
+            .max()
+            .expect("remote is not empty");
+        let is_dir = remote.iter().any(|(_, n)| n.kind == NodeKind::Dir);
+        match (want_dir, is_dir) {
+            (true, false) => return Err(Error::NotDir),
+            (false, true) => return Err(Error::IsDir),
+            _ => {}
+        }
+        if is_dir && !self.remote_entries(&path).is_empty() {
+            return Err(Error::NotEmpty);
+        }
+        self.write_whiteout(&path, newest)?;
+        Ok(None)
     }
 
     /// Lookup over the union: `local` is this slot's answer (already found).
@@ -266,7 +364,9 @@ impl Fs {
         let local_attr = match local {
             Some(i) => Some(self.getattr(i)?),
             None => None,
-        };
+        }
+        // Another node removed this slot's entry (a later whiteout).
+        .filter(|a| !self.hidden(&join(&path), None, a.rec.ctime));
         if let Some(a) = &local_attr {
             // Directories merge through this slot's own; otherwise the newer entry wins.
             let newer = remote
@@ -392,6 +492,14 @@ impl Fs {
             };
             for (name, ino, kind) in &d.entries {
                 let ctime = v.nodes.get(ino).map(|n| n.ctime).unwrap_or_default();
+                let mut p = join(path);
+                if !p.is_empty() {
+                    p.push(b'/');
+                }
+                p.extend_from_slice(name);
+                if self.hidden(&p, Some(slot), ctime) {
+                    continue;
+                }
                 let keep = match out.get(name) {
                     None => true,
                     Some((k, ..)) if *k == NodeKind::Dir => false,
@@ -515,3 +623,8 @@ impl Fs {
 
 /// The lock of the remote-inode table (kept apart from the open-file table).
 pub(crate) type RemoteTable = Mutex<Remotes>;
+
+/// A path's components joined with '/', as whiteouts name paths.
+pub(crate) fn join(path: &[Vec<u8>]) -> Vec<u8> {
+    path.join(&b'/')
+}

@@ -43,6 +43,7 @@ fn errno(e: &Error) -> Errno {
         Error::Invalid => libc::EINVAL,
         Error::FileTooBig => libc::EFBIG,
         Error::ReadOnly => libc::EROFS,
+        Error::CrossDevice => libc::EXDEV,
         Error::Busy => libc::EBUSY,
         Error::NotSupported => libc::EOPNOTSUPP,
         Error::BadHandle => libc::EIO,

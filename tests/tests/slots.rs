@@ -593,3 +593,72 @@ fn checkpoint_files_cost_the_backing_filesystem_no_metadata_operations() {
         report.join("; ")
     );
 }
+
+/// An unlink, rmdir or mv on one node of another node's entry hides it everywhere (a
+/// published whiteout), also after every node remounted; writing the name again later
+/// brings it back, newest first.
+#[test]
+fn removing_another_nodes_entry_hides_it_everywhere() {
+    let mut c = Cluster::new(2, "512M", 2, Duration::from_secs(5));
+    c.mount(0, &[]);
+    c.mount(1, &[]);
+    let write = |p: std::path::PathBuf, seed: u64| {
+        let mut f = fs::File::create(p).unwrap();
+        f.write_all(&pattern(seed, 100_000)).unwrap();
+        close_checked(f).unwrap();
+    };
+    fs::create_dir_all(c.path(0, "old/step-1")).unwrap();
+    write(c.path(0, "old/step-1/rank-0"), 1);
+    write(c.path(0, "f"), 2);
+    write(c.path(0, "moved"), 3);
+    // Node 1 removes node 0's entries, as a cleanup script on any node would.
+    fs::remove_file(c.path(1, "f")).expect("unlink another node's file");
+    assert_eq!(
+        fs::remove_dir(c.path(1, "old")).unwrap_err().raw_os_error(),
+        Some(libc::ENOTEMPTY)
+    );
+    fs::remove_dir_all(c.path(1, "old")).expect("rm -rf another node's directory");
+    // A rename of another node's file is EXDEV; mv copies it and removes the original.
+    let st = Command::new("mv")
+        .arg(c.path(1, "moved"))
+        .arg(c.path(1, "moved-here"))
+        .status()
+        .expect("run mv");
+    assert!(st.success(), "mv of another node's file");
+    let check = |c: &Cluster| {
+        for n in 0..2 {
+            for gone in ["f", "old", "old/step-1/rank-0", "moved"] {
+                assert!(
+                    fs::symlink_metadata(c.path(n, gone)).is_err(),
+                    "node {n}: {gone} is still there"
+                );
+            }
+            assert_file_eq(&c.path(n, "moved-here"), &pattern(3, 100_000));
+        }
+    };
+    check(&c);
+    std::thread::sleep(Duration::from_millis(1500));
+    for n in 0..2 {
+        let names: Vec<String> = fs::read_dir(&c.nodes[n].mnt)
+            .unwrap()
+            .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+            .collect();
+        assert_eq!(
+            names,
+            vec!["moved-here".to_string()],
+            "node {n} lists the root"
+        );
+    }
+    for n in 0..2 {
+        c.unmount(n);
+    }
+    for n in 0..2 {
+        c.mount(n, &[]);
+    }
+    check(&c);
+    // Written again later (by the node that lost it): back, for everyone.
+    write(c.path(0, "f"), 4);
+    for n in 0..2 {
+        assert_file_eq(&c.path(n, "f"), &pattern(4, 100_000));
+    }
+}
