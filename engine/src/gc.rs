@@ -283,6 +283,7 @@ impl Space {
         need: u64,
     ) -> Vec<(SegmentId, u64)> {
         let seg = self.store().segment_bytes();
+        let range = self.segment_range();
         let limit = if pressure {
             seg as f64
         } else {
@@ -293,6 +294,10 @@ impl Space {
             .iter()
             .enumerate()
             .map(|(i, l)| (SegmentId(i as u64), *l))
+            // Only this slot's chunk segments: below them lie other slots' shares and this
+            // slot's manifest area, which hold no chunk record of this table and must never
+            // be taken for empty segments.
+            .filter(|(i, _)| range.contains(&i.0))
             .filter(|(i, l)| !u.free.contains(i) && !busy.contains(i) && (*l as f64) < limit)
             .collect();
         v.sort_by_key(|(i, l)| (*l, *i));

@@ -133,6 +133,10 @@ pub struct SlotRequest {
     pub lease: Duration,
     /// Recorded in the header, so `ckptfs slots` can say where the slot is mounted.
     pub mountpoint: String,
+    /// Claim `slot` even while its holder's lease runs (`mount --take-over`): only for a
+    /// holder known to be dead (its node powered off). A live holder would write on until
+    /// its next renewal finds the new epoch, and could damage what the new owner writes.
+    pub take_over: bool,
 }
 
 impl Default for SlotRequest {
@@ -141,6 +145,7 @@ impl Default for SlotRequest {
             slot: None,
             lease: DEFAULT_LEASE,
             mountpoint: String::new(),
+            take_over: false,
         }
     }
 }
@@ -236,7 +241,12 @@ impl Lease {
         for slot in candidates {
             let h = table.read(slot)?;
             let now = now_unix_ns();
-            if is_live(&h, now) {
+            if is_live(&h, now) && req.take_over && req.slot.is_some() {
+                log::warn!(
+                    "taking over slot {slot} while its lease runs (--take-over): {}",
+                    describe_holder(&h, now)
+                );
+            } else if is_live(&h, now) {
                 if req.slot.is_some() {
                     return Err(Error::Locked(format!(
                         "slot {slot} is held by a live mount: {}; it can be taken over once \

@@ -489,29 +489,134 @@ pub fn slot_table(
         }
         other => other,
     })?;
-    let dev: Arc<dyn Device> = Arc::new(FileDevice::new(f)?);
+    table_on(
+        Arc::new(FileDevice::new(f)?),
+        sb,
+        &path.display().to_string(),
+    )
+}
+
+/// The slot table on device `dev`, checked against superblock `sb` (`what` names the
+/// device in errors).
+fn table_on(
+    dev: Arc<dyn Device>,
+    sb: &Superblock,
+    what: &str,
+) -> Result<(SlotTable, SlotTableHead)> {
     let mut b = vec![0u8; SLOT_TABLE_HEAD_LEN as usize];
     dev.read_at(&mut b, 0)?;
     let head = SlotTableHead::decode(&b)?;
     if head.uuid != sb.uuid || head.slots != sb.slots {
         return Err(Corruption::Layout(format!(
-            "{} belongs to another space or says {} slots (the superblock says {})",
-            path.display(),
-            head.slots,
-            sb.slots
+            "{what} belongs to another space or says {} slots (the superblock says {})",
+            head.slots, sb.slots
         ))
         .into());
     }
     let need = SLOT_TABLE_HEAD_LEN + sb.slots as u64 * SLOT_HEADER_PAIR;
     if dev.len() < need {
-        return Err(Corruption::Layout(format!(
-            "{} is {} bytes, {need} expected",
-            path.display(),
-            dev.len()
-        ))
-        .into());
+        return Err(
+            Corruption::Layout(format!("{what} is {} bytes, {need} expected", dev.len())).into(),
+        );
     }
     Ok((SlotTable::new(dev, sb.slots), head))
+}
+
+/// Opens the slot `lease` holds of multi-slot space `sb` on `devs`: every write to them
+/// fenced by the lease, the slot's table made at its first claim (from the policy in the
+/// slot table's head), and the slot's publisher and view of the other slots attached.
+fn open_claimed(
+    sb: Superblock,
+    devs: Devices,
+    lease: Arc<Lease>,
+    table: SlotTable,
+    head: &SlotTableHead,
+) -> Result<Space> {
+    let slot = lease.slot();
+    let fence = |inner| -> Arc<dyn Device> {
+        Arc::new(FencedDevice {
+            inner,
+            lease: lease.clone(),
+        })
+    };
+    let devs = Devices {
+        data: fence(devs.data),
+        meta: fence(devs.meta),
+    };
+    if devs.meta.is_empty() {
+        // The slot's first claim: its table starts from the policy given at format.
+        let [keep_revisions, keep_age_secs, keep_unlinked_secs, auto_gc_free_percent] = head.config;
+        let config = Config {
+            keep_revisions,
+            keep_age_secs,
+            keep_unlinked_secs,
+            auto_gc_free_percent,
+        };
+        init_meta(&devs.meta, &config, sb.slot_segments(slot))?;
+        log::info!("slot {slot}: first claim, metadata table created");
+    }
+    let data_dev = devs.data.clone();
+    let mut space = Space::open_devices_slot(sb.clone(), devs, slot)?;
+    space.publisher = Some(Publisher::new(&sb, data_dev.clone(), lease.clone()));
+    space.union = Some(Arc::new(Union::new(table, data_dev, sb, slot)));
+    let store = Arc::downgrade(&space.store);
+    lease.set_usage(Box::new(move || {
+        let s = store.upgrade()?;
+        Some(s.capacity().saturating_sub(s.free_bytes()))
+    }));
+    Ok(space)
+}
+
+impl Space {
+    /// `format_slots` on devices: checks the geometry, writes the slot table's head onto
+    /// `headers` (empty) and returns the superblock. Slot tables are made at first claim.
+    pub fn format_slots_devices(
+        data: &Arc<dyn Device>,
+        headers: &Arc<dyn Device>,
+        chunk_avg_bytes: u32,
+        config: Config,
+        slots: u32,
+    ) -> Result<Superblock> {
+        let size_bytes = data.len();
+        let (chunk, segment_bytes) = geometry(size_bytes, chunk_avg_bytes, &config)?;
+        if slots < 2 || (size_bytes / segment_bytes as u64) / (slots as u64) < MIN_SLOT_SEGMENTS {
+            return Err(Error::Invalid(format!(
+                "{slots} slots do not fit this space"
+            )));
+        }
+        let sb = new_superblock(size_bytes, chunk, segment_bytes, slots);
+        let head = SlotTableHead {
+            uuid: sb.uuid,
+            slots,
+            config: [
+                config.keep_revisions,
+                config.keep_age_secs,
+                config.keep_unlinked_secs,
+                config.auto_gc_free_percent,
+            ],
+        };
+        headers.set_len(SLOT_TABLE_HEAD_LEN + slots as u64 * SLOT_HEADER_PAIR)?;
+        headers.write_at(&head.encode(), 0)?;
+        headers.sync()?;
+        Ok(sb)
+    }
+
+    /// Claims a slot of multi-slot space `sb` on devices (`devs.meta`: that slot's table,
+    /// `headers`: the slot table) and opens it as a mount does, without files or locks:
+    /// for the crash and fault tests. The caller names the slot whose table it passes.
+    pub fn open_slot_devices(
+        sb: Superblock,
+        devs: Devices,
+        headers: Arc<dyn Device>,
+        req: &SlotRequest,
+        settle: Duration,
+    ) -> Result<Space> {
+        let (table, head) = table_on(headers, &sb, "the slot table")?;
+        let lease = Lease::claim(table.clone(), req, settle)?;
+        let mut space = open_claimed(sb, devs, lease.clone(), table, &head)?;
+        space.lease = Some(crate::slots::LeaseGuard(lease));
+        Ok(space)
+    }
 }
 
 fn sync_dir(dir: &Path) -> Result<()> {
@@ -790,45 +895,13 @@ impl Space {
                 meta: wrap("meta", devs.meta),
             };
         }
-        let slot = lease.as_ref().map_or(SlotId(0), |l| l.slot());
-        if let Some(lease) = &lease {
-            let fence = |inner| -> Arc<dyn Device> {
-                Arc::new(FencedDevice {
-                    inner,
-                    lease: lease.clone(),
-                })
-            };
-            devs = Devices {
-                data: fence(devs.data),
-                meta: fence(devs.meta),
-            };
-            if devs.meta.is_empty() {
-                // The slot's first claim: its table starts from the policy given at format.
-                let (_, head) = slot_table(dir, &sb, false)?;
-                let [keep_revisions, keep_age_secs, keep_unlinked_secs, auto_gc_free_percent] =
-                    head.config;
-                let config = Config {
-                    keep_revisions,
-                    keep_age_secs,
-                    keep_unlinked_secs,
-                    auto_gc_free_percent,
-                };
-                init_meta(&devs.meta, &config, sb.slot_segments(slot))?;
-                log::info!("slot {slot}: first claim, metadata table created");
+        let mut space = match &lease {
+            None => Space::open_devices_slot(sb, devs, SlotId(0))?,
+            Some(lease) => {
+                let (table, head) = slot_table(dir, &sb, false)?;
+                open_claimed(sb, devs, lease.clone(), table, &head)?
             }
-        }
-        let data_dev = devs.data.clone();
-        let mut space = Space::open_devices_slot(sb.clone(), devs, slot)?;
-        if let Some(lease) = &lease {
-            space.publisher = Some(Publisher::new(&sb, data_dev.clone(), lease.clone()));
-            let (table, _) = slot_table(dir, &sb, false)?;
-            space.union = Some(Arc::new(Union::new(table, data_dev, sb.clone(), slot)));
-            let store = Arc::downgrade(&space.store);
-            lease.set_usage(Box::new(move || {
-                let s = store.upgrade()?;
-                Some(s.capacity() - s.free_bytes())
-            }));
-        }
+        };
         space.lease = lease.map(crate::slots::LeaseGuard);
         // Armed once the space is open: operation counts start after the open's own I/O
         // (the integrity check), so a test can name "the first commit's write".

@@ -186,6 +186,11 @@ enum Cmd {
         /// 3/4 of it (frozen, or its storage stalled) stops writing for good.
         #[arg(long, value_name = "DURATION", default_value = "30s", value_parser = parse_lease)]
         lease: Duration,
+        /// With --slot: claim it even while its holder's lease runs. Only when that holder
+        /// is known to be dead (its node powered off): a live holder writes on until its
+        /// next renewal and could damage what this mount writes.
+        #[arg(long, requires = "slot")]
+        take_over: bool,
         #[arg(long, hide = true)]
         notify_ready: bool,
     },
@@ -449,9 +454,10 @@ struct Tuning {
     /// ckptfs always mounts `nodev`.
     suid: bool,
     noexec: bool,
-    /// Of a multi-slot space: `--slot`, `--lease`.
+    /// Of a multi-slot space: `--slot`, `--lease`, `--take-over`.
     slot: Option<u32>,
     lease: Duration,
+    take_over: bool,
 }
 
 /// The batch codec `--gpu` asks for, if any (see the flag's help).
@@ -550,6 +556,7 @@ fn mount(
                 slot: tuning.slot.map(SlotId),
                 lease: tuning.lease,
                 mountpoint: mnt.display().to_string(),
+                take_over: tuning.take_over,
             },
         )
     }
@@ -794,6 +801,9 @@ fn spawn_daemon(
     }
     if let Some(n) = tuning.slot {
         cmd.arg("--slot").arg(n.to_string());
+    }
+    if tuning.take_over {
+        cmd.arg("--take-over");
     }
     cmd.arg("--lease")
         .arg(format!("{}ms", tuning.lease.as_millis()));
@@ -1137,6 +1147,7 @@ fn run(cli: Cli) -> Result<(), String> {
             options,
             slot,
             lease,
+            take_over,
             notify_ready,
         } => {
             if foreground {
@@ -1153,6 +1164,7 @@ fn run(cli: Cli) -> Result<(), String> {
                 noexec: false,
                 slot,
                 lease,
+                take_over,
             };
             let mut allow_other = allow_other;
             if let Some(o) = &options {
@@ -1809,6 +1821,7 @@ mod tests {
             noexec: false,
             slot: None,
             lease: ckptfs_engine::slots::DEFAULT_LEASE,
+            take_over: false,
         }
     }
 
