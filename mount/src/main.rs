@@ -1213,6 +1213,36 @@ fn run(cli: Cli) -> Result<(), String> {
             json,
             prometheus,
         } => {
+            // A multi-slot space: what the mount's own slot holds, then every slot's line
+            // and the whole space's totals from the slot headers. Of its backing directory,
+            // only the latter (each slot's table is its node's).
+            let abs = absolute(&path);
+            let backing = match abs.join(ckptfs_engine::format::SUPERBLOCK_FILE).exists() {
+                true => Some(abs.clone()),
+                false => backing_of(&abs),
+            };
+            let multi = backing
+                .as_deref()
+                .filter(|b| !prometheus && slots::is_multi_slot(b));
+            if let Some(b) = multi {
+                let summary = slots::summary(b)?;
+                let own = match b == abs.as_path() {
+                    true => None,
+                    false => Some(read_stats(&path)?),
+                };
+                if json {
+                    let mut v = own.as_ref().map_or(serde_json::json!({}), stats_json);
+                    v["slots"] = summary["slots"].clone();
+                    v["space"] = summary["space"].clone();
+                    println!("{v}");
+                } else {
+                    if let Some(s) = &own {
+                        print_stats(s);
+                    }
+                    slots::print_summary(&summary);
+                }
+                return Ok(());
+            }
             let s = read_stats(&path)?;
             if json {
                 println!("{}", stats_json(&s));

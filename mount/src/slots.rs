@@ -16,7 +16,54 @@ fn state_word(h: &SlotHeader, now: u64) -> &'static str {
     }
 }
 
-pub fn run(dir: &Path, json: bool) -> Result<(), String> {
+/// Whether the backing directory `dir` holds a multi-slot space.
+pub fn is_multi_slot(dir: &Path) -> bool {
+    read_backing_dir(dir, false).is_ok_and(|sb| sb.slots > 1)
+}
+
+/// Per-slot lines and the whole space's totals, as `ckptfs stats` adds them for a
+/// multi-slot space (from the slot headers only).
+pub fn summary(dir: &Path) -> Result<serde_json::Value, String> {
+    let (_, rows) = rows(dir)?;
+    let sum = |k: &str| rows.iter().filter_map(|r| r[k].as_u64()).sum::<u64>();
+    let held = rows.iter().filter(|r| r["state"] == "held").count();
+    Ok(serde_json::json!({
+        "slots": rows,
+        "space": {
+            "slots": rows.len(),
+            "held": held,
+            "reserved_bytes": sum("reserved_bytes"),
+            "used_bytes": sum("used_bytes"),
+        }
+    }))
+}
+
+/// Prints `summary`'s lines.
+pub fn print_summary(v: &serde_json::Value) {
+    let s = &v["space"];
+    println!(
+        "whole space        {} slots ({} held), {} used of {}",
+        s["slots"],
+        s["held"],
+        crate::human(s["used_bytes"].as_u64().unwrap_or(0)),
+        crate::human(s["reserved_bytes"].as_u64().unwrap_or(0))
+    );
+    for r in v["slots"].as_array().into_iter().flatten() {
+        if r["state"] == "free" {
+            continue;
+        }
+        println!(
+            "  slot {:>5}        {:<8} {:>10} used  {} {}",
+            r["slot"],
+            r["state"].as_str().unwrap_or(""),
+            crate::human(r["used_bytes"].as_u64().unwrap_or(0)),
+            r["host"].as_str().unwrap_or(""),
+            r["mountpoint"].as_str().unwrap_or("")
+        );
+    }
+}
+
+fn rows(dir: &Path) -> Result<(Vec<SlotHeader>, Vec<serde_json::Value>), String> {
     let sb = read_backing_dir(dir, false).map_err(|e| e.to_string())?;
     if sb.slots == 1 {
         return Err(format!(
@@ -50,6 +97,12 @@ pub fn run(dir: &Path, json: bool) -> Result<(), String> {
             })
         })
         .collect();
+    Ok((all, rows))
+}
+
+pub fn run(dir: &Path, json: bool) -> Result<(), String> {
+    let sb = read_backing_dir(dir, false).map_err(|e| e.to_string())?;
+    let (all, rows) = rows(dir)?;
     if json {
         let v = serde_json::json!({ "slots": rows });
         println!("{}", serde_json::to_string_pretty(&v).expect("json"));
