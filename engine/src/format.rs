@@ -407,6 +407,77 @@ impl SlotTableHead {
     }
 }
 
+/// Bytes per slot of the hint region at the end of `slots/headers` (`SlotHint`).
+pub const SLOT_HINT_LEN: u64 = 64;
+
+/// The length of `slots/headers` for `slots` slots: head, header pairs, hints (padded to
+/// whole 4 KiB blocks).
+pub fn slot_table_len(slots: u32) -> u64 {
+    SLOT_TABLE_HEAD_LEN
+        + slots as u64 * SLOT_HEADER_PAIR
+        + (slots as u64 * SLOT_HINT_LEN).div_ceil(4096) * 4096
+}
+
+/// A slot's hint: the few fields of its newest header that say whether it published
+/// something new, packed densely, so that a node refreshing its view of every slot reads
+/// 64 bytes per slot instead of 8 KiB, and the whole header only of slots that changed.
+/// Only a hint: the header stays authoritative (FORMAT.md "Hints").
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub struct SlotHint {
+    pub seq: u64,
+    pub epoch: u64,
+    pub manifest_gen: u64,
+    pub manifest_len: u64,
+}
+
+impl SlotHint {
+    pub fn of(h: &SlotHeader) -> SlotHint {
+        SlotHint {
+            seq: h.seq,
+            epoch: h.epoch,
+            manifest_gen: h.manifest_gen,
+            manifest_len: h.manifest_len,
+        }
+    }
+
+    /// Where slot `slot`'s hint lives in `slots/headers` of a `slots`-slot space.
+    pub fn offset(slots: u32, slot: SlotId) -> u64 {
+        SLOT_TABLE_HEAD_LEN + slots as u64 * SLOT_HEADER_PAIR + slot.0 as u64 * SLOT_HINT_LEN
+    }
+
+    /// `seq | epoch | manifest gen | manifest len | 0 (16) | blake3 of 0..48, 16 bytes`.
+    pub fn encode(&self) -> [u8; SLOT_HINT_LEN as usize] {
+        let mut b = [0u8; SLOT_HINT_LEN as usize];
+        for (i, v) in [self.seq, self.epoch, self.manifest_gen, self.manifest_len]
+            .iter()
+            .enumerate()
+        {
+            b[8 * i..8 * i + 8].copy_from_slice(&v.to_le_bytes());
+        }
+        let sum = blake3::hash(&b[..48]);
+        b[48..64].copy_from_slice(&sum.as_bytes()[..16]);
+        b
+    }
+
+    /// None for a hint not intact (then the header is read); all zeros (never written, a
+    /// slot never claimed) is the default hint.
+    pub fn decode(b: &[u8]) -> Option<SlotHint> {
+        if b.iter().all(|&x| x == 0) {
+            return Some(SlotHint::default());
+        }
+        if b.len() != SLOT_HINT_LEN as usize || blake3::hash(&b[..48]).as_bytes()[..16] != b[48..64]
+        {
+            return None;
+        }
+        Some(SlotHint {
+            seq: u64_at(b, 0),
+            epoch: u64_at(b, 8),
+            manifest_gen: u64_at(b, 16),
+            manifest_len: u64_at(b, 24),
+        })
+    }
+}
+
 /// Bytes per slot in `slots/headers`: two copies of `SLOT_HEADER_LEN`, written alternately.
 pub const SLOT_HEADER_PAIR: u64 = 2 * SLOT_HEADER_LEN as u64;
 pub const SLOT_HEADER_LEN: usize = 4096;
@@ -1277,6 +1348,26 @@ mod tests {
         );
         assert_eq!(SlotHeader::offset(slot, 8), 4096 + 3 * 8192);
         assert_eq!(SlotHeader::offset(slot, 7), 4096 + 3 * 8192 + 4096);
+    }
+
+    #[test]
+    fn slot_hints_round_trip_and_sit_after_the_headers() {
+        let h = SlotHint {
+            seq: 9,
+            epoch: 2,
+            manifest_gen: 3,
+            manifest_len: 8192,
+        };
+        let b = h.encode();
+        assert_eq!(u64_at(&b, 24), 8192);
+        assert_eq!(SlotHint::decode(&b), Some(h));
+        let mut bad = b;
+        bad[3] ^= 1;
+        assert_eq!(SlotHint::decode(&bad), None);
+        assert_eq!(SlotHint::decode(&[0; 64]), Some(SlotHint::default()));
+        assert_eq!(SlotHint::offset(4, SlotId(1)), 4096 + 4 * 8192 + 64);
+        assert_eq!(slot_table_len(4), 4096 + 4 * 8192 + 4096);
+        assert_eq!(slot_table_len(1024), 4096 + 1024 * 8192 + 65536);
     }
 
     #[test]

@@ -450,7 +450,11 @@ pub struct Union {
     views: RwLock<HashMap<SlotId, Arc<SlotView>>>,
     /// Held while refreshing: when the last refresh started.
     refreshing: Mutex<Option<std::time::Instant>>,
+    refreshes: std::sync::atomic::AtomicU64,
 }
+
+/// Every this many refreshes, every slot's header is read whatever its hint says.
+const FULL_REFRESH_EVERY: u64 = 16;
 
 impl Union {
     pub fn new(table: SlotTable, dev: Arc<dyn Device>, sb: Superblock, me: SlotId) -> Union {
@@ -461,6 +465,7 @@ impl Union {
             me,
             views: RwLock::new(HashMap::new()),
             refreshing: Mutex::new(None),
+            refreshes: std::sync::atomic::AtomicU64::new(0),
         }
     }
 
@@ -485,7 +490,29 @@ impl Union {
     }
 
     fn refresh_locked(&self) -> Result<()> {
-        let headers = self.table.all()?;
+        // The hints first (64 bytes a slot); whole headers only of slots whose hint moved,
+        // or is not intact, and of every slot once every `FULL_REFRESH_EVERY` refreshes (a
+        // hint lost on a filesystem without byte-range coherence).
+        let n = self
+            .refreshes
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let hints = self.table.hints()?;
+        let full = n.is_multiple_of(FULL_REFRESH_EVERY);
+        let mut headers = Vec::new();
+        for (i, hint) in hints.iter().enumerate() {
+            let slot = SlotId(i as u32);
+            if slot == self.me {
+                continue;
+            }
+            let known = self.views.read().get(&slot).map(|v| (v.gen, v.len));
+            let moved = match hint {
+                Some(h) => known != Some((h.manifest_gen, h.manifest_len)) && h.manifest_gen != 0,
+                None => true,
+            };
+            if full || moved {
+                headers.push(self.table.read(slot)?);
+            }
+        }
         for h in headers {
             if h.slot == self.me || h.manifest_gen == 0 {
                 continue;

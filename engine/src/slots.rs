@@ -17,7 +17,9 @@
 
 use crate::device::Device;
 use crate::error::{Error, Result};
-use crate::format::{SlotHeader, SlotId, SlotState, SLOT_HEADER_PAIR, SLOT_MOUNTPOINT_MAX};
+use crate::format::{
+    SlotHeader, SlotHint, SlotId, SlotState, SLOT_HEADER_PAIR, SLOT_HINT_LEN, SLOT_MOUNTPOINT_MAX,
+};
 use parking_lot::Mutex;
 use std::io;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -80,7 +82,24 @@ impl SlotTable {
     pub fn write(&self, h: &SlotHeader) -> io::Result<()> {
         self.dev
             .write_at(&h.encode(), SlotHeader::offset(h.slot, h.seq))?;
-        self.dev.sync()
+        self.dev.sync()?;
+        // The hint after the header: a reader that sees the new hint finds the new header.
+        // Not synced: a lost hint only delays a reader until its next full read.
+        self.dev.write_at(
+            &SlotHint::of(h).encode(),
+            SlotHint::offset(self.slots, h.slot),
+        )
+    }
+
+    /// Every slot's hint (None: never written or not intact), in slot order.
+    pub fn hints(&self) -> Result<Vec<Option<SlotHint>>> {
+        let n = self.slots as usize;
+        let mut b = vec![0u8; n * SLOT_HINT_LEN as usize];
+        self.dev
+            .read_at(&mut b, SlotHint::offset(self.slots, SlotId(0)))?;
+        Ok(b.chunks(SLOT_HINT_LEN as usize)
+            .map(SlotHint::decode)
+            .collect())
     }
 
     /// Every slot's header, in slot order.

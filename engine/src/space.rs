@@ -464,7 +464,7 @@ fn format_slot_files(dir: &Path, sb: &Superblock, config: &Config) -> Result<()>
         use std::os::unix::fs::FileExt;
         headers.write_all_at(&head.encode(), 0)?;
     }
-    headers.set_len(SLOT_TABLE_HEAD_LEN + sb.slots as u64 * SLOT_HEADER_PAIR)?;
+    headers.set_len(slot_table_len(sb.slots))?;
     headers.sync_all()?;
     for i in 0..sb.slots {
         drop(open_private(&dir.join(slot_meta_file(SlotId(i))), true)?);
@@ -513,7 +513,7 @@ fn table_on(
         ))
         .into());
     }
-    let need = SLOT_TABLE_HEAD_LEN + sb.slots as u64 * SLOT_HEADER_PAIR;
+    let need = slot_table_len(sb.slots);
     if dev.len() < need {
         return Err(
             Corruption::Layout(format!("{what} is {} bytes, {need} expected", dev.len())).into(),
@@ -595,7 +595,7 @@ impl Space {
                 config.auto_gc_free_percent,
             ],
         };
-        headers.set_len(SLOT_TABLE_HEAD_LEN + slots as u64 * SLOT_HEADER_PAIR)?;
+        headers.set_len(slot_table_len(slots))?;
         headers.write_at(&head.encode(), 0)?;
         headers.sync()?;
         Ok(sb)

@@ -644,11 +644,19 @@ impl Fs {
         fh: HandleId,
         write: bool,
     ) -> Result<Attr> {
-        let attr = self.make_node(
-            parent,
-            name,
-            new_record(NodeKind::File, perm, c, parent, Vec::new()),
-        )?;
+        let rec = new_record(NodeKind::File, perm, c, parent, Vec::new());
+        let attr = match self.make_node(parent, name, rec.clone()) {
+            // Another node made the file since this one looked: one more version of it
+            // (O_CREAT without O_EXCL opens an existing file).
+            Err(Error::Exists) if self.has_union() => {
+                let a = self.lookup(parent, name)?;
+                if a.rec.kind != NodeKind::File {
+                    return Err(Error::Exists);
+                }
+                a
+            }
+            r => r?,
+        };
         self.open(attr.ino, fh, write, false)?;
         Ok(attr)
     }
@@ -1166,16 +1174,36 @@ impl Fs {
             return self.open_view(ino, fh, write);
         }
         if union::is_remote(ino) {
-            // Read straight from the published content; no handle state to keep.
             self.refresh_since(std::time::Instant::now());
             let a = self.remote_getattr(ino)?;
             return match (write || truncate, a.rec.kind) {
+                // Writes go to this slot's version of the path.
+                (true, NodeKind::File) => self.open_layer(ino, fh, truncate),
                 (true, _) => Err(Error::ReadOnly),
                 (false, NodeKind::Dir) => Err(Error::IsDir),
+                // Read straight from the published content; no handle state to keep.
                 (false, _) => Ok(()),
             };
         }
         self.open_ref(ino, Some(fh), write, truncate).map(drop)
+    }
+
+    /// Opens this slot's file `ino` for writing under `fh` (the file another slot also has,
+    /// see `open_layer`).
+    pub(crate) fn open_local(&self, ino: InodeId, fh: HandleId, truncate: bool) -> Result<()> {
+        self.open_ref(ino, Some(fh), true, truncate).map(drop)
+    }
+
+    /// The inode a request on handle `fh` acts on: for a handle `open_layer` opened on this
+    /// slot's version of another slot's file, that version (the kernel names the inode it
+    /// looked up).
+    fn via_handle(&self, ino: InodeId, fh: HandleId) -> InodeId {
+        if union::is_remote(ino) {
+            if let Some((i, _)) = self.open.lock().handles.get(&fh) {
+                return *i;
+            }
+        }
+        ino
     }
 
     /// Finds or makes the open node of `ino` and takes one reference to it: handle `fh`'s,
@@ -1262,6 +1290,7 @@ impl Fs {
     }
 
     pub fn read(&self, ino: InodeId, fh: HandleId, off: u64, len: usize) -> Result<Vec<u8>> {
+        let ino = self.via_handle(ino, fh);
         if union::is_remote(ino) {
             return self.remote_read(ino, off, len);
         }
@@ -1312,6 +1341,7 @@ impl Fs {
         off: u64,
         data: &[u8],
     ) -> Result<usize> {
+        let ino = self.via_handle(ino, fh);
         self.writable(ino)?;
         if off
             .checked_add(data.len() as u64)
@@ -1560,6 +1590,7 @@ impl Fs {
     /// lists nothing; if the handle wrote and was the only writer, its release seals that
     /// commit later, unless the writer's own close sealed a newer one first.
     pub fn flush(&self, ino: InodeId, fh: HandleId, pid: u32) -> Result<()> {
+        let ino = self.via_handle(ino, fh);
         if union::is_remote(ino) {
             return Ok(());
         }
@@ -1628,6 +1659,7 @@ impl Fs {
     }
 
     pub fn fsync(&self, ino: InodeId, fh: HandleId) -> Result<()> {
+        let ino = self.via_handle(ino, fh);
         if union::is_remote(ino) {
             return Ok(());
         }
@@ -1652,6 +1684,7 @@ impl Fs {
     /// Last reference to a handle: commit anything left (e.g. from mmap writeback after
     /// close) and drop the in-memory state when no handle remains.
     pub fn release(&self, ino: InodeId, fh: HandleId) -> Result<()> {
+        let ino = self.via_handle(ino, fh);
         if union::is_remote(ino) {
             return Ok(());
         }

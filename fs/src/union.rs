@@ -49,6 +49,9 @@ enum Remote {
     Dir(Vec<Vec<u8>>),
     /// A node of one slot: its inode number there.
     Node(SlotId, InodeId, Vec<Vec<u8>>),
+    /// A regular file several slots have a version of (one written in parts by several
+    /// nodes): read as their layers, newest on top.
+    Merged(Vec<Vec<u8>>),
 }
 
 #[derive(Default)]
@@ -176,9 +179,10 @@ impl Fs {
     /// The path (components) of directory `dir`, local or remote.
     pub(crate) fn dir_path(&self, dir: InodeId) -> Result<Vec<Vec<u8>>> {
         if is_remote(dir) {
-            return match self.remotes.lock().by_ino.get(&dir) {
-                Some(Remote::Dir(p)) => Ok(p.clone()),
-                Some(Remote::Node(..)) => Err(Error::NotDir),
+            let r = self.remotes.lock().by_ino.get(&dir).cloned();
+            return match r {
+                Some(Remote::Dir(p)) => Ok(p),
+                Some(Remote::Node(..)) | Some(Remote::Merged(_)) => Err(Error::NotDir),
                 None => Err(Error::NotFound),
             };
         }
@@ -216,6 +220,11 @@ impl Fs {
             return Ok(dir);
         }
         let path = self.dir_path(dir)?;
+        self.local_dir_made(&path)
+    }
+
+    /// This slot's directory at `path`, made where missing like the other slots' ones.
+    fn local_dir_made(&self, path: &[Vec<u8>]) -> Result<InodeId> {
         let mut ino = InodeId::ROOT;
         for i in 0..path.len() {
             if let Some(c) = self.space.lookup(ino, &path[i])? {
@@ -367,6 +376,21 @@ impl Fs {
         }
         // Another node removed this slot's entry (a later whiteout).
         .filter(|a| !self.hidden(&join(&path), None, a.rec.ctime));
+        let remote_files = remote
+            .iter()
+            .filter(|(_, n)| n.kind == NodeKind::File)
+            .count();
+        let local_file = local_attr
+            .as_ref()
+            .is_some_and(|a| a.rec.kind == NodeKind::File);
+        if remote_files > 0
+            && (local_file || remote_files > 1)
+            && (local_file || local_attr.is_none())
+        {
+            // Several versions of one file: its layers (N-1 from several nodes).
+            let ino = self.remotes.lock().ino_of(Remote::Merged(path));
+            return self.remote_getattr(ino);
+        }
         if let Some(a) = &local_attr {
             // Directories merge through this slot's own; otherwise the newer entry wins.
             let newer = remote
@@ -446,7 +470,100 @@ impl Fs {
                 let n = v.nodes.get(&rino).cloned().ok_or(Error::NotFound)?;
                 Ok((Some(slot), n))
             }
+            Remote::Merged(path) => {
+                let layers = self.layers(&path)?;
+                let top = layers.last().ok_or(Error::NotFound)?;
+                let mut n = match top {
+                    Layer::Remote(n) => n.clone(),
+                    Layer::Local(a) => PubNode {
+                        ino,
+                        kind: NodeKind::File,
+                        perm: a.rec.perm,
+                        uid: a.rec.uid,
+                        gid: a.rec.gid,
+                        mtime: a.rec.mtime,
+                        ctime: a.rec.ctime,
+                        size: 0,
+                        rev: 0,
+                        target: Vec::new(),
+                        extents: Vec::new(),
+                    },
+                };
+                n.size = layers.iter().map(Layer::size).max().unwrap_or(0);
+                n.extents = Vec::new();
+                Ok((None, n))
+            }
         }
+    }
+
+    /// The versions of the regular file at `path` every node sees (this slot's committed
+    /// one and the other slots' that no whiteout hides), oldest change first.
+    fn layers(&self, path: &[Vec<u8>]) -> Result<Vec<Layer>> {
+        let mut out: Vec<Layer> = self
+            .remote_nodes(path)
+            .into_iter()
+            .filter(|(_, n)| n.kind == NodeKind::File)
+            .map(|(_, n)| Layer::Remote(n))
+            .collect();
+        if let Some(d) = self.local_dir(&path[..path.len() - 1])? {
+            if let Some(l) = self.space.lookup(d, &path[path.len() - 1])? {
+                let a = self.getattr(l)?;
+                if a.rec.kind == NodeKind::File && !self.hidden(&join(path), None, a.rec.ctime) {
+                    out.push(Layer::Local(a));
+                }
+            }
+        }
+        out.sort_by_key(Layer::ctime);
+        Ok(out)
+    }
+
+    /// The path of another slot's file (or a merged one), for writes that go to this slot.
+    fn file_path(&self, ino: InodeId) -> Result<Vec<Vec<u8>>> {
+        let r = self.remotes.lock().by_ino.get(&ino).cloned();
+        match r {
+            Some(Remote::Node(_, _, p)) | Some(Remote::Merged(p)) => Ok(p),
+            Some(Remote::Dir(_)) => Err(Error::IsDir),
+            None => Err(Error::NotFound),
+        }
+    }
+
+    /// Opens for writing a file another slot has (alone, or with this one): the writes go to
+    /// this slot's version of the path, made (empty, with the newest version's mode and
+    /// owner) when missing. Without O_TRUNC it is one more layer of the file: a shared
+    /// file written in parts by several nodes reads as all of them. With O_TRUNC, a
+    /// whiteout hides the other slots' versions changed before now.
+    pub(crate) fn open_layer(
+        &self,
+        ino: InodeId,
+        fh: super::HandleId,
+        truncate: bool,
+    ) -> Result<()> {
+        let path = self.file_path(ino)?;
+        let (name, dir) = path.split_last().ok_or(Error::Invalid)?;
+        let parent = self.local_dir_made(dir)?;
+        let newest = self
+            .remote_nodes(&path)
+            .into_iter()
+            .filter(|(_, n)| n.kind == NodeKind::File)
+            .max_by_key(|(_, n)| n.ctime);
+        let local = match self.space.lookup(parent, name)? {
+            Some(l) => l,
+            None => {
+                let like = newest.as_ref().map(|(_, n)| n).ok_or(Error::NotFound)?;
+                let c = super::Caller {
+                    uid: like.uid,
+                    gid: like.gid,
+                };
+                let rec = super::new_record(NodeKind::File, like.perm, c, parent, Vec::new());
+                self.make_node_here(parent, name, rec)?.ino
+            }
+        };
+        if truncate {
+            if let Some((_, n)) = &newest {
+                self.write_whiteout(&path, n.ctime)?;
+            }
+        }
+        self.open_local(local, fh, truncate)
     }
 
     pub(crate) fn remote_getattr(&self, ino: InodeId) -> Result<Attr> {
@@ -576,6 +693,11 @@ impl Fs {
     }
 
     fn remote_read_once(&self, ino: InodeId, off: u64, len: usize) -> Result<Vec<u8>> {
+        // Bound first: a lock guard in the condition would live through the block.
+        let r = self.remotes.lock().by_ino.get(&ino).cloned();
+        if let Some(Remote::Merged(path)) = r {
+            return self.merged_read(&path, off, len);
+        }
         let (_, n) = self.remote_node(ino)?;
         if n.kind != NodeKind::File {
             return Err(Error::IsDir);
@@ -585,6 +707,44 @@ impl Fs {
             return Ok(Vec::new());
         }
         let mut out = vec![0u8; (end - off) as usize];
+        self.paint_remote(&n, off, end, &mut out)?;
+        Ok(out)
+    }
+
+    /// A file of several versions: each version's extents painted over the older ones', so
+    /// a byte comes from the newest version that wrote it (holes are no writes).
+    fn merged_read(&self, path: &[Vec<u8>], off: u64, len: usize) -> Result<Vec<u8>> {
+        let layers = self.layers(path)?;
+        let size = layers.iter().map(Layer::size).max().unwrap_or(0);
+        let end = (off + len as u64).min(size);
+        if off >= end {
+            return Ok(Vec::new());
+        }
+        let mut out = vec![0u8; (end - off) as usize];
+        for l in &layers {
+            match l {
+                Layer::Remote(n) => self.paint_remote(n, off, end, &mut out)?,
+                Layer::Local(a) => {
+                    let map = self.space.load_map(a.rec.current_rev)?;
+                    for (es, e) in map.iter() {
+                        let ee = es + e.len as u64;
+                        if ee <= off || es >= end {
+                            continue;
+                        }
+                        let raw = self.space.store().get_many(&[e.chunk])?.remove(0);
+                        let (s, t) = (es.max(off), ee.min(end));
+                        let from = e.chunk_off as usize + (s - es) as usize;
+                        out[(s - off) as usize..(t - off) as usize]
+                            .copy_from_slice(&raw[from..from + (t - s) as usize]);
+                    }
+                }
+            }
+        }
+        Ok(out)
+    }
+
+    /// Copies the bytes of another slot's version `n` within `[off, end)` into `out`.
+    fn paint_remote(&self, n: &PubNode, off: u64, end: u64, out: &mut [u8]) -> Result<()> {
         let u = self.space.union().ok_or(Error::NotFound)?;
         // Extents are sorted by offset: start at the last one beginning at or before `off`.
         let first = n
@@ -617,7 +777,30 @@ impl Fs {
             out[(s - off) as usize..(t - off) as usize]
                 .copy_from_slice(&raw[from..from + (t - s) as usize]);
         }
-        Ok(out)
+        Ok(())
+    }
+}
+
+/// One version of a file that several slots have.
+enum Layer {
+    /// This slot's committed version: its attributes (its extents are read by revision).
+    Local(Attr),
+    /// Another slot's published version.
+    Remote(PubNode),
+}
+
+impl Layer {
+    fn ctime(&self) -> Timestamp {
+        match self {
+            Layer::Local(a) => a.rec.ctime,
+            Layer::Remote(n) => n.ctime,
+        }
+    }
+    fn size(&self) -> u64 {
+        match self {
+            Layer::Local(a) => a.rec.size,
+            Layer::Remote(n) => n.size,
+        }
     }
 }
 

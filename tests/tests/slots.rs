@@ -681,3 +681,52 @@ fn removing_another_nodes_entry_hides_it_everywhere() {
         assert_file_eq(&c.path(n, "f"), &pattern(4, 100_000));
     }
 }
+
+/// N-1 across nodes: 4 nodes write disjoint parts of one file (segmented: a quarter each;
+/// strided: every 4th 64 KiB block each), opening it without O_TRUNC as MPI-IO does; once
+/// all closed, every node reads the same, whole file.
+#[test]
+fn one_file_written_in_parts_by_several_nodes_reads_whole_everywhere() {
+    use std::os::unix::fs::FileExt;
+    const NODES: usize = 4;
+    const PART: usize = 768 << 10;
+    const BLOCK: usize = 64 << 10;
+    let mut c = Cluster::new(NODES as u32, "1G", NODES, Duration::from_secs(5));
+    for n in 0..NODES {
+        c.mount(n, &[]);
+    }
+    let whole = pattern(77, NODES * PART);
+    std::thread::scope(|s| {
+        for n in 0..NODES {
+            let (seg, strided) = (c.path(n, "seg.bin"), c.path(n, "strided.bin"));
+            let whole = &whole;
+            s.spawn(move || {
+                let open = |p: &std::path::Path| {
+                    fs::OpenOptions::new()
+                        .write(true)
+                        .create(true)
+                        .truncate(false)
+                        .open(p)
+                        .expect("open the shared file")
+                };
+                let f = open(&seg);
+                let at = n * PART;
+                f.write_all_at(&whole[at..at + PART], at as u64)
+                    .expect("write part");
+                close_checked(f).expect("close");
+                let f = open(&strided);
+                for b in (n..whole.len() / BLOCK).step_by(NODES) {
+                    let at = b * BLOCK;
+                    f.write_all_at(&whole[at..at + BLOCK], at as u64)
+                        .expect("write block");
+                }
+                close_checked(f).expect("close");
+            });
+        }
+    });
+    for n in 0..NODES {
+        for name in ["seg.bin", "strided.bin"] {
+            assert_file_eq(&c.path(n, name), &whole);
+        }
+    }
+}
