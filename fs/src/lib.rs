@@ -1827,8 +1827,20 @@ impl Fs {
             }
         }
         if self.has_union() {
-            let here =
-                |n: &[u8]| local.is_some_and(|l| matches!(self.space.lookup(l, n), Ok(Some(_))));
+            // Names this listing gave already: this slot's entries no whiteout hides.
+            let here = |n: &[u8]| {
+                let Some(l) = local else { return false };
+                let Ok(Some(i)) = self.space.lookup(l, n) else {
+                    return false;
+                };
+                let Ok(a) = self.getattr(i) else { return false };
+                let mut p = shared.clone().unwrap_or_default();
+                if !p.is_empty() {
+                    p.push(b'/');
+                }
+                p.extend_from_slice(n);
+                !self.hidden(&p, None, a.rec.ctime)
+            };
             out.extend(self.remote_readdir(dir, after, limit - listed, &here)?);
         }
         Ok(out)

@@ -376,46 +376,61 @@ impl Fs {
         }
         // Another node removed this slot's entry (a later whiteout).
         .filter(|a| !self.hidden(&join(&path), None, a.rec.ctime));
-        let remote_files = remote
+        // One rule, the same on every node: the entry changed last decides the kind; a
+        // directory merges every slot's directory there; a regular file merges every
+        // version changed after the last non-file entry there (its layers, N-1); anything
+        // else is the newest one alone.
+        let local_kind = local_attr.as_ref().map(|a| (a.rec.kind, a.rec.ctime));
+        let newest = remote
             .iter()
-            .filter(|(_, n)| n.kind == NodeKind::File)
-            .count();
-        let local_file = local_attr
-            .as_ref()
-            .is_some_and(|a| a.rec.kind == NodeKind::File);
-        if remote_files > 0
-            && (local_file || remote_files > 1)
-            && (local_file || local_attr.is_none())
-        {
-            // Several versions of one file: its layers (N-1 from several nodes).
-            let ino = self.remotes.lock().ino_of(Remote::Merged(path));
-            return self.remote_getattr(ino);
-        }
-        if let Some(a) = &local_attr {
-            // Directories merge through this slot's own; otherwise the newer entry wins.
-            let newer = remote
-                .iter()
-                .filter(|(_, n)| n.kind != NodeKind::Dir)
-                .max_by_key(|(_, n)| n.ctime)
-                .filter(|(_, n)| a.rec.kind != NodeKind::Dir && n.ctime > a.rec.ctime);
-            return match newer {
-                Some((s, n)) => Ok(self.remote_attr(*s, n, path)),
-                None => Ok(a.clone()),
-            };
-        }
-        if let Some((_, d)) = remote
-            .iter()
-            .filter(|(_, n)| n.kind == NodeKind::Dir)
-            .max_by_key(|(_, n)| n.ctime)
-        {
-            let ino = self.remotes.lock().ino_of(Remote::Dir(path));
-            return Ok(attr_of(ino, d));
-        }
-        let (s, n) = remote
-            .iter()
-            .max_by_key(|(_, n)| n.ctime)
+            .map(|(_, n)| (n.kind, n.ctime))
+            .chain(local_kind)
+            .max_by_key(|(_, t)| *t)
             .ok_or(Error::NotFound)?;
-        Ok(self.remote_attr(*s, n, path))
+        match newest.0 {
+            NodeKind::Dir => match &local_attr {
+                Some(a) if a.rec.kind == NodeKind::Dir => Ok(a.clone()),
+                _ => {
+                    let d = remote
+                        .iter()
+                        .filter(|(_, n)| n.kind == NodeKind::Dir)
+                        .max_by_key(|(_, n)| n.ctime)
+                        .map(|(_, n)| n.clone())
+                        .ok_or(Error::NotFound)?;
+                    let ino = self.remotes.lock().ino_of(Remote::Dir(path));
+                    Ok(attr_of(ino, &d))
+                }
+            },
+            NodeKind::File => {
+                let floor = file_floor(&remote, local_kind);
+                let remote_files: Vec<&(SlotId, PubNode)> = remote
+                    .iter()
+                    .filter(|(_, n)| n.kind == NodeKind::File && n.ctime > floor)
+                    .collect();
+                let local_file = local_attr
+                    .as_ref()
+                    .filter(|a| a.rec.kind == NodeKind::File && a.rec.ctime > floor);
+                match (local_file, remote_files.as_slice()) {
+                    (Some(a), []) => Ok(a.clone()),
+                    (None, [(s, n)]) => Ok(self.remote_attr(*s, n, path)),
+                    _ => {
+                        // Several versions of one file: its layers.
+                        let ino = self.remotes.lock().ino_of(Remote::Merged(path));
+                        self.remote_getattr(ino)
+                    }
+                }
+            }
+            _ => match &local_attr {
+                Some(a) if a.rec.ctime == newest.1 && a.rec.kind == newest.0 => Ok(a.clone()),
+                _ => {
+                    let (s, n) = remote
+                        .iter()
+                        .max_by_key(|(_, n)| n.ctime)
+                        .ok_or(Error::NotFound)?;
+                    Ok(self.remote_attr(*s, n, path))
+                }
+            },
+        }
     }
 
     fn remote_attr(&self, slot: SlotId, n: &PubNode, path: Vec<Vec<u8>>) -> Attr {
@@ -499,19 +514,24 @@ impl Fs {
     /// The versions of the regular file at `path` every node sees (this slot's committed
     /// one and the other slots' that no whiteout hides), oldest change first.
     fn layers(&self, path: &[Vec<u8>]) -> Result<Vec<Layer>> {
-        let mut out: Vec<Layer> = self
-            .remote_nodes(path)
-            .into_iter()
-            .filter(|(_, n)| n.kind == NodeKind::File)
-            .map(|(_, n)| Layer::Remote(n))
-            .collect();
+        let remote = self.remote_nodes(path);
+        let mut local = None;
         if let Some(d) = self.local_dir(&path[..path.len() - 1])? {
             if let Some(l) = self.space.lookup(d, &path[path.len() - 1])? {
                 let a = self.getattr(l)?;
-                if a.rec.kind == NodeKind::File && !self.hidden(&join(path), None, a.rec.ctime) {
-                    out.push(Layer::Local(a));
+                if !self.hidden(&join(path), None, a.rec.ctime) {
+                    local = Some(a);
                 }
             }
+        }
+        let floor = file_floor(&remote, local.as_ref().map(|a| (a.rec.kind, a.rec.ctime)));
+        let mut out: Vec<Layer> = remote
+            .into_iter()
+            .filter(|(_, n)| n.kind == NodeKind::File && n.ctime > floor)
+            .map(|(_, n)| Layer::Remote(n))
+            .collect();
+        if let Some(a) = local.filter(|a| a.rec.kind == NodeKind::File && a.rec.ctime > floor) {
+            out.push(Layer::Local(a));
         }
         out.sort_by_key(Layer::ctime);
         Ok(out)
@@ -617,10 +637,9 @@ impl Fs {
                 if self.hidden(&p, Some(slot), ctime) {
                     continue;
                 }
+                // The entry changed last gives the name its kind (as in `union_lookup`).
                 let keep = match out.get(name) {
                     None => true,
-                    Some((k, ..)) if *k == NodeKind::Dir => false,
-                    Some(_) if *kind == NodeKind::Dir => true,
                     Some((_, _, _, t)) => ctime > *t,
                 };
                 if keep {
@@ -810,4 +829,20 @@ pub(crate) type RemoteTable = Mutex<Remotes>;
 /// A path's components joined with '/', as whiteouts name paths.
 pub(crate) fn join(path: &[Vec<u8>]) -> Vec<u8> {
     path.join(&b'/')
+}
+
+/// The ctime of the newest entry at a path that is not a regular file: file versions
+/// older than it are not part of the file there.
+fn file_floor(remote: &[(SlotId, PubNode)], local: Option<(NodeKind, Timestamp)>) -> Timestamp {
+    remote
+        .iter()
+        .map(|(_, n)| (n.kind, n.ctime))
+        .chain(local)
+        .filter(|(k, _)| *k != NodeKind::File)
+        .map(|(_, t)| t)
+        .max()
+        .unwrap_or(Timestamp {
+            secs: i64::MIN,
+            nanos: 0,
+        })
 }

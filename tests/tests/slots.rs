@@ -730,3 +730,115 @@ fn one_file_written_in_parts_by_several_nodes_reads_whole_everywhere() {
         }
     }
 }
+
+/// Seeded stress of the union's tables (other slots' inode numbers, published views,
+/// whiteouts): threads on 3 nodes race creates, rewrites, partial writes, reads, unlinks,
+/// renames and mkdirs on a few shared names. Nothing may fail but with the errors the
+/// operation can mean (ENOENT, EEXIST, EXDEV, ENOTEMPTY, EISDIR, ENOTDIR, EROFS for changing
+/// another node's entry), and once quiet, every node must see the same names and bytes.
+/// CKPTFS_SLOTS_STRESS_OPS sets the operations per thread (default 60).
+#[test]
+fn racing_nodes_agree_once_quiet() {
+    use rand::{Rng, SeedableRng};
+    let seed = ckptfs_tests::test_seed("racing_nodes_agree_once_quiet", 7);
+    let ops: usize = std::env::var("CKPTFS_SLOTS_STRESS_OPS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(60);
+    const NODES: usize = 3;
+    let mut c = Cluster::new(NODES as u32, "768M", NODES, Duration::from_secs(5));
+    for n in 0..NODES {
+        c.mount(n, &[]);
+        fs::create_dir_all(c.path(n, "s")).unwrap();
+    }
+    let names = ["a", "b", "c", "d", "e", "sub"];
+    let allowed = [
+        libc::ENOENT,
+        libc::EEXIST,
+        libc::EXDEV,
+        libc::ENOTEMPTY,
+        libc::EISDIR,
+        libc::ENOTDIR,
+        libc::EROFS,
+    ];
+    std::thread::scope(|s| {
+        for n in 0..NODES {
+            for t in 0..2u64 {
+                let root = c.path(n, "s");
+                let allowed = &allowed;
+                s.spawn(move || {
+                    let mut rng = rand::rngs::SmallRng::seed_from_u64(seed ^ (n as u64 * 131 + t));
+                    for i in 0..ops {
+                        let name = names[rng.random_range(0..names.len())];
+                        let p = root.join(name);
+                        let r: std::io::Result<()> = match rng.random_range(0..10) {
+                            0..=2 => fs::File::create(&p).and_then(|mut f| {
+                                f.write_all(&pattern((n * 1000 + i) as u64, 50_000))?;
+                                close_checked(f)
+                            }),
+                            3 => fs::OpenOptions::new()
+                                .write(true)
+                                .create(true)
+                                .truncate(false)
+                                .open(&p)
+                                .and_then(|f| {
+                                    use std::os::unix::fs::FileExt;
+                                    f.write_all_at(
+                                        &pattern(i as u64, 10_000),
+                                        (n * 10_000) as u64,
+                                    )?;
+                                    close_checked(f)
+                                }),
+                            4..=5 => fs::read(&p).map(drop),
+                            6 => fs::remove_file(&p),
+                            7 => fs::rename(&p, root.join(names[rng.random_range(0..5)])),
+                            8 => fs::create_dir(&p),
+                            _ => fs::read_dir(&root).map(|d| {
+                                for e in d {
+                                    let _ = e.map(|e| e.file_name());
+                                }
+                            }),
+                        };
+                        if let Err(e) = r {
+                            let code = e.raw_os_error().unwrap_or(0);
+                            assert!(
+                                allowed.contains(&code),
+                                "node {n} thread {t} op {i} on {name}: {e}"
+                            );
+                        }
+                    }
+                });
+            }
+        }
+    });
+    // Quiet: every change is published within a second; then all nodes agree.
+    std::thread::sleep(Duration::from_millis(2500));
+    let view = |n: usize| -> Vec<(String, Option<Vec<u8>>)> {
+        let mut v: Vec<(String, Option<Vec<u8>>)> = fs::read_dir(c.path(n, "s"))
+            .unwrap()
+            .map(|e| {
+                let e = e.unwrap();
+                let name = e.file_name().to_string_lossy().into_owned();
+                let content = fs::read(e.path()).ok();
+                (name, content)
+            })
+            .collect();
+        v.sort();
+        v
+    };
+    let first = view(0);
+    for n in 1..NODES {
+        let other = view(n);
+        let names_of = |v: &[(String, Option<Vec<u8>>)]| {
+            v.iter()
+                .map(|(k, b)| (k.clone(), b.as_ref().map(|b| b.len())))
+                .collect::<Vec<_>>()
+        };
+        assert!(
+            other == first,
+            "seed {seed}: node {n} sees {:?}, node 0 sees {:?}",
+            names_of(&other),
+            names_of(&first)
+        );
+    }
+}
