@@ -268,6 +268,10 @@ fn resolve(path: &Path) -> Result<Where, (String, bool)> {
 
 /// Runs the command; returns its exit status.
 pub(crate) fn run(path: &Path, json: bool) -> ExitCode {
+    let abs = absolute(path);
+    if abs.join(SUPERBLOCK_FILE).exists() && crate::slots::is_multi_slot(&abs) {
+        return run_slots(&abs, json);
+    }
     let v = match resolve(path) {
         Ok(Where::Mounted(mnt)) => {
             let pb = progress_bar(!json);
@@ -319,6 +323,56 @@ pub(crate) fn run(path: &Path, json: bool) -> ExitCode {
         ExitCode::SUCCESS
     } else {
         ExitCode::from(1)
+    }
+}
+
+/// `check` of an unmounted multi-slot space: every slot that was ever claimed and no live
+/// mount holds. Exit 1 if any slot is damaged, else 2 if any could not be checked.
+fn run_slots(dir: &Path, json: bool) -> ExitCode {
+    let slots = match crate::slots::for_each_offline_slot(dir, "check", |space| {
+        check(&space, &mut |_, _| {})
+            .map(|r| check_json(&r, None))
+            .map_err(|e| e.to_string())
+    }) {
+        Ok(s) => s,
+        Err(e) => return open_failed(dir, &e, false),
+    };
+    let clean = slots
+        .iter()
+        .all(|(_, r)| r.as_ref().is_ok_and(|v| v["clean"].as_bool() == Some(true)));
+    let damaged = slots
+        .iter()
+        .any(|(_, r)| r.as_ref().is_ok_and(|v| v["clean"].as_bool() != Some(true)));
+    if json {
+        let v = json!({
+            "clean": clean,
+            "slots": slots.iter().map(|(s, r)| match r {
+                Ok(v) => json!({"slot": s, "report": v}),
+                Err(e) => json!({"slot": s, "error": e}),
+            }).collect::<Vec<_>>(),
+        });
+        println!("{v}");
+    } else {
+        for (s, r) in &slots {
+            match r {
+                Ok(v) => {
+                    println!("slot {s}:");
+                    print_human(v);
+                }
+                Err(e) => println!("slot {s}: {e}"),
+            }
+        }
+        if slots.is_empty() {
+            println!(
+                "no slot of {} was ever claimed: nothing to check",
+                dir.display()
+            );
+        }
+    }
+    match (clean, damaged) {
+        (true, _) => ExitCode::SUCCESS,
+        (false, true) => ExitCode::from(1),
+        (false, false) => ExitCode::from(2),
     }
 }
 

@@ -1548,6 +1548,43 @@ fn progress_bar(enabled: bool) -> Option<indicatif::ProgressBar> {
 }
 
 fn cmd_gc(path: &Path, dry_run: bool, json: bool) -> Result<(), String> {
+    let abs = absolute(path);
+    if abs.join(ckptfs_engine::format::SUPERBLOCK_FILE).exists() && slots::is_multi_slot(&abs) {
+        // Every slot ever claimed that no live mount holds, one after the other.
+        let done = slots::for_each_offline_slot(&abs, "gc", |space| {
+            Fs::new(space)
+                .gc(dry_run, None, &mut |_| {})
+                .map(|r| serde_json::to_value(&r).expect("gc report serializes"))
+                .map_err(|e| e.to_string())
+        })?;
+        let failed = done.iter().filter(|(_, r)| r.is_err()).count();
+        if json {
+            let v: Vec<serde_json::Value> = done
+                .iter()
+                .map(|(s, r)| match r {
+                    Ok(v) => serde_json::json!({"slot": s, "report": v}),
+                    Err(e) => serde_json::json!({"slot": s, "error": e}),
+                })
+                .collect();
+            println!("{}", serde_json::json!({ "slots": v }));
+        } else {
+            for (s, r) in &done {
+                match r {
+                    Ok(v) => println!(
+                        "slot {s}: {} revisions dropped, {} freed, {} copied",
+                        v["revisions_dropped"],
+                        human(v["bytes_freed"].as_u64().unwrap_or(0)),
+                        human(v["bytes_copied"].as_u64().unwrap_or(0))
+                    ),
+                    Err(e) => println!("slot {s}: {e}"),
+                }
+            }
+        }
+        return match failed {
+            0 => Ok(()),
+            n => Err(format!("{n} slot(s) were not collected (see above)")),
+        };
+    }
     let pb = progress_bar(!json);
     let target = match target_of(path)? {
         // The kernel refuses setxattr (the control channel) on a read-only mount. A dry run

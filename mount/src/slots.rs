@@ -147,3 +147,45 @@ pub fn run(dir: &Path, json: bool) -> Result<(), String> {
     }
     Ok(())
 }
+
+/// What an offline command does with each slot of a multi-slot backing directory: slots
+/// never claimed are skipped; a slot a live mount holds is left to that mount (its table is
+/// that node's); every other slot is claimed (as a mount would, then released) and given to
+/// `each`. Returns (slot, Ok(value) | Err(why not)) per slot it did not skip.
+pub fn for_each_offline_slot(
+    dir: &Path,
+    what: &str,
+    mut each: impl FnMut(ckptfs_engine::Space) -> Result<serde_json::Value, String>,
+) -> Result<Vec<(u32, Result<serde_json::Value, String>)>, String> {
+    use ckptfs_engine::format::SlotId;
+    use ckptfs_engine::slots::{describe_holder, SlotRequest};
+    let (all, _) = rows(dir)?;
+    let now = now_unix_ns();
+    let mut out = Vec::new();
+    for h in all {
+        if h.state == SlotState::Free {
+            continue;
+        }
+        if is_live(&h, now) {
+            out.push((
+                h.slot.0,
+                Err(format!(
+                    "not checked here: {}; run `ckptfs {what}` through that mount",
+                    describe_holder(&h, now)
+                )),
+            ));
+            continue;
+        }
+        let req = SlotRequest {
+            slot: Some(SlotId(h.slot.0)),
+            lease: std::time::Duration::from_secs(10),
+            mountpoint: format!("(ckptfs {what})"),
+            take_over: false,
+        };
+        let r = ckptfs_engine::Space::open_with(dir, &req)
+            .map_err(|e| e.to_string())
+            .and_then(&mut each);
+        out.push((h.slot.0, r));
+    }
+    Ok(out)
+}

@@ -83,6 +83,20 @@ fn nodes_claim_distinct_slots_and_a_released_slot_is_claimed_again() {
         "every claim bumps the epoch"
     );
     assert_file_eq(&c.path(4, "own-1"), &pattern(1, 300_000));
+
+    // Unmounted, check and gc of the backing directory cover every slot.
+    for n in [0, 2, 3, 4] {
+        c.unmount(n);
+    }
+    let (st, out, err) = c.ckptfs(&["check".into(), c.backing.clone().into(), "--json".into()]);
+    assert!(st.success(), "offline check of every slot: {out}{err}");
+    let v: serde_json::Value = serde_json::from_str(&out).expect("check json");
+    assert_eq!(v["clean"], true, "{v:#}");
+    assert_eq!(v["slots"].as_array().map(|a| a.len()), Some(4), "{v:#}");
+    let (st, out, err) = c.ckptfs(&["gc".into(), c.backing.clone().into(), "--json".into()]);
+    assert!(st.success(), "offline gc of every slot: {out}{err}");
+    let v: serde_json::Value = serde_json::from_str(&out).expect("gc json");
+    assert_eq!(v["slots"].as_array().map(|a| a.len()), Some(4), "{v:#}");
 }
 
 #[test]
@@ -108,11 +122,17 @@ fn slot_requests_that_cannot_be_met_are_refused_clearly() {
     assert!(!st.success() && err.contains("below the minimum"), "{err}");
     // Offline commands on the backing directory would act on some node's slot: refused,
     // pointing to the mounts.
-    for cmd in ["gc", "check", "config"] {
-        let (st, _, err) = c.ckptfs(&[cmd.into(), c.backing.clone().into()]);
+    let (st, _, err) = c.ckptfs(&["config".into(), c.backing.clone().into()]);
+    assert!(
+        !st.success() && err.contains("has 2 slots") && err.contains("ckptfs slots"),
+        "config of a multi-slot backing dir: {err}"
+    );
+    // gc and check of the backing directory leave slots that live mounts hold to them.
+    for cmd in ["gc", "check"] {
+        let (st, out, err) = c.ckptfs(&[cmd.into(), c.backing.clone().into()]);
         assert!(
-            !st.success() && err.contains("has 2 slots") && err.contains("ckptfs slots"),
-            "{cmd} of a multi-slot backing dir: {err}"
+            !st.success() && out.contains(&format!("run `ckptfs {cmd}` through that mount")),
+            "{cmd} of a multi-slot backing dir with live mounts: {out}{err}"
         );
     }
 
