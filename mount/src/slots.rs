@@ -148,6 +148,9 @@ pub fn run(dir: &Path, json: bool) -> Result<(), String> {
     Ok(())
 }
 
+/// A slot an offline command took (its report) or had to leave (why).
+pub type SlotOutcome = (u32, Result<serde_json::Value, String>);
+
 /// What an offline command does with each slot of a multi-slot backing directory: slots
 /// never claimed are skipped; a slot a live mount holds is left to that mount (its table is
 /// that node's); every other slot is claimed (as a mount would, then released) and given to
@@ -156,7 +159,7 @@ pub fn for_each_offline_slot(
     dir: &Path,
     what: &str,
     mut each: impl FnMut(ckptfs_engine::Space) -> Result<serde_json::Value, String>,
-) -> Result<Vec<(u32, Result<serde_json::Value, String>)>, String> {
+) -> Result<Vec<SlotOutcome>, String> {
     use ckptfs_engine::format::SlotId;
     use ckptfs_engine::slots::{describe_holder, SlotRequest};
     let (all, _) = rows(dir)?;
