@@ -35,6 +35,10 @@ pub const COMPACT_LIVE_FRACTION: f64 = 0.5;
 /// Compaction passes one gc runs under space pressure at most.
 pub const PRESSURE_PASSES: usize = 64;
 
+/// How long segments gc emptied in a slot of a multi-slot space stay unused (unless a writer
+/// needs the room): longer than other nodes take to read the manifest gc publishes.
+pub const REMOTE_READ_GRACE: std::time::Duration = std::time::Duration::from_secs(5);
+
 #[derive(Clone, Debug, Default)]
 pub struct GcOptions {
     pub dry_run: bool,
@@ -116,6 +120,7 @@ impl Space {
 
     fn run_gc(&self, opts: &GcOptions, progress: &mut dyn FnMut(GcProgress)) -> Result<GcReport> {
         let _one = self.gc_lock.lock();
+        self.store().release_due(opts.pressure);
         if self.store().is_failed() {
             return Err(Error::Failed);
         }
@@ -458,7 +463,13 @@ impl Space {
                 self.store().relocate_pinned(&moves);
                 freed
             };
-            self.store().release_segments(&freed);
+            if self.union().is_some() && !opts.pressure {
+                // Other nodes may still read moved chunks at their old places until they
+                // read this slot's next manifest (published after this gc).
+                self.store().defer_release(freed.clone(), REMOTE_READ_GRACE);
+            } else {
+                self.store().release_segments(&freed);
+            }
             r.segments_freed += freed.len() as u64;
             r.segments_compacted += round
                 .iter()

@@ -111,6 +111,8 @@ pub struct ChunkStore {
     /// segments, so no lookup can straddle a reuse.
     barrier: RwLock<()>,
     cache: Mutex<ChunkCache>,
+    /// Segments gc emptied whose reuse waits until the given time (`defer_release`).
+    deferred: Mutex<Vec<(std::time::Instant, Vec<SegmentId>)>>,
     /// Chunks being read by some thread (lock order: cache, then this).
     loading: Mutex<HashMap<ChunkHash, Arc<Loading>>>,
     /// Sticky failure, shared with the metadata table's backend (`MetaBackend`), which sets
@@ -163,6 +165,7 @@ impl ChunkStore {
             pending: Mutex::new(HashMap::new()),
             barrier: RwLock::new(()),
             cache: Mutex::new(ChunkCache::default()),
+            deferred: Mutex::new(Vec::new()),
             loading: Mutex::new(HashMap::new()),
             failed,
             dedup_hits: AtomicU64::new(0),
@@ -381,6 +384,34 @@ impl ChunkStore {
     pub fn release_segments(&self, segs: &[SegmentId]) {
         let _excl = self.barrier.write();
         self.writer.lock().segs.release(segs);
+    }
+
+    /// `release_segments` after `grace`: the segments are free in the table already, but no
+    /// new chunk goes into them before then, so another node reading a chunk gc moved at its
+    /// old place (its view of this slot not refreshed yet) still finds the old bytes. At
+    /// most a few gc rounds' worth are held (each round frees at most 16 segments).
+    pub fn defer_release(&self, segs: Vec<SegmentId>, grace: std::time::Duration) {
+        if !segs.is_empty() {
+            self.deferred
+                .lock()
+                .push((std::time::Instant::now() + grace, segs));
+        }
+    }
+
+    /// Releases deferred segments whose grace is over, or all of them with `all` (a writer
+    /// waits for room: a remote reader's retry is cheaper than its ENOSPC).
+    pub fn release_due(&self, all: bool) {
+        let now = std::time::Instant::now();
+        let due: Vec<SegmentId> = {
+            let mut d = self.deferred.lock();
+            let (ready, wait): (Vec<_>, Vec<_>) =
+                d.drain(..).partition(|(t, _)| all || *t <= now);
+            *d = wait;
+            ready.into_iter().flat_map(|(_, s)| s).collect()
+        };
+        if !due.is_empty() {
+            self.release_segments(&due);
+        }
     }
 
     /// Returns to the free set the segments taken since the last commit whose chunks no file

@@ -1962,6 +1962,8 @@ impl Fs {
     /// One check of the automatic gc: runs a throttled gc when free space is below the
     /// configured watermark. After a gc that reclaimed nothing, waits a minute.
     pub fn auto_gc_tick(&self) {
+        // Segments a gc emptied in a multi-slot space come back once their grace is over.
+        self.space.store().release_due(false);
         let Ok(config) = self.space.config() else {
             return;
         };
