@@ -404,8 +404,7 @@ impl ChunkStore {
         let now = std::time::Instant::now();
         let due: Vec<SegmentId> = {
             let mut d = self.deferred.lock();
-            let (ready, wait): (Vec<_>, Vec<_>) =
-                d.drain(..).partition(|(t, _)| all || *t <= now);
+            let (ready, wait): (Vec<_>, Vec<_>) = d.drain(..).partition(|(t, _)| all || *t <= now);
             *d = wait;
             ready.into_iter().flat_map(|(_, s)| s).collect()
         };
