@@ -42,6 +42,11 @@ step() {
 step cargo fmt --all -- --check
 step cargo clippy --workspace --all-targets --locked -- -D warnings
 step cargo build --workspace --locked
+# Tests format fallocated spaces side by side in $TMPDIR: say how much room there is, so a
+# "larger than the free space" failure reads at a glance.
+echo
+echo "==> free disk space (tests reserve their spaces in ${TMPDIR:-/tmp}), $(nproc) cores"
+df -h "${TMPDIR:-/tmp}" "$TARGET_DIR" 2>/dev/null || true
 step cargo nextest run --workspace --locked --no-tests=fail
 
 if [[ -n ${CKPTFS_SKIP_FS_TESTS:-} ]]; then

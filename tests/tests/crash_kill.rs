@@ -532,7 +532,7 @@ fn kill_9_loses_no_acknowledged_version() {
         .and_then(|s| s.parse().ok())
         .unwrap_or(10);
     let start = Instant::now();
-    let mut m = TestMount::with_format_args("2G", &["--keep-revisions", KEEP_REVISIONS]);
+    let mut m = TestMount::with_format_args("1G", &["--keep-revisions", KEEP_REVISIONS]);
     for w in 0..WRITERS {
         fs::create_dir(m.path(format!("w{w}"))).expect("mkdir");
     }

@@ -187,7 +187,7 @@ fn sixteen_writers_readers_and_gc_soak() {
         .ok()
         .and_then(|s| s.parse().ok())
         .unwrap_or(20);
-    let mut m = TestMount::with_format_args("2G", &[]);
+    let mut m = TestMount::with_format_args("1G", &[]);
     let start = Instant::now();
     let mut children = Vec::new();
     for w in 0..WRITERS {

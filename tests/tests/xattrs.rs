@@ -306,7 +306,7 @@ fn xattr_answers_match_a_plain_directory() {
 /// dropped by gc take theirs along (check finds no orphan).
 #[test]
 fn revisions_record_and_restore_xattrs() {
-    let mut m = TestMount::with_format_args("2G", &["--keep-revisions", "2"]);
+    let mut m = TestMount::with_format_args("256M", &["--keep-revisions", "2"]);
     let p = m.path("ckpt");
     fs::write(&p, b"v1").unwrap();
     assert_eq!(set(&p, "user.step", b"1", 0), "ok");
