@@ -657,7 +657,7 @@ fn hash_file(path: &Path) -> Result<(u64, blake3::Hash)> {
 }
 
 /// The `ckptfs` binary: `--ckptfs`, else target/release/ckptfs of this workspace.
-fn ckptfs_bin(o: &Opts) -> Result<PathBuf> {
+pub(crate) fn ckptfs_bin(o: &Opts) -> Result<PathBuf> {
     let p = match &o.ckptfs {
         Some(p) => p.clone(),
         None => Path::new(env!("CARGO_MANIFEST_DIR")).join("../target/release/ckptfs"),
@@ -671,7 +671,7 @@ fn ckptfs_bin(o: &Opts) -> Result<PathBuf> {
     fs::canonicalize(&p).map_err(|e| format!("{}: {e}", p.display()))
 }
 
-fn fresh_dir(p: &Path) -> Result<()> {
+pub(crate) fn fresh_dir(p: &Path) -> Result<()> {
     match fs::remove_dir_all(p) {
         Ok(()) => {}
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
@@ -765,7 +765,7 @@ pub fn run(o: &Opts, sel: Selection) -> Result<bool> {
     );
     println!();
 
-    ck.format(space, &o.chunk_size)?;
+    ck.format(space, &o.chunk_size, &[])?;
     ck.mount()?;
     ck.configure()?;
     let mut b = Bench {

@@ -97,17 +97,19 @@ impl Ckptfs {
         Ok(out)
     }
 
-    pub fn format(&mut self, size: u64, chunk_size: &str) -> Result<()> {
+    /// `ckptfs format BACKING --size SIZE --chunk-size CHUNK EXTRA...`.
+    pub fn format(&mut self, size: u64, chunk_size: &str, extra: &[&str]) -> Result<()> {
         let (b, s) = (self.backing.clone(), size.to_string());
-        self.run(&[
+        let mut args: Vec<&OsStr> = vec![
             "format".as_ref(),
             b.as_os_str(),
             "--size".as_ref(),
             s.as_ref(),
             "--chunk-size".as_ref(),
             chunk_size.as_ref(),
-        ])
-        .map(drop)
+        ];
+        args.extend(extra.iter().map(OsStr::new));
+        self.run(&args).map(drop)
     }
 
     pub fn mount(&mut self) -> Result<()> {

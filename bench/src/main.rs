@@ -2,6 +2,7 @@
 //!
 //!   ckptfs-bench all [--size 1G] [--reps 3] [--json FILE] ...   the end-to-end benchmark
 //!   ckptfs-bench first|next|nn|n1-seg|n1-strided|restart ...    one of its scenarios
+//!   ckptfs-bench slots [--nodes 4] [--small-files 2000] ...       several daemons on one space
 //!   ckptfs-bench gc-scale-build DIR [--files N] [--chunk-size BYTES]
 //!   ckptfs-bench gc-scale-run DIR
 //!   ckptfs-bench gpu [--bytes 1G] [--emulate] [--require-gpu] [--json FILE] ...
@@ -15,6 +16,7 @@ mod data;
 mod gc_scale;
 mod gpu;
 mod report;
+mod slots;
 mod sys;
 mod worker;
 
@@ -97,6 +99,9 @@ enum Cmd {
     N1Strided(Opts),
     /// Cold reads (after drop_caches and a remount): one reader, and one reader per N-N file
     Restart(Opts),
+    /// Several daemons on one multi-slot space (nodes) vs one daemon vs a plain directory: N-N
+    /// write, cold read through another node, small-file create and stat
+    Slots(slots::SlotsOpts),
     /// Internal: one writer/reader process of a multi-process scenario
     #[command(hide = true)]
     Worker { task: String },
@@ -150,6 +155,13 @@ fn main() {
                 ..none
             },
         ),
+        Cmd::Slots(o) => match slots::run(&o) {
+            Ok(ok) => std::process::exit(if ok { 0 } else { 1 }),
+            Err(e) => {
+                eprintln!("ckptfs-bench slots: {e}");
+                std::process::exit(1);
+            }
+        },
         Cmd::Worker { task } => {
             if let Err(e) = worker::worker_main(&task) {
                 eprintln!("ckptfs-bench worker: {e}");

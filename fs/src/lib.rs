@@ -1131,6 +1131,21 @@ impl Fs {
     /// under an idmapped mount, where the owner as the kernel compared it is not visible
     /// here: a real chmod by such an owner goes through unchanged.
     pub fn setattr_by(&self, ino: InodeId, s: &SetAttr, who: &Requester) -> Result<Attr> {
+        if union::is_remote(ino) {
+            // Another slot's entry: the change goes to this slot's version of the path.
+            let local = self.remote_setattr(ino, s)?;
+            let a = self.getattr(local)?;
+            match a.rec.kind {
+                NodeKind::Dir => self.touch(&[local], &[]),
+                _ => self.touch(&[], &[local]),
+            }
+            if s.size.is_some() && a.rec.kind == NodeKind::File {
+                self.kill_setid(local, who)?;
+            }
+            self.publish_pending()?;
+            // Answered as the inode the kernel asked about, with what every node sees now.
+            return self.changed_attr(ino);
+        }
         let mode_only = s.perm.is_some()
             && s.uid.is_none()
             && s.gid.is_none()

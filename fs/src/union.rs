@@ -9,8 +9,12 @@
 //!   verified by blake3; a chunk that fails (the owner's gc moved it) makes the slot's
 //!   manifest be read again, and the read retried once.
 //! - Changes always go to this slot: creating in a directory that exists only elsewhere
-//!   first makes it here (same path, mode and owner). Changing or removing another slot's
-//!   entry is refused with EROFS for now.
+//!   first makes it here (same path, mode and owner); writing, chmod, chown, utimes or
+//!   truncate of another slot's file change this slot's version of it (a layer on top);
+//!   a directory's attributes are each slot's own, and changing those of a directory only
+//!   other slots have is EROFS;
+//!   removing another slot's entry publishes a whiteout that hides it everywhere; renaming
+//!   it is EXDEV (`mv` then copies and removes).
 //! - This slot publishes what changed at every durable commit (a file's close or fsync, a
 //!   directory fsync) before the call returns, and at most a second after any other change.
 //!   Others see it when they next read the headers: every second, and before answering
@@ -25,6 +29,7 @@ use ckptfs_engine::format::{
 use ckptfs_engine::manifest::PubNode;
 use parking_lot::Mutex;
 use std::collections::{BTreeMap, HashMap};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -37,6 +42,10 @@ const REMOTE_OFFSET: u64 = 1 << 62;
 const READ_RETRIES: u32 = 4;
 /// Decoded chunks of other slots kept for reads (each up to the largest chunk size).
 const CHUNK_CACHE_MAX: usize = 256;
+/// Handles this module opens for itself (`copy_up`) have the top bit set: the mount numbers
+/// the kernel's from 1 up, so the two never meet.
+const INTERNAL_HANDLE: u64 = 1 << 63;
+static NEXT_INTERNAL: AtomicU64 = AtomicU64::new(1);
 
 pub fn is_remote(ino: InodeId) -> bool {
     ino.0 >> 62 == REMOTE
@@ -485,30 +494,34 @@ impl Fs {
                 let n = v.nodes.get(&rino).cloned().ok_or(Error::NotFound)?;
                 Ok((Some(slot), n))
             }
-            Remote::Merged(path) => {
-                let layers = self.layers(&path)?;
-                let top = layers.last().ok_or(Error::NotFound)?;
-                let mut n = match top {
-                    Layer::Remote(n) => n.clone(),
-                    Layer::Local(a) => PubNode {
-                        ino,
-                        kind: NodeKind::File,
-                        perm: a.rec.perm,
-                        uid: a.rec.uid,
-                        gid: a.rec.gid,
-                        mtime: a.rec.mtime,
-                        ctime: a.rec.ctime,
-                        size: 0,
-                        rev: 0,
-                        target: Vec::new(),
-                        extents: Vec::new(),
-                    },
-                };
-                n.size = layers.iter().map(Layer::size).max().unwrap_or(0);
-                n.extents = Vec::new();
-                Ok((None, n))
-            }
+            Remote::Merged(path) => Ok((None, self.merged_node(ino, &path)?)),
         }
+    }
+
+    /// What a file several slots have versions of looks like: the newest version's
+    /// attributes, the largest size.
+    fn merged_node(&self, ino: InodeId, path: &[Vec<u8>]) -> Result<PubNode> {
+        let layers = self.layers(path)?;
+        let top = layers.last().ok_or(Error::NotFound)?;
+        let mut n = match top {
+            Layer::Remote(n) => n.clone(),
+            Layer::Local(a) => PubNode {
+                ino,
+                kind: NodeKind::File,
+                perm: a.rec.perm,
+                uid: a.rec.uid,
+                gid: a.rec.gid,
+                mtime: a.rec.mtime,
+                ctime: a.rec.ctime,
+                size: 0,
+                rev: 0,
+                target: Vec::new(),
+                extents: Vec::new(),
+            },
+        };
+        n.size = layers.iter().map(Layer::size).max().unwrap_or(0);
+        n.extents = Vec::new();
+        Ok(n)
     }
 
     /// The versions of the regular file at `path` every node sees (this slot's committed
@@ -584,6 +597,122 @@ impl Fs {
             }
         }
         self.open_local(local, fh, truncate)
+    }
+
+    /// chmod, chown, utimes and truncate of an entry whose visible version is another
+    /// slot's. The change is made to this slot's version of the path, which then is the
+    /// newest, so every node takes the attributes from it:
+    /// - a regular file: this slot's version is made (an empty layer with the newest
+    ///   version's mode, owner and times) or reused, then changed. Growing the file, or
+    ///   changing attributes only, copies nothing: the other versions' bytes fall through
+    ///   the empty layer. Truncating to 0 hides the other versions (a whiteout).
+    ///   Truncating to a smaller size copies the first `size` bytes into this slot's
+    ///   version (1 MiB at a time) before the whiteout hides the others: their bytes past
+    ///   the new end must not show through again, and layers cannot cut those off.
+    /// - directories (see below) and other kinds (symlinks, fifos, devices): EROFS.
+    ///
+    /// Returns this slot's inode that was changed.
+    pub(crate) fn remote_setattr(&self, ino: InodeId, s: &super::SetAttr) -> Result<InodeId> {
+        self.refresh_since(Instant::now());
+        let r = self.remotes.lock().by_ino.get(&ino).cloned();
+        let path = match r.ok_or(Error::NotFound)? {
+            // A directory's attributes are each slot's own (a merged directory shows this
+            // slot's copy where it has one): a change here could not reach the copies of
+            // the nodes that made it, so it is refused rather than seen on one node only.
+            Remote::Dir(_) => return Err(Error::ReadOnly),
+            Remote::Node(_, _, path) | Remote::Merged(path) => path,
+        };
+        let kind = self.remote_node(ino)?.1.kind;
+        match kind {
+            NodeKind::File => {}
+            NodeKind::Dir => return Err(Error::IsDir),
+            _ => return Err(Error::ReadOnly),
+        }
+        let (name, dir) = path.split_last().ok_or(Error::Invalid)?;
+        let parent = self.local_dir_made(dir)?;
+        let layers = self.layers(&path)?;
+        let merged_size = layers.iter().map(Layer::size).max().unwrap_or(0);
+        let newest_remote = layers
+            .iter()
+            .filter_map(|l| match l {
+                Layer::Remote(n) => Some(n.clone()),
+                Layer::Local(_) => None,
+            })
+            .max_by_key(|n| n.ctime);
+        let local = match self.space.lookup(parent, name)? {
+            Some(l) => {
+                let is_layer = layers.iter().any(|l| matches!(l, Layer::Local(_)));
+                if !is_layer {
+                    // This slot's entry is older than what hides it (a whiteout, or a newer
+                    // non-file): its bytes must not come back with the new ctime.
+                    if self.getattr(l)?.rec.kind != NodeKind::File {
+                        return Err(Error::ReadOnly);
+                    }
+                    self.setattr(
+                        l,
+                        &super::SetAttr {
+                            size: Some(0),
+                            ..Default::default()
+                        },
+                    )?;
+                }
+                l
+            }
+            None => {
+                let like = newest_remote.as_ref().ok_or(Error::NotFound)?;
+                let c = super::Caller {
+                    uid: like.uid,
+                    gid: like.gid,
+                };
+                let mut rec = super::new_record(NodeKind::File, like.perm, c, parent, Vec::new());
+                rec.mtime = like.mtime;
+                rec.atime = like.mtime;
+                self.make_node_here(parent, name, rec)?.ino
+            }
+        };
+        match s.size {
+            Some(size) if size < merged_size => {
+                if size > 0 {
+                    let merged = self.remotes.lock().ino_of(Remote::Merged(path.clone()));
+                    self.copy_up(merged, local, size)?;
+                }
+                if let Some(n) = &newest_remote {
+                    self.write_whiteout(&path, n.ctime)?;
+                }
+            }
+            _ => {}
+        }
+        self.setattr(local, s)?;
+        Ok(local)
+    }
+
+    /// The attributes of the path of another slot's entry `ino` after this slot changed its
+    /// own version of it (`remote_setattr`): what every node sees now, under `ino`.
+    pub(crate) fn changed_attr(&self, ino: InodeId) -> Result<Attr> {
+        let path = self.file_path(ino)?;
+        Ok(attr_of(ino, &self.merged_node(ino, &path)?))
+    }
+
+    /// Copies bytes [0, len) of the merged file `merged` into this slot's version `local`
+    /// through a handle of its own, 1 MiB at a time (the memory this takes).
+    fn copy_up(&self, merged: InodeId, local: InodeId, len: u64) -> Result<()> {
+        const PIECE: u64 = 1 << 20;
+        let fh = super::HandleId(INTERNAL_HANDLE | NEXT_INTERNAL.fetch_add(1, Ordering::Relaxed));
+        self.open_local(local, fh, false)?;
+        let copied = (|| -> Result<()> {
+            let mut off = 0;
+            while off < len {
+                let n = PIECE.min(len - off);
+                let mut data = self.remote_read(merged, off, n as usize)?;
+                // Past the end of every version: zeros (a hole of the merged file).
+                data.resize(n as usize, 0);
+                self.write(local, fh, 0, off, &data)?;
+                off += n;
+            }
+            self.flush(local, fh, 0)
+        })();
+        let released = self.release(local, fh);
+        copied.and(released)
     }
 
     pub(crate) fn remote_getattr(&self, ino: InodeId) -> Result<Attr> {

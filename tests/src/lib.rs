@@ -206,7 +206,7 @@ pub struct TestMount {
 }
 
 impl TestMount {
-    /// Formats a 2 GiB space with the default chunk size and mounts it.
+    /// Formats a space of DEFAULT_SPACE_SIZE with the default chunk size and mounts it.
     pub fn new() -> TestMount {
         TestMount::with_options(DEFAULT_SPACE_SIZE, None)
     }

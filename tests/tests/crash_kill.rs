@@ -39,8 +39,8 @@ const FILES_PER_WRITER: usize = 3;
 /// Far more than one round can commit, so retention never drops an acknowledged revision.
 const KEEP_REVISIONS: &str = "1000";
 /// Between rounds, once the space is this full, old revisions are pruned (keep 1) and gc'd:
-/// a round writes up to ~0.4 GiB of the 2 GiB space.
-const PRUNE_FULL_PERCENT: u64 = 40;
+/// a round writes up to ~0.4 GiB of the 1 GiB space.
+const PRUNE_FULL_PERCENT: u64 = 30;
 /// How long a writer may take to notice the dead mount before the test calls it hung.
 const WRITER_EXIT_TIMEOUT: Duration = Duration::from_secs(60);
 /// How long the writers may take to start a commit (a hang guard, not a timing assertion).

@@ -702,6 +702,105 @@ fn removing_another_nodes_entry_hides_it_everywhere() {
     }
 }
 
+/// chmod, chown, utimes and truncate of another node's file work on every node, as on one: the change is this node's version of the path (an empty layer for
+/// attributes and growth, a copy of the kept bytes for a shrink), and every node, also
+/// after remounts, sees the new attributes over the old bytes, never the cut-off ones.
+#[test]
+fn attributes_and_size_of_another_nodes_files_can_be_changed() {
+    use std::os::unix::fs::{MetadataExt, PermissionsExt};
+    const LEN: usize = 300_000;
+    let mut c = Cluster::new(2, "512M", 2, Duration::from_secs(5));
+    c.mount(0, &[]);
+    c.mount(1, &[]);
+    let write = |p: std::path::PathBuf, seed: u64| {
+        let mut f = fs::File::create(p).unwrap();
+        f.write_all(&pattern(seed, LEN)).unwrap();
+        close_checked(f).unwrap();
+    };
+    fs::create_dir(c.path(0, "d")).unwrap();
+    for (name, seed) in [("d/mode", 1), ("d/grow", 2), ("d/shrink", 3), ("d/zero", 4)] {
+        write(c.path(0, name), seed);
+    }
+    // On node 1, every one of them is node 0's.
+    // A directory's attributes are each node's own: changing one only another node has is
+    // refused, not applied on one node only.
+    assert_eq!(
+        fs::set_permissions(c.path(1, "d"), fs::Permissions::from_mode(0o711))
+            .unwrap_err()
+            .raw_os_error(),
+        Some(libc::EROFS)
+    );
+    fs::set_permissions(c.path(1, "d/mode"), fs::Permissions::from_mode(0o600)).unwrap();
+    std::os::unix::fs::chown(c.path(1, "d/mode"), Some(1234), Some(5678)).unwrap();
+    let when = std::time::SystemTime::UNIX_EPOCH + Duration::from_secs(1_600_000_000);
+    fs::File::options()
+        .write(true)
+        .open(c.path(1, "d/grow"))
+        .unwrap()
+        .set_modified(when)
+        .unwrap();
+    let st = Command::new("truncate")
+        .args(["-s", &(LEN + 100_000).to_string()])
+        .arg(c.path(1, "d/grow"))
+        .status()
+        .unwrap();
+    assert!(st.success(), "truncate -s bigger");
+    let st = Command::new("truncate")
+        .args(["-s", "123457"])
+        .arg(c.path(1, "d/shrink"))
+        .status()
+        .unwrap();
+    assert!(st.success(), "truncate -s smaller");
+    let st = Command::new("truncate")
+        .args(["-s", "0"])
+        .arg(c.path(1, "d/zero"))
+        .status()
+        .unwrap();
+    assert!(st.success(), "truncate -s 0");
+
+    let check = |c: &Cluster, when: &str| {
+        for n in 0..2 {
+            let m = fs::metadata(c.path(n, "d/mode")).unwrap();
+            assert_eq!(m.mode() & 0o7777, 0o600, "node {n} {when}: mode");
+            assert_eq!((m.uid(), m.gid()), (1234, 5678), "node {n} {when}: owner");
+            assert_file_eq(&c.path(n, "d/mode"), &pattern(1, LEN));
+            let mut grown = pattern(2, LEN);
+            grown.resize(LEN + 100_000, 0);
+            assert_file_eq(&c.path(n, "d/grow"), &grown);
+            let mut shrunk = pattern(3, LEN);
+            shrunk.truncate(123_457);
+            assert_file_eq(&c.path(n, "d/shrink"), &shrunk);
+            assert_file_eq(&c.path(n, "d/zero"), &[]);
+        }
+    };
+    check(&c, "at once");
+    // A shrunk file grown again shows zeros past the cut, not the other version's bytes.
+    let st = Command::new("truncate")
+        .args(["-s", &LEN.to_string()])
+        .arg(c.path(0, "d/shrink"))
+        .status()
+        .unwrap();
+    assert!(st.success(), "truncate -s back on the owner");
+    let mut regrown = pattern(3, LEN);
+    regrown[123_457..].fill(0);
+    for n in 0..2 {
+        assert_file_eq(&c.path(n, "d/shrink"), &regrown);
+    }
+    for n in 0..2 {
+        c.unmount(n);
+    }
+    for n in 0..2 {
+        c.mount(n, &[]);
+    }
+    let st = Command::new("truncate")
+        .args(["-s", "123457"])
+        .arg(c.path(1, "d/shrink"))
+        .status()
+        .unwrap();
+    assert!(st.success());
+    check(&c, "after remounts");
+}
+
 /// N-1 across nodes: 4 nodes write disjoint parts of one file (segmented: a quarter each;
 /// strided: every 4th 64 KiB block each), opening it without O_TRUNC as MPI-IO does; once
 /// all closed, every node reads the same, whole file.
@@ -791,7 +890,7 @@ fn racing_nodes_agree_once_quiet() {
                     for i in 0..ops {
                         let name = names[rng.random_range(0..names.len())];
                         let p = root.join(name);
-                        let r: std::io::Result<()> = match rng.random_range(0..10) {
+                        let r: std::io::Result<()> = match rng.random_range(0..12) {
                             0..=2 => fs::File::create(&p).and_then(|mut f| {
                                 f.write_all(&pattern((n * 1000 + i) as u64, 50_000))?;
                                 close_checked(f)
@@ -813,6 +912,16 @@ fn racing_nodes_agree_once_quiet() {
                             6 => fs::remove_file(&p),
                             7 => fs::rename(&p, root.join(names[rng.random_range(0..5)])),
                             8 => fs::create_dir(&p),
+                            // truncate(2) and chmod, also of other nodes' files.
+                            9 => fs::OpenOptions::new()
+                                .write(true)
+                                .open(&p)
+                                .and_then(|f| f.set_len(rng.random_range(0..60_000))),
+                            10 => {
+                                use std::os::unix::fs::PermissionsExt;
+                                let mode = [0o600, 0o640, 0o644][rng.random_range(0..3)];
+                                fs::set_permissions(&p, fs::Permissions::from_mode(mode))
+                            }
                             _ => fs::read_dir(&root).map(|d| {
                                 for e in d {
                                     let _ = e.map(|e| e.file_name());
@@ -833,13 +942,18 @@ fn racing_nodes_agree_once_quiet() {
     });
     // Quiet: every change is published within a second; then all nodes agree.
     std::thread::sleep(Duration::from_millis(2500));
-    let view = |n: usize| -> Vec<(String, Option<Vec<u8>>)> {
-        let mut v: Vec<(String, Option<Vec<u8>>)> = fs::read_dir(c.path(n, "s"))
+    type Entry = (String, Option<(Vec<u8>, u32)>);
+    let view = |n: usize| -> Vec<Entry> {
+        use std::os::unix::fs::MetadataExt;
+        let mut v: Vec<Entry> = fs::read_dir(c.path(n, "s"))
             .unwrap()
             .map(|e| {
                 let e = e.unwrap();
                 let name = e.file_name().to_string_lossy().into_owned();
-                let content = fs::read(e.path()).ok();
+                // A file's bytes and mode (a directory's attributes are each node's own).
+                let content = fs::read(e.path())
+                    .ok()
+                    .map(|b| (b, fs::metadata(e.path()).map_or(0, |m| m.mode())));
                 (name, content)
             })
             .collect();
@@ -849,9 +963,9 @@ fn racing_nodes_agree_once_quiet() {
     let first = view(0);
     for n in 1..NODES {
         let other = view(n);
-        let names_of = |v: &[(String, Option<Vec<u8>>)]| {
+        let names_of = |v: &[Entry]| {
             v.iter()
-                .map(|(k, b)| (k.clone(), b.as_ref().map(|b| b.len())))
+                .map(|(k, b)| (k.clone(), b.as_ref().map(|(b, m)| (b.len(), *m))))
                 .collect::<Vec<_>>()
         };
         assert!(
