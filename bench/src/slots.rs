@@ -390,6 +390,12 @@ pub fn run(so: &SlotsOpts) -> Result<bool> {
     for m in r.mounts(Side::Nodes).into_iter() {
         m.umount()?;
     }
+    if !o.keep {
+        // As the other scenarios: the spaces and plain files go unless --keep.
+        for d in [&r.plain, &one_b, &multi_b] {
+            let _ = fs::remove_dir_all(d);
+        }
+    }
 
     let k = so.nodes;
     println!();

@@ -61,6 +61,13 @@ impl Segments {
         Ok(Taken { segment, reserved })
     }
 
+    /// Gives back a segment just taken that could not be used (its placement failed).
+    pub fn untake(&mut self, segment: SegmentId) {
+        if self.taken.remove(&segment) {
+            self.free.insert(segment);
+        }
+    }
+
     /// Segments taken since the last commit that recorded them.
     pub fn taken(&self) -> Vec<SegmentId> {
         self.taken.iter().copied().collect()

@@ -125,6 +125,10 @@ pub struct CheckReport {
     pub free_bytes: u64,
     /// Stored bytes of all chunk records (live data; `used - stored` is dead or unused).
     pub stored_bytes: u64,
+    /// Chunks whose stored bytes were damaged but were rebuilt from the other shards of a
+    /// space over several targets (each also named in `warnings`): intact data, less
+    /// redundancy until it is rewritten.
+    pub repaired_chunks: u64,
     pub damaged: Vec<DamagedChunk>,
     /// Metadata inconsistencies (at most `MAX_PROBLEMS`; the rest are counted below).
     pub problems: Vec<String>,
@@ -262,6 +266,15 @@ pub fn check(space: &Space, progress: &mut dyn FnMut(u64, u64)) -> Result<CheckR
     for (_, len, h) in placed {
         match verify(space.store(), &h)? {
             Verified::Intact => r.chunks_verified += 1,
+            Verified::Repaired(rec) => {
+                r.chunks_verified += 1;
+                r.repaired_chunks += 1;
+                r.warning(format!(
+                    "chunk {h} at {} ({} bytes) had damaged shards; its bytes were rebuilt \
+                     from the other shards (see `ckptfs targets`)",
+                    rec.offset.0, rec.stored_len
+                ));
+            }
             Verified::Gone => {}
             Verified::Damaged(rec, reason) => {
                 damaged.insert(
@@ -482,6 +495,8 @@ fn check_chunks(
 
 enum Verified {
     Intact,
+    /// Damaged as stored, rebuilt from redundancy (`ChunkStore::repair`).
+    Repaired(ChunkRecord),
     /// gc deleted the chunk after the snapshot was taken.
     Gone,
     Damaged(ChunkRecord, Damage),
@@ -509,6 +524,9 @@ fn verify(store: &ChunkStore, h: &ChunkHash) -> Result<Verified> {
         let Some(damage) = damage else {
             return Ok(Verified::Intact);
         };
+        if store.repair(*h, rec).is_some() {
+            return Ok(Verified::Repaired(rec));
+        }
         let same = last.is_some_and(|l| l.offset == rec.offset && l.stored_len == rec.stored_len);
         if same {
             return Ok(Verified::Damaged(rec, damage));

@@ -261,6 +261,14 @@ pub struct IoBuf {
     cap: usize,
 }
 
+impl Clone for IoBuf {
+    fn clone(&self) -> Self {
+        let mut b = IoBuf::new();
+        b.extend_from_slice(self.as_slice());
+        b
+    }
+}
+
 // The buffer owns its allocation exclusively, like a Vec<u8>.
 unsafe impl Send for IoBuf {}
 unsafe impl Sync for IoBuf {}
@@ -343,8 +351,13 @@ impl IoBuf {
 
     /// Appends zeros up to the next multiple of `DIRECT_ALIGN`; returns how many.
     pub fn pad_to_block(&mut self) -> usize {
-        let pad = self.len.next_multiple_of(DIRECT_ALIGN) - self.len;
-        self.extend_from_slice(&[0u8; DIRECT_ALIGN][..pad]);
+        self.pad_to(DIRECT_ALIGN)
+    }
+
+    /// Pads with zeros to a multiple of `align` bytes; returns the padding added.
+    pub fn pad_to(&mut self, align: usize) -> usize {
+        let pad = self.len.next_multiple_of(align) - self.len;
+        self.extend_zeros(pad);
         pad
     }
 

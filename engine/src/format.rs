@@ -55,11 +55,20 @@ impl Features {
         ro_compat: 0,
         incompat: 2,
     };
+    /// Several storage targets (`format --target DIR ... --redundancy M+K`): no data file;
+    /// the `targets` and `placement` files in the backing directory, and one preallocated
+    /// `ckptfs-target` file in each target directory holding erasure-coded shards. Set at
+    /// format only.
+    pub const INCOMPAT_TARGETS: Features = Features {
+        compat: 0,
+        ro_compat: 0,
+        incompat: 4,
+    };
     /// Every flag this build knows.
     pub const KNOWN: Features = Features {
         compat: 1,
         ro_compat: 0,
-        incompat: 3,
+        incompat: 7,
     };
     /// What `format` sets: the features every new space has.
     pub const AT_FORMAT: Features = Features::COMPAT_XATTRS;
@@ -113,6 +122,16 @@ pub const SLOTS_DIR: &str = "slots";
 /// In `SLOTS_DIR`: two header copies per slot (`SlotHeader`).
 pub const SLOT_HEADERS_FILE: &str = "headers";
 pub const SPACE_FILES: [&str; 5] = [SUPERBLOCK_FILE, DATA_FILE, META_FILE, LOCK_FILE, LOG_FILE];
+/// The names a space over several targets has in its backing directory (its data is in
+/// the targets' `ckptfs-target` files).
+pub const TARGETED_SPACE_FILES: [&str; 6] = [
+    SUPERBLOCK_FILE,
+    META_FILE,
+    LOCK_FILE,
+    LOG_FILE,
+    crate::targets::TARGETS_FILE,
+    crate::targets::PLACEMENT_FILE,
+];
 /// The names a multi-slot space has at its top level (its tables are in `SLOTS_DIR`).
 pub const SLOTTED_SPACE_FILES: [&str; 5] =
     [SUPERBLOCK_FILE, DATA_FILE, SLOTS_DIR, LOCK_FILE, LOG_FILE];

@@ -20,6 +20,7 @@ pub mod sim;
 pub mod slots;
 pub mod space;
 pub mod store;
+pub mod targets;
 
 /// The GPU codec crate, for the daemon to choose a device or the emulation.
 pub use ckptfs_kernels as kernels;

@@ -45,6 +45,29 @@ pub trait Placement: Send + Sync {
     fn write(&self, at: Location, buf: &[u8]) -> io::Result<()>;
     /// Makes every completed write durable.
     fn sync(&self) -> io::Result<()>;
+    /// Bytes every write is a whole multiple of, at locations aligned to it: a commit pads
+    /// the store's buffer to it, and segments are a whole multiple of it. One block for a
+    /// single file; a row of M blocks for erasure-coded targets, whose parity must never
+    /// be rewritten.
+    fn write_align(&self) -> usize {
+        crate::device::DIRECT_ALIGN
+    }
+    /// The store starts filling segment `seg`, which holds nothing live: a placement that
+    /// chooses where each segment lives does it now, durably, before any byte is written.
+    fn prepare(&self, _seg: SegmentId) -> io::Result<()> {
+        Ok(())
+    }
+    /// The bytes `read` returned at `at` failed their check (blake3): tries other ways to
+    /// get them (rebuilding from redundancy), writing into `buf` a version that `check`
+    /// accepts. Ok(false): there is no other way, the bytes are damaged.
+    fn read_repair(
+        &self,
+        _at: Location,
+        _buf: &mut [u8],
+        _check: &mut dyn FnMut(&[u8]) -> bool,
+    ) -> io::Result<bool> {
+        Ok(false)
+    }
 }
 
 /// One target: the data file, segment after segment.

@@ -366,8 +366,22 @@ impl Device for FaultyDevice {
     }
 }
 
-/// Parses a fault list: comma-separated `DEVICE:OP:N:ERRNO[:sticky]`, DEVICE `data` or
-/// `meta`, OP `write|sync|setlen|read`, N counting that device's operations of that kind from
+/// Targets a fault may name (`target0` ..).
+pub const MAX_TARGET_NAMES: usize = 64;
+
+/// The device name of target `i` of a space over several targets (faults name it).
+pub fn target_device_name(i: usize) -> &'static str {
+    static NAMES: std::sync::OnceLock<Vec<&'static str>> = std::sync::OnceLock::new();
+    let names = NAMES.get_or_init(|| {
+        (0..MAX_TARGET_NAMES)
+            .map(|i| &*Box::leak(format!("target{i}").into_boxed_str()))
+            .collect()
+    });
+    names.get(i).copied().unwrap_or("target")
+}
+
+/// Parses a fault list: comma-separated `DEVICE:OP:N:ERRNO[:sticky]`, DEVICE `data`,
+/// `meta` or `targetN`, OP `write|sync|setlen|read`, N counting that device's operations of that kind from
 /// 0, ERRNO `EIO` or `ENOSPC`. Example: `data:sync:2:EIO` fails the third sync of the data file.
 pub fn parse_faults(spec: &str) -> Result<Vec<Fault>, String> {
     spec.split(',')
@@ -380,7 +394,18 @@ pub fn parse_faults(spec: &str) -> Result<Vec<Fault>, String> {
             let device = match p[0] {
                 "data" => "data",
                 "meta" => "meta",
-                d => return Err(format!("fault `{f}`: unknown device `{d}` (data or meta)")),
+                d => match d
+                    .strip_prefix("target")
+                    .and_then(|n| n.parse::<usize>().ok())
+                {
+                    Some(n) if n < MAX_TARGET_NAMES => target_device_name(n),
+                    _ => {
+                        return Err(format!(
+                            "fault `{f}`: unknown device `{d}` (data, meta, target0 .. target{})",
+                            MAX_TARGET_NAMES - 1
+                        ))
+                    }
+                },
             };
             let kind = match p[1] {
                 "write" => OpKind::Write,

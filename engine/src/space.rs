@@ -10,6 +10,7 @@ use crate::format::*;
 use crate::manifest::{PubDir, PubExtent, PubNode, Publisher, Record, Union};
 use crate::slots::{FencedDevice, Lease, SlotRequest, SlotTable};
 use crate::store::ChunkStore;
+use crate::targets::{Redundancy, TargetSpec, TargetsTable};
 use redb::{Database, Durability};
 use std::fs::{self, File, OpenOptions};
 use std::io::{Read, Write};
@@ -121,6 +122,9 @@ pub struct Space {
     /// Of a multi-slot space: this slot's manifest writer, and the other slots' manifests.
     publisher: Option<Publisher>,
     union: Option<Arc<Union>>,
+    /// The storage targets of a space over several (`format --target`): their state for
+    /// `ckptfs targets` and `stats`.
+    targets: Option<Arc<crate::targets::Erasure>>,
     /// The lease of a slot of a multi-slot space. Last, so it is released after the table
     /// and the store above have closed.
     lease: Option<crate::slots::LeaseGuard>,
@@ -624,6 +628,329 @@ fn sync_dir(dir: &Path) -> Result<()> {
     Ok(())
 }
 
+/// Reserves `len` bytes for `f` (fallocate; a sparse file where the filesystem cannot) and
+/// makes the size durable.
+fn preallocate(f: &File, len: u64) -> Result<()> {
+    // SAFETY: fallocate on a valid descriptor; arguments are plain integers.
+    let rc = unsafe { libc::fallocate(f.as_raw_fd(), 0, 0, len as libc::off_t) };
+    if rc != 0 {
+        let e = std::io::Error::last_os_error();
+        if e.raw_os_error() == Some(libc::EOPNOTSUPP) {
+            log::warn!("fallocate is not supported here; the file is sparse");
+            f.set_len(len)?;
+        } else {
+            return Err(e.into());
+        }
+    }
+    f.sync_all()?;
+    Ok(())
+}
+
+/// Checks a target set for `format --target` and works out its layout: at least M+K
+/// targets in M+K failure domains, each a directory that is empty or holds only an old
+/// target file (with `force`), none the backing directory, each disk with room for its
+/// targets' files. Changes nothing.
+fn target_table(
+    dir: &Path,
+    size_bytes: u64,
+    segment_bytes: u32,
+    specs: &[TargetSpec],
+    r: Redundancy,
+    force: bool,
+) -> Result<TargetsTable> {
+    if specs.len() < r.shards() {
+        return Err(Error::Invalid(format!(
+            "--redundancy {r} needs at least {} targets; {} given",
+            r.shards(),
+            specs.len()
+        )));
+    }
+    if specs.len() > u16::MAX as usize - 1 {
+        return Err(Error::Invalid("too many targets".into()));
+    }
+    let specs: Vec<TargetSpec> = specs
+        .iter()
+        .enumerate()
+        .map(|(i, t)| TargetSpec {
+            path: t.path.clone(),
+            domain: match t.domain.is_empty() {
+                true => format!("target{i}"),
+                false => t.domain.clone(),
+            },
+        })
+        .collect();
+    let specs = &specs[..];
+    let domains: std::collections::BTreeSet<&str> =
+        specs.iter().map(|t| t.domain.as_str()).collect();
+    if domains.len() < r.shards() {
+        return Err(Error::Invalid(format!(
+            "--redundancy {r} puts each segment's {} shards in distinct failure domains; the \
+             targets name only {} ({}): add targets or domains, or lower the redundancy",
+            r.shards(),
+            domains.len(),
+            domains.into_iter().collect::<Vec<_>>().join(", ")
+        )));
+    }
+    // Segments are whole rows of M blocks (see `targets`).
+    let row = (r.data * crate::targets::BLOCK) as u32;
+    let segment_bytes = segment_bytes / row * row;
+    let segments = size_bytes / segment_bytes as u64;
+    let shard_bytes = segment_bytes as u64 / r.data as u64;
+    // Shard slots per target: an even share, plus a quarter so placement can prefer the
+    // better targets (and avoid failing ones) without running any out; never more than
+    // one per segment (a target holds at most one shard of a segment).
+    let even = (segments * r.shards() as u64).div_ceil(specs.len() as u64);
+    let slots = (even + even / 4 + 1).min(segments).max(1);
+    let table = TargetsTable {
+        redundancy: r,
+        shard_bytes,
+        slots,
+        segments,
+        targets: specs.to_vec(),
+        failed: vec![false; specs.len()],
+    };
+    let backing = fs::canonicalize(dir).ok();
+    let mut seen = std::collections::BTreeSet::new();
+    let mut need_by_dev: std::collections::BTreeMap<u64, (u64, PathBuf)> = Default::default();
+    for t in specs {
+        if t.path.exists() && !t.path.is_dir() {
+            return Err(Error::Invalid(format!(
+                "target {} is not a directory",
+                t.path.display()
+            )));
+        }
+        if t.path.is_dir() {
+            let canon = fs::canonicalize(&t.path)?;
+            if Some(&canon) == backing.as_ref() {
+                return Err(Error::Invalid(format!(
+                    "target {} is the backing directory itself; give each target its own \
+                     directory",
+                    t.path.display()
+                )));
+            }
+            if !seen.insert(canon) {
+                return Err(Error::Invalid(format!(
+                    "target {} is given twice",
+                    t.path.display()
+                )));
+            }
+            let names: Vec<String> = fs::read_dir(&t.path)?
+                .map(|e| e.map(|e| e.file_name().to_string_lossy().into_owned()))
+                .collect::<std::io::Result<_>>()?;
+            if names.iter().any(|n| n != crate::targets::TARGET_FILE) {
+                return Err(Error::Invalid(format!(
+                    "target {} is not empty and is not a ckptfs target; refusing to format it",
+                    t.path.display()
+                )));
+            }
+            if !names.is_empty() && !force {
+                return Err(Error::Invalid(format!(
+                    "target {} already holds a ckptfs target file; use --force to erase it",
+                    t.path.display()
+                )));
+            }
+        } else if !seen.insert(t.path.clone()) {
+            return Err(Error::Invalid(format!(
+                "target {} is given twice",
+                t.path.display()
+            )));
+        }
+        let existing = t
+            .path
+            .ancestors()
+            .find(|p| p.is_dir())
+            .unwrap_or(Path::new("."));
+        let dev = fs::metadata(existing)?.dev();
+        let old =
+            fs::metadata(t.path.join(crate::targets::TARGET_FILE)).map_or(0, |m| m.blocks() * 512);
+        let e = need_by_dev
+            .entry(dev)
+            .or_insert((0, existing.to_path_buf()));
+        e.0 = (e.0 + table.target_file_bytes()).saturating_sub(old);
+    }
+    for (need, at) in need_by_dev.values() {
+        let free = free_disk_bytes(at)?;
+        if *need > free {
+            return Err(Error::Invalid(format!(
+                "the targets on the disk of {} need {need} bytes; it has {free} free",
+                at.display()
+            )));
+        }
+    }
+    Ok(table)
+}
+
+/// Writes a targeted space's files: each target's file (header, preallocated), the
+/// `placement` file (a zero record per segment), the `targets` table and an empty
+/// metadata table. Returns the superblock to write last.
+fn format_target_files(
+    dir: &Path,
+    table: &TargetsTable,
+    chunk_avg_bytes: u32,
+    config: &Config,
+) -> Result<Superblock> {
+    let segment_bytes = (table.shard_bytes * table.redundancy.data as u64) as u32;
+    let size_bytes = table.segments * segment_bytes as u64;
+    let chunk = ChunkParams::from_avg(chunk_avg_bytes)?;
+    let mut sb = new_superblock(size_bytes, chunk, segment_bytes, 1);
+    sb = sb.with_features(Features::INCOMPAT_TARGETS);
+    for (i, t) in table.targets.iter().enumerate() {
+        fs::DirBuilder::new()
+            .recursive(true)
+            .mode(0o700)
+            .create(&t.path)?;
+        let path = t.path.join(crate::targets::TARGET_FILE);
+        let _ = fs::remove_file(&path);
+        let f = open_private(&path, true)?;
+        preallocate(&f, table.target_file_bytes())?;
+        let h = crate::targets::TargetHeader {
+            space_uuid: sb.uuid,
+            index: i as u16,
+            shard_bytes: table.shard_bytes,
+            slots: table.slots,
+        };
+        use std::os::unix::fs::FileExt;
+        f.write_all_at(&h.encode(), 0)?;
+        f.sync_all()?;
+        sync_dir(&t.path)?;
+    }
+    let placement = open_private(&dir.join(crate::targets::PLACEMENT_FILE), true)?;
+    preallocate(
+        &placement,
+        table.segments * crate::targets::RECORD_BYTES as u64,
+    )?;
+    write_file_durably(dir, crate::targets::TARGETS_FILE, &table.encode())?;
+    let meta = open_private(&dir.join(META_FILE), true)?;
+    meta.set_len(0)?;
+    let meta: Arc<dyn Device> = Arc::new(FileDevice::growable(meta)?);
+    init_meta(&meta, config, 0..table.segments)?;
+    Ok(sb)
+}
+
+/// Writes `name` in `dir` so a crash leaves the old file or the new one (temporary file,
+/// fsync, rename, directory fsync).
+fn write_file_durably(dir: &Path, name: &str, bytes: &[u8]) -> Result<()> {
+    let tmp = dir.join(format!("{name}.tmp"));
+    let mut f = open_private(&tmp, true)?;
+    f.set_len(0)?;
+    f.write_all(bytes)?;
+    f.sync_all()?;
+    fs::rename(&tmp, dir.join(name))?;
+    sync_dir(dir)
+}
+
+/// Opens the targets of the targeted space in `dir` as its placement. A target whose
+/// file is missing, unreadable or not this space's is failed (the reason kept for
+/// `ckptfs targets`); fewer than M usable targets refuse the open.
+fn open_targets(
+    dir: &Path,
+    sb: &Superblock,
+    read_only: bool,
+    wrap: &dyn Fn(usize, Arc<dyn Device>) -> Arc<dyn Device>,
+) -> Result<Arc<crate::targets::Erasure>> {
+    let bytes = fs::read(dir.join(crate::targets::TARGETS_FILE)).map_err(|e| {
+        Error::NotASpace(format!(
+            "{}: its targets table {} cannot be read: {e}",
+            dir.display(),
+            crate::targets::TARGETS_FILE
+        ))
+    })?;
+    let table = TargetsTable::decode(&bytes)
+        .map_err(|e| Corruption::Layout(format!("{}: {e}", crate::targets::TARGETS_FILE)))?;
+    let mut targets = Vec::new();
+    let mut usable = 0;
+    for (i, t) in table.targets.iter().enumerate() {
+        let path = t.path.join(crate::targets::TARGET_FILE);
+        let opened = (|| -> std::result::Result<Arc<dyn Device>, String> {
+            if table.failed[i] {
+                return Err(
+                    "it failed while mounted earlier (see daemon.log), so its shards may be \
+                     stale; `ckptfs rebuild` replaces it"
+                        .into(),
+                );
+            }
+            let f = OpenOptions::new()
+                .read(true)
+                .write(!read_only)
+                .open(&path)
+                .map_err(|e| format!("{}: {e}", path.display()))?;
+            let mut head = vec![0u8; crate::targets::TARGET_HEADER_BYTES as usize];
+            use std::os::unix::fs::FileExt;
+            f.read_exact_at(&mut head, 0)
+                .map_err(|e| format!("{}: {e}", path.display()))?;
+            let h = crate::targets::TargetHeader::decode(&head)
+                .map_err(|e| format!("{}: {e}", path.display()))?;
+            if h.space_uuid != sb.uuid || h.index as usize != i {
+                return Err(format!(
+                    "{} belongs to another space or is another target (index {})",
+                    path.display(),
+                    h.index
+                ));
+            }
+            if h.shard_bytes != table.shard_bytes || h.slots != table.slots {
+                return Err(format!("{} has another layout", path.display()));
+            }
+            let dev: Arc<dyn Device> = match read_only {
+                true => Arc::new(crate::device::ReadOnlyDevice(Arc::new(
+                    FileDevice::new(f).map_err(|e| e.to_string())?,
+                ))),
+                false => Arc::new(FileDevice::new_direct(f).map_err(|e| e.to_string())?),
+            };
+            Ok(wrap(i, dev))
+        })();
+        if let Err(e) = &opened {
+            log::error!("target {i} ({}) is not usable: {e}", t.path.display());
+        } else {
+            usable += 1;
+        }
+        targets.push(crate::targets::Target::new(
+            t.path.clone(),
+            t.domain.clone(),
+            table.slots,
+            opened,
+        ));
+    }
+    let r = table.redundancy;
+    if usable < r.data {
+        return Err(Error::Io(std::io::Error::other(format!(
+            "only {usable} of the {} targets of {} can be opened, and {r} needs {} to read \
+             anything; see the log for why each failed",
+            table.targets.len(),
+            dir.display(),
+            r.data
+        ))));
+    }
+    let map = OpenOptions::new()
+        .read(true)
+        .write(!read_only)
+        .open(dir.join(crate::targets::PLACEMENT_FILE))?;
+    let map: Arc<dyn Device> = Arc::new(FileDevice::new(map)?);
+    let erasure = Arc::new(crate::targets::Erasure::open(
+        r,
+        table.shard_bytes,
+        table.segments,
+        targets,
+        map,
+    )?);
+    if !read_only {
+        let dir = dir.to_path_buf();
+        let table = parking_lot::Mutex::new(table);
+        erasure.set_fail_hook(Box::new(move |t| {
+            let mut table = table.lock();
+            table.failed[t as usize] = true;
+            if let Err(e) = write_file_durably(&dir, crate::targets::TARGETS_FILE, &table.encode())
+            {
+                log::error!(
+                    "recording that target {t} failed in {}: {e}; it will be used again at \
+                     the next mount, where its stale shards fail their checks and are rebuilt",
+                    crate::targets::TARGETS_FILE
+                );
+            }
+        }));
+    }
+    Ok(erasure)
+}
+
 impl Space {
     /// Creates a backing space in `dir`. Refuses a directory holding anything that is not a
     /// ckptfs space, and an existing space unless `force` (and never one that is mounted).
@@ -648,8 +975,63 @@ impl Space {
         force: bool,
         slots: u32,
     ) -> Result<()> {
+        Self::format_layout(dir, size_bytes, chunk_avg_bytes, config, force, slots, None)
+    }
+
+    /// `format` of a space whose data lies on several storage targets, erasure-coded as
+    /// `r` (see `targets`): `dir` holds the superblock, the metadata table and the
+    /// placement records; each target directory gets one preallocated `ckptfs-target` file.
+    pub fn format_targets(
+        dir: &Path,
+        size_bytes: u64,
+        chunk_avg_bytes: u32,
+        config: Config,
+        force: bool,
+        targets: &[TargetSpec],
+        r: Redundancy,
+    ) -> Result<()> {
+        Self::format_layout(
+            dir,
+            size_bytes,
+            chunk_avg_bytes,
+            config,
+            force,
+            1,
+            Some((targets, r)),
+        )
+    }
+
+    fn format_layout(
+        dir: &Path,
+        size_bytes: u64,
+        chunk_avg_bytes: u32,
+        config: Config,
+        force: bool,
+        slots: u32,
+        targets: Option<(&[TargetSpec], Redundancy)>,
+    ) -> Result<()> {
         // Every refusal comes before the first change to `dir`.
         let (_, segment_bytes) = geometry(size_bytes, chunk_avg_bytes, &config)?;
+        let table = match targets {
+            Some((specs, r)) => {
+                if slots > 1 {
+                    return Err(Error::Invalid(
+                        "--slots and --target together are not supported yet: a space is \
+                         either shared by several nodes or spread over several targets"
+                            .into(),
+                    ));
+                }
+                Some(target_table(
+                    dir,
+                    size_bytes,
+                    segment_bytes,
+                    specs,
+                    r,
+                    force,
+                )?)
+            }
+            None => None,
+        };
         if slots == 0 || slots > MAX_SLOTS {
             return Err(Error::Invalid(format!(
                 "--slots {slots} is out of range (1 to {MAX_SLOTS})"
@@ -681,7 +1063,9 @@ impl Space {
         let old_space = !names.is_empty();
         if old_space
             && !names.iter().all(|n| {
-                SPACE_FILES.contains(&n.as_str()) || SLOTTED_SPACE_FILES.contains(&n.as_str())
+                SPACE_FILES.contains(&n.as_str())
+                    || SLOTTED_SPACE_FILES.contains(&n.as_str())
+                    || TARGETED_SPACE_FILES.contains(&n.as_str())
             })
         {
             return Err(Error::Invalid(format!(
@@ -707,7 +1091,7 @@ impl Space {
             0
         };
         let free = free_disk_bytes(existing)?.saturating_add(reclaimed);
-        if size_bytes > free {
+        if table.is_none() && size_bytes > free {
             return Err(Error::Invalid(format!(
                 "size {size_bytes} bytes is larger than the free space on that disk ({free} bytes)"
             )));
@@ -759,20 +1143,16 @@ impl Space {
             }
         }
 
-        let data = open_private(&dir.join(DATA_FILE), true)?;
-        // SAFETY: fallocate on a valid descriptor; arguments are plain integers.
-        let rc = unsafe { libc::fallocate(data.as_raw_fd(), 0, 0, size_bytes as libc::off_t) };
-        if rc != 0 {
-            let e = std::io::Error::last_os_error();
-            if e.raw_os_error() == Some(libc::EOPNOTSUPP) {
-                log::warn!("fallocate is not supported here; the data file is sparse");
-                data.set_len(size_bytes)?;
-            } else {
-                let _ = fs::remove_file(dir.join(DATA_FILE));
-                return Err(e.into());
-            }
+        if let Some(table) = &table {
+            let sb = format_target_files(dir, table, chunk_avg_bytes, &config)?;
+            drop(open_private(&dir.join(LOCK_FILE), true)?);
+            drop(open_private(&dir.join(LOG_FILE), true)?);
+            return write_superblock(dir, &sb);
         }
-        data.sync_all()?;
+        let data = open_private(&dir.join(DATA_FILE), true)?;
+        preallocate(&data, size_bytes).inspect_err(|_| {
+            let _ = fs::remove_file(dir.join(DATA_FILE));
+        })?;
 
         let sb = if slots == 1 {
             let meta = open_private(&dir.join(META_FILE), true)?;
@@ -864,6 +1244,9 @@ impl Space {
             let meta = PathBuf::from(slot_meta_file(lease.slot()));
             (lock, Some(lease), meta)
         };
+        if sb.features.contains(Features::INCOMPAT_TARGETS) {
+            return Self::open_targeted(dir, sb, lock);
+        }
         let mut devs = Devices {
             data: Arc::new(FileDevice::new_direct(open_private(
                 &dir.join(DATA_FILE),
@@ -918,6 +1301,60 @@ impl Space {
         Ok(space)
     }
 
+    /// `open_with` of a space over several targets (single slot, lock held): the
+    /// metadata table in `dir`, the data on the targets. `CKPTFS_FAULTS` may name a target
+    /// (`target0`, `target1`, ...) to fail its I/O.
+    fn open_targeted(dir: &Path, sb: Superblock, lock: File) -> Result<Space> {
+        let mut injected = None;
+        let faults = match std::env::var_os(FAULTS_ENV) {
+            Some(spec) => {
+                let f = crate::sim::parse_faults(&spec.to_string_lossy())
+                    .map_err(|e| Error::Invalid(format!("{FAULTS_ENV}: {e}")))?;
+                log::warn!("{FAULTS_ENV} is set: injecting I/O faults {f:?}");
+                Some((crate::sim::SimDisk::new(), f))
+            }
+            None => None,
+        };
+        let wrap = |i: usize, dev: Arc<dyn Device>| -> Arc<dyn Device> {
+            match &faults {
+                Some((disk, _)) => Arc::new(crate::sim::FaultyDevice {
+                    name: crate::sim::target_device_name(i),
+                    disk: disk.clone(),
+                    inner: dev,
+                }),
+                None => dev,
+            }
+        };
+        let erasure = open_targets(dir, &sb, false, &wrap)?;
+        let mut meta: Arc<dyn Device> = Arc::new(FileDevice::growable(open_private(
+            &dir.join(META_FILE),
+            false,
+        )?)?);
+        if let Some((disk, f)) = faults {
+            meta = Arc::new(crate::sim::FaultyDevice {
+                name: "meta",
+                disk: disk.clone(),
+                inner: meta,
+            });
+            injected = Some((disk, f));
+        }
+        let mut space = Space::open_placed(sb, meta, erasure.clone(), SlotId(0))?;
+        if let Some((disk, faults)) = injected {
+            for f in faults {
+                disk.inject(f);
+            }
+        }
+        space.targets = Some(erasure);
+        space.dir = dir.to_path_buf();
+        space.lock = Some(lock);
+        Ok(space)
+    }
+
+    /// The targets of a space over several (None for a one-target space).
+    pub fn targets_report(&self) -> Option<crate::targets::TargetsReport> {
+        self.targets.as_ref().map(|t| t.report())
+    }
+
     /// Records `features` in the superblock (on disk first) unless it has them already.
     /// Called before the first write that needs them, so a build that does not know them
     /// never finds their data without the flag that makes it refuse.
@@ -965,6 +1402,18 @@ impl Space {
         }
         let lock = take_shared_lock(dir)?;
         let ro = |name: &str| -> Result<File> { Ok(File::open(dir.join(name))?) };
+        if sb.features.contains(Features::INCOMPAT_TARGETS) {
+            let erasure = open_targets(dir, &sb, true, &|_, d| d)?;
+            let meta = Arc::new(crate::device::OverlayDevice::new(Arc::new(
+                FileDevice::growable(ro(META_FILE)?)?,
+            )));
+            let mut space = Space::open_placed(sb, meta, erasure.clone(), SlotId(0))?;
+            space.targets = Some(erasure);
+            space.read_only = true;
+            space.dir = dir.to_path_buf();
+            space.lock = Some(lock);
+            return Ok(space);
+        }
         let devs = Devices {
             data: Arc::new(crate::device::ReadOnlyDevice(Arc::new(FileDevice::new(
                 ro(DATA_FILE)?,
@@ -1003,8 +1452,25 @@ impl Space {
             ))
             .into());
         }
+        let place = Arc::new(crate::placement::SingleFile::new(
+            devs.data.clone(),
+            sb.segment_bytes as u64,
+            range.end - range.start,
+        ));
+        Self::open_placed(sb, devs.meta, place, slot)
+    }
+
+    /// Opens slot `slot` of the space `sb` describes, with its metadata table on `meta` and
+    /// its segments where `place` puts them.
+    fn open_placed(
+        sb: Superblock,
+        meta: Arc<dyn Device>,
+        place: Arc<dyn crate::placement::Placement>,
+        slot: SlotId,
+    ) -> Result<Space> {
+        let range = sb.slot_segments(slot);
         let failed = Arc::new(AtomicBool::new(false));
-        let db = Arc::new(open_db(&devs.meta, false, failed.clone())?);
+        let db = Arc::new(open_db(&meta, false, failed.clone())?);
         if catalog::add_missing_tables(&db)? {
             log::info!(
                 "added the extended-attribute tables to a space formatted by an earlier build"
@@ -1025,11 +1491,7 @@ impl Space {
             )));
         }
         let store = ChunkStore::new(
-            Arc::new(crate::placement::SingleFile::new(
-                devs.data.clone(),
-                sb.segment_bytes as u64,
-                range.end - range.start,
-            )),
+            place,
             crate::pipeline::Pipeline::new(),
             Arc::new(catalog::ChunkIndex(db.clone())),
             free,
@@ -1052,6 +1514,7 @@ impl Space {
             publisher: None,
             union: None,
             lease: None,
+            targets: None,
         })
     }
 

@@ -12,7 +12,7 @@
 //! after every chunk lookup that might still see the old location.
 
 use crate::alloc::Segments;
-use crate::chunk::{Checked, Stored};
+use crate::chunk::{Checked, Stored, Verified};
 use crate::device::{IoBuf, DIRECT_ALIGN};
 use crate::error::{Corruption, Error, Result};
 use crate::format::{ChunkHash, ChunkRecord, Codec, DataOffset, SegmentId};
@@ -102,6 +102,9 @@ pub struct ChunkStore {
     db: Arc<dyn CommittedChunks>,
     segment_bytes: u64,
     segments: u64,
+    /// What every write is a whole multiple of (`Placement::write_align`): a block, or a
+    /// row of an erasure-coded segment.
+    align: usize,
     writer: Mutex<Writer>,
     /// Signalled when a buffer in `Writer::writing` has been written.
     written: parking_lot::Condvar,
@@ -144,6 +147,11 @@ impl ChunkStore {
     ) -> Arc<Self> {
         let segments = place.segments();
         let segment_bytes = place.segment_bytes();
+        let align = place.write_align();
+        assert!(
+            align.is_multiple_of(DIRECT_ALIGN) && segment_bytes.is_multiple_of(align as u64),
+            "segments of {segment_bytes} bytes are not whole writes of {align}"
+        );
         Arc::new_cyclic(|me| ChunkStore {
             me: me.clone(),
             pipeline,
@@ -151,6 +159,7 @@ impl ChunkStore {
             db,
             segment_bytes,
             segments,
+            align,
             writer: Mutex::new(Writer {
                 cur: None,
                 cur_reserved: false,
@@ -459,6 +468,10 @@ impl ChunkStore {
         self.write_out(w, true);
         let t = w.segs.take(for_gc)?;
         let next = t.segment;
+        if let Err(e) = self.place.prepare(next) {
+            w.segs.untake(next);
+            return Err(e.into());
+        }
         w.cur = Some(next);
         w.cur_reserved = t.reserved;
         w.fill = 0;
@@ -466,7 +479,8 @@ impl ChunkStore {
         Ok(w.buf_start)
     }
 
-    /// Queues buffered chunks for writing to the data file in whole blocks (`DIRECT_ALIGN`),
+    /// Queues buffered chunks for writing to the data file in whole blocks (`DIRECT_ALIGN`,
+    /// or whole rows of an erasure-coded placement: `align`),
     /// so the write can bypass the page cache; `write_queued` writes them once the caller
     /// has let go of the writer lock, so workers keep appending while the disk works.
     /// Unless `all`, a last partial block stays buffered for the chunks that will fill it.
@@ -476,9 +490,9 @@ impl ChunkStore {
     /// per commit.
     fn write_out(&self, w: &mut Writer, all: bool) {
         if all && w.cur.is_some() {
-            w.fill += w.buf.pad_to_block() as u64;
+            w.fill += w.buf.pad_to(self.align) as u64;
         }
-        let n = w.buf.len() / DIRECT_ALIGN * DIRECT_ALIGN;
+        let n = w.buf.len() / self.align * self.align;
         if n == 0 {
             return;
         }
@@ -575,6 +589,32 @@ impl ChunkStore {
     pub fn read_stored(&self, h: &ChunkHash, rec: &ChunkRecord) -> Result<Stored> {
         let bytes = self.read_range(rec.offset.0, rec.stored_len as usize)?;
         Ok(Stored::new(*h, *rec, bytes))
+    }
+
+    /// A chunk whose stored bytes failed their check: asks the placement for a version
+    /// that passes (erasure-coded targets rebuild it from the other shards). None: damaged
+    /// beyond repair (the caller reports the corruption).
+    pub fn repair(&self, h: ChunkHash, rec: ChunkRecord) -> Option<Verified> {
+        let mut buf = vec![0u8; rec.stored_len as usize];
+        let mut good = None;
+        let mut check = |b: &[u8]| match Stored::new(h, rec, b.to_vec()).verify() {
+            Ok(v) => {
+                good = Some(v);
+                true
+            }
+            Err(_) => false,
+        };
+        match self
+            .place
+            .read_repair(self.location(rec.offset.0), &mut buf, &mut check)
+        {
+            Ok(true) => good,
+            Ok(false) => None,
+            Err(e) => {
+                log::warn!("repairing chunk {h}: {e}");
+                None
+            }
+        }
     }
 
     /// `len` bytes of the data file at `off`, seeing writes not yet on disk.
@@ -989,14 +1029,14 @@ impl ChunkStore {
             }
         }
         for ((h, rec), bytes) in missing.iter().zip(stored) {
-            let data: Arc<[u8]> = self
-                .stages()
-                .decode
-                .time(rec.raw_len as usize, || {
-                    Stored::new(*h, *rec, bytes).verify()
-                })?
-                .into_bytes()
-                .into();
+            let verified = self.stages().decode.time(rec.raw_len as usize, || {
+                Stored::new(*h, *rec, bytes).verify()
+            });
+            let verified = match verified {
+                Err(Error::Corrupt(c)) => self.repair(*h, *rec).ok_or(Error::Corrupt(c))?,
+                r => r?,
+            };
+            let data: Arc<[u8]> = verified.into_bytes().into();
             self.cache.lock().put(*h, data.clone());
             found.insert(*h, data);
         }

@@ -81,6 +81,7 @@ pub(crate) fn check_json(r: &CheckReport, max_bytes: Option<usize>) -> Value {
         "extents": r.extents,
         "chunks": r.chunks,
         "chunks_verified": r.chunks_verified,
+        "repaired_chunks": r.repaired_chunks,
         "bytes_verified": r.bytes_verified,
         "reserved_bytes": r.reserved_bytes,
         "used_bytes": r.used_bytes,

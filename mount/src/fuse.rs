@@ -322,6 +322,9 @@ impl CkptFs {
                 let s = self.fs.stats().map_err(|e| fail_json("stats", e))?;
                 Ok(to_json(crate::stats_json(&s)))
             }
+            ("targets", None) => Ok(to_json(
+                serde_json::to_value(self.fs.space().targets_report()).unwrap_or_default(),
+            )),
             ("config", None) => {
                 let c = self
                     .fs

@@ -5,6 +5,7 @@ mod fuse;
 mod metrics;
 mod report;
 mod slots;
+mod targets;
 mod when;
 
 use ckptfs_engine::format::SlotId;
@@ -64,6 +65,17 @@ enum Cmd {
         /// of the data file and its own metadata table (made at the slot's first claim).
         #[arg(long, default_value_t = 1)]
         slots: u32,
+        /// A storage target (repeatable): a directory on its own disk, node-local device or
+        /// pool that holds one preallocated file of erasure-coded shards. `DIR:domain=LABEL`
+        /// names its failure domain (default: each target its own). DIR then holds only the
+        /// superblock, metadata table and placement records.
+        #[arg(long = "target", value_name = "DIR[:domain=LABEL]", value_parser = parse_target)]
+        targets: Vec<ckptfs_engine::targets::TargetSpec>,
+        /// With --target: M+K, each segment as M data and K parity shards on M+K targets in
+        /// distinct failure domains, readable after any K are lost [default: 1+0 per target
+        /// count; e.g. 3+2 for 5 targets].
+        #[arg(long, value_name = "M+K", value_parser = parse_redundancy, requires = "targets")]
+        redundancy: Option<ckptfs_engine::targets::Redundancy>,
         #[command(flatten)]
         retention: RetentionArgs,
     },
@@ -72,6 +84,15 @@ enum Cmd {
     Slots {
         /// A backing directory.
         dir: PathBuf,
+        #[arg(long)]
+        json: bool,
+    },
+    /// Show the storage targets of a space formatted with --target: per target its state,
+    /// failure domain, errors, shards, free shard slots, bytes moved and write bandwidth,
+    /// and what redundancy the data has right now (degraded after a target failed).
+    Targets {
+        /// A mountpoint or a backing directory.
+        path: PathBuf,
         #[arg(long)]
         json: bool,
     },
@@ -1111,6 +1132,8 @@ fn run(cli: Cli) -> Result<(), String> {
             chunk_size,
             force,
             slots,
+            targets,
+            redundancy,
             retention,
         } => {
             let chunk = u32::try_from(chunk_size).map_err(|_| {
@@ -1120,6 +1143,21 @@ fn run(cli: Cli) -> Result<(), String> {
             })?;
             let mut config = Config::default();
             retention.apply(&mut config);
+            if !targets.is_empty() {
+                // Without --redundancy: no parity, each segment on one target.
+                let r =
+                    redundancy.unwrap_or(ckptfs_engine::targets::Redundancy { data: 1, parity: 0 });
+                Space::format_targets(&dir, size, chunk, config, force, &targets, r)
+                    .map_err(|e| e.to_string())?;
+                println!(
+                    "ckptfs: formatted {} ({}) over {} targets, redundancy {r}: any {} may be lost",
+                    dir.display(),
+                    human(size),
+                    targets.len(),
+                    r.parity
+                );
+                return Ok(());
+            }
             Space::format_slots(&dir, size, chunk, config, force, slots)
                 .map_err(|e| e.to_string())?;
             match slots {
@@ -1134,6 +1172,7 @@ fn run(cli: Cli) -> Result<(), String> {
             Ok(())
         }
         Cmd::Slots { dir, json } => slots::run(&absolute(&dir), json),
+        Cmd::Targets { path, json } => targets::run(&path, json),
         Cmd::Mount {
             paths,
             foreground,
@@ -1244,8 +1283,20 @@ fn run(cli: Cli) -> Result<(), String> {
                 return Ok(());
             }
             let s = read_stats(&path)?;
+            // A space over several targets: whether its data has full redundancy now.
+            let t = match prometheus {
+                true => None,
+                false => targets::report(&path).unwrap_or_else(|e| {
+                    eprintln!("ckptfs: the targets' state could not be read: {e}");
+                    None
+                }),
+            };
             if json {
-                println!("{}", stats_json(&s));
+                let mut v = stats_json(&s);
+                if let Some(t) = &t {
+                    v["targets"] = serde_json::to_value(t).unwrap_or_default();
+                }
+                println!("{v}");
             } else if prometheus {
                 print!(
                     "{}",
@@ -1253,6 +1304,9 @@ fn run(cli: Cli) -> Result<(), String> {
                 );
             } else {
                 print_stats(&s);
+                if let Some(t) = &t {
+                    println!("{}", targets::summary_line(t));
+                }
             }
             Ok(())
         }
@@ -1344,6 +1398,17 @@ fn helper_args(args: Vec<std::ffi::OsString>) -> Vec<std::ffi::OsString> {
     out.push("mount".into());
     out.extend(args[1..].iter().cloned());
     out
+}
+
+fn parse_target(s: &str) -> Result<ckptfs_engine::targets::TargetSpec, String> {
+    let mut t = ckptfs_engine::targets::TargetSpec::parse(s)?;
+    // Recorded absolute: the daemon and offline commands open it from anywhere.
+    t.path = absolute(&t.path);
+    Ok(t)
+}
+
+fn parse_redundancy(s: &str) -> Result<ckptfs_engine::targets::Redundancy, String> {
+    ckptfs_engine::targets::Redundancy::parse(s)
 }
 
 fn main() -> ExitCode {

@@ -236,6 +236,32 @@ impl TestMount {
         tm
     }
 
+    /// A space over `targets` storage targets (`root/targets/tN`, each its own failure
+    /// domain) with `--redundancy redundancy`, formatted with `--size size`, mounted.
+    pub fn with_targets(size: &str, targets: usize, redundancy: &str) -> TestMount {
+        let mut tm = TestMount::unformatted();
+        let mut args: Vec<OsString> = vec![
+            "format".into(),
+            tm.backing.clone().into_os_string(),
+            "--size".into(),
+            size.into(),
+            "--redundancy".into(),
+            redundancy.into(),
+        ];
+        for i in 0..targets {
+            args.push("--target".into());
+            args.push(tm.target_dir(i).into_os_string());
+        }
+        tm.run_ok("format", &args, FORMAT_TIMEOUT);
+        tm.mount();
+        tm
+    }
+
+    /// Target `i`'s directory of a space made by `with_targets`.
+    pub fn target_dir(&self, i: usize) -> PathBuf {
+        self.root.path().join("targets").join(format!("t{i}"))
+    }
+
     /// A space unpacked from a `.tar.gz` of a backing directory (a fixture made by an earlier
     /// build), mounted.
     pub fn from_archive(archive: &Path) -> TestMount {

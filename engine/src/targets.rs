@@ -1,0 +1,1377 @@
+//! A space over several storage targets, erasure-coded (`format --target DIR ...
+//! --redundancy M+K`): the `Placement` that keeps each segment as M data shards and K parity
+//! shards on M+K targets in distinct failure domains, so every committed byte survives the
+//! loss of any K of them.
+//!
+//! - A target is a directory on its own disk (or node-local device, or PFS pool) holding one
+//!   preallocated file, `ckptfs-target`: a 4 KiB header naming the space and the target's
+//!   index, then `slots` shard slots of `shard_bytes` each. Nothing is created afterwards.
+//! - A segment of `segment_bytes = M * shard_bytes` is rows of M 4 KiB blocks: logical
+//!   block `b` of the segment is block `b / M` of data shard `b % M`; parity shard `j` holds
+//!   the Reed-Solomon parity (`reed-solomon-simd`) of each row at the same block. The chunk
+//!   store writes whole rows only (`write_align`) and pads the last one at a commit, so a
+//!   row and its parity, once written, are never written again: no write hole.
+//! - Placement is per segment, chosen when the store starts filling it (`prepare`) and
+//!   recorded durably in the space's `placement` file (128 bytes a segment, see FORMAT.md)
+//!   before any of its bytes is written: M+K targets, one per failure domain, greedily by
+//!   predicted availability (fewer observed errors first) and measured write bandwidth, the
+//!   emptiest first among equals. With fewer than M+K healthy domains a segment gets fewer
+//!   parity shards (a loud warning in the log; `rebuild` adds them back later); with fewer
+//!   than M, the write fails.
+//! - Reads go to the data shards. A shard that cannot be read (missing target, EIO) is
+//!   rebuilt from any M others; a chunk that fails its blake3 check (a silently damaged
+//!   shard) is repaired by `read_repair`, which excludes one shard, then two, ... until the
+//!   check passes. Both are counted.
+//! - A target that fails a write or a sync is failed (sticky, per target): the space goes
+//!   on degraded while every segment written keeps at least M durable shards. Read errors
+//!   only count against the target's availability.
+//!
+//! Memory: a read or write holds its own bytes plus M+K shard buffers of the same size
+//! (bounded by the store's read and write sizes); the placement map holds `(M+K) * 6` bytes
+//! per placed segment.
+
+use crate::device::{Device, IoBuf, DIRECT_ALIGN};
+use crate::format::SegmentId;
+use crate::placement::{Location, Placement};
+use parking_lot::{Mutex, RwLock};
+use std::collections::{BTreeSet, HashMap};
+use std::io;
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::Instant;
+
+/// Bytes of a block: the unit of a row, of a shard's rows and of direct I/O.
+pub const BLOCK: usize = DIRECT_ALIGN;
+/// The file each target directory holds.
+pub const TARGET_FILE: &str = "ckptfs-target";
+/// Bytes before the first shard slot of a target file (its header).
+pub const TARGET_HEADER_BYTES: u64 = 4096;
+/// Bytes of one segment's record in the placement file.
+pub const RECORD_BYTES: usize = 128;
+/// Most shards (M+K) a segment may have: what a record holds.
+pub const MAX_SHARDS: usize = 16;
+const TARGET_MAGIC: &[u8; 8] = b"CKPTFSTG";
+const TARGET_VERSION: u32 = 1;
+
+/// M data shards and K parity shards per segment.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Redundancy {
+    pub data: usize,
+    pub parity: usize,
+}
+
+impl Redundancy {
+    pub fn shards(self) -> usize {
+        self.data + self.parity
+    }
+
+    /// Parses "M+K".
+    pub fn parse(s: &str) -> Result<Redundancy, String> {
+        let (m, k) = s
+            .split_once('+')
+            .ok_or_else(|| format!("redundancy {s:?} is not M+K (for example 3+2)"))?;
+        let p = |x: &str| {
+            x.trim()
+                .parse::<usize>()
+                .map_err(|_| format!("redundancy {s:?} is not M+K (for example 3+2)"))
+        };
+        let r = Redundancy {
+            data: p(m)?,
+            parity: p(k)?,
+        };
+        if r.data == 0 || r.shards() > MAX_SHARDS {
+            return Err(format!(
+                "redundancy {s}: need at least 1 data shard and at most {MAX_SHARDS} shards in all"
+            ));
+        }
+        Ok(r)
+    }
+}
+
+impl std::fmt::Display for Redundancy {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}+{}", self.data, self.parity)
+    }
+}
+
+/// The header of a target file (its first 4 KiB): which space, which target, what layout.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct TargetHeader {
+    pub space_uuid: [u8; 16],
+    pub index: u16,
+    pub shard_bytes: u64,
+    pub slots: u64,
+}
+
+impl TargetHeader {
+    pub fn encode(&self) -> Vec<u8> {
+        let mut b = vec![0u8; TARGET_HEADER_BYTES as usize];
+        b[0..8].copy_from_slice(TARGET_MAGIC);
+        b[8..12].copy_from_slice(&TARGET_VERSION.to_le_bytes());
+        b[12..14].copy_from_slice(&self.index.to_le_bytes());
+        b[16..32].copy_from_slice(&self.space_uuid);
+        b[32..40].copy_from_slice(&self.shard_bytes.to_le_bytes());
+        b[40..48].copy_from_slice(&self.slots.to_le_bytes());
+        let sum = blake3::hash(&b[..4064]);
+        b[4064..4096].copy_from_slice(sum.as_bytes());
+        b
+    }
+
+    pub fn decode(b: &[u8]) -> Result<TargetHeader, String> {
+        if b.len() < TARGET_HEADER_BYTES as usize || &b[0..8] != TARGET_MAGIC {
+            return Err("not a ckptfs target file (no CKPTFSTG header)".into());
+        }
+        if blake3::hash(&b[..4064]).as_bytes() != &b[4064..4096] {
+            return Err("its header fails its checksum".into());
+        }
+        let version = u32::from_le_bytes(b[8..12].try_into().unwrap_or_default());
+        if version != TARGET_VERSION {
+            return Err(format!("unknown target file version {version}"));
+        }
+        let u64_at = |i: usize| u64::from_le_bytes(b[i..i + 8].try_into().unwrap_or_default());
+        let mut space_uuid = [0u8; 16];
+        space_uuid.copy_from_slice(&b[16..32]);
+        Ok(TargetHeader {
+            space_uuid,
+            index: u16::from_le_bytes([b[12], b[13]]),
+            shard_bytes: u64_at(32),
+            slots: u64_at(40),
+        })
+    }
+}
+
+/// The space-directory file listing the targets.
+pub const TARGETS_FILE: &str = "targets";
+/// The space-directory file of per-segment placement records.
+pub const PLACEMENT_FILE: &str = "placement";
+const TABLE_MAGIC: &[u8; 8] = b"CKPTTGTS";
+const TABLE_VERSION: u32 = 1;
+const TABLE_HEAD: usize = 64;
+const TABLE_ENTRY: usize = 512;
+const MAX_PATH: usize = 440;
+const MAX_DOMAIN: usize = 62;
+
+/// A target as given to `format --target DIR[:domain=LABEL]`. Without a label (an empty
+/// `domain`) each target is its own failure domain, which format names `targetN`.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct TargetSpec {
+    pub path: PathBuf,
+    pub domain: String,
+}
+
+impl TargetSpec {
+    pub fn parse(s: &str) -> Result<TargetSpec, String> {
+        let (path, domain) = match s.rsplit_once(":domain=") {
+            Some((p, d)) => (p, Some(d)),
+            None => (s, None),
+        };
+        if path.is_empty() {
+            return Err(format!("target {s:?} names no directory"));
+        }
+        // No label: its own domain, named `targetN` by format.
+        let domain = domain.unwrap_or_default().to_string();
+        if (domain.is_empty() && s.contains(":domain=")) || domain.len() > MAX_DOMAIN {
+            return Err(format!(
+                "target {s:?}: a failure-domain label has 1 to {MAX_DOMAIN} bytes"
+            ));
+        }
+        if path.len() > MAX_PATH {
+            return Err(format!(
+                "target path {path:?} is longer than {MAX_PATH} bytes"
+            ));
+        }
+        Ok(TargetSpec {
+            path: PathBuf::from(path),
+            domain,
+        })
+    }
+}
+
+/// What the `targets` file records: the redundancy, the geometry, every target.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct TargetsTable {
+    pub redundancy: Redundancy,
+    pub shard_bytes: u64,
+    /// Shard slots in each target's file.
+    pub slots: u64,
+    pub segments: u64,
+    pub targets: Vec<TargetSpec>,
+    /// Targets that failed while the space was mounted: their shards may be stale, so they
+    /// stay failed at every later mount until `rebuild` replaces them.
+    pub failed: Vec<bool>,
+}
+
+impl TargetsTable {
+    pub fn encode(&self) -> Vec<u8> {
+        let mut b = vec![0u8; TABLE_HEAD + self.targets.len() * TABLE_ENTRY];
+        b[0..8].copy_from_slice(TABLE_MAGIC);
+        b[8..12].copy_from_slice(&TABLE_VERSION.to_le_bytes());
+        b[12] = self.redundancy.data as u8;
+        b[13] = self.redundancy.parity as u8;
+        b[14..16].copy_from_slice(&(self.targets.len() as u16).to_le_bytes());
+        b[16..24].copy_from_slice(&self.shard_bytes.to_le_bytes());
+        b[24..32].copy_from_slice(&self.slots.to_le_bytes());
+        b[32..40].copy_from_slice(&self.segments.to_le_bytes());
+        for (i, t) in self.targets.iter().enumerate() {
+            let e = &mut b[TABLE_HEAD + i * TABLE_ENTRY..TABLE_HEAD + (i + 1) * TABLE_ENTRY];
+            let p = std::os::unix::ffi::OsStrExt::as_bytes(t.path.as_os_str());
+            e[0..2].copy_from_slice(&(p.len() as u16).to_le_bytes());
+            e[2..2 + p.len()].copy_from_slice(p);
+            e[448] = t.domain.len() as u8;
+            e[449..449 + t.domain.len()].copy_from_slice(t.domain.as_bytes());
+            e[511] = u8::from(self.failed.get(i).copied().unwrap_or(false));
+        }
+        let sum = blake3::hash(&b);
+        b.extend_from_slice(sum.as_bytes());
+        b
+    }
+
+    pub fn decode(b: &[u8]) -> Result<TargetsTable, String> {
+        if b.len() < TABLE_HEAD + 32 || &b[0..8] != TABLE_MAGIC {
+            return Err("not a ckptfs targets table".into());
+        }
+        let (body, sum) = b.split_at(b.len() - 32);
+        if blake3::hash(body).as_bytes() != sum {
+            return Err("the targets table fails its checksum".into());
+        }
+        let version = u32::from_le_bytes(body[8..12].try_into().unwrap_or_default());
+        if version != TABLE_VERSION {
+            return Err(format!("unknown targets table version {version}"));
+        }
+        let n = u16::from_le_bytes([body[14], body[15]]) as usize;
+        if body.len() != TABLE_HEAD + n * TABLE_ENTRY {
+            return Err(format!(
+                "the targets table has the wrong length for {n} targets"
+            ));
+        }
+        let u64_at = |i: usize| u64::from_le_bytes(body[i..i + 8].try_into().unwrap_or_default());
+        let mut targets = Vec::with_capacity(n);
+        let mut failed = Vec::with_capacity(n);
+        for i in 0..n {
+            let e = &body[TABLE_HEAD + i * TABLE_ENTRY..TABLE_HEAD + (i + 1) * TABLE_ENTRY];
+            let pl = (u16::from_le_bytes([e[0], e[1]]) as usize).min(MAX_PATH);
+            let dl = (e[448] as usize).min(MAX_DOMAIN);
+            let path = PathBuf::from(
+                <std::ffi::OsStr as std::os::unix::ffi::OsStrExt>::from_bytes(&e[2..2 + pl]),
+            );
+            targets.push(TargetSpec {
+                path,
+                domain: String::from_utf8_lossy(&e[449..449 + dl]).into_owned(),
+            });
+            failed.push(e[511] != 0);
+        }
+        Ok(TargetsTable {
+            redundancy: Redundancy {
+                data: body[12] as usize,
+                parity: body[13] as usize,
+            },
+            shard_bytes: u64_at(16),
+            slots: u64_at(24),
+            segments: u64_at(32),
+            targets,
+            failed,
+        })
+    }
+
+    /// Bytes of each target's file.
+    pub fn target_file_bytes(&self) -> u64 {
+        TARGET_HEADER_BYTES + self.slots * self.shard_bytes
+    }
+}
+
+/// Where one shard of a segment lives: a target and a shard slot in its file.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct ShardAt {
+    pub target: u16,
+    pub slot: u32,
+}
+
+/// One segment's placement: shard `i` (data for i < M, parity after) and where it is, or
+/// None for a parity shard not written (too few healthy targets when it was placed).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Placed {
+    /// Counts placements of this segment, so a record rewritten in place is told apart.
+    pub generation: u64,
+    pub shards: Vec<Option<ShardAt>>,
+}
+
+impl Placed {
+    pub fn encode(&self) -> [u8; RECORD_BYTES] {
+        let mut b = [0u8; RECORD_BYTES];
+        b[0..8].copy_from_slice(&self.generation.to_le_bytes());
+        b[8] = self.shards.len() as u8;
+        for (i, s) in self.shards.iter().enumerate() {
+            let at = 16 + i * 6;
+            let (t, slot) = s.map_or((u16::MAX, u32::MAX), |s| (s.target, s.slot));
+            b[at..at + 2].copy_from_slice(&t.to_le_bytes());
+            b[at + 2..at + 6].copy_from_slice(&slot.to_le_bytes());
+        }
+        let sum = blake3::hash(&b[..112]);
+        b[112..128].copy_from_slice(&sum.as_bytes()[..16]);
+        b
+    }
+
+    /// None for an all-zero record (never placed); an error for a damaged one.
+    pub fn decode(b: &[u8]) -> Result<Option<Placed>, String> {
+        if b.iter().all(|&x| x == 0) {
+            return Ok(None);
+        }
+        if blake3::hash(&b[..112]).as_bytes()[..16] != b[112..128] {
+            return Err("fails its checksum".into());
+        }
+        let n = b[8] as usize;
+        if n > MAX_SHARDS {
+            return Err(format!("names {n} shards"));
+        }
+        let shards = (0..n)
+            .map(|i| {
+                let at = 16 + i * 6;
+                let t = u16::from_le_bytes([b[at], b[at + 1]]);
+                let slot = u32::from_le_bytes(b[at + 2..at + 6].try_into().unwrap_or_default());
+                (t != u16::MAX).then_some(ShardAt { target: t, slot })
+            })
+            .collect();
+        Ok(Some(Placed {
+            generation: u64::from_le_bytes(b[0..8].try_into().unwrap_or_default()),
+            shards,
+        }))
+    }
+}
+
+/// One storage target as the placement sees it.
+pub struct Target {
+    pub path: PathBuf,
+    pub domain: String,
+    /// None: it could not be opened (the reason is in `failed_reason`).
+    dev: Option<Arc<dyn Device>>,
+    slots: u64,
+    failed: AtomicBool,
+    failed_reason: Mutex<Option<String>>,
+    /// I/O errors seen on it (reads and writes): what predicts its availability.
+    errors: AtomicU64,
+    /// Written since the last sync, so the next sync covers it.
+    dirty: AtomicBool,
+    bytes_written: AtomicU64,
+    write_ns: AtomicU64,
+    bytes_read: AtomicU64,
+}
+
+impl Target {
+    /// A target whose file is open (`dev`), or that could not be opened (`Err(reason)`).
+    pub fn new(
+        path: PathBuf,
+        domain: String,
+        slots: u64,
+        dev: Result<Arc<dyn Device>, String>,
+    ) -> Target {
+        let (dev, reason) = match dev {
+            Ok(d) => (Some(d), None),
+            Err(r) => (None, Some(r)),
+        };
+        Target {
+            path,
+            domain,
+            failed: AtomicBool::new(dev.is_none()),
+            dev,
+            slots,
+            failed_reason: Mutex::new(reason),
+            errors: AtomicU64::new(0),
+            dirty: AtomicBool::new(false),
+            bytes_written: AtomicU64::new(0),
+            write_ns: AtomicU64::new(0),
+            bytes_read: AtomicU64::new(0),
+        }
+    }
+
+    fn healthy(&self) -> bool {
+        !self.failed.load(Ordering::SeqCst)
+    }
+
+    /// Predicted availability in (0, 1]: 1 for a target that never erred, less the more
+    /// errors it showed (a target that has been failing gets fewer new shards).
+    fn availability(&self) -> f64 {
+        1.0 / (1.0 + self.errors.load(Ordering::Relaxed) as f64)
+    }
+
+    /// Measured write bandwidth in bytes/s (None before the first write).
+    fn bandwidth(&self) -> Option<f64> {
+        let ns = self.write_ns.load(Ordering::Relaxed);
+        (ns > 0).then(|| self.bytes_written.load(Ordering::Relaxed) as f64 * 1e9 / ns as f64)
+    }
+}
+
+/// What `ckptfs targets` and `stats` show of one target.
+#[derive(Clone, Debug, serde::Serialize, serde::Deserialize)]
+pub struct TargetReport {
+    pub index: u16,
+    pub path: String,
+    pub domain: String,
+    /// "ok" or "failed: REASON".
+    pub state: String,
+    pub errors: u64,
+    pub shards: u64,
+    pub free_shards: u64,
+    pub bytes_written: u64,
+    pub bytes_read: u64,
+    pub write_mib_s: Option<f64>,
+}
+
+/// The whole set: per target, and what redundancy the data has right now.
+#[derive(Clone, Debug, serde::Serialize, serde::Deserialize)]
+pub struct TargetsReport {
+    pub redundancy: String,
+    pub targets: Vec<TargetReport>,
+    /// Placed segments whose shards are all on healthy targets.
+    pub segments_full: u64,
+    /// Placed segments missing some shards (a failed target, or placed short), by how many
+    /// more shards each could lose: `[lost-tolerance] = segments`.
+    pub segments_degraded: Vec<(u64, u64)>,
+    /// Placed segments with fewer than M shards left: their chunks are unreadable.
+    pub segments_lost: u64,
+    pub reconstructed_reads: u64,
+    pub repaired_reads: u64,
+}
+
+impl TargetsReport {
+    pub fn degraded(&self) -> bool {
+        self.segments_lost > 0
+            || !self.segments_degraded.is_empty()
+            || self.targets.iter().any(|t| t.state != "ok")
+    }
+}
+
+/// The erasure-coded placement over several targets (see the module comment).
+pub struct Erasure {
+    r: Redundancy,
+    segment_bytes: u64,
+    segments: u64,
+    shard_bytes: u64,
+    targets: Vec<Target>,
+    /// The space's `placement` file: one record per segment.
+    map_dev: Arc<dyn Device>,
+    map: RwLock<Vec<Option<Placed>>>,
+    /// Free shard slots per target.
+    free: Mutex<Vec<BTreeSet<u32>>>,
+    /// Segments written since the last sync (checked for enough durable shards).
+    touched: Mutex<BTreeSet<u64>>,
+    reconstructed: AtomicU64,
+    repaired: AtomicU64,
+    /// Records a target's failure durably (the space's `targets` table), so it stays failed
+    /// at the next mount.
+    on_fail: Mutex<Option<FailHook>>,
+}
+
+/// Called with a target's index when it fails.
+pub type FailHook = Box<dyn Fn(u16) + Send + Sync>;
+
+fn other(msg: String) -> io::Error {
+    io::Error::other(msg)
+}
+
+impl Erasure {
+    /// Opens the placement over `targets` (in index order; a target that failed to open is
+    /// there, failed) with the placement file `map_dev`, which lists every segment's record.
+    pub fn open(
+        r: Redundancy,
+        shard_bytes: u64,
+        segments: u64,
+        targets: Vec<Target>,
+        map_dev: Arc<dyn Device>,
+    ) -> io::Result<Erasure> {
+        if !shard_bytes.is_multiple_of(BLOCK as u64) || shard_bytes == 0 {
+            return Err(other(format!(
+                "shard size {shard_bytes} is not a whole number of blocks"
+            )));
+        }
+        if map_dev.len() < segments * RECORD_BYTES as u64 {
+            return Err(other(format!(
+                "the placement file has {} bytes, {} segments need {}",
+                map_dev.len(),
+                segments,
+                segments * RECORD_BYTES as u64
+            )));
+        }
+        let mut raw = vec![0u8; (segments as usize) * RECORD_BYTES];
+        map_dev.read_at(&mut raw, 0)?;
+        let mut map = Vec::with_capacity(segments as usize);
+        let mut free: Vec<BTreeSet<u32>> = targets
+            .iter()
+            .map(|t| (0..t.slots as u32).collect())
+            .collect();
+        for (s, rec) in raw.chunks(RECORD_BYTES).enumerate() {
+            let p = match Placed::decode(rec) {
+                Ok(p) => p,
+                Err(e) => {
+                    // A record is rewritten only when its segment is free (re-placed before
+                    // new data), so a torn one held nothing: it is unplaced.
+                    log::warn!("placement record of segment {s} {e}; treating it as unplaced");
+                    None
+                }
+            };
+            if let Some(p) = &p {
+                if p.shards.len() != r.shards() {
+                    return Err(other(format!(
+                        "segment {s} is placed as {} shards, the space is {r}",
+                        p.shards.len()
+                    )));
+                }
+                for sh in p.shards.iter().flatten() {
+                    let t = free.get_mut(sh.target as usize).ok_or_else(|| {
+                        other(format!("segment {s} names target {}, unknown", sh.target))
+                    })?;
+                    if !t.remove(&sh.slot) {
+                        return Err(other(format!(
+                            "segment {s} names slot {} of target {}, which is taken or out \
+                             of range",
+                            sh.slot, sh.target
+                        )));
+                    }
+                }
+            }
+            map.push(p);
+        }
+        Ok(Erasure {
+            r,
+            segment_bytes: shard_bytes * r.data as u64,
+            segments,
+            shard_bytes,
+            targets,
+            map_dev,
+            map: RwLock::new(map),
+            free: Mutex::new(free),
+            touched: Mutex::new(BTreeSet::new()),
+            reconstructed: AtomicU64::new(0),
+            repaired: AtomicU64::new(0),
+            on_fail: Mutex::new(None),
+        })
+    }
+
+    /// Sets what records a target's failure durably (see `on_fail`).
+    pub fn set_fail_hook(&self, hook: FailHook) {
+        *self.on_fail.lock() = Some(hook);
+    }
+
+    pub fn redundancy(&self) -> Redundancy {
+        self.r
+    }
+
+    pub fn targets(&self) -> &[Target] {
+        &self.targets
+    }
+
+    fn row_bytes(&self) -> u64 {
+        (self.r.data * BLOCK) as u64
+    }
+
+    fn fail_target(&self, t: u16, why: String) {
+        let tg = &self.targets[t as usize];
+        if !tg.failed.swap(true, Ordering::SeqCst) {
+            log::error!(
+                "target {t} ({}) failed: {why}; the space is degraded (`ckptfs rebuild` \
+                 restores full redundancy)",
+                tg.path.display()
+            );
+            *tg.failed_reason.lock() = Some(why);
+            if let Some(h) = self.on_fail.lock().as_ref() {
+                h(t);
+            }
+        }
+    }
+
+    fn shard_offset(&self, slot: u32, block_in_shard: u64) -> u64 {
+        TARGET_HEADER_BYTES + slot as u64 * self.shard_bytes + block_in_shard * BLOCK as u64
+    }
+
+    fn placed(&self, seg: u64) -> io::Result<Placed> {
+        self.map
+            .read()
+            .get(seg as usize)
+            .cloned()
+            .flatten()
+            .ok_or_else(|| other(format!("segment {seg} was never placed on the targets")))
+    }
+
+    /// Picks the targets of a new placement: healthy ones with a free slot, the best of
+    /// each failure domain, best first (availability x bandwidth, then the most free slots).
+    fn choose(&self, free: &[BTreeSet<u32>]) -> Vec<u16> {
+        let max_bw = self
+            .targets
+            .iter()
+            .filter_map(Target::bandwidth)
+            .fold(0.0f64, f64::max);
+        let score = |i: usize| {
+            let t = &self.targets[i];
+            // Bandwidth relative to the fastest; an unmeasured target counts as the fastest.
+            let bw = match (t.bandwidth(), max_bw > 0.0) {
+                (Some(b), true) => b / max_bw,
+                _ => 1.0,
+            };
+            t.availability() * bw.sqrt()
+        };
+        let mut cands: Vec<usize> = (0..self.targets.len())
+            .filter(|&i| self.targets[i].healthy() && !free[i].is_empty())
+            .collect();
+        cands.sort_by(|&a, &b| {
+            score(b)
+                .total_cmp(&score(a))
+                .then(free[b].len().cmp(&free[a].len()))
+                .then(a.cmp(&b))
+        });
+        let mut domains = BTreeSet::new();
+        let mut out = Vec::new();
+        for i in cands {
+            if out.len() == self.r.shards() {
+                break;
+            }
+            if domains.insert(self.targets[i].domain.clone()) {
+                out.push(i as u16);
+            }
+        }
+        out
+    }
+
+    /// Counts of placed segments by state: (full, degraded by remaining tolerance, lost).
+    fn segment_states(&self) -> (u64, BTreeSet<(u64, u64)>, u64) {
+        let map = self.map.read();
+        let (mut full, mut lost) = (0, 0);
+        let mut by_tol: HashMap<u64, u64> = HashMap::new();
+        for p in map.iter().flatten() {
+            let ok = p
+                .shards
+                .iter()
+                .flatten()
+                .filter(|s| self.targets[s.target as usize].healthy())
+                .count();
+            if ok == self.r.shards() {
+                full += 1;
+            } else if ok < self.r.data {
+                lost += 1;
+            } else {
+                *by_tol.entry((ok - self.r.data) as u64).or_default() += 1;
+            }
+        }
+        (full, by_tol.into_iter().collect(), lost)
+    }
+
+    pub fn report(&self) -> TargetsReport {
+        let map = self.map.read();
+        let mut used = vec![0u64; self.targets.len()];
+        for p in map.iter().flatten() {
+            for s in p.shards.iter().flatten() {
+                used[s.target as usize] += 1;
+            }
+        }
+        drop(map);
+        let free = self.free.lock();
+        let targets = self
+            .targets
+            .iter()
+            .enumerate()
+            .map(|(i, t)| TargetReport {
+                index: i as u16,
+                path: t.path.display().to_string(),
+                domain: t.domain.clone(),
+                state: match t.healthy() {
+                    true => "ok".into(),
+                    false => format!(
+                        "failed: {}",
+                        t.failed_reason.lock().clone().unwrap_or_default()
+                    ),
+                },
+                errors: t.errors.load(Ordering::Relaxed),
+                shards: used[i],
+                free_shards: free[i].len() as u64,
+                bytes_written: t.bytes_written.load(Ordering::Relaxed),
+                bytes_read: t.bytes_read.load(Ordering::Relaxed),
+                write_mib_s: t.bandwidth().map(|b| b / (1 << 20) as f64),
+            })
+            .collect();
+        drop(free);
+        let (full, degraded, lost) = self.segment_states();
+        TargetsReport {
+            redundancy: self.r.to_string(),
+            targets,
+            segments_full: full,
+            segments_degraded: degraded.into_iter().collect(),
+            segments_lost: lost,
+            reconstructed_reads: self.reconstructed.load(Ordering::Relaxed),
+            repaired_reads: self.repaired.load(Ordering::Relaxed),
+        }
+    }
+
+    /// Reads blocks [b0, b1) of shard `i` of `p`'s segment; None when the shard is not
+    /// there or not readable (counted against its target).
+    fn read_shard(&self, p: &Placed, i: usize, b0: u64, b1: u64) -> Option<IoBuf> {
+        let at = p.shards[i]?;
+        let t = &self.targets[at.target as usize];
+        let dev = t.dev.as_ref().filter(|_| t.healthy())?;
+        let mut buf = IoBuf::new();
+        buf.extend_zeros(((b1 - b0) as usize) * BLOCK);
+        match dev.read_at(buf.as_mut_slice(), self.shard_offset(at.slot, b0)) {
+            Ok(()) => {
+                t.bytes_read.fetch_add(buf.len() as u64, Ordering::Relaxed);
+                Some(buf)
+            }
+            Err(e) => {
+                t.errors.fetch_add(1, Ordering::Relaxed);
+                log::warn!(
+                    "reading shard {i} from target {} ({}): {e}; rebuilding it from the others",
+                    at.target,
+                    t.path.display()
+                );
+                None
+            }
+        }
+    }
+
+    /// Rows [r0, r1) of segment `p` as the M data shards' blocks, reconstructing the
+    /// data shards in `want` that `have` lacks from any M shards read (excluding those in
+    /// `exclude`, shards suspected bad).
+    fn reconstruct(
+        &self,
+        p: &Placed,
+        r0: u64,
+        r1: u64,
+        mut have: Vec<Option<IoBuf>>,
+        exclude: &[usize],
+    ) -> io::Result<Vec<Option<IoBuf>>> {
+        let (m, k) = (self.r.data, self.r.parity);
+        // Read what is missing until M shards are at hand.
+        let count = |h: &[Option<IoBuf>]| {
+            h.iter()
+                .enumerate()
+                .filter(|(i, b)| b.is_some() && !exclude.contains(i))
+                .count()
+        };
+        for i in 0..m + k {
+            if count(&have) >= m {
+                break;
+            }
+            if have[i].is_none() && !exclude.contains(&i) {
+                have[i] = self.read_shard(p, i, r0, r1);
+            }
+        }
+        if count(&have) < m {
+            return Err(io::Error::other(format!(
+                "only {} of the {} shards of these rows are readable, {m} are needed",
+                count(&have),
+                m + k
+            )));
+        }
+        let missing: Vec<usize> = (0..m)
+            .filter(|i| have[*i].is_none() || exclude.contains(i))
+            .collect();
+        if missing.is_empty() {
+            return Ok(have);
+        }
+        let originals = (0..m)
+            .filter(|i| !exclude.contains(i))
+            .filter_map(|i| have[i].as_ref().map(|b| (i, b.as_slice())));
+        let recovery = (m..m + k)
+            .filter(|i| !exclude.contains(i))
+            .filter_map(|i| have[i].as_ref().map(|b| (i - m, b.as_slice())));
+        let restored = reed_solomon_simd::decode(m, k, originals, recovery)
+            .map_err(|e| other(format!("Reed-Solomon decode: {e}")))?;
+        for i in missing {
+            let data = restored
+                .get(&i)
+                .ok_or_else(|| other(format!("decode did not restore shard {i}")))?;
+            let mut b = IoBuf::new();
+            b.extend_from_slice(data);
+            have[i] = Some(b);
+        }
+        Ok(have)
+    }
+
+    /// Copies logical bytes [off, off+len) of the segment out of data shards holding rows
+    /// [r0, ..).
+    fn assemble(&self, shards: &[Option<IoBuf>], r0: u64, off: u64, buf: &mut [u8]) {
+        let m = self.r.data as u64;
+        let mut pos = 0usize;
+        while pos < buf.len() {
+            let o = off + pos as u64;
+            let b = o / BLOCK as u64;
+            let (row, col) = (b / m, (b % m) as usize);
+            let in_block = (o % BLOCK as u64) as usize;
+            let n = (BLOCK - in_block).min(buf.len() - pos);
+            let src = shards[col]
+                .as_ref()
+                .expect("assembled shards are all present");
+            let at = (row - r0) as usize * BLOCK + in_block;
+            buf[pos..pos + n].copy_from_slice(&src.as_slice()[at..at + n]);
+            pos += n;
+        }
+    }
+
+    /// The rows covering segment bytes [off, off+len), and which data shards they need.
+    fn rows_of(&self, off: u64, len: usize) -> (u64, u64, Vec<bool>) {
+        let m = self.r.data as u64;
+        let b0 = off / BLOCK as u64;
+        let b1 = (off + len as u64).div_ceil(BLOCK as u64);
+        let (r0, r1) = (b0 / m, b1.div_ceil(m));
+        let mut need = vec![false; self.r.data];
+        for b in b0..b1 {
+            need[(b % m) as usize] = true;
+        }
+        (r0, r1, need)
+    }
+
+    fn read_in_segment(&self, seg: u64, off: u64, buf: &mut [u8]) -> io::Result<()> {
+        let p = self.placed(seg)?;
+        let (r0, r1, need) = self.rows_of(off, buf.len());
+        let mut have: Vec<Option<IoBuf>> = vec![None; self.r.shards()];
+        let mut short = false;
+        for (i, n) in need.iter().enumerate() {
+            if *n {
+                have[i] = self.read_shard(&p, i, r0, r1);
+                short |= have[i].is_none();
+            }
+        }
+        if short {
+            have = self
+                .reconstruct(&p, r0, r1, have, &[])
+                .map_err(|e| io::Error::new(e.kind(), format!("segment {seg}: {e}")))?;
+            self.reconstructed.fetch_add(1, Ordering::Relaxed);
+        }
+        // Shards not needed stay None; fill them so `assemble` only touches needed ones.
+        self.assemble(&have, r0, off, buf);
+        Ok(())
+    }
+
+    fn write_in_segment(&self, seg: u64, off: u64, buf: &[u8]) -> io::Result<()> {
+        let p = self.placed(seg)?;
+        let (m, k) = (self.r.data, self.r.parity);
+        let rows = buf.len() / (m * BLOCK);
+        let r0 = off / self.row_bytes();
+        let mut cols: Vec<IoBuf> = (0..m).map(|_| IoBuf::new()).collect();
+        for r in 0..rows {
+            for (c, col) in cols.iter_mut().enumerate() {
+                let at = (r * m + c) * BLOCK;
+                col.extend_from_slice(&buf[at..at + BLOCK]);
+            }
+        }
+        let mut shards = cols;
+        if k > 0 {
+            let parity = reed_solomon_simd::encode(m, k, shards.iter().map(|c| c.as_slice()))
+                .map_err(|e| other(format!("Reed-Solomon encode: {e}")))?;
+            for p in parity {
+                let mut b = IoBuf::new();
+                b.extend_from_slice(&p);
+                shards.push(b);
+            }
+        }
+        let mut written = 0;
+        for (i, data) in shards.iter().enumerate() {
+            let Some(at) = p.shards[i] else { continue };
+            let t = &self.targets[at.target as usize];
+            let Some(dev) = t.dev.as_ref().filter(|_| t.healthy()) else {
+                continue;
+            };
+            let start = Instant::now();
+            match dev.write_at(data.as_slice(), self.shard_offset(at.slot, r0)) {
+                Ok(()) => {
+                    t.write_ns
+                        .fetch_add(start.elapsed().as_nanos() as u64, Ordering::Relaxed);
+                    t.bytes_written
+                        .fetch_add(data.len() as u64, Ordering::Relaxed);
+                    t.dirty.store(true, Ordering::SeqCst);
+                    written += 1;
+                }
+                Err(e) => {
+                    t.errors.fetch_add(1, Ordering::Relaxed);
+                    self.fail_target(at.target, format!("write: {e}"));
+                }
+            }
+        }
+        self.touched.lock().insert(seg);
+        if written < m {
+            return Err(other(format!(
+                "segment {seg}: only {written} of its {} shards could be written, {m} are needed",
+                m + k
+            )));
+        }
+        Ok(())
+    }
+
+    /// Splits [at, at+len) at segment boundaries: (segment, offset in it, range in buf).
+    fn pieces(&self, at: Location, len: usize) -> Vec<(u64, u64, std::ops::Range<usize>)> {
+        let mut out = Vec::new();
+        let (mut seg, mut off, mut pos) = (at.segment.0, at.offset, 0usize);
+        while pos < len {
+            let n = ((self.segment_bytes - off) as usize).min(len - pos);
+            out.push((seg, off, pos..pos + n));
+            pos += n;
+            seg += 1;
+            off = 0;
+        }
+        out
+    }
+}
+
+impl Placement for Erasure {
+    fn segment_bytes(&self) -> u64 {
+        self.segment_bytes
+    }
+
+    fn segments(&self) -> u64 {
+        self.segments
+    }
+
+    fn write_align(&self) -> usize {
+        self.row_bytes() as usize
+    }
+
+    fn read(&self, at: Location, buf: &mut [u8]) -> io::Result<()> {
+        let len = buf.len();
+        for (seg, off, range) in self.pieces(at, len) {
+            self.read_in_segment(seg, off, &mut buf[range])?;
+        }
+        Ok(())
+    }
+
+    fn write(&self, at: Location, buf: &[u8]) -> io::Result<()> {
+        let row = self.row_bytes();
+        if !at.offset.is_multiple_of(row) || !(buf.len() as u64).is_multiple_of(row) {
+            return Err(other(format!(
+                "a write of {} bytes at {} of segment {} is not whole rows of {row} bytes",
+                buf.len(),
+                at.offset,
+                at.segment
+            )));
+        }
+        for (seg, off, range) in self.pieces(at, buf.len()) {
+            self.write_in_segment(seg, off, &buf[range])?;
+        }
+        Ok(())
+    }
+
+    fn sync(&self) -> io::Result<()> {
+        for (i, t) in self.targets.iter().enumerate() {
+            let Some(dev) = t.dev.as_ref().filter(|_| t.healthy()) else {
+                continue;
+            };
+            if t.dirty.swap(false, Ordering::SeqCst) {
+                if let Err(e) = dev.sync() {
+                    t.errors.fetch_add(1, Ordering::Relaxed);
+                    self.fail_target(i as u16, format!("sync: {e}"));
+                }
+            }
+        }
+        // Every segment written since the last sync must keep M durable shards.
+        let touched = std::mem::take(&mut *self.touched.lock());
+        for seg in touched {
+            let p = self.placed(seg)?;
+            let ok = p
+                .shards
+                .iter()
+                .flatten()
+                .filter(|s| self.targets[s.target as usize].healthy())
+                .count();
+            if ok < self.r.data {
+                return Err(other(format!(
+                    "segment {seg} has {ok} durable shards left, {} are needed",
+                    self.r.data
+                )));
+            }
+        }
+        Ok(())
+    }
+
+    fn prepare(&self, seg: SegmentId) -> io::Result<()> {
+        let mut map = self.map.write();
+        let s = seg.0 as usize;
+        if let Some(p) = &map[s] {
+            // Still whole on healthy targets: keep it (no record to write).
+            let whole = p
+                .shards
+                .iter()
+                .all(|sh| sh.is_some_and(|a| self.targets[a.target as usize].healthy()));
+            if whole {
+                return Ok(());
+            }
+        }
+        let mut free = self.free.lock();
+        // The segment is free (the store only prepares segments it takes): its old shard
+        // slots hold nothing live.
+        let old = map[s].take();
+        if let Some(p) = &old {
+            for sh in p.shards.iter().flatten() {
+                free[sh.target as usize].insert(sh.slot);
+            }
+        }
+        let chosen = self.choose(&free);
+        if chosen.len() < self.r.data {
+            // Put the old placement back: nothing changed on disk.
+            if let Some(p) = &old {
+                for sh in p.shards.iter().flatten() {
+                    free[sh.target as usize].remove(&sh.slot);
+                }
+            }
+            map[s] = old;
+            return Err(other(format!(
+                "only {} healthy targets in distinct failure domains have room, a segment \
+                 needs at least {} (its data shards); replace the failed ones with \
+                 `ckptfs rebuild --replace OLD=NEW`",
+                chosen.len(),
+                self.r.data
+            )));
+        }
+        if chosen.len() < self.r.shards() {
+            log::warn!(
+                "segment {s} placed with {} parity shards instead of {}: only {} healthy \
+                 targets in distinct failure domains; it survives the loss of {} targets \
+                 until `ckptfs rebuild` adds the rest",
+                chosen.len() - self.r.data,
+                self.r.parity,
+                chosen.len(),
+                chosen.len() - self.r.data
+            );
+        }
+        let mut shards: Vec<Option<ShardAt>> = chosen
+            .iter()
+            .map(|&t| {
+                let slot = free[t as usize]
+                    .pop_first()
+                    .expect("chosen targets have a free slot");
+                Some(ShardAt { target: t, slot })
+            })
+            .collect();
+        shards.resize(self.r.shards(), None);
+        let p = Placed {
+            generation: old.as_ref().map_or(1, |o| o.generation + 1),
+            shards,
+        };
+        let rec = p.encode();
+        let written = self
+            .map_dev
+            .write_at(&rec, (s * RECORD_BYTES) as u64)
+            .and_then(|()| self.map_dev.sync());
+        if let Err(e) = written {
+            for sh in p.shards.iter().flatten() {
+                free[sh.target as usize].insert(sh.slot);
+            }
+            return Err(e);
+        }
+        map[s] = Some(p);
+        Ok(())
+    }
+
+    fn read_repair(
+        &self,
+        at: Location,
+        buf: &mut [u8],
+        check: &mut dyn FnMut(&[u8]) -> bool,
+    ) -> io::Result<bool> {
+        let pieces = self.pieces(at, buf.len());
+        let [(seg, off, _)] = pieces[..] else {
+            return Ok(false);
+        };
+        let p = self.placed(seg)?;
+        let (m, k) = (self.r.data, self.r.parity);
+        let (r0, r1, need) = self.rows_of(off, buf.len());
+        let all: Vec<Option<IoBuf>> = (0..m + k).map(|i| self.read_shard(&p, i, r0, r1)).collect();
+        let present: Vec<usize> = (0..m + k).filter(|i| all[*i].is_some()).collect();
+        // Exclude one shard, then two, ... (each set with a needed data shard: excluding
+        // parity alone changes no data byte), until the bytes pass the check.
+        for size in 1..=k {
+            for set in combinations(&present, size) {
+                if !set.iter().any(|&i| i < m && need[i]) {
+                    continue;
+                }
+                if present.len() - set.len() < m {
+                    continue;
+                }
+                let Ok(shards) = self.reconstruct(&p, r0, r1, all.clone(), &set) else {
+                    continue;
+                };
+                let mut tmp = vec![0u8; buf.len()];
+                self.assemble(&shards, r0, off, &mut tmp);
+                if check(&tmp) {
+                    buf.copy_from_slice(&tmp);
+                    self.repaired.fetch_add(1, Ordering::Relaxed);
+                    for &i in &set {
+                        if let Some(a) = p.shards[i] {
+                            self.targets[a.target as usize]
+                                .errors
+                                .fetch_add(1, Ordering::Relaxed);
+                            log::warn!(
+                                "segment {seg}: shard {i} on target {} ({}) holds damaged \
+                                 bytes; the read was repaired from the other shards",
+                                a.target,
+                                self.targets[a.target as usize].path.display()
+                            );
+                        }
+                    }
+                    return Ok(true);
+                }
+            }
+        }
+        Ok(false)
+    }
+}
+
+/// Every `size`-element subset of `items`, in order.
+fn combinations(items: &[usize], size: usize) -> Vec<Vec<usize>> {
+    if size == 0 {
+        return vec![Vec::new()];
+    }
+    let mut out = Vec::new();
+    for (i, &x) in items.iter().enumerate() {
+        for mut rest in combinations(&items[i + 1..], size - 1) {
+            rest.insert(0, x);
+            out.push(rest);
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::device::MemDevice;
+
+    const SHARD: u64 = 16 * BLOCK as u64;
+
+    fn setup(n: usize, r: Redundancy, segments: u64, slots: u64) -> (Erasure, Vec<Arc<MemDevice>>) {
+        let devs: Vec<Arc<MemDevice>> = (0..n)
+            .map(|_| {
+                Arc::new(MemDevice::new(
+                    (TARGET_HEADER_BYTES + slots * SHARD) as usize,
+                ))
+            })
+            .collect();
+        let targets = devs
+            .iter()
+            .enumerate()
+            .map(|(i, d)| {
+                Target::new(
+                    PathBuf::from(format!("t{i}")),
+                    format!("d{i}"),
+                    slots,
+                    Ok(d.clone() as Arc<dyn Device>),
+                )
+            })
+            .collect();
+        let map = Arc::new(MemDevice::new(segments as usize * RECORD_BYTES));
+        (
+            Erasure::open(r, SHARD, segments, targets, map).unwrap(),
+            devs,
+        )
+    }
+
+    fn pattern(seed: u64, len: usize) -> Vec<u8> {
+        let mut x = seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1;
+        (0..len)
+            .map(|_| {
+                x ^= x << 13;
+                x ^= x >> 7;
+                x ^= x << 17;
+                x as u8
+            })
+            .collect()
+    }
+
+    fn loc(seg: u64, off: u64) -> Location {
+        Location {
+            segment: SegmentId(seg),
+            offset: off,
+        }
+    }
+
+    #[test]
+    fn records_and_headers_round_trip() {
+        let p = Placed {
+            generation: 7,
+            shards: vec![
+                Some(ShardAt { target: 3, slot: 9 }),
+                None,
+                Some(ShardAt { target: 0, slot: 0 }),
+            ],
+        };
+        assert_eq!(Placed::decode(&p.encode()).unwrap(), Some(p.clone()));
+        let mut bad = p.encode();
+        bad[20] ^= 1;
+        assert!(Placed::decode(&bad).is_err());
+        assert_eq!(Placed::decode(&[0u8; RECORD_BYTES]).unwrap(), None);
+        let h = TargetHeader {
+            space_uuid: [5; 16],
+            index: 4,
+            shard_bytes: SHARD,
+            slots: 12,
+        };
+        assert_eq!(TargetHeader::decode(&h.encode()).unwrap(), h);
+        assert_eq!(
+            Redundancy::parse("3+2").unwrap(),
+            Redundancy { data: 3, parity: 2 }
+        );
+        let table = TargetsTable {
+            redundancy: Redundancy { data: 3, parity: 2 },
+            shard_bytes: SHARD,
+            slots: 40,
+            segments: 30,
+            targets: vec![
+                TargetSpec::parse("/nvme0/ckpt").unwrap(),
+                TargetSpec::parse("/pfs/p:domain=pfs").unwrap(),
+            ],
+            failed: vec![false, true],
+        };
+        assert_eq!(table.targets[1].domain, "pfs");
+        assert_eq!(TargetsTable::decode(&table.encode()).unwrap(), table);
+        let mut bad = table.encode();
+        bad[70] ^= 1;
+        assert!(TargetsTable::decode(&bad).is_err());
+        assert!(TargetSpec::parse("/x:domain=").is_err());
+        assert!(Redundancy::parse("3").is_err());
+        assert!(Redundancy::parse("0+2").is_err());
+        assert!(Redundancy::parse("12+5").is_err());
+    }
+
+    /// The same bytes come back with no target lost, with any K lost, and EIO with K+1
+    /// lost; rows written in several writes encode as one.
+    #[test]
+    fn any_k_targets_may_be_lost() {
+        let r = Redundancy { data: 3, parity: 2 };
+        let (e, _) = setup(5, r, 4, 8);
+        let row = e.write_align();
+        let data = pattern(1, 3 * SHARD as usize);
+        for seg in 0..2 {
+            e.prepare(SegmentId(seg)).unwrap();
+            // Two writes: 5 rows, then the rest.
+            e.write(loc(seg, 0), &data[..5 * row]).unwrap();
+            e.write(loc(seg, 5 * row as u64), &data[5 * row..]).unwrap();
+        }
+        e.sync().unwrap();
+        let read = |e: &Erasure, seg: u64, off: usize, len: usize| {
+            let mut b = vec![0u8; len];
+            e.read(loc(seg, off as u64), &mut b).map(|()| b)
+        };
+        for (off, len) in [(0, 100), (4095, 2), (7000, 50_000), (0, data.len())] {
+            assert_eq!(read(&e, 1, off, len).unwrap(), &data[off..off + len]);
+        }
+        for lost in combinations(&[0, 1, 2, 3, 4], 2) {
+            for &t in &lost {
+                e.targets[t].failed.store(true, Ordering::SeqCst);
+            }
+            for (off, len) in [(0, 100), (4095, 2), (7000, 50_000), (0, data.len())] {
+                assert_eq!(
+                    read(&e, 0, off, len).unwrap(),
+                    &data[off..off + len],
+                    "lost {lost:?}"
+                );
+            }
+            for &t in &lost {
+                e.targets[t].failed.store(false, Ordering::SeqCst);
+            }
+        }
+        for t in 0..3 {
+            e.targets[t].failed.store(true, Ordering::SeqCst);
+        }
+        // Which three: the data shards of segment 0 may be anywhere; with 3 of 5 gone,
+        // only 2 remain for every segment.
+        assert!(read(&e, 0, 0, 100).is_err());
+        assert!(e.report().segments_lost > 0);
+    }
+
+    /// Damaged bytes in up to K shards of the rows read are found and repaired by the
+    /// check; with K+1 damaged the check never passes (never wrong bytes).
+    #[test]
+    fn damaged_shards_are_found_by_the_check() {
+        let r = Redundancy { data: 3, parity: 2 };
+        let (e, devs) = setup(5, r, 2, 4);
+        let data = pattern(2, 3 * SHARD as usize);
+        e.prepare(SegmentId(0)).unwrap();
+        e.write(loc(0, 0), &data).unwrap();
+        let p = e.placed(0).unwrap();
+        let want = blake3::hash(&data[10_000..60_000]);
+        let mut check = |b: &[u8]| blake3::hash(b) == want;
+        let damage = |i: usize| {
+            let a = p.shards[i].unwrap();
+            // Block 1 of the shard: within the rows [10_000, 60_000) covers.
+            devs[a.target as usize].corrupt(e.shard_offset(a.slot, 1) + 17);
+        };
+        damage(1);
+        let mut buf = vec![0u8; 50_000];
+        e.read(loc(0, 10_000), &mut buf).unwrap();
+        assert!(!check(&buf), "the damage is in the bytes read");
+        assert!(e.read_repair(loc(0, 10_000), &mut buf, &mut check).unwrap());
+        assert_eq!(buf, &data[10_000..60_000]);
+        damage(3);
+        assert!(e.read_repair(loc(0, 10_000), &mut buf, &mut check).unwrap());
+        assert_eq!(buf, &data[10_000..60_000]);
+        damage(0);
+        assert!(!e.read_repair(loc(0, 10_000), &mut buf, &mut check).unwrap());
+        assert_eq!(e.report().repaired_reads, 2);
+    }
+
+    /// Equal targets share the shards evenly, one per failure domain; a target with
+    /// errors gets none while enough others remain; too few domains place short.
+    #[test]
+    fn placement_spreads_and_avoids_failing_targets() {
+        let r = Redundancy { data: 3, parity: 2 };
+        let (e, _) = setup(7, r, 70, 64);
+        for s in 0..35 {
+            e.prepare(SegmentId(s)).unwrap();
+        }
+        let rep = e.report();
+        let counts: Vec<u64> = rep.targets.iter().map(|t| t.shards).collect();
+        assert_eq!(counts.iter().sum::<u64>(), 35 * 5);
+        assert!(
+            counts.iter().max().unwrap() - counts.iter().min().unwrap() <= 1,
+            "{counts:?}"
+        );
+        e.targets[2].errors.store(5, Ordering::Relaxed);
+        for s in 35..70 {
+            e.prepare(SegmentId(s)).unwrap();
+        }
+        let after: Vec<u64> = e.report().targets.iter().map(|t| t.shards).collect();
+        assert_eq!(
+            after[2], counts[2],
+            "the erring target got new shards: {after:?}"
+        );
+        for s in 0..70 {
+            let p = e.placed(s).unwrap();
+            let doms: BTreeSet<u16> = p.shards.iter().flatten().map(|a| a.target).collect();
+            assert_eq!(doms.len(), 5);
+        }
+
+        let (e, _) = setup(4, r, 4, 8);
+        e.prepare(SegmentId(0)).unwrap();
+        assert_eq!(e.placed(0).unwrap().shards.iter().flatten().count(), 4);
+        e.targets[0].failed.store(true, Ordering::SeqCst);
+        e.targets[1].failed.store(true, Ordering::SeqCst);
+        assert!(
+            e.prepare(SegmentId(1)).is_err(),
+            "2 healthy targets < M = 3"
+        );
+    }
+
+    /// A space opened again finds every placement where it was put.
+    #[test]
+    fn placements_are_durable() {
+        let r = Redundancy { data: 2, parity: 1 };
+        let (e, devs) = setup(3, r, 3, 4);
+        let data = pattern(3, 2 * SHARD as usize);
+        e.prepare(SegmentId(1)).unwrap();
+        e.write(loc(1, 0), &data).unwrap();
+        e.sync().unwrap();
+        let map = e.map_dev.clone();
+        let targets = devs
+            .iter()
+            .enumerate()
+            .map(|(i, d)| {
+                Target::new(
+                    PathBuf::from(format!("t{i}")),
+                    format!("d{i}"),
+                    4,
+                    Ok(d.clone() as Arc<dyn Device>),
+                )
+            })
+            .collect();
+        let e2 = Erasure::open(r, SHARD, 3, targets, map).unwrap();
+        let mut b = vec![0u8; data.len()];
+        e2.read(loc(1, 0), &mut b).unwrap();
+        assert_eq!(b, data);
+        assert_eq!(e2.report().targets.iter().map(|t| t.shards).sum::<u64>(), 3);
+    }
+}

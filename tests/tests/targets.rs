@@ -1,0 +1,354 @@
+//! Spaces over several storage targets (`format --target DIR ... --redundancy M+K`): every
+//! committed byte survives the loss of any K targets, whether a target's file is gone,
+//! fails with EIO in the middle of writes and reads, or holds damaged bytes. Beyond K, reads
+//! of what the lost targets held fail with EIO, never with wrong bytes, and `check` names
+//! exactly the files and revisions that are lost.
+
+use ckptfs_tests::{assert_file_eq, pattern, test_seed, TestMount};
+use rand::rngs::SmallRng;
+use rand::seq::SliceRandom;
+use rand::{Rng, SeedableRng};
+use std::collections::BTreeSet;
+use std::ffi::OsStr;
+use std::fs;
+use std::os::unix::fs::FileExt;
+use std::path::Path;
+
+const TARGET_FILE: &str = "ckptfs-target";
+const HEADER: u64 = 4096;
+
+/// Writes `files` checkpoint files of about `len` bytes (each its own pattern), some with a
+/// second revision; returns (name, content) of the current versions.
+fn write_checkpoints(m: &TestMount, seed: u64, files: usize, len: usize) -> Vec<(String, Vec<u8>)> {
+    let mut out = Vec::new();
+    for i in 0..files {
+        let name = format!("ckpt-{i:02}");
+        let mut data = pattern(seed ^ i as u64, len + i * 4099);
+        fs::write(m.path(&name), &data).expect("write");
+        if i % 3 == 0 {
+            // A next revision: the same file with a part changed.
+            data[1000..5000].copy_from_slice(&pattern(seed ^ 0xabc ^ i as u64, 4000));
+            fs::write(m.path(&name), &data).expect("rewrite");
+        }
+        out.push((name, data));
+    }
+    out
+}
+
+fn targets_json(m: &mut TestMount) -> serde_json::Value {
+    let mnt = m.mnt().to_path_buf();
+    m.ckptfs_json(&[OsStr::new("targets"), mnt.as_os_str(), OsStr::new("--json")])
+}
+
+fn check_json(m: &mut TestMount) -> (i32, serde_json::Value) {
+    let mnt = m.mnt().to_path_buf();
+    let (st, out, err) = m.ckptfs(&[OsStr::new("check"), mnt.as_os_str(), OsStr::new("--json")]);
+    let v = serde_json::from_str(out.trim())
+        .unwrap_or_else(|e| panic!("check printed non-JSON ({e}): {out}\n{err}"));
+    (st.code().unwrap_or(-1), v)
+}
+
+/// Reads a file: Ok(bytes), or the errno of a failed read.
+fn read(p: &Path) -> Result<Vec<u8>, i32> {
+    fs::read(p).map_err(|e| e.raw_os_error().unwrap_or(0))
+}
+
+/// Flips one byte in every `stride` bytes of `len` bytes of shard data of a target file.
+fn damage_target(dir: &Path, len: u64, stride: u64) {
+    let f = fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open(dir.join(TARGET_FILE))
+        .expect("open target file");
+    let mut b = [0u8; 1];
+    let mut off = HEADER + 7;
+    while off < HEADER + len {
+        f.read_exact_at(&mut b, off).unwrap();
+        b[0] ^= 0x5a;
+        f.write_all_at(&b, off).unwrap();
+        off += stride;
+    }
+    f.sync_all().unwrap();
+}
+
+/// 5 targets, 3+2: with any 2 of them gone every committed file reads back byte-exact,
+/// `targets` and `stats` say the space is degraded, and writes go on (with fewer parity
+/// shards). A third loss leaves fewer targets than a segment's data needs: mount refuses,
+/// saying why.
+#[test]
+fn any_two_of_five_targets_may_be_lost() {
+    let seed = test_seed("any_two_of_five_targets_may_be_lost", 0x7a_0001);
+    let mut rng = SmallRng::seed_from_u64(seed);
+    let mut m = TestMount::with_targets("256M", 5, "3+2");
+    let files = write_checkpoints(&m, seed, 8, 1 << 20);
+    let t = targets_json(&mut m);
+    assert_eq!(t["redundancy"], "3+2");
+    assert!(t["segments_full"].as_u64().unwrap() > 0, "{t}");
+    m.unmount();
+    let mut all: Vec<usize> = (0..5).collect();
+    all.shuffle(&mut rng);
+    let lost = &all[..2];
+    for &i in lost {
+        fs::remove_file(m.target_dir(i).join(TARGET_FILE)).unwrap();
+    }
+    m.mount();
+    for (name, data) in &files {
+        assert_file_eq(&m.path(name), data);
+    }
+    let t = targets_json(&mut m);
+    for &i in lost {
+        let state = t["targets"][i]["state"].as_str().unwrap();
+        assert!(state.starts_with("failed"), "target {i}: {state}");
+    }
+    assert!(t["reconstructed_reads"].as_u64().unwrap() > 0, "{t}");
+    let mnt = m.mnt().to_path_buf();
+    let stats = m.stats_json_of(&mnt);
+    assert!(
+        stats["targets"]["segments_full"].as_u64() == Some(0),
+        "every segment had a shard on a lost target: {stats}"
+    );
+    // Degraded writes: 3 healthy targets hold new segments' data shards.
+    let after = pattern(seed ^ 77, 3 << 20);
+    fs::write(m.path("after"), &after).unwrap();
+    m.remount();
+    for (name, data) in &files {
+        assert_file_eq(&m.path(name), data);
+    }
+    assert_file_eq(&m.path("after"), &after);
+    m.unmount();
+    fs::remove_file(m.target_dir(all[2]).join(TARGET_FILE)).unwrap();
+    let (b, mnt) = (m.backing().to_path_buf(), m.mnt().to_path_buf());
+    let (st, _, err) = m.ckptfs(&[OsStr::new("mount"), b.as_os_str(), mnt.as_os_str()]);
+    assert!(!st.success(), "mount with 3 of 5 targets gone succeeded");
+    assert!(
+        err.contains("only 2 of the 5 targets") && err.contains("needs 3"),
+        "mount's refusal says why: {err}"
+    );
+}
+
+/// 6 targets, 3+2, 3 lost: segments with 3 shards on them are lost, the others are not.
+/// Every file reads back exactly or fails with EIO, never wrong bytes; `check` names
+/// exactly the files whose reads fail.
+#[test]
+fn three_lost_targets_lose_only_what_they_held_and_check_names_it() {
+    let seed = test_seed("three_lost_targets_lose_only_what_they_held", 0x7a_0002);
+    let mut rng = SmallRng::seed_from_u64(seed);
+    let mut m = TestMount::with_targets("512M", 6, "3+2");
+    let files = write_checkpoints(&m, seed, 16, 2 << 20);
+    m.unmount();
+    let mut all: Vec<usize> = (0..6).collect();
+    all.shuffle(&mut rng);
+    for &i in &all[..3] {
+        fs::remove_file(m.target_dir(i).join(TARGET_FILE)).unwrap();
+    }
+    m.mount();
+    let mut failed = BTreeSet::new();
+    for (name, data) in &files {
+        match read(&m.path(name)) {
+            Ok(got) => assert!(got == *data, "{name}: wrong bytes (lost {:?})", &all[..3]),
+            Err(e) => {
+                assert_eq!(e, libc::EIO, "{name}");
+                failed.insert(name.clone());
+            }
+        }
+    }
+    let (code, v) = check_json(&mut m);
+    assert_ne!(code, 0, "check of a space with lost data: {v}");
+    let named: BTreeSet<String> = v["damaged_revisions"]
+        .as_array()
+        .expect("damaged_revisions")
+        .iter()
+        .filter(|d| d["current"].as_bool() == Some(true))
+        .map(|d| {
+            d["path"]
+                .as_str()
+                .unwrap()
+                .trim_start_matches('/')
+                .to_string()
+        })
+        .collect();
+    assert_eq!(
+        named,
+        failed,
+        "check names exactly the files whose reads fail (lost targets {:?})",
+        &all[..3]
+    );
+    assert!(
+        !failed.is_empty(),
+        "3 of 6 targets lost and nothing lost: the test lost its point (seed {seed})"
+    );
+}
+
+/// Damaged bytes in 2 of a row's 5 shards: reads return the right bytes and count the
+/// repairs, `check` says what it repaired and finds nothing lost. In 3 shards: EIO, never
+/// wrong bytes, and `check` names the damage.
+#[test]
+fn damaged_shards_are_repaired_and_three_never_read_wrong() {
+    let seed = test_seed("damaged_shards_are_repaired", 0x7a_0003);
+    let mut rng = SmallRng::seed_from_u64(seed);
+    let mut m = TestMount::with_targets("256M", 5, "3+2");
+    let files = write_checkpoints(&m, seed, 6, 1 << 20);
+    // Which targets hold data shards: the ones a cold read reads from (damage to parity
+    // shards alone changes no byte a read returns).
+    m.remount();
+    for (name, data) in &files {
+        assert_file_eq(&m.path(name), data);
+    }
+    let t = targets_json(&mut m);
+    let mut all: Vec<usize> = (0..5)
+        .filter(|&i| t["targets"][i]["bytes_read"].as_u64() > Some(0))
+        .collect();
+    assert!(all.len() >= 3, "reads came from fewer than M targets: {t}");
+    m.unmount();
+    all.shuffle(&mut rng);
+    // Every shard slot in use lies in the first 8 MiB of each target file.
+    for &i in &all[..2] {
+        damage_target(&m.target_dir(i), 8 << 20, 1021 + rng.random_range(0..64));
+    }
+    m.mount();
+    for (name, data) in &files {
+        assert_file_eq(&m.path(name), data);
+    }
+    let t = targets_json(&mut m);
+    assert!(t["repaired_reads"].as_u64().unwrap() > 0, "{t}");
+    let (code, v) = check_json(&mut m);
+    assert_eq!(code, 0, "nothing is lost: {v}");
+    assert!(v["repaired_chunks"].as_u64().unwrap() > 0, "{v}");
+    m.unmount();
+    damage_target(&m.target_dir(all[2]), 8 << 20, 1021);
+    m.mount();
+    let mut failed = 0;
+    for (name, data) in &files {
+        match read(&m.path(name)) {
+            Ok(got) => assert!(got == *data, "{name}: wrong bytes"),
+            Err(e) => {
+                assert_eq!(e, libc::EIO, "{name}");
+                failed += 1;
+            }
+        }
+    }
+    assert!(failed > 0, "3 damaged targets and every read passed");
+    let (code, v) = check_json(&mut m);
+    assert_ne!(code, 0, "{v}");
+    assert!(
+        !v["damaged_revisions"].as_array().unwrap().is_empty(),
+        "{v}"
+    );
+}
+
+/// Two targets fail (EIO, sticky) at seeded moments while checkpoints are written and
+/// read: every close that returned is readable byte-exact, then and after a remount, and
+/// the failed targets stay failed across the remount (their shards are stale).
+#[test]
+fn targets_failing_during_writes_and_reads_lose_nothing_acknowledged() {
+    let seed = test_seed("targets_failing_during_writes", 0x7a_0004);
+    let mut rng = SmallRng::seed_from_u64(seed);
+    let mut m = TestMount::with_targets("256M", 5, "3+2");
+    let mut all: Vec<usize> = (0..5).collect();
+    all.shuffle(&mut rng);
+    let faults = format!(
+        "target{}:write:{}:EIO:sticky,target{}:read:{}:EIO:sticky",
+        all[0],
+        rng.random_range(0..12),
+        all[1],
+        rng.random_range(0..12)
+    );
+    m.set_env("CKPTFS_FAULTS", &faults);
+    m.remount();
+    let mut files = Vec::new();
+    for i in 0..10 {
+        let name = format!("step-{i}");
+        let data = pattern(seed ^ i, (1 << 20) + i as usize * 777);
+        fs::write(m.path(&name), &data).unwrap_or_else(|e| panic!("{name} ({faults}): {e}"));
+        files.push((name, data));
+        // Reads in between, so the read fault lands amid the writes.
+        let (n, d) = &files[rng.random_range(0..files.len())];
+        assert_file_eq(&m.path(n), d);
+    }
+    for (n, d) in &files {
+        assert_file_eq(&m.path(n), d);
+    }
+    let t = targets_json(&mut m);
+    let failed: Vec<usize> = (0..5)
+        .filter(|&i| t["targets"][i]["state"].as_str() != Some("ok"))
+        .collect();
+    assert!(
+        failed.contains(&all[0]),
+        "the target that failed a write is failed ({faults}): {t}"
+    );
+    m.set_env("CKPTFS_FAULTS", "");
+    m.remount();
+    for (n, d) in &files {
+        assert_file_eq(&m.path(n), d);
+    }
+    let t = targets_json(&mut m);
+    assert!(
+        t["targets"][all[0]]["state"]
+            .as_str()
+            .unwrap()
+            .starts_with("failed"),
+        "a target that failed stays failed after a remount ({faults}): {t}"
+    );
+}
+
+/// What `format --target` refuses, with the reason, before changing anything.
+#[test]
+fn target_formats_that_cannot_work_are_refused() {
+    let root = ckptfs_tests::TempDir::new("targets-bad");
+    let r = root.path();
+    let t = |i: usize| r.join(format!("t{i}")).to_string_lossy().into_owned();
+    fs::create_dir(r.join("busy")).unwrap();
+    fs::write(r.join("busy/x"), b"x").unwrap();
+    let backing = r.join("backing").to_string_lossy().into_owned();
+    let busy = r.join("busy").to_string_lossy().into_owned();
+    let cases: Vec<(Vec<String>, &str)> = vec![
+        (
+            vec![t(0), t(1), t(2), t(3)],
+            "needs at least 5 targets; 4 given",
+        ),
+        (
+            vec![
+                format!("{}:domain=a", t(0)),
+                format!("{}:domain=a", t(1)),
+                t(2),
+                t(3),
+                t(4),
+            ],
+            "distinct failure domains",
+        ),
+        (vec![t(0), t(0), t(1), t(2), t(3)], "given twice"),
+        (vec![busy, t(1), t(2), t(3), t(4)], "not empty"),
+    ];
+    for (targets, want) in cases {
+        let mut args: Vec<String> = vec![
+            "format".into(),
+            backing.clone(),
+            "--size".into(),
+            "128M".into(),
+            "--redundancy".into(),
+            "3+2".into(),
+        ];
+        for x in &targets {
+            args.push("--target".into());
+            args.push(x.clone());
+        }
+        let args: Vec<&OsStr> = args.iter().map(OsStr::new).collect();
+        let (st, _, err) = ckptfs_tests::run_ckptfs(r, "format", &args);
+        assert!(!st.success(), "{targets:?} formatted");
+        assert!(err.contains(want), "{targets:?}: {err}");
+        assert!(
+            !r.join("backing").join("superblock").exists(),
+            "a refused format left a space"
+        );
+    }
+    let args = [
+        OsStr::new("format"),
+        OsStr::new(&backing),
+        OsStr::new("--size"),
+        OsStr::new("128M"),
+        OsStr::new("--redundancy"),
+        OsStr::new("3+2"),
+    ];
+    let (st, _, err) = ckptfs_tests::run_ckptfs(r, "format", &args);
+    assert!(!st.success() && err.contains("--target"), "{err}");
+}
