@@ -3,6 +3,7 @@
 //!   ckptfs-bench all [--size 1G] [--reps 3] [--json FILE] ...   the end-to-end benchmark
 //!   ckptfs-bench first|next|nn|n1-seg|n1-strided|restart ...    one of its scenarios
 //!   ckptfs-bench slots [--nodes 4] [--small-files 2000] ...       several daemons on one space
+//!   ckptfs-bench targets [--targets 5] [--redundancy 3+2] [--lose 2] ...  erasure-coded targets
 //!   ckptfs-bench gc-scale-build DIR [--files N] [--chunk-size BYTES]
 //!   ckptfs-bench gc-scale-run DIR
 //!   ckptfs-bench gpu [--bytes 1G] [--emulate] [--require-gpu] [--json FILE] ...
@@ -18,6 +19,7 @@ mod gpu;
 mod report;
 mod slots;
 mod sys;
+mod targets;
 mod worker;
 
 use clap::{Args, Parser, Subcommand};
@@ -102,6 +104,10 @@ enum Cmd {
     /// Several daemons on one multi-slot space (nodes) vs one daemon vs a plain directory: N-N
     /// write, cold read through another node, small-file create and stat
     Slots(slots::SlotsOpts),
+    /// A space over several targets (erasure-coded M+K, on the same disk) vs one target vs a
+    /// plain directory: N-N write, cold read, degraded cold read with --lose targets gone;
+    /// Reed-Solomon encode and reconstruct GiB/s
+    Targets(targets::TargetsOpts),
     /// Internal: one writer/reader process of a multi-process scenario
     #[command(hide = true)]
     Worker { task: String },
@@ -159,6 +165,13 @@ fn main() {
             Ok(ok) => std::process::exit(if ok { 0 } else { 1 }),
             Err(e) => {
                 eprintln!("ckptfs-bench slots: {e}");
+                std::process::exit(1);
+            }
+        },
+        Cmd::Targets(o) => match targets::run(&o) {
+            Ok(ok) => std::process::exit(if ok { 0 } else { 1 }),
+            Err(e) => {
+                eprintln!("ckptfs-bench targets: {e}");
                 std::process::exit(1);
             }
         },

@@ -1,6 +1,7 @@
 //! ckptfs storage engine: the reserved backing space, chunk store, metadata table and commit.
 //! Knows nothing of FUSE; the `fs` crate builds filesystem semantics on top of it.
 
+pub mod advice;
 pub mod alloc;
 pub mod catalog;
 pub mod check;

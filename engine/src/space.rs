@@ -125,6 +125,7 @@ pub struct Space {
     /// The storage targets of a space over several (`format --target`): their state for
     /// `ckptfs targets` and `stats`.
     targets: Option<Arc<crate::targets::Erasure>>,
+    targets_table: Option<SharedTable>,
     /// The lease of a slot of a multi-slot space. Last, so it is released after the table
     /// and the store above have closed.
     lease: Option<crate::slots::LeaseGuard>,
@@ -847,7 +848,7 @@ fn open_targets(
     sb: &Superblock,
     read_only: bool,
     wrap: &dyn Fn(usize, Arc<dyn Device>) -> Arc<dyn Device>,
-) -> Result<Arc<crate::targets::Erasure>> {
+) -> Result<(Arc<crate::targets::Erasure>, SharedTable)> {
     let bytes = fs::read(dir.join(crate::targets::TARGETS_FILE)).map_err(|e| {
         Error::NotASpace(format!(
             "{}: its targets table {} cannot be read: {e}",
@@ -932,9 +933,10 @@ fn open_targets(
         targets,
         map,
     )?);
+    let table = Arc::new(parking_lot::Mutex::new(table));
     if !read_only {
         let dir = dir.to_path_buf();
-        let table = parking_lot::Mutex::new(table);
+        let table = table.clone();
         erasure.set_fail_hook(Box::new(move |t| {
             let mut table = table.lock();
             table.failed[t as usize] = true;
@@ -948,8 +950,11 @@ fn open_targets(
             }
         }));
     }
-    Ok(erasure)
+    Ok((erasure, table))
 }
+
+/// A targeted space's `targets` table, shared by the fail hook and `rebuild`.
+type SharedTable = Arc<parking_lot::Mutex<TargetsTable>>;
 
 impl Space {
     /// Creates a backing space in `dir`. Refuses a directory holding anything that is not a
@@ -1325,7 +1330,7 @@ impl Space {
                 None => dev,
             }
         };
-        let erasure = open_targets(dir, &sb, false, &wrap)?;
+        let (erasure, table) = open_targets(dir, &sb, false, &wrap)?;
         let mut meta: Arc<dyn Device> = Arc::new(FileDevice::growable(open_private(
             &dir.join(META_FILE),
             false,
@@ -1345,9 +1350,113 @@ impl Space {
             }
         }
         space.targets = Some(erasure);
+        space.targets_table = Some(table);
         space.dir = dir.to_path_buf();
         space.lock = Some(lock);
         Ok(space)
+    }
+
+    /// `ckptfs rebuild`: restores full redundancy of a space over several targets (see
+    /// `Erasure::rebuild`). With `replace` (OLD: a target's index or directory; NEW: an
+    /// empty or new directory, `DIR[:domain=LABEL]`, by default in OLD's domain), NEW is
+    /// formatted as a new target first and OLD retired, so OLD's shards move to NEW.
+    pub fn rebuild(
+        &self,
+        replace: Option<(&str, &TargetSpec)>,
+        throttle_bytes_s: Option<f64>,
+        progress: &mut dyn FnMut(u64, u64),
+    ) -> Result<crate::targets::RebuildReport> {
+        if self.read_only {
+            return Err(Error::ReadOnly);
+        }
+        let (Some(er), Some(table)) = (&self.targets, &self.targets_table) else {
+            return Err(Error::Invalid(format!(
+                "{} keeps its data in one file (formatted without --target): there is \
+                 nothing to rebuild",
+                self.dir.display()
+            )));
+        };
+        if let Some((old, new)) = replace {
+            let old_i = er.find_target(old).ok_or_else(|| {
+                Error::Invalid(format!(
+                    "no target {old}: give its index or its directory (`ckptfs targets` \
+                     lists them)"
+                ))
+            })?;
+            let mut t = table.lock();
+            let mut spec = new.clone();
+            if spec.domain.is_empty() {
+                spec.domain = er.domain_of(old_i);
+            }
+            if t.targets.iter().any(|x| x.path == spec.path) {
+                return Err(Error::Invalid(format!(
+                    "{} is already a target of this space",
+                    spec.path.display()
+                )));
+            }
+            if spec.path.exists() {
+                let busy = !spec.path.is_dir() || fs::read_dir(&spec.path)?.next().is_some();
+                if busy {
+                    return Err(Error::Invalid(format!(
+                        "{} is not an empty directory; a replacement target must be new",
+                        spec.path.display()
+                    )));
+                }
+            }
+            let existing = spec
+                .path
+                .ancestors()
+                .find(|p| p.is_dir())
+                .unwrap_or(Path::new("."));
+            let free = free_disk_bytes(existing)?;
+            if t.target_file_bytes() > free {
+                return Err(Error::Invalid(format!(
+                    "{} needs {} bytes for the target file; its disk has {free} free",
+                    spec.path.display(),
+                    t.target_file_bytes()
+                )));
+            }
+            let index = t.targets.len();
+            fs::DirBuilder::new()
+                .recursive(true)
+                .mode(0o700)
+                .create(&spec.path)?;
+            let path = spec.path.join(crate::targets::TARGET_FILE);
+            let f = open_private(&path, true)?;
+            preallocate(&f, t.target_file_bytes())?;
+            let h = crate::targets::TargetHeader {
+                space_uuid: self.sb.uuid,
+                index: index as u16,
+                shard_bytes: t.shard_bytes,
+                slots: t.slots,
+            };
+            {
+                use std::os::unix::fs::FileExt;
+                f.write_all_at(&h.encode(), 0)?;
+            }
+            f.sync_all()?;
+            sync_dir(&spec.path)?;
+            // The table names the new target before any shard lands on it.
+            t.targets.push(spec.clone());
+            t.failed.push(false);
+            write_file_durably(&self.dir, crate::targets::TARGETS_FILE, &t.encode())?;
+            drop(t);
+            let added = er.add_target(crate::targets::Target::new(
+                spec.path.clone(),
+                spec.domain.clone(),
+                h.slots,
+                Ok(Arc::new(FileDevice::new_direct(f)?) as Arc<dyn Device>),
+            ));
+            log::info!(
+                "target {added} ({}) added to replace target {old_i}",
+                spec.path.display()
+            );
+            er.retire(
+                old_i,
+                &format!("replaced by target {added} ({})", spec.path.display()),
+            );
+        }
+        Ok(er.rebuild(throttle_bytes_s, progress)?)
     }
 
     /// The targets of a space over several (None for a one-target space).
@@ -1403,7 +1512,7 @@ impl Space {
         let lock = take_shared_lock(dir)?;
         let ro = |name: &str| -> Result<File> { Ok(File::open(dir.join(name))?) };
         if sb.features.contains(Features::INCOMPAT_TARGETS) {
-            let erasure = open_targets(dir, &sb, true, &|_, d| d)?;
+            let (erasure, _) = open_targets(dir, &sb, true, &|_, d| d)?;
             let meta = Arc::new(crate::device::OverlayDevice::new(Arc::new(
                 FileDevice::growable(ro(META_FILE)?)?,
             )));
@@ -1515,6 +1624,7 @@ impl Space {
             union: None,
             lease: None,
             targets: None,
+            targets_table: None,
         })
     }
 

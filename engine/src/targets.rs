@@ -52,6 +52,8 @@ pub const RECORD_BYTES: usize = 128;
 /// Most shards (M+K) a segment may have: what a record holds.
 pub const MAX_SHARDS: usize = 16;
 const TARGET_MAGIC: &[u8; 8] = b"CKPTFSTG";
+/// Lock stripes over segments (see `Erasure::stripes`).
+const STRIPES: usize = 64;
 const TARGET_VERSION: u32 = 1;
 
 /// M data shards and K parity shards per segment.
@@ -434,11 +436,31 @@ pub struct TargetsReport {
 }
 
 impl TargetsReport {
+    /// Some data has less redundancy than the space's M+K (a failed target still holds
+    /// shards, or segments are short or lost). A failed target that holds none (replaced,
+    /// `rebuild` moved its shards) does not count.
     pub fn degraded(&self) -> bool {
         self.segments_lost > 0
             || !self.segments_degraded.is_empty()
-            || self.targets.iter().any(|t| t.state != "ok")
+            || self.targets.iter().any(|t| t.state != "ok" && t.shards > 0)
     }
+}
+
+/// What `Erasure::rebuild` did.
+#[derive(Clone, Debug, Default, serde::Serialize, serde::Deserialize)]
+pub struct RebuildReport {
+    /// Placed segments looked at.
+    pub segments_checked: u64,
+    /// Segments whose missing shards were rebuilt (all, or some: see `segments_short`).
+    pub segments_rebuilt: u64,
+    pub shards_written: u64,
+    pub bytes_written: u64,
+    /// Segments still short of shards afterwards: no healthy target with room in a failure
+    /// domain the segment does not use yet (add targets), or a write failed.
+    pub segments_short: u64,
+    /// Segments with fewer than M shards on healthy targets: nothing to rebuild from.
+    pub segments_lost: u64,
+    pub seconds: f64,
 }
 
 /// The erasure-coded placement over several targets (see the module comment).
@@ -447,7 +469,13 @@ pub struct Erasure {
     segment_bytes: u64,
     segments: u64,
     shard_bytes: u64,
-    targets: Vec<Target>,
+    /// Every target the space has had, by index (a replaced one stays, failed: placement
+    /// records name targets by index). Appended to by `add_target`.
+    targets: RwLock<Vec<Arc<Target>>>,
+    /// Writes to a segment take its stripe shared; `rebuild` of a segment takes it
+    /// exclusive, so no row is written between its reconstruction and the switch of the
+    /// segment's record.
+    stripes: Vec<RwLock<()>>,
     /// The space's `placement` file: one record per segment.
     map_dev: Arc<dyn Device>,
     map: RwLock<Vec<Option<Placed>>>,
@@ -536,7 +564,8 @@ impl Erasure {
             segment_bytes: shard_bytes * r.data as u64,
             segments,
             shard_bytes,
-            targets,
+            targets: RwLock::new(targets.into_iter().map(Arc::new).collect()),
+            stripes: (0..STRIPES).map(|_| RwLock::new(())).collect(),
             map_dev,
             map: RwLock::new(map),
             free: Mutex::new(free),
@@ -556,8 +585,14 @@ impl Erasure {
         self.r
     }
 
-    pub fn targets(&self) -> &[Target] {
-        &self.targets
+    /// Target `i`.
+    fn tg(&self, i: u16) -> Arc<Target> {
+        self.targets.read()[i as usize].clone()
+    }
+
+    /// Every target, by index.
+    fn all(&self) -> Vec<Arc<Target>> {
+        self.targets.read().clone()
     }
 
     fn row_bytes(&self) -> u64 {
@@ -565,7 +600,7 @@ impl Erasure {
     }
 
     fn fail_target(&self, t: u16, why: String) {
-        let tg = &self.targets[t as usize];
+        let tg = self.tg(t);
         if !tg.failed.swap(true, Ordering::SeqCst) {
             log::error!(
                 "target {t} ({}) failed: {why}; the space is degraded (`ckptfs rebuild` \
@@ -595,22 +630,33 @@ impl Erasure {
     /// Picks the targets of a new placement: healthy ones with a free slot, the best of
     /// each failure domain, best first (availability x bandwidth, then the most free slots).
     fn choose(&self, free: &[BTreeSet<u32>]) -> Vec<u16> {
+        self.choose_for(free, &BTreeSet::new(), self.r.shards())
+    }
+
+    /// `choose` of up to `count` targets outside the failure domains `taken`.
+    fn choose_for(
+        &self,
+        free: &[BTreeSet<u32>],
+        taken: &BTreeSet<String>,
+        count: usize,
+    ) -> Vec<u16> {
+        let all = self.all();
         let max_bw = self
-            .targets
+            .all()
             .iter()
-            .filter_map(Target::bandwidth)
+            .filter_map(|t| t.bandwidth())
             .fold(0.0f64, f64::max);
         let score = |i: usize| {
-            let t = &self.targets[i];
+            let t = &all[i];
             // Bandwidth relative to the fastest; an unmeasured target counts as the fastest.
-            let bw = match (t.bandwidth(), max_bw > 0.0) {
+            let bw: f64 = match (t.bandwidth(), max_bw > 0.0) {
                 (Some(b), true) => b / max_bw,
                 _ => 1.0,
             };
             t.availability() * bw.sqrt()
         };
-        let mut cands: Vec<usize> = (0..self.targets.len())
-            .filter(|&i| self.targets[i].healthy() && !free[i].is_empty())
+        let mut cands: Vec<usize> = (0..all.len())
+            .filter(|&i| all[i].healthy() && !free[i].is_empty())
             .collect();
         cands.sort_by(|&a, &b| {
             score(b)
@@ -618,13 +664,13 @@ impl Erasure {
                 .then(free[b].len().cmp(&free[a].len()))
                 .then(a.cmp(&b))
         });
-        let mut domains = BTreeSet::new();
+        let mut domains = taken.clone();
         let mut out = Vec::new();
         for i in cands {
-            if out.len() == self.r.shards() {
+            if out.len() == count {
                 break;
             }
-            if domains.insert(self.targets[i].domain.clone()) {
+            if domains.insert(all[i].domain.clone()) {
                 out.push(i as u16);
             }
         }
@@ -633,6 +679,7 @@ impl Erasure {
 
     /// Counts of placed segments by state: (full, degraded by remaining tolerance, lost).
     fn segment_states(&self) -> (u64, BTreeSet<(u64, u64)>, u64) {
+        let all = self.all();
         let map = self.map.read();
         let (mut full, mut lost) = (0, 0);
         let mut by_tol: HashMap<u64, u64> = HashMap::new();
@@ -641,7 +688,7 @@ impl Erasure {
                 .shards
                 .iter()
                 .flatten()
-                .filter(|s| self.targets[s.target as usize].healthy())
+                .filter(|s| all[s.target as usize].healthy())
                 .count();
             if ok == self.r.shards() {
                 full += 1;
@@ -656,7 +703,8 @@ impl Erasure {
 
     pub fn report(&self) -> TargetsReport {
         let map = self.map.read();
-        let mut used = vec![0u64; self.targets.len()];
+        let all = self.all();
+        let mut used = vec![0u64; all.len()];
         for p in map.iter().flatten() {
             for s in p.shards.iter().flatten() {
                 used[s.target as usize] += 1;
@@ -664,17 +712,21 @@ impl Erasure {
         }
         drop(map);
         let free = self.free.lock();
-        let targets = self
-            .targets
+        let targets = all
             .iter()
             .enumerate()
             .map(|(i, t)| TargetReport {
                 index: i as u16,
                 path: t.path.display().to_string(),
                 domain: t.domain.clone(),
-                state: match t.healthy() {
-                    true => "ok".into(),
-                    false => format!(
+                state: match (t.healthy(), used[i]) {
+                    (true, _) => "ok".into(),
+                    // Nothing of the space is on it any more.
+                    (false, 0) => format!(
+                        "retired: {}",
+                        t.failed_reason.lock().clone().unwrap_or_default()
+                    ),
+                    (false, _) => format!(
                         "failed: {}",
                         t.failed_reason.lock().clone().unwrap_or_default()
                     ),
@@ -704,7 +756,7 @@ impl Erasure {
     /// there or not readable (counted against its target).
     fn read_shard(&self, p: &Placed, i: usize, b0: u64, b1: u64) -> Option<IoBuf> {
         let at = p.shards[i]?;
-        let t = &self.targets[at.target as usize];
+        let t = self.tg(at.target);
         let dev = t.dev.as_ref().filter(|_| t.healthy())?;
         let mut buf = IoBuf::new();
         buf.extend_zeros(((b1 - b0) as usize) * BLOCK);
@@ -840,6 +892,7 @@ impl Erasure {
     }
 
     fn write_in_segment(&self, seg: u64, off: u64, buf: &[u8]) -> io::Result<()> {
+        let _stripe = self.stripes[seg as usize % STRIPES].read();
         let p = self.placed(seg)?;
         let (m, k) = (self.r.data, self.r.parity);
         let rows = buf.len() / (m * BLOCK);
@@ -864,7 +917,7 @@ impl Erasure {
         let mut written = 0;
         for (i, data) in shards.iter().enumerate() {
             let Some(at) = p.shards[i] else { continue };
-            let t = &self.targets[at.target as usize];
+            let t = self.tg(at.target);
             let Some(dev) = t.dev.as_ref().filter(|_| t.healthy()) else {
                 continue;
             };
@@ -892,6 +945,223 @@ impl Erasure {
             )));
         }
         Ok(())
+    }
+
+    /// Adds a target (a replacement, see `rebuild`); returns its index.
+    pub fn add_target(&self, t: Target) -> u16 {
+        let slots = t.slots;
+        let mut ts = self.targets.write();
+        ts.push(Arc::new(t));
+        self.free.lock().push((0..slots as u32).collect());
+        (ts.len() - 1) as u16
+    }
+
+    /// Fails target `t` on purpose (it is being replaced), recording it like a failure.
+    pub fn retire(&self, t: u16, why: &str) {
+        self.fail_target(t, why.to_string());
+        // Also when it had failed already (missing at open): recorded, so it is never used
+        // again even if its file comes back.
+        if let Some(h) = self.on_fail.lock().as_ref() {
+            h(t);
+        }
+    }
+
+    /// The index of the target whose directory is `path`, or whose index `path` is.
+    pub fn find_target(&self, path: &str) -> Option<u16> {
+        if let Ok(i) = path.parse::<u16>() {
+            return ((i as usize) < self.all().len()).then_some(i);
+        }
+        let want = std::path::Path::new(path);
+        self.all()
+            .iter()
+            .position(|t| t.path == want)
+            .map(|i| i as u16)
+    }
+
+    /// The failure domain of target `t`.
+    pub fn domain_of(&self, t: u16) -> String {
+        self.tg(t).domain.clone()
+    }
+
+    /// Restores full redundancy where it can: for every placed segment with shards on
+    /// failed targets (or never placed), rebuilds those shards from the segment's other
+    /// shards onto healthy targets in failure domains the segment does not use yet, then
+    /// switches the segment's record to them. Online: reads go on from the old record
+    /// meanwhile (rebuilding what they miss), and writes to a segment wait only while that
+    /// segment is rebuilt. Memory: (M+K) shard buffers of `REBUILD_ROWS` blocks.
+    /// `throttle`: at most that many bytes written per second.
+    pub fn rebuild(
+        &self,
+        throttle: Option<f64>,
+        progress: &mut dyn FnMut(u64, u64),
+    ) -> io::Result<RebuildReport> {
+        const REBUILD_ROWS: u64 = 64;
+        let start = Instant::now();
+        let (m, k) = (self.r.data, self.r.parity);
+        let n = m + k;
+        let rows = self.shard_bytes / BLOCK as u64;
+        let mut rep = RebuildReport::default();
+        for seg in 0..self.segments {
+            progress(seg, self.segments);
+            let Some(p) = self.map.read()[seg as usize].clone() else {
+                continue;
+            };
+            rep.segments_checked += 1;
+            let all = self.all();
+            let ok = |p: &Placed, i: usize| {
+                p.shards[i].is_some_and(|a| all[a.target as usize].healthy())
+            };
+            if (0..n).all(|i| ok(&p, i)) {
+                continue;
+            }
+            let _stripe = self.stripes[seg as usize % STRIPES].write();
+            // Under the stripe no row of the segment is being written; its record may have
+            // changed before (a re-placement of a freed segment): take it again.
+            let p = self.placed(seg)?;
+            let bad: Vec<usize> = (0..n).filter(|&i| !ok(&p, i)).collect();
+            if bad.is_empty() {
+                continue;
+            }
+            if n - bad.len() < m {
+                log::error!(
+                    "segment {seg}: only {} of its {n} shards are on healthy targets, {m} are \
+                     needed; what it held is lost (`ckptfs check` names the files)",
+                    n - bad.len()
+                );
+                rep.segments_lost += 1;
+                continue;
+            }
+            let taken: BTreeSet<String> = (0..n)
+                .filter(|&i| ok(&p, i))
+                .map(|i| {
+                    all[p.shards[i].expect("ok shards are placed").target as usize]
+                        .domain
+                        .clone()
+                })
+                .collect();
+            let fixes: Vec<(usize, ShardAt)> = {
+                let mut free = self.free.lock();
+                let chosen = self.choose_for(&free, &taken, bad.len());
+                bad.iter()
+                    .zip(chosen)
+                    .map(|(&i, t)| {
+                        let slot = free[t as usize]
+                            .pop_first()
+                            .expect("chosen targets have a free slot");
+                        (i, ShardAt { target: t, slot })
+                    })
+                    .collect()
+            };
+            let give_back = |fixes: &[(usize, ShardAt)]| {
+                let mut free = self.free.lock();
+                for (_, a) in fixes {
+                    free[a.target as usize].insert(a.slot);
+                }
+            };
+            if fixes.is_empty() {
+                rep.segments_short += 1;
+                continue;
+            }
+            let mut failed = None;
+            let mut r0 = 0;
+            while r0 < rows && failed.is_none() {
+                let r1 = (r0 + REBUILD_ROWS).min(rows);
+                let have: Vec<Option<IoBuf>> = (0..n)
+                    .map(|i| match ok(&p, i) {
+                        true => self.read_shard(&p, i, r0, r1),
+                        false => None,
+                    })
+                    .collect();
+                let mut shards = match self.reconstruct(&p, r0, r1, have, &[]) {
+                    Ok(s) => s,
+                    Err(e) => {
+                        failed = Some(format!("rows {r0}..{r1}: {e}"));
+                        break;
+                    }
+                };
+                if fixes.iter().any(|(i, _)| *i >= m) {
+                    let parity = reed_solomon_simd::encode(
+                        m,
+                        k,
+                        shards[..m]
+                            .iter()
+                            .map(|b| b.as_ref().expect("data rebuilt").as_slice()),
+                    )
+                    .map_err(|e| other(format!("Reed-Solomon encode: {e}")))?;
+                    for (j, b) in parity.into_iter().enumerate() {
+                        let mut ib = IoBuf::new();
+                        ib.extend_from_slice(&b);
+                        shards[m + j] = Some(ib);
+                    }
+                }
+                for (i, at) in &fixes {
+                    let bytes = shards[*i].as_ref().expect("rebuilt above");
+                    let t = self.tg(at.target);
+                    let Some(dev) = t.dev.as_ref().filter(|_| t.healthy()) else {
+                        failed = Some(format!("target {} failed", at.target));
+                        break;
+                    };
+                    if let Err(e) = dev.write_at(bytes.as_slice(), self.shard_offset(at.slot, r0)) {
+                        t.errors.fetch_add(1, Ordering::Relaxed);
+                        self.fail_target(at.target, format!("write: {e}"));
+                        failed = Some(format!("writing to target {}: {e}", at.target));
+                        break;
+                    }
+                    t.bytes_written
+                        .fetch_add(bytes.len() as u64, Ordering::Relaxed);
+                    rep.bytes_written += bytes.len() as u64;
+                }
+                if let Some(limit) = throttle.filter(|l| *l > 0.0) {
+                    let due = rep.bytes_written as f64 / limit;
+                    let now = start.elapsed().as_secs_f64();
+                    if due > now {
+                        std::thread::sleep(std::time::Duration::from_secs_f64(due - now));
+                    }
+                }
+                r0 = r1;
+            }
+            // The new shards are durable before the record names them.
+            if failed.is_none() {
+                for t in fixes.iter().map(|(_, a)| a.target).collect::<BTreeSet<_>>() {
+                    let tg = self.tg(t);
+                    if let Some(Err(e)) = tg.dev.as_ref().map(|d| d.sync()) {
+                        self.fail_target(t, format!("sync: {e}"));
+                        failed = Some(format!("syncing target {t}: {e}"));
+                    }
+                }
+            }
+            if let Some(why) = failed {
+                log::error!("rebuilding segment {seg}: {why}; it stays degraded");
+                give_back(&fixes);
+                rep.segments_short += 1;
+                continue;
+            }
+            let mut next = p.clone();
+            next.generation += 1;
+            for (i, a) in &fixes {
+                next.shards[*i] = Some(*a);
+            }
+            let mut map = self.map.write();
+            if map[seg as usize].as_ref() != Some(&p) {
+                // Re-placed meanwhile (freed and taken again): the rebuilt shards are moot.
+                drop(map);
+                give_back(&fixes);
+                continue;
+            }
+            self.map_dev
+                .write_at(&next.encode(), seg * RECORD_BYTES as u64)
+                .and_then(|()| self.map_dev.sync())?;
+            map[seg as usize] = Some(next);
+            drop(map);
+            rep.segments_rebuilt += 1;
+            rep.shards_written += fixes.len() as u64;
+            if fixes.len() < bad.len() {
+                rep.segments_short += 1;
+            }
+        }
+        progress(self.segments, self.segments);
+        rep.seconds = start.elapsed().as_secs_f64();
+        Ok(rep)
     }
 
     /// Splits [at, at+len) at segment boundaries: (segment, offset in it, range in buf).
@@ -947,7 +1217,7 @@ impl Placement for Erasure {
     }
 
     fn sync(&self) -> io::Result<()> {
-        for (i, t) in self.targets.iter().enumerate() {
+        for (i, t) in self.all().iter().enumerate() {
             let Some(dev) = t.dev.as_ref().filter(|_| t.healthy()) else {
                 continue;
             };
@@ -960,13 +1230,14 @@ impl Placement for Erasure {
         }
         // Every segment written since the last sync must keep M durable shards.
         let touched = std::mem::take(&mut *self.touched.lock());
+        let all = self.all();
         for seg in touched {
             let p = self.placed(seg)?;
             let ok = p
                 .shards
                 .iter()
                 .flatten()
-                .filter(|s| self.targets[s.target as usize].healthy())
+                .filter(|s| all[s.target as usize].healthy())
                 .count();
             if ok < self.r.data {
                 return Err(other(format!(
@@ -986,7 +1257,7 @@ impl Placement for Erasure {
             let whole = p
                 .shards
                 .iter()
-                .all(|sh| sh.is_some_and(|a| self.targets[a.target as usize].healthy()));
+                .all(|sh| sh.is_some_and(|a| self.tg(a.target).healthy()));
             if whole {
                 return Ok(());
             }
@@ -1092,14 +1363,12 @@ impl Placement for Erasure {
                     self.repaired.fetch_add(1, Ordering::Relaxed);
                     for &i in &set {
                         if let Some(a) = p.shards[i] {
-                            self.targets[a.target as usize]
-                                .errors
-                                .fetch_add(1, Ordering::Relaxed);
+                            self.tg(a.target).errors.fetch_add(1, Ordering::Relaxed);
                             log::warn!(
                                 "segment {seg}: shard {i} on target {} ({}) holds damaged \
                                  bytes; the read was repaired from the other shards",
                                 a.target,
-                                self.targets[a.target as usize].path.display()
+                                self.tg(a.target).path.display()
                             );
                         }
                     }
@@ -1251,7 +1520,7 @@ mod tests {
         }
         for lost in combinations(&[0, 1, 2, 3, 4], 2) {
             for &t in &lost {
-                e.targets[t].failed.store(true, Ordering::SeqCst);
+                e.tg(t as u16).failed.store(true, Ordering::SeqCst);
             }
             for (off, len) in [(0, 100), (4095, 2), (7000, 50_000), (0, data.len())] {
                 assert_eq!(
@@ -1261,11 +1530,11 @@ mod tests {
                 );
             }
             for &t in &lost {
-                e.targets[t].failed.store(false, Ordering::SeqCst);
+                e.tg(t as u16).failed.store(false, Ordering::SeqCst);
             }
         }
         for t in 0..3 {
-            e.targets[t].failed.store(true, Ordering::SeqCst);
+            e.tg(t as u16).failed.store(true, Ordering::SeqCst);
         }
         // Which three: the data shards of segment 0 may be anywhere; with 3 of 5 gone,
         // only 2 remain for every segment.
@@ -1320,7 +1589,7 @@ mod tests {
             counts.iter().max().unwrap() - counts.iter().min().unwrap() <= 1,
             "{counts:?}"
         );
-        e.targets[2].errors.store(5, Ordering::Relaxed);
+        e.tg(2).errors.store(5, Ordering::Relaxed);
         for s in 35..70 {
             e.prepare(SegmentId(s)).unwrap();
         }
@@ -1338,12 +1607,56 @@ mod tests {
         let (e, _) = setup(4, r, 4, 8);
         e.prepare(SegmentId(0)).unwrap();
         assert_eq!(e.placed(0).unwrap().shards.iter().flatten().count(), 4);
-        e.targets[0].failed.store(true, Ordering::SeqCst);
-        e.targets[1].failed.store(true, Ordering::SeqCst);
+        e.tg(0).failed.store(true, Ordering::SeqCst);
+        e.tg(1).failed.store(true, Ordering::SeqCst);
         assert!(
             e.prepare(SegmentId(1)).is_err(),
             "2 healthy targets < M = 3"
         );
+    }
+
+    /// A failed target's shards are rebuilt onto a replacement: afterwards any two other
+    /// targets may be lost too, and every byte reads back.
+    #[test]
+    fn rebuild_onto_a_replacement_restores_full_redundancy() {
+        let r = Redundancy { data: 3, parity: 2 };
+        let (e, _) = setup(5, r, 6, 8);
+        let data = pattern(4, 3 * SHARD as usize);
+        for seg in 0..3 {
+            e.prepare(SegmentId(seg)).unwrap();
+            e.write(loc(seg, 0), &data).unwrap();
+        }
+        e.sync().unwrap();
+        e.retire(1, "test");
+        assert_eq!(e.report().segments_full, 0);
+        let spare = Arc::new(MemDevice::new((TARGET_HEADER_BYTES + 8 * SHARD) as usize));
+        let t = e.add_target(Target::new(
+            PathBuf::from("spare"),
+            "d1".into(),
+            8,
+            Ok(spare as Arc<dyn Device>),
+        ));
+        assert_eq!(t, 5);
+        let rep = e.rebuild(None, &mut |_, _| {}).unwrap();
+        assert_eq!(rep.segments_rebuilt, 3, "{rep:?}");
+        assert_eq!(rep.segments_short + rep.segments_lost, 0, "{rep:?}");
+        assert_eq!(e.report().segments_full, 3);
+        for lost in combinations(&[0, 2, 3, 4, 5], 2) {
+            for &i in &lost {
+                e.tg(i as u16).failed.store(true, Ordering::SeqCst);
+            }
+            for seg in 0..3 {
+                let mut b = vec![0u8; data.len()];
+                e.read(loc(seg, 0), &mut b).unwrap();
+                assert!(b == data, "segment {seg} with {lost:?} lost");
+            }
+            for &i in &lost {
+                e.tg(i as u16).failed.store(false, Ordering::SeqCst);
+            }
+        }
+        // Nothing to do twice.
+        let again = e.rebuild(None, &mut |_, _| {}).unwrap();
+        assert_eq!(again.segments_rebuilt, 0);
     }
 
     /// A space opened again finds every placement where it was put.

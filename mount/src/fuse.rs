@@ -322,6 +322,32 @@ impl CkptFs {
                 let s = self.fs.stats().map_err(|e| fail_json("stats", e))?;
                 Ok(to_json(crate::stats_json(&s)))
             }
+            ("rebuild", Some(v)) => {
+                if !self.may_control(req) {
+                    return Err(Errno::from_i32(libc::EPERM));
+                }
+                let req: serde_json::Value = serde_json::from_slice(v).map_err(|_| einval())?;
+                let replace = match req["replace"].as_array() {
+                    Some(a) => {
+                        let old = a.first().and_then(|x| x.as_str()).ok_or_else(einval)?;
+                        let new = a.get(1).and_then(|x| x.as_str()).ok_or_else(einval)?;
+                        let spec =
+                            ckptfs_engine::targets::TargetSpec::parse(new).map_err(|_| einval())?;
+                        Some((old.to_string(), spec))
+                    }
+                    None => None,
+                };
+                let r = self
+                    .fs
+                    .space()
+                    .rebuild(
+                        replace.as_ref().map(|(o, n)| (o.as_str(), n)),
+                        req["throttle"].as_f64(),
+                        &mut |_, _| {},
+                    )
+                    .map_err(|e| fail_json("rebuild", e.into()))?;
+                Ok(to_json(serde_json::to_value(r).unwrap_or_default()))
+            }
             ("targets", None) => Ok(to_json(
                 serde_json::to_value(self.fs.space().targets_report()).unwrap_or_default(),
             )),

@@ -87,6 +87,23 @@ enum Cmd {
         #[arg(long)]
         json: bool,
     },
+    /// Restore full redundancy of a space formatted with --target, online through its
+    /// mount (or on an unmounted backing directory): the shards that failed targets held are
+    /// rebuilt from the others onto healthy targets in failure domains each segment does not
+    /// use yet. With --replace OLD=NEW, NEW becomes a target first (in OLD's failure domain
+    /// unless NEW ends in :domain=LABEL) and OLD is retired, so its shards move to NEW.
+    Rebuild {
+        /// A mountpoint or a backing directory.
+        path: PathBuf,
+        /// OLD: a target's index or directory; NEW: a new or empty directory.
+        #[arg(long, value_name = "OLD=NEW")]
+        replace: Option<String>,
+        /// Write at most this many MiB/s of rebuilt shards (so jobs keep their bandwidth).
+        #[arg(long, value_name = "MIB_S")]
+        throttle: Option<f64>,
+        #[arg(long)]
+        json: bool,
+    },
     /// Show the storage targets of a space formatted with --target: per target its state,
     /// failure domain, errors, shards, free shard slots, bytes moved and write bandwidth,
     /// and what redundancy the data has right now (degraded after a target failed).
@@ -1173,6 +1190,12 @@ fn run(cli: Cli) -> Result<(), String> {
         }
         Cmd::Slots { dir, json } => slots::run(&absolute(&dir), json),
         Cmd::Targets { path, json } => targets::run(&path, json),
+        Cmd::Rebuild {
+            path,
+            replace,
+            throttle,
+            json,
+        } => targets::rebuild(&path, replace.as_deref(), throttle, json),
         Cmd::Mount {
             paths,
             foreground,

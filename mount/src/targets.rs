@@ -38,7 +38,11 @@ fn from_mount(mnt: &Path) -> Result<Option<TargetsReport>, String> {
 
 /// One line for `ckptfs stats`.
 pub fn summary_line(r: &TargetsReport) -> String {
-    let failed = r.targets.iter().filter(|t| t.state != "ok").count();
+    let failed = r
+        .targets
+        .iter()
+        .filter(|t| t.state.starts_with("failed"))
+        .count();
     let state = match (r.degraded(), r.segments_lost) {
         (false, _) => "full redundancy".to_string(),
         (true, 0) => format!(
@@ -130,4 +134,131 @@ pub fn run(path: &Path, json: bool) -> Result<(), String> {
         }
     }
     Ok(())
+}
+
+/// `ckptfs rebuild PATH [--replace OLD=NEW] [--throttle MIB_S] [--json]`.
+pub fn rebuild(
+    path: &Path,
+    replace: Option<&str>,
+    throttle_mib_s: Option<f64>,
+    json: bool,
+) -> Result<(), String> {
+    let replace = match replace {
+        Some(r) => {
+            let (old, new) = r
+                .split_once('=')
+                .ok_or_else(|| format!("--replace {r:?} is not OLD=NEW"))?;
+            let mut spec = ckptfs_engine::targets::TargetSpec::parse(new)?;
+            spec.path = crate::absolute(&spec.path);
+            // An OLD directory is matched as recorded (absolute); an index as given.
+            let old = match old.parse::<u16>() {
+                Ok(_) => old.to_string(),
+                Err(_) => crate::absolute(Path::new(old)).display().to_string(),
+            };
+            Some((old, spec))
+        }
+        None => None,
+    };
+    let throttle = throttle_mib_s.map(|m| m * (1 << 20) as f64);
+    let abs = crate::absolute(path);
+    let mounted_at = match abs.join(ckptfs_engine::format::SUPERBLOCK_FILE).exists() {
+        false => Some(abs.clone()),
+        true => None,
+    };
+    let offline = match &mounted_at {
+        Some(_) => None,
+        None => match Space::open(&abs) {
+            Ok(s) => Some(s),
+            Err(ckptfs_engine::Error::Locked(m)) => {
+                let holder = ckptfs_engine::space::lock_holder(&abs).unwrap_or_default();
+                match holder.split(" mounted at ").nth(1) {
+                    Some(mnt) => {
+                        return rebuild_through(Path::new(mnt.trim()), &replace, throttle, json)
+                    }
+                    None => return Err(m),
+                }
+            }
+            Err(e) => return Err(e.to_string()),
+        },
+    };
+    let r = match (offline, mounted_at) {
+        (Some(space), _) => {
+            let pb = crate::progress_bar(!json);
+            if let Some(pb) = &pb {
+                pb.set_message("rebuilding segments");
+            }
+            let r = space
+                .rebuild(
+                    replace.as_ref().map(|(o, n)| (o.as_str(), n)),
+                    throttle,
+                    &mut |done, total| {
+                        if let Some(pb) = &pb {
+                            pb.set_length(total);
+                            pb.set_position(done);
+                        }
+                    },
+                )
+                .map_err(|e| e.to_string())?;
+            if let Some(pb) = pb {
+                pb.finish_and_clear();
+            }
+            serde_json::to_value(r).map_err(|e| e.to_string())?
+        }
+        (None, Some(mnt)) => return rebuild_through(&mnt, &replace, throttle, json),
+        (None, None) => unreachable!("one of the two is set"),
+    };
+    print_rebuild(&r, json)
+}
+
+fn rebuild_through(
+    mnt: &Path,
+    replace: &Option<(String, ckptfs_engine::targets::TargetSpec)>,
+    throttle: Option<f64>,
+    json: bool,
+) -> Result<(), String> {
+    let mut req = serde_json::json!({});
+    if let Some((old, new)) = replace {
+        let new = match new.domain.is_empty() {
+            true => new.path.display().to_string(),
+            false => format!("{}:domain={}", new.path.display(), new.domain),
+        };
+        req["replace"] = serde_json::json!([old, new]);
+    }
+    if let Some(t) = throttle {
+        req["throttle"] = serde_json::json!(t);
+    }
+    let pb = crate::progress_bar(!json);
+    if let Some(pb) = &pb {
+        pb.set_message("rebuild in the daemon");
+    }
+    crate::control_set(mnt, "rebuild", req.to_string().as_bytes())?;
+    let v = crate::control_get(mnt, "rebuild", false)?;
+    if let Some(pb) = pb {
+        pb.finish_and_clear();
+    }
+    print_rebuild(&v, json)
+}
+
+fn print_rebuild(v: &serde_json::Value, json: bool) -> Result<(), String> {
+    if json {
+        println!("{v}");
+        return Ok(());
+    }
+    let n = |k: &str| v[k].as_u64().unwrap_or(0);
+    println!(
+        "rebuilt {} shards in {} segments ({}) in {:.1} s; {} segments still short of shards, {} lost",
+        n("shards_written"),
+        n("segments_rebuilt"),
+        crate::human(n("bytes_written")),
+        v["seconds"].as_f64().unwrap_or(0.0),
+        n("segments_short"),
+        n("segments_lost")
+    );
+    match (n("segments_short"), n("segments_lost")) {
+        (0, 0) => Ok(()),
+        (s, l) => Err(format!(
+            "{s} segment(s) could not get all their shards back and {l} are lost: see \
+             `ckptfs targets` and the daemon log"
+        )),
+    }
 }

@@ -1,0 +1,532 @@
+//! When should a job checkpoint next? The pure core of `ckptfs advise` (in the spirit of
+//! SCR_Need_checkpoint): optimum intervals, a failure-rate estimate, the resulting advice and
+//! a one-step look-ahead for a predicted availability drop. No I/O and no clock reads: every
+//! time is passed in, so the advice is deterministic and testable. Also a small failure
+//! simulator and a seeded exponential failure trace, for tests and benchmarks.
+
+use std::fmt;
+
+/// Young's first-order optimum interval between checkpoints, `sqrt(2 C M)` (Young 1974),
+/// for commit time `C` and system MTBF `M`, both in seconds and positive.
+pub fn young_interval(commit_secs: f64, mtbf_secs: f64) -> f64 {
+    (2.0 * commit_secs * mtbf_secs).sqrt()
+}
+
+/// Daly's higher-order estimate of the optimum compute time between checkpoints (Daly, "A
+/// higher order estimate of the optimum checkpoint interval for restart dumps", FGCS 2006):
+///
+/// ```text
+/// T = sqrt(2 C M) * (1 + (1/3) sqrt(C / 2M) + (1/9) (C / 2M)) - C    if C < 2M
+/// T = M                                                              otherwise
+/// ```
+///
+/// for commit time `C` and system MTBF `M`, both in seconds and positive.
+pub fn daly_interval(commit_secs: f64, mtbf_secs: f64) -> f64 {
+    let (c, m) = (commit_secs, mtbf_secs);
+    if c < 2.0 * m {
+        let x = c / (2.0 * m);
+        young_interval(c, m) * (1.0 + x.sqrt() / 3.0 + x / 9.0) - c
+    } else {
+        m
+    }
+}
+
+/// Expected fraction of wall-clock time lost at compute interval `T`, to first order:
+/// `C/(T+C) + (T+C)/(2M) + R/M` — the checkpoint overhead, half a period of rework per
+/// failure and one restart per failure (all in seconds). Meaningful while well below 1.
+pub fn waste_fraction(interval: f64, commit: f64, restart: f64, mtbf: f64) -> f64 {
+    let period = interval + commit;
+    commit / period + period / (2.0 * mtbf) + restart / mtbf
+}
+
+/// An input the advice cannot be computed from.
+#[derive(Debug, Clone, PartialEq)]
+pub enum AdviceError {
+    /// The failure model counts no nodes.
+    NoNodes,
+    /// A number out of range: what it is, its value, and the range it must lie in.
+    OutOfRange(&'static str, f64, &'static str),
+}
+
+impl fmt::Display for AdviceError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            AdviceError::NoNodes => write!(f, "the failure model needs at least one node"),
+            AdviceError::OutOfRange(what, v, range) => write!(f, "{what} is {v}, expected {range}"),
+        }
+    }
+}
+
+impl std::error::Error for AdviceError {}
+
+/// `value` if finite and positive (or zero, when `zero_ok`).
+fn check(what: &'static str, value: f64, zero_ok: bool) -> Result<f64, AdviceError> {
+    match (value.is_finite(), zero_ok) {
+        (true, false) if value > 0.0 => Ok(value),
+        (true, true) if value >= 0.0 => Ok(value),
+        (_, false) => Err(AdviceError::OutOfRange(what, value, "a finite number > 0")),
+        (_, true) => Err(AdviceError::OutOfRange(what, value, "a finite number >= 0")),
+    }
+}
+
+/// What is known about failures: a declared per-node MTBF, the node count, the failures
+/// observed so far over how long, and the time a restart takes.
+#[derive(Debug, Clone, PartialEq)]
+pub struct FailureModel {
+    /// Declared mean time between failures of one node, in seconds.
+    pub node_mtbf_secs: f64,
+    /// Nodes the job runs on; any one failing fails the job.
+    pub nodes: u64,
+    /// Job failures observed during `observed_secs`.
+    pub observed_failures: u64,
+    /// Wall-clock seconds of observation (0 when nothing was observed).
+    pub observed_secs: f64,
+    /// Seconds from a failure until the job computes again (0 to ignore).
+    pub restart_secs: f64,
+}
+
+impl FailureModel {
+    /// A model from the declared MTBF alone: nothing observed, restarts free.
+    pub fn new(node_mtbf_secs: f64, nodes: u64) -> Self {
+        FailureModel {
+            node_mtbf_secs,
+            nodes,
+            observed_failures: 0,
+            observed_secs: 0.0,
+            restart_secs: 0.0,
+        }
+    }
+
+    /// The system MTBF in seconds: the posterior mean failure rate of a gamma prior centred
+    /// on `node_mtbf / nodes`, updated with the Poisson observations, inverted.
+    pub fn system_mtbf_secs(&self) -> Result<f64, AdviceError> {
+        let node_mtbf = check("node MTBF (s)", self.node_mtbf_secs, false)?;
+        if self.nodes == 0 {
+            return Err(AdviceError::NoNodes);
+        }
+        let observed = check("observed time (s)", self.observed_secs, true)?;
+        check("restart time (s)", self.restart_secs, true)?;
+        let prior_mtbf = node_mtbf / self.nodes as f64;
+        // The declared MTBF counts as one failure's worth of evidence: a few observed
+        // failures move the estimate, many dominate it, and with none it is the prior.
+        let prior_events = 1.0;
+        let rate =
+            (prior_events + self.observed_failures as f64) / (prior_events * prior_mtbf + observed);
+        check("system MTBF (s)", 1.0 / rate, false)
+    }
+}
+
+/// A prediction that the system MTBF drops to `mtbf_after_secs` in `in_secs` seconds (a
+/// node reported degraded, a maintenance window, a failure predictor's warning).
+#[derive(Debug, Clone, PartialEq)]
+pub struct AvailabilityDrop {
+    /// Seconds from now until the drop.
+    pub in_secs: f64,
+    /// System MTBF after the drop, in seconds.
+    pub mtbf_after_secs: f64,
+}
+
+/// The one-step look-ahead's verdict on a predicted availability drop.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Lookahead {
+    /// Take an extra checkpoint that completes by the drop (starting now if the drop is
+    /// nearer than one commit).
+    pub checkpoint_before_drop: bool,
+    /// Why, in words, with the numbers compared.
+    pub reason: String,
+    /// The interval to use once the drop has happened (Daly at the lower MTBF).
+    pub interval_after_secs: f64,
+}
+
+/// The advice for a job: its interval, whether to checkpoint now, and the figures behind it.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Advice {
+    /// Compute seconds between checkpoints (Daly's estimate).
+    pub interval_secs: f64,
+    /// Young's first-order interval, for comparison.
+    pub young_secs: f64,
+    /// The system MTBF the interval was computed for.
+    pub system_mtbf_secs: f64,
+    /// Seconds one checkpoint takes to commit.
+    pub commit_secs: f64,
+    /// Seconds since the last checkpoint completed.
+    pub since_last_commit_secs: f64,
+    /// Checkpoint now: the interval has elapsed, or the look-ahead wants a checkpoint that
+    /// must start now to finish by the drop.
+    pub checkpoint_now: bool,
+    /// Seconds until the next checkpoint should start (0 when `checkpoint_now`).
+    pub next_in_secs: f64,
+    /// Expected seconds lost per hour at the advised interval (see [`waste_fraction`]).
+    pub waste_per_hour_secs: f64,
+    /// The verdict on a predicted availability drop, when one was given.
+    pub lookahead: Option<Lookahead>,
+}
+
+/// Advises a job that commits in `commit_secs` and last committed `since_last_commit_secs`
+/// ago, given the failure model and optionally a predicted availability drop.
+pub fn advise(
+    commit_secs: f64,
+    model: &FailureModel,
+    since_last_commit_secs: f64,
+    predicted_drop: Option<AvailabilityDrop>,
+) -> Result<Advice, AdviceError> {
+    let c = check("commit time (s)", commit_secs, false)?;
+    let since = check("time since last commit (s)", since_last_commit_secs, true)?;
+    let mtbf = model.system_mtbf_secs()?;
+    let interval = daly_interval(c, mtbf);
+    let mut checkpoint_now = since >= interval;
+    let mut next_in = (interval - since).max(0.0);
+    let lookahead = match predicted_drop {
+        Some(drop) => {
+            let l = look_ahead(c, since, next_in, &drop)?;
+            if l.checkpoint_before_drop {
+                // Started one commit ahead of the drop, the extra checkpoint secures the most
+                // work while still finishing in time.
+                let start = (drop.in_secs - c).max(0.0);
+                next_in = next_in.min(start);
+                checkpoint_now |= start == 0.0;
+            }
+            Some(l)
+        }
+        None => None,
+    };
+    Ok(Advice {
+        interval_secs: interval,
+        young_secs: young_interval(c, mtbf),
+        system_mtbf_secs: mtbf,
+        commit_secs: c,
+        since_last_commit_secs: since,
+        checkpoint_now,
+        next_in_secs: next_in,
+        waste_per_hour_secs: 3600.0 * waste_fraction(interval, c, model.restart_secs, mtbf),
+        lookahead,
+    })
+}
+
+/// One step of look-ahead (after failure-aware checkpointing, Ren et al.). If the scheduled
+/// checkpoint comes before the drop, the schedule already protects the work. Otherwise the
+/// window from the drop to the scheduled checkpoint runs at the higher failure rate; an extra
+/// checkpoint completing at the drop would secure the work done until then (`since` plus
+/// the time to the drop, less the commit), which a failure in that window would otherwise
+/// lose. Take it when that expected loss, `P(failure in window) * secured work`, exceeds
+/// the commit time it costs. The job re-plans at the lower MTBF after the drop either way.
+fn look_ahead(
+    c: f64,
+    since: f64,
+    next_in: f64,
+    drop: &AvailabilityDrop,
+) -> Result<Lookahead, AdviceError> {
+    let d = check("time until the availability drop (s)", drop.in_secs, true)?;
+    let mtbf_after = check("MTBF after the drop (s)", drop.mtbf_after_secs, false)?;
+    let interval_after = daly_interval(c, mtbf_after);
+    if next_in <= d {
+        return Ok(Lookahead {
+            checkpoint_before_drop: false,
+            reason: format!(
+                "the scheduled checkpoint (in {next_in:.0} s) comes before the drop (in {d:.0} s)"
+            ),
+            interval_after_secs: interval_after,
+        });
+    }
+    let p_fail = 1.0 - (-(next_in - d) / mtbf_after).exp();
+    let secured = since + (d - c).max(0.0);
+    let loss = p_fail * secured;
+    let take = loss > c;
+    let cmp = if take { ">" } else { "<=" };
+    Ok(Lookahead {
+        checkpoint_before_drop: take,
+        reason: format!(
+            "expected rework if waiting: P(failure) {p_fail:.3} x {secured:.0} s = {loss:.0} s \
+             {cmp} {c:.0} s commit"
+        ),
+        interval_after_secs: interval_after,
+    })
+}
+
+/// Wall-clock seconds to finish `work_secs` of computation that checkpoints after every
+/// `interval_secs` of computation (not after the last piece: the job ends there). A
+/// checkpoint takes `commit_secs`; a failure at a time in `failure_times` (absolute wall
+/// clock, sorted) loses the work since the last completed checkpoint, including a commit in
+/// progress, and costs `restart_secs`, during which further failures restart the restart.
+/// Failures after the job ends are ignored. A non-positive or NaN interval never finishes.
+pub fn simulate(
+    interval_secs: f64,
+    commit_secs: f64,
+    restart_secs: f64,
+    failure_times: &[f64],
+    work_secs: f64,
+) -> f64 {
+    if interval_secs.is_nan() || interval_secs <= 0.0 {
+        return f64::INFINITY;
+    }
+    let mut failures = failure_times.iter().copied().peekable();
+    let (mut t, mut done) = (0.0_f64, 0.0_f64);
+    while done < work_secs {
+        let piece = interval_secs.min(work_secs - done);
+        let last = done + piece >= work_secs;
+        let end = t + piece + if last { 0.0 } else { commit_secs };
+        // Failures while the job was down (restarting) were consumed below, so the next one
+        // is never before `t`.
+        match failures.next_if(|&f| f < end) {
+            Some(f) => {
+                t = f + restart_secs;
+                while let Some(f) = failures.next_if(|&f| f < t) {
+                    t = f + restart_secs;
+                }
+            }
+            None => {
+                t = end;
+                done += piece;
+            }
+        }
+    }
+    t
+}
+
+/// splitmix64 (Steele, Lea and Flood 2014): tiny, seedable with any value, and good enough
+/// for failure traces; it keeps the engine off an extra dependency for tests.
+fn splitmix64(state: &mut u64) -> u64 {
+    *state = state.wrapping_add(0x9E37_79B9_7F4A_7C15);
+    let mut z = *state;
+    z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+    z ^ (z >> 31)
+}
+
+/// Failure times (sorted, absolute seconds) of a Poisson process with mean gap `mtbf_secs`,
+/// up to `horizon_secs`, from `seed`: the same seed gives the same trace. Empty when either
+/// argument is not a positive finite number.
+pub fn exponential_trace(seed: u64, mtbf_secs: f64, horizon_secs: f64) -> Vec<f64> {
+    let mut out = Vec::new();
+    if !(mtbf_secs.is_finite() && mtbf_secs > 0.0 && horizon_secs.is_finite() && horizon_secs > 0.0)
+    {
+        return out;
+    }
+    let mut state = seed;
+    let mut t = 0.0;
+    loop {
+        // Uniform in (0, 1], so the logarithm is finite.
+        let u = ((splitmix64(&mut state) >> 11) as f64 + 1.0) / (1u64 << 53) as f64;
+        t += -mtbf_secs * u.ln();
+        if t >= horizon_secs {
+            return out;
+        }
+        out.push(t);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const HOUR: f64 = 3600.0;
+    const DAY: f64 = 86400.0;
+    const YEAR: f64 = 365.0 * DAY;
+
+    fn close(a: f64, b: f64, tol: f64) -> bool {
+        (a - b).abs() <= tol * b.abs().max(1.0)
+    }
+
+    fn observed(mtbf: f64, failures: u64, secs: f64) -> FailureModel {
+        let mut m = FailureModel::new(mtbf, 1);
+        (m.observed_failures, m.observed_secs) = (failures, secs);
+        m
+    }
+
+    fn with_restart(mtbf: f64, nodes: u64, restart: f64) -> FailureModel {
+        let mut m = FailureModel::new(mtbf, nodes);
+        m.restart_secs = restart;
+        m
+    }
+
+    #[test]
+    fn young_and_daly_match_hand_computed_values() {
+        // Expected values from the formulas written out independently.
+        let big = 5.0 * YEAR / 1024.0;
+        for (c, m) in [
+            (60.0, DAY),
+            (600.0, HOUR),
+            (5.0, big),
+            (1.0, 1e9),
+            (99.0, 50.0),
+        ] {
+            let young = (2.0 * c * m).sqrt();
+            let x: f64 = c / (2.0 * m);
+            let daly = young * (1.0 + x.sqrt() / 3.0 + x / 9.0) - c;
+            assert!(close(young_interval(c, m), young, 1e-12), "young({c}, {m})");
+            assert!(close(daly_interval(c, m), daly, 1e-12), "daly({c}, {m})");
+        }
+        // By hand: sqrt(2CM) * (1/3) sqrt(C/2M) = C/3 and sqrt(2CM) * (1/9)(C/2M) =
+        // (C/9) sqrt(C/2M), so Daly = sqrt(2CM) - 2C/3 + (C/9) sqrt(C/2M).
+        // C = 60, M = 86400: sqrt(10,368,000) = 3219.938 (3220^2 = 10,368,400, less
+        // 400/6440); sqrt(60/172800) = 0.018634; 3219.938 - 40 + 6.667 * 0.018634 = 3180.062.
+        assert!((young_interval(60.0, DAY) - 3219.938).abs() < 0.01);
+        assert!((daly_interval(60.0, DAY) - 3180.062).abs() < 0.01);
+        // C = 600, M = 3600: sqrt(4,320,000) = 2078.461 (2078^2 = 4,318,084, plus
+        // 1916/4156); sqrt(1/12) = 0.288675; 2078.461 - 400 + 66.667 * 0.288675 = 1697.706.
+        assert!((young_interval(600.0, HOUR) - 2078.461).abs() < 0.01);
+        assert!((daly_interval(600.0, HOUR) - 1697.706).abs() < 0.01);
+        // C >= 2M: checkpointing costs more than it saves; Daly says to run one MTBF.
+        for (c, m) in [(100.0, 50.0), (100.0, 40.0), (1e4, 1.0)] {
+            assert_eq!(daly_interval(c, m), m);
+        }
+    }
+
+    #[test]
+    fn daly_below_young_and_converges_as_commit_shrinks() {
+        let mut prev_ratio = 0.0;
+        for k in 2..=10 {
+            let c = DAY * 10f64.powi(-k);
+            let (d, y) = (daly_interval(c, DAY), young_interval(c, DAY));
+            assert!(d <= y * (1.0 + 1e-9), "C/M = 1e-{k}: daly {d} > young {y}");
+            assert!(d / y > prev_ratio, "the ratio must grow as C/M shrinks");
+            prev_ratio = d / y;
+        }
+        assert!(prev_ratio > 0.9999 && prev_ratio <= 1.0);
+    }
+
+    #[test]
+    fn system_mtbf_prior_observations_and_errors() {
+        let mtbf = |m: FailureModel| m.system_mtbf_secs();
+        let prior = mtbf(FailureModel::new(5.0 * YEAR, 1024)).unwrap();
+        assert!(close(prior, 5.0 * YEAR / 1024.0, 1e-12));
+        // One failure in one prior MTBF agrees with the prior.
+        assert!(close(mtbf(observed(HOUR, 1, HOUR)).unwrap(), HOUR, 1e-12));
+        // A few failures move the estimate part way; many dominate the prior.
+        let few = mtbf(observed(HOUR, 2, 2000.0)).unwrap();
+        assert!(few > 1000.0 && few < HOUR, "{few}");
+        let many = mtbf(observed(HOUR, 1000, 1e6)).unwrap();
+        assert!(close(many, 1000.0, 0.01), "{many}");
+        assert_eq!(mtbf(FailureModel::new(HOUR, 0)), Err(AdviceError::NoNodes));
+        for v in [0.0, -1.0, f64::NAN, f64::INFINITY] {
+            assert!(mtbf(FailureModel::new(v, 8)).is_err(), "{v}");
+        }
+        assert!(mtbf(observed(HOUR, 0, -1.0)).is_err());
+        assert!(mtbf(with_restart(HOUR, 8, f64::NAN)).is_err());
+        assert!(advise(0.0, &FailureModel::new(HOUR, 1), 0.0, None).is_err());
+        assert!(advise(60.0, &FailureModel::new(HOUR, 1), -1.0, None).is_err());
+    }
+
+    #[test]
+    fn advise_flips_exactly_at_the_interval() {
+        let model = with_restart(4.0 * DAY, 96, 30.0);
+        let interval = daly_interval(60.0, model.system_mtbf_secs().unwrap());
+        let at = |since: f64| advise(60.0, &model, since, None).unwrap();
+        let a = at(f64::from_bits(interval.to_bits() - 1));
+        assert!(!a.checkpoint_now && a.next_in_secs > 0.0 && a.interval_secs == interval);
+        let a = at(interval);
+        assert!(a.checkpoint_now && a.next_in_secs == 0.0);
+        let a = at(2.0 * interval);
+        assert!(a.checkpoint_now && a.next_in_secs == 0.0 && a.lookahead.is_none());
+        let a = at(0.0);
+        assert!(a.next_in_secs == interval && a.young_secs > a.interval_secs);
+    }
+
+    #[test]
+    fn waste_is_lowest_near_the_advised_interval() {
+        let big = 5.0 * YEAR / 1024.0;
+        for (c, m, r) in [(60.0, HOUR, 30.0), (600.0, DAY, 0.0), (5.0, big, 120.0)] {
+            let a = advise(c, &with_restart(m, 1, r), 0.0, None).unwrap();
+            let w = |t| waste_fraction(t, c, r, m);
+            let per_hour = 3600.0 * w(a.interval_secs);
+            assert!(close(a.waste_per_hour_secs, per_hour, 1e-12));
+            assert!(w(a.interval_secs) < w(0.5 * a.interval_secs), "C={c} M={m}");
+            assert!(w(a.interval_secs) < w(2.0 * a.interval_secs), "C={c} M={m}");
+        }
+    }
+
+    #[test]
+    fn simulator_hand_cases() {
+        let sim = |failures: &[f64]| simulate(30.0, 5.0, 10.0, failures, 100.0);
+        // 100 s of work in pieces of 30: three checkpoints of 5 s, none after the last piece.
+        assert_eq!(sim(&[]), 115.0);
+        assert_eq!(simulate(200.0, 5.0, 10.0, &[], 100.0), 100.0);
+        // Failure at 50 s, in the second piece (35..65): 15 s lost, 10 s restart.
+        assert_eq!(sim(&[50.0]), 140.0);
+        // Failure at 67 s, during the second commit (65..70): 32 s lost with the commit.
+        assert_eq!(sim(&[67.0]), 157.0);
+        // A second failure during the restart (50..60) restarts it: down until 65.
+        assert_eq!(sim(&[50.0, 55.0]), 145.0);
+        // Failures at or after the end change nothing.
+        assert_eq!(sim(&[115.0, 500.0]), 115.0);
+        assert_eq!(simulate(0.0, 5.0, 10.0, &[], 100.0), f64::INFINITY);
+    }
+
+    #[test]
+    fn exponential_trace_is_seeded_and_has_the_right_mean() {
+        let a = exponential_trace(7, HOUR, 10_000.0 * HOUR);
+        assert_eq!(a, exponential_trace(7, HOUR, 10_000.0 * HOUR));
+        assert_ne!(a, exponential_trace(8, HOUR, 10_000.0 * HOUR));
+        assert!(a.windows(2).all(|w| w[0] <= w[1]));
+        // About 10,000 events; the count's standard deviation is 100.
+        assert!((9_500..10_500).contains(&a.len()), "{}", a.len());
+        assert!(exponential_trace(1, 0.0, HOUR).is_empty());
+    }
+
+    #[test]
+    fn advised_interval_is_near_the_best_simulated_interval() {
+        let (c, r, m, work) = (60.0, 30.0, HOUR, 200.0 * HOUR);
+        let daly = daly_interval(c, m);
+        // 40 intervals log-spaced from 0.1x to 10x Daly's.
+        let scale = |i: usize| 0.1 * 100f64.powf(i as f64 / 39.0);
+        let grid: Vec<f64> = (0..40).map(|i| daly * scale(i)).collect();
+        let (mut advised_sum, mut grid_sums) = (0.0, vec![0.0; grid.len()]);
+        let seeds = [1u64, 2, 3, 4, 5];
+        for seed in seeds {
+            let trace = exponential_trace(seed, m, 20.0 * work);
+            let run = |t: f64| simulate(t, c, r, &trace, work);
+            let advised = run(daly);
+            let times: Vec<f64> = grid.iter().map(|&t| run(t)).collect();
+            let best = times.iter().copied().fold(f64::INFINITY, f64::min);
+            // The trace must outlast the slowest run, or late failures would be missing.
+            assert!(times.iter().all(|&t| t < 20.0 * work));
+            let at = grid[times.iter().position(|&t| t == best).unwrap()];
+            let (a, b) = (advised / HOUR, best / HOUR);
+            println!("seed {seed}: advised {daly:.0} s: {a:.2} h; grid {at:.0} s: {b:.2} h");
+            advised_sum += advised;
+            grid_sums.iter_mut().zip(times).for_each(|(s, t)| *s += t);
+        }
+        let n = seeds.len() as f64;
+        let best_mean = grid_sums.iter().copied().fold(f64::INFINITY, f64::min) / n;
+        let advised_mean = advised_sum / n;
+        let (a, b) = (advised_mean / HOUR, best_mean / HOUR);
+        println!("mean: advised {a:.2} h, best grid {b:.2} h");
+        assert!(
+            advised_mean <= 1.10 * best_mean,
+            "advised {a} h vs best {b} h"
+        );
+    }
+
+    #[test]
+    fn lookahead_checkpoints_before_a_near_drop_only() {
+        let model = FailureModel::new(DAY, 1);
+        let interval = daly_interval(60.0, DAY);
+        let with_drop = |since: f64, in_secs: f64, mtbf_after_secs: f64| {
+            let drop = AvailabilityDrop {
+                in_secs,
+                mtbf_after_secs,
+            };
+            advise(60.0, &model, since, Some(drop))
+        };
+        let verdict = |a: &Advice| a.lookahead.as_ref().unwrap().checkpoint_before_drop;
+        // 1000 s since the last commit, the MTBF falls to 10 minutes in 5 minutes, long
+        // before the scheduled checkpoint: a failure after the drop is nearly certain.
+        let a = with_drop(1000.0, 300.0, 600.0).unwrap();
+        assert!(verdict(&a), "{:?}", a.lookahead);
+        let after = a.lookahead.as_ref().unwrap().interval_after_secs;
+        assert_eq!(after, daly_interval(60.0, 600.0));
+        // Start one commit before the drop.
+        assert!(!a.checkpoint_now && a.next_in_secs == 240.0);
+        // A drop nearer than one commit: start now.
+        assert!(with_drop(1000.0, 30.0, 600.0).unwrap().checkpoint_now);
+        // A drop well after the next scheduled checkpoint: the schedule covers it.
+        let a = with_drop(1000.0, 10.0 * interval, 600.0).unwrap();
+        assert!(!verdict(&a) && a.next_in_secs == interval - 1000.0);
+        // Just after a commit with the drop now, there is nothing to secure.
+        assert!(!verdict(&with_drop(0.0, 0.0, 600.0).unwrap()));
+        // A mild drop is not worth a commit.
+        assert!(!verdict(&with_drop(1000.0, 300.0, 0.9 * DAY).unwrap()));
+        assert!(with_drop(0.0, -1.0, 600.0).is_err());
+        assert!(with_drop(0.0, 10.0, 0.0).is_err());
+    }
+}
