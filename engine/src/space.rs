@@ -692,16 +692,7 @@ fn target_table(
             domains.into_iter().collect::<Vec<_>>().join(", ")
         )));
     }
-    // Segments are whole rows of M blocks (see `targets`).
-    let row = (r.data * crate::targets::BLOCK) as u32;
-    let segment_bytes = segment_bytes / row * row;
-    let segments = size_bytes / segment_bytes as u64;
-    let shard_bytes = segment_bytes as u64 / r.data as u64;
-    // Shard slots per target: an even share, plus a quarter so placement can prefer the
-    // better targets (and avoid failing ones) without running any out; never more than
-    // one per segment (a target holds at most one shard of a segment).
-    let even = (segments * r.shards() as u64).div_ceil(specs.len() as u64);
-    let slots = (even + even / 4 + 1).min(segments).max(1);
+    let (segments, shard_bytes, slots) = target_geometry(size_bytes, segment_bytes, r, specs.len());
     let table = TargetsTable {
         redundancy: r,
         shard_bytes,
@@ -779,6 +770,26 @@ fn target_table(
         }
     }
     Ok(table)
+}
+
+/// The layout of a space over `targets` targets: (segments, shard bytes, shard slots per
+/// target). Segments are whole rows of M blocks (see `targets`); each target gets an even
+/// share of the shards plus a quarter, so placement can prefer the better targets (and
+/// avoid failing ones) without running any out, and never more than one slot per segment
+/// (a target holds at most one shard of a segment).
+fn target_geometry(
+    size_bytes: u64,
+    segment_bytes: u32,
+    r: Redundancy,
+    targets: usize,
+) -> (u64, u64, u64) {
+    let row = (r.data * crate::targets::BLOCK) as u32;
+    let segment_bytes = segment_bytes / row * row;
+    let segments = size_bytes / segment_bytes as u64;
+    let shard_bytes = segment_bytes as u64 / r.data as u64;
+    let even = (segments * r.shards() as u64).div_ceil(targets as u64);
+    let slots = (even + even / 4 + 1).min(segments).max(1);
+    (segments, shard_bytes, slots)
 }
 
 /// Writes a targeted space's files: each target's file (header, preallocated), the
@@ -1369,7 +1380,7 @@ impl Space {
         if self.read_only {
             return Err(Error::ReadOnly);
         }
-        let (Some(er), Some(table)) = (&self.targets, &self.targets_table) else {
+        let Some(er) = &self.targets else {
             return Err(Error::Invalid(format!(
                 "{} keeps its data in one file (formatted without --target): there is \
                  nothing to rebuild",
@@ -1377,6 +1388,10 @@ impl Space {
             )));
         };
         if let Some((old, new)) = replace {
+            let table = self
+                .targets_table
+                .as_ref()
+                .ok_or_else(|| Error::Invalid("this space has no targets table".into()))?;
             let old_i = er.find_target(old).ok_or_else(|| {
                 Error::Invalid(format!(
                     "no target {old}: give its index or its directory (`ckptfs targets` \
@@ -1547,6 +1562,51 @@ impl Space {
     /// so a damaged table is reported at open instead of trusted.
     pub fn open_devices(sb: Superblock, devs: Devices) -> Result<Space> {
         Self::open_devices_slot(sb, devs, SlotId(0))
+    }
+
+    /// For simulations: writes the metadata table of a space over `targets` erasure-coded
+    /// targets onto `meta` (empty) and returns its superblock and targets table (paths
+    /// `simN`), whose geometry says how large each target device must be.
+    pub fn format_targets_devices(
+        meta: &Arc<dyn Device>,
+        size_bytes: u64,
+        chunk_avg_bytes: u32,
+        config: Config,
+        r: Redundancy,
+        targets: usize,
+    ) -> Result<(Superblock, TargetsTable)> {
+        let (chunk, seg) = geometry(size_bytes, chunk_avg_bytes, &config)?;
+        let (segments, shard_bytes, slots) = target_geometry(size_bytes, seg, r, targets);
+        init_meta(meta, &config, 0..segments)?;
+        let segment_bytes = (shard_bytes * r.data as u64) as u32;
+        let sb = new_superblock(segments * segment_bytes as u64, chunk, segment_bytes, 1)
+            .with_features(Features::INCOMPAT_TARGETS);
+        let table = TargetsTable {
+            redundancy: r,
+            shard_bytes,
+            slots,
+            segments,
+            targets: (0..targets)
+                .map(|i| TargetSpec {
+                    path: PathBuf::from(format!("sim{i}")),
+                    domain: format!("target{i}"),
+                })
+                .collect(),
+            failed: vec![false; targets],
+        };
+        Ok((sb, table))
+    }
+
+    /// For simulations: opens a space over an erasure-coded placement already built on
+    /// simulated devices.
+    pub fn open_targets_devices(
+        sb: Superblock,
+        meta: Arc<dyn Device>,
+        erasure: Arc<crate::targets::Erasure>,
+    ) -> Result<Space> {
+        let mut space = Self::open_placed(sb, meta, erasure.clone(), SlotId(0))?;
+        space.targets = Some(erasure);
+        Ok(space)
     }
 
     /// `open_devices` for slot `slot` of the space: the table is that slot's, and only the

@@ -1343,11 +1343,15 @@ impl Placement for Erasure {
         let (r0, r1, need) = self.rows_of(off, buf.len());
         let all: Vec<Option<IoBuf>> = (0..m + k).map(|i| self.read_shard(&p, i, r0, r1)).collect();
         let present: Vec<usize> = (0..m + k).filter(|i| all[*i].is_some()).collect();
-        // Exclude one shard, then two, ... (each set with a needed data shard: excluding
-        // parity alone changes no data byte), until the bytes pass the check.
+        // Exclude one shard, then two, ... until the bytes pass the check. While every
+        // needed data shard is present, a set of parity shards alone changes no data byte
+        // and is skipped; once one is missing, the reconstruction reads parity, and a stale
+        // parity shard (a target that failed mid-row, or came back with old bytes) is as
+        // likely the culprit as a data shard.
+        let data_whole = (0..m).all(|i| !need[i] || all[i].is_some());
         for size in 1..=k {
             for set in combinations(&present, size) {
-                if !set.iter().any(|&i| i < m && need[i]) {
+                if data_whole && !set.iter().any(|&i| i < m && need[i]) {
                     continue;
                 }
                 if present.len() - set.len() < m {
@@ -1571,6 +1575,37 @@ mod tests {
         damage(0);
         assert!(!e.read_repair(loc(0, 10_000), &mut buf, &mut check).unwrap());
         assert_eq!(e.report().repaired_reads, 2);
+    }
+
+    /// A data shard missing and a parity shard damaged (a target that failed mid-row, or
+    /// came back with stale bytes): the reconstruction reads parity, so the damaged parity
+    /// shard must be a candidate for exclusion too. Found by the target crash driver.
+    #[test]
+    fn a_damaged_parity_shard_is_excluded_when_a_data_shard_is_missing() {
+        let r = Redundancy { data: 3, parity: 2 };
+        for (gone, bad) in [(0, 3), (1, 3), (2, 3)] {
+            let (e, devs) = setup(5, r, 2, 4);
+            let data = pattern(3, 3 * SHARD as usize);
+            e.prepare(SegmentId(0)).unwrap();
+            e.write(loc(0, 0), &data).unwrap();
+            let p = e.placed(0).unwrap();
+            let want = blake3::hash(&data[..30_000]);
+            let mut check = |b: &[u8]| blake3::hash(b) == want;
+            e.tg(p.shards[gone].unwrap().target)
+                .failed
+                .store(true, Ordering::SeqCst);
+            let a = p.shards[bad].unwrap();
+            devs[a.target as usize].corrupt(e.shard_offset(a.slot, 0) + 100);
+            let mut buf = vec![0u8; 30_000];
+            e.read(loc(0, 0), &mut buf).unwrap();
+            assert!(!check(&buf), "shard {gone} gone, parity {bad} damaged");
+            assert!(e.read_repair(loc(0, 0), &mut buf, &mut check).unwrap());
+            assert_eq!(
+                buf,
+                &data[..30_000],
+                "shard {gone} gone, parity {bad} damaged"
+            );
+        }
     }
 
     /// Equal targets share the shards evenly, one per failure domain; a target with
