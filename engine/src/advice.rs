@@ -315,6 +315,366 @@ pub fn exponential_trace(seed: u64, mtbf_secs: f64, horizon_secs: f64) -> Vec<f6
     }
 }
 
+/// Revisions whose write windows come closer than this belong to one checkpoint: ranks of
+/// one job write their files together, and one process writes its files back to back.
+pub const CHECKPOINT_GAP_SECS: f64 = 2.0;
+/// The commit time is the median of at most this many recent checkpoints.
+pub const COMMIT_SAMPLES: usize = 5;
+/// At most this many of the newest revisions are read to find the recent checkpoints (the
+/// bound on the advice's cost: one checkpoint of more files than this is measured short).
+pub const REVISIONS_SCANNED: usize = 4096;
+
+/// The failure model a space keeps for `ckptfs advise` (its config; 0 = not given).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct AdviceConfig {
+    pub node_mtbf_secs: u64,
+    pub nodes: u64,
+    /// 0: take the restart to cost what a commit costs (reading the checkpoint back).
+    pub restart_secs: u64,
+}
+
+/// One checkpoint as the revisions show it: from the first write of its first file to the
+/// commit of its last.
+#[derive(Clone, Debug, PartialEq, serde::Serialize, serde::Deserialize)]
+pub struct Checkpoint {
+    pub start_unix: f64,
+    pub end_unix: f64,
+    /// Revisions committed in it (files, plus fsync points).
+    pub revisions: u64,
+}
+
+impl Checkpoint {
+    pub fn secs(&self) -> f64 {
+        self.end_unix - self.start_unix
+    }
+}
+
+/// Groups revisions, given as (commit time, seconds spent writing), into checkpoints:
+/// windows `[commit - write, commit]` closer than `gap` seconds merge. Oldest first.
+pub fn checkpoints(revisions: &[(f64, f64)], gap: f64) -> Vec<Checkpoint> {
+    let mut w: Vec<(f64, f64)> = revisions
+        .iter()
+        .filter(|(end, secs)| end.is_finite() && secs.is_finite() && *secs >= 0.0)
+        .map(|&(end, secs)| (end - secs, end))
+        .collect();
+    w.sort_by(|a, b| a.0.total_cmp(&b.0));
+    let mut out: Vec<Checkpoint> = Vec::new();
+    for (start, end) in w {
+        match out.last_mut() {
+            Some(c) if start <= c.end_unix + gap => {
+                c.end_unix = c.end_unix.max(end);
+                c.revisions += 1;
+            }
+            _ => out.push(Checkpoint {
+                start_unix: start,
+                end_unix: end,
+                revisions: 1,
+            }),
+        }
+    }
+    out
+}
+
+/// What the advice is computed from, as the space knows it: gathered by the daemon (or an
+/// offline open) and turned into advice by [`report`] wherever it is asked for.
+#[derive(Clone, Debug, PartialEq, serde::Serialize, serde::Deserialize)]
+pub struct AdviceInputs {
+    pub now_unix: f64,
+    /// The newest checkpoints, oldest first (at most `COMMIT_SAMPLES`).
+    pub recent: Vec<Checkpoint>,
+    pub config: AdviceConfig,
+    /// Storage targets that failed (failed or retired) since the space was formatted.
+    pub target_failures: u64,
+    /// Seconds since the space was formatted.
+    pub observed_secs: f64,
+}
+
+impl AdviceInputs {
+    /// Inputs from `revisions` (commit time, write seconds) at `now`.
+    pub fn new(
+        now_unix: f64,
+        revisions: &[(f64, f64)],
+        config: AdviceConfig,
+        target_failures: u64,
+        observed_secs: f64,
+    ) -> Self {
+        let mut recent = checkpoints(revisions, CHECKPOINT_GAP_SECS);
+        let drop = recent.len().saturating_sub(COMMIT_SAMPLES);
+        recent.drain(..drop);
+        AdviceInputs {
+            now_unix,
+            recent,
+            config,
+            target_failures,
+            observed_secs: observed_secs.max(0.0),
+        }
+    }
+}
+
+/// Values given for this one question, over the space's config and measurements.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct Overrides {
+    pub commit_secs: Option<f64>,
+    pub restart_secs: Option<f64>,
+    pub node_mtbf_secs: Option<f64>,
+    pub nodes: Option<u64>,
+    pub drop: Option<AvailabilityDrop>,
+}
+
+/// The look-ahead's verdict with the prediction it judged.
+#[derive(Clone, Debug, PartialEq, serde::Serialize, serde::Deserialize)]
+pub struct LookaheadReport {
+    pub drop_in_secs: f64,
+    pub mtbf_after_secs: f64,
+    pub checkpoint_before_drop: bool,
+    pub reason: String,
+    pub interval_after_secs: f64,
+}
+
+/// The advice and every input it used, with where each came from.
+#[derive(Clone, Debug, PartialEq, serde::Serialize, serde::Deserialize)]
+pub struct AdviceReport {
+    pub checkpoint_now: bool,
+    pub next_in_secs: f64,
+    pub interval_secs: f64,
+    pub young_secs: f64,
+    pub waste_per_hour_secs: f64,
+    pub system_mtbf_secs: f64,
+    pub commit_secs: f64,
+    /// "measured: median of the last N checkpoints" or "given".
+    pub commit_source: String,
+    pub restart_secs: f64,
+    pub restart_source: String,
+    /// None when no checkpoint is recorded (the advice then counts from now).
+    pub since_last_commit_secs: Option<f64>,
+    pub node_mtbf_secs: f64,
+    pub nodes: u64,
+    pub observed_failures: u64,
+    pub observed_secs: f64,
+    pub recent: Vec<Checkpoint>,
+    pub lookahead: Option<LookaheadReport>,
+}
+
+fn median(mut v: Vec<f64>) -> f64 {
+    v.sort_by(f64::total_cmp);
+    let n = v.len();
+    if n % 2 == 1 {
+        v[n / 2]
+    } else {
+        (v[n / 2 - 1] + v[n / 2]) / 2.0
+    }
+}
+
+/// The advice for `inputs`, with `o` taking precedence. Errors say what is missing.
+pub fn report(inputs: &AdviceInputs, o: &Overrides) -> Result<AdviceReport, String> {
+    let node_mtbf = o
+        .node_mtbf_secs
+        .or((inputs.config.node_mtbf_secs > 0).then_some(inputs.config.node_mtbf_secs as f64))
+        .ok_or(
+            "no failure model: give --node-mtbf (and --nodes) once; they are kept in the \
+             space's config",
+        )?;
+    let nodes = o
+        .nodes
+        .or((inputs.config.nodes > 0).then_some(inputs.config.nodes))
+        .unwrap_or(1);
+    // A commit shorter than a millisecond (an empty checkpoint) is measured as one.
+    let measured: Vec<f64> = inputs.recent.iter().map(|c| c.secs().max(1e-3)).collect();
+    let (commit, commit_source) = match (o.commit_secs, measured.is_empty()) {
+        (Some(c), _) => (c, "given".to_string()),
+        (None, false) => (
+            median(measured.clone()),
+            format!(
+                "measured: median of the last {} checkpoint(s) ({})",
+                measured.len(),
+                measured
+                    .iter()
+                    .map(|s| format!("{s:.1} s"))
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            ),
+        ),
+        (None, true) => {
+            return Err(
+                "no checkpoint measured in this space yet (the commit time comes from \
+                 how long recent checkpoints took to write): write one, or give --commit"
+                    .into(),
+            )
+        }
+    };
+    let (restart, restart_source) = match (o.restart_secs, inputs.config.restart_secs) {
+        (Some(r), _) => (r, "given".to_string()),
+        (None, 0) => (
+            commit,
+            "assumed equal to the commit time (reading the checkpoint back)".to_string(),
+        ),
+        (None, r) => (r as f64, "config".to_string()),
+    };
+    let since = inputs
+        .recent
+        .last()
+        .map(|c| (inputs.now_unix - c.end_unix).max(0.0));
+    // The space sees storage targets fail, not nodes: the declared node failure rate stands
+    // as given, and the targets' observed failure rate is added to it. That rate's estimate
+    // starts from one system MTBF of failure-free observation, so one early failure raises
+    // the rate without swamping it, and a run without target failures adds nothing (it is
+    // no evidence that the nodes are reliable).
+    let declared = FailureModel::new(node_mtbf, nodes)
+        .system_mtbf_secs()
+        .map_err(|e| e.to_string())?;
+    let target_rate = inputs.target_failures as f64 / (inputs.observed_secs + declared);
+    let system_mtbf = 1.0 / (1.0 / declared + target_rate);
+    let model = FailureModel {
+        restart_secs: restart,
+        ..FailureModel::new(system_mtbf, 1)
+    };
+    let a =
+        advise(commit, &model, since.unwrap_or(0.0), o.drop.clone()).map_err(|e| e.to_string())?;
+    Ok(AdviceReport {
+        checkpoint_now: a.checkpoint_now,
+        next_in_secs: a.next_in_secs,
+        interval_secs: a.interval_secs,
+        young_secs: a.young_secs,
+        waste_per_hour_secs: a.waste_per_hour_secs,
+        system_mtbf_secs: a.system_mtbf_secs,
+        commit_secs: commit,
+        commit_source,
+        restart_secs: restart,
+        restart_source,
+        since_last_commit_secs: since,
+        node_mtbf_secs: node_mtbf,
+        nodes,
+        observed_failures: inputs.target_failures,
+        observed_secs: inputs.observed_secs,
+        recent: inputs.recent.clone(),
+        lookahead: a
+            .lookahead
+            .zip(o.drop.clone())
+            .map(|(l, d)| LookaheadReport {
+                drop_in_secs: d.in_secs,
+                mtbf_after_secs: d.mtbf_after_secs,
+                checkpoint_before_drop: l.checkpoint_before_drop,
+                reason: l.reason,
+                interval_after_secs: l.interval_after_secs,
+            }),
+    })
+}
+
+/// Seconds as people read them: `42 s`, `17.5 min`, `3.2 h`, `4.1 d`, `5.0 y`.
+pub fn human_secs(s: f64) -> String {
+    match s {
+        s if s < 120.0 => format!("{s:.0} s"),
+        s if s < 2.0 * 3600.0 => format!("{:.1} min", s / 60.0),
+        s if s < 2.0 * 86400.0 => format!("{:.1} h", s / 3600.0),
+        s if s < 2.0 * 365.0 * 86400.0 => format!("{:.1} d", s / 86400.0),
+        s => format!("{:.1} y", s / (365.0 * 86400.0)),
+    }
+}
+
+/// The advice as text, for `ckptfs advise` and `/.ckptfs/advice`. The first line is the
+/// verdict, `checkpoint-now: yes` or `no`, for job scripts to grep.
+pub fn render(r: &AdviceReport) -> String {
+    use std::fmt::Write;
+    let mut o = String::new();
+    let h = human_secs;
+    // Both forms where the human one rounds: "3.2 min (192 s)", but "42 s".
+    let hs = |s: f64| match s < 120.0 {
+        true => h(s),
+        false => format!("{} ({s:.0} s)", h(s)),
+    };
+    let _ = writeln!(
+        o,
+        "checkpoint-now: {}",
+        if r.checkpoint_now { "yes" } else { "no" }
+    );
+    let _ = writeln!(o, "next checkpoint in: {}", hs(r.next_in_secs));
+    let _ = writeln!(
+        o,
+        "interval: {} (Daly; Young's: {})",
+        hs(r.interval_secs),
+        hs(r.young_secs)
+    );
+    let _ = writeln!(
+        o,
+        "expected waste: {:.0} s per hour ({:.1}%) at this interval",
+        r.waste_per_hour_secs,
+        r.waste_per_hour_secs / 36.0
+    );
+    let _ = writeln!(
+        o,
+        "since last checkpoint: {}",
+        r.since_last_commit_secs
+            .map_or("none recorded (counting from now)".to_string(), hs)
+    );
+    let _ = writeln!(o, "inputs:");
+    let _ = writeln!(
+        o,
+        "  commit time: {:.1} s, {}",
+        r.commit_secs, r.commit_source
+    );
+    let _ = writeln!(
+        o,
+        "  restart time: {:.1} s, {}",
+        r.restart_secs, r.restart_source
+    );
+    let _ = writeln!(
+        o,
+        "  system MTBF: {} = node MTBF {} / {} node(s){}",
+        hs(r.system_mtbf_secs),
+        h(r.node_mtbf_secs),
+        r.nodes,
+        match r.observed_failures {
+            0 => format!(", no target failure in {}", h(r.observed_secs)),
+            n => format!(
+                ", with the rate of {n} target failure(s) in {} added",
+                h(r.observed_secs)
+            ),
+        }
+    );
+    if let Some(l) = &r.lookahead {
+        let _ = writeln!(
+            o,
+            "look-ahead: MTBF drops to {} in {}: {} ({}); interval after the drop {}",
+            h(l.mtbf_after_secs),
+            h(l.drop_in_secs),
+            if l.checkpoint_before_drop {
+                "checkpoint before the drop"
+            } else {
+                "no extra checkpoint"
+            },
+            l.reason,
+            h(l.interval_after_secs)
+        );
+    }
+    o
+}
+
+/// Parses a duration: a number with an optional unit, `s` (the default), `m`/`min`, `h`,
+/// `d`, `w`, `y` (365 days): `90`, `45s`, `30m`, `12h`, `5y`, `1.5d`.
+pub fn parse_duration(s: &str) -> Result<f64, String> {
+    let t = s.trim();
+    let split = t.find(|c: char| c.is_ascii_alphabetic()).unwrap_or(t.len());
+    let (num, unit) = t.split_at(split);
+    let v: f64 = num
+        .trim()
+        .parse()
+        .map_err(|_| format!("{s:?} is not a duration (like 90, 45s, 30m, 12h, 5y)"))?;
+    let mul = match unit.trim() {
+        "" | "s" | "sec" | "secs" => 1.0,
+        "m" | "min" | "mins" => 60.0,
+        "h" | "hr" | "hours" => 3600.0,
+        "d" | "day" | "days" => 86400.0,
+        "w" | "week" | "weeks" => 7.0 * 86400.0,
+        "y" | "yr" | "year" | "years" => 365.0 * 86400.0,
+        u => return Err(format!("{s:?}: unknown unit {u:?} (s, m, h, d, w, y)")),
+    };
+    let secs = v * mul;
+    if !(secs.is_finite() && secs >= 0.0) {
+        return Err(format!("{s:?} is not a duration >= 0"));
+    }
+    Ok(secs)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -528,5 +888,145 @@ mod tests {
         assert!(!verdict(&with_drop(1000.0, 300.0, 0.9 * DAY).unwrap()));
         assert!(with_drop(0.0, -1.0, 600.0).is_err());
         assert!(with_drop(0.0, 10.0, 0.0).is_err());
+    }
+
+    #[test]
+    fn revisions_group_into_checkpoints() {
+        // Two ranks writing together, one writing 1 s after the other finished (one
+        // checkpoint), then a pause and a second checkpoint.
+        let revs = [
+            (100.0, 10.0),
+            (101.0, 9.0),
+            (102.5, 0.5),
+            (200.0, 4.0),
+            (203.0, 1.0),
+        ];
+        let c = checkpoints(&revs, CHECKPOINT_GAP_SECS);
+        assert_eq!(c.len(), 2, "{c:?}");
+        assert_eq!(
+            (c[0].start_unix, c[0].end_unix, c[0].revisions),
+            (90.0, 102.5, 3)
+        );
+        assert_eq!(
+            (c[1].start_unix, c[1].end_unix, c[1].revisions),
+            (196.0, 203.0, 2)
+        );
+        assert!(checkpoints(&[(1.0, f64::NAN)], 2.0).is_empty());
+    }
+
+    fn inputs(recent: &[(f64, f64)], config: AdviceConfig, now: f64) -> AdviceInputs {
+        AdviceInputs::new(now, recent, config, 0, 0.0)
+    }
+
+    #[test]
+    fn the_report_uses_the_median_commit_and_says_where_inputs_came_from() {
+        let config = AdviceConfig {
+            node_mtbf_secs: 5 * YEAR as u64,
+            nodes: 1024,
+            restart_secs: 0,
+        };
+        // Seven checkpoints taking 10..70 s: the newest five (30..70 s) count, median 50.
+        let revs: Vec<(f64, f64)> = (1..=7)
+            .map(|i| (i as f64 * 10_000.0, i as f64 * 10.0))
+            .collect();
+        let i = inputs(&revs, config, 70_000.0 + 600.0);
+        assert_eq!(i.recent.len(), COMMIT_SAMPLES);
+        let r = report(&i, &Overrides::default()).unwrap();
+        assert!(close(r.commit_secs, 50.0, 1e-9), "{}", r.commit_secs);
+        assert!(r.commit_source.contains("median of the last 5"));
+        assert_eq!(r.restart_secs, r.commit_secs);
+        let mtbf = 5.0 * YEAR / 1024.0;
+        assert!(close(r.system_mtbf_secs, mtbf, 1e-9));
+        assert!(close(r.interval_secs, daly_interval(50.0, mtbf), 1e-9));
+        assert_eq!(r.since_last_commit_secs, Some(600.0));
+        assert!(!r.checkpoint_now && close(r.next_in_secs, r.interval_secs - 600.0, 1e-9));
+        assert!(render(&r).starts_with("checkpoint-now: no\n"));
+
+        // Overdue: the same space a day later.
+        let late = inputs(&revs, config, 70_000.0 + DAY);
+        let r = report(&late, &Overrides::default()).unwrap();
+        assert!(r.checkpoint_now && r.next_in_secs == 0.0);
+        assert!(render(&r).starts_with("checkpoint-now: yes\n"));
+
+        // A given commit time and restart time win; a stored restart time is used.
+        let o = Overrides {
+            commit_secs: Some(8.0),
+            restart_secs: Some(30.0),
+            ..Default::default()
+        };
+        let r = report(&i, &o).unwrap();
+        assert_eq!((r.commit_secs, r.restart_secs), (8.0, 30.0));
+        assert_eq!(r.commit_source, "given");
+        let stored = AdviceConfig {
+            restart_secs: 90,
+            ..config
+        };
+        let r = report(&inputs(&revs, stored, 70_600.0), &Overrides::default()).unwrap();
+        assert_eq!(
+            (r.restart_secs, r.restart_source.as_str()),
+            (90.0, "config")
+        );
+
+        // Time without target failures is no evidence about nodes: the declared MTBF
+        // stands. Target failures add their rate: 3 in a day, over a day plus one
+        // declared MTBF of failure-free prior.
+        let mut quiet = inputs(&revs, config, 70_600.0);
+        quiet.observed_secs = 30.0 * DAY;
+        let r1 = report(&quiet, &Overrides::default()).unwrap();
+        assert!(close(r1.system_mtbf_secs, mtbf, 1e-12));
+        let mut failing = inputs(&revs, config, 70_600.0);
+        failing.target_failures = 3;
+        failing.observed_secs = DAY;
+        let r2 = report(&failing, &Overrides::default()).unwrap();
+        let want = 1.0 / (1.0 / mtbf + 3.0 / (DAY + mtbf));
+        assert!(
+            close(r2.system_mtbf_secs, want, 1e-9),
+            "{}",
+            r2.system_mtbf_secs
+        );
+        assert!(r2.interval_secs < r1.interval_secs);
+        assert!(render(&r2).contains("rate of 3 target failure(s) in 24.0 h added"));
+    }
+
+    #[test]
+    fn the_report_says_what_is_missing() {
+        let none = inputs(&[(10.0, 1.0)], AdviceConfig::default(), 20.0);
+        let e = report(&none, &Overrides::default()).unwrap_err();
+        assert!(e.contains("--node-mtbf"), "{e}");
+        let config = AdviceConfig {
+            node_mtbf_secs: 1000,
+            nodes: 0,
+            restart_secs: 0,
+        };
+        let empty = inputs(&[], config, 20.0);
+        let e = report(&empty, &Overrides::default()).unwrap_err();
+        assert!(e.contains("no checkpoint measured"), "{e}");
+        // Nodes default to 1; with a given commit and no checkpoint, counting from now.
+        let o = Overrides {
+            commit_secs: Some(10.0),
+            ..Default::default()
+        };
+        let r = report(&empty, &o).unwrap();
+        assert_eq!((r.nodes, r.since_last_commit_secs), (1, None));
+        assert!(render(&r).contains("none recorded"));
+    }
+
+    #[test]
+    fn durations_parse_with_units() {
+        for (s, v) in [
+            ("90", 90.0),
+            ("45s", 45.0),
+            ("30m", 1800.0),
+            ("12h", 43200.0),
+            ("1.5d", 129600.0),
+            ("2w", 14.0 * DAY),
+            ("5y", 5.0 * YEAR),
+            (" 3 h ", 10800.0),
+        ] {
+            assert_eq!(parse_duration(s).unwrap(), v, "{s}");
+        }
+        for bad in ["", "h", "5x", "-3h", "1e999s", "nan"] {
+            assert!(parse_duration(bad).is_err(), "{bad:?}");
+        }
     }
 }

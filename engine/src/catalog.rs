@@ -7,6 +7,7 @@
 //! `ckptfs check` is the one reader that must see rows that do not decode (to report them):
 //! it gets the raw tables of a snapshot from [`Reader::raw`].
 
+use crate::advice::AdviceConfig;
 use crate::error::{Corruption, Error, Missing, Result};
 use crate::format::{
     decode_xattrs, encode_xattrs, ChunkHash, ChunkRecord, DataOffset, Extent, HistoryId,
@@ -152,6 +153,23 @@ impl Config {
             auto_gc_free_percent: get("auto_gc_free_percent")?,
         })
     }
+}
+
+/// The failure model of `ckptfs advise`: optional config keys (absent in older spaces,
+/// which older builds ignore), 0 when not given.
+const ADVICE_KEYS: [&str; 3] = [
+    "advice_node_mtbf_secs",
+    "advice_nodes",
+    "advice_restart_secs",
+];
+
+fn read_advice(t: &impl ReadableTable<&'static str, u64>) -> Result<AdviceConfig> {
+    let get = |k: &str| -> Result<u64> { Ok(t.get(k)?.map_or(0, |v| v.value())) };
+    Ok(AdviceConfig {
+        node_mtbf_secs: get(ADVICE_KEYS[0])?,
+        nodes: get(ADVICE_KEYS[1])?,
+        restart_secs: get(ADVICE_KEYS[2])?,
+    })
 }
 
 /// Every table, created empty (format), or added where an older build's space lacks it.
@@ -437,6 +455,16 @@ impl<'t> Txn<'t> {
 
     pub fn set_config(&mut self, c: &Config) -> Result<()> {
         c.write(&mut self.config)
+    }
+
+    pub fn set_advice_config(&mut self, c: &AdviceConfig) -> Result<()> {
+        for (k, v) in ADVICE_KEYS
+            .iter()
+            .zip([c.node_mtbf_secs, c.nodes, c.restart_secs])
+        {
+            self.config.insert(*k, v)?;
+        }
+        Ok(())
     }
 
     pub fn config(&self) -> Result<Config> {
@@ -865,6 +893,7 @@ impl<'t> Txn<'t> {
             new_stored_bytes: 0,
             sealed: true,
             history: hid,
+            write_ms: 0,
             ..src
         };
         self.revisions.insert(rev, rr.encode().as_slice())?;
@@ -982,6 +1011,26 @@ impl Reader {
 
     pub fn revision(&self, rev: RevisionId) -> Result<Option<RevisionRecord>> {
         get_revision(&self.txn.open_table(REVISIONS)?, rev)
+    }
+
+    pub fn advice_config(&self) -> Result<AdviceConfig> {
+        read_advice(&self.txn.open_table(CONFIG)?)
+    }
+
+    /// The newest `limit` revisions' (commit time in unix seconds, seconds spent writing),
+    /// those whose write time was measured.
+    pub fn recent_write_times(&self, limit: usize) -> Result<Vec<(f64, f64)>> {
+        let t = self.txn.open_table(REVISIONS)?;
+        let mut out = Vec::new();
+        for item in t.iter()?.rev().take(limit) {
+            let (_, v) = item?;
+            let r = RevisionRecord::decode(v.value())?;
+            if r.write_ms > 0 {
+                let end = r.committed.secs as f64 + r.committed.nanos as f64 / 1e9;
+                out.push((end, r.write_ms as f64 / 1000.0));
+            }
+        }
+        Ok(out)
     }
 
     pub fn revision_count(&self) -> Result<u64> {
@@ -1191,6 +1240,7 @@ mod tests {
                 new_stored_bytes: 0,
                 sealed: true,
                 history: HistoryId(1),
+                write_ms: 0,
             };
             let new = t
                 .put_revision(

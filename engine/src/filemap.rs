@@ -440,6 +440,9 @@ pub struct FileState {
     /// Block index -> a block of `params.avg_bytes` bytes.
     dirty: BTreeMap<u64, Box<[u8]>>,
     modified: bool,
+    /// When the first change since the last commit came (`modified` turning true): a
+    /// revision's write time runs from here to its commit.
+    first_change: Option<std::time::Instant>,
     /// One entry per `put` (and pasted extent) since the last commit: the pins this state
     /// holds in the store, released when it commits or is dropped.
     held: ChunkPins,
@@ -465,6 +468,7 @@ impl FileState {
             stream: None,
             dirty: BTreeMap::new(),
             modified: false,
+            first_change: None,
             held: pins,
         }
     }
@@ -513,6 +517,8 @@ impl FileState {
     }
 
     /// Marks a state built from a committed map as a change to commit (a restore).
+    /// Not a write: its revision's write time stays unmeasured (0), so `ckptfs advise`
+    /// does not take a restore for a checkpoint.
     pub fn mark_replaced(&mut self) {
         self.modified = true;
     }
@@ -520,6 +526,20 @@ impl FileState {
     pub fn mark_committed(&mut self) {
         debug_assert!(self.stream.is_none() && self.dirty.is_empty() && self.inflight.is_empty());
         self.modified = false;
+        self.first_change = None;
+    }
+
+    fn touch(&mut self) {
+        if !self.modified {
+            self.modified = true;
+            self.first_change = Some(std::time::Instant::now());
+        }
+    }
+
+    /// Milliseconds since the first change not yet committed (0: none), saturating.
+    pub fn write_ms(&self) -> u32 {
+        self.first_change
+            .map_or(0, |t| t.elapsed().as_millis().min(u32::MAX as u128) as u32)
     }
 
     fn block_bytes(&self) -> u64 {
@@ -545,7 +565,7 @@ impl FileState {
             return Ok(());
         }
         let end = off + data.len() as u64;
-        self.modified = true;
+        self.touch();
         if let Some(s) = &mut self.stream {
             let s_end = s.end();
             if off >= s.start && end <= s_end {
@@ -952,7 +972,7 @@ impl FileState {
     }
 
     pub fn truncate(&mut self, new_size: u64) {
-        self.modified = true;
+        self.touch();
         // Pieces in flight retire in order into the map, so what lies past the new end must
         // not be among them: wait, retire what is stored, and cut what is left.
         self.settle();
@@ -1014,7 +1034,7 @@ impl FileState {
         }
         self.finish(c)?;
         self.map.punch(start, end);
-        self.modified = true;
+        self.touch();
         Ok(())
     }
 
@@ -1053,7 +1073,7 @@ impl FileState {
             self.map.insert(off + rel, *e);
         }
         self.size = self.size.max(off + len);
-        self.modified = true;
+        self.touch();
         Ok(())
     }
 

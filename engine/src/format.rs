@@ -1006,6 +1006,10 @@ pub struct RevisionRecord {
     pub sealed: bool,
     /// The history (path lineage) this revision belongs to.
     pub history: HistoryId,
+    /// Milliseconds from the first change this revision holds to its commit: how long the
+    /// job spent writing it (`ckptfs advise` measures checkpoint cost from these). 0: not
+    /// measured (a restore, a copy, or a revision written before this field existed).
+    pub write_ms: u32,
 }
 
 pub const REVISION_RECORD_LEN: usize = 48;
@@ -1015,6 +1019,7 @@ impl RevisionRecord {
         let mut b = [0u8; REVISION_RECORD_LEN];
         b[0..8].copy_from_slice(&self.size.to_le_bytes());
         self.committed.encode(&mut b[8..20]);
+        b[20..24].copy_from_slice(&self.write_ms.to_le_bytes());
         b[24..32].copy_from_slice(&self.new_stored_bytes.to_le_bytes());
         b[32] = self.sealed as u8;
         b[40..48].copy_from_slice(&self.history.0.to_le_bytes());
@@ -1031,6 +1036,7 @@ impl RevisionRecord {
             new_stored_bytes: u64_at(b, 24),
             sealed: b[32] == 1,
             history: HistoryId(u64_at(b, 40)),
+            write_ms: u32_at(b, 20),
         })
     }
 }
@@ -1295,6 +1301,7 @@ mod tests {
             new_stored_bytes: 3,
             sealed: true,
             history: HistoryId(4),
+            write_ms: 1234,
         };
         let h = HistoryRecord {
             ino: InodeId(9),

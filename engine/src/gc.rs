@@ -696,6 +696,7 @@ pub mod retention {
                     new_stored_bytes: 0,
                     sealed,
                     history: crate::format::HistoryId(1),
+                    write_ms: 0,
                 },
             )
         }

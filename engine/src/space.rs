@@ -1474,6 +1474,35 @@ impl Space {
         Ok(er.rebuild(throttle_bytes_s, progress)?)
     }
 
+    /// What `ckptfs advise` needs from this space (this slot's revisions on a multi-slot
+    /// space): recent checkpoints measured from the revisions' write times, the failure
+    /// model kept in its config, and failed targets since format. Reads at most
+    /// `advice::REVISIONS_SCANNED` revisions.
+    pub fn advice_inputs(&self) -> Result<crate::advice::AdviceInputs> {
+        let r = self.reader()?;
+        let writes = r.recent_write_times(crate::advice::REVISIONS_SCANNED)?;
+        let config = r.advice_config()?;
+        let failures = self.targets_report().map_or(0, |t| {
+            t.targets.iter().filter(|t| t.state != "ok").count() as u64
+        });
+        let now = Timestamp::now();
+        let now = now.secs as f64 + now.nanos as f64 / 1e9;
+        Ok(crate::advice::AdviceInputs::new(
+            now,
+            &writes,
+            config,
+            failures,
+            now - self.sb.created_unix_s as f64,
+        ))
+    }
+
+    pub fn set_advice_config(&self, c: &crate::advice::AdviceConfig) -> Result<()> {
+        let txn = self.begin_write(true)?;
+        Txn::open(&txn)?.set_advice_config(c)?;
+        self.commit(txn)?;
+        Ok(())
+    }
+
     /// The targets of a space over several (None for a one-target space).
     pub fn targets_report(&self) -> Option<crate::targets::TargetsReport> {
         self.targets.as_ref().map(|t| t.report())
@@ -2128,6 +2157,7 @@ impl Space {
                 new_stored_bytes: 0,
                 sealed: seal == Seal::Complete,
                 history: rec.history,
+                write_ms: file.write_ms(),
             };
             t.put_revision(rev, &rr, file.map().iter(), ino, |h| {
                 self.store.pending_record(h)

@@ -245,6 +245,9 @@ pub struct Fs {
     remotes: union::RemoteTable,
     /// Held while this slot publishes (see `publish_pending`).
     publishing: Mutex<()>,
+    /// The text each open handle of `/.ckptfs/advice` read at open, so its reads agree with
+    /// each other; one entry per open handle (bounded by the kernel's open files).
+    advice_opens: Mutex<HashMap<HandleId, Arc<Vec<u8>>>>,
 }
 
 /// One directory entry as readdir returns it.
@@ -315,6 +318,7 @@ impl Fs {
             data_bytes_cache: Mutex::new(HashMap::new()),
             remotes: Default::default(),
             publishing: Mutex::new(()),
+            advice_opens: Mutex::new(HashMap::new()),
         }
     }
 
@@ -1306,6 +1310,9 @@ impl Fs {
 
     pub fn read(&self, ino: InodeId, fh: HandleId, off: u64, len: usize) -> Result<Vec<u8>> {
         let ino = self.via_handle(ino, fh);
+        if ino == view::ADVICE {
+            return self.advice_read(fh, off, len);
+        }
         if union::is_remote(ino) {
             return self.remote_read(ino, off, len);
         }
@@ -1606,7 +1613,7 @@ impl Fs {
     /// commit later, unless the writer's own close sealed a newer one first.
     pub fn flush(&self, ino: InodeId, fh: HandleId, pid: u32) -> Result<()> {
         let ino = self.via_handle(ino, fh);
-        if union::is_remote(ino) {
+        if union::is_remote(ino) || ino == view::ADVICE {
             return Ok(());
         }
         let r = self.flush_local(ino, fh, pid);
@@ -1675,7 +1682,7 @@ impl Fs {
 
     pub fn fsync(&self, ino: InodeId, fh: HandleId) -> Result<()> {
         let ino = self.via_handle(ino, fh);
-        if union::is_remote(ino) {
+        if union::is_remote(ino) || ino == view::ADVICE {
             return Ok(());
         }
         let node = self.handle_node(ino, fh, "fsync")?;
@@ -1701,6 +1708,10 @@ impl Fs {
     pub fn release(&self, ino: InodeId, fh: HandleId) -> Result<()> {
         let ino = self.via_handle(ino, fh);
         if union::is_remote(ino) {
+            return Ok(());
+        }
+        if ino == view::ADVICE {
+            self.advice_opens.lock().remove(&fh);
             return Ok(());
         }
         // The handle leaves the table first: the node it opened is the one this release

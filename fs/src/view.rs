@@ -18,13 +18,22 @@ use std::sync::Arc;
 pub const CTL_NAME: &[u8] = b".ckptfs";
 const REVISIONS_NAME: &[u8] = b"revisions";
 const HISTORIES_NAME: &[u8] = b"histories";
+const ADVICE_NAME: &[u8] = b"advice";
 const VIEW_DIR: u64 = 2;
 const REV_FILE: u64 = 3;
 /// Within VIEW_DIR inodes, this bit marks `/.ckptfs/histories/<id>` (0: the histories dir).
 const HIST_BIT: u64 = 1 << 61;
 
+/// Within VIEW_DIR inodes, this bit marks the view's single files (real inode numbers stay
+/// far below it).
+const SPECIAL_BIT: u64 = 1 << 60;
+
 /// `/.ckptfs` itself.
 pub const CTL: InodeId = InodeId(VIEW_DIR << 62);
+
+/// `/.ckptfs/advice`: `ckptfs advise` as a file, for job scripts (read-only; its text is
+/// computed at open).
+pub const ADVICE: InodeId = InodeId((VIEW_DIR << 62) | SPECIAL_BIT | 1);
 
 pub fn is_virtual(ino: InodeId) -> bool {
     ino.0 >> 62 >= VIEW_DIR
@@ -49,12 +58,15 @@ enum Virt {
     /// The view of a live directory or file.
     Of(InodeId),
     Rev(RevisionId),
+    Advice,
 }
 
 fn decode(ino: InodeId) -> Option<Virt> {
     let low = ino.0 & ((1 << 62) - 1);
     match ino.0 >> 62 {
         VIEW_DIR if low == 0 => Some(Virt::Ctl),
+        VIEW_DIR if low == SPECIAL_BIT | 1 => Some(Virt::Advice),
+        VIEW_DIR if low & SPECIAL_BIT != 0 && low & HIST_BIT == 0 => None,
         VIEW_DIR if low & HIST_BIT != 0 => {
             let hid = low & !HIST_BIT;
             Some(Virt::Hist((hid != 0).then_some(HistoryId(hid))))
@@ -133,6 +145,30 @@ impl Fs {
                     _ => Err(Error::NotFound),
                 }
             }
+            Virt::Advice => {
+                let root = self.record(InodeId::ROOT)?;
+                let now = Timestamp::now();
+                Ok(Attr {
+                    ino,
+                    data_bytes: None,
+                    rec: InodeRecord {
+                        kind: NodeKind::File,
+                        perm: read_only(root.perm, false),
+                        nlink: 1,
+                        // The text is made at open and read with direct I/O, so this
+                        // length is only indicative.
+                        size: self.advice_text().len() as u64,
+                        mtime: now,
+                        ctime: now,
+                        atime: now,
+                        current_rev: RevisionId(0),
+                        history: HistoryId::NONE,
+                        target: Vec::new(),
+                        parent: InodeId(0),
+                        ..root
+                    },
+                })
+            }
             Virt::Rev(rev) => {
                 let rr = self.space.revision(rev)?.ok_or(Error::NotFound)?;
                 let h = self.space.history(rr.history)?;
@@ -164,6 +200,7 @@ impl Fs {
         match decode(parent).ok_or(Error::NotFound)? {
             Virt::Ctl if name == REVISIONS_NAME => self.view_getattr(view_dir(InodeId::ROOT)),
             Virt::Ctl if name == HISTORIES_NAME => self.view_getattr(hist_dir(HistoryId::NONE)),
+            Virt::Ctl if name == ADVICE_NAME => self.view_getattr(ADVICE),
             Virt::Ctl => Err(Error::NotFound),
             Virt::Hist(None) => {
                 // Ids outside 1..2^61 would name the histories dir itself or alias another
@@ -199,7 +236,7 @@ impl Fs {
                     _ => Err(Error::NotFound),
                 }
             }
-            Virt::Rev(_) => Err(Error::NotDir),
+            Virt::Rev(_) | Virt::Advice => Err(Error::NotDir),
         }
     }
 
@@ -219,7 +256,7 @@ impl Fs {
                     Ok(view_dir(InodeId::ROOT))
                 }
             }
-            Virt::Rev(_) => Err(Error::NotDir),
+            Virt::Rev(_) | Virt::Advice => Err(Error::NotDir),
         }
     }
 
@@ -231,15 +268,16 @@ impl Fs {
     ) -> Result<Vec<DirItem>> {
         match decode(dir).ok_or(Error::NotFound)? {
             Virt::Ctl => Ok([
-                (3, view_dir(InodeId::ROOT), REVISIONS_NAME),
-                (4, hist_dir(HistoryId::NONE), HISTORIES_NAME),
+                (3, view_dir(InodeId::ROOT), REVISIONS_NAME, NodeKind::Dir),
+                (4, hist_dir(HistoryId::NONE), HISTORIES_NAME, NodeKind::Dir),
+                (5, ADVICE, ADVICE_NAME, NodeKind::File),
             ]
             .into_iter()
-            .filter(|(o, _, _)| *o > after)
-            .map(|(offset, ino, name)| DirItem {
+            .filter(|(o, _, _, _)| *o > after)
+            .map(|(offset, ino, name, kind)| DirItem {
                 offset,
                 ino,
-                kind: NodeKind::Dir,
+                kind,
                 name: name.to_vec(),
             })
             .collect()),
@@ -288,7 +326,7 @@ impl Fs {
                     _ => Err(Error::NotFound),
                 }
             }
-            Virt::Rev(_) => Err(Error::NotDir),
+            Virt::Rev(_) | Virt::Advice => Err(Error::NotDir),
         }
     }
 
@@ -339,6 +377,12 @@ impl Fs {
         if write {
             return Err(Error::ReadOnly);
         }
+        if ino == ADVICE {
+            self.view_getattr(ino)?;
+            let text = Arc::new(self.advice_text().into_bytes());
+            self.advice_opens.lock().insert(fh, text);
+            return Ok(());
+        }
         let Some(Virt::Rev(rev)) = decode(ino) else {
             return Err(Error::IsDir);
         };
@@ -371,6 +415,33 @@ impl Fs {
         open.add_handle(fh, ino, &node);
         node.lock().opens += 1;
         Ok(())
+    }
+}
+
+impl Fs {
+    /// The text of `/.ckptfs/advice`: the advice, or why there is none yet (no failure
+    /// model configured, no checkpoint measured), after the same first line.
+    pub fn advice_text(&self) -> String {
+        let inputs = match self.space.advice_inputs() {
+            Ok(i) => i,
+            Err(e) => return format!("checkpoint-now: unknown\nerror: {e}\n"),
+        };
+        match ckptfs_engine::advice::report(&inputs, &Default::default()) {
+            Ok(r) => ckptfs_engine::advice::render(&r),
+            Err(e) => format!("checkpoint-now: unknown\nno advice: {e}\n"),
+        }
+    }
+
+    pub(crate) fn advice_read(&self, fh: HandleId, off: u64, len: usize) -> Result<Vec<u8>> {
+        let text = self
+            .advice_opens
+            .lock()
+            .get(&fh)
+            .cloned()
+            .ok_or(Error::Invalid)?;
+        let start = (off as usize).min(text.len());
+        let end = start.saturating_add(len).min(text.len());
+        Ok(text[start..end].to_vec())
     }
 }
 

@@ -348,6 +348,26 @@ impl CkptFs {
                     .map_err(|e| fail_json("rebuild", e.into()))?;
                 Ok(to_json(serde_json::to_value(r).unwrap_or_default()))
             }
+            ("advice", None) => {
+                let i = self
+                    .fs
+                    .space()
+                    .advice_inputs()
+                    .map_err(|e| fail_json("advice", e.into()))?;
+                Ok(to_json(serde_json::to_value(i).unwrap_or_default()))
+            }
+            ("advice", Some(v)) => {
+                if !self.may_control(req) {
+                    return Err(Errno::from_i32(libc::EPERM));
+                }
+                let c: ckptfs_engine::advice::AdviceConfig =
+                    serde_json::from_slice(v).map_err(|_| einval())?;
+                self.fs
+                    .space()
+                    .set_advice_config(&c)
+                    .map_err(|e| fail_json("advice", e.into()))?;
+                Ok(to_json(serde_json::to_value(c).unwrap_or_default()))
+            }
             ("targets", None) => Ok(to_json(
                 serde_json::to_value(self.fs.space().targets_report()).unwrap_or_default(),
             )),
@@ -727,6 +747,11 @@ impl Filesystem for CkptFs {
             false => Ok(()),
         });
         match r.and_then(|()| self.fs.open(InodeId(ino.0), HandleId(fh.0), w, trunc)) {
+            // The advice file's text is made at open and may differ from the size the
+            // kernel cached: read it with direct I/O, as /proc files are.
+            Ok(()) if InodeId(ino.0) == ckptfs_fs::view::ADVICE => {
+                reply.opened(fh, FopenFlags::FOPEN_DIRECT_IO)
+            }
             Ok(()) => reply.opened(fh, open_flags(flags)),
             Err(e) => reply.error(fail("open", ino.0, e)),
         }

@@ -1,5 +1,6 @@
 //! `ckptfs`: format, mount, unmount and inspect checkpoint filesystems.
 
+mod advise;
 mod check;
 mod fuse;
 mod metrics;
@@ -101,6 +102,36 @@ enum Cmd {
         /// Write at most this many MiB/s of rebuilt shards (so jobs keep their bandwidth).
         #[arg(long, value_name = "MIB_S")]
         throttle: Option<f64>,
+        #[arg(long)]
+        json: bool,
+    },
+    /// When should the job checkpoint next? Daly's interval from the measured commit time
+    /// of recent checkpoints and the failure model (--node-mtbf, --nodes, --restart: kept
+    /// in the space's config once given), updated with failures seen on its targets. The
+    /// first line is `checkpoint-now: yes` or `no`; a mount shows the same text in
+    /// /.ckptfs/advice.
+    Advise {
+        /// A mountpoint or a backing directory.
+        path: PathBuf,
+        /// Mean time between failures of one node (5y, 200d, 3000h; kept).
+        #[arg(long, value_name = "DURATION")]
+        node_mtbf: Option<String>,
+        /// Nodes the job runs on; any one failing stops it (kept).
+        #[arg(long)]
+        nodes: Option<u64>,
+        /// Time from a failure until the job computes again (kept; default: the commit time).
+        #[arg(long, value_name = "DURATION")]
+        restart: Option<String>,
+        /// Use this commit time instead of the measured one (this question only).
+        #[arg(long, value_name = "DURATION")]
+        commit: Option<String>,
+        /// A predicted availability drop in this long (with --mtbf-after): one-step
+        /// look-ahead, whether to checkpoint before it.
+        #[arg(long, value_name = "DURATION", requires = "mtbf_after")]
+        drop_in: Option<String>,
+        /// The system MTBF after the predicted drop.
+        #[arg(long, value_name = "DURATION", requires = "drop_in")]
+        mtbf_after: Option<String>,
         #[arg(long)]
         json: bool,
     },
@@ -1190,6 +1221,27 @@ fn run(cli: Cli) -> Result<(), String> {
         }
         Cmd::Slots { dir, json } => slots::run(&absolute(&dir), json),
         Cmd::Targets { path, json } => targets::run(&path, json),
+        Cmd::Advise {
+            path,
+            node_mtbf,
+            nodes,
+            restart,
+            commit,
+            drop_in,
+            mtbf_after,
+            json,
+        } => advise::run(
+            &path,
+            &advise::Args {
+                node_mtbf: node_mtbf.as_deref(),
+                nodes,
+                restart: restart.as_deref(),
+                commit: commit.as_deref(),
+                drop_in: drop_in.as_deref(),
+                mtbf_after: mtbf_after.as_deref(),
+                json,
+            },
+        ),
         Cmd::Rebuild {
             path,
             replace,
