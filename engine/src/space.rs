@@ -1079,9 +1079,11 @@ impl Space {
         let old_space = !names.is_empty();
         if old_space
             && !names.iter().all(|n| {
-                SPACE_FILES.contains(&n.as_str())
-                    || SLOTTED_SPACE_FILES.contains(&n.as_str())
-                    || TARGETED_SPACE_FILES.contains(&n.as_str())
+                // A crash while a small file was replaced leaves its `.tmp` beside it.
+                let n = n.strip_suffix(".tmp").unwrap_or(n);
+                SPACE_FILES.contains(&n)
+                    || SLOTTED_SPACE_FILES.contains(&n)
+                    || TARGETED_SPACE_FILES.contains(&n)
             })
         {
             return Err(Error::Invalid(format!(

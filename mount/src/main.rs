@@ -1490,6 +1490,15 @@ fn main() -> ExitCode {
     env_logger::Builder::from_env(env_logger::Env::default().default_filter_or("ckptfs=warn"))
         .init();
     let cli = Cli::parse_from(helper_args(std::env::args_os().collect()));
+    // Rust ignores SIGPIPE, so `ckptfs targets | head` would panic in println! once head
+    // exits. Commands that print die quietly instead, as other command-line tools do; the
+    // daemon keeps ignoring it (a closed log pipe must not take the mount down).
+    if !matches!(cli.cmd, Cmd::Mount { .. }) {
+        // SAFETY: restoring the default disposition of a signal, before any thread starts.
+        unsafe {
+            libc::signal(libc::SIGPIPE, libc::SIG_DFL);
+        }
+    }
     // check has three outcomes (clean, damaged, could not check), so it picks its own status.
     if let Cmd::Check { path, json } = &cli.cmd {
         return check::run(path, *json);
