@@ -1041,6 +1041,52 @@ impl Reader {
         get_chunk(&self.txn.open_table(CHUNKS)?, h)
     }
 
+    /// Every revision with the worst of `score(segment)` over the segments its chunks are
+    /// in (None: a revision of holes only), in revision order. One pass over the extents;
+    /// chunk lookups are cached, at most `CACHE` entries (then the cache starts over).
+    pub fn revisions_by_segments(
+        &self,
+        segment_bytes: u64,
+        mut score: impl FnMut(u64) -> i64,
+    ) -> Result<Vec<(RevisionId, RevisionRecord, Option<i64>)>> {
+        const CACHE: usize = 1 << 20;
+        let extents = self.txn.open_table(EXTENTS)?;
+        let chunks = self.txn.open_table(CHUNKS)?;
+        let revisions = self.txn.open_table(REVISIONS)?;
+        let mut seg_of: std::collections::HashMap<ChunkHash, (u64, u64)> = Default::default();
+        let mut worst: std::collections::BTreeMap<u64, i64> = Default::default();
+        for item in extents.iter()? {
+            let (k, v) = item?;
+            let e = Extent::decode(v.value())?;
+            let (first, last) = match seg_of.get(&e.chunk) {
+                Some(s) => *s,
+                None => {
+                    let Some(c) = get_chunk(&chunks, &e.chunk)? else {
+                        continue;
+                    };
+                    let end = c.offset.0 + u64::from(c.stored_len).max(1) - 1;
+                    let s = (c.offset.0 / segment_bytes, end / segment_bytes);
+                    if seg_of.len() >= CACHE {
+                        seg_of.clear();
+                    }
+                    seg_of.insert(e.chunk, s);
+                    s
+                }
+            };
+            let w = (first..=last).map(&mut score).min().unwrap_or(i64::MAX);
+            let slot = worst.entry(k.value().0).or_insert(i64::MAX);
+            *slot = (*slot).min(w);
+        }
+        let mut out = Vec::new();
+        for item in revisions.iter()? {
+            let (k, v) = item?;
+            let rr = RevisionRecord::decode(v.value())?;
+            let rev = k.value();
+            out.push((RevisionId(rev), rr, worst.get(&rev).copied()));
+        }
+        Ok(out)
+    }
+
     pub fn for_each_chunk(
         &self,
         f: impl FnMut(ChunkHash, ChunkRecord) -> Result<()>,

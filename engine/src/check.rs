@@ -13,10 +13,17 @@
 //! On a mounted space the check runs against one read snapshot of the metadata, while writers
 //! and gc go on. Each chunk is read through its current record, not the snapshot's (gc may
 //! have moved it and reused the old place), and a failure is confirmed by a second read.
+//!
+//! A space over several targets also gets a parity pass after the chunk pass: every row of
+//! shards holding live chunks is read whole, its parity re-encoded from its data and compared
+//! with the parity stored (`Erasure::verify_parity`, at most `targets::VERIFY_ROWS` rows in
+//! memory). The chunk pass cannot see damaged parity (reads use the data shards), so without
+//! it a row could silently have less redundancy than the space promises.
 
 use crate::catalog::{self, RawTables};
 use crate::error::{ChunkDamage, Error, Result};
 use crate::format::*;
+use crate::placement::Location;
 use crate::space::Space;
 use crate::store::ChunkStore;
 use redb::ReadableTable;
@@ -130,6 +137,10 @@ pub struct CheckReport {
     /// redundancy until it is rewritten.
     pub repaired_chunks: u64,
     pub damaged: Vec<DamagedChunk>,
+    /// The parity pass of a space over several targets (None for a one-target space, or when
+    /// the targets could not be opened for it: then a warning says why). Its inconsistent
+    /// rows are also named in `warnings`.
+    pub parity: Option<crate::targets::ParityReport>,
     /// Metadata inconsistencies (at most `MAX_PROBLEMS`; the rest are counted below).
     pub problems: Vec<String>,
     pub problems_omitted: u64,
@@ -140,6 +151,13 @@ pub struct CheckReport {
 
 impl CheckReport {
     /// Nothing damaged and the metadata consistent.
+    ///
+    /// The parity pass does not count: clean means every live byte reads back and verifies,
+    /// which the chunk pass establishes. A row whose parity disagrees with its data, or that
+    /// misses shards, has lost redundancy, not data (damaged data shows up in the chunk
+    /// pass as a damaged or repaired chunk), so it is a warning, like a repaired chunk; a row
+    /// with fewer than M shards loses the live chunks in its missing shards, and those are in
+    /// `damaged` already.
     pub fn is_clean(&self) -> bool {
         self.damaged.is_empty() && self.problems.is_empty() && self.problems_omitted == 0
     }
@@ -257,14 +275,38 @@ pub fn check(space: &Space, progress: &mut dyn FnMut(u64, u64)) -> Result<CheckR
     check_dirents(&t, &mut r, next_cookie)?;
     check_xattrs(&t, &mut r)?;
 
+    // A space over several targets: the parity pass reads its shards through the live
+    // placement (stripe locks held per segment, so no row is read half-written).
+    let view = space.erasure();
+
     // Read back every chunk once, in data-file order.
     placed.sort_unstable_by_key(|p| p.0);
-    let total: u64 = placed.iter().map(|p| p.1 as u64).sum();
+    let live_rows = view.as_ref().map_or_else(Vec::new, |v| {
+        v.rows_holding(
+            placed
+                .iter()
+                .map(|&(off, len, _)| (Location::of(DataOffset(off), seg_bytes), len as u64)),
+        )
+    });
+    // Progress counts bytes read: stored chunks, then whole rows of shards.
+    let row_cost = view.as_ref().map_or(0, |v| {
+        (v.redundancy().shards() * crate::targets::BLOCK) as u64
+    });
+    let chunk_total: u64 = placed.iter().map(|p| p.1 as u64).sum();
+    let total =
+        chunk_total + live_rows.iter().map(|(_, r)| r.end - r.start).sum::<u64>() * row_cost;
     let mut done = 0u64;
     progress(0, total);
     let mut damaged: HashMap<ChunkHash, DamagedChunk> = HashMap::new();
-    for (_, len, h) in placed {
-        match verify(space.store(), &h)? {
+    // Data-file ranges of the chunks found damaged or repaired: where a parity mismatch is
+    // explained by damaged data.
+    let mut suspect: Vec<(u64, u64)> = Vec::new();
+    for &(off, len, h) in &placed {
+        let verified = verify(space.store(), &h)?;
+        if matches!(verified, Verified::Repaired(_) | Verified::Damaged(..)) {
+            suspect.push((off, off + len as u64));
+        }
+        match verified {
             Verified::Intact => r.chunks_verified += 1,
             Verified::Repaired(rec) => {
                 r.chunks_verified += 1;
@@ -293,6 +335,17 @@ pub fn check(space: &Space, progress: &mut dyn FnMut(u64, u64)) -> Result<CheckR
         done += len as u64;
         progress(done, total);
     }
+    if let Some(v) = &view {
+        let store = space.store();
+        // A segment with findings counts only if gc did not empty it while the pass ran (then
+        // its rows may have been written again, and read half-written).
+        let mut keep = |seg: u64| still_holds(store, &placed, seg, seg_bytes);
+        let rep = v.verify_parity(&live_rows, &mut keep, &mut |d, _| {
+            progress(chunk_total + d * row_cost, total)
+        });
+        parity_warnings(&mut r, &rep, &suspect, seg_bytes, v.redundancy());
+        r.parity = Some(rep);
+    }
     for h in missing.drain(..) {
         damaged.insert(
             h,
@@ -316,6 +369,109 @@ pub fn check(space: &Space, progress: &mut dyn FnMut(u64, u64)) -> Result<CheckR
 }
 
 type Tables = RawTables;
+
+/// Some chunk the snapshot placed in segment `seg` is still committed there: the segment was
+/// not emptied and reused since (its rows are never written twice while it holds chunks).
+fn still_holds(
+    store: &ChunkStore,
+    placed: &[(u64, u32, ChunkHash)],
+    seg: u64,
+    seg_bytes: u64,
+) -> bool {
+    let from = placed.partition_point(|p| p.0 < seg * seg_bytes);
+    placed[from..]
+        .iter()
+        .take_while(|p| p.0 < (seg + 1) * seg_bytes)
+        .any(|&(off, _, h)| match store.committed_record(&h) {
+            Ok(Some(rec)) => rec.offset.0 == off,
+            Ok(None) => false,
+            // Cannot tell: keep what the pass found.
+            Err(_) => true,
+        })
+}
+
+/// Warnings naming the rows whose parity disagrees with their data, with what the chunk pass
+/// says of the data and how to restore the redundancy.
+fn parity_warnings(
+    r: &mut CheckReport,
+    rep: &crate::targets::ParityReport,
+    suspect: &[(u64, u64)],
+    seg_bytes: u64,
+    red: crate::targets::Redundancy,
+) {
+    let (m, k) = (red.data, red.parity);
+    let row_bytes = (m * crate::targets::BLOCK) as u64;
+    for s in &rep.segments {
+        let target = |i: usize| s.targets.get(i).copied().flatten();
+        let name = |i: usize| match target(i) {
+            Some(t) => format!("shard {i} (target {t})"),
+            None => format!("shard {i}"),
+        };
+        let list = |v: &mut dyn Iterator<Item = usize>| v.map(name).collect::<Vec<_>>().join(", ");
+        let parity_read = (m..m + k)
+            .filter(|i| target(*i).is_some() && !s.missing_shards.contains(i))
+            .count();
+        for row in &s.inconsistent {
+            let start = s.segment * seg_bytes + row.row * row_bytes;
+            let end = start + row_bytes;
+            let at = suspect.partition_point(|x| x.1 <= start);
+            let bad_data = suspect.get(at).is_some_and(|x| x.0 < end);
+            let differ = list(&mut row.parity_shards.iter().copied());
+            // What the row says (parity shards that differ while others agree are the damaged
+            // ones), then what the chunk pass says (it sees whole chunks, which span rows).
+            let chunks = match bad_data {
+                true => "a chunk spanning this row failed its blake3 check (above)",
+                false => "every live chunk in the row verified by blake3, so the data is intact",
+            };
+            let (verdict, replace) = if row.data_read && row.parity_shards.len() < parity_read {
+                (
+                    format!(
+                        "the data agrees with the other parity shards, so {differ} is damaged \
+                         or stale; {chunks}"
+                    ),
+                    match row.parity_shards[..] {
+                        [i] => target(i).map_or("T".into(), |t| t.to_string()),
+                        _ => "T".into(),
+                    },
+                )
+            } else if bad_data {
+                (
+                    format!("{chunks}: a data shard of this row is likely damaged"),
+                    "T".to_string(),
+                )
+            } else {
+                (
+                    format!(
+                        "{chunks}; a parity shard, or data bytes no chunk uses, is damaged or \
+                         stale"
+                    ),
+                    "T".to_string(),
+                )
+            };
+            let which = match replace.as_str() {
+                "T" => " (T: the target holding the damaged shard)",
+                _ => "",
+            };
+            r.warning(format!(
+                "segment {} row {}: the stored parity disagrees with the data (differing: \
+                 {differ}; data: {}): {verdict}. The row survives the loss of fewer targets \
+                 than {red} promises. Nothing rewrites one row's parity in place; `ckptfs \
+                 rebuild --replace {replace}=NEW_DIR`{which} restores it, re-encoding every \
+                 shard of that target onto a new one",
+                s.segment,
+                row.row,
+                list(&mut (0..m)),
+            ));
+        }
+        let unlisted = s.inconsistent_rows - s.inconsistent.len() as u64;
+        if unlisted > 0 {
+            r.warning(format!(
+                "segment {}: {unlisted} more rows whose parity disagrees with their data",
+                s.segment
+            ));
+        }
+    }
+}
 
 /// A revision row, decoded if it decodes.
 fn revision_of(t: &Tables, rev: u64) -> Result<Option<std::result::Result<RevisionRecord, Error>>> {

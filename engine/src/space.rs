@@ -92,6 +92,30 @@ pub struct RevisionInfo {
     pub current: bool,
 }
 
+/// What redundancy the listed (sealed) revisions of a space over several targets have.
+#[derive(Clone, Debug, PartialEq, serde::Serialize, serde::Deserialize)]
+pub struct RevisionRedundancy {
+    /// K: what a revision whose shards are all on healthy targets can lose.
+    pub full_tolerance: i64,
+    /// (how many more targets they can lose, revisions), most first; below 0: lost (its
+    /// chunks in a segment with fewer than M shards left).
+    pub listed: Vec<(i64, u64)>,
+    /// Revisions short of full redundancy, worst first, at most `LISTED_MAX`.
+    pub short: Vec<ShortRevision>,
+    pub short_total: u64,
+}
+
+impl RevisionRedundancy {
+    pub const LISTED_MAX: usize = 100;
+}
+
+#[derive(Clone, Debug, PartialEq, serde::Serialize, serde::Deserialize)]
+pub struct ShortRevision {
+    pub revision: u64,
+    pub history: HistoryId,
+    pub can_lose: i64,
+}
+
 pub struct Space {
     dir: PathBuf,
     sb: Superblock,
@@ -1503,6 +1527,50 @@ impl Space {
         Txn::open(&txn)?.set_advice_config(c)?;
         self.commit(txn)?;
         Ok(())
+    }
+
+    /// What redundancy each revision has right now, on a space over several targets: the
+    /// worst segment its chunks are in decides how many more targets it can lose. One pass
+    /// over the extent table (no data is read). None for a one-target space.
+    pub fn revision_redundancy(&self) -> Result<Option<RevisionRedundancy>> {
+        let Some(t) = self.targets.as_ref() else {
+            return Ok(None);
+        };
+        let full = t.redundancy().parity as i64;
+        let seg = u64::from(self.sb.segment_bytes);
+        let revs = self
+            .reader()?
+            .revisions_by_segments(seg, |s| t.tolerance(s).unwrap_or(i64::MAX))?;
+        let mut by: std::collections::BTreeMap<i64, u64> = Default::default();
+        let mut short = Vec::new();
+        for (rev, rr, tol) in revs {
+            if !rr.sealed {
+                continue;
+            }
+            let tol = tol.unwrap_or(full).min(full);
+            *by.entry(tol).or_default() += 1;
+            if tol < full {
+                short.push(ShortRevision {
+                    revision: rev.0,
+                    history: rr.history,
+                    can_lose: tol,
+                });
+            }
+        }
+        short.sort_by_key(|s| (s.can_lose, s.revision));
+        let short_total = short.len() as u64;
+        short.truncate(RevisionRedundancy::LISTED_MAX);
+        Ok(Some(RevisionRedundancy {
+            full_tolerance: full,
+            listed: by.into_iter().rev().collect(),
+            short,
+            short_total,
+        }))
+    }
+
+    /// The erasure-coded placement of a space over several targets.
+    pub fn erasure(&self) -> Option<&Arc<crate::targets::Erasure>> {
+        self.targets.as_ref()
     }
 
     /// The targets of a space over several (None for a one-target space).

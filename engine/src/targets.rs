@@ -28,14 +28,16 @@
 //!
 //! Memory: a read or write holds its own bytes plus M+K shard buffers of the same size
 //! (bounded by the store's read and write sizes); the placement map holds `(M+K) * 6` bytes
-//! per placed segment.
+//! per placed segment; `verify_parity` (`ckptfs check`) holds `VERIFY_ROWS` rows of every
+//! shard.
 
 use crate::device::{Device, IoBuf, DIRECT_ALIGN};
 use crate::format::SegmentId;
 use crate::placement::{Location, Placement};
 use parking_lot::{Mutex, RwLock};
-use std::collections::{BTreeSet, HashMap};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::io;
+use std::ops::Range;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
@@ -461,6 +463,82 @@ pub struct RebuildReport {
     /// Segments with fewer than M shards on healthy targets: nothing to rebuild from.
     pub segments_lost: u64,
     pub seconds: f64,
+}
+
+/// Rows `Erasure::verify_parity` reads at a time, whatever the segment size. Memory: the M+K
+/// shards of that many blocks (at most 64 x 4 KiB x `MAX_SHARDS` = 4 MiB), as much again for
+/// the re-encoded parity and any data shards rebuilt, and the Reed-Solomon codec's work space.
+pub const VERIFY_ROWS: u64 = 64;
+/// Segments with findings a `ParityReport` lists (the rest are counted), and rows (or row
+/// ranges) of each kind it lists per segment.
+pub const MAX_LISTED_SEGMENTS: usize = 1000;
+pub const MAX_LISTED_ROWS: usize = 64;
+
+/// What `Erasure::verify_parity` found: each row's parity re-encoded from its data shards and
+/// compared with the parity shards stored.
+#[derive(Clone, Debug, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct ParityReport {
+    /// Segments with rows to check.
+    pub segments_checked: u64,
+    /// Rows looked at (those `verify_parity` was given: the rows holding live chunks).
+    pub rows_checked: u64,
+    /// Rows whose stored parity differs from what their data encodes to.
+    pub rows_inconsistent: u64,
+    /// Rows missing some shards (a failed target, a read error, placed short) but with at
+    /// least M readable, by how many more shards each can lose: `[(tolerance, rows)]`. At
+    /// tolerance 0 a row's parity cannot be checked (any M shards agree with each other).
+    pub rows_degraded: Vec<(u64, u64)>,
+    /// Rows with fewer than M readable shards: what their missing data shards held is lost.
+    pub rows_unrecoverable: u64,
+    /// Segments with any of the above, in segment order (at most `MAX_LISTED_SEGMENTS`).
+    pub segments: Vec<SegmentParity>,
+    pub segments_omitted: u64,
+}
+
+impl ParityReport {
+    /// Every row checked has all its shards and parity that matches its data.
+    pub fn is_whole(&self) -> bool {
+        self.rows_inconsistent == 0 && self.rows_degraded.is_empty() && self.rows_unrecoverable == 0
+    }
+}
+
+/// One segment's findings.
+#[derive(Clone, Debug, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct SegmentParity {
+    pub segment: u64,
+    /// The target of each shard (data shards first; None: not placed).
+    pub targets: Vec<Option<u16>>,
+    pub rows_checked: u64,
+    pub inconsistent_rows: u64,
+    /// The first `MAX_LISTED_ROWS` of them.
+    pub inconsistent: Vec<InconsistentRow>,
+    /// Shards unreadable in some row checked.
+    pub missing_shards: Vec<usize>,
+    /// Rows missing shards but with at least M readable, and the fewest more shards any of
+    /// them can lose.
+    pub degraded_rows: u64,
+    pub tolerance: Option<u64>,
+    pub unrecoverable_rows: u64,
+    /// Their `[start, end)` row ranges, the first `MAX_LISTED_ROWS`.
+    pub unrecoverable: Vec<(u64, u64)>,
+}
+
+impl SegmentParity {
+    fn has_findings(&self) -> bool {
+        self.inconsistent_rows + self.degraded_rows + self.unrecoverable_rows > 0
+    }
+}
+
+/// A row whose stored parity differs from the encoding of its data.
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct InconsistentRow {
+    pub row: u64,
+    /// The parity shards (index M and up) that differ.
+    pub parity_shards: Vec<usize>,
+    /// Every data shard was read as stored, none rebuilt from parity. Then parity shards
+    /// differing while others agree are the damaged ones (one damaged data shard changes
+    /// every parity shard of a Reed-Solomon code); all differing leaves it open.
+    pub data_read: bool,
 }
 
 /// The erasure-coded placement over several targets (see the module comment).
@@ -1164,6 +1242,228 @@ impl Erasure {
         Ok(rep)
     }
 
+    /// The rows of each segment that the extents `(at, len)` cover, for `verify_parity`:
+    /// sorted by segment and row, overlapping and adjacent ranges merged. Bytes past a
+    /// segment's end are left out (`check` reports such records).
+    pub fn rows_holding(
+        &self,
+        extents: impl IntoIterator<Item = (Location, u64)>,
+    ) -> Vec<(u64, Range<u64>)> {
+        let row = self.row_bytes();
+        let rows = self.shard_bytes / BLOCK as u64;
+        let mut out: Vec<(u64, Range<u64>)> = extents
+            .into_iter()
+            .map(|(at, len)| {
+                let r0 = at.offset / row;
+                let r1 = (at.offset + len).div_ceil(row).min(rows);
+                (at.segment.0, r0..r1)
+            })
+            .filter(|(_, r)| !r.is_empty())
+            .collect();
+        out.sort_unstable_by_key(|(s, r)| (*s, r.start));
+        out.dedup_by(|next, prev| {
+            let joins = prev.0 == next.0 && next.1.start <= prev.1.end;
+            if joins {
+                prev.1.end = prev.1.end.max(next.1.end);
+            }
+            joins
+        });
+        out
+    }
+
+    /// Re-encodes the parity of `rows` (per segment, as `rows_holding` lists them) from their
+    /// data shards and compares it with the parity shards stored; counts the rows missing
+    /// shards and those with fewer than M readable. Rows are read whole (all M+K shards),
+    /// `VERIFY_ROWS` at a time, each segment under its stripe, so no write or rebuild
+    /// changes a row while it is read.
+    ///
+    /// Only rows written under the segment's current placement can be checked. Rows never
+    /// written are zero in every shard, which is consistent (zero data encodes to zero
+    /// parity), but a shard slot reused from another segment still holds that segment's bytes
+    /// past the new fill, which agree with no parity. The caller passes the rows holding live
+    /// chunks: the store wrote each of them whole, data and parity, before committing them.
+    ///
+    /// `keep(segment)` is asked after a segment with findings was read: false drops them (on
+    /// a mounted space, gc emptied the segment and it was filled again meanwhile).
+    /// `progress(rows done, rows)`.
+    pub fn verify_parity(
+        &self,
+        rows: &[(u64, Range<u64>)],
+        keep: &mut dyn FnMut(u64) -> bool,
+        progress: &mut dyn FnMut(u64, u64),
+    ) -> ParityReport {
+        let total: u64 = rows.iter().map(|(_, r)| r.end - r.start).sum();
+        let mut rep = ParityReport::default();
+        let mut by_tol: BTreeMap<u64, u64> = BTreeMap::new();
+        let mut done = 0;
+        progress(0, total);
+        let mut i = 0;
+        while i < rows.len() {
+            let seg = rows[i].0;
+            let n = rows[i..].iter().take_while(|(s, _)| *s == seg).count();
+            let ranges = &rows[i..i + n];
+            i += n;
+            rep.segments_checked += 1;
+            let mut sp = SegmentParity {
+                segment: seg,
+                ..SegmentParity::default()
+            };
+            let mut tol = BTreeMap::new();
+            let _stripe =
+                (seg < self.segments).then(|| self.stripes[seg as usize % STRIPES].write());
+            let placed = self.map.read().get(seg as usize).cloned().flatten();
+            for (_, r) in ranges {
+                let Some(p) = &placed else {
+                    // Live chunks in a segment never placed: nothing of them can be read.
+                    let len = r.end - r.start;
+                    sp.rows_checked += len;
+                    sp.unrecoverable_rows += len;
+                    if sp.unrecoverable.len() < MAX_LISTED_ROWS {
+                        sp.unrecoverable.push((r.start, r.end));
+                    }
+                    continue;
+                };
+                sp.targets = p.shards.iter().map(|s| s.map(|a| a.target)).collect();
+                let mut r0 = r.start;
+                while r0 < r.end {
+                    let r1 = (r0 + VERIFY_ROWS).min(r.end);
+                    self.verify_rows(p, r0, r1, &mut sp, &mut tol);
+                    done += r1 - r0;
+                    progress(done, total);
+                    r0 = r1;
+                }
+            }
+            rep.rows_checked += sp.rows_checked;
+            if !sp.has_findings() || !keep(seg) {
+                continue;
+            }
+            rep.rows_inconsistent += sp.inconsistent_rows;
+            rep.rows_unrecoverable += sp.unrecoverable_rows;
+            for (t, n) in tol {
+                *by_tol.entry(t).or_default() += n;
+            }
+            if rep.segments.len() < MAX_LISTED_SEGMENTS {
+                rep.segments.push(sp);
+            } else {
+                rep.segments_omitted += 1;
+            }
+        }
+        rep.rows_degraded = by_tol.into_iter().collect();
+        progress(total, total);
+        rep
+    }
+
+    /// Shard `i` of `p` is on a healthy target with an open file: a failed read of it is a
+    /// read error, not a missing target.
+    fn readable(&self, p: &Placed, i: usize) -> bool {
+        p.shards[i].is_some_and(|a| {
+            let t = self.tg(a.target);
+            t.healthy() && t.dev.is_some()
+        })
+    }
+
+    /// `verify_parity` of rows [r0, r1) of the segment placed as `p`, into `sp`; `tol`
+    /// counts its degraded rows by tolerance.
+    fn verify_rows(
+        &self,
+        p: &Placed,
+        r0: u64,
+        r1: u64,
+        sp: &mut SegmentParity,
+        tol: &mut BTreeMap<u64, u64>,
+    ) {
+        let (m, k) = (self.r.data, self.r.parity);
+        let shards: Vec<Option<IoBuf>> =
+            (0..m + k).map(|i| self.read_shard(p, i, r0, r1)).collect();
+        // A read error may be one bad sector: read again row by row, so only its rows count.
+        if r1 - r0 > 1 && (0..m + k).any(|i| shards[i].is_none() && self.readable(p, i)) {
+            drop(shards);
+            for r in r0..r1 {
+                self.verify_rows(p, r, r + 1, sp, tol);
+            }
+            return;
+        }
+        let rows = r1 - r0;
+        sp.rows_checked += rows;
+        let present = shards.iter().filter(|s| s.is_some()).count();
+        for (i, s) in shards.iter().enumerate() {
+            if s.is_none() && !sp.missing_shards.contains(&i) {
+                sp.missing_shards.push(i);
+                sp.missing_shards.sort_unstable();
+            }
+        }
+        if present < m {
+            sp.unrecoverable_rows += rows;
+            let listed = sp.unrecoverable.len();
+            match sp.unrecoverable.last_mut() {
+                Some(last) if last.1 == r0 => last.1 = r1,
+                _ if listed < MAX_LISTED_ROWS => sp.unrecoverable.push((r0, r1)),
+                _ => {}
+            }
+            return;
+        }
+        if present < m + k {
+            let t = (present - m) as u64;
+            sp.degraded_rows += rows;
+            sp.tolerance = Some(sp.tolerance.map_or(t, |x| x.min(t)));
+            *tol.entry(t).or_default() += rows;
+        }
+        if present == m {
+            // Any M shards agree with each other (so does a row of a space without parity):
+            // nothing to compare.
+            return;
+        }
+        let seg = sp.segment;
+        let data_read = shards[..m].iter().all(Option::is_some);
+        let restored = if data_read {
+            BTreeMap::new()
+        } else {
+            let originals = (0..m).filter_map(|i| shards[i].as_ref().map(|b| (i, b.as_slice())));
+            let recovery =
+                (m..m + k).filter_map(|i| shards[i].as_ref().map(|b| (i - m, b.as_slice())));
+            match reed_solomon_simd::decode(m, k, originals, recovery) {
+                Ok(r) => r,
+                Err(e) => {
+                    log::warn!("segment {seg} rows {r0}..{r1}: Reed-Solomon decode: {e}");
+                    return;
+                }
+            }
+        };
+        let data: Vec<&[u8]> = (0..m)
+            .map(|i| match &shards[i] {
+                Some(b) => b.as_slice(),
+                None => restored.get(&i).map_or(&[][..], Vec::as_slice),
+            })
+            .collect();
+        let parity = match reed_solomon_simd::encode(m, k, data) {
+            Ok(p) => p,
+            Err(e) => {
+                log::warn!("segment {seg} rows {r0}..{r1}: Reed-Solomon encode: {e}");
+                return;
+            }
+        };
+        for row in 0..rows as usize {
+            let at = row * BLOCK..(row + 1) * BLOCK;
+            let differ: Vec<usize> = (m..m + k)
+                .filter(|&i| {
+                    shards[i]
+                        .as_ref()
+                        .is_some_and(|s| s.as_slice()[at.clone()] != parity[i - m][at.clone()])
+                })
+                .collect();
+            if !differ.is_empty() {
+                sp.inconsistent_rows += 1;
+                if sp.inconsistent.len() < MAX_LISTED_ROWS {
+                    sp.inconsistent.push(InconsistentRow {
+                        row: r0 + row as u64,
+                        parity_shards: differ,
+                        data_read,
+                    });
+                }
+            }
+        }
+    }
+
     /// Splits [at, at+len) at segment boundaries: (segment, offset in it, range in buf).
     fn pieces(&self, at: Location, len: usize) -> Vec<(u64, u64, std::ops::Range<usize>)> {
         let mut out = Vec::new();
@@ -1399,6 +1699,23 @@ fn combinations(items: &[usize], size: usize) -> Vec<Vec<usize>> {
     out
 }
 
+impl Erasure {
+    /// How many more targets segment `seg` can lose: its shards on healthy targets less M
+    /// (below 0: lost). None for a segment not placed.
+    pub fn tolerance(&self, seg: u64) -> Option<i64> {
+        let all = self.all();
+        let map = self.map.read();
+        let p = map.get(seg as usize)?.as_ref()?;
+        let ok = p
+            .shards
+            .iter()
+            .flatten()
+            .filter(|s| all[s.target as usize].healthy())
+            .count();
+        Some(ok as i64 - self.r.data as i64)
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -1629,6 +1946,9 @@ mod tests {
             e.prepare(SegmentId(s)).unwrap();
         }
         let after: Vec<u64> = e.report().targets.iter().map(|t| t.shards).collect();
+        // The distribution, for the record (`--no-capture`).
+        println!("shards per target, 35 segments of 3+2 on 7 equal targets: {counts:?}");
+        println!("after 35 more with target 2 erring: {after:?}");
         assert_eq!(
             after[2], counts[2],
             "the erring target got new shards: {after:?}"
@@ -1692,6 +2012,153 @@ mod tests {
         // Nothing to do twice.
         let again = e.rebuild(None, &mut |_, _| {}).unwrap();
         assert_eq!(again.segments_rebuilt, 0);
+    }
+
+    /// Segment 0 written whole, segment 1 five rows: the rows `verify_parity` is given.
+    fn written_rows(e: &Erasure) -> Vec<(u64, Range<u64>)> {
+        let row = e.write_align() as u64;
+        let data = pattern(5, 3 * SHARD as usize);
+        e.prepare(SegmentId(0)).unwrap();
+        e.write(loc(0, 0), &data).unwrap();
+        e.prepare(SegmentId(1)).unwrap();
+        e.write(loc(1, 0), &data[..5 * row as usize]).unwrap();
+        e.sync().unwrap();
+        // Chunks as check sees them: not row-aligned, some sharing a row.
+        e.rows_holding([
+            (loc(1, 4 * row + 7), 100),
+            (loc(0, 0), 3 * SHARD),
+            (loc(1, 0), 2 * row - 1),
+            (loc(1, 2 * row - 1), 2 * row),
+        ])
+    }
+
+    fn keep_all(_: u64) -> bool {
+        true
+    }
+
+    /// Parity that disagrees with its data is found in exactly the row damaged, and only in
+    /// the rows given; a damaged parity shard is told apart from damaged data.
+    #[test]
+    fn verify_parity_finds_exactly_the_inconsistent_rows() {
+        let r = Redundancy { data: 3, parity: 2 };
+        let (e, devs) = setup(5, r, 4, 8);
+        let rows = written_rows(&e);
+        assert_eq!(rows, vec![(0, 0..16), (1, 0..5)]);
+        let verify = |keep: &mut dyn FnMut(u64) -> bool| {
+            let mut last = (0, 0);
+            let rep = e.verify_parity(&rows, keep, &mut |d, t| last = (d, t));
+            assert_eq!(last, (21, 21));
+            rep
+        };
+        let clean = verify(&mut keep_all);
+        assert!(clean.is_whole(), "{clean:?}");
+        assert_eq!((clean.segments_checked, clean.rows_checked), (2, 21));
+        assert!(clean.segments.is_empty());
+
+        let damage = |seg: u64, shard: usize, row: u64| {
+            let a = e.placed(seg).unwrap().shards[shard].unwrap();
+            devs[a.target as usize].corrupt(e.shard_offset(a.slot, row) + 100);
+        };
+        // Parity shard 3 of segment 1, row 2; and row 9, never written, which is not checked.
+        damage(1, 3, 2);
+        damage(1, 3, 9);
+        let rep = verify(&mut keep_all);
+        assert_eq!(rep.rows_inconsistent, 1, "{rep:?}");
+        assert_eq!(rep.segments.len(), 1);
+        let s = &rep.segments[0];
+        assert_eq!((s.segment, s.inconsistent_rows), (1, 1));
+        assert_eq!(
+            s.inconsistent,
+            vec![InconsistentRow {
+                row: 2,
+                parity_shards: vec![3],
+                data_read: true
+            }]
+        );
+        let p = e.placed(1).unwrap();
+        assert_eq!(
+            s.targets,
+            p.shards
+                .iter()
+                .map(|a| a.map(|a| a.target))
+                .collect::<Vec<_>>()
+        );
+        assert!(s.missing_shards.is_empty() && s.degraded_rows + s.unrecoverable_rows == 0);
+
+        // Data shard 1 of segment 0, row 15: every parity shard disagrees.
+        damage(0, 1, 15);
+        let rep = verify(&mut keep_all);
+        assert_eq!(rep.rows_inconsistent, 2, "{rep:?}");
+        assert_eq!(rep.segments[0].segment, 0);
+        assert_eq!(
+            rep.segments[0].inconsistent,
+            vec![InconsistentRow {
+                row: 15,
+                parity_shards: vec![3, 4],
+                data_read: true
+            }]
+        );
+        // A segment reused meanwhile (`keep` says no): its findings are dropped.
+        let rep = verify(&mut |seg| seg != 0);
+        assert_eq!(rep.rows_inconsistent, 1);
+        assert_eq!(rep.segments.len(), 1);
+        assert_eq!(rep.rows_checked, 21);
+    }
+
+    /// Missing shards: rows counted by how many more they can lose, still checked while
+    /// more than M remain (the data rebuilt from parity); with 3 of 5 targets failed, every
+    /// row is unrecoverable.
+    #[test]
+    fn verify_parity_counts_missing_shards_and_unrecoverable_rows() {
+        let r = Redundancy { data: 3, parity: 2 };
+        let (e, devs) = setup(5, r, 4, 8);
+        let rows = written_rows(&e);
+        let fail = |t: u16| e.tg(t).failed.store(true, Ordering::SeqCst);
+        // The target of segment 1's data shard 0 fails, and parity shard 4 is damaged at row 3.
+        let p1 = e.placed(1).unwrap();
+        fail(p1.shards[0].unwrap().target);
+        let a = p1.shards[4].unwrap();
+        devs[a.target as usize].corrupt(e.shard_offset(a.slot, 3) + 5);
+        let rep = e.verify_parity(&rows, &mut keep_all, &mut |_, _| {});
+        assert_eq!(rep.rows_degraded, vec![(1, 21)], "{rep:?}");
+        assert_eq!((rep.rows_inconsistent, rep.rows_unrecoverable), (1, 0));
+        let s1 = rep.segments.iter().find(|s| s.segment == 1).unwrap();
+        assert_eq!(s1.inconsistent.len(), 1);
+        assert_eq!(s1.inconsistent[0].row, 3);
+        assert!(!s1.inconsistent[0].data_read);
+        assert_eq!(
+            (s1.missing_shards.clone(), s1.tolerance),
+            (vec![0], Some(1))
+        );
+
+        // A second target: M shards left, nothing to compare, no redundancy left.
+        let other = (0..5u16)
+            .find(|t| !e.tg(*t).failed.load(Ordering::SeqCst))
+            .unwrap();
+        fail(other);
+        let rep = e.verify_parity(&rows, &mut keep_all, &mut |_, _| {});
+        assert_eq!(rep.rows_degraded, vec![(0, 21)], "{rep:?}");
+        assert_eq!((rep.rows_inconsistent, rep.rows_unrecoverable), (0, 0));
+
+        // A third: every segment has 2 of its 5 shards.
+        let third = (0..5u16)
+            .find(|t| !e.tg(*t).failed.load(Ordering::SeqCst))
+            .unwrap();
+        fail(third);
+        let rep = e.verify_parity(&rows, &mut keep_all, &mut |_, _| {});
+        assert_eq!(rep.rows_unrecoverable, 21, "{rep:?}");
+        assert!(rep.rows_degraded.is_empty());
+        let ranges: Vec<(u64, Vec<(u64, u64)>)> = rep
+            .segments
+            .iter()
+            .map(|s| (s.segment, s.unrecoverable.clone()))
+            .collect();
+        assert_eq!(ranges, vec![(0, vec![(0, 16)]), (1, vec![(0, 5)])]);
+        assert!(rep.segments.iter().all(|s| s.missing_shards.len() == 3));
+
+        // A segment never placed holding live rows: unrecoverable too.
+        let rep = e.verify_parity(&[(3, 0..2)], &mut keep_all, &mut |_, _| {});
+        assert_eq!(rep.rows_unrecoverable, 2);
     }
 
     /// A space opened again finds every placement where it was put.

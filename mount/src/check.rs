@@ -38,9 +38,10 @@ fn use_json(u: &ChunkUse) -> Value {
     })
 }
 
-/// The report as JSON. With `max_bytes`, the `damaged`, `damaged_revisions`, `problems` and
-/// `warnings` lists are cut so the whole answer fits; `*_omitted` count what was cut. The
-/// summary counts are always complete.
+/// The report as JSON. With `max_bytes`, the `damaged`, `damaged_revisions`, `problems`,
+/// `parity_segments` and `warnings` lists are cut so the whole answer fits; `*_omitted` count
+/// what was cut. The summary counts are always complete. `parity` (null for a space on one
+/// target) is the parity pass's summary; its per-segment findings are `parity_segments`.
 pub(crate) fn check_json(r: &CheckReport, max_bytes: Option<usize>) -> Value {
     let damaged: Vec<Value> = r
         .damaged
@@ -72,6 +73,21 @@ pub(crate) fn check_json(r: &CheckReport, max_bytes: Option<usize>) -> Value {
         })
         .collect();
     let problems: Vec<Value> = r.problems.iter().map(|p| json!(p)).collect();
+    let (parity, parity_segments, parity_omitted) = match &r.parity {
+        Some(p) => {
+            let mut summary = serde_json::to_value(p).unwrap_or_default();
+            let segments = match summary.get_mut("segments").map(Value::take) {
+                Some(Value::Array(a)) => a,
+                _ => Vec::new(),
+            };
+            if let Some(o) = summary.as_object_mut() {
+                o.remove("segments");
+                o.remove("segments_omitted");
+            }
+            (summary, segments, p.segments_omitted)
+        }
+        None => (Value::Null, Vec::new(), 0),
+    };
     let warnings: Vec<Value> = r.warnings.iter().map(|p| json!(p)).collect();
     let mut v = json!({
         "clean": r.is_clean(),
@@ -97,15 +113,20 @@ pub(crate) fn check_json(r: &CheckReport, max_bytes: Option<usize>) -> Value {
         "damaged_revisions_omitted": 0,
         "problems": [],
         "problems_omitted": r.problems_omitted,
+        "parity": parity,
+        "parity_segments": [],
+        "parity_segments_omitted": parity_omitted,
         "warnings": [],
         "warnings_omitted": 0,
     });
     // Fill the lists in order of importance while they fit: which revisions are damaged,
-    // the metadata problems, then the per-chunk detail, then warnings.
+    // the metadata problems, the parity findings per segment (where rows cannot be rebuilt),
+    // the per-chunk detail, then warnings.
     let mut room = max_bytes.map(|m| m.saturating_sub(v.to_string().len() + 64));
     for (key, items) in [
         ("damaged_revisions", damaged_revisions),
         ("problems", problems),
+        ("parity_segments", parity_segments),
         ("damaged", damaged),
         ("warnings", warnings),
     ] {
@@ -201,6 +222,7 @@ fn print_human(v: &Value) {
     for p in v["problems"].as_array().into_iter().flatten() {
         println!("PROBLEM  {}", p.as_str().unwrap_or("?"));
     }
+    print_parity(v);
     for w in v["warnings"].as_array().into_iter().flatten() {
         println!("warning  {}", w.as_str().unwrap_or("?"));
     }
@@ -208,6 +230,7 @@ fn print_human(v: &Value) {
         ("damaged_revisions_omitted", "damaged revisions"),
         ("damaged_omitted", "damaged chunks"),
         ("problems_omitted", "problems"),
+        ("parity_segments_omitted", "segments with parity findings"),
         ("warnings_omitted", "warnings"),
     ] {
         if u(key) > 0 {
@@ -219,12 +242,77 @@ fn print_human(v: &Value) {
     }
     if v["clean"].as_bool() == Some(true) {
         println!("clean: every chunk reads back and verifies; the metadata is consistent");
+        let p = &v["parity"];
+        let lower = p["rows_inconsistent"].as_u64() > Some(0)
+            || p["rows_degraded"].as_array().is_some_and(|a| !a.is_empty());
+        if lower {
+            println!(
+                "but some rows have less redundancy than the space's M+K (see the parity line \
+                 and the warnings)"
+            );
+        }
     } else {
         println!(
             "NOT CLEAN: {} damaged chunks in {} revisions, {} metadata problems",
             u("damaged_chunks"),
             u("damaged_revision_count"),
             u("problem_count")
+        );
+    }
+}
+
+/// The parity pass of a space over several targets: one summary line, and the rows that
+/// cannot be rebuilt (inconsistent rows are among the warnings).
+fn print_parity(v: &Value) {
+    let p = &v["parity"];
+    if !p.is_object() {
+        return;
+    }
+    let u = |k: &str| p.get(k).and_then(Value::as_u64).unwrap_or(0);
+    let degraded: u64 = p["rows_degraded"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .map(|x| x[1].as_u64().unwrap_or(0))
+        .sum();
+    println!(
+        "parity: {} rows holding live data in {} segments read whole and re-encoded: {} \
+         inconsistent, {} degraded (missing shards), {} unrecoverable",
+        u("rows_checked"),
+        u("segments_checked"),
+        u("rows_inconsistent"),
+        degraded,
+        u("rows_unrecoverable")
+    );
+    for s in v["parity_segments"].as_array().into_iter().flatten() {
+        if s["unrecoverable_rows"].as_u64().unwrap_or(0) == 0 {
+            continue;
+        }
+        let ranges: Vec<String> = s["unrecoverable"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .map(|r| format!("{}..{}", r[0], r[1]))
+            .collect();
+        let missing: Vec<String> = s["missing_shards"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .map(
+                |i| match s["targets"][i.as_u64().unwrap_or(0) as usize].as_u64() {
+                    Some(t) => format!("{i} (target {t})"),
+                    None => format!("{i} (not placed)"),
+                },
+            )
+            .collect();
+        println!(
+            "UNRECOVERABLE  segment {}: {} rows (rows {}) have fewer readable shards than \
+             their data needs (unreadable shards: {}); the chunks in their missing shards are \
+             damaged above",
+            s["segment"],
+            s["unrecoverable_rows"],
+            ranges.join(", "),
+            missing.join(", ")
         );
     }
 }

@@ -368,6 +368,14 @@ impl CkptFs {
                     .map_err(|e| fail_json("advice", e.into()))?;
                 Ok(to_json(serde_json::to_value(c).unwrap_or_default()))
             }
+            ("redundancy", None) => {
+                let r = self
+                    .fs
+                    .space()
+                    .revision_redundancy()
+                    .map_err(|e| fail_json("redundancy", e.into()))?;
+                Ok(to_json(serde_json::to_value(r).unwrap_or_default()))
+            }
             ("targets", None) => Ok(to_json(
                 serde_json::to_value(self.fs.space().targets_report()).unwrap_or_default(),
             )),

@@ -1366,10 +1366,21 @@ fn run(cli: Cli) -> Result<(), String> {
                     None
                 }),
             };
+            // And what redundancy each revision has (a pass over the extent table).
+            let red = match t.is_some() {
+                true => targets::redundancy(&path).unwrap_or_else(|e| {
+                    eprintln!("ckptfs: the revisions' redundancy could not be read: {e}");
+                    None
+                }),
+                false => None,
+            };
             if json {
                 let mut v = stats_json(&s);
                 if let Some(t) = &t {
                     v["targets"] = serde_json::to_value(t).unwrap_or_default();
+                }
+                if let Some(r) = &red {
+                    v["revision_redundancy"] = serde_json::to_value(r).unwrap_or_default();
                 }
                 println!("{v}");
             } else if prometheus {
@@ -1381,6 +1392,9 @@ fn run(cli: Cli) -> Result<(), String> {
                 print_stats(&s);
                 if let Some(t) = &t {
                     println!("{}", targets::summary_line(t));
+                }
+                if let Some(r) = &red {
+                    println!("{}", targets::redundancy_line(r));
                 }
             }
             Ok(())

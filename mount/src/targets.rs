@@ -2,7 +2,7 @@
 //! per target its state, failure domain, errors, shards and free shard slots, bytes moved
 //! and write bandwidth; and what redundancy the data has right now.
 
-use ckptfs_engine::space::Space;
+use ckptfs_engine::space::{RevisionRedundancy, Space};
 use ckptfs_engine::targets::TargetsReport;
 use std::path::Path;
 
@@ -24,6 +24,52 @@ pub fn report(path: &Path) -> Result<Option<TargetsReport>, String> {
         };
     }
     from_mount(&path)
+}
+
+/// What redundancy each listed revision has now (None for a space with one target). One
+/// pass over the extent table, offline or in the daemon.
+pub fn redundancy(path: &Path) -> Result<Option<RevisionRedundancy>, String> {
+    let path = crate::absolute(path);
+    let from_mount = |mnt: &Path| -> Result<Option<RevisionRedundancy>, String> {
+        match crate::control_get(mnt, "redundancy", true)? {
+            serde_json::Value::Null => Ok(None),
+            v => serde_json::from_value(v)
+                .map(Some)
+                .map_err(|e| format!("malformed redundancy report from the daemon: {e}")),
+        }
+    };
+    if path.join(ckptfs_engine::format::SUPERBLOCK_FILE).exists() {
+        return match Space::open_read_only(&path) {
+            Ok(space) => space.revision_redundancy().map_err(|e| e.to_string()),
+            Err(ckptfs_engine::Error::Locked(m)) => {
+                let holder = ckptfs_engine::space::lock_holder(&path).unwrap_or_default();
+                match holder.split(" mounted at ").nth(1) {
+                    Some(mnt) => from_mount(Path::new(mnt.trim())),
+                    None => Err(m),
+                }
+            }
+            Err(e) => Err(e.to_string()),
+        };
+    }
+    from_mount(&path)
+}
+
+/// One line for `targets` and `stats`: listed revisions by how many more targets they can
+/// lose.
+pub fn redundancy_line(r: &RevisionRedundancy) -> String {
+    let parts: Vec<String> = r
+        .listed
+        .iter()
+        .map(|&(tol, n)| match tol {
+            t if t < 0 => format!("{n} LOST"),
+            t if t == r.full_tolerance => format!("{n} can lose {t} more target(s) (full)"),
+            t => format!("{n} can lose {t} more"),
+        })
+        .collect();
+    match parts.is_empty() {
+        true => "revisions: none listed yet".to_string(),
+        false => format!("revisions: {}", parts.join(", ")),
+    }
 }
 
 fn from_mount(mnt: &Path) -> Result<Option<TargetsReport>, String> {
@@ -74,14 +120,37 @@ pub fn run(path: &Path, json: bool) -> Result<(), String> {
         }
         return Ok(());
     };
+    let red = redundancy(path)?;
     if json {
-        println!(
-            "{}",
-            serde_json::to_string(&r).map_err(|e| format!("serialize: {e}"))?
-        );
+        let mut v = serde_json::to_value(&r).map_err(|e| format!("serialize: {e}"))?;
+        v["revisions"] = serde_json::to_value(&red).map_err(|e| format!("serialize: {e}"))?;
+        println!("{v}");
         return Ok(());
     }
     println!("{}", summary_line(&r));
+    if let Some(red) = &red {
+        println!("{}", redundancy_line(red));
+        // The worst few by name: /.ckptfs/histories/<history>/<revision> in the mount.
+        for s in red.short.iter().take(10) {
+            println!(
+                "  revision {} (.ckptfs/histories/{}/{}) {}",
+                s.revision,
+                s.history,
+                s.revision,
+                match s.can_lose {
+                    t if t < 0 => "LOST: fewer than M shards of some chunk".to_string(),
+                    t => format!("can lose {t} more"),
+                }
+            );
+        }
+        if red.short_total > 10 {
+            println!(
+                "  ... {} more short of full redundancy (--json lists up to {})",
+                red.short_total - 10,
+                RevisionRedundancy::LISTED_MAX
+            );
+        }
+    }
     let m: usize = r
         .redundancy
         .split('+')

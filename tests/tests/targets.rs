@@ -71,6 +71,117 @@ fn damage_target(dir: &Path, len: u64, stride: u64) {
     f.sync_all().unwrap();
 }
 
+/// Where byte `at` of row `row` of shard `shard` of the first segment placed lies, from the
+/// space's `targets` table and `placement` records (FORMAT.md): (segment, target index,
+/// offset in the target's file).
+fn shard_byte(backing: &Path, shard: usize, row: u64, at: u64) -> (u64, usize, u64) {
+    let table = fs::read(backing.join("targets")).expect("targets table");
+    let shard_bytes = u64::from_le_bytes(table[16..24].try_into().unwrap());
+    let records = fs::read(backing.join("placement")).expect("placement records");
+    let (seg, rec) = records
+        .chunks(128)
+        .enumerate()
+        .find(|(_, r)| r.iter().any(|&b| b != 0))
+        .expect("a placed segment");
+    let e = 16 + shard * 6;
+    let target = u16::from_le_bytes([rec[e], rec[e + 1]]);
+    let slot = u32::from_le_bytes(rec[e + 2..e + 6].try_into().unwrap());
+    assert_ne!(
+        target,
+        u16::MAX,
+        "shard {shard} of segment {seg} is not placed"
+    );
+    (
+        seg as u64,
+        target as usize,
+        HEADER + slot as u64 * shard_bytes + row * 4096 + at,
+    )
+}
+
+fn flip_byte(file: &Path, off: u64) {
+    let f = fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open(file)
+        .expect("open target file");
+    let mut b = [0u8; 1];
+    f.read_exact_at(&mut b, off).unwrap();
+    b[0] ^= 0xa5;
+    f.write_all_at(&b, off).unwrap();
+    f.sync_all().unwrap();
+}
+
+/// A damaged byte in a parity shard of a written row: reads never see it (they use the data
+/// shards), so only the parity pass of `check` can. It names exactly that segment, row and
+/// parity shard, says the data is intact and which target to replace, and the space stays
+/// clean (less redundancy, nothing lost): through the mount, and offline.
+#[test]
+fn check_finds_parity_that_disagrees_with_its_row() {
+    let seed = test_seed("check_finds_parity_that_disagrees", 0x7a_0006);
+    let mut m = TestMount::with_targets("256M", 5, "3+2");
+    let data = pattern(seed, 3 << 20);
+    fs::write(m.path("ckpt"), &data).unwrap();
+    let (code, v) = check_json(&mut m);
+    assert_eq!(code, 0, "{v}");
+    assert!(v["parity"]["rows_checked"].as_u64().unwrap() >= 2, "{v}");
+    assert_eq!(v["parity"]["rows_inconsistent"], 0, "{v}");
+    assert_eq!(v["parity_segments"], serde_json::json!([]), "{v}");
+    m.unmount();
+    // Parity shard 3 (the first of K = 2), row 1.
+    let (seg, target, off) = shard_byte(m.backing(), 3, 1, 1234);
+    flip_byte(&m.target_dir(target).join(TARGET_FILE), off);
+    m.mount();
+    assert_file_eq(&m.path("ckpt"), &data);
+    let expect = |v: &serde_json::Value, how: &str| {
+        assert_eq!(v["clean"], true, "{how}: {v}");
+        assert_eq!(v["parity"]["rows_inconsistent"], 1, "{how}: {v}");
+        assert_eq!(v["parity"]["rows_unrecoverable"], 0, "{how}: {v}");
+        assert_eq!(
+            v["repaired_chunks"], 0,
+            "{how}: reads never used parity: {v}"
+        );
+        let segs = v["parity_segments"].as_array().unwrap();
+        assert_eq!(segs.len(), 1, "{how}: {v}");
+        assert_eq!(segs[0]["segment"], seg, "{how}: {v}");
+        assert_eq!(segs[0]["targets"][3], target, "{how}: {v}");
+        assert_eq!(
+            segs[0]["inconsistent"],
+            serde_json::json!([{"row": 1, "parity_shards": [3], "data_read": true}]),
+            "{how}: {v}"
+        );
+        let w: Vec<&str> = v["warnings"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter_map(|w| w.as_str())
+            .filter(|w| w.starts_with(&format!("segment {seg} row 1: ")))
+            .collect();
+        assert_eq!(w.len(), 1, "{how}: {v}");
+        assert!(
+            w[0].contains("the data is intact")
+                && w[0].contains(&format!("shard 3 (target {target}) is damaged"))
+                && w[0].contains(&format!("rebuild --replace {target}=")),
+            "{how}: {}",
+            w[0]
+        );
+    };
+    let (code, v) = check_json(&mut m);
+    assert_eq!(code, 0, "{v}");
+    expect(&v, "mounted");
+    m.unmount();
+    let b = m.backing().to_path_buf();
+    let (st, out, err) = m.ckptfs(&[OsStr::new("check"), b.as_os_str(), OsStr::new("--json")]);
+    assert!(st.success(), "offline check: {out}{err}");
+    let v: serde_json::Value = serde_json::from_str(out.trim()).expect("JSON");
+    expect(&v, "offline");
+    let (st, out, err) = m.ckptfs(&[OsStr::new("check"), b.as_os_str()]);
+    assert!(st.success(), "{out}{err}");
+    assert!(
+        out.contains("1 inconsistent, 0 degraded (missing shards), 0 unrecoverable"),
+        "{out}"
+    );
+}
+
 /// 5 targets, 3+2: with any 2 of them gone every committed file reads back byte-exact,
 /// `targets` and `stats` say the space is degraded, and writes go on (with fewer parity
 /// shards). A third loss leaves fewer targets than a segment's data needs: mount refuses,
@@ -84,6 +195,14 @@ fn any_two_of_five_targets_may_be_lost() {
     let t = targets_json(&mut m);
     assert_eq!(t["redundancy"], "3+2");
     assert!(t["segments_full"].as_u64().unwrap() > 0, "{t}");
+    // Every listed revision can lose 2 targets; none is short.
+    let listed = |t: &serde_json::Value| -> Vec<(i64, u64)> {
+        serde_json::from_value(t["revisions"]["listed"].clone()).expect("revisions.listed")
+    };
+    let revisions = listed(&t).iter().map(|x| x.1).sum::<u64>();
+    assert!(revisions >= files.len() as u64, "{t}");
+    assert_eq!(listed(&t), vec![(2, revisions)], "{t}");
+    assert_eq!(t["revisions"]["short_total"], 0, "{t}");
     m.unmount();
     let mut all: Vec<usize> = (0..5).collect();
     all.shuffle(&mut rng);
@@ -105,8 +224,19 @@ fn any_two_of_five_targets_may_be_lost() {
         );
     }
     assert!(t["reconstructed_reads"].as_u64().unwrap() > 0, "{t}");
+    // With 2 of 5 gone, every revision can lose no more, and each is named.
+    assert_eq!(listed(&t), vec![(0, revisions)], "{t}");
+    assert_eq!(
+        t["revisions"]["short_total"].as_u64(),
+        Some(revisions),
+        "{t}"
+    );
     let mnt = m.mnt().to_path_buf();
     let stats = m.stats_json_of(&mnt);
+    assert_eq!(
+        stats["revision_redundancy"]["listed"], t["revisions"]["listed"],
+        "stats shows the same: {stats}"
+    );
     assert!(
         stats["targets"]["segments_full"].as_u64() == Some(0),
         "every segment had a shard on a lost target: {stats}"
@@ -180,6 +310,19 @@ fn three_lost_targets_lose_only_what_they_held_and_check_names_it() {
     assert!(
         !failed.is_empty(),
         "3 of 6 targets lost and nothing lost: the test lost its point (seed {seed})"
+    );
+    // The parity pass lists the rows that lost more shards than K.
+    assert!(
+        v["parity"]["rows_unrecoverable"].as_u64().unwrap() > 0,
+        "{v}"
+    );
+    assert_eq!(v["parity"]["rows_inconsistent"], 0, "{v}");
+    let segs = v["parity_segments"].as_array().unwrap();
+    assert!(
+        segs.iter()
+            .any(|s| s["unrecoverable_rows"].as_u64() > Some(0)
+                && s["missing_shards"].as_array().unwrap().len() >= 3),
+        "{v}"
     );
 }
 
