@@ -14,6 +14,7 @@ pub mod format;
 pub mod gc;
 pub mod ids;
 pub mod manifest;
+pub mod mirror;
 pub mod pins;
 pub mod pipeline;
 pub mod placement;

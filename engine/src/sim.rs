@@ -380,8 +380,20 @@ pub fn target_device_name(i: usize) -> &'static str {
     names.get(i).copied().unwrap_or("target")
 }
 
+/// The fault-injection name of the metadata mirror on target `i` (its copies of the
+/// metadata table and of the placement records count as one device).
+pub fn mirror_device_name(i: usize) -> &'static str {
+    static NAMES: std::sync::OnceLock<Vec<&'static str>> = std::sync::OnceLock::new();
+    let names = NAMES.get_or_init(|| {
+        (0..MAX_TARGET_NAMES)
+            .map(|i| &*Box::leak(format!("mirror{i}").into_boxed_str()))
+            .collect()
+    });
+    names.get(i).copied().unwrap_or("mirror")
+}
+
 /// Parses a fault list: comma-separated `DEVICE:OP:N:ERRNO[:sticky]`, DEVICE `data`,
-/// `meta` or `targetN`, OP `write|sync|setlen|read`, N counting that device's operations of that kind from
+/// `meta`, `targetN` or `mirrorN`, OP `write|sync|setlen|read`, N counting that device's operations of that kind from
 /// 0, ERRNO `EIO` or `ENOSPC`. Example: `data:sync:2:EIO` fails the third sync of the data file.
 pub fn parse_faults(spec: &str) -> Result<Vec<Fault>, String> {
     spec.split(',')
@@ -394,18 +406,24 @@ pub fn parse_faults(spec: &str) -> Result<Vec<Fault>, String> {
             let device = match p[0] {
                 "data" => "data",
                 "meta" => "meta",
-                d => match d
-                    .strip_prefix("target")
-                    .and_then(|n| n.parse::<usize>().ok())
-                {
-                    Some(n) if n < MAX_TARGET_NAMES => target_device_name(n),
-                    _ => {
-                        return Err(format!(
-                            "fault `{f}`: unknown device `{d}` (data, meta, target0 .. target{})",
-                            MAX_TARGET_NAMES - 1
-                        ))
+                d => {
+                    let n = |prefix: &str| {
+                        d.strip_prefix(prefix)
+                            .and_then(|n| n.parse::<usize>().ok())
+                            .filter(|n| *n < MAX_TARGET_NAMES)
+                    };
+                    match (n("target"), n("mirror")) {
+                        (Some(n), _) => target_device_name(n),
+                        (_, Some(n)) => mirror_device_name(n),
+                        _ => {
+                            return Err(format!(
+                                "fault `{f}`: unknown device `{d}` (data, meta, target0 .. \
+                                 target{m}, mirror0 .. mirror{m})",
+                                m = MAX_TARGET_NAMES - 1
+                            ))
+                        }
                     }
-                },
+                }
             };
             let kind = match p[1] {
                 "write" => OpKind::Write,

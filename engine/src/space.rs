@@ -724,6 +724,8 @@ fn target_table(
         segments,
         targets: specs.to_vec(),
         failed: vec![false; specs.len()],
+        mirror: vec![false; specs.len()],
+        generation: 1,
     };
     let backing = fs::canonicalize(dir).ok();
     let mut seen = std::collections::BTreeSet::new();
@@ -837,6 +839,10 @@ fn format_target_files(
             .create(&t.path)?;
         let path = t.path.join(crate::targets::TARGET_FILE);
         let _ = fs::remove_file(&path);
+        // A mirror of an earlier space here must not be taken for this one's.
+        for name in crate::mirror::MIRROR_FILES {
+            let _ = fs::remove_file(t.path.join(name));
+        }
         let f = open_private(&path, true)?;
         preallocate(&f, table.target_file_bytes())?;
         let h = crate::targets::TargetHeader {
@@ -855,7 +861,7 @@ fn format_target_files(
         &placement,
         table.segments * crate::targets::RECORD_BYTES as u64,
     )?;
-    write_file_durably(dir, crate::targets::TARGETS_FILE, &table.encode())?;
+    store_table(dir, &mut table.clone())?;
     let meta = open_private(&dir.join(META_FILE), true)?;
     meta.set_len(0)?;
     let meta: Arc<dyn Device> = Arc::new(FileDevice::growable(meta)?);
@@ -875,6 +881,221 @@ fn write_file_durably(dir: &Path, name: &str, bytes: &[u8]) -> Result<()> {
     sync_dir(dir)
 }
 
+/// Writes the targets table with a new generation: to the backing directory, and to every
+/// target flagged as holding a metadata mirror (`mirror.rs`). A holder's copy that cannot
+/// be written is logged; its older generation keeps `recover` from using it.
+fn store_table(dir: &Path, table: &mut TargetsTable) -> Result<()> {
+    table.generation += 1;
+    let bytes = table.encode();
+    write_file_durably(dir, crate::targets::TARGETS_FILE, &bytes)?;
+    for (i, t) in table.targets.iter().enumerate() {
+        if table.mirror[i] {
+            if let Err(e) = write_file_durably(&t.path, crate::mirror::MIRROR_TABLE, &bytes) {
+                log::error!(
+                    "writing the targets table's copy on target {i} ({}): {e}",
+                    t.path.display()
+                );
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Copies `src` to `name` in `dir` so a crash leaves the old file or the new one.
+fn copy_durably(src: &Path, dir: &Path, name: &str) -> Result<()> {
+    let tmp = dir.join(format!("{name}.tmp"));
+    fs::copy(src, &tmp)?;
+    File::open(&tmp)?.sync_all()?;
+    fs::rename(&tmp, dir.join(name))?;
+    sync_dir(dir)
+}
+
+/// Makes K+1 usable targets in distinct failure domains (lowest index first) the holders
+/// of the metadata mirror for this mount: clears every flag, copies the backing
+/// directory's metadata to each, then flags those copied (see `mirror.rs` for why in this
+/// order). Returns the holders.
+fn refresh_mirrors(dir: &Path, table: &mut TargetsTable, usable: &[bool]) -> Result<Vec<usize>> {
+    let want = table.redundancy.parity + 1;
+    let mut domains = std::collections::BTreeSet::new();
+    let mut chosen = Vec::new();
+    for (i, t) in table.targets.iter().enumerate() {
+        if chosen.len() < want && usable[i] && !table.failed[i] && domains.insert(&t.domain) {
+            chosen.push(i);
+        }
+    }
+    if table.mirror.iter().any(|m| *m) {
+        // The old holders' copies of the table say so too.
+        let old = table.mirror.clone();
+        table.mirror.iter_mut().for_each(|m| *m = false);
+        table.generation += 1;
+        let bytes = table.encode();
+        write_file_durably(dir, crate::targets::TARGETS_FILE, &bytes)?;
+        for (i, t) in table.targets.iter().enumerate() {
+            if old[i] {
+                let _ = write_file_durably(&t.path, crate::mirror::MIRROR_TABLE, &bytes);
+            }
+        }
+    }
+    let mut holders = Vec::new();
+    for i in chosen {
+        let to = &table.targets[i].path;
+        let copied = [
+            (SUPERBLOCK_FILE, crate::mirror::MIRROR_SUPERBLOCK),
+            (META_FILE, crate::mirror::MIRROR_META),
+            (
+                crate::targets::PLACEMENT_FILE,
+                crate::mirror::MIRROR_PLACEMENT,
+            ),
+        ]
+        .iter()
+        .try_for_each(|(from, name)| copy_durably(&dir.join(from), to, name));
+        match copied {
+            Ok(()) => holders.push(i),
+            Err(e) => log::error!(
+                "copying the metadata to target {i} ({}) failed: {e}; it holds no mirror",
+                to.display()
+            ),
+        }
+    }
+    for &i in &holders {
+        table.mirror[i] = true;
+    }
+    store_table(dir, table)?;
+    if holders.len() < want {
+        log::warn!(
+            "the metadata is mirrored on {} target(s), fewer than K+1 = {want}: losing the \
+             backing directory and {} of those targets would lose the space",
+            holders.len(),
+            holders.len()
+        );
+    }
+    Ok(holders)
+}
+
+/// What `recover` did.
+#[derive(Clone, Debug, PartialEq, serde::Serialize, serde::Deserialize)]
+pub struct Recovered {
+    /// The target whose mirror was copied, and its directory.
+    pub holder: usize,
+    pub holder_dir: PathBuf,
+    /// The targets table generation recovered.
+    pub generation: u64,
+    pub targets: usize,
+}
+
+/// Rebuilds the backing directory `backing` of a space over several targets from the
+/// metadata mirror its targets hold (`mirror.rs`), starting from the target directory
+/// `from`: of the holders' copies of the targets table, the newest generation names the
+/// current holders, and the first of them whose own copy has that generation is copied.
+/// Refuses a `backing` that holds a space (unless `force`) or anything else.
+pub fn recover(backing: &Path, from: &Path, force: bool) -> Result<Recovered> {
+    let read_table = |dir: &Path| -> Option<TargetsTable> {
+        TargetsTable::decode(&fs::read(dir.join(crate::mirror::MIRROR_TABLE)).ok()?).ok()
+    };
+    let first = read_table(from).ok_or_else(|| {
+        Error::Invalid(format!(
+            "{} holds no metadata mirror of a ckptfs space (no readable {}): give the \
+             directory of a target that held one (`ckptfs targets` says which do)",
+            from.display(),
+            crate::mirror::MIRROR_TABLE
+        ))
+    })?;
+    // Every copy of the table the targets it names hold, and the newest of them.
+    let mut copies: Vec<(usize, PathBuf, TargetsTable)> = Vec::new();
+    for (i, t) in first.targets.iter().enumerate() {
+        if let Some(tab) = read_table(&t.path) {
+            copies.push((i, t.path.clone(), tab));
+        }
+    }
+    let newest = copies
+        .iter()
+        .map(|(_, _, t)| t)
+        .chain(std::iter::once(&first))
+        .max_by_key(|t| t.generation)
+        .expect("at least the first copy")
+        .clone();
+    let holder = copies
+        .iter()
+        .filter(|(i, _, t)| newest.mirror[*i] && t.generation == newest.generation)
+        .find(|(_, p, _)| {
+            crate::mirror::MIRROR_FILES
+                .iter()
+                .all(|n| p.join(n).is_file())
+        })
+        .ok_or_else(|| {
+            Error::Invalid(format!(
+                "no target holds a current metadata mirror (the newest targets table, \
+                 generation {}, names {:?}; none of them has all its files at that \
+                 generation)",
+                newest.generation,
+                (0..newest.targets.len())
+                    .filter(|i| newest.mirror[*i])
+                    .collect::<Vec<_>>()
+            ))
+        })?;
+    let (holder, holder_dir) = (holder.0, holder.1.clone());
+    // The superblock copy must be this space's: its uuid is in every target's header.
+    let sb_bytes = fs::read(holder_dir.join(crate::mirror::MIRROR_SUPERBLOCK))?;
+    let sb = Superblock::decode(&sb_bytes)?;
+    if !sb.features.contains(Features::INCOMPAT_TARGETS) {
+        return Err(Error::Invalid(format!(
+            "the superblock copy in {} is not a targeted space's",
+            holder_dir.display()
+        )));
+    }
+    if backing.exists() {
+        let names: Vec<String> = fs::read_dir(backing)?
+            .map(|e| e.map(|e| e.file_name().to_string_lossy().into_owned()))
+            .collect::<std::io::Result<_>>()?;
+        let ours = names.iter().all(|n| {
+            let n = n.strip_suffix(".tmp").unwrap_or(n);
+            TARGETED_SPACE_FILES.contains(&n)
+        });
+        if !ours {
+            return Err(Error::Invalid(format!(
+                "{} holds files that are not a ckptfs space's; recover into an empty                  directory",
+                backing.display()
+            )));
+        }
+        if names.iter().any(|n| n == SUPERBLOCK_FILE || n == META_FILE) && !force {
+            return Err(Error::Invalid(format!(
+                "{} still holds a space's metadata; recover is for a backing directory \
+                 that was lost (--force replaces what is there)",
+                backing.display()
+            )));
+        }
+    } else {
+        fs::create_dir_all(backing)?;
+    }
+    // Held while the files are replaced: refuses a space that is mounted.
+    drop(open_private(&backing.join(LOCK_FILE), true)?);
+    drop(open_private(&backing.join(LOG_FILE), true)?);
+    let _lock = take_lock(backing)?;
+    for (from_name, to_name) in [
+        (crate::mirror::MIRROR_META, META_FILE),
+        (
+            crate::mirror::MIRROR_PLACEMENT,
+            crate::targets::PLACEMENT_FILE,
+        ),
+        (crate::mirror::MIRROR_SUPERBLOCK, SUPERBLOCK_FILE),
+    ] {
+        copy_durably(&holder_dir.join(from_name), backing, to_name)?;
+    }
+    write_file_durably(backing, crate::targets::TARGETS_FILE, &newest.encode())?;
+    log::info!(
+        "recovered the metadata of {} from target {holder} ({}), table generation {}",
+        backing.display(),
+        holder_dir.display(),
+        newest.generation
+    );
+    Ok(Recovered {
+        holder,
+        holder_dir,
+        generation: newest.generation,
+        targets: newest.targets.len(),
+    })
+}
+
 /// Opens the targets of the targeted space in `dir` as its placement. A target whose
 /// file is missing, unreadable or not this space's is failed (the reason kept for
 /// `ckptfs targets`); fewer than M usable targets refuse the open.
@@ -882,8 +1103,8 @@ fn open_targets(
     dir: &Path,
     sb: &Superblock,
     read_only: bool,
-    wrap: &dyn Fn(usize, Arc<dyn Device>) -> Arc<dyn Device>,
-) -> Result<(Arc<crate::targets::Erasure>, SharedTable)> {
+    wrap: &dyn Fn(&'static str, Arc<dyn Device>) -> Arc<dyn Device>,
+) -> Result<(Arc<crate::targets::Erasure>, SharedTable, Option<Mirrors>)> {
     let bytes = fs::read(dir.join(crate::targets::TARGETS_FILE)).map_err(|e| {
         Error::NotASpace(format!(
             "{}: its targets table {} cannot be read: {e}",
@@ -891,9 +1112,10 @@ fn open_targets(
             crate::targets::TARGETS_FILE
         ))
     })?;
-    let table = TargetsTable::decode(&bytes)
+    let mut table = TargetsTable::decode(&bytes)
         .map_err(|e| Corruption::Layout(format!("{}: {e}", crate::targets::TARGETS_FILE)))?;
     let mut targets = Vec::new();
+    let mut opened_ok = Vec::new();
     let mut usable = 0;
     for (i, t) in table.targets.iter().enumerate() {
         let path = t.path.join(crate::targets::TARGET_FILE);
@@ -932,13 +1154,14 @@ fn open_targets(
                 ))),
                 false => Arc::new(FileDevice::new_direct(f).map_err(|e| e.to_string())?),
             };
-            Ok(wrap(i, dev))
+            Ok(wrap(crate::sim::target_device_name(i), dev))
         })();
         if let Err(e) = &opened {
             log::error!("target {i} ({}) is not usable: {e}", t.path.display());
         } else {
             usable += 1;
         }
+        opened_ok.push(opened.is_ok());
         targets.push(crate::targets::Target::new(
             t.path.clone(),
             t.domain.clone(),
@@ -956,27 +1179,65 @@ fn open_targets(
             r.data
         ))));
     }
+    let holders = match read_only {
+        true => Vec::new(),
+        false => refresh_mirrors(dir, &mut table, &opened_ok)?,
+    };
     let map = OpenOptions::new()
         .read(true)
         .write(!read_only)
         .open(dir.join(crate::targets::PLACEMENT_FILE))?;
-    let map: Arc<dyn Device> = Arc::new(FileDevice::new(map)?);
+    let mut map: Arc<dyn Device> = Arc::new(FileDevice::new(map)?);
+    let table = Arc::new(parking_lot::Mutex::new(table));
+    let mirrors = match read_only {
+        true => None,
+        false => {
+            let (dir, t) = (dir.to_path_buf(), table.clone());
+            let set = crate::mirror::MirrorSet::new(Box::new(move |i| {
+                let mut t = t.lock();
+                t.mirror[i] = false;
+                if let Err(e) = store_table(&dir, &mut t) {
+                    log::error!("recording that the mirror on target {i} was dropped: {e}");
+                }
+            }));
+            let paths: Vec<(usize, PathBuf)> = {
+                let t = table.lock();
+                holders
+                    .iter()
+                    .map(|&i| (i, t.targets[i].path.clone()))
+                    .collect()
+            };
+            let mut devs = Vec::new();
+            for (i, p) in &paths {
+                let f = open_private(&p.join(crate::mirror::MIRROR_PLACEMENT), false)?;
+                let d: Arc<dyn Device> = Arc::new(FileDevice::new(f)?);
+                devs.push((*i, wrap(crate::sim::mirror_device_name(*i), d)));
+            }
+            map = Arc::new(crate::mirror::MirrorDevice::new(map, devs, set.clone()));
+            Some(Mirrors {
+                set,
+                holders: paths,
+            })
+        }
+    };
+    let (shard_bytes, segments) = {
+        let t = table.lock();
+        (t.shard_bytes, t.segments)
+    };
     let erasure = Arc::new(crate::targets::Erasure::open(
         r,
-        table.shard_bytes,
-        table.segments,
+        shard_bytes,
+        segments,
         targets,
         map,
     )?);
-    let table = Arc::new(parking_lot::Mutex::new(table));
     if !read_only {
         let dir = dir.to_path_buf();
         let table = table.clone();
         erasure.set_fail_hook(Box::new(move |t| {
             let mut table = table.lock();
             table.failed[t as usize] = true;
-            if let Err(e) = write_file_durably(&dir, crate::targets::TARGETS_FILE, &table.encode())
-            {
+            if let Err(e) = store_table(&dir, &mut table) {
                 log::error!(
                     "recording that target {t} failed in {}: {e}; it will be used again at \
                      the next mount, where its stale shards fail their checks and are rebuilt",
@@ -985,11 +1246,18 @@ fn open_targets(
             }
         }));
     }
-    Ok((erasure, table))
+    Ok((erasure, table, mirrors))
 }
 
 /// A targeted space's `targets` table, shared by the fail hook and `rebuild`.
 type SharedTable = Arc<parking_lot::Mutex<TargetsTable>>;
+
+/// The metadata mirror holders of a read-write mount: the metadata table's device is
+/// wrapped once it is opened.
+struct Mirrors {
+    set: Arc<crate::mirror::MirrorSet>,
+    holders: Vec<(usize, PathBuf)>,
+}
 
 impl Space {
     /// Creates a backing space in `dir`. Refuses a directory holding anything that is not a
@@ -1357,27 +1625,38 @@ impl Space {
             }
             None => None,
         };
-        let wrap = |i: usize, dev: Arc<dyn Device>| -> Arc<dyn Device> {
+        let wrap = |name: &'static str, dev: Arc<dyn Device>| -> Arc<dyn Device> {
             match &faults {
                 Some((disk, _)) => Arc::new(crate::sim::FaultyDevice {
-                    name: crate::sim::target_device_name(i),
+                    name,
                     disk: disk.clone(),
                     inner: dev,
                 }),
                 None => dev,
             }
         };
-        let (erasure, table) = open_targets(dir, &sb, false, &wrap)?;
+        let (erasure, table, mirrors) = open_targets(dir, &sb, false, &wrap)?;
         let mut meta: Arc<dyn Device> = Arc::new(FileDevice::growable(open_private(
             &dir.join(META_FILE),
             false,
         )?)?);
-        if let Some((disk, f)) = faults {
+        if let Some((disk, _)) = &faults {
             meta = Arc::new(crate::sim::FaultyDevice {
                 name: "meta",
                 disk: disk.clone(),
                 inner: meta,
             });
+        }
+        if let Some(m) = mirrors {
+            let mut devs = Vec::new();
+            for (i, p) in &m.holders {
+                let f = open_private(&p.join(crate::mirror::MIRROR_META), false)?;
+                let d: Arc<dyn Device> = Arc::new(FileDevice::growable(f)?);
+                devs.push((*i, wrap(crate::sim::mirror_device_name(*i), d)));
+            }
+            meta = Arc::new(crate::mirror::MirrorDevice::new(meta, devs, m.set));
+        }
+        if let Some((disk, f)) = faults {
             injected = Some((disk, f));
         }
         let mut space = Space::open_placed(sb, meta, erasure.clone(), SlotId(0))?;
@@ -1480,7 +1759,8 @@ impl Space {
             // The table names the new target before any shard lands on it.
             t.targets.push(spec.clone());
             t.failed.push(false);
-            write_file_durably(&self.dir, crate::targets::TARGETS_FILE, &t.encode())?;
+            t.mirror.push(false);
+            store_table(&self.dir, &mut t)?;
             drop(t);
             let added = er.add_target(crate::targets::Target::new(
                 spec.path.clone(),
@@ -1575,7 +1855,14 @@ impl Space {
 
     /// The targets of a space over several (None for a one-target space).
     pub fn targets_report(&self) -> Option<crate::targets::TargetsReport> {
-        self.targets.as_ref().map(|t| t.report())
+        let mut r = self.targets.as_ref()?.report();
+        if let Some(t) = &self.targets_table {
+            let t = t.lock();
+            for (i, rep) in r.targets.iter_mut().enumerate() {
+                rep.metadata_mirror = t.mirror.get(i).copied().unwrap_or(false);
+            }
+        }
+        Some(r)
     }
 
     /// Records `features` in the superblock (on disk first) unless it has them already.
@@ -1626,12 +1913,13 @@ impl Space {
         let lock = take_shared_lock(dir)?;
         let ro = |name: &str| -> Result<File> { Ok(File::open(dir.join(name))?) };
         if sb.features.contains(Features::INCOMPAT_TARGETS) {
-            let (erasure, _) = open_targets(dir, &sb, true, &|_, d| d)?;
+            let (erasure, table, _) = open_targets(dir, &sb, true, &|_, d| d)?;
             let meta = Arc::new(crate::device::OverlayDevice::new(Arc::new(
                 FileDevice::growable(ro(META_FILE)?)?,
             )));
             let mut space = Space::open_placed(sb, meta, erasure.clone(), SlotId(0))?;
             space.targets = Some(erasure);
+            space.targets_table = Some(table);
             space.read_only = true;
             space.dir = dir.to_path_buf();
             space.lock = Some(lock);
@@ -1692,6 +1980,8 @@ impl Space {
                 })
                 .collect(),
             failed: vec![false; targets],
+            mirror: vec![false; targets],
+            generation: 1,
         };
         Ok((sb, table))
     }

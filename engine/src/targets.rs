@@ -204,6 +204,11 @@ pub struct TargetsTable {
     /// Targets that failed while the space was mounted: their shards may be stale, so they
     /// stay failed at every later mount until `rebuild` replaces them.
     pub failed: Vec<bool>,
+    /// Targets holding a current mirror of the space's metadata (`mirror.rs`).
+    pub mirror: Vec<bool>,
+    /// Bumped at every rewrite of the table: of the copies a lost backing directory leaves
+    /// on the targets, the newest says which mirrors are current.
+    pub generation: u64,
 }
 
 impl TargetsTable {
@@ -217,6 +222,7 @@ impl TargetsTable {
         b[16..24].copy_from_slice(&self.shard_bytes.to_le_bytes());
         b[24..32].copy_from_slice(&self.slots.to_le_bytes());
         b[32..40].copy_from_slice(&self.segments.to_le_bytes());
+        b[40..48].copy_from_slice(&self.generation.to_le_bytes());
         for (i, t) in self.targets.iter().enumerate() {
             let e = &mut b[TABLE_HEAD + i * TABLE_ENTRY..TABLE_HEAD + (i + 1) * TABLE_ENTRY];
             let p = std::os::unix::ffi::OsStrExt::as_bytes(t.path.as_os_str());
@@ -224,6 +230,7 @@ impl TargetsTable {
             e[2..2 + p.len()].copy_from_slice(p);
             e[448] = t.domain.len() as u8;
             e[449..449 + t.domain.len()].copy_from_slice(t.domain.as_bytes());
+            e[510] = u8::from(self.mirror.get(i).copied().unwrap_or(false));
             e[511] = u8::from(self.failed.get(i).copied().unwrap_or(false));
         }
         let sum = blake3::hash(&b);
@@ -252,6 +259,7 @@ impl TargetsTable {
         let u64_at = |i: usize| u64::from_le_bytes(body[i..i + 8].try_into().unwrap_or_default());
         let mut targets = Vec::with_capacity(n);
         let mut failed = Vec::with_capacity(n);
+        let mut mirror = Vec::with_capacity(n);
         for i in 0..n {
             let e = &body[TABLE_HEAD + i * TABLE_ENTRY..TABLE_HEAD + (i + 1) * TABLE_ENTRY];
             let pl = (u16::from_le_bytes([e[0], e[1]]) as usize).min(MAX_PATH);
@@ -264,6 +272,7 @@ impl TargetsTable {
                 domain: String::from_utf8_lossy(&e[449..449 + dl]).into_owned(),
             });
             failed.push(e[511] != 0);
+            mirror.push(e[510] != 0);
         }
         Ok(TargetsTable {
             redundancy: Redundancy {
@@ -275,6 +284,8 @@ impl TargetsTable {
             segments: u64_at(32),
             targets,
             failed,
+            mirror,
+            generation: u64_at(40),
         })
     }
 
@@ -419,6 +430,9 @@ pub struct TargetReport {
     pub bytes_written: u64,
     pub bytes_read: u64,
     pub write_mib_s: Option<f64>,
+    /// Holds a current mirror of the space's metadata (`mirror.rs`).
+    #[serde(default)]
+    pub metadata_mirror: bool,
 }
 
 /// The whole set: per target, and what redundancy the data has right now.
@@ -815,6 +829,7 @@ impl Erasure {
                 bytes_written: t.bytes_written.load(Ordering::Relaxed),
                 bytes_read: t.bytes_read.load(Ordering::Relaxed),
                 write_mib_s: t.bandwidth().map(|b| b / (1 << 20) as f64),
+                metadata_mirror: false,
             })
             .collect();
         drop(free);
@@ -1805,6 +1820,8 @@ mod tests {
                 TargetSpec::parse("/pfs/p:domain=pfs").unwrap(),
             ],
             failed: vec![false, true],
+            mirror: vec![true, false],
+            generation: 9,
         };
         assert_eq!(table.targets[1].domain, "pfs");
         assert_eq!(TargetsTable::decode(&table.encode()).unwrap(), table);

@@ -105,6 +105,20 @@ enum Cmd {
         #[arg(long)]
         json: bool,
     },
+    /// Rebuild the lost backing directory of a space formatted with --target from the
+    /// metadata mirror its targets hold (K+1 of them, `ckptfs targets` says which). Then
+    /// mount BACKING_DIR as before.
+    Recover {
+        /// The backing directory to rebuild (new or empty; --force replaces a damaged one).
+        backing: PathBuf,
+        /// A target directory of the space: where to find the newest mirror.
+        #[arg(long, value_name = "TARGET_DIR")]
+        from: PathBuf,
+        #[arg(long)]
+        force: bool,
+        #[arg(long)]
+        json: bool,
+    },
     /// When should the job checkpoint next? Daly's interval from the measured commit time
     /// of recent checkpoints and the failure model (--node-mtbf, --nodes, --restart: kept
     /// in the space's config once given), updated with failures seen on its targets. The
@@ -1221,6 +1235,31 @@ fn run(cli: Cli) -> Result<(), String> {
         }
         Cmd::Slots { dir, json } => slots::run(&absolute(&dir), json),
         Cmd::Targets { path, json } => targets::run(&path, json),
+        Cmd::Recover {
+            backing,
+            from,
+            force,
+            json,
+        } => {
+            let r = ckptfs_engine::space::recover(&absolute(&backing), &absolute(&from), force)
+                .map_err(|e| e.to_string())?;
+            if json {
+                println!(
+                    "{}",
+                    serde_json::to_string(&r).map_err(|e| format!("serialize: {e}"))?
+                );
+            } else {
+                println!(
+                    "recovered {} from the metadata mirror on target {} ({}), targets table \
+                     generation {}; mount it as before",
+                    absolute(&backing).display(),
+                    r.holder,
+                    r.holder_dir.display(),
+                    r.generation
+                );
+            }
+            Ok(())
+        }
         Cmd::Advise {
             path,
             node_mtbf,

@@ -128,6 +128,20 @@ pub fn run(path: &Path, json: bool) -> Result<(), String> {
         return Ok(());
     }
     println!("{}", summary_line(&r));
+    let mirrors: Vec<String> = r
+        .targets
+        .iter()
+        .filter(|t| t.metadata_mirror)
+        .map(|t| t.index.to_string())
+        .collect();
+    println!(
+        "metadata: in the backing directory, mirrored on target(s) {} (`ckptfs recover` \
+         rebuilds a lost backing directory from them)",
+        match mirrors.is_empty() {
+            true => "none".to_string(),
+            false => mirrors.join(", "),
+        }
+    );
     if let Some(red) = &red {
         println!("{}", redundancy_line(red));
         // The worst few by name: /.ckptfs/histories/<history>/<revision> in the mount.
@@ -177,8 +191,8 @@ pub fn run(path: &Path, json: bool) -> Result<(), String> {
         }
     );
     println!(
-        "{:>3}  {:<8} {:<16} {:>7} {:>7} {:>6} {:>10} {:>10} {:>9}  path",
-        "#", "state", "domain", "shards", "free", "errors", "written", "read", "MiB/s"
+        "{:>3}  {:<8} {:<16} {:>7} {:>7} {:>6} {:>10} {:>10} {:>9} {:>4}  path",
+        "#", "state", "domain", "shards", "free", "errors", "written", "read", "MiB/s", "meta"
     );
     for t in &r.targets {
         let (state, why) = match t.state.split_once(": ") {
@@ -186,7 +200,7 @@ pub fn run(path: &Path, json: bool) -> Result<(), String> {
             None => (t.state.as_str(), None),
         };
         println!(
-            "{:>3}  {:<8} {:<16} {:>7} {:>7} {:>6} {:>10} {:>10} {:>9}  {}",
+            "{:>3}  {:<8} {:<16} {:>7} {:>7} {:>6} {:>10} {:>10} {:>9} {:>4}  {}",
             t.index,
             state,
             t.domain,
@@ -196,6 +210,7 @@ pub fn run(path: &Path, json: bool) -> Result<(), String> {
             crate::human(t.bytes_written),
             crate::human(t.bytes_read),
             t.write_mib_s.map_or("-".into(), |b| format!("{b:.0}")),
+            if t.metadata_mirror { "yes" } else { "-" },
             t.path
         );
         if let Some(w) = why {

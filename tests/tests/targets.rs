@@ -591,3 +591,112 @@ fn target_formats_that_cannot_work_are_refused() {
     let (st, _, err) = ckptfs_tests::run_ckptfs(r, "format", &args);
     assert!(!st.success() && err.contains("--target"), "{err}");
 }
+
+fn mirror_holders(m: &mut TestMount) -> Vec<usize> {
+    let t = targets_json(m);
+    t["targets"]
+        .as_array()
+        .expect("targets")
+        .iter()
+        .filter(|x| x["metadata_mirror"] == true)
+        .map(|x| x["index"].as_u64().unwrap() as usize)
+        .collect()
+}
+
+fn recover(m: &mut TestMount, from: usize) -> (bool, serde_json::Value, String) {
+    let (b, from) = (m.backing().to_path_buf(), m.target_dir(from));
+    let (st, out, err) = m.ckptfs(&[
+        OsStr::new("recover"),
+        b.as_os_str(),
+        OsStr::new("--from"),
+        from.as_os_str(),
+        OsStr::new("--json"),
+    ]);
+    let v = serde_json::from_str(out.trim()).unwrap_or(serde_json::Value::Null);
+    (st.success(), v, err)
+}
+
+/// The backing directory's disk dies: the metadata lives on in the mirrors K+1 targets
+/// hold, and `ckptfs recover` rebuilds the backing directory from them, also with one
+/// holder lost along with it. A holder whose mirror failed while mounted is never copied
+/// from: what was written after it failed is in the recovered space.
+#[test]
+fn a_lost_backing_directory_is_recovered_from_the_targets_metadata_mirrors() {
+    let seed = test_seed("a_lost_backing_directory_is_recovered", 0x7a_0009);
+    let mut rng = SmallRng::seed_from_u64(seed);
+    let mut m = TestMount::with_targets("256M", 5, "3+2");
+    let mut files = write_checkpoints(&m, seed, 6, 1 << 20);
+    let holders = mirror_holders(&mut m);
+    assert_eq!(holders.len(), 3, "K+1 = 3 holders");
+    for &h in &holders {
+        for f in [
+            "ckptfs-meta",
+            "ckptfs-placement",
+            "ckptfs-table",
+            "ckptfs-superblock",
+        ] {
+            assert!(m.target_dir(h).join(f).is_file(), "target {h} lacks {f}");
+        }
+    }
+    let plain = (0..5).find(|i| !holders.contains(i)).unwrap();
+    m.unmount();
+
+    // The backing directory and one holder's disk die together.
+    let gone = holders[rng.random_range(0..holders.len())];
+    fs::remove_dir_all(m.backing()).unwrap();
+    for e in fs::read_dir(m.target_dir(gone)).unwrap() {
+        fs::remove_file(e.unwrap().path()).unwrap();
+    }
+    let (ok, _, err) = recover(&mut m, plain);
+    assert!(!ok && err.contains("holds no metadata mirror"), "{err}");
+    let from = *holders.iter().find(|h| **h != gone).unwrap();
+    let (ok, v, err) = recover(&mut m, from);
+    assert!(ok, "recover: {err}");
+    assert_ne!(v["holder"].as_u64(), Some(gone as u64), "{v}");
+    m.mount();
+    for (name, data) in &files {
+        assert_file_eq(&m.path(name), data);
+    }
+    let (code, c) = check_json(&mut m);
+    assert_eq!(code, 0, "check after recovery: {c}");
+    // The lost target is failed; the mirror moved to healthy targets.
+    let now = mirror_holders(&mut m);
+    assert_eq!(now.len(), 3, "{now:?}");
+    assert!(!now.contains(&gone), "{now:?}");
+    let (ok, _, err) = recover(&mut m, now[0]);
+    assert!(
+        !ok && err.contains("still holds a space's metadata"),
+        "{err}"
+    );
+
+    // A holder's mirror fails mid-mount: dropped, its flag cleared on the others.
+    let failing = now[1];
+    m.unmount();
+    m.set_env(
+        "CKPTFS_FAULTS",
+        &format!("mirror{failing}:write:3:EIO:sticky"),
+    );
+    m.mount();
+    let late = pattern(seed ^ 0x1a7e, 2 << 20);
+    fs::write(m.path("late"), &late).unwrap();
+    files.push(("late".to_string(), late));
+    let after = mirror_holders(&mut m);
+    assert!(
+        !after.contains(&failing),
+        "the failed mirror is still listed: {after:?}"
+    );
+    m.unmount();
+    m.set_env("CKPTFS_FAULTS", "");
+    fs::remove_dir_all(m.backing()).unwrap();
+    let (ok, v, err) = recover(&mut m, failing);
+    assert!(ok, "recover: {err}");
+    assert_ne!(
+        v["holder"].as_u64(),
+        Some(failing as u64),
+        "recovered from the stale mirror: {v}"
+    );
+    m.mount();
+    for (name, data) in &files {
+        assert_file_eq(&m.path(name), data);
+    }
+}
