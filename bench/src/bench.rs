@@ -9,7 +9,8 @@
 
 use crate::ckptfs::{self, Ckptfs};
 use crate::data::{self, mix, name_label, RandomSpec};
-use crate::report::{self, Results, Sample, Side, Stages};
+use crate::limits::{self, Limits};
+use crate::report::{self, Access, Limit, Results, Sample, Side, Stages};
 use crate::sys::{self, Result};
 use crate::worker::{self, Group, Op, Task};
 use crate::Opts;
@@ -22,7 +23,7 @@ use std::time::Instant;
 /// Per 10,000 blocks changed by a "next revision" of random data: 5%.
 const CHANGED_PER10000: u32 = 500;
 /// The larger read size tried for a cold single-reader restart.
-const BIG_READ: usize = 4 << 20;
+pub(crate) const BIG_READ: usize = 4 << 20;
 const GIB: u64 = 1 << 30;
 
 /// Which scenarios run.
@@ -34,6 +35,8 @@ pub struct Selection {
     pub n1_seg: bool,
     pub n1_strided: bool,
     pub restart: bool,
+    /// Measure the limits first (`limits.rs`) and print each row as a fraction of them.
+    pub limits: bool,
 }
 
 impl Selection {
@@ -45,6 +48,7 @@ impl Selection {
             n1_seg: true,
             n1_strided: true,
             restart: true,
+            limits: true,
         }
     }
 }
@@ -131,7 +135,7 @@ impl Bench<'_> {
         &mut self,
         scenario: &str,
         data: &str,
-        read: bool,
+        access: Access,
         side: Side,
         rep: usize,
         s: Sample,
@@ -148,7 +152,7 @@ impl Bench<'_> {
         } else {
             self.progress(&line);
         }
-        self.res.add(scenario, data, read, side, s);
+        self.res.add(scenario, data, access, side, s);
     }
 
     /// Untimed preparation right before a timed part: flush other writeback, and on ckptfs note
@@ -280,8 +284,27 @@ impl Bench<'_> {
         Ok(())
     }
 
+    /// The file an "in place" row rewrites with O_TRUNC, as jobs with a fixed checkpoint name
+    /// do: `base_name` itself, or when that file is kept for `restart`, a copy of it written
+    /// now (untimed) under another name.
+    fn in_place_target(
+        &self,
+        side: Side,
+        base_name: &str,
+        base: &[u8],
+        keep: bool,
+    ) -> Result<String> {
+        if !keep {
+            return Ok(base_name.to_string());
+        }
+        let name = format!("{base_name}.fixed");
+        self.write_file(side, &name, base)?;
+        Ok(name)
+    }
+
     /// `first` random and `next` random: the next revision is the first checkpoint of the same
-    /// repetition with 5% of its 64-KiB blocks replaced, written in full under a new name.
+    /// repetition with 5% of its 64-KiB blocks replaced, written in full under a new name; then
+    /// another such revision over the first checkpoint's file (in place, O_TRUNC).
     fn random_family(&mut self, sel: Selection) -> Result<()> {
         let reps = self.o.reps;
         for rep in 0..reps {
@@ -292,20 +315,32 @@ impl Bench<'_> {
                 spec.next(mix(seed, 1), CHANGED_PER10000)
                     .generate(self.size())
             });
+            // The in-place row's revision: as many blocks changed, other ones (the store still
+            // holds the chunks of `next`, which the row would otherwise find there).
+            let next_in_place = sel.next.then(|| {
+                spec.next(mix(seed, 3), CHANGED_PER10000)
+                    .generate(self.size())
+            });
             let keep = self.keep_for_restart && rep + 1 == reps;
             let base_name = format!("random-{rep}.dat");
             let next_name = format!("random-{rep}.next.dat");
             for side in order(rep) {
                 if sel.first {
                     let s = self.timed_write(side, &base_name, &base)?;
-                    self.record("first", "random", false, side, rep, s);
+                    self.record("first", "random", Access::Write1, side, rep, s);
                 } else {
                     self.write_file(side, &base_name, &base)?;
                 }
-                if let Some(next) = &next {
+                if let (Some(next), Some(next_in_place)) = (&next, &next_in_place) {
                     let s = self.timed_write(side, &next_name, next)?;
-                    self.record("next", "random 5%", false, side, rep, s);
+                    self.record("next", "random 5%", Access::Write1, side, rep, s);
                     self.remove(side, std::slice::from_ref(&next_name))?;
+                    let fixed = self.in_place_target(side, &base_name, &base, keep)?;
+                    let s = self.timed_write(side, &fixed, next_in_place)?;
+                    self.record("next", "random 5%, in place", Access::Write1, side, rep, s);
+                    if fixed != base_name {
+                        self.remove(side, std::slice::from_ref(&fixed))?;
+                    }
                 }
                 if !keep {
                     self.remove(side, std::slice::from_ref(&base_name))?;
@@ -332,7 +367,7 @@ impl Bench<'_> {
             let name = format!("field-{rep}.dat");
             for side in order(rep) {
                 let s = self.timed_write(side, &name, &f)?;
-                self.record("first", "field", false, side, rep, s);
+                self.record("first", "field", Access::Write1, side, rep, s);
                 if !keep {
                     self.remove(side, std::slice::from_ref(&name))?;
                 }
@@ -351,30 +386,53 @@ impl Bench<'_> {
     }
 
     /// `first` dense, `next` dense (every value nudged) and `next` finetune (a few tensors
-    /// changed), both revisions of the same base.
+    /// changed), both revisions of the same base under new names; then two more revisions of
+    /// the same kinds (other seeds: the store holds the chunks of the first two) over the
+    /// base's file, one after the other, as a job with a fixed checkpoint name writes them.
+    /// Each set of revisions is generated when needed, so at most three files' data are held.
     fn dense_family(&mut self, sel: Selection) -> Result<()> {
         for rep in 0..self.o.reps {
             let seed = self.seed("dense", rep);
             let base = data::dense(seed, self.size());
-            let mut revisions = Vec::new();
-            if sel.next {
-                revisions.push(("dense", data::dense_next(&base, mix(seed, 1))));
-                revisions.push(("finetune", data::finetune_next(&base, mix(seed, 2))));
-            }
+            let revisions = |dense_seed: u64, finetune_seed: u64| {
+                if !sel.next {
+                    return Vec::new();
+                }
+                vec![
+                    ("dense", data::dense_next(&base, mix(seed, dense_seed))),
+                    (
+                        "finetune",
+                        data::finetune_next(&base, mix(seed, finetune_seed)),
+                    ),
+                ]
+            };
             let base_name = format!("dense-{rep}.dat");
+            let fresh = revisions(1, 2);
+            let mut names = vec![base_name.clone()];
+            names.extend(
+                fresh
+                    .iter()
+                    .map(|(kind, _)| format!("{kind}-{rep}.next.dat")),
+            );
             for side in order(rep) {
-                let mut names = vec![base_name.clone()];
                 if sel.first {
                     let s = self.timed_write(side, &base_name, &base)?;
-                    self.record("first", "dense", false, side, rep, s);
+                    self.record("first", "dense", Access::Write1, side, rep, s);
                 } else {
                     self.write_file(side, &base_name, &base)?;
                 }
-                for (kind, rev) in &revisions {
-                    let name = format!("{kind}-{rep}.next.dat");
-                    let s = self.timed_write(side, &name, rev)?;
-                    self.record("next", kind, false, side, rep, s);
-                    names.push(name);
+                for ((kind, rev), name) in fresh.iter().zip(&names[1..]) {
+                    let s = self.timed_write(side, name, rev)?;
+                    self.record("next", kind, Access::Write1, side, rep, s);
+                }
+            }
+            drop(fresh);
+            let in_place = revisions(3, 4);
+            for side in order(rep) {
+                for (kind, rev) in &in_place {
+                    let s = self.timed_write(side, &base_name, rev)?;
+                    let label = format!("{kind}, in place");
+                    self.record("next", &label, Access::Write1, side, rep, s);
                 }
                 self.remove(side, &names)?;
                 self.reclaim(side)?;
@@ -383,7 +441,8 @@ impl Bench<'_> {
         Ok(())
     }
 
-    /// N-N: one file per process, then the next revision of each (5% of blocks changed).
+    /// N-N: one file per process, then the next revision of each (5% of blocks changed) under
+    /// new names, and another such revision in place over the first files.
     fn nn(&mut self) -> Result<()> {
         let reps = self.o.reps;
         let procs = self.o.procs;
@@ -396,6 +455,11 @@ impl Bench<'_> {
                 .iter()
                 .map(|s| s.next(mix(s.seed, 1), CHANGED_PER10000))
                 .collect();
+            // Other blocks changed for the in-place row (the store holds `next_specs`' chunks).
+            let in_place_specs: Vec<RandomSpec> = specs
+                .iter()
+                .map(|s| s.next(mix(s.seed, 3), CHANGED_PER10000))
+                .collect();
             let names: Vec<String> = (0..procs).map(|i| format!("nn-{rep}-{i}.dat")).collect();
             let next_names: Vec<String> = (0..procs)
                 .map(|i| format!("nn-{rep}-{i}.next.dat"))
@@ -405,15 +469,29 @@ impl Bench<'_> {
                 let tasks = self.write_tasks(side, &names, &specs);
                 let (s, g) = self.timed_group(side, &tasks, true)?;
                 g.finish()?;
-                self.record("nn", "random", false, side, rep, s);
+                self.record("nn", "random", Access::WriteNn, side, rep, s);
                 let tasks = self.write_tasks(side, &next_names, &next_specs);
                 let (s, g) = self.timed_group(side, &tasks, true)?;
                 g.finish()?;
-                self.record("nn", "random 5%", false, side, rep, s);
+                self.record("nn", "random 5%", Access::WriteNn, side, rep, s);
                 self.remove(side, &next_names)?;
-                if !keep {
-                    self.remove(side, &names)?;
-                }
+                // Over the first files, O_TRUNC; over copies of them written now when the first
+                // files are kept for `restart`.
+                let fixed: Vec<String> = if keep {
+                    let copies: Vec<String> = names.iter().map(|n| format!("{n}.fixed")).collect();
+                    let mut g = Group::start(&self.exe, &self.write_tasks(side, &copies, &specs))?;
+                    g.go()?;
+                    g.finish()?;
+                    copies
+                } else {
+                    names.clone()
+                };
+                let tasks = self.write_tasks(side, &fixed, &in_place_specs);
+                let (s, g) = self.timed_group(side, &tasks, true)?;
+                g.finish()?;
+                self.record("nn", "random 5%, in place", Access::WriteNn, side, rep, s);
+                // The copies, or the first files themselves when they are not kept.
+                self.remove(side, &fixed)?;
                 self.reclaim(side)?;
             }
             if keep {
@@ -445,32 +523,29 @@ impl Bench<'_> {
                 }
                 drop(f);
                 let tasks: Vec<Task> = (0..procs)
-                    .map(|i| {
-                        let ranges = if strided {
-                            (i as u64..len / block)
-                                .step_by(procs)
-                                .map(|b| (b * block, block))
-                                .collect()
-                        } else {
-                            vec![(i as u64 * (len / procs as u64), len / procs as u64)]
-                        };
-                        Task {
-                            op: Op::Write {
-                                truncate: false,
-                                fsync: side == Side::Plain,
-                            },
-                            path: path.clone(),
-                            spec,
-                            ranges,
-                            block: block as usize,
-                        }
+                    .map(|i| Task {
+                        op: Op::Write {
+                            truncate: false,
+                            fsync: side == Side::Plain,
+                        },
+                        path: path.clone(),
+                        spec,
+                        ranges: n1_ranges(i, procs, len, block, strided),
+                        block: block as usize,
                     })
                     .collect();
                 let (mut s, g) = self.timed_group(side, &tasks, true)?;
                 g.finish()?;
                 let (got_len, got) = hash_file(&path)?;
                 s.verified = Some(got_len == len && got == expected);
-                self.record(scenario, "random", false, side, rep, s);
+                self.record(
+                    scenario,
+                    "random",
+                    Access::WriteN1 { strided },
+                    side,
+                    rep,
+                    s,
+                );
                 self.remove(side, std::slice::from_ref(&name))?;
                 self.reclaim(side)?;
             }
@@ -570,7 +645,10 @@ impl Bench<'_> {
                     let mut s = self.after(p, s)?;
                     s.verified =
                         Some(t.bytes == len && blake3::hash(&buf[..t.bytes as usize]) == hash);
-                    self.record("restart", &label, true, side, rep, s);
+                    let access = Access::Read1 {
+                        block: rblock as u64,
+                    };
+                    self.record("restart", &label, access, side, rep, s);
                 }
             }
         }
@@ -599,7 +677,7 @@ impl Bench<'_> {
                 let (mut s, mut g) = self.timed_group(side, &tasks, false)?;
                 s.verified = Some(g.verify()?);
                 g.finish()?;
-                self.record("restart", &label, true, side, rep, s);
+                self.record("restart", &label, Access::ReadN, side, rep, s);
             }
         }
         Ok(())
@@ -635,6 +713,25 @@ impl Bench<'_> {
             self.restart()?;
         }
         Ok(())
+    }
+}
+
+/// The byte ranges process `i` of `procs` writes of a shared `len`-byte file (a multiple of
+/// `block` x `procs`): one contiguous part, or every `procs`-th `block` stripe.
+pub(crate) fn n1_ranges(
+    i: usize,
+    procs: usize,
+    len: u64,
+    block: u64,
+    strided: bool,
+) -> Vec<(u64, u64)> {
+    if strided {
+        (i as u64..len / block)
+            .step_by(procs)
+            .map(|b| (b * block, block))
+            .collect()
+    } else {
+        vec![(i as u64 * (len / procs as u64), len / procs as u64)]
     }
 }
 
@@ -685,16 +782,7 @@ pub fn run(o: &Opts, sel: Selection) -> Result<bool> {
     let start = Instant::now();
     let bin = ckptfs_bin(o)?;
     let exe = std::env::current_exe().map_err(|e| format!("current_exe: {e}"))?;
-    let min = o.block * o.procs as u64;
-    if o.size < min {
-        return Err(format!(
-            "--size {} is below --block x --procs ({})",
-            o.size, min
-        ));
-    }
-    if o.reps == 0 || o.procs == 0 || o.block == 0 {
-        return Err("--reps, --procs and --block must be positive".into());
-    }
+    limits::check_opts(o)?;
     sys::catch_signals();
     let root = sys::is_root();
     if !root {
@@ -765,6 +853,15 @@ pub fn run(o: &Opts, sel: Selection) -> Result<bool> {
     );
     println!();
 
+    // Measured first, with nothing else running.
+    let limits = if sel.limits || o.limits {
+        let progress = |m: &str| eprintln!("[{:5.0}s] {m}", start.elapsed().as_secs_f64());
+        Some(limits::measure(o, &exe, &dir, &progress)?)
+    } else {
+        None
+    };
+    let limit = limits.as_ref().map(|l| l as &dyn Limit);
+
     ck.format(space, &o.chunk_size, &[])?;
     ck.mount()?;
     ck.configure()?;
@@ -793,7 +890,13 @@ pub fn run(o: &Opts, sel: Selection) -> Result<bool> {
     let wall = start.elapsed().as_secs_f64();
 
     println!();
-    print!("{}", b.res.table());
+    if let Some(l) = &limits {
+        print!("{}", l.table());
+        println!();
+    }
+    print!("{}", b.res.table(limit));
+    println!();
+    print!("{}", b.res.reps_table());
     println!();
     if let Some(t) = b.res.stage_table() {
         print!("{t}");
@@ -803,9 +906,19 @@ pub fn run(o: &Opts, sel: Selection) -> Result<bool> {
         "MiB/s: logical bytes / (open to close returned), or for several processes (start barrier to last close). \
          plain: fsync+close, ckptfs: close (durable by contract). ratio: ckptfs/plain of medians. \
          stored/logical: growth of ckptfs stored_bytes / bytes written. daemon CPU: utime+stime over the timed part (median); CPU s/GiB: the same per GiB written or read (comparable across runs when MiB/s is not). \
-         Peak RSS: max VmHWM over repetitions (reset before each). close p99 of few closes is their max. restart: after {}drop_caches and a ckptfs remount.",
+         Peak RSS: max VmHWM over repetitions (reset before each). close p99 of few closes is their max. restart: after {}drop_caches and a ckptfs remount. \
+         in place: a revision like the row of the same name without \", in place\" (as many blocks changed, other ones) written over \
+         the previous revision's file, opened O_TRUNC as jobs with a fixed checkpoint name do, where that row writes a new file. Per rep: every repetition's MiB/s in run order; the plain side's \
+         modes split its sorted repetitions at a gap over 1.5x, with the ckptfs median as a fraction of each.",
         if root { "" } else { "(NOT: not root) " }
     );
+    if limits.is_some() {
+        println!(
+            "of sink: ckptfs median / the FUSE sink's median for the same access (writers, files, read size); \
+             of blake3: ckptfs median / blake3 on all cores (random data)."
+        );
+        println!("{}", limits::legend());
+    }
     println!("wall time {wall:.0} s");
     let failed = b.res.any_failed();
     if failed {
@@ -820,7 +933,8 @@ pub fn run(o: &Opts, sel: Selection) -> Result<bool> {
                 "ckptfs": bin.to_string_lossy(), "dir": dir.to_string_lossy(), "root": root,
                 "mount_args": o.mount_args,
             },
-            "rows": b.res.json(),
+            "rows": b.res.json(limit),
+            "limits": limits.as_ref().map(Limits::json),
             "wall_s": wall,
             "verification_failed": failed,
         });

@@ -2,21 +2,24 @@
 //!
 //!   ckptfs-bench all [--size 1G] [--reps 3] [--json FILE] ...   the end-to-end benchmark
 //!   ckptfs-bench first|next|nn|n1-seg|n1-strided|restart ...    one of its scenarios
+//!   ckptfs-bench limits [--size 1G] [--reps 3] ...                FUSE sink, blake3 and LZ4 ceilings
 //!   ckptfs-bench slots [--nodes 4] [--small-files 2000] ...       several daemons on one space
 //!   ckptfs-bench targets [--targets 5] [--redundancy 3+2] [--lose 2] ...  erasure-coded targets
 //!   ckptfs-bench gc-scale-build DIR [--files N] [--chunk-size BYTES]
 //!   ckptfs-bench gc-scale-run DIR
 //!   ckptfs-bench gpu [--bytes 1G] [--emulate] [--require-gpu] [--json FILE] ...
 //!
-//! See bench.rs for what the end-to-end benchmark measures, gc_scale.rs for gc-scale and
-//! gpu.rs for the GPU codec benchmark.
+//! See bench.rs for what the end-to-end benchmark measures, limits.rs and sink.rs for the
+//! limits, gc_scale.rs for gc-scale and gpu.rs for the GPU codec benchmark.
 
 mod bench;
 mod ckptfs;
 mod data;
 mod gc_scale;
 mod gpu;
+mod limits;
 mod report;
+mod sink;
 mod slots;
 mod sys;
 mod targets;
@@ -64,6 +67,10 @@ pub struct Opts {
     /// Print every repetition
     #[arg(long)]
     pub verbose: bool,
+    /// Measure the limits first (as `limits` does) and print each ckptfs row also as a
+    /// fraction of them (`all` always does)
+    #[arg(long)]
+    pub limits: bool,
     /// Leave the plain files and the ckptfs space in DIR afterwards
     #[arg(long)]
     pub keep: bool,
@@ -85,7 +92,8 @@ struct Cli {
 
 #[derive(Subcommand)]
 enum Cmd {
-    /// Every scenario below, one table (about 6 minutes at the defaults on 2 cores; run as root)
+    /// The limits, then every scenario below, one table (about 6 minutes at the defaults on 2
+    /// cores; run as root)
     All(Opts),
     /// First full checkpoint, one writer: random, field and dense data
     First(Opts),
@@ -101,6 +109,12 @@ enum Cmd {
     N1Strided(Opts),
     /// Cold reads (after drop_caches and a remount): one reader, and one reader per N-N file
     Restart(Opts),
+    /// This machine's ceilings: a do-nothing FUSE filesystem written and read as the scenarios
+    /// do, and blake3 and LZ4 on all cores (no ckptfs needed)
+    Limits(Opts),
+    /// Internal: the do-nothing FUSE filesystem of `limits`, mounted at MNT
+    #[command(hide = true)]
+    Sink { mnt: PathBuf },
     /// Several daemons on one multi-slot space (nodes) vs one daemon vs a plain directory: N-N
     /// write, cold read through another node, small-file create and stat
     Slots(slots::SlotsOpts),
@@ -161,6 +175,20 @@ fn main() {
                 ..none
             },
         ),
+        Cmd::Limits(o) => match limits::run(&o) {
+            Ok(()) => std::process::exit(0),
+            Err(e) => {
+                eprintln!("ckptfs-bench limits: {e}");
+                std::process::exit(1);
+            }
+        },
+        Cmd::Sink { mnt } => match sink::sink_main(&mnt) {
+            Ok(()) => std::process::exit(0),
+            Err(e) => {
+                eprintln!("ckptfs-bench sink: {e}");
+                std::process::exit(1);
+            }
+        },
         Cmd::Slots(o) => match slots::run(&o) {
             Ok(ok) => std::process::exit(if ok { 0 } else { 1 }),
             Err(e) => {

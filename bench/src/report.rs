@@ -60,6 +60,74 @@ impl Side {
     }
 }
 
+/// How a row's bytes cross the FUSE boundary: which of the do-nothing sink's rows is its limit.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Access {
+    /// One writer, one file (created, or truncated in place).
+    Write1,
+    /// `--procs` writers, one file each.
+    WriteNn,
+    /// `--procs` writers of one shared file: contiguous parts, or round-robin stripes.
+    WriteN1 { strided: bool },
+    /// One reader, `block`-byte reads.
+    Read1 { block: u64 },
+    /// `--procs` readers, one file each.
+    ReadN,
+}
+
+impl Access {
+    pub fn is_read(self) -> bool {
+        matches!(self, Access::Read1 { .. } | Access::ReadN)
+    }
+
+    /// How the limits table names it.
+    pub fn label(self, procs: usize, block: u64) -> String {
+        let b = crate::bench::size_label(block);
+        match self {
+            Access::Write1 => format!("write, 1 writer, {b} writes"),
+            Access::WriteNn => format!("write, {procs} writers (N-N), {b} writes"),
+            Access::WriteN1 { strided: false } => {
+                format!("write, {procs} writers of one file (N-1 seg), {b} writes")
+            }
+            Access::WriteN1 { strided: true } => {
+                format!("write, {procs} writers of one file (N-1 strided), {b} writes")
+            }
+            Access::Read1 { block } => {
+                format!("read, 1 reader, {} reads", crate::bench::size_label(block))
+            }
+            Access::ReadN => format!("read, {procs} readers (N-N), {b} reads"),
+        }
+    }
+}
+
+/// What the table compares each ckptfs row with (`limits.rs`): the sink's MiB/s for the row's
+/// access, and blake3's MiB/s on all cores.
+pub trait Limit {
+    fn sink_mibs(&self, access: Access) -> Option<f64>;
+    fn blake3_mibs(&self) -> Option<f64>;
+}
+
+/// A plain side's repetitions split in two where sorted neighbours differ by more than this
+/// factor: its fresh-file writes are bimodal, and a median falls between the modes.
+const MODE_GAP: f64 = 1.5;
+
+/// The repetitions' values split into modes (sorted, at most two): at the largest ratio
+/// between sorted neighbours, when it is over `MODE_GAP`.
+fn modes(v: &[f64]) -> Vec<Vec<f64>> {
+    let mut v = v.to_vec();
+    sort(&mut v);
+    let cut = (1..v.len())
+        .map(|i| (i, v[i] / v[i - 1].max(1e-9)))
+        .max_by(|a, b| a.1.total_cmp(&b.1))
+        .filter(|&(_, r)| r > MODE_GAP)
+        .map(|(i, _)| i);
+    match cut {
+        Some(i) => vec![v[..i].to_vec(), v[i..].to_vec()],
+        None if v.is_empty() => Vec::new(),
+        None => vec![v],
+    }
+}
+
 /// One repetition of one row on one side.
 #[derive(Clone, Debug, Default)]
 pub struct Sample {
@@ -123,6 +191,7 @@ impl Sample {
 pub struct Row {
     pub scenario: String,
     pub data: String,
+    pub access: Access,
     pub read: bool,
     pub plain: Vec<Sample>,
     pub ckptfs: Vec<Sample>,
@@ -231,6 +300,17 @@ impl Row {
         self.ckptfs.iter().map(|s| s.secs).sum()
     }
 
+    /// The ckptfs median as a fraction of the sink's for the same access.
+    fn of_sink(&self, limits: &dyn Limit) -> Option<f64> {
+        Some(summarize(&self.ckptfs).med? / limits.sink_mibs(self.access)?)
+    }
+
+    /// The ckptfs median as a fraction of blake3 on all cores (every byte written is hashed,
+    /// every byte read is verified).
+    fn of_blake3(&self, limits: &dyn Limit) -> Option<f64> {
+        Some(summarize(&self.ckptfs).med? / limits.blake3_mibs()?)
+    }
+
     /// None when nothing was verified; Some(false) when any repetition failed.
     pub fn verified(&self) -> Option<bool> {
         let v: Vec<bool> = self
@@ -249,7 +329,7 @@ pub struct Results {
 }
 
 impl Results {
-    pub fn add(&mut self, scenario: &str, data: &str, read: bool, side: Side, s: Sample) {
+    pub fn add(&mut self, scenario: &str, data: &str, access: Access, side: Side, s: Sample) {
         let i = match self
             .rows
             .iter()
@@ -260,7 +340,8 @@ impl Results {
                 self.rows.push(Row {
                     scenario: scenario.into(),
                     data: data.into(),
-                    read,
+                    access,
+                    read: access.is_read(),
                     plain: Vec::new(),
                     ckptfs: Vec::new(),
                 });
@@ -277,13 +358,20 @@ impl Results {
         self.rows.iter().any(|r| r.verified() == Some(false))
     }
 
-    pub fn table(&self) -> String {
-        let head = [
+    /// The summary table; with `limits`, each ckptfs median also as a fraction of the sink's
+    /// MiB/s for the same access and of blake3's on all cores.
+    pub fn table(&self, limits: Option<&dyn Limit>) -> String {
+        let mut head = vec![
             "scenario",
             "data",
             "plain MiB/s med (min-max)",
             "ckptfs MiB/s med (min-max)",
             "ratio",
+        ];
+        if limits.is_some() {
+            head.extend(["of sink", "of blake3"]);
+        }
+        head.extend([
             "stored/logical",
             "daemon CPU s",
             "CPU s/GiB",
@@ -291,7 +379,7 @@ impl Results {
             "close p50/p99 ms plain",
             "close p50/p99 ms ckptfs",
             "verified",
-        ];
+        ]);
         let opt = |v: Option<f64>, prec: usize| match v {
             Some(x) => format!("{x:.prec$}"),
             None => "-".into(),
@@ -313,12 +401,17 @@ impl Results {
         for r in &self.rows {
             let p = summarize(&r.plain);
             let c = summarize(&r.ckptfs);
-            cells.push(vec![
+            let mut row = vec![
                 r.scenario.clone(),
                 r.data.clone(),
                 thr(&p),
                 thr(&c),
                 opt(r.ratio(), 2),
+            ];
+            if let Some(l) = limits {
+                row.extend([opt(r.of_sink(l), 2), opt(r.of_blake3(l), 2)]);
+            }
+            row.extend([
                 if r.read {
                     "-".into()
                 } else {
@@ -336,6 +429,58 @@ impl Results {
                     Some(true) => "ok".into(),
                     Some(false) => "FAIL".into(),
                 },
+            ]);
+            cells.push(row);
+        }
+        render_table(&cells, 2)
+    }
+
+    /// Every repetition's MiB/s (in run order) per side, and the plain side's modes: its
+    /// fresh-file writes are bimodal on some machines, where one median hides both the fast
+    /// and the slow case; the ratio is given against each mode.
+    pub fn reps_table(&self) -> String {
+        let head = [
+            "scenario",
+            "data",
+            "plain MiB/s per rep",
+            "plain modes MiB/s (reps)",
+            "ratio vs each mode",
+            "ckptfs MiB/s per rep",
+        ];
+        let each = |v: &[Sample]| {
+            let s: Vec<String> = v.iter().map(|s| format!("{:.0}", s.mibs())).collect();
+            s.join(" ")
+        };
+        let mut cells: Vec<Vec<String>> = vec![head.iter().map(|s| s.to_string()).collect()];
+        for r in &self.rows {
+            let plain: Vec<f64> = r.plain.iter().map(Sample::mibs).collect();
+            let m = modes(&plain);
+            let meds: Vec<f64> = m.iter().filter_map(|g| median(g)).collect();
+            let ck = summarize(&r.ckptfs).med;
+            let (mode_cell, ratio_cell) = if m.len() < 2 {
+                ("one".to_string(), "-".to_string())
+            } else {
+                let cell: Vec<String> = m
+                    .iter()
+                    .zip(&meds)
+                    .map(|(g, med)| format!("{med:.0} ({})", g.len()))
+                    .collect();
+                let ratios: Vec<String> = meds
+                    .iter()
+                    .map(|med| match ck {
+                        Some(c) => format!("{:.2}", c / med),
+                        None => "-".into(),
+                    })
+                    .collect();
+                (cell.join(", "), ratios.join(", "))
+            };
+            cells.push(vec![
+                r.scenario.clone(),
+                r.data.clone(),
+                each(&r.plain),
+                mode_cell,
+                ratio_cell,
+                each(&r.ckptfs),
             ]);
         }
         render_table(&cells, 2)
@@ -376,7 +521,7 @@ impl Results {
         Some(out)
     }
 
-    pub fn json(&self) -> Value {
+    pub fn json(&self, limits: Option<&dyn Limit>) -> Value {
         let side = |r: &Row, side: Side| {
             let samples = r.samples(side);
             let s = summarize(samples);
@@ -405,6 +550,9 @@ impl Results {
                         "plain": side(r, Side::Plain),
                         "ckptfs": side(r, Side::Ckptfs),
                         "ratio_ckptfs_over_plain": r.ratio(),
+                        "plain_modes_mib_s": modes(&r.plain.iter().map(Sample::mibs).collect::<Vec<_>>()),
+                        "fraction_of_sink": limits.and_then(|l| r.of_sink(l)),
+                        "fraction_of_blake3": limits.and_then(|l| r.of_blake3(l)),
                         "stored_over_logical": if r.read { None } else { r.stored_ratio() },
                         "daemon_cpu_s_median": r.cpu_median(),
                         "daemon_cpu_s_per_gib_median": r.cpu_per_gib(),
@@ -469,5 +617,16 @@ mod tests {
         assert_eq!(percentile(&v, 50.0), Some(50.0));
         assert_eq!(percentile(&v, 99.0), Some(99.0));
         assert_eq!(percentile(&[5.0], 99.0), Some(5.0));
+    }
+
+    #[test]
+    fn bimodal() {
+        assert_eq!(
+            modes(&[1944.0, 320.0, 392.0]),
+            vec![vec![320.0, 392.0], vec![1944.0]]
+        );
+        assert_eq!(modes(&[1000.0, 1100.0, 1200.0]).len(), 1);
+        assert_eq!(modes(&[900.0]), vec![vec![900.0]]);
+        assert!(modes(&[]).is_empty());
     }
 }
