@@ -7,9 +7,10 @@ use std::collections::BTreeMap;
 pub type Stages = BTreeMap<String, f64>;
 
 /// The daemon's stages in the order of the write and read paths; names not listed go last.
-const STAGE_ORDER: [&str; 12] = [
+const STAGE_ORDER: [&str; 13] = [
     "ingest",
     "cut",
+    "predict",
     "budget_wait",
     "hash",
     "lookup",

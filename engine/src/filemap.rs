@@ -14,6 +14,7 @@ use crate::format::{ChunkHash, ChunkParams, Extent};
 use crate::pins::ChunkPins;
 pub use crate::pipeline::ChunkIo;
 use crate::pipeline::{Permit, Piece, Ticket};
+use crate::predict::Predictor;
 use std::collections::{BTreeMap, VecDeque};
 use std::sync::Arc;
 
@@ -235,7 +236,8 @@ pub struct CutState {
 }
 
 struct CutInner {
-    params: ChunkParams,
+    /// Taken out by the running cutter (only one runs at a time: `running`).
+    cutter: Option<Cutter>,
     /// Segments handed over, in order and back to back, until their bytes are all taken out
     /// as pieces; reads see the stream through them.
     segs: VecDeque<(u64, Arc<Vec<u8>>)>,
@@ -266,10 +268,10 @@ impl CutInner {
 }
 
 impl CutState {
-    fn new(params: ChunkParams, start: u64) -> Arc<Self> {
+    fn new(cutter: Cutter, start: u64) -> Arc<Self> {
         Arc::new(CutState {
             m: parking_lot::Mutex::new(CutInner {
-                params,
+                cutter: Some(cutter),
                 segs: VecDeque::new(),
                 next: 0,
                 queued: 0,
@@ -290,7 +292,7 @@ impl CutState {
     /// this, on a worker or inline.
     fn run(&self) {
         loop {
-            let (start, carry, seg, last, p) = {
+            let (start, carry, seg, last, mut cutter) = {
                 let mut g = self.m.lock();
                 if g.next < g.segs.len() {
                     let seg = g.segs[g.next].1.clone();
@@ -300,13 +302,15 @@ impl CutState {
                     drop(g.permits.pop_front());
                     let last = g.finish && g.next == g.segs.len();
                     let carry = std::mem::take(&mut g.carry);
-                    let (start, p) = (g.carry_start, g.params);
+                    let start = g.carry_start;
+                    let cutter = g.cutter.take().expect("one cutter runs at a time");
                     drop(g);
                     self.cv.notify_all();
-                    (start, carry, seg, last, p)
+                    (start, carry, seg, last, cutter)
                 } else if g.finish && !g.carry.is_empty() {
                     let carry = std::mem::take(&mut g.carry);
-                    (g.carry_start, carry, Arc::new(Vec::new()), true, g.params)
+                    let cutter = g.cutter.take().expect("one cutter runs at a time");
+                    (g.carry_start, carry, Arc::new(Vec::new()), true, cutter)
                 } else {
                     g.running = false;
                     drop(g);
@@ -314,8 +318,9 @@ impl CutState {
                     return;
                 }
             };
-            let (pieces, carry_start, carry) = cut_segment(p, start, carry, seg, last);
+            let (pieces, carry_start, carry) = cut_segment(&mut cutter, start, carry, seg, last);
             let mut g = self.m.lock();
+            g.cutter = Some(cutter);
             g.out.extend(pieces);
             g.carry = carry;
             g.carry_start = carry_start;
@@ -343,6 +348,7 @@ impl CutState {
 }
 
 /// FastCDC cuts of `buf[from..]`: (offset in `buf`, length).
+#[cfg(test)]
 fn cdc(p: ChunkParams, buf: &[u8], from: usize) -> Vec<(usize, usize)> {
     fastcdc::v2020::FastCDC::new(
         &buf[from..],
@@ -354,26 +360,162 @@ fn cdc(p: ChunkParams, buf: &[u8], from: usize) -> Vec<(usize, usize)> {
     .collect()
 }
 
+/// A cutter's state between segments: the chunk parameters and, where the store keeps chunk
+/// sequences (`predict`), what it needs to predict the next chunk.
+pub(crate) struct Cutter {
+    params: ChunkParams,
+    pred: Option<Predictor>,
+    /// The hash of the last chunk emitted, when the cutter hashed it.
+    prev: Option<ChunkHash>,
+    /// Content-defined chunks in a row whose hash had no successor; past `HASH_MISSES` the
+    /// cutter stops hashing every content-defined chunk (new data: the workers hash it in
+    /// parallel instead) and only samples one in `HASH_SAMPLE` to find known data again.
+    misses: u32,
+    cdc_chunks: u64,
+}
+
+/// Which stage a hash is timed as.
+type StageOf = fn(&crate::pipeline::Stages) -> &crate::pipeline::Stage;
+
+/// See `Cutter::misses`.
+const HASH_MISSES: u32 = 8;
+const HASH_SAMPLE: u64 = 16;
+
+impl Cutter {
+    pub(crate) fn new(params: ChunkParams, pred: Option<Predictor>) -> Self {
+        Cutter {
+            params,
+            pred,
+            prev: None,
+            misses: 0,
+            cdc_chunks: 0,
+        }
+    }
+
+    /// Hashes `b`, timed as the stage `pick` chooses by the hash.
+    fn hash(&self, b: &[u8], pick: impl FnOnce(&ChunkHash) -> StageOf) -> ChunkHash {
+        let t = std::time::Instant::now();
+        let h = ChunkHash::of(b);
+        if let Some(pl) = self.pred.as_ref().and_then(|p| p.pipeline.as_ref()) {
+            pick(&h)(&pl.stages).add(t.elapsed(), b.len());
+        }
+        h
+    }
+
+    /// Whether to hash a content-defined chunk here (to look up what followed it).
+    fn hash_cdc(&self) -> bool {
+        match &self.pred {
+            None => false,
+            Some(p) => {
+                (self.misses < HASH_MISSES || self.cdc_chunks.is_multiple_of(HASH_SAMPLE))
+                    && !p.table.is_empty()
+            }
+        }
+    }
+
+    /// Cuts `buf[from..]` chunk by chunk (the bytes at `base` in the file) until a chunk
+    /// starts at or past `stop`; a chunk that would end at the end of `buf` is cut only if
+    /// `last` (else more bytes may move its cut). Returns where the cut chunks end.
+    fn run(
+        &mut self,
+        buf: &Arc<Vec<u8>>,
+        from: usize,
+        base: u64,
+        last: bool,
+        stop: usize,
+        out: &mut Vec<(u64, Piece, bool)>,
+    ) -> usize {
+        let p = self.params;
+        let cdc = fastcdc::v2020::FastCDC::new(
+            buf,
+            p.min_bytes as usize,
+            p.avg_bytes as usize,
+            p.max_bytes as usize,
+        );
+        let mut push = |o: usize, l: usize, h: Option<ChunkHash>| {
+            let piece = match h {
+                Some(h) => Piece::hashed(buf.clone(), o, l, h),
+                None => Piece::new(buf.clone(), o, l),
+            };
+            let zero = piece.bytes().iter().all(|&b| b == 0);
+            out.push((base + o as u64, piece, zero));
+        };
+        let mut pos = from;
+        while pos < buf.len() && pos < stop {
+            let predicted = match (&self.pred, &self.prev) {
+                (Some(pr), Some(prev)) => pr.table.next(prev),
+                _ => None,
+            };
+            if let Some(n) = predicted.filter(|n| n.len > 0 && n.len <= p.max_bytes) {
+                let end = pos + n.len as usize;
+                if end <= buf.len() {
+                    let hit = |h: &ChunkHash| crate::predict::prefix(h) == n.hash_prefix;
+                    let h = self.hash(&buf[pos..end], |h| {
+                        if hit(h) {
+                            |st| &st.predict
+                        } else {
+                            |st| &st.predict_miss
+                        }
+                    });
+                    if hit(&h) {
+                        push(pos, end - pos, Some(h));
+                        self.prev = Some(h);
+                        pos = end;
+                        continue;
+                    }
+                    // Known bytes changed here: cut by content from this chunk's start.
+                    // (The hash just computed is of a guessed length, not of a chunk.)
+                } else if !last {
+                    // The predicted chunk reaches into bytes not handed over yet: try again
+                    // with the next segment.
+                    break;
+                }
+            }
+            let (_, end) = cdc.cut(pos, buf.len() - pos);
+            if end == buf.len() && !last {
+                break;
+            }
+            self.cdc_chunks += 1;
+            let h = self
+                .hash_cdc()
+                .then(|| self.hash(&buf[pos..end], |_| |st| &st.hash));
+            if let Some(h) = &h {
+                let known = self
+                    .pred
+                    .as_ref()
+                    .is_some_and(|pr| pr.table.next(h).is_some());
+                self.misses = if known {
+                    0
+                } else {
+                    self.misses.saturating_add(1)
+                };
+            }
+            push(pos, end - pos, h);
+            self.prev = h;
+            pos = end;
+        }
+        pos
+    }
+}
+
 /// Cuts the stream bytes `carry` (at file offset `start`) followed by `seg` into pieces;
-/// returns them (offset, piece, all zeros) and the new carry (offset, bytes): the last,
-/// unfinished chunk, unless `last`. The result is the same as FastCDC over the whole stream.
+/// returns them (offset, piece, all zeros) and the new carry (offset, bytes): the bytes after
+/// the last chunk cut, unless `last`. Without predictions the result is the same as FastCDC
+/// over the whole stream; with them, chunks confirmed by their hash take a predicted
+/// chunk's place (`predict`).
 ///
-/// Only the chunk that began in the carry is cut on a joined copy (it ends within the first
+/// Only chunks that begin in the carry are cut on a joined copy (they end within the first
 /// `max_bytes` of the segment); the rest is cut in place and its pieces share the segment's
 /// buffer, so the stream's bytes are not copied again here.
 fn cut_segment(
-    p: ChunkParams,
+    cutter: &mut Cutter,
     start: u64,
     carry: Vec<u8>,
     seg: Arc<Vec<u8>>,
     last: bool,
 ) -> (Vec<(u64, Piece, bool)>, u64, Vec<u8>) {
+    let p = cutter.params;
     let mut pieces = Vec::new();
-    let piece = |buf: &Arc<Vec<u8>>, o: usize, l: usize, off: u64| {
-        let piece = Piece::new(buf.clone(), o, l);
-        let zero = piece.bytes().iter().all(|&b| b == 0);
-        (off, piece, zero)
-    };
     // Where the in-place part of the segment starts.
     let mut from = 0;
     let carry_len = carry.len();
@@ -381,42 +523,29 @@ fn cut_segment(
         let head = seg.len().min(p.max_bytes as usize);
         let mut joined = carry;
         joined.extend_from_slice(&seg[..head]);
-        let joined_is_all = head == seg.len();
         let joined = Arc::new(joined);
-        let cuts = cdc(p, &joined, 0);
-        match cuts.first() {
-            // The carried chunk ends inside the head: cut, and go on in place from there.
-            Some(&(0, l)) if l > carry_len && (l < joined.len() || (last && joined_is_all)) => {
-                pieces.push(piece(&joined, 0, l, start));
-                from = l - carry_len;
-            }
+        if head == seg.len() {
             // Everything is in the joined buffer (a short segment): cut it like a stream.
-            _ if joined_is_all => {
-                let emit_n = cuts.len().saturating_sub(usize::from(!last));
-                for &(o, l) in &cuts[..emit_n] {
-                    pieces.push(piece(&joined, o, l, start + o as u64));
-                }
-                let consumed = cuts[..emit_n].last().map_or(0, |&(o, l)| o + l);
-                return (pieces, start + consumed as u64, joined[consumed..].to_vec());
-            }
-            // Cannot happen with FastCDC (a chunk is at most max_bytes, so the carried one
-            // ends inside the head); kept total by cutting a full joined copy.
-            _ => {
-                let mut all = joined[..carry_len].to_vec();
-                all.extend_from_slice(&seg);
-                return cut_segment(p, start, all, Arc::new(Vec::new()), last);
-            }
+            let end = cutter.run(&joined, 0, start, last, usize::MAX, &mut pieces);
+            return (pieces, start + end as u64, joined[end..].to_vec());
         }
+        // A chunk that starts in the carry ends before the joined buffer does (a chunk is at
+        // most max_bytes long and the head is that long), so this cuts at least to the end
+        // of the carry.
+        let end = cutter.run(&joined, 0, start, false, carry_len, &mut pieces);
+        if end < carry_len {
+            // Cannot happen (see above); kept total by cutting a full joined copy.
+            pieces.clear();
+            let mut all = joined[..carry_len].to_vec();
+            all.extend_from_slice(&seg);
+            return cut_segment(cutter, start, all, Arc::new(Vec::new()), last);
+        }
+        from = end - carry_len;
     }
     // File offset of seg[0].
     let seg_off = start + carry_len as u64;
-    let cuts = cdc(p, &seg, from);
-    let emit_n = cuts.len().saturating_sub(usize::from(!last));
-    for &(o, l) in &cuts[..emit_n] {
-        pieces.push(piece(&seg, o, l, seg_off + o as u64));
-    }
-    let consumed = cuts[..emit_n].last().map_or(from, |&(o, l)| o + l);
-    (pieces, seg_off + consumed as u64, seg[consumed..].to_vec())
+    let end = cutter.run(&seg, from, seg_off, last, usize::MAX, &mut pieces);
+    (pieces, seg_off + end as u64, seg[end..].to_vec())
 }
 
 impl Stream {
@@ -679,7 +808,7 @@ impl FileState {
         let st = match open.filter(|st| st.m.lock().end == start) {
             Some(st) => st,
             None => {
-                let st = CutState::new(self.params, start);
+                let st = CutState::new(Cutter::new(self.params, c.successors()), start);
                 self.inflight.push_back(InFlight {
                     off: start,
                     work: Work::Cut(st.clone()),
@@ -1120,6 +1249,7 @@ fn overlay(out: &mut [u8], out_off: u64, src_off: u64, src: &[u8]) {
 pub(crate) mod tests {
     use super::*;
     use crate::error::Error;
+    use crate::predict::Successors;
     use parking_lot::Mutex;
     use rand::rngs::SmallRng;
     use rand::{Rng, RngCore, SeedableRng};
@@ -1211,6 +1341,8 @@ pub(crate) mod tests {
         rng: Mutex<SmallRng>,
         pins: Arc<std::sync::atomic::AtomicU64>,
         released: Arc<Released>,
+        /// Learned at each commit, so rewrites are cut with predictions.
+        successors: Arc<Successors>,
     }
 
     /// Counts released pins.
@@ -1234,6 +1366,7 @@ pub(crate) mod tests {
                 rng: Mutex::new(SmallRng::seed_from_u64(seed ^ 0x5eed)),
                 pins: Arc::default(),
                 released: Arc::default(),
+                successors: Arc::default(),
             }
         }
 
@@ -1268,7 +1401,20 @@ pub(crate) mod tests {
         fn cutters(&self) -> Option<&dyn crate::pipeline::Cutters> {
             Some(self)
         }
+        fn successors(&self) -> Option<Predictor> {
+            Some(Predictor {
+                table: self.successors.clone(),
+                pipeline: None,
+            })
+        }
         fn submit(&self, piece: Piece) -> Ticket {
+            if let Some(h) = piece.known_hash() {
+                assert_eq!(
+                    h,
+                    ChunkHash::of(piece.bytes()),
+                    "a piece's hash is of its bytes"
+                );
+            }
             let (delay_us, fail) = {
                 let mut r = self.rng.lock();
                 (r.random_range(0..40u64), r.random_range(0..16) == 0)
@@ -1339,13 +1485,33 @@ pub(crate) mod tests {
                     }
                     model[off as usize..end].copy_from_slice(&data);
                 }
-                65..=72 => {
+                65..=68 => {
                     let n = rng.random_range(0..model.len() as u64 + 10_000);
                     f.truncate(n);
                     model.resize(n as usize, 0);
                 }
+                69..=72 => {
+                    // A next revision under the same name (open with O_TRUNC, write it all
+                    // again with some blocks changed): cut with predictions learned at the
+                    // last commit.
+                    let mut next = model.clone();
+                    for blk in next.chunks_mut(4096) {
+                        if rng.random_range(0..10) == 0 {
+                            fill(&mut rng, blk);
+                        }
+                    }
+                    f.truncate(0);
+                    let w = rng.random_range(4096..1 << 20);
+                    for (i, part) in next.chunks(w).enumerate() {
+                        retry(|| f.write(chunks, (i * w) as u64, part));
+                    }
+                    model = next;
+                }
                 73..=80 => {
                     retry(|| f.finish(chunks));
+                    if let Some(pr) = chunks.successors() {
+                        pr.table.learn(&f.map, params().max_bytes);
+                    }
                     f.mark_committed();
                     drop(f.take_pins());
                     commits += 1;
@@ -1386,8 +1552,54 @@ pub(crate) mod tests {
         }
     }
 
-    /// Cutting a stream segment by segment (with the carry between them, as the cutter
-    /// does) gives exactly FastCDC's chunks of the whole stream, whatever the segment sizes.
+    /// Cuts `data` in random segments (with the carry between them, as the cutter does);
+    /// checks every piece holds the stream's bytes at its offset and the pieces tile the
+    /// stream; returns (offset, length, hash if the cutter computed it).
+    fn cut_in_segments(
+        rng: &mut SmallRng,
+        cutter: &mut Cutter,
+        data: &[u8],
+        what: &str,
+    ) -> Vec<(u64, usize, Option<ChunkHash>)> {
+        let mut got = Vec::new();
+        let (mut start, mut carry, mut at) = (0u64, Vec::new(), 0usize);
+        while at < data.len() {
+            let n = rng.random_range(1..300_000).min(data.len() - at);
+            let last = at + n == data.len();
+            let seg = Arc::new(data[at..at + n].to_vec());
+            let (pieces, s, c) = cut_segment(cutter, start, carry, seg, last);
+            for (off, piece, zero) in pieces {
+                let want = &data[off as usize..off as usize + piece.len()];
+                assert_eq!(piece.bytes(), want, "{what}");
+                assert_eq!(zero, want.iter().all(|&b| b == 0), "{what}");
+                if let Some(h) = piece.known_hash() {
+                    assert_eq!(
+                        h,
+                        ChunkHash::of(want),
+                        "{what}: a piece's hash is of its bytes"
+                    );
+                }
+                let expect = got
+                    .last()
+                    .map_or(0, |&(o, l, _): &(u64, usize, _)| o + l as u64);
+                assert_eq!(off, expect, "{what}: pieces are back to back");
+                got.push((off, piece.len(), piece.known_hash()));
+            }
+            (start, carry, at) = (s, c, at + n);
+        }
+        assert!(carry.is_empty(), "{what}: the last segment cuts everything");
+        got
+    }
+
+    fn whole_cut(p: ChunkParams, data: &[u8]) -> Vec<(u64, usize)> {
+        cdc(p, data, 0)
+            .into_iter()
+            .map(|(o, l)| (o as u64, l))
+            .collect()
+    }
+
+    /// Cutting a stream segment by segment gives exactly FastCDC's chunks of the whole
+    /// stream, whatever the segment sizes.
     #[test]
     fn segmented_cut_equals_whole_stream_cut() {
         let p = params();
@@ -1395,32 +1607,124 @@ pub(crate) mod tests {
         for round in 0..40 {
             let mut data = vec![0u8; rng.random_range(1..400_000)];
             fill(&mut rng, &mut data);
-            let whole: Vec<(u64, usize)> = cdc(p, &data, 0)
-                .into_iter()
-                .map(|(o, l)| (o as u64, l))
-                .collect();
-            let mut got = Vec::new();
-            let (mut start, mut carry, mut at) = (0u64, Vec::new(), 0usize);
-            while at < data.len() {
-                let n = rng.random_range(1..100_000).min(data.len() - at);
-                let last = at + n == data.len();
-                let seg = Arc::new(data[at..at + n].to_vec());
-                let (pieces, s, c) = cut_segment(p, start, carry, seg, last);
-                for (off, piece, _) in pieces {
-                    assert_eq!(
-                        piece.bytes(),
-                        &data[off as usize..off as usize + piece.len()],
-                        "round {round}"
-                    );
-                    got.push((off, piece.len()));
-                }
-                (start, carry, at) = (s, c, at + n);
-            }
-            assert!(
-                carry.is_empty(),
-                "round {round}: the last segment cuts everything"
+            let mut cutter = Cutter::new(p, None);
+            let got = cut_in_segments(&mut rng, &mut cutter, &data, &format!("round {round}"));
+            let got: Vec<(u64, usize)> = got.into_iter().map(|(o, l, _)| (o, l)).collect();
+            assert_eq!(got, whole_cut(p, &data), "round {round}");
+        }
+    }
+
+    fn learned(p: ChunkParams, data: &[u8], cuts: &[(u64, usize)]) -> Arc<Successors> {
+        let mut map = ExtentMap::new();
+        for &(o, l) in cuts {
+            let chunk = ChunkHash::of(&data[o as usize..o as usize + l]);
+            map.insert(
+                o,
+                Extent {
+                    chunk,
+                    chunk_off: 0,
+                    len: l as u32,
+                },
             );
-            assert_eq!(got, whole, "round {round}");
+        }
+        let s = Arc::new(Successors::default());
+        s.learn(&map, p.max_bytes);
+        s
+    }
+
+    /// A next revision cut with predictions learned from the previous one: the cuts are
+    /// exactly FastCDC's (a predicted chunk that hashes right ends where FastCDC would cut),
+    /// and most chunks were predicted rather than scanned.
+    #[test]
+    fn predicted_cuts_equal_content_defined_cuts() {
+        let p = params();
+        let mut rng = SmallRng::seed_from_u64(11);
+        let (mut predicted, mut total) = (0usize, 0usize);
+        for round in 0..12 {
+            let mut old = vec![0u8; rng.random_range(200_000..3_000_000)];
+            for blk in old.chunks_mut(64 << 10) {
+                fill(&mut rng, blk);
+            }
+            let old_cuts = whole_cut(p, &old);
+            let table = learned(p, &old, &old_cuts);
+            let mut new = old.clone();
+            // 5% of 64 KiB blocks changed, sometimes a few bytes inserted, sometimes grown.
+            for blk in new.chunks_mut(64 << 10) {
+                if rng.random_range(0..20) == 0 {
+                    rng.fill_bytes(blk);
+                }
+            }
+            if rng.random_range(0..3) == 0 {
+                let at = rng.random_range(0..new.len());
+                new.splice(at..at, *b"inserted");
+            }
+            if rng.random_range(0..3) == 0 {
+                let mut tail = vec![0u8; 100_000];
+                rng.fill_bytes(&mut tail);
+                new.extend_from_slice(&tail);
+            }
+            let mut cutter = Cutter::new(
+                p,
+                Some(Predictor {
+                    table,
+                    pipeline: None,
+                }),
+            );
+            let got = cut_in_segments(&mut rng, &mut cutter, &new, &format!("round {round}"));
+            total += got.len();
+            predicted += got.iter().filter(|c| c.2.is_some()).count();
+            let got: Vec<(u64, usize)> = got.into_iter().map(|(o, l, _)| (o, l)).collect();
+            assert_eq!(got, whole_cut(p, &new), "round {round}");
+        }
+        // Hashed chunks include the content-defined ones hashed to look up a successor, so
+        // this is an upper bound of the predicted ones; it shows the path is taken.
+        assert!(predicted * 10 >= total * 8, "{predicted} of {total} hashed");
+    }
+
+    /// Predictions that are not content-defined (a previous revision of fixed-size blocks,
+    /// another file's sequence, stale entries) still give the stream's exact bytes, back to
+    /// back: a prediction only decides where a chunk ends.
+    #[test]
+    fn any_prediction_gives_the_streams_bytes() {
+        let p = params();
+        let mut rng = SmallRng::seed_from_u64(12);
+        for round in 0..20 {
+            let mut data = vec![0u8; rng.random_range(1..2_000_000)];
+            for blk in data.chunks_mut(50_000) {
+                fill(&mut rng, blk);
+            }
+            // Fixed blocks of a random size, and CDC cuts of a shifted copy.
+            let bs = rng.random_range(1..p.max_bytes as usize + 1000);
+            let fixed: Vec<(u64, usize)> = (0..data.len())
+                .step_by(bs)
+                .map(|o| (o as u64, bs.min(data.len() - o)))
+                .collect();
+            let table = learned(p, &data, &fixed);
+            let shifted = &data[rng.random_range(0..data.len())..];
+            let mut map = ExtentMap::new();
+            let mut at = 0;
+            for &(o, l) in &whole_cut(p, shifted) {
+                map.insert(
+                    at,
+                    Extent {
+                        chunk: ChunkHash::of(&shifted[o as usize..o as usize + l]),
+                        chunk_off: 0,
+                        len: l as u32,
+                    },
+                );
+                at += l as u64;
+            }
+            table.learn(&map, p.max_bytes);
+            let mut cutter = Cutter::new(
+                p,
+                Some(Predictor {
+                    table,
+                    pipeline: None,
+                }),
+            );
+            let got = cut_in_segments(&mut rng, &mut cutter, &data, &format!("round {round}"));
+            let end = got.last().map_or(0, |&(o, l, _)| o + l as u64);
+            assert_eq!(end, data.len() as u64, "round {round}");
         }
     }
 

@@ -18,6 +18,7 @@ pub mod mirror;
 pub mod pins;
 pub mod pipeline;
 pub mod placement;
+pub mod predict;
 pub mod sim;
 pub mod slots;
 pub mod space;

@@ -49,6 +49,10 @@ pub trait ChunkIo {
     fn cutters(&self) -> Option<&dyn Cutters> {
         None
     }
+    /// The chunk sequences cutters may predict from (`predict`); `None`: cut by content only.
+    fn successors(&self) -> Option<crate::predict::Predictor> {
+        None
+    }
 }
 
 /// Cutter scheduling: where a file state's content-defined cutter runs, and the bound on
@@ -133,12 +137,34 @@ pub struct Piece {
     buf: Arc<Vec<u8>>,
     start: usize,
     len: usize,
+    /// The blake3 of exactly these bytes, where the cutter already computed it (a predicted
+    /// chunk it confirmed): the store does not hash them again.
+    hash: Option<ChunkHash>,
 }
 
 impl Piece {
     pub fn new(buf: Arc<Vec<u8>>, start: usize, len: usize) -> Self {
         assert!(start + len <= buf.len());
-        Piece { buf, start, len }
+        Piece {
+            buf,
+            start,
+            len,
+            hash: None,
+        }
+    }
+
+    /// A piece whose hash the caller computed over `buf[start..start + len]`.
+    pub fn hashed(buf: Arc<Vec<u8>>, start: usize, len: usize, hash: ChunkHash) -> Self {
+        debug_assert_eq!(ChunkHash::of(&buf[start..start + len]), hash);
+        Piece {
+            hash: Some(hash),
+            ..Piece::new(buf, start, len)
+        }
+    }
+
+    /// The hash of the bytes, if already known.
+    pub fn known_hash(&self) -> Option<ChunkHash> {
+        self.hash
     }
 
     pub fn bytes(&self) -> &[u8] {
@@ -158,6 +184,8 @@ impl Piece {
         assert!(len <= self.len);
         Piece {
             len,
+            // The hash was of all the bytes.
+            hash: if len == self.len { self.hash } else { None },
             ..self.clone()
         }
     }
@@ -430,11 +458,19 @@ stages! {
     /// FUSE write requests taken into file states (copy, hand-over to the cutter and the
     /// workers, including waiting when the file's cutter is `CUT_QUEUE_BYTES` behind).
     ingest,
-    /// Content-defined cutting of sequential streams (worker threads).
+    /// Content-defined cutting of sequential streams (worker threads), including `predict`.
     cut,
+    /// Part of `cut`: blake3 of chunks the cutter predicted from the chunk sequences of
+    /// recent files (`predict`) and their bytes confirmed (count and bytes: those chunks).
+    /// The workers do not hash them again.
+    predict,
+    /// Part of `cut`: blake3 over predicted chunks that the bytes did not confirm (the cutter
+    /// cut by content there instead).
+    predict_miss,
     /// Writers waiting for room in the pipeline (back-pressure).
     budget_wait,
-    /// blake3 of new pieces.
+    /// blake3 of pieces not predicted: on the workers, or by the cutter (within `cut`) where
+    /// it looks up what followed a chunk.
     hash,
     /// Dedup lookups in the chunk table.
     lookup,

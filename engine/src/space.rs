@@ -2450,6 +2450,9 @@ impl Space {
                 .into());
             }
         }
+        // A file opened here is often rewritten next (O_TRUNC with a fixed checkpoint name) or
+        // read by a restarted job whose next checkpoint resembles it: predict its chunks.
+        self.store.learn(&map, self.sb.chunk.max_bytes);
         Ok(FileState::new(
             self.sb.chunk,
             map,
@@ -2532,6 +2535,12 @@ impl Space {
         self.store.recorded_taken(&taken);
         // Durable now: the pins of the chunks this commit names can go.
         drop(file.take_pins());
+        // The next revision of this file (or of one like it) is cut by predicting these
+        // chunks again. Complete revisions only: an fsync point's map is one the file's own
+        // close will teach again, and a file fsynced often would relearn it each time.
+        if seal == Seal::Complete {
+            self.store.learn(file.map(), self.sb.chunk.max_bytes);
+        }
         Ok(rev)
     }
 

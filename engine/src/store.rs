@@ -127,6 +127,9 @@ pub struct ChunkStore {
     codec: Mutex<crate::codec::Policy>,
     /// Compresses new chunks in batches on a GPU instead of on the workers, when set.
     gpu: Mutex<Option<Arc<gpu::GpuStage>>>,
+    /// Chunk sequences of files committed or opened here, for the cutters' predictions
+    /// (bounded: `predict::GENERATION_ENTRIES`).
+    successors: Arc<crate::predict::Successors>,
 }
 
 /// Where committed chunks lie. The catalog answers; the store sits below it and opens no
@@ -181,12 +184,18 @@ impl ChunkStore {
             chunks_stored: AtomicU64::new(0),
             codec: Mutex::new(crate::codec::Policy::Lz4),
             gpu: Mutex::new(None),
+            successors: Arc::default(),
         })
     }
 
     /// The pipeline the store runs its jobs on.
     pub fn pipeline(&self) -> &Arc<Pipeline> {
         &self.pipeline
+    }
+
+    /// Teaches the cutters' predictor a file's chunk sequence (a map committed or loaded).
+    pub fn learn(&self, map: &crate::filemap::ExtentMap, max_chunk: u32) {
+        self.successors.learn(map, max_chunk);
     }
 
     /// Where the data path's time goes (the pipeline's timers).
@@ -683,7 +692,7 @@ impl ChunkIo for ChunkStore {
         if pool.workers() == 0 {
             return pieces
                 .iter()
-                .map(|p| Ticket::ready(self.put(p.bytes())))
+                .map(|p| Ticket::ready(self.put_piece(p)))
                 .collect();
         }
         let mut tickets = Vec::with_capacity(pieces.len());
@@ -710,7 +719,7 @@ impl ChunkIo for ChunkStore {
                     Some(gpu) => {
                         let mut new = Vec::new();
                         for (piece, done) in job {
-                            match me.lookup(piece.bytes()) {
+                            match me.lookup(piece.bytes(), piece.known_hash()) {
                                 Ok(Lookup::Miss(hash)) => {
                                     new.push(gpu::NewChunk { hash, piece, done })
                                 }
@@ -722,7 +731,7 @@ impl ChunkIo for ChunkStore {
                     }
                     None => {
                         for (piece, done) in job {
-                            done.complete(me.put(piece.bytes()));
+                            done.complete(me.put_piece(&piece));
                         }
                         drop(permit);
                     }
@@ -737,18 +746,15 @@ impl ChunkIo for ChunkStore {
         Some(&*self.pipeline)
     }
 
+    fn successors(&self) -> Option<crate::predict::Predictor> {
+        Some(crate::predict::Predictor {
+            table: self.successors.clone(),
+            pipeline: Some(self.pipeline.clone()),
+        })
+    }
+
     fn put(&self, data: &[u8]) -> Result<ChunkHash> {
-        let h = match self.lookup(data)? {
-            Lookup::Hit(h) => return Ok(h),
-            Lookup::Miss(h) => h,
-        };
-        let policy = *self.codec.lock();
-        let (codec, encoded) = self
-            .stages()
-            .compress
-            .time(data.len(), || crate::codec::encode(data, policy));
-        // Stored raw when compression does not pay, so incompressible data costs nothing extra.
-        self.store_new(h, data.len(), codec, encoded.as_deref().unwrap_or(data))
+        self.put_hashed(data, None)
     }
 
     fn get(&self, h: &ChunkHash) -> Result<Arc<[u8]>> {
@@ -770,10 +776,34 @@ enum Lookup {
 
 impl ChunkStore {
     /// Hashes a piece and pins the chunk if it is stored already.
-    fn lookup(&self, data: &[u8]) -> Result<Lookup> {
+    /// `put` of a piece, taking its hash where the cutter already computed it.
+    fn put_piece(&self, piece: &Piece) -> Result<ChunkHash> {
+        self.put_hashed(piece.bytes(), piece.known_hash())
+    }
+
+    fn put_hashed(&self, data: &[u8], known: Option<ChunkHash>) -> Result<ChunkHash> {
+        let h = match self.lookup(data, known)? {
+            Lookup::Hit(h) => return Ok(h),
+            Lookup::Miss(h) => h,
+        };
+        let policy = *self.codec.lock();
+        let (codec, encoded) = self
+            .stages()
+            .compress
+            .time(data.len(), || crate::codec::encode(data, policy));
+        // Stored raw when compression does not pay, so incompressible data costs nothing extra.
+        self.store_new(h, data.len(), codec, encoded.as_deref().unwrap_or(data))
+    }
+
+    /// Hashes `data` (unless `known`: its hash, computed by the caller over exactly these
+    /// bytes) and looks it up among pinned and committed chunks.
+    fn lookup(&self, data: &[u8], known: Option<ChunkHash>) -> Result<Lookup> {
         self.check_failed()?;
         assert!(!data.is_empty() && data.len() <= u32::MAX as usize);
-        let h = self.stages().hash.time(data.len(), || ChunkHash::of(data));
+        let h = match known {
+            Some(h) => h,
+            None => self.stages().hash.time(data.len(), || ChunkHash::of(data)),
+        };
         let _shared = self.barrier.read();
         if let Some(e) = self.pending.lock().get_mut(&h) {
             e.holders += 1;

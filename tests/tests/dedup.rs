@@ -143,3 +143,71 @@ fn dedup_of_copies_revisions_and_shifted_checkpoints() {
     assert_file_eq(&m.path("ckpt-0001-shifted.bin"), &shifted);
     assert_file_eq(&m.path("ckpt-0002.bin"), &revised);
 }
+
+/// Chunks confirmed by a cut prediction, from the daemon's stage counters.
+fn predicted_chunks(s: &Report<StatsReport>) -> u64 {
+    s.stats
+        .stages
+        .iter()
+        .find(|st| st.name == "predict")
+        .map_or(0, |st| st.count)
+}
+
+/// A next checkpoint is cut by predicting each chunk from the previous one's sequence (and
+/// confirming it by its hash); those cuts must be exactly the content-defined ones. Shown
+/// from outside: the same bytes written again after a remount (nothing learned, so cut by
+/// FastCDC alone) add no chunk and no stored byte.
+#[test]
+fn predicted_cuts_are_the_content_defined_cuts() {
+    let seed = test_seed("dedup-predict", 0x5eed_0003);
+    let mut rng = SmallRng::seed_from_u64(seed);
+    let mut m = TestMount::new();
+    let base = pattern(seed, 32 * MIB);
+    write_checkpoint(&m, "step-1.bin", &base);
+
+    // The next checkpoint: 5% of the 64 KiB blocks changed, 8 bytes inserted, 100 KiB more.
+    let mut next = base.clone();
+    for blk in next.chunks_mut(64 << 10) {
+        if rng.random_range(0..20) == 0 {
+            rng.fill_bytes(blk);
+        }
+    }
+    let at = rng.random_range(0..next.len());
+    next.splice(at..at, *b"inserted");
+    let mut tail = vec![0u8; 100 << 10];
+    rng.fill_bytes(&mut tail);
+    next.extend_from_slice(&tail);
+
+    let s0 = m.stats();
+    write_checkpoint(&m, "step-2.bin", &next);
+    let s1 = m.stats();
+    let predicted = predicted_chunks(&s1) - predicted_chunks(&s0);
+    println!(
+        "next checkpoint: {predicted} chunks predicted of {} new chunk records; stored grew {} bytes",
+        s1.stats.chunks - s0.stats.chunks,
+        s1.stats.stored_bytes - s0.stats.stored_bytes
+    );
+    // 32 MiB at 64 KiB chunks is about 500 chunks; most are unchanged.
+    assert!(
+        predicted >= 300,
+        "only {predicted} chunks of the next checkpoint were predicted"
+    );
+
+    m.remount();
+    let s2 = m.stats();
+    write_checkpoint(&m, "step-2-again.bin", &next);
+    let s3 = m.stats();
+    assert_eq!(
+        predicted_chunks(&s3),
+        0,
+        "nothing was opened since the remount, so nothing is predicted"
+    );
+    assert_eq!(
+        (s3.stats.chunks, s3.stats.stored_bytes),
+        (s2.stats.chunks, s2.stats.stored_bytes),
+        "the content-defined cuts of the same bytes found chunks the predicted cuts did not make"
+    );
+    assert_file_eq(&m.path("step-1.bin"), &base);
+    assert_file_eq(&m.path("step-2.bin"), &next);
+    assert_file_eq(&m.path("step-2-again.bin"), &next);
+}
