@@ -60,6 +60,40 @@ impl Stored {
     }
 }
 
+/// A chunk's stored bytes borrowed from a larger read (several chunks read in one device
+/// read), not yet checked.
+pub struct StoredRef<'a> {
+    hash: ChunkHash,
+    rec: ChunkRecord,
+    bytes: &'a [u8],
+}
+
+impl<'a> StoredRef<'a> {
+    pub fn new(hash: ChunkHash, rec: ChunkRecord, bytes: &'a [u8]) -> Self {
+        StoredRef { hash, rec, bytes }
+    }
+
+    /// `Stored::verify` without copying the stored bytes first: the raw bytes that match
+    /// the hash, in the shared form the read cache keeps (one copy for a raw chunk, the
+    /// decoded bytes' for a compressed one).
+    pub fn verify_shared(self) -> Result<std::sync::Arc<[u8]>> {
+        let (h, rec) = (self.hash, self.rec);
+        let damaged = |damage| {
+            Error::from(Corruption::Chunk {
+                hash: h,
+                offset: rec.offset,
+                damage,
+            })
+        };
+        let raw = crate::codec::decode_slice(rec.codec, self.bytes, rec.raw_len as usize)
+            .map_err(damaged)?;
+        if raw.len() != rec.raw_len as usize || ChunkHash::of(&raw) != h {
+            return Err(damaged(ChunkDamage::HashMismatch));
+        }
+        Ok(std::sync::Arc::from(&*raw))
+    }
+}
+
 impl Verified {
     pub fn into_bytes(self) -> Vec<u8> {
         self.0

@@ -52,11 +52,39 @@ pub fn encode(data: &[u8], policy: Policy) -> (Codec, Option<Vec<u8>>) {
             return (Codec::Raw, None);
         }
     }
+    if incompressible_probes(data) {
+        return (Codec::Raw, None);
+    }
     let lz4 = lz4_flex::block::compress(data);
     if lz4.len() >= data.len() {
         return (Codec::Raw, None);
     }
     (Codec::Lz4, Some(lz4))
+}
+
+/// Bytes of each of the three probes `incompressible_probes` compresses.
+const PROBE_BYTES: usize = 4 << 10;
+
+/// True when LZ4 shrinks none of three probes (start, middle, end) of a chunk at least 4
+/// probes long: random or encrypted bytes and float weights, which LZ4 would spend about
+/// 0.2 CPU-seconds per GiB on to store raw anyway. The probes cost a fifth of that on a
+/// 64 KiB chunk. What this can miss: a chunk that compresses only through matches longer
+/// apart than a probe (its probes all look random); it is then stored raw, as correct as
+/// ever, only larger.
+fn incompressible_probes(data: &[u8]) -> bool {
+    if data.len() < 4 * PROBE_BYTES {
+        return false;
+    }
+    [
+        0,
+        data.len() / 2 - PROBE_BYTES / 2,
+        data.len() - PROBE_BYTES,
+    ]
+    .iter()
+    .all(|&o| {
+        let probe = &data[o..o + PROBE_BYTES];
+        lz4_flex::block::compress(probe).len() >= probe.len()
+    })
 }
 
 /// The element width whose shuffle compresses a sample of the chunk clearly better than
@@ -69,6 +97,18 @@ fn shuffle_width(data: &[u8]) -> Option<usize> {
     let s8 = lz4_flex::block::compress(&shuffle(sample, 8)).len();
     let (best, len) = if s8 <= s4 { (8, s8) } else { (4, s4) };
     ((len as f64) < plain as f64 * SHUFFLE_MIN_GAIN).then_some(best)
+}
+
+/// `decode` of borrowed stored bytes: raw chunks are not copied.
+pub fn decode_slice(
+    codec: Codec,
+    stored: &[u8],
+    raw_len: usize,
+) -> std::result::Result<std::borrow::Cow<'_, [u8]>, ChunkDamage> {
+    match codec {
+        Codec::Raw if stored.len() == raw_len => Ok(std::borrow::Cow::Borrowed(stored)),
+        _ => decode(codec, stored.to_vec(), raw_len).map(std::borrow::Cow::Owned),
+    }
 }
 
 /// Decodes stored bytes into the chunk's `raw_len` bytes. Knows nothing of which chunk
@@ -147,6 +187,33 @@ pub fn unshuffle(data: &[u8], width: usize) -> Vec<u8> {
 mod tests {
     use super::*;
     use rand::{Rng, RngCore, SeedableRng};
+
+    /// Random bytes skip LZ4; data with a compressible part anywhere a probe looks, or short
+    /// chunks, are compressed as before.
+    #[test]
+    fn probes_skip_random_chunks_only() {
+        let mut rng = rand::rngs::SmallRng::seed_from_u64(9);
+        let mut random = vec![0u8; 64 << 10];
+        rng.fill_bytes(&mut random);
+        assert!(incompressible_probes(&random));
+        assert_eq!(encode(&random, Policy::Lz4).0, Codec::Raw);
+        // A compressible tail (a header then zero padding, say) is found by the last probe.
+        let mut tail = random.clone();
+        tail[40 << 10..].fill(0);
+        assert!(!incompressible_probes(&tail));
+        assert_eq!(encode(&tail, Policy::Lz4).0, Codec::Lz4);
+        let text: Vec<u8> = b"step 1000 loss 0.1234 lr 3e-4\n"
+            .iter()
+            .cycle()
+            .take(64 << 10)
+            .copied()
+            .collect();
+        assert!(!incompressible_probes(&text));
+        assert!(
+            !incompressible_probes(&random[..12 << 10]),
+            "too short to probe"
+        );
+    }
 
     #[test]
     fn shuffle_round_trips_every_length_and_width() {

@@ -405,6 +405,15 @@ impl FileDevice {
         }
         let d = self.direct.read();
         let f = d.as_ref()?;
+        let a = DIRECT_ALIGN as u64;
+        if (buf.as_ptr() as usize).is_multiple_of(DIRECT_ALIGN)
+            && off.is_multiple_of(a)
+            && buf.len().is_multiple_of(DIRECT_ALIGN)
+        {
+            // Already aligned (the chunk store's reads of whole blocks into an `IoBuf`):
+            // read into it, without a bounce buffer and a copy.
+            return Some(f.read_exact_at(buf, off));
+        }
         let start = off / DIRECT_ALIGN as u64 * DIRECT_ALIGN as u64;
         let end = (off + buf.len() as u64).next_multiple_of(DIRECT_ALIGN as u64);
         let end = end.min(self.len().next_multiple_of(DIRECT_ALIGN as u64));

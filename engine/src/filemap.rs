@@ -150,6 +150,46 @@ impl ExtentMap {
     /// Copies the bytes of `pieces` (from `pieces()`) into `buf`, which starts at file
     /// offset `off`; holes are left untouched. Needs no access to the map itself, so a
     /// reader can take the pieces under the file's lock and read without it.
+    /// The `len` bytes at `off` given `pieces` (the map's pieces of that range, in order):
+    /// built by appending, so only holes are zeroed (a read reply's bytes are otherwise
+    /// written twice).
+    pub fn read_pieces_vec(
+        c: &dyn ChunkIo,
+        pieces: Vec<(u64, Extent)>,
+        off: u64,
+        len: usize,
+    ) -> Result<Vec<u8>> {
+        let hashes: Vec<ChunkHash> = pieces.iter().map(|(_, e)| e.chunk).collect();
+        let chunks = c.get_many(&hashes)?;
+        let mut out = Vec::with_capacity(len);
+        for ((s, e), data) in pieces.into_iter().zip(chunks) {
+            let (from, to) = Self::piece_range(s, &e, &data)?;
+            let at = (s - off) as usize;
+            debug_assert!(at >= out.len(), "pieces are in order and do not overlap");
+            out.resize(at, 0);
+            out.extend_from_slice(&data[from..to]);
+        }
+        out.resize(len, 0);
+        Ok(out)
+    }
+
+    /// Where a piece's bytes lie in its chunk, checked against the chunk's length.
+    fn piece_range(s: u64, e: &Extent, data: &[u8]) -> Result<(usize, usize)> {
+        let from = e.chunk_off as usize;
+        let to = from + e.len as usize;
+        if to > data.len() {
+            return Err(Corruption::Record {
+                record: "extent record",
+                why: format!(
+                    "the extent at file offset {s} reaches past the end of chunk {}",
+                    e.chunk
+                ),
+            }
+            .into());
+        }
+        Ok((from, to))
+    }
+
     pub fn read_pieces(
         c: &dyn ChunkIo,
         pieces: Vec<(u64, Extent)>,
@@ -159,18 +199,7 @@ impl ExtentMap {
         let hashes: Vec<ChunkHash> = pieces.iter().map(|(_, e)| e.chunk).collect();
         let chunks = c.get_many(&hashes)?;
         for ((s, e), data) in pieces.into_iter().zip(chunks) {
-            let from = e.chunk_off as usize;
-            let to = from + e.len as usize;
-            if to > data.len() {
-                return Err(Corruption::Record {
-                    record: "extent record",
-                    why: format!(
-                        "the extent at file offset {s} reaches past the end of chunk {}",
-                        e.chunk
-                    ),
-                }
-                .into());
-            }
+            let (from, to) = Self::piece_range(s, &e, &data)?;
             let at = (s - off) as usize;
             buf[at..at + e.len as usize].copy_from_slice(&data[from..to]);
         }

@@ -12,7 +12,7 @@
 //! after every chunk lookup that might still see the old location.
 
 use crate::alloc::Segments;
-use crate::chunk::{Checked, Stored, Verified};
+use crate::chunk::{Checked, Stored, StoredRef, Verified};
 use crate::device::{IoBuf, DIRECT_ALIGN};
 use crate::error::{Corruption, Error, Result};
 use crate::format::{ChunkHash, ChunkRecord, Codec, DataOffset, SegmentId};
@@ -629,6 +629,27 @@ impl ChunkStore {
     /// `len` bytes of the data file at `off`, seeing writes not yet on disk.
     fn read_range(&self, off: u64, len: usize) -> Result<Vec<u8>> {
         let mut stored = vec![0u8; len];
+        self.read_into(off, &mut stored)?;
+        Ok(stored)
+    }
+
+    /// The bytes of the data file from `off` for `len` in a block-aligned buffer, read
+    /// straight into it (a direct read needs no bounce buffer and copy): the buffer and
+    /// where in it `off` lies. The aligned span stays in `off`'s segment (segments are
+    /// whole blocks).
+    fn read_span(&self, off: u64, len: usize) -> Result<(IoBuf, usize)> {
+        let a = DIRECT_ALIGN as u64;
+        let start = off / a * a;
+        let end = (off + len as u64).next_multiple_of(a);
+        let mut buf = IoBuf::new();
+        buf.extend_zeros((end - start) as usize);
+        self.read_into(start, buf.as_mut_slice())?;
+        Ok((buf, (off - start) as usize))
+    }
+
+    /// Fills `stored` with the data file's bytes at `off`, seeing writes not yet on disk.
+    fn read_into(&self, off: u64, stored: &mut [u8]) -> Result<()> {
+        let len = stored.len();
         let end = off + len as u64;
         let overlaps = |s: u64, n: usize| s < end && s + n as u64 > off;
         // Buffers are taken (cheap clones) under the lock and copied from after it; the
@@ -658,7 +679,7 @@ impl ChunkStore {
             (taken, covered)
         };
         if covered < end - off {
-            self.place.read(self.location(off), &mut stored)?;
+            self.place.read(self.location(off), stored)?;
         }
         for (s, b, n) in taken {
             let from = s.max(off);
@@ -666,7 +687,7 @@ impl ChunkStore {
             stored[(from - off) as usize..(to - off) as usize]
                 .copy_from_slice(&b.as_slice()[(from - s) as usize..(to - s) as usize]);
         }
-        Ok(stored)
+        Ok(())
     }
 }
 
@@ -1003,7 +1024,9 @@ impl ChunkStore {
             }
         }
         let mut missing: Vec<(ChunkHash, ChunkRecord)> = Vec::new();
-        let mut stored: Vec<Vec<u8>> = Vec::new();
+        // Runs of chunks read in one device read: the buffer, where the run starts in it,
+        // the run's first data offset, and its chunks (indices into `missing`).
+        let mut runs: Vec<(IoBuf, usize, u64, std::ops::Range<usize>)> = Vec::new();
         {
             let _shared = self.barrier.read();
             let mut unpinned = Vec::new();
@@ -1043,32 +1066,33 @@ impl ChunkStore {
                     m += 1;
                 }
                 let len = (end - start) as usize;
-                let all = self
+                let (buf, at) = self
                     .stages()
                     .read
-                    .time(len, || self.read_range(start, len))?;
-                if m - k == 1 {
-                    stored.push(all);
-                } else {
-                    for (_, r) in &missing[k..m] {
-                        let at = (r.offset.0 - start) as usize;
-                        stored.push(all[at..at + r.stored_len as usize].to_vec());
-                    }
-                }
+                    .time(len, || self.read_span(start, len))?;
+                runs.push((buf, at, start, k..m));
                 k = m;
             }
         }
-        for ((h, rec), bytes) in missing.iter().zip(stored) {
-            let verified = self.stages().decode.time(rec.raw_len as usize, || {
-                Stored::new(*h, *rec, bytes).verify()
-            });
-            let verified = match verified {
-                Err(Error::Corrupt(c)) => self.repair(*h, *rec).ok_or(Error::Corrupt(c))?,
-                r => r?,
-            };
-            let data: Arc<[u8]> = verified.into_bytes().into();
-            self.cache.lock().put(*h, data.clone());
-            found.insert(*h, data);
+        // Each chunk is checked where it lies in its run's buffer and copied once, into
+        // the shared form the cache and readers keep.
+        for (buf, at, start, chunks) in runs {
+            for (h, rec) in &missing[chunks] {
+                let from = at + (rec.offset.0 - start) as usize;
+                let bytes = &buf.as_slice()[from..from + rec.stored_len as usize];
+                let verified = self.stages().decode.time(rec.raw_len as usize, || {
+                    StoredRef::new(*h, *rec, bytes).verify_shared()
+                });
+                let data = match verified {
+                    Err(Error::Corrupt(c)) => {
+                        let v = self.repair(*h, *rec).ok_or(Error::Corrupt(c))?;
+                        Arc::<[u8]>::from(v.into_bytes())
+                    }
+                    r => r?,
+                };
+                self.cache.lock().put(*h, data.clone());
+                found.insert(*h, data);
+            }
         }
         Ok(hashes.iter().map(|h| found[h].clone()).collect())
     }

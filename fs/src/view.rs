@@ -405,6 +405,7 @@ impl Fs {
                     writers: 0,
                     handles: HashMap::new(),
                     prefetched_to: 0,
+                    prefetching: None,
                 }));
                 open.nodes.insert(ino, n.clone());
                 n
