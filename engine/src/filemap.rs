@@ -213,6 +213,24 @@ pub const DIRTY_LIMIT_BYTES: usize = 32 << 20;
 struct Stream {
     start: u64,
     buf: Vec<u8>,
+    /// Counts this stream among the files sharing `pipeline::STREAM_BYTES` while it lives.
+    _live: Option<LiveStream>,
+}
+
+/// One file's stream buffer, counted in `Cutters::live_streams`.
+struct LiveStream(Arc<std::sync::atomic::AtomicUsize>);
+
+impl LiveStream {
+    fn new(n: Arc<std::sync::atomic::AtomicUsize>) -> Self {
+        n.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        LiveStream(n)
+    }
+}
+
+impl Drop for LiveStream {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, std::sync::atomic::Ordering::Relaxed);
+    }
 }
 
 /// A piece of content handed to the store and not yet in the map: newer than the map, older
@@ -267,8 +285,9 @@ pub struct CutState {
 struct CutInner {
     /// Taken out by the running cutter (only one runs at a time: `running`).
     cutter: Option<Cutter>,
-    /// Segments handed over, in order and back to back, until their bytes are all taken out
-    /// as pieces; reads see the stream through them.
+    /// Segments handed over, in order and back to back, until they are cut (then their
+    /// bytes are in pieces, taken or in `out`, and in the carry); reads see the stream
+    /// through them, `out` and the carry.
     segs: VecDeque<(u64, Arc<Vec<u8>>)>,
     /// Index in `segs` of the first segment not yet cut, and the bytes from there on.
     next: usize,
@@ -277,9 +296,12 @@ struct CutInner {
     permits: VecDeque<Option<Permit>>,
     /// File offset after the last segment.
     end: u64,
-    /// The cutter's unfinished last chunk (it may grow with the next segment).
+    /// The cutter's unfinished last chunk (it may grow with the next segment); shared with
+    /// the running cutter, so reads see it while the next segment is cut.
     carry_start: u64,
-    carry: Vec<u8>,
+    carry: Arc<Vec<u8>>,
+    /// The cutter has taken `segs[next - 1]` and not yet put its pieces in `out`.
+    in_cut: bool,
     /// Cut pieces not yet taken by the file state: offset, bytes, all zeros.
     out: Vec<(u64, Piece, bool)>,
     /// Offset up to which pieces were taken.
@@ -307,7 +329,8 @@ impl CutState {
                 permits: VecDeque::new(),
                 end: start,
                 carry_start: start,
-                carry: Vec::new(),
+                carry: Arc::default(),
+                in_cut: false,
                 out: Vec::new(),
                 taken_to: start,
                 finish: false,
@@ -330,14 +353,15 @@ impl CutState {
                     // Its bytes go on as pieces, which the store's own budget bounds.
                     drop(g.permits.pop_front());
                     let last = g.finish && g.next == g.segs.len();
-                    let carry = std::mem::take(&mut g.carry);
+                    let carry = g.carry.clone();
+                    g.in_cut = true;
                     let start = g.carry_start;
                     let cutter = g.cutter.take().expect("one cutter runs at a time");
                     drop(g);
                     self.cv.notify_all();
                     (start, carry, seg, last, cutter)
                 } else if g.finish && !g.carry.is_empty() {
-                    let carry = std::mem::take(&mut g.carry);
+                    let carry = g.carry.clone();
                     let cutter = g.cutter.take().expect("one cutter runs at a time");
                     (g.carry_start, carry, Arc::new(Vec::new()), true, cutter)
                 } else {
@@ -347,12 +371,13 @@ impl CutState {
                     return;
                 }
             };
-            let (pieces, carry_start, carry) = cut_segment(&mut cutter, start, carry, seg, last);
+            let (pieces, carry_start, carry) = cut_segment(&mut cutter, start, &carry, seg, last);
             let mut g = self.m.lock();
             g.cutter = Some(cutter);
             g.out.extend(pieces);
-            g.carry = carry;
+            g.carry = Arc::new(carry);
             g.carry_start = carry_start;
+            g.in_cut = false;
             drop(g);
             self.cv.notify_all();
         }
@@ -539,7 +564,7 @@ impl Cutter {
 fn cut_segment(
     cutter: &mut Cutter,
     start: u64,
-    carry: Vec<u8>,
+    carry: &[u8],
     seg: Arc<Vec<u8>>,
     last: bool,
 ) -> (Vec<(u64, Piece, bool)>, u64, Vec<u8>) {
@@ -550,7 +575,8 @@ fn cut_segment(
     let carry_len = carry.len();
     if carry_len > 0 {
         let head = seg.len().min(p.max_bytes as usize);
-        let mut joined = carry;
+        let mut joined = Vec::with_capacity(carry_len + head);
+        joined.extend_from_slice(carry);
         joined.extend_from_slice(&seg[..head]);
         let joined = Arc::new(joined);
         if head == seg.len() {
@@ -567,7 +593,7 @@ fn cut_segment(
             pieces.clear();
             let mut all = joined[..carry_len].to_vec();
             all.extend_from_slice(&seg);
-            return cut_segment(cutter, start, all, Arc::new(Vec::new()), last);
+            return cut_segment(cutter, start, &all, Arc::new(Vec::new()), last);
         }
         from = end - carry_len;
     }
@@ -706,8 +732,18 @@ impl FileState {
 
     /// The stream is chunked when its buffer reaches this size; every chunk but the last is
     /// final, since a FastCDC cut depends only on bytes from the chunk's start to the cut.
-    fn stream_cut_bytes(&self) -> usize {
-        (4 * self.params.max_bytes as usize).max(1 << 20)
+    /// With many files written at once, each gets its share of `STREAM_BYTES` (cut sooner,
+    /// in more segments: the same chunks).
+    fn stream_cut_bytes(&self, c: &dyn ChunkIo) -> usize {
+        use crate::pipeline::{STREAM_BYTES, STREAM_MIN_BYTES};
+        let full = (4 * self.params.max_bytes as usize).max(1 << 20);
+        match c.cutters().and_then(|p| p.live_streams()) {
+            Some(n) => {
+                let share = STREAM_BYTES / n.load(std::sync::atomic::Ordering::Relaxed).max(1);
+                full.min(share.max(STREAM_MIN_BYTES))
+            }
+            None => full,
+        }
     }
 
     fn dirty_intersects(&self, start: u64, end: u64) -> bool {
@@ -738,7 +774,7 @@ impl FileState {
                 let s = self.stream.as_mut().expect("stream checked above");
                 s.buf.extend_from_slice(data);
                 self.size = self.size.max(end);
-                if s.buf.len() >= self.stream_cut_bytes() {
+                if s.buf.len() >= self.stream_cut_bytes(c) {
                     self.cut_stream(c, false)?;
                 }
                 return Ok(());
@@ -750,12 +786,27 @@ impl FileState {
             if self.dirty_intersects(off, end) {
                 self.flush_dirty(c)?;
             }
+            // A request that nearly fills the stream (the head of a large write the kernel
+            // split at a page boundary) gets room for the rest, so the tail does not double a
+            // 1 MiB buffer into 2 MiB.
+            let live = c
+                .cutters()
+                .and_then(|p| p.live_streams())
+                .map(LiveStream::new);
+            let cut = self.stream_cut_bytes(c);
+            let mut buf = Vec::with_capacity(if data.len() >= cut / 2 {
+                cut.max(data.len())
+            } else {
+                data.len()
+            });
+            buf.extend_from_slice(data);
             self.stream = Some(Stream {
                 start: off,
-                buf: data.to_vec(),
+                buf,
+                _live: live,
             });
             self.size = end;
-            if data.len() >= self.stream_cut_bytes() {
+            if data.len() >= cut {
                 self.cut_stream(c, false)?;
             }
             return Ok(());
@@ -897,11 +948,10 @@ impl FileState {
                 if let Some((o, p, _)) = pieces.last() {
                     g.taken_to = o + p.len() as u64;
                 }
-                // Segments whose bytes are all in pieces now are no longer needed for reads.
-                while let Some((o, seg)) = g.segs.front() {
-                    if g.next == 0 || o + seg.len() as u64 > g.taken_to {
-                        break;
-                    }
+                // Cut segments are no longer needed for reads: their bytes are in pieces and
+                // the carry. (Keeping each file's last segment until its next write held a
+                // request's bytes per open file, a GiB for a thousand files.)
+                while g.next > usize::from(g.in_cut) {
                     g.segs.pop_front();
                     g.next -= 1;
                 }
@@ -1084,11 +1134,16 @@ impl FileState {
                 Work::Chunk { piece, .. } => overlay(buf, off, f.off, piece.bytes()),
                 Work::Cut(st) => {
                     // Pieces already taken lie before this entry; the rest is in the
-                    // segments (and pieces not yet taken are made of segment bytes).
+                    // segments not yet cut, the pieces not yet taken and the carry (where
+                    // they overlap, they hold the same stream bytes).
                     let g = st.m.lock();
                     for (o, seg) in &g.segs {
                         overlay(buf, off, *o, seg);
                     }
+                    for (o, piece, _) in &g.out {
+                        overlay(buf, off, *o, piece.bytes());
+                    }
+                    overlay(buf, off, g.carry_start, &g.carry);
                 }
             }
         }
@@ -1103,6 +1158,43 @@ impl FileState {
             Some(s) => self.hand_over(c, s.start, s.buf, all),
             None if all => self.end_cut(c),
             None => {}
+        }
+        self.retire(c, false)
+    }
+
+    /// Bytes this state holds in memory: its stream buffer, dirty blocks, and the stream
+    /// segments and pieces it handed over that have not retired into the map. What the fs
+    /// layer bounds over all open files (`release`).
+    pub fn held_bytes(&self) -> usize {
+        let stream = self.stream.as_ref().map_or(0, |s| s.buf.capacity());
+        let dirty = self.dirty.len() * self.block_bytes() as usize;
+        let inflight: u64 = self
+            .inflight
+            .iter()
+            .filter(|f| !matches!(f.work, Work::Hole(_)))
+            .map(|f| f.len())
+            .sum();
+        stream + dirty + inflight as usize
+    }
+
+    /// Lets go of what this state need not hold: retires the pieces the workers finished
+    /// (their bytes are freed once in the map) and hands over the pieces its cutter cut;
+    /// with `all`, also hands its stream buffer to the cutter and its dirty blocks to the
+    /// store. A file's own writes and commit do this for it; this is for files that are
+    /// open but not being written this moment, which would otherwise hold their last
+    /// request's bytes (and with `all`, up to a stream buffer and 32 MiB of dirty blocks)
+    /// until their next write, so the daemon's memory would grow with the number of files
+    /// open for writing. Nothing here changes content or chunk boundaries: a stream cut in
+    /// more segments gives the same chunks.
+    pub fn release(&mut self, c: &dyn ChunkIo, all: bool) -> Result<()> {
+        if all {
+            if let Some(s) = self.stream.take() {
+                self.hand_over(c, s.start, s.buf, false);
+            }
+            // Not when there are none: handing over pieces ends the cut in progress.
+            if !self.dirty.is_empty() {
+                self.flush_dirty(c)?;
+            }
         }
         self.retire(c, false)
     }
@@ -1548,6 +1640,11 @@ pub(crate) mod tests {
                     saved = (f.map.clone(), model.clone());
                     f = FileState::new(params(), saved.0.clone(), model.len() as u64, pins());
                 }
+                84..=87 => {
+                    // Another file's writer makes this one let go of memory (fs's sweep).
+                    let all = rng.random_bool(0.5);
+                    retry(|| f.release(chunks, all));
+                }
                 81..=83 => {
                     // Discarded (an unlink, a save given up) with pieces possibly still in
                     // flight: back to the last commit.
@@ -1596,7 +1693,7 @@ pub(crate) mod tests {
             let n = rng.random_range(1..300_000).min(data.len() - at);
             let last = at + n == data.len();
             let seg = Arc::new(data[at..at + n].to_vec());
-            let (pieces, s, c) = cut_segment(cutter, start, carry, seg, last);
+            let (pieces, s, c) = cut_segment(cutter, start, &carry, seg, last);
             for (off, piece, zero) in pieces {
                 let want = &data[off as usize..off as usize + piece.len()];
                 assert_eq!(piece.bytes(), want, "{what}");

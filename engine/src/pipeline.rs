@@ -10,8 +10,9 @@
 //! `Budget::limit` (plus one piece, so a piece larger than the limit still goes); a writer
 //! that would exceed it waits (back-pressure), so the daemon's memory does not grow with the
 //! number or speed of writers. A finished piece stays with its file state until that file's
-//! next write or commit retires it, so each open file holds at most what its last write
-//! handed over on top of that (one write request plus the stream's cut size).
+//! next write or commit retires it, or the fs layer's sweep of idle open files does (every
+//! 32 MiB written), so the files open for writing do not each keep their last request's
+//! bytes; their stream buffers share `STREAM_BYTES`.
 
 use crate::error::{Error, Result};
 use crate::format::ChunkHash;
@@ -63,7 +64,18 @@ pub trait Cutters: Send + Sync {
     fn reserve_cut(&self, bytes: usize) -> Option<Permit>;
     /// Runs a cutter job.
     fn spawn_cut(&self, job: Box<dyn FnOnce() + Send>);
+    /// How many files have a stream buffer now (they share `STREAM_BYTES`); `None`: no
+    /// bound (tests).
+    fn live_streams(&self) -> Option<Arc<std::sync::atomic::AtomicUsize>> {
+        None
+    }
 }
+
+/// What the stream buffers of all files being written sequentially may hold together: with
+/// more such files than `STREAM_BYTES` / 1 MiB, each hands its buffer to its cutter sooner
+/// (at least every `STREAM_MIN_BYTES`), so memory does not grow with the number of files.
+pub const STREAM_BYTES: usize = 64 << 20;
+pub const STREAM_MIN_BYTES: usize = 16 << 10;
 
 /// The write pipeline's shared parts: the worker pool, the two byte budgets (pieces in
 /// flight to the workers; stream bytes queued for cutters) and the stage timers. The store
@@ -75,6 +87,8 @@ pub struct Pipeline {
     budget: Arc<Budget>,
     /// Bounds the stream bytes of all files queued for their cutters.
     cut_budget: Arc<Budget>,
+    /// Files with a stream buffer now (`Cutters::live_streams`).
+    streams: Arc<std::sync::atomic::AtomicUsize>,
     /// Where the data path's time goes.
     pub stages: Stages,
 }
@@ -86,6 +100,7 @@ impl Pipeline {
             pool: Mutex::new(Arc::new(Pool::new(default_workers(), "ckptfs-store"))),
             budget: Budget::new(PIPELINE_BYTES),
             cut_budget: Budget::new(CUT_BYTES),
+            streams: Arc::default(),
             stages: Stages::default(),
         })
     }
@@ -121,6 +136,10 @@ impl Cutters for Pipeline {
                 .budget_wait
                 .time(0, || self.cut_budget.acquire(bytes)),
         )
+    }
+
+    fn live_streams(&self) -> Option<Arc<std::sync::atomic::AtomicUsize>> {
+        Some(self.streams.clone())
     }
 
     /// Runs a file's cutter on a worker, timed as the `cut` stage.

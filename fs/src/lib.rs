@@ -272,7 +272,19 @@ pub struct Fs {
     advice_opens: Mutex<HashMap<HandleId, Arc<Vec<u8>>>>,
     /// Open files being read ahead now (`PrefetchStream`s alive).
     prefetch_streams: Arc<std::sync::atomic::AtomicUsize>,
+    /// Bytes written since the last memory sweep of the open files (`sweep`).
+    written_since_sweep: std::sync::atomic::AtomicU64,
+    /// Held by the thread sweeping (one at a time; the others go on writing).
+    sweeping: Mutex<()>,
 }
+
+/// The open files' memory is swept after this many bytes were written (by anyone).
+pub const SWEEP_EVERY_BYTES: u64 = 32 << 20;
+
+/// What the files open for writing may hold in stream buffers, dirty blocks and pieces not
+/// yet retired, all together, before a sweep also hands their stream buffers and dirty
+/// blocks to the workers (`FileState::release`).
+pub const HELD_BYTES: usize = 128 << 20;
 
 /// One directory entry as readdir returns it.
 #[derive(Clone, Debug)]
@@ -344,6 +356,8 @@ impl Fs {
             publishing: Mutex::new(()),
             advice_opens: Mutex::new(HashMap::new()),
             prefetch_streams: Arc::default(),
+            written_since_sweep: Default::default(),
+            sweeping: Mutex::new(()),
         }
     }
 
@@ -1463,7 +1477,54 @@ impl Fs {
             r = self.space.ingest(&mut n.file, off, data);
         }
         Self::touched_by(&mut n, fh, pid);
+        drop(n);
+        self.sweep_after(data.len());
         Ok(data.len())
+    }
+
+    /// Every `SWEEP_EVERY_BYTES` written, makes the other open files let go of what they
+    /// need not hold (`FileState::release`): a file's pieces are otherwise retired only by
+    /// its own next write or close, so with a thousand files written in turn each held its
+    /// last requests and the daemon's memory grew with the number of files (3 GiB for 1024
+    /// files written 1 MiB at a time). Past `HELD_BYTES` in all, their stream buffers and
+    /// dirty blocks go to the workers too. Files busy right now (locked) are skipped; they
+    /// are being written and let go of their own bytes.
+    fn sweep_after(&self, written: usize) {
+        use std::sync::atomic::Ordering::Relaxed;
+        let before = self.written_since_sweep.fetch_add(written as u64, Relaxed);
+        if before + (written as u64) < SWEEP_EVERY_BYTES {
+            return;
+        }
+        let Some(_one) = self.sweeping.try_lock() else {
+            return;
+        };
+        self.written_since_sweep.store(0, Relaxed);
+        let nodes: Vec<Arc<Mutex<OpenNode>>> = self.open.lock().nodes.values().cloned().collect();
+        if nodes.len() < 2 {
+            return;
+        }
+        let c = self.space.chunks();
+        let mut held = 0;
+        for node in &nodes {
+            if let Some(mut n) = node.try_lock() {
+                // An error (a piece the space had no room for) stays with the file, whose
+                // own next write or close hands the piece over again and reports it.
+                let _ = n.file.release(c, false);
+                held += n.file.held_bytes();
+            }
+        }
+        log::debug!(
+            "memory sweep: {} open files hold {} MiB",
+            nodes.len(),
+            held >> 20
+        );
+        if held > HELD_BYTES {
+            for node in &nodes {
+                if let Some(mut n) = node.try_lock() {
+                    let _ = n.file.release(c, true);
+                }
+            }
+        }
     }
 
     /// Settles a file's uncommitted bytes into chunks (`FileState::finish`). Full: reclaims
