@@ -1205,6 +1205,16 @@ fn run(cli: Cli) -> Result<(), String> {
             })?;
             let mut config = Config::default();
             retention.apply(&mut config);
+            // Refused rather than dropped: a user who asked for slots and silently got a
+            // single-node space would find out when a second node cannot mount it.
+            // (--redundancy without --target is refused by the parser.)
+            if !targets.is_empty() && slots > 1 {
+                return Err(format!(
+                    "--slots {slots} with --target: a space over several storage targets has \
+                     one slot in this version (several nodes sharing targets is not built \
+                     yet); format either a multi-slot space or a space over targets"
+                ));
+            }
             if !targets.is_empty() {
                 // Without --redundancy: no parity, each segment on one target.
                 let r =

@@ -484,7 +484,23 @@ fn format_refuses_bad_sizes_options_and_places() {
             &["invalid value"],
         ),
     ];
-    for (extra, words) in cases {
+    // Options that would otherwise be dropped without a word: slots with targets (not built
+    // together yet), redundancy without targets to spread over.
+    let (t1, t2) = (t.path().join("t1"), t.path().join("t2"));
+    fs::create_dir(&t1).unwrap();
+    fs::create_dir(&t2).unwrap();
+    let (t1, t2) = (t1.to_str().unwrap(), t2.to_str().unwrap());
+    let slots_and_targets = [
+        "--size", SMALL, "--slots", "2", "--target", t1, "--target", t2,
+    ];
+    let with_targets: &[(&[&str], &[&str])] = &[
+        (&slots_and_targets, &["--slots 2 with --target", "one slot"]),
+        (
+            &["--size", SMALL, "--redundancy", "2+1"],
+            &["required arguments", "--target"],
+        ),
+    ];
+    for (extra, words) in cases.iter().chain(with_targets) {
         let mut args = base(&new);
         args.extend(extra.iter().map(|s| s.into()));
         let a: Vec<&OsStr> = args.iter().map(|s| s.as_os_str()).collect();
