@@ -276,6 +276,9 @@ pub struct Fs {
     written_since_sweep: std::sync::atomic::AtomicU64,
     /// Held by the thread sweeping (one at a time; the others go on writing).
     sweeping: Mutex<()>,
+    /// `SWEEP_EVERY_BYTES` and `HELD_BYTES` unless a test sets them (`set_memory_sweep`).
+    sweep_every: std::sync::atomic::AtomicU64,
+    held_limit: std::sync::atomic::AtomicUsize,
 }
 
 /// The open files' memory is swept after this many bytes were written (by anyone).
@@ -358,7 +361,18 @@ impl Fs {
             prefetch_streams: Arc::default(),
             written_since_sweep: Default::default(),
             sweeping: Mutex::new(()),
+            sweep_every: SWEEP_EVERY_BYTES.into(),
+            held_limit: HELD_BYTES.into(),
         }
+    }
+
+    /// Sweeps the open files' memory every `every` bytes written, handing over their streams
+    /// and dirty blocks past `held` bytes (defaults: `SWEEP_EVERY_BYTES`, `HELD_BYTES`).
+    /// The open-table stress test sweeps on every write with it, racing the other threads.
+    pub fn set_memory_sweep(&self, every: u64, held: usize) {
+        use std::sync::atomic::Ordering::Relaxed;
+        self.sweep_every.store(every, Relaxed);
+        self.held_limit.store(held, Relaxed);
     }
 
     /// Whether other nodes change this namespace too (a slot of a multi-slot space): then
@@ -1492,7 +1506,7 @@ impl Fs {
     fn sweep_after(&self, written: usize) {
         use std::sync::atomic::Ordering::Relaxed;
         let before = self.written_since_sweep.fetch_add(written as u64, Relaxed);
-        if before + (written as u64) < SWEEP_EVERY_BYTES {
+        if before + (written as u64) < self.sweep_every.load(Relaxed) {
             return;
         }
         let Some(_one) = self.sweeping.try_lock() else {
@@ -1518,7 +1532,7 @@ impl Fs {
             nodes.len(),
             held >> 20
         );
-        if held > HELD_BYTES {
+        if held > self.held_limit.load(Relaxed) {
             for node in &nodes {
                 if let Some(mut n) = node.try_lock() {
                     let _ = n.file.release(c, true);

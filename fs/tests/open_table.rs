@@ -224,6 +224,9 @@ fn racing_open_flush_release_rename_lose_nothing() {
     };
     Space::format(&dir, 512 << 20, 16384, config, false).expect("format");
     let fs = Arc::new(Fs::new(Space::open(&dir).expect("open")));
+    // Every write sweeps the other open files (retiring their pieces, handing over their
+    // streams and dirty blocks) while their own threads open, write, flush and release them.
+    fs.set_memory_sweep(1, 0);
     let mut writers: Vec<Writer> = (0..WRITERS)
         .map(|i| {
             let name = format!("f{i}");
