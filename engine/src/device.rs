@@ -259,6 +259,9 @@ pub struct IoBuf {
     ptr: std::ptr::NonNull<u8>,
     len: usize,
     cap: usize,
+    /// Bytes from the start that have been written at some time (`len <= init <= cap`):
+    /// `resize_for_overwrite` need not zero them again.
+    init: usize,
 }
 
 impl Clone for IoBuf {
@@ -279,6 +282,7 @@ impl IoBuf {
             ptr: std::ptr::NonNull::dangling(),
             len: 0,
             cap: 0,
+            init: 0,
         }
     }
 
@@ -321,7 +325,39 @@ impl IoBuf {
             }
             self.ptr = p;
             self.cap = cap;
+            self.init = self.len;
         }
+    }
+
+    #[cfg(test)]
+    fn as_ptr_for_test(&self) -> *const u8 {
+        self.ptr.as_ptr()
+    }
+
+    /// Bytes allocated.
+    pub fn capacity(&self) -> usize {
+        self.cap
+    }
+
+    /// Empties the buffer, keeping its allocation (for reuse).
+    pub fn clear(&mut self) {
+        self.len = 0;
+    }
+
+    /// Sets the length to `n` for a caller that overwrites all of it (a device read): bytes
+    /// a reused buffer held before keep their old values, only never-written ones are zeroed.
+    /// Saves the zero-fill (and, for a fresh allocation kept for reuse, its page faults)
+    /// that `extend_zeros` would repeat on every read.
+    pub fn resize_for_overwrite(&mut self, n: usize) {
+        if n > self.len {
+            self.reserve(n - self.len);
+        }
+        if n > self.init {
+            // SAFETY: reserve made room for n bytes; init..n lies inside the allocation.
+            unsafe { std::ptr::write_bytes(self.ptr.as_ptr().add(self.init), 0, n - self.init) };
+            self.init = n;
+        }
+        self.len = n;
     }
 
     pub fn extend_from_slice(&mut self, b: &[u8]) {
@@ -331,6 +367,7 @@ impl IoBuf {
             std::ptr::copy_nonoverlapping(b.as_ptr(), self.ptr.as_ptr().add(self.len), b.len());
         }
         self.len += b.len();
+        self.init = self.init.max(self.len);
     }
 
     /// Appends `n` zero bytes.
@@ -339,6 +376,7 @@ impl IoBuf {
         // SAFETY: reserve made room for n bytes after len.
         unsafe { std::ptr::write_bytes(self.ptr.as_ptr().add(self.len), 0, n) };
         self.len += n;
+        self.init = self.init.max(self.len);
     }
 
     pub fn as_mut_slice(&mut self) -> &mut [u8] {
@@ -632,5 +670,40 @@ mod overlay_tests {
         let mut all = vec![0u8; base.len()];
         dev.base.read_at(&mut all, 0).unwrap();
         assert!(all == base);
+    }
+}
+
+#[cfg(test)]
+mod iobuf_tests {
+    use super::*;
+
+    /// A reused buffer keeps its allocation; bytes never written read as zero, bytes
+    /// written before keep what they held (the caller overwrites them), and growing past
+    /// the allocation keeps the bytes below `len`.
+    #[test]
+    fn resize_for_overwrite_zeroes_only_never_written_bytes() {
+        let mut b = IoBuf::new();
+        b.resize_for_overwrite(4096);
+        assert!(b.as_slice().iter().all(|&x| x == 0));
+        assert_eq!(b.as_ptr_for_test() as usize % DIRECT_ALIGN, 0);
+        b.as_mut_slice().fill(7);
+        let cap = b.capacity();
+        b.clear();
+        assert!(b.is_empty());
+        b.resize_for_overwrite(8192);
+        assert_eq!(b.capacity(), cap, "reused, not reallocated");
+        assert!(b.as_slice()[..4096].iter().all(|&x| x == 7));
+        assert!(b.as_slice()[4096..].iter().all(|&x| x == 0));
+        b.resize_for_overwrite(100);
+        assert_eq!(b.len(), 100);
+        // Appending zeros still writes zeros over bytes written before.
+        b.extend_zeros(100);
+        assert!(b.as_slice()[100..200].iter().all(|&x| x == 0));
+        // Past the allocation: a new one, the first `len` bytes carried over.
+        b.as_mut_slice()[..100].fill(9);
+        b.resize_for_overwrite(cap + 1);
+        assert!(b.capacity() > cap);
+        assert!(b.as_slice()[..100].iter().all(|&x| x == 9));
+        assert!(b.as_slice()[200..].iter().all(|&x| x == 0));
     }
 }

@@ -17,7 +17,7 @@ use crate::device::{IoBuf, DIRECT_ALIGN};
 use crate::error::{Corruption, Error, Result};
 use crate::format::{ChunkHash, ChunkRecord, Codec, DataOffset, SegmentId};
 use crate::pins::{ChunkPins, ReleasePins};
-use crate::pipeline::{ChunkIo, Piece, Pipeline, Ticket};
+use crate::pipeline::{ChunkIo, Piece, Pipeline, Pool, Ticket};
 use crate::placement::{Location, Placement};
 use parking_lot::{Mutex, RwLock};
 use std::collections::{BTreeSet, HashMap, VecDeque};
@@ -40,6 +40,18 @@ pub const CACHE_BYTES: usize = 64 << 20;
 
 /// Chunks per prefetch job (see `prefetch`): 2 MiB at the default chunk size.
 const PREFETCH_JOB_CHUNKS: usize = 32;
+
+/// Threads that run prefetch jobs. A job blocks on its device read and then verifies, so
+/// the store workers (one per core) would keep only that many reads in flight; a disk or
+/// a parallel filesystem wants more. Bound on memory: each job holds at most one run of
+/// `READ_BYTES` while it reads, on top of the decoded-chunk cache it fills.
+pub const READ_THREADS: usize = 8;
+
+/// Device-read buffers kept for reuse, at most, and the largest one kept: a fresh buffer
+/// for every read costs its zero-fill and page faults again (about a tenth of the daemon's
+/// CPU on a cold sequential read), so up to 32 MiB of them stay allocated.
+const SPARE_READ_BUFS: usize = READ_THREADS;
+const SPARE_READ_BUF_BYTES: usize = 4 << 20;
 
 /// A chunk some thread is reading; others wait for it instead of reading it again.
 #[derive(Default)]
@@ -130,6 +142,10 @@ pub struct ChunkStore {
     /// Chunk sequences of files committed or opened here, for the cutters' predictions
     /// (bounded: `predict::GENERATION_ENTRIES`).
     successors: Arc<crate::predict::Successors>,
+    /// Runs prefetch jobs (`READ_THREADS`), started by the first prefetch.
+    readers: std::sync::OnceLock<Pool>,
+    /// Read buffers for reuse (`SPARE_READ_BUFS` of up to `SPARE_READ_BUF_BYTES`).
+    read_bufs: Mutex<Vec<IoBuf>>,
 }
 
 /// Where committed chunks lie. The catalog answers; the store sits below it and opens no
@@ -185,6 +201,8 @@ impl ChunkStore {
             codec: Mutex::new(crate::codec::Policy::Lz4),
             gpu: Mutex::new(None),
             successors: Arc::default(),
+            readers: std::sync::OnceLock::new(),
+            read_bufs: Mutex::new(Vec::new()),
         })
     }
 
@@ -641,10 +659,25 @@ impl ChunkStore {
         let a = DIRECT_ALIGN as u64;
         let start = off / a * a;
         let end = (off + len as u64).next_multiple_of(a);
-        let mut buf = IoBuf::new();
-        buf.extend_zeros((end - start) as usize);
-        self.read_into(start, buf.as_mut_slice())?;
+        let mut buf = self.read_bufs.lock().pop().unwrap_or_default();
+        buf.resize_for_overwrite((end - start) as usize);
+        if let Err(e) = self.read_into(start, buf.as_mut_slice()) {
+            self.give_read_buf(buf);
+            return Err(e);
+        }
         Ok((buf, (off - start) as usize))
+    }
+
+    /// Keeps a buffer from `read_span` for the next read, within the bounds.
+    fn give_read_buf(&self, mut buf: IoBuf) {
+        if buf.capacity() > SPARE_READ_BUF_BYTES {
+            return;
+        }
+        buf.clear();
+        let mut spare = self.read_bufs.lock();
+        if spare.len() < SPARE_READ_BUFS {
+            spare.push(buf);
+        }
     }
 
     /// Fills `stored` with the data file's bytes at `off`, seeing writes not yet on disk.
@@ -987,15 +1020,19 @@ impl ChunkStore {
         self.load_many(hashes)
     }
 
-    /// Reads, verifies and caches chunks on the workers, for a sequential reader that will
-    /// ask for them soon; jobs of `PREFETCH_JOB_CHUNKS` so the workers read in parallel.
-    /// Errors are left for the reader to meet and report. Bounded by the decoded-chunk
-    /// cache, which is where the chunks go.
+    /// Reads, verifies and caches chunks on the read threads, for a sequential reader that
+    /// will ask for them soon; jobs of `PREFETCH_JOB_CHUNKS` so up to `READ_THREADS` device
+    /// reads are in flight. Errors are left for the reader to meet and report. Bounded by the
+    /// decoded-chunk cache, which is where the chunks go.
     pub fn prefetch(&self, hashes: Vec<ChunkHash>) {
-        let pool = self.pipeline.pool();
-        if pool.workers() == 0 || hashes.is_empty() {
+        // No workers: everything runs on the caller's thread in order (the crash tests'
+        // replays), where a read ahead would only be a wasted read.
+        if self.pipeline.workers() == 0 || hashes.is_empty() {
             return;
         }
+        let pool = self
+            .readers
+            .get_or_init(|| Pool::new(READ_THREADS, "ckptfs-read"));
         let missing: Vec<ChunkHash> = {
             let cache = self.cache.lock();
             let loading = self.loading.lock();
@@ -1093,6 +1130,7 @@ impl ChunkStore {
                 self.cache.lock().put(*h, data.clone());
                 found.insert(*h, data);
             }
+            self.give_read_buf(buf);
         }
         Ok(hashes.iter().map(|h| found[h].clone()).collect())
     }
