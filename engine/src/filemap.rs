@@ -378,6 +378,13 @@ impl CutState {
             g.carry = Arc::new(carry);
             g.carry_start = carry_start;
             g.in_cut = false;
+            // The segment's bytes are in `out` and the carry now: reads see them there. A
+            // short segment was copied whole into a joined buffer, so keeping it until the
+            // file state takes the pieces would hold its bytes twice.
+            while g.next > 0 {
+                g.segs.pop_front();
+                g.next -= 1;
+            }
             drop(g);
             self.cv.notify_all();
         }
@@ -582,7 +589,16 @@ fn cut_segment(
         if head == seg.len() {
             // Everything is in the joined buffer (a short segment): cut it like a stream.
             let end = cutter.run(&joined, 0, start, last, usize::MAX, &mut pieces);
-            return (pieces, start + end as u64, joined[end..].to_vec());
+            if end == 0 {
+                // Nothing cut (a short segment of a file written in small requests): the
+                // joined bytes are the new carry, without copying them once more.
+                debug_assert!(pieces.is_empty());
+                let all = Arc::try_unwrap(joined).unwrap_or_else(|j| (*j).clone());
+                return (pieces, start, all);
+            }
+            let rest = joined[end..].to_vec();
+            compact_sparse(&mut pieces, &joined);
+            return (pieces, start + end as u64, rest);
         }
         // A chunk that starts in the carry ends before the joined buffer does (a chunk is at
         // most max_bytes long and the head is that long), so this cuts at least to the end
@@ -595,12 +611,37 @@ fn cut_segment(
             all.extend_from_slice(&seg);
             return cut_segment(cutter, start, &all, Arc::new(Vec::new()), last);
         }
+        compact_sparse(&mut pieces, &joined);
         from = end - carry_len;
     }
     // File offset of seg[0].
     let seg_off = start + carry_len as u64;
     let end = cutter.run(&seg, from, seg_off, last, usize::MAX, &mut pieces);
-    (pieces, seg_off + end as u64, seg[end..].to_vec())
+    let rest = seg[end..].to_vec();
+    compact_sparse(&mut pieces, &seg);
+    (pieces, seg_off + end as u64, rest)
+}
+
+/// Pieces cut in place share the buffer they were cut from until they are stored and
+/// retired. Where they cover less than half of it (a short segment whose bytes mostly go on
+/// as the carry, a joined copy of a long carry cut near its start) they get buffers of their
+/// own, so pieces never keep more than twice their bytes alive: the rest of the buffer is
+/// copied into the carry anyway.
+fn compact_sparse(pieces: &mut [(u64, Piece, bool)], buf: &Arc<Vec<u8>>) {
+    let shared: usize = pieces
+        .iter()
+        .filter(|(_, p, _)| p.shares(buf))
+        .map(|(_, p, _)| p.len())
+        .sum();
+    if shared == 0 || shared * 2 >= buf.capacity() {
+        return;
+    }
+    for (_, p, _) in pieces.iter_mut() {
+        if p.shares(buf) {
+            let taken = std::mem::replace(p, Piece::new(Arc::default(), 0, 0));
+            *p = taken.compacted();
+        }
+    }
 }
 
 impl Stream {

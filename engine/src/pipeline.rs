@@ -198,6 +198,22 @@ impl Piece {
         self.len == 0
     }
 
+    /// Whether the piece's bytes lie in `buf`.
+    pub fn shares(&self, buf: &Arc<Vec<u8>>) -> bool {
+        Arc::ptr_eq(&self.buf, buf)
+    }
+
+    /// The same bytes in a buffer of their own, letting go of the one shared with other
+    /// pieces or a cutter's carry.
+    pub fn compacted(self) -> Piece {
+        Piece {
+            buf: Arc::new(self.bytes().to_vec()),
+            start: 0,
+            len: self.len,
+            hash: self.hash,
+        }
+    }
+
     /// The first `len` bytes.
     pub fn truncated(&self, len: usize) -> Piece {
         assert!(len <= self.len);
