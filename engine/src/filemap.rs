@@ -426,13 +426,24 @@ fn cdc(p: ChunkParams, buf: &[u8], from: usize) -> Vec<(usize, usize)> {
 pub(crate) struct Cutter {
     params: ChunkParams,
     pred: Option<Predictor>,
-    /// The hash of the last chunk emitted, when the cutter hashed it.
-    prev: Option<ChunkHash>,
+    /// The hash prefix (`predict::prefix`) of the last chunk emitted, when the cutter hashed
+    /// it, or of the old chunk it took the place of (see `resync`): what predicts the next.
+    prev: Option<u64>,
+    /// After a predicted chunk `n` starting at file offset `o` missed (its bytes changed):
+    /// where the old chunk sequence goes on, as (file offset where one of its chunks ends,
+    /// that chunk's hash prefix), starting with `n` itself at `o + n.len`. Content-defined
+    /// cuts after a change in place (same offsets: a checkpoint's tensors rewritten) land on
+    /// the old boundaries again once past the changed bytes; at the first that does, the
+    /// old successor is predicted, so the chunk after a change is confirmed by one hash
+    /// instead of a FastCDC scan. Followed for at most `RESYNC_STEPS` old chunks.
+    resync: Option<(u64, u64)>,
     /// Content-defined chunks in a row whose hash had no successor; past `HASH_MISSES` the
     /// cutter stops hashing every content-defined chunk (new data: the workers hash it in
     /// parallel instead) and only samples one in `HASH_SAMPLE` to find known data again.
     misses: u32,
     cdc_chunks: u64,
+    /// Chunks taken from a confirmed prediction.
+    predicted: u64,
 }
 
 /// Which stage a hash is timed as.
@@ -441,6 +452,8 @@ type StageOf = fn(&crate::pipeline::Stages) -> &crate::pipeline::Stage;
 /// See `Cutter::misses`.
 const HASH_MISSES: u32 = 8;
 const HASH_SAMPLE: u64 = 16;
+/// See `Cutter::resync`.
+const RESYNC_STEPS: u32 = 8;
 
 impl Cutter {
     pub(crate) fn new(params: ChunkParams, pred: Option<Predictor>) -> Self {
@@ -448,8 +461,10 @@ impl Cutter {
             params,
             pred,
             prev: None,
+            resync: None,
             misses: 0,
             cdc_chunks: 0,
+            predicted: 0,
         }
     }
 
@@ -503,8 +518,8 @@ impl Cutter {
         };
         let mut pos = from;
         while pos < buf.len() && pos < stop {
-            let predicted = match (&self.pred, &self.prev) {
-                (Some(pr), Some(prev)) => pr.table.next(prev),
+            let predicted = match (&self.pred, self.prev) {
+                (Some(pr), Some(prev)) => pr.table.next_after(prev),
                 _ => None,
             };
             if let Some(n) = predicted.filter(|n| n.len > 0 && n.len <= p.max_bytes) {
@@ -520,12 +535,15 @@ impl Cutter {
                     });
                     if hit(&h) {
                         push(pos, end - pos, Some(h));
-                        self.prev = Some(h);
+                        self.predicted += 1;
+                        self.resync = None;
+                        self.prev = Some(crate::predict::prefix(&h));
                         pos = end;
                         continue;
                     }
                     // Known bytes changed here: cut by content from this chunk's start.
                     // (The hash just computed is of a guessed length, not of a chunk.)
+                    self.resync = Some((base + end as u64, n.hash_prefix));
                 } else if !last {
                     // The predicted chunk reaches into bytes not handed over yet: try again
                     // with the next segment.
@@ -552,7 +570,36 @@ impl Cutter {
                 };
             }
             push(pos, end - pos, h);
-            self.prev = h;
+            let known = |k: u64| {
+                self.pred
+                    .as_ref()
+                    .is_some_and(|pr| pr.table.next_after(k).is_some())
+            };
+            let own = h.as_ref().map(crate::predict::prefix);
+            self.prev = own;
+            if !own.is_some_and(known) {
+                // Follow the old chunk sequence past the changed bytes: where this cut lands
+                // on one of its boundaries, what followed there follows here.
+                let at = base + end as u64;
+                let mut steps = 0;
+                while let Some((old_end, old)) = self.resync {
+                    if old_end >= at {
+                        if old_end == at {
+                            self.prev = Some(old);
+                            self.resync = None;
+                        }
+                        break;
+                    }
+                    steps += 1;
+                    self.resync = match &self.pred {
+                        Some(pr) if steps <= RESYNC_STEPS => pr
+                            .table
+                            .next_after(old)
+                            .map(|n| (old_end + n.len as u64, n.hash_prefix)),
+                        _ => None,
+                    };
+                }
+            }
             pos = end;
         }
         pos
@@ -1415,7 +1462,7 @@ pub(crate) mod tests {
     use parking_lot::Mutex;
     use rand::rngs::SmallRng;
     use rand::{Rng, RngCore, SeedableRng};
-    use std::collections::HashMap;
+    use std::collections::{HashMap, HashSet};
 
     #[derive(Default)]
     pub(crate) struct MemChunks {
@@ -1846,6 +1893,57 @@ pub(crate) mod tests {
         // Hashed chunks include the content-defined ones hashed to look up a successor, so
         // this is an upper bound of the predicted ones; it shows the path is taken.
         assert!(predicted * 10 >= total * 8, "{predicted} of {total} hashed");
+    }
+
+    /// After changes in place (a checkpoint's tensors rewritten: same offsets), the cutter
+    /// follows the old chunk sequence past the changed bytes, so every chunk that is an old
+    /// chunk at its old offset is confirmed by one hash, not scanned by FastCDC: including
+    /// the first one after each change, where the content-defined cut meets the old
+    /// boundaries again. (Not predictable: the first two chunks of the stream, before any
+    /// known chunk, and the last, which was cut at the old end and is not learned.)
+    #[test]
+    fn in_place_changes_resynchronize_predictions() {
+        let p = params();
+        let mut rng = SmallRng::seed_from_u64(13);
+        for round in 0..10 {
+            let mut old = vec![0u8; rng.random_range(1_000_000..4_000_000)];
+            rng.fill_bytes(&mut old);
+            let old_cuts = whole_cut(p, &old);
+            let table = learned(p, &old, &old_cuts);
+            let old_chunks: HashSet<(u64, usize, ChunkHash)> = old_cuts
+                .iter()
+                .map(|&(o, l)| (o, l, ChunkHash::of(&old[o as usize..o as usize + l])))
+                .collect();
+            let mut new = old.clone();
+            for blk in new.chunks_mut(64 << 10) {
+                if rng.random_range(0..20) == 0 {
+                    rng.fill_bytes(blk);
+                }
+            }
+            let mut cutter = Cutter::new(
+                p,
+                Some(Predictor {
+                    table,
+                    pipeline: None,
+                }),
+            );
+            let what = format!("round {round}");
+            let got = cut_in_segments(&mut rng, &mut cutter, &new, &what);
+            let cuts: Vec<(u64, usize)> = got.iter().map(|&(o, l, _)| (o, l)).collect();
+            assert_eq!(cuts, whole_cut(p, &new), "{what}");
+            let n = cuts.len();
+            let unchanged = cuts[2.min(n)..n.saturating_sub(1).max(2.min(n))]
+                .iter()
+                .filter(|&&(o, l)| {
+                    old_chunks.contains(&(o, l, ChunkHash::of(&new[o as usize..o as usize + l])))
+                })
+                .count() as u64;
+            assert!(
+                cutter.predicted >= unchanged,
+                "{what}: {} of {unchanged} unchanged chunks predicted ({n} chunks)",
+                cutter.predicted
+            );
+        }
     }
 
     /// Predictions that are not content-defined (a previous revision of fixed-size blocks,

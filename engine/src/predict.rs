@@ -105,7 +105,11 @@ impl Successors {
 
     /// The chunk that followed `after` where it was last seen.
     pub fn next(&self, after: &ChunkHash) -> Option<Next> {
-        let k = prefix(after);
+        self.next_after(prefix(after))
+    }
+
+    /// The chunk that followed the chunk whose hash begins with `k`.
+    pub fn next_after(&self, k: u64) -> Option<Next> {
         let g = self.gens.lock();
         g.newer.get(&k).or_else(|| g.older.get(&k)).copied()
     }
