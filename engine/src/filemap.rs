@@ -371,7 +371,26 @@ impl CutState {
                     return;
                 }
             };
-            let (pieces, carry_start, carry) = cut_segment(&mut cutter, start, &carry, seg, last);
+            // A cutter that panics (a bug) must not leave this state running for ever: the
+            // file's close would wait on it, and then every FUSE thread. Its segment is cut
+            // in fixed-size chunks instead (the bytes are kept, their dedup is lost) and the
+            // stream goes on with a fresh cutter.
+            let params = cutter.params;
+            let cut = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                cut_segment(&mut cutter, start, &carry, seg.clone(), last)
+            }));
+            let (pieces, carry_start, carry) = match cut {
+                Ok(r) => r,
+                Err(_) => {
+                    log::error!(
+                        "the chunk cutter failed (a bug) at file offset {start}: these {} bytes \
+                         are cut in fixed-size chunks instead, so they are kept but not deduplicated",
+                        carry.len() + seg.len()
+                    );
+                    cutter = Cutter::new(params, None);
+                    cut_by_size(params, start, &carry, &seg, last)
+                }
+            };
             let mut g = self.m.lock();
             g.cutter = Some(cutter);
             g.out.extend(pieces);
@@ -628,6 +647,10 @@ fn cut_segment(
     seg: Arc<Vec<u8>>,
     last: bool,
 ) -> (Vec<(u64, Piece, bool)>, u64, Vec<u8>) {
+    #[cfg(test)]
+    if seg.starts_with(tests::PANIC_CUT) {
+        panic!("a cutter bug, as the test asked");
+    }
     let p = cutter.params;
     let mut pieces = Vec::new();
     // Where the in-place part of the segment starts.
@@ -702,6 +725,34 @@ fn cut_segment(
     let rest = seg[end..].to_vec();
     compact_sparse(&mut pieces, &seg);
     (pieces, seg_off + end as u64, rest)
+}
+
+/// `carry` followed by `seg` cut in chunks of `max_bytes` (the last one shorter, or left
+/// as the carry unless `last`): what a failed cutter's segment becomes (see `CutState::run`).
+fn cut_by_size(
+    p: ChunkParams,
+    start: u64,
+    carry: &[u8],
+    seg: &[u8],
+    last: bool,
+) -> (Vec<(u64, Piece, bool)>, u64, Vec<u8>) {
+    let mut all = Vec::with_capacity(carry.len() + seg.len());
+    all.extend_from_slice(carry);
+    all.extend_from_slice(seg);
+    let all = Arc::new(all);
+    let max = p.max_bytes as usize;
+    let whole = if last {
+        all.len()
+    } else {
+        all.len() / max * max
+    };
+    let mut pieces = Vec::new();
+    for o in (0..whole).step_by(max) {
+        let piece = Piece::new(all.clone(), o, max.min(whole - o));
+        let zero = piece.bytes().iter().all(|&b| b == 0);
+        pieces.push((start + o as u64, piece, zero));
+    }
+    (pieces, start + whole as u64, all[whole..].to_vec())
 }
 
 /// Pieces cut in place share the buffer they were cut from until they are stored and
@@ -1928,6 +1979,41 @@ pub(crate) mod tests {
         // Hashed chunks include the content-defined ones hashed to look up a successor, so
         // this is an upper bound of the predicted ones; it shows the path is taken.
         assert!(predicted * 10 >= total * 8, "{predicted} of {total} hashed");
+    }
+
+    /// A segment starting with these bytes makes `cut_segment` panic.
+    pub(super) const PANIC_CUT: &[u8] = b"ckptfs test: the cutter panics here";
+
+    /// A cutter that panics (a bug) costs the dedup of its segment, not the file: the
+    /// segment is cut in fixed-size chunks, the stream goes on, and every byte reads back.
+    /// Before, the cut state stayed "running" and `finish` waited for ever (the test ran
+    /// `finish` on a thread of its own and gave up after 60 s).
+    #[test]
+    fn a_panicking_cutter_loses_no_bytes() {
+        let c = Arc::new(AsyncChunks::new(21));
+        let mut rng = SmallRng::seed_from_u64(21);
+        let mut data = vec![0u8; 3_000_000];
+        rng.fill_bytes(&mut data);
+        // Requests of 1 MiB, each a stream segment of its own; the cutter panics on the
+        // second.
+        const REQ: usize = 1 << 20;
+        data[REQ..REQ + PANIC_CUT.len()].copy_from_slice(PANIC_CUT);
+        let (tx, rx) = std::sync::mpsc::channel();
+        let cc = c.clone();
+        let want = data.clone();
+        std::thread::spawn(move || {
+            let mut f = FileState::new(params(), ExtentMap::new(), 0, cc.new_pins());
+            for (i, req) in want.chunks(REQ).enumerate() {
+                // A write may meet a failed piece (one in 16 fails): it is handed over again.
+                while f.write(&*cc, (i * REQ) as u64, req).is_err() {}
+            }
+            while f.finish(&*cc).is_err() {}
+            let _ = tx.send(f.read(&*cc, 0, want.len()).expect("read"));
+        });
+        let got = rx
+            .recv_timeout(std::time::Duration::from_secs(60))
+            .expect("finish returned (a panicking cutter hung the file)");
+        assert!(got == data, "every byte reads back");
     }
 
     /// After changes in place (a checkpoint's tensors rewritten: same offsets), the cutter
