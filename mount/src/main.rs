@@ -709,6 +709,7 @@ fn mount(
             fs.auto_gc_tick();
             tick += 1;
             if tick.is_multiple_of(4) {
+                trim_heap();
                 if let Err(e) = fs.publish_pending() {
                     log::warn!("publishing this slot's changes: {e}");
                 }
@@ -2082,6 +2083,19 @@ fn cmd_restore(
         }
     }
     Ok(())
+}
+
+/// Gives the pages of freed memory back to the kernel, once a second. glibc keeps what its
+/// arenas freed (many threads allocate and free buffers of 64 KiB to 4 MiB), so the
+/// daemon's resident memory only grew: the N-1 strided benchmark's peak went 228, 451, 632
+/// MiB over three checkpoints in one mount, against 141 MiB live under jemalloc. A trim
+/// walks the arenas' free lists (milliseconds at these sizes).
+fn trim_heap() {
+    #[cfg(all(target_os = "linux", target_env = "gnu"))]
+    // SAFETY: malloc_trim only releases free memory; any thread may call it at any time.
+    unsafe {
+        libc::malloc_trim(0);
+    }
 }
 
 #[cfg(test)]
