@@ -37,13 +37,7 @@ impl Stored {
     /// error instead of wrong bytes).
     pub fn verify(self) -> Result<Verified> {
         let (h, rec) = (self.hash, self.rec);
-        let damaged = |damage| {
-            Error::from(Corruption::Chunk {
-                hash: h,
-                offset: rec.offset,
-                damage,
-            })
-        };
+        let damaged = |damage| damaged(h, rec, damage);
         let raw =
             crate::codec::decode(rec.codec, self.bytes, rec.raw_len as usize).map_err(damaged)?;
         if raw.len() != rec.raw_len as usize || ChunkHash::of(&raw) != h {
@@ -58,6 +52,15 @@ impl Stored {
         self.verify()?;
         Ok(Checked { bytes })
     }
+}
+
+/// The error for chunk `h` (stored as `rec`) whose bytes are damaged.
+fn damaged(h: ChunkHash, rec: ChunkRecord, damage: ChunkDamage) -> Error {
+    Error::from(Corruption::Chunk {
+        hash: h,
+        offset: rec.offset,
+        damage,
+    })
 }
 
 /// A chunk's stored bytes borrowed from a larger read (several chunks read in one device
@@ -78,13 +81,7 @@ impl<'a> StoredRef<'a> {
     /// decoded bytes' for a compressed one).
     pub fn verify_shared(self) -> Result<std::sync::Arc<[u8]>> {
         let (h, rec) = (self.hash, self.rec);
-        let damaged = |damage| {
-            Error::from(Corruption::Chunk {
-                hash: h,
-                offset: rec.offset,
-                damage,
-            })
-        };
+        let damaged = |damage| damaged(h, rec, damage);
         let raw = crate::codec::decode_slice(rec.codec, self.bytes, rec.raw_len as usize)
             .map_err(damaged)?;
         if raw.len() != rec.raw_len as usize || ChunkHash::of(&raw) != h {

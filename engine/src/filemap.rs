@@ -1891,6 +1891,17 @@ pub(crate) mod tests {
         got
     }
 
+    /// A cutter predicting from `table` (no stage timers).
+    fn predicting(p: ChunkParams, table: Arc<Successors>) -> Cutter {
+        Cutter::new(
+            p,
+            Some(Predictor {
+                table,
+                pipeline: None,
+            }),
+        )
+    }
+
     fn whole_cut(p: ChunkParams, data: &[u8]) -> Vec<(u64, usize)> {
         cdc(p, data, 0)
             .into_iter()
@@ -1963,13 +1974,7 @@ pub(crate) mod tests {
                 rng.fill_bytes(&mut tail);
                 new.extend_from_slice(&tail);
             }
-            let mut cutter = Cutter::new(
-                p,
-                Some(Predictor {
-                    table,
-                    pipeline: None,
-                }),
-            );
+            let mut cutter = predicting(p, table);
             let got = cut_in_segments(&mut rng, &mut cutter, &new, &format!("round {round}"));
             total += got.len();
             predicted += got.iter().filter(|c| c.2.is_some()).count();
@@ -2041,13 +2046,7 @@ pub(crate) mod tests {
                     rng.fill_bytes(blk);
                 }
             }
-            let mut cutter = Cutter::new(
-                p,
-                Some(Predictor {
-                    table,
-                    pipeline: None,
-                }),
-            );
+            let mut cutter = predicting(p, table);
             let what = format!("round {round}");
             let got = cut_in_segments(&mut rng, &mut cutter, &new, &what);
             let cuts: Vec<(u64, usize)> = got.iter().map(|&(o, l, _)| (o, l)).collect();
@@ -2101,13 +2100,7 @@ pub(crate) mod tests {
                 at += l as u64;
             }
             table.learn(&map, p.max_bytes);
-            let mut cutter = Cutter::new(
-                p,
-                Some(Predictor {
-                    table,
-                    pipeline: None,
-                }),
-            );
+            let mut cutter = predicting(p, table);
             let got = cut_in_segments(&mut rng, &mut cutter, &data, &format!("round {round}"));
             let end = got.last().map_or(0, |&(o, l, _)| o + l as u64);
             assert_eq!(end, data.len() as u64, "round {round}");
