@@ -510,17 +510,27 @@ impl<'t> Txn<'t> {
         h: &ChunkHash,
         new: impl FnOnce() -> Option<ChunkRecord>,
     ) -> Result<bool> {
+        self.add_chunk_refs(h, 1, new)
+    }
+
+    /// `add_chunk_ref` `n` times, with one read and one write of the chunk's record.
+    fn add_chunk_refs(
+        &mut self,
+        h: &ChunkHash,
+        n: u64,
+        new: impl FnOnce() -> Option<ChunkRecord>,
+    ) -> Result<bool> {
         let (rec, added) = match self.chunk(h)? {
             Some(r) => (
                 ChunkRecord {
-                    refs: r.refs + 1,
+                    refs: r.refs + n,
                     ..r
                 },
                 false,
             ),
             None => {
                 let r = new().ok_or(Corruption::UnknownChunk(*h))?;
-                (ChunkRecord { refs: 1, ..r }, true)
+                (ChunkRecord { refs: n, ..r }, true)
             }
         };
         self.chunks
@@ -532,8 +542,13 @@ impl<'t> Txn<'t> {
     /// that would go below zero, or a chunk the table does not have, is corruption (an
     /// extent named a chunk more often than counted), reported instead of hidden.
     fn drop_chunk_ref(&mut self, h: &ChunkHash) -> Result<()> {
+        self.drop_chunk_refs(h, 1)
+    }
+
+    /// `drop_chunk_ref` `n` times, with one read and one write of the chunk's record.
+    fn drop_chunk_refs(&mut self, h: &ChunkHash, n: u64) -> Result<()> {
         let c = self.chunk(h)?.ok_or(Corruption::UnknownChunk(*h))?;
-        let refs = c.refs.checked_sub(1).ok_or(Corruption::RefUnderflow(*h))?;
+        let refs = c.refs.checked_sub(n).ok_or(Corruption::RefUnderflow(*h))?;
         let c = ChunkRecord { refs, ..c };
         self.chunks.insert(h.0.as_slice(), c.encode().as_slice())?;
         if refs == 0 {
@@ -624,6 +639,64 @@ impl<'t> Txn<'t> {
                 rec
             })? {
                 new_bytes += rec.map_or(0, |r| r.stored_len as u64);
+            }
+        }
+        let rr = RevisionRecord {
+            new_stored_bytes: new_bytes,
+            ..*rr
+        };
+        self.revisions.insert(rev.0, rr.encode().as_slice())?;
+        self.history_revs.insert((rr.history.0, rev.0), ())?;
+        record_revision_xattrs(&self.xattrs, &mut self.rev_xattrs, ino, rev)?;
+        Ok(new_bytes)
+    }
+
+    /// `drop_revision(prev)` then `put_revision(rev, ..)`, with each chunk's reference
+    /// count changed once, by the difference between the two maps. An unsealed revision (an
+    /// fsync point; with N-1, every close while other handles still write the file) is
+    /// replaced at each such commit, and dropping then adding a reference per extent of the
+    /// whole file made every commit cost two updates of the hash-keyed chunk table per
+    /// extent: about 137 ms per close of a 1 GiB file of 64 KiB chunks, serialized on the
+    /// file. Reference counts, gc candidates and the new bytes end as the two calls leave
+    /// them, except that a chunk both maps name is not queued for gc on the way.
+    pub fn replace_revision<'m>(
+        &mut self,
+        prev: RevisionId,
+        rev: RevisionId,
+        rr: &RevisionRecord,
+        map: impl Iterator<Item = (u64, &'m Extent)>,
+        ino: InodeId,
+        new: impl Fn(&ChunkHash) -> Option<ChunkRecord>,
+    ) -> Result<u64> {
+        let Some(old) = get_revision(&self.revisions, prev)? else {
+            return self.put_revision(rev, rr, map, ino, new);
+        };
+        // Ordered, so the same commit makes the same table writes every time (the crash
+        // tests replay a run's device operations exactly).
+        let mut delta: std::collections::BTreeMap<ChunkHash, i64> = Default::default();
+        for (off, e) in extents_of(&self.extents, prev)? {
+            *delta.entry(e.chunk).or_default() -= 1;
+            self.extents.remove((prev.0, off))?;
+        }
+        self.revisions.remove(prev.0)?;
+        self.history_revs.remove((old.history.0, prev.0))?;
+        self.rev_xattrs.remove(prev.0)?;
+        for (off, e) in map {
+            self.extents.insert((rev.0, off), e.encode().as_slice())?;
+            *delta.entry(e.chunk).or_default() += 1;
+        }
+        let mut new_bytes = 0u64;
+        for (h, d) in delta {
+            if d < 0 {
+                self.drop_chunk_refs(&h, d.unsigned_abs())?;
+            } else if d > 0 {
+                let mut rec = None;
+                if self.add_chunk_refs(&h, d as u64, || {
+                    rec = new(&h);
+                    rec
+                })? {
+                    new_bytes += rec.map_or(0, |r| r.stored_len as u64);
+                }
             }
         }
         let rr = RevisionRecord {
@@ -1340,6 +1413,108 @@ mod tests {
             Err(Error::Corrupt(Corruption::RefUnderflow(x))) => assert_eq!(x, h),
             other => panic!("want corruption, got {other:?}"),
         }
+    }
+
+    fn extent(h: ChunkHash) -> Extent {
+        Extent {
+            chunk: h,
+            chunk_off: 0,
+            len: 10,
+        }
+    }
+
+    fn revision_record(sealed: bool) -> RevisionRecord {
+        RevisionRecord {
+            size: 0,
+            committed: Timestamp::EPOCH,
+            new_stored_bytes: 0,
+            sealed,
+            history: HistoryId(1),
+            write_ms: 0,
+        }
+    }
+
+    /// Replacing an unsealed revision leaves the tables as dropping it and putting the new
+    /// one does: the same reference counts, the same dead chunks for gc, the same new bytes,
+    /// the old revision's extents gone and the new one's in place. The maps overlap (a chunk
+    /// both name), one chunk only the old names (twice), one only the new (twice), and
+    /// another revision shares a chunk.
+    #[test]
+    fn replacing_a_revision_counts_references_as_dropping_and_putting_it() {
+        let [a, b, c, d] = [11u8, 12, 13, 14].map(|x| ChunkHash([x; 32]));
+        let run = |replace: bool| {
+            let db = db();
+            let txn = db.begin_write().unwrap();
+            let out = {
+                let mut t = Txn::open(&txn).unwrap();
+                let other = t.next_revision_id().unwrap();
+                let (ea, eb, ec, ed) = (extent(a), extent(b), extent(c), extent(d));
+                t.put_revision(
+                    other,
+                    &revision_record(true),
+                    [(0, &eb)].into_iter(),
+                    InodeId::ROOT,
+                    |_| Some(record(0)),
+                )
+                .unwrap();
+                let prev = t.next_revision_id().unwrap();
+                t.put_revision(
+                    prev,
+                    &revision_record(false),
+                    [(0, &ea), (10, &ea), (20, &eb), (30, &ec), (40, &ec)].into_iter(),
+                    InodeId::ROOT,
+                    |_| Some(record(0)),
+                )
+                .unwrap();
+                let rev = t.next_revision_id().unwrap();
+                let new_map = [(0, &ea), (10, &ed), (20, &ed), (30, &eb)];
+                let new = if replace {
+                    t.replace_revision(
+                        prev,
+                        rev,
+                        &revision_record(false),
+                        new_map.into_iter(),
+                        InodeId::ROOT,
+                        |_| Some(record(0)),
+                    )
+                    .unwrap()
+                } else {
+                    t.drop_revision(prev).unwrap();
+                    t.put_revision(
+                        rev,
+                        &revision_record(false),
+                        new_map.into_iter(),
+                        InodeId::ROOT,
+                        |_| Some(record(0)),
+                    )
+                    .unwrap()
+                };
+                assert!(t.revision(prev).unwrap().is_none());
+                assert!(extents_of(&t.extents, prev).unwrap().is_empty());
+                let extents: Vec<(u64, ChunkHash)> = extents_of(&t.extents, rev)
+                    .unwrap()
+                    .into_iter()
+                    .map(|(o, e)| (o, e.chunk))
+                    .collect();
+                assert_eq!(extents, vec![(0, a), (10, d), (20, d), (30, b)]);
+                assert_eq!(
+                    t.revision(rev).unwrap().unwrap().new_stored_bytes,
+                    new,
+                    "the record keeps the new bytes"
+                );
+                let refs: Vec<u64> = [a, b, c, d]
+                    .iter()
+                    .map(|h| t.chunk(h).unwrap().unwrap().refs)
+                    .collect();
+                let dead = t.delete_dead_chunks(|_| false, |_, _| {}).unwrap();
+                (new, refs, dead)
+            };
+            txn.commit().unwrap();
+            out
+        };
+        let replaced = run(true);
+        assert_eq!(replaced, run(false));
+        assert_eq!(replaced, (10, vec![1, 2, 0, 2], (1, 10)));
     }
 
     #[test]

@@ -2507,13 +2507,10 @@ impl Space {
                 rec.adopt_namespace(&stored);
             }
             let prev = rec.current_rev;
-            if prev.0 != 0 && previous == Previous::Replace {
-                if let Some(p) = t.revision(prev)? {
-                    if !p.sealed && p.history == rec.history {
-                        t.drop_revision(prev)?;
-                    }
-                }
-            }
+            let replace = prev.0 != 0
+                && previous == Previous::Replace
+                && t.revision(prev)?
+                    .is_some_and(|p| !p.sealed && p.history == rec.history);
             let rr = RevisionRecord {
                 size: file.size(),
                 committed: Timestamp::now(),
@@ -2522,9 +2519,12 @@ impl Space {
                 history: rec.history,
                 write_ms: file.write_ms(),
             };
-            t.put_revision(rev, &rr, file.map().iter(), ino, |h| {
-                self.store.pending_record(h)
-            })?;
+            let pending = |h: &ChunkHash| self.store.pending_record(h);
+            if replace {
+                t.replace_revision(prev, rev, &rr, file.map().iter(), ino, pending)?;
+            } else {
+                t.put_revision(rev, &rr, file.map().iter(), ino, pending)?;
+            }
             rec.size = file.size();
             rec.current_rev = rev;
             t.put_inode(ino, rec)?;
