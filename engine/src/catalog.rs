@@ -630,25 +630,7 @@ impl<'t> Txn<'t> {
         ino: InodeId,
         new: impl Fn(&ChunkHash) -> Option<ChunkRecord>,
     ) -> Result<u64> {
-        let mut new_bytes = 0u64;
-        for (off, e) in map {
-            self.extents.insert((rev.0, off), e.encode().as_slice())?;
-            let mut rec = None;
-            if self.add_chunk_ref(&e.chunk, || {
-                rec = new(&e.chunk);
-                rec
-            })? {
-                new_bytes += rec.map_or(0, |r| r.stored_len as u64);
-            }
-        }
-        let rr = RevisionRecord {
-            new_stored_bytes: new_bytes,
-            ..*rr
-        };
-        self.revisions.insert(rev.0, rr.encode().as_slice())?;
-        self.history_revs.insert((rr.history.0, rev.0), ())?;
-        record_revision_xattrs(&self.xattrs, &mut self.rev_xattrs, ino, rev)?;
-        Ok(new_bytes)
+        self.write_revision(None, rev, rr, map, ino, new)
     }
 
     /// `drop_revision(prev)` then `put_revision(rev, ..)`, with each chunk's reference
@@ -668,19 +650,33 @@ impl<'t> Txn<'t> {
         ino: InodeId,
         new: impl Fn(&ChunkHash) -> Option<ChunkRecord>,
     ) -> Result<u64> {
-        let Some(old) = get_revision(&self.revisions, prev)? else {
-            return self.put_revision(rev, rr, map, ino, new);
-        };
+        self.write_revision(Some(prev), rev, rr, map, ino, new)
+    }
+
+    /// Writes revision `rev` (extents, record, history row, attributes) in place of `prev`
+    /// if given, counting each chunk's references once with the net change; returns the
+    /// stored bytes of the chunks new to the table.
+    fn write_revision<'m>(
+        &mut self,
+        prev: Option<RevisionId>,
+        rev: RevisionId,
+        rr: &RevisionRecord,
+        map: impl Iterator<Item = (u64, &'m Extent)>,
+        ino: InodeId,
+        new: impl Fn(&ChunkHash) -> Option<ChunkRecord>,
+    ) -> Result<u64> {
         // Ordered, so the same commit makes the same table writes every time (the crash
         // tests replay a run's device operations exactly).
         let mut delta: std::collections::BTreeMap<ChunkHash, i64> = Default::default();
-        for (off, e) in extents_of(&self.extents, prev)? {
-            *delta.entry(e.chunk).or_default() -= 1;
-            self.extents.remove((prev.0, off))?;
+        if let Some(prev) = prev {
+            if let Some(old) = get_revision(&self.revisions, prev)? {
+                for (off, e) in extents_of(&self.extents, prev)? {
+                    *delta.entry(e.chunk).or_default() -= 1;
+                    self.extents.remove((prev.0, off))?;
+                }
+                self.remove_revision_rows(prev, &old)?;
+            }
         }
-        self.revisions.remove(prev.0)?;
-        self.history_revs.remove((old.history.0, prev.0))?;
-        self.rev_xattrs.remove(prev.0)?;
         for (off, e) in map {
             self.extents.insert((rev.0, off), e.encode().as_slice())?;
             *delta.entry(e.chunk).or_default() += 1;
@@ -707,6 +703,14 @@ impl<'t> Txn<'t> {
         self.history_revs.insert((rr.history.0, rev.0), ())?;
         record_revision_xattrs(&self.xattrs, &mut self.rev_xattrs, ino, rev)?;
         Ok(new_bytes)
+    }
+
+    /// A revision's record, history row and attributes (its extents are the caller's).
+    fn remove_revision_rows(&mut self, rev: RevisionId, rr: &RevisionRecord) -> Result<()> {
+        self.revisions.remove(rev.0)?;
+        self.history_revs.remove((rr.history.0, rev.0))?;
+        self.rev_xattrs.remove(rev.0)?;
+        Ok(())
     }
 
     pub fn revision(&self, rev: RevisionId) -> Result<Option<RevisionRecord>> {
@@ -736,10 +740,7 @@ impl<'t> Txn<'t> {
             self.drop_chunk_ref(&e.chunk)?;
             self.extents.remove((rev.0, off))?;
         }
-        self.revisions.remove(rev.0)?;
-        self.history_revs.remove((rr.history.0, rev.0))?;
-        self.rev_xattrs.remove(rev.0)?;
-        Ok(())
+        self.remove_revision_rows(rev, &rr)
     }
 
     pub fn history_count(&self) -> Result<u64> {
