@@ -6,6 +6,7 @@
 
 use crate::error::{ChunkDamage, Corruption, Error, Result};
 use crate::format::{ChunkHash, ChunkRecord};
+use std::sync::Arc;
 
 /// A chunk's bytes as read from the data file, not yet checked.
 pub struct Stored {
@@ -77,9 +78,9 @@ impl<'a> StoredRef<'a> {
     }
 
     /// `Stored::verify` without copying the stored bytes first: the raw bytes that match
-    /// the hash, in the shared form the read cache keeps (one copy for a raw chunk, the
-    /// decoded bytes' for a compressed one).
-    pub fn verify_shared(self) -> Result<std::sync::Arc<[u8]>> {
+    /// the hash, borrowed from the read for a raw chunk (no copy at all), the decoded
+    /// bytes for a compressed one.
+    pub fn verify_raw(self) -> Result<std::borrow::Cow<'a, [u8]>> {
         let (h, rec) = (self.hash, self.rec);
         let damaged = |damage| damaged(h, rec, damage);
         let raw = crate::codec::decode_slice(rec.codec, self.bytes, rec.raw_len as usize)
@@ -87,7 +88,62 @@ impl<'a> StoredRef<'a> {
         if raw.len() != rec.raw_len as usize || ChunkHash::of(&raw) != h {
             return Err(damaged(ChunkDamage::HashMismatch));
         }
-        Ok(std::sync::Arc::from(&*raw))
+        Ok(raw)
+    }
+}
+
+/// What owns the bytes a `ChunkBytes` points into.
+pub type Owner = Arc<dyn AsRef<[u8]> + Send + Sync>;
+
+/// A chunk's verified raw bytes, shared by the read cache and its readers without a copy:
+/// a range of the device-read buffer the chunk was checked in (a raw chunk: the buffer
+/// lives as long as some chunk of it is cached or being read), or a buffer of its own (a
+/// decoded chunk, or one from a test's map). Only verified bytes are ever put in one.
+#[derive(Clone)]
+pub struct ChunkBytes {
+    owner: Owner,
+    start: usize,
+    len: usize,
+}
+
+impl ChunkBytes {
+    /// `range` of what `owner` holds; panics if it lies outside.
+    pub fn new(owner: Owner, range: std::ops::Range<usize>) -> ChunkBytes {
+        assert!(range.start <= range.end && range.end <= (*owner).as_ref().len());
+        ChunkBytes {
+            owner,
+            start: range.start,
+            len: range.end - range.start,
+        }
+    }
+
+    /// Bytes of the buffer this chunk keeps alive (more than its own length when it is a
+    /// range of a larger read), for a cache that bounds what it holds.
+    pub fn owner_len(&self) -> usize {
+        (*self.owner).as_ref().len()
+    }
+
+    /// Identifies the buffer this chunk keeps alive (equal for chunks sharing one).
+    pub fn owner_key(&self) -> usize {
+        Arc::as_ptr(&self.owner) as *const u8 as usize
+    }
+}
+
+impl std::ops::Deref for ChunkBytes {
+    type Target = [u8];
+    fn deref(&self) -> &[u8] {
+        &(*self.owner).as_ref()[self.start..self.start + self.len]
+    }
+}
+
+impl From<Vec<u8>> for ChunkBytes {
+    fn from(v: Vec<u8>) -> ChunkBytes {
+        let len = v.len();
+        ChunkBytes {
+            owner: Arc::new(v),
+            start: 0,
+            len,
+        }
     }
 }
 

@@ -105,10 +105,39 @@ pub fn decode_slice(
     stored: &[u8],
     raw_len: usize,
 ) -> std::result::Result<std::borrow::Cow<'_, [u8]>, ChunkDamage> {
-    match codec {
-        Codec::Raw if stored.len() == raw_len => Ok(std::borrow::Cow::Borrowed(stored)),
-        _ => decode(codec, stored.to_vec(), raw_len).map(std::borrow::Cow::Owned),
+    if codec == Codec::Raw && stored.len() == raw_len {
+        return Ok(std::borrow::Cow::Borrowed(stored));
     }
+    // Decoded straight from the borrowed bytes (no copy of them first).
+    checked_len(decode_from(codec, stored, raw_len)?, raw_len).map(std::borrow::Cow::Owned)
+}
+
+/// The decoding of borrowed `stored` bytes into a new buffer (a copy for `Raw`).
+fn decode_from(
+    codec: Codec,
+    stored: &[u8],
+    raw_len: usize,
+) -> std::result::Result<Vec<u8>, ChunkDamage> {
+    let lz4 = |s: &[u8]| {
+        lz4_flex::block::decompress(s, raw_len).map_err(|e| ChunkDamage::Decode(e.to_string()))
+    };
+    Ok(match codec {
+        Codec::Raw => stored.to_vec(),
+        Codec::Lz4 => lz4(stored)?,
+        Codec::Shuffle4Lz4 => unshuffle(&lz4(stored)?, 4),
+        Codec::Shuffle8Lz4 => unshuffle(&lz4(stored)?, 8),
+    })
+}
+
+/// `raw`, if it has the length the chunk's record gives.
+fn checked_len(raw: Vec<u8>, raw_len: usize) -> std::result::Result<Vec<u8>, ChunkDamage> {
+    if raw.len() != raw_len {
+        return Err(ChunkDamage::Decode(format!(
+            "it decodes to {} bytes, its record says {raw_len}",
+            raw.len()
+        )));
+    }
+    Ok(raw)
 }
 
 /// Decodes stored bytes into the chunk's `raw_len` bytes. Knows nothing of which chunk
@@ -118,22 +147,11 @@ pub fn decode(
     stored: Vec<u8>,
     raw_len: usize,
 ) -> std::result::Result<Vec<u8>, ChunkDamage> {
-    let lz4 = |s: &[u8]| {
-        lz4_flex::block::decompress(s, raw_len).map_err(|e| ChunkDamage::Decode(e.to_string()))
-    };
     let raw = match codec {
         Codec::Raw => stored,
-        Codec::Lz4 => lz4(&stored)?,
-        Codec::Shuffle4Lz4 => unshuffle(&lz4(&stored)?, 4),
-        Codec::Shuffle8Lz4 => unshuffle(&lz4(&stored)?, 8),
+        _ => decode_from(codec, &stored, raw_len)?,
     };
-    if raw.len() != raw_len {
-        return Err(ChunkDamage::Decode(format!(
-            "it decodes to {} bytes, its record says {raw_len}",
-            raw.len()
-        )));
-    }
-    Ok(raw)
+    checked_len(raw, raw_len)
 }
 
 /// Byte-transposes `data` as `data.len() / width` elements of `width` bytes: output byte

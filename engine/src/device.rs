@@ -311,7 +311,19 @@ impl IoBuf {
         if need <= self.cap {
             return;
         }
-        let cap = need.next_power_of_two().max(1 << 20);
+        self.grow_to(need.next_power_of_two().max(1 << 20));
+    }
+
+    /// Makes the allocation at least `cap` bytes, exactly that many (rounded up to a block)
+    /// if it grows: for a buffer whose size matters more than growth by appending (a read
+    /// that the chunk cache keeps alive, charged by its capacity).
+    pub fn reserve_exact_total(&mut self, cap: usize) {
+        if cap > self.cap {
+            self.grow_to(cap.next_multiple_of(DIRECT_ALIGN));
+        }
+    }
+
+    fn grow_to(&mut self, cap: usize) {
         // SAFETY: layout has non-zero size; the old allocation (if any) was made with
         // layout(self.cap), and only its first len bytes are copied.
         unsafe {

@@ -147,21 +147,22 @@ impl ExtentMap {
         Self::read_pieces(c, self.pieces(off, off + buf.len() as u64), off, buf)
     }
 
-    /// Copies the bytes of `pieces` (from `pieces()`) into `buf`, which starts at file
-    /// offset `off`; holes are left untouched. Needs no access to the map itself, so a
-    /// reader can take the pieces under the file's lock and read without it.
-    /// The `len` bytes at `off` given `pieces` (the map's pieces of that range, in order):
-    /// built by appending, so only holes are zeroed (a read reply's bytes are otherwise
-    /// written twice).
-    pub fn read_pieces_vec(
+    /// The `len` bytes at `off` given `pieces` (the map's pieces of that range, in order),
+    /// appended to `out` (emptied first; a reader reuses it, so its pages are not faulted in
+    /// again for every reply). Built by appending, so only holes are zeroed (a read reply's
+    /// bytes are otherwise written twice). Needs no access to the map itself, so a reader
+    /// can take the pieces under the file's lock and read without it.
+    pub fn read_pieces_to(
         c: &dyn ChunkIo,
         pieces: Vec<(u64, Extent)>,
         off: u64,
         len: usize,
-    ) -> Result<Vec<u8>> {
+        out: &mut Vec<u8>,
+    ) -> Result<()> {
         let hashes: Vec<ChunkHash> = pieces.iter().map(|(_, e)| e.chunk).collect();
         let chunks = c.get_many(&hashes)?;
-        let mut out = Vec::with_capacity(len);
+        out.clear();
+        out.reserve(len);
         for ((s, e), data) in pieces.into_iter().zip(chunks) {
             let (from, to) = Self::piece_range(s, &e, &data)?;
             let at = (s - off) as usize;
@@ -170,7 +171,7 @@ impl ExtentMap {
             out.extend_from_slice(&data[from..to]);
         }
         out.resize(len, 0);
-        Ok(out)
+        Ok(())
     }
 
     /// Where a piece's bytes lie in its chunk, checked against the chunk's length.
@@ -190,6 +191,8 @@ impl ExtentMap {
         Ok((from, to))
     }
 
+    /// Copies the bytes of `pieces` (from `pieces()`) into `buf`, which starts at file
+    /// offset `off`; holes are left untouched.
     pub fn read_pieces(
         c: &dyn ChunkIo,
         pieces: Vec<(u64, Extent)>,
@@ -1543,6 +1546,7 @@ fn overlay(out: &mut [u8], out_off: u64, src_off: u64, src: &[u8]) {
 #[cfg(test)]
 pub(crate) mod tests {
     use super::*;
+    use crate::chunk::ChunkBytes;
     use crate::error::Error;
     use crate::predict::Successors;
     use parking_lot::Mutex;
@@ -1552,16 +1556,19 @@ pub(crate) mod tests {
 
     #[derive(Default)]
     pub(crate) struct MemChunks {
-        pub chunks: Mutex<HashMap<ChunkHash, Arc<[u8]>>>,
+        pub chunks: Mutex<HashMap<ChunkHash, ChunkBytes>>,
     }
 
     impl ChunkIo for MemChunks {
         fn put(&self, data: &[u8]) -> Result<ChunkHash> {
             let h = ChunkHash::of(data);
-            self.chunks.lock().entry(h).or_insert_with(|| data.into());
+            self.chunks
+                .lock()
+                .entry(h)
+                .or_insert_with(|| data.to_vec().into());
             Ok(h)
         }
-        fn get(&self, hash: &ChunkHash) -> Result<Arc<[u8]>> {
+        fn get(&self, hash: &ChunkHash) -> Result<ChunkBytes> {
             self.chunks
                 .lock()
                 .get(hash)
@@ -1690,7 +1697,7 @@ pub(crate) mod tests {
         fn put(&self, data: &[u8]) -> Result<ChunkHash> {
             self.mem.put(data)
         }
-        fn get(&self, hash: &ChunkHash) -> Result<Arc<[u8]>> {
+        fn get(&self, hash: &ChunkHash) -> Result<ChunkBytes> {
             self.mem.get(hash)
         }
         fn cutters(&self) -> Option<&dyn crate::pipeline::Cutters> {

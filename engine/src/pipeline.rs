@@ -14,6 +14,7 @@
 //! 32 MiB written), so the files open for writing do not each keep their last request's
 //! bytes; their stream buffers share `STREAM_BYTES`.
 
+use crate::chunk::ChunkBytes;
 use crate::error::{Error, Result};
 use crate::format::ChunkHash;
 use parking_lot::{Condvar, Mutex};
@@ -35,9 +36,9 @@ pub trait ChunkIo {
     /// Stores `data` (or finds it already stored) and returns its hash.
     fn put(&self, data: &[u8]) -> Result<ChunkHash>;
     /// Returns the verified bytes of a chunk.
-    fn get(&self, hash: &ChunkHash) -> Result<Arc<[u8]>>;
+    fn get(&self, hash: &ChunkHash) -> Result<ChunkBytes>;
     /// `get` for several chunks (one lookup and few device reads in the store).
-    fn get_many(&self, hashes: &[ChunkHash]) -> Result<Vec<Arc<[u8]>>> {
+    fn get_many(&self, hashes: &[ChunkHash]) -> Result<Vec<ChunkBytes>> {
         hashes.iter().map(|h| self.get(h)).collect()
     }
     /// Starts storing a piece; the ticket tells when it is stored and under which hash. A

@@ -12,7 +12,7 @@
 //! after every chunk lookup that might still see the old location.
 
 use crate::alloc::Segments;
-use crate::chunk::{Checked, Stored, StoredRef, Verified};
+use crate::chunk::{Checked, ChunkBytes, Stored, StoredRef, Verified};
 use crate::device::{IoBuf, DIRECT_ALIGN};
 use crate::error::{Corruption, Error, Result};
 use crate::format::{ChunkHash, ChunkRecord, Codec, DataOffset, SegmentId};
@@ -35,7 +35,8 @@ pub use crate::alloc::GC_RESERVE_SEGMENTS;
 /// Pieces handed to one worker job at most (see `submit_all`).
 pub const BATCH_BYTES: usize = 512 << 10;
 
-/// Bytes of decoded chunks kept for reads (see `ChunkCache`).
+/// Bytes of decoded chunks kept for reads (see `ChunkCache`), counting the device-read
+/// buffers that raw chunks are kept in (a chunk in the cache keeps its whole read alive).
 pub const CACHE_BYTES: usize = 64 << 20;
 
 /// Chunks per prefetch job (see `prefetch`): 2 MiB at the default chunk size.
@@ -49,9 +50,19 @@ pub const READ_THREADS: usize = 8;
 
 /// Device-read buffers kept for reuse, at most, and the largest one kept: a fresh buffer
 /// for every read costs its zero-fill and page faults again (about a tenth of the daemon's
-/// CPU on a cold sequential read), so up to 32 MiB of them stay allocated.
-const SPARE_READ_BUFS: usize = READ_THREADS;
-const SPARE_READ_BUF_BYTES: usize = 4 << 20;
+/// CPU on a cold sequential read). A read's buffer comes back here when the last chunk
+/// verified in it leaves the cache (`ReadBuf`), and the cache lets them go in bursts: with
+/// 8 spares a cold 1 GiB read allocated 274 of its 1040 buffers afresh, with 16 about 146.
+/// So up to 64 MiB (typically about 32: reads are about 2 MiB) stay allocated while reads
+/// go on, freed once reads stop (`release_idle_read_buffers`).
+pub const SPARE_READ_BUFS: usize = 16;
+pub const SPARE_READ_BUF_BYTES: usize = 4 << 20;
+
+/// Read buffers are allocated in multiples of this: close to the read's size, since the
+/// cache charges a buffer's whole capacity to the chunks it keeps alive (a power-of-two
+/// buffer would halve what the cache holds and evict read-ahead before it is read), but
+/// coarse enough that a spare one fits the next read of about the same size.
+const READ_BUF_GRAIN: usize = 256 << 10;
 
 /// A chunk some thread is reading; others wait for it instead of reading it again.
 #[derive(Default)]
@@ -145,7 +156,9 @@ pub struct ChunkStore {
     /// Runs prefetch jobs (`READ_THREADS`), started by the first prefetch.
     readers: std::sync::OnceLock<Pool>,
     /// Read buffers for reuse (`SPARE_READ_BUFS` of up to `SPARE_READ_BUF_BYTES`).
-    read_bufs: Mutex<Vec<IoBuf>>,
+    read_bufs: Arc<Mutex<Vec<IoBuf>>>,
+    /// Set by every device read for chunks; `release_idle_read_buffers` clears it.
+    read_lately: AtomicBool,
 }
 
 /// Where committed chunks lie. The catalog answers; the store sits below it and opens no
@@ -202,7 +215,8 @@ impl ChunkStore {
             gpu: Mutex::new(None),
             successors: Arc::default(),
             readers: std::sync::OnceLock::new(),
-            read_bufs: Mutex::new(Vec::new()),
+            read_bufs: Arc::default(),
+            read_lately: AtomicBool::new(false),
         })
     }
 
@@ -644,6 +658,28 @@ impl ChunkStore {
         }
     }
 
+    /// Bytes the read path holds now: the buffers the cache keeps alive (each counted once,
+    /// however many of its chunks are cached) and the spare read buffers' capacity. For the
+    /// tests of their bounds.
+    pub fn read_memory(&self) -> (usize, usize) {
+        let cache = self.cache.lock();
+        let mut owners = HashMap::new();
+        for (d, _) in cache.map.values() {
+            owners.insert(d.owner_key(), d.owner_len());
+        }
+        let spare = self.read_bufs.lock().iter().map(IoBuf::capacity).sum();
+        (owners.values().sum(), spare)
+    }
+
+    /// Frees the spare read buffers if no chunk was read from the device since the last
+    /// call (the daemon calls it four times a second), so a restart's read-ahead does not
+    /// leave them allocated in an idle daemon.
+    pub fn release_idle_read_buffers(&self) {
+        if !self.read_lately.swap(false, Ordering::Relaxed) {
+            self.read_bufs.lock().clear();
+        }
+    }
+
     /// `len` bytes of the data file at `off`, seeing writes not yet on disk.
     fn read_range(&self, off: u64, len: usize) -> Result<Vec<u8>> {
         let mut stored = vec![0u8; len];
@@ -659,25 +695,16 @@ impl ChunkStore {
         let a = DIRECT_ALIGN as u64;
         let start = off / a * a;
         let end = (off + len as u64).next_multiple_of(a);
-        let mut buf = self.read_bufs.lock().pop().unwrap_or_default();
-        buf.resize_for_overwrite((end - start) as usize);
+        let need = (end - start) as usize;
+        self.read_lately.store(true, Ordering::Relaxed);
+        let mut buf = take_spare(&self.read_bufs, need);
+        buf.reserve_exact_total(need.next_multiple_of(READ_BUF_GRAIN));
+        buf.resize_for_overwrite(need);
         if let Err(e) = self.read_into(start, buf.as_mut_slice()) {
-            self.give_read_buf(buf);
+            keep_spare(&self.read_bufs, buf);
             return Err(e);
         }
         Ok((buf, (off - start) as usize))
-    }
-
-    /// Keeps a buffer from `read_span` for the next read, within the bounds.
-    fn give_read_buf(&self, mut buf: IoBuf) {
-        if buf.capacity() > SPARE_READ_BUF_BYTES {
-            return;
-        }
-        buf.clear();
-        let mut spare = self.read_bufs.lock();
-        if spare.len() < SPARE_READ_BUFS {
-            spare.push(buf);
-        }
     }
 
     /// Fills `stored` with the data file's bytes at `off`, seeing writes not yet on disk.
@@ -811,11 +838,11 @@ impl ChunkIo for ChunkStore {
         self.put_hashed(data, None)
     }
 
-    fn get(&self, h: &ChunkHash) -> Result<Arc<[u8]>> {
+    fn get(&self, h: &ChunkHash) -> Result<ChunkBytes> {
         Ok(self.get_many(std::slice::from_ref(h))?.remove(0))
     }
 
-    fn get_many(&self, hashes: &[ChunkHash]) -> Result<Vec<Arc<[u8]>>> {
+    fn get_many(&self, hashes: &[ChunkHash]) -> Result<Vec<ChunkBytes>> {
         ChunkStore::get_many(self, hashes)
     }
 }
@@ -939,34 +966,80 @@ impl ChunkStore {
 }
 
 /// Decoded chunks kept for reads that come back for them (a read request that ends inside
-/// a chunk, and the next one that starts there). Bounded by bytes: `CACHE_BYTES`.
+/// a chunk, and the next one that starts there, and a sequential reader's read-ahead).
+/// Bounded by bytes, `CACHE_BYTES`, each chunk charged its share of the buffer it keeps
+/// alive (see `load_many`); the oldest go first.
 #[derive(Default)]
 struct ChunkCache {
-    map: HashMap<ChunkHash, Arc<[u8]>>,
+    map: HashMap<ChunkHash, (ChunkBytes, usize)>,
     order: VecDeque<ChunkHash>,
     bytes: usize,
 }
 
 impl ChunkCache {
-    fn get(&self, h: &ChunkHash) -> Option<Arc<[u8]>> {
-        self.map.get(h).cloned()
+    fn get(&self, h: &ChunkHash) -> Option<ChunkBytes> {
+        self.map.get(h).map(|(d, _)| d.clone())
     }
 
-    fn put(&mut self, h: ChunkHash, d: Arc<[u8]>) {
+    fn put(&mut self, h: ChunkHash, d: ChunkBytes, cost: usize) {
         if self.map.contains_key(&h) {
             return;
         }
-        self.bytes += d.len();
-        self.map.insert(h, d);
+        self.bytes += cost;
+        self.map.insert(h, (d, cost));
         self.order.push_back(h);
         while self.bytes > CACHE_BYTES {
             let Some(old) = self.order.pop_front() else {
                 break;
             };
-            if let Some(d) = self.map.remove(&old) {
-                self.bytes -= d.len();
+            if let Some((_, cost)) = self.map.remove(&old) {
+                self.bytes -= cost;
             }
         }
+    }
+}
+
+/// A device read's buffer, shared by the raw chunks verified in it (`ChunkBytes` ranges of
+/// it, no copy); back to the store's spare buffers when the last of them is dropped.
+struct ReadBuf {
+    buf: IoBuf,
+    spare: Weak<Mutex<Vec<IoBuf>>>,
+}
+
+impl AsRef<[u8]> for ReadBuf {
+    fn as_ref(&self) -> &[u8] {
+        self.buf.as_slice()
+    }
+}
+
+impl Drop for ReadBuf {
+    fn drop(&mut self) {
+        if let Some(spare) = self.spare.upgrade() {
+            keep_spare(&spare, std::mem::take(&mut self.buf));
+        }
+    }
+}
+
+/// The smallest spare read buffer that holds `need` bytes, else the largest one (to grow),
+/// else a new one.
+fn take_spare(spare: &Mutex<Vec<IoBuf>>, need: usize) -> IoBuf {
+    let mut spare = spare.lock();
+    let fits = (0..spare.len())
+        .filter(|&i| spare[i].capacity() >= need)
+        .min_by_key(|&i| spare[i].capacity());
+    let pick = fits.or_else(|| (0..spare.len()).max_by_key(|&i| spare[i].capacity()));
+    pick.map(|i| spare.swap_remove(i)).unwrap_or_default()
+}
+
+/// Keeps a read buffer for the next read, within the bounds (`SPARE_READ_BUFS`).
+fn keep_spare(spare: &Mutex<Vec<IoBuf>>, mut buf: IoBuf) {
+    if buf.capacity() > SPARE_READ_BUF_BYTES {
+        return;
+    }
+    buf.clear();
+    let mut spare = spare.lock();
+    if spare.len() < SPARE_READ_BUFS {
+        spare.push(buf);
     }
 }
 
@@ -975,7 +1048,7 @@ impl ChunkStore {
     /// in one table transaction and read in as few device reads as possible: chunks written
     /// one after the other (a sequentially written file) come back in reads of up to
     /// `READ_BYTES`, not one small read each.
-    pub fn get_many(&self, hashes: &[ChunkHash]) -> Result<Vec<Arc<[u8]>>> {
+    pub fn get_many(&self, hashes: &[ChunkHash]) -> Result<Vec<ChunkBytes>> {
         // Chunks another thread is reading right now (a prefetch, a parallel request) are
         // waited for, not read twice; the rest are claimed and read here.
         let (claimed, others) = {
@@ -1050,8 +1123,8 @@ impl ChunkStore {
         }
     }
 
-    fn load_many(&self, hashes: &[ChunkHash]) -> Result<Vec<Arc<[u8]>>> {
-        let mut found: HashMap<ChunkHash, Arc<[u8]>> = HashMap::with_capacity(hashes.len());
+    fn load_many(&self, hashes: &[ChunkHash]) -> Result<Vec<ChunkBytes>> {
+        let mut found: HashMap<ChunkHash, ChunkBytes> = HashMap::with_capacity(hashes.len());
         {
             let cache = self.cache.lock();
             for h in hashes {
@@ -1111,26 +1184,48 @@ impl ChunkStore {
                 k = m;
             }
         }
-        // Each chunk is checked where it lies in its run's buffer and copied once, into
-        // the shared form the cache and readers keep.
+        // Each chunk is checked where it lies in its run's buffer. A raw chunk stays there
+        // (the cache and readers share the buffer); a compressed one is decoded into its own.
         for (buf, at, start, chunks) in runs {
+            let cap = buf.capacity();
+            let buf: Arc<ReadBuf> = Arc::new(ReadBuf {
+                buf,
+                spare: Arc::downgrade(&self.read_bufs),
+            });
+            let mut verified: Vec<(ChunkHash, ChunkBytes, bool)> = Vec::new();
             for (h, rec) in &missing[chunks] {
                 let from = at + (rec.offset.0 - start) as usize;
-                let bytes = &buf.as_slice()[from..from + rec.stored_len as usize];
-                let verified = self.stages().decode.time(rec.raw_len as usize, || {
-                    StoredRef::new(*h, *rec, bytes).verify_shared()
+                let bytes = &buf.buf.as_slice()[from..from + rec.stored_len as usize];
+                let raw = self.stages().decode.time(rec.raw_len as usize, || {
+                    StoredRef::new(*h, *rec, bytes).verify_raw()
                 });
-                let data = match verified {
+                let data = match raw {
+                    Ok(std::borrow::Cow::Borrowed(_)) => (
+                        ChunkBytes::new(buf.clone(), from..from + rec.raw_len as usize),
+                        true,
+                    ),
+                    Ok(std::borrow::Cow::Owned(v)) => (ChunkBytes::from(v), false),
                     Err(Error::Corrupt(c)) => {
                         let v = self.repair(*h, *rec).ok_or(Error::Corrupt(c))?;
-                        Arc::<[u8]>::from(v.into_bytes())
+                        (ChunkBytes::from(v.into_bytes()), false)
                     }
-                    r => r?,
+                    Err(e) => return Err(e),
                 };
-                self.cache.lock().put(*h, data.clone());
-                found.insert(*h, data);
+                verified.push((*h, data.0, data.1));
             }
-            self.give_read_buf(buf);
+            // The chunks left in the buffer share its whole allocation's cost, so the cache
+            // bounds the memory it keeps alive, not just the chunks' bytes.
+            let shared: usize = verified.iter().filter(|v| v.2).map(|v| v.1.len()).sum();
+            let mut cache = self.cache.lock();
+            for (h, data, in_buf) in verified {
+                let cost = if in_buf {
+                    (data.len() as u128 * cap as u128).div_ceil(shared as u128) as usize
+                } else {
+                    data.len()
+                };
+                cache.put(h, data.clone(), cost);
+                found.insert(h, data);
+            }
         }
         Ok(hashes.iter().map(|h| found[h].clone()).collect())
     }

@@ -24,6 +24,17 @@ use std::time::{Duration, SystemTime};
 const TTL: Duration = Duration::from_secs(1);
 /// Largest write request the kernel may send; checkpoints are written in large pieces.
 pub const MAX_WRITE_BYTES: u32 = 4 << 20;
+
+/// Largest read reply buffer a FUSE thread keeps (`REPLY_BUF`): the kernel's largest read
+/// request.
+const REPLY_BUF_MAX: usize = MAX_WRITE_BYTES as usize;
+
+thread_local! {
+    /// Each FUSE thread's read reply buffer, reused: a fresh one per reply cost its page
+    /// faults again for every megabyte read (in the daemon, and again where the kernel pins
+    /// its pages to copy the reply).
+    static REPLY_BUF: std::cell::RefCell<Vec<u8>> = const { std::cell::RefCell::new(Vec::new()) };
+}
 /// Block size reported to statfs and in stat's st_blksize.
 const BLOCK_BYTES: u32 = 4096;
 /// Directory entries fetched from the metadata table per readdir request.
@@ -776,13 +787,20 @@ impl Filesystem for CkptFs {
         _lock_owner: Option<LockOwner>,
         reply: ReplyData,
     ) {
-        match self
-            .fs
-            .read(InodeId(ino.0), HandleId(fh.0), offset, size as usize)
-        {
-            Ok(d) => reply.data(&d),
-            Err(e) => reply.error(fail("read", ino.0, e)),
-        }
+        REPLY_BUF.with_borrow_mut(|buf| {
+            match self
+                .fs
+                .read_to(InodeId(ino.0), HandleId(fh.0), offset, size as usize, buf)
+            {
+                Ok(()) => reply.data(buf),
+                Err(e) => reply.error(fail("read", ino.0, e)),
+            }
+            // Kept for the next reply up to the largest request the kernel sends, so a
+            // FUSE thread holds at most one such buffer (`--threads` of them in all).
+            if buf.capacity() > REPLY_BUF_MAX {
+                *buf = Vec::new();
+            }
+        })
     }
 
     fn write(
