@@ -915,7 +915,9 @@ pub fn run(o: &Opts, sel: Selection) -> Result<bool> {
     if limits.is_some() {
         println!(
             "of sink: ckptfs median / the FUSE sink's median for the same access (writers, files, read size); \
-             of blake3: ckptfs median / blake3 on all cores (random data)."
+             of blake3: ckptfs median / blake3 on all cores (random data); \
+             of disk: what ckptfs moved to or from the disk per second (reads: the logical MiB/s; writes: times stored/logical) \
+             / the disk's direct I/O (reads: with the store's read-ahead threads)."
         );
         println!("{}", limits::legend());
     }

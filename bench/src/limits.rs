@@ -8,6 +8,10 @@
 //! - The compute: blake3 (every byte written is hashed, every byte read verified) and the
 //!   engine's LZ4 codec, per chunk, on all cores, over random 64 KiB blocks and the
 //!   benchmark's own field and dense data.
+//! - The disk under the work directory (where the ckptfs space and the plain files live):
+//!   direct I/O of a preallocated file, written in 8 MiB pieces as the store writes, read in
+//!   2 MiB pieces by one thread and by as many threads as the store reads ahead with. A
+//!   restart cannot read faster than this, nor a new checkpoint store its new bytes.
 
 use crate::bench::{n1_ranges, size_label, BIG_READ};
 use crate::data::{self, mix, name_label, RandomSpec};
@@ -29,6 +33,7 @@ const COMPUTE_BYTES: usize = 256 << 20;
 /// Each compute measurement repeats passes over its data for at least this long.
 const MIN_TIME: Duration = Duration::from_millis(200);
 const GIB: f64 = (1u64 << 30) as f64;
+const MIB: f64 = (1u64 << 20) as f64;
 
 /// One sink row: its repetitions (bytes, seconds, sink CPU seconds).
 pub struct SinkRow {
@@ -54,6 +59,35 @@ pub struct ComputeRow {
     both: Vec<f64>,
 }
 
+/// One disk row: MiB/s per repetition.
+pub struct DiskRow {
+    write: bool,
+    threads: usize,
+    mibs: Vec<f64>,
+}
+
+impl DiskRow {
+    fn label(&self) -> String {
+        if self.write {
+            format!(
+                "write, {} direct, preallocated file, fdatasync",
+                size_label(DISK_WRITE as u64)
+            )
+        } else {
+            format!(
+                "read, {} thread{}, {} direct",
+                self.threads,
+                if self.threads == 1 { "" } else { "s" },
+                size_label(DISK_READ as u64)
+            )
+        }
+    }
+}
+
+/// Piece sizes of the disk rows: the store's write-out and about its read-ahead runs.
+const DISK_WRITE: usize = 8 << 20;
+const DISK_READ: usize = 2 << 20;
+
 pub struct Limits {
     procs: usize,
     block: u64,
@@ -61,6 +95,8 @@ pub struct Limits {
     chunk: usize,
     pub sink: Vec<SinkRow>,
     pub compute: Vec<ComputeRow>,
+    /// Empty when the work directory's filesystem refuses direct I/O.
+    pub disk: Vec<DiskRow>,
 }
 
 fn median(v: &[f64]) -> Option<f64> {
@@ -121,6 +157,16 @@ impl Limit for Limits {
         let r = self.compute.iter().find(|r| r.kind == "random")?;
         Some(median(&r.blake3)? * 1024.0)
     }
+
+    fn disk_mibs(&self, read: bool) -> Option<f64> {
+        // Reads: the row with the store's read-ahead threads (the most the disk gave).
+        let r = self
+            .disk
+            .iter()
+            .filter(|r| r.write != read)
+            .max_by_key(|r| r.threads)?;
+        median(&r.mibs)
+    }
 }
 
 impl Limits {
@@ -176,6 +222,14 @@ impl Limits {
             ]);
         }
         out += &render_table(&cells, 1);
+        if !self.disk.is_empty() {
+            out += "\nlimits: the work directory's disk, MiB/s med (min-max)\n";
+            let mut cells = vec![vec!["access".to_string(), "MiB/s med (min-max)".into()]];
+            for r in &self.disk {
+                cells.push(vec![r.label(), spread(&r.mibs, 0)]);
+            }
+            out += &render_table(&cells, 1);
+        }
         out
     }
 
@@ -198,6 +252,11 @@ impl Limits {
                 "stored_over_logical": r.stored_ratio,
                 "lz4_decode": r.decode,
                 "blake3_then_lz4": r.both,
+            })).collect::<Vec<_>>(),
+            "disk_mib_s": self.disk.iter().map(|r| json!({
+                "access": r.label(),
+                "mib_s": r.mibs,
+                "mib_s_median": median(&r.mibs),
             })).collect::<Vec<_>>(),
         })
     }
@@ -433,7 +492,116 @@ fn sink_rows(
     Ok(rows)
 }
 
-/// Measures every limit: the sink (mounted at DIR/sink for the duration), then the compute.
+/// The disk rows, on a file of about `--size` in `dir` (removed after). None when the
+/// filesystem refuses direct I/O (tmpfs): no row then, and the reason in the progress.
+fn disk_rows(o: &Opts, dir: &Path, progress: &dyn Fn(&str)) -> Result<Vec<DiskRow>> {
+    use std::os::unix::fs::{FileExt, OpenOptionsExt};
+    let path = dir.join("disk-limit.dat");
+    let size = (o.size / DISK_WRITE as u64).max(1) * DISK_WRITE as u64;
+    let open = |write: bool| {
+        fs::OpenOptions::new()
+            .read(!write)
+            .write(write)
+            .create(write)
+            .custom_flags(libc::O_DIRECT)
+            .open(&path)
+    };
+    let file = match open(true) {
+        Ok(f) => f,
+        Err(e) => {
+            progress(&format!(
+                "limits: no disk rows: {} refuses direct I/O ({e})",
+                path.display()
+            ));
+            return Ok(Vec::new());
+        }
+    };
+    drop(file);
+    let mut rows = vec![DiskRow {
+        write: true,
+        threads: 1,
+        mibs: Vec::new(),
+    }];
+    for threads in [1, ckptfs_engine::store::READ_THREADS] {
+        rows.push(DiskRow {
+            write: false,
+            threads,
+            mibs: Vec::new(),
+        });
+    }
+    let mut piece = ckptfs_engine::device::IoBuf::new();
+    piece.extend_from_slice(&RandomSpec::new(mix(o.seed, 7)).generate(DISK_WRITE));
+    let result = (|| -> Result<()> {
+        for rep in 0..o.reps {
+            for row in &mut rows {
+                sys::check_interrupted()?;
+                let err = |e: std::io::Error| format!("{}: {e}", path.display());
+                let t = Instant::now();
+                if row.write {
+                    // A fresh preallocated file each time, as the space's data file is.
+                    let _ = fs::remove_file(&path);
+                    let f = open(true).map_err(err)?;
+                    // SAFETY: plain syscall on a descriptor this function owns.
+                    let r = unsafe {
+                        use std::os::fd::AsRawFd;
+                        libc::posix_fallocate(f.as_raw_fd(), 0, size as libc::off_t)
+                    };
+                    if r != 0 {
+                        return Err(format!("fallocate {}: errno {r}", path.display()));
+                    }
+                    let t = Instant::now();
+                    for off in (0..size).step_by(DISK_WRITE) {
+                        f.write_all_at(piece.as_slice(), off).map_err(err)?;
+                    }
+                    f.sync_data().map_err(err)?;
+                    row.mibs.push(size as f64 / MIB / t.elapsed().as_secs_f64());
+                } else {
+                    let f = open(false).map_err(err)?;
+                    let share = size
+                        .div_ceil(row.threads as u64)
+                        .next_multiple_of(DISK_READ as u64);
+                    std::thread::scope(|s| -> Result<()> {
+                        let hs: Vec<_> = (0..row.threads as u64)
+                            .map(|i| {
+                                let f = &f;
+                                s.spawn(move || -> std::io::Result<()> {
+                                    let mut buf = ckptfs_engine::device::IoBuf::new();
+                                    buf.extend_zeros(DISK_READ);
+                                    let end = ((i + 1) * share).min(size);
+                                    let mut off = i * share;
+                                    while off < end {
+                                        let n = (end - off).min(DISK_READ as u64) as usize;
+                                        f.read_exact_at(&mut buf.as_mut_slice()[..n], off)?;
+                                        off += n as u64;
+                                    }
+                                    Ok(())
+                                })
+                            })
+                            .collect();
+                        for h in hs {
+                            h.join().expect("disk reader panicked").map_err(err)?;
+                        }
+                        Ok(())
+                    })?;
+                    row.mibs.push(size as f64 / MIB / t.elapsed().as_secs_f64());
+                }
+                progress(&format!(
+                    "limits | disk {} | rep {}/{} {:8.1} MiB/s",
+                    row.label(),
+                    rep + 1,
+                    o.reps,
+                    row.mibs.last().copied().unwrap_or(0.0)
+                ));
+            }
+        }
+        Ok(())
+    })();
+    let _ = fs::remove_file(&path);
+    result.map(|()| rows)
+}
+
+/// Measures every limit: the sink (mounted at DIR/sink for the duration), then the compute,
+/// then the disk.
 pub fn measure(o: &Opts, exe: &Path, dir: &Path, progress: &dyn Fn(&str)) -> Result<Limits> {
     progress("limits: mounting the FUSE sink");
     let sink = SinkMount::start(exe, &dir.join("sink"))?;
@@ -464,6 +632,7 @@ pub fn measure(o: &Opts, exe: &Path, dir: &Path, progress: &dyn Fn(&str)) -> Res
         ));
         compute.push(compute_row(kind, &bytes, chunk, threads, o.reps));
     }
+    let disk = disk_rows(o, dir, progress)?;
     Ok(Limits {
         procs: o.procs,
         block: o.block,
@@ -471,6 +640,7 @@ pub fn measure(o: &Opts, exe: &Path, dir: &Path, progress: &dyn Fn(&str)) -> Res
         chunk,
         sink: rows,
         compute,
+        disk,
     })
 }
 
@@ -548,7 +718,10 @@ pub fn legend() -> String {
          utime+stime per GiB, the FUSE transport's share of a daemon's CPU. Reads are cold for the kernel (no page cache: \
          written with direct I/O, and opening without keep_cache drops it). compute: GiB/s of logical bytes on all cores \
          ({} MiB of each data kind at most); LZ4 (codec): the engine's per-chunk choice, LZ4 or raw where LZ4 does not \
-         shrink it; LZ4 decode: over the chunks stored compressed (- when under 1% are).",
+         shrink it; LZ4 decode: over the chunks stored compressed (- when under 1% are). disk: direct I/O of a \
+         preallocated file of --size in the work directory (host caches under a virtual disk included), written in 8 MiB \
+         pieces then fdatasync, read in 2 MiB pieces by 1 thread and by as many threads as the store's read-ahead, each a \
+         contiguous share.",
         COMPUTE_BYTES >> 20
     )
 }

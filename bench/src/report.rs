@@ -106,6 +106,9 @@ impl Access {
 pub trait Limit {
     fn sink_mibs(&self, access: Access) -> Option<f64>;
     fn blake3_mibs(&self) -> Option<f64>;
+    /// The work directory's disk: direct reads with the store's read-ahead threads, or
+    /// direct writes.
+    fn disk_mibs(&self, read: bool) -> Option<f64>;
 }
 
 /// A plain side's repetitions split in two where sorted neighbours differ by more than this
@@ -312,6 +315,18 @@ impl Row {
         Some(summarize(&self.ckptfs).med? / limits.blake3_mibs()?)
     }
 
+    /// The bytes ckptfs moved to or from the disk per second as a fraction of the disk's
+    /// direct I/O: for a read, the logical MiB/s (compressed chunks read fewer bytes); for
+    /// a write, the logical MiB/s times stored/logical (what reached the data file).
+    fn of_disk(&self, limits: &dyn Limit) -> Option<f64> {
+        let med = summarize(&self.ckptfs).med?;
+        if self.read {
+            Some(med / limits.disk_mibs(true)?)
+        } else {
+            Some(med * self.stored_ratio()?.max(0.0) / limits.disk_mibs(false)?)
+        }
+    }
+
     /// None when nothing was verified; Some(false) when any repetition failed.
     pub fn verified(&self) -> Option<bool> {
         let v: Vec<bool> = self
@@ -370,7 +385,7 @@ impl Results {
             "ratio",
         ];
         if limits.is_some() {
-            head.extend(["of sink", "of blake3"]);
+            head.extend(["of sink", "of blake3", "of disk"]);
         }
         head.extend([
             "stored/logical",
@@ -410,7 +425,11 @@ impl Results {
                 opt(r.ratio(), 2),
             ];
             if let Some(l) = limits {
-                row.extend([opt(r.of_sink(l), 2), opt(r.of_blake3(l), 2)]);
+                row.extend([
+                    opt(r.of_sink(l), 2),
+                    opt(r.of_blake3(l), 2),
+                    opt(r.of_disk(l), 2),
+                ]);
             }
             row.extend([
                 if r.read {
