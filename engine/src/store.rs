@@ -1285,8 +1285,18 @@ impl ChunkStore {
                 verified.push((*h, data.0, data.1));
             }
             // The chunks left in the buffer share its whole allocation's cost, so the cache
-            // bounds the memory it keeps alive, not just the chunks' bytes.
+            // bounds the memory it keeps alive, not just the chunks' bytes. Where they fill
+            // less than half of it (a single chunk of a random read, a run with gaps read
+            // along), they are copied out instead, so the cache does not hold mostly unused
+            // buffer, and the buffer goes back for the next read.
             let shared: usize = verified.iter().filter(|v| v.2).map(|v| v.1.len()).sum();
+            if shared * 2 < cap {
+                for v in verified.iter_mut().filter(|v| v.2) {
+                    v.1 = ChunkBytes::from(v.1.to_vec());
+                    v.2 = false;
+                }
+            }
+            drop(buf);
             let mut cache = self.cache.lock();
             for (h, data, in_buf) in verified {
                 let cost = if in_buf {

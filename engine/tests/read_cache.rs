@@ -87,6 +87,29 @@ fn chunks_read_together_come_back_verified_and_raw_ones_uncopied() {
         own > 0,
         "no compressed chunk was decoded into a buffer of its own"
     );
+    // One raw chunk alone fills little of its read buffer: copied out, not kept in it.
+    drop(got);
+    drop(space);
+    let space = Space::open(&dir).unwrap();
+    // A chunk wholly inside a random MiB (stored raw).
+    let (raw_at, _) = extents
+        .iter()
+        .enumerate()
+        .find(|(_, (off, e))| {
+            let (first, last) = (
+                *off as usize / MIB,
+                (*off as usize + e.len as usize - 1) / MIB,
+            );
+            first % 2 == 0 && first == last && e.chunk_off == 0
+        })
+        .unwrap();
+    let one = space.store().get_many(&hashes[raw_at..=raw_at]).unwrap();
+    assert_eq!(
+        one[0].owner_len(),
+        one[0].len(),
+        "a lone chunk keeps a whole read buffer"
+    );
+    let got = space.store().get_many(&hashes).unwrap();
     // Read again: from the cache now, the same bytes.
     let again = space.store().get_many(&hashes).unwrap();
     for (a, b) in got.iter().zip(&again) {
