@@ -173,6 +173,10 @@ struct OpenNode {
     handles: HashMap<HandleId, Handle>,
     /// File offset up to which chunks were handed to the store's prefetch (see `read`).
     prefetched_to: u64,
+    /// Where the reads of this file so far ended (the furthest end of the current run of
+    /// sequential reads), and how many sequential reads that run has had (see `read`).
+    read_end: u64,
+    streak: u32,
     /// Held while this file is read ahead: counts it among the readers sharing the cache.
     prefetching: Option<PrefetchStream>,
 }
@@ -244,6 +248,15 @@ impl OpenTable {
 /// at 8 MiB they asked for all of it, and once the cache charged read buffers whole, 8 cold
 /// readers of 128 MiB each read 1.85 GiB from the disk for their 1 GiB (1.2 GiB at 4 MiB).
 pub const PREFETCH_BYTES: u64 = 32 << 20;
+
+/// The read-ahead depth after a reader's first sequential read, doubling with each next one
+/// up to the full depth (see `Fs::read`).
+pub const PREFETCH_FIRST_BYTES: u64 = 2 << 20;
+
+/// How far from where the reads so far ended a read may start and still count as
+/// sequential: the kernel's readahead window (4 MiB, the mount's max_readahead), whose
+/// requests the FUSE threads may take out of order.
+const SEQUENTIAL_SLACK: u64 = 4 << 20;
 pub const PREFETCH_MIN_BYTES: u64 = 4 << 20;
 
 /// The read-ahead depth for each of `readers` sequential readers (see `PREFETCH_BYTES`).
@@ -1330,6 +1343,8 @@ impl Fs {
                     writers: 0,
                     handles: HashMap::new(),
                     prefetched_to: 0,
+                    read_end: 0,
+                    streak: 0,
                     prefetching: None,
                 }));
                 t.nodes.insert(ino, n.clone());
@@ -1407,32 +1422,7 @@ impl Fs {
                 out.clear();
                 return Ok(());
             }
-            // A sequential reader (a restart): read and verify the chunks ahead of it on the
-            // store's workers, so the kernel's next requests find them decoded. The kernel's
-            // readahead keeps only a few requests in flight; this adds depth.
-            if n.prefetching.is_none() {
-                self.prefetch_streams
-                    .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-                n.prefetching = Some(PrefetchStream(self.prefetch_streams.clone()));
-            }
-            let depth = prefetch_depth(
-                self.prefetch_streams
-                    .load(std::sync::atomic::Ordering::Relaxed),
-            );
-            if off <= n.prefetched_to && end + depth / 2 > n.prefetched_to {
-                let from = n.prefetched_to.max(end);
-                let to = (end + depth).min(n.file.size());
-                if from < to {
-                    let ahead = n.file.map().pieces(from, to);
-                    self.space
-                        .store()
-                        .prefetch(ahead.into_iter().map(|(_, e)| e.chunk).collect());
-                    n.prefetched_to = to;
-                }
-            } else if off > n.prefetched_to || end + depth < n.prefetched_to {
-                // Not where the last prefetch went: start over from here.
-                n.prefetched_to = end;
-            }
+            self.read_ahead(&mut n, off, end);
             (n.file.map().pieces(off, end), end)
         };
         Ok(ExtentMap::read_pieces_to(
@@ -1442,6 +1432,55 @@ impl Fs {
             (end - off) as usize,
             out,
         )?)
+    }
+
+    /// Hands the chunks ahead of a sequential reader of a clean file to the store's
+    /// read-ahead (`read`, after the read of `off..end`).
+    fn read_ahead(&self, n: &mut OpenNode, off: u64, end: u64) {
+        // A sequential reader (a restart): read and verify the chunks ahead of it on the
+        // store's workers, so the kernel's next requests find them decoded. The kernel's
+        // readahead keeps only a few requests in flight; this adds depth. Sequential:
+        // the read starts near where the reads so far ended (the kernel's readahead
+        // requests for one file arrive on several FUSE threads, a little out of order).
+        // The depth ramps up with the run of sequential reads, as the kernel's readahead
+        // does, so a random reader (or one reading a few scattered tensors) does not get
+        // the full depth read and verified behind each read: before, 4 KiB random reads
+        // of a cold 1 GiB file read 6.9 GB from the disk for 56 MB returned.
+        if off.abs_diff(n.read_end) <= SEQUENTIAL_SLACK {
+            n.streak = n.streak.saturating_add(1);
+            n.read_end = n.read_end.max(end);
+        } else {
+            n.streak = 0;
+            n.read_end = end;
+            n.prefetched_to = end;
+        }
+        if n.streak == 0 {
+            return;
+        }
+        if n.prefetching.is_none() {
+            self.prefetch_streams
+                .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            n.prefetching = Some(PrefetchStream(self.prefetch_streams.clone()));
+        }
+        let depth = prefetch_depth(
+            self.prefetch_streams
+                .load(std::sync::atomic::Ordering::Relaxed),
+        )
+        .min(PREFETCH_FIRST_BYTES << (n.streak - 1).min(16));
+        if off <= n.prefetched_to && end + depth / 2 > n.prefetched_to {
+            let from = n.prefetched_to.max(end);
+            let to = (end + depth).min(n.file.size());
+            if from < to {
+                let ahead = n.file.map().pieces(from, to);
+                self.space
+                    .store()
+                    .prefetch(ahead.into_iter().map(|(_, e)| e.chunk).collect());
+                n.prefetched_to = to;
+            }
+        } else if off > n.prefetched_to || end + depth < n.prefetched_to {
+            // Not where the last prefetch went: start over from here.
+            n.prefetched_to = end;
+        }
     }
 
     pub fn write(
@@ -2122,7 +2161,8 @@ impl Fs {
     }
 
     /// One check of the automatic gc: runs a throttled gc when free space is below the
-    /// configured watermark. After a gc that reclaimed nothing, waits a minute.
+    /// configured watermark. After a gc that reclaimed nothing, waits a minute. Also frees
+    /// the store's spare read buffers once reads have stopped.
     pub fn auto_gc_tick(&self) {
         self.space.store().release_idle_read_buffers();
         // Segments a gc emptied in a multi-slot space come back once their grace is over.

@@ -405,6 +405,8 @@ impl Fs {
                     writers: 0,
                     handles: HashMap::new(),
                     prefetched_to: 0,
+                    read_end: 0,
+                    streak: 0,
                     prefetching: None,
                 }));
                 open.nodes.insert(ino, n.clone());
