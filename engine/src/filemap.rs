@@ -15,6 +15,7 @@ use crate::pins::ChunkPins;
 pub use crate::pipeline::ChunkIo;
 use crate::pipeline::{Permit, Piece, Ticket};
 use crate::predict::Predictor;
+use crate::spill::{Carries, Charge, Spill, SpillFile, SpillSlot};
 use std::collections::{BTreeMap, VecDeque};
 use std::sync::Arc;
 
@@ -283,6 +284,10 @@ pub const CUT_QUEUE_BYTES: usize = 4 << 20;
 pub struct CutState {
     m: parking_lot::Mutex<CutInner>,
     cv: parking_lot::Condvar,
+    me: std::sync::Weak<CutState>,
+    /// Where the carry is charged and spilled beyond the budget (`spill`); `None`: it
+    /// stays in memory (tests with a map for a store).
+    carries: Option<Arc<Carries>>,
 }
 
 struct CutInner {
@@ -300,9 +305,19 @@ struct CutInner {
     /// File offset after the last segment.
     end: u64,
     /// The cutter's unfinished last chunk (it may grow with the next segment); shared with
-    /// the running cutter, so reads see it while the next segment is cut.
+    /// the running cutter, so reads see it while the next segment is cut. Empty while it
+    /// is spilled (`spilled`).
     carry_start: u64,
     carry: Arc<Vec<u8>>,
+    /// The carry's bytes while they are in the spill file (`spill`): only between cuts.
+    spilled: Option<SpillSlot>,
+    /// The carry's memory, charged to the pipeline's carries.
+    charge: Option<Charge>,
+    /// Counts carries: an order entry (`Carries::touch`) names the carry it was made for.
+    gen: u64,
+    /// The carry could not be read back from the spill file: this stream's bytes from
+    /// `carry_start` on are lost, and the file's writes fail with this.
+    failed: Option<String>,
     /// The cutter has taken `segs[next - 1]` and not yet put its pieces in `out`.
     in_cut: bool,
     /// Cut pieces not yet taken by the file state: offset, bytes, all zeros.
@@ -317,13 +332,78 @@ struct CutInner {
 
 impl CutInner {
     fn done(&self) -> bool {
-        self.finish && !self.running && self.next == self.segs.len() && self.carry.is_empty()
+        self.finish
+            && !self.running
+            && self.next == self.segs.len()
+            && self.carry.is_empty()
+            && self.spilled.is_none()
+    }
+
+    /// The carry, in memory: brought back from the spill file if it is there.
+    fn load_carry(&mut self, carries: Option<&Arc<Carries>>) -> std::io::Result<Arc<Vec<u8>>> {
+        if let Some(slot) = &self.spilled {
+            let v = slot.load()?;
+            self.spilled = None;
+            if let Some(cs) = carries {
+                cs.loaded.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                self.charge = Some(cs.charge(v.capacity()));
+            }
+            self.carry = Arc::new(v);
+        }
+        Ok(self.carry.clone())
+    }
+
+    /// Ends the stream after its carry was lost (see `failed`): what was queued is dropped
+    /// and waiters are let go; the file state reports the failure.
+    fn fail(&mut self, e: std::io::Error, cutter: Cutter) {
+        log::error!(
+            "a file's carried chunk at offset {} could not be read back from the spill file \
+             ({e}): its writes fail with EIO",
+            self.carry_start
+        );
+        self.failed = Some(format!(
+            "a carried chunk at file offset {} could not be read back from the spill file: {e}",
+            self.carry_start
+        ));
+        self.cutter = Some(cutter);
+        self.segs.clear();
+        self.next = 0;
+        self.queued = 0;
+        self.permits.clear();
+        self.carry = Arc::default();
+        self.spilled = None;
+        self.charge = None;
+        self.finish = true;
+        self.in_cut = false;
+        self.running = false;
+    }
+}
+
+impl Spill for CutState {
+    fn spill(&self, gen: u64, to: &Arc<SpillFile>) -> Option<usize> {
+        let mut g = self.m.lock();
+        if g.gen != gen || g.running || g.spilled.is_some() || g.carry.is_empty() {
+            return None;
+        }
+        let slot = to.store(&g.carry)?;
+        let n = slot.len();
+        g.spilled = Some(slot);
+        g.carry = Arc::default();
+        g.charge = None;
+        Some(n)
+    }
+
+    fn current(&self, gen: u64) -> bool {
+        let g = self.m.lock();
+        g.gen == gen && g.spilled.is_none() && !g.carry.is_empty()
     }
 }
 
 impl CutState {
-    fn new(cutter: Cutter, start: u64) -> Arc<Self> {
-        Arc::new(CutState {
+    fn new(cutter: Cutter, start: u64, carries: Option<Arc<Carries>>) -> Arc<Self> {
+        Arc::new_cyclic(|me| CutState {
+            me: me.clone(),
+            carries,
             m: parking_lot::Mutex::new(CutInner {
                 cutter: Some(cutter),
                 segs: VecDeque::new(),
@@ -333,6 +413,10 @@ impl CutState {
                 end: start,
                 carry_start: start,
                 carry: Arc::default(),
+                spilled: None,
+                charge: None,
+                gen: 0,
+                failed: None,
                 in_cut: false,
                 out: Vec::new(),
                 taken_to: start,
@@ -346,9 +430,24 @@ impl CutState {
     /// Cuts queued segments until none is left, then returns. Whoever sets `running` runs
     /// this, on a worker or inline.
     fn run(&self) {
+        // The carry the last cut left, to be entered in the spill order once no cutter runs
+        // on this state (a running one is not spilled).
+        let mut touch: Option<(Arc<Carries>, u64)> = None;
         loop {
             let (start, carry, seg, last, mut cutter) = {
                 let mut g = self.m.lock();
+                if g.next < g.segs.len() || (g.finish && g.spilled.is_some()) {
+                    let cutter = g.cutter.take().expect("one cutter runs at a time");
+                    match g.load_carry(self.carries.as_ref()) {
+                        Ok(_) => g.cutter = Some(cutter),
+                        Err(e) => {
+                            g.fail(e, cutter);
+                            drop(g);
+                            self.cv.notify_all();
+                            return;
+                        }
+                    }
+                }
                 if g.next < g.segs.len() {
                     let seg = g.segs[g.next].1.clone();
                     g.next += 1;
@@ -371,6 +470,13 @@ impl CutState {
                     g.running = false;
                     drop(g);
                     self.cv.notify_all();
+                    // Not under the lock: spilling takes other states' locks (and this
+                    // one's, should it be the least recently cut).
+                    if let Some((cs, gen)) = touch {
+                        let me: std::sync::Weak<dyn Spill> = self.me.clone();
+                        cs.touch(me, gen);
+                        cs.trim();
+                    }
                     return;
                 }
             };
@@ -397,6 +503,15 @@ impl CutState {
             let mut g = self.m.lock();
             g.cutter = Some(cutter);
             g.out.extend(pieces);
+            g.charge = None;
+            g.gen += 1;
+            touch = (!carry.is_empty())
+                .then_some(self.carries.as_ref())
+                .flatten()
+                .map(|cs| {
+                    g.charge = Some(cs.charge(carry.capacity()));
+                    (cs.clone(), g.gen)
+                });
             g.carry = Arc::new(carry);
             g.carry_start = carry_start;
             g.in_cut = false;
@@ -1065,7 +1180,11 @@ impl FileState {
         let st = match open.filter(|st| st.m.lock().end == start) {
             Some(st) => st,
             None => {
-                let st = CutState::new(Cutter::new(self.params, c.successors()), start);
+                let st = CutState::new(
+                    Cutter::new(self.params, c.successors()),
+                    start,
+                    c.cutters().and_then(|p| p.carries()),
+                );
                 self.inflight.push_back(InFlight {
                     off: start,
                     work: Work::Cut(st.clone()),
@@ -1079,6 +1198,11 @@ impl FileState {
             let mut g = st.m.lock();
             while g.queued > CUT_QUEUE_BYTES {
                 st.cv.wait(&mut g);
+            }
+            if g.failed.is_some() {
+                // The stream's carry was lost while this writer waited: the file's writes
+                // fail from here on (`take_cuts`), and these bytes cannot join the stream.
+                return;
             }
             g.permits.push_back(permit);
             assert_eq!(g.end, start, "stream segments are back to back");
@@ -1109,8 +1233,9 @@ impl FileState {
     }
 
     /// Puts the pieces cut so far in place of their cut entries (in order), and drops the
-    /// cut entries that are done. Returns whether any cut entry is left.
-    fn take_cuts(&mut self) -> bool {
+    /// cut entries that are done. Returns whether any cut entry is left; fails if a cut
+    /// lost its carry (the entry stays, so every later call fails too).
+    fn take_cuts(&mut self) -> Result<bool> {
         let mut left = false;
         let mut i = 0;
         while i < self.inflight.len() {
@@ -1119,7 +1244,7 @@ impl FileState {
                 continue;
             };
             let st = st.clone();
-            let (pieces, done) = {
+            let (pieces, done, failed) = {
                 let mut g = st.m.lock();
                 let pieces = std::mem::take(&mut g.out);
                 if let Some((o, p, _)) = pieces.last() {
@@ -1132,7 +1257,7 @@ impl FileState {
                     g.segs.pop_front();
                     g.next -= 1;
                 }
-                (pieces, g.done())
+                (pieces, g.done(), g.failed.clone())
             };
             for (off, piece, zero) in pieces {
                 let work = if zero {
@@ -1146,6 +1271,9 @@ impl FileState {
                 self.inflight.insert(i, InFlight { off, work });
                 i += 1;
             }
+            if let Some(msg) = failed {
+                return Err(std::io::Error::other(msg).into());
+            }
             if done {
                 self.inflight.remove(i);
             } else {
@@ -1153,13 +1281,13 @@ impl FileState {
                 i += 1;
             }
         }
-        left
+        Ok(left)
     }
 
     /// Waits until every cut entry is done and its pieces are in its place. Cuts must be
     /// ended first (`end_cut`).
-    fn wait_cuts(&mut self) {
-        while self.take_cuts() {
+    fn wait_cuts(&mut self) -> Result<()> {
+        while self.take_cuts()? {
             let st = self.inflight.iter().find_map(|f| match &f.work {
                 Work::Cut(st) => Some(st.clone()),
                 _ => None,
@@ -1168,6 +1296,7 @@ impl FileState {
                 st.finish_and_wait();
             }
         }
+        Ok(())
     }
 
     /// Moves finished pieces into the map, oldest first, stopping at the first unfinished
@@ -1177,9 +1306,9 @@ impl FileState {
     /// after them) stay, to be handed over again by the next call.
     fn retire(&mut self, c: &dyn ChunkIo, wait: bool) -> Result<()> {
         if wait {
-            self.wait_cuts();
+            self.wait_cuts()?;
         } else {
-            self.take_cuts();
+            self.take_cuts()?;
         }
         let unsent: Vec<Piece> = self
             .inflight
@@ -1282,7 +1411,8 @@ impl FileState {
         if let Some(st) = self.open_cut() {
             st.finish_and_wait();
         }
-        self.wait_cuts();
+        // A lost carry is reported by the next `retire`.
+        let _ = self.wait_cuts();
         // Failures stay in flight, to be handed over again by the next `retire`.
         let _ = self.drain(true);
     }
@@ -1320,7 +1450,10 @@ impl FileState {
                     for (o, piece, _) in &g.out {
                         overlay(buf, off, *o, piece.bytes());
                     }
-                    overlay(buf, off, g.carry_start, &g.carry);
+                    match &g.spilled {
+                        Some(slot) => overlay_spilled(buf, off, g.carry_start, slot)?,
+                        None => overlay(buf, off, g.carry_start, &g.carry),
+                    }
                 }
             }
         }
@@ -1348,8 +1481,15 @@ impl FileState {
         let inflight: u64 = self
             .inflight
             .iter()
-            .filter(|f| !matches!(f.work, Work::Hole(_)))
-            .map(|f| f.len())
+            .map(|f| match &f.work {
+                Work::Hole(_) => 0,
+                Work::Chunk { piece, .. } => piece.len() as u64,
+                // A spilled carry is not in memory.
+                Work::Cut(st) => {
+                    let g = st.m.lock();
+                    g.end - g.taken_to - g.spilled.as_ref().map_or(0, |s| s.len() as u64)
+                }
+            })
             .sum();
         stream + dirty + inflight as usize
     }
@@ -1534,6 +1674,19 @@ fn zero_range(out: &mut [u8], out_off: u64, src_off: u64, len: u64) {
 
 /// Copies the part of `src` (which starts at file offset `src_off`) that falls in `out`
 /// (which starts at `out_off`).
+/// `overlay` of a spilled carry.
+fn overlay_spilled(out: &mut [u8], out_off: u64, src_off: u64, src: &SpillSlot) -> Result<()> {
+    let s = out_off.max(src_off);
+    let t = (out_off + out.len() as u64).min(src_off + src.len() as u64);
+    if s < t {
+        src.read(
+            (s - src_off) as usize,
+            &mut out[(s - out_off) as usize..(t - out_off) as usize],
+        )?;
+    }
+    Ok(())
+}
+
 fn overlay(out: &mut [u8], out_off: u64, src_off: u64, src: &[u8]) {
     let s = out_off.max(src_off);
     let t = (out_off + out.len() as u64).min(src_off + src.len() as u64);
@@ -1621,6 +1774,119 @@ pub(crate) mod tests {
         });
     }
 
+    /// The same with every carry spilled whenever no cutter runs on it (what files get
+    /// once more are written at once than `spill::CARRY_BYTES` holds): reads see the spilled
+    /// carry, the next cut brings it back, and no byte is lost or moved.
+    #[test]
+    fn file_state_matches_model_with_spilled_carries() {
+        use std::sync::atomic::Ordering::Relaxed;
+        let (spilled, loaded) = (
+            std::sync::atomic::AtomicU64::new(0),
+            std::sync::atomic::AtomicU64::new(0),
+        );
+        for_seeds(40, |seed| {
+            let chunks = AsyncChunks::spilling(seed);
+            run_model(seed, &chunks, &|| chunks.new_pins());
+            let cs = chunks.carries.as_ref().unwrap();
+            spilled.fetch_add(cs.spilled.load(Relaxed), Relaxed);
+            loaded.fetch_add(cs.loaded.load(Relaxed), Relaxed);
+            assert_eq!(
+                cs.resident_bytes(),
+                0,
+                "carries charged after every state is gone"
+            );
+        });
+        let (spilled, loaded) = (spilled.into_inner(), loaded.into_inner());
+        println!("{spilled} carries spilled, {loaded} loaded back");
+        assert!(
+            // About 150 and 100 here; fewer when the machine is busy (runs batch more
+            // segments), never none.
+            spilled > 40 && loaded > 25,
+            "the model spilled {spilled}, loaded {loaded}"
+        );
+    }
+
+    /// Several files written, read and committed at once by their own threads, sharing one
+    /// spill file, their carries spilled by whichever cutter ends first: a spill races the
+    /// file's own reads, writes and commits, and the slots are reused all the while.
+    #[test]
+    fn files_spilling_each_others_carries_match_their_models() {
+        use std::sync::atomic::Ordering::Relaxed;
+        let spilled = std::sync::atomic::AtomicU64::new(0);
+        for_seeds(12, |seed| {
+            let chunks = AsyncChunks::spilling(seed);
+            std::thread::scope(|s| {
+                for t in 0..4u64 {
+                    let chunks = &chunks;
+                    s.spawn(move || run_model(seed * 16 + t, chunks, &|| chunks.new_pins()));
+                }
+            });
+            let cs = chunks.carries.as_ref().unwrap();
+            spilled.fetch_add(cs.spilled.load(Relaxed), Relaxed);
+            assert_eq!(
+                cs.resident_bytes(),
+                0,
+                "carries charged after every state is gone"
+            );
+        });
+        assert!(
+            spilled.into_inner() > 100,
+            "too few spills to race anything"
+        );
+    }
+
+    /// A carry that comes back from the spill file with other bytes (a disk that lost the
+    /// spill file's pages) fails the file's reads and writes with an error; it never gives
+    /// wrong bytes nor cuts them into chunks.
+    #[test]
+    fn a_spilled_carry_read_back_wrong_fails_the_file() {
+        let c = AsyncChunks::spilling(5);
+        let mut rng = SmallRng::seed_from_u64(5);
+        let mut data = vec![0u8; 1 << 20];
+        rng.fill_bytes(&mut data);
+        let mut f = FileState::new(params(), ExtentMap::new(), 0, c.new_pins());
+        retry(|| f.write(&c, 0, &data));
+        // The whole stream goes to the cutter, whose carry (the end of the stream) spills.
+        retry(|| f.release(&c, true));
+        let cs = c.carries.as_ref().unwrap();
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+        while cs.spilled.load(std::sync::atomic::Ordering::Relaxed) == 0 {
+            assert!(
+                std::time::Instant::now() < deadline,
+                "the carry never spilled"
+            );
+            std::thread::sleep(std::time::Duration::from_millis(1));
+        }
+        assert_eq!(
+            f.read(&c, 0, data.len()).unwrap(),
+            data,
+            "read while spilled"
+        );
+        cs.damage_spill_file();
+        assert!(
+            f.read(&c, 0, data.len()).is_err(),
+            "a read of a damaged carry"
+        );
+        // The next write brings the carry back, finds it damaged, and fails: then and on
+        // every later try (the bytes are gone), never succeeding with a hole or garbage.
+        let more = vec![7u8; 100_000];
+        let mut failures = 0;
+        for _ in 0..3 {
+            let r = f
+                .write(&c, data.len() as u64, &more)
+                .and_then(|()| f.finish(&c));
+            match r {
+                Err(Error::Io(e)) => {
+                    assert!(e.to_string().contains("spill file"), "{e}");
+                    failures += 1;
+                }
+                Err(Error::NoSpace) => {}
+                other => panic!("a file with a lost carry: {other:?}"),
+            }
+        }
+        assert!(failures > 0, "the lost carry was never reported");
+    }
+
     /// Runs `f` for seeds 0..n, or for the one in CKPTFS_SEED.
     fn for_seeds(n: u64, f: impl Fn(u64) + std::panic::RefUnwindSafe) {
         let seeds: Vec<u64> = match std::env::var("CKPTFS_SEED") {
@@ -1645,6 +1911,8 @@ pub(crate) mod tests {
         released: Arc<Released>,
         /// Learned at each commit, so rewrites are cut with predictions.
         successors: Arc<Successors>,
+        /// Where cutters charge (and spill) their carries, if anywhere.
+        carries: Option<Arc<Carries>>,
     }
 
     /// Counts released pins.
@@ -1669,6 +1937,18 @@ pub(crate) mod tests {
                 pins: Arc::default(),
                 released: Arc::default(),
                 successors: Arc::default(),
+                carries: None,
+            }
+        }
+
+        /// Every carry is spilled as soon as no cutter runs on it (a budget of 0), to a
+        /// file in the temporary directory.
+        fn spilling(seed: u64) -> Self {
+            let carries = Carries::new(0);
+            carries.spill_to(&std::env::temp_dir(), params().max_bytes as usize);
+            AsyncChunks {
+                carries: Some(carries),
+                ..AsyncChunks::new(seed)
             }
         }
 
@@ -1683,6 +1963,9 @@ pub(crate) mod tests {
     impl crate::pipeline::Cutters for AsyncChunks {
         fn reserve_cut(&self, _bytes: usize) -> Option<Permit> {
             None
+        }
+        fn carries(&self) -> Option<Arc<Carries>> {
+            self.carries.clone()
         }
         fn spawn_cut(&self, job: Box<dyn FnOnce() + Send>) {
             let delay_us = self.rng.lock().random_range(0..40u64);

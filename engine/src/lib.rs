@@ -22,6 +22,7 @@ pub mod predict;
 pub mod sim;
 pub mod slots;
 pub mod space;
+pub mod spill;
 pub mod store;
 pub mod targets;
 

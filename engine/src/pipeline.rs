@@ -74,6 +74,11 @@ pub trait Cutters: Send + Sync {
     fn live_streams(&self) -> Option<Arc<std::sync::atomic::AtomicUsize>> {
         None
     }
+    /// Where cutters charge their carried chunks, spilled beyond a budget (`spill`);
+    /// `None`: carries stay in memory, unbounded (tests).
+    fn carries(&self) -> Option<Arc<crate::spill::Carries>> {
+        None
+    }
 }
 
 /// What the stream buffers of all files being written sequentially may hold together: with
@@ -96,6 +101,9 @@ pub struct Pipeline {
     cut_budget: Arc<Budget>,
     /// Files with a stream buffer now (`Cutters::live_streams`).
     streams: Arc<std::sync::atomic::AtomicUsize>,
+    /// The cutters' carried chunks (`spill::CARRY_BYTES` in memory at most, once the
+    /// space says where to spill: `Carries::spill_to`).
+    pub carries: Arc<crate::spill::Carries>,
     /// Where the data path's time goes.
     pub stages: Stages,
 }
@@ -108,6 +116,7 @@ impl Pipeline {
             budget: Budget::new(PIPELINE_BYTES),
             cut_budget: Budget::new(CUT_BYTES),
             streams: Arc::default(),
+            carries: crate::spill::Carries::new(crate::spill::CARRY_BYTES),
             stages: Stages::default(),
         })
     }
@@ -147,6 +156,10 @@ impl Cutters for Pipeline {
 
     fn live_streams(&self) -> Option<Arc<std::sync::atomic::AtomicUsize>> {
         Some(self.streams.clone())
+    }
+
+    fn carries(&self) -> Option<Arc<crate::spill::Carries>> {
+        Some(self.carries.clone())
     }
 
     /// Runs a file's cutter on a worker, timed as the `cut` stage.

@@ -200,6 +200,10 @@ pub struct Stats {
     /// answer of a daemon started by an older build, hence the default.
     #[serde(default)]
     pub gc: crate::gc::GcTotals,
+    /// The cutters' carried chunks now and their spills since the space was opened
+    /// (`spill`; zero offline). Absent from an older daemon's answer, hence the default.
+    #[serde(default)]
+    pub carries: crate::spill::CarryTotals,
 }
 
 impl Stats {
@@ -1605,6 +1609,12 @@ impl Space {
         }
         space.dir = dir.to_path_buf();
         space.lock = Some(lock);
+        // Carried chunks beyond their memory budget spill next to the space (`spill`).
+        space
+            .store
+            .pipeline()
+            .carries
+            .spill_to(dir, space.sb.chunk.max_bytes as usize);
         // Spaces formatted before the feature flags have the attribute tables now (the open
         // added them if they were missing): say so.
         space.add_features(Features::COMPAT_XATTRS)?;
@@ -1669,6 +1679,12 @@ impl Space {
         space.targets_table = Some(table);
         space.dir = dir.to_path_buf();
         space.lock = Some(lock);
+        // Carried chunks beyond their memory budget spill next to the space (`spill`).
+        space
+            .store
+            .pipeline()
+            .carries
+            .spill_to(dir, space.sb.chunk.max_bytes as usize);
         Ok(space)
     }
 
@@ -2673,6 +2689,7 @@ impl Space {
             failed: self.store.is_failed(),
             stages: self.store.stages().snapshot(),
             gc: self.gc_totals.lock().clone(),
+            carries: self.store.pipeline().carries.totals(),
             ..Stats::default()
         };
         s.used_bytes = s.reserved_bytes - s.free_bytes;

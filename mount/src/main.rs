@@ -1182,6 +1182,15 @@ fn print_stats(s: &Stats) {
             s.gc.seconds
         );
     }
+    if s.carries.spills > 0 {
+        println!(
+            "carried chunks     {} in memory, {} spilled now; {} spills ({}) since mount",
+            human(s.carries.resident_bytes),
+            human(s.carries.spilled_now_bytes),
+            s.carries.spills,
+            human(s.carries.spilled_bytes)
+        );
+    }
     if s.failed {
         println!("STATE              FAILED: a backing write or sync failed; writes are refused");
     }

@@ -56,7 +56,7 @@ pub fn prometheus(s: &Stats, space: &str) -> String {
     const G: &str = "gauge";
     const C: &str = "counter";
     // (name, type, help, value): one sample each.
-    let single: [(&str, &str, &str, f64); 20] = [
+    let single: [(&str, &str, &str, f64); 23] = [
         (
             "reserved_bytes",
             G,
@@ -166,6 +166,24 @@ pub fn prometheus(s: &Stats, space: &str) -> String {
             C,
             "Seconds spent in gc since the space was opened.",
             s.gc.seconds,
+        ),
+        (
+            "carried_bytes",
+            G,
+            "Memory held by the unfinished last chunks of files being written (at most 64 MiB; beyond it they spill).",
+            s.carries.resident_bytes as f64,
+        ),
+        (
+            "carried_spilled_bytes",
+            G,
+            "Bytes of unfinished last chunks in the spill file now (files written at once beyond what memory holds).",
+            s.carries.spilled_now_bytes as f64,
+        ),
+        (
+            "carry_spills_total",
+            C,
+            "Unfinished last chunks written to the spill file since the space was opened.",
+            s.carries.spills as f64,
         ),
     ];
     for (name, kind, help, v) in single {
