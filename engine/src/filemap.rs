@@ -581,6 +581,102 @@ pub(crate) struct Cutter {
     cdc_chunks: u64,
     /// Chunks taken from a confirmed prediction.
     predicted: u64,
+    /// Where the last content-defined scan ran out of bytes without a cut: (file offset
+    /// of the chunk it scanned, `Gear::scan`'s resume point). The next segment carries that
+    /// chunk's bytes again and the scan resumes where it stopped: scanning the carry again
+    /// doubled the cutting of files written in small segments (many files at once).
+    scan: Option<(u64, (usize, u64))>,
+    gear: Gear,
+}
+
+/// FastCDC v2020 as `fastcdc::v2020::FastCDC` cuts (default gear table, normalization
+/// level 1), with a scan that can stop at the end of its bytes and resume there when more
+/// come (the crate's `cut` always starts at the chunk's start). The gear hash after a
+/// position does not depend on where the scan started once 64 bytes were hashed, and a
+/// resumed scan carries the hash over, so the cuts are the crate's exactly (the tests
+/// compare them with `FastCDC`'s).
+struct Gear {
+    min: usize,
+    avg: usize,
+    max: usize,
+    mask_s: u64,
+    mask_l: u64,
+    gear: &'static [u64; 256],
+    gear_ls: &'static [u64; 256],
+}
+
+impl Gear {
+    fn new(p: ChunkParams) -> Gear {
+        use fastcdc::v2020::{get_gear_with_seed, select_masks, Normalization};
+        let (mask_s, mask_l) = select_masks(p.avg_bytes as usize, Normalization::Level1);
+        let table = |t: std::borrow::Cow<'static, [u64]>| match t {
+            std::borrow::Cow::Borrowed(t) => t.try_into().expect("256 gear entries"),
+            std::borrow::Cow::Owned(_) => unreachable!("seed 0 borrows the default tables"),
+        };
+        let (gear, gear_ls) = get_gear_with_seed(0);
+        Gear {
+            min: p.min_bytes as usize,
+            avg: p.avg_bytes as usize,
+            max: p.max_bytes as usize,
+            mask_s,
+            mask_l,
+            gear: table(gear),
+            gear_ls: table(gear_ls),
+        }
+    }
+
+    /// Where a fresh scan starts: (byte pair index, gear hash).
+    fn start(&self) -> (usize, u64) {
+        (self.min / 2, 0)
+    }
+
+    /// Cuts the chunk starting at `src[0]`: Ok(its length), or Err(where to resume) when
+    /// `src` (shorter than the max chunk) ends without a cut. `from` is `start()` or what
+    /// an earlier scan of a prefix of these bytes returned.
+    fn scan(&self, src: &[u8], from: (usize, u64)) -> std::result::Result<usize, (usize, u64)> {
+        let len = src.len();
+        if len <= self.min {
+            return Err(self.start());
+        }
+        let remaining = len.min(self.max);
+        let center = if len < self.avg { len } else { self.avg };
+        let (mut index, mut hash) = from;
+        if index * 2 > remaining {
+            (index, hash) = self.start();
+        }
+        let (gear, gear_ls) = (self.gear, self.gear_ls);
+        let (mask_s_ls, mask_l_ls) = (self.mask_s << 1, self.mask_l << 1);
+        let src = &src[..remaining];
+        while index < center / 2 {
+            let a = index * 2;
+            hash = (hash << 2).wrapping_add(gear_ls[src[a] as usize]);
+            if hash & mask_s_ls == 0 {
+                return Ok(a);
+            }
+            hash = hash.wrapping_add(gear[src[a + 1] as usize]);
+            if hash & self.mask_s == 0 {
+                return Ok(a + 1);
+            }
+            index += 1;
+        }
+        while index < remaining / 2 {
+            let a = index * 2;
+            hash = (hash << 2).wrapping_add(gear_ls[src[a] as usize]);
+            if hash & mask_l_ls == 0 {
+                return Ok(a);
+            }
+            hash = hash.wrapping_add(gear[src[a + 1] as usize]);
+            if hash & self.mask_l == 0 {
+                return Ok(a + 1);
+            }
+            index += 1;
+        }
+        if len >= self.max {
+            Ok(self.max)
+        } else {
+            Err((index, hash))
+        }
+    }
 }
 
 /// Which stage a hash is timed as.
@@ -602,6 +698,8 @@ impl Cutter {
             misses: 0,
             cdc_chunks: 0,
             predicted: 0,
+            scan: None,
+            gear: Gear::new(params),
         }
     }
 
@@ -645,12 +743,6 @@ impl Cutter {
         out: &mut Vec<(u64, Piece, bool)>,
     ) -> usize {
         let p = self.params;
-        let cdc = fastcdc::v2020::FastCDC::new(
-            buf,
-            p.min_bytes as usize,
-            p.avg_bytes as usize,
-            p.max_bytes as usize,
-        );
         let mut push = |o: usize, l: usize, h: Option<ChunkHash>| {
             let piece = match h {
                 Some(h) => Piece::hashed(buf.clone(), o, l, h),
@@ -693,10 +785,21 @@ impl Cutter {
                     break;
                 }
             }
-            let (_, end) = cdc.cut(pos, buf.len() - pos);
-            if end == buf.len() && !last {
-                break;
-            }
+            let at = base + pos as u64;
+            let from = match self.scan.take() {
+                Some((o, from)) if o == at => from,
+                _ => self.gear.start(),
+            };
+            let end = match self.gear.scan(&buf[pos..], from) {
+                Ok(n) => pos + n,
+                Err(resume) => {
+                    if !last {
+                        self.scan = Some((at, resume));
+                        break;
+                    }
+                    buf.len()
+                }
+            };
             self.cdc_chunks += 1;
             let h = self
                 .hash_cdc()
@@ -2151,10 +2254,21 @@ pub(crate) mod tests {
         data: &[u8],
         what: &str,
     ) -> Vec<(u64, usize, Option<ChunkHash>)> {
+        cut_in_segments_of(rng, cutter, data, what, 300_000)
+    }
+
+    /// `cut_in_segments` with segments of 1 to `max_seg` bytes.
+    fn cut_in_segments_of(
+        rng: &mut SmallRng,
+        cutter: &mut Cutter,
+        data: &[u8],
+        what: &str,
+        max_seg: usize,
+    ) -> Vec<(u64, usize, Option<ChunkHash>)> {
         let mut got = Vec::new();
         let (mut start, mut carry, mut at) = (0u64, Vec::new(), 0usize);
         while at < data.len() {
-            let n = rng.random_range(1..300_000).min(data.len() - at);
+            let n = rng.random_range(1..max_seg).min(data.len() - at);
             let last = at + n == data.len();
             let seg = Arc::new(data[at..at + n].to_vec());
             let (pieces, s, c) = cut_segment(cutter, start, &carry, seg, last);
@@ -2212,6 +2326,25 @@ pub(crate) mod tests {
             let got = cut_in_segments(&mut rng, &mut cutter, &data, &format!("round {round}"));
             let got: Vec<(u64, usize)> = got.into_iter().map(|(o, l, _)| (o, l)).collect();
             assert_eq!(got, whole_cut(p, &data), "round {round}");
+        }
+    }
+
+    /// Segments shorter than a chunk, odd and even, down to a byte: the scan stops at the
+    /// end of each and resumes there with the next (`Gear::scan`), and the cuts are still
+    /// exactly FastCDC's.
+    #[test]
+    fn resumed_scans_cut_like_fastcdc() {
+        let p = params();
+        let mut rng = SmallRng::seed_from_u64(17);
+        for round in 0..200 {
+            let mut data = vec![0u8; rng.random_range(1..120_000)];
+            fill(&mut rng, &mut data);
+            let max_seg = [2, 64, 3000, p.max_bytes as usize * 2][round % 4];
+            let mut cutter = Cutter::new(p, None);
+            let what = format!("round {round}, segments up to {max_seg}");
+            let got = cut_in_segments_of(&mut rng, &mut cutter, &data, &what, max_seg);
+            let got: Vec<(u64, usize)> = got.into_iter().map(|(o, l, _)| (o, l)).collect();
+            assert_eq!(got, whole_cut(p, &data), "{what}");
         }
     }
 
