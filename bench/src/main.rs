@@ -5,12 +5,13 @@
 //!   ckptfs-bench limits [--size 1G] [--reps 3] ...                FUSE sink, blake3 and LZ4 ceilings
 //!   ckptfs-bench slots [--nodes 4] [--small-files 2000] ...       several daemons on one space
 //!   ckptfs-bench targets [--targets 5] [--redundancy 3+2] [--lose 2] ...  erasure-coded targets
+//!   ckptfs-bench wide [--files 1024,4096,8192] [--per-file 128K] [--request 64K] ...  many files at once
 //!   ckptfs-bench gc-scale-build DIR [--files N] [--chunk-size BYTES]
 //!   ckptfs-bench gc-scale-run DIR
 //!   ckptfs-bench gpu [--bytes 1G] [--emulate] [--require-gpu] [--json FILE] ...
 //!
 //! See bench.rs for what the end-to-end benchmark measures, limits.rs and sink.rs for the
-//! limits, gc_scale.rs for gc-scale and gpu.rs for the GPU codec benchmark.
+//! limits, wide.rs for wide, gc_scale.rs for gc-scale and gpu.rs for the GPU codec benchmark.
 
 mod bench;
 mod ckptfs;
@@ -23,6 +24,7 @@ mod sink;
 mod slots;
 mod sys;
 mod targets;
+mod wide;
 mod worker;
 
 use clap::{Args, Parser, Subcommand};
@@ -135,6 +137,9 @@ enum Cmd {
     },
     /// gc's time and peak memory on a space built by gc-scale-build
     GcScaleRun { dir: PathBuf },
+    /// Many files written at once, a little at a time in turn: throughput next to a plain
+    /// directory, and the daemon's CPU and peak RSS against the number of files
+    Wide(wide::WideOpts),
     /// GPU LZ4 (ckptfs-kernels) vs lz4_flex on all cores: GiB/s and ratio per data kind; needs
     /// neither root nor FUSE
     Gpu(gpu::GpuOpts),
@@ -200,6 +205,13 @@ fn main() {
             Ok(ok) => std::process::exit(if ok { 0 } else { 1 }),
             Err(e) => {
                 eprintln!("ckptfs-bench targets: {e}");
+                std::process::exit(1);
+            }
+        },
+        Cmd::Wide(o) => match wide::run(&o) {
+            Ok(()) => std::process::exit(0),
+            Err(e) => {
+                eprintln!("ckptfs-bench wide: {e}");
                 std::process::exit(1);
             }
         },

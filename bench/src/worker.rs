@@ -49,7 +49,7 @@ impl Timed {
 
 /// close(2) with its error: std's `File` drops close errors, but on ckptfs close is the commit
 /// and reports ENOSPC/EIO.
-fn close(f: File) -> io::Result<()> {
+pub(crate) fn close(f: File) -> io::Result<()> {
     let fd = f.into_raw_fd();
     // SAFETY: fd is owned (taken from the File) and closed exactly once.
     if unsafe { libc::close(fd) } != 0 {
