@@ -1597,6 +1597,20 @@ impl FileState {
         stream + dirty + inflight as usize
     }
 
+    /// Whether pieces are on their way into the map: handed to the store and not retired,
+    /// or cut (or being cut) and not yet taken. A cut that only carries its unfinished chunk
+    /// is not.
+    pub fn has_pieces_in_flight(&self) -> bool {
+        self.inflight.iter().any(|f| match &f.work {
+            Work::Hole(_) => false,
+            Work::Chunk { .. } => true,
+            Work::Cut(st) => {
+                let g = st.m.lock();
+                g.running || !g.out.is_empty() || g.next < g.segs.len()
+            }
+        })
+    }
+
     /// Lets go of what this state need not hold: retires the pieces the workers finished
     /// (their bytes are freed once in the map) and hands over the pieces its cutter cut;
     /// with `all`, also hands its stream buffer to the cutter and its dirty blocks to the
