@@ -33,6 +33,13 @@ use parking_lot::Mutex;
 /// and read through the page cache per request.
 pub const CARRY_BYTES: usize = 64 << 20;
 
+/// Free space the spill file leaves on the backing filesystem: no carry is spilled when less
+/// would be left. The metadata table grows on that filesystem too (the data file is
+/// preallocated, the table is not), and a table write that fails for want of space fails the
+/// whole space; a spill file that took the last free blocks did that in a test (a 700 MiB
+/// tmpfs, 8192 files written at once). Below this, carries stay in memory.
+pub const SPILL_KEEP_FREE_BYTES: u64 = 1 << 30;
+
 /// A carry that can be spilled: the cutter state holding it.
 pub trait Spill: Send + Sync {
     /// Moves the carry registered under `gen` to the spill file, if it is still the
@@ -53,8 +60,9 @@ pub struct Carries {
     /// entry whose generation is no longer its state's is stale and skipped. Compacted once
     /// it is more than twice the carries in memory (plus a slack), so it stays bounded.
     order: Mutex<VecDeque<(Weak<dyn Spill>, u64)>>,
-    /// Where to create the spill file (the backing directory); none: carries stay in memory.
-    dir: Mutex<Option<(PathBuf, usize)>>,
+    /// Where to create the spill file (the backing directory), its slot size and the free
+    /// space it leaves; none: carries stay in memory.
+    dir: Mutex<Option<(PathBuf, usize, u64)>>,
     file: Mutex<Option<Arc<SpillFile>>>,
     /// The spill file could not be created: carries stay in memory (logged once).
     no_file: std::sync::atomic::AtomicBool,
@@ -82,7 +90,16 @@ impl Carries {
     /// Lets carries spill to an unlinked file in `dir`, in slots of `slot_bytes` (the
     /// maximum chunk: no carry is longer; one that is stays in memory).
     pub fn spill_to(&self, dir: &Path, slot_bytes: usize) {
-        *self.dir.lock() = Some((dir.to_path_buf(), slot_bytes.next_multiple_of(4096)));
+        self.spill_to_keeping(dir, slot_bytes, SPILL_KEEP_FREE_BYTES);
+    }
+
+    /// `spill_to`, leaving `keep_free` bytes free on the filesystem (tests).
+    pub(crate) fn spill_to_keeping(&self, dir: &Path, slot_bytes: usize, keep_free: u64) {
+        *self.dir.lock() = Some((
+            dir.to_path_buf(),
+            slot_bytes.next_multiple_of(4096),
+            keep_free,
+        ));
     }
 
     /// Bytes the carries hold in memory now.
@@ -169,8 +186,8 @@ impl Carries {
         if let Some(f) = &*file {
             return Some(f.clone());
         }
-        let (dir, slot_bytes) = self.dir.lock().clone()?;
-        match SpillFile::create(&dir, slot_bytes) {
+        let (dir, slot_bytes, keep_free) = self.dir.lock().clone()?;
+        match SpillFile::create(&dir, slot_bytes, keep_free) {
             Ok(f) => {
                 log::info!(
                     "more than {} MiB of carried chunks (many files written at once): the \
@@ -232,6 +249,8 @@ impl Drop for Charge {
 pub struct SpillFile {
     file: File,
     slot_bytes: usize,
+    /// Free space to leave on the filesystem (`SPILL_KEEP_FREE_BYTES`).
+    keep_free: u64,
     /// Free slots below `next` (most recently freed last: reused first, while their pages
     /// may still be cached), and the first slot never used.
     free: Mutex<(Vec<u64>, u64)>,
@@ -239,10 +258,12 @@ pub struct SpillFile {
     in_use: AtomicUsize,
     /// A failed write was logged (once: a full disk fails every spill).
     warned: std::sync::atomic::AtomicBool,
+    /// Spills refused for want of free space were logged (once).
+    low_space_warned: std::sync::atomic::AtomicBool,
 }
 
 impl SpillFile {
-    fn create(dir: &Path, slot_bytes: usize) -> std::io::Result<SpillFile> {
+    fn create(dir: &Path, slot_bytes: usize, keep_free: u64) -> std::io::Result<SpillFile> {
         use std::os::unix::fs::OpenOptionsExt;
         // O_TMPFILE: the file never has a name, so the backing directory's listing does not
         // change (FORMAT.md) and a crash leaves nothing behind. Filesystems without it
@@ -256,16 +277,18 @@ impl SpillFile {
         Ok(SpillFile {
             file,
             slot_bytes,
+            keep_free,
             free: Mutex::new((Vec::new(), 0)),
             in_use: AtomicUsize::new(0),
             warned: Default::default(),
+            low_space_warned: Default::default(),
         })
     }
 
     /// Writes `bytes` to a free slot; `None` if they do not fit a slot or the write fails
     /// (a full disk: the carry stays in memory).
     pub fn store(self: &Arc<Self>, bytes: &[u8]) -> Option<SpillSlot> {
-        if bytes.is_empty() || bytes.len() > self.slot_bytes {
+        if bytes.is_empty() || bytes.len() > self.slot_bytes || !self.room() {
             return None;
         }
         let slot = {
@@ -298,6 +321,32 @@ impl SpillFile {
                 None
             }
         }
+    }
+}
+
+impl SpillFile {
+    /// Whether the backing filesystem keeps `keep_free` bytes free after one more slot
+    /// (asked before every spill: one statfs, next to a write of the carry).
+    fn room(&self) -> bool {
+        // SAFETY: fstatvfs fills the struct it is given for a descriptor this file owns.
+        let free = unsafe {
+            let mut st: libc::statvfs = std::mem::zeroed();
+            if libc::fstatvfs(std::os::fd::AsRawFd::as_raw_fd(&self.file), &mut st) != 0 {
+                return false;
+            }
+            st.f_bavail as u64 * st.f_frsize as u64
+        };
+        let ok = free >= self.keep_free.saturating_add(self.slot_bytes as u64);
+        if !ok && !self.low_space_warned.swap(true, Ordering::Relaxed) {
+            log::warn!(
+                "the backing filesystem has {} MiB free, less than the {} MiB the spill file \
+                 leaves for the metadata table: carried chunks stay in memory while it is so \
+                 (logged once)",
+                free >> 20,
+                self.keep_free >> 20
+            );
+        }
+        ok
     }
 }
 
@@ -358,5 +407,51 @@ impl Drop for SpillSlot {
             let _ = self.file.file.set_len(0);
         }
         self.file.in_use.fetch_sub(self.len, Ordering::Relaxed);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The spill file never takes the filesystem's free space below what it must leave (the
+    /// metadata table's room): short of it, nothing is spilled and the carry stays where it
+    /// is; with room, a spilled carry comes back whole, and a slot freed is reused.
+    #[test]
+    fn spills_only_with_room_left_and_carries_come_back() {
+        let c = Carries::new(0);
+        c.spill_to_keeping(&std::env::temp_dir(), 4096, u64::MAX / 4);
+        let f = c.file().expect("a spill file in the temporary directory");
+        assert!(
+            f.store(b"a carried chunk").is_none(),
+            "spilled without room"
+        );
+
+        let c = Carries::new(0);
+        c.spill_to_keeping(&std::env::temp_dir(), 4096, 0);
+        let f = c.file().expect("a spill file");
+        let a = f.store(&[7u8; 3000]).expect("spilled");
+        let b = f.store(&[9u8; 4096]).expect("spilled");
+        assert!(
+            f.store(&[1u8; 4097]).is_none(),
+            "a carry longer than a slot"
+        );
+        assert_eq!(a.load().unwrap(), vec![7u8; 3000]);
+        let mut part = [0u8; 10];
+        b.read(4000, &mut part).unwrap();
+        assert_eq!(part, [9u8; 10]);
+        assert_eq!(f.in_use.load(Ordering::Relaxed), 3000 + 4096);
+        let slot_a = a.slot;
+        drop(a);
+        let again = f.store(&[5u8; 100]).expect("spilled");
+        assert_eq!(again.slot, slot_a, "the freed slot is reused");
+        assert_eq!(again.load().unwrap(), vec![5u8; 100]);
+        drop((b, again));
+        assert_eq!(f.in_use.load(Ordering::Relaxed), 0);
+        assert_eq!(
+            f.file.metadata().unwrap().len(),
+            0,
+            "emptied with no carry in it"
+        );
     }
 }
