@@ -813,18 +813,15 @@ pub fn run(o: &Opts, sel: Selection) -> Result<bool> {
     // base and two revisions); 8 x leaves room for segments not yet compacted. The plain side
     // holds up to 6 x size at once.
     let space = o.space.unwrap_or((8 * o.size).max(GIB));
-    let need = space + 6 * o.size + GIB;
-    let free = sys::free_bytes(&dir)?;
-    if free < need {
-        return Err(format!(
-            "not enough free disk space in {}: {:.1} GiB free, need {:.1} GiB ({:.1} GiB ckptfs space + {:.1} GiB plain files + 1 GiB margin); use a smaller --size or another --dir",
-            dir.display(),
-            free as f64 / GIB as f64,
-            need as f64 / GIB as f64,
+    sys::ensure_free(
+        &dir,
+        space + 6 * o.size + GIB,
+        &format!(
+            "{:.1} GiB ckptfs space + {:.1} GiB plain files + 1 GiB margin",
             space as f64 / GIB as f64,
             (6 * o.size) as f64 / GIB as f64
-        ));
-    }
+        ),
+    )?;
 
     let env = sys::environment(&dir, &bin);
     println!("ckptfs-bench");

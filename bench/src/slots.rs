@@ -301,17 +301,14 @@ pub fn run(so: &SlotsOpts) -> Result<bool> {
     // leaves room for segments not yet compacted and, on the multi-slot side, for every slot's
     // equal share and manifest area.
     let space = o.space.unwrap_or((4 * o.size).max(GIB));
-    let need = 2 * space + 2 * o.size + GIB;
-    let free = sys::free_bytes(&dir)?;
-    if free < need {
-        return Err(format!(
-            "not enough free disk space in {}: {:.1} GiB free, need {:.1} GiB (two ckptfs spaces of {}, the plain files, 1 GiB margin); use a smaller --size or another --dir",
-            dir.display(),
-            free as f64 / GIB as f64,
-            need as f64 / GIB as f64,
-            size_label(space),
-        ));
-    }
+    sys::ensure_free(
+        &dir,
+        2 * space + 2 * o.size + GIB,
+        &format!(
+            "two ckptfs spaces of {}, the plain files, 1 GiB margin",
+            size_label(space)
+        ),
+    )?;
     let logs = dir.join("logs");
     fresh_dir(&logs)?;
     let plain = dir.join("plain");

@@ -214,3 +214,19 @@ pub fn environment(dir: &Path, ckptfs: &Path) -> Vec<(String, String)> {
     ));
     env
 }
+
+/// Fails with a clear message unless the filesystem holding `dir` has `need` bytes free;
+/// `what` says what they are for (appended in parentheses).
+pub fn ensure_free(dir: &Path, need: u64, what: &str) -> Result<()> {
+    const GIB: f64 = (1u64 << 30) as f64;
+    let free = free_bytes(dir)?;
+    if free < need {
+        return Err(format!(
+            "not enough free disk space in {}: {:.1} GiB free, need {:.1} GiB ({what}); use a smaller --size or another --dir",
+            dir.display(),
+            free as f64 / GIB,
+            need as f64 / GIB,
+        ));
+    }
+    Ok(())
+}

@@ -154,16 +154,11 @@ pub fn run(to: &TargetsOpts) -> Result<bool> {
     let space = o.space.unwrap_or((3 * o.size).max(GIB));
     // The coded side's target files hold (M+K)/M of the space, plus a quarter of slack.
     let coded = space / m as u64 * (m + k) as u64 * 5 / 4;
-    let need = space + coded + o.size + GIB;
-    let free = sys::free_bytes(&dir)?;
-    if free < need {
-        return Err(format!(
-            "not enough free disk space in {}: {:.1} GiB free, need {:.1} GiB; use a smaller --size or another --dir",
-            dir.display(),
-            free as f64 / GIB as f64,
-            need as f64 / GIB as f64
-        ));
-    }
+    sys::ensure_free(
+        &dir,
+        space + coded + o.size + GIB,
+        "one space, the coded targets, the plain files, 1 GiB margin",
+    )?;
     let logs = dir.join("logs");
     fresh_dir(&logs)?;
     let plain = dir.join("plain");

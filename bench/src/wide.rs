@@ -159,16 +159,11 @@ pub fn run(wo: &WideOpts) -> Result<()> {
     let dir = fs::canonicalize(&o.dir).map_err(|e| format!("{}: {e}", o.dir.display()))?;
     let bytes = most as u64 * wo.per_file;
     let space = o.space.unwrap_or((4 * bytes).max(2 * GIB));
-    let need = space + bytes + GIB;
-    let free = sys::free_bytes(&dir)?;
-    if free < need {
-        return Err(format!(
-            "not enough free disk space in {}: {:.1} GiB free, need {:.1} GiB",
-            dir.display(),
-            free as f64 / GIB as f64,
-            need as f64 / GIB as f64
-        ));
-    }
+    sys::ensure_free(
+        &dir,
+        space + bytes + GIB,
+        "a ckptfs space, the plain files, 1 GiB margin",
+    )?;
     let logs = dir.join("logs");
     fresh_dir(&logs)?;
     let plain = dir.join("plain");

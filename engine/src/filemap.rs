@@ -340,7 +340,7 @@ impl CutInner {
     }
 
     /// The carry, in memory: brought back from the spill file if it is there.
-    fn load_carry(&mut self, carries: Option<&Arc<Carries>>) -> std::io::Result<Arc<Vec<u8>>> {
+    fn load_carry(&mut self, carries: Option<&Arc<Carries>>) -> std::io::Result<()> {
         if let Some(slot) = &self.spilled {
             let v = slot.load()?;
             self.spilled = None;
@@ -350,12 +350,12 @@ impl CutInner {
             }
             self.carry = Arc::new(v);
         }
-        Ok(self.carry.clone())
+        Ok(())
     }
 
     /// Ends the stream after its carry was lost (see `failed`): what was queued is dropped
     /// and waiters are let go; the file state reports the failure.
-    fn fail(&mut self, e: std::io::Error, cutter: Cutter) {
+    fn fail(&mut self, e: std::io::Error) {
         log::error!(
             "a file's carried chunk at offset {} could not be read back from the spill file \
              ({e}): its writes fail with EIO",
@@ -365,7 +365,6 @@ impl CutInner {
             "a carried chunk at file offset {} could not be read back from the spill file: {e}",
             self.carry_start
         ));
-        self.cutter = Some(cutter);
         self.segs.clear();
         self.next = 0;
         self.queued = 0;
@@ -437,15 +436,11 @@ impl CutState {
             let (start, carry, seg, last, mut cutter) = {
                 let mut g = self.m.lock();
                 if g.next < g.segs.len() || (g.finish && g.spilled.is_some()) {
-                    let cutter = g.cutter.take().expect("one cutter runs at a time");
-                    match g.load_carry(self.carries.as_ref()) {
-                        Ok(_) => g.cutter = Some(cutter),
-                        Err(e) => {
-                            g.fail(e, cutter);
-                            drop(g);
-                            self.cv.notify_all();
-                            return;
-                        }
+                    if let Err(e) = g.load_carry(self.carries.as_ref()) {
+                        g.fail(e);
+                        drop(g);
+                        self.cv.notify_all();
+                        return;
                     }
                 }
                 if g.next < g.segs.len() {
@@ -1586,12 +1581,11 @@ impl FileState {
             .iter()
             .map(|f| match &f.work {
                 Work::Hole(_) => 0,
-                Work::Chunk { piece, .. } => piece.len() as u64,
                 // A spilled carry is not in memory.
                 Work::Cut(st) => {
-                    let g = st.m.lock();
-                    g.end - g.taken_to - g.spilled.as_ref().map_or(0, |s| s.len() as u64)
+                    f.len() - st.m.lock().spilled.as_ref().map_or(0, |s| s.len() as u64)
                 }
+                Work::Chunk { .. } => f.len(),
             })
             .sum();
         stream + dirty + inflight as usize

@@ -230,12 +230,6 @@ pub struct Charge {
     bytes: usize,
 }
 
-impl Charge {
-    pub fn carries(&self) -> &Arc<Carries> {
-        &self.carries
-    }
-}
-
 impl Drop for Charge {
     fn drop(&mut self) {
         self.carries
