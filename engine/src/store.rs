@@ -687,10 +687,9 @@ impl ChunkStore {
         Ok(stored)
     }
 
-    /// The bytes of the data file from `off` for `len` in a block-aligned buffer, read
-    /// straight into it (a direct read needs no bounce buffer and copy): the buffer and
-    /// where in it `off` lies. The aligned span stays in `off`'s segment (segments are
-    /// whole blocks).
+    /// The bytes of the data file from `off` for `len`, read as the whole blocks that cover
+    /// them into a reused buffer: the buffer and where in it `off` lies. The aligned span
+    /// stays in `off`'s segment (segments are whole blocks).
     fn read_span(&self, off: u64, len: usize) -> Result<(IoBuf, usize)> {
         let a = DIRECT_ALIGN as u64;
         let start = off / a * a;
