@@ -24,6 +24,11 @@ pub trait Device: Send + Sync {
     fn set_len(&self, _len: u64) -> io::Result<()> {
         Err(io::Error::from(io::ErrorKind::Unsupported))
     }
+    /// The metadata table's device could not keep the room its next growth needs on the
+    /// backing filesystem (`FileDevice::keep_room`): new data is refused until it can.
+    fn room_low(&self) -> bool {
+        false
+    }
 }
 
 /// Alignment of direct (uncached) writes: offset, length and memory address.
@@ -42,6 +47,36 @@ pub struct FileDevice {
     /// preallocated data file) refuses writes past its end with ENOSPC rather than growing
     /// the file on the backing filesystem behind the user's reservation.
     growable: bool,
+    /// Of a writable growable device: the room kept for its growth (`keep_room`).
+    room: Option<TableRoom>,
+}
+
+/// The room the metadata table keeps allocated on the backing filesystem. The data file is
+/// preallocated at format, but the table grows, and a write of the table that the backing
+/// filesystem refuses fails the whole space (writes refused until remount, files being
+/// written lost). So the table's file keeps its next growth allocated beyond its end
+/// (`fallocate` with FALLOC_FL_KEEP_SIZE), and its holes filled: redb writes only where it
+/// allocated, so what it writes next is already there. When that room cannot be had (the
+/// filesystem filled up from outside), `low` is set and the space refuses new data with
+/// ENOSPC while the commits already under way use the room kept; it is tried again at most
+/// once a second while writers ask, and clears when room was freed.
+struct TableRoom {
+    low: AtomicBool,
+    tried: parking_lot::Mutex<std::time::Instant>,
+    /// Logged once: the filesystem cannot preallocate, so no room is kept.
+    unsupported: AtomicBool,
+}
+
+/// How far redb's next growth of a table of `len` bytes can reach beyond it: it doubles
+/// the file while it is under one region (4 GiB by default), then adds at most two regions
+/// (redb's `TransactionalMemory::grow`).
+pub fn table_growth(len: u64) -> u64 {
+    const REGION: u64 = 4 << 30;
+    if len < REGION {
+        len.max(1 << 20)
+    } else {
+        2 * REGION
+    }
 }
 
 impl FileDevice {
@@ -53,6 +88,7 @@ impl FileDevice {
             direct: RwLock::new(None),
             len: AtomicU64::new(len),
             growable: false,
+            room: None,
         })
     }
 
@@ -79,12 +115,72 @@ impl FileDevice {
         Ok(dev)
     }
 
-    /// A device whose owner sets its length: the metadata table's file.
+    /// A device whose owner sets its length: the metadata table's file. Opened for
+    /// writing, it keeps room for its next growth (`TableRoom`).
     pub fn growable(file: File) -> io::Result<Self> {
-        Ok(FileDevice {
+        use std::os::fd::AsRawFd;
+        // SAFETY: F_GETFL on a descriptor this function owns.
+        let flags = unsafe { libc::fcntl(file.as_raw_fd(), libc::F_GETFL) };
+        let writable = flags >= 0 && flags & libc::O_ACCMODE != libc::O_RDONLY;
+        let dev = FileDevice {
             growable: true,
+            room: writable.then(|| TableRoom {
+                low: AtomicBool::new(false),
+                tried: parking_lot::Mutex::new(std::time::Instant::now()),
+                unsupported: AtomicBool::new(false),
+            }),
             ..FileDevice::new(file)?
-        })
+        };
+        dev.keep_room();
+        Ok(dev)
+    }
+
+    /// Allocates the table's file up to its next growth (`TableRoom`); sets or clears `low`.
+    fn keep_room(&self) {
+        use std::os::fd::AsRawFd;
+        let Some(room) = &self.room else {
+            return;
+        };
+        let len = self.len();
+        let want = len + table_growth(len);
+        // SAFETY: fallocate on a descriptor this device owns; KEEP_SIZE leaves its length.
+        let r = unsafe {
+            libc::fallocate(
+                self.file.as_raw_fd(),
+                libc::FALLOC_FL_KEEP_SIZE,
+                0,
+                want as libc::off_t,
+            )
+        };
+        let err = (r != 0).then(io::Error::last_os_error);
+        match err.as_ref().and_then(|e| e.raw_os_error()) {
+            None => {
+                if room.low.swap(false, Ordering::SeqCst) {
+                    log::info!(
+                        "the backing filesystem has room for the metadata table again; new \
+                         data is taken again"
+                    );
+                }
+            }
+            Some(libc::ENOSPC) | Some(libc::EDQUOT) => {
+                if !room.low.swap(true, Ordering::SeqCst) {
+                    log::warn!(
+                        "the backing filesystem is full: the metadata table cannot keep {want} \
+                         bytes allocated for its growth; writers get ENOSPC until room is \
+                         freed there (the ckptfs space itself is not full)"
+                    );
+                }
+            }
+            Some(_) => {
+                if !room.unsupported.swap(true, Ordering::Relaxed) {
+                    log::warn!(
+                        "cannot preallocate room for the metadata table ({}); if the backing \
+                         filesystem fills up, a table write fails the space until remount",
+                        err.expect("an error")
+                    );
+                }
+            }
+        }
     }
 
     fn write_direct(&self, buf: &[u8], off: u64) -> Option<io::Result<()>> {
@@ -474,7 +570,30 @@ impl Device for FileDevice {
         }
         self.file.set_len(len)?;
         self.len.store(len, Ordering::Relaxed);
+        // A grown table now writes into room kept before; keep room for the growth after.
+        // (A shrink freed the room past its new end.)
+        self.keep_room();
         Ok(())
+    }
+    fn room_low(&self) -> bool {
+        let Some(room) = &self.room else {
+            return false;
+        };
+        if !room.low.load(Ordering::Relaxed) {
+            return false;
+        }
+        let retry = {
+            let mut tried = room.tried.lock();
+            let due = tried.elapsed() >= std::time::Duration::from_secs(1);
+            if due {
+                *tried = std::time::Instant::now();
+            }
+            due
+        };
+        if retry {
+            self.keep_room();
+        }
+        room.low.load(Ordering::Relaxed)
     }
 }
 
@@ -683,5 +802,61 @@ mod iobuf_tests {
         assert!(b.capacity() > cap);
         assert!(b.as_slice()[..100].iter().all(|&x| x == 9));
         assert!(b.as_slice()[200..].iter().all(|&x| x == 0));
+    }
+}
+
+#[cfg(test)]
+mod room_tests {
+    use super::*;
+    use std::os::unix::fs::MetadataExt;
+
+    fn allocated(f: &std::path::Path) -> u64 {
+        std::fs::metadata(f).unwrap().blocks() * 512
+    }
+
+    /// A writable table file keeps its next growth allocated past its end, also after a
+    /// shrink; one opened read-only allocates nothing.
+    #[test]
+    fn the_table_file_keeps_room_for_its_next_growth() {
+        let dir = std::env::temp_dir().join(format!("ckptfs-room-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join("meta");
+        let f = std::fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create(true)
+            .truncate(true)
+            .open(&path)
+            .unwrap();
+        let dev = FileDevice::growable(f).unwrap();
+        let supported = allocated(&path) >= table_growth(0);
+        if !supported {
+            eprintln!("SKIPPED: {} cannot preallocate", dir.display());
+        } else {
+            for len in [3 << 20, 40 << 20, 5 << 20] {
+                dev.set_len(len).unwrap();
+                assert_eq!(std::fs::metadata(&path).unwrap().len(), len);
+                assert!(
+                    allocated(&path) >= len + table_growth(len),
+                    "{len}: {} allocated",
+                    allocated(&path)
+                );
+            }
+            assert!(!dev.room_low());
+        }
+        drop(dev);
+        std::fs::remove_file(&path).unwrap();
+        std::fs::write(&path, vec![1u8; 8192]).unwrap();
+        let ro = FileDevice::growable(std::fs::File::open(&path).unwrap()).unwrap();
+        assert!(ro.room.is_none());
+        assert!(allocated(&path) < 1 << 20, "{} allocated", allocated(&path));
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn growth_is_a_doubling_then_two_regions() {
+        assert_eq!(table_growth(0), 1 << 20);
+        assert_eq!(table_growth(3 << 30), 3 << 30);
+        assert_eq!(table_growth(5 << 30), 8 << 30);
     }
 }

@@ -25,6 +25,9 @@ pub enum Error {
     Failed,
     /// The space is open read-only (`ckptfs mount --read-only`): nothing may change it.
     ReadOnly,
+    /// The backing filesystem is full: the metadata table cannot keep room for its growth
+    /// there (`device::TableRoom`), so new data is refused though the space has room.
+    BackingFull,
 }
 
 pub type Result<T> = std::result::Result<T, Error>;
@@ -42,6 +45,11 @@ impl fmt::Display for Error {
             Error::Failed => write!(
                 f,
                 "an earlier write or sync to the backing space failed; refusing writes until remount"
+            ),
+            Error::BackingFull => write!(
+                f,
+                "the backing filesystem is full: the metadata table has no room left to grow \
+                 there; free space on it (the ckptfs space itself is not full)"
             ),
             Error::ReadOnly => write!(
                 f,

@@ -158,6 +158,11 @@ impl Device for MirrorDevice {
         }
         Ok(())
     }
+
+    /// The primary's: a copy that cannot grow is dropped, as one that cannot be written.
+    fn room_low(&self) -> bool {
+        self.primary.room_low()
+    }
 }
 
 #[cfg(test)]

@@ -364,6 +364,9 @@ impl Device for FaultyDevice {
         self.disk.admit(self.name, OpKind::SetLen)?;
         self.inner.set_len(len)
     }
+    fn room_low(&self) -> bool {
+        self.inner.room_low()
+    }
 }
 
 /// Targets a fault may name (`target0` ..).

@@ -559,6 +559,9 @@ impl Device for FencedDevice {
         self.lease.permit()?;
         self.inner.set_len(len)
     }
+    fn room_low(&self) -> bool {
+        self.inner.room_low()
+    }
 }
 
 /// Releases its slot when dropped: the last field of a `Space`, so the slot is given back

@@ -120,6 +120,8 @@ pub struct Space {
     dir: PathBuf,
     sb: Superblock,
     db: Arc<Database>,
+    /// The metadata table's device: asked whether it kept room to grow (`ingest`).
+    meta: Arc<dyn Device>,
     store: Arc<ChunkStore>,
     /// Held for the life of the Space: its flock is what makes a second mount fail. None for
     /// a space opened on devices (tests), whose caller guarantees exclusive use.
@@ -2045,6 +2047,7 @@ impl Space {
         let range = sb.slot_segments(slot);
         let failed = Arc::new(AtomicBool::new(false));
         let db = Arc::new(open_db(&meta, false, failed.clone())?);
+        let meta_dev = meta.clone();
         if catalog::add_missing_tables(&db)? {
             log::info!(
                 "added the extended-attribute tables to a space formatted by an earlier build"
@@ -2075,6 +2078,7 @@ impl Space {
             dir: PathBuf::new(),
             sb,
             db,
+            meta: meta_dev,
             store,
             lock: None,
             gc_lock: parking_lot::Mutex::new(()),
@@ -2308,6 +2312,11 @@ impl Space {
 
     /// Takes a write request's bytes into `file`, timed as the `ingest` stage.
     pub fn ingest(&self, file: &mut FileState, off: u64, data: &[u8]) -> Result<()> {
+        // The backing filesystem filled up: no new data, so the commits under way keep the
+        // table's room (a table write the filesystem refused would fail the whole space).
+        if self.meta.room_low() {
+            return Err(Error::BackingFull);
+        }
         let t = std::time::Instant::now();
         let r = file.write(&*self.store, off, data);
         self.store.stages().ingest.add(t.elapsed(), data.len());

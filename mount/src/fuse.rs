@@ -71,6 +71,7 @@ fn errno(e: &Error) -> Errno {
             E::Meta(_) => libc::EIO,
             E::Failed => libc::EIO,
             E::ReadOnly => libc::EROFS,
+            E::BackingFull => libc::ENOSPC,
         },
     };
     Errno::from_i32(code)
@@ -82,6 +83,10 @@ fn fail(op: &str, ino: u64, e: Error) -> Errno {
         // A change refused on a read-only mount (after `remount,rw`, or through the control
         // interface): the caller's doing, said once per request.
         Error::Engine(ckptfs_engine::Error::ReadOnly) => log::warn!("{op} on inode {ino}: {e}"),
+        // A full backing filesystem: said once where the table lost its room, not per write.
+        Error::Engine(ckptfs_engine::Error::BackingFull) => {
+            log::debug!("{op} on inode {ino}: {e}")
+        }
         Error::Engine(inner) => log::error!("{op} on inode {ino}: {inner}"),
         _ => log::debug!("{op} on inode {ino}: {e}"),
     }

@@ -203,6 +203,8 @@ pub struct TestMount {
     step: u64,
     /// Extra environment for every `ckptfs` command (and so the daemon), e.g. CKPTFS_FAULTS.
     env: Vec<(String, String)>,
+    /// The backing directory is a tmpfs of its own (`on_small_filesystem`), unmounted on drop.
+    backing_fs: bool,
 }
 
 impl TestMount {
@@ -304,7 +306,41 @@ impl TestMount {
             bin,
             step: 0,
             env: vec![("TMPDIR".into(), tmp.to_string_lossy().into_owned())],
+            backing_fs: false,
         }
+    }
+
+    /// A space of `size` formatted on a filesystem of its own of `fs_size` (a tmpfs mounted
+    /// on the backing directory; root only), mounted: for what happens when the backing
+    /// filesystem fills up. None, said loudly, where a tmpfs cannot be mounted.
+    pub fn on_small_filesystem(fs_size: &str, size: &str) -> Option<TestMount> {
+        let mut tm = TestMount::unformatted();
+        let st = Command::new("mount")
+            .args([
+                "-t",
+                "tmpfs",
+                "-o",
+                &format!("size={fs_size},mode=0700"),
+                "tmpfs",
+            ])
+            .arg(&tm.backing)
+            .status();
+        if !matches!(st, Ok(s) if s.success()) {
+            eprintln!(
+                "SKIPPED: cannot mount a tmpfs for the backing directory ({st:?}; needs root)"
+            );
+            return None;
+        }
+        tm.backing_fs = true;
+        let args: Vec<OsString> = vec![
+            "format".into(),
+            tm.backing.clone().into_os_string(),
+            "--size".into(),
+            size.into(),
+        ];
+        tm.run_ok("format", &args, FORMAT_TIMEOUT);
+        tm.mount();
+        Some(tm)
     }
 
     pub fn mnt(&self) -> &Path {
@@ -814,6 +850,28 @@ impl Drop for TestMount {
                 }
             }
             self.mounted = false;
+        }
+        if self.backing_fs && !self.mounted {
+            // The daemon may still be closing its files there for a moment after `umount`.
+            for _ in 0..50 {
+                let st = Command::new("umount")
+                    .arg(&self.backing)
+                    .stdout(Stdio::null())
+                    .stderr(Stdio::null())
+                    .status();
+                if matches!(st, Ok(s) if s.success()) {
+                    break;
+                }
+                std::thread::sleep(Duration::from_millis(100));
+            }
+        }
+        if self.backing_fs && st_dev(&self.backing) != st_dev(self.root.path()) {
+            eprintln!(
+                "{} is still mounted; leaving {} in place",
+                self.backing.display(),
+                self.root.path().display()
+            );
+            self.root.keep();
         }
         // Never recurse into a still-mounted filesystem when the TempDir is removed.
         if st_dev(&self.mnt).is_some() && st_dev(&self.mnt) != st_dev(self.root.path()) {

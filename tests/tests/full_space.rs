@@ -385,3 +385,85 @@ fn the_smallest_space_takes_new_revisions_after_remounts() {
         ckptfs_tests::assert_file_eq(&m.path("ckpt"), &data);
     }
 }
+
+/// The backing filesystem fills up from outside (another program's file next to the space):
+/// the metadata table, which grows on that filesystem, keeps room for its next growth, so
+/// writers get ENOSPC, never EIO; the space does not fail; every file whose close returned 0
+/// reads back, before and after a remount; and once room is freed new files go through
+/// without a remount. Before the table kept room, its write failed, the space refused all
+/// writes until remount, and the files being written were lost with EIO at close.
+#[test]
+fn a_full_backing_filesystem_refuses_new_data_and_loses_nothing() {
+    let Some(mut m) = TestMount::on_small_filesystem("160M", "64M") else {
+        return;
+    };
+    let seed = test_seed(
+        "a_full_backing_filesystem_refuses_new_data_and_loses_nothing",
+        5,
+    );
+    // Files of one repeated block: no room in the space (one chunk for all of them), but
+    // each adds its extents to the metadata table, which has to grow.
+    let mut block = vec![0u8; 64 * KIB as usize];
+    fill_pattern(seed, 0, &mut block);
+    let content = block.repeat(64);
+    let mut saved: Vec<(String, Vec<u8>)> = Vec::new();
+    for i in 0..50 {
+        let name = format!("before-{i}");
+        ckptfs_tests::write_file_checked(&m.path(&name), &content).expect("room before");
+        saved.push((name, content.clone()));
+    }
+    let own = ckptfs_tests::pattern(mix(seed, 1), 4 * MIB as usize);
+    ckptfs_tests::write_file_checked(&m.path("own"), &own).expect("room for new data");
+    saved.push(("own".into(), own));
+    // Another program takes every free byte of the backing filesystem.
+    let filler_path = m.backing().join("filler");
+    let mut filler = fs::File::create(&filler_path).expect("create filler");
+    let mb = vec![0xa5u8; MIB as usize];
+    while filler.write_all(&mb).is_ok() {}
+    let _ = filler.sync_all();
+    let (mut refused, mut ok) = (0, 0);
+    for i in 0..3000 {
+        let name = format!("during-{i}");
+        match ckptfs_tests::write_file_checked(&m.path(&name), &content) {
+            Ok(()) => {
+                ok += 1;
+                saved.push((name, content.clone()));
+            }
+            Err(e) => {
+                assert_eq!(
+                    e.raw_os_error(),
+                    Some(libc::ENOSPC),
+                    "file {i} with the backing filesystem full: {e}\n{}",
+                    m.log_tail()
+                );
+                refused += 1;
+                if refused == 20 {
+                    break;
+                }
+            }
+        }
+    }
+    println!("backing filesystem full: {ok} files saved, then {refused} refused with ENOSPC");
+    assert_eq!(
+        refused, 20,
+        "the metadata table never ran out of room: test too small"
+    );
+    for (name, data) in &saved {
+        ckptfs_tests::assert_file_eq(&m.path(name), data);
+    }
+    // Room again: new data is taken within a moment, without a remount.
+    drop(filler);
+    fs::remove_file(&filler_path).expect("remove filler");
+    std::thread::sleep(std::time::Duration::from_millis(1100));
+    let after = ckptfs_tests::pattern(mix(seed, 2), 2 * MIB as usize);
+    ckptfs_tests::write_file_checked(&m.path("after"), &after)
+        .unwrap_or_else(|e| panic!("after freeing room: {e}\n{}", m.log_tail()));
+    saved.push(("after".into(), after));
+    m.remount();
+    for (name, data) in &saved {
+        ckptfs_tests::assert_file_eq(&m.path(name), data);
+    }
+    let backing = m.backing().to_path_buf();
+    let report = m.ckptfs_ok(&[OsStr::new("check"), backing.as_os_str()]);
+    assert!(report.contains("clean"), "{report}");
+}
