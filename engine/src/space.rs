@@ -195,6 +195,10 @@ pub struct Stats {
     pub chunk_avg_bytes: u32,
     /// An earlier backing I/O failure has made the space refuse writes.
     pub failed: bool,
+    /// The backing filesystem is full: the metadata table could not keep room to grow, and
+    /// new data gets ENOSPC until room is freed there (`Error::BackingFull`).
+    #[serde(default)]
+    pub backing_full: bool,
     /// Time spent per data-path stage since the space was opened (empty offline).
     #[serde(with = "crate::pipeline::stage_map")]
     pub stages: Vec<crate::pipeline::StageTime>,
@@ -2696,6 +2700,7 @@ impl Space {
             free_bytes: self.store.free_bytes(),
             chunk_avg_bytes: self.sb.chunk.avg_bytes,
             failed: self.store.is_failed(),
+            backing_full: self.meta.room_low(),
             stages: self.store.stages().snapshot(),
             gc: self.gc_totals.lock().clone(),
             carries: self.store.pipeline().carries.totals(),

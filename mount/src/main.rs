@@ -1194,6 +1194,12 @@ fn print_stats(s: &Stats) {
     if s.failed {
         println!("STATE              FAILED: a backing write or sync failed; writes are refused");
     }
+    if s.backing_full {
+        println!(
+            "STATE              BACKING FULL: the backing filesystem has no room for the \
+             metadata table to grow; new data gets ENOSPC until room is freed there"
+        );
+    }
 }
 
 fn run(cli: Cli) -> Result<(), String> {

@@ -56,7 +56,7 @@ pub fn prometheus(s: &Stats, space: &str) -> String {
     const G: &str = "gauge";
     const C: &str = "counter";
     // (name, type, help, value): one sample each.
-    let single: [(&str, &str, &str, f64); 23] = [
+    let single: [(&str, &str, &str, f64); 24] = [
         (
             "reserved_bytes",
             G,
@@ -136,6 +136,12 @@ pub fn prometheus(s: &Stats, space: &str) -> String {
             G,
             "1 when a backing write or sync failed and the space refuses writes until remounted.",
             if s.failed { 1.0 } else { 0.0 },
+        ),
+        (
+            "backing_full",
+            G,
+            "1 while the backing filesystem has no room for the metadata table to grow and new data gets ENOSPC.",
+            if s.backing_full { 1.0 } else { 0.0 },
         ),
         (
             "gc_runs_total",

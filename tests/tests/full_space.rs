@@ -448,6 +448,10 @@ fn a_full_backing_filesystem_refuses_new_data_and_loses_nothing() {
         refused, 20,
         "the metadata table never ran out of room: test too small"
     );
+    let mnt = m.mnt().to_path_buf();
+    let full = m.stats_json_of(&mnt);
+    assert_eq!(full["backing_full"], true, "{full}");
+    assert_eq!(full["failed"], false, "{full}");
     for (name, data) in &saved {
         ckptfs_tests::assert_file_eq(&m.path(name), data);
     }
@@ -459,6 +463,8 @@ fn a_full_backing_filesystem_refuses_new_data_and_loses_nothing() {
     ckptfs_tests::write_file_checked(&m.path("after"), &after)
         .unwrap_or_else(|e| panic!("after freeing room: {e}\n{}", m.log_tail()));
     saved.push(("after".into(), after));
+    let again = m.stats_json_of(&mnt);
+    assert_eq!(again["backing_full"], false, "{again}");
     m.remount();
     for (name, data) in &saved {
         ckptfs_tests::assert_file_eq(&m.path(name), data);

@@ -90,6 +90,7 @@ fn prometheus_output_parses_and_matches_the_json_stats() {
     assert_eq!(get("ckptfs_reserved_bytes"), s.stats.reserved_bytes as f64);
     assert_eq!(get("ckptfs_revisions"), s.stats.revisions as f64);
     assert_eq!(get("ckptfs_failed"), 0.0);
+    assert_eq!(get("ckptfs_backing_full"), 0.0);
     assert!((get("ckptfs_dedup_ratio") - s.dedup_ratio).abs() < 1e-9);
     // The parser strips `_total` from a counter's family name and keeps it on the sample.
     assert_eq!(
