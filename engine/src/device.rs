@@ -152,34 +152,29 @@ impl FileDevice {
                 want as libc::off_t,
             )
         };
-        let err = (r != 0).then(io::Error::last_os_error);
-        match err.as_ref().and_then(|e| e.raw_os_error()) {
-            None => {
-                if room.low.swap(false, Ordering::SeqCst) {
-                    log::info!(
-                        "the backing filesystem has room for the metadata table again; new \
-                         data is taken again"
-                    );
-                }
+        if r == 0 {
+            if room.low.swap(false, Ordering::SeqCst) {
+                log::info!(
+                    "the backing filesystem has room for the metadata table again; new data \
+                     is taken again"
+                );
             }
-            Some(libc::ENOSPC) | Some(libc::EDQUOT) => {
-                if !room.low.swap(true, Ordering::SeqCst) {
-                    log::warn!(
-                        "the backing filesystem is full: the metadata table cannot keep {want} \
-                         bytes allocated for its growth; writers get ENOSPC until room is \
-                         freed there (the ckptfs space itself is not full)"
-                    );
-                }
+            return;
+        }
+        let e = io::Error::last_os_error();
+        if matches!(e.raw_os_error(), Some(libc::ENOSPC | libc::EDQUOT)) {
+            if !room.low.swap(true, Ordering::SeqCst) {
+                log::warn!(
+                    "the backing filesystem is full: the metadata table cannot keep {want} \
+                     bytes allocated for its growth; writers get ENOSPC until room is freed \
+                     there (the ckptfs space itself is not full)"
+                );
             }
-            Some(_) => {
-                if !room.unsupported.swap(true, Ordering::Relaxed) {
-                    log::warn!(
-                        "cannot preallocate room for the metadata table ({}); if the backing \
-                         filesystem fills up, a table write fails the space until remount",
-                        err.expect("an error")
-                    );
-                }
-            }
+        } else if !room.unsupported.swap(true, Ordering::Relaxed) {
+            log::warn!(
+                "cannot preallocate room for the metadata table ({e}); if the backing \
+                 filesystem fills up, a table write fails the space until remount"
+            );
         }
     }
 

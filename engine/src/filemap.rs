@@ -635,42 +635,52 @@ impl Gear {
         }
         let remaining = len.min(self.max);
         let center = if len < self.avg { len } else { self.avg };
-        let (mut index, mut hash) = from;
-        if index * 2 > remaining {
-            (index, hash) = self.start();
-        }
-        let (gear, gear_ls) = (self.gear, self.gear_ls);
-        let (mask_s_ls, mask_l_ls) = (self.mask_s << 1, self.mask_l << 1);
+        let from = if from.0 * 2 > remaining {
+            self.start()
+        } else {
+            from
+        };
         let src = &src[..remaining];
-        while index < center / 2 {
-            let a = index * 2;
-            hash = (hash << 2).wrapping_add(gear_ls[src[a] as usize]);
-            if hash & mask_s_ls == 0 {
-                return Ok(a);
+        // The harder mask before the average size, the easier one after (normalization).
+        let mut at = from;
+        for (end, mask) in [(center / 2, self.mask_s), (remaining / 2, self.mask_l)] {
+            match self.pairs(src, at, end, mask) {
+                Ok(stopped) => at = stopped,
+                Err(cut) => return Ok(cut),
             }
-            hash = hash.wrapping_add(gear[src[a + 1] as usize]);
-            if hash & self.mask_s == 0 {
-                return Ok(a + 1);
-            }
-            index += 1;
-        }
-        while index < remaining / 2 {
-            let a = index * 2;
-            hash = (hash << 2).wrapping_add(gear_ls[src[a] as usize]);
-            if hash & mask_l_ls == 0 {
-                return Ok(a);
-            }
-            hash = hash.wrapping_add(gear[src[a + 1] as usize]);
-            if hash & self.mask_l == 0 {
-                return Ok(a + 1);
-            }
-            index += 1;
         }
         if len >= self.max {
             Ok(self.max)
         } else {
-            Err((index, hash))
+            Err(at)
         }
+    }
+
+    /// FastCDC v2020's loop, two bytes a step, over byte pairs from `from` up to `end`
+    /// with `mask`: Err(a cut at that length) where the hash meets the mask, else Ok(where
+    /// the scan stopped). Inlined into `scan`'s two calls, as the crate's two loops are.
+    #[inline(always)]
+    fn pairs(
+        &self,
+        src: &[u8],
+        (mut index, mut hash): (usize, u64),
+        end: usize,
+        mask: u64,
+    ) -> std::result::Result<(usize, u64), usize> {
+        let mask_ls = mask << 1;
+        while index < end {
+            let a = index * 2;
+            hash = (hash << 2).wrapping_add(self.gear_ls[src[a] as usize]);
+            if hash & mask_ls == 0 {
+                return Err(a);
+            }
+            hash = hash.wrapping_add(self.gear[src[a + 1] as usize]);
+            if hash & mask == 0 {
+                return Err(a + 1);
+            }
+            index += 1;
+        }
+        Ok((index, hash))
     }
 }
 
@@ -1783,8 +1793,6 @@ fn zero_range(out: &mut [u8], out_off: u64, src_off: u64, len: u64) {
     }
 }
 
-/// Copies the part of `src` (which starts at file offset `src_off`) that falls in `out`
-/// (which starts at `out_off`).
 /// `overlay` of a spilled carry.
 fn overlay_spilled(out: &mut [u8], out_off: u64, src_off: u64, src: &SpillSlot) -> Result<()> {
     let s = out_off.max(src_off);
@@ -1798,6 +1806,8 @@ fn overlay_spilled(out: &mut [u8], out_off: u64, src_off: u64, src: &SpillSlot) 
     Ok(())
 }
 
+/// Copies the part of `src` (which starts at file offset `src_off`) that falls in `out`
+/// (which starts at `out_off`).
 fn overlay(out: &mut [u8], out_off: u64, src_off: u64, src: &[u8]) {
     let s = out_off.max(src_off);
     let t = (out_off + out.len() as u64).min(src_off + src.len() as u64);

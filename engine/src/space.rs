@@ -1613,14 +1613,7 @@ impl Space {
                 disk.inject(f);
             }
         }
-        space.dir = dir.to_path_buf();
-        space.lock = Some(lock);
-        // Carried chunks beyond their memory budget spill next to the space (`spill`).
-        space
-            .store
-            .pipeline()
-            .carries
-            .spill_to(dir, space.sb.chunk.max_bytes as usize);
+        space.attach_writable(dir, lock);
         // Spaces formatted before the feature flags have the attribute tables now (the open
         // added them if they were missing): say so.
         space.add_features(Features::COMPAT_XATTRS)?;
@@ -1683,14 +1676,7 @@ impl Space {
         }
         space.targets = Some(erasure);
         space.targets_table = Some(table);
-        space.dir = dir.to_path_buf();
-        space.lock = Some(lock);
-        // Carried chunks beyond their memory budget spill next to the space (`spill`).
-        space
-            .store
-            .pipeline()
-            .carries
-            .spill_to(dir, space.sb.chunk.max_bytes as usize);
+        space.attach_writable(dir, lock);
         Ok(space)
     }
 
@@ -1962,6 +1948,17 @@ impl Space {
         Ok(space)
     }
 
+    /// Ties a space opened for writing to its backing directory: its lock, and the spill
+    /// file for carried chunks beyond their memory budget (`spill`), next to the space.
+    fn attach_writable(&mut self, dir: &Path, lock: File) {
+        self.dir = dir.to_path_buf();
+        self.lock = Some(lock);
+        self.store
+            .pipeline()
+            .carries
+            .spill_to(dir, self.sb.chunk.max_bytes as usize);
+    }
+
     pub fn is_read_only(&self) -> bool {
         self.read_only
     }
@@ -2051,7 +2048,6 @@ impl Space {
         let range = sb.slot_segments(slot);
         let failed = Arc::new(AtomicBool::new(false));
         let db = Arc::new(open_db(&meta, false, failed.clone())?);
-        let meta_dev = meta.clone();
         if catalog::add_missing_tables(&db)? {
             log::info!(
                 "added the extended-attribute tables to a space formatted by an earlier build"
@@ -2082,7 +2078,7 @@ impl Space {
             dir: PathBuf::new(),
             sb,
             db,
-            meta: meta_dev,
+            meta,
             store,
             lock: None,
             gc_lock: parking_lot::Mutex::new(()),

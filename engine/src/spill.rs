@@ -34,9 +34,10 @@ use parking_lot::Mutex;
 pub const CARRY_BYTES: usize = 64 << 20;
 
 /// Free space the spill file leaves on the backing filesystem: no carry is spilled when less
-/// would be left. The metadata table grows on that filesystem too (the data file is
-/// preallocated, the table is not), and a table write that fails for want of space fails the
-/// whole space; a spill file that took the last free blocks did that in a test (a 700 MiB
+/// would be left. The metadata table grows on that filesystem too and keeps room for its
+/// next growth there (`device::TableRoom`); a spill file that took that room would make the
+/// space refuse new data (ENOSPC) for its own temporary bytes. Before the table kept room,
+/// a spill file that took the last free blocks failed the whole space in a test (a 700 MiB
 /// tmpfs, 8192 files written at once). Below this, carries stay in memory.
 pub const SPILL_KEEP_FREE_BYTES: u64 = 1 << 30;
 
@@ -316,9 +317,7 @@ impl SpillFile {
             }
         }
     }
-}
 
-impl SpillFile {
     /// Whether the backing filesystem keeps `keep_free` bytes free after one more slot
     /// (asked before every spill: one statfs, next to a write of the carry).
     fn room(&self) -> bool {
@@ -334,8 +333,8 @@ impl SpillFile {
         if !ok && !self.low_space_warned.swap(true, Ordering::Relaxed) {
             log::warn!(
                 "the backing filesystem has {} MiB free, less than the {} MiB the spill file \
-                 leaves for the metadata table: carried chunks stay in memory while it is so \
-                 (logged once)",
+                 leaves for the metadata table's growth: carried chunks stay in memory while \
+                 it is so (logged once)",
                 free >> 20,
                 self.keep_free >> 20
             );
