@@ -10,9 +10,9 @@
 use crate::advice::AdviceConfig;
 use crate::error::{Corruption, Error, Missing, Result};
 use crate::format::{
-    decode_xattrs, encode_xattrs, ChunkHash, ChunkRecord, DataOffset, Extent, HistoryId,
+    decode_xattrs, encode_xattrs, Binding, ChunkHash, ChunkRecord, DataOffset, Extent, HistoryId,
     HistoryRecord, InodeId, InodeRecord, NodeKind, RevisionId, RevisionRecord, SegmentId,
-    Timestamp, Xattrs,
+    Timestamp, VersionMeta, Xattrs,
 };
 use redb::{
     Database, ReadOnlyTable, ReadTransaction, ReadableDatabase, ReadableTable,
@@ -56,6 +56,14 @@ pub mod tables {
     /// path -> time (12 bytes): names this slot removed that other slots publish (a slot
     /// of a multi-slot space; created at the first such removal)
     pub const WHITEOUTS: TableDefinition<&[u8], &[u8]> = TableDefinition::new("whiteouts");
+    /// `(parent, name)` -> `Binding` (24 bytes): this slot's records of the shared
+    /// namespace's entries (a slot of a shared namespace; made with the slot's table).
+    pub const BINDINGS: TableDefinition<(u64, &[u8]), &[u8]> = TableDefinition::new("bindings");
+    /// local inode -> `VersionMeta` (48 bytes): which object each local inode is a version
+    /// of (a slot of a shared namespace).
+    pub const VERSIONS: TableDefinition<u64, &[u8]> = TableDefinition::new("versions");
+    /// The shared namespace's clock: the highest stamp this slot has used.
+    pub const NS_STAMP: &str = "ns_stamp";
 }
 
 /// Records in `txn` that this slot removed `path` at `when`, hiding other slots' older
@@ -397,6 +405,7 @@ fn list_dir(
 /// fields stay private; each change is a method, so the rules (reference counts, readdir
 /// cookies, history membership) live in one place.
 pub struct Txn<'t> {
+    wtxn: &'t WriteTransaction,
     inodes: Table<'t, u64, &'static [u8]>,
     dirents: Table<'t, (u64, &'static [u8]), (u64, u64)>,
     dirlist: Table<'t, (u64, u64), &'static [u8]>,
@@ -416,6 +425,7 @@ pub struct Txn<'t> {
 impl<'t> Txn<'t> {
     pub fn open(txn: &'t WriteTransaction) -> Result<Txn<'t>> {
         Ok(Txn {
+            wtxn: txn,
             inodes: txn.open_table(INODES)?,
             dirents: txn.open_table(DIRENTS)?,
             dirlist: txn.open_table(DIRLIST)?,
@@ -771,10 +781,86 @@ impl<'t> Txn<'t> {
         dead_inodes_in(&self.inodes, open)
     }
 
-    /// Deletes inode `ino` and its extended attributes.
+    /// Deletes inode `ino`, its extended attributes and (in a shared namespace) the record
+    /// of what it is a version of.
     pub fn remove_inode(&mut self, ino: InodeId) -> Result<()> {
         self.inodes.remove(ino.0)?;
+        if self.has_table("versions")? {
+            self.wtxn.open_table(VERSIONS)?.remove(ino.0)?;
+        }
         clear_xattrs(&mut self.xattrs, ino)
+    }
+
+    fn has_table(&self, name: &str) -> Result<bool> {
+        Ok(self
+            .wtxn
+            .list_tables()?
+            .any(|t| redb::TableHandle::name(&t) == name))
+    }
+
+    /// Makes the tables of a slot of a shared namespace (`bindings`, `versions`).
+    pub fn create_shared_tables(&mut self) -> Result<()> {
+        self.wtxn.open_table(BINDINGS)?;
+        self.wtxn.open_table(VERSIONS)?;
+        Ok(())
+    }
+
+    /// Sets this slot's record of the entry `(parent, name)`.
+    pub fn put_binding(&mut self, parent: InodeId, name: &[u8], b: &Binding) -> Result<()> {
+        self.wtxn
+            .open_table(BINDINGS)?
+            .insert((parent.0, name), b.encode().as_slice())?;
+        Ok(())
+    }
+
+    /// Drops this slot's record of `(parent, name)` (superseded by another slot's).
+    pub fn remove_binding(&mut self, parent: InodeId, name: &[u8]) -> Result<()> {
+        self.wtxn.open_table(BINDINGS)?.remove((parent.0, name))?;
+        Ok(())
+    }
+
+    pub fn binding(&self, parent: InodeId, name: &[u8]) -> Result<Option<Binding>> {
+        self.wtxn
+            .open_table(BINDINGS)?
+            .get((parent.0, name))?
+            .map(|v| Binding::decode(v.value()))
+            .transpose()
+    }
+
+    pub fn put_version(&mut self, ino: InodeId, m: &VersionMeta) -> Result<()> {
+        self.wtxn
+            .open_table(VERSIONS)?
+            .insert(ino.0, m.encode().as_slice())?;
+        Ok(())
+    }
+
+    pub fn version(&self, ino: InodeId) -> Result<Option<VersionMeta>> {
+        self.wtxn
+            .open_table(VERSIONS)?
+            .get(ino.0)?
+            .map(|v| VersionMeta::decode(v.value()))
+            .transpose()
+    }
+
+    /// The shared namespace's clock as last stored (0 before the first stamp).
+    pub fn ns_stamp(&self) -> Result<u64> {
+        Ok(self.counters.get(NS_STAMP)?.map_or(0, |v| v.value()))
+    }
+
+    pub fn set_ns_stamp(&mut self, stamp: u64) -> Result<()> {
+        if stamp > self.ns_stamp()? {
+            self.counters.insert(NS_STAMP, stamp)?;
+        }
+        Ok(())
+    }
+
+    /// Starts inode numbers at `next` (a slot's range of a shared namespace), if they are
+    /// below it.
+    pub fn set_ino_floor(&mut self, next: u64) -> Result<()> {
+        if counter(&self.counters, NEXT_INO)? < next {
+            self.counters.insert(NEXT_INO, next)?;
+        }
+        Ok(())
     }
 
     pub fn get_inode(&self, ino: InodeId) -> Result<Option<InodeRecord>> {
@@ -1241,6 +1327,57 @@ impl Reader {
             ));
         }
         Ok(out)
+    }
+
+    /// This slot's records of the shared namespace (none in a space without one).
+    pub fn bindings(&self) -> Result<Vec<(InodeId, Vec<u8>, Binding)>> {
+        let t = match self.txn.open_table(BINDINGS) {
+            Ok(t) => t,
+            Err(redb::TableError::TableDoesNotExist(_)) => return Ok(Vec::new()),
+            Err(e) => return Err(e.into()),
+        };
+        let mut out = Vec::new();
+        for item in t.iter()? {
+            let (k, v) = item?;
+            let (p, n) = k.value();
+            out.push((InodeId(p), n.to_vec(), Binding::decode(v.value())?));
+        }
+        Ok(out)
+    }
+
+    /// Every local inode's version record (none in a space without a shared namespace).
+    pub fn versions(&self) -> Result<Vec<(InodeId, VersionMeta)>> {
+        let t = match self.txn.open_table(VERSIONS) {
+            Ok(t) => t,
+            Err(redb::TableError::TableDoesNotExist(_)) => return Ok(Vec::new()),
+            Err(e) => return Err(e.into()),
+        };
+        let mut out = Vec::new();
+        for item in t.iter()? {
+            let (k, v) = item?;
+            out.push((InodeId(k.value()), VersionMeta::decode(v.value())?));
+        }
+        Ok(out)
+    }
+
+    pub fn version(&self, ino: InodeId) -> Result<Option<VersionMeta>> {
+        let t = match self.txn.open_table(VERSIONS) {
+            Ok(t) => t,
+            Err(redb::TableError::TableDoesNotExist(_)) => return Ok(None),
+            Err(e) => return Err(e.into()),
+        };
+        t.get(ino.0)?
+            .map(|v| VersionMeta::decode(v.value()))
+            .transpose()
+    }
+
+    /// The shared namespace's clock as stored.
+    pub fn ns_stamp(&self) -> Result<u64> {
+        Ok(self
+            .txn
+            .open_table(COUNTERS)?
+            .get(NS_STAMP)?
+            .map_or(0, |v| v.value()))
     }
 
     /// The raw tables of this snapshot, for `ckptfs check`, which must see rows that do not

@@ -271,8 +271,11 @@ pub fn check(space: &Space, progress: &mut dyn FnMut(u64, u64)) -> Result<CheckR
     let counted = check_extents(&t, &mut r, next_rev)?;
     let (mut placed, mut missing) = check_chunks(space, &t, &mut r, counted, &free)?;
     check_revisions(&t, &mut r, next_rev)?;
-    check_inodes_and_histories(&t, &mut r, next_ino, next_history)?;
+    check_inodes_and_histories(&t, &mut r, next_ino, next_history, space.is_shared())?;
     check_dirents(&t, &mut r, next_cookie)?;
+    if space.is_shared() {
+        check_versions(&t, &reader, &mut r)?;
+    }
     check_xattrs(&t, &mut r)?;
 
     // A space over several targets: the parity pass reads its shards through the live
@@ -797,6 +800,7 @@ fn check_inodes_and_histories(
     r: &mut CheckReport,
     next_ino: u64,
     next_history: u64,
+    shared: bool,
 ) -> Result<()> {
     if t.inodes.get(InodeId::ROOT.0)?.is_none() {
         r.problem("the root directory (inode 1) is missing".into());
@@ -872,6 +876,8 @@ fn check_inodes_and_histories(
                     ));
                 }
             }
+            // In a shared namespace a directory's place is its bindings', anywhere.
+            NodeKind::Dir if shared => {}
             NodeKind::Dir => match t.inodes.get(rec.parent.0)? {
                 None => r.problem(format!(
                     "directory inode {ino}: parent {} does not exist",
@@ -922,6 +928,33 @@ fn check_inodes_and_histories(
                     h.ino.0
                 )),
             }
+        }
+    }
+    Ok(())
+}
+
+/// A slot of a shared namespace: every inode is a version of an object (its own, or
+/// another's), and every version record names an inode of this slot. Bindings may name
+/// any slot's objects, so they are checked where all slots are seen: by every node's
+/// view, not here.
+fn check_versions(t: &Tables, reader: &crate::catalog::Reader, r: &mut CheckReport) -> Result<()> {
+    let versions: std::collections::HashMap<u64, crate::format::VersionMeta> = reader
+        .versions()?
+        .into_iter()
+        .map(|(i, m)| (i.0, m))
+        .collect();
+    for (ino, m) in &versions {
+        if t.inodes.get(*ino)?.is_none() {
+            r.problem(format!(
+                "version record of inode {ino} (of object {}), which does not exist",
+                m.of.0
+            ));
+        }
+    }
+    for item in t.inodes.iter()? {
+        let ino = item?.0.value();
+        if !versions.contains_key(&ino) {
+            r.problem(format!("inode {ino} has no version record"));
         }
     }
     Ok(())

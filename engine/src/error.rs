@@ -28,6 +28,17 @@ pub enum Error {
     /// The backing filesystem is full: the metadata table cannot keep room for its growth
     /// there (`device::TableRoom`), so new data is refused though the space has room.
     BackingFull,
+    /// A multi-slot space formatted by a build with the path-merged namespace (before the
+    /// shared namespace, `Features::INCOMPAT_SHARED_NAMESPACE`): this build does not mount
+    /// it (it would misread its entries); the message says what to do.
+    OldSlotNamespace,
+    /// This mount lost its slot (its lease lapsed, or another mount took the slot over):
+    /// every later write fails; the reason is the message.
+    Fenced(String),
+    /// A namespace change waited longer than its bound for another node's change of the
+    /// same names to finish (that node holds its intent without finishing: see FORMAT.md
+    /// "Intents").
+    NamespaceBusy(String),
 }
 
 pub type Result<T> = std::result::Result<T, Error>;
@@ -55,6 +66,15 @@ impl fmt::Display for Error {
                 f,
                 "the space is mounted read-only; unmount it and mount it without --read-only to change it"
             ),
+            Error::OldSlotNamespace => write!(
+                f,
+                "this multi-slot space was formatted by an earlier ckptfs whose nodes merged \
+                 their namespaces by path; this build mounts only spaces with the shared \
+                 namespace (FORMAT.md, version log). Nothing was changed: mount it with the \
+                 build that formatted it, copy its files out, and format a new space"
+            ),
+            Error::Fenced(m) => write!(f, "{m}"),
+            Error::NamespaceBusy(m) => write!(f, "{m}"),
         }
     }
 }

@@ -64,11 +64,21 @@ impl Features {
         ro_compat: 0,
         incompat: 4,
     };
+    /// The shared namespace of a multi-slot space (FORMAT.md "Shared namespace"): entries
+    /// are bindings `(parent object, name) -> object` published by any slot, objects have
+    /// global inode numbers (slot in bits 40..), namespace changes are serialised by
+    /// intents in the 128-byte hints. Set at format with `INCOMPAT_SLOTS`; a multi-slot
+    /// space without it (the path-merged namespace of earlier builds) is refused.
+    pub const INCOMPAT_SHARED_NAMESPACE: Features = Features {
+        compat: 0,
+        ro_compat: 0,
+        incompat: 8,
+    };
     /// Every flag this build knows.
     pub const KNOWN: Features = Features {
         compat: 1,
         ro_compat: 0,
-        incompat: 7,
+        incompat: 15,
     };
     /// What `format` sets: the features every new space has.
     pub const AT_FORMAT: Features = Features::COMPAT_XATTRS;
@@ -427,7 +437,7 @@ impl SlotTableHead {
 }
 
 /// Bytes per slot of the hint region at the end of `slots/headers` (`SlotHint`).
-pub const SLOT_HINT_LEN: u64 = 64;
+pub const SLOT_HINT_LEN: u64 = 128;
 
 /// The length of `slots/headers` for `slots` slots: head, header pairs, hints (padded to
 /// whole 4 KiB blocks).
@@ -437,16 +447,51 @@ pub fn slot_table_len(slots: u32) -> u64 {
         + (slots as u64 * SLOT_HINT_LEN).div_ceil(4096) * 4096
 }
 
+/// Keys an intent names at most (`Intent`).
+pub const INTENT_KEYS: usize = 6;
+
+/// What a slot is about to change in the shared namespace (FORMAT.md "Intents"): up to
+/// `INTENT_KEYS` keys (hashes of what the change touches: a name in a directory, a
+/// directory's existence, every directory rename), each exclusive (bit 0 set) or shared.
+/// Two intents conflict when they share a key and at least one holds it exclusively.
+/// `prio` orders conflicting intents (older first, then lower slot): it is the stamp the
+/// change first announced with, kept across its retries so that a waiting change ages.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub struct Intent {
+    /// Raised by every announcement; 0 (with no keys) is no intent.
+    pub seq: u64,
+    pub prio: u64,
+    pub keys: [u64; INTENT_KEYS],
+}
+
+impl Intent {
+    pub fn is_empty(&self) -> bool {
+        self.keys.iter().all(|&k| k == 0)
+    }
+
+    /// Whether two intents touch one key and at least one of them exclusively.
+    pub fn conflicts(&self, o: &Intent) -> bool {
+        self.keys.iter().filter(|&&k| k != 0).any(|&a| {
+            o.keys
+                .iter()
+                .filter(|&&k| k != 0)
+                .any(|&b| a | 1 == b | 1 && (a & 1 == 1 || b & 1 == 1))
+        })
+    }
+}
+
 /// A slot's hint: the few fields of its newest header that say whether it published
-/// something new, packed densely, so that a node refreshing its view of every slot reads
-/// 64 bytes per slot instead of 8 KiB, and the whole header only of slots that changed.
-/// Only a hint: the header stays authoritative (FORMAT.md "Hints").
+/// something new, and its current namespace intent, packed densely, so that a node
+/// refreshing its view of every slot reads 128 bytes per slot instead of 8 KiB, and the
+/// whole header only of slots that changed. For the manifest pointer only a hint (the
+/// header stays authoritative, FORMAT.md "Hints"); for the intent the only record.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
 pub struct SlotHint {
     pub seq: u64,
     pub epoch: u64,
     pub manifest_gen: u64,
     pub manifest_len: u64,
+    pub intent: Intent,
 }
 
 impl SlotHint {
@@ -456,6 +501,7 @@ impl SlotHint {
             epoch: h.epoch,
             manifest_gen: h.manifest_gen,
             manifest_len: h.manifest_len,
+            intent: Intent::default(),
         }
     }
 
@@ -464,17 +510,23 @@ impl SlotHint {
         SLOT_TABLE_HEAD_LEN + slots as u64 * SLOT_HEADER_PAIR + slot.0 as u64 * SLOT_HINT_LEN
     }
 
-    /// `seq | epoch | manifest gen | manifest len | 0 (16) | blake3 of 0..48, 16 bytes`.
+    /// `seq | epoch | manifest gen | manifest len | intent seq | intent prio | 6 keys |
+    /// 0 (16) | blake3 of 0..112, 16 bytes`.
     pub fn encode(&self) -> [u8; SLOT_HINT_LEN as usize] {
         let mut b = [0u8; SLOT_HINT_LEN as usize];
-        for (i, v) in [self.seq, self.epoch, self.manifest_gen, self.manifest_len]
-            .iter()
-            .enumerate()
-        {
+        let words = [
+            self.seq,
+            self.epoch,
+            self.manifest_gen,
+            self.manifest_len,
+            self.intent.seq,
+            self.intent.prio,
+        ];
+        for (i, v) in words.iter().chain(self.intent.keys.iter()).enumerate() {
             b[8 * i..8 * i + 8].copy_from_slice(&v.to_le_bytes());
         }
-        let sum = blake3::hash(&b[..48]);
-        b[48..64].copy_from_slice(&sum.as_bytes()[..16]);
+        let sum = blake3::hash(&b[..112]);
+        b[112..128].copy_from_slice(&sum.as_bytes()[..16]);
         b
     }
 
@@ -484,7 +536,8 @@ impl SlotHint {
         if b.iter().all(|&x| x == 0) {
             return Some(SlotHint::default());
         }
-        if b.len() != SLOT_HINT_LEN as usize || blake3::hash(&b[..48]).as_bytes()[..16] != b[48..64]
+        if b.len() != SLOT_HINT_LEN as usize
+            || blake3::hash(&b[..112]).as_bytes()[..16] != b[112..128]
         {
             return None;
         }
@@ -493,6 +546,130 @@ impl SlotHint {
             epoch: u64_at(b, 8),
             manifest_gen: u64_at(b, 16),
             manifest_len: u64_at(b, 24),
+            intent: Intent {
+                seq: u64_at(b, 32),
+                prio: u64_at(b, 40),
+                keys: [0, 1, 2, 3, 4, 5].map(|i| u64_at(b, 48 + 8 * i)),
+            },
+        })
+    }
+}
+
+/// The slot owning global inode number `ino` of a shared namespace (bits 40 and up; the
+/// root, 1, is every slot's). Local inode numbers of slot `s` start at `slot_ino_base(s)`.
+pub const SLOT_INO_SHIFT: u32 = 40;
+
+pub fn owner_slot(ino: InodeId) -> SlotId {
+    SlotId((ino.0 >> SLOT_INO_SHIFT) as u32)
+}
+
+/// The first inode number slot `s` allocates in a shared namespace (slot 0 as a
+/// single-slot space: 2).
+pub fn slot_ino_base(s: SlotId) -> u64 {
+    ((s.0 as u64) << SLOT_INO_SHIFT) | 2
+}
+
+/// One entry of a shared namespace as one slot records it (table `bindings`, manifest
+/// record 5): `(parent, name)` names `child`, or nothing (`child` 0: a tombstone: this
+/// slot removed the name), as of `stamp`. Of the records every slot has for one
+/// `(parent, name)`, the one with the highest `(stamp, slot)` is the entry.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Binding {
+    pub child: InodeId,
+    pub stamp: u64,
+    pub kind: NodeKind,
+}
+
+/// Length of an encoded `Binding` value.
+pub const BINDING_LEN: usize = 24;
+
+impl Binding {
+    pub fn is_tombstone(&self) -> bool {
+        self.child.0 == 0
+    }
+
+    /// `child u64 | stamp u64 | kind u8 | 0 (7)` (a tombstone's kind is 0).
+    pub fn encode(&self) -> [u8; BINDING_LEN] {
+        let mut b = [0u8; BINDING_LEN];
+        b[0..8].copy_from_slice(&self.child.0.to_le_bytes());
+        b[8..16].copy_from_slice(&self.stamp.to_le_bytes());
+        b[16] = if self.is_tombstone() {
+            0
+        } else {
+            self.kind as u8
+        };
+        b
+    }
+
+    pub fn decode(b: &[u8]) -> Result<Binding> {
+        if b.len() != BINDING_LEN {
+            return Err(malformed("binding"));
+        }
+        let child = InodeId(u64_at(b, 0));
+        let kind = match (child.0, b[16]) {
+            (0, _) => NodeKind::File,
+            (_, k) => NodeKind::from_u8(k).ok_or_else(|| malformed("binding kind"))?,
+        };
+        Ok(Binding {
+            child,
+            stamp: u64_at(b, 8),
+            kind,
+        })
+    }
+}
+
+/// What makes a local inode of a shared namespace a *version* of an object (table
+/// `versions`): the object it belongs to, and the stamps that order it among the other
+/// slots' versions of that object (FORMAT.md "Versions"). A regular file's versions are
+/// layers of its bytes; any object's versions carry its attributes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub struct VersionMeta {
+    /// The object (global inode number) this is a version of.
+    pub of: InodeId,
+    /// When this layer started: layers are painted oldest first.
+    pub created: u64,
+    /// When this version last set the mode or owner (the newest one decides those).
+    pub attr_stamp: u64,
+    /// When this version last set its times (a write's commit, utimens).
+    pub times_stamp: u64,
+    /// This version's last truncate: when, and to what length. Layers that started before
+    /// it show no byte at or past that length; its own extents already reflect it.
+    pub clip_stamp: u64,
+    pub clip_len: u64,
+}
+
+pub const VERSION_META_LEN: usize = 48;
+
+impl VersionMeta {
+    pub fn encode(&self) -> [u8; VERSION_META_LEN] {
+        let mut b = [0u8; VERSION_META_LEN];
+        for (i, v) in [
+            self.of.0,
+            self.created,
+            self.attr_stamp,
+            self.times_stamp,
+            self.clip_stamp,
+            self.clip_len,
+        ]
+        .iter()
+        .enumerate()
+        {
+            b[8 * i..8 * i + 8].copy_from_slice(&v.to_le_bytes());
+        }
+        b
+    }
+
+    pub fn decode(b: &[u8]) -> Result<VersionMeta> {
+        if b.len() != VERSION_META_LEN {
+            return Err(malformed("version record"));
+        }
+        Ok(VersionMeta {
+            of: InodeId(u64_at(b, 0)),
+            created: u64_at(b, 8),
+            attr_stamp: u64_at(b, 16),
+            times_stamp: u64_at(b, 24),
+            clip_stamp: u64_at(b, 32),
+            clip_len: u64_at(b, 40),
         })
     }
 }
@@ -1383,17 +1560,31 @@ mod tests {
             epoch: 2,
             manifest_gen: 3,
             manifest_len: 8192,
+            intent: Intent {
+                seq: 4,
+                prio: 77,
+                keys: [11, 12, 13, 0, 0, 0],
+            },
         };
         let b = h.encode();
         assert_eq!(u64_at(&b, 24), 8192);
+        assert_eq!(u64_at(&b, 40), 77);
+        assert_eq!(u64_at(&b, 56), 12);
         assert_eq!(SlotHint::decode(&b), Some(h));
         let mut bad = b;
         bad[3] ^= 1;
         assert_eq!(SlotHint::decode(&bad), None);
-        assert_eq!(SlotHint::decode(&[0; 64]), Some(SlotHint::default()));
-        assert_eq!(SlotHint::offset(4, SlotId(1)), 4096 + 4 * 8192 + 64);
+        let mut bad = b;
+        bad[50] ^= 1;
+        assert_eq!(
+            SlotHint::decode(&bad),
+            None,
+            "the intent is checksummed too"
+        );
+        assert_eq!(SlotHint::decode(&[0; 128]), Some(SlotHint::default()));
+        assert_eq!(SlotHint::offset(4, SlotId(1)), 4096 + 4 * 8192 + 128);
         assert_eq!(slot_table_len(4), 4096 + 4 * 8192 + 4096);
-        assert_eq!(slot_table_len(1024), 4096 + 1024 * 8192 + 65536);
+        assert_eq!(slot_table_len(1024), 4096 + 1024 * 8192 + 131072);
     }
 
     #[test]

@@ -31,7 +31,7 @@ impl fmt::Display for ChunkHash {
     }
 }
 
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Default)]
 pub struct InodeId(pub u64);
 
 impl InodeId {

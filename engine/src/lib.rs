@@ -15,6 +15,7 @@ pub mod gc;
 pub mod ids;
 pub mod manifest;
 pub mod mirror;
+pub mod nslock;
 pub mod pins;
 pub mod pipeline;
 pub mod placement;
@@ -23,6 +24,7 @@ pub mod sim;
 pub mod slots;
 pub mod space;
 pub mod spill;
+pub mod stamp;
 pub mod store;
 pub mod targets;
 

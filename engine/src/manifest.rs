@@ -1,35 +1,38 @@
 //! Published manifests of a multi-slot space (FORMAT.md "Manifests"): what a slot's owner
-//! writes so that other nodes can list and read its files without opening its live
-//! metadata table.
+//! writes so that other nodes can see its part of the shared namespace and read its files
+//! without opening its live metadata table.
 //!
 //! Each slot has a manifest area of two halves at the start of its share of the data file.
 //! The owner appends batches of records to the half of the current generation, each batch
 //! padded to whole 4 KiB blocks (a written block is never written again), makes them durable,
 //! then publishes the new length in its slot header. When a half is full, the owner writes a
-//! complete snapshot of its namespace into the other half and publishes it as the next
+//! complete snapshot of its records into the other half and publishes it as the next
 //! generation; readers that see a new generation read that half from its start.
 //!
-//! Records describe the namespace by the slot's own inode numbers: a directory record lists
-//! a directory's entries (replacing what was known of it), a node record gives one node's
-//! attributes and, for a regular file, its current revision's extents with each chunk's
-//! stored location. Paths are resolved by readers from the slot's root (inode 1).
+//! Records are the slot's part of the shared namespace (FORMAT.md "Shared namespace"):
+//! bindings (`(parent object, name) -> object` or a tombstone, with a stamp) and versions
+//! (the slot's version of an object: its attributes and, for a regular file, one layer of
+//! its bytes with each chunk's stored location). Objects are named by global inode
+//! numbers, the same on every node.
 
 use crate::chunk::Verified;
 use crate::device::Device;
 use crate::error::{Error, Result};
 use crate::format::{
-    ChunkHash, ChunkRecord, Codec, DataOffset, InodeId, NodeKind, SlotId, Superblock, Timestamp,
+    Binding, ChunkHash, ChunkRecord, Codec, DataOffset, InodeId, Intent, NodeKind, SlotHint,
+    SlotId, Superblock, Timestamp, VersionMeta,
 };
 use crate::slots::{Lease, SlotTable};
 use parking_lot::{Mutex, RwLock};
-use std::collections::{HashMap, HashSet};
+use std::collections::{BTreeSet, HashMap};
 use std::sync::Arc;
 
 const BLOCK: usize = 4096;
 const KIND_SNAPSHOT: u8 = 1;
-const KIND_DIR: u8 = 2;
-const KIND_NODE: u8 = 3;
-const KIND_WHITEOUT: u8 = 4;
+const KIND_BIND: u8 = 5;
+const KIND_UNBIND: u8 = 6;
+const KIND_VERSION: u8 = 7;
+const KIND_DROP: u8 = 8;
 const EXTENT_BYTES: usize = 68;
 
 /// One extent of a published file, with where its chunk is stored.
@@ -58,7 +61,8 @@ impl PubExtent {
     }
 }
 
-/// One published node: its attributes, a symlink's target, a file's current content.
+/// One published node (a version's local inode): its attributes, a symlink's target, a
+/// file's current content.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct PubNode {
     pub ino: InodeId,
@@ -75,22 +79,33 @@ pub struct PubNode {
     pub extents: Vec<PubExtent>,
 }
 
-/// One published directory: its own attributes and its entries.
+/// A slot's version of an object: which object, its order among the other versions, and
+/// its node.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub struct PubDir {
+pub struct PubVersion {
+    pub meta: VersionMeta,
     pub node: PubNode,
-    pub entries: Vec<(Vec<u8>, InodeId, NodeKind)>,
+}
+
+impl PubVersion {
+    /// The version's own inode number (in its slot's range).
+    pub fn id(&self) -> InodeId {
+        self.node.ino
+    }
 }
 
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Record {
     /// A snapshot starts: forget everything known of the slot.
     Snapshot,
-    Dir(PubDir),
-    Node(PubNode),
-    /// This slot removed `path` at `when`: other slots' entries there changed before
-    /// `when` are hidden.
-    Whiteout(Vec<u8>, Timestamp),
+    /// This slot's record of the entry `(parent, name)`.
+    Bind(InodeId, Vec<u8>, Binding),
+    /// This slot no longer has a record of `(parent, name)` (it was superseded).
+    Unbind(InodeId, Vec<u8>),
+    /// This slot's version of an object, as now committed.
+    Version(PubVersion),
+    /// This slot no longer has the version (its local inode) named.
+    Drop(InodeId),
 }
 
 fn put_node(b: &mut Vec<u8>, n: &PubNode) {
@@ -224,30 +239,30 @@ impl Record {
     pub fn encode(&self, out: &mut Vec<u8>) {
         let start = out.len();
         out.extend_from_slice(&[0; 8]);
+        let put_name = |out: &mut Vec<u8>, parent: InodeId, name: &[u8]| {
+            out.extend_from_slice(&parent.0.to_le_bytes());
+            out.extend_from_slice(&(name.len() as u16).to_le_bytes());
+            out.extend_from_slice(name);
+        };
         let kind = match self {
             Record::Snapshot => KIND_SNAPSHOT,
-            Record::Dir(d) => {
-                put_node(out, &d.node);
-                out.extend_from_slice(&(d.entries.len() as u32).to_le_bytes());
-                for (name, ino, kind) in &d.entries {
-                    out.extend_from_slice(&(name.len() as u16).to_le_bytes());
-                    out.push(*kind as u8);
-                    out.push(0);
-                    out.extend_from_slice(&ino.0.to_le_bytes());
-                    out.extend_from_slice(name);
-                }
-                KIND_DIR
+            Record::Bind(parent, name, b) => {
+                put_name(out, *parent, name);
+                out.extend_from_slice(&b.encode());
+                KIND_BIND
             }
-            Record::Node(n) => {
-                put_node(out, n);
-                KIND_NODE
+            Record::Unbind(parent, name) => {
+                put_name(out, *parent, name);
+                KIND_UNBIND
             }
-            Record::Whiteout(path, when) => {
-                out.extend_from_slice(&when.secs.to_le_bytes());
-                out.extend_from_slice(&when.nanos.to_le_bytes());
-                out.extend_from_slice(&(path.len() as u32).to_le_bytes());
-                out.extend_from_slice(path);
-                KIND_WHITEOUT
+            Record::Version(v) => {
+                out.extend_from_slice(&v.meta.encode());
+                put_node(out, &v.node);
+                KIND_VERSION
+            }
+            Record::Drop(id) => {
+                out.extend_from_slice(&id.0.to_le_bytes());
+                KIND_DROP
             }
         };
         let len = (out.len() - start + 8) as u32;
@@ -279,27 +294,30 @@ impl Record {
                 b: &rec[..len - 8],
                 at: 8,
             };
+            let name = |c: &mut Cur| -> Result<(InodeId, Vec<u8>)> {
+                let parent = InodeId(c.u64()?);
+                let n = c.u16()? as usize;
+                Ok((parent, c.take(n)?.to_vec()))
+            };
             out.push(match rec[4] {
                 KIND_SNAPSHOT => Record::Snapshot,
-                KIND_NODE => Record::Node(get_node(&mut c)?),
-                KIND_WHITEOUT => {
-                    let when = c.time()?;
-                    let n = c.u32()? as usize;
-                    Record::Whiteout(c.take(n)?.to_vec(), when)
+                KIND_BIND => {
+                    let (parent, n) = name(&mut c)?;
+                    let b = Binding::decode(c.take(crate::format::BINDING_LEN)?)?;
+                    Record::Bind(parent, n, b)
                 }
-                KIND_DIR => {
-                    let node = get_node(&mut c)?;
-                    let n = c.u32()? as usize;
-                    let mut entries = Vec::with_capacity(n.min(1 << 16));
-                    for _ in 0..n {
-                        let nl = c.u16()? as usize;
-                        let kind = kind_of(c.u8()?)?;
-                        c.u8()?;
-                        let ino = InodeId(c.u64()?);
-                        entries.push((c.take(nl)?.to_vec(), ino, kind));
-                    }
-                    Record::Dir(PubDir { node, entries })
+                KIND_UNBIND => {
+                    let (parent, n) = name(&mut c)?;
+                    Record::Unbind(parent, n)
                 }
+                KIND_VERSION => {
+                    let meta = VersionMeta::decode(c.take(crate::format::VERSION_META_LEN)?)?;
+                    Record::Version(PubVersion {
+                        meta,
+                        node: get_node(&mut c)?,
+                    })
+                }
+                KIND_DROP => Record::Drop(InodeId(c.u64()?)),
                 _ => return Err(bad("unknown record kind")),
             });
             at += len;
@@ -377,73 +395,137 @@ impl Publisher {
     }
 }
 
-/// What one other slot has published, as this node last read it.
-#[derive(Default)]
+/// What one slot has published (or, for this node's own slot, committed), as this node
+/// last read it: its bindings and its versions, indexed for lookups, listings and the
+/// parent of an object.
+#[derive(Default, Clone)]
 pub struct SlotView {
     pub gen: u64,
     pub len: u64,
-    pub dirs: HashMap<InodeId, PubDir>,
-    pub nodes: HashMap<InodeId, PubNode>,
-    /// Paths (from the root, '/'-separated) this slot removed, and when.
-    pub whiteouts: HashMap<Vec<u8>, Timestamp>,
+    pub bindings: HashMap<(InodeId, Vec<u8>), Binding>,
+    /// The names this slot has a record of, by directory (readdir).
+    pub by_parent: HashMap<InodeId, BTreeSet<Vec<u8>>>,
+    /// The records naming an object, by object (its parent, `..`).
+    pub by_child: HashMap<InodeId, BTreeSet<(InodeId, Vec<u8>)>>,
+    pub versions: HashMap<InodeId, PubVersion>,
+    /// This slot's versions of each object.
+    pub of: HashMap<InodeId, BTreeSet<InodeId>>,
+    /// The newest stamp of this slot's records in each directory (its change time).
+    pub parent_stamp: HashMap<InodeId, u64>,
+    /// The highest stamp in the records applied (every node's clock runs past it).
+    pub max_stamp: u64,
 }
 
 impl SlotView {
-    fn apply(&mut self, recs: Vec<Record>) {
+    pub fn apply(&mut self, recs: Vec<Record>) {
         for r in recs {
-            match r {
-                Record::Snapshot => {
-                    self.dirs.clear();
-                    self.nodes.clear();
-                    self.whiteouts.clear();
-                }
-                Record::Whiteout(path, when) => {
-                    self.whiteouts.insert(path, when);
-                }
-                Record::Dir(d) => {
-                    self.nodes.insert(d.node.ino, d.node.clone());
-                    self.dirs.insert(d.node.ino, d);
-                }
-                Record::Node(n) => {
-                    self.nodes.insert(n.ino, n);
-                }
-            }
+            self.apply_one(r);
         }
-        // Forget what no directory names any more (removed, or a rename's old place).
-        let mut live: HashSet<InodeId> = HashSet::new();
-        let mut stack = vec![InodeId::ROOT];
-        while let Some(d) = stack.pop() {
-            if !live.insert(d) {
-                continue;
+    }
+
+    pub fn apply_one(&mut self, r: Record) {
+        match r {
+            Record::Snapshot => {
+                let (gen, len) = (self.gen, self.len);
+                *self = SlotView {
+                    gen,
+                    len,
+                    ..SlotView::default()
+                };
             }
-            if let Some(dir) = self.dirs.get(&d) {
-                for (_, ino, kind) in &dir.entries {
-                    if *kind == NodeKind::Dir {
-                        stack.push(*ino);
-                    } else {
-                        live.insert(*ino);
+            Record::Bind(parent, name, b) => {
+                self.max_stamp = self.max_stamp.max(b.stamp);
+                let ps = self.parent_stamp.entry(parent).or_default();
+                *ps = (*ps).max(b.stamp);
+                self.unbind(parent, &name);
+                if !b.is_tombstone() {
+                    self.by_child
+                        .entry(b.child)
+                        .or_default()
+                        .insert((parent, name.clone()));
+                }
+                self.by_parent
+                    .entry(parent)
+                    .or_default()
+                    .insert(name.clone());
+                self.bindings.insert((parent, name), b);
+            }
+            Record::Unbind(parent, name) => self.unbind(parent, &name),
+            Record::Version(v) => {
+                let m = v.meta;
+                self.max_stamp = self
+                    .max_stamp
+                    .max(m.created)
+                    .max(m.attr_stamp)
+                    .max(m.times_stamp)
+                    .max(m.clip_stamp);
+                self.of.entry(m.of).or_default().insert(v.id());
+                self.versions.insert(v.id(), v);
+            }
+            Record::Drop(id) => {
+                if let Some(v) = self.versions.remove(&id) {
+                    if let Some(s) = self.of.get_mut(&v.meta.of) {
+                        s.remove(&id);
+                        if s.is_empty() {
+                            self.of.remove(&v.meta.of);
+                        }
                     }
                 }
             }
         }
-        self.dirs.retain(|k, _| live.contains(k));
-        self.nodes.retain(|k, _| live.contains(k));
     }
 
-    /// The node at `path` (components from the slot's root).
-    pub fn resolve(&self, path: &[&[u8]]) -> Option<&PubNode> {
-        let mut ino = InodeId::ROOT;
-        for comp in path {
-            let dir = self.dirs.get(&ino)?;
-            ino = dir.entries.iter().find(|(n, _, _)| n == comp)?.1;
+    fn unbind(&mut self, parent: InodeId, name: &[u8]) {
+        let key = (parent, name.to_vec());
+        let Some(old) = self.bindings.remove(&key) else {
+            return;
+        };
+        if !old.is_tombstone() {
+            if let Some(s) = self.by_child.get_mut(&old.child) {
+                s.remove(&key);
+                if s.is_empty() {
+                    self.by_child.remove(&old.child);
+                }
+            }
         }
-        self.nodes.get(&ino)
+        if let Some(s) = self.by_parent.get_mut(&parent) {
+            s.remove(name);
+            if s.is_empty() {
+                self.by_parent.remove(&parent);
+            }
+        }
     }
+
+    pub fn binding(&self, parent: InodeId, name: &[u8]) -> Option<&Binding> {
+        self.bindings.get(&(parent, name.to_vec()))
+    }
+
+    /// Every record this view holds, as a snapshot would publish them.
+    pub fn records(&self) -> Vec<Record> {
+        let mut out = Vec::with_capacity(self.bindings.len() + self.versions.len());
+        for ((p, n), b) in &self.bindings {
+            out.push(Record::Bind(*p, n.clone(), *b));
+        }
+        for v in self.versions.values() {
+            out.push(Record::Version(v.clone()));
+        }
+        out
+    }
+}
+
+/// Another slot's intent as last read from the hints: which slot, and what.
+#[derive(Clone, Copy, Debug)]
+pub struct SeenIntent {
+    pub slot: SlotId,
+    pub epoch: u64,
+    pub intent: Intent,
 }
 
 /// This node's view of every other slot's published manifest.
 pub struct Union {
     table: SlotTable,
+    /// The data file, read around this node's page cache (`SharedFile`): the manifests and
+    /// the chunks of other slots are written by other nodes.
     dev: Arc<dyn Device>,
     sb: Superblock,
     me: SlotId,
@@ -451,6 +533,8 @@ pub struct Union {
     /// Held while refreshing: when the last refresh started.
     refreshing: Mutex<Option<std::time::Instant>>,
     refreshes: std::sync::atomic::AtomicU64,
+    /// The highest stamp any view holds.
+    max_stamp: std::sync::atomic::AtomicU64,
 }
 
 /// Every this many refreshes, every slot's header is read whatever its hint says.
@@ -466,7 +550,21 @@ impl Union {
             views: RwLock::new(HashMap::new()),
             refreshing: Mutex::new(None),
             refreshes: std::sync::atomic::AtomicU64::new(0),
+            max_stamp: std::sync::atomic::AtomicU64::new(0),
         }
+    }
+
+    pub fn me(&self) -> SlotId {
+        self.me
+    }
+
+    pub fn table(&self) -> &SlotTable {
+        &self.table
+    }
+
+    /// The highest stamp of every record read so far.
+    pub fn max_stamp(&self) -> u64 {
+        self.max_stamp.load(std::sync::atomic::Ordering::Acquire)
     }
 
     /// Reads every slot header and whatever each other slot published since the last
@@ -489,10 +587,28 @@ impl Union {
         Ok(())
     }
 
+    /// Every other slot's intent that is announced now (read from the hints just now), for
+    /// the namespace lock (`Space::ns_lock`).
+    pub fn intents(&self) -> Result<Vec<SeenIntent>> {
+        Ok(self
+            .table
+            .hints()?
+            .into_iter()
+            .enumerate()
+            .filter_map(|(i, h)| {
+                let h: SlotHint = h?;
+                (SlotId(i as u32) != self.me && !h.intent.is_empty()).then_some(SeenIntent {
+                    slot: SlotId(i as u32),
+                    epoch: h.epoch,
+                    intent: h.intent,
+                })
+            })
+            .collect())
+    }
+
     fn refresh_locked(&self) -> Result<()> {
-        // The hints first (64 bytes a slot); whole headers only of slots whose hint moved,
-        // or is not intact, and of every slot once every `FULL_REFRESH_EVERY` refreshes (a
-        // hint lost on a filesystem without byte-range coherence).
+        // The hints first (128 bytes a slot); whole headers only of slots whose hint moved,
+        // or is not intact, and of every slot once every `FULL_REFRESH_EVERY` refreshes.
         let n = self
             .refreshes
             .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
@@ -552,20 +668,14 @@ impl Union {
                 }
             };
             let mut v = match (&old, from) {
-                (Some(o), f) if f > 0 => SlotView {
-                    gen,
-                    len,
-                    dirs: o.dirs.clone(),
-                    nodes: o.nodes.clone(),
-                    whiteouts: o.whiteouts.clone(),
-                },
-                _ => SlotView {
-                    gen,
-                    len,
-                    ..SlotView::default()
-                },
+                (Some(o), f) if f > 0 => SlotView::clone(o),
+                _ => SlotView::default(),
             };
+            v.gen = gen;
+            v.len = len;
             v.apply(recs);
+            self.max_stamp
+                .fetch_max(v.max_stamp, std::sync::atomic::Ordering::AcqRel);
             self.views.write().insert(h.slot, Arc::new(v));
         }
         Ok(())
@@ -615,6 +725,14 @@ mod tests {
         }
     }
 
+    fn bind(child: u64, stamp: u64) -> Binding {
+        Binding {
+            child: InodeId(child),
+            stamp,
+            kind: NodeKind::File,
+        }
+    }
+
     #[test]
     fn records_round_trip_and_damage_is_caught() {
         let e = PubExtent {
@@ -627,34 +745,61 @@ mod tests {
             raw_len: 100,
             codec: Codec::Lz4,
         };
+        let meta = VersionMeta {
+            of: InodeId(2),
+            created: 10,
+            attr_stamp: 11,
+            times_stamp: 12,
+            clip_stamp: 13,
+            clip_len: 14,
+        };
         let recs = vec![
             Record::Snapshot,
-            Record::Dir(PubDir {
-                node: node(1, NodeKind::Dir, vec![]),
-                entries: vec![(b"f".to_vec(), InodeId(2), NodeKind::File)],
+            Record::Bind(InodeId(1), b"f".to_vec(), bind(2, 9)),
+            Record::Version(PubVersion {
+                meta,
+                node: node(2, NodeKind::File, vec![e]),
             }),
-            Record::Node(node(2, NodeKind::File, vec![e])),
-            Record::Whiteout(b"step-1/rank-3".to_vec(), Timestamp { secs: 9, nanos: 1 }),
+            Record::Bind(InodeId(1), b"g".to_vec(), bind(0, 15)),
         ];
         let b = batch(&recs);
         assert_eq!(b.len() % BLOCK, 0);
         let mut two = b.clone();
-        two.extend_from_slice(&batch(&recs[2..]));
+        two.extend_from_slice(&batch(&[
+            Record::Unbind(InodeId(1), b"g".to_vec()),
+            Record::Drop(InodeId(2)),
+        ]));
         let back = Record::decode_all(&two).unwrap();
         assert_eq!(back.len(), 6);
         assert_eq!(back[..4], recs[..]);
         let mut v = SlotView::default();
-        v.apply(back);
-        assert_eq!(v.resolve(&[b"f"]).unwrap().extents.len(), 1);
-        assert_eq!(v.whiteouts.len(), 1);
+        v.apply(back[..4].to_vec());
+        assert_eq!(v.binding(InodeId(1), b"f").unwrap().child, InodeId(2));
+        assert!(v.binding(InodeId(1), b"g").unwrap().is_tombstone());
+        assert_eq!(v.versions[&InodeId(2)].node.extents.len(), 1);
+        assert_eq!(v.max_stamp, 15);
+        assert_eq!(v.by_parent[&InodeId(1)].len(), 2);
+        v.apply(back[4..].to_vec());
+        assert!(v.binding(InodeId(1), b"g").is_none());
+        assert!(v.versions.is_empty() && v.of.is_empty());
         let mut bad = b.clone();
         bad[20] ^= 1;
         assert!(Record::decode_all(&bad).is_err());
-        // A directory that no longer names the file: it is forgotten.
-        v.apply(vec![Record::Dir(PubDir {
-            node: node(1, NodeKind::Dir, vec![]),
-            entries: vec![],
-        })]);
-        assert!(v.resolve(&[b"f"]).is_none() && v.nodes.len() == 1);
+    }
+
+    #[test]
+    fn a_rebinding_moves_the_indexes() {
+        let mut v = SlotView::default();
+        v.apply_one(Record::Bind(InodeId(1), b"a".to_vec(), bind(7, 1)));
+        v.apply_one(Record::Bind(InodeId(1), b"a".to_vec(), bind(8, 2)));
+        assert!(!v.by_child.contains_key(&InodeId(7)));
+        assert_eq!(v.by_child[&InodeId(8)].len(), 1);
+        v.apply_one(Record::Bind(InodeId(1), b"a".to_vec(), bind(0, 3)));
+        assert!(v.by_child.is_empty());
+        assert_eq!(v.by_parent[&InodeId(1)].len(), 1);
+        let snap = v.records();
+        let mut w = SlotView::default();
+        w.apply(snap);
+        assert_eq!(w.bindings, v.bindings);
     }
 }

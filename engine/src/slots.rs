@@ -18,7 +18,8 @@
 use crate::device::Device;
 use crate::error::{Error, Result};
 use crate::format::{
-    SlotHeader, SlotHint, SlotId, SlotState, SLOT_HEADER_PAIR, SLOT_HINT_LEN, SLOT_MOUNTPOINT_MAX,
+    Intent, SlotHeader, SlotHint, SlotId, SlotState, SLOT_HEADER_PAIR, SLOT_HINT_LEN,
+    SLOT_MOUNTPOINT_MAX,
 };
 use parking_lot::Mutex;
 use std::io;
@@ -78,17 +79,28 @@ impl SlotTable {
         SlotHeader::newest(&pair, slot)
     }
 
-    /// Writes `h` into its copy (`h.seq % 2`) and makes it durable.
-    pub fn write(&self, h: &SlotHeader) -> io::Result<()> {
+    /// Writes `h` into its copy (`h.seq % 2`) and makes it durable, then its hint (with
+    /// `intent`, the owner's current one).
+    pub fn write(&self, h: &SlotHeader, intent: Intent) -> io::Result<()> {
         self.dev
             .write_at(&h.encode(), SlotHeader::offset(h.slot, h.seq))?;
         self.dev.sync()?;
         // The hint after the header: a reader that sees the new hint finds the new header.
-        // Not synced: a lost hint only delays a reader until its next full read.
-        self.dev.write_at(
-            &SlotHint::of(h).encode(),
-            SlotHint::offset(self.slots, h.slot),
+        self.write_hint(
+            h.slot,
+            &SlotHint {
+                intent,
+                ..SlotHint::of(h)
+            },
         )
+    }
+
+    /// Writes slot `slot`'s hint and makes it visible to the other nodes (the sync: a
+    /// shared filesystem's client may hold a write back until then, `SharedFile`).
+    pub fn write_hint(&self, slot: SlotId, hint: &SlotHint) -> io::Result<()> {
+        self.dev
+            .write_at(&hint.encode(), SlotHint::offset(self.slots, slot))?;
+        self.dev.sync()
     }
 
     /// Every slot's hint (None: never written or not intact), in slot order.
@@ -192,6 +204,14 @@ pub struct Lease {
     used: AtomicU64,
     /// The published manifest (generation, length) every header write carries.
     manifest: Mutex<(u64, u64)>,
+    /// The hint last written (the newest header's fields and the intent announced now):
+    /// what an announcement or a header write writes again with its change.
+    hint: Mutex<SlotHint>,
+    /// A fault point for the fencing test: the renewal with this number (counted from 1)
+    /// stops the daemon (SIGSTOP) between reading its header and writing it
+    /// (`CKPTFS_FAULT_STOP_IN_RENEWAL=N`), as a node frozen at the worst moment.
+    stop_in_renewal: Option<u64>,
+    renewals: AtomicU64,
 }
 
 /// Bytes of the slot's segments in use now.
@@ -292,7 +312,7 @@ impl Lease {
                 manifest_gen: h.manifest_gen,
                 manifest_len: h.manifest_len,
             };
-            table.write(&mine)?;
+            table.write(&mine, Intent::default())?;
             std::thread::sleep(settle);
             let back = table.read(slot)?;
             if back.mount_id != mine.mount_id || back.epoch != mine.epoch {
@@ -328,6 +348,11 @@ impl Lease {
                 usage: Mutex::new(None),
                 used: AtomicU64::new(h.used_bytes),
                 manifest: Mutex::new((h.manifest_gen, h.manifest_len)),
+                hint: Mutex::new(SlotHint::of(&mine)),
+                stop_in_renewal: std::env::var("CKPTFS_FAULT_STOP_IN_RENEWAL")
+                    .ok()
+                    .and_then(|v| v.parse().ok()),
+                renewals: AtomicU64::new(0),
             });
             let weak = Arc::downgrade(&lease);
             let period = req.lease / 4;
@@ -461,6 +486,26 @@ impl Lease {
                 self.me.epoch
             )));
         }
+        let n = self.renewals.fetch_add(1, Ordering::Relaxed) + 1;
+        if self.stop_in_renewal == Some(n) {
+            log::warn!("fault point: stopping between reading and writing the slot header");
+            // SAFETY: raise has no memory-safety preconditions.
+            unsafe { libc::raise(libc::SIGSTOP) };
+        }
+        // Checked again right before the write: this thread may have been stopped (or the
+        // read stalled) since the check above, for longer than the lease, and a taker may
+        // have written its header meanwhile. What is left unfenced is the write system
+        // call itself (FORMAT.md "Claim, lease, takeover, fencing").
+        let since = self.since_renewal();
+        if since >= self.lease {
+            return Err(self.fence(format!(
+                "slot {slot}: this mount was held up for {:.1} s while renewing its lease, \
+                 longer than the {:.1} s lease; it writes nothing more (not even its slot \
+                 header) and fails every write; unmount it",
+                since.as_secs_f64(),
+                self.lease.as_secs_f64()
+            )));
+        }
         let (manifest_gen, manifest_len) = manifest.unwrap_or_else(|| self.manifest());
         let next = SlotHeader {
             seq: h.seq + 1,
@@ -470,11 +515,63 @@ impl Lease {
             manifest_len,
             ..self.me.clone()
         };
-        self.table.write(&next)?;
+        let mut hint = self.hint.lock();
+        self.table.write(&next, hint.intent)?;
+        *hint = SlotHint {
+            intent: hint.intent,
+            ..SlotHint::of(&next)
+        };
+        drop(hint);
         *self.manifest.lock() = (manifest_gen, manifest_len);
         *seq = next.seq;
         self.renewed_at.store(started, Ordering::Release);
         Ok(())
+    }
+
+    /// Announces `intent` (FORMAT.md "Intents"): writes it into this slot's hint and makes
+    /// it visible to the other nodes before returning. Fenced like any write.
+    pub fn announce(&self, keys: [u64; crate::format::INTENT_KEYS], prio: u64) -> io::Result<()> {
+        self.permit()?;
+        let mut hint = self.hint.lock();
+        let intent = Intent {
+            seq: hint.intent.seq + 1,
+            prio,
+            keys,
+        };
+        let next = SlotHint { intent, ..*hint };
+        self.table.write_hint(self.me.slot, &next)?;
+        *hint = next;
+        Ok(())
+    }
+
+    /// Withdraws the intent announced (done, or given up to let an older one go first).
+    pub fn clear_intent(&self) -> io::Result<()> {
+        let mut hint = self.hint.lock();
+        if hint.intent.is_empty() {
+            return Ok(());
+        }
+        self.permit()?;
+        let next = SlotHint {
+            intent: Intent {
+                seq: hint.intent.seq + 1,
+                prio: 0,
+                keys: [0; crate::format::INTENT_KEYS],
+            },
+            ..*hint
+        };
+        self.table.write_hint(self.me.slot, &next)?;
+        *hint = next;
+        Ok(())
+    }
+
+    /// The table of every slot's header and hint.
+    pub fn table(&self) -> &SlotTable {
+        &self.table
+    }
+
+    /// The lease's length.
+    pub fn lease_len(&self) -> Duration {
+        self.lease
     }
 
     /// Lets a write to the backing space through only while the lease is valid: within 3/4
@@ -508,6 +605,17 @@ impl Lease {
         if self.fenced().is_some() || self.released.swap(true, Ordering::AcqRel) {
             return;
         }
+        if self.since_renewal() >= self.lease * 3 / 4 {
+            // Past what `permit` allows: a taker may own the slot by now, and a stale header
+            // must not land over its own. The slot is left to expire.
+            log::warn!(
+                "slot {}: not released: its lease was not renewed for {:.1} s; it expires \
+                 instead",
+                self.me.slot,
+                self.since_renewal().as_secs_f64()
+            );
+            return;
+        }
         match self.table.read(self.me.slot) {
             Ok(h) if h.epoch == self.me.epoch && h.mount_id == self.me.mount_id => {
                 let released = SlotHeader {
@@ -519,7 +627,7 @@ impl Lease {
                     manifest_len: self.manifest().1,
                     ..self.me.clone()
                 };
-                if let Err(e) = self.table.write(&released) {
+                if let Err(e) = self.table.write(&released, Intent::default()) {
                     log::warn!("slot {}: could not record its release: {e}", self.me.slot);
                 }
             }

@@ -7,7 +7,7 @@ use crate::error::{Corruption, Error, Missing, Result};
 use crate::filemap::{ChunkIo, ExtentMap, FileState};
 use crate::format::HistoryRecord;
 use crate::format::*;
-use crate::manifest::{PubDir, PubExtent, PubNode, Publisher, Record, Union};
+use crate::manifest::{PubExtent, PubNode, PubVersion, Publisher, Record, Union};
 use crate::slots::{FencedDevice, Lease, SlotRequest, SlotTable};
 use crate::store::ChunkStore;
 use crate::targets::{Redundancy, TargetSpec, TargetsTable};
@@ -148,6 +148,8 @@ pub struct Space {
     /// Of a multi-slot space: this slot's manifest writer, and the other slots' manifests.
     publisher: Option<Publisher>,
     union: Option<Arc<Union>>,
+    /// Of a slot of a shared namespace: its clock (`stamp`).
+    clock: Option<Arc<crate::stamp::Clock>>,
     /// The storage targets of a space over several (`format --target`): their state for
     /// `ckptfs targets` and `stats`.
     targets: Option<Arc<crate::targets::Erasure>>,
@@ -445,7 +447,9 @@ fn new_superblock(
             .as_bytes()[..16],
     );
     let features = match slots > 1 {
-        true => Features::AT_FORMAT.union(Features::INCOMPAT_SLOTS),
+        true => Features::AT_FORMAT
+            .union(Features::INCOMPAT_SLOTS)
+            .union(Features::INCOMPAT_SHARED_NAMESPACE),
         false => Features::AT_FORMAT,
     };
     Superblock {
@@ -466,6 +470,7 @@ fn init_meta(
     meta: &Arc<dyn Device>,
     config: &Config,
     segments: std::ops::Range<u64>,
+    shared_slot: Option<SlotId>,
 ) -> Result<()> {
     let db = open_db(meta, true, Arc::default())?;
     // SAFETY: getuid/getgid cannot fail.
@@ -477,7 +482,24 @@ fn init_meta(
     let mut txn = db.begin_write()?;
     txn.set_two_phase_commit(true);
     catalog::create_tables(&txn)?;
-    Txn::open(&txn)?.init(&root, config, segments)?;
+    {
+        let mut t = Txn::open(&txn)?;
+        t.init(&root, config, segments)?;
+        if let Some(slot) = shared_slot {
+            // A slot of a shared namespace numbers its inodes in its own range, so an
+            // inode number names one object on every node (FORMAT.md "Shared namespace").
+            t.set_ino_floor(crate::format::slot_ino_base(slot))?;
+            t.create_shared_tables()?;
+            // Every slot's root is a version of the one root.
+            t.put_version(
+                InodeId::ROOT,
+                &crate::format::VersionMeta {
+                    of: InodeId::ROOT,
+                    ..Default::default()
+                },
+            )?;
+        }
+    }
     txn.commit()?;
     Ok(())
 }
@@ -529,7 +551,7 @@ pub fn slot_table(
         other => other,
     })?;
     table_on(
-        Arc::new(FileDevice::new(f)?),
+        Arc::new(crate::device::SharedFile::new(f)?),
         sb,
         &path.display().to_string(),
     )
@@ -570,8 +592,12 @@ fn open_claimed(
     lease: Arc<Lease>,
     table: SlotTable,
     head: &SlotTableHead,
+    shared_data: Arc<dyn Device>,
 ) -> Result<Space> {
     let slot = lease.slot();
+    if !sb.features.contains(Features::INCOMPAT_SHARED_NAMESPACE) {
+        return Err(Error::OldSlotNamespace);
+    }
     let fence = |inner| -> Arc<dyn Device> {
         Arc::new(FencedDevice {
             inner,
@@ -591,13 +617,16 @@ fn open_claimed(
             keep_unlinked_secs,
             auto_gc_free_percent,
         };
-        init_meta(&devs.meta, &config, sb.slot_segments(slot))?;
+        init_meta(&devs.meta, &config, sb.slot_segments(slot), Some(slot))?;
         log::info!("slot {slot}: first claim, metadata table created");
     }
     let data_dev = devs.data.clone();
     let mut space = Space::open_devices_slot(sb.clone(), devs, slot)?;
-    space.publisher = Some(Publisher::new(&sb, data_dev.clone(), lease.clone()));
-    space.union = Some(Arc::new(Union::new(table, data_dev, sb, slot)));
+    space.publisher = Some(Publisher::new(&sb, data_dev, lease.clone()));
+    let union = Arc::new(Union::new(table, shared_data, sb, slot));
+    let floor = space.reader()?.ns_stamp()?;
+    space.clock = Some(Arc::new(crate::stamp::Clock::new(floor)));
+    space.union = Some(union);
     let store = Arc::downgrade(&space.store);
     lease.set_usage(Box::new(move || {
         let s = store.upgrade()?;
@@ -652,7 +681,8 @@ impl Space {
     ) -> Result<Space> {
         let (table, head) = table_on(headers, &sb, "the slot table")?;
         let lease = Lease::claim(table.clone(), req, settle)?;
-        let mut space = open_claimed(sb, devs, lease.clone(), table, &head)?;
+        let shared = devs.data.clone();
+        let mut space = open_claimed(sb, devs, lease.clone(), table, &head, shared)?;
         space.lease = Some(crate::slots::LeaseGuard(lease));
         Ok(space)
     }
@@ -875,7 +905,7 @@ fn format_target_files(
     let meta = open_private(&dir.join(META_FILE), true)?;
     meta.set_len(0)?;
     let meta: Arc<dyn Device> = Arc::new(FileDevice::growable(meta)?);
-    init_meta(&meta, config, 0..table.segments)?;
+    init_meta(&meta, config, 0..table.segments, None)?;
     Ok(sb)
 }
 
@@ -1510,7 +1540,12 @@ impl Space {
                 "the metadata device is not empty; refusing to format over it".into(),
             ));
         }
-        init_meta(&devs.meta, &config, 0..size_bytes / segment_bytes as u64)?;
+        init_meta(
+            &devs.meta,
+            &config,
+            0..size_bytes / segment_bytes as u64,
+            None,
+        )?;
         Ok(new_superblock(size_bytes, chunk, segment_bytes, 1))
     }
 
@@ -1602,7 +1637,10 @@ impl Space {
             None => Space::open_devices_slot(sb, devs, SlotId(0))?,
             Some(lease) => {
                 let (table, head) = slot_table(dir, &sb, false)?;
-                open_claimed(sb, devs, lease.clone(), table, &head)?
+                let shared: Arc<dyn Device> = Arc::new(crate::device::SharedFile::new(
+                    File::open(dir.join(DATA_FILE))?,
+                )?);
+                open_claimed(sb, devs, lease.clone(), table, &head, shared)?
             }
         };
         space.lease = lease.map(crate::slots::LeaseGuard);
@@ -1983,7 +2021,7 @@ impl Space {
     ) -> Result<(Superblock, TargetsTable)> {
         let (chunk, seg) = geometry(size_bytes, chunk_avg_bytes, &config)?;
         let (segments, shard_bytes, slots) = target_geometry(size_bytes, seg, r, targets);
-        init_meta(meta, &config, 0..segments)?;
+        init_meta(meta, &config, 0..segments, None)?;
         let segment_bytes = (shard_bytes * r.data as u64) as u32;
         let sb = new_superblock(segments * segment_bytes as u64, chunk, segment_bytes, 1)
             .with_features(Features::INCOMPAT_TARGETS);
@@ -2091,6 +2129,7 @@ impl Space {
             segment_range: range,
             publisher: None,
             union: None,
+            clock: None,
             lease: None,
             targets: None,
             targets_table: None,
@@ -2132,36 +2171,48 @@ impl Space {
         self.lease.as_ref().map(|g| &g.0)
     }
 
-    /// Records that this slot removed `path` (another slot's entry) at `when`; published
-    /// with the next publication that names it.
-    pub fn put_whiteout(&self, path: &[u8], when: Timestamp) -> Result<()> {
-        let txn = self.begin_write(false)?;
-        catalog::put_whiteout(&txn, path, when)?;
-        self.commit(txn)?;
-        self.ns_dirty
-            .store(true, std::sync::atomic::Ordering::SeqCst);
-        Ok(())
-    }
-
-    /// This slot's whiteouts.
-    pub fn whiteouts(&self) -> Result<Vec<(Vec<u8>, Timestamp)>> {
-        self.reader()?.whiteouts()
-    }
-
     /// The other slots' published namespaces (a multi-slot space).
     pub fn union(&self) -> Option<&Arc<Union>> {
         self.union.as_ref()
     }
 
-    /// A published node: `ino`'s committed state with each extent's chunk location. None
-    /// for a node that is gone (or unlinked).
-    fn pub_node(&self, r: &Reader, ino: InodeId) -> Result<Option<PubNode>> {
+    /// Whether this is a slot of a shared namespace (a mounted slot of a multi-slot space).
+    pub fn is_shared(&self) -> bool {
+        self.union.is_some()
+    }
+
+    /// A new stamp of the shared namespace's clock (`stamp`), past every stamp this node has
+    /// seen in the other slots' records.
+    pub fn stamp(&self) -> u64 {
+        match (&self.clock, &self.union) {
+            (Some(c), Some(u)) => {
+                c.observe(u.max_stamp());
+                c.tick()
+            }
+            _ => crate::slots::now_unix_ns(),
+        }
+    }
+
+    /// Announces a change of the shared namespace touching `keys` and waits until it may
+    /// go on (`nslock`); the intent is withdrawn when the guard drops. `prio`: the
+    /// change's first stamp.
+    pub fn ns_lock(&self, keys: &[u64], prio: u64) -> Result<crate::nslock::NsGuard<'_>> {
+        let (Some(lease), Some(u)) = (self.lease(), &self.union) else {
+            return Err(Error::Invalid("not a slot of a shared namespace".into()));
+        };
+        crate::nslock::lock(lease, u, keys, prio)
+    }
+
+    /// A version record of local inode `ino` as other nodes read it: its attributes, its
+    /// order among the object's versions, a file's extents with each chunk's stored place.
+    /// None for an inode that is gone or is no version.
+    fn pub_version(&self, r: &Reader, ino: InodeId) -> Result<Option<PubVersion>> {
         let Some(rec) = r.inode(ino)? else {
             return Ok(None);
         };
-        if rec.nlink == 0 {
+        let Some(meta) = r.version(ino)? else {
             return Ok(None);
-        }
+        };
         let mut extents = Vec::new();
         if rec.kind == NodeKind::File && rec.current_rev.0 != 0 {
             for (off, e) in r.extents(rec.current_rev)? {
@@ -2180,7 +2231,7 @@ impl Space {
                 });
             }
         }
-        Ok(Some(PubNode {
+        let node = PubNode {
             ino,
             kind: rec.kind,
             perm: rec.perm,
@@ -2190,115 +2241,79 @@ impl Space {
             ctime: rec.ctime,
             size: match rec.kind {
                 NodeKind::Symlink => rec.target.len() as u64,
-                _ => rec.size,
+                NodeKind::File => rec.size,
+                _ => 0,
             },
-            rev: rec.current_rev.0,
+            // A device node's number travels in the revision field (files only have one).
+            rev: match rec.kind {
+                NodeKind::File => rec.current_rev.0,
+                NodeKind::CharDevice | NodeKind::BlockDevice => rec.rdev as u64,
+                _ => 0,
+            },
             target: match rec.kind {
                 NodeKind::Symlink => rec.target,
                 _ => Vec::new(),
             },
             extents,
-        }))
-    }
-
-    fn pub_dir(&self, r: &Reader, ino: InodeId) -> Result<Option<PubDir>> {
-        let Some(node) = self.pub_node(r, ino)? else {
-            return Ok(None);
         };
-        if node.kind != NodeKind::Dir {
-            return Ok(None);
-        }
-        let mut entries = Vec::new();
-        let mut after = 0;
-        loop {
-            let batch = r.list_dir(ino, after, 1024)?;
-            if batch.is_empty() {
-                break;
-            }
-            for e in &batch {
-                if let Some(rec) = r.inode(e.ino)? {
-                    entries.push((e.name.clone(), e.ino, rec.kind));
-                }
-            }
-            after = batch.last().expect("non-empty").cookie;
-        }
-        Ok(Some(PubDir { node, entries }))
+        Ok(Some(PubVersion { meta, node }))
     }
 
-    /// Publishes the committed state of directories `dirs` and nodes `nodes` to other nodes
-    /// (a multi-slot space; nothing otherwise). Makes pending namespace changes durable
-    /// first: nothing is published that a crash could take back. Falls back to a snapshot
-    /// when the manifest half is full.
-    pub fn publish(
-        &self,
-        dirs: &[InodeId],
-        nodes: &[InodeId],
-        whiteouts: &[Vec<u8>],
-    ) -> Result<()> {
+    /// The committed version records of local inodes `inos` (those that are versions).
+    pub fn version_records(&self, inos: &[InodeId]) -> Result<Vec<Record>> {
+        let r = self.reader()?;
+        let mut out = Vec::with_capacity(inos.len());
+        for &i in inos {
+            match self.pub_version(&r, i)? {
+                Some(v) => out.push(Record::Version(v)),
+                None => out.push(Record::Drop(i)),
+            }
+        }
+        Ok(out)
+    }
+
+    /// Every record of this slot's part of the shared namespace, as committed: its
+    /// bindings and the versions of its inodes.
+    pub fn own_records(&self) -> Result<Vec<Record>> {
+        let r = self.reader()?;
+        let mut out: Vec<Record> = r
+            .bindings()?
+            .into_iter()
+            .map(|(p, n, b)| Record::Bind(p, n, b))
+            .collect();
+        for (ino, _) in r.versions()? {
+            if let Some(v) = self.pub_version(&r, ino)? {
+                out.push(Record::Version(v));
+            }
+        }
+        Ok(out)
+    }
+
+    /// Publishes `recs` (records of what this slot committed) to the other nodes: appended
+    /// to the manifest, or a snapshot of everything when the half is full. Makes pending
+    /// namespace changes durable first: nothing is published that a crash could take back.
+    pub fn publish(&self, recs: &[Record]) -> Result<()> {
         let Some(p) = &self.publisher else {
             return Ok(());
         };
+        if recs.is_empty() {
+            return Ok(());
+        }
         self.sync_meta_if_dirty()?;
-        let r = self.reader()?;
-        let mut recs = Vec::new();
-        if !whiteouts.is_empty() {
-            for (path, when) in r.whiteouts()? {
-                if whiteouts.contains(&path) {
-                    recs.push(Record::Whiteout(path, when));
-                }
-            }
-        }
-        for d in dirs {
-            if let Some(d) = self.pub_dir(&r, *d)? {
-                recs.push(Record::Dir(d));
-            }
-        }
-        for n in nodes {
-            if dirs.contains(n) {
-                continue;
-            }
-            if let Some(n) = self.pub_node(&r, *n)? {
-                recs.push(Record::Node(n));
-            }
-        }
-        drop(r);
-        if recs.is_empty() || p.append(&recs)? {
+        if p.append(recs)? {
             return Ok(());
         }
         self.publish_snapshot()
     }
 
-    /// Publishes the whole committed namespace of this slot as a new manifest generation
-    /// (at mount, when a half fills up, after gc moved chunks).
+    /// Publishes this slot's whole part of the shared namespace as a new manifest
+    /// generation (at mount, when a half fills up, after gc moved chunks).
     pub fn publish_snapshot(&self) -> Result<()> {
         let Some(p) = &self.publisher else {
             return Ok(());
         };
         self.sync_meta_if_dirty()?;
-        let r = self.reader()?;
-        let mut recs: Vec<Record> = r
-            .whiteouts()?
-            .into_iter()
-            .map(|(p, t)| Record::Whiteout(p, t))
-            .collect();
-        let mut stack = vec![InodeId::ROOT];
-        while let Some(d) = stack.pop() {
-            let Some(dir) = self.pub_dir(&r, d)? else {
-                continue;
-            };
-            for (_, ino, kind) in &dir.entries {
-                match kind {
-                    NodeKind::Dir => stack.push(*ino),
-                    _ => {
-                        if let Some(n) = self.pub_node(&r, *ino)? {
-                            recs.push(Record::Node(n));
-                        }
-                    }
-                }
-            }
-            recs.push(Record::Dir(dir));
-        }
-        drop(r);
+        let recs = self.own_records()?;
         p.snapshot(&recs)
     }
 

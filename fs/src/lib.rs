@@ -21,7 +21,7 @@ pub const STATS_XATTR: &str = "user.ckptfs.stats";
 const SELECTIONS_MAX: usize = 64;
 
 pub mod creds;
-pub mod union;
+pub mod shared;
 pub mod view;
 pub mod xattr;
 
@@ -56,6 +56,9 @@ pub enum Error {
     /// A request names a file handle this daemon did not hand out or already released:
     /// a kernel/daemon disagreement that must never be answered as if nothing happened.
     BadHandle,
+    /// The object was removed by another node after the kernel looked its name up
+    /// (ESTALE: the kernel looks the path up again, and an O_CREAT open creates it).
+    Stale,
     Engine(ckptfs_engine::Error),
 }
 
@@ -86,6 +89,7 @@ impl std::fmt::Display for Error {
             Error::OutOfRange => "the extended attribute name is longer than 255 bytes",
             Error::ValueTooBig => "the extended attribute value is larger than 64 KiB",
             Error::BadHandle => "the kernel named a file handle this daemon does not know",
+            Error::Stale => "another node removed the file after its name was looked up",
             Error::Engine(e) => return write!(f, "{e}"),
         })
     }
@@ -179,6 +183,9 @@ struct OpenNode {
     streak: u32,
     /// Held while this file is read ahead: counts it among the readers sharing the cache.
     prefetching: Option<PrefetchStream>,
+    /// A layer of a shared namespace's file opened with O_TRUNC: the truncate (stamp,
+    /// length) that cuts the other layers, recorded with the next commit.
+    clip: Option<(u64, u64)>,
 }
 
 /// One open file being read ahead, counted in `Fs::prefetch_streams` while it lives.
@@ -278,10 +285,8 @@ pub struct Fs {
     space_full_said: std::sync::atomic::AtomicBool,
     /// When automatic gc may next run after one that reclaimed nothing.
     auto_gc_quiet_until: Mutex<Option<std::time::Instant>>,
-    /// Other slots' entries by inode number, and what this slot has to publish (`union`).
-    remotes: union::RemoteTable,
-    /// Held while this slot publishes (see `publish_pending`).
-    publishing: Mutex<()>,
+    /// Of a slot of a multi-slot space: the shared namespace (`shared`).
+    shared: Option<shared::Shared>,
     /// The text each open handle of `/.ckptfs/advice` read at open, so its reads agree with
     /// each other; one entry per open handle (bounded by the kernel's open files).
     advice_opens: Mutex<HashMap<HandleId, Arc<Vec<u8>>>>,
@@ -369,8 +374,43 @@ pub(crate) fn new_record(
     rec
 }
 
+/// A rename of file `src` over file `dst`: the target path's history goes on. The file
+/// renamed over it becomes its next revision, and the source's own history is retired
+/// under the source's old path `src_path`. When that history held only the revision just
+/// copied (a temporary file saved once: the write-temp-then-rename of torch.save), nothing
+/// of it is worth keeping for keep_unlinked: it is retired as removed long ago, so the
+/// next gc drops it and the target's keep-N alone decides. The caller stores both records.
+pub(crate) fn continue_history(
+    t: &mut ckptfs_engine::catalog::Txn,
+    (src, src_rec): (InodeId, &mut InodeRecord),
+    (dst, dst_rec): (InodeId, &mut InodeRecord),
+    src_path: Vec<u8>,
+    dst_path: Vec<u8>,
+    now: Timestamp,
+) -> Result<()> {
+    let target_history = dst_rec.history;
+    let only_current = t.history_revisions(src_rec.history)? == [src_rec.current_rev];
+    let when = if only_current { Timestamp::EPOCH } else { now };
+    t.retire_history(src_rec.history, src_path, when)?;
+    if src_rec.current_rev.0 != 0 {
+        src_rec.current_rev = t.copy_revision(src_rec.current_rev, target_history)?;
+    }
+    src_rec.history = target_history;
+    t.set_history_owner(target_history, src)?;
+    // The replaced file (maybe still open) commits into a history of its own from now on.
+    let orphan = t.new_history(dst)?;
+    t.retire_history(orphan, dst_path, now)?;
+    dst_rec.history = orphan;
+    // Its current revision stays where it is, in the target's history, which the renamed
+    // file continues: a process that looked the name up before the rename and opens the
+    // inode after it still reads the content it found (`ckptfs check` allows this for
+    // unlinked inodes).
+    Ok(())
+}
+
 impl Fs {
     pub fn new(space: Space) -> Self {
+        let shared = space.is_shared().then(|| shared::Shared::new(space.slot()));
         Fs {
             space,
             selections: Mutex::new(std::collections::VecDeque::new()),
@@ -378,8 +418,7 @@ impl Fs {
             auto_gc_quiet_until: Mutex::new(None),
             space_full_said: std::sync::atomic::AtomicBool::new(false),
             data_bytes_cache: Mutex::new(HashMap::new()),
-            remotes: Default::default(),
-            publishing: Mutex::new(()),
+            shared,
             advice_opens: Mutex::new(HashMap::new()),
             prefetch_streams: Arc::default(),
             written_since_sweep: Default::default(),
@@ -403,7 +442,7 @@ impl Fs {
     /// Whether other nodes change this namespace too (a slot of a multi-slot space): then
     /// the kernel must not cache names or attributes.
     pub fn shares_namespace(&self) -> bool {
-        self.has_union()
+        self.shared.is_some()
     }
 
     /// Sizes for statfs.
@@ -499,9 +538,14 @@ impl Fs {
         if view::is_virtual(ino) {
             return self.view_getattr(ino);
         }
-        if union::is_remote(ino) {
-            return self.remote_getattr(ino);
+        if self.shared.is_some() {
+            return self.sh_getattr(ino);
         }
+        self.local_getattr(ino)
+    }
+
+    /// getattr of this slot's inode `ino` (the only one of a single-slot space).
+    fn local_getattr(&self, ino: InodeId) -> Result<Attr> {
         if let Some(n) = self.open_node(ino) {
             let n = n.lock();
             let mut a = n.attr(ino);
@@ -577,25 +621,11 @@ impl Fs {
         if parent == InodeId::ROOT && name == view::CTL_NAME {
             return self.view_getattr(view::CTL);
         }
-        if self.has_union() {
-            let local = match self.local_of(parent)? {
-                Some(d) => self.space.lookup(d, name)?,
-                None => None,
-            };
-            return self.union_lookup(parent, name, local, true);
+        if self.shared.is_some() {
+            return self.sh_lookup(parent, name);
         }
         let child = self.space.lookup(parent, name)?.ok_or(Error::NotFound)?;
         self.getattr(child)
-    }
-
-    /// This slot's directory for `dir` (itself, or for another slot's directory this
-    /// slot's at the same path, if it has one).
-    fn local_of(&self, dir: InodeId) -> Result<Option<InodeId>> {
-        if !union::is_remote(dir) {
-            return Ok(Some(dir));
-        }
-        let p = self.dir_path(dir)?;
-        self.local_dir(&p)
     }
 
     /// Updates the in-memory copy of an open inode after a namespace change to its record.
@@ -607,34 +637,9 @@ impl Fs {
 
     fn make_node(&self, parent: InodeId, name: &[u8], rec: InodeRecord) -> Result<Attr> {
         check_name(name)?;
-        let parent = self.local_parent(parent)?;
-        if self.has_union() {
-            if self.union_lookup(parent, name, None, false).is_ok() {
-                // Another slot has the name: it exists for everyone.
-                return Err(Error::Exists);
-            }
-            // This slot's entry that another node removed (a whiteout hides it): it goes
-            // here too before the name is made again.
-            if let Some(old) = self.space.lookup(parent, name)? {
-                let a = self.getattr(old)?;
-                let mut path = self.dir_path(parent)?;
-                path.push(name.to_vec());
-                if self.hidden(&union::join(&path), None, a.rec.ctime) {
-                    self.remove(parent, name, a.rec.kind == NodeKind::Dir)?;
-                }
-            }
+        if self.shared.is_some() {
+            return self.sh_make(parent, name, rec, false).map(|(a, _)| a);
         }
-        self.make_node_here(parent, name, rec)
-    }
-
-    /// Makes a node in this slot's directory `parent` (also where only another slot has
-    /// the name: a directory that `local_parent` makes here).
-    pub(crate) fn make_node_here(
-        &self,
-        parent: InodeId,
-        name: &[u8],
-        rec: InodeRecord,
-    ) -> Result<Attr> {
         self.writable(parent)?;
         if parent == InodeId::ROOT && name == view::CTL_NAME {
             return Err(Error::Exists);
@@ -675,7 +680,6 @@ impl Fs {
             t.put_inode(parent, &p)?;
             Ok((ino, rec))
         })?;
-        self.touch(&[parent], &[ino]);
         Ok(Attr::new(ino, rec))
     }
 
@@ -706,8 +710,8 @@ impl Fs {
         if view::is_virtual(ino) {
             return Err(Error::Invalid);
         }
-        if union::is_remote(ino) {
-            return self.remote_readlink(ino);
+        if self.shared.is_some() {
+            return self.sh_readlink(ino);
         }
         let rec = self.record(ino)?;
         if rec.kind != NodeKind::Symlink {
@@ -716,7 +720,11 @@ impl Fs {
         Ok(rec.target)
     }
 
-    /// Creates a regular file and opens it; `write` says whether the handle may write.
+    /// Creates a regular file and opens it; `write` says whether the handle may write,
+    /// `exclusive` is O_EXCL: without it, a file another node made since this one looked
+    /// the name up is opened instead (O_CREAT opens an existing file), truncated with
+    /// `truncate`.
+    #[allow(clippy::too_many_arguments)]
     pub fn create(
         &self,
         parent: InodeId,
@@ -725,20 +733,20 @@ impl Fs {
         c: Caller,
         fh: HandleId,
         write: bool,
+        exclusive: bool,
+        truncate: bool,
     ) -> Result<Attr> {
         let rec = new_record(NodeKind::File, perm, c, parent, Vec::new());
-        let attr = match self.make_node(parent, name, rec.clone()) {
-            // Another node made the file since this one looked: one more version of it
-            // (O_CREAT without O_EXCL opens an existing file).
-            Err(Error::Exists) if self.has_union() => {
-                let a = self.lookup(parent, name)?;
-                if a.rec.kind != NodeKind::File {
-                    return Err(Error::Exists);
-                }
-                a
-            }
-            r => r?,
-        };
+        if self.shared.is_some() {
+            check_name(name)?;
+            let (attr, made) = self.sh_make(parent, name, rec, !exclusive)?;
+            self.open(attr.ino, fh, write, truncate && !made)?;
+            return match made {
+                true => Ok(attr),
+                false => self.getattr(attr.ino),
+            };
+        }
+        let attr = self.make_node(parent, name, rec)?;
         self.open(attr.ino, fh, write, false)?;
         Ok(attr)
     }
@@ -780,17 +788,9 @@ impl Fs {
         if name.len() > NAME_MAX {
             return Err(Error::NameTooLong);
         }
-        let mut also_hide = false;
-        let parent = match self.has_union() {
-            true => match self.union_remove(parent, name, dir)? {
-                None => return self.publish_pending(),
-                Some((d, hide)) => {
-                    also_hide = hide;
-                    d
-                }
-            },
-            false => parent,
-        };
+        if self.shared.is_some() {
+            return self.sh_remove(parent, name, dir);
+        }
         self.writable(parent)?;
         // The view is not in the directory table; without this its name would be ENOENT.
         if parent == InodeId::ROOT && name == view::CTL_NAME {
@@ -837,35 +837,7 @@ impl Fs {
         if rec.kind == NodeKind::File {
             self.drop_if_unused(child);
         }
-        self.touch(&[parent], &[]);
-        if also_hide {
-            // Other slots have the name too: it goes for everyone.
-            let mut path = self.dir_path(parent)?;
-            path.push(name.to_vec());
-            self.write_whiteout(&path, rec.ctime)?;
-        }
         Ok(())
-    }
-
-    /// The local directory where `name` in `dir` is changed (renamed, removed): refused
-    /// with EROFS when the name is only another slot's (whiteouts are not published yet).
-    fn local_for_change(&self, dir: InodeId, name: &[u8]) -> Result<InodeId> {
-        if !self.has_union() {
-            return Ok(dir);
-        }
-        let local = self.local_of(dir)?;
-        let here = match local {
-            Some(d) => self.space.lookup(d, name)?,
-            None => None,
-        };
-        match (local, here) {
-            (Some(d), Some(_)) => Ok(d),
-            // Moving another slot's entry would move its data into this slot: EXDEV, so
-            // `mv` copies it and removes the original (a whiteout).
-            _ if self.union_lookup(dir, name, None, false).is_ok() => Err(Error::CrossDevice),
-            (Some(d), None) => Ok(d),
-            (None, _) => Err(Error::NotFound),
-        }
     }
 
     /// Forgets the in-memory state of an unlinked file no handle has open: writes a failed
@@ -886,12 +858,13 @@ impl Fs {
         noreplace: bool,
         exchange: bool,
     ) -> Result<()> {
+        if self.shared.is_some() {
+            return self.sh_rename(parent, name, new_parent, new_name, noreplace, exchange);
+        }
         check_name(new_name)?;
         if name.len() > NAME_MAX {
             return Err(Error::NameTooLong);
         }
-        let parent = self.local_for_change(parent, name)?;
-        let new_parent = self.local_parent(new_parent)?;
         self.writable(parent)?;
         self.writable(new_parent)?;
         let reserved = |dir: InodeId, n: &[u8]| dir == InodeId::ROOT && n == view::CTL_NAME;
@@ -967,35 +940,16 @@ impl Fs {
                         t.put_inode(new_parent, &np)?;
                     }
                     if dst_rec.kind == NodeKind::File && src_rec.kind == NodeKind::File {
-                        // The target path's history goes on: the file renamed over it
-                        // becomes its next revision, and the source's own history is
-                        // retired under the source's old path. When that history held only
-                        // the revision just copied (a temporary file saved once: the
-                        // write-temp-then-rename of torch.save), nothing of it is worth
-                        // keeping for keep_unlinked: it is retired as removed long ago, so
-                        // the next gc drops it and the target's keep-N alone decides.
-                        let target_history = dst_rec.history;
                         let old_path = t.path_of(parent, name)?;
-                        let only_current =
-                            t.history_revisions(src_rec.history)? == [src_rec.current_rev];
-                        let when = if only_current { Timestamp::EPOCH } else { now };
-                        t.retire_history(src_rec.history, old_path, when)?;
-                        if src_rec.current_rev.0 != 0 {
-                            src_rec.current_rev =
-                                t.copy_revision(src_rec.current_rev, target_history)?;
-                        }
-                        src_rec.history = target_history;
-                        t.set_history_owner(target_history, src)?;
-                        // The replaced file (maybe still open) commits into a history
-                        // of its own from now on.
-                        let orphan = t.new_history(dst)?;
                         let dst_path = t.path_of(new_parent, new_name)?;
-                        t.retire_history(orphan, dst_path, now)?;
-                        dst_rec.history = orphan;
-                        // Its current revision stays where it is, in the target's history,
-                        // which the renamed file continues: a process that looked the name
-                        // up before the rename and opens the inode after it still reads the
-                        // content it found (`ckptfs check` allows this for unlinked inodes).
+                        continue_history(
+                            t,
+                            (src, &mut src_rec),
+                            (dst, &mut dst_rec),
+                            old_path,
+                            dst_path,
+                            now,
+                        )?;
                     } else if dst_rec.kind == NodeKind::File {
                         let dst_path = t.path_of(new_parent, new_name)?;
                         t.retire_history(dst_rec.history, dst_path, now)?;
@@ -1036,12 +990,6 @@ impl Fs {
                 r.ctime = rec.ctime;
             });
         }
-        let moved: Vec<InodeId> = self
-            .space
-            .lookup(new_parent, new_name)?
-            .into_iter()
-            .collect();
-        self.touch(&[parent, new_parent], &moved);
         Ok(())
     }
 
@@ -1158,7 +1106,15 @@ impl Fs {
         if view::is_virtual(ino) {
             return Ok(false);
         }
-        let (perm, _, gid) = self.mode_and_owner(ino)?;
+        let merged = self.shared.is_some() && !self.local_only(ino);
+        let (perm, _, gid) = match merged {
+            // An object other slots have versions of: its attributes as every node sees them.
+            true => {
+                let a = self.getattr(ino)?;
+                (a.rec.perm, a.rec.uid, a.rec.gid)
+            }
+            false => self.mode_and_owner(ino)?,
+        };
         if perm & (libc::S_ISUID | libc::S_ISGID) == 0 {
             return Ok(false);
         }
@@ -1178,13 +1134,14 @@ impl Fs {
             ino.0,
             who.uid
         );
-        self.setattr(
-            ino,
-            &SetAttr {
-                perm: Some(cleared),
-                ..SetAttr::default()
-            },
-        )?;
+        let s = SetAttr {
+            perm: Some(cleared),
+            ..SetAttr::default()
+        };
+        match merged {
+            true => self.sh_setattr(ino, &s)?,
+            false => self.setattr(ino, &s)?,
+        };
         Ok(true)
     }
 
@@ -1213,20 +1170,9 @@ impl Fs {
     /// under an idmapped mount, where the owner as the kernel compared it is not visible
     /// here: a real chmod by such an owner goes through unchanged.
     pub fn setattr_by(&self, ino: InodeId, s: &SetAttr, who: &Requester) -> Result<Attr> {
-        if union::is_remote(ino) {
-            // Another slot's entry: the change goes to this slot's version of the path.
-            let local = self.remote_setattr(ino, s)?;
-            let a = self.getattr(local)?;
-            match a.rec.kind {
-                NodeKind::Dir => self.touch(&[local], &[]),
-                _ => self.touch(&[], &[local]),
-            }
-            if s.size.is_some() && a.rec.kind == NodeKind::File {
-                self.kill_setid(local, who)?;
-            }
-            self.publish_pending()?;
-            // Answered as the inode the kernel asked about, with what every node sees now.
-            return self.changed_attr(ino);
+        if self.shared.is_some() && !view::is_virtual(ino) && !self.local_only(ino) {
+            // An object other slots have versions of: this slot's version takes the change.
+            return self.sh_setattr(ino, s);
         }
         let mode_only = s.perm.is_some()
             && s.uid.is_none()
@@ -1249,9 +1195,31 @@ impl Fs {
             }
         }
         let a = self.setattr(ino, s)?;
-        match a.rec.kind {
-            NodeKind::Dir => self.touch(&[ino], &[]),
-            _ => self.touch(&[], &[ino]),
+        if self.shared.is_some() {
+            // This slot's object alone: its version record says when its attributes or
+            // times changed, for the merge on every node.
+            let stamp = self.space.stamp();
+            let attrs = s.perm.is_some() || s.uid.is_some() || s.gid.is_some();
+            let times = s.atime.is_some() || s.mtime.is_some();
+            self.space.ns_write(true, |t| -> Result<()> {
+                if let Some(mut m) = t.version(ino)? {
+                    if attrs {
+                        m.attr_stamp = stamp;
+                    }
+                    if times {
+                        m.times_stamp = stamp;
+                    }
+                    if let Some(size) = s.size {
+                        m.clip_stamp = stamp;
+                        m.clip_len = size;
+                    }
+                    t.put_version(ino, &m)?;
+                }
+                t.set_ns_stamp(stamp)?;
+                Ok(())
+            })?;
+            self.sh_touch(&[ino]);
+            self.publish_pending()?;
         }
         if s.size.is_some() && a.rec.kind == NodeKind::File {
             self.kill_setid(ino, who)?;
@@ -1270,32 +1238,16 @@ impl Fs {
         if view::is_virtual(ino) {
             return self.open_view(ino, fh, write);
         }
-        if union::is_remote(ino) {
-            self.refresh_since(std::time::Instant::now());
-            let a = self.remote_getattr(ino)?;
-            return match (write || truncate, a.rec.kind) {
-                // Writes go to this slot's version of the path.
-                (true, NodeKind::File) => self.open_layer(ino, fh, truncate),
-                (true, _) => Err(Error::ReadOnly),
-                (false, NodeKind::Dir) => Err(Error::IsDir),
-                // Read straight from the published content; no handle state to keep.
-                (false, _) => Ok(()),
-            };
+        if self.shared.is_some() {
+            return self.sh_open(ino, fh, write, truncate);
         }
         self.open_ref(ino, Some(fh), write, truncate).map(drop)
     }
 
-    /// Opens this slot's file `ino` for writing under `fh` (the file another slot also has,
-    /// see `open_layer`).
-    pub(crate) fn open_local(&self, ino: InodeId, fh: HandleId, truncate: bool) -> Result<()> {
-        self.open_ref(ino, Some(fh), true, truncate).map(drop)
-    }
-
-    /// The inode a request on handle `fh` acts on: for a handle `open_layer` opened on this
-    /// slot's version of another slot's file, that version (the kernel names the inode it
-    /// looked up).
+    /// The inode a request on handle `fh` acts on: for a handle `sh_open` opened on this
+    /// slot's layer of a file (the kernel names the object it looked up), that layer.
     fn via_handle(&self, ino: InodeId, fh: HandleId) -> InodeId {
-        if union::is_remote(ino) {
+        if self.shared.is_some() {
             if let Some((i, _)) = self.open.lock().handles.get(&fh) {
                 return *i;
             }
@@ -1356,6 +1308,7 @@ impl Fs {
                     read_end: 0,
                     streak: 0,
                     prefetching: None,
+                    clip: None,
                 }));
                 t.nodes.insert(ino, n.clone());
                 n
@@ -1406,13 +1359,20 @@ impl Fs {
         len: usize,
         out: &mut Vec<u8>,
     ) -> Result<()> {
-        let ino = self.via_handle(ino, fh);
-        if ino == view::ADVICE {
-            *out = self.advice_read(fh, off, len)?;
+        if let Some(obj) = self.merged_handle(fh) {
+            *out = self.sh_read(obj, off, len, None)?;
             return Ok(());
         }
-        if union::is_remote(ino) {
-            *out = self.remote_read(ino, off, len)?;
+        let layer = self.via_handle(ino, fh);
+        if layer != ino && !self.local_only(layer) {
+            // Read through a handle writing this slot's layer of a file other layers
+            // make up too: all of them, this one's open state on top.
+            *out = self.sh_read(ino, off, len, Some(layer))?;
+            return Ok(());
+        }
+        let ino = layer;
+        if ino == view::ADVICE {
+            *out = self.advice_read(fh, off, len)?;
             return Ok(());
         }
         let node = self.handle_node(ino, fh, "read")?;
@@ -1758,7 +1718,7 @@ impl Fs {
         len: u64,
         pid: u32,
     ) -> Result<u64> {
-        if union::is_remote(src) || union::is_remote(dst) {
+        if self.shared.is_some() && (!self.local_only(src) || !self.local_only(dst)) {
             // Another slot's chunks cannot be referenced from this one: EXDEV makes the
             // caller (cp, mv) fall back to reading and writing.
             return Err(Error::CrossDevice);
@@ -1807,6 +1767,20 @@ impl Fs {
             false => Previous::Replace,
         };
         self.settle_node(n)?;
+        if let Some((stamp, len)) = n.clip.take() {
+            // Recorded before the bytes it goes with: a crash between the two leaves the
+            // other layers cut and this one at its last commit, never the old bytes of
+            // the other layers showing past the new end.
+            self.space.ns_write(true, |t| -> Result<()> {
+                if let Some(mut m) = t.version(ino)? {
+                    m.created = m.created.max(stamp);
+                    m.clip_stamp = stamp;
+                    m.clip_len = len;
+                    t.put_version(ino, &m)?;
+                }
+                Ok(())
+            })?;
+        }
         // The engine takes nlink, history and current revision from the stored record
         // inside the commit's transaction (a rename or unlink may have changed them).
         let mut rec = n.rec.clone();
@@ -1824,7 +1798,9 @@ impl Fs {
         n.rec = rec;
         n.base.set(rev);
         n.file.mark_committed();
-        self.touch(&[], &[ino]);
+        if self.shared.is_some() {
+            self.sh_touch(&[ino]);
+        }
         Ok(())
     }
 
@@ -1838,8 +1814,11 @@ impl Fs {
     /// lists nothing; if the handle wrote and was the only writer, its release seals that
     /// commit later, unless the writer's own close sealed a newer one first.
     pub fn flush(&self, ino: InodeId, fh: HandleId, pid: u32) -> Result<()> {
+        if self.merged_handle(fh).is_some() {
+            return Ok(());
+        }
         let ino = self.via_handle(ino, fh);
-        if union::is_remote(ino) || ino == view::ADVICE {
+        if ino == view::ADVICE {
             return Ok(());
         }
         let r = self.flush_local(ino, fh, pid);
@@ -1907,8 +1886,11 @@ impl Fs {
     }
 
     pub fn fsync(&self, ino: InodeId, fh: HandleId) -> Result<()> {
+        if self.merged_handle(fh).is_some() {
+            return Ok(());
+        }
         let ino = self.via_handle(ino, fh);
-        if union::is_remote(ino) || ino == view::ADVICE {
+        if ino == view::ADVICE {
             return Ok(());
         }
         let node = self.handle_node(ino, fh, "fsync")?;
@@ -1932,10 +1914,10 @@ impl Fs {
     /// Last reference to a handle: commit anything left (e.g. from mmap writeback after
     /// close) and drop the in-memory state when no handle remains.
     pub fn release(&self, ino: InodeId, fh: HandleId) -> Result<()> {
-        let ino = self.via_handle(ino, fh);
-        if union::is_remote(ino) {
+        if self.sh_release_merged(fh) {
             return Ok(());
         }
+        let ino = self.via_handle(ino, fh);
         if ino == view::ADVICE {
             self.advice_opens.lock().remove(&fh);
             return Ok(());
@@ -2010,8 +1992,8 @@ impl Fs {
         if view::is_virtual(dir) {
             return self.view_parent(dir);
         }
-        if union::is_remote(dir) {
-            return self.remote_parent(dir);
+        if self.shared.is_some() {
+            return self.sh_parent(dir);
         }
         let rec = self.record(dir)?;
         if rec.kind != NodeKind::Dir {
@@ -2045,62 +2027,60 @@ impl Fs {
             out.extend(self.view_readdir(dir, after, limit)?);
             return Ok(out);
         }
-        let local = self.local_of(dir)?;
-        let mut listed = 0;
-        let shared = match self.has_union() {
-            true => Some(union::join(&self.dir_path(dir)?)),
-            false => None,
-        };
-        if let (Some(l), false) = (local, Self::is_remote_offset(after)) {
-            for e in self.space.list_dir(l, after, limit)? {
-                let a = self.getattr(e.ino)?;
-                let kind = a.rec.kind;
-                listed += 1;
-                if let Some(d) = &shared {
-                    // Removed by another node (a later whiteout of the path).
-                    let mut p = d.clone();
-                    if !p.is_empty() {
-                        p.push(b'/');
-                    }
-                    p.extend_from_slice(&e.name);
-                    if self.hidden(&p, None, a.rec.ctime) {
-                        continue;
-                    }
-                }
-                out.push(DirItem {
-                    offset: e.cookie,
-                    ino: e.ino,
-                    kind,
-                    name: e.name,
-                });
-            }
-            if listed >= limit {
-                return Ok(out);
-            }
+        if self.shared.is_some() {
+            out.extend(self.sh_readdir(dir, after, limit)?);
+            return Ok(out);
         }
-        if self.has_union() {
-            // Names this listing gave already: this slot's entries no whiteout hides.
-            let here = |n: &[u8]| {
-                let Some(l) = local else { return false };
-                let Ok(Some(i)) = self.space.lookup(l, n) else {
-                    return false;
-                };
-                let Ok(a) = self.getattr(i) else { return false };
-                let mut p = shared.clone().unwrap_or_default();
-                if !p.is_empty() {
-                    p.push(b'/');
-                }
-                p.extend_from_slice(n);
-                !self.hidden(&p, None, a.rec.ctime)
-            };
-            out.extend(self.remote_readdir(dir, after, limit - listed, &here)?);
+        for e in self.space.list_dir(dir, after, limit)? {
+            let a = self.getattr(e.ino)?;
+            out.push(DirItem {
+                offset: e.cookie,
+                ino: e.ino,
+                kind: a.rec.kind,
+                name: e.name,
+            });
         }
         Ok(out)
     }
 
+    /// Publishes what this slot committed since the last publication (a multi-slot space;
+    /// nothing otherwise). Failed publications are retried at the next one.
+    pub fn publish_pending(&self) -> Result<()> {
+        match self.shared {
+            Some(_) => self.sh_publish_pending(),
+            None => Ok(()),
+        }
+    }
+
+    /// Publishes this slot's whole part of the shared namespace (at mount).
+    pub fn publish_all(&self) -> Result<()> {
+        match self.shared {
+            Some(_) => self.sh_publish_all(),
+            None => Ok(()),
+        }
+    }
+
+    /// Reads the other slots' headers and new manifest records.
+    pub fn refresh_union(&self) -> Result<()> {
+        match self.space.union() {
+            Some(u) => Ok(u.refresh()?),
+            None => Ok(()),
+        }
+    }
+
+    /// A refresh that started at `t` or later (shared with concurrent callers); a failure
+    /// is logged and the last views are used.
+    pub(crate) fn refresh_since(&self, t: std::time::Instant) {
+        if let Some(u) = self.space.union() {
+            if let Err(e) = u.refresh_since(t) {
+                log::warn!("reading the other slots' manifests: {e}");
+            }
+        }
+    }
+
     /// Refuses changes inside the revision view.
     fn writable(&self, ino: InodeId) -> Result<()> {
-        if view::is_virtual(ino) || union::is_remote(ino) || self.space.is_read_only() {
+        if view::is_virtual(ino) || self.space.is_read_only() {
             Err(Error::ReadOnly)
         } else {
             Ok(())

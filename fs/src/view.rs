@@ -408,6 +408,7 @@ impl Fs {
                     read_end: 0,
                     streak: 0,
                     prefetching: None,
+                    clip: None,
                 }));
                 open.nodes.insert(ino, n.clone());
                 n

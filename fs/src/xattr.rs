@@ -61,13 +61,21 @@ fn name_list(x: &Xattrs) -> Vec<u8> {
 }
 
 impl Fs {
+    /// Another slot's object of a shared namespace (its extended attributes are not
+    /// published, so it has none here, and setting one is refused).
+    fn foreign(&self, ino: InodeId) -> bool {
+        self.shared
+            .as_ref()
+            .is_some_and(|s| ino != InodeId::ROOT && ckptfs_engine::format::owner_slot(ino) != s.me)
+    }
+
     fn xattrs_of(&self, ino: InodeId) -> Result<Xattrs> {
         if super::view::is_virtual(ino) {
             return self.view_xattrs(ino);
         }
-        if super::union::is_remote(ino) {
-            // Extended attributes are not published (yet): other slots' entries have none.
-            self.remote_getattr(ino)?;
+        if self.foreign(ino) {
+            // Extended attributes are not published (yet): other slots' objects have none.
+            self.getattr(ino)?;
             return Ok(Xattrs::default());
         }
         // An inode that does not exist has no attributes to list: ENOENT, not an empty list.
@@ -82,7 +90,7 @@ impl Fs {
         if name.len() > XATTR_NAME_MAX {
             return Err(Error::OutOfRange);
         }
-        if super::view::is_virtual(ino) || super::union::is_remote(ino) {
+        if super::view::is_virtual(ino) || self.foreign(ino) {
             return self.xattrs_of(ino)?.remove(name).ok_or(Error::NoData);
         }
         match self.space.xattr(ino, name)? {

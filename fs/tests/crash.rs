@@ -126,7 +126,16 @@ fn run(seed: u64, plan: Plan, tally: &mut Tally) -> Result<u64, String> {
                     .and_then(|_| fs.flush(a.ino, HandleId(99_999), 1))
                     .is_err(),
                 Err(_) => fs
-                    .create(ROOT, f.as_bytes(), 0o644, ME, HandleId(99_999), true)
+                    .create(
+                        ROOT,
+                        f.as_bytes(),
+                        0o644,
+                        ME,
+                        HandleId(99_999),
+                        true,
+                        false,
+                        false,
+                    )
                     .and_then(|a| {
                         fs.write(a.ino, HandleId(99_999), 1, 0, b"x")?;
                         fs.flush(a.ino, HandleId(99_999), 1)
@@ -226,7 +235,16 @@ fn run(seed: u64, plan: Plan, tally: &mut Tally) -> Result<u64, String> {
     }
     // The space takes writes again.
     let a = fs
-        .create(ROOT, b"after-reboot", 0o644, ME, HandleId(5), true)
+        .create(
+            ROOT,
+            b"after-reboot",
+            0o644,
+            ME,
+            HandleId(5),
+            true,
+            false,
+            false,
+        )
         .map_err(|e| format!("create after reboot: {e:?}"))?;
     fs.write(a.ino, HandleId(5), 1, 0, b"alive")
         .and_then(|_| fs.flush(a.ino, HandleId(5), 1))

@@ -104,17 +104,24 @@ fn published(
     let Some(v) = u.view(SlotId(0)) else {
         return Ok(s);
     };
-    let Some(root) = v.dirs.get(&ROOT) else {
-        return Ok(s);
-    };
-    for (name, ino, kind) in &root.entries {
-        if *kind != NodeKind::File {
+    let names: Vec<Vec<u8>> = v
+        .by_parent
+        .get(&ROOT)
+        .map(|n| n.iter().cloned().collect())
+        .unwrap_or_default();
+    for name in &names {
+        let Some(b) = v.binding(ROOT, name) else {
+            continue;
+        };
+        if b.is_tombstone() || b.kind != NodeKind::File {
             continue;
         }
-        let n = v
-            .nodes
-            .get(ino)
-            .ok_or_else(|| format!("{name:?}: listed, not published"))?;
+        // Slot 0 alone writes here: a file's content is its own version's.
+        let n = &v
+            .versions
+            .get(&b.child)
+            .ok_or_else(|| format!("{name:?}: listed, not published"))?
+            .node;
         let mut b = vec![0u8; n.size as usize];
         for e in &n.extents {
             let raw = u
@@ -189,7 +196,16 @@ fn workload(fs: &Fs, disk: &SimDisk, seed: u64) -> (Vec<State>, usize, usize) {
                         a.ino
                     }
                     Err(Error::NotFound) => {
-                        let a = fs.create(ROOT, nm.as_bytes(), 0o644, ME, fh, true)?;
+                        // In a shared namespace a create is durable and published when it
+                        // returns: the empty file is a state of its own (one a crash during
+                        // the call may leave), acknowledged by the return.
+                        let mut empty = s.clone();
+                        empty.insert(nm.clone(), Vec::new());
+                        states.push(empty);
+                        let a =
+                            fs.create(ROOT, nm.as_bytes(), 0o644, ME, fh, true, false, false)?;
+                        acked = states.len() - 1;
+                        published = acked;
                         a.ino
                     }
                     Err(e) => return Err(e),
@@ -204,13 +220,16 @@ fn workload(fs: &Fs, disk: &SimDisk, seed: u64) -> (Vec<State>, usize, usize) {
                 Ok(Ack::Published)
             }
             7 => {
+                // A state from the moment the call is made (a crash inside it may leave the
+                // removal durable and published); acknowledged by its return, as every
+                // namespace change of a shared namespace is published before it returns.
+                s.remove(&nm);
+                states.push(s.clone());
                 fs.unlink(ROOT, nm.as_bytes()).or_else(|e| match e {
                     Error::NotFound => Ok(()),
                     e => Err(e),
                 })?;
-                s.remove(&nm);
-                states.push(s.clone());
-                Ok(Ack::None)
+                Ok(Ack::Published)
             }
             8 => {
                 fs.fsync_dir()?;

@@ -306,7 +306,16 @@ fn run(seed: u64, plan: Plan, t: &mut Totals) -> Result<u64, String> {
     }
     // The space takes writes again.
     let a = fs
-        .create(ROOT, b"after-reboot", 0o644, ME, HandleId(5), true)
+        .create(
+            ROOT,
+            b"after-reboot",
+            0o644,
+            ME,
+            HandleId(5),
+            true,
+            false,
+            false,
+        )
         .map_err(|e| format!("create after reboot: {e:?}"))?;
     fs.write(a.ino, HandleId(5), 1, 0, b"alive")
         .and_then(|_| fs.flush(a.ino, HandleId(5), 1))

@@ -78,7 +78,7 @@ impl Writer {
                     a
                 }
                 Err(_) => fs
-                    .create(ROOT, tmp.as_bytes(), 0o644, ME, h, true)
+                    .create(ROOT, tmp.as_bytes(), 0o644, ME, h, true, false, false)
                     .map_err(|x| e("create tmp", x))?,
             };
             fs.write(a.ino, h, 1, 0, &data)
@@ -232,7 +232,7 @@ fn racing_open_flush_release_rename_lose_nothing() {
             let name = format!("f{i}");
             let h = fh();
             let a = fs
-                .create(ROOT, name.as_bytes(), 0o644, ME, h, true)
+                .create(ROOT, name.as_bytes(), 0o644, ME, h, true, false, false)
                 .expect("create");
             fs.flush(a.ino, h, 1).expect("flush");
             fs.release(a.ino, h).expect("release");

@@ -58,6 +58,7 @@ fn errno(e: &Error) -> Errno {
         Error::Busy => libc::EBUSY,
         Error::NotSupported => libc::EOPNOTSUPP,
         Error::BadHandle => libc::EIO,
+        Error::Stale => libc::ESTALE,
         Error::NoData => libc::ENODATA,
         Error::OutOfRange => libc::ERANGE,
         Error::ValueTooBig => libc::E2BIG,
@@ -72,6 +73,10 @@ fn errno(e: &Error) -> Errno {
             E::Failed => libc::EIO,
             E::ReadOnly => libc::EROFS,
             E::BackingFull => libc::ENOSPC,
+            // Only at mount; a space this build does not serve.
+            E::OldSlotNamespace => libc::EIO,
+            E::Fenced(_) => libc::EIO,
+            E::NamespaceBusy(_) => libc::EBUSY,
         },
     };
     Errno::from_i32(code)
@@ -1152,6 +1157,8 @@ impl Filesystem for CkptFs {
             caller(req),
             HandleId(fh.0),
             w,
+            flags & libc::O_EXCL != 0,
+            flags & libc::O_TRUNC != 0,
         ) {
             Ok(a) => {
                 let how = open_flags(OpenFlags(flags));

@@ -716,6 +716,9 @@ fn mount(
                 if let Err(e) = fs.refresh_union() {
                     log::warn!("reading the other slots' manifests: {e}");
                 }
+                if let Err(e) = fs.reconcile() {
+                    log::warn!("retiring this slot's files other nodes removed: {e}");
+                }
             }
         }
     });

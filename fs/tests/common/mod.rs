@@ -118,7 +118,8 @@ pub fn workload(fs: &Fs, disk: &SimDisk, seed: u64, model: &mut Model) -> Option
                             a.ino
                         }
                         Err(Error::NotFound) => {
-                            let a = fs.create(ROOT, nm.as_bytes(), 0o644, ME, fh, true)?;
+                            let a =
+                                fs.create(ROOT, nm.as_bytes(), 0o644, ME, fh, true, false, false)?;
                             s.insert(nm.clone(), FileModel::default());
                             model.push(s.clone());
                             a.ino

@@ -1,0 +1,1259 @@
+//! One POSIX namespace over every slot of a multi-slot space (FORMAT.md "Shared
+//! namespace"), as the mounted slot serves it.
+//!
+//! - Objects (files, directories, symlinks, special nodes) have one inode number on every
+//!   node: the creating slot's local inode number, which is in that slot's range.
+//! - An entry is a *binding* `(parent object, name) -> object` that any slot may record;
+//!   of every slot's records of one name the newest decides (`merge`). Directories hold
+//!   no entries themselves, so a directory renamed by one node takes every node's entries
+//!   in it along, files still open elsewhere included: their later close commits the same
+//!   object, wherever it is now.
+//! - Every change of names is serialised with the other nodes' changes of the same names
+//!   by intents (`ckptfs_engine::nslock`), checked against what every node published
+//!   (a refresh after the intent is held), committed durably and published before the
+//!   call returns: what one node did, every node's next lookup sees.
+//! - An object's attributes and a regular file's bytes come from its *versions*: the
+//!   creating slot's inode, and an inode of any other slot that changed it (chmod, a
+//!   write: a layer of the file's bytes on top of the older ones, so a file written in
+//!   parts by several nodes reads whole). Writes always go to this slot's own version.
+//! - Another slot's chunks are read at their published places and verified by blake3; a
+//!   chunk that fails (its owner's gc moved it, and published where to before reusing the
+//!   place) is looked for again in a fresh copy of that slot's manifest.
+
+pub mod merge;
+
+use super::{Attr, DirItem, Error, Fs, HandleId, Result, SetAttr};
+use ckptfs_engine::format::{
+    owner_slot, Binding, ChunkHash, HistoryId, InodeId, InodeRecord, NodeKind, SlotId, Timestamp,
+    VersionMeta,
+};
+use ckptfs_engine::manifest::{PubExtent, Record, SlotView};
+use ckptfs_engine::nslock::{dir_key, name_key, RENAME_DIRS};
+use merge::Views;
+use parking_lot::{Mutex, RwLock};
+use std::collections::{BTreeSet, HashMap};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+/// Decoded chunks of other slots kept for reads: at most this many (each at most the
+/// space's largest chunk, 256 KiB at the default 64 KiB average: 64 MiB).
+const CHUNK_CACHE_MAX: usize = 256;
+/// Times a read of another slot's chunk that fails its blake3 check reads that slot's
+/// manifest again (the owner publishes a moved chunk's new place before reusing the old
+/// one, so one fresh read normally finds it) before EIO.
+const READ_RETRIES: u32 = 4;
+
+/// This slot's side of the shared namespace.
+pub(crate) struct Shared {
+    pub(crate) me: SlotId,
+    /// This slot's records as committed (the same view other nodes build from its
+    /// manifest): applied after each change, rebuilt from the catalog at mount.
+    own: RwLock<SlotView>,
+    /// Versions (local inodes) committed since the last publication.
+    touched: Mutex<BTreeSet<InodeId>>,
+    /// A publication failed: the next one is a whole snapshot.
+    republish: std::sync::atomic::AtomicBool,
+    /// One publication at a time.
+    publishing: Mutex<()>,
+    /// Read handles of objects read through the merge (not this slot's file alone).
+    merged_handles: Mutex<HashMap<HandleId, InodeId>>,
+    chunks: Mutex<HashMap<ChunkHash, Arc<[u8]>>>,
+    /// The union's view generations at the last reconcile (`reconcile`).
+    reconciled: Mutex<Vec<(SlotId, u64, u64)>>,
+}
+
+impl Shared {
+    pub(crate) fn new(me: SlotId) -> Shared {
+        Shared {
+            me,
+            own: RwLock::new(SlotView::default()),
+            touched: Mutex::default(),
+            republish: Default::default(),
+            publishing: Mutex::new(()),
+            merged_handles: Mutex::default(),
+            chunks: Mutex::default(),
+            reconciled: Mutex::default(),
+        }
+    }
+}
+
+/// What getattr and reads need of one version, copied out of the views.
+#[derive(Clone)]
+struct V {
+    slot: SlotId,
+    id: InodeId,
+    meta: VersionMeta,
+    node: ckptfs_engine::manifest::PubNode,
+}
+
+fn attr_base(kind: NodeKind, perm: u32, uid: u32, gid: u32) -> InodeRecord {
+    let mut rec = InodeRecord::new(kind, perm, uid, gid);
+    rec.nlink = 1;
+    rec.history = HistoryId::NONE;
+    rec
+}
+
+impl Fs {
+    fn sh(&self) -> &Shared {
+        self.shared.as_ref().expect("a slot of a shared namespace")
+    }
+
+    /// Runs `f` over every slot's view (this one's own included).
+    fn with_views<R>(&self, f: impl FnOnce(&Views) -> R) -> R {
+        let sh = self.sh();
+        let others = self.space.union().map(|u| u.views()).unwrap_or_default();
+        let own = sh.own.read();
+        let mut list: Vec<(SlotId, &SlotView)> = others
+            .iter()
+            .filter(|(s, _)| *s != sh.me)
+            .map(|(s, v)| (*s, &**v))
+            .collect();
+        list.push((sh.me, &own));
+        f(&Views { list })
+    }
+
+    fn versions_of(&self, obj: InodeId) -> Vec<V> {
+        self.with_views(|v| {
+            v.versions(obj)
+                .into_iter()
+                .map(|(slot, pv)| V {
+                    slot,
+                    id: pv.id(),
+                    meta: pv.meta,
+                    node: pv.node.clone(),
+                })
+                .collect()
+        })
+    }
+
+    /// Whether `obj` is this slot's object with no other version anywhere: then the local
+    /// file is all of it, and the single-slot paths serve it.
+    pub(crate) fn local_only(&self, obj: InodeId) -> bool {
+        let me = self.sh().me;
+        if obj == InodeId::ROOT || owner_slot(obj) != me {
+            return false;
+        }
+        self.with_views(|v| {
+            v.list.iter().all(|(s, view)| match view.of.get(&obj) {
+                None => true,
+                Some(ids) => *s == me && ids.len() == 1 && ids.contains(&obj),
+            })
+        })
+    }
+
+    /// Applies `recs` (just committed) to this slot's view and publishes them.
+    fn apply_and_publish(&self, recs: Vec<Record>) -> Result<()> {
+        let sh = self.sh();
+        let _one = sh.publishing.lock();
+        sh.own.write().apply(recs.clone());
+        if sh.republish.load(std::sync::atomic::Ordering::Acquire) {
+            self.space.publish_snapshot()?;
+            sh.republish
+                .store(false, std::sync::atomic::Ordering::Release);
+            return Ok(());
+        }
+        if let Err(e) = self.space.publish(&recs) {
+            sh.republish
+                .store(true, std::sync::atomic::Ordering::Release);
+            return Err(e.into());
+        }
+        Ok(())
+    }
+
+    /// Reloads this slot's view from its catalog and publishes all of it as a new manifest
+    /// generation (at mount: a takeover publishes what the dead owner committed).
+    pub(crate) fn sh_publish_all(&self) -> Result<()> {
+        let sh = self.sh();
+        let _one = sh.publishing.lock();
+        let recs = self.space.own_records()?;
+        let mut v = SlotView::default();
+        v.apply(recs);
+        *sh.own.write() = v;
+        if !self.space.is_read_only() {
+            self.space.publish_snapshot()?;
+        }
+        sh.republish
+            .store(false, std::sync::atomic::Ordering::Release);
+        Ok(())
+    }
+
+    /// Publishes the versions committed since the last publication.
+    pub(crate) fn sh_publish_pending(&self) -> Result<()> {
+        let sh = self.sh();
+        if self.space.is_read_only() {
+            return Ok(());
+        }
+        // The touched set is taken inside the publication lock: a caller whose version
+        // another caller's publication took returns only once that one is done.
+        let _one = sh.publishing.lock();
+        let touched: Vec<InodeId> = std::mem::take(&mut *sh.touched.lock())
+            .into_iter()
+            .collect();
+        if sh.republish.load(std::sync::atomic::Ordering::Acquire) {
+            let recs = self.space.own_records()?;
+            let mut v = SlotView::default();
+            v.apply(recs);
+            *sh.own.write() = v;
+            self.space.publish_snapshot()?;
+            sh.republish
+                .store(false, std::sync::atomic::Ordering::Release);
+            return Ok(());
+        }
+        if touched.is_empty() {
+            return Ok(());
+        }
+        let recs = self.space.version_records(&touched)?;
+        sh.own.write().apply(recs.clone());
+        if let Err(e) = self.space.publish(&recs) {
+            sh.republish
+                .store(true, std::sync::atomic::Ordering::Release);
+            return Err(e.into());
+        }
+        Ok(())
+    }
+
+    pub(crate) fn sh_touch(&self, versions: &[InodeId]) {
+        self.sh().touched.lock().extend(versions.iter().copied());
+    }
+
+    /// The attributes every node sees of object `obj`.
+    pub(crate) fn sh_getattr(&self, obj: InodeId) -> Result<Attr> {
+        if self.local_only(obj) {
+            return self.local_getattr(obj);
+        }
+        let vs = self.versions_of(obj);
+        let Some(first) = vs.first() else {
+            if obj == InodeId::ROOT {
+                return self.local_getattr(obj);
+            }
+            return Err(Error::NotFound);
+        };
+        let kind = first.node.kind;
+        let pvs: Vec<(SlotId, ckptfs_engine::manifest::PubVersion)> = vs
+            .iter()
+            .map(|v| {
+                let mut node = v.node.clone();
+                // A version this node has open for writing: its live size and times.
+                if v.slot == self.sh().me {
+                    if let Some(n) = self.open_node(v.id) {
+                        let n = n.lock();
+                        node.size = n.file.size();
+                        node.mtime = n.rec.mtime;
+                        node.ctime = n.rec.ctime;
+                    }
+                }
+                // A write's commit sets the times as much as utimens does: the effective
+                // stamp of a version's times is the later of the two.
+                let mut meta = v.meta;
+                meta.times_stamp = meta.times_stamp.max(stamp_of(node.mtime));
+                (v.slot, ckptfs_engine::manifest::PubVersion { meta, node })
+            })
+            .collect();
+        let refs: Vec<(SlotId, &ckptfs_engine::manifest::PubVersion)> =
+            pvs.iter().map(|(s, v)| (*s, v)).collect();
+        let m = merge::attributes(&refs).ok_or(Error::NotFound)?;
+        let mut rec = attr_base(kind, m.perm, m.uid, m.gid);
+        rec.mtime = m.mtime;
+        rec.ctime = m.ctime;
+        rec.atime = m.mtime;
+        rec.crtime = vs.iter().map(|v| v.node.ctime).min().unwrap_or(m.ctime);
+        let mut data_bytes = None;
+        match kind {
+            NodeKind::File => {
+                let layers = merge::layers(&refs);
+                rec.size = merge::size(&layers);
+                data_bytes = Some(
+                    layers
+                        .iter()
+                        .flat_map(|l| {
+                            l.version
+                                .node
+                                .extents
+                                .iter()
+                                .filter(move |e| e.off < l.cut)
+                                .map(move |e| (e.len as u64).min(l.cut - e.off))
+                        })
+                        .sum::<u64>()
+                        .min(rec.size),
+                );
+            }
+            NodeKind::Symlink => {
+                rec.target = first.node.target.clone();
+                rec.size = rec.target.len() as u64;
+            }
+            NodeKind::Dir => {
+                // A directory changes when any node changes an entry in it.
+                let t = stamp_to_time(self.with_views(|v| v.dir_stamp(obj)));
+                rec.mtime = rec.mtime.max(t);
+                rec.ctime = rec.ctime.max(t);
+                rec.atime = rec.mtime;
+            }
+            NodeKind::CharDevice | NodeKind::BlockDevice => rec.rdev = first.node.rev as u32,
+            _ => {}
+        }
+        Ok(Attr {
+            ino: obj,
+            rec,
+            data_bytes,
+        })
+    }
+
+    pub(crate) fn sh_lookup(&self, parent: InodeId, name: &[u8]) -> Result<Attr> {
+        // Close-to-open: a name looked up after another node's change returned finds it.
+        self.refresh_since(Instant::now());
+        let (_, b) = self
+            .with_views(|v| v.entry(parent, name))
+            .ok_or(Error::NotFound)?;
+        self.sh_getattr(b.child)
+    }
+
+    /// The parent of directory `dir` (`..`).
+    pub(crate) fn sh_parent(&self, dir: InodeId) -> Result<InodeId> {
+        if dir == InodeId::ROOT {
+            return Ok(dir);
+        }
+        let kind = self.versions_of(dir).first().map(|v| v.node.kind);
+        if kind != Some(NodeKind::Dir) {
+            return Err(if kind.is_none() {
+                Error::NotFound
+            } else {
+                Error::NotDir
+            });
+        }
+        self.with_views(|v| v.location(dir))
+            .map(|(p, _)| p)
+            .ok_or(Error::NotFound)
+    }
+
+    /// The kind of object `obj` as the tree has it now (None: not in the tree).
+    fn kind_in_tree(&self, v: &Views, obj: InodeId) -> Option<NodeKind> {
+        if !v.exists(obj) {
+            return None;
+        }
+        v.versions(obj).first().map(|(_, pv)| pv.node.kind)
+    }
+
+    /// The path of object `obj` from the root (for histories of removed files).
+    fn path_in_tree(&self, v: &Views, mut obj: InodeId) -> Vec<u8> {
+        let mut parts = Vec::new();
+        for _ in 0..4096 {
+            match v.location(obj) {
+                Some((p, n)) => {
+                    parts.push(n);
+                    obj = p;
+                }
+                None => break,
+            }
+        }
+        parts.reverse();
+        parts.join(&b'/')
+    }
+
+    /// Makes a node `rec` named `name` in directory `parent` for every node. With
+    /// `open_existing`, an existing regular file there is returned instead (O_CREAT without
+    /// O_EXCL: another node made it since this one looked). Returns (attributes, made).
+    pub(crate) fn sh_make(
+        &self,
+        parent: InodeId,
+        name: &[u8],
+        mut rec: InodeRecord,
+        open_existing: bool,
+    ) -> Result<(Attr, bool)> {
+        super::check_name(name)?;
+        if self.space.is_read_only() {
+            return Err(ckptfs_engine::Error::ReadOnly.into());
+        }
+        self.refuse_if_failed()?;
+        if parent == InodeId::ROOT && name == super::view::CTL_NAME {
+            return Err(Error::Exists);
+        }
+        let prio = self.space.stamp();
+        let _intent = self.space.ns_lock(
+            &[name_key(parent, name, true), dir_key(parent, false)],
+            prio,
+        )?;
+        self.refresh_since(Instant::now());
+        let (pkind, existing) =
+            self.with_views(|v| (self.kind_in_tree(v, parent), v.entry(parent, name)));
+        match pkind {
+            None => return Err(Error::NotFound),
+            Some(NodeKind::Dir) => {}
+            Some(_) => return Err(Error::NotDir),
+        }
+        if let Some((_, b)) = existing {
+            if open_existing && b.kind == NodeKind::File {
+                return Ok((self.sh_getattr(b.child)?, false));
+            }
+            return Err(Error::Exists);
+        }
+        // BSD group semantics of a setgid directory, as on one node.
+        let p = self.sh_getattr(parent)?;
+        if p.rec.perm & libc::S_ISGID != 0 {
+            rec.gid = p.rec.gid;
+            if rec.kind == NodeKind::Dir {
+                rec.perm |= libc::S_ISGID;
+            }
+        }
+        let kind = rec.kind;
+        let stamp = self.space.stamp();
+        let ino = self.space.ns_write(true, |t| -> Result<InodeId> {
+            let ino = t.alloc_ino()?;
+            match rec.kind {
+                NodeKind::File => rec.history = t.new_history(ino)?,
+                NodeKind::Dir => {
+                    rec.target = name.to_vec();
+                    rec.parent = parent;
+                }
+                _ => {}
+            }
+            rec.ctime = stamp_to_time(stamp);
+            rec.mtime = rec.ctime;
+            rec.atime = rec.ctime;
+            rec.crtime = rec.ctime;
+            t.put_inode(ino, &rec)?;
+            t.put_version(
+                ino,
+                &VersionMeta {
+                    of: ino,
+                    created: stamp,
+                    attr_stamp: stamp,
+                    times_stamp: stamp,
+                    clip_stamp: 0,
+                    clip_len: 0,
+                },
+            )?;
+            t.put_binding(
+                parent,
+                name,
+                &Binding {
+                    child: ino,
+                    stamp,
+                    kind,
+                },
+            )?;
+            t.set_ns_stamp(stamp)?;
+            Ok(ino)
+        })?;
+        let mut recs = vec![Record::Bind(
+            parent,
+            name.to_vec(),
+            Binding {
+                child: ino,
+                stamp,
+                kind,
+            },
+        )];
+        recs.extend(self.space.version_records(&[ino])?);
+        self.apply_and_publish(recs)?;
+        Ok((self.sh_getattr(ino)?, true))
+    }
+
+    /// Retires this slot's object `obj` in `t` (it is in the tree no more): unlinked, its
+    /// history kept under `path` for the retention policy.
+    fn retire_own(
+        t: &mut ckptfs_engine::catalog::Txn,
+        obj: InodeId,
+        path: Vec<u8>,
+        now: Timestamp,
+    ) -> Result<Option<InodeRecord>> {
+        let Some(mut rec) = t.get_inode(obj)? else {
+            return Ok(None);
+        };
+        if rec.nlink == 0 {
+            return Ok(None);
+        }
+        rec.nlink = 0;
+        rec.ctime = now;
+        if rec.kind == NodeKind::File && rec.history != HistoryId::NONE {
+            t.retire_history(rec.history, path, now)?;
+        }
+        t.put_inode(obj, &rec)?;
+        Ok(Some(rec))
+    }
+
+    /// unlink (`dir` false) or rmdir of `name` in `parent`, for every node.
+    pub(crate) fn sh_remove(&self, parent: InodeId, name: &[u8], dir: bool) -> Result<()> {
+        if name.len() > super::NAME_MAX {
+            return Err(Error::NameTooLong);
+        }
+        if self.space.is_read_only() {
+            return Err(ckptfs_engine::Error::ReadOnly.into());
+        }
+        if parent == InodeId::ROOT && name == super::view::CTL_NAME {
+            return Err(Error::ReadOnly);
+        }
+        let me = self.sh().me;
+        let prio = self.space.stamp();
+        loop {
+            self.refresh_since(Instant::now());
+            let (_, cur) = self
+                .with_views(|v| v.entry(parent, name))
+                .ok_or(Error::NotFound)?;
+            let mut keys = vec![name_key(parent, name, true), dir_key(parent, false)];
+            if cur.kind == NodeKind::Dir {
+                keys.push(dir_key(cur.child, true));
+            }
+            let intent = self.space.ns_lock(&keys, prio)?;
+            self.refresh_since(Instant::now());
+            let now_entry = self.with_views(|v| v.entry(parent, name));
+            let Some((_, b)) = now_entry else {
+                return Err(Error::NotFound);
+            };
+            if b.child != cur.child {
+                // Another node replaced the name between the look and the intent.
+                drop(intent);
+                continue;
+            }
+            let is_dir = b.kind == NodeKind::Dir;
+            if dir && !is_dir {
+                return Err(Error::NotDir);
+            }
+            if !dir && is_dir {
+                return Err(Error::IsDir);
+            }
+            let (tomb, path, not_empty) = self.with_views(|v| {
+                (
+                    v.others_have(me, parent, name),
+                    self.path_in_tree(v, b.child),
+                    is_dir && !v.list(b.child).is_empty(),
+                )
+            });
+            if not_empty {
+                return Err(Error::NotEmpty);
+            }
+            let stamp = self.space.stamp();
+            let now = stamp_to_time(stamp);
+            let tombstone = Binding {
+                child: InodeId(0),
+                stamp,
+                kind: NodeKind::File,
+            };
+            let retired = self.space.ns_write(true, |t| -> Result<_> {
+                if tomb {
+                    t.put_binding(parent, name, &tombstone)?;
+                } else {
+                    t.remove_binding(parent, name)?;
+                }
+                t.set_ns_stamp(stamp)?;
+                match owner_slot(b.child) == me {
+                    true => Self::retire_own(t, b.child, path, now),
+                    false => Ok(None),
+                }
+            })?;
+            let rec = match tomb {
+                true => Record::Bind(parent, name.to_vec(), tombstone),
+                false => Record::Unbind(parent, name.to_vec()),
+            };
+            self.apply_and_publish(vec![rec])?;
+            if let Some(rec) = retired {
+                self.refresh_open(b.child, |r| {
+                    r.adopt_namespace(&rec);
+                    r.ctime = rec.ctime;
+                });
+                if rec.kind == NodeKind::File {
+                    self.drop_if_unused(b.child);
+                }
+            }
+            return Ok(());
+        }
+    }
+
+    /// rename(2) for every node (RENAME_NOREPLACE, RENAME_EXCHANGE as asked).
+    pub(crate) fn sh_rename(
+        &self,
+        parent: InodeId,
+        name: &[u8],
+        new_parent: InodeId,
+        new_name: &[u8],
+        noreplace: bool,
+        exchange: bool,
+    ) -> Result<()> {
+        super::check_name(new_name)?;
+        if name.len() > super::NAME_MAX {
+            return Err(Error::NameTooLong);
+        }
+        if self.space.is_read_only() {
+            return Err(ckptfs_engine::Error::ReadOnly.into());
+        }
+        let reserved = |d: InodeId, n: &[u8]| d == InodeId::ROOT && n == super::view::CTL_NAME;
+        if reserved(parent, name) || reserved(new_parent, new_name) {
+            return Err(Error::ReadOnly);
+        }
+        let me = self.sh().me;
+        let prio = self.space.stamp();
+        loop {
+            self.refresh_since(Instant::now());
+            let (src, dst) =
+                self.with_views(|v| (v.entry(parent, name), v.entry(new_parent, new_name)));
+            let (_, src) = src.ok_or(Error::NotFound)?;
+            let dst = dst.map(|(_, b)| b);
+            let mut keys = vec![
+                name_key(parent, name, true),
+                name_key(new_parent, new_name, true),
+                dir_key(parent, false),
+                dir_key(new_parent, false),
+            ];
+            if src.kind == NodeKind::Dir || dst.is_some_and(|d| d.kind == NodeKind::Dir) {
+                keys.push(RENAME_DIRS | 1);
+            }
+            if let Some(d) = dst.filter(|d| d.kind == NodeKind::Dir && !exchange) {
+                // Replacing an empty directory: nothing may be made in it meanwhile.
+                keys.push(dir_key(d.child, true));
+            }
+            let intent = self.space.ns_lock(&keys, prio)?;
+            self.refresh_since(Instant::now());
+            let (src2, dst2, pkind) = self.with_views(|v| {
+                (
+                    v.entry(parent, name).map(|(_, b)| b),
+                    v.entry(new_parent, new_name).map(|(_, b)| b),
+                    self.kind_in_tree(v, new_parent),
+                )
+            });
+            let Some(src2) = src2 else {
+                return Err(Error::NotFound);
+            };
+            if src2.child != src.child || dst2.map(|d| d.child) != dst.map(|d| d.child) {
+                drop(intent);
+                continue;
+            }
+            match pkind {
+                None => return Err(Error::NotFound),
+                Some(NodeKind::Dir) => {}
+                Some(_) => return Err(Error::NotDir),
+            }
+            if dst.is_some_and(|d| d.child == src.child) {
+                return Ok(());
+            }
+            let src_dir = src.kind == NodeKind::Dir;
+            if src_dir && self.with_views(|v| v.is_ancestor(src.child, new_parent)) {
+                return Err(Error::Invalid);
+            }
+            if exchange {
+                let d = dst.ok_or(Error::NotFound)?;
+                if d.kind == NodeKind::Dir && self.with_views(|v| v.is_ancestor(d.child, parent)) {
+                    return Err(Error::Invalid);
+                }
+            } else if let Some(d) = dst {
+                if noreplace {
+                    return Err(Error::Exists);
+                }
+                let dst_dir = d.kind == NodeKind::Dir;
+                if src_dir && !dst_dir {
+                    return Err(Error::NotDir);
+                }
+                if !src_dir && dst_dir {
+                    return Err(Error::IsDir);
+                }
+                if dst_dir && !self.with_views(|v| v.list(d.child).is_empty()) {
+                    return Err(Error::NotEmpty);
+                }
+            }
+            let stamp = self.space.stamp();
+            let now = stamp_to_time(stamp);
+            let at = |b: &Binding| Binding { stamp, ..*b };
+            let mut recs = Vec::new();
+            let (old_tomb, dst_path, src_path) = self.with_views(|v| {
+                (
+                    v.others_have(me, parent, name),
+                    dst.map(|d| self.path_in_tree(v, d.child)),
+                    self.path_in_tree(v, src.child),
+                )
+            });
+            if exchange {
+                let d = dst.expect("checked");
+                recs.push(Record::Bind(parent, name.to_vec(), at(&d)));
+                recs.push(Record::Bind(new_parent, new_name.to_vec(), at(&src)));
+            } else {
+                recs.push(match old_tomb {
+                    true => Record::Bind(
+                        parent,
+                        name.to_vec(),
+                        Binding {
+                            child: InodeId(0),
+                            stamp,
+                            kind: NodeKind::File,
+                        },
+                    ),
+                    false => Record::Unbind(parent, name.to_vec()),
+                });
+                recs.push(Record::Bind(new_parent, new_name.to_vec(), at(&src)));
+            }
+            let replaced = dst.filter(|_| !exchange).map(|d| d.child);
+            let own_file = |o: InodeId| owner_slot(o) == me;
+            let retired = self.space.ns_write(true, |t| -> Result<_> {
+                for r in &recs {
+                    match r {
+                        Record::Bind(p, n, b) => t.put_binding(*p, n, b)?,
+                        Record::Unbind(p, n) => t.remove_binding(*p, n)?,
+                        _ => {}
+                    }
+                }
+                t.set_ns_stamp(stamp)?;
+                let Some(d) = replaced else {
+                    return Ok(None);
+                };
+                if !own_file(d) {
+                    return Ok(None);
+                }
+                // The target path's history goes on with the file renamed over it, as on
+                // one node, when both are this slot's files (write-temp-then-rename).
+                if own_file(src.child) && src.kind == NodeKind::File {
+                    if let (Some(mut s), Some(mut dr)) = (t.get_inode(src.child)?, t.get_inode(d)?)
+                    {
+                        if s.kind == NodeKind::File && dr.kind == NodeKind::File {
+                            super::continue_history(
+                                t,
+                                (src.child, &mut s),
+                                (d, &mut dr),
+                                src_path.clone(),
+                                dst_path.clone().unwrap_or_default(),
+                                now,
+                            )?;
+                            s.ctime = now;
+                            t.put_inode(src.child, &s)?;
+                            dr.nlink = 0;
+                            dr.ctime = now;
+                            t.put_inode(d, &dr)?;
+                            return Ok(Some((d, dr, Some((src.child, s)))));
+                        }
+                    }
+                }
+                Ok(
+                    Self::retire_own(t, d, dst_path.clone().unwrap_or_default(), now)?
+                        .map(|r| (d, r, None)),
+                )
+            })?;
+            self.apply_and_publish(recs)?;
+            if let Some((d, rec, src_rec)) = retired {
+                self.refresh_open(d, |r| {
+                    r.adopt_namespace(&rec);
+                    r.ctime = rec.ctime;
+                });
+                if let Some((s, srec)) = src_rec {
+                    self.refresh_open(s, |r| {
+                        r.adopt_namespace(&srec);
+                        r.ctime = srec.ctime;
+                    });
+                    // The source's version record changed (its history): publish it.
+                    self.sh_touch(&[s]);
+                    self.sh_publish_pending()?;
+                }
+                if rec.kind == NodeKind::File {
+                    self.drop_if_unused(d);
+                }
+            }
+            return Ok(());
+        }
+    }
+
+    /// This slot's version of `obj` to write into: its newest one if that is the top layer
+    /// (no other slot's layer started, and no other slot truncated, after it), else a new
+    /// layer. With `truncating` (O_TRUNC, truncate(2)), the newest one always serves: every
+    /// older layer is cut anyway. Returns the local inode.
+    fn my_layer(&self, obj: InodeId, stamp: u64, truncating: bool) -> Result<InodeId> {
+        let me = self.sh().me;
+        let vs = self.versions_of(obj);
+        let kind = vs.first().map(|v| v.node.kind).ok_or(Error::NotFound)?;
+        if kind != NodeKind::File {
+            return Err(Error::IsDir);
+        }
+        let mine = vs
+            .iter()
+            .filter(|v| v.slot == me)
+            .max_by_key(|v| v.meta.created);
+        let others_top = vs
+            .iter()
+            .filter(|v| v.slot != me)
+            .map(|v| v.meta.created.max(v.meta.clip_stamp))
+            .max()
+            .unwrap_or(0);
+        if let Some(m) = mine {
+            if truncating || m.meta.created >= others_top {
+                return Ok(m.id);
+            }
+        }
+        // A new layer: an empty file of this slot's, on top of the others.
+        let a = self.sh_getattr(obj)?;
+        let ino = self.space.ns_write(true, |t| -> Result<InodeId> {
+            let ino = t.alloc_ino()?;
+            let mut rec = attr_base(NodeKind::File, a.rec.perm, a.rec.uid, a.rec.gid);
+            rec.history = t.new_history(ino)?;
+            rec.mtime = a.rec.mtime;
+            rec.ctime = a.rec.ctime;
+            rec.atime = a.rec.mtime;
+            rec.crtime = stamp_to_time(stamp);
+            t.put_inode(ino, &rec)?;
+            t.put_version(
+                ino,
+                &VersionMeta {
+                    of: obj,
+                    created: stamp,
+                    ..VersionMeta::default()
+                },
+            )?;
+            t.set_ns_stamp(stamp)?;
+            Ok(ino)
+        })?;
+        let recs = self.space.version_records(&[ino])?;
+        self.apply_and_publish(recs)?;
+        Ok(ino)
+    }
+
+    /// Changes the version record of this slot's version `ino` and publishes it.
+    fn set_version(&self, ino: InodeId, f: impl FnOnce(&mut VersionMeta)) -> Result<()> {
+        self.space.ns_write(true, |t| -> Result<()> {
+            let mut m = t.version(ino)?.ok_or(Error::NotFound)?;
+            f(&mut m);
+            t.put_version(ino, &m)?;
+            t.set_ns_stamp(m.created.max(m.attr_stamp).max(m.clip_stamp))?;
+            Ok(())
+        })?;
+        let recs = self.space.version_records(&[ino])?;
+        self.apply_and_publish(recs)
+    }
+
+    /// Opens object `obj` under handle `fh`: this slot's file alone through the local
+    /// paths; a merged file for reading through the merge; for writing, this slot's layer.
+    pub(crate) fn sh_open(
+        &self,
+        obj: InodeId,
+        fh: HandleId,
+        write: bool,
+        truncate: bool,
+    ) -> Result<()> {
+        self.refresh_since(Instant::now());
+        let (exists, kind) = self.with_views(|v| {
+            (
+                v.exists(obj),
+                v.versions(obj).first().map(|(_, pv)| pv.node.kind),
+            )
+        });
+        let kind = kind.ok_or(Error::NotFound)?;
+        if !exists {
+            // Removed by another node since this one looked the name up: ESTALE makes the
+            // kernel look the path up again (and create it, for O_CREAT).
+            return Err(Error::Stale);
+        }
+        match kind {
+            NodeKind::File => {}
+            NodeKind::Dir => return Err(Error::IsDir),
+            _ => return Err(Error::Invalid),
+        }
+        if self.local_only(obj) {
+            // This slot's file alone: the single-slot paths, O_TRUNC committed at close.
+            return self.open_ref(obj, Some(fh), write, truncate).map(drop);
+        }
+        if !write && !truncate {
+            self.sh().merged_handles.lock().insert(fh, obj);
+            return Ok(());
+        }
+        let stamp = self.space.stamp();
+        let layer = self.my_layer(obj, stamp, truncate)?;
+        let node = self.open_ref(layer, Some(fh), true, truncate)?;
+        if truncate {
+            // O_TRUNC cuts the other layers when this one's next commit (the close) is
+            // published, as it empties this one: other nodes see the file emptied and
+            // rewritten at the close, as a close-to-open reader does.
+            node.lock().clip = Some((stamp, 0));
+        }
+        Ok(())
+    }
+
+    /// Whether handle `fh` reads through the merge (and which object).
+    pub(crate) fn merged_handle(&self, fh: HandleId) -> Option<InodeId> {
+        self.shared
+            .as_ref()?
+            .merged_handles
+            .lock()
+            .get(&fh)
+            .copied()
+    }
+
+    pub(crate) fn sh_release_merged(&self, fh: HandleId) -> bool {
+        self.shared
+            .as_ref()
+            .is_some_and(|s| s.merged_handles.lock().remove(&fh).is_some())
+    }
+
+    /// Reads `len` bytes at `off` of object `obj` as every node sees it: its layers painted
+    /// oldest first. `live`: this slot's layer open for writing, read from its open state.
+    pub(crate) fn sh_read(
+        &self,
+        obj: InodeId,
+        off: u64,
+        len: usize,
+        live: Option<InodeId>,
+    ) -> Result<Vec<u8>> {
+        let mut tries = 0;
+        loop {
+            match self.sh_read_once(obj, off, len, live) {
+                Err(Error::Engine(ckptfs_engine::Error::Corrupt(c))) if tries < READ_RETRIES => {
+                    // The owner may have moved the chunk (gc) and published where to.
+                    log::info!("reading another slot's chunk: {c}; reading its manifest again");
+                    self.sh().chunks.lock().clear();
+                    if tries > 0 {
+                        std::thread::sleep(Duration::from_millis(5 << tries));
+                    }
+                    self.refresh_union()?;
+                    tries += 1;
+                }
+                r => return r,
+            }
+        }
+    }
+
+    fn sh_read_once(
+        &self,
+        obj: InodeId,
+        off: u64,
+        len: usize,
+        live: Option<InodeId>,
+    ) -> Result<Vec<u8>> {
+        let me = self.sh().me;
+        let vs = self.versions_of(obj);
+        if vs.is_empty() {
+            return Err(Error::NotFound);
+        }
+        let mut pvs: Vec<(SlotId, ckptfs_engine::manifest::PubVersion)> = vs
+            .into_iter()
+            .map(|v| {
+                (
+                    v.slot,
+                    ckptfs_engine::manifest::PubVersion {
+                        meta: v.meta,
+                        node: v.node,
+                    },
+                )
+            })
+            .collect();
+        // The live layer's size is its open state's.
+        let live_node = live.and_then(|l| self.open_node(l).map(|n| (l, n)));
+        if let Some((l, n)) = &live_node {
+            let mut n = n.lock();
+            self.settle_node(&mut n)?;
+            for (_, pv) in pvs.iter_mut() {
+                if pv.id() == *l {
+                    pv.node.size = n.file.size();
+                }
+            }
+        }
+        let refs: Vec<(SlotId, &ckptfs_engine::manifest::PubVersion)> =
+            pvs.iter().map(|(s, v)| (*s, v)).collect();
+        let layers = merge::layers(&refs);
+        let size = merge::size(&layers);
+        let end = off.saturating_add(len as u64).min(size);
+        if off >= end {
+            return Ok(Vec::new());
+        }
+        let mut out = vec![0u8; (end - off) as usize];
+        for l in &layers {
+            let stop = end.min(l.cut);
+            if off >= stop {
+                continue;
+            }
+            let id = l.version.id();
+            if l.slot == me {
+                // This slot's version: its open state (the live layer) or its committed
+                // revision.
+                let pieces = match live_node.as_ref().filter(|(li, _)| *li == id) {
+                    Some((_, n)) => n.lock().file.map().pieces(off, stop),
+                    None => {
+                        let rec = self.space.get_inode(id)?.ok_or(Error::NotFound)?;
+                        self.space.load_map(rec.current_rev)?.pieces(off, stop)
+                    }
+                };
+                // Holes are no writes: only the layer's pieces are painted.
+                ckptfs_engine::filemap::ExtentMap::read_pieces(
+                    self.space.chunks(),
+                    pieces,
+                    off,
+                    &mut out,
+                )?;
+            } else {
+                self.paint_remote(&l.version.node.extents, off, stop, &mut out)?;
+            }
+        }
+        Ok(out)
+    }
+
+    /// Copies the bytes of another slot's extents within `[off, end)` into `out` (which
+    /// starts at `off`). A published extent that does not fit its chunk is corruption.
+    fn paint_remote(
+        &self,
+        extents: &[PubExtent],
+        off: u64,
+        end: u64,
+        out: &mut [u8],
+    ) -> Result<()> {
+        let u = self.space.union().ok_or(Error::NotFound)?;
+        let first = extents.partition_point(|e| e.off <= off).saturating_sub(1);
+        for e in &extents[first..] {
+            let (es, ee) = (e.off, e.off + e.len as u64);
+            if es >= end {
+                break;
+            }
+            if ee <= off {
+                continue;
+            }
+            let cached = self.sh().chunks.lock().get(&e.hash).cloned();
+            let raw = match cached {
+                Some(c) => c,
+                None => {
+                    let v: Arc<[u8]> = u.read_chunk(e)?.into_bytes().into();
+                    let mut c = self.sh().chunks.lock();
+                    if c.len() >= CHUNK_CACHE_MAX {
+                        c.clear();
+                    }
+                    c.insert(e.hash, v.clone());
+                    v
+                }
+            };
+            let (s, t) = (es.max(off), ee.min(end));
+            let from = e.chunk_off as usize + (s - es) as usize;
+            let to = from + (t - s) as usize;
+            if to > raw.len() {
+                return Err(
+                    ckptfs_engine::Error::from(ckptfs_engine::error::Corruption::Record {
+                        record: "published extent",
+                        why: format!(
+                            "bytes {from}..{to} of a {}-byte chunk {}",
+                            raw.len(),
+                            e.hash
+                        ),
+                    })
+                    .into(),
+                );
+            }
+            out[(s - off) as usize..(t - off) as usize].copy_from_slice(&raw[from..to]);
+        }
+        Ok(())
+    }
+
+    /// chmod, chown, utimens and truncate of object `obj`, for every node: this slot's
+    /// version of it takes the change (a new attribute-only version where it has none).
+    pub(crate) fn sh_setattr(&self, obj: InodeId, s: &SetAttr) -> Result<Attr> {
+        if self.space.is_read_only() {
+            return Err(ckptfs_engine::Error::ReadOnly.into());
+        }
+        self.refuse_if_failed()?;
+        self.refresh_since(Instant::now());
+        let me = self.sh().me;
+        let vs = self.versions_of(obj);
+        let kind = vs.first().map(|v| v.node.kind).ok_or(Error::NotFound)?;
+        let stamp = self.space.stamp();
+        let attrs = s.perm.is_some() || s.uid.is_some() || s.gid.is_some();
+        let times = s.atime.is_some() || s.mtime.is_some();
+        if let Some(size) = s.size {
+            if size > super::MAX_FILE_BYTES {
+                return Err(Error::FileTooBig);
+            }
+            match kind {
+                NodeKind::File => {
+                    let layer = self.my_layer(obj, stamp, true)?;
+                    self.set_version(layer, |m| {
+                        m.created = m.created.max(stamp);
+                        m.clip_stamp = stamp;
+                        m.clip_len = size;
+                    })?;
+                    self.setattr(
+                        layer,
+                        &SetAttr {
+                            size: Some(size),
+                            ..SetAttr::default()
+                        },
+                    )?;
+                    self.sh_touch(&[layer]);
+                    self.sh_publish_pending()?;
+                }
+                NodeKind::Dir => return Err(Error::IsDir),
+                _ => {}
+            }
+        }
+        if attrs || times || s.ctime.is_some() {
+            let mine = vs
+                .iter()
+                .filter(|v| v.slot == me)
+                .max_by_key(|v| v.meta.created)
+                .map(|v| v.id);
+            let target = match mine {
+                Some(m) => m,
+                None => {
+                    // An attribute-only version: no bytes (a file's is an empty layer that
+                    // started before every truncate, so it shows nothing).
+                    let a = self.sh_getattr(obj)?;
+                    self.space.ns_write(true, |t| -> Result<InodeId> {
+                        let ino = t.alloc_ino()?;
+                        let mut rec = attr_base(kind, a.rec.perm, a.rec.uid, a.rec.gid);
+                        if kind == NodeKind::File {
+                            rec.history = t.new_history(ino)?;
+                        }
+                        rec.target = a.rec.target.clone();
+                        rec.mtime = a.rec.mtime;
+                        rec.ctime = a.rec.ctime;
+                        rec.rdev = a.rec.rdev;
+                        t.put_inode(ino, &rec)?;
+                        t.put_version(
+                            ino,
+                            &VersionMeta {
+                                of: obj,
+                                created: 0,
+                                ..VersionMeta::default()
+                            },
+                        )?;
+                        Ok(ino)
+                    })?
+                }
+            };
+            self.setattr(
+                target,
+                &SetAttr {
+                    size: None,
+                    ..s.clone()
+                },
+            )?;
+            self.set_version(target, |m| {
+                if attrs {
+                    m.attr_stamp = stamp;
+                }
+                if times {
+                    m.times_stamp = stamp;
+                }
+            })?;
+        }
+        self.sh_getattr(obj)
+    }
+
+    /// The entries of directory `dir` after `offset`: offsets are a hash of the name (so a
+    /// listing that runs while entries come and go lists each entry that stays once).
+    pub(crate) fn sh_readdir(
+        &self,
+        dir: InodeId,
+        after: u64,
+        limit: usize,
+    ) -> Result<Vec<DirItem>> {
+        self.refresh_since(Instant::now());
+        let mut items: Vec<(u64, Vec<u8>, Binding)> = self.with_views(|v| {
+            v.list(dir)
+                .into_iter()
+                .map(|(n, b)| (name_offset(&n), n, b))
+                .collect()
+        });
+        items.sort_by(|a, b| (a.0, &a.1).cmp(&(b.0, &b.1)));
+        Ok(items
+            .into_iter()
+            .filter(|(o, _, _)| *o > after)
+            .take(limit)
+            .map(|(offset, name, b)| DirItem {
+                offset,
+                ino: b.child,
+                kind: b.kind,
+                name,
+            })
+            .collect())
+    }
+
+    pub(crate) fn sh_readlink(&self, obj: InodeId) -> Result<Vec<u8>> {
+        let vs = self.versions_of(obj);
+        let v = vs.first().ok_or(Error::NotFound)?;
+        match v.node.kind {
+            NodeKind::Symlink => Ok(v.node.target.clone()),
+            _ => Err(Error::Invalid),
+        }
+    }
+
+    /// Retires this slot's objects that no entry names any more (another node removed or
+    /// replaced them): unlinked here too, so their space comes back by the retention
+    /// policy. Runs when another slot's view changed since the last time.
+    pub fn reconcile(&self) -> Result<()> {
+        let Some(sh) = &self.shared else {
+            return Ok(());
+        };
+        if self.space.is_read_only() {
+            return Ok(());
+        }
+        let gens: Vec<(SlotId, u64, u64)> = self
+            .space
+            .union()
+            .map(|u| u.views().iter().map(|(s, v)| (*s, v.gen, v.len)).collect())
+            .unwrap_or_default();
+        {
+            let mut last = sh.reconciled.lock();
+            if *last == gens {
+                return Ok(());
+            }
+            *last = gens;
+        }
+        let me = sh.me;
+        let gone: Vec<(InodeId, Vec<u8>)> = self.with_views(|v| {
+            let own = v.list.iter().find(|(s, _)| *s == me).map(|(_, o)| *o);
+            let Some(own) = own else {
+                return Vec::new();
+            };
+            own.versions
+                .values()
+                .filter(|pv| pv.meta.of != InodeId::ROOT && !v.exists(pv.meta.of))
+                .map(|pv| {
+                    let path = v
+                        .list
+                        .iter()
+                        .find_map(|(_, view)| {
+                            view.by_child.get(&pv.meta.of)?.iter().next().cloned()
+                        })
+                        .map(|(p, n)| {
+                            let mut d = self.path_in_tree(v, p);
+                            if !d.is_empty() {
+                                d.push(b'/');
+                            }
+                            d.extend_from_slice(&n);
+                            d
+                        })
+                        .unwrap_or_default();
+                    (pv.id(), path)
+                })
+                .collect()
+        });
+        if gone.is_empty() {
+            return Ok(());
+        }
+        let now = Timestamp::now();
+        let retired = self
+            .space
+            .ns_write(true, |t| -> Result<Vec<(InodeId, InodeRecord)>> {
+                let mut out = Vec::new();
+                for (ino, path) in &gone {
+                    if let Some(r) = Self::retire_own(t, *ino, path.clone(), now)? {
+                        out.push((*ino, r));
+                    }
+                }
+                Ok(out)
+            })?;
+        for (ino, rec) in retired {
+            log::debug!("inode {}: removed by another node; retired here", ino.0);
+            self.refresh_open(ino, |r| {
+                r.adopt_namespace(&rec);
+                r.ctime = rec.ctime;
+            });
+            if rec.kind == NodeKind::File {
+                self.drop_if_unused(ino);
+            }
+        }
+        Ok(())
+    }
+}
+
+/// A stamp (ns since the epoch) as a time.
+pub(crate) fn stamp_to_time(stamp: u64) -> Timestamp {
+    ckptfs_engine::stamp::to_time(stamp)
+}
+
+fn stamp_of(t: Timestamp) -> u64 {
+    (t.secs.max(0) as u64)
+        .saturating_mul(1_000_000_000)
+        .saturating_add(t.nanos as u64)
+}
+
+/// A readdir offset for an entry name: its hash, above the offsets of "." and "..".
+fn name_offset(name: &[u8]) -> u64 {
+    let h = ChunkHash::of(name);
+    (u64::from_le_bytes(h.0[..8].try_into().expect("8")) >> 2) + 3
+}
