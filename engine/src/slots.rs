@@ -207,11 +207,10 @@ pub struct Lease {
     /// The hint last written (the newest header's fields and the intent announced now):
     /// what an announcement or a header write writes again with its change.
     hint: Mutex<SlotHint>,
-    /// A fault point for the fencing test: the renewal with this number (counted from 1)
-    /// stops the daemon (SIGSTOP) between reading its header and writing it
-    /// (`CKPTFS_FAULT_STOP_IN_RENEWAL=N`), as a node frozen at the worst moment.
-    stop_in_renewal: Option<u64>,
-    renewals: AtomicU64,
+    /// A fault point for the fencing test (`CKPTFS_FAULT_STOP_IN_RENEWAL=PATH`): once a file
+    /// exists at PATH, the next renewal stops the daemon (SIGSTOP) between reading its
+    /// header and writing it, once, as a node frozen at the worst moment.
+    stop_in_renewal: Mutex<Option<std::path::PathBuf>>,
 }
 
 /// Bytes of the slot's segments in use now.
@@ -349,10 +348,9 @@ impl Lease {
                 used: AtomicU64::new(h.used_bytes),
                 manifest: Mutex::new((h.manifest_gen, h.manifest_len)),
                 hint: Mutex::new(SlotHint::of(&mine)),
-                stop_in_renewal: std::env::var("CKPTFS_FAULT_STOP_IN_RENEWAL")
-                    .ok()
-                    .and_then(|v| v.parse().ok()),
-                renewals: AtomicU64::new(0),
+                stop_in_renewal: Mutex::new(
+                    std::env::var_os("CKPTFS_FAULT_STOP_IN_RENEWAL").map(Into::into),
+                ),
             });
             let weak = Arc::downgrade(&lease);
             let period = req.lease / 4;
@@ -486,8 +484,15 @@ impl Lease {
                 self.me.epoch
             )));
         }
-        let n = self.renewals.fetch_add(1, Ordering::Relaxed) + 1;
-        if self.stop_in_renewal == Some(n) {
+        let armed = {
+            let mut f = self.stop_in_renewal.lock();
+            let armed = f.as_ref().is_some_and(|p| p.exists());
+            if armed {
+                *f = None;
+            }
+            armed
+        };
+        if armed {
             log::warn!("fault point: stopping between reading and writing the slot header");
             // SAFETY: raise has no memory-safety preconditions.
             unsafe { libc::raise(libc::SIGSTOP) };

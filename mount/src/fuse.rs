@@ -379,6 +379,16 @@ impl CkptFs {
             // The daemon's pid, for `ckptfs umount` to wait on (a read-only mount leaves no
             // note in the lock file).
             ("pid", None) => Ok(to_json(serde_json::json!(std::process::id()))),
+            // `ckptfs umount` first: commit every open file and make everything durable and
+            // published, and say what could not be (a fenced slot, a failed disk), so the
+            // unmount can report it rather than exit as if all were committed.
+            ("sync", None) => {
+                let r = self.sync_all();
+                Ok(to_json(match r {
+                    Ok(()) => serde_json::json!({"ok": true}),
+                    Err(e) => serde_json::json!({"ok": false, "error": e}),
+                }))
+            }
             ("stats", None) => {
                 let s = self.fs.stats().map_err(|e| fail_json("stats", e))?;
                 Ok(to_json(crate::stats_json(&s)))
@@ -597,6 +607,30 @@ impl CkptFs {
         }
     }
 
+    /// Commits every open file, makes the namespace durable and publishes what is left;
+    /// the failures, said as one sentence.
+    fn sync_all(&self) -> Result<(), String> {
+        let mut failed = Vec::new();
+        if let Err(e) = self.fs.commit_all() {
+            failed.push(format!("committing open files failed: {e}"));
+        }
+        // Namespace changes are committed without an fsync of their own; make them durable
+        // before the daemon goes away.
+        if let Err(e) = self.fs.fsync_dir() {
+            failed.push(format!("making metadata durable failed: {e}"));
+        }
+        if let Err(e) = self.fs.publish_pending() {
+            failed.push(format!("publishing this slot's last changes failed: {e}"));
+        }
+        if let Some(why) = self.fs.space().lease().and_then(|l| l.fenced()) {
+            failed.push(format!("this mount lost its slot: {why}"));
+        }
+        match failed.is_empty() {
+            true => Ok(()),
+            false => Err(failed.join("; ")),
+        }
+    }
+
     fn reply_empty(r: Result<(), Error>, op: &str, ino: INodeNo, reply: ReplyEmpty) {
         match r {
             Ok(()) => reply.ok(),
@@ -635,18 +669,10 @@ impl Filesystem for CkptFs {
 
     fn destroy(&mut self) {
         self.stop.store(true, Ordering::Relaxed);
-        if let Err(e) = self.fs.commit_all() {
-            log::error!("committing open files at unmount failed: {e}");
+        match self.sync_all() {
+            Ok(()) => log::info!("unmounted; everything closed is committed"),
+            Err(e) => log::error!("unmounted, but NOT everything is committed: {e}"),
         }
-        // Namespace changes are committed without an fsync of their own; make them durable
-        // before the daemon goes away.
-        if let Err(e) = self.fs.fsync_dir() {
-            log::error!("making metadata durable at unmount failed: {e}");
-        }
-        if let Err(e) = self.fs.publish_pending() {
-            log::error!("publishing this slot's last changes at unmount failed: {e}");
-        }
-        log::info!("unmounted; everything closed is committed");
     }
 
     fn lookup(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEntry) {

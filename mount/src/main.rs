@@ -619,6 +619,21 @@ fn mount(
     let (backing, mnt) = (absolute(&backing), absolute(&mnt));
     check_backing_dir(&backing)?;
     check_mountpoint(&mnt)?;
+    if let Some(other) = backing_of(&mnt) {
+        // A second mount on top of a live one would hide it (its files still open) and
+        // leave two daemons the kernel routes requests to by whichever is on top.
+        let holder = control_get(&mnt, "pid", true)
+            .ok()
+            .and_then(|v| v.as_i64())
+            .map(|p| format!(" (daemon pid {p})"))
+            .unwrap_or_default();
+        return Err(format!(
+            "{} already holds a ckptfs mount of {}{holder}; unmount it first (`ckptfs umount {}`)",
+            mnt.display(),
+            other.display(),
+            mnt.display()
+        ));
+    }
     if !foreground {
         return spawn_daemon(&backing, &mnt, allow_other, &tuning);
     }
@@ -1027,6 +1042,13 @@ fn umount(mnt: &Path) -> Result<(), String> {
         .and_then(|v| v.as_i64())
         .map(|p| p as i32)
         .or_else(|| daemon_pid(&mnt));
+    // Everything committed, durable and published before the unmount, or said why not
+    // (the daemon's own exit status does not reach this process). A daemon from before
+    // this request answers nothing: its unmount logs what it could not do.
+    let not_durable = match control_get(&mnt, "sync", true) {
+        Ok(v) if v["ok"] == false => Some(v["error"].as_str().unwrap_or("unknown").to_string()),
+        _ => None,
+    };
     let status = Command::new("fusermount3")
         .arg("-u")
         .arg(&mnt)
@@ -1049,7 +1071,14 @@ fn umount(mnt: &Path) -> Result<(), String> {
             std::thread::sleep(Duration::from_millis(20));
         }
     }
-    Ok(())
+    match not_durable {
+        Some(why) => Err(format!(
+            "unmounted {}, but not everything is durable: {why}; what was closed before \
+             the failure is (`ckptfs check` tells what the space holds)",
+            mnt.display()
+        )),
+        None => Ok(()),
+    }
 }
 
 fn backing_of(mnt: &Path) -> Option<PathBuf> {

@@ -87,6 +87,16 @@ impl Cluster {
     /// Tries to mount the space at `node`'s mountpoint with `extra` options (and the
     /// cluster's lease); (status, stdout, stderr).
     pub fn try_mount(&mut self, node: usize, extra: &[&str]) -> (ExitStatus, String, String) {
+        self.try_mount_env(node, extra, &[])
+    }
+
+    /// `try_mount` with environment variables for the daemon (fault points).
+    pub fn try_mount_env(
+        &mut self,
+        node: usize,
+        extra: &[&str],
+        env: &[(&str, &str)],
+    ) -> (ExitStatus, String, String) {
         let mut args: Vec<OsString> = vec!["mount".into()];
         args.extend(extra.iter().map(OsString::from));
         args.push("--lease".into());
@@ -97,6 +107,7 @@ impl Cluster {
         let name = format!("{:03}-mount{node}", self.step);
         let mut cmd = Command::new(ckptfs_bin());
         cmd.args(&args);
+        cmd.envs(env.iter().copied());
         let r = run_logged(&mut cmd, self.root.path(), &name, MOUNT_TIMEOUT)
             .unwrap_or_else(|e| panic!("ckptfs {args:?}: {e}"));
         if r.0.success() {
@@ -196,6 +207,34 @@ impl Cluster {
             0,
             "kill {sig} {pid}"
         );
+    }
+
+    /// Whether `node`'s daemon is stopped (SIGSTOP, or a fault point that stopped itself).
+    pub fn is_stopped(&self, node: usize) -> bool {
+        let Some(pid) = self.nodes[node].pid else {
+            return false;
+        };
+        let stat = fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+        stat.rsplit(')')
+            .next()
+            .and_then(|s| s.split_whitespace().next())
+            == Some("T")
+    }
+
+    /// Marks `node`'s daemon as stopped by itself (a fault point), so `resume` and the
+    /// cluster's drop continue it.
+    pub fn stopped_by_fault(&mut self, node: usize) {
+        self.nodes[node].stopped = true;
+    }
+
+    /// The raw bytes of slot `slot`'s two header copies in the slot table.
+    pub fn header_pair(&self, slot: u32) -> Vec<u8> {
+        use std::os::unix::fs::FileExt;
+        let f = fs::File::open(self.backing.join("slots/headers")).expect("slot table");
+        let mut b = vec![0u8; 8192];
+        f.read_exact_at(&mut b, 4096 + slot as u64 * 8192)
+            .expect("read a header pair");
+        b
     }
 
     /// SIGSTOP `node`'s daemon (a frozen, not dead, node). Nothing may touch its mount

@@ -139,9 +139,7 @@ fn one_seed(seed: u64, ops: usize) {
         step: 0,
     };
     let mut held: Option<Held> = None;
-    let settle = Duration::from_millis(env_usize("CKPTFS_MODEL_SETTLE_MS", 0) as u64); // TEMP-SETTLE
     for i in 0..ops {
-        std::thread::sleep(settle); // TEMP-SETTLE
         let n = run.rng.random_range(0..nodes);
         let at = |p: &str| c.path(n, p.trim_start_matches('/'));
         // A held handle writes and closes after a few operations (its inode may have moved
@@ -492,7 +490,6 @@ fn one_seed(seed: u64, ops: usize) {
             got,
         );
     }
-    std::thread::sleep(settle * 2); // TEMP-SETTLE
     compare_all(&c, &run, nodes, "after the operations");
     for n in 0..nodes {
         let (st, out, e) = c.ckptfs(&["check".into(), c.nodes[n].mnt.clone().into()]);

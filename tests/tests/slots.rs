@@ -39,6 +39,14 @@ fn nodes_claim_distinct_slots_and_a_released_slot_is_claimed_again() {
     let pids: std::collections::BTreeSet<_> = held.iter().map(|r| r["pid"].as_u64()).collect();
     assert_eq!(pids.len(), 4, "four daemons: {rows:#}");
 
+    // A second mount on a live mount's mountpoint is refused, naming the holder.
+    let (st, out, err) = c.try_mount(0, &[]);
+    assert!(
+        !st.success() && err.contains("already holds a ckptfs mount") && err.contains("pid"),
+        "a mount stacked on a live one: {out}{err}"
+    );
+    assert_file_eq(&c.path(0, "own-0"), &pattern(0, 300_000));
+
     // A fifth node finds every slot held, and is told by whom.
     let (st, out, err) = c.try_mount(4, &[]);
     assert!(!st.success(), "a fifth mount of a 4-slot space: {out}{err}");
@@ -279,6 +287,106 @@ fn a_frozen_owner_that_lost_its_slot_is_fenced() {
     let (st, out, err) = c.ckptfs(&["check".into(), c.nodes[2].mnt.clone().into()]);
     assert!(st.success(), "check: {out}{err}");
     c.unmount(0);
+}
+
+/// Polls `cond` until it holds (an event: a process state, a log line, a header on disk),
+/// failing after `limit`.
+fn wait_until(what: &str, limit: Duration, mut cond: impl FnMut() -> bool) {
+    let start = std::time::Instant::now();
+    while !cond() {
+        assert!(start.elapsed() < limit, "waited {limit:?} for {what}");
+        std::thread::sleep(Duration::from_millis(10));
+    }
+}
+
+/// The epochs of a slot's two header copies (None: a copy never written).
+fn header_epochs(pair: &[u8], slot: u32) -> [Option<u64>; 2] {
+    use ckptfs_engine::format::{SlotHeader, SlotId};
+    [0, 1].map(|c| {
+        SlotHeader::decode(&pair[c * 4096..(c + 1) * 4096], SlotId(slot))
+            .expect("a header copy that decodes")
+            .map(|h| h.epoch)
+    })
+}
+
+/// A daemon frozen inside a lease renewal, between reading its slot header and writing it
+/// (the fault point `CKPTFS_FAULT_STOP_IN_RENEWAL`), writes no header once it resumes after
+/// its lease ran out and a taker claimed the slot: it finds itself fenced first, both of
+/// the slot's header copies stay the taker's, and `ckptfs umount` of the fenced mount
+/// fails, saying what was not made durable.
+#[test]
+fn a_daemon_frozen_inside_its_renewal_never_writes_over_the_taker() {
+    let mut c = Cluster::new(2, "512M", 2, LEASE);
+    let arm = c.root().join("arm-the-fault-point");
+    let (st, out, err) = c.try_mount_env(
+        0,
+        &["--slot", "0"],
+        &[("CKPTFS_FAULT_STOP_IN_RENEWAL", arm.to_str().unwrap())],
+    );
+    assert!(st.success(), "mount node 0: {out}{err}");
+    fs::write(c.path(0, "before"), pattern(1, 100_000)).unwrap();
+    // The next renewal stops the daemon between its header read and its header write.
+    fs::write(&arm, b"").unwrap();
+    wait_until(
+        "node 0 to stop inside a renewal",
+        Duration::from_secs(30),
+        || c.is_stopped(0),
+    );
+    c.stopped_by_fault(0);
+    c.wait_lease_out();
+    c.mount(1, &["--slot", "0"]);
+    // The taker's claim writes one copy, its first renewal the other.
+    wait_until(
+        "both header copies to be the taker's",
+        Duration::from_secs(30),
+        || header_epochs(&c.header_pair(0), 0) == [Some(2), Some(2)],
+    );
+    c.resume(0);
+    // Watched from the resume until the old owner says it is fenced: a header it wrote
+    // would show in one copy only until the taker's next renewal writes that copy again.
+    let log = c.backing.join("daemon.log");
+    let start = std::time::Instant::now();
+    let mut stale = Vec::new();
+    loop {
+        let epochs = header_epochs(&c.header_pair(0), 0);
+        if epochs.contains(&Some(1)) && stale.len() < 3 {
+            stale.push(format!("{:?} after {:?}", epochs, start.elapsed()));
+        }
+        if fs::read_to_string(&log)
+            .unwrap_or_default()
+            .contains("writes nothing more")
+        {
+            break;
+        }
+        assert!(
+            start.elapsed() < Duration::from_secs(30),
+            "node 0 never said it is fenced"
+        );
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    assert!(
+        stale.is_empty(),
+        "the fenced owner wrote its header over the taker's: {stale:?}"
+    );
+    assert!(
+        fs::write(c.path(0, "after"), b"x").is_err(),
+        "a fenced owner's write must fail"
+    );
+    assert_eq!(
+        header_epochs(&c.header_pair(0), 0),
+        [Some(2), Some(2)],
+        "the fenced owner wrote a header over the taker's"
+    );
+    assert_file_eq(&c.path(1, "before"), &pattern(1, 100_000));
+    assert!(!c.path(1, "after").exists());
+    let (st, out, err) = c.ckptfs(&["umount".into(), c.nodes[0].mnt.clone().into()]);
+    c.nodes[0].pid = None;
+    assert!(
+        !st.success() && err.contains("not everything is durable"),
+        "umount of a fenced mount must fail and say why: {out}{err}"
+    );
+    let (st, out, err) = c.ckptfs(&["check".into(), c.nodes[1].mnt.clone().into()]);
+    assert!(st.success(), "check: {out}{err}");
 }
 
 /// N-N: 4 nodes, 8 writers each, 3 steps; every file of every step reads back byte-exact
