@@ -22,6 +22,11 @@ pub struct Node {
 pub struct Cluster {
     root: TempDir,
     pub backing: PathBuf,
+    /// The backing directory as each node reaches it: the same directory, through each
+    /// node's own client of a shared filesystem (`on_clients`), or `backing` for all.
+    node_backing: Vec<PathBuf>,
+    /// A space on a shared filesystem: removed at drop (it is not under `root`).
+    shared_dir: Option<PathBuf>,
     pub nodes: Vec<Node>,
     /// The lease every mount takes (`--lease`).
     pub lease: Duration,
@@ -32,9 +37,43 @@ impl Cluster {
     /// Formats a space with `slots` slots and makes `nodes` empty mountpoints (nothing
     /// mounted).
     pub fn new(slots: u32, size: &str, nodes: usize, lease: Duration) -> Cluster {
+        Self::on_clients(slots, size, nodes, lease, &[])
+    }
+
+    /// `new`, with the space on a shared filesystem: `clients` are one directory of it as
+    /// different clients mount it (GlusterFS mounted twice); node `i` reaches the space
+    /// through `clients[i % len]`. With no clients, the space is in a local directory.
+    pub fn on_clients(
+        slots: u32,
+        size: &str,
+        nodes: usize,
+        lease: Duration,
+        clients: &[PathBuf],
+    ) -> Cluster {
         require_fuse();
         let root = TempDir::new("cluster");
-        let backing = root.path().join("backing");
+        let unique = root
+            .path()
+            .file_name()
+            .expect("temp dir name")
+            .to_os_string();
+        let (backing, node_backing, shared_dir) = match clients {
+            [] => {
+                let b = root.path().join("backing");
+                (b.clone(), vec![b; nodes], None)
+            }
+            _ => {
+                let within = |c: &PathBuf| c.join(&unique).join("backing");
+                fs::create_dir_all(clients[0].join(&unique)).expect("a directory on the client");
+                (
+                    within(&clients[0]),
+                    (0..nodes)
+                        .map(|i| within(&clients[i % clients.len()]))
+                        .collect(),
+                    Some(clients[0].join(&unique)),
+                )
+            }
+        };
         let mut c = Cluster {
             nodes: (0..nodes)
                 .map(|i| {
@@ -50,6 +89,8 @@ impl Cluster {
                 .collect(),
             root,
             backing,
+            node_backing,
+            shared_dir,
             lease,
             step: 0,
         };
@@ -101,7 +142,7 @@ impl Cluster {
         args.extend(extra.iter().map(OsString::from));
         args.push("--lease".into());
         args.push(format!("{}ms", self.lease.as_millis()).into());
-        args.push(self.backing.clone().into());
+        args.push(self.node_backing[node].clone().into());
         args.push(self.nodes[node].mnt.clone().into());
         self.step += 1;
         let name = format!("{:03}-mount{node}", self.step);
@@ -175,7 +216,7 @@ impl Cluster {
             .arg(ckptfs_bin())
             .args(["mount", "--foreground", "--lease"])
             .arg(format!("{}ms", self.lease.as_millis()))
-            .arg(&self.backing)
+            .arg(&self.node_backing[node])
             .arg(&self.nodes[node].mnt)
             .stdin(Stdio::null())
             .stdout(Stdio::null())
@@ -340,6 +381,8 @@ impl Drop for Cluster {
                 self.root.path().display()
             );
             self.root.keep();
+        } else if let Some(d) = &self.shared_dir {
+            let _ = fs::remove_dir_all(d);
         }
     }
 }

@@ -936,6 +936,54 @@ impl<T> std::fmt::Debug for Report<T> {
     }
 }
 
+/// Whether `CKPTFS_REQUIRE` (a comma-separated list: `gluster`, `gpu`, ...) names
+/// `resource`: then a test that would skip for want of it fails instead.
+pub fn required(resource: &str) -> bool {
+    std::env::var("CKPTFS_REQUIRE")
+        .map(|v| v.split(',').any(|r| r.trim() == resource))
+        .unwrap_or(false)
+}
+
+/// Skips a test that needs `resource`, which is absent for `why`: says so loudly (the
+/// line starts with SKIPPED), or fails the test when `CKPTFS_REQUIRE` names the resource.
+pub fn skip(test: &str, resource: &str, why: &str) {
+    assert!(
+        !required(resource),
+        "{test}: CKPTFS_REQUIRE names {resource}, which is not available: {why}"
+    );
+    eprintln!("SKIPPED {test}: no {resource}: {why}");
+    println!("SKIPPED {test}: no {resource}: {why}");
+}
+
+/// The two client mounts of one GlusterFS volume (`scripts/gluster.sh start` prints them
+/// as `CKPTFS_GLUSTER_CLIENTS=A:B`, and `.ci/run` exports that), or why there are none.
+pub fn gluster_clients() -> Result<Vec<PathBuf>, String> {
+    let v = std::env::var("CKPTFS_GLUSTER_CLIENTS").map_err(|_| {
+        std::env::var("CKPTFS_GLUSTER_UNAVAILABLE").unwrap_or_else(|_| {
+            "CKPTFS_GLUSTER_CLIENTS is not set (`scripts/gluster.sh start` makes a volume, \
+             mounts it twice and prints the value)"
+                .into()
+        })
+    })?;
+    let clients: Vec<PathBuf> = v.split(':').map(PathBuf::from).collect();
+    if clients.len() < 2 {
+        return Err(format!(
+            "CKPTFS_GLUSTER_CLIENTS={v} names fewer than two clients"
+        ));
+    }
+    for c in &clients {
+        let mounts = fs::read_to_string("/proc/self/mounts").unwrap_or_default();
+        let want = c.to_string_lossy();
+        if !mounts
+            .lines()
+            .any(|l| l.split(' ').nth(1) == Some(&want) && l.contains("fuse.glusterfs"))
+        {
+            return Err(format!("{} is not a GlusterFS mount", c.display()));
+        }
+    }
+    Ok(clients)
+}
+
 /// Seed for a randomized test: `$CKPTFS_SEED` when set, else `default`. Printed so a failing
 /// run can be replayed.
 pub fn test_seed(test: &str, default: u64) -> u64 {
