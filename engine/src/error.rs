@@ -39,6 +39,9 @@ pub enum Error {
     /// same names to finish (that node holds its intent without finishing: see FORMAT.md
     /// "Intents").
     NamespaceBusy(String),
+    /// The other live nodes of a multi-slot space did not see this node's coherence probe
+    /// (a mount refused: the shared filesystem may not show clients each other's writes).
+    Incoherent(String),
 }
 
 pub type Result<T> = std::result::Result<T, Error>;
@@ -75,6 +78,7 @@ impl fmt::Display for Error {
             ),
             Error::Fenced(m) => write!(f, "{m}"),
             Error::NamespaceBusy(m) => write!(f, "{m}"),
+            Error::Incoherent(m) => write!(f, "{m}"),
         }
     }
 }

@@ -492,6 +492,10 @@ pub struct SlotHint {
     pub manifest_gen: u64,
     pub manifest_len: u64,
     pub intent: Intent,
+    /// A mounting node's coherence probe (a random nonce; 0: none), and the last probe of
+    /// another slot this slot saw and answered (FORMAT.md "Coherence probe").
+    pub probe: u64,
+    pub echo: u64,
 }
 
 impl SlotHint {
@@ -502,6 +506,8 @@ impl SlotHint {
             manifest_gen: h.manifest_gen,
             manifest_len: h.manifest_len,
             intent: Intent::default(),
+            probe: 0,
+            echo: 0,
         }
     }
 
@@ -511,7 +517,7 @@ impl SlotHint {
     }
 
     /// `seq | epoch | manifest gen | manifest len | intent seq | intent prio | 6 keys |
-    /// 0 (16) | blake3 of 0..112, 16 bytes`.
+    /// probe | echo | blake3 of 0..112, 16 bytes`.
     pub fn encode(&self) -> [u8; SLOT_HINT_LEN as usize] {
         let mut b = [0u8; SLOT_HINT_LEN as usize];
         let words = [
@@ -522,7 +528,12 @@ impl SlotHint {
             self.intent.seq,
             self.intent.prio,
         ];
-        for (i, v) in words.iter().chain(self.intent.keys.iter()).enumerate() {
+        for (i, v) in words
+            .iter()
+            .chain(self.intent.keys.iter())
+            .chain([self.probe, self.echo].iter())
+            .enumerate()
+        {
             b[8 * i..8 * i + 8].copy_from_slice(&v.to_le_bytes());
         }
         let sum = blake3::hash(&b[..112]);
@@ -551,6 +562,8 @@ impl SlotHint {
                 prio: u64_at(b, 40),
                 keys: [0, 1, 2, 3, 4, 5].map(|i| u64_at(b, 48 + 8 * i)),
             },
+            probe: u64_at(b, 96),
+            echo: u64_at(b, 104),
         })
     }
 }
@@ -1565,11 +1578,14 @@ mod tests {
                 prio: 77,
                 keys: [11, 12, 13, 0, 0, 0],
             },
+            probe: 99,
+            echo: 98,
         };
         let b = h.encode();
         assert_eq!(u64_at(&b, 24), 8192);
         assert_eq!(u64_at(&b, 40), 77);
         assert_eq!(u64_at(&b, 56), 12);
+        assert_eq!(u64_at(&b, 104), 98);
         assert_eq!(SlotHint::decode(&b), Some(h));
         let mut bad = b;
         bad[3] ^= 1;

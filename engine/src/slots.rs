@@ -569,6 +569,94 @@ impl Lease {
         Ok(())
     }
 
+    /// Writes this slot's hint with `f` applied (probe and echo fields), visibly.
+    fn update_hint(&self, f: impl FnOnce(&mut SlotHint)) -> io::Result<()> {
+        self.permit()?;
+        let mut hint = self.hint.lock();
+        let mut next = *hint;
+        f(&mut next);
+        if next == *hint {
+            return Ok(());
+        }
+        self.table.write_hint(self.me.slot, &next)?;
+        *hint = next;
+        Ok(())
+    }
+
+    /// Answers another slot's coherence probe (FORMAT.md "Coherence probe"): the newest
+    /// probe in `hints` not answered yet is echoed in this slot's hint.
+    pub fn answer_probes(&self, hints: &[Option<SlotHint>]) -> io::Result<()> {
+        let last = self.hint.lock().echo;
+        let probe = hints
+            .iter()
+            .enumerate()
+            .filter(|(i, _)| *i as u32 != self.me.slot.0)
+            .filter_map(|(_, h)| h.map(|h| h.probe))
+            .find(|&p| p != 0 && p != last);
+        match probe {
+            Some(p) => self.update_hint(|h| h.echo = p),
+            None => Ok(()),
+        }
+    }
+
+    /// Probes whether the other live nodes see this node's writes and this node theirs: a
+    /// nonce in this slot's hint, echoed by any other node that reads it (each does once a
+    /// second). Returns Ok(None) with no other live node, Ok(Some((slot, elapsed))) for
+    /// the first echo, and an error naming the nodes when live nodes answer nothing
+    /// within `wait`.
+    pub fn probe_coherence(&self, wait: Duration) -> Result<Option<(SlotId, Duration)>> {
+        let now = now_unix_ns();
+        let live: Vec<SlotHeader> = self
+            .table
+            .all()?
+            .into_iter()
+            .filter(|h| h.slot != self.me.slot && is_live(h, now))
+            .collect();
+        if live.is_empty() {
+            return Ok(None);
+        }
+        let nonce = u64::from_le_bytes(
+            blake3::hash(format!("{now}{:?}", self.me.mount_id).as_bytes()).as_bytes()[..8]
+                .try_into()
+                .expect("8"),
+        ) | 1;
+        self.update_hint(|h| h.probe = nonce).map_err(Error::Io)?;
+        let start = Instant::now();
+        let answered =
+            loop {
+                let hints = self.table.hints()?;
+                if let Some((i, _)) = hints.iter().enumerate().find(|(i, h)| {
+                    *i as u32 != self.me.slot.0 && h.is_some_and(|h| h.echo == nonce)
+                }) {
+                    break Some((SlotId(i as u32), start.elapsed()));
+                }
+                if start.elapsed() > wait {
+                    break None;
+                }
+                std::thread::sleep(Duration::from_millis(20));
+            };
+        self.update_hint(|h| h.probe = 0).map_err(Error::Io)?;
+        match answered {
+            Some(a) => Ok(Some(a)),
+            None => Err(Error::Incoherent(format!(
+                "{} other node(s) hold live leases on this space ({}), but none saw this \
+                 node's coherence probe within {:.0} s. Either they are all stopped, or the \
+                 backing filesystem does not show other clients this node's writes (or this \
+                 node theirs): ckptfs needs O_DIRECT reads to bypass the client cache and \
+                 fdatasync'd writes to reach the other clients (GlusterFS and Lustre give \
+                 that with their default options; NFS needs close-to-open and O_DIRECT \
+                 support). Mount again once those nodes run, or with --no-probe if you know \
+                 they are stopped",
+                live.len(),
+                live.iter()
+                    .map(|h| describe_holder(h, now))
+                    .collect::<Vec<_>>()
+                    .join("; "),
+                wait.as_secs_f64()
+            ))),
+        }
+    }
+
     /// The table of every slot's header and hint.
     pub fn table(&self) -> &SlotTable {
         &self.table

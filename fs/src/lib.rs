@@ -2060,6 +2060,18 @@ impl Fs {
         }
     }
 
+    /// Echoes another node's coherence probe (a multi-slot space; nothing otherwise).
+    pub fn answer_probes(&self) -> Result<()> {
+        if self.space.is_read_only() {
+            return Ok(());
+        }
+        if let Some(l) = self.space.lease() {
+            let hints = l.table().hints()?;
+            l.answer_probes(&hints).map_err(ckptfs_engine::Error::Io)?;
+        }
+        Ok(())
+    }
+
     /// Reads the other slots' headers and new manifest records.
     pub fn refresh_union(&self) -> Result<()> {
         match self.space.union() {

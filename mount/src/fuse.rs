@@ -77,6 +77,8 @@ fn errno(e: &Error) -> Errno {
             E::OldSlotNamespace => libc::EIO,
             E::Fenced(_) => libc::EIO,
             E::NamespaceBusy(_) => libc::EBUSY,
+            // Only at mount.
+            E::Incoherent(_) => libc::EIO,
         },
     };
     Errno::from_i32(code)

@@ -274,6 +274,11 @@ enum Cmd {
         /// next renewal and could damage what this mount writes.
         #[arg(long, requires = "slot")]
         take_over: bool,
+        /// Of a multi-slot space: skip the coherence probe (at mount, another live node
+        /// must echo a nonce this node writes, within 5 s; see "Several nodes" in the
+        /// README). Only when the other holders are known to be stopped.
+        #[arg(long)]
+        no_probe: bool,
         #[arg(long, hide = true)]
         notify_ready: bool,
     },
@@ -541,6 +546,7 @@ struct Tuning {
     slot: Option<u32>,
     lease: Duration,
     take_over: bool,
+    no_probe: bool,
 }
 
 /// The batch codec `--gpu` asks for, if any (see the flag's help).
@@ -666,6 +672,17 @@ fn mount(
             l.epoch(),
             tuning.lease
         );
+        if !tuning.no_probe {
+            match l.probe_coherence(PROBE_WAIT) {
+                Ok(None) => log::info!("coherence probe: no other node is live"),
+                Ok(Some((s, t))) => log::info!(
+                    "coherence probe: slot {s} saw this node's write, and this node its \
+                     answer, in {} ms",
+                    t.as_millis()
+                ),
+                Err(e) => return Err(format!("{e}")),
+            }
+        }
     }
     if let Some(w) = tuning.workers {
         space.store().set_workers(w as usize);
@@ -723,6 +740,9 @@ fn mount(
             std::thread::sleep(Duration::from_millis(250));
             fs.auto_gc_tick();
             tick += 1;
+            if let Err(e) = fs.answer_probes() {
+                log::warn!("answering the other nodes' coherence probes: {e}");
+            }
             if tick.is_multiple_of(4) {
                 trim_heap();
                 if let Err(e) = fs.publish_pending() {
@@ -907,6 +927,9 @@ fn spawn_daemon(
     if tuning.take_over {
         cmd.arg("--take-over");
     }
+    if tuning.no_probe {
+        cmd.arg("--no-probe");
+    }
     cmd.arg("--lease")
         .arg(format!("{}ms", tuning.lease.as_millis()));
     let kernel: Vec<&str> = [(tuning.suid, "suid"), (tuning.noexec, "noexec")]
@@ -1025,6 +1048,10 @@ fn check_not_locked(backing: &Path, read_only: bool) -> Result<(), String> {
         std::thread::sleep(Duration::from_millis(50));
     }
 }
+
+/// How long a mount waits for another live node to echo its coherence probe (each node
+/// answers within a quarter second of the probe's write).
+const PROBE_WAIT: Duration = Duration::from_secs(5);
 
 fn mounted_at(mnt: &Path) -> bool {
     backing_of(mnt).is_some()
@@ -1359,6 +1386,7 @@ fn run(cli: Cli) -> Result<(), String> {
             slot,
             lease,
             take_over,
+            no_probe,
             notify_ready,
         } => {
             if foreground {
@@ -1376,6 +1404,7 @@ fn run(cli: Cli) -> Result<(), String> {
                 slot,
                 lease,
                 take_over,
+                no_probe,
             };
             let mut allow_other = allow_other;
             if let Some(o) = &options {
@@ -2162,6 +2191,7 @@ mod tests {
             slot: None,
             lease: ckptfs_engine::slots::DEFAULT_LEASE,
             take_over: false,
+            no_probe: false,
         }
     }
 

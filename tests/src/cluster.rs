@@ -207,6 +207,16 @@ impl Cluster {
         }
     }
 
+    /// `ckptfs umount` of a mount that cannot make everything durable (a fenced one): it
+    /// unmounts and exits non-zero; returns what it said.
+    pub fn unmount_failing(&mut self, node: usize) -> String {
+        let mnt = self.nodes[node].mnt.clone();
+        let (st, out, err) = self.ckptfs(&["umount".into(), mnt.into()]);
+        assert!(!st.success(), "umount node {node} should fail: {out}{err}");
+        self.nodes[node].pid = None;
+        format!("{out}{err}")
+    }
+
     /// Mounts `node` with its daemon in the foreground under `tracer` (a command line such
     /// as `strace -f -o LOG`), so every system call the daemon makes is seen. Returns once
     /// the mount is ready; the tracer exits with the daemon at `unmount`.
