@@ -463,10 +463,17 @@ impl Space {
                 self.store().relocate_pinned(&moves);
                 freed
             };
-            if self.union().is_some() && !opts.pressure {
-                // Other nodes may still read moved chunks at their old places until they
-                // read this slot's next manifest (published after this gc).
-                self.store().defer_release(freed.clone(), REMOTE_READ_GRACE);
+            if self.union().is_some() {
+                // Other nodes read this slot's chunks at their published places: the new
+                // places are published before any old one may be written again, so a
+                // reader that meets other bytes there (its blake3 check fails) finds the
+                // chunk in the manifest it reads next. Without pressure the old places
+                // also stay a while for reads already under way.
+                self.publish_snapshot()?;
+                match opts.pressure {
+                    false => self.store().defer_release(freed.clone(), REMOTE_READ_GRACE),
+                    true => self.store().release_segments(&freed),
+                }
             } else {
                 self.store().release_segments(&freed);
             }
