@@ -2636,6 +2636,12 @@ impl Space {
         self.reader()?.unlinked_history_at(&want)
     }
 
+    /// The history of the most recently unlinked file that lived at `path` (components
+    /// joined by '/'), if it is still retained.
+    pub fn unlinked_history_at(&self, path: &[u8]) -> Result<Option<HistoryId>> {
+        self.reader()?.unlinked_history_at(path)
+    }
+
     /// History ids greater than `after`, at most `limit`.
     pub fn history_ids(&self, after: HistoryId, limit: usize) -> Result<Vec<HistoryId>> {
         self.reader()?.history_ids(after, limit)

@@ -84,7 +84,10 @@ impl std::fmt::Display for Error {
             Error::ReadOnly => "the revision view is read-only; use `ckptfs restore` instead",
             Error::Busy => "the file is open for writing; close it before restoring it",
             Error::NotSupported => "ckptfs does not offer this operation",
-            Error::CrossDevice => "the entry is another node's slot's; copy it instead",
+            Error::CrossDevice => {
+                "another node's slot holds it (its chunks and revisions are kept there): copy \
+                 it, or run this on that node"
+            }
             Error::NoData => "no such extended attribute",
             Error::OutOfRange => "the extended attribute name is longer than 255 bytes",
             Error::ValueTooBig => "the extended attribute value is larger than 64 KiB",
@@ -2242,7 +2245,7 @@ impl Fs {
 
     /// The listed revisions of `path` (relative to the root), live or unlinked.
     pub fn revisions_of(&self, path: &[u8]) -> Result<Vec<RevisionListing>> {
-        let hid = self.space.history_of_path(path)?.ok_or(Error::NotFound)?;
+        let hid = self.history_of_path(path)?;
         Ok(self
             .space
             .revisions(hid)?
@@ -2259,12 +2262,57 @@ impl Fs {
 
     /// The history id of `path` (live, or the most recently unlinked file there).
     pub fn history_of(&self, path: &[u8]) -> Result<HistoryId> {
-        self.space.history_of_path(path)?.ok_or(Error::NotFound)
+        self.history_of_path(path)
+    }
+
+    /// The object at `path` (components separated by '/'), as every node sees it.
+    fn resolve(&self, path: &[u8]) -> Result<Option<InodeId>> {
+        if self.shared.is_none() {
+            return Ok(self.space.resolve(path)?);
+        }
+        self.refresh_since(std::time::Instant::now());
+        let mut ino = InodeId::ROOT;
+        for part in path.split(|b| *b == b'/').filter(|p| !p.is_empty()) {
+            match self.lookup(ino, part) {
+                Ok(a) => ino = a.ino,
+                Err(Error::NotFound) => return Ok(None),
+                Err(e) => return Err(e),
+            }
+        }
+        Ok(Some(ino))
+    }
+
+    /// The history of `path`: that of the file there now, else that of the most recently
+    /// unlinked file that lived there and is still retained. In a shared namespace the
+    /// histories are kept by the slot that made the file: another slot's file is refused
+    /// (EXDEV), not reported missing.
+    fn history_of_path(&self, path: &[u8]) -> Result<HistoryId> {
+        let Some(sh) = &self.shared else {
+            return self.space.history_of_path(path)?.ok_or(Error::NotFound);
+        };
+        if let Some(ino) = self.resolve(path)? {
+            if ckptfs_engine::format::owner_slot(ino) != sh.me {
+                return Err(Error::CrossDevice);
+            }
+            if let Some(rec) = self.space.get_inode(ino)? {
+                if rec.kind == NodeKind::File {
+                    return Ok(rec.history);
+                }
+            }
+        }
+        let want: Vec<u8> = path
+            .split(|b| *b == b'/')
+            .filter(|p| !p.is_empty())
+            .collect::<Vec<_>>()
+            .join(&b'/');
+        self.space
+            .unlinked_history_at(&want)?
+            .ok_or(Error::NotFound)
     }
 
     /// The content of a revision of `path`.
     pub fn read_revision(&self, path: &[u8], rev: u64) -> Result<FileState> {
-        let hid = self.space.history_of_path(path)?.ok_or(Error::NotFound)?;
+        let hid = self.history_of_path(path)?;
         let listed = self.space.revisions(hid)?;
         if !listed.iter().any(|r| r.id.0 == rev) {
             return Err(Error::NotFound);
@@ -2276,7 +2324,7 @@ impl Fs {
     /// unlinked path is re-created (its directory must exist) and continues its history.
     /// Makes revision `rev` the current content of `path`; returns the file's inode.
     pub fn restore(&self, path: &[u8], rev: u64, c: Caller) -> Result<InodeId> {
-        let hid = self.space.history_of_path(path)?.ok_or(Error::NotFound)?;
+        let hid = self.history_of_path(path)?;
         if !self.space.revisions(hid)?.iter().any(|r| r.id.0 == rev) {
             return Err(Error::NotFound);
         }
@@ -2288,19 +2336,22 @@ impl Fs {
             }
             Ok((RevisionId(rev), ()))
         })?;
-        self.restore_pinned(path, hid, rev, c)
+        let ino = self.restore_pinned(path, hid, rev, c)?;
+        // Other nodes see the restored content when this returns.
+        self.publish_pending()?;
+        Ok(ino)
     }
 
     fn restore_pinned(&self, path: &[u8], hid: HistoryId, rev: u64, c: Caller) -> Result<InodeId> {
         let content = self.space.load_revision(RevisionId(rev))?;
-        let ino = match self.space.resolve(path)? {
+        let ino = match self.resolve(path)? {
             Some(ino) => ino,
             None => {
                 let (dir, name) = match path.iter().rposition(|b| *b == b'/') {
                     Some(i) => (&path[..i], &path[i + 1..]),
                     None => (&b""[..], path),
                 };
-                let parent = self.space.resolve(dir)?.ok_or(Error::NotFound)?;
+                let parent = self.resolve(dir)?.ok_or(Error::NotFound)?;
                 let owner = self.space.history(hid)?.ino;
                 let perm = self.space.get_inode(owner)?.map_or(0o644, |r| r.perm);
                 let attr = self.make_node(

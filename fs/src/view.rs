@@ -114,6 +114,24 @@ fn dir_attr(ino: InodeId, like: &InodeRecord) -> Attr {
 }
 
 impl Fs {
+    /// The record the view shows for `real`: in a shared namespace its attributes as every
+    /// node sees them, with the history of this slot's file (another slot's file shows no
+    /// revisions here: its slot keeps them).
+    fn view_record(&self, real: InodeId) -> Result<InodeRecord> {
+        let Some(sh) = &self.shared else {
+            return self.record(real);
+        };
+        let mut rec = self.getattr(real)?.rec;
+        rec.history = HistoryId::NONE;
+        if real != InodeId::ROOT && ckptfs_engine::format::owner_slot(real) == sh.me {
+            if let Some(local) = self.space.get_inode(real)? {
+                rec.history = local.history;
+                rec.nlink = local.nlink;
+            }
+        }
+        Ok(rec)
+    }
+
     /// A revision file shows the extended attributes its revision recorded; the view's
     /// directories have none.
     pub(crate) fn view_xattrs(&self, ino: InodeId) -> Result<ckptfs_engine::format::Xattrs> {
@@ -126,11 +144,11 @@ impl Fs {
 
     pub(crate) fn view_getattr(&self, ino: InodeId) -> Result<Attr> {
         match decode(ino).ok_or(Error::NotFound)? {
-            Virt::Ctl => Ok(dir_attr(ino, &self.record(InodeId::ROOT)?)),
+            Virt::Ctl => Ok(dir_attr(ino, &self.view_record(InodeId::ROOT)?)),
             Virt::Hist(None) => {
                 // A history is reached by id, around the permissions of the directories
                 // holding its file, so only root and the root's owner may enter here.
-                let root = self.record(InodeId::ROOT)?;
+                let root = self.view_record(InodeId::ROOT)?;
                 let perm = root.perm & 0o500;
                 Ok(dir_attr(ino, &InodeRecord { perm, ..root }))
             }
@@ -139,14 +157,14 @@ impl Fs {
                 Ok(dir_attr(ino, &self.history_owner(&h)?))
             }
             Virt::Of(real) => {
-                let rec = self.record(real)?;
+                let rec = self.view_record(real)?;
                 match rec.kind {
                     NodeKind::Dir | NodeKind::File if rec.nlink > 0 => Ok(dir_attr(ino, &rec)),
                     _ => Err(Error::NotFound),
                 }
             }
             Virt::Advice => {
-                let root = self.record(InodeId::ROOT)?;
+                let root = self.view_record(InodeId::ROOT)?;
                 let now = Timestamp::now();
                 Ok(Attr {
                     ino,
@@ -219,12 +237,16 @@ impl Fs {
                 self.view_getattr(rev_file(RevisionId(id)))
             }
             Virt::Of(real) => {
-                let rec = self.record(real)?;
+                let rec = self.view_record(real)?;
                 match rec.kind {
                     NodeKind::Dir => {
-                        let child = self.space.lookup(real, name)?.ok_or(Error::NotFound)?;
+                        let child = match self.shared {
+                            Some(_) => self.lookup(real, name)?.ino,
+                            None => self.space.lookup(real, name)?.ok_or(Error::NotFound)?,
+                        };
                         self.view_getattr(self.view_of(child)?)
                     }
+                    NodeKind::File if rec.history == HistoryId::NONE => Err(Error::NotFound),
                     NodeKind::File => {
                         let id = parse_id(name)?;
                         let listed = self.space.revisions(rec.history)?;
@@ -247,8 +269,10 @@ impl Fs {
             Virt::Hist(Some(_)) => Ok(hist_dir(HistoryId::NONE)),
             Virt::Of(real) if real == InodeId::ROOT => Ok(CTL),
             Virt::Of(real) => {
-                let rec = self.record(real)?;
-                if rec.kind == NodeKind::Dir {
+                let rec = self.view_record(real)?;
+                if rec.kind == NodeKind::Dir && self.shared.is_some() {
+                    Ok(view_dir(self.sh_parent(real)?))
+                } else if rec.kind == NodeKind::Dir {
                     Ok(view_dir(rec.parent))
                 } else {
                     // A file's parent is not recorded; ".." of its revision directory is
@@ -294,20 +318,31 @@ impl Fs {
                 .collect()),
             Virt::Hist(Some(hid)) => Ok(self.revision_items(hid, after, limit)?),
             Virt::Of(real) => {
-                let rec = self.record(real)?;
+                let rec = self.view_record(real)?;
                 match rec.kind {
                     NodeKind::Dir => {
                         let mut out = Vec::new();
                         let mut cursor = after;
                         // Skip entries the view does not show (symlinks, special files).
                         loop {
-                            let batch = self.space.list_dir(real, cursor, limit)?;
+                            let batch: Vec<ckptfs_engine::catalog::DirEntry> = match self.shared {
+                                Some(_) => self
+                                    .sh_readdir(real, cursor, limit)?
+                                    .into_iter()
+                                    .map(|d| ckptfs_engine::catalog::DirEntry {
+                                        name: d.name,
+                                        ino: d.ino,
+                                        cookie: d.offset,
+                                    })
+                                    .collect(),
+                                None => self.space.list_dir(real, cursor, limit)?,
+                            };
                             if batch.is_empty() {
                                 return Ok(out);
                             }
                             for e in batch {
                                 cursor = e.cookie;
-                                let k = self.record(e.ino)?.kind;
+                                let k = self.view_record(e.ino)?.kind;
                                 if matches!(k, NodeKind::Dir | NodeKind::File) {
                                     out.push(DirItem {
                                         offset: e.cookie,
@@ -333,7 +368,7 @@ impl Fs {
     /// The view inode of a live directory, or of a live file: the directory of its history,
     /// which stays the same when a rename replaces the file at that path.
     fn view_of(&self, real: InodeId) -> Result<InodeId> {
-        let rec = self.record(real)?;
+        let rec = self.view_record(real)?;
         Ok(match rec.kind {
             NodeKind::File => hist_dir(rec.history),
             _ => view_dir(real),
@@ -341,6 +376,10 @@ impl Fs {
     }
 
     fn revision_items(&self, hid: HistoryId, after: u64, limit: usize) -> Result<Vec<DirItem>> {
+        // Another slot's file (a shared namespace): its revisions are that slot's.
+        if hid == HistoryId::NONE {
+            return Ok(Vec::new());
+        }
         Ok(self
             .space
             .revisions(hid)?
@@ -364,7 +403,7 @@ impl Fs {
                 return Ok(r);
             }
         }
-        let root = self.record(InodeId::ROOT)?;
+        let root = self.view_record(InodeId::ROOT)?;
         Ok(InodeRecord {
             kind: NodeKind::File,
             perm: 0o400,

@@ -1742,6 +1742,19 @@ fn control_set(mnt: &Path, op: &str, value: &[u8]) -> Result<(), String> {
     Ok(())
 }
 
+/// The last control request's failure as a sentence.
+fn control_error(op: &str) -> String {
+    let e = std::io::Error::last_os_error();
+    if e.raw_os_error() == Some(libc::EXDEV) {
+        // A shared namespace: the file is another slot's, which keeps its revisions.
+        return format!(
+            "{op}: another node's slot holds this file, and its revisions: run this through \
+             a mount of that slot"
+        );
+    }
+    format!("{op}: {e}")
+}
+
 /// Reads a control answer. `probe` first asks for the size, which makes the daemon compute
 /// the answer; without it the daemon returns the answer of this process's last request.
 fn control_get(mnt: &Path, op: &str, probe: bool) -> Result<serde_json::Value, String> {
@@ -1751,7 +1764,7 @@ fn control_get(mnt: &Path, op: &str, probe: bool) -> Result<serde_json::Value, S
         // SAFETY: a size query writes nothing.
         let r = unsafe { libc::getxattr(p.as_ptr(), n.as_ptr(), std::ptr::null_mut(), 0) };
         if r < 0 {
-            return Err(format!("{op}: {}", std::io::Error::last_os_error()));
+            return Err(control_error(op));
         }
         len = r as usize;
     }
@@ -1759,7 +1772,7 @@ fn control_get(mnt: &Path, op: &str, probe: bool) -> Result<serde_json::Value, S
     // SAFETY: getxattr writes at most buf.len() bytes into buf.
     let r = unsafe { libc::getxattr(p.as_ptr(), n.as_ptr(), buf.as_mut_ptr().cast(), buf.len()) };
     if r < 0 {
-        return Err(format!("{op}: {}", std::io::Error::last_os_error()));
+        return Err(control_error(op));
     }
     serde_json::from_slice(&buf[..r as usize]).map_err(|e| format!("{op}: bad answer: {e}"))
 }
