@@ -986,6 +986,9 @@ fn spawn_daemon(
 /// what was open, closing the metadata table) to let go of the space.
 const EXITING_HOLDER_WAIT: Duration = Duration::from_secs(30);
 
+/// How long a mount waits for an exiting daemon before it says so.
+const EXITING_HOLDER_NOTICE: Duration = Duration::from_secs(2);
+
 /// Refuses a space another process holds before a daemon is started for it, so the refusal
 /// leaves even the space's log untouched. The daemon's own lock is what really excludes a
 /// second mount; this only makes the common case quiet and clear. A holder that is a
@@ -1001,7 +1004,8 @@ fn check_not_locked(backing: &Path, read_only: bool) -> Result<(), String> {
         libc::LOCK_EX
     };
     let path = backing.join(ckptfs_engine::format::LOCK_FILE);
-    let deadline = Instant::now() + EXITING_HOLDER_WAIT;
+    let started = Instant::now();
+    let deadline = started + EXITING_HOLDER_WAIT;
     let mut said = false;
     loop {
         let f = std::fs::File::open(&path)
@@ -1038,7 +1042,9 @@ fn check_not_locked(backing: &Path, read_only: bool) -> Result<(), String> {
                 }
             ));
         }
-        if !said {
+        // A mount right after an unmount usually waits a few milliseconds: said only when
+        // the wait is long enough to notice (a successful mount is otherwise quiet).
+        if !said && started.elapsed() >= EXITING_HOLDER_NOTICE {
             eprintln!(
                 "ckptfs: waiting for the daemon that held {} to exit ({holder}, unmounted)",
                 backing.display()
