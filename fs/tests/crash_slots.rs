@@ -166,10 +166,9 @@ fn describe(s: &State) -> String {
         .join(", ")
 }
 
-/// What a call acknowledged: nothing, durability (gc), or durability and publication
-/// (close, directory fsync).
+/// What a call acknowledged: durability (gc), or durability and publication (close,
+/// directory fsync, and every namespace change of a shared namespace).
 enum Ack {
-    None,
     Durable,
     Published,
 }
@@ -246,7 +245,6 @@ fn workload(fs: &Fs, disk: &SimDisk, seed: u64) -> (Vec<State>, usize, usize) {
                 published = acked;
             }
             Ok(Ack::Durable) => acked = states.len() - 1,
-            Ok(Ack::None) => {}
             Err(_) => break,
         }
     }

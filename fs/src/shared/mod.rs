@@ -126,17 +126,27 @@ impl Fs {
         })
     }
 
-    /// Whether `obj` is this slot's object with no other version anywhere: then the local
-    /// file is all of it, and the single-slot paths serve it.
+    /// Whether `obj` is this slot's regular file with no other version anywhere: then the
+    /// local file is all of it, and the single-slot paths serve it.
     pub(crate) fn local_only(&self, obj: InodeId) -> bool {
         let me = self.sh().me;
         if obj == InodeId::ROOT || owner_slot(obj) != me {
             return false;
         }
+        // Regular files only: a directory's times follow every node's entries in it, which
+        // its local record does not see.
         self.with_views(|v| {
             v.list.iter().all(|(s, view)| match view.of.get(&obj) {
                 None => true,
-                Some(ids) => *s == me && ids.len() == 1 && ids.contains(&obj),
+                Some(ids) => {
+                    *s == me
+                        && ids.len() == 1
+                        && ids.contains(&obj)
+                        && view
+                            .versions
+                            .get(&obj)
+                            .is_some_and(|pv| pv.node.kind == NodeKind::File)
+                }
             })
         })
     }
