@@ -1758,7 +1758,9 @@ impl Fs {
     /// replaced, unless another handle still has to seal it.
     fn commit_node(&self, ino: InodeId, n: &mut OpenNode, seal: Seal, fh: HandleId) -> Result<()> {
         if !n.file.is_modified() {
-            return Ok(());
+            // An O_TRUNC of a layer that was empty already changes no byte of it, but cuts
+            // the other layers all the same.
+            return self.record_clip(ino, n);
         }
         let prev = n.rec.current_rev;
         let previous = match n
@@ -1770,20 +1772,10 @@ impl Fs {
             false => Previous::Replace,
         };
         self.settle_node(n)?;
-        if let Some((stamp, len)) = n.clip.take() {
-            // Recorded before the bytes it goes with: a crash between the two leaves the
-            // other layers cut and this one at its last commit, never the old bytes of
-            // the other layers showing past the new end.
-            self.space.ns_write(true, |t| -> Result<()> {
-                if let Some(mut m) = t.version(ino)? {
-                    m.created = m.created.max(stamp);
-                    m.clip_stamp = stamp;
-                    m.clip_len = len;
-                    t.put_version(ino, &m)?;
-                }
-                Ok(())
-            })?;
-        }
+        // Recorded before the bytes it goes with: a crash between the two leaves the other
+        // layers cut and this one at its last commit, never the old bytes of the other
+        // layers showing past the new end.
+        self.record_clip(ino, n)?;
         // The engine takes nlink, history and current revision from the stored record
         // inside the commit's transaction (a rename or unlink may have changed them).
         let mut rec = n.rec.clone();
@@ -1801,6 +1793,27 @@ impl Fs {
         n.rec = rec;
         n.base.set(rev);
         n.file.mark_committed();
+        if self.shared.is_some() {
+            self.sh_touch(&[ino]);
+        }
+        Ok(())
+    }
+
+    /// Records the truncate an O_TRUNC open of a shared namespace's layer made (`OpenNode::
+    /// clip`) in the layer's version record, for publication with this commit.
+    fn record_clip(&self, ino: InodeId, n: &mut OpenNode) -> Result<()> {
+        let Some((stamp, len)) = n.clip.take() else {
+            return Ok(());
+        };
+        self.space.ns_write(true, |t| -> Result<()> {
+            if let Some(mut m) = t.version(ino)? {
+                m.created = m.created.max(stamp);
+                m.clip_stamp = stamp;
+                m.clip_len = len;
+                t.put_version(ino, &m)?;
+            }
+            Ok(())
+        })?;
         if self.shared.is_some() {
             self.sh_touch(&[ino]);
         }
@@ -1863,6 +1876,8 @@ impl Fs {
                 Seal::FsyncPoint
             };
             self.commit_node(ino, n, seal, fh)?;
+        } else if n.clip.is_some() {
+            self.record_clip(ino, n)?;
         } else if seal_now && n.base.revision().0 != 0 {
             // Another handle's close (a reader's) already committed what this writer wrote.
             self.space.seal(n.base.revision())?;

@@ -460,6 +460,14 @@ use std::os::unix::fs::{FileExt, OpenOptionsExt, PermissionsExt};
 use std::path::PathBuf;
 use std::time::Duration;
 
+/// The operations a failure report shows: the last 40, or all with
+/// `CKPTFS_MODEL_LOG=all`.
+fn tail(log: &[String]) -> String {
+    let all = std::env::var("CKPTFS_MODEL_LOG").is_ok_and(|v| v == "all");
+    let from = if all { 0 } else { log.len().saturating_sub(40) };
+    log[from..].join("\n")
+}
+
 pub fn env_usize(name: &str, default: usize) -> usize {
     std::env::var(name)
         .ok()
@@ -539,7 +547,7 @@ impl Run {
             ok,
             "seed {}: {what}: the model says {want:?}, the mount said {got:?}\nlast operations:\n{}",
             self.seed,
-            self.log[self.log.len().saturating_sub(25)..].join("\n")
+            tail(&self.log)
         );
     }
 }
@@ -555,7 +563,7 @@ fn compare_all(c: &Cluster, run: &Run, nodes: usize, when: &str) {
             "seed {}: {when}: node {n} differs from the model:\n{}\nlast operations:\n{}",
             run.seed,
             d.join("\n"),
-            run.log[run.log.len().saturating_sub(40)..].join("\n")
+            tail(&run.log)
         );
     }
 }
@@ -791,7 +799,7 @@ pub fn run(seed: u64, ops: usize, clients: &[PathBuf]) {
                             g.len(),
                             w.len(),
                             crate::first_difference(g, w).unwrap_or_default(),
-                            run.log[run.log.len().saturating_sub(25)..].join("\n")
+                            tail(&run.log)
                         );
                     }
                     _ => run.expect(&what, want.map(drop), got.map(drop)),
@@ -823,7 +831,7 @@ pub fn run(seed: u64, ops: usize, clients: &[PathBuf]) {
                     got,
                     Ok(want),
                     "seed {seed}: #{i} node {n}: ls {d}\nlast operations:\n{}",
-                    run.log[run.log.len().saturating_sub(25)..].join("\n")
+                    tail(&run.log)
                 );
             }
             87..=91 => {
