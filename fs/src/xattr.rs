@@ -121,6 +121,10 @@ impl Fs {
     /// the next commit of a file records it in that revision.
     pub fn setxattr(&self, ino: InodeId, name: &[u8], value: &[u8], how: XattrSet) -> Result<()> {
         self.writable(ino)?;
+        if self.foreign(ino) {
+            // Not published: set here, no other node would see it.
+            return Err(Error::NotSupported);
+        }
         self.refuse_if_failed()?;
         check_xattr_name(ino, name)?;
         if value.len() > XATTR_VALUE_MAX {
@@ -177,6 +181,10 @@ impl Fs {
     /// removexattr(2): ENODATA if there is no such attribute.
     pub fn removexattr(&self, ino: InodeId, name: &[u8]) -> Result<()> {
         self.writable(ino)?;
+        if self.foreign(ino) {
+            // Another slot's object has none here (`xattrs_of`).
+            return Err(Error::NoData);
+        }
         self.refuse_if_failed()?;
         if name.len() > XATTR_NAME_MAX {
             return Err(Error::OutOfRange);
