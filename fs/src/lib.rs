@@ -833,14 +833,20 @@ impl Fs {
             t.put_inode(child, &rec)?;
             Ok((child, rec))
         })?;
-        self.refresh_open(child, |r| {
-            r.adopt_namespace(&rec);
+        self.unlinked(child, &rec);
+        Ok(())
+    }
+
+    /// After `ino` was unlinked (its record now `rec`): the open copy of its record follows,
+    /// and a file nobody has open is forgotten (`drop_if_unused`).
+    pub(crate) fn unlinked(&self, ino: InodeId, rec: &InodeRecord) {
+        self.refresh_open(ino, |r| {
+            r.adopt_namespace(rec);
             r.ctime = rec.ctime;
         });
         if rec.kind == NodeKind::File {
-            self.drop_if_unused(child);
+            self.drop_if_unused(ino);
         }
-        Ok(())
     }
 
     /// Forgets the in-memory state of an unlinked file no handle has open: writes a failed

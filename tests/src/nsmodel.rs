@@ -527,6 +527,16 @@ impl Run {
         p
     }
 
+    /// A random path for a data operation: not through or at a symlink (the model follows
+    /// none), not the file a handle holds open (its bytes are the holder's until it closes).
+    fn data_path(&mut self, held: Option<Ino>) -> Option<String> {
+        let p = self.path();
+        let bad = self.model.crosses_symlink(&p)
+            || self.model.is_symlink(&p)
+            || (held.is_some() && self.model.lookup(&p).ok() == held);
+        (!bad).then_some(p)
+    }
+
     fn data(&mut self) -> Vec<u8> {
         let len = match self.rng.random_range(0..10) {
             0 => 0,
@@ -643,13 +653,9 @@ pub fn run(seed: u64, ops: usize, clients: &[PathBuf]) {
             }
             15..=29 => {
                 // Save a file: open(O_CREAT|O_TRUNC), write, close.
-                let p = run.path();
-                if run.model.crosses_symlink(&p) || run.model.is_symlink(&p) {
+                let Some(p) = run.data_path(held_ino) else {
                     continue;
-                }
-                if run.model.lookup(&p).ok() == held_ino && held_ino.is_some() {
-                    continue;
-                }
+                };
                 let bytes = run.data();
                 let want = run.model.open_create(&p, true, 0o644).map(|ino| {
                     run.model.write_at(ino, 0, &bytes);
@@ -666,13 +672,9 @@ pub fn run(seed: u64, ops: usize, clients: &[PathBuf]) {
             }
             30..=36 => {
                 // Write into an existing file at an offset (another node's, often).
-                let p = run.path();
-                if run.model.crosses_symlink(&p) || run.model.is_symlink(&p) {
+                let Some(p) = run.data_path(held_ino) else {
                     continue;
-                }
-                if run.model.lookup(&p).ok() == held_ino && held_ino.is_some() {
-                    continue;
-                }
+                };
                 let off = run.rng.random_range(0..100_000usize);
                 let bytes = pattern(run.rng.random(), run.rng.random_range(1..50_000));
                 let want = run.model.open_existing(&p).map(|ino| {
@@ -695,13 +697,9 @@ pub fn run(seed: u64, ops: usize, clients: &[PathBuf]) {
                 );
             }
             37..=40 => {
-                let p = run.path();
-                if run.model.crosses_symlink(&p) || run.model.is_symlink(&p) {
+                let Some(p) = run.data_path(held_ino) else {
                     continue;
-                }
-                if run.model.lookup(&p).ok() == held_ino && held_ino.is_some() {
-                    continue;
-                }
+                };
                 let len = run.rng.random_range(0..120_000usize);
                 let want = run
                     .model

@@ -556,13 +556,7 @@ impl Fs {
             };
             self.apply_and_publish(vec![rec])?;
             if let Some(rec) = retired {
-                self.refresh_open(b.child, |r| {
-                    r.adopt_namespace(&rec);
-                    r.ctime = rec.ctime;
-                });
-                if rec.kind == NodeKind::File {
-                    self.drop_if_unused(b.child);
-                }
+                self.unlinked(b.child, &rec);
             }
             return Ok(());
         }
@@ -735,10 +729,7 @@ impl Fs {
             })?;
             self.apply_and_publish(recs)?;
             if let Some((d, rec, src_rec)) = retired {
-                self.refresh_open(d, |r| {
-                    r.adopt_namespace(&rec);
-                    r.ctime = rec.ctime;
-                });
+                self.unlinked(d, &rec);
                 if let Some((s, srec)) = src_rec {
                     self.refresh_open(s, |r| {
                         r.adopt_namespace(&srec);
@@ -747,9 +738,6 @@ impl Fs {
                     // The source's version record changed (its history): publish it.
                     self.sh_touch(&[s]);
                     self.sh_publish_pending()?;
-                }
-                if rec.kind == NodeKind::File {
-                    self.drop_if_unused(d);
                 }
             }
             return Ok(());
@@ -1239,13 +1227,7 @@ impl Fs {
             })?;
         for (ino, rec) in retired {
             log::debug!("inode {}: removed by another node; retired here", ino.0);
-            self.refresh_open(ino, |r| {
-                r.adopt_namespace(&rec);
-                r.ctime = rec.ctime;
-            });
-            if rec.kind == NodeKind::File {
-                self.drop_if_unused(ino);
-            }
+            self.unlinked(ino, &rec);
         }
         Ok(())
     }
