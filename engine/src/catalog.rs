@@ -1176,6 +1176,18 @@ impl Reader {
         Ok(())
     }
 
+    /// Every extent of every revision with its revision, in (revision, offset) order.
+    pub fn for_each_revision_extent(
+        &self,
+        mut f: impl FnMut(RevisionId, &Extent) -> Result<()>,
+    ) -> Result<()> {
+        for item in self.txn.open_table(EXTENTS)?.iter()? {
+            let (k, v) = item?;
+            f(RevisionId(k.value().0), &Extent::decode(v.value())?)?;
+        }
+        Ok(())
+    }
+
     /// Every extent of every revision (for stats).
     pub fn for_each_extent(&self, mut f: impl FnMut(&Extent)) -> Result<()> {
         for item in self.txn.open_table(EXTENTS)?.iter()? {

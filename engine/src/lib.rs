@@ -25,6 +25,7 @@ pub mod space;
 pub mod spill;
 pub mod store;
 pub mod targets;
+pub mod usage;
 
 /// The GPU codec crate, for the daemon to choose a device or the emulation.
 pub use ckptfs_kernels as kernels;

@@ -210,22 +210,29 @@ pub struct Stats {
     /// (`spill`; zero offline). Absent from an older daemon's answer, hence the default.
     #[serde(default)]
     pub carries: crate::spill::CarryTotals,
+    /// Where the stored bytes are: live, kept revisions of present files, kept revisions of
+    /// removed files (the trash), unreferenced (`usage`).
+    #[serde(default)]
+    pub split: crate::usage::Split,
 }
 
 impl Stats {
-    /// Referenced bytes (all kept revisions) per distinct chunk byte: how much dedup saves
-    /// (1.0 = nothing).
     /// Bytes of the data file in use that hold no committed chunk: dead chunks, padding and
     /// uncommitted saves, which gc's compaction can give back (retention may free more).
     pub fn reclaimable_bytes(&self) -> u64 {
         self.used_bytes.saturating_sub(self.stored_bytes)
     }
 
-    pub fn dedup_ratio(&self) -> f64 {
+    /// Referenced bytes (all kept revisions) per distinct chunk byte: how much dedup saves
+    /// (1.0 = nothing). None while no current file holds data: a ratio of kept or removed
+    /// revisions only would read as if the space held something deduplicated.
+    pub fn dedup_ratio(&self) -> Option<f64> {
+        (self.logical_bytes > 0).then_some(())?;
         ratio(self.referenced_bytes, self.raw_chunk_bytes)
     }
-    /// Distinct chunk bytes per stored byte: how much compression saves.
-    pub fn compression_ratio(&self) -> f64 {
+    /// Distinct chunk bytes per stored byte: how much compression saves. None when nothing
+    /// is stored.
+    pub fn compression_ratio(&self) -> Option<f64> {
         ratio(self.raw_chunk_bytes, self.stored_bytes)
     }
 }
@@ -235,8 +242,9 @@ impl Stats {
 pub struct StatsReport {
     #[serde(flatten)]
     pub stats: Stats,
-    pub dedup_ratio: f64,
-    pub compression_ratio: f64,
+    /// null when there is nothing to compare (see `Stats::dedup_ratio`).
+    pub dedup_ratio: Option<f64>,
+    pub compression_ratio: Option<f64>,
     pub reclaimable_bytes: u64,
 }
 
@@ -251,12 +259,9 @@ impl From<Stats> for StatsReport {
     }
 }
 
-fn ratio(a: u64, b: u64) -> f64 {
-    if b == 0 {
-        1.0
-    } else {
-        a as f64 / b as f64
-    }
+/// a / b, or None when either is empty (no ratio of nothing).
+fn ratio(a: u64, b: u64) -> Option<f64> {
+    (a > 0 && b > 0).then(|| a as f64 / b as f64)
 }
 
 fn open_private(path: &Path, create: bool) -> Result<File> {
@@ -2729,6 +2734,7 @@ impl Space {
             s.raw_chunk_bytes += c.raw_len as u64;
             Ok(())
         })?;
+        s.split = crate::usage::split(&r, s.stored_bytes)?;
         Ok(s)
     }
 }

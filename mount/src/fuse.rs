@@ -464,14 +464,21 @@ impl CkptFs {
                 if !self.may_control(req) {
                     return Err(Errno::from_i32(libc::EPERM));
                 }
-                let dry_run = match v {
-                    b"run" => false,
-                    b"dry-run" => true,
+                let (dry_run, empty_trash) = match v {
+                    b"run" => (false, false),
+                    b"dry-run" => (true, false),
+                    b"empty-trash" => (false, true),
+                    b"dry-run,empty-trash" => (true, true),
                     _ => return Err(einval()),
+                };
+                let opts = ckptfs_engine::gc::GcOptions {
+                    dry_run,
+                    empty_trash,
+                    ..Default::default()
                 };
                 let r = self
                     .fs
-                    .gc(dry_run, None, &mut |_| {})
+                    .gc_with(opts, &mut |_| {})
                     .map_err(|e| fail_json("gc", e))?;
                 Ok(to_json(crate::gc_json(&r)))
             }
