@@ -28,6 +28,9 @@ pub enum Error {
     /// The backing filesystem is full: the metadata table cannot keep room for its growth
     /// there (`device::TableRoom`), so new data is refused though the space has room.
     BackingFull,
+    /// A space over several storage targets was needed (`rebuild`, `scrub`), and this one
+    /// keeps its data in one file.
+    OneTarget,
 }
 
 pub type Result<T> = std::result::Result<T, Error>;
@@ -50,6 +53,11 @@ impl fmt::Display for Error {
                 f,
                 "the backing filesystem is full: the metadata table has no room left to grow \
                  there; free space on it (the ckptfs space itself is not full)"
+            ),
+            Error::OneTarget => write!(
+                f,
+                "this space keeps its data in one file (formatted without --target): it has no \
+                 shards to rebuild or scrub; `ckptfs check` verifies it"
             ),
             Error::ReadOnly => write!(
                 f,

@@ -188,6 +188,9 @@ impl Space {
 
     fn run_gc(&self, opts: &GcOptions, progress: &mut dyn FnMut(GcProgress)) -> Result<GcReport> {
         let _one = self.gc_lock.lock();
+        // Chunks may move and segments be freed from here on (see `scrub`).
+        self.gc_epoch
+            .fetch_add(1, std::sync::atomic::Ordering::SeqCst);
         self.store().release_due(opts.pressure);
         if self.store().is_failed() {
             return Err(Error::Failed);

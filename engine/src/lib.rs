@@ -19,6 +19,7 @@ pub mod pins;
 pub mod pipeline;
 pub mod placement;
 pub mod predict;
+pub mod scrub;
 pub mod sim;
 pub mod slots;
 pub mod space;

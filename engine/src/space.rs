@@ -126,8 +126,11 @@ pub struct Space {
     /// Held for the life of the Space: its flock is what makes a second mount fail. None for
     /// a space opened on devices (tests), whose caller guarantees exclusive use.
     lock: Option<File>,
-    /// One gc at a time.
+    /// One gc at a time (and a repair of one segment holds it too: no chunk moves then).
     pub(crate) gc_lock: parking_lot::Mutex<()>,
+    /// Bumped by every gc under `gc_lock`: a repair pass knows its snapshot of where the
+    /// chunks are still holds while this has not changed.
+    pub(crate) gc_epoch: std::sync::atomic::AtomicU64,
     /// What gc did since the space was opened (for `stats`).
     pub(crate) gc_totals: parking_lot::Mutex<crate::gc::GcTotals>,
     /// Shared while a reader pins a revision and loads it; exclusive while gc samples the pins
@@ -1699,11 +1702,7 @@ impl Space {
             return Err(Error::ReadOnly);
         }
         let Some(er) = &self.targets else {
-            return Err(Error::Invalid(format!(
-                "{} keeps its data in one file (formatted without --target): there is \
-                 nothing to rebuild",
-                self.dir.display()
-            )));
+            return Err(Error::OneTarget);
         };
         if let Some((old, new)) = replace {
             let table = self
@@ -1790,7 +1789,7 @@ impl Space {
                 &format!("replaced by target {added} ({})", spec.path.display()),
             );
         }
-        Ok(er.rebuild(throttle_bytes_s, progress)?)
+        self.repair(crate::scrub::Visit::Rebuild, throttle_bytes_s, progress)
     }
 
     /// What `ckptfs advise` needs from this space (this slot's revisions on a multi-slot
@@ -2087,6 +2086,7 @@ impl Space {
             store,
             lock: None,
             gc_lock: parking_lot::Mutex::new(()),
+            gc_epoch: std::sync::atomic::AtomicU64::new(0),
             gc_totals: parking_lot::Mutex::new(crate::gc::GcTotals::default()),
             pin_gate: parking_lot::RwLock::new(()),
             pins: Arc::default(),

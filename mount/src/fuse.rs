@@ -72,6 +72,7 @@ fn errno(e: &Error) -> Errno {
             E::Failed => libc::EIO,
             E::ReadOnly => libc::EROFS,
             E::BackingFull => libc::ENOSPC,
+            E::OneTarget => libc::EOPNOTSUPP,
         },
     };
     Errno::from_i32(code)
@@ -402,6 +403,18 @@ impl CkptFs {
                         &mut |_, _| {},
                     )
                     .map_err(|e| fail_json("rebuild", e.into()))?;
+                Ok(to_json(serde_json::to_value(r).unwrap_or_default()))
+            }
+            ("scrub", Some(v)) => {
+                if !self.may_control(req) {
+                    return Err(Errno::from_i32(libc::EPERM));
+                }
+                let req: serde_json::Value = serde_json::from_slice(v).map_err(|_| einval())?;
+                let r = self
+                    .fs
+                    .space()
+                    .scrub(req["throttle"].as_f64(), &mut |_, _| {})
+                    .map_err(|e| fail_json("scrub", e.into()))?;
                 Ok(to_json(serde_json::to_value(r).unwrap_or_default()))
             }
             ("advice", None) => {

@@ -91,8 +91,10 @@ enum Cmd {
     /// Restore full redundancy of a space formatted with --target, online through its
     /// mount (or on an unmounted backing directory): the shards that failed targets held are
     /// rebuilt from the others onto healthy targets in failure domains each segment does not
-    /// use yet. With --replace OLD=NEW, NEW becomes a target first (in OLD's failure domain
-    /// unless NEW ends in :domain=LABEL) and OLD is retired, so its shards move to NEW.
+    /// use yet, from data verified by blake3 first; damage found on other targets on the way
+    /// is rewritten, and chunks that verify no way are reported lost (exit status 1). With
+    /// --replace OLD=NEW, NEW becomes a target first (in OLD's failure domain unless NEW
+    /// ends in :domain=LABEL) and OLD is retired, so its shards move to NEW.
     Rebuild {
         /// A mountpoint or a backing directory.
         path: PathBuf,
@@ -100,6 +102,22 @@ enum Cmd {
         #[arg(long, value_name = "OLD=NEW")]
         replace: Option<String>,
         /// Write at most this many MiB/s of rebuilt shards (so jobs keep their bandwidth).
+        #[arg(long, value_name = "MIB_S")]
+        throttle: Option<f64>,
+        #[arg(long)]
+        json: bool,
+    },
+    /// Verify and repair a space formatted with --target, online through its mount (or on
+    /// an unmounted backing directory): every segment is read, every committed chunk
+    /// checked against its blake3 (rebuilt from the other shards where its stored bytes are
+    /// damaged), and only then are shards encoded from it: damaged, stale or unreadable
+    /// blocks on healthy targets are rewritten in place, shards on failed targets rebuilt
+    /// onto others. Chunks no combination of readable shards verifies are reported lost.
+    /// Exit status 1 when anything is lost or short.
+    Scrub {
+        /// A mountpoint or a backing directory.
+        path: PathBuf,
+        /// Write at most this many MiB/s of repaired shards.
         #[arg(long, value_name = "MIB_S")]
         throttle: Option<f64>,
         #[arg(long)]
@@ -299,7 +317,9 @@ enum Cmd {
         #[command(subcommand)]
         what: Generate,
     },
-    /// Show logical and stored bytes, dedup and compression ratios, and free space.
+    /// Show logical and stored bytes, dedup and compression ratios, free space and where
+    /// the used space is (live, kept revisions, removed files' revisions, reclaimable); on a
+    /// space over several targets, each target's errors since the mount.
     Stats {
         /// A mountpoint or a backing directory.
         path: PathBuf,
@@ -712,6 +732,10 @@ fn mount(
         while !stop.load(std::sync::atomic::Ordering::Relaxed) {
             std::thread::sleep(Duration::from_millis(250));
             fs.auto_gc_tick();
+            // Repeated target warnings come out as one line per target per interval.
+            if let Some(e) = fs.space().erasure() {
+                e.flush_warnings();
+            }
             tick += 1;
             if tick.is_multiple_of(4) {
                 trim_heap();
@@ -1296,6 +1320,11 @@ fn run(cli: Cli) -> Result<(), String> {
         }
         Cmd::Slots { dir, json } => slots::run(&absolute(&dir), json),
         Cmd::Targets { path, json } => targets::run(&path, json),
+        Cmd::Scrub {
+            path,
+            throttle,
+            json,
+        } => targets::scrub(&path, throttle, json),
         Cmd::Recover {
             backing,
             from,
@@ -1459,16 +1488,14 @@ fn run(cli: Cli) -> Result<(), String> {
                 return Ok(());
             }
             let s = read_stats(&path)?;
-            // A space over several targets: whether its data has full redundancy now.
-            let t = match prometheus {
-                true => None,
-                false => targets::report(&path).unwrap_or_else(|e| {
-                    eprintln!("ckptfs: the targets' state could not be read: {e}");
-                    None
-                }),
-            };
+            // A space over several targets: whether its data has full redundancy now, and
+            // each target's errors since the mount.
+            let t = targets::report(&path).unwrap_or_else(|e| {
+                eprintln!("ckptfs: the targets' state could not be read: {e}");
+                None
+            });
             // And what redundancy each revision has (a pass over the extent table).
-            let red = match t.is_some() {
+            let red = match t.is_some() && !prometheus {
                 true => targets::redundancy(&path).unwrap_or_else(|e| {
                     eprintln!("ckptfs: the revisions' redundancy could not be read: {e}");
                     None
@@ -1487,7 +1514,7 @@ fn run(cli: Cli) -> Result<(), String> {
             } else if prometheus {
                 print!(
                     "{}",
-                    metrics::prometheus(&s, &absolute(&path).to_string_lossy())
+                    metrics::prometheus(&s, t.as_ref(), &absolute(&path).to_string_lossy())
                 );
             } else {
                 print_stats(&s);

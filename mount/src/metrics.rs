@@ -6,6 +6,7 @@
 //! Sizes are gauges in bytes; what only grows while a daemon runs (gc work, stage time) is
 //! a counter (`_total`), which restarts at zero with the daemon, as Prometheus counters may.
 
+use ckptfs_engine::targets::TargetsReport;
 use ckptfs_engine::Stats;
 use std::fmt::Write;
 
@@ -47,8 +48,8 @@ impl Out {
     }
 }
 
-/// The whole exposition for one space.
-pub fn prometheus(s: &Stats, space: &str) -> String {
+/// The whole exposition for one space (and its storage targets, for a space over several).
+pub fn prometheus(s: &Stats, targets: Option<&TargetsReport>, space: &str) -> String {
     let mut o = Out {
         text: String::new(),
         space: label(space),
@@ -229,6 +230,55 @@ pub fn prometheus(s: &Stats, space: &str) -> String {
             o.sample(name, &[], v);
         }
     }
+    if let Some(t) = targets {
+        o.family(
+            "degraded",
+            G,
+            "1 while some data has less redundancy than the space's M+K (a failed target, or shards found unreadable or damaged and not repaired).",
+        );
+        o.sample("degraded", &[], if t.degraded() { 1.0 } else { 0.0 });
+        type Get = fn(&ckptfs_engine::targets::TargetReport) -> f64;
+        let per: [(&str, &str, &str, Get); 5] = [
+            (
+                "target_read_errors_total",
+                C,
+                "Failed reads of the target's shards since the space was opened.",
+                |t| t.read_errors as f64,
+            ),
+            (
+                "target_damaged_shards_total",
+                C,
+                "Shards on the target found holding damaged bytes since the space was opened.",
+                |t| t.verify_errors as f64,
+            ),
+            (
+                "target_repaired_blocks_total",
+                C,
+                "4 KiB blocks of the target's shards a repair rewrote since the space was opened.",
+                |t| t.repaired_blocks as f64,
+            ),
+            (
+                "target_suspect_shards",
+                G,
+                "The target's shards found unreadable or damaged and not repaired yet.",
+                |t| t.suspect_shards as f64,
+            ),
+            (
+                "target_up",
+                G,
+                "1 for a target in use and ok, 0 when failed, retired or degraded.",
+                |t| if t.state == "ok" { 1.0 } else { 0.0 },
+            ),
+        ];
+        for (name, kind, help, get) in per {
+            o.family(name, kind, help);
+            for tr in &t.targets {
+                // No state label: a label that changes would start a new series.
+                let idx = tr.index.to_string();
+                o.sample(name, &[("target", &idx), ("path", &tr.path)], get(tr));
+            }
+        }
+    }
     o.family(
         "stage_seconds_total",
         C,
@@ -273,7 +323,7 @@ mod tests {
             }],
             ..Stats::default()
         };
-        let t = prometheus(&s, "/ckpt");
+        let t = prometheus(&s, None, "/ckpt");
         assert!(
             t.contains("ckptfs_reserved_bytes{space=\"/ckpt\"} 1073741824\n"),
             "{t}"
