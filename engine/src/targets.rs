@@ -1740,10 +1740,20 @@ mod tests {
     const SHARD: u64 = 16 * BLOCK as u64;
 
     fn setup(n: usize, r: Redundancy, segments: u64, slots: u64) -> (Erasure, Vec<Arc<MemDevice>>) {
+        setup_sized(n, r, segments, slots, SHARD)
+    }
+
+    fn setup_sized(
+        n: usize,
+        r: Redundancy,
+        segments: u64,
+        slots: u64,
+        shard: u64,
+    ) -> (Erasure, Vec<Arc<MemDevice>>) {
         let devs: Vec<Arc<MemDevice>> = (0..n)
             .map(|_| {
                 Arc::new(MemDevice::new(
-                    (TARGET_HEADER_BYTES + slots * SHARD) as usize,
+                    (TARGET_HEADER_BYTES + slots * shard) as usize,
                 ))
             })
             .collect();
@@ -1761,7 +1771,7 @@ mod tests {
             .collect();
         let map = Arc::new(MemDevice::new(segments as usize * RECORD_BYTES));
         (
-            Erasure::open(r, SHARD, segments, targets, map).unwrap(),
+            Erasure::open(r, shard, segments, targets, map).unwrap(),
             devs,
         )
     }
@@ -2198,6 +2208,62 @@ mod tests {
         );
         let after: Vec<Vec<u8>> = devs.iter().map(snap).collect();
         assert!(before == after, "no target changed");
+    }
+
+    /// A segment of several repair windows, damaged on both sides of a window boundary in
+    /// the bytes of a chunk that straddles it: each row is rewritten only by the window that
+    /// owns it, after verifying every chunk with bytes in it, so nothing is lost and every
+    /// pair of targets may go afterwards.
+    #[test]
+    fn damage_across_a_window_boundary_is_repaired_from_verified_chunks() {
+        let r = Redundancy { data: 3, parity: 2 };
+        let shard = 4 * REPAIR_ROWS * BLOCK as u64;
+        let (e, devs) = setup_sized(5, r, 1, 2, shard);
+        let data = pattern(10, 3 * shard as usize);
+        e.prepare(SegmentId(0)).unwrap();
+        e.write(loc(0, 0), &data).unwrap();
+        e.sync().unwrap();
+        let p = e.placed(0).unwrap();
+        let row = e.write_align() as u64;
+        let boundary = REPAIR_ROWS * row;
+        let chunks = chunks_of(&data);
+        assert!(
+            chunks
+                .iter()
+                .any(|c| c.offset < boundary && c.offset + c.len as u64 > boundary),
+            "a chunk straddles the first window boundary"
+        );
+        // Rows on both sides of the boundary, data shard 0 and parity shard 3.
+        for (i, b) in [(0, REPAIR_ROWS - 1), (0, REPAIR_ROWS), (3, REPAIR_ROWS)] {
+            let a = p.shards[i].unwrap();
+            devs[a.target as usize].corrupt(e.shard_offset(a.slot, b) + 99);
+        }
+        let mut rep = RebuildReport::default();
+        let mut verify = |i: usize, b: &[u8]| {
+            let c = chunks[i];
+            b == &data[c.offset as usize..c.offset as usize + c.len as usize]
+        };
+        let job = SegmentJob {
+            seg: 0,
+            chunks: &chunks,
+            busy: false,
+        };
+        e.repair_segment(&job, &mut verify, &mut rep, &mut Throttle::new(None))
+            .unwrap();
+        assert!(rep.is_whole(), "{rep:?}");
+        assert_eq!(
+            rep.chunks_verified,
+            chunks.len() as u64,
+            "each chunk counted once: {rep:?}"
+        );
+        assert_eq!(rep.blocks_rewritten, 3, "{rep:?}");
+        for lost in combinations(&[0, 1, 2, 3, 4], 2) {
+            let got = read_without(&e, 0, data.len(), &lost);
+            assert!(
+                got.as_deref().ok() == Some(&data[..]),
+                "with targets {lost:?} lost"
+            );
+        }
     }
 
     /// A shard found damaged lowers what the segment can lose until it is repaired: the

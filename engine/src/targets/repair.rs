@@ -341,32 +341,35 @@ impl Erasure {
             in_place: !job.busy,
             lost_rows: false,
         };
+        // Windows own `REPAIR_ROWS` rows each and never share one: a row is rewritten only
+        // by the window that owns it, which verified every chunk with bytes in it (those
+        // reaching into the next or the previous window too: the window reads past its own
+        // rows to their ends).
+        let end = |c: &SegmentChunk| c.offset + c.len as u64;
         let (mut ci, mut r0) = (0usize, 0u64);
         let mut failed: Option<String> = None;
-        while failed.is_none() {
-            if every_row {
-                if r0 >= rows_total {
-                    break;
-                }
-            } else {
+        while failed.is_none() && r0 < rows_total {
+            // The first chunk with bytes at or after this window.
+            while job.chunks.get(ci).is_some_and(|c| end(c) <= r0 * rb) {
+                ci += 1;
+            }
+            if !every_row {
                 let Some(c) = job.chunks.get(ci) else { break };
                 r0 = r0.max(c.offset / rb);
             }
-            let mut r1 = (r0 + REPAIR_ROWS).min(rows_total);
-            let mut cj = ci;
-            while cj < job.chunks.len() && job.chunks[cj].offset < r1 * rb {
-                let c = job.chunks[cj];
-                r1 = r1
-                    .max((c.offset + c.len as u64).div_ceil(rb))
-                    .min(rows_total);
-                cj += 1;
-            }
+            let r1 = (r0 + REPAIR_ROWS).min(rows_total);
+            let cj = ci + job.chunks[ci..].partition_point(|c| c.offset < r1 * rb);
+            let mine = &job.chunks[ci..cj];
+            let read = match (mine.first(), mine.last()) {
+                (Some(a), Some(z)) => (a.offset / rb).min(r0)..end(z).div_ceil(rb).max(r1),
+                _ => r0..r1,
+            };
+            let read = read.start..read.end.min(rows_total);
             let mut check = |j: usize, b: &[u8]| verify(ci + j, b);
-            match self.repair_window(&mut w, r0, r1, &job.chunks[ci..cj], &mut check, rep) {
+            match self.repair_window(&mut w, read, r0..r1, mine, &mut check, rep) {
                 Ok(bytes) => throttle.wrote(bytes),
                 Err(e) => failed = Some(format!("rows {r0}..{r1}: {e}")),
             }
-            ci = cj;
             r0 = r1;
         }
         // What was written, new shards and blocks rewritten in place, is durable before the
@@ -440,13 +443,15 @@ impl Erasure {
         Ok(())
     }
 
-    /// Repairs rows [r0, r1) of the segment of `w`, holding `chunks` (window-relative
-    /// offsets are `offset - r0 * row`). Returns the bytes written.
+    /// Repairs the rows `own` of the segment of `w`, whose bytes lie in `chunks` (those
+    /// with bytes in `own`) and elsewhere nothing committed; reads the rows `read` (`own`
+    /// and the rest of those chunks). Window-relative offsets are `offset - read.start *
+    /// row`. Returns the bytes written.
     fn repair_window(
         &self,
         w: &mut SegmentRepair,
-        r0: u64,
-        r1: u64,
+        read: Range<u64>,
+        own: Range<u64>,
         chunks: &[SegmentChunk],
         verify: &mut dyn FnMut(usize, &[u8]) -> bool,
         rep: &mut RebuildReport,
@@ -455,8 +460,13 @@ impl Erasure {
         let n = m + k;
         let (p, seg) = (w.p, w.seg);
         let rb = self.row_bytes();
+        let (r0, r1) = (read.start, read.end);
         let rows = (r1 - r0) as usize;
         let base_at = r0 * rb;
+        // Rows this window may rewrite, window-relative.
+        let mine = (own.start - r0) as usize..(own.end - r0) as usize;
+        // A chunk reaching in from the previous window was counted there.
+        let counts = |c: &SegmentChunk| c.offset >= own.start * rb;
         let stored: Vec<Option<IoBuf>> = (0..n)
             .map(|i| {
                 let expected = self.readable(p, i);
@@ -473,7 +483,7 @@ impl Erasure {
             .collect();
         let present: Vec<usize> = (0..n).filter(|&i| slices[i].is_some()).collect();
         let Some(base) = self.decode_data(&slices, &[]) else {
-            for c in chunks {
+            for c in chunks.iter().filter(|c| counts(c)) {
                 rep.lose(seg, c.offset, c.len);
             }
             w.lost_rows = true;
@@ -502,7 +512,7 @@ impl Erasure {
             let mut bytes = vec![0u8; c.len as usize];
             gather(&base, m, at, &mut bytes);
             if verify(j, &bytes) {
-                rep.chunks_verified += 1;
+                rep.chunks_verified += counts(c) as u64;
                 continue;
             }
             let mut found: Option<Vec<usize>> = None;
@@ -525,8 +535,8 @@ impl Erasure {
             match found {
                 Some(set) => {
                     scatter(&mut truth, m, at, &bytes);
-                    rep.chunks_verified += 1;
-                    rep.chunks_repaired += 1;
+                    rep.chunks_verified += counts(c) as u64;
+                    rep.chunks_repaired += counts(c) as u64;
                     for &i in &set {
                         if let Some(a) = p.shards[i] {
                             self.damaged_shard(
@@ -539,7 +549,9 @@ impl Erasure {
                     }
                 }
                 None => {
-                    rep.lose(seg, c.offset, c.len);
+                    if counts(c) {
+                        rep.lose(seg, c.offset, c.len);
+                    }
                     w.lost_rows = true;
                     for r in row_span {
                         lost[r] = true;
@@ -552,7 +564,7 @@ impl Erasure {
         // Rows whose stored shards disagree with the verified data: take the bytes no chunk
         // covers from the decoding that agrees with the most stored shards.
         let mut rewrite: Vec<(usize, usize)> = Vec::new(); // (shard, row)
-        for r in 0..rows {
+        for r in mine.clone() {
             if !live[r] || lost[r] {
                 continue;
             }
@@ -676,8 +688,8 @@ impl Erasure {
                 return Err(other(format!("target {} failed", at.target)));
             };
             let mut b = IoBuf::new();
-            b.extend_from_slice(src);
-            if let Err(e) = dev.write_at(b.as_slice(), self.shard_offset(at.slot, r0)) {
+            b.extend_from_slice(&src[mine.start * BLOCK..mine.end * BLOCK]);
+            if let Err(e) = dev.write_at(b.as_slice(), self.shard_offset(at.slot, own.start)) {
                 t.errors.fetch_add(1, Ordering::Relaxed);
                 self.fail_target(at.target, format!("write: {e}"));
                 return Err(other(format!("writing to target {}: {e}", at.target)));
