@@ -6,16 +6,19 @@
 //!   ckptfs-bench slots [--nodes 4] [--small-files 2000] ...       several daemons on one space
 //!   ckptfs-bench targets [--targets 5] [--redundancy 3+2] [--lose 2] ...  erasure-coded targets
 //!   ckptfs-bench wide [--files 1024,4096,8192] [--per-file 128K] [--request 64K] ...  many files at once
+//!   ckptfs-bench full [--space 1G] [--steps 12] [--idle-secs 60] ...  a full space rotating checkpoints
 //!   ckptfs-bench gc-scale-build DIR [--files N] [--chunk-size BYTES]
 //!   ckptfs-bench gc-scale-run DIR
 //!   ckptfs-bench gpu [--bytes 1G] [--emulate] [--require-gpu] [--json FILE] ...
 //!
 //! See bench.rs for what the end-to-end benchmark measures, limits.rs and sink.rs for the
-//! limits, wide.rs for wide, gc_scale.rs for gc-scale and gpu.rs for the GPU codec benchmark.
+//! limits, wide.rs for wide, full.rs for full, gc_scale.rs for gc-scale and gpu.rs for the GPU
+//! codec benchmark.
 
 mod bench;
 mod ckptfs;
 mod data;
+mod full;
 mod gc_scale;
 mod gpu;
 mod limits;
@@ -140,6 +143,10 @@ enum Cmd {
     /// Many files written at once, a little at a time in turn: throughput next to a plain
     /// directory, and the daemon's CPU and peak RSS against the number of files
     Wide(wide::WideOpts),
+    /// A full space rotating checkpoints (three steps kept, older ones removed): write
+    /// amplification next to the bytes the application wrote, beside a plain directory, and
+    /// what the daemon writes while the full space sits idle (run as root)
+    Full(full::FullOpts),
     /// GPU LZ4 (ckptfs-kernels) vs lz4_flex on all cores: GiB/s and ratio per data kind; needs
     /// neither root nor FUSE
     Gpu(gpu::GpuOpts),
@@ -205,6 +212,13 @@ fn main() {
             Ok(ok) => std::process::exit(if ok { 0 } else { 1 }),
             Err(e) => {
                 eprintln!("ckptfs-bench targets: {e}");
+                std::process::exit(1);
+            }
+        },
+        Cmd::Full(o) => match full::run(&o) {
+            Ok(ok) => std::process::exit(if ok { 0 } else { 1 }),
+            Err(e) => {
+                eprintln!("ckptfs-bench full: {e}");
                 std::process::exit(1);
             }
         },

@@ -318,6 +318,16 @@ pub fn exponential_trace(seed: u64, mtbf_secs: f64, horizon_secs: f64) -> Vec<f6
 /// Revisions whose write windows come closer than this belong to one checkpoint: ranks of
 /// one job write their files together, and one process writes its files back to back.
 pub const CHECKPOINT_GAP_SECS: f64 = 2.0;
+/// What counts as a checkpoint: a group of revisions (above) holding at least this many
+/// bytes. A log line, a `done` marker or a small config file written now and then commits
+/// in milliseconds; counted, they made the measured commit time fall to 0.0 s and the advice
+/// to checkpoint every few seconds (issue 36). Checkpoints smaller than this are not
+/// measured: give `--commit` for them.
+pub const CHECKPOINT_MIN_BYTES: u64 = 1 << 20;
+/// Above this expected waste (checkpoint overhead, rework and restarts, as a fraction of
+/// the run at the advised interval), the advice warns that checkpointing costs more than the
+/// failure model allows.
+pub const WASTE_WARN_FRACTION: f64 = 0.5;
 /// The commit time is the median of at most this many recent checkpoints.
 pub const COMMIT_SAMPLES: usize = 5;
 /// At most this many of the newest revisions are read to find the recent checkpoints (the
@@ -341,6 +351,9 @@ pub struct Checkpoint {
     pub end_unix: f64,
     /// Revisions committed in it (files, plus fsync points).
     pub revisions: u64,
+    /// Their bytes (file sizes).
+    #[serde(default)]
+    pub bytes: u64,
 }
 
 impl Checkpoint {
@@ -349,26 +362,29 @@ impl Checkpoint {
     }
 }
 
-/// Groups revisions, given as (commit time, seconds spent writing), into checkpoints:
-/// windows `[commit - write, commit]` closer than `gap` seconds merge. Oldest first.
-pub fn checkpoints(revisions: &[(f64, f64)], gap: f64) -> Vec<Checkpoint> {
-    let mut w: Vec<(f64, f64)> = revisions
+/// Groups revisions, given as (commit time, seconds spent writing, bytes), into
+/// checkpoints: windows `[commit - write, commit]` closer than `gap` seconds merge. Oldest
+/// first.
+pub fn checkpoints(revisions: &[(f64, f64, u64)], gap: f64) -> Vec<Checkpoint> {
+    let mut w: Vec<(f64, f64, u64)> = revisions
         .iter()
-        .filter(|(end, secs)| end.is_finite() && secs.is_finite() && *secs >= 0.0)
-        .map(|&(end, secs)| (end - secs, end))
+        .filter(|(end, secs, _)| end.is_finite() && secs.is_finite() && *secs >= 0.0)
+        .map(|&(end, secs, bytes)| (end - secs, end, bytes))
         .collect();
     w.sort_by(|a, b| a.0.total_cmp(&b.0));
     let mut out: Vec<Checkpoint> = Vec::new();
-    for (start, end) in w {
+    for (start, end, bytes) in w {
         match out.last_mut() {
             Some(c) if start <= c.end_unix + gap => {
                 c.end_unix = c.end_unix.max(end);
                 c.revisions += 1;
+                c.bytes += bytes;
             }
             _ => out.push(Checkpoint {
                 start_unix: start,
                 end_unix: end,
                 revisions: 1,
+                bytes,
             }),
         }
     }
@@ -387,18 +403,29 @@ pub struct AdviceInputs {
     pub target_failures: u64,
     /// Seconds since the space was formatted.
     pub observed_secs: f64,
+    /// Groups of commits too small to be checkpoints (`CHECKPOINT_MIN_BYTES`) among the
+    /// revisions read, not measured.
+    #[serde(default)]
+    pub small_commits_ignored: u64,
 }
 
 impl AdviceInputs {
-    /// Inputs from `revisions` (commit time, write seconds) at `now`.
+    /// Inputs from `revisions` (commit time, write seconds, bytes) at `now`: the newest
+    /// `COMMIT_SAMPLES` groups that look like checkpoints (`CHECKPOINT_MIN_BYTES`).
     pub fn new(
         now_unix: f64,
-        revisions: &[(f64, f64)],
+        revisions: &[(f64, f64, u64)],
         config: AdviceConfig,
         target_failures: u64,
         observed_secs: f64,
     ) -> Self {
-        let mut recent = checkpoints(revisions, CHECKPOINT_GAP_SECS);
+        let all = checkpoints(revisions, CHECKPOINT_GAP_SECS);
+        let groups = all.len() as u64;
+        let mut recent: Vec<Checkpoint> = all
+            .into_iter()
+            .filter(|c| c.bytes >= CHECKPOINT_MIN_BYTES)
+            .collect();
+        let small_commits_ignored = groups - recent.len() as u64;
         let drop = recent.len().saturating_sub(COMMIT_SAMPLES);
         recent.drain(..drop);
         AdviceInputs {
@@ -407,6 +434,7 @@ impl AdviceInputs {
             config,
             target_failures,
             observed_secs: observed_secs.max(0.0),
+            small_commits_ignored,
         }
     }
 }
@@ -453,6 +481,13 @@ pub struct AdviceReport {
     pub observed_secs: f64,
     pub recent: Vec<Checkpoint>,
     pub lookahead: Option<LookaheadReport>,
+    /// Groups of small commits not counted as checkpoints (`CHECKPOINT_MIN_BYTES`).
+    #[serde(default)]
+    pub small_commits_ignored: u64,
+    /// Said plainly when checkpointing costs more than the failure model allows: a commit
+    /// as long as two MTBFs, or an expected waste above `WASTE_WARN_FRACTION`.
+    #[serde(default)]
+    pub warning: Option<String>,
 }
 
 fn median(mut v: Vec<f64>) -> f64 {
@@ -530,6 +565,28 @@ pub fn report(inputs: &AdviceInputs, o: &Overrides) -> Result<AdviceReport, Stri
     };
     let a =
         advise(commit, &model, since.unwrap_or(0.0), o.drop.clone()).map_err(|e| e.to_string())?;
+    let waste = a.waste_per_hour_secs / 3600.0;
+    let warning = if commit >= 2.0 * a.system_mtbf_secs {
+        Some(format!(
+            "a checkpoint takes {} but the job is expected to fail every {} (system MTBF): \
+             most checkpoints will not finish before a failure and no interval helps; \
+             checkpoint less data, write to faster storage, or run on fewer nodes",
+            human_secs(commit),
+            human_secs(a.system_mtbf_secs)
+        ))
+    } else if waste >= WASTE_WARN_FRACTION {
+        Some(format!(
+            "checkpointing costs more than the failure model allows: even at the best interval \
+             {:.0}% of the run goes to checkpoints, rework and restarts (a checkpoint takes {}, \
+             the system fails every {} on average); checkpoint less data, write to faster \
+             storage, or run on fewer nodes",
+            (waste * 100.0).min(100.0),
+            human_secs(commit),
+            human_secs(a.system_mtbf_secs)
+        ))
+    } else {
+        None
+    };
     Ok(AdviceReport {
         checkpoint_now: a.checkpoint_now,
         next_in_secs: a.next_in_secs,
@@ -557,6 +614,8 @@ pub fn report(inputs: &AdviceInputs, o: &Overrides) -> Result<AdviceReport, Stri
                 reason: l.reason,
                 interval_after_secs: l.interval_after_secs,
             }),
+        small_commits_ignored: inputs.small_commits_ignored,
+        warning,
     })
 }
 
@@ -587,6 +646,9 @@ pub fn render(r: &AdviceReport) -> String {
         "checkpoint-now: {}",
         if r.checkpoint_now { "yes" } else { "no" }
     );
+    if let Some(w) = &r.warning {
+        let _ = writeln!(o, "WARNING: {w}");
+    }
     let _ = writeln!(o, "next checkpoint in: {}", hs(r.next_in_secs));
     let _ = writeln!(
         o,
@@ -594,12 +656,23 @@ pub fn render(r: &AdviceReport) -> String {
         hs(r.interval_secs),
         hs(r.young_secs)
     );
-    let _ = writeln!(
-        o,
-        "expected waste: {:.0} s per hour ({:.1}%) at this interval",
-        r.waste_per_hour_secs,
-        r.waste_per_hour_secs / 36.0
-    );
+    // The first-order estimate is meaningful only well below the whole run.
+    match r.waste_per_hour_secs < 3600.0 {
+        true => {
+            let _ = writeln!(
+                o,
+                "expected waste: {:.0} s per hour ({:.1}%) at this interval",
+                r.waste_per_hour_secs,
+                r.waste_per_hour_secs / 36.0
+            );
+        }
+        false => {
+            let _ = writeln!(
+                o,
+                "expected waste: all of the run (the first-order estimate exceeds 100%)"
+            );
+        }
+    }
     let _ = writeln!(
         o,
         "since last checkpoint: {}",
@@ -612,6 +685,14 @@ pub fn render(r: &AdviceReport) -> String {
         "  commit time: {:.1} s, {}",
         r.commit_secs, r.commit_source
     );
+    if r.small_commits_ignored > 0 {
+        let _ = writeln!(
+            o,
+            "  ({} group(s) of commits under {} KiB not counted as checkpoints)",
+            r.small_commits_ignored,
+            CHECKPOINT_MIN_BYTES >> 10
+        );
+    }
     let _ = writeln!(
         o,
         "  restart time: {:.1} s, {}",
@@ -895,27 +976,115 @@ mod tests {
         // Two ranks writing together, one writing 1 s after the other finished (one
         // checkpoint), then a pause and a second checkpoint.
         let revs = [
-            (100.0, 10.0),
-            (101.0, 9.0),
-            (102.5, 0.5),
-            (200.0, 4.0),
-            (203.0, 1.0),
+            (100.0, 10.0, 1),
+            (101.0, 9.0, 2),
+            (102.5, 0.5, 3),
+            (200.0, 4.0, 4),
+            (203.0, 1.0, 5),
         ];
         let c = checkpoints(&revs, CHECKPOINT_GAP_SECS);
         assert_eq!(c.len(), 2, "{c:?}");
         assert_eq!(
-            (c[0].start_unix, c[0].end_unix, c[0].revisions),
-            (90.0, 102.5, 3)
+            (c[0].start_unix, c[0].end_unix, c[0].revisions, c[0].bytes),
+            (90.0, 102.5, 3, 6)
         );
         assert_eq!(
-            (c[1].start_unix, c[1].end_unix, c[1].revisions),
-            (196.0, 203.0, 2)
+            (c[1].start_unix, c[1].end_unix, c[1].revisions, c[1].bytes),
+            (196.0, 203.0, 2, 9)
         );
-        assert!(checkpoints(&[(1.0, f64::NAN)], 2.0).is_empty());
+        assert!(checkpoints(&[(1.0, f64::NAN, 1)], 2.0).is_empty());
+    }
+
+    /// Checkpoint-sized commits: 64 MiB each.
+    fn big(revs: &[(f64, f64)]) -> Vec<(f64, f64, u64)> {
+        revs.iter().map(|&(e, s)| (e, s, 64 << 20)).collect()
     }
 
     fn inputs(recent: &[(f64, f64)], config: AdviceConfig, now: f64) -> AdviceInputs {
-        AdviceInputs::new(now, recent, config, 0, 0.0)
+        AdviceInputs::new(now, &big(recent), config, 0, 0.0)
+    }
+
+    /// Issue 36: small commits between checkpoints (a log, a marker file) are not
+    /// checkpoints; counted, they made the commit time 0.0 s and the advice "checkpoint
+    /// every 25 s". Only groups of at least `CHECKPOINT_MIN_BYTES` are measured.
+    #[test]
+    fn small_commits_are_not_counted_as_checkpoints() {
+        let config = AdviceConfig {
+            node_mtbf_secs: DAY as u64,
+            nodes: 1,
+            restart_secs: 0,
+        };
+        let mut revs: Vec<(f64, f64, u64)> = Vec::new();
+        for i in 0..5 {
+            let t = 1000.0 + i as f64 * 600.0;
+            // A checkpoint of 4 ranks x 256 MiB taking 30 s...
+            for r in 0..4 {
+                revs.push((t + r as f64 * 0.1, 30.0, 256 << 20));
+            }
+            // ...and, minutes later, a log line and a marker, committed in a millisecond.
+            revs.push((t + 300.0, 0.001, 120));
+            revs.push((t + 400.0, 0.001, 0));
+        }
+        let i = AdviceInputs::new(4000.0, &revs, config, 0, 0.0);
+        assert_eq!(i.recent.len(), 5, "{:?}", i.recent);
+        assert!(i.recent.iter().all(|c| c.revisions == 4), "{:?}", i.recent);
+        assert_eq!(i.small_commits_ignored, 10);
+        let r = report(&i, &Overrides::default()).unwrap();
+        assert!(close(r.commit_secs, 30.3, 1e-9), "{}", r.commit_secs);
+        assert!(close(r.interval_secs, daly_interval(30.3, DAY), 1e-9));
+        assert!(render(&r).contains("10 group(s) of commits under 1024 KiB not counted"));
+        // A checkpoint just under the floor is not one; at the floor it is.
+        let at = |bytes: u64| AdviceInputs::new(10.0, &[(5.0, 1.0, bytes)], config, 0, 0.0);
+        assert!(at(CHECKPOINT_MIN_BYTES - 1).recent.is_empty());
+        assert_eq!(at(CHECKPOINT_MIN_BYTES).recent.len(), 1);
+    }
+
+    /// A commit longer than the failure model allows: said plainly, on the line after the
+    /// verdict, and no waste figure above 100%.
+    #[test]
+    fn checkpointing_that_costs_more_than_failures_allow_is_warned_about() {
+        let config = |mtbf: u64| AdviceConfig {
+            node_mtbf_secs: mtbf,
+            nodes: 1,
+            restart_secs: 0,
+        };
+        let i = inputs(&[(1000.0, 120.0)], config(30), 1100.0);
+        let r = report(&i, &Overrides::default()).unwrap();
+        let w = r.warning.clone().expect("a warning");
+        assert!(w.contains("no interval helps"), "{w}");
+        let text = render(&r);
+        let mut lines = text.lines();
+        assert!(lines.next().unwrap().starts_with("checkpoint-now: "));
+        assert!(
+            lines
+                .next()
+                .unwrap()
+                .starts_with("WARNING: a checkpoint takes"),
+            "{text}"
+        );
+        assert!(
+            !text.contains("10565") && text.contains("exceeds 100%"),
+            "{text}"
+        );
+        // Commit well below 2M, but still a waste over half the run.
+        let r = report(
+            &inputs(&[(1000.0, 60.0)], config(200), 1100.0),
+            &Overrides::default(),
+        )
+        .unwrap();
+        assert!(r.waste_per_hour_secs / 3600.0 >= WASTE_WARN_FRACTION);
+        assert!(r
+            .warning
+            .unwrap()
+            .contains("costs more than the failure model allows"));
+        // A sane job: no warning.
+        let r = report(
+            &inputs(&[(1000.0, 60.0)], config(30 * DAY as u64), 1100.0),
+            &Overrides::default(),
+        )
+        .unwrap();
+        assert_eq!(r.warning, None);
+        assert!(!render(&r).contains("WARNING"));
     }
 
     #[test]

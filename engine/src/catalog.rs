@@ -1177,9 +1177,9 @@ impl Reader {
         read_advice(&self.txn.open_table(CONFIG)?)
     }
 
-    /// The newest `limit` revisions' (commit time in unix seconds, seconds spent writing),
-    /// those whose write time was measured.
-    pub fn recent_write_times(&self, limit: usize) -> Result<Vec<(f64, f64)>> {
+    /// The newest `limit` revisions' (commit time in unix seconds, seconds spent writing,
+    /// size in bytes), those whose write time was measured.
+    pub fn recent_write_times(&self, limit: usize) -> Result<Vec<(f64, f64, u64)>> {
         let t = self.txn.open_table(REVISIONS)?;
         let mut out = Vec::new();
         for item in t.iter()?.rev().take(limit) {
@@ -1187,7 +1187,7 @@ impl Reader {
             let r = RevisionRecord::decode(v.value())?;
             if r.write_ms > 0 {
                 let end = r.committed.secs as f64 + r.committed.nanos as f64 / 1e9;
-                out.push((end, r.write_ms as f64 / 1000.0));
+                out.push((end, r.write_ms as f64 / 1000.0, r.size));
             }
         }
         Ok(out)
@@ -1258,6 +1258,18 @@ impl Reader {
         for item in self.txn.open_table(INODES)?.iter()? {
             let (k, v) = item?;
             f(InodeId(k.value()), InodeRecord::decode(v.value())?);
+        }
+        Ok(())
+    }
+
+    /// Every extent of every revision with its revision, in (revision, offset) order.
+    pub fn for_each_revision_extent(
+        &self,
+        mut f: impl FnMut(RevisionId, &Extent) -> Result<()>,
+    ) -> Result<()> {
+        for item in self.txn.open_table(EXTENTS)?.iter()? {
+            let (k, v) = item?;
+            f(RevisionId(k.value().0), &Extent::decode(v.value())?)?;
         }
         Ok(())
     }

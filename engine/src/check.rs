@@ -402,7 +402,7 @@ fn parity_warnings(
     seg_bytes: u64,
     red: crate::targets::Redundancy,
 ) {
-    let (m, k) = (red.data, red.parity);
+    let m = red.data;
     let row_bytes = (m * crate::targets::BLOCK) as u64;
     for s in &rep.segments {
         let target = |i: usize| s.targets.get(i).copied().flatten();
@@ -411,56 +411,36 @@ fn parity_warnings(
             None => format!("shard {i}"),
         };
         let list = |v: &mut dyn Iterator<Item = usize>| v.map(name).collect::<Vec<_>>().join(", ");
-        let parity_read = (m..m + k)
-            .filter(|i| target(*i).is_some() && !s.missing_shards.contains(i))
-            .count();
         for row in &s.inconsistent {
             let start = s.segment * seg_bytes + row.row * row_bytes;
             let end = start + row_bytes;
             let at = suspect.partition_point(|x| x.1 <= start);
             let bad_data = suspect.get(at).is_some_and(|x| x.0 < end);
             let differ = list(&mut row.parity_shards.iter().copied());
-            // What the row says (parity shards that differ while others agree are the damaged
-            // ones), then what the chunk pass says (it sees whole chunks, which span rows).
+            // What the row says: the shards whose exclusion leaves the others consistent are
+            // the damaged ones (a damaged data shard makes every parity shard differ from
+            // the data as stored, so the differing parity names nothing by itself); then
+            // what the chunk pass says (it sees whole chunks, which span rows).
             let chunks = match bad_data {
                 true => "a chunk spanning this row failed its blake3 check (above)",
-                false => "every live chunk in the row verified by blake3, so the data is intact",
+                false => "every live chunk in the row verified by blake3",
             };
-            let (verdict, replace) = if row.data_read && row.parity_shards.len() < parity_read {
-                (
-                    format!(
-                        "the data agrees with the other parity shards, so {differ} is damaged \
-                         or stale; {chunks}"
-                    ),
-                    match row.parity_shards[..] {
-                        [i] => target(i).map_or("T".into(), |t| t.to_string()),
-                        _ => "T".into(),
-                    },
-                )
-            } else if bad_data {
-                (
-                    format!("{chunks}: a data shard of this row is likely damaged"),
-                    "T".to_string(),
-                )
-            } else {
-                (
-                    format!(
-                        "{chunks}; a parity shard, or data bytes no chunk uses, is damaged or \
-                         stale"
-                    ),
-                    "T".to_string(),
-                )
-            };
-            let which = match replace.as_str() {
-                "T" => " (T: the target holding the damaged shard)",
-                _ => "",
+            let verdict = match row.damaged_shards.is_empty() {
+                false => format!(
+                    "{} holds damaged or stale bytes (the other shards of the row agree with \
+                     each other); {chunks}",
+                    list(&mut row.damaged_shards.iter().copied())
+                ),
+                true => format!(
+                    "the row cannot tell which shard is damaged (too few shards left to \
+                     outvote it); {chunks}"
+                ),
             };
             r.warning(format!(
-                "segment {} row {}: the stored parity disagrees with the data (differing: \
-                 {differ}; data: {}): {verdict}. The row survives the loss of fewer targets \
-                 than {red} promises. Nothing rewrites one row's parity in place; `ckptfs \
-                 rebuild --replace {replace}=NEW_DIR`{which} restores it, re-encoding every \
-                 shard of that target onto a new one",
+                "segment {} row {}: the stored parity disagrees with the data as stored \
+                 (differing parity: {differ}; data: {}): {verdict}. The row survives the loss \
+                 of fewer targets than {red} promises until `ckptfs scrub` rewrites it from \
+                 verified data",
                 s.segment,
                 row.row,
                 list(&mut (0..m)),

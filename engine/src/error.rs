@@ -42,6 +42,9 @@ pub enum Error {
     /// The other live nodes of a multi-slot space did not see this node's coherence probe
     /// (a mount refused: the shared filesystem may not show clients each other's writes).
     Incoherent(String),
+    /// A space over several storage targets was needed (`rebuild`, `scrub`), and this one
+    /// keeps its data in one file.
+    OneTarget,
 }
 
 pub type Result<T> = std::result::Result<T, Error>;
@@ -64,6 +67,11 @@ impl fmt::Display for Error {
                 f,
                 "the backing filesystem is full: the metadata table has no room left to grow \
                  there; free space on it (the ckptfs space itself is not full)"
+            ),
+            Error::OneTarget => write!(
+                f,
+                "this space keeps its data in one file (formatted without --target): it has no \
+                 shards to rebuild or scrub; `ckptfs check` verifies it"
             ),
             Error::ReadOnly => write!(
                 f,

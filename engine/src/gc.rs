@@ -32,12 +32,66 @@ pub const ROUND_SEGMENTS: usize = 16;
 /// A segment is compacted when less than this fraction of it holds live chunks (without
 /// space pressure; see `GcOptions::pressure`).
 pub const COMPACT_LIVE_FRACTION: f64 = 0.5;
+/// Under pressure, compaction copies a segment's live bytes only if they are at most this
+/// many times the bytes emptying it frees (the segment is at most 75% live), so every byte
+/// gc writes buys back at least a third of a byte. Three is what the 75% rule needs: on a
+/// space whose kept bytes fit in 75% of it, the emptiest used segment is at most 75% live.
+/// Before this bound every segment with one dead byte qualified, and a full space of live
+/// data was copied over and over for the few KiB of padding each copy freed (issue 36:
+/// gigabytes a minute, for as long as it stayed mounted).
+pub const PRESSURE_COPY_PER_FREED: u64 = 3;
+/// The automatic gc (free space below the watermark, no writer waiting) copies at most one
+/// byte per byte it frees: it makes room ahead of writers, and is not worth more wear.
+pub const AUTO_COPY_PER_FREED: u64 = 1;
+/// The trash entries (removed files' histories) one gc looks at at a time, oldest removal
+/// first: bounds the memory of choosing which to empty (about 32 bytes each).
+pub const TRASH_BATCH: usize = 4096;
 /// Compaction passes one gc runs under space pressure at most.
 pub const PRESSURE_PASSES: usize = 64;
 
 /// How long segments gc emptied in a slot of a multi-slot space stay unused (unless a writer
 /// needs the room): longer than other nodes take to read the manifest gc publishes.
 pub const REMOTE_READ_GRACE: std::time::Duration = std::time::Duration::from_secs(5);
+
+/// The automatic gc's first wait after a run that left free space below the watermark, and
+/// the longest: each such run doubles it, a run that reaches the watermark ends it. A run
+/// that finds nothing still reads the whole chunk table and commits twice; on a space full
+/// of live data, retrying every tick would do that four times a second for nothing.
+pub const AUTO_BACKOFF_FIRST: Duration = Duration::from_secs(15);
+pub const AUTO_BACKOFF_MAX: Duration = Duration::from_secs(600);
+
+/// When the automatic gc may run again (see `AUTO_BACKOFF_FIRST`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Backoff {
+    /// Not before this (None: now).
+    until: Option<Instant>,
+    /// The current wait (zero after a run that reached its goal).
+    wait: Duration,
+}
+
+impl Backoff {
+    pub fn ready(&self, now: Instant) -> bool {
+        self.until.is_none_or(|t| now >= t)
+    }
+
+    /// A run ended at `now`; `reached` says whether it left free space at its goal.
+    pub fn record(&mut self, now: Instant, reached: bool) {
+        if reached {
+            *self = Backoff::default();
+            return;
+        }
+        self.wait = match self.wait.is_zero() {
+            true => AUTO_BACKOFF_FIRST,
+            false => (self.wait * 2).min(AUTO_BACKOFF_MAX),
+        };
+        self.until = Some(now + self.wait);
+    }
+
+    /// The wait now in force (zero when none).
+    pub fn wait(&self) -> Duration {
+        self.wait
+    }
+}
 
 #[derive(Clone, Debug, Default)]
 pub struct GcOptions {
@@ -54,7 +108,17 @@ pub struct GcOptions {
     /// reserve segment, instead of only mostly-dead segments.
     pub pressure: bool,
     /// Under pressure, stop compacting once this many bytes are free (0: never stop early).
+    /// With a goal, gc also empties the trash (the kept revisions of removed files), oldest
+    /// removal first, whatever `keep_unlinked` says, when what compaction can free cheaply
+    /// does not reach the goal: `keep_unlinked` protects removed files only while there is
+    /// room.
     pub room_goal_bytes: u64,
+    /// Under pressure: the most live bytes compaction copies per byte it frees (None:
+    /// `PRESSURE_COPY_PER_FREED`). Without pressure a segment must be less than half live.
+    pub copy_per_freed: Option<u64>,
+    /// Empty the whole trash now (`ckptfs gc --empty-trash`): removed files keep only the
+    /// revisions open handles read.
+    pub empty_trash: bool,
 }
 
 /// What a gc did (or, with `dry_run`, would do). Its JSON form (serde, field names as here)
@@ -84,6 +148,10 @@ impl GcTotals {
 pub struct GcReport {
     pub dry_run: bool,
     pub revisions_dropped: u64,
+    /// Of `revisions_dropped`: revisions of removed files dropped before `keep_unlinked` ran
+    /// out, to make room (or by `--empty-trash`).
+    #[serde(default)]
+    pub trash_revisions_dropped: u64,
     pub histories_dropped: u64,
     pub inodes_dropped: u64,
     pub chunks_freed: u64,
@@ -120,6 +188,9 @@ impl Space {
 
     fn run_gc(&self, opts: &GcOptions, progress: &mut dyn FnMut(GcProgress)) -> Result<GcReport> {
         let _one = self.gc_lock.lock();
+        // Chunks may move and segments be freed from here on (see `scrub`).
+        self.gc_epoch
+            .fetch_add(1, std::sync::atomic::Ordering::SeqCst);
         self.store().release_due(opts.pressure);
         if self.store().is_failed() {
             return Err(Error::Failed);
@@ -175,6 +246,11 @@ impl Space {
             self.commit(txn)?;
         }
 
+        // 2b. Short of room: the trash, oldest removal first, before copying live bytes.
+        if opts.pressure && opts.room_goal_bytes > 0 {
+            self.room_from_trash(opts, &mut r, progress)?;
+        }
+
         // 3 and 4. Compact in rounds until no victim is left or no room to copy into.
         self.compact(opts, &mut r, progress)?;
         r.free_bytes_after = self.store().free_bytes();
@@ -226,7 +302,12 @@ impl Space {
                 t.history_revisions(hid)?,
                 |r| t.revision(r),
             )?;
-            let d = retention::decide(config, now, &opts.pinned_revisions, &facts);
+            let mut d = retention::decide(config, now, &opts.pinned_revisions, &facts);
+            if opts.empty_trash && facts.unlinked.is_some() {
+                let all = retention::empty(&opts.pinned_revisions, &facts);
+                r.trash_revisions_dropped += (all.drop.len() - d.drop.len()) as u64;
+                d = all;
+            }
             for rev in &d.drop {
                 t.drop_revision(*rev)?;
                 r.revisions_dropped += 1;
@@ -275,25 +356,27 @@ impl Space {
         Ok(())
     }
 
-    /// Segments worth compacting, emptiest first, as many as fit in the free space: without
-    /// pressure those less than `COMPACT_LIVE_FRACTION` live, under pressure every segment
-    /// with dead bytes.
+    /// The most live bytes a segment may hold to be compacted: without pressure less than
+    /// `COMPACT_LIVE_FRACTION` of it; under pressure at most `copy_per_freed` times what
+    /// emptying it frees. Never a whole segment: a segment without a dead byte frees nothing.
+    fn max_live(&self, opts: &GcOptions) -> u64 {
+        max_live_bytes(self.store().segment_bytes(), opts)
+    }
+
+    /// Segments worth compacting (at most `max_live` live), emptiest first, as many as fit
+    /// in the free space.
     /// `need`: under pressure, stop choosing once the victims free this many bytes more than
     /// their copies take (0: no limit), so a gc that wants room copies no more than it must.
     fn victims(
         &self,
         u: &SegmentUsage,
         busy: &BTreeSet<SegmentId>,
-        pressure: bool,
+        opts: &GcOptions,
         need: u64,
     ) -> Vec<(SegmentId, u64)> {
         let seg = self.store().segment_bytes();
         let range = self.segment_range();
-        let limit = if pressure {
-            seg as f64
-        } else {
-            seg as f64 * COMPACT_LIVE_FRACTION
-        };
+        let limit = self.max_live(opts);
         let mut v: Vec<(SegmentId, u64)> = u
             .live
             .iter()
@@ -303,7 +386,7 @@ impl Space {
             // slot's manifest area, which hold no chunk record of this table and must never
             // be taken for empty segments.
             .filter(|(i, _)| range.contains(&i.0))
-            .filter(|(i, l)| !u.free.contains(i) && !busy.contains(i) && (*l as f64) < limit)
+            .filter(|(i, l)| !u.free.contains(i) && !busy.contains(i) && *l <= limit)
             .collect();
         v.sort_by_key(|(i, l)| (*l, *i));
         // Copies may use every free byte, gc's reserve included: writers cannot take the
@@ -321,9 +404,135 @@ impl Space {
         v
     }
 
+    /// Under pressure, short of `room_goal_bytes`: empties the trash (the kept revisions of
+    /// removed files), oldest removal first, batch by batch, while what is free plus what
+    /// compaction may free within its copy bound falls short of the goal. Emptying before
+    /// compacting means gc frees the bytes removed files hold instead of copying live bytes
+    /// to scrape together room a removal already gave.
+    fn room_from_trash(
+        &self,
+        opts: &GcOptions,
+        r: &mut GcReport,
+        progress: &mut dyn FnMut(GcProgress),
+    ) -> Result<()> {
+        let goal = opts.room_goal_bytes;
+        let seg = self.store().segment_bytes();
+        loop {
+            let free = self.store().free_bytes();
+            if free >= goal {
+                return Ok(());
+            }
+            let usage = self.segment_usage_now()?;
+            let busy = self.store().busy_segments();
+            let cheap: u64 = self
+                .victims(&usage, &busy, opts, 0)
+                .iter()
+                .map(|(_, live)| seg - live)
+                .sum();
+            if free + cheap >= goal {
+                return Ok(());
+            }
+            if !self.drop_trash(opts, goal - free - cheap, r)? {
+                return Ok(());
+            }
+            let txn = self.begin_write(true)?;
+            let _excl = self.store().exclusive();
+            self.delete_dead_chunks(&mut Txn::open(&txn)?, r, progress)?;
+            self.commit(txn)?;
+        }
+    }
+
+    /// Drops removed files' revisions (all but the pinned ones), oldest removal first, until
+    /// the dropped revisions had stored `need` bytes when written (`new_stored_bytes`: an
+    /// estimate, as dedup may share their chunks with what stays; the caller measures and
+    /// comes back for more). Returns whether it dropped anything.
+    fn drop_trash(&self, opts: &GcOptions, need: u64, r: &mut GcReport) -> Result<bool> {
+        let oldest = self.trash_oldest(TRASH_BATCH)?;
+        if oldest.is_empty() {
+            return Ok(false);
+        }
+        let _gate = self.pin_gate.write();
+        let mut pinned = opts.pinned_revisions.clone();
+        let mut open = opts.open_inodes.clone();
+        self.pins.sample(&mut pinned, &mut open);
+        let txn = self.begin_write(true)?;
+        let mut dropped = 0u64;
+        let mut freed_estimate = 0u64;
+        {
+            let mut t = Txn::open(&txn)?;
+            for (_, hid) in oldest {
+                if dropped > 0 && freed_estimate >= need {
+                    break;
+                }
+                // Re-read under this transaction: a restore may have brought it back.
+                let Some((id, h)) = t.history_from(hid)? else {
+                    continue;
+                };
+                if id != hid || h.unlinked.is_none() {
+                    continue;
+                }
+                let facts = history_facts(
+                    &h,
+                    |ino| t.get_inode(ino),
+                    t.history_revisions(hid)?,
+                    |x| t.revision(x),
+                )?;
+                let d = retention::empty(&pinned, &facts);
+                for rev in &d.drop {
+                    if let Some((_, rr)) = facts.revisions.iter().find(|(x, _)| x == rev) {
+                        freed_estimate += rr.new_stored_bytes;
+                    }
+                    t.drop_revision(*rev)?;
+                    dropped += 1;
+                }
+                if d.drop_history {
+                    t.remove_history(hid)?;
+                    r.histories_dropped += 1;
+                }
+            }
+        }
+        self.commit(txn)?;
+        r.revisions_dropped += dropped;
+        r.trash_revisions_dropped += dropped;
+        if dropped > 0 {
+            log::info!(
+                "gc: space short: emptied {dropped} revisions of removed files from the trash \
+                 (about {freed_estimate} bytes), oldest removal first"
+            );
+        }
+        Ok(dropped > 0)
+    }
+
+    /// The trash: removed files' histories with revisions left, oldest removal first, at
+    /// most `limit` of them (the oldest).
+    fn trash_oldest(&self, limit: usize) -> Result<Vec<(Timestamp, HistoryId)>> {
+        let snap = self.reader()?;
+        // A max-heap of the oldest `limit` seen: the newest of them goes when it overflows.
+        let mut heap: std::collections::BinaryHeap<((i64, u32), u64)> = Default::default();
+        snap.for_each_history(|hid, h| {
+            let Some(when) = h.unlinked else {
+                return Ok(());
+            };
+            if snap.history_revisions(hid)?.is_empty() {
+                return Ok(());
+            }
+            heap.push(((when.secs, when.nanos), hid.0));
+            if heap.len() > limit {
+                heap.pop();
+            }
+            Ok(())
+        })?;
+        let mut v: Vec<(Timestamp, HistoryId)> = heap
+            .into_iter()
+            .map(|((secs, nanos), h)| (Timestamp { secs, nanos }, HistoryId(h)))
+            .collect();
+        v.sort_by_key(|(t, h)| ((t.secs, t.nanos), h.0));
+        Ok(v)
+    }
+
     fn plan_compaction(&self, u: &SegmentUsage, r: &mut GcReport) {
         let busy = self.store().busy_segments();
-        for (_, live) in self.victims(u, &busy, false, 0) {
+        for (_, live) in self.victims(u, &busy, &GcOptions::default(), 0) {
             r.segments_freed += 1;
             if live > 0 {
                 r.segments_compacted += 1;
@@ -370,7 +579,7 @@ impl Space {
         } else {
             0
         };
-        let all = self.victims(&usage, &busy, opts.pressure, need);
+        let all = self.victims(&usage, &busy, opts, need);
         let total = all.len() as u64;
         log::debug!(
             "gc: compaction pass{}: {} segments free ({} bytes), {} busy, {} victims with {} live bytes",
@@ -518,7 +727,12 @@ impl Space {
                 snap.history_revisions(hid)?,
                 |x| snap.revision(x),
             )?;
-            let d = retention::decide(&config, now, &opts.pinned_revisions, &facts);
+            let mut d = retention::decide(&config, now, &opts.pinned_revisions, &facts);
+            if opts.empty_trash && facts.unlinked.is_some() {
+                let all = retention::empty(&opts.pinned_revisions, &facts);
+                r.trash_revisions_dropped += (all.drop.len() - d.drop.len()) as u64;
+                d = all;
+            }
             for rev in &d.drop {
                 for (_, e) in snap.extents(*rev)? {
                     *unref.entry(e.chunk).or_default() += 1;
@@ -590,6 +804,72 @@ impl Space {
     }
 }
 
+/// `Space::max_live` for segments of `seg` bytes.
+fn max_live_bytes(seg: u64, opts: &GcOptions) -> u64 {
+    let most = if opts.pressure {
+        let r = opts.copy_per_freed.unwrap_or(PRESSURE_COPY_PER_FREED);
+        // live <= r * (seg - live)  <=>  live <= seg * r / (r + 1)
+        (u128::from(seg) * u128::from(r) / (u128::from(r) + 1)) as u64
+    } else {
+        ((seg as f64 * COMPACT_LIVE_FRACTION).ceil() as u64).saturating_sub(1)
+    };
+    most.min(seg.saturating_sub(1))
+}
+
+#[cfg(test)]
+mod bound_tests {
+    use super::*;
+
+    /// What compaction may copy per byte it frees, by who asks: never more than the bound,
+    /// never a segment without a dead byte.
+    #[test]
+    fn compaction_copies_at_most_the_bound_per_byte_freed() {
+        let seg = 8u64 << 20;
+        let pressure = |r: Option<u64>| GcOptions {
+            pressure: true,
+            copy_per_freed: r,
+            ..GcOptions::default()
+        };
+        for (opts, ratio) in [
+            (pressure(None), PRESSURE_COPY_PER_FREED as f64),
+            (
+                pressure(Some(AUTO_COPY_PER_FREED)),
+                AUTO_COPY_PER_FREED as f64,
+            ),
+            (pressure(Some(1000)), 1000.0),
+        ] {
+            let live = max_live_bytes(seg, &opts);
+            assert!(live < seg, "a full segment frees nothing");
+            assert!(live as f64 <= ratio * (seg - live) as f64, "{live} copied");
+            // One byte more would break the bound (or fill the segment).
+            assert!((live + 1) as f64 > ratio * (seg - live - 1) as f64 || live + 1 == seg);
+        }
+        // Without pressure: less than half live.
+        let live = max_live_bytes(seg, &GcOptions::default());
+        assert!(live < seg / 2 && live + 1 == seg / 2);
+        // 3 per byte freed: at most 6 MiB of 8 copied.
+        assert_eq!(max_live_bytes(seg, &pressure(None)), 6 << 20);
+    }
+
+    /// The automatic gc's wait after a run that left free space short: 15 s, doubling to
+    /// 10 min; a run that reached its goal ends it.
+    #[test]
+    fn the_automatic_gc_backs_off_and_comes_back() {
+        let t0 = Instant::now();
+        let mut b = Backoff::default();
+        assert!(b.ready(t0));
+        let mut waits = Vec::new();
+        for _ in 0..8 {
+            b.record(t0, false);
+            waits.push(b.wait().as_secs());
+            assert!(!b.ready(t0) && b.ready(t0 + b.wait()));
+        }
+        assert_eq!(waits, vec![15, 30, 60, 120, 240, 480, 600, 600]);
+        b.record(t0, true);
+        assert!(b.ready(t0) && b.wait().is_zero());
+    }
+}
+
 /// The facts retention needs of history `h`, from whichever view of the catalog the
 /// closures read (a write transaction in gc, a read snapshot in its plan).
 fn history_facts(
@@ -645,6 +925,24 @@ pub mod retention {
         pub drop: Vec<RevisionId>,
         /// The whole history goes (an unlinked path with nothing kept).
         pub drop_history: bool,
+    }
+
+    /// Emptying the trash: a removed file's history keeps only its pinned revisions, whatever
+    /// `keep_unlinked` says; the history goes once nothing is left. (A live history is left
+    /// alone.)
+    pub fn empty(pinned: &HashSet<RevisionId>, h: &HistoryFacts) -> HistoryDecision {
+        if h.unlinked.is_none() {
+            return HistoryDecision::default();
+        }
+        let drop: Vec<RevisionId> = h
+            .revisions
+            .iter()
+            .rev()
+            .map(|(rev, _)| *rev)
+            .filter(|rev| !pinned.contains(rev))
+            .collect();
+        let drop_history = drop.len() == h.revisions.len();
+        HistoryDecision { drop, drop_history }
     }
 
     /// Keeps, newest first: the current revision, the pinned ones (open readers and
@@ -856,6 +1154,37 @@ pub mod retention {
                 assert_eq!(got, c.want_drop, "{}", c.name);
                 assert_eq!(d.drop_history, c.want_history_dropped, "{}", c.name);
             }
+        }
+
+        /// Emptying the trash: a removed file keeps only what open handles read, however
+        /// recent its removal; a present file is never touched.
+        #[test]
+        fn emptying_the_trash_keeps_only_pins() {
+            let revs: Vec<(RevisionId, RevisionRecord)> = (1..=3)
+                .map(|i| rev(i, (4 - i as i64) * DAY, true))
+                .collect();
+            let removed = |ago: i64| HistoryFacts {
+                unlinked: Some(Timestamp {
+                    secs: NOW - ago,
+                    nanos: 0,
+                }),
+                current: None,
+                revisions: revs.clone(),
+            };
+            let none = HashSet::new();
+            let d = empty(&none, &removed(1));
+            assert_eq!(d.drop, vec![RevisionId(3), RevisionId(2), RevisionId(1)]);
+            assert!(d.drop_history);
+            let pinned: HashSet<RevisionId> = [RevisionId(2)].into();
+            let d = empty(&pinned, &removed(1));
+            assert_eq!(d.drop, vec![RevisionId(3), RevisionId(1)]);
+            assert!(!d.drop_history, "a pinned revision keeps its history");
+            let present = HistoryFacts {
+                unlinked: None,
+                current: Some(RevisionId(3)),
+                revisions: revs.clone(),
+            };
+            assert_eq!(empty(&none, &present), HistoryDecision::default());
         }
     }
 }

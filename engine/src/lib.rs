@@ -20,6 +20,7 @@ pub mod pins;
 pub mod pipeline;
 pub mod placement;
 pub mod predict;
+pub mod scrub;
 pub mod sim;
 pub mod slots;
 pub mod space;
@@ -27,6 +28,7 @@ pub mod spill;
 pub mod stamp;
 pub mod store;
 pub mod targets;
+pub mod usage;
 
 /// The GPU codec crate, for the daemon to choose a device or the emulation.
 pub use ckptfs_kernels as kernels;

@@ -126,8 +126,11 @@ pub struct Space {
     /// Held for the life of the Space: its flock is what makes a second mount fail. None for
     /// a space opened on devices (tests), whose caller guarantees exclusive use.
     lock: Option<File>,
-    /// One gc at a time.
+    /// One gc at a time (and a repair of one segment holds it too: no chunk moves then).
     pub(crate) gc_lock: parking_lot::Mutex<()>,
+    /// Bumped by every gc under `gc_lock`: a repair pass knows its snapshot of where the
+    /// chunks are still holds while this has not changed.
+    pub(crate) gc_epoch: std::sync::atomic::AtomicU64,
     /// What gc did since the space was opened (for `stats`).
     pub(crate) gc_totals: parking_lot::Mutex<crate::gc::GcTotals>,
     /// Shared while a reader pins a revision and loads it; exclusive while gc samples the pins
@@ -212,22 +215,29 @@ pub struct Stats {
     /// (`spill`; zero offline). Absent from an older daemon's answer, hence the default.
     #[serde(default)]
     pub carries: crate::spill::CarryTotals,
+    /// Where the stored bytes are: live, kept revisions of present files, kept revisions of
+    /// removed files (the trash), unreferenced (`usage`).
+    #[serde(default)]
+    pub split: crate::usage::Split,
 }
 
 impl Stats {
-    /// Referenced bytes (all kept revisions) per distinct chunk byte: how much dedup saves
-    /// (1.0 = nothing).
     /// Bytes of the data file in use that hold no committed chunk: dead chunks, padding and
     /// uncommitted saves, which gc's compaction can give back (retention may free more).
     pub fn reclaimable_bytes(&self) -> u64 {
         self.used_bytes.saturating_sub(self.stored_bytes)
     }
 
-    pub fn dedup_ratio(&self) -> f64 {
+    /// Referenced bytes (all kept revisions) per distinct chunk byte: how much dedup saves
+    /// (1.0 = nothing). None while no current file holds data: a ratio of kept or removed
+    /// revisions only would read as if the space held something deduplicated.
+    pub fn dedup_ratio(&self) -> Option<f64> {
+        (self.logical_bytes > 0).then_some(())?;
         ratio(self.referenced_bytes, self.raw_chunk_bytes)
     }
-    /// Distinct chunk bytes per stored byte: how much compression saves.
-    pub fn compression_ratio(&self) -> f64 {
+    /// Distinct chunk bytes per stored byte: how much compression saves. None when nothing
+    /// is stored.
+    pub fn compression_ratio(&self) -> Option<f64> {
         ratio(self.raw_chunk_bytes, self.stored_bytes)
     }
 }
@@ -237,8 +247,9 @@ impl Stats {
 pub struct StatsReport {
     #[serde(flatten)]
     pub stats: Stats,
-    pub dedup_ratio: f64,
-    pub compression_ratio: f64,
+    /// null when there is nothing to compare (see `Stats::dedup_ratio`).
+    pub dedup_ratio: Option<f64>,
+    pub compression_ratio: Option<f64>,
     pub reclaimable_bytes: u64,
 }
 
@@ -253,12 +264,9 @@ impl From<Stats> for StatsReport {
     }
 }
 
-fn ratio(a: u64, b: u64) -> f64 {
-    if b == 0 {
-        1.0
-    } else {
-        a as f64 / b as f64
-    }
+/// a / b, or None when either is empty (no ratio of nothing).
+fn ratio(a: u64, b: u64) -> Option<f64> {
+    (a > 0 && b > 0).then(|| a as f64 / b as f64)
 }
 
 fn open_private(path: &Path, create: bool) -> Result<File> {
@@ -1732,11 +1740,7 @@ impl Space {
             return Err(Error::ReadOnly);
         }
         let Some(er) = &self.targets else {
-            return Err(Error::Invalid(format!(
-                "{} keeps its data in one file (formatted without --target): there is \
-                 nothing to rebuild",
-                self.dir.display()
-            )));
+            return Err(Error::OneTarget);
         };
         if let Some((old, new)) = replace {
             let table = self
@@ -1823,7 +1827,7 @@ impl Space {
                 &format!("replaced by target {added} ({})", spec.path.display()),
             );
         }
-        Ok(er.rebuild(throttle_bytes_s, progress)?)
+        self.repair(crate::scrub::Visit::Rebuild, throttle_bytes_s, progress)
     }
 
     /// What `ckptfs advise` needs from this space (this slot's revisions on a multi-slot
@@ -2120,6 +2124,7 @@ impl Space {
             store,
             lock: None,
             gc_lock: parking_lot::Mutex::new(()),
+            gc_epoch: std::sync::atomic::AtomicU64::new(0),
             gc_totals: parking_lot::Mutex::new(crate::gc::GcTotals::default()),
             pin_gate: parking_lot::RwLock::new(()),
             pins: Arc::default(),
@@ -2750,6 +2755,7 @@ impl Space {
             s.raw_chunk_bytes += c.raw_len as u64;
             Ok(())
         })?;
+        s.split = crate::usage::split(&r, s.stored_bytes)?;
         Ok(s)
     }
 }

@@ -390,6 +390,23 @@ impl ChunkStore {
     /// any other and points its pin at the copy (`relocate_pinned`). Were they busy, a file
     /// being rewritten would pin nearly every segment of its previous revision, and a full
     /// space could never be compacted while that file is open.
+    /// Segments that may hold chunks not committed yet: taken since the last commit that
+    /// recorded them, or holding a new chunk of a save not committed. Unlike
+    /// `busy_segments`, not the segment being filled as such: its rows on disk hold only
+    /// committed chunks then (a commit pads its row, and new chunks start on the next), so
+    /// a repair may rewrite them (`scrub`).
+    pub fn uncommitted_segments(&self) -> BTreeSet<SegmentId> {
+        let w = self.writer.lock();
+        let p = self.pending.lock();
+        let mut s: BTreeSet<SegmentId> = w.segs.taken().into_iter().collect();
+        s.extend(
+            p.values()
+                .filter(|e| e.new)
+                .map(|e| self.segment_of(e.rec.offset)),
+        );
+        s
+    }
+
     pub fn busy_segments(&self) -> BTreeSet<SegmentId> {
         let w = self.writer.lock();
         let p = self.pending.lock();

@@ -31,6 +31,13 @@
 //! per placed segment; `verify_parity` (`ckptfs check`) holds `VERIFY_ROWS` rows of every
 //! shard.
 
+mod health;
+mod repair;
+
+use health::{Suspects, WarnKind, Warnings};
+pub use health::{SUSPECTS_MAX, WARN_INTERVAL};
+pub use repair::{SegmentChunk, SegmentJob, Throttle, REPAIR_ROWS};
+
 use crate::device::{Device, IoBuf, DIRECT_ALIGN};
 use crate::format::SegmentId;
 use crate::placement::{Location, Placement};
@@ -365,6 +372,13 @@ pub struct Target {
     failed_reason: Mutex<Option<String>>,
     /// I/O errors seen on it (reads and writes): what predicts its availability.
     errors: AtomicU64,
+    /// Since the mount: reads of its shards that failed, and shards found holding damaged
+    /// bytes (a chunk verified only without them, or parity that disagrees with verified
+    /// data). Shown by `targets`, `stats` and `--prometheus`.
+    read_errors: AtomicU64,
+    verify_errors: AtomicU64,
+    /// Blocks of its shards rewritten in place by a repair since the mount.
+    repaired_blocks: AtomicU64,
     /// Written since the last sync, so the next sync covers it.
     dirty: AtomicBool,
     bytes_written: AtomicU64,
@@ -392,6 +406,9 @@ impl Target {
             slots,
             failed_reason: Mutex::new(reason),
             errors: AtomicU64::new(0),
+            read_errors: AtomicU64::new(0),
+            verify_errors: AtomicU64::new(0),
+            repaired_blocks: AtomicU64::new(0),
             dirty: AtomicBool::new(false),
             bytes_written: AtomicU64::new(0),
             write_ns: AtomicU64::new(0),
@@ -422,9 +439,21 @@ pub struct TargetReport {
     pub index: u16,
     pub path: String,
     pub domain: String,
-    /// "ok" or "failed: REASON".
+    /// "ok", "degraded: WHY" (shards on it found unreadable or damaged since the mount and
+    /// not repaired yet), "failed: REASON" or "retired: REASON".
     pub state: String,
     pub errors: u64,
+    /// Since the mount: failed reads of its shards, and shards found damaged.
+    #[serde(default)]
+    pub read_errors: u64,
+    #[serde(default)]
+    pub verify_errors: u64,
+    /// Blocks of its shards a repair rewrote since the mount.
+    #[serde(default)]
+    pub repaired_blocks: u64,
+    /// Its shards known unreadable or damaged now (found since the mount, not repaired).
+    #[serde(default)]
+    pub suspect_shards: u64,
     pub shards: u64,
     pub free_shards: u64,
     pub bytes_written: u64,
@@ -458,7 +487,25 @@ impl TargetsReport {
     pub fn degraded(&self) -> bool {
         self.segments_lost > 0
             || !self.segments_degraded.is_empty()
-            || self.targets.iter().any(|t| t.state != "ok" && t.shards > 0)
+            || self
+                .targets
+                .iter()
+                .any(|t| t.state != "ok" && (t.shards > 0 || t.state.starts_with("degraded")))
+    }
+
+    /// Targets that failed, and targets with shards found unreadable or damaged.
+    pub fn failed_and_degraded(&self) -> (usize, usize) {
+        let failed = self
+            .targets
+            .iter()
+            .filter(|t| t.state.starts_with("failed"))
+            .count();
+        let degraded = self
+            .targets
+            .iter()
+            .filter(|t| t.state.starts_with("degraded"))
+            .count();
+        (failed, degraded)
     }
 }
 
@@ -477,7 +524,51 @@ pub struct RebuildReport {
     /// Segments with fewer than M shards on healthy targets: nothing to rebuild from.
     pub segments_lost: u64,
     pub seconds: f64,
+    /// Committed chunks read back and verified by blake3 (as stored, or rebuilt from the
+    /// other shards); every shard written was encoded from these.
+    #[serde(default)]
+    pub chunks_verified: u64,
+    /// Of them, chunks whose stored bytes failed the check and that verified only rebuilt
+    /// without some shard: those shards held damaged bytes.
+    #[serde(default)]
+    pub chunks_repaired: u64,
+    /// Committed chunks that no combination of the readable shards verifies: lost. Their
+    /// rows are rewritten nowhere (nothing says what they should hold).
+    #[serde(default)]
+    pub chunks_lost: u64,
+    /// The first `MAX_LISTED_LOST` of them: (segment, offset in it, stored length).
+    #[serde(default)]
+    pub lost: Vec<(u64, u64, u32)>,
+    /// 4 KiB blocks of shards on healthy targets rewritten in place because they were
+    /// damaged, stale or unreadable.
+    #[serde(default)]
+    pub blocks_rewritten: u64,
+    /// Segments being written while visited: their rows were copied to new shards but
+    /// nothing was rewritten in place (a later `ckptfs scrub` verifies them).
+    #[serde(default)]
+    pub segments_busy: u64,
+    /// Shard reads that failed.
+    #[serde(default)]
+    pub read_errors: u64,
 }
+
+impl RebuildReport {
+    /// A committed chunk is lost.
+    fn lose(&mut self, seg: u64, offset: u64, len: u32) {
+        self.chunks_lost += 1;
+        if self.lost.len() < MAX_LISTED_LOST {
+            self.lost.push((seg, offset, len));
+        }
+    }
+
+    /// Everything committed survived (nothing lost, nothing short).
+    pub fn is_whole(&self) -> bool {
+        self.chunks_lost == 0 && self.segments_lost == 0 && self.segments_short == 0
+    }
+}
+
+/// Lost chunks a `RebuildReport` lists (the rest are counted).
+pub const MAX_LISTED_LOST: usize = 100;
 
 /// Rows `Erasure::verify_parity` reads at a time, whatever the segment size. Memory: the M+K
 /// shards of that many blocks (at most 64 x 4 KiB x `MAX_SHARDS` = 4 MiB), as much again for
@@ -547,8 +638,15 @@ impl SegmentParity {
 #[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct InconsistentRow {
     pub row: u64,
-    /// The parity shards (index M and up) that differ.
+    /// The parity shards (index M and up) whose stored bytes differ from the parity the
+    /// row's data shards, as stored, encode to. A damaged *data* shard makes every parity
+    /// shard differ, so this does not say which shard is bad: `damaged_shards` does.
     pub parity_shards: Vec<usize>,
+    /// The shards found damaged: the fewest whose exclusion leaves the rest of the row
+    /// consistent, when that is unique and more than M shards remain to agree (else empty:
+    /// the row cannot tell which).
+    #[serde(default)]
+    pub damaged_shards: Vec<usize>,
     /// Every data shard was read as stored, none rebuilt from parity. Then parity shards
     /// differing while others agree are the damaged ones (one damaged data shard changes
     /// every parity shard of a Reed-Solomon code); all differing leaves it open.
@@ -577,6 +675,10 @@ pub struct Erasure {
     touched: Mutex<BTreeSet<u64>>,
     reconstructed: AtomicU64,
     repaired: AtomicU64,
+    /// Shards found unreadable or damaged since the mount and not repaired (`Suspects`).
+    suspects: Mutex<Suspects>,
+    /// Repeated warnings, one line per target and kind per `WARN_INTERVAL`.
+    warnings: Warnings,
     /// Records a target's failure durably (the space's `targets` table), so it stays failed
     /// at the next mount.
     on_fail: Mutex<Option<FailHook>>,
@@ -664,6 +766,8 @@ impl Erasure {
             touched: Mutex::new(BTreeSet::new()),
             reconstructed: AtomicU64::new(0),
             repaired: AtomicU64::new(0),
+            suspects: Mutex::new(Suspects::default()),
+            warnings: Warnings::default(),
             on_fail: Mutex::new(None),
         })
     }
@@ -769,19 +873,30 @@ impl Erasure {
         out
     }
 
+    /// Shards of `p` (segment `seg`) readable as far as anyone knows now: on a healthy
+    /// target, and not found unreadable or damaged since the mount (`Suspects`).
+    fn readable_shards(&self, all: &[Arc<Target>], sus: &Suspects, seg: u64, p: &Placed) -> usize {
+        p.shards
+            .iter()
+            .enumerate()
+            .filter(|(i, s)| {
+                s.is_some_and(|a| all[a.target as usize].healthy() && !sus.holds(seg, *i, a.target))
+            })
+            .count()
+    }
+
     /// Counts of placed segments by state: (full, degraded by remaining tolerance, lost).
+    /// A shard found unreadable or damaged since the mount counts as missing until a repair
+    /// rewrites it: the redundancy is what is readable now.
     fn segment_states(&self) -> (u64, BTreeSet<(u64, u64)>, u64) {
         let all = self.all();
         let map = self.map.read();
+        let sus = self.suspects.lock();
         let (mut full, mut lost) = (0, 0);
         let mut by_tol: HashMap<u64, u64> = HashMap::new();
-        for p in map.iter().flatten() {
-            let ok = p
-                .shards
-                .iter()
-                .flatten()
-                .filter(|s| all[s.target as usize].healthy())
-                .count();
+        for (seg, p) in map.iter().enumerate() {
+            let Some(p) = p else { continue };
+            let ok = self.readable_shards(&all, &sus, seg as u64, p);
             if ok == self.r.shards() {
                 full += 1;
             } else if ok < self.r.data {
@@ -803,6 +918,8 @@ impl Erasure {
             }
         }
         drop(map);
+        self.flush_warnings();
+        let suspect = self.suspects.lock().per_target(all.len());
         let free = self.free.lock();
         let targets = all
             .iter()
@@ -812,6 +929,14 @@ impl Erasure {
                 path: t.path.display().to_string(),
                 domain: t.domain.clone(),
                 state: match (t.healthy(), used[i]) {
+                    (true, _) if suspect[i].0 => "degraded: found unreadable or damaged \
+                        since the mount, counted as missing until repaired (`ckptfs scrub`)"
+                        .into(),
+                    (true, _) if suspect[i].1 > 0 => format!(
+                        "degraded: {} shard(s) found unreadable or damaged since the mount \
+                         and not repaired (`ckptfs scrub` repairs them)",
+                        suspect[i].1
+                    ),
                     (true, _) => "ok".into(),
                     // Nothing of the space is on it any more.
                     (false, 0) => format!(
@@ -824,6 +949,10 @@ impl Erasure {
                     ),
                 },
                 errors: t.errors.load(Ordering::Relaxed),
+                read_errors: t.read_errors.load(Ordering::Relaxed),
+                verify_errors: t.verify_errors.load(Ordering::Relaxed),
+                repaired_blocks: t.repaired_blocks.load(Ordering::Relaxed),
+                suspect_shards: suspect[i].1,
                 shards: used[i],
                 free_shards: free[i].len() as u64,
                 bytes_written: t.bytes_written.load(Ordering::Relaxed),
@@ -845,9 +974,10 @@ impl Erasure {
         }
     }
 
-    /// Reads blocks [b0, b1) of shard `i` of `p`'s segment; None when the shard is not
-    /// there or not readable (counted against its target).
-    fn read_shard(&self, p: &Placed, i: usize, b0: u64, b1: u64) -> Option<IoBuf> {
+    /// Reads blocks [b0, b1) of shard `i` of segment `seg` placed as `p`; None when the
+    /// shard is not there or not readable (counted against its target, and the shard
+    /// suspect until a repair rewrites it).
+    fn read_shard(&self, seg: u64, p: &Placed, i: usize, b0: u64, b1: u64) -> Option<IoBuf> {
         let at = p.shards[i]?;
         let t = self.tg(at.target);
         let dev = t.dev.as_ref().filter(|_| t.healthy())?;
@@ -860,14 +990,45 @@ impl Erasure {
             }
             Err(e) => {
                 t.errors.fetch_add(1, Ordering::Relaxed);
-                log::warn!(
-                    "reading shard {i} from target {} ({}): {e}; rebuilding it from the others",
-                    at.target,
-                    t.path.display()
-                );
+                t.read_errors.fetch_add(1, Ordering::Relaxed);
+                self.suspect(seg, i, at.target);
+                self.warnings.warn(at.target, WarnKind::Read, || {
+                    format!(
+                        "reading shard {i} of segment {seg} from target {} ({}): {e}; \
+                         rebuilding it from the others",
+                        at.target,
+                        t.path.display()
+                    )
+                });
                 None
             }
         }
+    }
+
+    /// Shard `i` of segment `seg`, on target `t`, was found unreadable or damaged.
+    fn suspect(&self, seg: u64, i: usize, t: u16) {
+        self.suspects.lock().add(seg, i, t);
+    }
+
+    /// A shard found damaged by a verification (blake3, or parity against verified data).
+    fn damaged_shard(&self, seg: u64, i: usize, t: u16, how: &str) {
+        let tg = self.tg(t);
+        tg.errors.fetch_add(1, Ordering::Relaxed);
+        tg.verify_errors.fetch_add(1, Ordering::Relaxed);
+        self.suspect(seg, i, t);
+        self.warnings.warn(t, WarnKind::Damaged, || {
+            format!(
+                "segment {seg}: shard {i} on target {t} ({}) holds damaged bytes; {how}",
+                tg.path.display()
+            )
+        });
+    }
+
+    /// Writes the repeated-warning summaries whose interval has passed (the daemon calls it
+    /// a few times a second; anything that reads the state may).
+    pub fn flush_warnings(&self) {
+        self.warnings
+            .flush(Instant::now(), &|t| self.tg(t).path.display().to_string());
     }
 
     /// Rows [r0, r1) of segment `p` as the M data shards' blocks, reconstructing the
@@ -875,6 +1036,7 @@ impl Erasure {
     /// `exclude`, shards suspected bad).
     fn reconstruct(
         &self,
+        seg: u64,
         p: &Placed,
         r0: u64,
         r1: u64,
@@ -894,7 +1056,7 @@ impl Erasure {
                 break;
             }
             if have[i].is_none() && !exclude.contains(&i) {
-                have[i] = self.read_shard(p, i, r0, r1);
+                have[i] = self.read_shard(seg, p, i, r0, r1);
             }
         }
         if count(&have) < m {
@@ -969,13 +1131,13 @@ impl Erasure {
         let mut short = false;
         for (i, n) in need.iter().enumerate() {
             if *n {
-                have[i] = self.read_shard(&p, i, r0, r1);
+                have[i] = self.read_shard(seg, &p, i, r0, r1);
                 short |= have[i].is_none();
             }
         }
         if short {
             have = self
-                .reconstruct(&p, r0, r1, have, &[])
+                .reconstruct(seg, &p, r0, r1, have, &[])
                 .map_err(|e| io::Error::new(e.kind(), format!("segment {seg}: {e}")))?;
             self.reconstructed.fetch_add(1, Ordering::Relaxed);
         }
@@ -1074,187 +1236,6 @@ impl Erasure {
     /// The failure domain of target `t`.
     pub fn domain_of(&self, t: u16) -> String {
         self.tg(t).domain.clone()
-    }
-
-    /// Restores full redundancy where it can: for every placed segment with shards on
-    /// failed targets (or never placed), rebuilds those shards from the segment's other
-    /// shards onto healthy targets in failure domains the segment does not use yet, then
-    /// switches the segment's record to them. Online: reads go on from the old record
-    /// meanwhile (rebuilding what they miss), and writes to a segment wait only while that
-    /// segment is rebuilt. Memory: (M+K) shard buffers of `REBUILD_ROWS` blocks.
-    /// `throttle`: at most that many bytes written per second.
-    pub fn rebuild(
-        &self,
-        throttle: Option<f64>,
-        progress: &mut dyn FnMut(u64, u64),
-    ) -> io::Result<RebuildReport> {
-        const REBUILD_ROWS: u64 = 64;
-        let start = Instant::now();
-        let (m, k) = (self.r.data, self.r.parity);
-        let n = m + k;
-        let rows = self.shard_bytes / BLOCK as u64;
-        let mut rep = RebuildReport::default();
-        for seg in 0..self.segments {
-            progress(seg, self.segments);
-            let Some(p) = self.map.read()[seg as usize].clone() else {
-                continue;
-            };
-            rep.segments_checked += 1;
-            let all = self.all();
-            let ok = |p: &Placed, i: usize| {
-                p.shards[i].is_some_and(|a| all[a.target as usize].healthy())
-            };
-            if (0..n).all(|i| ok(&p, i)) {
-                continue;
-            }
-            let _stripe = self.stripes[seg as usize % STRIPES].write();
-            // Under the stripe no row of the segment is being written; its record may have
-            // changed before (a re-placement of a freed segment): take it again.
-            let p = self.placed(seg)?;
-            let bad: Vec<usize> = (0..n).filter(|&i| !ok(&p, i)).collect();
-            if bad.is_empty() {
-                continue;
-            }
-            if n - bad.len() < m {
-                log::error!(
-                    "segment {seg}: only {} of its {n} shards are on healthy targets, {m} are \
-                     needed; what it held is lost (`ckptfs check` names the files)",
-                    n - bad.len()
-                );
-                rep.segments_lost += 1;
-                continue;
-            }
-            let taken: BTreeSet<String> = (0..n)
-                .filter(|&i| ok(&p, i))
-                .map(|i| {
-                    all[p.shards[i].expect("ok shards are placed").target as usize]
-                        .domain
-                        .clone()
-                })
-                .collect();
-            let fixes: Vec<(usize, ShardAt)> = {
-                let mut free = self.free.lock();
-                let chosen = self.choose_for(&free, &taken, bad.len());
-                bad.iter()
-                    .zip(chosen)
-                    .map(|(&i, t)| {
-                        let slot = free[t as usize]
-                            .pop_first()
-                            .expect("chosen targets have a free slot");
-                        (i, ShardAt { target: t, slot })
-                    })
-                    .collect()
-            };
-            let give_back = |fixes: &[(usize, ShardAt)]| {
-                let mut free = self.free.lock();
-                for (_, a) in fixes {
-                    free[a.target as usize].insert(a.slot);
-                }
-            };
-            if fixes.is_empty() {
-                rep.segments_short += 1;
-                continue;
-            }
-            let mut failed = None;
-            let mut r0 = 0;
-            while r0 < rows && failed.is_none() {
-                let r1 = (r0 + REBUILD_ROWS).min(rows);
-                let have: Vec<Option<IoBuf>> = (0..n)
-                    .map(|i| match ok(&p, i) {
-                        true => self.read_shard(&p, i, r0, r1),
-                        false => None,
-                    })
-                    .collect();
-                let mut shards = match self.reconstruct(&p, r0, r1, have, &[]) {
-                    Ok(s) => s,
-                    Err(e) => {
-                        failed = Some(format!("rows {r0}..{r1}: {e}"));
-                        break;
-                    }
-                };
-                if fixes.iter().any(|(i, _)| *i >= m) {
-                    let parity = reed_solomon_simd::encode(
-                        m,
-                        k,
-                        shards[..m]
-                            .iter()
-                            .map(|b| b.as_ref().expect("data rebuilt").as_slice()),
-                    )
-                    .map_err(|e| other(format!("Reed-Solomon encode: {e}")))?;
-                    for (j, b) in parity.into_iter().enumerate() {
-                        let mut ib = IoBuf::new();
-                        ib.extend_from_slice(&b);
-                        shards[m + j] = Some(ib);
-                    }
-                }
-                for (i, at) in &fixes {
-                    let bytes = shards[*i].as_ref().expect("rebuilt above");
-                    let t = self.tg(at.target);
-                    let Some(dev) = t.dev.as_ref().filter(|_| t.healthy()) else {
-                        failed = Some(format!("target {} failed", at.target));
-                        break;
-                    };
-                    if let Err(e) = dev.write_at(bytes.as_slice(), self.shard_offset(at.slot, r0)) {
-                        t.errors.fetch_add(1, Ordering::Relaxed);
-                        self.fail_target(at.target, format!("write: {e}"));
-                        failed = Some(format!("writing to target {}: {e}", at.target));
-                        break;
-                    }
-                    t.bytes_written
-                        .fetch_add(bytes.len() as u64, Ordering::Relaxed);
-                    rep.bytes_written += bytes.len() as u64;
-                }
-                if let Some(limit) = throttle.filter(|l| *l > 0.0) {
-                    let due = rep.bytes_written as f64 / limit;
-                    let now = start.elapsed().as_secs_f64();
-                    if due > now {
-                        std::thread::sleep(std::time::Duration::from_secs_f64(due - now));
-                    }
-                }
-                r0 = r1;
-            }
-            // The new shards are durable before the record names them.
-            if failed.is_none() {
-                for t in fixes.iter().map(|(_, a)| a.target).collect::<BTreeSet<_>>() {
-                    let tg = self.tg(t);
-                    if let Some(Err(e)) = tg.dev.as_ref().map(|d| d.sync()) {
-                        self.fail_target(t, format!("sync: {e}"));
-                        failed = Some(format!("syncing target {t}: {e}"));
-                    }
-                }
-            }
-            if let Some(why) = failed {
-                log::error!("rebuilding segment {seg}: {why}; it stays degraded");
-                give_back(&fixes);
-                rep.segments_short += 1;
-                continue;
-            }
-            let mut next = p.clone();
-            next.generation += 1;
-            for (i, a) in &fixes {
-                next.shards[*i] = Some(*a);
-            }
-            let mut map = self.map.write();
-            if map[seg as usize].as_ref() != Some(&p) {
-                // Re-placed meanwhile (freed and taken again): the rebuilt shards are moot.
-                drop(map);
-                give_back(&fixes);
-                continue;
-            }
-            self.map_dev
-                .write_at(&next.encode(), seg * RECORD_BYTES as u64)
-                .and_then(|()| self.map_dev.sync())?;
-            map[seg as usize] = Some(next);
-            drop(map);
-            rep.segments_rebuilt += 1;
-            rep.shards_written += fixes.len() as u64;
-            if fixes.len() < bad.len() {
-                rep.segments_short += 1;
-            }
-        }
-        progress(self.segments, self.segments);
-        rep.seconds = start.elapsed().as_secs_f64();
-        Ok(rep)
     }
 
     /// The rows of each segment that the extents `(at, len)` cover, for `verify_parity`:
@@ -1388,8 +1369,10 @@ impl Erasure {
         tol: &mut BTreeMap<u64, u64>,
     ) {
         let (m, k) = (self.r.data, self.r.parity);
-        let shards: Vec<Option<IoBuf>> =
-            (0..m + k).map(|i| self.read_shard(p, i, r0, r1)).collect();
+        let seg = sp.segment;
+        let shards: Vec<Option<IoBuf>> = (0..m + k)
+            .map(|i| self.read_shard(seg, p, i, r0, r1))
+            .collect();
         // A read error may be one bad sector: read again row by row, so only its rows count.
         if r1 - r0 > 1 && (0..m + k).any(|i| shards[i].is_none() && self.readable(p, i)) {
             drop(shards);
@@ -1428,7 +1411,6 @@ impl Erasure {
             // nothing to compare.
             return;
         }
-        let seg = sp.segment;
         let data_read = shards[..m].iter().all(Option::is_some);
         let restored = if data_read {
             BTreeMap::new()
@@ -1468,10 +1450,27 @@ impl Erasure {
                 .collect();
             if !differ.is_empty() {
                 sp.inconsistent_rows += 1;
+                let row_shards: Vec<Option<&[u8]>> = shards
+                    .iter()
+                    .map(|s| s.as_ref().map(|b| &b.as_slice()[at.clone()]))
+                    .collect();
+                let damaged = self.locate_damage(&row_shards);
+                for &i in &damaged {
+                    if let Some(a) = p.shards[i] {
+                        self.damaged_shard(
+                            seg,
+                            i,
+                            a.target,
+                            "the other shards of its row agree with each other (`ckptfs scrub` \
+                             rewrites it)",
+                        );
+                    }
+                }
                 if sp.inconsistent.len() < MAX_LISTED_ROWS {
                     sp.inconsistent.push(InconsistentRow {
                         row: r0 + row as u64,
                         parity_shards: differ,
+                        damaged_shards: damaged,
                         data_read,
                     });
                 }
@@ -1574,6 +1573,8 @@ impl Placement for Erasure {
                 .iter()
                 .all(|sh| sh.is_some_and(|a| self.tg(a.target).healthy()));
             if whole {
+                // Free, about to be written afresh: what was found of its old bytes is moot.
+                self.suspects.lock().clear_segment(seg.0);
                 return Ok(());
             }
         }
@@ -1640,6 +1641,8 @@ impl Placement for Erasure {
             return Err(e);
         }
         map[s] = Some(p);
+        // Its old shards held nothing live: what was found of them no longer matters.
+        self.suspects.lock().clear_segment(seg.0);
         Ok(())
     }
 
@@ -1656,7 +1659,9 @@ impl Placement for Erasure {
         let p = self.placed(seg)?;
         let (m, k) = (self.r.data, self.r.parity);
         let (r0, r1, need) = self.rows_of(off, buf.len());
-        let all: Vec<Option<IoBuf>> = (0..m + k).map(|i| self.read_shard(&p, i, r0, r1)).collect();
+        let all: Vec<Option<IoBuf>> = (0..m + k)
+            .map(|i| self.read_shard(seg, &p, i, r0, r1))
+            .collect();
         let present: Vec<usize> = (0..m + k).filter(|i| all[*i].is_some()).collect();
         // Exclude one shard, then two, ... until the bytes pass the check. While every
         // needed data shard is present, a set of parity shards alone changes no data byte
@@ -1672,7 +1677,7 @@ impl Placement for Erasure {
                 if present.len() - set.len() < m {
                     continue;
                 }
-                let Ok(shards) = self.reconstruct(&p, r0, r1, all.clone(), &set) else {
+                let Ok(shards) = self.reconstruct(seg, &p, r0, r1, all.clone(), &set) else {
                     continue;
                 };
                 let mut tmp = vec![0u8; buf.len()];
@@ -1682,12 +1687,12 @@ impl Placement for Erasure {
                     self.repaired.fetch_add(1, Ordering::Relaxed);
                     for &i in &set {
                         if let Some(a) = p.shards[i] {
-                            self.tg(a.target).errors.fetch_add(1, Ordering::Relaxed);
-                            log::warn!(
-                                "segment {seg}: shard {i} on target {} ({}) holds damaged \
-                                 bytes; the read was repaired from the other shards",
+                            self.damaged_shard(
+                                seg,
+                                i,
                                 a.target,
-                                self.tg(a.target).path.display()
+                                "the read was repaired from the other shards (`ckptfs scrub` \
+                                 rewrites it)",
                             );
                         }
                     }
@@ -1715,18 +1720,14 @@ fn combinations(items: &[usize], size: usize) -> Vec<Vec<usize>> {
 }
 
 impl Erasure {
-    /// How many more targets segment `seg` can lose: its shards on healthy targets less M
-    /// (below 0: lost). None for a segment not placed.
+    /// How many more targets segment `seg` can lose: its shards readable now (on healthy
+    /// targets, not found unreadable or damaged since the mount) less M (below 0: lost).
+    /// None for a segment not placed.
     pub fn tolerance(&self, seg: u64) -> Option<i64> {
         let all = self.all();
         let map = self.map.read();
         let p = map.get(seg as usize)?.as_ref()?;
-        let ok = p
-            .shards
-            .iter()
-            .flatten()
-            .filter(|s| all[s.target as usize].healthy())
-            .count();
+        let ok = self.readable_shards(&all, &self.suspects.lock(), seg, p);
         Some(ok as i64 - self.r.data as i64)
     }
 }
@@ -1739,10 +1740,20 @@ mod tests {
     const SHARD: u64 = 16 * BLOCK as u64;
 
     fn setup(n: usize, r: Redundancy, segments: u64, slots: u64) -> (Erasure, Vec<Arc<MemDevice>>) {
+        setup_sized(n, r, segments, slots, SHARD)
+    }
+
+    fn setup_sized(
+        n: usize,
+        r: Redundancy,
+        segments: u64,
+        slots: u64,
+        shard: u64,
+    ) -> (Erasure, Vec<Arc<MemDevice>>) {
         let devs: Vec<Arc<MemDevice>> = (0..n)
             .map(|_| {
                 Arc::new(MemDevice::new(
-                    (TARGET_HEADER_BYTES + slots * SHARD) as usize,
+                    (TARGET_HEADER_BYTES + slots * shard) as usize,
                 ))
             })
             .collect();
@@ -1760,7 +1771,7 @@ mod tests {
             .collect();
         let map = Arc::new(MemDevice::new(segments as usize * RECORD_BYTES));
         (
-            Erasure::open(r, SHARD, segments, targets, map).unwrap(),
+            Erasure::open(r, shard, segments, targets, map).unwrap(),
             devs,
         )
     }
@@ -2009,8 +2020,9 @@ mod tests {
             Ok(spare as Arc<dyn Device>),
         ));
         assert_eq!(t, 5);
-        let rep = e.rebuild(None, &mut |_, _| {}).unwrap();
+        let rep = repair_all(&e, &[0, 1, 2], &data);
         assert_eq!(rep.segments_rebuilt, 3, "{rep:?}");
+        assert!(rep.is_whole() && rep.chunks_repaired == 0, "{rep:?}");
         assert_eq!(rep.segments_short + rep.segments_lost, 0, "{rep:?}");
         assert_eq!(e.report().segments_full, 3);
         for lost in combinations(&[0, 2, 3, 4, 5], 2) {
@@ -2027,8 +2039,259 @@ mod tests {
             }
         }
         // Nothing to do twice.
-        let again = e.rebuild(None, &mut |_, _| {}).unwrap();
+        let again = repair_all(&e, &[0, 1, 2], &data);
         assert_eq!(again.segments_rebuilt, 0);
+        assert_eq!(again.blocks_rewritten, 0, "{again:?}");
+    }
+
+    /// The committed chunks of a segment holding `data` from offset 0: 50,000-byte pieces,
+    /// so chunks straddle rows and share them.
+    fn chunks_of(data: &[u8]) -> Vec<SegmentChunk> {
+        (0..data.len())
+            .step_by(50_000)
+            .map(|o| SegmentChunk {
+                offset: o as u64,
+                len: 50_000.min(data.len() - o) as u32,
+            })
+            .collect()
+    }
+
+    /// Repairs segments `segs`, each holding `data` from offset 0 (verified against it, as
+    /// the space verifies against the chunks' blake3).
+    fn repair_all(e: &Erasure, segs: &[u64], data: &[u8]) -> RebuildReport {
+        let mut rep = RebuildReport::default();
+        let mut th = Throttle::new(None);
+        let chunks = chunks_of(data);
+        for &seg in segs {
+            let mut verify = |i: usize, b: &[u8]| {
+                let c = chunks[i];
+                b == &data[c.offset as usize..c.offset as usize + c.len as usize]
+            };
+            let job = SegmentJob {
+                seg,
+                chunks: &chunks,
+                busy: false,
+            };
+            e.repair_segment(&job, &mut verify, &mut rep, &mut th)
+                .unwrap();
+        }
+        rep
+    }
+
+    /// Reads segment `seg` whole with the targets `lost` failed (restored afterwards).
+    fn read_without(e: &Erasure, seg: u64, len: usize, lost: &[usize]) -> io::Result<Vec<u8>> {
+        for &i in lost {
+            e.tg(i as u16).failed.store(true, Ordering::SeqCst);
+        }
+        let mut b = vec![0u8; len];
+        let r = e.read(loc(seg, 0), &mut b).map(|()| b);
+        for &i in lost {
+            e.tg(i as u16).failed.store(false, Ordering::SeqCst);
+        }
+        r
+    }
+
+    /// Issue 36: silent damage on one target, then a healthy target replaced. The rebuild
+    /// must verify what it reconstructs, repair the damaged shard from the others, and write
+    /// only verified data to the new target: afterwards any two targets may be lost and
+    /// every byte still reads back. (It used to encode the damage into the new shard.)
+    #[test]
+    fn a_rebuild_repairs_damage_it_finds_and_never_encodes_it() {
+        let r = Redundancy { data: 3, parity: 2 };
+        let (e, devs) = setup(5, r, 2, 4);
+        let data = pattern(7, 3 * SHARD as usize);
+        e.prepare(SegmentId(0)).unwrap();
+        e.write(loc(0, 0), &data).unwrap();
+        e.sync().unwrap();
+        let p = e.placed(0).unwrap();
+        // Damage spread over data shard 0, as flipped bytes in one target's file.
+        let t0 = p.shards[0].unwrap();
+        for b in 0..SHARD / BLOCK as u64 {
+            devs[t0.target as usize].corrupt(e.shard_offset(t0.slot, b) + 7 * b + 3);
+        }
+        // Replace the target of parity shard 3 (healthy).
+        let t3 = p.shards[3].unwrap().target;
+        e.retire(t3, "test");
+        let spare = Arc::new(MemDevice::new((TARGET_HEADER_BYTES + 4 * SHARD) as usize));
+        e.add_target(Target::new(
+            PathBuf::from("spare"),
+            format!("d{t3}"),
+            4,
+            Ok(spare as Arc<dyn Device>),
+        ));
+        let rep = repair_all(&e, &[0], &data);
+        assert!(rep.is_whole(), "nothing may be reported lost: {rep:?}");
+        assert_eq!(
+            rep.chunks_verified,
+            chunks_of(&data).len() as u64,
+            "{rep:?}"
+        );
+        assert!(
+            rep.chunks_repaired > 0 && rep.blocks_rewritten > 0,
+            "{rep:?}"
+        );
+        assert_eq!(
+            e.report().targets[t0.target as usize].repaired_blocks,
+            rep.blocks_rewritten
+        );
+        // Every pair of the five targets now holding the segment may go.
+        let now: Vec<usize> = e
+            .placed(0)
+            .unwrap()
+            .shards
+            .iter()
+            .map(|a| a.unwrap().target as usize)
+            .collect();
+        for lost in combinations(&now, 2) {
+            let got = read_without(&e, 0, data.len(), &lost);
+            assert!(
+                got.as_deref().ok() == Some(&data[..]),
+                "segment 0 with targets {lost:?} lost"
+            );
+        }
+        // A second pass finds nothing left to do.
+        let again = repair_all(&e, &[0], &data);
+        assert_eq!(
+            (again.chunks_repaired, again.blocks_rewritten),
+            (0, 0),
+            "{again:?}"
+        );
+    }
+
+    /// A scrub (no failed target) rewrites a damaged parity block in place, names the
+    /// damaged shard only, and leaves the row consistent; damage in every row of three of
+    /// five shards is beyond repair: those chunks are reported lost, and the shards that
+    /// cannot be verified are left as they are.
+    #[test]
+    fn a_scrub_rewrites_damaged_blocks_and_reports_what_it_cannot_verify() {
+        let r = Redundancy { data: 3, parity: 2 };
+        let (e, devs) = setup(5, r, 2, 4);
+        let data = pattern(8, 3 * SHARD as usize);
+        e.prepare(SegmentId(0)).unwrap();
+        e.write(loc(0, 0), &data).unwrap();
+        e.sync().unwrap();
+        let p = e.placed(0).unwrap();
+        let at = |i: usize| p.shards[i].unwrap();
+        devs[at(4).target as usize].corrupt(e.shard_offset(at(4).slot, 5) + 9);
+        let rep = repair_all(&e, &[0], &data);
+        assert_eq!(
+            (rep.chunks_repaired, rep.blocks_rewritten),
+            (0, 1),
+            "{rep:?}"
+        );
+        let targets = e.report().targets;
+        assert_eq!(targets[at(4).target as usize].verify_errors, 1);
+        assert!((0..4).all(|i| targets[at(i).target as usize].verify_errors == 0));
+        let rows = e.rows_holding([(loc(0, 0), data.len() as u64)]);
+        assert!(e
+            .verify_parity(&rows, &mut keep_all, &mut |_, _| {})
+            .is_whole());
+
+        // Three shards damaged in every block: no combination of readable shards verifies.
+        for i in [0, 1, 3] {
+            for b in 0..SHARD / BLOCK as u64 {
+                devs[at(i).target as usize].corrupt(e.shard_offset(at(i).slot, b) + 11);
+            }
+        }
+        let snap = |d: &Arc<MemDevice>| {
+            let mut v = vec![0u8; d.len() as usize];
+            d.read_at(&mut v, 0).unwrap();
+            v
+        };
+        let before: Vec<Vec<u8>> = devs.iter().map(snap).collect();
+        let rep = repair_all(&e, &[0], &data);
+        assert_eq!(rep.chunks_lost, chunks_of(&data).len() as u64, "{rep:?}");
+        assert!(!rep.is_whole());
+        assert_eq!(
+            rep.blocks_rewritten, 0,
+            "nothing unverified is written: {rep:?}"
+        );
+        let after: Vec<Vec<u8>> = devs.iter().map(snap).collect();
+        assert!(before == after, "no target changed");
+    }
+
+    /// A segment of several repair windows, damaged on both sides of a window boundary in
+    /// the bytes of a chunk that straddles it: each row is rewritten only by the window that
+    /// owns it, after verifying every chunk with bytes in it, so nothing is lost and every
+    /// pair of targets may go afterwards.
+    #[test]
+    fn damage_across_a_window_boundary_is_repaired_from_verified_chunks() {
+        let r = Redundancy { data: 3, parity: 2 };
+        let shard = 4 * REPAIR_ROWS * BLOCK as u64;
+        let (e, devs) = setup_sized(5, r, 1, 2, shard);
+        let data = pattern(10, 3 * shard as usize);
+        e.prepare(SegmentId(0)).unwrap();
+        e.write(loc(0, 0), &data).unwrap();
+        e.sync().unwrap();
+        let p = e.placed(0).unwrap();
+        let row = e.write_align() as u64;
+        let boundary = REPAIR_ROWS * row;
+        let chunks = chunks_of(&data);
+        assert!(
+            chunks
+                .iter()
+                .any(|c| c.offset < boundary && c.offset + c.len as u64 > boundary),
+            "a chunk straddles the first window boundary"
+        );
+        // Rows on both sides of the boundary, data shard 0 and parity shard 3.
+        for (i, b) in [(0, REPAIR_ROWS - 1), (0, REPAIR_ROWS), (3, REPAIR_ROWS)] {
+            let a = p.shards[i].unwrap();
+            devs[a.target as usize].corrupt(e.shard_offset(a.slot, b) + 99);
+        }
+        let mut rep = RebuildReport::default();
+        let mut verify = |i: usize, b: &[u8]| {
+            let c = chunks[i];
+            b == &data[c.offset as usize..c.offset as usize + c.len as usize]
+        };
+        let job = SegmentJob {
+            seg: 0,
+            chunks: &chunks,
+            busy: false,
+        };
+        e.repair_segment(&job, &mut verify, &mut rep, &mut Throttle::new(None))
+            .unwrap();
+        assert!(rep.is_whole(), "{rep:?}");
+        assert_eq!(
+            rep.chunks_verified,
+            chunks.len() as u64,
+            "each chunk counted once: {rep:?}"
+        );
+        assert_eq!(rep.blocks_rewritten, 3, "{rep:?}");
+        for lost in combinations(&[0, 1, 2, 3, 4], 2) {
+            let got = read_without(&e, 0, data.len(), &lost);
+            assert!(
+                got.as_deref().ok() == Some(&data[..]),
+                "with targets {lost:?} lost"
+            );
+        }
+    }
+
+    /// A shard found damaged lowers what the segment can lose until it is repaired: the
+    /// redundancy reported is what is readable now.
+    #[test]
+    fn found_damage_lowers_the_tolerance_until_repaired() {
+        let r = Redundancy { data: 3, parity: 2 };
+        let (e, devs) = setup(5, r, 2, 4);
+        let data = pattern(9, 3 * SHARD as usize);
+        e.prepare(SegmentId(0)).unwrap();
+        e.write(loc(0, 0), &data).unwrap();
+        e.sync().unwrap();
+        assert_eq!(e.tolerance(0), Some(2));
+        let a = e.placed(0).unwrap().shards[1].unwrap();
+        devs[a.target as usize].corrupt(e.shard_offset(a.slot, 0) + 1);
+        let mut buf = vec![0u8; 50_000];
+        let want = data[..50_000].to_vec();
+        let mut check = |b: &[u8]| b == &want[..];
+        assert!(e.read_repair(loc(0, 0), &mut buf, &mut check).unwrap());
+        assert_eq!(e.tolerance(0), Some(1), "shard 1 is known damaged");
+        let t = &e.report().targets[a.target as usize];
+        assert!(t.state.starts_with("degraded"), "{t:?}");
+        assert_eq!((t.verify_errors, t.suspect_shards), (1, 1));
+        assert!(e.report().degraded());
+        let rep = repair_all(&e, &[0], &data);
+        assert!(rep.is_whole() && rep.blocks_rewritten == 1, "{rep:?}");
+        assert_eq!(e.tolerance(0), Some(2), "repaired");
+        assert_eq!(e.report().targets[a.target as usize].state, "ok");
     }
 
     /// Segment 0 written whole, segment 1 five rows: the rows `verify_parity` is given.
@@ -2089,6 +2352,7 @@ mod tests {
             vec![InconsistentRow {
                 row: 2,
                 parity_shards: vec![3],
+                damaged_shards: vec![3],
                 data_read: true
             }]
         );
@@ -2102,7 +2366,8 @@ mod tests {
         );
         assert!(s.missing_shards.is_empty() && s.degraded_rows + s.unrecoverable_rows == 0);
 
-        // Data shard 1 of segment 0, row 15: every parity shard disagrees.
+        // Data shard 1 of segment 0, row 15: every parity shard disagrees with the data as
+        // stored, and it is the data shard that is named, not the healthy parity (issue 36).
         damage(0, 1, 15);
         let rep = verify(&mut keep_all);
         assert_eq!(rep.rows_inconsistent, 2, "{rep:?}");
@@ -2112,6 +2377,7 @@ mod tests {
             vec![InconsistentRow {
                 row: 15,
                 parity_shards: vec![3, 4],
+                damaged_shards: vec![1],
                 data_read: true
             }]
         );
@@ -2143,6 +2409,11 @@ mod tests {
         assert_eq!(s1.inconsistent.len(), 1);
         assert_eq!(s1.inconsistent[0].row, 3);
         assert!(!s1.inconsistent[0].data_read);
+        assert!(
+            s1.inconsistent[0].damaged_shards.is_empty(),
+            "with M + 1 shards left, no shard can be told damaged: {:?}",
+            s1.inconsistent[0]
+        );
         assert_eq!(
             (s1.missing_shards.clone(), s1.tolerance),
             (vec![0], Some(1))

@@ -286,8 +286,8 @@ pub struct Fs {
     data_bytes_cache: Mutex<HashMap<(InodeId, RevisionId), u64>>,
     /// "Space full, nothing to reclaim" was logged, and nothing was reclaimed since.
     space_full_said: std::sync::atomic::AtomicBool,
-    /// When automatic gc may next run after one that reclaimed nothing.
-    auto_gc_quiet_until: Mutex<Option<std::time::Instant>>,
+    /// When automatic gc may next run after one that left free space below the watermark.
+    auto_gc_quiet_until: Mutex<ckptfs_engine::gc::Backoff>,
     /// Of a slot of a multi-slot space: the shared namespace (`shared`).
     shared: Option<shared::Shared>,
     /// The text each open handle of `/.ckptfs/advice` read at open, so its reads agree with
@@ -418,7 +418,7 @@ impl Fs {
             space,
             selections: Mutex::new(std::collections::VecDeque::new()),
             open: Mutex::new(OpenTable::default()),
-            auto_gc_quiet_until: Mutex::new(None),
+            auto_gc_quiet_until: Mutex::new(Default::default()),
             space_full_said: std::sync::atomic::AtomicBool::new(false),
             data_bytes_cache: Mutex::new(HashMap::new()),
             shared,
@@ -2154,7 +2154,11 @@ impl Fs {
     }
 
     /// gc; the engine keeps what open files and restores have pinned.
-    fn gc_with(&self, opts: GcOptions, progress: &mut dyn FnMut(GcProgress)) -> Result<GcReport> {
+    pub fn gc_with(
+        &self,
+        opts: GcOptions,
+        progress: &mut dyn FnMut(GcProgress),
+    ) -> Result<GcReport> {
         let r = self.space.gc(&opts, progress)?;
         if r.bytes_copied > 0 {
             // Chunks moved: other nodes must learn their new places (they find stale ones
@@ -2192,6 +2196,11 @@ impl Fs {
         match self.gc_with(self.pressure_opts(None, goal), &mut |_| {}) {
             Ok(r) => {
                 let gained = r.free_bytes_after.saturating_sub(before);
+                // Room now counts even if this gc found none: with many writers, the chunk
+                // that failed may have failed before another writer's gc made room (8
+                // writers rotating checkpoints got ENOSPC with 200 MiB free).
+                let reserve = ckptfs_engine::alloc::GC_RESERVE_SEGMENTS + 1;
+                let room = r.free_bytes_after >= reserve * store.segment_bytes();
                 if gained > 0 {
                     self.space_full_said
                         .store(false, std::sync::atomic::Ordering::Relaxed);
@@ -2199,9 +2208,10 @@ impl Fs {
                         "space full: gc dropped {} revisions and reclaimed {gained} bytes",
                         r.revisions_dropped
                     );
-                } else if !self
-                    .space_full_said
-                    .swap(true, std::sync::atomic::Ordering::Relaxed)
+                } else if !room
+                    && !self
+                        .space_full_said
+                        .swap(true, std::sync::atomic::Ordering::Relaxed)
                 {
                     log::warn!(
                         "space full: gc found nothing to reclaim ({} bytes free); writers get \
@@ -2209,7 +2219,7 @@ impl Fs {
                         r.free_bytes_after
                     );
                 }
-                gained > 0
+                gained > 0 || room
             }
             Err(e) => {
                 log::error!("space full and gc failed: {e:?}");
@@ -2228,8 +2238,9 @@ impl Fs {
     }
 
     /// One check of the automatic gc: runs a throttled gc when free space is below the
-    /// configured watermark. After a gc that reclaimed nothing, waits a minute. Also frees
-    /// the store's spare read buffers once reads have stopped.
+    /// configured watermark. After a gc that left free space below it, backs off (15 s,
+    /// doubling up to 10 min: `gc::Backoff`). Also frees the store's spare read buffers once
+    /// reads have stopped.
     pub fn auto_gc_tick(&self) {
         self.space.store().release_idle_read_buffers();
         // Segments a gc emptied in a multi-slot space come back once their grace is over.
@@ -2246,21 +2257,32 @@ impl Fs {
             return;
         }
         let now = std::time::Instant::now();
-        if self.auto_gc_quiet_until.lock().is_some_and(|t| now < t) {
+        if !self.auto_gc_quiet_until.lock().ready(now) {
             return;
         }
-        // Below the watermark counts as pressure (every segment with dead bytes may be
-        // compacted, up to the watermark); throttle 1.0: gc sleeps as long as it works, so
+        // Below the watermark counts as pressure (the trash may be emptied and segments
+        // compacted, up to the watermark), but copying at most a byte per byte freed
+        // (`gc::AUTO_COPY_PER_FREED`); throttle 1.0: gc sleeps as long as it works, so
         // writers keep most of the disk.
         let goal = store.capacity() * config.auto_gc_free_percent / 100;
-        match self.gc_with(self.pressure_opts(Some(1.0), goal), &mut |_| {}) {
-            Ok(r) => {
-                if r.free_bytes_after <= r.free_bytes_before {
-                    *self.auto_gc_quiet_until.lock() =
-                        Some(now + std::time::Duration::from_secs(60));
-                }
+        let opts = GcOptions {
+            copy_per_freed: Some(ckptfs_engine::gc::AUTO_COPY_PER_FREED),
+            ..self.pressure_opts(Some(1.0), goal)
+        };
+        let reached = match self.gc_with(opts, &mut |_| {}) {
+            Ok(r) => r.free_bytes_after >= goal,
+            Err(e) => {
+                log::error!("automatic gc failed: {e:?}");
+                false
             }
-            Err(e) => log::error!("automatic gc failed: {e:?}"),
+        };
+        let mut b = self.auto_gc_quiet_until.lock();
+        b.record(std::time::Instant::now(), reached);
+        if !reached {
+            log::debug!(
+                "automatic gc: below the watermark; next try in {:?}",
+                b.wait()
+            );
         }
     }
 

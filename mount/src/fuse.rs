@@ -79,6 +79,7 @@ fn errno(e: &Error) -> Errno {
             E::NamespaceBusy(_) => libc::EBUSY,
             // Only at mount.
             E::Incoherent(_) => libc::EIO,
+            E::OneTarget => libc::EOPNOTSUPP,
         },
     };
     Errno::from_i32(code)
@@ -421,6 +422,18 @@ impl CkptFs {
                     .map_err(|e| fail_json("rebuild", e.into()))?;
                 Ok(to_json(serde_json::to_value(r).unwrap_or_default()))
             }
+            ("scrub", Some(v)) => {
+                if !self.may_control(req) {
+                    return Err(Errno::from_i32(libc::EPERM));
+                }
+                let req: serde_json::Value = serde_json::from_slice(v).map_err(|_| einval())?;
+                let r = self
+                    .fs
+                    .space()
+                    .scrub(req["throttle"].as_f64(), &mut |_, _| {})
+                    .map_err(|e| fail_json("scrub", e.into()))?;
+                Ok(to_json(serde_json::to_value(r).unwrap_or_default()))
+            }
             ("advice", None) => {
                 let i = self
                     .fs
@@ -481,14 +494,21 @@ impl CkptFs {
                 if !self.may_control(req) {
                     return Err(Errno::from_i32(libc::EPERM));
                 }
-                let dry_run = match v {
-                    b"run" => false,
-                    b"dry-run" => true,
+                let (dry_run, empty_trash) = match v {
+                    b"run" => (false, false),
+                    b"dry-run" => (true, false),
+                    b"empty-trash" => (false, true),
+                    b"dry-run,empty-trash" => (true, true),
                     _ => return Err(einval()),
+                };
+                let opts = ckptfs_engine::gc::GcOptions {
+                    dry_run,
+                    empty_trash,
+                    ..Default::default()
                 };
                 let r = self
                     .fs
-                    .gc(dry_run, None, &mut |_| {})
+                    .gc_with(opts, &mut |_| {})
                     .map_err(|e| fail_json("gc", e))?;
                 Ok(to_json(crate::gc_json(&r)))
             }

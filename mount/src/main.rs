@@ -10,7 +10,7 @@ mod targets;
 mod when;
 
 use ckptfs_engine::format::SlotId;
-use ckptfs_engine::gc::{GcProgress, GcReport};
+use ckptfs_engine::gc::{GcOptions, GcProgress, GcReport};
 use ckptfs_engine::slots::SlotRequest;
 use ckptfs_engine::space::StatsReport;
 use ckptfs_engine::space::{
@@ -91,8 +91,10 @@ enum Cmd {
     /// Restore full redundancy of a space formatted with --target, online through its
     /// mount (or on an unmounted backing directory): the shards that failed targets held are
     /// rebuilt from the others onto healthy targets in failure domains each segment does not
-    /// use yet. With --replace OLD=NEW, NEW becomes a target first (in OLD's failure domain
-    /// unless NEW ends in :domain=LABEL) and OLD is retired, so its shards move to NEW.
+    /// use yet, from data verified by blake3 first; damage found on other targets on the way
+    /// is rewritten, and chunks that verify no way are reported lost (exit status 1). With
+    /// --replace OLD=NEW, NEW becomes a target first (in OLD's failure domain unless NEW
+    /// ends in :domain=LABEL) and OLD is retired, so its shards move to NEW.
     Rebuild {
         /// A mountpoint or a backing directory.
         path: PathBuf,
@@ -100,6 +102,22 @@ enum Cmd {
         #[arg(long, value_name = "OLD=NEW")]
         replace: Option<String>,
         /// Write at most this many MiB/s of rebuilt shards (so jobs keep their bandwidth).
+        #[arg(long, value_name = "MIB_S")]
+        throttle: Option<f64>,
+        #[arg(long)]
+        json: bool,
+    },
+    /// Verify and repair a space formatted with --target, online through its mount (or on
+    /// an unmounted backing directory): every segment is read, every committed chunk
+    /// checked against its blake3 (rebuilt from the other shards where its stored bytes are
+    /// damaged), and only then are shards encoded from it: damaged, stale or unreadable
+    /// blocks on healthy targets are rewritten in place, shards on failed targets rebuilt
+    /// onto others. Chunks no combination of readable shards verifies are reported lost.
+    /// Exit status 1 when anything is lost or short.
+    Scrub {
+        /// A mountpoint or a backing directory.
+        path: PathBuf,
+        /// Write at most this many MiB/s of repaired shards.
         #[arg(long, value_name = "MIB_S")]
         throttle: Option<f64>,
         #[arg(long)]
@@ -167,13 +185,18 @@ enum Cmd {
         #[arg(long)]
         json: bool,
     },
-    /// Drop revisions outside the retention policy and reclaim their space.
+    /// Drop revisions outside the retention policy and reclaim their space (removed files'
+    /// revisions are kept for keep-unlinked while there is room; --empty-trash drops them).
     Gc {
         /// A mountpoint or a backing directory.
         path: PathBuf,
         /// Show the plan without changing anything.
         #[arg(long)]
         dry_run: bool,
+        /// Also empty the trash now: drop the kept revisions of removed files, whatever
+        /// keep-unlinked says (those open files still read stay).
+        #[arg(long)]
+        empty_trash: bool,
         #[arg(long)]
         json: bool,
     },
@@ -299,7 +322,9 @@ enum Cmd {
         #[command(subcommand)]
         what: Generate,
     },
-    /// Show logical and stored bytes, dedup and compression ratios, and free space.
+    /// Show logical and stored bytes, dedup and compression ratios, free space and where
+    /// the used space is (live, kept revisions, removed files' revisions, reclaimable); on a
+    /// space over several targets, each target's errors since the mount.
     Stats {
         /// A mountpoint or a backing directory.
         path: PathBuf,
@@ -739,6 +764,10 @@ fn mount(
         while !stop.load(std::sync::atomic::Ordering::Relaxed) {
             std::thread::sleep(Duration::from_millis(250));
             fs.auto_gc_tick();
+            // Repeated target warnings come out as one line per target per interval.
+            if let Some(e) = fs.space().erasure() {
+                e.flush_warnings();
+            }
             tick += 1;
             if let Err(e) = fs.answer_probes() {
                 log::warn!("answering the other nodes' coherence probes: {e}");
@@ -1222,20 +1251,50 @@ fn human(b: u64) -> String {
     }
 }
 
+/// A ratio as `2.50x`, or `-` with why when there is nothing to compare.
+fn ratio_text(r: Option<f64>, none: &str) -> String {
+    match r {
+        Some(r) => format!("{r:.2}x"),
+        None => format!("- ({none})"),
+    }
+}
+
 fn print_stats(s: &Stats) {
     println!("logical bytes      {}", human(s.logical_bytes));
     println!("stored bytes       {}", human(s.stored_bytes));
-    println!("dedup ratio        {:.2}x", s.dedup_ratio());
-    println!("compression ratio  {:.2}x", s.compression_ratio());
+    println!(
+        "dedup ratio        {}",
+        ratio_text(s.dedup_ratio(), "no current file holds data")
+    );
+    println!(
+        "compression ratio  {}",
+        ratio_text(s.compression_ratio(), "nothing stored")
+    );
     println!("chunks             {}", s.chunks);
     println!("files              {}", s.files);
     println!("directories        {}", s.dirs);
     println!("revisions          {}", s.revisions);
     println!("reserved space     {}", human(s.reserved_bytes));
     println!("free space         {}", human(s.free_bytes));
+    // Where the used space is, by what would give it back (engine/src/usage.rs).
+    let u = &s.split;
+    println!("used space         {}, of it:", human(s.used_bytes));
+    println!("  live             {} (current files)", human(u.live_bytes));
     println!(
-        "reclaimable        {} (used but holding no committed chunk; gc compacts it)",
-        human(s.reclaimable_bytes())
+        "  kept revisions   {} ({} older revisions of present files; retention keeps them)",
+        human(u.kept_revision_bytes),
+        u.kept_revisions
+    );
+    println!(
+        "  removed files    {} ({} revisions of {} removed files, the trash; emptied oldest \
+         first when writers need room, or by `ckptfs gc --empty-trash`)",
+        human(u.trash_bytes),
+        u.trash_revisions,
+        u.trash_files
+    );
+    println!(
+        "  reclaimable      {} (holding no referenced chunk; gc gives it back)",
+        human(s.reclaimable_bytes() + u.unreferenced_bytes)
     );
     if s.gc.runs > 0 {
         println!(
@@ -1326,6 +1385,11 @@ fn run(cli: Cli) -> Result<(), String> {
         }
         Cmd::Slots { dir, json } => slots::run(&absolute(&dir), json),
         Cmd::Targets { path, json } => targets::run(&path, json),
+        Cmd::Scrub {
+            path,
+            throttle,
+            json,
+        } => targets::scrub(&path, throttle, json),
         Cmd::Recover {
             backing,
             from,
@@ -1427,8 +1491,9 @@ fn run(cli: Cli) -> Result<(), String> {
         Cmd::Gc {
             path,
             dry_run,
+            empty_trash,
             json,
-        } => cmd_gc(&path, dry_run, json),
+        } => cmd_gc(&path, dry_run, empty_trash, json),
         Cmd::Revisions { path, space, json } => cmd_revisions(&path, space.as_deref(), json),
         Cmd::Report { path, space, svg } => cmd_report(&path, space.as_deref(), &svg),
         Cmd::Restore {
@@ -1490,16 +1555,14 @@ fn run(cli: Cli) -> Result<(), String> {
                 return Ok(());
             }
             let s = read_stats(&path)?;
-            // A space over several targets: whether its data has full redundancy now.
-            let t = match prometheus {
-                true => None,
-                false => targets::report(&path).unwrap_or_else(|e| {
-                    eprintln!("ckptfs: the targets' state could not be read: {e}");
-                    None
-                }),
-            };
+            // A space over several targets: whether its data has full redundancy now, and
+            // each target's errors since the mount.
+            let t = targets::report(&path).unwrap_or_else(|e| {
+                eprintln!("ckptfs: the targets' state could not be read: {e}");
+                None
+            });
             // And what redundancy each revision has (a pass over the extent table).
-            let red = match t.is_some() {
+            let red = match t.is_some() && !prometheus {
                 true => targets::redundancy(&path).unwrap_or_else(|e| {
                     eprintln!("ckptfs: the revisions' redundancy could not be read: {e}");
                     None
@@ -1518,7 +1581,7 @@ fn run(cli: Cli) -> Result<(), String> {
             } else if prometheus {
                 print!(
                     "{}",
-                    metrics::prometheus(&s, &absolute(&path).to_string_lossy())
+                    metrics::prometheus(&s, t.as_ref(), &absolute(&path).to_string_lossy())
                 );
             } else {
                 print_stats(&s);
@@ -1855,13 +1918,18 @@ fn progress_bar(enabled: bool) -> Option<indicatif::ProgressBar> {
     Some(pb)
 }
 
-fn cmd_gc(path: &Path, dry_run: bool, json: bool) -> Result<(), String> {
+fn cmd_gc(path: &Path, dry_run: bool, empty_trash: bool, json: bool) -> Result<(), String> {
+    let opts = GcOptions {
+        dry_run,
+        empty_trash,
+        ..GcOptions::default()
+    };
     let abs = absolute(path);
     if abs.join(ckptfs_engine::format::SUPERBLOCK_FILE).exists() && slots::is_multi_slot(&abs) {
         // Every slot ever claimed that no live mount holds, one after the other.
         let done = slots::for_each_offline_slot(&abs, "gc", |space| {
             Fs::new(space)
-                .gc(dry_run, None, &mut |_| {})
+                .gc_with(opts.clone(), &mut |_| {})
                 .map(|r| serde_json::to_value(&r).expect("gc report serializes"))
                 .map_err(|e| e.to_string())
         })?;
@@ -1920,12 +1988,18 @@ fn cmd_gc(path: &Path, dry_run: bool, json: bool) -> Result<(), String> {
             if let Some(pb) = &pb {
                 pb.set_message("gc in the daemon");
             }
-            control_set(&mnt, "gc", if dry_run { b"dry-run" } else { b"run" })?;
+            let req: &[u8] = match (dry_run, empty_trash) {
+                (false, false) => b"run",
+                (true, false) => b"dry-run",
+                (false, true) => b"empty-trash",
+                (true, true) => b"dry-run,empty-trash",
+            };
+            control_set(&mnt, "gc", req)?;
             let v = control_get(&mnt, "gc", false)?;
             gc_from_json(&v).ok_or("malformed gc answer")?
         }
         Target::Offline { fs } => fs
-            .gc(dry_run, None, &mut |p| {
+            .gc_with(opts, &mut |p| {
                 if let Some(pb) = &pb {
                     let (msg, done, total) = match p {
                         GcProgress::Revisions {
@@ -1952,9 +2026,13 @@ fn cmd_gc(path: &Path, dry_run: bool, json: bool) -> Result<(), String> {
         println!("{}", gc_json(&r));
     } else {
         println!(
-            "{}dropped {} revisions, freed {} chunks ({}), copied {}, freed {} segments",
+            "{}dropped {} revisions{}, freed {} chunks ({}), copied {}, freed {} segments",
             if r.dry_run { "would have " } else { "" },
             r.revisions_dropped,
+            match r.trash_revisions_dropped {
+                0 => String::new(),
+                n => format!(" ({n} of removed files, from the trash)"),
+            },
             r.chunks_freed,
             human(r.bytes_freed),
             human(r.bytes_copied),
@@ -2066,10 +2144,11 @@ fn cmd_report(path: &Path, space: Option<&Path>, svg: &Path) -> Result<(), Strin
     };
     let s = read_stats(&stats_of)?;
     let subtitle = format!(
-        "{} {what}; the space now: dedup {:.2}x, compression {:.2}x, {} stored for {} logical",
+        "{} {what}; the space now: dedup {}, compression {}, {} stored for {} logical",
         points.len(),
-        s.dedup_ratio(),
-        s.compression_ratio(),
+        s.dedup_ratio().map_or("-".into(), |r| format!("{r:.2}x")),
+        s.compression_ratio()
+            .map_or("-".into(), |r| format!("{r:.2}x")),
         human(s.stored_bytes),
         human(s.logical_bytes)
     );

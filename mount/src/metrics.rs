@@ -6,6 +6,7 @@
 //! Sizes are gauges in bytes; what only grows while a daemon runs (gc work, stage time) is
 //! a counter (`_total`), which restarts at zero with the daemon, as Prometheus counters may.
 
+use ckptfs_engine::targets::TargetsReport;
 use ckptfs_engine::Stats;
 use std::fmt::Write;
 
@@ -47,8 +48,8 @@ impl Out {
     }
 }
 
-/// The whole exposition for one space.
-pub fn prometheus(s: &Stats, space: &str) -> String {
+/// The whole exposition for one space (and its storage targets, for a space over several).
+pub fn prometheus(s: &Stats, targets: Option<&TargetsReport>, space: &str) -> String {
     let mut o = Out {
         text: String::new(),
         space: label(space),
@@ -56,54 +57,85 @@ pub fn prometheus(s: &Stats, space: &str) -> String {
     const G: &str = "gauge";
     const C: &str = "counter";
     // (name, type, help, value): one sample each.
-    let single: [(&str, &str, &str, f64); 24] = [
+    // A ratio of nothing (no data) has no sample: the family is there, the value absent.
+    let single: [(&str, &str, &str, Option<f64>); 29] = [
         (
             "reserved_bytes",
             G,
             "Bytes reserved for the space's data.",
-            s.reserved_bytes as f64,
+            Some(s.reserved_bytes as f64),
         ),
         (
             "used_bytes",
             G,
             "Reserved bytes in use (segments not free).",
-            s.used_bytes as f64,
+            Some(s.used_bytes as f64),
         ),
         (
             "free_bytes",
             G,
             "Reserved bytes free for new chunks.",
-            s.free_bytes as f64,
+            Some(s.free_bytes as f64),
         ),
         (
             "reclaimable_bytes",
             G,
             "Used bytes holding no committed chunk (gc compacts them).",
-            s.reclaimable_bytes() as f64,
+            Some(s.reclaimable_bytes() as f64),
+        ),
+        (
+            "live_bytes",
+            G,
+            "Stored bytes of chunks some current file references.",
+            Some(s.split.live_bytes as f64),
+        ),
+        (
+            "kept_revision_bytes",
+            G,
+            "Stored bytes of chunks only older kept revisions of present files reference.",
+            Some(s.split.kept_revision_bytes as f64),
+        ),
+        (
+            "trash_bytes",
+            G,
+            "Stored bytes of chunks only removed files' kept revisions reference (the trash, emptied when writers need room).",
+            Some(s.split.trash_bytes as f64),
+        ),
+        (
+            "trash_revisions",
+            G,
+            "Kept revisions of removed files.",
+            Some(s.split.trash_revisions as f64),
+        ),
+        (
+            "unreferenced_bytes",
+            G,
+            "Stored bytes of chunks no revision references (the next gc deletes them).",
+            Some(s.split.unreferenced_bytes as f64),
         ),
         (
             "stored_bytes",
             G,
             "Bytes the committed chunks take in the space (after compression).",
-            s.stored_bytes as f64,
+            Some(s.stored_bytes as f64),
         ),
         (
             "logical_bytes",
             G,
             "Sum of the sizes of the current files.",
-            s.logical_bytes as f64,
+            Some(s.logical_bytes as f64),
         ),
         (
             "referenced_bytes",
             G,
             "Data bytes of all kept revisions (what would be stored without dedup).",
-            s.referenced_bytes as f64,
+            Some(s.referenced_bytes as f64),
         ),
         (
             "chunk_bytes",
             G,
             "Uncompressed bytes of the distinct committed chunks.",
-            s.raw_chunk_bytes as f64,
+            Some(s.raw_chunk_bytes as f64),
         ),
         (
             "dedup_ratio",
@@ -117,84 +149,135 @@ pub fn prometheus(s: &Stats, space: &str) -> String {
             "Distinct chunk bytes per stored byte (1 = no saving).",
             s.compression_ratio(),
         ),
-        ("chunks", G, "Distinct committed chunks.", s.chunks as f64),
-        ("files", G, "Regular files.", s.files as f64),
+        ("chunks", G, "Distinct committed chunks.", Some(s.chunks as f64)),
+        ("files", G, "Regular files.", Some(s.files as f64)),
         (
             "directories",
             G,
             "Directories (the root not counted).",
-            s.dirs as f64,
+            Some(s.dirs as f64),
         ),
         (
             "revisions",
             G,
             "Kept revisions of all files.",
-            s.revisions as f64,
+            Some(s.revisions as f64),
         ),
         (
             "failed",
             G,
             "1 when a backing write or sync failed and the space refuses writes until remounted.",
-            if s.failed { 1.0 } else { 0.0 },
+            Some(if s.failed { 1.0 } else { 0.0 }),
         ),
         (
             "backing_full",
             G,
             "1 while the backing filesystem has no room for the metadata table to grow and new data gets ENOSPC.",
-            if s.backing_full { 1.0 } else { 0.0 },
+            Some(if s.backing_full { 1.0 } else { 0.0 }),
         ),
         (
             "gc_runs_total",
             C,
             "gc runs (explicit, automatic and under space pressure) since the space was opened.",
-            s.gc.runs as f64,
+            Some(s.gc.runs as f64),
         ),
         (
             "gc_revisions_dropped_total",
             C,
             "Revisions gc dropped since the space was opened.",
-            s.gc.revisions_dropped as f64,
+            Some(s.gc.revisions_dropped as f64),
         ),
         (
             "gc_freed_bytes_total",
             C,
             "Stored bytes of the chunks gc freed since the space was opened.",
-            s.gc.bytes_freed as f64,
+            Some(s.gc.bytes_freed as f64),
         ),
         (
             "gc_copied_bytes_total",
             C,
             "Bytes gc copied to compact segments since the space was opened.",
-            s.gc.bytes_copied as f64,
+            Some(s.gc.bytes_copied as f64),
         ),
         (
             "gc_seconds_total",
             C,
             "Seconds spent in gc since the space was opened.",
-            s.gc.seconds,
+            Some(s.gc.seconds),
         ),
         (
             "carried_bytes",
             G,
             "Memory held by the unfinished last chunks of files being written (at most 64 MiB; beyond it they spill).",
-            s.carries.resident_bytes as f64,
+            Some(s.carries.resident_bytes as f64),
         ),
         (
             "carried_spilled_bytes",
             G,
             "Bytes of unfinished last chunks in the spill file now (files written at once beyond what memory holds).",
-            s.carries.spilled_now_bytes as f64,
+            Some(s.carries.spilled_now_bytes as f64),
         ),
         (
             "carry_spills_total",
             C,
             "Unfinished last chunks written to the spill file since the space was opened.",
-            s.carries.spills as f64,
+            Some(s.carries.spills as f64),
         ),
     ];
     for (name, kind, help, v) in single {
         o.family(name, kind, help);
-        o.sample(name, &[], v);
+        if let Some(v) = v {
+            o.sample(name, &[], v);
+        }
+    }
+    if let Some(t) = targets {
+        o.family(
+            "degraded",
+            G,
+            "1 while some data has less redundancy than the space's M+K (a failed target, or shards found unreadable or damaged and not repaired).",
+        );
+        o.sample("degraded", &[], if t.degraded() { 1.0 } else { 0.0 });
+        type Get = fn(&ckptfs_engine::targets::TargetReport) -> f64;
+        let per: [(&str, &str, &str, Get); 5] = [
+            (
+                "target_read_errors_total",
+                C,
+                "Failed reads of the target's shards since the space was opened.",
+                |t| t.read_errors as f64,
+            ),
+            (
+                "target_damaged_shards_total",
+                C,
+                "Shards on the target found holding damaged bytes since the space was opened.",
+                |t| t.verify_errors as f64,
+            ),
+            (
+                "target_repaired_blocks_total",
+                C,
+                "4 KiB blocks of the target's shards a repair rewrote since the space was opened.",
+                |t| t.repaired_blocks as f64,
+            ),
+            (
+                "target_suspect_shards",
+                G,
+                "The target's shards found unreadable or damaged and not repaired yet.",
+                |t| t.suspect_shards as f64,
+            ),
+            (
+                "target_up",
+                G,
+                "1 for a target in use and ok, 0 when failed, retired or degraded.",
+                |t| if t.state == "ok" { 1.0 } else { 0.0 },
+            ),
+        ];
+        for (name, kind, help, get) in per {
+            o.family(name, kind, help);
+            for tr in &t.targets {
+                // No state label: a label that changes would start a new series.
+                let idx = tr.index.to_string();
+                o.sample(name, &[("target", &idx), ("path", &tr.path)], get(tr));
+            }
+        }
     }
     o.family(
         "stage_seconds_total",
@@ -240,7 +323,7 @@ mod tests {
             }],
             ..Stats::default()
         };
-        let t = prometheus(&s, "/ckpt");
+        let t = prometheus(&s, None, "/ckpt");
         assert!(
             t.contains("ckptfs_reserved_bytes{space=\"/ckpt\"} 1073741824\n"),
             "{t}"

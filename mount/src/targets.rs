@@ -84,23 +84,26 @@ fn from_mount(mnt: &Path) -> Result<Option<TargetsReport>, String> {
 
 /// One line for `ckptfs stats`.
 pub fn summary_line(r: &TargetsReport) -> String {
-    let failed = r
-        .targets
-        .iter()
-        .filter(|t| t.state.starts_with("failed"))
-        .count();
+    let (failed, degraded) = r.failed_and_degraded();
+    let short = r.segments_degraded.iter().map(|(_, n)| n).sum::<u64>();
     let state = match (r.degraded(), r.segments_lost) {
         (false, _) => "full redundancy".to_string(),
         (true, 0) => format!(
-            "DEGRADED: {failed} target(s) failed, {} segment(s) short of shards",
-            r.segments_degraded.iter().map(|(_, n)| n).sum::<u64>()
+            "DEGRADED: {failed} target(s) failed, {degraded} with shards found unreadable or \
+             damaged, {short} segment(s) short of readable shards"
         ),
         (true, lost) => format!(
-            "DEGRADED: {failed} target(s) failed, {lost} segment(s) LOST (fewer than M shards)"
+            "DEGRADED: {failed} target(s) failed, {degraded} with shards found unreadable or \
+             damaged, {lost} segment(s) LOST (fewer than M readable shards)"
         ),
     };
+    let (rd, vf): (u64, u64) = r
+        .targets
+        .iter()
+        .fold((0, 0), |(a, b), t| (a + t.read_errors, b + t.verify_errors));
     format!(
-        "{} targets, redundancy {}: {state}; reads rebuilt {}, repaired {}",
+        "{} targets, redundancy {}: {state}; since mount: {rd} failed shard reads, {vf} \
+         times a shard held damaged bytes, reads rebuilt {}, repaired {}",
         r.targets.len(),
         r.redundancy,
         r.reconstructed_reads,
@@ -190,9 +193,22 @@ pub fn run(path: &Path, json: bool) -> Result<(), String> {
             n => format!(", {n} LOST (fewer than {m} shards left)"),
         }
     );
+    // Errors are since the mount: failed reads of its shards, damaged shards found, and
+    // 4 KiB blocks a repair rewrote.
     println!(
-        "{:>3}  {:<8} {:<16} {:>7} {:>7} {:>6} {:>10} {:>10} {:>9} {:>4}  path",
-        "#", "state", "domain", "shards", "free", "errors", "written", "read", "MiB/s", "meta"
+        "{:>3}  {:<8} {:<16} {:>7} {:>7} {:>7} {:>7} {:>7} {:>10} {:>10} {:>9} {:>4}  path",
+        "#",
+        "state",
+        "domain",
+        "shards",
+        "free",
+        "rd-err",
+        "damaged",
+        "fixed",
+        "written",
+        "read",
+        "MiB/s",
+        "meta"
     );
     for t in &r.targets {
         let (state, why) = match t.state.split_once(": ") {
@@ -200,13 +216,15 @@ pub fn run(path: &Path, json: bool) -> Result<(), String> {
             None => (t.state.as_str(), None),
         };
         println!(
-            "{:>3}  {:<8} {:<16} {:>7} {:>7} {:>6} {:>10} {:>10} {:>9} {:>4}  {}",
+            "{:>3}  {:<8} {:<16} {:>7} {:>7} {:>7} {:>7} {:>7} {:>10} {:>10} {:>9} {:>4}  {}",
             t.index,
             state,
             t.domain,
             t.shards,
             t.free_shards,
-            t.errors,
+            t.read_errors,
+            t.verify_errors,
+            t.repaired_blocks,
             crate::human(t.bytes_written),
             crate::human(t.bytes_read),
             t.write_mib_s.map_or("-".into(), |b| format!("{b:.0}")),
@@ -324,25 +342,102 @@ fn rebuild_through(
 }
 
 fn print_rebuild(v: &serde_json::Value, json: bool) -> Result<(), String> {
+    let n = |k: &str| v[k].as_u64().unwrap_or(0);
     if json {
         println!("{v}");
-        return Ok(());
+    } else {
+        println!(
+            "rebuilt {} shards in {} segments ({}) in {:.1} s; {} segments still short of \
+             shards",
+            n("shards_written"),
+            n("segments_rebuilt"),
+            crate::human(n("bytes_written")),
+            v["seconds"].as_f64().unwrap_or(0.0),
+            n("segments_short"),
+        );
+        println!(
+            "verified {} chunks by blake3 ({} rebuilt from the other shards because their \
+             stored bytes were damaged), rewrote {} damaged, stale or unreadable shard blocks \
+             in place; {} failed shard reads{}",
+            n("chunks_verified"),
+            n("chunks_repaired"),
+            n("blocks_rewritten"),
+            n("read_errors"),
+            match n("segments_busy") {
+                0 => String::new(),
+                b => format!(
+                    "; {b} segment(s) were being written and were copied, not repaired in \
+                     place (run `ckptfs scrub` again later)"
+                ),
+            }
+        );
+        match (n("chunks_lost"), n("segments_lost")) {
+            (0, 0) => println!("nothing lost"),
+            (c, s) => println!(
+                "LOST: {c} committed chunk(s) that no combination of readable shards verifies \
+                 ({s} segment(s) with fewer than M shards left); `ckptfs check` names the \
+                 files and revisions"
+            ),
+        }
     }
-    let n = |k: &str| v[k].as_u64().unwrap_or(0);
-    println!(
-        "rebuilt {} shards in {} segments ({}) in {:.1} s; {} segments still short of shards, {} lost",
-        n("shards_written"),
-        n("segments_rebuilt"),
-        crate::human(n("bytes_written")),
-        v["seconds"].as_f64().unwrap_or(0.0),
-        n("segments_short"),
-        n("segments_lost")
-    );
-    match (n("segments_short"), n("segments_lost")) {
-        (0, 0) => Ok(()),
-        (s, l) => Err(format!(
-            "{s} segment(s) could not get all their shards back and {l} are lost: see \
-             `ckptfs targets` and the daemon log"
+    match (n("segments_short"), n("chunks_lost"), n("segments_lost")) {
+        (0, 0, 0) => Ok(()),
+        (s, c, l) => Err(format!(
+            "{s} segment(s) could not get all their shards back, {c} chunk(s) and {l} \
+             segment(s) are lost: see `ckptfs targets`, `ckptfs check` and the daemon log"
         )),
     }
+}
+
+/// `ckptfs scrub PATH [--throttle MIB_S] [--json]`: reads every segment, verifies every
+/// committed chunk and repairs what redundancy allows (engine/src/scrub.rs).
+pub fn scrub(path: &Path, throttle_mib_s: Option<f64>, json: bool) -> Result<(), String> {
+    let throttle = throttle_mib_s.map(|m| m * (1 << 20) as f64);
+    let abs = crate::absolute(path);
+    let through = |mnt: &Path| -> Result<(), String> {
+        let mut req = serde_json::json!({});
+        if let Some(t) = throttle {
+            req["throttle"] = serde_json::json!(t);
+        }
+        let pb = crate::progress_bar(!json);
+        if let Some(pb) = &pb {
+            pb.set_message("scrub in the daemon");
+        }
+        crate::control_set(mnt, "scrub", req.to_string().as_bytes())?;
+        let v = crate::control_get(mnt, "scrub", false)?;
+        if let Some(pb) = pb {
+            pb.finish_and_clear();
+        }
+        print_rebuild(&v, json)
+    };
+    if !abs.join(ckptfs_engine::format::SUPERBLOCK_FILE).exists() {
+        return through(&abs);
+    }
+    let space = match Space::open(&abs) {
+        Ok(s) => s,
+        Err(ckptfs_engine::Error::Locked(m)) => {
+            let holder = ckptfs_engine::space::lock_holder(&abs).unwrap_or_default();
+            return match holder.split(" mounted at ").nth(1) {
+                Some(mnt) => through(Path::new(mnt.trim())),
+                None => Err(m),
+            };
+        }
+        Err(e) => return Err(e.to_string()),
+    };
+    let pb = crate::progress_bar(!json);
+    if let Some(pb) = &pb {
+        pb.set_message("scrubbing segments");
+    }
+    let r = space
+        .scrub(throttle, &mut |done, total| {
+            if let Some(pb) = &pb {
+                pb.set_length(total);
+                pb.set_position(done);
+            }
+        })
+        .map_err(|e| e.to_string())?;
+    if let Some(pb) = pb {
+        pb.finish_and_clear();
+    }
+    print_rebuild(&serde_json::to_value(r).map_err(|e| e.to_string())?, json)
 }

@@ -65,7 +65,7 @@ fn stored_delta(m: &mut TestMount, name: &str, data: &[u8]) -> (u64, u64) {
     write_file(m, name, data);
     let after = m.stats();
     println!("{name}: stats after write {after}");
-    println!("{name}: compression_ratio={:.3}", after.compression_ratio);
+    println!("{name}: compression_ratio={:?}", after.compression_ratio);
     assert_file_eq(&m.path(name), data);
     (
         after.stats.stored_bytes - before.stats.stored_bytes,

@@ -23,7 +23,7 @@ fn write_checkpoint(m: &TestMount, name: &str, data: &[u8]) {
 
 fn show(stage: &str, s: &Report<StatsReport>) {
     println!(
-        "{stage:<28} logical={} stored={} raw_chunk={} chunks={} files={} dedup_ratio={:.3} compression_ratio={:.3}",
+        "{stage:<28} logical={} stored={} raw_chunk={} chunks={} files={} dedup_ratio={:?} compression_ratio={:?}",
         s.stats.logical_bytes,
         s.stats.stored_bytes,
         s.stats.raw_chunk_bytes,

@@ -146,7 +146,12 @@ fn check_finds_parity_that_disagrees_with_its_row() {
         assert_eq!(segs[0]["targets"][3], target, "{how}: {v}");
         assert_eq!(
             segs[0]["inconsistent"],
-            serde_json::json!([{"row": 1, "parity_shards": [3], "data_read": true}]),
+            serde_json::json!([{
+                "row": 1,
+                "parity_shards": [3],
+                "damaged_shards": [3],
+                "data_read": true
+            }]),
             "{how}: {v}"
         );
         let w: Vec<&str> = v["warnings"]
@@ -158,9 +163,11 @@ fn check_finds_parity_that_disagrees_with_its_row() {
             .collect();
         assert_eq!(w.len(), 1, "{how}: {v}");
         assert!(
-            w[0].contains("the data is intact")
-                && w[0].contains(&format!("shard 3 (target {target}) is damaged"))
-                && w[0].contains(&format!("rebuild --replace {target}=")),
+            w[0].contains("every live chunk in the row verified")
+                && w[0].contains(&format!(
+                    "shard 3 (target {target}) holds damaged or stale bytes"
+                ))
+                && w[0].contains("ckptfs scrub"),
             "{how}: {}",
             w[0]
         );

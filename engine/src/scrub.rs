@@ -1,0 +1,208 @@
+//! `ckptfs scrub` and the repair half of `ckptfs rebuild` on a space over several targets:
+//! segment by segment, the erasure placement verifies every committed chunk by blake3
+//! before it encodes anything from it (`targets::repair`), rebuilds shards on failed targets
+//! onto healthy ones, and rewrites in place what it finds damaged, stale or unreadable on
+//! the others. `rebuild` visits the segments with shards on failed targets or found
+//! unreadable or damaged since the mount; `scrub` visits every segment.
+//!
+//! Where the chunks are comes from one read snapshot per batch of segments. While a segment
+//! is repaired gc is held off (`gc_lock`), so none of its chunks moves and it is not freed;
+//! if a gc ran since the snapshot (`gc_epoch`), the snapshot is taken again first. A segment
+//! that held chunks not committed yet when its snapshot was taken (the store's
+//! `uncommitted_segments`, asked before the snapshot) may hold chunks the snapshot lacks, so
+//! nothing in it is rewritten in place (its rows are still copied to new shards). The
+//! segment being filled is not such a segment by itself: its rows on disk are final.
+//!
+//! Memory: one u32 per segment (the chunk counts that cut the work into batches), and per
+//! batch one entry (about 60 bytes) per chunk, at most `REPAIR_BATCH_CHUNKS` (beyond that a
+//! batch is one segment); plus the erasure placement's window (`targets::REPAIR_ROWS`).
+
+use crate::chunk::StoredRef;
+use crate::error::{Error, Result};
+use crate::format::*;
+use crate::space::Space;
+use crate::targets::{RebuildReport, SegmentChunk, SegmentJob, Throttle};
+use std::collections::BTreeSet;
+use std::sync::atomic::Ordering;
+
+/// Chunk entries one batch of segments holds (about 60 bytes each: 15 MiB).
+pub const REPAIR_BATCH_CHUNKS: usize = 1 << 18;
+
+/// Which segments a repair pass visits.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Visit {
+    /// Those with shards on failed targets (or placed short), or found unreadable or
+    /// damaged since the mount: `ckptfs rebuild`.
+    Rebuild,
+    /// Every placed segment: `ckptfs scrub`.
+    Scrub,
+}
+
+/// A committed chunk of a batch: where it is and how to verify it.
+#[derive(Clone, Copy)]
+struct Entry {
+    seg: u64,
+    chunk: SegmentChunk,
+    hash: ChunkHash,
+    rec: ChunkRecord,
+}
+
+impl Space {
+    /// `ckptfs scrub`: reads every segment of a space over several targets, verifies every
+    /// committed chunk, and repairs what redundancy allows (see the module comment).
+    /// `throttle_bytes_s` caps what it writes; `progress(segments done, segments)`.
+    pub fn scrub(
+        &self,
+        throttle_bytes_s: Option<f64>,
+        progress: &mut dyn FnMut(u64, u64),
+    ) -> Result<RebuildReport> {
+        if self.is_read_only() {
+            return Err(Error::ReadOnly);
+        }
+        if self.erasure().is_none() {
+            return Err(Error::OneTarget);
+        }
+        self.repair(Visit::Scrub, throttle_bytes_s, progress)
+    }
+
+    /// The repair pass behind `rebuild` and `scrub`.
+    pub(crate) fn repair(
+        &self,
+        visit: Visit,
+        throttle_bytes_s: Option<f64>,
+        progress: &mut dyn FnMut(u64, u64),
+    ) -> Result<RebuildReport> {
+        let er = self.erasure().ok_or(Error::OneTarget)?.clone();
+        let start = std::time::Instant::now();
+        let seg_bytes = u64::from(self.superblock().segment_bytes);
+        let range = self.segment_range();
+        let segments = range.end - range.start;
+        let mut rep = RebuildReport::default();
+        let mut throttle = Throttle::new(throttle_bytes_s);
+        // Chunks per segment, to cut the pass into batches of bounded memory.
+        let mut counts = vec![0u32; segments as usize];
+        self.reader()?.for_each_chunk(|_, c| {
+            let s = c.offset.0 / seg_bytes;
+            if range.contains(&s) {
+                let n = &mut counts[(s - range.start) as usize];
+                *n = n.saturating_add(1);
+            }
+            Ok(())
+        })?;
+        let mut first = range.start;
+        while first < range.end {
+            let mut last = first + 1;
+            let mut total = counts[(first - range.start) as usize] as usize;
+            while last < range.end {
+                let n = counts[(last - range.start) as usize] as usize;
+                if total + n > REPAIR_BATCH_CHUNKS {
+                    break;
+                }
+                total += n;
+                last += 1;
+            }
+            self.repair_batch(&er, visit, first..last, &mut rep, &mut throttle)?;
+            progress(last - range.start, segments);
+            first = last;
+        }
+        if visit == Visit::Scrub {
+            er.repair_pass_done();
+        }
+        rep.seconds = start.elapsed().as_secs_f64();
+        let level = match rep.is_whole() && rep.chunks_repaired + rep.blocks_rewritten == 0 {
+            true => log::Level::Info,
+            false => log::Level::Warn,
+        };
+        log::log!(
+            level,
+            "{}: {} chunks verified, {} repaired from the other shards, {} lost; {} shard \
+             blocks rewritten in place, {} shards rebuilt onto other targets in {:.1} s",
+            match visit {
+                Visit::Rebuild => "rebuild",
+                Visit::Scrub => "scrub",
+            },
+            rep.chunks_verified,
+            rep.chunks_repaired,
+            rep.chunks_lost,
+            rep.blocks_rewritten,
+            rep.shards_written,
+            rep.seconds
+        );
+        Ok(rep)
+    }
+
+    /// Repairs segments `segs` from one snapshot of their chunks, taken again whenever a gc
+    /// ran meanwhile.
+    fn repair_batch(
+        &self,
+        er: &crate::targets::Erasure,
+        visit: Visit,
+        segs: std::ops::Range<u64>,
+        rep: &mut RebuildReport,
+        throttle: &mut Throttle,
+    ) -> Result<()> {
+        let seg_bytes = u64::from(self.superblock().segment_bytes);
+        let mut next = segs.start;
+        'snapshot: while next < segs.end {
+            let epoch = self.gc_epoch.load(Ordering::SeqCst);
+            // Taken before the snapshot: a segment with no uncommitted chunk then had every
+            // chunk it holds on disk committed, so the snapshot has them all.
+            let busy_then: BTreeSet<SegmentId> = self.store().uncommitted_segments();
+            let mut entries: Vec<Entry> = Vec::new();
+            self.reader()?.for_each_chunk(|hash, rec| {
+                let seg = rec.offset.0 / seg_bytes;
+                let offset = rec.offset.0 % seg_bytes;
+                // A record reaching past its segment is `check`'s to report.
+                if (next..segs.end).contains(&seg) && offset + rec.stored_len as u64 <= seg_bytes {
+                    entries.push(Entry {
+                        seg,
+                        chunk: SegmentChunk {
+                            offset,
+                            len: rec.stored_len,
+                        },
+                        hash,
+                        rec,
+                    });
+                }
+                Ok(())
+            })?;
+            entries.sort_unstable_by_key(|e| (e.seg, e.chunk.offset));
+            while next < segs.end {
+                let seg = next;
+                let from = entries.partition_point(|e| e.seg < seg);
+                let to = entries.partition_point(|e| e.seg <= seg);
+                let mine = &entries[from..to];
+                let wanted = match visit {
+                    Visit::Rebuild => er.needs_rebuild(seg),
+                    Visit::Scrub => er.is_placed(seg),
+                };
+                if !wanted {
+                    next += 1;
+                    continue;
+                }
+                let _no_gc = self.gc_lock.lock();
+                if self.gc_epoch.load(Ordering::SeqCst) != epoch {
+                    continue 'snapshot;
+                }
+                let busy = busy_then.contains(&SegmentId(seg))
+                    || self
+                        .store()
+                        .uncommitted_segments()
+                        .contains(&SegmentId(seg));
+                let chunks: Vec<SegmentChunk> = mine.iter().map(|e| e.chunk).collect();
+                let job = SegmentJob {
+                    seg,
+                    chunks: &chunks,
+                    busy,
+                };
+                let mut verify = |i: usize, bytes: &[u8]| {
+                    let e = &mine[i];
+                    StoredRef::new(e.hash, e.rec, bytes).verify_raw().is_ok()
+                };
+                er.repair_segment(&job, &mut verify, rep, throttle)?;
+                next += 1;
+            }
+        }
+        Ok(())
+    }
+}
