@@ -128,13 +128,15 @@ fn a_mount_right_after_an_unmount_is_quiet() {
             &[OsStr::new("mount"), backing.as_os_str(), mnt.as_os_str()],
         );
         assert!(st.success(), "mount {round}: {out}{err}");
-        assert_eq!(err, "", "mount {round} said something on stderr");
-        fs::write(mnt.join(format!("f{round}")), b"x").unwrap();
+        let wrote = fs::write(mnt.join(format!("f{round}")), b"x");
+        // Unmounted before anything is asserted, so a failure leaves no mount behind.
         let st = std::process::Command::new("umount")
             .arg(&mnt)
             .status()
             .unwrap();
         assert!(st.success(), "umount {round}");
+        wrote.unwrap();
+        assert_eq!(err, "", "mount {round} said something on stderr");
     }
 }
 
