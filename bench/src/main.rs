@@ -17,6 +17,7 @@
 
 mod bench;
 mod ckptfs;
+mod codec;
 mod data;
 mod full;
 mod gc_scale;
@@ -147,6 +148,10 @@ enum Cmd {
     /// amplification next to the bytes the application wrote, beside a plain directory, and
     /// what the daemon writes while the full space sits idle (run as root)
     Full(full::FullOpts),
+    /// The chunk codecs side by side on one core, no mount: stored fraction under `lz4`,
+    /// `float` and zstd level 1, encode and decode GiB/s, on seeded float, text, zero and
+    /// random data and on files given (a framework checkpoint)
+    Codec(codec::CodecOpts),
     /// GPU LZ4 (ckptfs-kernels) vs lz4_flex on all cores: GiB/s and ratio per data kind; needs
     /// neither root nor FUSE
     Gpu(gpu::GpuOpts),
@@ -205,6 +210,13 @@ fn main() {
             Ok(ok) => std::process::exit(if ok { 0 } else { 1 }),
             Err(e) => {
                 eprintln!("ckptfs-bench slots: {e}");
+                std::process::exit(1);
+            }
+        },
+        Cmd::Codec(o) => match codec::run(&o) {
+            Ok(()) => std::process::exit(0),
+            Err(e) => {
+                eprintln!("ckptfs-bench codec: {e}");
                 std::process::exit(1);
             }
         },

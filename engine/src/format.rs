@@ -6,6 +6,7 @@
 
 use crate::error::{Corruption, Error, Result};
 pub use crate::ids::*;
+pub use ckptfs_kernels::float::Transform;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 pub const MAGIC: [u8; 8] = *b"CKPTFS\0\x01";
@@ -74,11 +75,20 @@ impl Features {
         ro_compat: 0,
         incompat: 8,
     };
+    /// Chunks with codecs 4..=11 (the float codec: zstd frames of rotated byte planes).
+    /// A build without them cannot read the chunks. Set before the first such chunk is
+    /// written (`format --codec float`, `mount --codec float`); a space with it mounts with
+    /// `float` unless `--codec` says otherwise.
+    pub const INCOMPAT_FLOAT_CODEC: Features = Features {
+        compat: 0,
+        ro_compat: 0,
+        incompat: 16,
+    };
     /// Every flag this build knows.
     pub const KNOWN: Features = Features {
         compat: 1,
         ro_compat: 0,
-        incompat: 15,
+        incompat: 31,
     };
     /// What `format` sets: the features every new space has.
     pub const AT_FORMAT: Features = Features::COMPAT_XATTRS;
@@ -1081,24 +1091,43 @@ impl InodeRecord {
 /// How a chunk's bytes are stored in the data file.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Codec {
-    Raw = 0,
+    Raw,
     /// lz4_flex block format, no size prefix; the raw length is in the chunk record.
-    Lz4 = 1,
+    Lz4,
     /// Byte-shuffled as 4-byte elements (float32), then LZ4 (see `codec::shuffle`).
-    Shuffle4Lz4 = 2,
+    Shuffle4Lz4,
     /// Byte-shuffled as 8-byte elements (float64), then LZ4.
-    Shuffle8Lz4 = 3,
+    Shuffle8Lz4,
+    /// The float codec (ids 4..=11, `4 + transform index`): one standard zstd frame of the
+    /// chunk's transformed bytes (rotated by one bit and/or split into byte planes, as the
+    /// transform says; `ckptfs_kernels::float`).
+    Float(Transform),
 }
 
 impl Codec {
+    /// First id of the float codec's eight transforms.
+    const FLOAT_BASE: u8 = 4;
+
     pub fn from_u8(c: u8) -> Option<Codec> {
         Some(match c {
             0 => Codec::Raw,
             1 => Codec::Lz4,
             2 => Codec::Shuffle4Lz4,
             3 => Codec::Shuffle8Lz4,
+            4..=11 => Codec::Float(Transform::from_index(c - Self::FLOAT_BASE)?),
             _ => return None,
         })
+    }
+
+    /// The id stored in chunk records and manifests.
+    pub fn id(self) -> u8 {
+        match self {
+            Codec::Raw => 0,
+            Codec::Lz4 => 1,
+            Codec::Shuffle4Lz4 => 2,
+            Codec::Shuffle8Lz4 => 3,
+            Codec::Float(t) => Self::FLOAT_BASE + t.index(),
+        }
     }
 }
 
@@ -1122,7 +1151,7 @@ impl ChunkRecord {
         b[0..8].copy_from_slice(&self.offset.0.to_le_bytes());
         b[8..12].copy_from_slice(&self.stored_len.to_le_bytes());
         b[12..16].copy_from_slice(&self.raw_len.to_le_bytes());
-        b[16] = self.codec as u8;
+        b[16] = self.codec.id();
         b[24..32].copy_from_slice(&self.refs.to_le_bytes());
         b
     }

@@ -132,7 +132,7 @@ fn put_node(b: &mut Vec<u8>, n: &PubNode) {
         b.extend_from_slice(&e.at.0.to_le_bytes());
         b.extend_from_slice(&e.stored_len.to_le_bytes());
         b.extend_from_slice(&e.raw_len.to_le_bytes());
-        b.push(e.codec as u8);
+        b.push(e.codec.id());
         b.extend_from_slice(&[0; 3]);
     }
 }

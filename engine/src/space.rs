@@ -388,6 +388,16 @@ pub fn lock_holder(dir: &Path) -> Option<String> {
         .filter(|s| !s.trim().is_empty())
 }
 
+/// Adds `features` to the superblock of the unmounted space in `dir` (`format --codec
+/// float` marks a space it has just made).
+pub fn mark_features(dir: &Path, features: Features) -> Result<()> {
+    let sb = read_superblock(dir)?;
+    if !sb.features.contains(features) {
+        write_superblock(dir, &sb.with_features(features))?;
+    }
+    Ok(())
+}
+
 pub fn read_superblock(dir: &Path) -> Result<Superblock> {
     let path = dir.join(SUPERBLOCK_FILE);
     match fs::read(&path) {
@@ -1943,8 +1953,14 @@ impl Space {
     /// (`Features::INCOMPAT_SHUFFLE_CODECS`), so builds without them refuse the space
     /// instead of reporting its chunks as corrupt.
     pub fn set_codec_policy(&mut self, policy: crate::codec::Policy) -> Result<()> {
-        if policy == crate::codec::Policy::Shuffle && !self.read_only {
-            self.add_features(Features::INCOMPAT_SHUFFLE_CODECS)?;
+        if !self.read_only {
+            match policy {
+                crate::codec::Policy::Lz4 => {}
+                crate::codec::Policy::Shuffle => {
+                    self.add_features(Features::INCOMPAT_SHUFFLE_CODECS)?
+                }
+                crate::codec::Policy::Float => self.add_features(Features::INCOMPAT_FLOAT_CODEC)?,
+            }
         }
         self.store.set_codec_policy(policy);
         Ok(())

@@ -2,6 +2,7 @@
 // run a whole grid for kernels/src/emu.rs.
 #include "emu.h"
 #include "lz4.cu"
+#include "float.cu"
 
 namespace {
 struct CompressArgs {
@@ -36,6 +37,23 @@ void decompress_body(void* p)
     ckpt_lz4_decompress(a->in, a->in_offs, a->in_lens, a->out, a->out_offs, a->out_caps,
                         a->out_lens, a->count);
 }
+struct FloatArgs {
+    const u8* in;
+    const u64* offs;
+    const u32* lens;
+    const u8* transforms;
+    u8* out;
+    const u64* out_offs;
+    u32* out_lens;
+    u32 count;
+};
+
+void float_body(void* p)
+{
+    FloatArgs* a = (FloatArgs*)p;
+    ckpt_float_compress(a->in, a->offs, a->lens, a->transforms, a->out, a->out_offs,
+                        a->out_lens, a->count);
+}
 } // namespace
 
 // One block per chunk, 32 threads, as the GPU launch does. Returns 0, or -1 on a barrier
@@ -53,4 +71,12 @@ extern "C" int ckpt_emu_lz4_decompress(const u8* in, const u64* in_offs, const u
 {
     DecompressArgs a = {in, in_offs, in_lens, out, out_offs, out_caps, out_lens, count};
     return emu_run_blocks(count, 0, count, 32, decompress_body, &a);
+}
+
+extern "C" int ckpt_emu_float_compress(const u8* in, const u64* offs, const u32* lens,
+                                       const u8* transforms, u8* out, const u64* out_offs,
+                                       u32* out_lens, u32 count)
+{
+    FloatArgs a = {in, offs, lens, transforms, out, out_offs, out_lens, count};
+    return emu_run_blocks(count, 0, count, 32, float_body, &a);
 }

@@ -14,6 +14,16 @@ extern "C" {
         out_lens: *mut u32,
         count: u32,
     ) -> i32;
+    fn ckpt_emu_float_compress(
+        input: *const u8,
+        offs: *const u64,
+        lens: *const u32,
+        transforms: *const u8,
+        out: *mut u8,
+        out_offs: *const u64,
+        out_lens: *mut u32,
+        count: u32,
+    ) -> i32;
     fn ckpt_emu_lz4_decompress(
         input: *const u8,
         in_offs: *const u64,
@@ -89,6 +99,58 @@ fn split(count: usize, launch: impl Fn(usize, usize) -> i32 + Sync) -> Result<()
         ));
     }
     Ok(())
+}
+
+impl Emu {
+    /// The float codec's kernel (`cuda/float.cu`) on each chunk with its transform: zstd
+    /// frames that must equal `float::encode`'s byte for byte.
+    pub fn float_compress(
+        &self,
+        chunks: &[&[u8]],
+        transforms: &[crate::float::Transform],
+    ) -> Result<Vec<Vec<u8>>> {
+        check_batch(chunks)?;
+        if chunks.len() != transforms.len() {
+            return Err(Error::Invalid(
+                "float_compress: one transform per chunk".into(),
+            ));
+        }
+        let p = pack(chunks.iter().copied());
+        let ts: Vec<u8> = transforms.iter().map(|t| t.index()).collect();
+        let mut out_offs = Vec::with_capacity(chunks.len());
+        let mut total = 0u64;
+        for c in chunks {
+            out_offs.push(total);
+            total += crate::float::bound(c.len()) as u64;
+        }
+        let mut out = vec![0u8; total as usize];
+        let mut out_lens = vec![0u32; chunks.len()];
+        let (o, ol) = (Shared(out.as_mut_ptr()), Shared(out_lens.as_mut_ptr()));
+        split(chunks.len(), |first, n| {
+            let (o, ol) = (o, ol);
+            // SAFETY: every array holds `chunks.len()` entries; chunk i's frame is written
+            // within its `float::bound` bytes at out_offs[i]; the kernel touches only chunks
+            // [first, first + n).
+            unsafe {
+                ckpt_emu_float_compress(
+                    p.bytes.as_ptr(),
+                    p.offs.as_ptr().add(first),
+                    p.lens.as_ptr().add(first),
+                    ts.as_ptr().add(first),
+                    o.0,
+                    out_offs.as_ptr().add(first),
+                    ol.0.add(first),
+                    n as u32,
+                )
+            }
+        })?;
+        Ok((0..chunks.len())
+            .map(|i| {
+                let s = out_offs[i] as usize;
+                out[s..s + out_lens[i] as usize].to_vec()
+            })
+            .collect())
+    }
 }
 
 impl BatchCodec for Emu {

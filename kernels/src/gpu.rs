@@ -88,6 +88,10 @@ struct State {
     ctx: Arc<CudaContext>,
     compress: CudaFunction,
     decompress: CudaFunction,
+    /// The float codec's kernel (`cuda/float.cu`), compiled at its first use.
+    float: Option<CudaFunction>,
+    /// The device's compute capability, for compiling `float`.
+    arch: (i32, i32),
     slots: [Slot; 2],
 }
 
@@ -141,6 +145,7 @@ impl Gpu {
             compress,
             decompress,
             slots,
+            ..
         } = &mut *guard;
         let f = match kind {
             Kind::Compress => &*compress,
@@ -182,6 +187,101 @@ impl Gpu {
         self.kernel_seconds
             .store((kernel_ms / 1e3).to_bits(), Ordering::Relaxed);
         Ok(sink)
+    }
+
+    /// The float codec's kernel on each chunk with its transform: zstd frames, the same
+    /// bytes as `float::encode` (the emulation tests check that on every CI run; the GPU
+    /// test in tests/gpu.rs on a GPU). One synchronous batch on the default stream, its
+    /// buffers allocated per call: the reference the GPU data path builds on, not its fast
+    /// version (not pipelined like LZ4 above).
+    pub fn float_compress(
+        &self,
+        chunks: &[&[u8]],
+        transforms: &[crate::float::Transform],
+    ) -> Result<Vec<Vec<u8>>> {
+        check_batch(chunks)?;
+        if chunks.len() != transforms.len() {
+            return Err(Error::Invalid(
+                "float_compress: one transform per chunk".into(),
+            ));
+        }
+        if chunks.is_empty() {
+            return Ok(Vec::new());
+        }
+        let mut bytes = Vec::with_capacity(chunks.iter().map(|c| c.len()).sum());
+        let (mut offs, mut lens, mut out_offs) = (Vec::new(), Vec::new(), Vec::new());
+        let mut total = 0u64;
+        for c in chunks {
+            offs.push(bytes.len() as u64);
+            lens.push(c.len() as u32);
+            bytes.extend_from_slice(c);
+            out_offs.push(total);
+            total += crate::float::bound(c.len()) as u64;
+        }
+        let ts: Vec<u8> = transforms.iter().map(|t| t.index()).collect();
+        let mut guard = self.state.lock().unwrap_or_else(PoisonError::into_inner);
+        let state = &mut *guard;
+        guarded("GPU float batch", || {
+            state
+                .ctx
+                .bind_to_thread()
+                .map_err(cuda("binding the CUDA context"))?;
+            if state.float.is_none() {
+                let (major, minor) = state.arch;
+                let m = load_source(&state.ctx, major, minor, crate::FLOAT_SOURCE, "float.cu")?;
+                state.float = Some(
+                    m.load_function("ckpt_float_compress")
+                        .map_err(cuda("loading kernel ckpt_float_compress"))?,
+                );
+            }
+            let f = state.float.as_ref().expect("loaded above");
+            let stream = state.ctx.default_stream();
+            let d_in = stream.clone_htod(&bytes).map_err(cuda("copying chunks"))?;
+            let d_offs = stream.clone_htod(&offs).map_err(cuda("copying offsets"))?;
+            let d_lens = stream.clone_htod(&lens).map_err(cuda("copying lengths"))?;
+            let d_ts = stream.clone_htod(&ts).map_err(cuda("copying transforms"))?;
+            let d_out_offs = stream
+                .clone_htod(&out_offs)
+                .map_err(cuda("copying offsets"))?;
+            let mut d_out = stream
+                .alloc_zeros::<u8>(total as usize)
+                .map_err(cuda("allocating output"))?;
+            let mut d_out_lens = stream
+                .alloc_zeros::<u32>(chunks.len())
+                .map_err(cuda("allocating lengths"))?;
+            let count = chunks.len() as u32;
+            let cfg = LaunchConfig {
+                grid_dim: (count, 1, 1),
+                block_dim: (WARP, 1, 1),
+                shared_mem_bytes: 0,
+            };
+            let mut launch = stream.launch_builder(f);
+            launch.arg(&d_in);
+            launch.arg(&d_offs);
+            launch.arg(&d_lens);
+            launch.arg(&d_ts);
+            launch.arg(&mut d_out);
+            launch.arg(&d_out_offs);
+            launch.arg(&mut d_out_lens);
+            launch.arg(&count);
+            // SAFETY: the arguments match the kernel's signature (cuda/float.cu); every array
+            // holds `count` entries, each chunk lies within `d_in` and each frame is written
+            // within its `float::bound` bytes of `d_out` at its offset.
+            unsafe { launch.launch(cfg) }.map_err(cuda("launching the float kernel"))?;
+            let out = stream.clone_dtoh(&d_out).map_err(cuda("copying frames"))?;
+            let out_lens = stream
+                .clone_dtoh(&d_out_lens)
+                .map_err(cuda("copying frame lengths"))?;
+            stream
+                .synchronize()
+                .map_err(cuda("waiting for the float kernel"))?;
+            Ok((0..chunks.len())
+                .map(|i| {
+                    let s = out_offs[i] as usize;
+                    out[s..s + out_lens[i] as usize].to_vec()
+                })
+                .collect())
+        })
     }
 
     /// Compresses a repetitive chunk and decodes it back: catches a kernel or driver that does
@@ -283,6 +383,8 @@ fn open_inner(opts: &GpuOptions) -> Result<Gpu> {
             ctx,
             compress,
             decompress,
+            float: None,
+            arch: (major, minor),
             slots,
         }),
     };
@@ -294,21 +396,31 @@ fn open_inner(opts: &GpuOptions) -> Result<Gpu> {
 /// If the driver rejects that PTX (an NVRTC newer than the driver: PTX is the one thing CUDA's
 /// minor-version compatibility leaves out), the source is compiled straight to a CUBIN.
 fn load_kernels(ctx: &Arc<CudaContext>, major: i32, minor: i32) -> Result<Arc<CudaModule>> {
+    load_source(ctx, major, minor, crate::LZ4_SOURCE, "lz4.cu")
+}
+
+/// `load_kernels` of any kernel source (`name` for NVRTC's messages).
+fn load_source(
+    ctx: &Arc<CudaContext>,
+    major: i32,
+    minor: i32,
+    src: &str,
+    name: &str,
+) -> Result<Arc<CudaModule>> {
     let opts = CompileOptions {
         arch: Some(leak_arch(format!("compute_{major}{minor}"))),
-        name: Some("lz4.cu".into()),
+        name: Some(name.into()),
         ..Default::default()
     };
-    let ptx = nvrtc::compile_ptx_with_opts(crate::LZ4_SOURCE, opts).map_err(compile_error)?;
+    let ptx = nvrtc::compile_ptx_with_opts(src, opts).map_err(compile_error)?;
     match ctx.load_module(ptx) {
         Ok(m) => Ok(m),
         Err(ptx_err) => {
-            let cubin =
-                compile_cubin(crate::LZ4_SOURCE, &format!("sm_{major}{minor}")).map_err(|e| {
-                    Error::Cuda(format!(
-                        "loading the kernels' PTX: {ptx_err}; compiling a CUBIN instead: {e}"
-                    ))
-                })?;
+            let cubin = compile_cubin(src, &format!("sm_{major}{minor}")).map_err(|e| {
+                Error::Cuda(format!(
+                    "loading the kernels' PTX: {ptx_err}; compiling a CUBIN instead: {e}"
+                ))
+            })?;
             ctx.load_module(Ptx::from_binary(cubin)).map_err(|e| {
                 Error::Cuda(format!("loading the kernels: PTX: {ptx_err}; CUBIN: {e}"))
             })
@@ -323,7 +435,7 @@ fn compile_error(e: CompileError) -> Error {
             options,
             log,
         } => Error::Cuda(format!(
-            "NVRTC could not compile cuda/lz4.cu ({nvrtc}, options {options:?}):\n{}",
+            "NVRTC could not compile the kernels ({nvrtc}, options {options:?}):\n{}",
             log.to_string_lossy()
         )),
         e => Error::Cuda(format!("NVRTC: {e}")),

@@ -1,6 +1,7 @@
 //! GPU codecs for ckptfs over plain byte slices.
 //!
-//! The kernels are CUDA C in `cuda/lz4.cu`, embedded in the binary and compiled at first use
+//! The kernels are CUDA C in `cuda/lz4.cu` (and the float codec's encoder in
+//! `cuda/float.cu`, whose CPU reference is [`float`]), embedded in the binary and compiled at first use
 //! by NVRTC ([`gpu::Gpu`]). The same source is also compiled for the host at build time,
 //! with a shim that emulates the CUDA built-ins ([`Emu`]); that is how the kernel logic is
 //! tested on machines without a GPU, and the emulation produces the same bytes as the GPU.
@@ -9,12 +10,16 @@
 //! the GPU wrote. This crate knows nothing of the storage engine.
 
 mod emu;
+pub mod float;
 pub mod gpu;
 
 pub use emu::Emu;
 
 /// The kernel source, as NVRTC compiles it.
 pub const LZ4_SOURCE: &str = include_str!("../cuda/lz4.cu");
+
+/// The float codec's kernel source (`float::encode` on the GPU).
+pub const FLOAT_SOURCE: &str = include_str!("../cuda/float.cu");
 
 /// Threads per block: one warp cooperates on each chunk (the kernels use warp votes).
 pub const WARP: u32 = 32;

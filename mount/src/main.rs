@@ -77,6 +77,12 @@ enum Cmd {
         /// count; e.g. 3+2 for 5 targets].
         #[arg(long, value_name = "M+K", value_parser = parse_redundancy, requires = "targets")]
         redundancy: Option<ckptfs_engine::targets::Redundancy>,
+        /// The codec new chunks get by default: `lz4`, or `float` (byte planes entropy-coded
+        /// into zstd frames where that beats LZ4: floating-point tensors). `float` marks the
+        /// space with its feature flag, so builds without the codec refuse it, and mounts
+        /// use it unless their `--codec` says otherwise.
+        #[arg(long, default_value = "lz4", value_parser = ["lz4", "float"])]
+        codec: String,
         #[command(flatten)]
         retention: RetentionArgs,
     },
@@ -250,11 +256,14 @@ enum Cmd {
         /// that work on the FUSE threads, inside each write request.
         #[arg(long, value_parser = clap::value_parser!(u32).range(0..=64))]
         workers: Option<u32>,
-        /// Encodings for new chunks: `lz4` (LZ4 where it pays, else raw) or `shuffle` (also
+        /// Encodings for new chunks: `lz4` (LZ4 where it pays, else raw), `shuffle` (also
         /// a byte-shuffle before LZ4 for float arrays where that compresses better, at
-        /// about four times the CPU cost on compressible data). Readers decode either.
-        #[arg(long, default_value = "lz4", value_parser = ["lz4", "shuffle"])]
-        codec: String,
+        /// about four times the CPU cost on compressible data) or `float` (byte planes
+        /// entropy-coded into standard zstd frames where that is smaller than LZ4: floating-
+        /// point tensors). Readers decode all of them. Default: `float` on a space formatted
+        /// or mounted with it before, else `lz4`.
+        #[arg(long, value_parser = ["lz4", "shuffle", "float"])]
+        codec: Option<String>,
         /// Compress new chunks on a GPU, in batches gathered from every file being written:
         /// `auto` uses one when libcuda, NVRTC and a device are there and logs which path it
         /// took; `on` refuses to mount without one; `off` keeps to the CPU. The GPU writes
@@ -558,7 +567,8 @@ fn absolute(p: &Path) -> PathBuf {
 struct Tuning {
     threads: u32,
     workers: Option<u32>,
-    codec: String,
+    /// `--codec`; `None`: the space's default (see the flag).
+    codec: Option<String>,
     gpu: String,
     cuda_lib_dir: Option<PathBuf>,
     /// Not tuning, but carried to the daemon alike: `--read-only`.
@@ -577,9 +587,20 @@ struct Tuning {
 /// The batch codec `--gpu` asks for, if any (see the flag's help).
 fn choose_gpu(
     tuning: &Tuning,
+    codec: &str,
 ) -> Result<Option<Arc<dyn ckptfs_engine::kernels::BatchCodec>>, String> {
     use ckptfs_engine::kernels::{gpu, BatchCodec, Emu};
     let mode = tuning.gpu.as_str();
+    if codec != "lz4" && mode != "off" {
+        if mode == "on" || mode == "emulate" {
+            return Err(format!(
+                "--gpu on and --gpu emulate compress with plain LZ4; codec {codec} runs on the CPU (choose \
+                 one: --codec lz4 or --gpu off)"
+            ));
+        }
+        log::info!("GPU: not used: codec {codec} runs on the CPU");
+        return Ok(None);
+    }
     match mode {
         "off" => return Ok(None),
         "emulate" => {
@@ -587,17 +608,6 @@ fn choose_gpu(
             return Ok(Some(Arc::new(Emu)));
         }
         _ => {}
-    }
-    if tuning.codec == "shuffle" {
-        if mode == "on" {
-            return Err(
-                "--gpu on compresses with plain LZ4; --codec shuffle runs on the CPU \
-                        (choose one)"
-                    .into(),
-            );
-        }
-        log::info!("GPU: not used: --codec shuffle runs on the CPU");
-        return Ok(None);
     }
     if tuning.workers == Some(0) {
         if mode == "on" {
@@ -712,19 +722,30 @@ fn mount(
     if let Some(w) = tuning.workers {
         space.store().set_workers(w as usize);
     }
-    let policy = ckptfs_engine::codec::Policy::parse(&tuning.codec)
-        .ok_or_else(|| format!("unknown codec {:?}", tuning.codec))?;
+    let codec = match &tuning.codec {
+        Some(c) => c.clone(),
+        None if space
+            .superblock()
+            .features
+            .contains(ckptfs_engine::format::Features::INCOMPAT_FLOAT_CODEC) =>
+        {
+            "float".to_string()
+        }
+        None => "lz4".to_string(),
+    };
+    let policy = ckptfs_engine::codec::Policy::parse(&codec)
+        .ok_or_else(|| format!("unknown codec {codec:?}"))?;
     space
         .set_codec_policy(policy)
         .map_err(|e| format!("cannot record the codec in the superblock: {e}"))?;
-    let gpu = choose_gpu(&tuning)?;
+    let gpu = choose_gpu(&tuning, &codec)?;
     let compressor = gpu.as_ref().map_or("the CPU".to_string(), |g| g.describe());
     space.store().set_batch_codec(gpu);
     log::info!(
         "{} FUSE threads, {} store workers, codec {}, new chunks compressed on {compressor}",
         tuning.threads,
         space.store().workers(),
-        tuning.codec
+        codec
     );
     if !tuning.read_only {
         if slots == 1 {
@@ -939,7 +960,9 @@ fn spawn_daemon(
     if let Some(w) = tuning.workers {
         cmd.arg("--workers").arg(w.to_string());
     }
-    cmd.arg("--codec").arg(&tuning.codec);
+    if let Some(c) = &tuning.codec {
+        cmd.arg("--codec").arg(c);
+    }
     cmd.arg("--gpu").arg(&tuning.gpu);
     if let Some(d) = &tuning.cuda_lib_dir {
         cmd.arg("--cuda-lib-dir").arg(d);
@@ -1336,8 +1359,19 @@ fn run(cli: Cli) -> Result<(), String> {
             slots,
             targets,
             redundancy,
+            codec,
             retention,
         } => {
+            let mark_codec = |dir: &Path| -> Result<(), String> {
+                if codec == "float" {
+                    ckptfs_engine::space::mark_features(
+                        dir,
+                        ckptfs_engine::format::Features::INCOMPAT_FLOAT_CODEC,
+                    )
+                    .map_err(|e| format!("cannot record the codec in the superblock: {e}"))?;
+                }
+                Ok(())
+            };
             let chunk = u32::try_from(chunk_size).map_err(|_| {
                 format!(
                     "chunk size must be a power of two between 4 KiB and 4 MiB, got {chunk_size} bytes"
@@ -1361,6 +1395,7 @@ fn run(cli: Cli) -> Result<(), String> {
                     redundancy.unwrap_or(ckptfs_engine::targets::Redundancy { data: 1, parity: 0 });
                 Space::format_targets(&dir, size, chunk, config, force, &targets, r)
                     .map_err(|e| e.to_string())?;
+                mark_codec(&dir)?;
                 println!(
                     "ckptfs: formatted {} ({}) over {} targets, redundancy {r}: any {} may be lost",
                     dir.display(),
@@ -1372,6 +1407,7 @@ fn run(cli: Cli) -> Result<(), String> {
             }
             Space::format_slots(&dir, size, chunk, config, force, slots)
                 .map_err(|e| e.to_string())?;
+            mark_codec(&dir)?;
             match slots {
                 1 => println!("ckptfs: formatted {} ({})", dir.display(), human(size)),
                 n => println!(
@@ -1603,7 +1639,7 @@ fn apply_mount_options(
     tuning: &mut Tuning,
     allow_other: &mut bool,
 ) -> Result<(), String> {
-    const KNOWN: &str = "ro, rw, allow_other, threads=N, workers=N, codec=lz4|shuffle, \
+    const KNOWN: &str = "ro, rw, allow_other, threads=N, workers=N, codec=lz4|shuffle|float, \
                          gpu=auto|on|off|emulate, cuda_lib_dir=DIR, slot=N, lease=DURATION, nosuid, \
                          noexec, suid, exec";
     for o in options.split(',').filter(|o| !o.is_empty()) {
@@ -1633,7 +1669,7 @@ fn apply_mount_options(
             ("exec", None) => tuning.noexec = false,
             ("threads", _) => tuning.threads = number(64, 1)?,
             ("workers", _) => tuning.workers = Some(number(64, 0)?),
-            ("codec", _) => tuning.codec = one_of(&["lz4", "shuffle"])?,
+            ("codec", _) => tuning.codec = Some(one_of(&["lz4", "shuffle", "float"])?),
             ("gpu", _) => tuning.gpu = one_of(&["auto", "on", "off", "emulate"])?,
             ("cuda_lib_dir", Some(d)) if !d.is_empty() => tuning.cuda_lib_dir = Some(d.into()),
             ("slot", _) => tuning.slot = Some(number(u32::MAX, 0)?),
@@ -2280,7 +2316,7 @@ mod tests {
         Tuning {
             threads: 4,
             workers: None,
-            codec: "lz4".into(),
+            codec: None,
             gpu: "auto".into(),
             cuda_lib_dir: None,
             read_only: false,
@@ -2305,7 +2341,10 @@ mod tests {
         .unwrap();
         assert!(t.read_only && other && !t.suid && !t.noexec);
         assert_eq!((t.threads, t.workers), (8, Some(0)));
-        assert_eq!((t.codec.as_str(), t.gpu.as_str()), ("shuffle", "off"));
+        assert_eq!(
+            (t.codec.as_deref(), t.gpu.as_str()),
+            (Some("shuffle"), "off")
+        );
         apply_mount_options("slot=7,lease=500ms", &mut t, &mut other).unwrap();
         assert_eq!((t.slot, t.lease), (Some(7), Duration::from_millis(500)));
         for bad in [

@@ -122,3 +122,118 @@ pub fn check_blocks(what: &str, chunks: &[Vec<u8>], out: &Compressed) -> usize {
     }
     stored
 }
+
+/// The float codec's test set: floats of every width with NaN, ±Inf, -0.0 and denormals,
+/// integers, text, zeros, random bytes, a plane over one 128 KiB block, odd lengths and
+/// tails; each entry with every transform. Returns (name, chunk, transform).
+#[allow(dead_code)]
+pub fn float_cases() -> Vec<(String, Vec<u8>, ckptfs_kernels::float::Transform)> {
+    let mut rng = rng(31);
+    let mut data: Vec<(String, Vec<u8>)> = Vec::new();
+    let normal = |rng: &mut rand::rngs::SmallRng| -> f32 {
+        (0..4).map(|_| rng.random::<f32>()).sum::<f32>() - 2.0
+    };
+    let fp32: Vec<u8> = (0..20_000)
+        .flat_map(|_| (0.03 * normal(&mut rng)).to_le_bytes())
+        .collect();
+    data.push((
+        "bf16".into(),
+        fp32.chunks(4).flat_map(|c| [c[2], c[3]]).collect(),
+    ));
+    data.push(("fp32".into(), fp32));
+    data.push((
+        "fp64".into(),
+        (0..9000)
+            .flat_map(|i| (300.0 * (i as f64 * 1e-3).cos()).to_le_bytes())
+            .collect(),
+    ));
+    let specials: Vec<u8> = [
+        f32::NAN,
+        -f32::NAN,
+        f32::INFINITY,
+        f32::NEG_INFINITY,
+        -0.0,
+        0.0,
+        1e-40,
+        -1e-44,
+        f32::MAX,
+    ]
+    .iter()
+    .cycle()
+    .take(4099)
+    .flat_map(|f| f.to_le_bytes())
+    .chain([1, 2, 3])
+    .collect();
+    data.push(("fp32 specials, odd tail".into(), specials));
+    data.push((
+        "fp64 specials".into(),
+        [f64::NAN, f64::NEG_INFINITY, -0.0, 5e-324, 1e308]
+            .iter()
+            .cycle()
+            .take(1001)
+            .flat_map(|f| f.to_le_bytes())
+            .collect(),
+    ));
+    data.push((
+        "int32 indices".into(),
+        (0..15_000u32)
+            .flat_map(|i| (i * 7 % 5000).to_le_bytes())
+            .collect(),
+    ));
+    data.push((
+        "text".into(),
+        b"epoch 3 step 1200 loss 2.3125\n"
+            .iter()
+            .cycle()
+            .take(20_001)
+            .copied()
+            .collect(),
+    ));
+    data.push(("zeros".into(), vec![0u8; 70_000]));
+    // Skewed bytes over more than one 128 KiB block per plane.
+    data.push((
+        "skewed, 300 KiB".into(),
+        (0..307_203u32)
+            .map(|i| (i.wrapping_mul(2_654_435_761) >> 29) as u8 * 9)
+            .collect(),
+    ));
+    let mut random = vec![0u8; 33_333];
+    rng.fill_bytes(&mut random);
+    data.push(("random".into(), random));
+    for len in [0usize, 1, 3, 7, 63, 64, 65, 200] {
+        let d: Vec<u8> = (0..len).map(|_| rng.random::<u8>() & 7).collect();
+        data.push((format!("short {len}"), d));
+    }
+    let mut out = Vec::new();
+    for (name, d) in data {
+        for t in ckptfs_kernels::float::Transform::all() {
+            out.push((format!("{name} {t:?}"), d.clone(), t));
+        }
+    }
+    out
+}
+
+/// Checks frames against the CPU encoder and the zstd library; returns how many compressed.
+#[allow(dead_code)]
+pub fn check_float_frames(
+    what: &str,
+    cases: &[(String, Vec<u8>, ckptfs_kernels::float::Transform)],
+    frames: &[Vec<u8>],
+) -> usize {
+    use ckptfs_kernels::float;
+    assert_eq!(frames.len(), cases.len(), "{what}: one frame per chunk");
+    let mut compressed = 0;
+    for ((name, d, t), frame) in cases.iter().zip(frames) {
+        let want = float::encode(d, *t);
+        assert!(
+            *frame == want,
+            "{what}: {name}: kernel {} bytes, CPU {} bytes",
+            frame.len(),
+            want.len()
+        );
+        let planes = zstd::bulk::decompress(frame, d.len()).expect("zstd decodes");
+        assert_eq!(float::inverse(&planes, *t), *d, "{what}: {name}");
+        compressed += usize::from(frame.len() * 10 < d.len() * 9);
+    }
+    compressed
+}
