@@ -1506,8 +1506,17 @@ mod tests {
         };
         assert_eq!(ChunkRecord::decode(&c.encode()).unwrap(), c);
         let mut bad = c.encode();
-        bad[16] = 9;
+        // Ids 0..=11 are codecs (4..=11 the float codec's transforms); 12 is not.
+        bad[16] = 12;
         assert!(ChunkRecord::decode(&bad).is_err());
+        for t in Transform::all() {
+            let f = ChunkRecord {
+                codec: Codec::Float(t),
+                ..c
+            };
+            assert_eq!(ChunkRecord::decode(&f.encode()).unwrap(), f);
+            assert_eq!(Codec::from_u8(Codec::Float(t).id()), Some(Codec::Float(t)));
+        }
         let e = Extent {
             chunk: ChunkHash::of(b"x"),
             chunk_off: 5,
