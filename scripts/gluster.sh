@@ -24,6 +24,13 @@ start)
     command -v glusterd >/dev/null || die "glusterd is not installed (apt-get install glusterfs-server)"
     command -v gluster >/dev/null || die "the gluster CLI is not installed"
     [[ $(id -u) -eq 0 ]] || die "needs root"
+    # A client left mounted after its glusterd went away answers nothing ("Transport endpoint
+    # is not connected"): detach it, so it is mounted afresh below.
+    for c in c0 c1; do
+        if findmnt -n "$dir/$c" >/dev/null 2>&1 && ! stat -t "$dir/$c" >/dev/null 2>&1; then
+            umount -l "$dir/$c" 2>/dev/null || true
+        fi
+    done
     mkdir -p "$dir/brick" "$dir/c0" "$dir/c1"
     if ! gluster --mode=script volume list >/dev/null 2>&1; then
         glusterd || die "glusterd did not start"
@@ -39,6 +46,10 @@ start)
     fi
     if ! gluster --mode=script volume info "$vol" | grep -q '^Status: Started'; then
         gluster --mode=script volume start "$vol" >/dev/null || die "cannot start volume $vol"
+    elif ! gluster --mode=script volume status "$vol" 2>/dev/null | grep -q '^Brick.* Y '; then
+        # Started, but its brick process is gone (glusterd restarted): start it again.
+        gluster --mode=script volume start "$vol" force >/dev/null \
+            || die "cannot restart the brick of volume $vol"
     fi
     for c in c0 c1; do
         if ! findmnt -n "$dir/$c" >/dev/null 2>&1; then

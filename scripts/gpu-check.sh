@@ -4,7 +4,7 @@
 #   scripts/gpu-check.sh pack   (here: builds the kernel tests and the benchmark in release
 #                                mode and copies them, stripped, to target/gpu-pack/)
 #   scripts/gpu-check.sh run    (on the GPU machine, from the repository root: runs the GPU
-#                                tests with CKPTFS_REQUIRE_GPU=1, so a missing GPU fails
+#                                tests with CKPTFS_REQUIRE=gpu, so a missing GPU fails
 #                                instead of skipping, then `ckptfs-bench gpu`)
 #
 # With this project's device tool: `scripts/gpu-check.sh pack` here, then
@@ -40,7 +40,7 @@ run)
     mkdir -p "$out"
     nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv 2>&1 | tee "$out/nvidia-smi.txt" || true
     rc=0
-    CKPTFS_REQUIRE_GPU=1 "$PACK/kernels-gpu" --test-threads 1 2>&1 | tee "$out/tests-gpu.txt" || rc=1
+    CKPTFS_REQUIRE=gpu "$PACK/kernels-gpu" --test-threads 1 2>&1 | tee "$out/tests-gpu.txt" || rc=1
     "$PACK/kernels-emu" 2>&1 | tail -3 | tee "$out/tests-emu.txt" || rc=1
     # The default sub-batch size, then a sweep around it (the default is not yet measured).
     for sub in ${GPU_SUB_BATCHES:-32M 8M 128M}; do

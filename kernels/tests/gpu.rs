@@ -1,6 +1,7 @@
 //! The kernels on a real GPU. Where there is none (no libcuda, no NVRTC, no device) every test
-//! prints `SKIPPED: no GPU: <reason>` to stderr and passes, unless `CKPTFS_REQUIRE_GPU=1`,
-//! which makes a missing GPU a failure. Test names contain `gpu` so that the nextest override
+//! prints `SKIPPED: no GPU: <reason>` to stderr and passes, unless `CKPTFS_REQUIRE` (a
+//! comma-separated list, the one skip policy of every test) names `gpu`, which makes a
+//! missing GPU a failure. Test names contain `gpu` so that the nextest override
 //! shows their output.
 
 use std::sync::OnceLock;
@@ -14,7 +15,7 @@ mod common;
 use common::*;
 
 fn require_gpu() -> bool {
-    std::env::var("CKPTFS_REQUIRE_GPU").is_ok_and(|v| v == "1")
+    std::env::var("CKPTFS_REQUIRE").is_ok_and(|v| v.split(',').any(|r| r.trim() == "gpu"))
 }
 
 /// The GPU shared by the tests of this process, or `None` (after saying so) where there is
@@ -32,7 +33,7 @@ fn gpu() -> Option<&'static Gpu> {
     match opened {
         Ok(g) => Some(g),
         Err(reason) if require_gpu() => {
-            panic!("CKPTFS_REQUIRE_GPU=1 but there is no usable GPU: {reason}")
+            panic!("CKPTFS_REQUIRE names gpu but there is no usable GPU: {reason}")
         }
         Err(reason) => {
             eprintln!();
@@ -345,7 +346,7 @@ fn gpu_open_reports_what_is_missing() {
         ),
         Err(Error::Unavailable(reason)) => {
             eprintln!("SKIPPED: no GPU: {reason}");
-            assert!(!require_gpu(), "CKPTFS_REQUIRE_GPU=1 but: {reason}");
+            assert!(!require_gpu(), "CKPTFS_REQUIRE names gpu but: {reason}");
             assert!(
                 reason.contains("no CUDA device")
                     || (reason.contains("--cuda-lib-dir")

@@ -327,8 +327,10 @@ impl TestMount {
             .arg(&tm.backing)
             .status();
         if !matches!(st, Ok(s) if s.success()) {
-            eprintln!(
-                "SKIPPED: cannot mount a tmpfs for the backing directory ({st:?}; needs root)"
+            skip(
+                "a test on a small backing filesystem",
+                "tmpfs",
+                &format!("cannot mount a tmpfs for the backing directory ({st:?}; needs root)"),
             );
             return None;
         }
@@ -936,8 +938,11 @@ impl<T> std::fmt::Debug for Report<T> {
     }
 }
 
-/// Whether `CKPTFS_REQUIRE` (a comma-separated list: `gluster`, `gpu`, ...) names
-/// `resource`: then a test that would skip for want of it fails instead.
+/// Whether `CKPTFS_REQUIRE` (a comma-separated list: `gluster`, `numpy`, `fuse3`, ...)
+/// names `resource`: then a test that would skip for want of it fails instead. This is the
+/// one skip policy of the integration tests: a test skips only through `skip`, naming the
+/// resource it lacks; `.ci/run` requires everything it installs. (The GPU tests of the
+/// kernels crate read the same variable for `gpu`.)
 pub fn required(resource: &str) -> bool {
     std::env::var("CKPTFS_REQUIRE")
         .map(|v| v.split(',').any(|r| r.trim() == resource))

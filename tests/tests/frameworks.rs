@@ -5,7 +5,7 @@
 //!
 //! They need Debian's python3-numpy and python3-h5py, and python3-venv for a venv that
 //! pip-installs safetensors; `.ci/run` installs them. Without them a test says so loudly
-//! and skips, except under CI, where it fails.
+//! and skips, unless `CKPTFS_REQUIRE` names what is missing (`.ci/run` names all three).
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -33,11 +33,7 @@ fn system_python(modules: &str) -> Option<PathBuf> {
         .find(|py| has_modules(py, modules))
 }
 
-fn skip(test: &str, why: &str) {
-    let msg = format!("SKIPPED {test}: {why}");
-    assert!(std::env::var_os("CI").is_none(), "{msg}; CI must have it");
-    eprintln!("{msg}");
-}
+use ckptfs_tests::skip;
 
 /// Runs the example twice (to step 5, then resumed to step 7) in a fresh mount and
 /// returns stored/logical.
@@ -91,7 +87,11 @@ const WANT_BELOW: f64 = 0.6;
 #[test]
 fn numpy_save_and_memmap_resume() {
     let Some(py) = system_python("numpy") else {
-        return skip("numpy_save_and_memmap_resume", "no python3 with numpy");
+        return skip(
+            "numpy_save_and_memmap_resume",
+            "numpy",
+            "no python3 with numpy",
+        );
     };
     let r = run_example(&py, "numpy_ckpt.py");
     assert!(r < WANT_BELOW, "stored/logical {r:.3}");
@@ -100,7 +100,7 @@ fn numpy_save_and_memmap_resume() {
 #[test]
 fn h5py_checkpoints_resume() {
     let Some(py) = system_python("numpy, h5py") else {
-        return skip("h5py_checkpoints_resume", "no python3 with h5py");
+        return skip("h5py_checkpoints_resume", "h5py", "no python3 with h5py");
     };
     let r = run_example(&py, "h5py_ckpt.py");
     assert!(r < WANT_BELOW, "stored/logical {r:.3}");
@@ -134,7 +134,7 @@ fn safetensors_weights_and_optimizer_resume() {
     let venv = TempDir::new("venv");
     let py = match safetensors_python(&venv) {
         Ok(py) => py,
-        Err(why) => return skip(TEST, why),
+        Err(why) => return skip(TEST, "safetensors", why),
     };
     let r = run_example(&py, "safetensors_ckpt.py");
     assert!(r < WANT_BELOW, "stored/logical {r:.3}");
@@ -174,7 +174,7 @@ fn float_codec_on_a_gpt2_checkpoint_with_adamw_state() {
     let venv = TempDir::new("venv");
     let py = match safetensors_python(&venv) {
         Ok(py) => py,
-        Err(why) => return skip(TEST, why),
+        Err(why) => return skip(TEST, "safetensors", why),
     };
     let lz4 = gpt2_ratio(&py, &[], &[]);
     let float = gpt2_ratio(&py, &["--codec", "float"], &[]);
@@ -222,11 +222,13 @@ fn torch_python() -> Option<PathBuf> {
 }
 
 fn skip_torch(test: &str) {
-    eprintln!(
-        "SKIPPED {test}: no Python with PyTorch >= 2.1 (CI does not install it: the PyPI \
-         wheel pulls about 5 GB of CUDA libraries). Run it with a venv that has torch: \
+    skip(
+        test,
+        "torch",
+        "no Python with PyTorch >= 2.1 (CI does not install it: the PyPI wheel pulls about \
+         5 GB of CUDA libraries). Run it with a venv that has torch: \
          CKPTFS_TORCH_PYTHON=/path/to/venv/bin/python cargo nextest run -p ckptfs-tests \
-         --test frameworks"
+         --test frameworks",
     );
 }
 

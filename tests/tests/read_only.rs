@@ -161,7 +161,11 @@ fn read_only_mount_writes_nothing_and_refuses_every_change() {
         .status();
     match remount {
         Ok(s) if s.success() => erofs("write after remount,rw", fs::write(m.path("new"), b"x")),
-        other => eprintln!("SKIPPED remount,rw check: `mount -i -o remount,rw` gave {other:?}"),
+        other => ckptfs_tests::skip(
+            "remount,rw check",
+            "remount",
+            &format!("`mount -i -o remount,rw` gave {other:?}"),
+        ),
     }
     m.unmount();
     assert_eq!(
@@ -221,8 +225,13 @@ fn remount_read_only_and_back() {
     match remount("remount,ro") {
         Ok(s) if s.success() => {}
         other => {
-            eprintln!("SKIPPED: `mount -i -o remount,ro` gave {other:?} (needs root and util-linux mount)");
-            return;
+            return ckptfs_tests::skip(
+                "remount,ro check",
+                "remount",
+                &format!(
+                    "`mount -i -o remount,ro` gave {other:?} (needs root and util-linux mount)"
+                ),
+            );
         }
     }
     erofs("write after remount,ro", fs::write(m.path("b"), b"2"));

@@ -737,11 +737,11 @@ fn gc_under_pressure_never_fails_a_reader_on_another_node() {
 #[test]
 fn checkpoint_files_cost_the_backing_filesystem_no_metadata_operations() {
     if Command::new("strace").arg("-V").output().is_err() {
-        eprintln!(
-            "SKIPPED (LOUDLY): strace is not installed, so the backing metadata operations \
-             cannot be counted; .ci/run installs it"
+        return ckptfs_tests::skip(
+            "checkpoint_files_cost_the_backing_filesystem_no_metadata_operations",
+            "strace",
+            "strace is not installed, so the backing metadata operations cannot be counted",
         );
-        return;
     }
     let mut c = Cluster::new(2, "512M", 2, Duration::from_secs(5));
     let logs: Vec<std::path::PathBuf> = (0..2)
