@@ -233,51 +233,10 @@ pub fn decode(
 }
 
 /// Byte-transposes `data` as `data.len() / width` elements of `width` bytes: output byte
-/// `b * n + e` is byte `b` of element `e`. Trailing bytes that make no whole element are
-/// copied as they are.
-pub fn shuffle(data: &[u8], width: usize) -> Vec<u8> {
-    let n = data.len() / width;
-    let mut out = vec![0u8; data.len()];
-    // Eight elements at a time, so each output row gets 8 contiguous bytes per step.
-    let n8 = n / 8 * 8;
-    for e0 in (0..n8).step_by(8) {
-        let src = &data[e0 * width..(e0 + 8) * width];
-        for b in 0..width {
-            let v: [u8; 8] = std::array::from_fn(|i| src[i * width + b]);
-            out[b * n + e0..b * n + e0 + 8].copy_from_slice(&v);
-        }
-    }
-    for e in n8..n {
-        for b in 0..width {
-            out[b * n + e] = data[e * width + b];
-        }
-    }
-    out[n * width..].copy_from_slice(&data[n * width..]);
-    out
-}
-
-/// Inverse of `shuffle`.
-pub fn unshuffle(data: &[u8], width: usize) -> Vec<u8> {
-    let n = data.len() / width;
-    let mut out = vec![0u8; data.len()];
-    let n8 = n / 8 * 8;
-    for e0 in (0..n8).step_by(8) {
-        let dst = &mut out[e0 * width..(e0 + 8) * width];
-        for b in 0..width {
-            let row = &data[b * n + e0..b * n + e0 + 8];
-            for (i, &v) in row.iter().enumerate() {
-                dst[i * width + b] = v;
-            }
-        }
-    }
-    for e in n8..n {
-        for b in 0..width {
-            out[e * width + b] = data[b * n + e];
-        }
-    }
-    out[n * width..].copy_from_slice(&data[n * width..]);
-    out
-}
+/// `b * n + e` is byte `b` of element `e`; trailing bytes that make no whole element are
+/// copied last. The float codec's planes are the same transposition (one implementation,
+/// SIMD where the processor has it).
+pub use ckptfs_kernels::float::{shuffle, unshuffle};
 
 #[cfg(test)]
 mod tests {

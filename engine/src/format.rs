@@ -1094,7 +1094,7 @@ pub enum Codec {
     Raw,
     /// lz4_flex block format, no size prefix; the raw length is in the chunk record.
     Lz4,
-    /// Byte-shuffled as 4-byte elements (float32), then LZ4 (see `codec::shuffle`).
+    /// Byte-shuffled as 4-byte elements (float32), then LZ4 (see `codec::shuffle`, the same transposition as the float codec's planes).
     Shuffle4Lz4,
     /// Byte-shuffled as 8-byte elements (float64), then LZ4.
     Shuffle8Lz4,

@@ -109,21 +109,8 @@ impl Emu {
         chunks: &[&[u8]],
         transforms: &[crate::float::Transform],
     ) -> Result<Vec<Vec<u8>>> {
-        check_batch(chunks)?;
-        if chunks.len() != transforms.len() {
-            return Err(Error::Invalid(
-                "float_compress: one transform per chunk".into(),
-            ));
-        }
-        let p = pack(chunks.iter().copied());
-        let ts: Vec<u8> = transforms.iter().map(|t| t.index()).collect();
-        let mut out_offs = Vec::with_capacity(chunks.len());
-        let mut total = 0u64;
-        for c in chunks {
-            out_offs.push(total);
-            total += crate::float::bound(c.len()) as u64;
-        }
-        let mut out = vec![0u8; total as usize];
+        let b = crate::FloatBatch::new(chunks, transforms)?;
+        let mut out = vec![0u8; b.out_bytes];
         let mut out_lens = vec![0u32; chunks.len()];
         let (o, ol) = (Shared(out.as_mut_ptr()), Shared(out_lens.as_mut_ptr()));
         split(chunks.len(), |first, n| {
@@ -133,23 +120,18 @@ impl Emu {
             // [first, first + n).
             unsafe {
                 ckpt_emu_float_compress(
-                    p.bytes.as_ptr(),
-                    p.offs.as_ptr().add(first),
-                    p.lens.as_ptr().add(first),
-                    ts.as_ptr().add(first),
+                    b.bytes.as_ptr(),
+                    b.offs.as_ptr().add(first),
+                    b.lens.as_ptr().add(first),
+                    b.transforms.as_ptr().add(first),
                     o.0,
-                    out_offs.as_ptr().add(first),
+                    b.out_offs.as_ptr().add(first),
                     ol.0.add(first),
                     n as u32,
                 )
             }
         })?;
-        Ok((0..chunks.len())
-            .map(|i| {
-                let s = out_offs[i] as usize;
-                out[s..s + out_lens[i] as usize].to_vec()
-            })
-            .collect())
+        Ok(b.frames(&out, &out_lens))
     }
 }
 

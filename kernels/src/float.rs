@@ -873,18 +873,23 @@ pub fn choose(data: &[u8]) -> (Transform, f32) {
 mod tests {
     use super::*;
 
+    /// `len` bytes of xorshift noise from state `x`.
+    fn noise(x: &mut u64, len: usize) -> Vec<u8> {
+        (0..len)
+            .map(|_| {
+                *x ^= *x << 13;
+                *x ^= *x >> 7;
+                *x ^= *x << 17;
+                *x as u8
+            })
+            .collect()
+    }
+
     #[test]
     fn rotation_and_planes_invert() {
         let mut x = 0x9E37_79B9_7F4A_7C15u64;
         for len in (0..70).chain([4095, 4096, 65_537]) {
-            let d: Vec<u8> = (0..len)
-                .map(|_| {
-                    x ^= x << 13;
-                    x ^= x >> 7;
-                    x ^= x << 17;
-                    x as u8
-                })
-                .collect();
+            let d = noise(&mut x, len);
             for t in Transform::all() {
                 assert_eq!(inverse(&forward(&d, t), t), d, "len {len} {t:?}");
             }
@@ -898,14 +903,7 @@ mod tests {
     fn transforms_equal_their_definition() {
         let mut x = 7u64;
         for len in (1..80).chain([4095, 4099, 65_541]) {
-            let d: Vec<u8> = (0..len)
-                .map(|_| {
-                    x ^= x << 13;
-                    x ^= x >> 7;
-                    x ^= x << 17;
-                    x as u8
-                })
-                .collect();
+            let d = noise(&mut x, len);
             for t in Transform::all() {
                 let w = t.width as usize;
                 let r: Vec<u8> = (0..len)

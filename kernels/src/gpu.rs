@@ -199,26 +199,10 @@ impl Gpu {
         chunks: &[&[u8]],
         transforms: &[crate::float::Transform],
     ) -> Result<Vec<Vec<u8>>> {
-        check_batch(chunks)?;
-        if chunks.len() != transforms.len() {
-            return Err(Error::Invalid(
-                "float_compress: one transform per chunk".into(),
-            ));
-        }
+        let b = crate::FloatBatch::new(chunks, transforms)?;
         if chunks.is_empty() {
             return Ok(Vec::new());
         }
-        let mut bytes = Vec::with_capacity(chunks.iter().map(|c| c.len()).sum());
-        let (mut offs, mut lens, mut out_offs) = (Vec::new(), Vec::new(), Vec::new());
-        let mut total = 0u64;
-        for c in chunks {
-            offs.push(bytes.len() as u64);
-            lens.push(c.len() as u32);
-            bytes.extend_from_slice(c);
-            out_offs.push(total);
-            total += crate::float::bound(c.len()) as u64;
-        }
-        let ts: Vec<u8> = transforms.iter().map(|t| t.index()).collect();
         let mut guard = self.state.lock().unwrap_or_else(PoisonError::into_inner);
         let state = &mut *guard;
         guarded("GPU float batch", || {
@@ -236,15 +220,23 @@ impl Gpu {
             }
             let f = state.float.as_ref().expect("loaded above");
             let stream = state.ctx.default_stream();
-            let d_in = stream.clone_htod(&bytes).map_err(cuda("copying chunks"))?;
-            let d_offs = stream.clone_htod(&offs).map_err(cuda("copying offsets"))?;
-            let d_lens = stream.clone_htod(&lens).map_err(cuda("copying lengths"))?;
-            let d_ts = stream.clone_htod(&ts).map_err(cuda("copying transforms"))?;
+            let d_in = stream
+                .clone_htod(&b.bytes)
+                .map_err(cuda("copying chunks"))?;
+            let d_offs = stream
+                .clone_htod(&b.offs)
+                .map_err(cuda("copying offsets"))?;
+            let d_lens = stream
+                .clone_htod(&b.lens)
+                .map_err(cuda("copying lengths"))?;
+            let d_ts = stream
+                .clone_htod(&b.transforms)
+                .map_err(cuda("copying transforms"))?;
             let d_out_offs = stream
-                .clone_htod(&out_offs)
+                .clone_htod(&b.out_offs)
                 .map_err(cuda("copying offsets"))?;
             let mut d_out = stream
-                .alloc_zeros::<u8>(total as usize)
+                .alloc_zeros::<u8>(b.out_bytes)
                 .map_err(cuda("allocating output"))?;
             let mut d_out_lens = stream
                 .alloc_zeros::<u32>(chunks.len())
@@ -275,12 +267,7 @@ impl Gpu {
             stream
                 .synchronize()
                 .map_err(cuda("waiting for the float kernel"))?;
-            Ok((0..chunks.len())
-                .map(|i| {
-                    let s = out_offs[i] as usize;
-                    out[s..s + out_lens[i] as usize].to_vec()
-                })
-                .collect())
+            Ok(b.frames(&out, &out_lens))
         })
     }
 

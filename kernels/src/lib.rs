@@ -135,6 +135,54 @@ pub trait BatchCodec: Send + Sync {
     fn decompress(&self, blocks: &[&[u8]], raw_lens: &[usize]) -> Result<Vec<u8>>;
 }
 
+/// A batch for the float codec's kernel, packed as the kernel takes it (the emulation and
+/// the GPU share it): chunks back to back with their offsets and lengths, a transform index
+/// per chunk, and each frame's place in the output (`float::bound` bytes per chunk).
+pub(crate) struct FloatBatch {
+    pub bytes: Vec<u8>,
+    pub offs: Vec<u64>,
+    pub lens: Vec<u32>,
+    pub transforms: Vec<u8>,
+    pub out_offs: Vec<u64>,
+    pub out_bytes: usize,
+}
+
+impl FloatBatch {
+    pub fn new(chunks: &[&[u8]], transforms: &[float::Transform]) -> Result<FloatBatch> {
+        check_batch(chunks)?;
+        if chunks.len() != transforms.len() {
+            return Err(Error::Invalid(
+                "float_compress: one transform per chunk".into(),
+            ));
+        }
+        let mut b = FloatBatch {
+            bytes: Vec::with_capacity(chunks.iter().map(|c| c.len()).sum()),
+            offs: Vec::with_capacity(chunks.len()),
+            lens: Vec::with_capacity(chunks.len()),
+            transforms: transforms.iter().map(|t| t.index()).collect(),
+            out_offs: Vec::with_capacity(chunks.len()),
+            out_bytes: 0,
+        };
+        for c in chunks {
+            b.offs.push(b.bytes.len() as u64);
+            b.lens.push(c.len() as u32);
+            b.bytes.extend_from_slice(c);
+            b.out_offs.push(b.out_bytes as u64);
+            b.out_bytes += float::bound(c.len());
+        }
+        Ok(b)
+    }
+
+    /// Frame `i` of the kernel's output `out`, `out_lens[i]` bytes long.
+    pub fn frames(&self, out: &[u8], out_lens: &[u32]) -> Vec<Vec<u8>> {
+        self.out_offs
+            .iter()
+            .zip(out_lens)
+            .map(|(&s, &n)| out[s as usize..s as usize + n as usize].to_vec())
+            .collect()
+    }
+}
+
 /// Checks batch arguments shared by every codec.
 fn check_batch(chunks: &[&[u8]]) -> Result<()> {
     if let Some(c) = chunks.iter().find(|c| c.len() > MAX_CHUNK) {

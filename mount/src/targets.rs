@@ -329,12 +329,18 @@ fn rebuild_through(
     if let Some(t) = throttle {
         req["throttle"] = serde_json::json!(t);
     }
+    daemon_job(mnt, "rebuild", &req, json)
+}
+
+/// Runs job `what` (rebuild, scrub) in the daemon of mount `mnt` with request `req`, under a
+/// spinner on a terminal, and prints its report.
+fn daemon_job(mnt: &Path, what: &str, req: &serde_json::Value, json: bool) -> Result<(), String> {
     let pb = crate::progress_bar(!json);
     if let Some(pb) = &pb {
-        pb.set_message("rebuild in the daemon");
+        pb.set_message(format!("{what} in the daemon"));
     }
-    crate::control_set(mnt, "rebuild", req.to_string().as_bytes())?;
-    let v = crate::control_get(mnt, "rebuild", false)?;
+    crate::control_set(mnt, what, req.to_string().as_bytes())?;
+    let v = crate::control_get(mnt, what, false)?;
     if let Some(pb) = pb {
         pb.finish_and_clear();
     }
@@ -399,16 +405,7 @@ pub fn scrub(path: &Path, throttle_mib_s: Option<f64>, json: bool) -> Result<(),
         if let Some(t) = throttle {
             req["throttle"] = serde_json::json!(t);
         }
-        let pb = crate::progress_bar(!json);
-        if let Some(pb) = &pb {
-            pb.set_message("scrub in the daemon");
-        }
-        crate::control_set(mnt, "scrub", req.to_string().as_bytes())?;
-        let v = crate::control_get(mnt, "scrub", false)?;
-        if let Some(pb) = pb {
-            pb.finish_and_clear();
-        }
-        print_rebuild(&v, json)
+        daemon_job(mnt, "scrub", &req, json)
     };
     if !abs.join(ckptfs_engine::format::SUPERBLOCK_FILE).exists() {
         return through(&abs);

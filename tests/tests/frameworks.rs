@@ -165,6 +165,22 @@ fn gpt2_ratio(py: &Path, format_args: &[&str], args: &[&str]) -> f64 {
     r
 }
 
+/// The GPT-2-shaped checkpoint (written as `args` say) in an lz4 space and a float space:
+/// the float codec stores at most 90% of it, at least 10 points less than LZ4.
+fn check_float_on_gpt2(py: &Path, args: &[&str], label: &str) {
+    let lz4 = gpt2_ratio(py, &[], args);
+    let float = gpt2_ratio(py, &["--codec", "float"], args);
+    println!("{label} GPT-2 + AdamW: lz4 {lz4:.4}, float {float:.4}");
+    assert!(
+        float <= 0.90,
+        "float codec stored {float:.4} of the checkpoint, want <= 0.90"
+    );
+    assert!(
+        lz4 - float >= 0.10,
+        "float {float:.4} vs lz4 {lz4:.4}: want 10 points better"
+    );
+}
+
 /// The float codec on a real framework checkpoint: GPT-2's layer shapes and initialisation
 /// after AdamW steps, weights and both moments in fp32, saved with safetensors. It stores at
 /// most 90% of it, at least 10 points less than LZ4 (which stores float weights raw).
@@ -176,17 +192,7 @@ fn float_codec_on_a_gpt2_checkpoint_with_adamw_state() {
         Ok(py) => py,
         Err(why) => return skip(TEST, "safetensors", why),
     };
-    let lz4 = gpt2_ratio(&py, &[], &[]);
-    let float = gpt2_ratio(&py, &["--codec", "float"], &[]);
-    println!("safetensors GPT-2 + AdamW: lz4 {lz4:.4}, float {float:.4}");
-    assert!(
-        float <= 0.90,
-        "float codec stored {float:.4} of the checkpoint, want <= 0.90"
-    );
-    assert!(
-        lz4 - float >= 0.10,
-        "float {float:.4} vs lz4 {lz4:.4}: want 10 points better"
-    );
+    check_float_on_gpt2(&py, &[], "safetensors");
 }
 
 /// The same written with torch.save where PyTorch is there (`CKPTFS_TORCH_PYTHON`).
@@ -195,17 +201,7 @@ fn float_codec_on_a_torch_saved_gpt2_checkpoint() {
     let Some(py) = torch_python() else {
         return skip_torch("float_codec_on_a_torch_saved_gpt2_checkpoint");
     };
-    let lz4 = gpt2_ratio(&py, &[], &["--torch"]);
-    let float = gpt2_ratio(&py, &["--codec", "float"], &["--torch"]);
-    println!("torch.save GPT-2 + AdamW: lz4 {lz4:.4}, float {float:.4}");
-    assert!(
-        float <= 0.90,
-        "float codec stored {float:.4} of the checkpoint, want <= 0.90"
-    );
-    assert!(
-        lz4 - float >= 0.10,
-        "float {float:.4} vs lz4 {lz4:.4}: want 10 points better"
-    );
+    check_float_on_gpt2(&py, &["--torch"], "torch.save");
 }
 
 /// A Python with PyTorch >= 2.1: `$CKPTFS_TORCH_PYTHON`, else the system's. CI does not

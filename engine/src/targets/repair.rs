@@ -78,33 +78,36 @@ impl Throttle {
 /// One shard per element, each the same rows.
 type Columns = Vec<Vec<u8>>;
 
-/// Logical bytes [at, at + out.len()) of rows whose data shards are `cols` (window-relative).
-fn gather(cols: &[Vec<u8>], m: usize, at: u64, out: &mut [u8]) {
+/// Where logical bytes [at, at + len) of rows of `m` data shards lie, piece by piece (each
+/// within one block): (column, offset in that column, offset in the bytes, length).
+fn pieces(m: usize, at: u64, len: usize) -> impl Iterator<Item = (usize, usize, usize, usize)> {
     let mut pos = 0usize;
-    while pos < out.len() {
+    std::iter::from_fn(move || {
+        if pos >= len {
+            return None;
+        }
         let o = at + pos as u64;
         let b = o / BLOCK as u64;
         let (row, col) = ((b / m as u64) as usize, (b % m as u64) as usize);
         let in_block = (o % BLOCK as u64) as usize;
-        let n = (BLOCK - in_block).min(out.len() - pos);
-        let src = row * BLOCK + in_block;
-        out[pos..pos + n].copy_from_slice(&cols[col][src..src + n]);
+        let n = (BLOCK - in_block).min(len - pos);
+        let piece = (col, row * BLOCK + in_block, pos, n);
         pos += n;
+        Some(piece)
+    })
+}
+
+/// Logical bytes [at, at + out.len()) of rows whose data shards are `cols` (window-relative).
+fn gather(cols: &[Vec<u8>], m: usize, at: u64, out: &mut [u8]) {
+    for (col, src, pos, n) in pieces(m, at, out.len()) {
+        out[pos..pos + n].copy_from_slice(&cols[col][src..src + n]);
     }
 }
 
 /// The inverse of `gather`.
 fn scatter(cols: &mut [Vec<u8>], m: usize, at: u64, bytes: &[u8]) {
-    let mut pos = 0usize;
-    while pos < bytes.len() {
-        let o = at + pos as u64;
-        let b = o / BLOCK as u64;
-        let (row, col) = ((b / m as u64) as usize, (b % m as u64) as usize);
-        let in_block = (o % BLOCK as u64) as usize;
-        let n = (BLOCK - in_block).min(bytes.len() - pos);
-        let dst = row * BLOCK + in_block;
+    for (col, dst, pos, n) in pieces(m, at, bytes.len()) {
         cols[col][dst..dst + n].copy_from_slice(&bytes[pos..pos + n]);
-        pos += n;
     }
 }
 
