@@ -83,7 +83,7 @@ const FLOAT_MIN_BYTES: usize = 1024;
 const FLOAT_MIN_GAIN: f32 = 0.98;
 
 /// The `float` policy: the float codec where it is smaller than LZ4, else LZ4 or raw, so no
-/// chunk is stored larger than under `lz4` (a frame header at most, on a near tie).
+/// chunk is stored larger than under `lz4`.
 ///
 /// CPU per chunk: a histogram of a 4 KiB sample to choose the transform and estimate the
 /// size (`float::choose`); LZ4, unless its three probes find nothing to compress; then the
