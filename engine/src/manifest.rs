@@ -15,7 +15,6 @@
 //! its bytes with each chunk's stored location). Objects are named by global inode
 //! numbers, the same on every node.
 
-use crate::chunk::Verified;
 use crate::device::Device;
 use crate::error::{Error, Result};
 use crate::format::{
@@ -695,13 +694,6 @@ impl Union {
 
     pub fn view(&self, slot: SlotId) -> Option<Arc<SlotView>> {
         self.views.read().get(&slot).cloned()
-    }
-
-    /// Reads and verifies one chunk of another slot at its published location.
-    pub fn read_chunk(&self, e: &PubExtent) -> Result<Verified> {
-        let mut b = vec![0u8; e.stored_len as usize];
-        self.dev.read_at(&mut b, e.at.0)?;
-        crate::chunk::Stored::new(e.hash, e.chunk_record(), b).verify()
     }
 }
 

@@ -2346,6 +2346,20 @@ impl Space {
         &*self.store
     }
 
+    /// The verified bytes of another slot's published extents' chunks, in order: read by
+    /// the one chunk reader this slot's own files use (its cache, coalescing of adjacent
+    /// chunks into one device read, verification, and the placement's repair), at the
+    /// locations the owner published. `Corrupt` when a location is stale (the owner moved
+    /// the chunk): the caller reads the owner's manifest again.
+    pub fn read_published(
+        &self,
+        extents: &[&crate::manifest::PubExtent],
+    ) -> Result<Vec<crate::chunk::ChunkBytes>> {
+        let chunks: Vec<(ChunkHash, ChunkRecord)> =
+            extents.iter().map(|e| (e.hash, e.chunk_record())).collect();
+        self.store.get_many_at(&chunks)
+    }
+
     /// Takes a write request's bytes into `file`, timed as the `ingest` stage.
     pub fn ingest(&self, file: &mut FileState, off: u64, data: &[u8]) -> Result<()> {
         // The backing filesystem filled up: no new data, so the commits under way keep the

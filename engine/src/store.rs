@@ -1129,12 +1129,29 @@ impl ChunkStore {
     /// one after the other (a sequentially written file) come back in reads of up to
     /// `READ_BYTES`, not one small read each.
     pub fn get_many(&self, hashes: &[ChunkHash]) -> Result<Vec<ChunkBytes>> {
-        self.fetch(hashes, true)
+        self.fetch(hashes, true, &HashMap::new())
+    }
+
+    /// `get_many` of chunks whose records the caller knows (another slot's published
+    /// extents): read through the same cache, coalescing, verification and repair as this
+    /// slot's own chunks. A chunk pending here, or in this slot's catalog, is read from
+    /// where this slot has it; the rest from the record given. A record gone stale (its
+    /// owner moved the chunk) fails verification: `Corrupt`, for the caller to read the
+    /// owner's newer records.
+    pub fn get_many_at(&self, chunks: &[(ChunkHash, ChunkRecord)]) -> Result<Vec<ChunkBytes>> {
+        let known: HashMap<ChunkHash, ChunkRecord> = chunks.iter().copied().collect();
+        let hashes: Vec<ChunkHash> = chunks.iter().map(|(h, _)| *h).collect();
+        self.fetch(&hashes, true, &known)
     }
 
     /// `get_many` for a reader (`asked`: the cache may let these chunks go first now), or
     /// for read-ahead.
-    fn fetch(&self, hashes: &[ChunkHash], asked: bool) -> Result<Vec<ChunkBytes>> {
+    fn fetch(
+        &self,
+        hashes: &[ChunkHash],
+        asked: bool,
+        known: &HashMap<ChunkHash, ChunkRecord>,
+    ) -> Result<Vec<ChunkBytes>> {
         // Chunks another thread is reading right now (a prefetch, a parallel request) are
         // waited for, not read twice; the rest are claimed and read here.
         let (claimed, others) = {
@@ -1157,7 +1174,7 @@ impl ChunkStore {
             (claimed, others)
         };
         if !claimed.is_empty() {
-            let r = self.load_many(&claimed, false);
+            let r = self.load_many(&claimed, false, known);
             let mut loading = self.loading.lock();
             for h in &claimed {
                 if let Some(l) = loading.remove(h) {
@@ -1176,7 +1193,7 @@ impl ChunkStore {
         }
         // Everything is cached now, unless a load failed or the cache let a chunk go: those
         // are read (and their errors reported) here.
-        self.load_many(hashes, asked)
+        self.load_many(hashes, asked, known)
     }
 
     /// Reads, verifies and caches chunks on the read threads, for a sequential reader that
@@ -1204,13 +1221,18 @@ impl ChunkStore {
             let me = self.me.upgrade().expect("a store in use is alive");
             let part = part.to_vec();
             pool.run(move || {
-                let _ = me.fetch(&part, false);
+                let _ = me.fetch(&part, false, &HashMap::new());
             });
         }
     }
 
     /// The chunks, from the cache or read, verified and cached; `asked`: for a reader.
-    fn load_many(&self, hashes: &[ChunkHash], asked: bool) -> Result<Vec<ChunkBytes>> {
+    fn load_many(
+        &self,
+        hashes: &[ChunkHash],
+        asked: bool,
+        known: &HashMap<ChunkHash, ChunkRecord>,
+    ) -> Result<Vec<ChunkBytes>> {
         let mut found: HashMap<ChunkHash, ChunkBytes> = HashMap::with_capacity(hashes.len());
         {
             let mut cache = self.cache.lock();
@@ -1240,7 +1262,9 @@ impl ChunkStore {
                 }
             }
             for (h, rec) in unpinned.iter().zip(self.db.committed(&unpinned)?) {
-                let rec = rec.ok_or(Corruption::UnknownChunk(*h))?;
+                let rec = rec
+                    .or_else(|| known.get(h).copied())
+                    .ok_or(Corruption::UnknownChunk(*h))?;
                 missing.push((*h, rec));
             }
             missing.sort_by_key(|(_, r)| r.offset.0);

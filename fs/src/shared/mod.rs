@@ -16,9 +16,11 @@
 //!   creating slot's inode, and an inode of any other slot that changed it (chmod, a
 //!   write: a layer of the file's bytes on top of the older ones, so a file written in
 //!   parts by several nodes reads whole). Writes always go to this slot's own version.
-//! - Another slot's chunks are read at their published places and verified by blake3; a
-//!   chunk that fails (its owner's gc moved it, and published where to before reusing the
-//!   place) is looked for again in a fresh copy of that slot's manifest.
+//! - Another slot's chunks are read at their published places by the store's one chunk
+//!   reader (`Space::read_published`: the same cache, coalescing, blake3 verification and
+//!   placement repair as this slot's own); a chunk that fails (its owner's gc moved it, and
+//!   published where to before reusing the place) is looked for again in a fresh copy of
+//!   that slot's manifest.
 
 pub mod merge;
 
@@ -32,12 +34,8 @@ use ckptfs_engine::nslock::{dir_key, name_key, RENAME_DIRS};
 use merge::Views;
 use parking_lot::{Mutex, RwLock};
 use std::collections::{BTreeSet, HashMap};
-use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
-/// Decoded chunks of other slots kept for reads: at most this many (each at most the
-/// space's largest chunk, 256 KiB at the default 64 KiB average: 64 MiB).
-const CHUNK_CACHE_MAX: usize = 256;
 /// Times a read of another slot's chunk that fails its blake3 check reads that slot's
 /// manifest again (the owner publishes a moved chunk's new place before reusing the old
 /// one, so one fresh read normally finds it) before EIO.
@@ -57,7 +55,6 @@ pub(crate) struct Shared {
     publishing: Mutex<()>,
     /// Read handles of objects read through the merge (not this slot's file alone).
     merged_handles: Mutex<HashMap<HandleId, InodeId>>,
-    chunks: Mutex<HashMap<ChunkHash, Arc<[u8]>>>,
     /// The union's view generations at the last reconcile (`reconcile`).
     reconciled: Mutex<Vec<(SlotId, u64, u64)>>,
 }
@@ -71,7 +68,6 @@ impl Shared {
             republish: Default::default(),
             publishing: Mutex::new(()),
             merged_handles: Mutex::default(),
-            chunks: Mutex::default(),
             reconciled: Mutex::default(),
         }
     }
@@ -887,11 +883,9 @@ impl Fs {
             match self.sh_read_once(obj, off, len, live) {
                 Err(Error::Engine(ckptfs_engine::Error::Corrupt(c))) if tries < READ_RETRIES => {
                     // The owner may have moved the chunk (gc) and published where to.
+                    // Its owner publishes a chunk's new place before it frees the old one,
+                    // so a manifest read after this failure has it: no waiting.
                     log::info!("reading another slot's chunk: {c}; reading its manifest again");
-                    self.sh().chunks.lock().clear();
-                    if tries > 0 {
-                        std::thread::sleep(Duration::from_millis(5 << tries));
-                    }
                     self.refresh_union()?;
                     tries += 1;
                 }
@@ -983,29 +977,17 @@ impl Fs {
         end: u64,
         out: &mut [u8],
     ) -> Result<()> {
-        let u = self.space.union().ok_or(Error::NotFound)?;
         let first = extents.partition_point(|e| e.off <= off).saturating_sub(1);
-        for e in &extents[first..] {
+        let wanted: Vec<&PubExtent> = extents[first..]
+            .iter()
+            .take_while(|e| e.off < end)
+            .filter(|e| e.off + e.len as u64 > off)
+            .collect();
+        // One read through the store's chunk reader: its cache, its coalescing of chunks
+        // that lie back to back into one device read, its verification and repair.
+        let chunks = self.space.read_published(&wanted)?;
+        for (e, raw) in wanted.into_iter().zip(chunks) {
             let (es, ee) = (e.off, e.off + e.len as u64);
-            if es >= end {
-                break;
-            }
-            if ee <= off {
-                continue;
-            }
-            let cached = self.sh().chunks.lock().get(&e.hash).cloned();
-            let raw = match cached {
-                Some(c) => c,
-                None => {
-                    let v: Arc<[u8]> = u.read_chunk(e)?.into_bytes().into();
-                    let mut c = self.sh().chunks.lock();
-                    if c.len() >= CHUNK_CACHE_MAX {
-                        c.clear();
-                    }
-                    c.insert(e.hash, v.clone());
-                    v
-                }
-            };
             let (s, t) = (es.max(off), ee.min(end));
             let from = e.chunk_off as usize + (s - es) as usize;
             let to = from + (t - s) as usize;
