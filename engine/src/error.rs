@@ -203,6 +203,8 @@ impl From<io::Error> for Error {
     fn from(e: io::Error) -> Self {
         if e.raw_os_error() == Some(libc::ENOSPC) {
             Error::NoSpace
+        } else if crate::slots::FencedIo::is(&e) {
+            Error::Fenced(e.to_string())
         } else {
             Error::Io(e)
         }

@@ -325,13 +325,14 @@ impl Record {
     }
 }
 
-/// Encodes `recs` as one batch: whole blocks, zero-padded.
-fn batch(recs: &[Record]) -> Vec<u8> {
+/// Encodes `recs` as one batch: whole multiples of `align` (a block, or a row of an
+/// erasure-coded segment), zero-padded.
+fn batch(recs: &[Record], align: usize) -> Vec<u8> {
     let mut b = Vec::new();
     for r in recs {
         r.encode(&mut b);
     }
-    let padded = b.len().div_ceil(BLOCK) * BLOCK;
+    let padded = b.len().div_ceil(align) * align;
     b.resize(padded, 0);
     b
 }
@@ -341,16 +342,27 @@ pub struct Publisher {
     dev: Arc<dyn Device>,
     lease: Arc<Lease>,
     halves: [(u64, u64); 2],
+    /// What every batch is padded to: the device's write unit (a multiple of `BLOCK`).
+    align: usize,
     /// Serialises publications; holds (generation, length) as published.
     state: Mutex<(u64, u64)>,
 }
 
 impl Publisher {
-    pub fn new(sb: &Superblock, dev: Arc<dyn Device>, lease: Arc<Lease>) -> Publisher {
+    /// A publisher writing to `dev` (the data file, or the placement as a device) in
+    /// batches of whole `align` bytes.
+    pub fn new(
+        sb: &Superblock,
+        dev: Arc<dyn Device>,
+        align: usize,
+        lease: Arc<Lease>,
+    ) -> Publisher {
         let slot = lease.slot();
         let state = lease.manifest();
+        assert!(align.is_multiple_of(BLOCK) && align > 0);
         Publisher {
             dev,
+            align,
             halves: [sb.manifest_half(slot, 0), sb.manifest_half(slot, 1)],
             lease,
             state: Mutex::new(state),
@@ -360,7 +372,7 @@ impl Publisher {
     /// Appends `recs` to the current generation and publishes it. `Ok(false)`: they do not
     /// fit in what is left of the half; the caller publishes a snapshot instead.
     pub fn append(&self, recs: &[Record]) -> Result<bool> {
-        let b = batch(recs);
+        let b = batch(recs, self.align);
         let mut st = self.state.lock();
         let (gen, len) = *st;
         let (base, cap) = self.halves[(gen % 2) as usize];
@@ -376,10 +388,14 @@ impl Publisher {
 
     /// Publishes `recs` (the whole namespace) as the next generation, in the other half.
     pub fn snapshot(&self, recs: &[Record]) -> Result<()> {
+        let mut st = self.state.lock();
+        self.snapshot_locked(&mut st, recs)
+    }
+
+    fn snapshot_locked(&self, st: &mut (u64, u64), recs: &[Record]) -> Result<()> {
         let mut all = vec![Record::Snapshot];
         all.extend_from_slice(recs);
-        let b = batch(&all);
-        let mut st = self.state.lock();
+        let b = batch(&all, self.align);
         let gen = st.0 + 1;
         let (base, cap) = self.halves[(gen % 2) as usize];
         if b.len() as u64 > cap {
@@ -391,6 +407,33 @@ impl Publisher {
         *st = (gen, b.len() as u64);
         log::debug!("manifest generation {gen}: snapshot of {} bytes", b.len());
         Ok(())
+    }
+
+    /// Restores the redundancy of the manifest area (`ckptfs rebuild` and `scrub` of a
+    /// slot over targets): a half that `whole(half)` finds short is re-placed by
+    /// `replace(half)` while it holds nothing published, so the published half is never
+    /// touched in place: if it is the short one, `recs` are published as a snapshot into
+    /// the other half first. Returns whether anything was re-placed.
+    pub fn renew(
+        &self,
+        recs: &[Record],
+        whole: &dyn Fn(u64) -> bool,
+        replace: &dyn Fn(u64) -> Result<()>,
+    ) -> Result<bool> {
+        let mut st = self.state.lock();
+        let mut renewed = false;
+        let other = (st.0 + 1) % 2;
+        if !whole(other) {
+            replace(other)?;
+            renewed = true;
+        }
+        let current = st.0 % 2;
+        if st.0 > 0 && !whole(current) {
+            self.snapshot_locked(&mut st, recs)?;
+            replace(current)?;
+            renewed = true;
+        }
+        Ok(renewed)
     }
 }
 
@@ -526,6 +569,9 @@ pub struct Union {
     /// The data file, read around this node's page cache (`SharedFile`): the manifests and
     /// the chunks of other slots are written by other nodes.
     dev: Arc<dyn Device>,
+    /// Of slots over erasure-coded targets: where a manifest read that fails its record
+    /// checksums is rebuilt from the other shards (`Placement::read_repair`).
+    place: Option<Arc<dyn crate::placement::Placement>>,
     sb: Superblock,
     me: SlotId,
     views: RwLock<HashMap<SlotId, Arc<SlotView>>>,
@@ -540,10 +586,17 @@ pub struct Union {
 const FULL_REFRESH_EVERY: u64 = 16;
 
 impl Union {
-    pub fn new(table: SlotTable, dev: Arc<dyn Device>, sb: Superblock, me: SlotId) -> Union {
+    pub fn new(
+        table: SlotTable,
+        dev: Arc<dyn Device>,
+        place: Option<Arc<dyn crate::placement::Placement>>,
+        sb: Superblock,
+        me: SlotId,
+    ) -> Union {
         Union {
             table,
             dev,
+            place,
             sb,
             me,
             views: RwLock::new(HashMap::new()),
@@ -652,11 +705,35 @@ impl Union {
                 continue;
             }
             let mut b = vec![0u8; (len - from) as usize];
-            let recs = self
+            let mut recs = self
                 .dev
                 .read_at(&mut b, base + from)
                 .map_err(Error::from)
                 .and_then(|_| Record::decode_all(&b));
+            if let (Err(Error::Corrupt(_)), Some(place)) = (&recs, &self.place) {
+                // A damaged shard under the manifest: the records' checksums say which
+                // version of the bytes is right.
+                let seg = place.segment_bytes();
+                let at = crate::placement::Location::of(DataOffset(base + from), seg);
+                let mut good = None;
+                let mut check = |x: &[u8]| match Record::decode_all(x) {
+                    Ok(r) => {
+                        good = Some(r);
+                        true
+                    }
+                    Err(_) => false,
+                };
+                if let Ok(true) = place.read_repair(at, &mut b, &mut check) {
+                    if let Some(r) = good {
+                        log::warn!(
+                            "slot {}: its manifest was read from the other shards (a shard \
+                             under it is damaged; its owner's `ckptfs rebuild` re-places it)",
+                            h.slot
+                        );
+                        recs = Ok(r);
+                    }
+                }
+            }
             let recs = match recs {
                 Ok(r) => r,
                 Err(e) => {
@@ -754,13 +831,16 @@ mod tests {
             }),
             Record::Bind(InodeId(1), b"g".to_vec(), bind(0, 15)),
         ];
-        let b = batch(&recs);
+        let b = batch(&recs, BLOCK);
         assert_eq!(b.len() % BLOCK, 0);
         let mut two = b.clone();
-        two.extend_from_slice(&batch(&[
-            Record::Unbind(InodeId(1), b"g".to_vec()),
-            Record::Drop(InodeId(2)),
-        ]));
+        two.extend_from_slice(&batch(
+            &[
+                Record::Unbind(InodeId(1), b"g".to_vec()),
+                Record::Drop(InodeId(2)),
+            ],
+            BLOCK,
+        ));
         let back = Record::decode_all(&two).unwrap();
         assert_eq!(back.len(), 6);
         assert_eq!(back[..4], recs[..]);

@@ -110,6 +110,36 @@ impl Placement for SingleFile {
     }
 }
 
+/// The whole space as one device at data-file offsets (`Location::to_offset`), over a
+/// placement: what a slot's manifest is written to and other slots' manifests are read
+/// from, wherever segments live (the data file, or erasure-coded targets). Writes must
+/// meet the placement's `write_align`.
+pub struct PlacedDevice {
+    pub place: Arc<dyn Placement>,
+    /// Bytes of the whole space (`Superblock::data_size_bytes`).
+    pub len: u64,
+}
+
+impl Device for PlacedDevice {
+    fn read_at(&self, buf: &mut [u8], off: u64) -> io::Result<()> {
+        let seg = self.place.segment_bytes();
+        self.place.read(Location::of(DataOffset(off), seg), buf)
+    }
+
+    fn write_at(&self, buf: &[u8], off: u64) -> io::Result<()> {
+        let seg = self.place.segment_bytes();
+        self.place.write(Location::of(DataOffset(off), seg), buf)
+    }
+
+    fn sync(&self) -> io::Result<()> {
+        self.place.sync()
+    }
+
+    fn len(&self) -> u64 {
+        self.len
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -671,13 +671,13 @@ impl Lease {
     /// of a lease of the last renewal, else after renewing now.
     pub fn permit(&self) -> io::Result<()> {
         if let Some(why) = self.fenced() {
-            return Err(io::Error::other(why));
+            return Err(io::Error::other(FencedIo(why)));
         }
         if self.released.load(Ordering::Acquire) {
-            return Err(io::Error::other(format!(
+            return Err(io::Error::other(FencedIo(format!(
                 "slot {} was released by this mount's unmount",
                 self.me.slot
-            )));
+            ))));
         }
         if self.since_renewal() < self.lease * 3 / 4 {
             return Ok(());
@@ -736,6 +736,27 @@ impl Lease {
 
 /// A device whose writes, syncs and resizes pass only while its owner's lease is valid
 /// (`Lease::permit`); reads always pass.
+/// The payload of the I/O error a fenced write gets (`Lease::permit`): the write was
+/// refused by this node, not failed by the storage, so an erasure-coded placement must not
+/// count it against a target, and the engine reports it as `Error::Fenced`.
+#[derive(Debug)]
+pub struct FencedIo(pub String);
+
+impl std::fmt::Display for FencedIo {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+impl std::error::Error for FencedIo {}
+
+impl FencedIo {
+    /// Whether `e` is a fenced write's error.
+    pub fn is(e: &io::Error) -> bool {
+        e.get_ref().is_some_and(|x| x.is::<FencedIo>())
+    }
+}
+
 pub struct FencedDevice {
     pub inner: Arc<dyn Device>,
     pub lease: Arc<Lease>,

@@ -601,16 +601,42 @@ fn table_on(
     Ok((SlotTable::new(dev, sb.slots), head))
 }
 
-/// Opens the slot `lease` holds of multi-slot space `sb` on `devs`: every write to them
-/// fenced by the lease, the slot's table made at its first claim (from the policy in the
-/// slot table's head), and the slot's publisher and view of the other slots attached.
+/// Where a claimed slot's chunks and manifest live.
+enum SlotData {
+    /// The space's data file: the slot's writable device, and the same file read around
+    /// this node's page cache for other slots' manifests (`SharedFile`).
+    File {
+        data: Arc<dyn Device>,
+        shared: Arc<dyn Device>,
+    },
+    /// Erasure-coded targets, opened with this slot's share (`targets::Share`) and every
+    /// write fenced by the lease.
+    Targets(Arc<crate::targets::Erasure>),
+}
+
+/// What a claimed slot's store, publisher and union sit on: the placement, the device the
+/// manifest is written to and its write unit, the device other manifests are read from,
+/// and the erasure-coded targets, if any.
+type SlotParts = (
+    Arc<dyn crate::placement::Placement>,
+    Arc<dyn Device>,
+    usize,
+    Arc<dyn Device>,
+    Option<Arc<crate::targets::Erasure>>,
+);
+
+/// Opens the slot `lease` holds of multi-slot space `sb`: its metadata table on `meta`,
+/// its chunks and manifest on `data`, every write fenced by the lease, the slot's table
+/// made at its first claim (from the policy in the slot table's head), and the slot's
+/// publisher and view of the other slots attached. Slots over a data file and slots over
+/// targets differ only in the placement under the store and the publisher.
 fn open_claimed(
     sb: Superblock,
-    devs: Devices,
+    meta: Arc<dyn Device>,
+    data: SlotData,
     lease: Arc<Lease>,
     table: SlotTable,
     head: &SlotTableHead,
-    shared_data: Arc<dyn Device>,
 ) -> Result<Space> {
     let slot = lease.slot();
     if !sb.features.contains(Features::INCOMPAT_SHARED_NAMESPACE) {
@@ -622,11 +648,8 @@ fn open_claimed(
             lease: lease.clone(),
         })
     };
-    let devs = Devices {
-        data: fence(devs.data),
-        meta: fence(devs.meta),
-    };
-    if devs.meta.is_empty() {
+    let meta = fence(meta);
+    if meta.is_empty() {
         // The slot's first claim: its table starts from the policy given at format.
         let [keep_revisions, keep_age_secs, keep_unlinked_secs, auto_gc_free_percent] = head.config;
         let config = Config {
@@ -635,16 +658,53 @@ fn open_claimed(
             keep_unlinked_secs,
             auto_gc_free_percent,
         };
-        init_meta(&devs.meta, &config, sb.slot_segments(slot), Some(slot))?;
+        init_meta(&meta, &config, sb.slot_segments(slot), Some(slot))?;
         log::info!("slot {slot}: first claim, metadata table created");
     }
-    let data_dev = devs.data.clone();
-    let mut space = Space::open_devices_slot(sb.clone(), devs, slot)?;
-    space.publisher = Some(Publisher::new(&sb, data_dev, lease.clone()));
-    let union = Arc::new(Union::new(table, shared_data, sb, slot));
+    let range = sb.slot_segments(slot);
+    let (place, pub_dev, align, union_dev, erasure): SlotParts = match data {
+        SlotData::File { data, shared } => {
+            let data = fence(data);
+            if data.len() != sb.data_size_bytes {
+                return Err(Corruption::Layout(format!(
+                    "the data file is {} bytes, the superblock says {}",
+                    data.len(),
+                    sb.data_size_bytes
+                ))
+                .into());
+            }
+            let place = Arc::new(crate::placement::SingleFile::new(
+                data.clone(),
+                sb.segment_bytes as u64,
+                range.end - range.start,
+            ));
+            (place, data, crate::device::DIRECT_ALIGN, shared, None)
+        }
+        SlotData::Targets(er) => {
+            // The manifest area is written outside the store's allocation: placed once,
+            // and never re-placed (that would drop the published manifest).
+            let share = sb.slot_share(slot);
+            for seg in share.start..range.start {
+                er.place_if_unplaced(seg)?;
+            }
+            let dev: Arc<dyn Device> = Arc::new(crate::placement::PlacedDevice {
+                place: er.clone(),
+                len: sb.data_size_bytes,
+            });
+            let align = crate::placement::Placement::write_align(&*er);
+            (er.clone(), dev.clone(), align, dev, Some(er))
+        }
+    };
+    let mut space = Space::open_placed(sb.clone(), meta, place, slot)?;
+    space.publisher = Some(Publisher::new(&sb, pub_dev, align, lease.clone()));
+    let repair = erasure
+        .clone()
+        .map(|e| e as Arc<dyn crate::placement::Placement>);
+    let union = Arc::new(Union::new(table, union_dev, repair, sb, slot));
     let floor = space.reader()?.ns_stamp()?;
     space.clock = Some(Arc::new(crate::stamp::Clock::new(floor)));
     space.union = Some(union);
+    space.targets = erasure;
     let store = Arc::downgrade(&space.store);
     lease.set_usage(Box::new(move || {
         let s = store.upgrade()?;
@@ -699,8 +759,11 @@ impl Space {
     ) -> Result<Space> {
         let (table, head) = table_on(headers, &sb, "the slot table")?;
         let lease = Lease::claim(table.clone(), req, settle)?;
-        let shared = devs.data.clone();
-        let mut space = open_claimed(sb, devs, lease.clone(), table, &head, shared)?;
+        let data = SlotData::File {
+            shared: devs.data.clone(),
+            data: devs.data,
+        };
+        let mut space = open_claimed(sb, devs.meta, data, lease.clone(), table, &head)?;
         space.lease = Some(crate::slots::LeaseGuard(lease));
         Ok(space)
     }
@@ -740,6 +803,7 @@ fn target_table(
     specs: &[TargetSpec],
     r: Redundancy,
     force: bool,
+    nslots: u32,
 ) -> Result<TargetsTable> {
     if specs.len() < r.shards() {
         return Err(Error::Invalid(format!(
@@ -774,7 +838,8 @@ fn target_table(
             domains.into_iter().collect::<Vec<_>>().join(", ")
         )));
     }
-    let (segments, shard_bytes, slots) = target_geometry(size_bytes, segment_bytes, r, specs.len());
+    let (segments, shard_bytes, slots) =
+        target_geometry(size_bytes, segment_bytes, r, specs.len(), nslots);
     let table = TargetsTable {
         redundancy: r,
         shard_bytes,
@@ -856,24 +921,30 @@ fn target_table(
     Ok(table)
 }
 
-/// The layout of a space over `targets` targets: (segments, shard bytes, shard slots per
-/// target). Segments are whole rows of M blocks (see `targets`); each target gets an even
-/// share of the shards plus a quarter, so placement can prefer the better targets (and
-/// avoid failing ones) without running any out, and never more than one slot per segment
-/// (a target holds at most one shard of a segment).
+/// The layout of a space over `targets` targets shared by `nslots` slots: (segments,
+/// shard bytes, shard slots per target). Segments are whole rows of M blocks (see
+/// `targets`); each slot gets an equal part of every target's shard slots
+/// (`targets::Share`), enough for an even share of its segments' shards plus a quarter,
+/// so placement can prefer the better targets (and avoid failing ones) without running any
+/// out, and never more than one slot per segment (a target holds at most one shard of a
+/// segment).
 fn target_geometry(
     size_bytes: u64,
     segment_bytes: u32,
     r: Redundancy,
     targets: usize,
+    nslots: u32,
 ) -> (u64, u64, u64) {
     let row = (r.data * crate::targets::BLOCK) as u32;
     let segment_bytes = segment_bytes / row * row;
     let segments = size_bytes / segment_bytes as u64;
     let shard_bytes = segment_bytes as u64 / r.data as u64;
-    let even = (segments * r.shards() as u64).div_ceil(targets as u64);
-    let slots = (even + even / 4 + 1).min(segments).max(1);
-    (segments, shard_bytes, slots)
+    let n = nslots.max(1) as u64;
+    // The largest slot share (`Superblock::slot_share` rounds down and up).
+    let share = segments.div_ceil(n);
+    let even = (share * r.shards() as u64).div_ceil(targets as u64);
+    let per_slot = (even + even / 4 + 1).min(share).max(1);
+    (segments, shard_bytes, per_slot * n)
 }
 
 /// Writes a targeted space's files: each target's file (header, preallocated), the
@@ -884,11 +955,12 @@ fn format_target_files(
     table: &TargetsTable,
     chunk_avg_bytes: u32,
     config: &Config,
+    nslots: u32,
 ) -> Result<Superblock> {
     let segment_bytes = (table.shard_bytes * table.redundancy.data as u64) as u32;
     let size_bytes = table.segments * segment_bytes as u64;
     let chunk = ChunkParams::from_avg(chunk_avg_bytes)?;
-    let mut sb = new_superblock(size_bytes, chunk, segment_bytes, 1);
+    let mut sb = new_superblock(size_bytes, chunk, segment_bytes, nslots);
     sb = sb.with_features(Features::INCOMPAT_TARGETS);
     for (i, t) in table.targets.iter().enumerate() {
         fs::DirBuilder::new()
@@ -920,6 +992,11 @@ fn format_target_files(
         table.segments * crate::targets::RECORD_BYTES as u64,
     )?;
     store_table(dir, &mut table.clone())?;
+    if nslots > 1 {
+        // Each slot's table is made at its first claim, as in a multi-slot data file.
+        format_slot_files(dir, &sb, config)?;
+        return Ok(sb);
+    }
     let meta = open_private(&dir.join(META_FILE), true)?;
     meta.set_len(0)?;
     let meta: Arc<dyn Device> = Arc::new(FileDevice::growable(meta)?);
@@ -957,6 +1034,39 @@ fn store_table(dir: &Path, table: &mut TargetsTable) -> Result<()> {
         }
     }
     Ok(())
+}
+
+/// `store_table` by one slot of a multi-slot space, whose nodes each record the target
+/// failures they meet: the failures already in the file are kept (merged into `table`),
+/// and the temporary file is this slot's own. Two nodes recording at the same moment can
+/// still lose one flag: its target then counts as healthy at the next mount, where its
+/// stale shards fail their checks and are rebuilt.
+fn store_table_shared(dir: &Path, table: &mut TargetsTable, slot: SlotId) -> Result<()> {
+    if let Ok(on_disk) = fs::read(dir.join(crate::targets::TARGETS_FILE))
+        .map_err(Error::from)
+        .and_then(|b| {
+            TargetsTable::decode(&b).map_err(|e| {
+                Corruption::Layout(format!("{}: {e}", crate::targets::TARGETS_FILE)).into()
+            })
+        })
+    {
+        if on_disk.targets.len() == table.targets.len() {
+            for (f, d) in table.failed.iter_mut().zip(&on_disk.failed) {
+                *f |= *d;
+            }
+        }
+        table.generation = table.generation.max(on_disk.generation);
+    }
+    table.generation += 1;
+    let bytes = table.encode();
+    let name = crate::targets::TARGETS_FILE;
+    let tmp = dir.join(format!("{name}.{slot}.tmp"));
+    let mut f = open_private(&tmp, true)?;
+    f.set_len(0)?;
+    f.write_all(&bytes)?;
+    f.sync_all()?;
+    fs::rename(&tmp, dir.join(name))?;
+    sync_dir(dir)
 }
 
 /// Copies `src` to `name` in `dir` so a crash leaves the old file or the new one.
@@ -1162,6 +1272,7 @@ fn open_targets(
     sb: &Superblock,
     read_only: bool,
     wrap: &dyn Fn(&'static str, Arc<dyn Device>) -> Arc<dyn Device>,
+    lease: Option<&Arc<Lease>>,
 ) -> Result<(Arc<crate::targets::Erasure>, SharedTable, Option<Mirrors>)> {
     let bytes = fs::read(dir.join(crate::targets::TARGETS_FILE)).map_err(|e| {
         Error::NotASpace(format!(
@@ -1237,19 +1348,31 @@ fn open_targets(
             r.data
         ))));
     }
-    let holders = match read_only {
-        true => Vec::new(),
-        false => refresh_mirrors(dir, &mut table, &opened_ok)?,
+    // The metadata of a multi-slot space is each slot's own table, written by its node
+    // while it runs: it is not mirrored on the targets (see FORMAT.md "Slots over
+    // targets").
+    let mirrored = !read_only && lease.is_none();
+    let holders = match mirrored {
+        false => Vec::new(),
+        true => refresh_mirrors(dir, &mut table, &opened_ok)?,
     };
     let map = OpenOptions::new()
         .read(true)
         .write(!read_only)
         .open(dir.join(crate::targets::PLACEMENT_FILE))?;
-    let mut map: Arc<dyn Device> = Arc::new(FileDevice::new(map)?);
+    let mut map: Arc<dyn Device> = match lease {
+        // Other nodes write their segments' records: read around this node's page cache,
+        // and write only while this node holds its slot.
+        Some(l) => Arc::new(FencedDevice {
+            inner: Arc::new(crate::device::SharedFile::new(map)?),
+            lease: l.clone(),
+        }),
+        None => Arc::new(FileDevice::new(map)?),
+    };
     let table = Arc::new(parking_lot::Mutex::new(table));
-    let mirrors = match read_only {
-        true => None,
-        false => {
+    let mirrors = match mirrored {
+        false => None,
+        true => {
             let (dir, t) = (dir.to_path_buf(), table.clone());
             let set = crate::mirror::MirrorSet::new(Box::new(move |i| {
                 let mut t = t.lock();
@@ -1282,20 +1405,34 @@ fn open_targets(
         let t = table.lock();
         (t.shard_bytes, t.segments)
     };
-    let erasure = Arc::new(crate::targets::Erasure::open(
+    let share = lease.map(|l| {
+        crate::targets::Share::of(
+            l.slot().0,
+            sb.slots,
+            table.lock().slots,
+            sb.slot_share(l.slot()),
+        )
+    });
+    let erasure = Arc::new(crate::targets::Erasure::open_share(
         r,
         shard_bytes,
         segments,
         targets,
         map,
+        share,
     )?);
     if !read_only {
         let dir = dir.to_path_buf();
         let table = table.clone();
+        let slot = lease.map(|l| l.slot());
         erasure.set_fail_hook(Box::new(move |t| {
             let mut table = table.lock();
             table.failed[t as usize] = true;
-            if let Err(e) = store_table(&dir, &mut table) {
+            let stored = match slot {
+                None => store_table(&dir, &mut table),
+                Some(s) => store_table_shared(&dir, &mut table, s),
+            };
+            if let Err(e) = stored {
                 log::error!(
                     "recording that target {t} failed in {}: {e}; it will be used again at \
                      the next mount, where its stale shards fail their checks and are rebuilt",
@@ -1345,8 +1482,12 @@ impl Space {
     }
 
     /// `format` of a space whose data lies on several storage targets, erasure-coded as
-    /// `r` (see `targets`): `dir` holds the superblock, the metadata table and the
-    /// placement records; each target directory gets one preallocated `ckptfs-target` file.
+    /// `r` (see `targets`): `dir` holds the superblock, the metadata table (with `slots`
+    /// above 1: each slot's, made at its first claim) and the placement records; each
+    /// target directory gets one preallocated `ckptfs-target` file. With several slots,
+    /// several nodes share the space as with `format_slots`, each placing its own
+    /// segments in its own part of every target (`targets::Share`).
+    #[allow(clippy::too_many_arguments)]
     pub fn format_targets(
         dir: &Path,
         size_bytes: u64,
@@ -1355,6 +1496,7 @@ impl Space {
         force: bool,
         targets: &[TargetSpec],
         r: Redundancy,
+        slots: u32,
     ) -> Result<()> {
         Self::format_layout(
             dir,
@@ -1362,7 +1504,7 @@ impl Space {
             chunk_avg_bytes,
             config,
             force,
-            1,
+            slots,
             Some((targets, r)),
         )
     }
@@ -1379,23 +1521,15 @@ impl Space {
         // Every refusal comes before the first change to `dir`.
         let (_, segment_bytes) = geometry(size_bytes, chunk_avg_bytes, &config)?;
         let table = match targets {
-            Some((specs, r)) => {
-                if slots > 1 {
-                    return Err(Error::Invalid(
-                        "--slots and --target together are not supported yet: a space is \
-                         either shared by several nodes or spread over several targets"
-                            .into(),
-                    ));
-                }
-                Some(target_table(
-                    dir,
-                    size_bytes,
-                    segment_bytes,
-                    specs,
-                    r,
-                    force,
-                )?)
-            }
+            Some((specs, r)) => Some(target_table(
+                dir,
+                size_bytes,
+                segment_bytes,
+                specs,
+                r,
+                force,
+                slots,
+            )?),
             None => None,
         };
         if slots == 0 || slots > MAX_SLOTS {
@@ -1429,8 +1563,12 @@ impl Space {
         let old_space = !names.is_empty();
         if old_space
             && !names.iter().all(|n| {
-                // A crash while a small file was replaced leaves its `.tmp` beside it.
-                let n = n.strip_suffix(".tmp").unwrap_or(n);
+                // A crash while a small file was replaced leaves its `.tmp` beside it
+                // (`NAME.tmp`, or `NAME.SLOT.tmp` of a slot's `store_table_shared`).
+                let n = n.as_str();
+                let n = n
+                    .strip_suffix(".tmp")
+                    .map_or(n, |b| b.split('.').next().unwrap_or(b));
                 SPACE_FILES.contains(&n)
                     || SLOTTED_SPACE_FILES.contains(&n)
                     || TARGETED_SPACE_FILES.contains(&n)
@@ -1512,7 +1650,7 @@ impl Space {
         }
 
         if let Some(table) = &table {
-            let sb = format_target_files(dir, table, chunk_avg_bytes, &config)?;
+            let sb = format_target_files(dir, table, chunk_avg_bytes, &config, slots)?;
             drop(open_private(&dir.join(LOCK_FILE), true)?);
             drop(open_private(&dir.join(LOG_FILE), true)?);
             return write_superblock(dir, &sb);
@@ -1618,7 +1756,7 @@ impl Space {
             (lock, Some(lease), meta)
         };
         if sb.features.contains(Features::INCOMPAT_TARGETS) {
-            return Self::open_targeted(dir, sb, lock);
+            return Self::open_targeted(dir, sb, lock, lease, &meta_file);
         }
         let mut devs = Devices {
             data: Arc::new(FileDevice::new_direct(open_private(
@@ -1658,7 +1796,11 @@ impl Space {
                 let shared: Arc<dyn Device> = Arc::new(crate::device::SharedFile::new(
                     File::open(dir.join(DATA_FILE))?,
                 )?);
-                open_claimed(sb, devs, lease.clone(), table, &head, shared)?
+                let data = SlotData::File {
+                    data: devs.data,
+                    shared,
+                };
+                open_claimed(sb, devs.meta, data, lease.clone(), table, &head)?
             }
         };
         space.lease = lease.map(crate::slots::LeaseGuard);
@@ -1679,7 +1821,13 @@ impl Space {
     /// `open_with` of a space over several targets (single slot, lock held): the
     /// metadata table in `dir`, the data on the targets. `CKPTFS_FAULTS` may name a target
     /// (`target0`, `target1`, ...) to fail its I/O.
-    fn open_targeted(dir: &Path, sb: Superblock, lock: File) -> Result<Space> {
+    fn open_targeted(
+        dir: &Path,
+        sb: Superblock,
+        lock: File,
+        lease: Option<Arc<Lease>>,
+        meta_file: &Path,
+    ) -> Result<Space> {
         let mut injected = None;
         let faults = match std::env::var_os(FAULTS_ENV) {
             Some(spec) => {
@@ -1691,18 +1839,27 @@ impl Space {
             None => None,
         };
         let wrap = |name: &'static str, dev: Arc<dyn Device>| -> Arc<dyn Device> {
-            match &faults {
+            let dev: Arc<dyn Device> = match &faults {
                 Some((disk, _)) => Arc::new(crate::sim::FaultyDevice {
                     name,
                     disk: disk.clone(),
                     inner: dev,
                 }),
                 None => dev,
+            };
+            match &lease {
+                // A slot of a multi-slot space writes to the targets only while it holds
+                // its lease.
+                Some(l) => Arc::new(FencedDevice {
+                    inner: dev,
+                    lease: l.clone(),
+                }),
+                None => dev,
             }
         };
-        let (erasure, table, mirrors) = open_targets(dir, &sb, false, &wrap)?;
+        let (erasure, table, mirrors) = open_targets(dir, &sb, false, &wrap, lease.as_ref())?;
         let mut meta: Arc<dyn Device> = Arc::new(FileDevice::growable(open_private(
-            &dir.join(META_FILE),
+            &dir.join(meta_file),
             false,
         )?)?);
         if let Some((disk, _)) = &faults {
@@ -1724,7 +1881,16 @@ impl Space {
         if let Some((disk, f)) = faults {
             injected = Some((disk, f));
         }
-        let mut space = Space::open_placed(sb, meta, erasure.clone(), SlotId(0))?;
+        let mut space = match lease {
+            None => Space::open_placed(sb, meta, erasure.clone(), SlotId(0))?,
+            Some(lease) => {
+                let (slots, head) = slot_table(dir, &sb, false)?;
+                let data = SlotData::Targets(erasure.clone());
+                let mut space = open_claimed(sb, meta, data, lease.clone(), slots, &head)?;
+                space.lease = Some(crate::slots::LeaseGuard(lease));
+                space
+            }
+        };
         if let Some((disk, faults)) = injected {
             for f in faults {
                 disk.inject(f);
@@ -1733,6 +1899,9 @@ impl Space {
         space.targets = Some(erasure);
         space.targets_table = Some(table);
         space.attach_writable(dir, lock);
+        if space.is_shared() {
+            space.add_features(Features::COMPAT_XATTRS)?;
+        }
         Ok(space)
     }
 
@@ -1753,6 +1922,16 @@ impl Space {
             return Err(Error::OneTarget);
         };
         if let Some((old, new)) = replace {
+            if self.is_shared() {
+                // Every node would have to open the new target before any shard lands on
+                // it; nodes learn the targets only when they mount.
+                return Err(Error::Invalid(format!(
+                    "rebuild --replace {old}={} is not supported on a space shared by several \
+                     nodes: run `ckptfs rebuild` without --replace on every node's mount \
+                     (each re-places its own segments' shards on the healthy targets)",
+                    new.path.display()
+                )));
+            }
             let table = self
                 .targets_table
                 .as_ref()
@@ -1922,6 +2101,9 @@ impl Space {
                 rep.metadata_mirror = t.mirror.get(i).copied().unwrap_or(false);
             }
         }
+        if self.is_shared() {
+            r.slot = Some(self.slot.0);
+        }
         Some(r)
     }
 
@@ -1979,7 +2161,7 @@ impl Space {
         let lock = take_shared_lock(dir)?;
         let ro = |name: &str| -> Result<File> { Ok(File::open(dir.join(name))?) };
         if sb.features.contains(Features::INCOMPAT_TARGETS) {
-            let (erasure, table, _) = open_targets(dir, &sb, true, &|_, d| d)?;
+            let (erasure, table, _) = open_targets(dir, &sb, true, &|_, d| d, None)?;
             let meta = Arc::new(crate::device::OverlayDevice::new(Arc::new(
                 FileDevice::growable(ro(META_FILE)?)?,
             )));
@@ -2040,7 +2222,7 @@ impl Space {
         targets: usize,
     ) -> Result<(Superblock, TargetsTable)> {
         let (chunk, seg) = geometry(size_bytes, chunk_avg_bytes, &config)?;
-        let (segments, shard_bytes, slots) = target_geometry(size_bytes, seg, r, targets);
+        let (segments, shard_bytes, slots) = target_geometry(size_bytes, seg, r, targets, 1);
         init_meta(meta, &config, 0..segments, None)?;
         let segment_bytes = (shard_bytes * r.data as u64) as u32;
         let sb = new_superblock(segments * segment_bytes as u64, chunk, segment_bytes, 1)
@@ -2325,6 +2507,30 @@ impl Space {
             return Ok(());
         }
         self.publish_snapshot()
+    }
+
+    /// Of a slot over targets: restores the redundancy of its manifest area, which holds
+    /// no chunks for `repair` to verify (`Publisher::renew`: a short half is re-placed
+    /// while it holds nothing published). Returns whether anything was re-placed.
+    pub(crate) fn renew_manifest(&self, er: &crate::targets::Erasure) -> Result<bool> {
+        let Some(p) = &self.publisher else {
+            return Ok(false);
+        };
+        let share = self.sb.slot_share(self.slot);
+        let h = self.sb.manifest_half_segments(self.slot);
+        let segs = |half: u64| share.start + half * h..share.start + (half + 1) * h;
+        self.sync_meta_if_dirty()?;
+        let recs = self.own_records()?;
+        p.renew(
+            &recs,
+            &|half| segs(half).all(|s| !er.needs_rebuild(s)),
+            &|half| {
+                for s in segs(half) {
+                    crate::placement::Placement::prepare(er, SegmentId(s))?;
+                }
+                Ok(())
+            },
+        )
     }
 
     /// Publishes this slot's whole part of the shared namespace as a new manifest

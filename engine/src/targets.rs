@@ -478,6 +478,10 @@ pub struct TargetsReport {
     pub segments_lost: u64,
     pub reconstructed_reads: u64,
     pub repaired_reads: u64,
+    /// Of one slot of a space shared by several nodes: that slot (the segment counts are
+    /// its segments'; the other slots report theirs through their own mounts).
+    #[serde(default)]
+    pub slot: Option<u32>,
 }
 
 impl TargetsReport {
@@ -682,7 +686,36 @@ pub struct Erasure {
     /// Records a target's failure durably (the space's `targets` table), so it stays failed
     /// at the next mount.
     on_fail: Mutex<Option<FailHook>>,
+    /// Of one slot of a multi-slot space (`Share`): the segments this node places and
+    /// writes. Only their records are kept in `map`; another slot's segment's record is
+    /// read from the placement file at each read (its owner re-places it at will).
+    own: Option<Range<u64>>,
 }
+
+/// One slot's part of a space over targets shared by several nodes: the segments it places
+/// and writes, and the shard slots of every target it places them in (the other slots own
+/// the rest, so no two nodes ever take the same shard slot).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Share {
+    pub segments: Range<u64>,
+    pub shard_slots: Range<u32>,
+}
+
+impl Share {
+    /// Slot `slot` of `slots`' share of a space whose targets have `per_target` shard
+    /// slots each, for its segments `segments`: an equal part of every target's shard
+    /// slots, in slot order (FORMAT.md "Slots over targets").
+    pub fn of(slot: u32, slots: u32, per_target: u64, segments: Range<u64>) -> Share {
+        let (i, n) = (slot as u64, slots.max(1) as u64);
+        Share {
+            segments,
+            shard_slots: (i * per_target / n) as u32..((i + 1) * per_target / n) as u32,
+        }
+    }
+}
+
+/// Times a foreign record that fails its checksum (caught mid-rewrite) is read again.
+const RECORD_READS: usize = 3;
 
 /// Called with a target's index when it fails.
 pub type FailHook = Box<dyn Fn(u16) + Send + Sync>;
@@ -700,6 +733,20 @@ impl Erasure {
         segments: u64,
         targets: Vec<Target>,
         map_dev: Arc<dyn Device>,
+    ) -> io::Result<Erasure> {
+        Self::open_share(r, shard_bytes, segments, targets, map_dev, None)
+    }
+
+    /// `open` for one slot of a multi-slot space: it places and writes only `share`'s
+    /// segments, in `share`'s shard slots, and reads every other segment where its
+    /// record says at the time of the read.
+    pub fn open_share(
+        r: Redundancy,
+        shard_bytes: u64,
+        segments: u64,
+        targets: Vec<Target>,
+        map_dev: Arc<dyn Device>,
+        share: Option<Share>,
     ) -> io::Result<Erasure> {
         if !shard_bytes.is_multiple_of(BLOCK as u64) || shard_bytes == 0 {
             return Err(other(format!(
@@ -719,9 +766,24 @@ impl Erasure {
         let mut map = Vec::with_capacity(segments as usize);
         let mut free: Vec<BTreeSet<u32>> = targets
             .iter()
-            .map(|t| (0..t.slots as u32).collect())
+            .map(|t| match &share {
+                None => (0..t.slots as u32).collect(),
+                Some(sh) => sh
+                    .shard_slots
+                    .clone()
+                    .filter(|&x| (x as u64) < t.slots)
+                    .collect(),
+            })
             .collect();
         for (s, rec) in raw.chunks(RECORD_BYTES).enumerate() {
+            if share
+                .as_ref()
+                .is_some_and(|sh| !sh.segments.contains(&(s as u64)))
+            {
+                // Another slot's: read afresh whenever it is read (`placed`).
+                map.push(None);
+                continue;
+            }
             let p = match Placed::decode(rec) {
                 Ok(p) => p,
                 Err(e) => {
@@ -769,7 +831,71 @@ impl Erasure {
             suspects: Mutex::new(Suspects::default()),
             warnings: Warnings::default(),
             on_fail: Mutex::new(None),
+            own: share.map(|s| s.segments),
         })
+    }
+
+    /// Places segment `seg` unless it is placed already: for segments written outside the
+    /// store's allocation (a slot's manifest area), whose bytes must never be dropped by a
+    /// re-placement.
+    pub fn place_if_unplaced(&self, seg: u64) -> io::Result<()> {
+        if self
+            .map
+            .read()
+            .get(seg as usize)
+            .is_some_and(|p| p.is_some())
+        {
+            return Ok(());
+        }
+        self.prepare(SegmentId(seg))
+    }
+
+    /// Whether this node places and writes segment `seg` (every segment, unless it is one
+    /// slot of a multi-slot space).
+    pub fn owns(&self, seg: u64) -> bool {
+        self.own.as_ref().is_none_or(|o| o.contains(&seg))
+    }
+
+    /// Segment `seg`'s record as the placement file holds it now (another slot's segment).
+    fn read_record(&self, seg: u64) -> io::Result<Placed> {
+        let mut b = [0u8; RECORD_BYTES];
+        let mut why = String::new();
+        for _ in 0..RECORD_READS {
+            self.map_dev.read_at(&mut b, seg * RECORD_BYTES as u64)?;
+            match Placed::decode(&b) {
+                Ok(Some(p)) if p.shards.len() == self.r.shards() => {
+                    if let Some(t) = p
+                        .shards
+                        .iter()
+                        .flatten()
+                        .find(|a| a.target as usize >= self.targets.read().len())
+                    {
+                        return Err(other(format!(
+                            "segment {seg} is placed on target {}, which this node does not \
+                             know (added by another node's rebuild --replace; remount)",
+                            t.target
+                        )));
+                    }
+                    return Ok(p);
+                }
+                Ok(Some(p)) => {
+                    return Err(other(format!(
+                        "segment {seg} is placed as {} shards, the space is {}",
+                        p.shards.len(),
+                        self.r
+                    )))
+                }
+                Ok(None) => {
+                    return Err(other(format!(
+                        "segment {seg} was never placed on the targets"
+                    )))
+                }
+                Err(e) => why = e,
+            }
+        }
+        Err(other(format!(
+            "the placement record of segment {seg} {why}"
+        )))
     }
 
     /// Sets what records a target's failure durably (see `on_fail`).
@@ -815,6 +941,9 @@ impl Erasure {
     }
 
     fn placed(&self, seg: u64) -> io::Result<Placed> {
+        if !self.owns(seg) {
+            return self.read_record(seg);
+        }
         self.map
             .read()
             .get(seg as usize)
@@ -971,6 +1100,7 @@ impl Erasure {
             segments_lost: lost,
             reconstructed_reads: self.reconstructed.load(Ordering::Relaxed),
             repaired_reads: self.repaired.load(Ordering::Relaxed),
+            slot: None,
         }
     }
 
@@ -1147,6 +1277,11 @@ impl Erasure {
     }
 
     fn write_in_segment(&self, seg: u64, off: u64, buf: &[u8]) -> io::Result<()> {
+        if !self.owns(seg) {
+            return Err(other(format!(
+                "segment {seg} is another slot's; this node writes only its own"
+            )));
+        }
         let _stripe = self.stripes[seg as usize % STRIPES].read();
         let p = self.placed(seg)?;
         let (m, k) = (self.r.data, self.r.parity);
@@ -1186,6 +1321,8 @@ impl Erasure {
                     t.dirty.store(true, Ordering::SeqCst);
                     written += 1;
                 }
+                // This node lost its slot: nothing is wrong with the target.
+                Err(e) if crate::slots::FencedIo::is(&e) => return Err(e),
                 Err(e) => {
                     t.errors.fetch_add(1, Ordering::Relaxed);
                     self.fail_target(at.target, format!("write: {e}"));
@@ -1537,6 +1674,10 @@ impl Placement for Erasure {
             };
             if t.dirty.swap(false, Ordering::SeqCst) {
                 if let Err(e) = dev.sync() {
+                    if crate::slots::FencedIo::is(&e) {
+                        t.dirty.store(true, Ordering::SeqCst);
+                        return Err(e);
+                    }
                     t.errors.fetch_add(1, Ordering::Relaxed);
                     self.fail_target(i as u16, format!("sync: {e}"));
                 }
@@ -1564,6 +1705,11 @@ impl Placement for Erasure {
     }
 
     fn prepare(&self, seg: SegmentId) -> io::Result<()> {
+        if !self.owns(seg.0) {
+            return Err(other(format!(
+                "segment {seg} is another slot's; this node places only its own"
+            )));
+        }
         let mut map = self.map.write();
         let s = seg.0 as usize;
         if let Some(p) = &map[s] {

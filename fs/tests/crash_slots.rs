@@ -94,7 +94,8 @@ fn published(
 ) -> Result<State, String> {
     let u = Union::new(
         SlotTable::new(headers, sb.slots),
-        data,
+        data.clone(),
+        None,
         sb.clone(),
         SlotId(1),
     );
@@ -124,8 +125,12 @@ fn published(
             .node;
         let mut b = vec![0u8; n.size as usize];
         for e in &n.extents {
-            let raw = u
-                .read_chunk(e)
+            // What the store's reader does with a published record: read, verify.
+            let mut raw = vec![0u8; e.stored_len as usize];
+            ckptfs_engine::device::Device::read_at(&*data, &mut raw, e.at.0)
+                .map_err(|err| format!("{name:?}: chunk at {}: {err}", e.off))?;
+            let raw = ckptfs_engine::chunk::Stored::new(e.hash, e.chunk_record(), raw)
+                .verify()
                 .map_err(|err| format!("{name:?}: chunk at {}: {err}", e.off))?
                 .into_bytes();
             let from = e.chunk_off as usize;

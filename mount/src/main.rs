@@ -1379,25 +1379,21 @@ fn run(cli: Cli) -> Result<(), String> {
             })?;
             let mut config = Config::default();
             retention.apply(&mut config);
-            // Refused rather than dropped: a user who asked for slots and silently got a
-            // single-node space would find out when a second node cannot mount it.
             // (--redundancy without --target is refused by the parser.)
-            if !targets.is_empty() && slots > 1 {
-                return Err(format!(
-                    "--slots {slots} with --target: a space over several storage targets has \
-                     one slot in this version (several nodes sharing targets is not built \
-                     yet); format either a multi-slot space or a space over targets"
-                ));
-            }
             if !targets.is_empty() {
                 // Without --redundancy: no parity, each segment on one target.
                 let r =
                     redundancy.unwrap_or(ckptfs_engine::targets::Redundancy { data: 1, parity: 0 });
-                Space::format_targets(&dir, size, chunk, config, force, &targets, r)
+                Space::format_targets(&dir, size, chunk, config, force, &targets, r, slots)
                     .map_err(|e| e.to_string())?;
                 mark_codec(&dir)?;
+                let shared = match slots {
+                    1 => String::new(),
+                    n => format!(", {n} slots of {} each", human(size / n as u64)),
+                };
                 println!(
-                    "ckptfs: formatted {} ({}) over {} targets, redundancy {r}: any {} may be lost",
+                    "ckptfs: formatted {} ({}{shared}) over {} targets, redundancy {r}: any {} \
+                     may be lost",
                     dir.display(),
                     human(size),
                     targets.len(),

@@ -137,14 +137,20 @@ pub fn run(path: &Path, json: bool) -> Result<(), String> {
         .filter(|t| t.metadata_mirror)
         .map(|t| t.index.to_string())
         .collect();
-    println!(
-        "metadata: in the backing directory, mirrored on target(s) {} (`ckptfs recover` \
-         rebuilds a lost backing directory from them)",
-        match mirrors.is_empty() {
-            true => "none".to_string(),
-            false => mirrors.join(", "),
-        }
-    );
+    match r.slot {
+        Some(slot) => println!(
+            "metadata: each slot's table in the backing directory (slots/), not mirrored on \
+             the targets; the segment counts are slot {slot}'s (each node reports its own)"
+        ),
+        None => println!(
+            "metadata: in the backing directory, mirrored on target(s) {} (`ckptfs recover` \
+             rebuilds a lost backing directory from them)",
+            match mirrors.is_empty() {
+                true => "none".to_string(),
+                false => mirrors.join(", "),
+            }
+        ),
+    }
     if let Some(red) = &red {
         println!("{}", redundancy_line(red));
         // The worst few by name: /.ckptfs/histories/<history>/<revision> in the mount.

@@ -10,6 +10,23 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, ExitStatus, Stdio};
 use std::time::{Duration, Instant};
 
+/// Targets and redundancy of a cluster over erasure-coded targets: 3+2 over six, so a
+/// rebuild has a healthy target outside every segment's domains to move a lost shard to.
+pub const TARGETS: usize = 6;
+pub const REDUNDANCY: &str = "3+2";
+
+/// Whether clusters are formatted over erasure-coded targets (`--target` x `TARGETS`,
+/// `--redundancy REDUNDANCY`) instead of one data file: in the `slots_on_targets` test
+/// binary, which runs the whole slot suite on that layout, or with
+/// `CKPTFS_CLUSTER_TARGETS=1` for any other.
+pub fn on_targets() -> bool {
+    std::env::var_os("CKPTFS_CLUSTER_TARGETS").is_some_and(|v| v == "1")
+        || std::env::current_exe().is_ok_and(|p| {
+            p.file_name()
+                .is_some_and(|n| n.to_string_lossy().starts_with("slots_on_targets"))
+        })
+}
+
 pub struct Node {
     pub mnt: PathBuf,
     pub pid: Option<u32>,
@@ -94,16 +111,30 @@ impl Cluster {
             lease,
             step: 0,
         };
-        let (st, out, err) = c.ckptfs(&[
+        let mut args: Vec<OsString> = vec![
             "format".into(),
             c.backing.clone().into(),
             "--size".into(),
             size.into(),
             "--slots".into(),
             slots.to_string().into(),
-        ]);
+        ];
+        if on_targets() {
+            for t in 0..TARGETS {
+                args.push("--target".into());
+                args.push(c.target(t).into());
+            }
+            args.push("--redundancy".into());
+            args.push(REDUNDANCY.into());
+        }
+        let (st, out, err) = c.ckptfs(&args);
         assert!(st.success(), "format --slots {slots}: {out}{err}");
         c
+    }
+
+    /// Target `t`'s directory, of a cluster over targets (`on_targets`).
+    pub fn target(&self, t: usize) -> PathBuf {
+        self.root.path().join("targets").join(format!("t{t}"))
     }
 
     pub fn root(&self) -> &Path {

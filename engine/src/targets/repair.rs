@@ -391,6 +391,9 @@ impl Erasure {
                     continue;
                 }
                 if let Some(Err(e)) = tg.dev.as_ref().map(|d| d.sync()) {
+                    if crate::slots::FencedIo::is(&e) {
+                        return Err(e);
+                    }
                     tg.errors.fetch_add(1, Ordering::Relaxed);
                     self.fail_target(t, format!("sync: {e}"));
                     if fixes.iter().any(|(_, a)| a.target == t) {
@@ -677,6 +680,7 @@ impl Erasure {
                         rep.blocks_rewritten += 1;
                         written += BLOCK as u64;
                     }
+                    Err(e) if crate::slots::FencedIo::is(&e) => return Err(e),
                     Err(e) => {
                         t.errors.fetch_add(1, Ordering::Relaxed);
                         self.fail_target(a.target, format!("write: {e}"));
@@ -693,6 +697,9 @@ impl Erasure {
             let mut b = IoBuf::new();
             b.extend_from_slice(&src[mine.start * BLOCK..mine.end * BLOCK]);
             if let Err(e) = dev.write_at(b.as_slice(), self.shard_offset(at.slot, own.start)) {
+                if crate::slots::FencedIo::is(&e) {
+                    return Err(e);
+                }
                 t.errors.fetch_add(1, Ordering::Relaxed);
                 self.fail_target(at.target, format!("write: {e}"));
                 return Err(other(format!("writing to target {}: {e}", at.target)));
