@@ -484,17 +484,27 @@ fn format_refuses_bad_sizes_options_and_places() {
             &["invalid value"],
         ),
     ];
-    // Options that would otherwise be dropped without a word: slots with targets (not built
-    // together yet), redundancy without targets to spread over.
+    // Slots over too few targets for the redundancy (refused before anything is made), and
+    // an option that would otherwise be dropped without a word: redundancy without
+    // targets to spread over.
     let (t1, t2) = (t.path().join("t1"), t.path().join("t2"));
     fs::create_dir(&t1).unwrap();
     fs::create_dir(&t2).unwrap();
     let (t1, t2) = (t1.to_str().unwrap(), t2.to_str().unwrap());
     let slots_and_targets = [
-        "--size", SMALL, "--slots", "2", "--target", t1, "--target", t2,
+        "--size",
+        SMALL,
+        "--slots",
+        "2",
+        "--target",
+        t1,
+        "--target",
+        t2,
+        "--redundancy",
+        "2+1",
     ];
     let with_targets: &[(&[&str], &[&str])] = &[
-        (&slots_and_targets, &["--slots 2 with --target", "one slot"]),
+        (&slots_and_targets, &["needs at least 3 targets", "2 given"]),
         (
             &["--size", SMALL, "--redundancy", "2+1"],
             &["required arguments", "--target"],
