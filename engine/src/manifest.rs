@@ -413,10 +413,14 @@ impl Publisher {
     /// slot over targets): a half that `whole(half)` finds short is re-placed by
     /// `replace(half)` while it holds nothing published, so the published half is never
     /// touched in place: if it is the short one, `recs` are published as a snapshot into
-    /// the other half first. Returns whether anything was re-placed.
+    /// the other half first. `rewrite` (a scrub, which cannot verify parity of records
+    /// the way it verifies chunks) publishes the snapshot anyway, so every shard of the
+    /// published bytes is written afresh. Returns whether anything was re-placed or
+    /// rewritten.
     pub fn renew(
         &self,
         recs: &[Record],
+        rewrite: bool,
         whole: &dyn Fn(u64) -> bool,
         replace: &dyn Fn(u64) -> Result<()>,
     ) -> Result<bool> {
@@ -428,6 +432,10 @@ impl Publisher {
             renewed = true;
         }
         let current = st.0 % 2;
+        if st.0 > 0 && rewrite && whole(current) {
+            self.snapshot_locked(&mut st, recs)?;
+            return Ok(true);
+        }
         if st.0 > 0 && !whole(current) {
             self.snapshot_locked(&mut st, recs)?;
             replace(current)?;

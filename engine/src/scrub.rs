@@ -105,8 +105,8 @@ impl Space {
             progress(last - range.start, segments);
             first = last;
         }
-        if self.renew_manifest(&er)? {
-            log::info!("{visit:?}: the slot's manifest area was re-placed on healthy targets");
+        if self.renew_manifest(&er, visit == Visit::Scrub)? {
+            log::info!("{visit:?}: the slot's manifest was written afresh on healthy targets");
         }
         if visit == Visit::Scrub {
             er.repair_pass_done();

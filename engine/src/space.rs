@@ -2511,8 +2511,13 @@ impl Space {
 
     /// Of a slot over targets: restores the redundancy of its manifest area, which holds
     /// no chunks for `repair` to verify (`Publisher::renew`: a short half is re-placed
-    /// while it holds nothing published). Returns whether anything was re-placed.
-    pub(crate) fn renew_manifest(&self, er: &crate::targets::Erasure) -> Result<bool> {
+    /// while it holds nothing published; `rewrite`: the published records are written
+    /// afresh too). Returns whether anything was re-placed or rewritten.
+    pub(crate) fn renew_manifest(
+        &self,
+        er: &crate::targets::Erasure,
+        rewrite: bool,
+    ) -> Result<bool> {
         let Some(p) = &self.publisher else {
             return Ok(false);
         };
@@ -2523,6 +2528,7 @@ impl Space {
         let recs = self.own_records()?;
         p.renew(
             &recs,
+            rewrite,
             &|half| segs(half).all(|s| !er.needs_rebuild(s)),
             &|half| {
                 for s in segs(half) {

@@ -1137,7 +1137,11 @@ impl Erasure {
 
     /// Shard `i` of segment `seg`, on target `t`, was found unreadable or damaged.
     fn suspect(&self, seg: u64, i: usize, t: u16) {
-        self.suspects.lock().add(seg, i, t);
+        // Another slot's segment is its owner's to repair (its scrub finds the damage);
+        // kept here it would never be cleared, and this node's report would stay degraded.
+        if self.owns(seg) {
+            self.suspects.lock().add(seg, i, t);
+        }
     }
 
     /// A shard found damaged by a verification (blake3, or parity against verified data).

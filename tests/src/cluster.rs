@@ -132,9 +132,11 @@ impl Cluster {
         c
     }
 
-    /// Target `t`'s directory, of a cluster over targets (`on_targets`).
+    /// Target `t`'s directory, of a cluster over targets (`on_targets`): beside the
+    /// backing directory, so on the shared filesystem too where the space is (every node
+    /// reaches the targets by the paths the targets table holds: the first client's).
     pub fn target(&self, t: usize) -> PathBuf {
-        self.root.path().join("targets").join(format!("t{t}"))
+        self.backing.with_file_name("targets").join(format!("t{t}"))
     }
 
     pub fn root(&self) -> &Path {
