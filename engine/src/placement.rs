@@ -88,6 +88,13 @@ impl SingleFile {
     }
 }
 
+impl SingleFile {
+    /// The data file itself.
+    pub fn device(&self) -> Arc<dyn Device> {
+        self.dev.clone()
+    }
+}
+
 impl Placement for SingleFile {
     fn segment_bytes(&self) -> u64 {
         self.segment_bytes

@@ -614,16 +614,27 @@ enum SlotData {
     Targets(Arc<crate::targets::Erasure>),
 }
 
-/// What a claimed slot's store, publisher and union sit on: the placement, the device the
-/// manifest is written to and its write unit, the device other manifests are read from,
-/// and the erasure-coded targets, if any.
-type SlotParts = (
-    Arc<dyn crate::placement::Placement>,
-    Arc<dyn Device>,
-    usize,
-    Arc<dyn Device>,
-    Option<Arc<crate::targets::Erasure>>,
-);
+/// Slot `slot`'s segments of the data file `data`, checked against the superblock.
+fn slot_data_file(
+    sb: &Superblock,
+    data: Arc<dyn Device>,
+    slot: SlotId,
+) -> Result<Arc<crate::placement::SingleFile>> {
+    if data.len() != sb.data_size_bytes {
+        return Err(Corruption::Layout(format!(
+            "the data file is {} bytes, the superblock says {}",
+            data.len(),
+            sb.data_size_bytes
+        ))
+        .into());
+    }
+    let range = sb.slot_segments(slot);
+    Ok(Arc::new(crate::placement::SingleFile::new(
+        data,
+        sb.segment_bytes as u64,
+        range.end - range.start,
+    )))
+}
 
 /// Opens the slot `lease` holds of multi-slot space `sb`: its metadata table on `meta`,
 /// its chunks and manifest on `data`, every write fenced by the lease, the slot's table
@@ -661,46 +672,35 @@ fn open_claimed(
         init_meta(&meta, &config, sb.slot_segments(slot), Some(slot))?;
         log::info!("slot {slot}: first claim, metadata table created");
     }
-    let range = sb.slot_segments(slot);
-    let (place, pub_dev, align, union_dev, erasure): SlotParts = match data {
-        SlotData::File { data, shared } => {
-            let data = fence(data);
-            if data.len() != sb.data_size_bytes {
-                return Err(Corruption::Layout(format!(
-                    "the data file is {} bytes, the superblock says {}",
-                    data.len(),
-                    sb.data_size_bytes
-                ))
-                .into());
+    // The store's placement; the device the manifest is written to (in batches of `align`
+    // bytes) and other slots' manifests are read from.
+    let (place, manifests, align, erasure): (Arc<dyn crate::placement::Placement>, _, _, _) =
+        match data {
+            SlotData::File { data, shared } => {
+                let place = slot_data_file(&sb, fence(data), slot)?;
+                let written = place.device();
+                (place, (written, shared), crate::device::DIRECT_ALIGN, None)
             }
-            let place = Arc::new(crate::placement::SingleFile::new(
-                data.clone(),
-                sb.segment_bytes as u64,
-                range.end - range.start,
-            ));
-            (place, data, crate::device::DIRECT_ALIGN, shared, None)
-        }
-        SlotData::Targets(er) => {
-            // The manifest area is written outside the store's allocation: placed once,
-            // and never re-placed (that would drop the published manifest).
-            let share = sb.slot_share(slot);
-            for seg in share.start..range.start {
-                er.place_if_unplaced(seg)?;
+            SlotData::Targets(er) => {
+                // The manifest area is written outside the store's allocation: placed once,
+                // and never re-placed (that would drop the published manifest).
+                for seg in sb.slot_share(slot).start..sb.slot_segments(slot).start {
+                    er.place_if_unplaced(seg)?;
+                }
+                let dev: Arc<dyn Device> = Arc::new(crate::placement::PlacedDevice {
+                    place: er.clone(),
+                    len: sb.data_size_bytes,
+                });
+                let align = crate::placement::Placement::write_align(&*er);
+                (er.clone() as _, (dev.clone(), dev), align, Some(er))
             }
-            let dev: Arc<dyn Device> = Arc::new(crate::placement::PlacedDevice {
-                place: er.clone(),
-                len: sb.data_size_bytes,
-            });
-            let align = crate::placement::Placement::write_align(&*er);
-            (er.clone(), dev.clone(), align, dev, Some(er))
-        }
-    };
+        };
     let mut space = Space::open_placed(sb.clone(), meta, place, slot)?;
-    space.publisher = Some(Publisher::new(&sb, pub_dev, align, lease.clone()));
+    space.publisher = Some(Publisher::new(&sb, manifests.0, align, lease.clone()));
     let repair = erasure
         .clone()
         .map(|e| e as Arc<dyn crate::placement::Placement>);
-    let union = Arc::new(Union::new(table, union_dev, repair, sb, slot));
+    let union = Arc::new(Union::new(table, manifests.1, repair, sb, slot));
     let floor = space.reader()?.ns_stamp()?;
     space.clock = Some(Arc::new(crate::stamp::Clock::new(floor)));
     space.union = Some(union);
@@ -1007,7 +1007,13 @@ fn format_target_files(
 /// Writes `name` in `dir` so a crash leaves the old file or the new one (temporary file,
 /// fsync, rename, directory fsync).
 fn write_file_durably(dir: &Path, name: &str, bytes: &[u8]) -> Result<()> {
-    let tmp = dir.join(format!("{name}.tmp"));
+    write_file_durably_via(dir, name, &format!("{name}.tmp"), bytes)
+}
+
+/// `write_file_durably` through the temporary file `tmp` (a slot's own, where several
+/// nodes may replace the same file).
+fn write_file_durably_via(dir: &Path, name: &str, tmp: &str, bytes: &[u8]) -> Result<()> {
+    let tmp = dir.join(tmp);
     let mut f = open_private(&tmp, true)?;
     f.set_len(0)?;
     f.write_all(bytes)?;
@@ -1058,15 +1064,8 @@ fn store_table_shared(dir: &Path, table: &mut TargetsTable, slot: SlotId) -> Res
         table.generation = table.generation.max(on_disk.generation);
     }
     table.generation += 1;
-    let bytes = table.encode();
     let name = crate::targets::TARGETS_FILE;
-    let tmp = dir.join(format!("{name}.{slot}.tmp"));
-    let mut f = open_private(&tmp, true)?;
-    f.set_len(0)?;
-    f.write_all(&bytes)?;
-    f.sync_all()?;
-    fs::rename(&tmp, dir.join(name))?;
-    sync_dir(dir)
+    write_file_durably_via(dir, name, &format!("{name}.{slot}.tmp"), &table.encode())
 }
 
 /// Copies `src` to `name` in `dir` so a crash leaves the old file or the new one.
@@ -2260,20 +2259,7 @@ impl Space {
     /// `open_devices` for slot `slot` of the space: the table is that slot's, and only the
     /// slot's share of the data file is allocated from.
     pub fn open_devices_slot(sb: Superblock, devs: Devices, slot: SlotId) -> Result<Space> {
-        let range = sb.slot_segments(slot);
-        if devs.data.len() != sb.data_size_bytes {
-            return Err(Corruption::Layout(format!(
-                "the data file is {} bytes, the superblock says {}",
-                devs.data.len(),
-                sb.data_size_bytes
-            ))
-            .into());
-        }
-        let place = Arc::new(crate::placement::SingleFile::new(
-            devs.data.clone(),
-            sb.segment_bytes as u64,
-            range.end - range.start,
-        ));
+        let place = slot_data_file(&sb, devs.data, slot)?;
         Self::open_placed(sb, devs.meta, place, slot)
     }
 

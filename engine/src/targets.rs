@@ -871,8 +871,8 @@ impl Erasure {
                         .find(|a| a.target as usize >= self.targets.read().len())
                     {
                         return Err(other(format!(
-                            "segment {seg} is placed on target {}, which this node does not \
-                             know (added by another node's rebuild --replace; remount)",
+                            "segment {seg} is placed on target {}, which the targets table \
+                             does not have",
                             t.target
                         )));
                     }

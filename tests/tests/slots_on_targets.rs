@@ -2,10 +2,15 @@
 //! the whole slot suite (`slots.rs`) again on that layout (`cluster::on_targets` is true in
 //! this binary), and what only the combined layout has: every node reads every other
 //! node's files with K targets lost or damaged, and each node's rebuild restores full
-//! redundancy while the nodes go on reading and writing.
+//! redundancy while the nodes go on reading and writing. `gluster.rs` runs here too.
 
 #[path = "slots.rs"]
 mod slots;
+
+/// The GlusterFS tests too (two clients of one volume; they skip loudly without one), with
+/// the targets on the volume beside the backing directory.
+#[path = "gluster.rs"]
+mod gluster;
 
 use ckptfs_tests::cluster::{on_targets, Cluster, TARGETS};
 use ckptfs_tests::{assert_file_eq, close_checked, pattern};
@@ -51,18 +56,37 @@ fn damage_target(path: &Path) {
     f.sync_all().expect("sync");
 }
 
+const NODES: usize = 3;
+
+fn len(n: usize, i: usize) -> usize {
+    3_000_000 + n * 70_001 + i * 13_337
+}
+
+/// The step-1 files of every node as node `reader` sees them: (path, seed, length).
+fn step1(c: &Cluster, reader: usize) -> Vec<(std::path::PathBuf, u64, usize)> {
+    (0..NODES)
+        .flat_map(|n| (0..4).map(move |i| (n, i)))
+        .map(|(n, i)| {
+            let p = c.path(reader, &format!("step-1/rank-{n}-{i}"));
+            (p, (n * 100 + i) as u64, len(n, i))
+        })
+        .collect()
+}
+
+fn lose_target(c: &Cluster, t: usize) {
+    fs::rename(c.target(t).join("ckptfs-target"), c.target(t).join("gone")).expect("lose a target");
+}
+
 #[test]
 fn every_node_reads_every_file_with_k_targets_lost_or_damaged_and_rebuild_runs_online() {
     assert!(
         on_targets(),
         "this binary formats its clusters over targets"
     );
-    const NODES: usize = 3;
     let mut c = Cluster::new(NODES as u32, "768M", NODES, LEASE);
     for n in 0..NODES {
         c.mount(n, &[]);
     }
-    let len = |n: usize, i: usize| 3_000_000 + n * 70_001 + i * 13_337;
     for n in 0..NODES {
         for i in 0..4 {
             write_file(
@@ -76,19 +100,14 @@ fn every_node_reads_every_file_with_k_targets_lost_or_damaged_and_rebuild_runs_o
         c.unmount(n);
     }
     // K = 2: one target gone, another silently damaged.
-    fs::rename(c.target(1).join("ckptfs-target"), c.target(1).join("gone")).expect("lose target 1");
+    lose_target(&c, 1);
     damage_target(&c.target(4).join("ckptfs-target"));
     for n in 0..NODES {
         c.mount(n, &[]);
     }
     for reader in 0..NODES {
-        for n in 0..NODES {
-            for i in 0..4 {
-                assert_file_eq(
-                    &c.path(reader, &format!("step-1/rank-{n}-{i}")),
-                    &pattern((n * 100 + i) as u64, len(n, i)),
-                );
-            }
+        for (p, seed, n) in step1(&c, reader) {
+            assert_file_eq(&p, &pattern(seed, n));
         }
     }
     let t = targets_json(&mut c, 0);
@@ -108,27 +127,19 @@ fn every_node_reads_every_file_with_k_targets_lost_or_damaged_and_rebuild_runs_o
     );
     // Every node rebuilds its own segments while the others read and write.
     let stop = std::sync::atomic::AtomicBool::new(false);
-    let paths: Vec<Vec<std::path::PathBuf>> = (0..NODES)
-        .map(|r| {
-            (0..NODES)
-                .flat_map(|n| (0..4).map(move |i| (n, i)))
-                .map(|(n, i)| c.path(r, &format!("step-1/rank-{n}-{i}")))
-                .collect()
-        })
-        .collect();
+    let files: Vec<_> = (0..NODES).map(|r| step1(&c, r)).collect();
     let news: Vec<std::path::PathBuf> = (0..NODES)
         .map(|n| c.path(n, &format!("step-2/rank-{n}")))
         .collect();
     let mnts: Vec<std::path::PathBuf> = (0..NODES).map(|n| c.nodes[n].mnt.clone()).collect();
     std::thread::scope(|s| {
-        for (r, ps) in paths.iter().enumerate() {
+        for (r, fs) in files.iter().enumerate() {
             let stop = &stop;
             s.spawn(move || {
                 let mut rounds = 0;
                 while !stop.load(std::sync::atomic::Ordering::SeqCst) || rounds == 0 {
-                    for (k, p) in ps.iter().enumerate() {
-                        let (n, i) = (k / 4, k % 4);
-                        assert_file_eq(p, &pattern((n * 100 + i) as u64, len(n, i)));
+                    for (p, seed, n) in fs {
+                        assert_file_eq(p, &pattern(*seed, *n));
                     }
                     rounds += 1;
                 }
@@ -184,21 +195,16 @@ fn every_node_reads_every_file_with_k_targets_lost_or_damaged_and_rebuild_runs_o
     for n in 0..NODES {
         c.unmount(n);
     }
-    for t in [2, 3] {
-        fs::rename(c.target(t).join("ckptfs-target"), c.target(t).join("gone"))
-            .expect("lose a target");
-    }
+    lose_target(&c, 2);
+    lose_target(&c, 3);
     for n in 0..NODES {
         c.mount(n, &[]);
     }
     for reader in 0..NODES {
+        for (p, seed, n) in step1(&c, reader) {
+            assert_file_eq(&p, &pattern(seed, n));
+        }
         for n in 0..NODES {
-            for i in 0..4 {
-                assert_file_eq(
-                    &c.path(reader, &format!("step-1/rank-{n}-{i}")),
-                    &pattern((n * 100 + i) as u64, len(n, i)),
-                );
-            }
             assert_file_eq(
                 &c.path(reader, &format!("step-2/rank-{n}")),
                 &pattern(7000 + n as u64, 5_000_000),
