@@ -45,6 +45,8 @@ pub enum Error {
     /// A space over several storage targets was needed (`rebuild`, `scrub`), and this one
     /// keeps its data in one file.
     OneTarget,
+    /// Too few of a space's storage targets could serve a request (see `TargetFault`).
+    Targets(TargetFault),
 }
 
 pub type Result<T> = std::result::Result<T, Error>;
@@ -87,6 +89,7 @@ impl fmt::Display for Error {
             Error::Fenced(m) => write!(f, "{m}"),
             Error::NamespaceBusy(m) => write!(f, "{m}"),
             Error::Incoherent(m) => write!(f, "{m}"),
+            Error::Targets(t) => write!(f, "{t}"),
         }
     }
 }
@@ -203,11 +206,162 @@ impl From<io::Error> for Error {
     fn from(e: io::Error) -> Self {
         if e.raw_os_error() == Some(libc::ENOSPC) {
             Error::NoSpace
-        } else if crate::slots::FencedIo::is(&e) {
+        } else if FencedIo::is(&e) {
             Error::Fenced(e.to_string())
+        } else if let Some(t) = TargetFault::of(&e) {
+            Error::Targets(t)
         } else {
             Error::Io(e)
         }
+    }
+}
+
+/// The payload of the I/O error a fenced write gets (`Lease::permit`): the write was
+/// refused by this node, not failed by the storage, so an erasure-coded placement must not
+/// count it against a target, and the engine reports it as `Error::Fenced`.
+#[derive(Debug)]
+pub struct FencedIo(pub String);
+
+impl fmt::Display for FencedIo {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+impl std::error::Error for FencedIo {}
+
+impl FencedIo {
+    /// Whether `e` is a fenced write's error.
+    pub fn is(e: &io::Error) -> bool {
+        e.get_ref().is_some_and(|x| x.is::<FencedIo>())
+    }
+}
+
+/// Why an erasure-coded placement could not serve a read, a write or a placement. It
+/// travels as the payload of an `io::Error` (the `Device` and `Placement` traits speak
+/// `io::Result`) and becomes `Error::Targets`, so the errno map decides on each kind
+/// instead of on a sentence.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum TargetFault {
+    /// Fewer than `needed` shards of a segment's rows could be read and verified: its data
+    /// there is unreadable until enough targets come back.
+    Unreadable {
+        segment: u64,
+        readable: usize,
+        needed: usize,
+    },
+    /// Fewer than `needed` shards of a write reached their targets (or, at a sync, are
+    /// still on healthy targets): the write did not happen durably.
+    Unwritable {
+        segment: u64,
+        written: usize,
+        needed: usize,
+    },
+    /// Fewer healthy targets in distinct failure domains have a free shard slot than a
+    /// segment's data shards: no new segment can be placed until targets are replaced (or
+    /// gc frees placed segments).
+    TooFewTargets { usable: usize, needed: usize },
+    /// Fewer targets than a segment's data shards could be opened: the space cannot be read.
+    TooFewOpen {
+        usable: usize,
+        total: usize,
+        needed: usize,
+    },
+    /// A repair's write went to a target that failed (before or during it).
+    TargetFailed { target: u16, why: String },
+    /// The segment was never placed (a read of data never written, or a lost record).
+    Unplaced { segment: u64 },
+    /// The placement records contradict the space (a damaged placement file or targets
+    /// table); `why` says how.
+    BadPlacement { segment: Option<u64>, why: String },
+    /// A write or placement of another slot's segment: a node writes only its own (a bug
+    /// in the caller if it is ever seen).
+    Foreign { segment: u64 },
+    /// A write that is not whole rows (a bug in the caller if it is ever seen).
+    Misaligned {
+        segment: u64,
+        offset: u64,
+        len: usize,
+    },
+    /// The Reed-Solomon codec refused shards it was given (its complaint).
+    Codec(String),
+}
+
+impl fmt::Display for TargetFault {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            TargetFault::Unreadable {
+                segment,
+                readable,
+                needed,
+            } => write!(
+                f,
+                "segment {segment}: only {readable} of its shards are readable, {needed} are needed"
+            ),
+            TargetFault::Unwritable {
+                segment,
+                written,
+                needed,
+            } => write!(
+                f,
+                "segment {segment}: only {written} of its shards are written on healthy \
+                 targets, {needed} are needed"
+            ),
+            TargetFault::TooFewTargets { usable, needed } => write!(
+                f,
+                "only {usable} healthy targets in distinct failure domains have room, a segment \
+                 needs at least {needed} (its data shards); replace the failed ones with \
+                 `ckptfs rebuild --replace OLD=NEW`"
+            ),
+            TargetFault::TooFewOpen {
+                usable,
+                total,
+                needed,
+            } => write!(
+                f,
+                "only {usable} of the {total} targets can be opened, and {needed} are needed \
+                 to read anything; see the log for why each failed"
+            ),
+            TargetFault::TargetFailed { target, why } => write!(f, "target {target}: {why}"),
+            TargetFault::Unplaced { segment } => {
+                write!(f, "segment {segment} was never placed on the targets")
+            }
+            TargetFault::BadPlacement {
+                segment: Some(s),
+                why,
+            } => write!(f, "the placement of segment {s} {why}"),
+            TargetFault::BadPlacement { segment: None, why } => {
+                write!(f, "the placement file {why}")
+            }
+            TargetFault::Foreign { segment } => write!(
+                f,
+                "segment {segment} is another slot's; this node writes and places only its own"
+            ),
+            TargetFault::Misaligned {
+                segment,
+                offset,
+                len,
+            } => write!(
+                f,
+                "a write of {len} bytes at {offset} of segment {segment} is not whole rows"
+            ),
+            TargetFault::Codec(why) => write!(f, "Reed-Solomon: {why}"),
+        }
+    }
+}
+
+impl std::error::Error for TargetFault {}
+
+impl From<TargetFault> for io::Error {
+    fn from(t: TargetFault) -> io::Error {
+        io::Error::other(t)
+    }
+}
+
+impl TargetFault {
+    /// The fault `e` carries, if it carries one.
+    pub fn of(e: &io::Error) -> Option<TargetFault> {
+        e.get_ref()?.downcast_ref::<TargetFault>().cloned()
     }
 }
 

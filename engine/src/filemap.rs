@@ -13,8 +13,8 @@ use crate::error::{Corruption, Result};
 use crate::format::{ChunkHash, ChunkParams, Extent};
 use crate::pins::ChunkPins;
 pub use crate::pipeline::ChunkIo;
+use crate::pipeline::Predictor;
 use crate::pipeline::{Permit, Piece, Ticket};
-use crate::predict::Predictor;
 use crate::spill::{Carries, Charge, Spill, SpillFile, SpillSlot};
 use std::collections::{BTreeMap, VecDeque};
 use std::sync::Arc;
@@ -2218,7 +2218,7 @@ pub(crate) mod tests {
                 73..=80 => {
                     retry(|| f.finish(chunks));
                     if let Some(pr) = chunks.successors() {
-                        pr.table.learn(&f.map, params().max_bytes);
+                        pr.table.learn(f.map.iter(), params().max_bytes);
                     }
                     f.mark_committed();
                     drop(f.take_pins());
@@ -2382,7 +2382,7 @@ pub(crate) mod tests {
             );
         }
         let s = Arc::new(Successors::default());
-        s.learn(&map, p.max_bytes);
+        s.learn(map.iter(), p.max_bytes);
         s
     }
 
@@ -2542,7 +2542,7 @@ pub(crate) mod tests {
                 );
                 at += l as u64;
             }
-            table.learn(&map, p.max_bytes);
+            table.learn(map.iter(), p.max_bytes);
             let mut cutter = predicting(p, table);
             let got = cut_in_segments(&mut rng, &mut cutter, &data, &format!("round {round}"));
             let end = got.last().map_or(0, |&(o, l, _)| o + l as u64);

@@ -142,6 +142,10 @@ pub const SLOTS_DIR: &str = "slots";
 /// In `SLOTS_DIR`: two header copies per slot (`SlotHeader`).
 pub const SLOT_HEADERS_FILE: &str = "headers";
 pub const SPACE_FILES: [&str; 5] = [SUPERBLOCK_FILE, DATA_FILE, META_FILE, LOCK_FILE, LOG_FILE];
+/// The space-directory file listing the targets.
+pub const TARGETS_FILE: &str = "targets";
+/// The space-directory file of per-segment placement records.
+pub const PLACEMENT_FILE: &str = "placement";
 /// The names a space over several targets has in its backing directory (its data is in
 /// the targets' `ckptfs-target` files).
 pub const TARGETED_SPACE_FILES: [&str; 6] = [
@@ -149,8 +153,8 @@ pub const TARGETED_SPACE_FILES: [&str; 6] = [
     META_FILE,
     LOCK_FILE,
     LOG_FILE,
-    crate::targets::TARGETS_FILE,
-    crate::targets::PLACEMENT_FILE,
+    TARGETS_FILE,
+    PLACEMENT_FILE,
 ];
 /// The names a multi-slot space has at its top level (its tables are in `SLOTS_DIR`).
 pub const SLOTTED_SPACE_FILES: [&str; 5] =

@@ -23,7 +23,7 @@
 use crate::catalog::{Config, Reader, Txn};
 use crate::error::{Corruption, Error, Missing, Result};
 use crate::format::*;
-use crate::space::Space;
+use crate::space::{GcTotals, Space};
 use std::collections::{BTreeSet, HashSet};
 use std::time::{Duration, Instant};
 
@@ -121,19 +121,6 @@ pub struct GcOptions {
     pub empty_trash: bool,
 }
 
-/// What a gc did (or, with `dry_run`, would do). Its JSON form (serde, field names as here)
-/// is what the daemon answers and `ckptfs gc --json` prints.
-/// What the gc runs since the space was opened did (dry runs excluded): the counters
-/// `ckptfs stats` reports (a daemon's lifetime; zero offline).
-#[derive(Clone, Debug, Default, PartialEq, serde::Serialize, serde::Deserialize)]
-pub struct GcTotals {
-    pub runs: u64,
-    pub revisions_dropped: u64,
-    pub bytes_freed: u64,
-    pub bytes_copied: u64,
-    pub seconds: f64,
-}
-
 impl GcTotals {
     fn add(&mut self, r: &GcReport) {
         self.runs += 1;
@@ -144,6 +131,8 @@ impl GcTotals {
     }
 }
 
+/// What a gc did (or, with `dry_run`, would do). Its JSON form (serde, field names as here)
+/// is what the daemon answers and `ckptfs gc --json` prints.
 #[derive(Clone, Debug, Default, PartialEq, serde::Serialize, serde::Deserialize)]
 pub struct GcReport {
     pub dry_run: bool,

@@ -31,6 +31,14 @@ pub const PIPELINE_BYTES: usize = 64 << 20;
 /// MiB RSS, at 32 MiB 392-447 MiB, with the same throughput there and for 8 writers.
 pub const CUT_BYTES: usize = 32 << 20;
 
+/// The chunk sequences a cutter predicts from, and where its hashing is timed.
+#[derive(Clone)]
+pub struct Predictor {
+    pub table: Arc<crate::predict::Successors>,
+    /// `predict` and `predict_miss` stages; none in tests.
+    pub pipeline: Option<Arc<Pipeline>>,
+}
+
 /// Access to chunk bytes by content hash; the chunk store in production, a map in tests.
 pub trait ChunkIo {
     /// Stores `data` (or finds it already stored) and returns its hash.
@@ -56,7 +64,7 @@ pub trait ChunkIo {
         None
     }
     /// The chunk sequences cutters may predict from (`predict`); `None`: cut by content only.
-    fn successors(&self) -> Option<crate::predict::Predictor> {
+    fn successors(&self) -> Option<Predictor> {
         None
     }
 }

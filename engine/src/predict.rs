@@ -14,20 +14,10 @@
 //! 12-byte value, about 26 MiB in all when full); when the newer one fills, the older one is
 //! dropped. At 64 KiB chunks one generation covers 16 GiB of files.
 
-use crate::filemap::ExtentMap;
-use crate::format::ChunkHash;
+use crate::format::{ChunkHash, Extent};
 use parking_lot::Mutex;
 use std::collections::HashMap;
 use std::hash::{BuildHasherDefault, Hasher};
-use std::sync::Arc;
-
-/// The chunk sequences a cutter predicts from, and where its hashing is timed.
-#[derive(Clone)]
-pub struct Predictor {
-    pub table: Arc<Successors>,
-    /// `predict` and `predict_miss` stages; none in tests.
-    pub pipeline: Option<Arc<crate::pipeline::Pipeline>>,
-}
 
 /// Entries per generation: see the module's memory bound.
 pub const GENERATION_ENTRIES: usize = 1 << 18;
@@ -124,11 +114,14 @@ impl Successors {
     /// chunks not cut by content (a stream the writer left by seeking, blocks of random
     /// writes) are learned too; predicting them costs some dedup against content-defined
     /// cuts of the same bytes, never correctness.
-    pub fn learn(&self, map: &ExtentMap, max_len: u32) {
+    pub fn learn<'a>(&self, extents: impl IntoIterator<Item = (u64, &'a Extent)>, max_len: u32) {
         let mut pairs = Vec::new();
-        let mut prev: Option<(u64, &crate::format::Extent)> = None;
-        let n = map.len();
-        for (off, e) in map.iter().take(n.saturating_sub(1)) {
+        let mut prev: Option<(u64, &Extent)> = None;
+        let mut extents = extents.into_iter().peekable();
+        while let Some((off, e)) = extents.next() {
+            if extents.peek().is_none() {
+                break;
+            }
             if let Some((po, pe)) = prev {
                 if po + pe.len as u64 == off
                     && pe.chunk_off == 0
@@ -168,18 +161,18 @@ mod tests {
         ChunkHash::of(&[i])
     }
 
-    fn map(chunks: &[(u8, u32)]) -> ExtentMap {
-        let mut m = ExtentMap::new();
+    fn map(chunks: &[(u8, u32)]) -> Vec<(u64, Extent)> {
+        let mut m = Vec::new();
         let mut off = 0;
         for &(c, len) in chunks {
-            m.insert(
+            m.push((
                 off,
                 Extent {
                     chunk: h(c),
                     chunk_off: 0,
                     len,
                 },
-            );
+            ));
             off += len as u64;
         }
         m
@@ -190,15 +183,15 @@ mod tests {
         let s = Successors::default();
         let mut m = map(&[(1, 100), (2, 200), (3, 300)]);
         // A gap after chunk 3, then chunk 4: no successor for 3.
-        m.insert(
+        m.push((
             1000,
             Extent {
                 chunk: h(4),
                 chunk_off: 0,
                 len: 10,
             },
-        );
-        s.learn(&m, 250);
+        ));
+        s.learn(m.iter().map(|(o, e)| (*o, e)), 250);
         assert_eq!(
             s.next(&h(1)),
             Some(Next {
@@ -217,7 +210,7 @@ mod tests {
     fn generations_bound_the_table_and_keep_the_newest() {
         let s = Successors::with_capacity(4);
         let chunks: Vec<(u8, u32)> = (0..21).map(|i| (i, 10)).collect();
-        s.learn(&map(&chunks), 100);
+        s.learn(map(&chunks).iter().map(|(o, e)| (*o, e)), 100);
         assert!(s.len() <= 8, "{} entries", s.len());
         assert_eq!(s.next(&h(18)).map(|n| n.hash_prefix), Some(prefix(&h(19))));
         assert_eq!(s.next(&h(19)), None, "the last extent is not learned");

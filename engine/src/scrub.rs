@@ -18,12 +18,18 @@
 //! batch is one segment); plus the erasure placement's window (`targets::REPAIR_ROWS`).
 
 use crate::chunk::StoredRef;
+use crate::device::{Device, FileDevice};
 use crate::error::{Error, Result};
 use crate::format::*;
-use crate::space::Space;
+use crate::space::{free_disk_bytes, open_private, preallocate, store_table, sync_dir, Space};
+use crate::targets::TargetSpec;
 use crate::targets::{RebuildReport, SegmentChunk, SegmentJob, Throttle};
 use std::collections::BTreeSet;
+use std::fs;
+use std::os::unix::fs::DirBuilderExt;
+use std::path::Path;
 use std::sync::atomic::Ordering;
+use std::sync::Arc;
 
 /// Chunk entries one batch of segments holds (about 60 bytes each: 15 MiB).
 pub const REPAIR_BATCH_CHUNKS: usize = 1 << 18;
@@ -48,6 +54,119 @@ struct Entry {
 }
 
 impl Space {
+    /// `ckptfs rebuild`: restores full redundancy of a space over several targets (see
+    /// `Erasure::rebuild`). With `replace` (OLD: a target's index or directory; NEW: an
+    /// empty or new directory, `DIR[:domain=LABEL]`, by default in OLD's domain), NEW is
+    /// formatted as a new target first and OLD retired, so OLD's shards move to NEW.
+    pub fn rebuild(
+        &self,
+        replace: Option<(&str, &TargetSpec)>,
+        throttle_bytes_s: Option<f64>,
+        progress: &mut dyn FnMut(u64, u64),
+    ) -> Result<crate::targets::RebuildReport> {
+        if self.is_read_only() {
+            return Err(Error::ReadOnly);
+        }
+        let Some(er) = self.erasure() else {
+            return Err(Error::OneTarget);
+        };
+        if let Some((old, new)) = replace {
+            if self.is_shared() {
+                // Every node would have to open the new target before any shard lands on
+                // it; nodes learn the targets only when they mount.
+                return Err(Error::Invalid(format!(
+                    "rebuild --replace {old}={} is not supported on a space shared by several \
+                     nodes: run `ckptfs rebuild` without --replace on every node's mount \
+                     (each re-places its own segments' shards on the healthy targets)",
+                    new.path.display()
+                )));
+            }
+            let table = self
+                .targets_table()
+                .ok_or_else(|| Error::Invalid("this space has no targets table".into()))?;
+            let old_i = er.find_target(old).ok_or_else(|| {
+                Error::Invalid(format!(
+                    "no target {old}: give its index or its directory (`ckptfs targets` \
+                     lists them)"
+                ))
+            })?;
+            let mut t = table.lock();
+            let mut spec = new.clone();
+            if spec.domain.is_empty() {
+                spec.domain = er.domain_of(old_i);
+            }
+            if t.targets.iter().any(|x| x.path == spec.path) {
+                return Err(Error::Invalid(format!(
+                    "{} is already a target of this space",
+                    spec.path.display()
+                )));
+            }
+            if spec.path.exists() {
+                let busy = !spec.path.is_dir() || fs::read_dir(&spec.path)?.next().is_some();
+                if busy {
+                    return Err(Error::Invalid(format!(
+                        "{} is not an empty directory; a replacement target must be new",
+                        spec.path.display()
+                    )));
+                }
+            }
+            let existing = spec
+                .path
+                .ancestors()
+                .find(|p| p.is_dir())
+                .unwrap_or(Path::new("."));
+            let free = free_disk_bytes(existing)?;
+            if t.target_file_bytes() > free {
+                return Err(Error::Invalid(format!(
+                    "{} needs {} bytes for the target file; its disk has {free} free",
+                    spec.path.display(),
+                    t.target_file_bytes()
+                )));
+            }
+            let index = t.targets.len();
+            fs::DirBuilder::new()
+                .recursive(true)
+                .mode(0o700)
+                .create(&spec.path)?;
+            let path = spec.path.join(crate::targets::TARGET_FILE);
+            let f = open_private(&path, true)?;
+            preallocate(&f, t.target_file_bytes())?;
+            let h = crate::targets::TargetHeader {
+                space_uuid: self.superblock().uuid,
+                index: index as u16,
+                shard_bytes: t.shard_bytes,
+                slots: t.slots,
+            };
+            {
+                use std::os::unix::fs::FileExt;
+                f.write_all_at(&h.encode(), 0)?;
+            }
+            f.sync_all()?;
+            sync_dir(&spec.path)?;
+            // The table names the new target before any shard lands on it.
+            t.targets.push(spec.clone());
+            t.failed.push(false);
+            t.mirror.push(false);
+            store_table(self.dir(), &mut t)?;
+            drop(t);
+            let added = er.add_target(crate::targets::Target::new(
+                spec.path.clone(),
+                spec.domain.clone(),
+                h.slots,
+                Ok(Arc::new(FileDevice::new_direct(f)?) as Arc<dyn Device>),
+            ));
+            log::info!(
+                "target {added} ({}) added to replace target {old_i}",
+                spec.path.display()
+            );
+            er.retire(
+                old_i,
+                &format!("replaced by target {added} ({})", spec.path.display()),
+            );
+        }
+        self.repair(Visit::Rebuild, throttle_bytes_s, progress)
+    }
+
     /// `ckptfs scrub`: reads every segment of a space over several targets, verifies every
     /// committed chunk, and repairs what redundancy allows (see the module comment).
     /// `throttle_bytes_s` caps what it writes; `progress(segments done, segments)`.

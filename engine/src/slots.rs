@@ -16,7 +16,7 @@
 //! its process freezes (no shared file can fence that one; FORMAT.md says so).
 
 use crate::device::Device;
-use crate::error::{Error, Result};
+use crate::error::{Error, FencedIo, Result};
 use crate::format::{
     Intent, SlotHeader, SlotHint, SlotId, SlotState, SLOT_HEADER_PAIR, SLOT_HINT_LEN,
     SLOT_MOUNTPOINT_MAX,
@@ -736,27 +736,6 @@ impl Lease {
 
 /// A device whose writes, syncs and resizes pass only while its owner's lease is valid
 /// (`Lease::permit`); reads always pass.
-/// The payload of the I/O error a fenced write gets (`Lease::permit`): the write was
-/// refused by this node, not failed by the storage, so an erasure-coded placement must not
-/// count it against a target, and the engine reports it as `Error::Fenced`.
-#[derive(Debug)]
-pub struct FencedIo(pub String);
-
-impl std::fmt::Display for FencedIo {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(&self.0)
-    }
-}
-
-impl std::error::Error for FencedIo {}
-
-impl FencedIo {
-    /// Whether `e` is a fenced write's error.
-    pub fn is(e: &io::Error) -> bool {
-        e.get_ref().is_some_and(|x| x.is::<FencedIo>())
-    }
-}
-
 pub struct FencedDevice {
     pub inner: Arc<dyn Device>,
     pub lease: Arc<Lease>,

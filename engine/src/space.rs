@@ -132,7 +132,7 @@ pub struct Space {
     /// chunks are still holds while this has not changed.
     pub(crate) gc_epoch: std::sync::atomic::AtomicU64,
     /// What gc did since the space was opened (for `stats`).
-    pub(crate) gc_totals: parking_lot::Mutex<crate::gc::GcTotals>,
+    pub(crate) gc_totals: parking_lot::Mutex<GcTotals>,
     /// Shared while a reader pins a revision and loads it; exclusive while gc samples the pins
     /// and commits its retention transaction, so a revision is never dropped under a reader
     /// that pinned it after gc started.
@@ -170,6 +170,17 @@ impl Drop for Space {
             l.refresh_usage();
         }
     }
+}
+
+/// What the gc runs since the space was opened did (dry runs excluded): the counters
+/// `ckptfs stats` reports (a daemon's lifetime; zero offline).
+#[derive(Clone, Debug, Default, PartialEq, serde::Serialize, serde::Deserialize)]
+pub struct GcTotals {
+    pub runs: u64,
+    pub revisions_dropped: u64,
+    pub bytes_freed: u64,
+    pub bytes_copied: u64,
+    pub seconds: f64,
 }
 
 /// What `ckptfs stats` reports. Its JSON form (serde, field names as here, plus the derived
@@ -210,7 +221,7 @@ pub struct Stats {
     /// gc since the space was opened (a daemon's lifetime; zero offline). Absent from the
     /// answer of a daemon started by an older build, hence the default.
     #[serde(default)]
-    pub gc: crate::gc::GcTotals,
+    pub gc: GcTotals,
     /// The cutters' carried chunks now and their spills since the space was opened
     /// (`spill`; zero offline). Absent from an older daemon's answer, hence the default.
     #[serde(default)]
@@ -269,7 +280,7 @@ fn ratio(a: u64, b: u64) -> Option<f64> {
     (a > 0 && b > 0).then(|| a as f64 / b as f64)
 }
 
-fn open_private(path: &Path, create: bool) -> Result<File> {
+pub(crate) fn open_private(path: &Path, create: bool) -> Result<File> {
     Ok(OpenOptions::new()
         .read(true)
         .write(true)
@@ -769,14 +780,14 @@ impl Space {
     }
 }
 
-fn sync_dir(dir: &Path) -> Result<()> {
+pub(crate) fn sync_dir(dir: &Path) -> Result<()> {
     File::open(dir)?.sync_all()?;
     Ok(())
 }
 
 /// Reserves `len` bytes for `f` (fallocate; a sparse file where the filesystem cannot) and
 /// makes the size durable.
-fn preallocate(f: &File, len: u64) -> Result<()> {
+pub(crate) fn preallocate(f: &File, len: u64) -> Result<()> {
     // SAFETY: fallocate on a valid descriptor; arguments are plain integers.
     let rc = unsafe { libc::fallocate(f.as_raw_fd(), 0, 0, len as libc::off_t) };
     if rc != 0 {
@@ -1025,7 +1036,7 @@ fn write_file_durably_via(dir: &Path, name: &str, tmp: &str, bytes: &[u8]) -> Re
 /// Writes the targets table with a new generation: to the backing directory, and to every
 /// target flagged as holding a metadata mirror (`mirror.rs`). A holder's copy that cannot
 /// be written is logged; its older generation keeps `recover` from using it.
-fn store_table(dir: &Path, table: &mut TargetsTable) -> Result<()> {
+pub(crate) fn store_table(dir: &Path, table: &mut TargetsTable) -> Result<()> {
     table.generation += 1;
     let bytes = table.encode();
     write_file_durably(dir, crate::targets::TARGETS_FILE, &bytes)?;
@@ -1339,13 +1350,11 @@ fn open_targets(
     }
     let r = table.redundancy;
     if usable < r.data {
-        return Err(Error::Io(std::io::Error::other(format!(
-            "only {usable} of the {} targets of {} can be opened, and {r} needs {} to read \
-             anything; see the log for why each failed",
-            table.targets.len(),
-            dir.display(),
-            r.data
-        ))));
+        return Err(Error::Targets(crate::error::TargetFault::TooFewOpen {
+            usable,
+            total: table.targets.len(),
+            needed: r.data,
+        }));
     }
     // The metadata of a multi-slot space is each slot's own table, written by its node
     // while it runs: it is not mirrored on the targets (see FORMAT.md "Slots over
@@ -1444,7 +1453,7 @@ fn open_targets(
 }
 
 /// A targeted space's `targets` table, shared by the fail hook and `rebuild`.
-type SharedTable = Arc<parking_lot::Mutex<TargetsTable>>;
+pub(crate) type SharedTable = Arc<parking_lot::Mutex<TargetsTable>>;
 
 /// The metadata mirror holders of a read-write mount: the metadata table's device is
 /// wrapped once it is opened.
@@ -1904,120 +1913,6 @@ impl Space {
         Ok(space)
     }
 
-    /// `ckptfs rebuild`: restores full redundancy of a space over several targets (see
-    /// `Erasure::rebuild`). With `replace` (OLD: a target's index or directory; NEW: an
-    /// empty or new directory, `DIR[:domain=LABEL]`, by default in OLD's domain), NEW is
-    /// formatted as a new target first and OLD retired, so OLD's shards move to NEW.
-    pub fn rebuild(
-        &self,
-        replace: Option<(&str, &TargetSpec)>,
-        throttle_bytes_s: Option<f64>,
-        progress: &mut dyn FnMut(u64, u64),
-    ) -> Result<crate::targets::RebuildReport> {
-        if self.read_only {
-            return Err(Error::ReadOnly);
-        }
-        let Some(er) = &self.targets else {
-            return Err(Error::OneTarget);
-        };
-        if let Some((old, new)) = replace {
-            if self.is_shared() {
-                // Every node would have to open the new target before any shard lands on
-                // it; nodes learn the targets only when they mount.
-                return Err(Error::Invalid(format!(
-                    "rebuild --replace {old}={} is not supported on a space shared by several \
-                     nodes: run `ckptfs rebuild` without --replace on every node's mount \
-                     (each re-places its own segments' shards on the healthy targets)",
-                    new.path.display()
-                )));
-            }
-            let table = self
-                .targets_table
-                .as_ref()
-                .ok_or_else(|| Error::Invalid("this space has no targets table".into()))?;
-            let old_i = er.find_target(old).ok_or_else(|| {
-                Error::Invalid(format!(
-                    "no target {old}: give its index or its directory (`ckptfs targets` \
-                     lists them)"
-                ))
-            })?;
-            let mut t = table.lock();
-            let mut spec = new.clone();
-            if spec.domain.is_empty() {
-                spec.domain = er.domain_of(old_i);
-            }
-            if t.targets.iter().any(|x| x.path == spec.path) {
-                return Err(Error::Invalid(format!(
-                    "{} is already a target of this space",
-                    spec.path.display()
-                )));
-            }
-            if spec.path.exists() {
-                let busy = !spec.path.is_dir() || fs::read_dir(&spec.path)?.next().is_some();
-                if busy {
-                    return Err(Error::Invalid(format!(
-                        "{} is not an empty directory; a replacement target must be new",
-                        spec.path.display()
-                    )));
-                }
-            }
-            let existing = spec
-                .path
-                .ancestors()
-                .find(|p| p.is_dir())
-                .unwrap_or(Path::new("."));
-            let free = free_disk_bytes(existing)?;
-            if t.target_file_bytes() > free {
-                return Err(Error::Invalid(format!(
-                    "{} needs {} bytes for the target file; its disk has {free} free",
-                    spec.path.display(),
-                    t.target_file_bytes()
-                )));
-            }
-            let index = t.targets.len();
-            fs::DirBuilder::new()
-                .recursive(true)
-                .mode(0o700)
-                .create(&spec.path)?;
-            let path = spec.path.join(crate::targets::TARGET_FILE);
-            let f = open_private(&path, true)?;
-            preallocate(&f, t.target_file_bytes())?;
-            let h = crate::targets::TargetHeader {
-                space_uuid: self.sb.uuid,
-                index: index as u16,
-                shard_bytes: t.shard_bytes,
-                slots: t.slots,
-            };
-            {
-                use std::os::unix::fs::FileExt;
-                f.write_all_at(&h.encode(), 0)?;
-            }
-            f.sync_all()?;
-            sync_dir(&spec.path)?;
-            // The table names the new target before any shard lands on it.
-            t.targets.push(spec.clone());
-            t.failed.push(false);
-            t.mirror.push(false);
-            store_table(&self.dir, &mut t)?;
-            drop(t);
-            let added = er.add_target(crate::targets::Target::new(
-                spec.path.clone(),
-                spec.domain.clone(),
-                h.slots,
-                Ok(Arc::new(FileDevice::new_direct(f)?) as Arc<dyn Device>),
-            ));
-            log::info!(
-                "target {added} ({}) added to replace target {old_i}",
-                spec.path.display()
-            );
-            er.retire(
-                old_i,
-                &format!("replaced by target {added} ({})", spec.path.display()),
-            );
-        }
-        self.repair(crate::scrub::Visit::Rebuild, throttle_bytes_s, progress)
-    }
-
     /// What `ckptfs advise` needs from this space (this slot's revisions on a multi-slot
     /// space): recent checkpoints measured from the revisions' write times, the failure
     /// model kept in its config, and failed targets since format. Reads at most
@@ -2087,6 +1982,11 @@ impl Space {
     }
 
     /// The erasure-coded placement of a space over several targets.
+    /// The targets table of a space over targets (`rebuild --replace` edits it).
+    pub(crate) fn targets_table(&self) -> Option<&SharedTable> {
+        self.targets_table.as_ref()
+    }
+
     pub fn erasure(&self) -> Option<&Arc<crate::targets::Erasure>> {
         self.targets.as_ref()
     }
@@ -2309,7 +2209,7 @@ impl Space {
             lock: None,
             gc_lock: parking_lot::Mutex::new(()),
             gc_epoch: std::sync::atomic::AtomicU64::new(0),
-            gc_totals: parking_lot::Mutex::new(crate::gc::GcTotals::default()),
+            gc_totals: parking_lot::Mutex::new(GcTotals::default()),
             pin_gate: parking_lot::RwLock::new(()),
             pins: Arc::default(),
             ns_dirty: std::sync::atomic::AtomicBool::new(false),
@@ -2725,7 +2625,7 @@ impl Space {
         }
         // A file opened here is often rewritten next (O_TRUNC with a fixed checkpoint name) or
         // read by a restarted job whose next checkpoint resembles it: predict its chunks.
-        self.store.learn(&map, self.sb.chunk.max_bytes);
+        self.store.learn(map.iter(), self.sb.chunk.max_bytes);
         Ok(FileState::new(
             self.sb.chunk,
             map,
@@ -2812,7 +2712,7 @@ impl Space {
         // chunks again. Complete revisions only: an fsync point's map is one the file's own
         // close will teach again, and a file fsynced often would relearn it each time.
         if seal == Seal::Complete {
-            self.store.learn(file.map(), self.sb.chunk.max_bytes);
+            self.store.learn(file.map().iter(), self.sb.chunk.max_bytes);
         }
         Ok(rev)
     }

@@ -226,8 +226,12 @@ impl ChunkStore {
     }
 
     /// Teaches the cutters' predictor a file's chunk sequence (a map committed or loaded).
-    pub fn learn(&self, map: &crate::filemap::ExtentMap, max_chunk: u32) {
-        self.successors.learn(map, max_chunk);
+    pub fn learn<'a>(
+        &self,
+        extents: impl IntoIterator<Item = (u64, &'a crate::format::Extent)>,
+        max_chunk: u32,
+    ) {
+        self.successors.learn(extents, max_chunk);
     }
 
     /// Where the data path's time goes (the pipeline's timers).
@@ -843,8 +847,8 @@ impl ChunkIo for ChunkStore {
         Some(&*self.pipeline)
     }
 
-    fn successors(&self) -> Option<crate::predict::Predictor> {
-        Some(crate::predict::Predictor {
+    fn successors(&self) -> Option<crate::pipeline::Predictor> {
+        Some(crate::pipeline::Predictor {
             table: self.successors.clone(),
             pipeline: Some(self.pipeline.clone()),
         })

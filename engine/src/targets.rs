@@ -39,6 +39,7 @@ pub use health::{SUSPECTS_MAX, WARN_INTERVAL};
 pub use repair::{SegmentChunk, SegmentJob, Throttle, REPAIR_ROWS};
 
 use crate::device::{Device, IoBuf, DIRECT_ALIGN};
+use crate::error::{Corruption, TargetFault};
 use crate::format::SegmentId;
 use crate::placement::{Location, Placement};
 use parking_lot::{Mutex, RwLock};
@@ -129,16 +130,25 @@ impl TargetHeader {
         b
     }
 
-    pub fn decode(b: &[u8]) -> Result<TargetHeader, String> {
+    pub fn decode(b: &[u8]) -> Result<TargetHeader, Corruption> {
         if b.len() < TARGET_HEADER_BYTES as usize || &b[0..8] != TARGET_MAGIC {
-            return Err("not a ckptfs target file (no CKPTFSTG header)".into());
+            return Err(record_err(
+                "target file header",
+                "not a ckptfs target file (no CKPTFSTG header)",
+            ));
         }
         if blake3::hash(&b[..4064]).as_bytes() != &b[4064..4096] {
-            return Err("its header fails its checksum".into());
+            return Err(record_err(
+                "target file header",
+                "its header fails its checksum",
+            ));
         }
         let version = u32::from_le_bytes(b[8..12].try_into().unwrap_or_default());
         if version != TARGET_VERSION {
-            return Err(format!("unknown target file version {version}"));
+            return Err(record_err(
+                "target file header",
+                format!("unknown target file version {version}"),
+            ));
         }
         let u64_at = |i: usize| u64::from_le_bytes(b[i..i + 8].try_into().unwrap_or_default());
         let mut space_uuid = [0u8; 16];
@@ -152,10 +162,7 @@ impl TargetHeader {
     }
 }
 
-/// The space-directory file listing the targets.
-pub const TARGETS_FILE: &str = "targets";
-/// The space-directory file of per-segment placement records.
-pub const PLACEMENT_FILE: &str = "placement";
+pub use crate::format::{PLACEMENT_FILE, TARGETS_FILE};
 const TABLE_MAGIC: &[u8; 8] = b"CKPTTGTS";
 const TABLE_VERSION: u32 = 1;
 const TABLE_HEAD: usize = 64;
@@ -245,22 +252,29 @@ impl TargetsTable {
         b
     }
 
-    pub fn decode(b: &[u8]) -> Result<TargetsTable, String> {
+    pub fn decode(b: &[u8]) -> Result<TargetsTable, Corruption> {
         if b.len() < TABLE_HEAD + 32 || &b[0..8] != TABLE_MAGIC {
-            return Err("not a ckptfs targets table".into());
+            return Err(record_err("targets table", "not a ckptfs targets table"));
         }
         let (body, sum) = b.split_at(b.len() - 32);
         if blake3::hash(body).as_bytes() != sum {
-            return Err("the targets table fails its checksum".into());
+            return Err(record_err(
+                "targets table",
+                "the targets table fails its checksum",
+            ));
         }
         let version = u32::from_le_bytes(body[8..12].try_into().unwrap_or_default());
         if version != TABLE_VERSION {
-            return Err(format!("unknown targets table version {version}"));
+            return Err(record_err(
+                "targets table",
+                format!("unknown targets table version {version}"),
+            ));
         }
         let n = u16::from_le_bytes([body[14], body[15]]) as usize;
         if body.len() != TABLE_HEAD + n * TABLE_ENTRY {
-            return Err(format!(
-                "the targets table has the wrong length for {n} targets"
+            return Err(record_err(
+                "targets table",
+                format!("the targets table has the wrong length for {n} targets"),
             ));
         }
         let u64_at = |i: usize| u64::from_le_bytes(body[i..i + 8].try_into().unwrap_or_default());
@@ -335,16 +349,16 @@ impl Placed {
     }
 
     /// None for an all-zero record (never placed); an error for a damaged one.
-    pub fn decode(b: &[u8]) -> Result<Option<Placed>, String> {
+    pub fn decode(b: &[u8]) -> Result<Option<Placed>, Corruption> {
         if b.iter().all(|&x| x == 0) {
             return Ok(None);
         }
         if blake3::hash(&b[..112]).as_bytes()[..16] != b[112..128] {
-            return Err("fails its checksum".into());
+            return Err(record_err("placement record", "fails its checksum"));
         }
         let n = b[8] as usize;
         if n > MAX_SHARDS {
-            return Err(format!("names {n} shards"));
+            return Err(record_err("placement record", format!("names {n} shards")));
         }
         let shards = (0..n)
             .map(|i| {
@@ -720,8 +734,17 @@ const RECORD_READS: usize = 3;
 /// Called with a target's index when it fails.
 pub type FailHook = Box<dyn Fn(u16) + Send + Sync>;
 
-fn other(msg: String) -> io::Error {
-    io::Error::other(msg)
+/// A damaged record of the targets' on-disk structures (`record` names which).
+fn record_err(record: &'static str, why: impl Into<String>) -> Corruption {
+    Corruption::Record {
+        record,
+        why: why.into(),
+    }
+}
+
+/// A placement record (or the placement file) that contradicts the space.
+fn bad(segment: Option<u64>, why: String) -> io::Error {
+    TargetFault::BadPlacement { segment, why }.into()
 }
 
 impl Erasure {
@@ -749,17 +772,21 @@ impl Erasure {
         share: Option<Share>,
     ) -> io::Result<Erasure> {
         if !shard_bytes.is_multiple_of(BLOCK as u64) || shard_bytes == 0 {
-            return Err(other(format!(
-                "shard size {shard_bytes} is not a whole number of blocks"
-            )));
+            return Err(bad(
+                None,
+                format!("gives a shard size of {shard_bytes}, not a whole number of blocks"),
+            ));
         }
         if map_dev.len() < segments * RECORD_BYTES as u64 {
-            return Err(other(format!(
-                "the placement file has {} bytes, {} segments need {}",
-                map_dev.len(),
-                segments,
-                segments * RECORD_BYTES as u64
-            )));
+            return Err(bad(
+                None,
+                format!(
+                    "has {} bytes, {} segments need {}",
+                    map_dev.len(),
+                    segments,
+                    segments * RECORD_BYTES as u64
+                ),
+            ));
         }
         let mut raw = vec![0u8; (segments as usize) * RECORD_BYTES];
         map_dev.read_at(&mut raw, 0)?;
@@ -795,21 +822,26 @@ impl Erasure {
             };
             if let Some(p) = &p {
                 if p.shards.len() != r.shards() {
-                    return Err(other(format!(
-                        "segment {s} is placed as {} shards, the space is {r}",
-                        p.shards.len()
-                    )));
+                    return Err(bad(
+                        Some(s as u64),
+                        format!("has {} shards, the space is {r}", p.shards.len()),
+                    ));
                 }
                 for sh in p.shards.iter().flatten() {
                     let t = free.get_mut(sh.target as usize).ok_or_else(|| {
-                        other(format!("segment {s} names target {}, unknown", sh.target))
+                        bad(
+                            Some(s as u64),
+                            format!("names target {}, unknown", sh.target),
+                        )
                     })?;
                     if !t.remove(&sh.slot) {
-                        return Err(other(format!(
-                            "segment {s} names slot {} of target {}, which is taken or out \
-                             of range",
-                            sh.slot, sh.target
-                        )));
+                        return Err(bad(
+                            Some(s as u64),
+                            format!(
+                                "names slot {} of target {}, which is taken or out of range",
+                                sh.slot, sh.target
+                            ),
+                        ));
                     }
                 }
             }
@@ -870,32 +902,27 @@ impl Erasure {
                         .flatten()
                         .find(|a| a.target as usize >= self.targets.read().len())
                     {
-                        return Err(other(format!(
-                            "segment {seg} is placed on target {}, which the targets table \
-                             does not have",
-                            t.target
-                        )));
+                        return Err(bad(
+                            Some(seg),
+                            format!(
+                                "names target {}, which the targets table does not have",
+                                t.target
+                            ),
+                        ));
                     }
                     return Ok(p);
                 }
                 Ok(Some(p)) => {
-                    return Err(other(format!(
-                        "segment {seg} is placed as {} shards, the space is {}",
-                        p.shards.len(),
-                        self.r
-                    )))
+                    return Err(bad(
+                        Some(seg),
+                        format!("has {} shards, the space is {}", p.shards.len(), self.r),
+                    ))
                 }
-                Ok(None) => {
-                    return Err(other(format!(
-                        "segment {seg} was never placed on the targets"
-                    )))
-                }
-                Err(e) => why = e,
+                Ok(None) => return Err(TargetFault::Unplaced { segment: seg }.into()),
+                Err(e) => why = format!("does not decode ({e})"),
             }
         }
-        Err(other(format!(
-            "the placement record of segment {seg} {why}"
-        )))
+        Err(bad(Some(seg), why))
     }
 
     /// Sets what records a target's failure durably (see `on_fail`).
@@ -949,7 +976,7 @@ impl Erasure {
             .get(seg as usize)
             .cloned()
             .flatten()
-            .ok_or_else(|| other(format!("segment {seg} was never placed on the targets")))
+            .ok_or_else(|| TargetFault::Unplaced { segment: seg }.into())
     }
 
     /// Picks the targets of a new placement: healthy ones with a free slot, the best of
@@ -1194,11 +1221,12 @@ impl Erasure {
             }
         }
         if count(&have) < m {
-            return Err(io::Error::other(format!(
-                "only {} of the {} shards of these rows are readable, {m} are needed",
-                count(&have),
-                m + k
-            )));
+            return Err(TargetFault::Unreadable {
+                segment: seg,
+                readable: count(&have),
+                needed: m,
+            }
+            .into());
         }
         let missing: Vec<usize> = (0..m)
             .filter(|i| have[*i].is_none() || exclude.contains(i))
@@ -1213,11 +1241,11 @@ impl Erasure {
             .filter(|i| !exclude.contains(i))
             .filter_map(|i| have[i].as_ref().map(|b| (i - m, b.as_slice())));
         let restored = reed_solomon_simd::decode(m, k, originals, recovery)
-            .map_err(|e| other(format!("Reed-Solomon decode: {e}")))?;
+            .map_err(|e| io::Error::from(TargetFault::Codec(format!("decode: {e}"))))?;
         for i in missing {
             let data = restored
                 .get(&i)
-                .ok_or_else(|| other(format!("decode did not restore shard {i}")))?;
+                .ok_or_else(|| TargetFault::Codec(format!("decode did not restore shard {i}")))?;
             let mut b = IoBuf::new();
             b.extend_from_slice(data);
             have[i] = Some(b);
@@ -1282,9 +1310,7 @@ impl Erasure {
 
     fn write_in_segment(&self, seg: u64, off: u64, buf: &[u8]) -> io::Result<()> {
         if !self.owns(seg) {
-            return Err(other(format!(
-                "segment {seg} is another slot's; this node writes only its own"
-            )));
+            return Err(TargetFault::Foreign { segment: seg }.into());
         }
         let _stripe = self.stripes[seg as usize % STRIPES].read();
         let p = self.placed(seg)?;
@@ -1301,7 +1327,7 @@ impl Erasure {
         let mut shards = cols;
         if k > 0 {
             let parity = reed_solomon_simd::encode(m, k, shards.iter().map(|c| c.as_slice()))
-                .map_err(|e| other(format!("Reed-Solomon encode: {e}")))?;
+                .map_err(|e| io::Error::from(TargetFault::Codec(format!("encode: {e}"))))?;
             for p in parity {
                 let mut b = IoBuf::new();
                 b.extend_from_slice(&p);
@@ -1326,7 +1352,7 @@ impl Erasure {
                     written += 1;
                 }
                 // This node lost its slot: nothing is wrong with the target.
-                Err(e) if crate::slots::FencedIo::is(&e) => return Err(e),
+                Err(e) if crate::error::FencedIo::is(&e) => return Err(e),
                 Err(e) => {
                     t.errors.fetch_add(1, Ordering::Relaxed);
                     self.fail_target(at.target, format!("write: {e}"));
@@ -1335,10 +1361,12 @@ impl Erasure {
         }
         self.touched.lock().insert(seg);
         if written < m {
-            return Err(other(format!(
-                "segment {seg}: only {written} of its {} shards could be written, {m} are needed",
-                m + k
-            )));
+            return Err(TargetFault::Unwritable {
+                segment: seg,
+                written,
+                needed: m,
+            }
+            .into());
         }
         Ok(())
     }
@@ -1658,12 +1686,12 @@ impl Placement for Erasure {
     fn write(&self, at: Location, buf: &[u8]) -> io::Result<()> {
         let row = self.row_bytes();
         if !at.offset.is_multiple_of(row) || !(buf.len() as u64).is_multiple_of(row) {
-            return Err(other(format!(
-                "a write of {} bytes at {} of segment {} is not whole rows of {row} bytes",
-                buf.len(),
-                at.offset,
-                at.segment
-            )));
+            return Err(TargetFault::Misaligned {
+                segment: at.segment.0,
+                offset: at.offset,
+                len: buf.len(),
+            }
+            .into());
         }
         for (seg, off, range) in self.pieces(at, buf.len()) {
             self.write_in_segment(seg, off, &buf[range])?;
@@ -1678,7 +1706,7 @@ impl Placement for Erasure {
             };
             if t.dirty.swap(false, Ordering::SeqCst) {
                 if let Err(e) = dev.sync() {
-                    if crate::slots::FencedIo::is(&e) {
+                    if crate::error::FencedIo::is(&e) {
                         t.dirty.store(true, Ordering::SeqCst);
                         return Err(e);
                     }
@@ -1699,10 +1727,12 @@ impl Placement for Erasure {
                 .filter(|s| all[s.target as usize].healthy())
                 .count();
             if ok < self.r.data {
-                return Err(other(format!(
-                    "segment {seg} has {ok} durable shards left, {} are needed",
-                    self.r.data
-                )));
+                return Err(TargetFault::Unwritable {
+                    segment: seg,
+                    written: ok,
+                    needed: self.r.data,
+                }
+                .into());
             }
         }
         Ok(())
@@ -1710,9 +1740,7 @@ impl Placement for Erasure {
 
     fn prepare(&self, seg: SegmentId) -> io::Result<()> {
         if !self.owns(seg.0) {
-            return Err(other(format!(
-                "segment {seg} is another slot's; this node places only its own"
-            )));
+            return Err(TargetFault::Foreign { segment: seg.0 }.into());
         }
         let mut map = self.map.write();
         let s = seg.0 as usize;
@@ -1746,13 +1774,11 @@ impl Placement for Erasure {
                 }
             }
             map[s] = old;
-            return Err(other(format!(
-                "only {} healthy targets in distinct failure domains have room, a segment \
-                 needs at least {} (its data shards); replace the failed ones with \
-                 `ckptfs rebuild --replace OLD=NEW`",
-                chosen.len(),
-                self.r.data
-            )));
+            return Err(TargetFault::TooFewTargets {
+                usable: chosen.len(),
+                needed: self.r.data,
+            }
+            .into());
         }
         if chosen.len() < self.r.shards() {
             log::warn!(

@@ -43,6 +43,7 @@ const READDIR_BATCH: usize = 512;
 /// The one map from errors to errno. No catch-all arm: a new error variant must be decided.
 fn errno(e: &Error) -> Errno {
     use ckptfs_engine::Error as E;
+    use ckptfs_engine::TargetFault;
     let code = match e {
         Error::NotFound => libc::ENOENT,
         Error::Exists => libc::EEXIST,
@@ -80,6 +81,22 @@ fn errno(e: &Error) -> Errno {
             // Only at mount.
             E::Incoherent(_) => libc::EIO,
             E::OneTarget => libc::EOPNOTSUPP,
+            E::Targets(t) => match t {
+                // Data too few targets hold: lost until they return, as a bad disk's.
+                TargetFault::Unreadable { .. } => libc::EIO,
+                TargetFault::Unwritable { .. } => libc::EIO,
+                // No room to place a segment: the writer gets ENOSPC, old data stays.
+                TargetFault::TooFewTargets { .. } => libc::ENOSPC,
+                TargetFault::TargetFailed { .. } => libc::EIO,
+                // Only at mount.
+                TargetFault::TooFewOpen { .. } => libc::EIO,
+                TargetFault::Unplaced { .. } => libc::EIO,
+                TargetFault::BadPlacement { .. } => libc::EIO,
+                // Bugs if ever seen; the log has the sentence.
+                TargetFault::Foreign { .. } => libc::EIO,
+                TargetFault::Misaligned { .. } => libc::EIO,
+                TargetFault::Codec(_) => libc::EIO,
+            },
         },
     };
     Errno::from_i32(code)

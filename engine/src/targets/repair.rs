@@ -155,7 +155,7 @@ impl Erasure {
             return Ok(Vec::new());
         }
         reed_solomon_simd::encode(self.r.data, self.r.parity, data.iter().map(Vec::as_slice))
-            .map_err(|e| other(format!("Reed-Solomon encode: {e}")))
+            .map_err(|e| TargetFault::Codec(format!("encode: {e}")).into())
     }
 
     /// Which shards of one row (`row[i]`: shard i's block, None if not read) are damaged,
@@ -391,7 +391,7 @@ impl Erasure {
                     continue;
                 }
                 if let Some(Err(e)) = tg.dev.as_ref().map(|d| d.sync()) {
-                    if crate::slots::FencedIo::is(&e) {
+                    if crate::error::FencedIo::is(&e) {
                         return Err(e);
                     }
                     tg.errors.fetch_add(1, Ordering::Relaxed);
@@ -495,10 +495,12 @@ impl Erasure {
             w.lost_rows = true;
             return match w.fixes.is_empty() {
                 true => Ok(0),
-                false => Err(other(format!(
-                    "only {} of the {n} shards are readable, {m} are needed",
-                    present.len()
-                ))),
+                false => Err(TargetFault::Unreadable {
+                    segment: seg,
+                    readable: present.len(),
+                    needed: m,
+                }
+                .into()),
             };
         };
         // Verify every chunk; where the bytes as read fail, find the shards to do without.
@@ -680,7 +682,7 @@ impl Erasure {
                         rep.blocks_rewritten += 1;
                         written += BLOCK as u64;
                     }
-                    Err(e) if crate::slots::FencedIo::is(&e) => return Err(e),
+                    Err(e) if crate::error::FencedIo::is(&e) => return Err(e),
                     Err(e) => {
                         t.errors.fetch_add(1, Ordering::Relaxed);
                         self.fail_target(a.target, format!("write: {e}"));
@@ -692,17 +694,25 @@ impl Erasure {
             let src = if *i < m { &truth[*i] } else { &parity[*i - m] };
             let t = self.tg(at.target);
             let Some(dev) = t.dev.as_ref().filter(|_| t.healthy()) else {
-                return Err(other(format!("target {} failed", at.target)));
+                return Err(TargetFault::TargetFailed {
+                    target: at.target,
+                    why: "failed before the repair wrote to it".into(),
+                }
+                .into());
             };
             let mut b = IoBuf::new();
             b.extend_from_slice(&src[mine.start * BLOCK..mine.end * BLOCK]);
             if let Err(e) = dev.write_at(b.as_slice(), self.shard_offset(at.slot, own.start)) {
-                if crate::slots::FencedIo::is(&e) {
+                if crate::error::FencedIo::is(&e) {
                     return Err(e);
                 }
                 t.errors.fetch_add(1, Ordering::Relaxed);
                 self.fail_target(at.target, format!("write: {e}"));
-                return Err(other(format!("writing to target {}: {e}", at.target)));
+                return Err(TargetFault::TargetFailed {
+                    target: at.target,
+                    why: format!("writing: {e}"),
+                }
+                .into());
             }
             t.dirty.store(true, Ordering::SeqCst);
             t.bytes_written.fetch_add(b.len() as u64, Ordering::Relaxed);
