@@ -20,8 +20,11 @@
 //!   than M, the write fails.
 //! - Reads go to the data shards. A shard that cannot be read (missing target, EIO) is
 //!   rebuilt from any M others; a chunk that fails its blake3 check (a silently damaged
-//!   shard) is repaired by `read_repair`, which excludes one shard, then two, ... until the
-//!   check passes. Both are counted.
+//!   shard) is repaired by `read_repair`, which reads the chunk's rows of every shard once
+//!   and excludes one shard, then two, ... until the check passes (shards found bad before
+//!   first). Both are counted, and the shard found bad is remembered (`Suspects`; another
+//!   slot's segments apart, `foreign_bad`): later reads of its segment rebuild its part
+//!   from the others instead of failing their check on it again, until a repair rewrites it.
 //! - A target that fails a write or a sync is failed (sticky, per target): the space goes
 //!   on degraded while every segment written keeps at least M durable shards. Read errors
 //!   only count against the target's availability.
@@ -695,6 +698,11 @@ pub struct Erasure {
     repaired: AtomicU64,
     /// Shards found unreadable or damaged since the mount and not repaired (`Suspects`).
     suspects: Mutex<Suspects>,
+    /// The same for other slots' segments (their owners repair them; this node only reads
+    /// around them): which shard of a segment, where it was when found bad. A segment its
+    /// owner re-placed since names other places, so the entry stops matching. At most
+    /// `SUSPECTS_MAX` entries; when full it is emptied (reads then find the damage again).
+    foreign_bad: Mutex<HashMap<(u64, usize), ShardAt>>,
     /// Repeated warnings, one line per target and kind per `WARN_INTERVAL`.
     warnings: Warnings,
     /// Records a target's failure durably (the space's `targets` table), so it stays failed
@@ -861,6 +869,7 @@ impl Erasure {
             reconstructed: AtomicU64::new(0),
             repaired: AtomicU64::new(0),
             suspects: Mutex::new(Suspects::default()),
+            foreign_bad: Mutex::new(HashMap::new()),
             warnings: Warnings::default(),
             on_fail: Mutex::new(None),
             own: share.map(|s| s.segments),
@@ -1148,7 +1157,7 @@ impl Erasure {
             Err(e) => {
                 t.errors.fetch_add(1, Ordering::Relaxed);
                 t.read_errors.fetch_add(1, Ordering::Relaxed);
-                self.suspect(seg, i, at.target);
+                self.suspect(seg, i, at);
                 self.warnings.warn(at.target, WarnKind::Read, || {
                     format!(
                         "reading shard {i} of segment {seg} from target {} ({}): {e}; \
@@ -1162,21 +1171,57 @@ impl Erasure {
         }
     }
 
-    /// Shard `i` of segment `seg`, on target `t`, was found unreadable or damaged.
-    fn suspect(&self, seg: u64, i: usize, t: u16) {
-        // Another slot's segment is its owner's to repair (its scrub finds the damage);
-        // kept here it would never be cleared, and this node's report would stay degraded.
+    /// Shard `i` of segment `seg`, at `at`, was found unreadable or damaged: reads go
+    /// around it from now on (`known_bad`), until a repair rewrites it.
+    fn suspect(&self, seg: u64, i: usize, at: ShardAt) {
         if self.owns(seg) {
-            self.suspects.lock().add(seg, i, t);
+            self.suspects.lock().add(seg, i, at.target);
+        } else {
+            // Another slot's segment is its owner's to repair (its scrub finds the damage);
+            // in `suspects` it would never be cleared, and this node's report would stay
+            // degraded. Remembered apart, for reads only.
+            let mut f = self.foreign_bad.lock();
+            if f.len() >= SUSPECTS_MAX {
+                f.clear();
+            }
+            f.insert((seg, i), at);
+        }
+    }
+
+    /// Shards of segment `seg` (placed as `p`) found unreadable or damaged since the mount
+    /// and not rewritten since: a read goes around them instead of failing its check on
+    /// them chunk after chunk (each failure costing a re-read of the whole row).
+    fn known_bad(&self, seg: u64, p: &Placed) -> Vec<usize> {
+        let placed = p
+            .shards
+            .iter()
+            .enumerate()
+            .filter_map(|(i, a)| Some((i, (*a)?)));
+        if self.owns(seg) {
+            let sus = self.suspects.lock();
+            if !sus.in_segment(seg) && !sus.any_whole() {
+                return Vec::new();
+            }
+            placed
+                .filter(|(i, a)| sus.holds(seg, *i, a.target))
+                .map(|(i, _)| i)
+                .collect()
+        } else {
+            let f = self.foreign_bad.lock();
+            placed
+                .filter(|(i, a)| f.get(&(seg, *i)) == Some(a))
+                .map(|(i, _)| i)
+                .collect()
         }
     }
 
     /// A shard found damaged by a verification (blake3, or parity against verified data).
-    fn damaged_shard(&self, seg: u64, i: usize, t: u16, how: &str) {
+    fn damaged_shard(&self, seg: u64, i: usize, at: ShardAt, how: &str) {
+        let t = at.target;
         let tg = self.tg(t);
         tg.errors.fetch_add(1, Ordering::Relaxed);
         tg.verify_errors.fetch_add(1, Ordering::Relaxed);
-        self.suspect(seg, i, t);
+        self.suspect(seg, i, at);
         self.warnings.warn(t, WarnKind::Damaged, || {
             format!(
                 "segment {seg}: shard {i} on target {t} ({}) holds damaged bytes; {how}",
@@ -1289,6 +1334,18 @@ impl Erasure {
     fn read_in_segment(&self, seg: u64, off: u64, buf: &mut [u8]) -> io::Result<()> {
         let p = self.placed(seg)?;
         let (r0, r1, need) = self.rows_of(off, buf.len());
+        let bad = self.known_bad(seg, &p);
+        if bad.iter().any(|&i| i < self.r.data && need[i]) {
+            // A shard this read needs was found bad: rebuild its part from the others
+            // rather than hand the caller bytes known to fail their check. Where too few
+            // others are readable, read it after all (the check decides).
+            let none = vec![None; self.r.shards()];
+            if let Ok(have) = self.reconstruct(seg, &p, r0, r1, none, &bad) {
+                self.reconstructed.fetch_add(1, Ordering::Relaxed);
+                self.assemble(&have, r0, off, buf);
+                return Ok(());
+            }
+        }
         let mut have: Vec<Option<IoBuf>> = vec![None; self.r.shards()];
         let mut short = false;
         for (i, n) in need.iter().enumerate() {
@@ -1629,7 +1686,7 @@ impl Erasure {
                         self.damaged_shard(
                             seg,
                             i,
-                            a.target,
+                            a,
                             "the other shards of its row agree with each other (`ckptfs scrub` \
                              rewrites it)",
                         );
@@ -1845,37 +1902,58 @@ impl Placement for Erasure {
         // parity shard (a target that failed mid-row, or came back with old bytes) is as
         // likely the culprit as a data shard.
         let data_whole = (0..m).all(|i| !need[i] || all[i].is_some());
-        for size in 1..=k {
-            for set in combinations(&present, size) {
-                if data_whole && !set.iter().any(|&i| i < m && need[i]) {
-                    continue;
-                }
-                if present.len() - set.len() < m {
-                    continue;
-                }
-                let Ok(shards) = self.reconstruct(seg, &p, r0, r1, all.clone(), &set) else {
-                    continue;
-                };
-                let mut tmp = vec![0u8; buf.len()];
-                self.assemble(&shards, r0, off, &mut tmp);
-                if check(&tmp) {
-                    buf.copy_from_slice(&tmp);
-                    self.repaired.fetch_add(1, Ordering::Relaxed);
-                    for &i in &set {
-                        if let Some(a) = p.shards[i] {
-                            self.damaged_shard(
-                                seg,
-                                i,
-                                a.target,
-                                "the read was repaired from the other shards (`ckptfs scrub` \
-                                 rewrites it)",
-                            );
-                        }
-                    }
-                    return Ok(true);
+        // Shards found bad before are the likeliest culprits: tried first, alone and with
+        // each other shard (a second damaged shard in these rows).
+        let bad: Vec<usize> = self
+            .known_bad(seg, &p)
+            .into_iter()
+            .filter(|i| present.contains(i))
+            .collect();
+        let mut first: Vec<Vec<usize>> = Vec::new();
+        if !bad.is_empty() && bad.len() <= k {
+            first.push(bad.clone());
+            if bad.len() < k {
+                for &i in present.iter().filter(|i| !bad.contains(i)) {
+                    let mut set = bad.clone();
+                    set.push(i);
+                    set.sort_unstable();
+                    first.push(set);
                 }
             }
         }
+        let sets = first
+            .into_iter()
+            .chain((1..=k).flat_map(|size| combinations(&present, size)));
+        for set in sets {
+            if data_whole && !set.iter().any(|&i| i < m && need[i]) {
+                continue;
+            }
+            if present.len() - set.len() < m {
+                continue;
+            }
+            let Ok(shards) = self.reconstruct(seg, &p, r0, r1, all.clone(), &set) else {
+                continue;
+            };
+            let mut tmp = vec![0u8; buf.len()];
+            self.assemble(&shards, r0, off, &mut tmp);
+            if check(&tmp) {
+                buf.copy_from_slice(&tmp);
+                self.repaired.fetch_add(1, Ordering::Relaxed);
+                for &i in &set {
+                    if let Some(a) = p.shards[i] {
+                        self.damaged_shard(
+                            seg,
+                            i,
+                            a,
+                            "the read was repaired from the other shards (`ckptfs scrub` \
+                             rewrites it)",
+                        );
+                    }
+                }
+                return Ok(true);
+            }
+        }
+
         Ok(false)
     }
 }
@@ -2096,6 +2174,48 @@ mod tests {
         damage(0);
         assert!(!e.read_repair(loc(0, 10_000), &mut buf, &mut check).unwrap());
         assert_eq!(e.report().repaired_reads, 2);
+    }
+
+    /// A shard found damaged is remembered: later reads of other rows of its segment go
+    /// around it (rebuilt from the others) instead of returning bytes that fail their
+    /// check and re-reading the whole row to repair each chunk. Before, the second read
+    /// below returned the damaged bytes.
+    #[test]
+    fn a_shard_found_damaged_is_read_around_by_later_reads() {
+        let r = Redundancy { data: 3, parity: 2 };
+        let (e, devs) = setup(5, r, 2, 4);
+        let data = pattern(4, 3 * SHARD as usize);
+        e.prepare(SegmentId(0)).unwrap();
+        e.write(loc(0, 0), &data).unwrap();
+        let p = e.placed(0).unwrap();
+        let a = p.shards[1].unwrap();
+        // Shard 1's blocks 1 and 5: logical blocks 4 and 16 of the segment.
+        devs[a.target as usize].corrupt(e.shard_offset(a.slot, 1) + 17);
+        devs[a.target as usize].corrupt(e.shard_offset(a.slot, 5) + 99);
+        let (x0, x1) = (4 * BLOCK, 5 * BLOCK);
+        let want = blake3::hash(&data[x0..x1]);
+        let mut buf = vec![0u8; x1 - x0];
+        e.read(loc(0, x0 as u64), &mut buf).unwrap();
+        assert_ne!(buf, &data[x0..x1], "the damage is in the bytes read");
+        let mut check = |b: &[u8]| blake3::hash(b) == want;
+        assert!(e.read_repair(loc(0, x0 as u64), &mut buf, &mut check).unwrap());
+        assert_eq!(buf, &data[x0..x1]);
+        // Another row of the same shard: read around it, without touching its target.
+        let bad_reads = e.tg(a.target).bytes_read.load(Ordering::Relaxed);
+        let (y0, y1) = (16 * BLOCK, 17 * BLOCK + 100);
+        let mut buf = vec![0u8; y1 - y0];
+        e.read(loc(0, y0 as u64), &mut buf).unwrap();
+        assert_eq!(buf, &data[y0..y1], "a later read returned the damaged shard's bytes");
+        assert_eq!(
+            e.tg(a.target).bytes_read.load(Ordering::Relaxed),
+            bad_reads,
+            "the shard known damaged was read again"
+        );
+        assert_eq!(e.report().repaired_reads, 1);
+        // Rows the damage did not reach read the same either way.
+        let mut all = vec![0u8; data.len()];
+        e.read(loc(0, 0), &mut all).unwrap();
+        assert_eq!(all, data);
     }
 
     /// A data shard missing and a parity shard damaged (a target that failed mid-row, or

@@ -62,6 +62,11 @@ impl Suspects {
                 .is_some_and(|v| v.iter().any(|&(i, t)| i == shard && t == target))
     }
 
+    /// Some target is suspect as a whole.
+    pub fn any_whole(&self) -> bool {
+        !self.whole.is_empty()
+    }
+
     /// Some shard of `seg` is suspect.
     pub fn in_segment(&self, seg: u64) -> bool {
         self.by_segment.contains_key(&seg)

@@ -550,7 +550,7 @@ impl Erasure {
                             self.damaged_shard(
                                 seg,
                                 i,
-                                a.target,
+                                a,
                                 "found by a repair, which rewrites it from verified data",
                             );
                         }
@@ -669,7 +669,7 @@ impl Erasure {
                         self.damaged_shard(
                             seg,
                             i,
-                            a.target,
+                            a,
                             "its row disagrees with verified data; a repair rewrites it",
                         );
                     }
