@@ -650,7 +650,7 @@ fn verify(store: &ChunkStore, h: &ChunkHash) -> Result<Verified> {
         let Some(rec) = store.committed_record(h)? else {
             return Ok(Verified::Gone);
         };
-        let damage = match store.read_stored(h, &rec) {
+        let damage = match store.read_as_stored(h, &rec) {
             Err(e) => Some(Damage::Io(e.to_string())),
             Ok(stored) => {
                 let seen = stored.unverified_bytes().to_vec();

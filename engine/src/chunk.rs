@@ -107,8 +107,9 @@ pub struct ChunkBytes {
 }
 
 impl ChunkBytes {
-    /// `range` of what `owner` holds; panics if it lies outside.
-    pub fn new(owner: Owner, range: std::ops::Range<usize>) -> ChunkBytes {
+    /// `range` of what `owner` holds; panics if it lies outside. Only the engine makes
+    /// these, and only of bytes it verified.
+    pub(crate) fn new(owner: Owner, range: std::ops::Range<usize>) -> ChunkBytes {
         assert!(range.start <= range.end && range.end <= (*owner).as_ref().len());
         ChunkBytes {
             owner,
@@ -136,8 +137,10 @@ impl std::ops::Deref for ChunkBytes {
     }
 }
 
-impl From<Vec<u8>> for ChunkBytes {
-    fn from(v: Vec<u8>) -> ChunkBytes {
+impl ChunkBytes {
+    /// A buffer of its own (a decoded chunk, verified), for the engine only: no `From`
+    /// impl, which any crate could call.
+    pub(crate) fn owned(v: Vec<u8>) -> ChunkBytes {
         let len = v.len();
         ChunkBytes {
             owner: Arc::new(v),

@@ -319,8 +319,8 @@ impl fmt::Display for TargetFault {
                 needed,
             } => write!(
                 f,
-                "only {usable} of the {total} targets can be opened, and {needed} are needed \
-                 to read anything; see the log for why each failed"
+                "only {usable} of the {total} targets can be opened, and reading anything \
+                 needs {needed}; see the log for why each failed"
             ),
             TargetFault::TargetFailed { target, why } => write!(f, "target {target}: {why}"),
             TargetFault::Unplaced { segment } => {

@@ -1839,7 +1839,7 @@ pub(crate) mod tests {
             self.chunks
                 .lock()
                 .entry(h)
-                .or_insert_with(|| data.to_vec().into());
+                .or_insert_with(|| ChunkBytes::owned(data.to_vec()));
             Ok(h)
         }
         fn get(&self, hash: &ChunkHash) -> Result<ChunkBytes> {

@@ -554,4 +554,8 @@ stages! {
     read,
     /// Decompression and blake3 verification of chunks read.
     decode,
+    /// Chunks read ahead of sequential readers (`ChunkStore::prefetch`, of this slot's
+    /// files or another's): jobs and raw bytes only, no time of its own (the reads are in
+    /// `read` and `decode`; count: read-ahead jobs).
+    read_ahead,
 }

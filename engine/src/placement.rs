@@ -41,6 +41,12 @@ pub trait Placement: Send + Sync {
     /// Segments the space (slot) allocates from.
     fn segments(&self) -> u64;
     fn read(&self, at: Location, buf: &mut [u8]) -> io::Result<()>;
+    /// `read` of the bytes exactly as stored, for a verifier (`ckptfs check`): where
+    /// `read` goes around parts already found damaged (erasure-coded targets rebuild them
+    /// from the others), this reads them, so the check sees and reports the damage.
+    fn read_as_stored(&self, at: Location, buf: &mut [u8]) -> io::Result<()> {
+        self.read(at, buf)
+    }
     /// Writes whole blocks (`device::DIRECT_ALIGN`) at block-aligned locations.
     fn write(&self, at: Location, buf: &[u8]) -> io::Result<()>;
     /// Makes every completed write durable.

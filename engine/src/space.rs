@@ -2343,7 +2343,7 @@ impl Space {
                 NodeKind::Symlink => rec.target,
                 _ => Vec::new(),
             },
-            extents,
+            extents: extents.into(),
         };
         Ok(Some(PubVersion { meta, node }))
     }
@@ -2458,6 +2458,17 @@ impl Space {
         self.store.get_many_at(&chunks)
     }
 
+    /// Starts reading another slot's published extents' chunks ahead of a sequential
+    /// reader (`ChunkStore::prefetch_at`: the read-ahead this slot's files get).
+    pub fn prefetch_published(&self, extents: &[&crate::manifest::PubExtent]) {
+        self.store.prefetch_at(
+            extents
+                .iter()
+                .map(|e| (e.hash, e.chunk_record()))
+                .collect(),
+        )
+    }
+
     /// Takes a write request's bytes into `file`, timed as the `ingest` stage.
     pub fn ingest(&self, file: &mut FileState, off: u64, data: &[u8]) -> Result<()> {
         // The backing filesystem filled up: no new data, so the commits under way keep the
@@ -2471,12 +2482,81 @@ impl Space {
         r
     }
 
+    /// The chunk store itself: for the engine's own tests and benchmarks, which measure its
+    /// caches and pools. The `fs` and `mount` crates use the methods below instead.
+    #[doc(hidden)]
     pub fn store(&self) -> &ChunkStore {
         &self.store
     }
 
-    /// The metadata table itself: for tests that damage a space on purpose. Product code
-    /// reads and writes through the catalog (`reader`, `ns_write`, `begin_write`).
+    /// Usable bytes of the space (this slot's share of a multi-slot space).
+    pub fn capacity(&self) -> u64 {
+        self.store.capacity()
+    }
+
+    /// Bytes of a segment, the unit the space is allocated and freed in.
+    pub fn segment_bytes(&self) -> u64 {
+        self.store.segment_bytes()
+    }
+
+    /// Bytes free for new chunks now (see `ChunkStore::free_bytes`).
+    pub fn free_bytes(&self) -> u64 {
+        self.store.free_bytes()
+    }
+
+    /// An earlier write or sync to the backing space failed: the space refuses changes
+    /// until it is opened again (sticky failure).
+    pub fn is_failed(&self) -> bool {
+        self.store.is_failed()
+    }
+
+    /// Starts reading chunks a sequential reader will ask for soon (`ChunkStore::prefetch`).
+    pub fn prefetch(&self, chunks: Vec<ChunkHash>) {
+        self.store.prefetch(chunks)
+    }
+
+    /// Pins chunks another file's extents name, for a metadata-only copy
+    /// (`ChunkStore::pin_stored`).
+    pub fn pin_stored(&self, chunks: &[ChunkHash]) -> Result<crate::pins::ChunkPins> {
+        self.store.pin_stored(chunks)
+    }
+
+    /// Housekeeping the daemon runs a few times a second: frees the spare read buffers
+    /// when reads stopped, and returns segments a gc emptied whose grace is over.
+    pub fn idle_tick(&self) {
+        self.store.release_idle_read_buffers();
+        self.store.release_due(false);
+    }
+
+    /// Forgets the decoded chunks this mount keeps (`ChunkStore::drop_cache`).
+    pub fn drop_caches(&self) {
+        self.store.drop_cache()
+    }
+
+    /// Store threads for submitted pieces (0: on the submitting thread).
+    pub fn set_workers(&self, n: usize) {
+        self.store.set_workers(n)
+    }
+
+    pub fn workers(&self) -> usize {
+        self.store.workers()
+    }
+
+    /// Compresses new chunks in batches with `codec` (the GPU) from now on; `None`: LZ4
+    /// on the store threads (`ChunkStore::set_batch_codec`).
+    pub fn set_batch_codec(&self, codec: Option<Arc<dyn ckptfs_kernels::BatchCodec>>) {
+        self.store.set_batch_codec(codec)
+    }
+
+    /// The committed record of a chunk, if it is committed.
+    pub fn committed_record(&self, h: &ChunkHash) -> Result<Option<ChunkRecord>> {
+        self.store.committed_record(h)
+    }
+
+    /// The metadata table itself: for the engine's tests that damage a space on purpose.
+    /// Everything else reads and writes through the catalog (`reader`, `ns_write`); only
+    /// the engine begins and commits write transactions.
+    #[doc(hidden)]
     pub fn db(&self) -> &Database {
         &self.db
     }
@@ -2521,7 +2601,7 @@ impl Space {
     /// back, and a damaged table is an error. Costs one more fdatasync of the table per
     /// durable commit. Non-durable transactions (namespace changes) become durable with the
     /// next durable one.
-    pub fn begin_write(&self, durable: bool) -> Result<redb::WriteTransaction> {
+    pub(crate) fn begin_write(&self, durable: bool) -> Result<redb::WriteTransaction> {
         if self.read_only {
             return Err(Error::ReadOnly);
         }
@@ -2544,7 +2624,7 @@ impl Space {
 
     /// Commits a metadata transaction. A failed commit is sticky like a failed data write:
     /// the table's state on disk is unknown, so nothing more may be acknowledged.
-    pub fn commit(&self, txn: redb::WriteTransaction) -> Result<()> {
+    pub(crate) fn commit(&self, txn: redb::WriteTransaction) -> Result<()> {
         txn.commit()
             .map_err(|e| self.store.fail_with(Error::from(e)))
     }

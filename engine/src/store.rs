@@ -653,6 +653,14 @@ impl ChunkStore {
         Ok(Stored::new(*h, *rec, bytes))
     }
 
+    /// `read_stored` of the bytes exactly as stored (`Placement::read_as_stored`), for
+    /// `ckptfs check`, which must see damage that reads already go around.
+    pub fn read_as_stored(&self, h: &ChunkHash, rec: &ChunkRecord) -> Result<Stored> {
+        let mut bytes = vec![0u8; rec.stored_len as usize];
+        self.read_into_as(rec.offset.0, &mut bytes, true)?;
+        Ok(Stored::new(*h, *rec, bytes))
+    }
+
     /// A chunk whose stored bytes failed their check: asks the placement for a version
     /// that passes (erasure-coded targets rebuild it from the other shards). None: damaged
     /// beyond repair (the caller reports the corruption).
@@ -692,6 +700,14 @@ impl ChunkStore {
         (owners.values().sum(), spare)
     }
 
+    /// Forgets every decoded chunk and spare read buffer (`ckptfs` control `drop_caches`,
+    /// as `/proc/sys/vm/drop_caches` is for the kernel's): the next read of any chunk goes
+    /// to the device, at the place this node knows now. Reads under way keep what they hold.
+    pub fn drop_cache(&self) {
+        *self.cache.lock() = ChunkCache::default();
+        self.read_bufs.lock().clear();
+    }
+
     /// Frees the spare read buffers if no chunk was read from the device since the last
     /// call (the daemon calls it four times a second), so a restart's read-ahead does not
     /// leave them allocated in an idle daemon.
@@ -729,6 +745,11 @@ impl ChunkStore {
 
     /// Fills `stored` with the data file's bytes at `off`, seeing writes not yet on disk.
     fn read_into(&self, off: u64, stored: &mut [u8]) -> Result<()> {
+        self.read_into_as(off, stored, false)
+    }
+
+    /// `read_into`; `as_stored`: through `Placement::read_as_stored`.
+    fn read_into_as(&self, off: u64, stored: &mut [u8], as_stored: bool) -> Result<()> {
         let len = stored.len();
         let end = off + len as u64;
         let overlaps = |s: u64, n: usize| s < end && s + n as u64 > off;
@@ -759,7 +780,10 @@ impl ChunkStore {
             (taken, covered)
         };
         if covered < end - off {
-            self.place.read(self.location(off), stored)?;
+            match as_stored {
+                true => self.place.read_as_stored(self.location(off), stored)?,
+                false => self.place.read(self.location(off), stored)?,
+            }
         }
         for (s, b, n) in taken {
             let from = s.max(off);
@@ -1205,6 +1229,17 @@ impl ChunkStore {
     /// reads are in flight. Errors are left for the reader to meet and report. Bounded by the
     /// decoded-chunk cache, which is where the chunks go.
     pub fn prefetch(&self, hashes: Vec<ChunkHash>) {
+        self.prefetch_known(hashes, Arc::new(HashMap::new()))
+    }
+
+    /// `prefetch` of chunks at records the caller gives (another slot's published
+    /// extents, as `get_many_at` reads them): the same read threads, jobs and cache.
+    pub fn prefetch_at(&self, chunks: Vec<(ChunkHash, ChunkRecord)>) {
+        let hashes = chunks.iter().map(|(h, _)| *h).collect();
+        self.prefetch_known(hashes, Arc::new(chunks.into_iter().collect()))
+    }
+
+    fn prefetch_known(&self, hashes: Vec<ChunkHash>, known: Arc<HashMap<ChunkHash, ChunkRecord>>) {
         // No workers: everything runs on the caller's thread in order (the crash tests'
         // replays), where a read ahead would only be a wasted read.
         if self.pipeline.workers() == 0 || hashes.is_empty() {
@@ -1224,8 +1259,12 @@ impl ChunkStore {
         for part in missing.chunks(PREFETCH_JOB_CHUNKS) {
             let me = self.me.upgrade().expect("a store in use is alive");
             let part = part.to_vec();
+            let known = known.clone();
             pool.run(move || {
-                let _ = me.fetch(&part, false, &HashMap::new());
+                if let Ok(got) = me.fetch(&part, false, &known) {
+                    let bytes = got.iter().map(|c| c.len()).sum();
+                    me.stages().read_ahead.add(std::time::Duration::ZERO, bytes);
+                }
             });
         }
     }
@@ -1319,10 +1358,10 @@ impl ChunkStore {
                         ChunkBytes::new(buf.clone(), from..from + rec.raw_len as usize),
                         true,
                     ),
-                    Ok(std::borrow::Cow::Owned(v)) => (ChunkBytes::from(v), false),
+                    Ok(std::borrow::Cow::Owned(v)) => (ChunkBytes::owned(v), false),
                     Err(Error::Corrupt(c)) => {
                         let v = self.repair(*h, *rec).ok_or(Error::Corrupt(c))?;
-                        (ChunkBytes::from(v.into_bytes()), false)
+                        (ChunkBytes::owned(v.into_bytes()), false)
                     }
                     Err(e) => return Err(e),
                 };
@@ -1336,7 +1375,7 @@ impl ChunkStore {
             let shared: usize = verified.iter().filter(|v| v.2).map(|v| v.1.len()).sum();
             if shared * 2 < cap {
                 for v in verified.iter_mut().filter(|v| v.2) {
-                    v.1 = ChunkBytes::from(v.1.to_vec());
+                    v.1 = ChunkBytes::owned(v.1.to_vec());
                     v.2 = false;
                 }
             }
@@ -1365,7 +1404,7 @@ mod tests {
 
     fn chunk(i: u64) -> (ChunkHash, ChunkBytes) {
         let data = i.to_le_bytes().to_vec();
-        (ChunkHash::of(&data), ChunkBytes::from(data))
+        (ChunkHash::of(&data), ChunkBytes::owned(data))
     }
 
     /// A quarter of the cache: the fifth chunk put evicts one.

@@ -1331,10 +1331,15 @@ impl Erasure {
         (r0, r1, need)
     }
 
-    fn read_in_segment(&self, seg: u64, off: u64, buf: &mut [u8]) -> io::Result<()> {
+    /// Reads segment bytes `off..` into `buf`; with `around`, around shards known bad
+    /// (`known_bad`), else as stored (missing shards are still rebuilt).
+    fn read_in_segment(&self, seg: u64, off: u64, buf: &mut [u8], around: bool) -> io::Result<()> {
         let p = self.placed(seg)?;
         let (r0, r1, need) = self.rows_of(off, buf.len());
-        let bad = self.known_bad(seg, &p);
+        let bad = match around {
+            true => self.known_bad(seg, &p),
+            false => Vec::new(),
+        };
         if bad.iter().any(|&i| i < self.r.data && need[i]) {
             // A shard this read needs was found bad: rebuild its part from the others
             // rather than hand the caller bytes known to fail their check. Where too few
@@ -1735,7 +1740,15 @@ impl Placement for Erasure {
     fn read(&self, at: Location, buf: &mut [u8]) -> io::Result<()> {
         let len = buf.len();
         for (seg, off, range) in self.pieces(at, len) {
-            self.read_in_segment(seg, off, &mut buf[range])?;
+            self.read_in_segment(seg, off, &mut buf[range], true)?;
+        }
+        Ok(())
+    }
+
+    fn read_as_stored(&self, at: Location, buf: &mut [u8]) -> io::Result<()> {
+        let len = buf.len();
+        for (seg, off, range) in self.pieces(at, len) {
+            self.read_in_segment(seg, off, &mut buf[range], false)?;
         }
         Ok(())
     }
@@ -2198,14 +2211,20 @@ mod tests {
         e.read(loc(0, x0 as u64), &mut buf).unwrap();
         assert_ne!(buf, &data[x0..x1], "the damage is in the bytes read");
         let mut check = |b: &[u8]| blake3::hash(b) == want;
-        assert!(e.read_repair(loc(0, x0 as u64), &mut buf, &mut check).unwrap());
+        assert!(e
+            .read_repair(loc(0, x0 as u64), &mut buf, &mut check)
+            .unwrap());
         assert_eq!(buf, &data[x0..x1]);
         // Another row of the same shard: read around it, without touching its target.
         let bad_reads = e.tg(a.target).bytes_read.load(Ordering::Relaxed);
         let (y0, y1) = (16 * BLOCK, 17 * BLOCK + 100);
         let mut buf = vec![0u8; y1 - y0];
         e.read(loc(0, y0 as u64), &mut buf).unwrap();
-        assert_eq!(buf, &data[y0..y1], "a later read returned the damaged shard's bytes");
+        assert_eq!(
+            buf,
+            &data[y0..y1],
+            "a later read returned the damaged shard's bytes"
+        );
         assert_eq!(
             e.tg(a.target).bytes_read.load(Ordering::Relaxed),
             bad_reads,

@@ -178,14 +178,8 @@ struct OpenNode {
     writers: u32,
     /// The open handles of this file, by file handle.
     handles: HashMap<HandleId, Handle>,
-    /// File offset up to which chunks were handed to the store's prefetch (see `read`).
-    prefetched_to: u64,
-    /// Where the reads of this file so far ended (the furthest end of the current run of
-    /// sequential reads), and how many sequential reads that run has had (see `read`).
-    read_end: u64,
-    streak: u32,
-    /// Held while this file is read ahead: counts it among the readers sharing the cache.
-    prefetching: Option<PrefetchStream>,
+    /// Its sequential readers' read-ahead (see `ReadAhead`).
+    ahead: ReadAhead,
     /// A layer of a shared namespace's file opened with O_TRUNC: the truncate (stamp,
     /// length) that cuts the other layers, recorded with the next commit.
     clip: Option<(u64, u64)>,
@@ -193,6 +187,72 @@ struct OpenNode {
 
 /// One open file being read ahead, counted in `Fs::prefetch_streams` while it lives.
 struct PrefetchStream(Arc<std::sync::atomic::AtomicUsize>);
+
+/// The read-ahead of one open file (this slot's), or of one read handle of a file another
+/// node wrote: the same policy for both.
+///
+/// A sequential reader (a restart): the chunks ahead of it are read and verified on the
+/// store's read threads, so the kernel's next requests find them decoded. The kernel's
+/// readahead keeps only a few requests in flight; this adds depth. Sequential: the read
+/// starts near where the reads so far ended (the kernel's readahead requests for one file
+/// arrive on several FUSE threads, a little out of order). The depth ramps up with the run
+/// of sequential reads, as the kernel's readahead does, so a random reader (or one reading
+/// a few scattered tensors) does not get the full depth read and verified behind each read:
+/// before, 4 KiB random reads of a cold 1 GiB file read 6.9 GB from the disk for 56 MB
+/// returned.
+#[derive(Default)]
+pub(crate) struct ReadAhead {
+    /// File offset up to which chunks were handed to the store's prefetch.
+    prefetched_to: u64,
+    /// Where the reads so far ended (the furthest end of the current run of sequential
+    /// reads), and how many sequential reads that run has had.
+    read_end: u64,
+    streak: u32,
+    /// Held while this file is read ahead: counts it among the readers sharing the cache.
+    prefetching: Option<PrefetchStream>,
+}
+
+impl ReadAhead {
+    /// After a read of `off..end` of a file of `size` bytes: the range to hand to the
+    /// store's prefetch now, if any (`streams`: the readers sharing the cache).
+    fn next(
+        &mut self,
+        streams: &Arc<std::sync::atomic::AtomicUsize>,
+        off: u64,
+        end: u64,
+        size: u64,
+    ) -> Option<(u64, u64)> {
+        if off.abs_diff(self.read_end) <= SEQUENTIAL_SLACK {
+            self.streak = self.streak.saturating_add(1);
+            self.read_end = self.read_end.max(end);
+        } else {
+            self.streak = 0;
+            self.read_end = end;
+            self.prefetched_to = end;
+        }
+        if self.streak == 0 {
+            return None;
+        }
+        if self.prefetching.is_none() {
+            streams.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            self.prefetching = Some(PrefetchStream(streams.clone()));
+        }
+        let depth = prefetch_depth(streams.load(std::sync::atomic::Ordering::Relaxed))
+            .min(PREFETCH_FIRST_BYTES << (self.streak - 1).min(16));
+        if off <= self.prefetched_to && end + depth / 2 > self.prefetched_to {
+            let from = self.prefetched_to.max(end);
+            let to = (end + depth).min(size);
+            if from < to {
+                self.prefetched_to = to;
+                return Some((from, to));
+            }
+        } else if off > self.prefetched_to || end + depth < self.prefetched_to {
+            // Not where the last prefetch went: start over from here.
+            self.prefetched_to = end;
+        }
+        None
+    }
+}
 
 impl Drop for PrefetchStream {
     fn drop(&mut self) {
@@ -450,10 +510,9 @@ impl Fs {
 
     /// Sizes for statfs.
     pub fn usage(&self) -> SpaceUsage {
-        let store = self.space.store();
         SpaceUsage {
-            capacity: store.capacity(),
-            free: store.free_bytes(),
+            capacity: self.space.capacity(),
+            free: self.space.free_bytes(),
         }
     }
 
@@ -1004,7 +1063,7 @@ impl Fs {
 
     /// Sticky failure: after a failed backing write or sync nothing may change a file.
     fn refuse_if_failed(&self) -> Result<()> {
-        if self.space.store().is_failed() {
+        if self.space.is_failed() {
             return Err(Error::Engine(ckptfs_engine::Error::Failed));
         }
         Ok(())
@@ -1313,10 +1372,7 @@ impl Fs {
                     opens: 0,
                     writers: 0,
                     handles: HashMap::new(),
-                    prefetched_to: 0,
-                    read_end: 0,
-                    streak: 0,
-                    prefetching: None,
+                    ahead: ReadAhead::default(),
                     clip: None,
                 }));
                 t.nodes.insert(ino, n.clone());
@@ -1370,6 +1426,7 @@ impl Fs {
     ) -> Result<()> {
         if let Some(obj) = self.merged_handle(fh) {
             *out = self.sh_read(obj, off, len, None)?;
+            self.sh_read_ahead(fh, obj, off, off + out.len() as u64);
             return Ok(());
         }
         let layer = self.via_handle(ino, fh);
@@ -1414,51 +1471,13 @@ impl Fs {
     }
 
     /// Hands the chunks ahead of a sequential reader of a clean file to the store's
-    /// read-ahead (`read`, after the read of `off..end`).
+    /// read-ahead (`read`, after the read of `off..end`; see `ReadAhead`).
     fn read_ahead(&self, n: &mut OpenNode, off: u64, end: u64) {
-        // A sequential reader (a restart): read and verify the chunks ahead of it on the
-        // store's workers, so the kernel's next requests find them decoded. The kernel's
-        // readahead keeps only a few requests in flight; this adds depth. Sequential:
-        // the read starts near where the reads so far ended (the kernel's readahead
-        // requests for one file arrive on several FUSE threads, a little out of order).
-        // The depth ramps up with the run of sequential reads, as the kernel's readahead
-        // does, so a random reader (or one reading a few scattered tensors) does not get
-        // the full depth read and verified behind each read: before, 4 KiB random reads
-        // of a cold 1 GiB file read 6.9 GB from the disk for 56 MB returned.
-        if off.abs_diff(n.read_end) <= SEQUENTIAL_SLACK {
-            n.streak = n.streak.saturating_add(1);
-            n.read_end = n.read_end.max(end);
-        } else {
-            n.streak = 0;
-            n.read_end = end;
-            n.prefetched_to = end;
-        }
-        if n.streak == 0 {
-            return;
-        }
-        if n.prefetching.is_none() {
-            self.prefetch_streams
-                .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-            n.prefetching = Some(PrefetchStream(self.prefetch_streams.clone()));
-        }
-        let depth = prefetch_depth(
-            self.prefetch_streams
-                .load(std::sync::atomic::Ordering::Relaxed),
-        )
-        .min(PREFETCH_FIRST_BYTES << (n.streak - 1).min(16));
-        if off <= n.prefetched_to && end + depth / 2 > n.prefetched_to {
-            let from = n.prefetched_to.max(end);
-            let to = (end + depth).min(n.file.size());
-            if from < to {
-                let ahead = n.file.map().pieces(from, to);
-                self.space
-                    .store()
-                    .prefetch(ahead.into_iter().map(|(_, e)| e.chunk).collect());
-                n.prefetched_to = to;
-            }
-        } else if off > n.prefetched_to || end + depth < n.prefetched_to {
-            // Not where the last prefetch went: start over from here.
-            n.prefetched_to = end;
+        let size = n.file.size();
+        if let Some((from, to)) = n.ahead.next(&self.prefetch_streams, off, end, size) {
+            let ahead = n.file.map().pieces(from, to);
+            self.space
+                .prefetch(ahead.into_iter().map(|(_, e)| e.chunk).collect());
         }
     }
 
@@ -1696,7 +1715,7 @@ impl Fs {
             n.file.punch_hole(self.space.chunks(), off, end)?;
         } else if grow {
             let new_bytes = end - off.max(size);
-            if new_bytes > self.space.store().free_bytes() {
+            if new_bytes > self.space.free_bytes() {
                 return Err(Error::Engine(ckptfs_engine::Error::NoSpace));
             }
         }
@@ -1750,7 +1769,7 @@ impl Fs {
             let pieces = s.file.copy_source(src_off, src_off + n);
             // Pinned while the source's lock keeps them referenced.
             let chunks: Vec<_> = pieces.iter().map(|(_, e)| e.chunk).collect();
-            let pinned = self.space.store().pin_stored(&chunks)?;
+            let pinned = self.space.pin_stored(&chunks)?;
             (pieces, n, pinned)
         };
         let mut d = dst_node.lock();
@@ -2189,10 +2208,9 @@ impl Fs {
     fn gc_for_space(&self) -> bool {
         // The room wanted: 1/8 of the space beyond what is free now (a writer calls this
         // when what is free did not take its next chunk).
-        let store = self.space.store();
         // Taken before waiting for another writer's gc, whose room counts for this one too.
-        let before = store.free_bytes();
-        let goal = before + store.capacity() / PRESSURE_ROOM_FRACTION;
+        let before = self.space.free_bytes();
+        let goal = before + self.space.capacity() / PRESSURE_ROOM_FRACTION;
         match self.gc_with(self.pressure_opts(None, goal), &mut |_| {}) {
             Ok(r) => {
                 let gained = r.free_bytes_after.saturating_sub(before);
@@ -2200,7 +2218,7 @@ impl Fs {
                 // that failed may have failed before another writer's gc made room (8
                 // writers rotating checkpoints got ENOSPC with 200 MiB free).
                 let reserve = ckptfs_engine::alloc::GC_RESERVE_SEGMENTS + 1;
-                let room = r.free_bytes_after >= reserve * store.segment_bytes();
+                let room = r.free_bytes_after >= reserve * self.space.segment_bytes();
                 if gained > 0 {
                     self.space_full_said
                         .store(false, std::sync::atomic::Ordering::Relaxed);
@@ -2242,17 +2260,17 @@ impl Fs {
     /// doubling up to 10 min: `gc::Backoff`). Also frees the store's spare read buffers once
     /// reads have stopped.
     pub fn auto_gc_tick(&self) {
-        self.space.store().release_idle_read_buffers();
-        // Segments a gc emptied in a multi-slot space come back once their grace is over.
-        self.space.store().release_due(false);
+        // Spare read buffers go when reads stopped; segments a gc emptied in a multi-slot
+        // space come back once their grace is over.
+        self.space.idle_tick();
         let Ok(config) = self.space.config() else {
             return;
         };
-        let store = self.space.store();
+        let space = &self.space;
         if config.auto_gc_free_percent == 0
-            || self.space.is_read_only()
-            || store.is_failed()
-            || store.free_bytes() * 100 >= store.capacity() * config.auto_gc_free_percent
+            || space.is_read_only()
+            || space.is_failed()
+            || space.free_bytes() * 100 >= space.capacity() * config.auto_gc_free_percent
         {
             return;
         }
@@ -2264,7 +2282,7 @@ impl Fs {
         // compacted, up to the watermark), but copying at most a byte per byte freed
         // (`gc::AUTO_COPY_PER_FREED`); throttle 1.0: gc sleeps as long as it works, so
         // writers keep most of the disk.
-        let goal = store.capacity() * config.auto_gc_free_percent / 100;
+        let goal = space.capacity() * config.auto_gc_free_percent / 100;
         let opts = GcOptions {
             copy_per_freed: Some(ckptfs_engine::gc::AUTO_COPY_PER_FREED),
             ..self.pressure_opts(Some(1.0), goal)

@@ -443,10 +443,7 @@ impl Fs {
                     opens: 0,
                     writers: 0,
                     handles: HashMap::new(),
-                    prefetched_to: 0,
-                    read_end: 0,
-                    streak: 0,
-                    prefetching: None,
+                    ahead: crate::ReadAhead::default(),
                     clip: None,
                 }));
                 open.nodes.insert(ino, n.clone());

@@ -124,7 +124,7 @@ fn published(
             .ok_or_else(|| format!("{name:?}: listed, not published"))?
             .node;
         let mut b = vec![0u8; n.size as usize];
-        for e in &n.extents {
+        for e in n.extents.iter() {
             // What the store's reader does with a published record: read, verify.
             let mut raw = vec![0u8; e.stored_len as usize];
             ckptfs_engine::device::Device::read_at(&*data, &mut raw, e.at.0)

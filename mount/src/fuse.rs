@@ -451,6 +451,16 @@ impl CkptFs {
                     .map_err(|e| fail_json("scrub", e.into()))?;
                 Ok(to_json(serde_json::to_value(r).unwrap_or_default()))
             }
+            // Forget the decoded chunks this daemon keeps, as /proc/sys/vm/drop_caches does
+            // for the kernel's (the kernel drops a file's pages at each open): the next
+            // reads go to the backing space. For cold-read measurements and tests.
+            ("drop_caches", Some(_)) => {
+                if !self.may_control(req) {
+                    return Err(Errno::from_i32(libc::EPERM));
+                }
+                self.fs.space().drop_caches();
+                Ok(to_json(serde_json::json!({"ok": true})))
+            }
             ("advice", None) => {
                 let i = self
                     .fs

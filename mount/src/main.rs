@@ -720,7 +720,7 @@ fn mount(
         }
     }
     if let Some(w) = tuning.workers {
-        space.store().set_workers(w as usize);
+        space.set_workers(w as usize);
     }
     let codec = match &tuning.codec {
         Some(c) => c.clone(),
@@ -740,11 +740,11 @@ fn mount(
         .map_err(|e| format!("cannot record the codec in the superblock: {e}"))?;
     let gpu = choose_gpu(&tuning, &codec)?;
     let compressor = gpu.as_ref().map_or("the CPU".to_string(), |g| g.describe());
-    space.store().set_batch_codec(gpu);
+    space.set_batch_codec(gpu);
     log::info!(
         "{} FUSE threads, {} store workers, codec {}, new chunks compressed on {compressor}",
         tuning.threads,
-        space.store().workers(),
+        space.workers(),
         codec
     );
     if !tuning.read_only {

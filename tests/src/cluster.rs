@@ -154,6 +154,12 @@ impl Cluster {
     }
 
     /// `node`'s mountpoint joined with `rel`.
+    /// Makes `node`'s daemon forget the decoded chunks it keeps (the `drop_caches`
+    /// control); the kernel drops a file's pages at each open by itself.
+    pub fn drop_caches(&self, node: usize) {
+        drop_daemon_caches(&self.nodes[node].mnt);
+    }
+
     pub fn path(&self, node: usize, rel: &str) -> PathBuf {
         self.nodes[node].mnt.join(rel)
     }
@@ -428,4 +434,20 @@ impl Drop for Cluster {
             let _ = fs::remove_dir_all(d);
         }
     }
+}
+
+/// The `drop_caches` control of the daemon mounted at `mnt` (a setxattr on its root).
+pub fn drop_daemon_caches(mnt: &Path) {
+    use std::os::unix::ffi::OsStrExt;
+    let path = std::ffi::CString::new(mnt.as_os_str().as_bytes()).expect("no NUL");
+    let name = c"user.ckptfs.drop_caches";
+    // SAFETY: both strings are NUL-terminated and live across the call; the value is 1 byte.
+    let r = unsafe { libc::setxattr(path.as_ptr(), name.as_ptr(), b"1".as_ptr().cast(), 1, 0) };
+    assert_eq!(
+        r,
+        0,
+        "drop_caches on {}: {}",
+        mnt.display(),
+        std::io::Error::last_os_error()
+    );
 }

@@ -251,6 +251,11 @@ impl TestMount {
             "--redundancy".into(),
             redundancy.into(),
         ];
+        if let Some(n) = targets_slots() {
+            // The target suite on slots over targets: this mount claims one of `n` slots.
+            args.push("--slots".into());
+            args.push(n.to_string().into());
+        }
         for i in 0..targets {
             args.push("--target".into());
             args.push(tm.target_dir(i).into_os_string());
@@ -258,6 +263,11 @@ impl TestMount {
         tm.run_ok("format", &args, FORMAT_TIMEOUT);
         tm.mount();
         tm
+    }
+
+    /// Whether `with_targets` made a space of several slots (`targets_slots`).
+    pub fn shared_targets(&self) -> bool {
+        targets_slots().is_some()
     }
 
     /// Target `i`'s directory of a space made by `with_targets`.
@@ -1328,4 +1338,23 @@ pub fn statvfs_bytes(path: &Path) -> (u64, u64) {
         .unwrap_or_else(|e| panic!("statvfs {}: {e}", path.display()));
     let fr = sv.f_frsize as u64;
     (sv.f_bavail as u64 * fr, sv.f_blocks as u64 * fr)
+}
+
+/// Slots of the spaces `TestMount::with_targets` formats: `None` (one) except in the
+/// `targets_on_slots` test binary or with `CKPTFS_TARGETS_SLOTS=N`, which run the target
+/// suite again on slots over targets (the mount claims one slot; the others stay free).
+pub fn targets_slots() -> Option<u32> {
+    if let Some(n) = std::env::var("CKPTFS_TARGETS_SLOTS")
+        .ok()
+        .and_then(|v| v.parse::<u32>().ok())
+        .filter(|n| *n > 1)
+    {
+        return Some(n);
+    }
+    std::env::current_exe()
+        .is_ok_and(|p| {
+            p.file_name()
+                .is_some_and(|n| n.to_string_lossy().starts_with("targets_on_slots"))
+        })
+        .then_some(3)
 }

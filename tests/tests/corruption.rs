@@ -150,7 +150,6 @@ impl Fixture {
                 for (off, e) in space.load_map(info.id).expect("load_map").iter() {
                     extents.push((off, off + e.len as u64, e.chunk));
                     let rec = space
-                        .store()
                         .committed_record(&e.chunk)
                         .expect("chunk record")
                         .expect("extent names a committed chunk");

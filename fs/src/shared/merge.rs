@@ -244,7 +244,7 @@ mod tests {
                 size,
                 rev: 0,
                 target: Vec::new(),
-                extents: Vec::new(),
+                extents: Vec::new().into(),
             },
         }
     }

@@ -53,8 +53,9 @@ pub(crate) struct Shared {
     republish: std::sync::atomic::AtomicBool,
     /// One publication at a time.
     publishing: Mutex<()>,
-    /// Read handles of objects read through the merge (not this slot's file alone).
-    merged_handles: Mutex<HashMap<HandleId, InodeId>>,
+    /// Read handles of objects read through the merge (not this slot's file alone), with
+    /// their read-ahead (at most one entry per open handle).
+    merged_handles: Mutex<HashMap<HandleId, (InodeId, crate::ReadAhead)>>,
     /// The union's view generations at the last reconcile (`reconcile`).
     reconciled: Mutex<Vec<(SlotId, u64, u64)>>,
 }
@@ -838,7 +839,10 @@ impl Fs {
             return self.open_ref(obj, Some(fh), write, truncate).map(drop);
         }
         if !write && !truncate {
-            self.sh().merged_handles.lock().insert(fh, obj);
+            self.sh()
+                .merged_handles
+                .lock()
+                .insert(fh, (obj, crate::ReadAhead::default()));
             return Ok(());
         }
         let stamp = self.space.stamp();
@@ -860,7 +864,44 @@ impl Fs {
             .merged_handles
             .lock()
             .get(&fh)
-            .copied()
+            .map(|(obj, _)| *obj)
+    }
+
+    /// After a read of `off..end` through read handle `fh` of `obj`: the read-ahead this
+    /// slot's files get (`ReadAhead`), for a file one other node wrote alone (a restart
+    /// on another node): the chunks ahead go to the store's read threads at the places
+    /// their owner published. A file several nodes wrote (N-1) is read without it.
+    pub(crate) fn sh_read_ahead(&self, fh: HandleId, obj: InodeId, off: u64, end: u64) {
+        let range = {
+            let mut handles = self.sh().merged_handles.lock();
+            let Some((_, ahead)) = handles.get_mut(&fh) else {
+                return;
+            };
+            // The size is clamped below, once the versions are at hand (most reads get
+            // no range and never look them up).
+            ahead.next(&self.prefetch_streams, off, end, u64::MAX)
+        };
+        let Some((from, to)) = range else {
+            return;
+        };
+        let vs = self.versions_of(obj);
+        let [v] = &vs[..] else {
+            return;
+        };
+        if v.slot == self.sh().me || v.node.kind != NodeKind::File {
+            return;
+        }
+        let to = to.min(v.node.size);
+        let ex = &v.node.extents;
+        let first = ex.partition_point(|e| e.off <= from).saturating_sub(1);
+        let ahead: Vec<&PubExtent> = ex[first..]
+            .iter()
+            .take_while(|e| e.off < to)
+            .filter(|e| e.off + e.len as u64 > from)
+            .collect();
+        if !ahead.is_empty() {
+            self.space.prefetch_published(&ahead);
+        }
     }
 
     pub(crate) fn sh_release_merged(&self, fh: HandleId) -> bool {
