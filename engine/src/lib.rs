@@ -20,7 +20,7 @@ pub mod pins;
 pub mod pipeline;
 pub(crate) mod placement;
 pub(crate) mod predict;
-pub(crate) mod scrub;
+pub mod scrub;
 pub mod sim;
 pub mod slots;
 pub mod space;

@@ -44,6 +44,18 @@ pub enum Visit {
     Scrub,
 }
 
+/// Why `rebuild --replace OLD=NEW` is refused on a space of several slots (the CLI says it
+/// before asking a daemon, whose control interface answers only an errno).
+pub fn replace_refused_on_shared(old: &str, new: &Path) -> Error {
+    Error::Invalid(format!(
+        "rebuild --replace {old}={} is not supported on a space shared by several nodes: \
+         every node would have to open the new target first. Run `ckptfs rebuild` without \
+         --replace on every node's mount (each re-places its own segments' shards on the \
+         healthy targets)",
+        new.display()
+    ))
+}
+
 /// A committed chunk of a batch: where it is and how to verify it.
 #[derive(Clone, Copy)]
 struct Entry {
@@ -74,12 +86,7 @@ impl Space {
             if self.is_shared() {
                 // Every node would have to open the new target before any shard lands on
                 // it; nodes learn the targets only when they mount.
-                return Err(Error::Invalid(format!(
-                    "rebuild --replace {old}={} is not supported on a space shared by several \
-                     nodes: run `ckptfs rebuild` without --replace on every node's mount \
-                     (each re-places its own segments' shards on the healthy targets)",
-                    new.path.display()
-                )));
+                return Err(replace_refused_on_shared(old, &new.path));
             }
             let table = self
                 .targets_table()

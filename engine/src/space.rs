@@ -1981,12 +1981,12 @@ impl Space {
         }))
     }
 
-    /// The erasure-coded placement of a space over several targets.
     /// The targets table of a space over targets (`rebuild --replace` edits it).
     pub(crate) fn targets_table(&self) -> Option<&SharedTable> {
         self.targets_table.as_ref()
     }
 
+    /// The erasure-coded placement of a space over several targets.
     pub fn erasure(&self) -> Option<&Arc<crate::targets::Erasure>> {
         self.targets.as_ref()
     }
@@ -2461,12 +2461,8 @@ impl Space {
     /// Starts reading another slot's published extents' chunks ahead of a sequential
     /// reader (`ChunkStore::prefetch_at`: the read-ahead this slot's files get).
     pub fn prefetch_published(&self, extents: &[&crate::manifest::PubExtent]) {
-        self.store.prefetch_at(
-            extents
-                .iter()
-                .map(|e| (e.hash, e.chunk_record()))
-                .collect(),
-        )
+        self.store
+            .prefetch_at(extents.iter().map(|e| (e.hash, e.chunk_record())).collect())
     }
 
     /// Takes a write request's bytes into `file`, timed as the `ingest` stage.

@@ -767,8 +767,17 @@ fn mount(
     // A slot of a multi-slot space: publish the slot's namespace for the other nodes (a
     // new manifest generation: a takeover publishes what the dead owner committed) and
     // read theirs before the mount is ready.
-    fs.publish_all()
-        .map_err(|e| format!("cannot publish this slot's manifest: {e}"))?;
+    match fs.publish_all() {
+        Ok(()) => {}
+        // More targets lost than the redundancy allows: what survived is still read here,
+        // as on a space of one slot; the other nodes see this slot's files as of its last
+        // publication until the targets are back (every later publication retries).
+        Err(ckptfs_fs::Error::Engine(ckptfs_engine::Error::Targets(t))) => log::error!(
+            "this slot's manifest cannot be published now ({t}): the other nodes see its \
+             files as they were at its last publication until enough targets are back"
+        ),
+        Err(e) => return Err(format!("cannot publish this slot's manifest: {e}")),
+    }
     fs.refresh_union()
         .map_err(|e| format!("cannot read the other slots' manifests: {e}"))?;
     let mut adapter = fuse::CkptFs::new(fs.clone());
@@ -1556,6 +1565,23 @@ fn run(cli: Cli) -> Result<(), String> {
             json,
             prometheus,
         } => {
+            // A space over several targets: whether its data has full redundancy now, and
+            // each target's errors since the mount; and what redundancy each revision has
+            // (a pass over the extent table). Of a multi-slot space's mount: that slot's.
+            let targets_of = |path: &Path| {
+                let t = targets::report(path).unwrap_or_else(|e| {
+                    eprintln!("ckptfs: the targets' state could not be read: {e}");
+                    None
+                });
+                let red = match t.is_some() && !prometheus {
+                    true => targets::redundancy(path).unwrap_or_else(|e| {
+                        eprintln!("ckptfs: the revisions' redundancy could not be read: {e}");
+                        None
+                    }),
+                    false => None,
+                };
+                (t, red)
+            };
             // A multi-slot space: what the mount's own slot holds, then every slot's line
             // and the whole space's totals from the slot headers. Of its backing directory,
             // only the latter (each slot's table is its node's).
@@ -1573,8 +1599,18 @@ fn run(cli: Cli) -> Result<(), String> {
                     true => None,
                     false => Some(read_stats(&path)?),
                 };
+                let (t, red) = match own.is_some() {
+                    true => targets_of(&path),
+                    false => (None, None),
+                };
                 if json {
                     let mut v = own.as_ref().map_or(serde_json::json!({}), stats_json);
+                    if let Some(t) = &t {
+                        v["targets"] = serde_json::to_value(t).unwrap_or_default();
+                    }
+                    if let Some(r) = &red {
+                        v["revision_redundancy"] = serde_json::to_value(r).unwrap_or_default();
+                    }
                     v["slots"] = summary["slots"].clone();
                     v["space"] = summary["space"].clone();
                     println!("{v}");
@@ -1582,25 +1618,18 @@ fn run(cli: Cli) -> Result<(), String> {
                     if let Some(s) = &own {
                         print_stats(s);
                     }
+                    if let Some(t) = &t {
+                        println!("{}", targets::summary_line(t));
+                    }
+                    if let Some(r) = &red {
+                        println!("{}", targets::redundancy_line(r));
+                    }
                     slots::print_summary(&summary);
                 }
                 return Ok(());
             }
             let s = read_stats(&path)?;
-            // A space over several targets: whether its data has full redundancy now, and
-            // each target's errors since the mount.
-            let t = targets::report(&path).unwrap_or_else(|e| {
-                eprintln!("ckptfs: the targets' state could not be read: {e}");
-                None
-            });
-            // And what redundancy each revision has (a pass over the extent table).
-            let red = match t.is_some() && !prometheus {
-                true => targets::redundancy(&path).unwrap_or_else(|e| {
-                    eprintln!("ckptfs: the revisions' redundancy could not be read: {e}");
-                    None
-                }),
-                false => None,
-            };
+            let (t, red) = targets_of(&path);
             if json {
                 let mut v = stats_json(&s);
                 if let Some(t) = &t {

@@ -326,6 +326,11 @@ fn rebuild_through(
 ) -> Result<(), String> {
     let mut req = serde_json::json!({});
     if let Some((old, new)) = replace {
+        if crate::backing_of(mnt).is_some_and(|b| crate::slots::is_multi_slot(&b)) {
+            return Err(
+                ckptfs_engine::scrub::replace_refused_on_shared(old, &new.path).to_string(),
+            );
+        }
         let new = match new.domain.is_empty() {
             true => new.path.display().to_string(),
             false => format!("{}:domain={}", new.path.display(), new.domain),

@@ -71,16 +71,23 @@ fn damage_target(dir: &Path, len: u64, stride: u64) {
     f.sync_all().unwrap();
 }
 
-/// Where byte `at` of row `row` of shard `shard` of the first segment placed lies, from the
-/// space's `targets` table and `placement` records (FORMAT.md): (segment, target index,
-/// offset in the target's file).
+/// Where byte `at` of row `row` of shard `shard` of the first chunk segment placed lies,
+/// from the space's `targets` table and `placement` records (FORMAT.md): (segment, target
+/// index, offset in the target's file). On slots over targets, the mount's slot (0) places
+/// its manifest area first, at the start of its share: chunk segments come after it.
 fn shard_byte(backing: &Path, shard: usize, row: u64, at: u64) -> (u64, usize, u64) {
     let table = fs::read(backing.join("targets")).expect("targets table");
     let shard_bytes = u64::from_le_bytes(table[16..24].try_into().unwrap());
     let records = fs::read(backing.join("placement")).expect("placement records");
+    let sb = ckptfs_engine::format::Superblock::decode(
+        &fs::read(backing.join(ckptfs_engine::format::SUPERBLOCK_FILE)).expect("superblock"),
+    )
+    .expect("a superblock");
+    let first = sb.slot_segments(ckptfs_engine::format::SlotId(0)).start as usize;
     let (seg, rec) = records
         .chunks(128)
         .enumerate()
+        .skip(first)
         .find(|(_, r)| r.iter().any(|&b| b != 0))
         .expect("a placed segment");
     let e = 16 + shard * 6;
@@ -180,6 +187,11 @@ fn check_finds_parity_that_disagrees_with_its_row() {
     let (st, out, err) = m.ckptfs(&[OsStr::new("check"), b.as_os_str(), OsStr::new("--json")]);
     assert!(st.success(), "offline check: {out}{err}");
     let v: serde_json::Value = serde_json::from_str(out.trim()).expect("JSON");
+    // A backing directory of several slots is checked slot by slot: this mount's is 0.
+    let v = match m.shared_targets() {
+        true => v["slots"][0]["report"].clone(),
+        false => v,
+    };
     expect(&v, "offline");
     let (st, out, err) = m.ckptfs(&[OsStr::new("check"), b.as_os_str()]);
     assert!(st.success(), "{out}{err}");
@@ -459,6 +471,31 @@ fn rebuild_onto_a_replacement_runs_online_and_restores_full_redundancy() {
     fs::remove_file(m.target_dir(dead).join(TARGET_FILE)).unwrap();
     m.mount();
     let new = m.root().join("targets").join("replacement");
+    if m.shared_targets() {
+        // Slots over targets: every node would have to open the new target before any
+        // shard lands on it, so `--replace` is refused, saying what to run instead.
+        let mnt = m.mnt().to_path_buf();
+        let st = std::process::Command::new(ckptfs_tests::ckptfs_bin())
+            .arg("rebuild")
+            .arg(&mnt)
+            .arg("--replace")
+            .arg(format!("{dead}={}", new.display()))
+            .output()
+            .unwrap();
+        let err = String::from_utf8_lossy(&st.stderr);
+        assert!(
+            !st.status.success(),
+            "rebuild --replace of a shared space ran"
+        );
+        assert!(
+            err.contains("without --replace") && !new.exists(),
+            "the refusal says what to do and touches nothing: {err}"
+        );
+        for (name, data) in &files {
+            assert_file_eq(&m.path(name), data);
+        }
+        return;
+    }
     let stop = std::sync::atomic::AtomicBool::new(false);
     let written = std::thread::scope(|s| {
         let writer = s.spawn(|| {
@@ -634,6 +671,21 @@ fn a_lost_backing_directory_is_recovered_from_the_targets_metadata_mirrors() {
     let mut m = TestMount::with_targets("256M", 5, "3+2");
     let mut files = write_checkpoints(&m, seed, 6, 1 << 20);
     let holders = mirror_holders(&mut m);
+    if m.shared_targets() {
+        // Slots over targets keep no mirrors (each slot's table is its node's; FORMAT.md
+        // "Slots over targets"): none is listed, and `recover` refuses, saying why.
+        assert!(
+            holders.is_empty(),
+            "mirrors listed on a shared space: {holders:?}"
+        );
+        m.unmount();
+        let gone = m.root().join("backing-gone");
+        fs::rename(m.backing(), &gone).unwrap();
+        let (ok, _, err) = recover(&mut m, 0);
+        assert!(!ok && err.contains("metadata mirror"), "recover: {err}");
+        fs::rename(&gone, m.backing()).unwrap();
+        return;
+    }
     assert_eq!(holders.len(), 3, "K+1 = 3 holders");
     for &h in &holders {
         for f in [

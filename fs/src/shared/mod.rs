@@ -177,7 +177,12 @@ impl Fs {
         v.apply(recs);
         *sh.own.write() = v;
         if !self.space.is_read_only() {
-            self.space.publish_snapshot()?;
+            if let Err(e) = self.space.publish_snapshot() {
+                // The next publication tries the whole snapshot again.
+                sh.republish
+                    .store(true, std::sync::atomic::Ordering::Release);
+                return Err(e.into());
+            }
         }
         sh.republish
             .store(false, std::sync::atomic::Ordering::Release);
