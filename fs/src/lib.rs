@@ -2152,7 +2152,11 @@ impl Fs {
 
     /// `ckptfs check` of the mounted space: every chunk read back and verified.
     pub fn check(&self) -> Result<ckptfs_engine::check::CheckReport> {
-        Ok(ckptfs_engine::check::check(&self.space, &mut |_, _| {})?)
+        let mut r = ckptfs_engine::check::check(&self.space, &mut |_, _| {})?;
+        if self.shared.is_some() {
+            self.sh_name_damage(&mut r);
+        }
+        Ok(r)
     }
 
     /// Runs gc with the revisions open files use pinned.

@@ -1340,15 +1340,22 @@ pub fn statvfs_bytes(path: &Path) -> (u64, u64) {
     (sv.f_bavail as u64 * fr, sv.f_blocks as u64 * fr)
 }
 
-/// Slots of the spaces `TestMount::with_targets` formats: `None` (one) unless
-/// `CKPTFS_TARGETS_SLOTS=N` (N > 1) runs the target suite on slots over targets (the mount
-/// claims one slot; the others stay free). Not in CI yet: on that layout
-/// `three_lost_targets_lose_only_what_they_held_and_check_names_it` fails, because `check`
-/// on a mount of a multi-slot space does not name the paths of damaged revisions (it walks
-/// the slot's own directory table; the names live in the shared namespace).
+/// Slots of the spaces `TestMount::with_targets` formats: `None` (one) except in the
+/// `targets_on_slots` test binary (3) or with `CKPTFS_TARGETS_SLOTS=N` (N > 1), which run
+/// the target suite again on slots over targets (the mount claims one slot; the others
+/// stay free).
 pub fn targets_slots() -> Option<u32> {
-    std::env::var("CKPTFS_TARGETS_SLOTS")
+    if let Some(n) = std::env::var("CKPTFS_TARGETS_SLOTS")
         .ok()
         .and_then(|v| v.parse::<u32>().ok())
         .filter(|n| *n > 1)
+    {
+        return Some(n);
+    }
+    std::env::current_exe()
+        .is_ok_and(|p| {
+            p.file_name()
+                .is_some_and(|n| n.to_string_lossy().starts_with("targets_on_slots"))
+        })
+        .then_some(3)
 }

@@ -862,6 +862,48 @@ impl Fs {
         Ok(())
     }
 
+    /// `ckptfs check` of a mount of a multi-slot space: the engine names the files of
+    /// damaged chunks from this slot's directory table, which a shared namespace leaves
+    /// empty; this names them where every node sees them (the object's place in the
+    /// merged tree; none for a file no entry names any more).
+    pub(crate) fn sh_name_damage(&self, r: &mut ckptfs_engine::check::CheckReport) {
+        let mut names: HashMap<ckptfs_engine::format::HistoryId, Option<Vec<u8>>> = HashMap::new();
+        for d in &mut r.damaged {
+            for u in d
+                .uses
+                .iter_mut()
+                .filter(|u| u.path.is_none() && !u.unlinked)
+            {
+                u.path = names
+                    .entry(u.history)
+                    .or_insert_with(|| self.sh_path_of_history(u.history))
+                    .clone();
+            }
+        }
+    }
+
+    /// The path (components joined by '/') of the object a history of this slot is a
+    /// version of.
+    fn sh_path_of_history(&self, h: ckptfs_engine::format::HistoryId) -> Option<Vec<u8>> {
+        let ino = self.space.history(h).ok()?.ino;
+        let obj = self.sh().own.read().versions.get(&ino)?.meta.of;
+        self.with_views(|v| {
+            let mut parts = Vec::new();
+            let mut o = obj;
+            // Bounded by the depth of a tree without cycles (as `is_ancestor`).
+            for _ in 0..4096 {
+                if o == InodeId::ROOT {
+                    parts.reverse();
+                    return Some(parts.join(&b'/'));
+                }
+                let (p, n) = v.location(o)?;
+                parts.push(n);
+                o = p;
+            }
+            None
+        })
+    }
+
     /// Whether handle `fh` reads through the merge (and which object).
     pub(crate) fn merged_handle(&self, fh: HandleId) -> Option<InodeId> {
         self.shared
