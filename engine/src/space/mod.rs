@@ -1,0 +1,1358 @@
+//! A backing space: the composition of a layout (placement, lease, publisher, union) with
+//! the catalog and the chunk store, file commits and statistics. Formatting is in
+//! `create`, opening and composing each layout in `open`, the targets' table, mirrors and
+//! `recover` in `targets_meta`; maintenance (gc, check, rebuild, scrub) in their modules.
+
+pub use crate::catalog::Config;
+use crate::catalog::{self, Reader, Txn};
+use crate::device::{Device, FileDevice, MetaBackend};
+use crate::error::{Corruption, Error, Missing, Result};
+use crate::filemap::{ChunkIo, ExtentMap, FileState};
+use crate::format::HistoryRecord;
+use crate::format::*;
+use crate::manifest::{PubExtent, PubNode, PubVersion, Publisher, Record, Union};
+use crate::slots::{FencedDevice, Lease, SlotRequest, SlotTable};
+use crate::store::ChunkStore;
+use crate::targets::{Redundancy, TargetSpec, TargetsTable};
+use redb::{Database, Durability};
+use std::fs::{self, File, OpenOptions};
+use std::io::{Read, Write};
+use std::os::unix::fs::{DirBuilderExt, MetadataExt, OpenOptionsExt, PermissionsExt};
+use std::os::unix::io::AsRawFd;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::AtomicBool;
+use std::sync::Arc;
+use std::time::Duration;
+
+mod create;
+mod open;
+mod targets_meta;
+pub use create::*;
+pub use open::*;
+pub use targets_meta::*;
+
+/// The smallest reserved space `format` accepts.
+pub const MIN_SPACE_BYTES: u64 = 16 << 20;
+/// Environment variable naming I/O faults to inject (tests only; see `sim::parse_faults`).
+pub const FAULTS_ENV: &str = "CKPTFS_FAULTS";
+/// Page cache redb may use for the metadata table.
+const META_CACHE_BYTES: usize = 64 << 20;
+
+/// The devices a space keeps its bytes on: the reserved data file and the metadata table.
+#[derive(Clone)]
+pub struct Devices {
+    pub data: Arc<dyn Device>,
+    pub meta: Arc<dyn Device>,
+}
+
+/// Opens (or with `create`, creates) the metadata table on `meta`. An existing table is opened
+/// with redb's full integrity check: every page checksum verified and the allocator state
+/// rebuilt. That costs one read of the table per mount, and turns a table damaged outside
+/// redb into a clear error instead of a panic or wrong answers later.
+fn open_db(meta: &Arc<dyn Device>, create: bool, failed: Arc<AtomicBool>) -> Result<Database> {
+    if !create && meta.is_empty() {
+        return Err(Corruption::Catalog("is empty".into()).into());
+    }
+    Database::builder()
+        .set_cache_size(META_CACHE_BYTES)
+        .set_check_integrity_on_open(!create)
+        .create_with_backend(MetaBackend {
+            dev: meta.clone(),
+            failed,
+        })
+        .map_err(|e| match e {
+            // An error of the device itself (it carries an errno); redb reports what it
+            // finds wrong in the file's contents (a bad magic number) as an I/O error too,
+            // without one, and that is damage.
+            redb::DatabaseError::Storage(redb::StorageError::Io(io))
+                if io.raw_os_error().is_some() =>
+            {
+                Error::from(io)
+            }
+            other => {
+                Corruption::Catalog(format!("is damaged and cannot be opened: {other}")).into()
+            }
+        })
+}
+
+/// What a commit makes of the revision it writes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Seal {
+    /// A complete revision (the last writer closed the file): listed and kept by retention.
+    Complete,
+    /// An fsync point of a file still being written: durable, not listed, replaced by the
+    /// next commit.
+    FsyncPoint,
+}
+
+/// What a commit does to an unsealed current revision (an earlier fsync point).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Previous {
+    /// Replace it: it was only ever an intermediate state of this writer.
+    Replace,
+    /// Keep it: another handle that wrote it has yet to close and seal it.
+    Keep,
+}
+
+/// One listed revision of a path.
+#[derive(Clone, Debug)]
+pub struct RevisionInfo {
+    pub id: RevisionId,
+    pub rec: RevisionRecord,
+    pub current: bool,
+}
+
+/// What redundancy the listed (sealed) revisions of a space over several targets have.
+#[derive(Clone, Debug, PartialEq, serde::Serialize, serde::Deserialize)]
+pub struct RevisionRedundancy {
+    /// K: what a revision whose shards are all on healthy targets can lose.
+    pub full_tolerance: i64,
+    /// (how many more targets they can lose, revisions), most first; below 0: lost (its
+    /// chunks in a segment with fewer than M shards left).
+    pub listed: Vec<(i64, u64)>,
+    /// Revisions short of full redundancy, worst first, at most `LISTED_MAX`.
+    pub short: Vec<ShortRevision>,
+    pub short_total: u64,
+}
+
+impl RevisionRedundancy {
+    pub const LISTED_MAX: usize = 100;
+}
+
+#[derive(Clone, Debug, PartialEq, serde::Serialize, serde::Deserialize)]
+pub struct ShortRevision {
+    pub revision: u64,
+    pub history: HistoryId,
+    pub can_lose: i64,
+}
+
+pub struct Space {
+    dir: PathBuf,
+    sb: Superblock,
+    db: Arc<Database>,
+    /// The metadata table's device: asked whether it kept room to grow (`ingest`).
+    meta: Arc<dyn Device>,
+    store: Arc<ChunkStore>,
+    /// Held for the life of the Space: its flock is what makes a second mount fail. None for
+    /// a space opened on devices (tests), whose caller guarantees exclusive use.
+    lock: Option<File>,
+    /// One gc at a time (and a repair of one segment holds it too: no chunk moves then).
+    pub(crate) gc_lock: parking_lot::Mutex<()>,
+    /// Bumped by every gc under `gc_lock`: a repair pass knows its snapshot of where the
+    /// chunks are still holds while this has not changed.
+    pub(crate) gc_epoch: std::sync::atomic::AtomicU64,
+    /// What gc did since the space was opened (for `stats`).
+    pub(crate) gc_totals: parking_lot::Mutex<GcTotals>,
+    /// Shared while a reader pins a revision and loads it; exclusive while gc samples the pins
+    /// and commits its retention transaction, so a revision is never dropped under a reader
+    /// that pinned it after gc started.
+    pub(crate) pin_gate: parking_lot::RwLock<()>,
+    /// The revisions open files and restores hold (see `pins`).
+    pub(crate) pins: Arc<crate::pins::RevisionPins>,
+    /// A non-durable namespace change has committed since the last durable commit.
+    ns_dirty: std::sync::atomic::AtomicBool,
+    /// Opened by `open_read_only`: every metadata write transaction is refused, the data
+    /// file refuses writes, and the lock is shared.
+    read_only: bool,
+    /// The slot this space is (slot 0 of a single-slot space) and the data-file segments
+    /// it allocates from.
+    slot: SlotId,
+    segment_range: std::ops::Range<u64>,
+    /// Of a multi-slot space: this slot's manifest writer, and the other slots' manifests.
+    publisher: Option<Publisher>,
+    union: Option<Arc<Union>>,
+    /// Of a slot of a shared namespace: its clock (`stamp`).
+    clock: Option<Arc<crate::stamp::Clock>>,
+    /// The storage targets of a space over several (`format --target`): their state for
+    /// `ckptfs targets` and `stats`.
+    targets: Option<Arc<crate::targets::Erasure>>,
+    targets_table: Option<SharedTable>,
+    /// The lease of a slot of a multi-slot space. Last, so it is released after the table
+    /// and the store above have closed.
+    lease: Option<crate::slots::LeaseGuard>,
+}
+
+impl Drop for Space {
+    fn drop(&mut self) {
+        // The store is still open here (fields drop after this): the released header
+        // says what the slot holds.
+        if let Some(l) = self.lease() {
+            l.refresh_usage();
+        }
+    }
+}
+
+/// What the gc runs since the space was opened did (dry runs excluded): the counters
+/// `ckptfs stats` reports (a daemon's lifetime; zero offline).
+#[derive(Clone, Debug, Default, PartialEq, serde::Serialize, serde::Deserialize)]
+pub struct GcTotals {
+    pub runs: u64,
+    pub revisions_dropped: u64,
+    pub bytes_freed: u64,
+    pub bytes_copied: u64,
+    pub seconds: f64,
+}
+
+/// What `ckptfs stats` reports. Its JSON form (serde, field names as here, plus the derived
+/// ratios of `StatsReport`) is what the daemon answers and `ckptfs stats --json` prints.
+#[derive(Clone, Debug, Default, PartialEq, serde::Serialize, serde::Deserialize)]
+pub struct Stats {
+    /// Sum of the sizes of the current (linked) regular files.
+    pub logical_bytes: u64,
+    /// Bytes of data extents over all kept revisions, current or not (holes excluded): what
+    /// would be stored without dedup.
+    pub referenced_bytes: u64,
+    /// Bytes physically held in the data file for committed chunks (after compression).
+    pub stored_bytes: u64,
+    /// Uncompressed size of all distinct committed chunks.
+    pub raw_chunk_bytes: u64,
+    pub chunks: u64,
+    pub files: u64,
+    pub dirs: u64,
+    pub symlinks: u64,
+    /// fifos, sockets and device nodes
+    pub special: u64,
+    pub revisions: u64,
+    pub reserved_bytes: u64,
+    /// Bytes of the data file in use (segments not free, including dead chunks gc has not
+    /// reclaimed yet).
+    pub used_bytes: u64,
+    pub free_bytes: u64,
+    pub chunk_avg_bytes: u32,
+    /// An earlier backing I/O failure has made the space refuse writes.
+    pub failed: bool,
+    /// The backing filesystem is full: the metadata table could not keep room to grow, and
+    /// new data gets ENOSPC until room is freed there (`Error::BackingFull`).
+    #[serde(default)]
+    pub backing_full: bool,
+    /// Time spent per data-path stage since the space was opened (empty offline).
+    #[serde(with = "crate::pipeline::stage_map")]
+    pub stages: Vec<crate::pipeline::StageTime>,
+    /// gc since the space was opened (a daemon's lifetime; zero offline). Absent from the
+    /// answer of a daemon started by an older build, hence the default.
+    #[serde(default)]
+    pub gc: GcTotals,
+    /// The cutters' carried chunks now and their spills since the space was opened
+    /// (`spill`; zero offline). Absent from an older daemon's answer, hence the default.
+    #[serde(default)]
+    pub carries: crate::spill::CarryTotals,
+    /// Where the stored bytes are: live, kept revisions of present files, kept revisions of
+    /// removed files (the trash), unreferenced (`usage`).
+    #[serde(default)]
+    pub split: crate::usage::Split,
+}
+
+impl Stats {
+    /// Bytes of the data file in use that hold no committed chunk: dead chunks, padding and
+    /// uncommitted saves, which gc's compaction can give back (retention may free more).
+    pub fn reclaimable_bytes(&self) -> u64 {
+        self.used_bytes.saturating_sub(self.stored_bytes)
+    }
+
+    /// Referenced bytes (all kept revisions) per distinct chunk byte: how much dedup saves
+    /// (1.0 = nothing). None while no current file holds data: a ratio of kept or removed
+    /// revisions only would read as if the space held something deduplicated.
+    pub fn dedup_ratio(&self) -> Option<f64> {
+        (self.logical_bytes > 0).then_some(())?;
+        ratio(self.referenced_bytes, self.raw_chunk_bytes)
+    }
+    /// Distinct chunk bytes per stored byte: how much compression saves. None when nothing
+    /// is stored.
+    pub fn compression_ratio(&self) -> Option<f64> {
+        ratio(self.raw_chunk_bytes, self.stored_bytes)
+    }
+}
+
+/// `Stats` with the figures derived from it, as the JSON of `ckptfs stats` carries them.
+#[derive(Clone, Debug, PartialEq, serde::Serialize, serde::Deserialize)]
+pub struct StatsReport {
+    #[serde(flatten)]
+    pub stats: Stats,
+    /// null when there is nothing to compare (see `Stats::dedup_ratio`).
+    pub dedup_ratio: Option<f64>,
+    pub compression_ratio: Option<f64>,
+    pub reclaimable_bytes: u64,
+}
+
+impl From<Stats> for StatsReport {
+    fn from(stats: Stats) -> StatsReport {
+        StatsReport {
+            dedup_ratio: stats.dedup_ratio(),
+            compression_ratio: stats.compression_ratio(),
+            reclaimable_bytes: stats.reclaimable_bytes(),
+            stats,
+        }
+    }
+}
+
+/// a / b, or None when either is empty (no ratio of nothing).
+fn ratio(a: u64, b: u64) -> Option<f64> {
+    (a > 0 && b > 0).then(|| a as f64 / b as f64)
+}
+
+pub(crate) fn open_private(path: &Path, create: bool) -> Result<File> {
+    Ok(OpenOptions::new()
+        .read(true)
+        .write(true)
+        .create(create)
+        .truncate(false)
+        .mode(0o600)
+        .open(path)?)
+}
+
+/// The superblock of backing directory `dir`, with a clear error when `dir` is missing.
+/// The superblock of backing directory `dir`, refused with a clear error when `dir` is not a
+/// space, or has feature flags this build cannot honour for the use (`writable`).
+pub fn read_backing_dir(dir: &Path, writable: bool) -> Result<Superblock> {
+    if !dir.is_dir() {
+        return Err(Error::Invalid(format!(
+            "backing directory {} does not exist or is not a directory",
+            dir.display()
+        )));
+    }
+    let sb = read_superblock(dir)?;
+    let unknown = sb.features.unknown();
+    if unknown.incompat != 0 {
+        return Err(Error::NotASpace(format!(
+            "{} uses features this ckptfs does not know (incompatible feature flags {:#x}); \
+             use the ckptfs that made it, or a newer one",
+            dir.display(),
+            unknown.incompat
+        )));
+    }
+    if writable && unknown.ro_compat != 0 {
+        return Err(Error::Invalid(format!(
+            "{} uses features this ckptfs can read but not write (read-only compatible \
+             feature flags {:#x}); mount it with --read-only, or use a newer ckptfs",
+            dir.display(),
+            unknown.ro_compat
+        )));
+    }
+    Ok(sb)
+}
+
+/// Writes superblock `sb` into `dir` so that a crash leaves the old one or the new one:
+/// a temporary file, fsynced, renamed over the old, and the directory fsynced.
+fn write_superblock(dir: &Path, sb: &Superblock) -> Result<()> {
+    let tmp = dir.join("superblock.tmp");
+    let mut f = open_private(&tmp, true)?;
+    f.write_all(&sb.encode())?;
+    f.sync_all()?;
+    fs::rename(&tmp, dir.join(SUPERBLOCK_FILE))?;
+    sync_dir(dir)
+}
+
+/// The error for a directory without a lock file.
+fn no_lock_file(dir: &Path) -> Error {
+    Error::NotASpace(format!(
+        "{} is not a ckptfs backing space (no lock file); run `ckptfs format {}`",
+        dir.display(),
+        dir.display()
+    ))
+}
+
+/// Takes the space's lock without blocking; the lock file says who holds it.
+fn take_lock(dir: &Path) -> Result<File> {
+    let path = dir.join(LOCK_FILE);
+    let mut f = open_private(&path, false).map_err(|e| match e {
+        Error::Io(io) if io.kind() == std::io::ErrorKind::NotFound => no_lock_file(dir),
+        other => other,
+    })?;
+    // SAFETY: flock on a valid open descriptor has no memory-safety preconditions.
+    if unsafe { libc::flock(f.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) } != 0 {
+        // Held shared: read-only mounts, which leave no note in the file (the note there is
+        // an earlier holder's).
+        let probe = File::open(&path)?;
+        // SAFETY: as above; the probe's lock goes with `probe`.
+        if unsafe { libc::flock(probe.as_raw_fd(), libc::LOCK_SH | libc::LOCK_NB) } == 0 {
+            return Err(Error::Locked(format!(
+                "backing space {} is mounted read-only by another ckptfs process; unmount \
+                 that first",
+                dir.display()
+            )));
+        }
+        let mut who = String::new();
+        let _ = f.read_to_string(&mut who);
+        return Err(Error::Locked(format!(
+            "backing space {} is in use by another ckptfs process ({})",
+            dir.display(),
+            who.trim()
+        )));
+    }
+    Ok(f)
+}
+
+/// The lock of a read-only open: shared with other read-only opens, refused while a
+/// read-write holder has the space. Opens the lock file read-only and writes nothing.
+fn take_shared_lock(dir: &Path) -> Result<File> {
+    let path = dir.join(LOCK_FILE);
+    let f = File::open(&path).map_err(|e| match e.kind() {
+        std::io::ErrorKind::NotFound => no_lock_file(dir),
+        _ => Error::from(e),
+    })?;
+    // SAFETY: flock on a valid open descriptor has no memory-safety preconditions.
+    if unsafe { libc::flock(f.as_raw_fd(), libc::LOCK_SH | libc::LOCK_NB) } != 0 {
+        return Err(Error::Locked(format!(
+            "backing space {} is in use by another ckptfs process ({}); a read-only mount \
+             needs it unmounted",
+            dir.display(),
+            lock_holder(dir).unwrap_or_default().trim()
+        )));
+    }
+    Ok(f)
+}
+
+/// Reads the lock file of a space, which names the process and mountpoint holding it.
+pub fn lock_holder(dir: &Path) -> Option<String> {
+    fs::read_to_string(dir.join(LOCK_FILE))
+        .ok()
+        .filter(|s| !s.trim().is_empty())
+}
+
+/// Adds `features` to the superblock of the unmounted space in `dir` (`format --codec
+/// float` marks a space it has just made).
+pub fn mark_features(dir: &Path, features: Features) -> Result<()> {
+    let sb = read_superblock(dir)?;
+    if !sb.features.contains(features) {
+        write_superblock(dir, &sb.with_features(features))?;
+    }
+    Ok(())
+}
+
+pub fn read_superblock(dir: &Path) -> Result<Superblock> {
+    let path = dir.join(SUPERBLOCK_FILE);
+    match fs::read(&path) {
+        Ok(b) => Superblock::decode(&b),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Err(Error::NotASpace(format!(
+            "{} is not a ckptfs backing space (no superblock); run `ckptfs format {}`",
+            dir.display(),
+            dir.display()
+        ))),
+        Err(e) => Err(e.into()),
+    }
+}
+
+/// Bytes available to unprivileged users on the filesystem holding `dir`.
+pub fn free_disk_bytes(dir: &Path) -> Result<u64> {
+    let c = std::ffi::CString::new(dir.as_os_str().as_encoded_bytes())
+        .map_err(|_| Error::Invalid("path contains a NUL byte".into()))?;
+    // SAFETY: statvfs writes into the zeroed struct we pass; the path is a valid C string.
+    let mut st: libc::statvfs = unsafe { std::mem::zeroed() };
+    if unsafe { libc::statvfs(c.as_ptr(), &mut st) } != 0 {
+        return Err(std::io::Error::last_os_error().into());
+    }
+    Ok(st.f_bavail as u64 * st.f_frsize as u64)
+}
+
+fn multi_slot_refusal(dir: &Path, sb: &Superblock) -> Error {
+    Error::Invalid(format!(
+        "{} has {} slots, each mounted by its own node: run this through a mountpoint \
+         (it acts on that mount's slot); `ckptfs slots {}` lists them",
+        dir.display(),
+        sb.slots,
+        dir.display()
+    ))
+}
+
+impl Space {}
+
+pub(crate) fn sync_dir(dir: &Path) -> Result<()> {
+    File::open(dir)?.sync_all()?;
+    Ok(())
+}
+
+/// Reserves `len` bytes for `f` (fallocate; a sparse file where the filesystem cannot) and
+/// makes the size durable.
+pub(crate) fn preallocate(f: &File, len: u64) -> Result<()> {
+    // SAFETY: fallocate on a valid descriptor; arguments are plain integers.
+    let rc = unsafe { libc::fallocate(f.as_raw_fd(), 0, 0, len as libc::off_t) };
+    if rc != 0 {
+        let e = std::io::Error::last_os_error();
+        if e.raw_os_error() == Some(libc::EOPNOTSUPP) {
+            log::warn!("fallocate is not supported here; the file is sparse");
+            f.set_len(len)?;
+        } else {
+            return Err(e.into());
+        }
+    }
+    f.sync_all()?;
+    Ok(())
+}
+
+impl Space {
+    /// What `ckptfs advise` needs from this space (this slot's revisions on a multi-slot
+    /// space): recent checkpoints measured from the revisions' write times, the failure
+    /// model kept in its config, and failed targets since format. Reads at most
+    /// `advice::REVISIONS_SCANNED` revisions.
+    pub fn advice_inputs(&self) -> Result<crate::advice::AdviceInputs> {
+        let r = self.reader()?;
+        let writes = r.recent_write_times(crate::advice::REVISIONS_SCANNED)?;
+        let config = r.advice_config()?;
+        let failures = self.targets_report().map_or(0, |t| {
+            t.targets.iter().filter(|t| t.state != "ok").count() as u64
+        });
+        let now = Timestamp::now();
+        let now = now.secs as f64 + now.nanos as f64 / 1e9;
+        Ok(crate::advice::AdviceInputs::new(
+            now,
+            &writes,
+            config,
+            failures,
+            now - self.sb.created_unix_s as f64,
+        ))
+    }
+
+    pub fn set_advice_config(&self, c: &crate::advice::AdviceConfig) -> Result<()> {
+        let txn = self.begin_write(true)?;
+        Txn::open(&txn)?.set_advice_config(c)?;
+        self.commit(txn)?;
+        Ok(())
+    }
+
+    /// What redundancy each revision has right now, on a space over several targets: the
+    /// worst segment its chunks are in decides how many more targets it can lose. One pass
+    /// over the extent table (no data is read). None for a one-target space.
+    pub fn revision_redundancy(&self) -> Result<Option<RevisionRedundancy>> {
+        let Some(t) = self.targets.as_ref() else {
+            return Ok(None);
+        };
+        let full = t.redundancy().parity as i64;
+        let seg = u64::from(self.sb.segment_bytes);
+        let revs = self
+            .reader()?
+            .revisions_by_segments(seg, |s| t.tolerance(s).unwrap_or(i64::MAX))?;
+        let mut by: std::collections::BTreeMap<i64, u64> = Default::default();
+        let mut short = Vec::new();
+        for (rev, rr, tol) in revs {
+            if !rr.sealed {
+                continue;
+            }
+            let tol = tol.unwrap_or(full).min(full);
+            *by.entry(tol).or_default() += 1;
+            if tol < full {
+                short.push(ShortRevision {
+                    revision: rev.0,
+                    history: rr.history,
+                    can_lose: tol,
+                });
+            }
+        }
+        short.sort_by_key(|s| (s.can_lose, s.revision));
+        let short_total = short.len() as u64;
+        short.truncate(RevisionRedundancy::LISTED_MAX);
+        Ok(Some(RevisionRedundancy {
+            full_tolerance: full,
+            listed: by.into_iter().rev().collect(),
+            short,
+            short_total,
+        }))
+    }
+
+    /// The targets table of a space over targets (`rebuild --replace` edits it).
+    pub(crate) fn targets_table(&self) -> Option<&SharedTable> {
+        self.targets_table.as_ref()
+    }
+
+    /// The erasure-coded placement of a space over several targets.
+    pub fn erasure(&self) -> Option<&Arc<crate::targets::Erasure>> {
+        self.targets.as_ref()
+    }
+
+    /// The targets of a space over several (None for a one-target space).
+    pub fn targets_report(&self) -> Option<crate::targets::TargetsReport> {
+        let mut r = self.targets.as_ref()?.report();
+        if let Some(t) = &self.targets_table {
+            let t = t.lock();
+            for (i, rep) in r.targets.iter_mut().enumerate() {
+                rep.metadata_mirror = t.mirror.get(i).copied().unwrap_or(false);
+            }
+        }
+        if self.is_shared() {
+            r.slot = Some(self.slot.0);
+        }
+        Some(r)
+    }
+
+    /// Records `features` in the superblock (on disk first) unless it has them already.
+    /// Called before the first write that needs them, so a build that does not know them
+    /// never finds their data without the flag that makes it refuse.
+    pub fn add_features(&mut self, features: Features) -> Result<()> {
+        if self.sb.features.contains(features) {
+            return Ok(());
+        }
+        if self.read_only {
+            return Err(Error::ReadOnly);
+        }
+        let sb = self.sb.with_features(features);
+        write_superblock(&self.dir, &sb)?;
+        log::info!(
+            "superblock: feature flags now compat {:#x}, ro_compat {:#x}, incompat {:#x} \
+             (format version {})",
+            sb.features.compat,
+            sb.features.ro_compat,
+            sb.features.incompat,
+            sb.version
+        );
+        self.sb = sb;
+        Ok(())
+    }
+
+    /// The codec policy for new chunks. The shuffle codecs mark the superblock first
+    /// (`Features::INCOMPAT_SHUFFLE_CODECS`), so builds without them refuse the space
+    /// instead of reporting its chunks as corrupt.
+    pub fn set_codec_policy(&mut self, policy: crate::codec::Policy) -> Result<()> {
+        if !self.read_only {
+            match policy {
+                crate::codec::Policy::Lz4 => {}
+                crate::codec::Policy::Shuffle => {
+                    self.add_features(Features::INCOMPAT_SHUFFLE_CODECS)?
+                }
+                crate::codec::Policy::Float => self.add_features(Features::INCOMPAT_FLOAT_CODEC)?,
+            }
+        }
+        self.store.set_codec_policy(policy);
+        Ok(())
+    }
+
+    pub fn is_read_only(&self) -> bool {
+        self.read_only
+    }
+
+    /// Records the mountpoint in the lock file, so tools can find the mount from the space.
+    pub fn set_lock_note(&mut self, note: &str) -> Result<()> {
+        use std::os::unix::fs::FileExt;
+        let lock = self
+            .lock
+            .as_ref()
+            .ok_or_else(|| Error::Invalid("this space has no lock file".into()))?;
+        lock.set_len(0)?;
+        lock.write_all_at(note.as_bytes(), 0)?;
+        Ok(())
+    }
+
+    pub fn dir(&self) -> &Path {
+        &self.dir
+    }
+
+    pub fn superblock(&self) -> &Superblock {
+        &self.sb
+    }
+
+    /// The slot this space is (0 for a single-slot space).
+    pub fn slot(&self) -> SlotId {
+        self.slot
+    }
+
+    /// The data-file segments this space (slot) allocates from.
+    pub fn segment_range(&self) -> std::ops::Range<u64> {
+        self.segment_range.clone()
+    }
+
+    /// The lease of a slot of a multi-slot space.
+    pub fn lease(&self) -> Option<&Arc<Lease>> {
+        self.lease.as_ref().map(|g| &g.0)
+    }
+
+    /// The other slots' published namespaces (a multi-slot space).
+    pub fn union(&self) -> Option<&Arc<Union>> {
+        self.union.as_ref()
+    }
+
+    /// Whether this is a slot of a shared namespace (a mounted slot of a multi-slot space).
+    pub fn is_shared(&self) -> bool {
+        self.union.is_some()
+    }
+
+    /// A new stamp of the shared namespace's clock (`stamp`), past every stamp this node has
+    /// seen in the other slots' records.
+    pub fn stamp(&self) -> u64 {
+        match (&self.clock, &self.union) {
+            (Some(c), Some(u)) => {
+                c.observe(u.max_stamp());
+                c.tick()
+            }
+            _ => crate::slots::now_unix_ns(),
+        }
+    }
+
+    /// Announces a change of the shared namespace touching `keys` and waits until it may
+    /// go on (`nslock`); the intent is withdrawn when the guard drops. `prio`: the
+    /// change's first stamp.
+    pub fn ns_lock(&self, keys: &[u64], prio: u64) -> Result<crate::nslock::NsGuard<'_>> {
+        let (Some(lease), Some(u)) = (self.lease(), &self.union) else {
+            return Err(Error::Invalid("not a slot of a shared namespace".into()));
+        };
+        crate::nslock::lock(lease, u, keys, prio)
+    }
+
+    /// A version record of local inode `ino` as other nodes read it: its attributes, its
+    /// order among the object's versions, a file's extents with each chunk's stored place.
+    /// None for an inode that is gone or is no version.
+    fn pub_version(&self, r: &Reader, ino: InodeId) -> Result<Option<PubVersion>> {
+        let Some(rec) = r.inode(ino)? else {
+            return Ok(None);
+        };
+        let Some(meta) = r.version(ino)? else {
+            return Ok(None);
+        };
+        let mut extents = Vec::new();
+        if rec.kind == NodeKind::File && rec.current_rev.0 != 0 {
+            for (off, e) in r.extents(rec.current_rev)? {
+                let c = r
+                    .chunk(&e.chunk)?
+                    .ok_or(Corruption::UnknownChunk(e.chunk))?;
+                extents.push(PubExtent {
+                    off,
+                    len: e.len,
+                    chunk_off: e.chunk_off,
+                    hash: e.chunk,
+                    at: c.offset,
+                    stored_len: c.stored_len,
+                    raw_len: c.raw_len,
+                    codec: c.codec,
+                });
+            }
+        }
+        let node = PubNode {
+            ino,
+            kind: rec.kind,
+            perm: rec.perm,
+            uid: rec.uid,
+            gid: rec.gid,
+            mtime: rec.mtime,
+            ctime: rec.ctime,
+            size: match rec.kind {
+                NodeKind::Symlink => rec.target.len() as u64,
+                NodeKind::File => rec.size,
+                _ => 0,
+            },
+            // A device node's number travels in the revision field (files only have one).
+            rev: match rec.kind {
+                NodeKind::File => rec.current_rev.0,
+                NodeKind::CharDevice | NodeKind::BlockDevice => rec.rdev as u64,
+                _ => 0,
+            },
+            target: match rec.kind {
+                NodeKind::Symlink => rec.target,
+                _ => Vec::new(),
+            },
+            extents: extents.into(),
+        };
+        Ok(Some(PubVersion { meta, node }))
+    }
+
+    /// The committed version records of local inodes `inos` (those that are versions).
+    pub fn version_records(&self, inos: &[InodeId]) -> Result<Vec<Record>> {
+        let r = self.reader()?;
+        let mut out = Vec::with_capacity(inos.len());
+        for &i in inos {
+            match self.pub_version(&r, i)? {
+                Some(v) => out.push(Record::Version(v)),
+                None => out.push(Record::Drop(i)),
+            }
+        }
+        Ok(out)
+    }
+
+    /// Every record of this slot's part of the shared namespace, as committed: its
+    /// bindings and the versions of its inodes.
+    pub fn own_records(&self) -> Result<Vec<Record>> {
+        let r = self.reader()?;
+        let mut out: Vec<Record> = r
+            .bindings()?
+            .into_iter()
+            .map(|(p, n, b)| Record::Bind(p, n, b))
+            .collect();
+        for (ino, _) in r.versions()? {
+            if let Some(v) = self.pub_version(&r, ino)? {
+                out.push(Record::Version(v));
+            }
+        }
+        Ok(out)
+    }
+
+    /// Publishes `recs` (records of what this slot committed) to the other nodes: appended
+    /// to the manifest, or a snapshot of everything when the half is full. Makes pending
+    /// namespace changes durable first: nothing is published that a crash could take back.
+    pub fn publish(&self, recs: &[Record]) -> Result<()> {
+        let Some(p) = &self.publisher else {
+            return Ok(());
+        };
+        if recs.is_empty() {
+            return Ok(());
+        }
+        self.sync_meta_if_dirty()?;
+        if p.append(recs)? {
+            return Ok(());
+        }
+        self.publish_snapshot()
+    }
+
+    /// Of a slot over targets: restores the redundancy of its manifest area, which holds
+    /// no chunks for `repair` to verify (`Publisher::renew`: a short half is re-placed
+    /// while it holds nothing published; `rewrite`: the published records are written
+    /// afresh too). Returns whether anything was re-placed or rewritten.
+    pub(crate) fn renew_manifest(
+        &self,
+        er: &crate::targets::Erasure,
+        rewrite: bool,
+    ) -> Result<bool> {
+        let Some(p) = &self.publisher else {
+            return Ok(false);
+        };
+        let share = self.sb.slot_share(self.slot);
+        let h = self.sb.manifest_half_segments(self.slot);
+        let segs = |half: u64| share.start + half * h..share.start + (half + 1) * h;
+        self.sync_meta_if_dirty()?;
+        let recs = self.own_records()?;
+        p.renew(
+            &recs,
+            rewrite,
+            &|half| segs(half).all(|s| !er.needs_rebuild(s)),
+            &|half| {
+                for s in segs(half) {
+                    crate::placement::Placement::prepare(er, SegmentId(s))?;
+                }
+                Ok(())
+            },
+        )
+    }
+
+    /// Publishes this slot's whole part of the shared namespace as a new manifest
+    /// generation (at mount, when a half fills up, after gc moved chunks).
+    pub fn publish_snapshot(&self) -> Result<()> {
+        let Some(p) = &self.publisher else {
+            return Ok(());
+        };
+        self.sync_meta_if_dirty()?;
+        let recs = self.own_records()?;
+        p.snapshot(&recs)
+    }
+
+    pub fn chunk_params(&self) -> ChunkParams {
+        self.sb.chunk
+    }
+
+    pub fn chunks(&self) -> &dyn ChunkIo {
+        &*self.store
+    }
+
+    /// The verified bytes of another slot's published extents' chunks, in order: read by
+    /// the one chunk reader this slot's own files use (its cache, coalescing of adjacent
+    /// chunks into one device read, verification, and the placement's repair), at the
+    /// locations the owner published. `Corrupt` when a location is stale (the owner moved
+    /// the chunk): the caller reads the owner's manifest again.
+    pub fn read_published(
+        &self,
+        extents: &[&crate::manifest::PubExtent],
+    ) -> Result<Vec<crate::chunk::ChunkBytes>> {
+        let chunks: Vec<(ChunkHash, ChunkRecord)> =
+            extents.iter().map(|e| (e.hash, e.chunk_record())).collect();
+        self.store.get_many_at(&chunks)
+    }
+
+    /// Starts reading another slot's published extents' chunks ahead of a sequential
+    /// reader (`ChunkStore::prefetch_at`: the read-ahead this slot's files get).
+    pub fn prefetch_published(&self, extents: &[&crate::manifest::PubExtent]) {
+        self.store
+            .prefetch_at(extents.iter().map(|e| (e.hash, e.chunk_record())).collect())
+    }
+
+    /// Takes a write request's bytes into `file`, timed as the `ingest` stage.
+    pub fn ingest(&self, file: &mut FileState, off: u64, data: &[u8]) -> Result<()> {
+        // The backing filesystem filled up: no new data, so the commits under way keep the
+        // table's room (a table write the filesystem refused would fail the whole space).
+        if self.meta.room_low() {
+            return Err(Error::BackingFull);
+        }
+        let t = std::time::Instant::now();
+        let r = file.write(&*self.store, off, data);
+        self.store.stages().ingest.add(t.elapsed(), data.len());
+        r
+    }
+
+    /// The chunk store itself: for the engine's own tests and benchmarks, which measure its
+    /// caches and pools. The `fs` and `mount` crates use the methods below instead.
+    #[doc(hidden)]
+    pub fn store(&self) -> &ChunkStore {
+        &self.store
+    }
+
+    /// Usable bytes of the space (this slot's share of a multi-slot space).
+    pub fn capacity(&self) -> u64 {
+        self.store.capacity()
+    }
+
+    /// Bytes of a segment, the unit the space is allocated and freed in.
+    pub fn segment_bytes(&self) -> u64 {
+        self.store.segment_bytes()
+    }
+
+    /// Bytes free for new chunks now (see `ChunkStore::free_bytes`).
+    pub fn free_bytes(&self) -> u64 {
+        self.store.free_bytes()
+    }
+
+    /// An earlier write or sync to the backing space failed: the space refuses changes
+    /// until it is opened again (sticky failure).
+    pub fn is_failed(&self) -> bool {
+        self.store.is_failed()
+    }
+
+    /// Starts reading chunks a sequential reader will ask for soon (`ChunkStore::prefetch`).
+    pub fn prefetch(&self, chunks: Vec<ChunkHash>) {
+        self.store.prefetch(chunks)
+    }
+
+    /// Pins chunks another file's extents name, for a metadata-only copy
+    /// (`ChunkStore::pin_stored`).
+    pub fn pin_stored(&self, chunks: &[ChunkHash]) -> Result<crate::pins::ChunkPins> {
+        self.store.pin_stored(chunks)
+    }
+
+    /// Housekeeping the daemon runs a few times a second: frees the spare read buffers
+    /// when reads stopped, and returns segments a gc emptied whose grace is over.
+    pub fn idle_tick(&self) {
+        self.store.release_idle_read_buffers();
+        self.store.release_due(false);
+    }
+
+    /// Forgets the decoded chunks this mount keeps (`ChunkStore::drop_cache`).
+    pub fn drop_caches(&self) {
+        self.store.drop_cache()
+    }
+
+    /// Store threads for submitted pieces (0: on the submitting thread).
+    pub fn set_workers(&self, n: usize) {
+        self.store.set_workers(n)
+    }
+
+    pub fn workers(&self) -> usize {
+        self.store.workers()
+    }
+
+    /// Compresses new chunks in batches with `codec` (the GPU) from now on; `None`: LZ4
+    /// on the store threads (`ChunkStore::set_batch_codec`).
+    pub fn set_batch_codec(&self, codec: Option<Arc<dyn ckptfs_kernels::BatchCodec>>) {
+        self.store.set_batch_codec(codec)
+    }
+
+    /// The committed record of a chunk, if it is committed.
+    pub fn committed_record(&self, h: &ChunkHash) -> Result<Option<ChunkRecord>> {
+        self.store.committed_record(h)
+    }
+
+    /// The metadata table itself: for the engine's tests that damage a space on purpose.
+    /// Everything else reads and writes through the catalog (`reader`, `ns_write`); only
+    /// the engine begins and commits write transactions.
+    #[doc(hidden)]
+    pub fn db(&self) -> &Database {
+        &self.db
+    }
+
+    /// Runs a namespace change in one write transaction. `durable` commits make it (and every
+    /// earlier non-durable commit) survive a crash; the others are ordered but may be lost.
+    pub fn ns_write<R, E: From<Error>>(
+        &self,
+        durable: bool,
+        f: impl FnOnce(&mut Txn) -> std::result::Result<R, E>,
+    ) -> std::result::Result<R, E> {
+        if self.read_only {
+            return Err(Error::ReadOnly.into());
+        }
+        if self.store.is_failed() {
+            return Err(Error::Failed.into());
+        }
+        let txn = self.begin_write(durable)?;
+        let r = {
+            let mut t = Txn::open(&txn)?;
+            f(&mut t)
+        };
+        match r {
+            Ok(v) => {
+                self.commit(txn)?;
+                if !durable {
+                    self.ns_dirty
+                        .store(true, std::sync::atomic::Ordering::SeqCst);
+                }
+                Ok(v)
+            }
+            Err(e) => {
+                txn.abort().map_err(Error::from)?;
+                Err(e)
+            }
+        }
+    }
+
+    /// Begins a metadata transaction. A durable one commits in two phases (its pages are
+    /// synced before the commit slot naming them is written), so on open redb never has to
+    /// fall back to the previous commit: an acknowledged commit cannot be silently rolled
+    /// back, and a damaged table is an error. Costs one more fdatasync of the table per
+    /// durable commit. Non-durable transactions (namespace changes) become durable with the
+    /// next durable one.
+    pub(crate) fn begin_write(&self, durable: bool) -> Result<redb::WriteTransaction> {
+        if self.read_only {
+            return Err(Error::ReadOnly);
+        }
+        if self.store.is_failed() {
+            return Err(Error::Failed);
+        }
+        let mut txn = self.db.begin_write()?;
+        if durable {
+            txn.set_two_phase_commit(true);
+            // Write transactions run one at a time: every non-durable commit so far is
+            // before this one, and becomes durable with it.
+            self.ns_dirty
+                .store(false, std::sync::atomic::Ordering::SeqCst);
+        } else {
+            txn.set_durability(Durability::None)
+                .map_err(|e| Error::Meta(e.to_string()))?;
+        }
+        Ok(txn)
+    }
+
+    /// Commits a metadata transaction. A failed commit is sticky like a failed data write:
+    /// the table's state on disk is unknown, so nothing more may be acknowledged.
+    pub(crate) fn commit(&self, txn: redb::WriteTransaction) -> Result<()> {
+        txn.commit()
+            .map_err(|e| self.store.fail_with(Error::from(e)))
+    }
+
+    /// Runs `load` under the pin gate and pins the revision it returns before the gate
+    /// opens again (see `pins`): gc keeps that revision until the pin is dropped. `ino`:
+    /// the open inode the pin belongs to, which gc then keeps too even when unlinked.
+    pub fn pin<T, E: From<Error>>(
+        &self,
+        ino: Option<InodeId>,
+        load: impl FnOnce() -> std::result::Result<(RevisionId, T), E>,
+    ) -> std::result::Result<(crate::pins::RevisionPin, T), E> {
+        let _gate = self.pin_gate.read();
+        let (rev, t) = load()?;
+        Ok((self.pins.pin(rev, ino), t))
+    }
+
+    /// A read snapshot of the catalog.
+    pub fn reader(&self) -> Result<Reader> {
+        Reader::new(&self.db)
+    }
+
+    pub fn get_inode(&self, ino: InodeId) -> Result<Option<InodeRecord>> {
+        self.reader()?.inode(ino)
+    }
+
+    /// The extended attributes of `ino`.
+    pub fn xattrs(&self, ino: InodeId) -> Result<Xattrs> {
+        self.reader()?.xattrs(ino)
+    }
+
+    /// One extended attribute of `ino`.
+    pub fn xattr(&self, ino: InodeId, name: &[u8]) -> Result<Option<Vec<u8>>> {
+        self.reader()?.xattr(ino, name)
+    }
+
+    /// What revision `rev` recorded of its file's extended attributes.
+    pub fn revision_xattrs(&self, rev: RevisionId) -> Result<Xattrs> {
+        self.reader()?.revision_xattrs(rev)
+    }
+
+    pub fn lookup(&self, parent: InodeId, name: &[u8]) -> Result<Option<InodeId>> {
+        self.reader()?.lookup(parent, name)
+    }
+
+    pub fn list_dir(
+        &self,
+        dir: InodeId,
+        after: u64,
+        limit: usize,
+    ) -> Result<Vec<catalog::DirEntry>> {
+        self.reader()?.list_dir(dir, after, limit)
+    }
+
+    /// The extent map of a committed revision.
+    pub fn load_map(&self, rev: RevisionId) -> Result<ExtentMap> {
+        let mut map = ExtentMap::new();
+        if rev.0 == 0 {
+            return Ok(map);
+        }
+        for (off, e) in self.reader()?.extents(rev)? {
+            map.push_loaded(off, e)?;
+        }
+        Ok(map)
+    }
+
+    /// Opens a file's committed content for reading and writing.
+    pub fn load_file(&self, rec: &InodeRecord) -> Result<FileState> {
+        let map = self.load_map(rec.current_rev)?;
+        if let Some((o, e)) = map.iter().next_back() {
+            if o + e.len as u64 > rec.size {
+                return Err(Corruption::Record {
+                    record: "extent map",
+                    why: format!("it reaches past the size of its file ({} bytes)", rec.size),
+                }
+                .into());
+            }
+        }
+        // A file opened here is often rewritten next (O_TRUNC with a fixed checkpoint name) or
+        // read by a restarted job whose next checkpoint resembles it: predict its chunks.
+        self.store.learn(map.iter(), self.sb.chunk.max_bytes);
+        Ok(FileState::new(
+            self.sb.chunk,
+            map,
+            rec.size,
+            self.store.new_pins(),
+        ))
+    }
+
+    /// Commits `file` (after `finish`) as a new revision of `ino`'s history, with `rec` as its
+    /// inode record. Protocol: write out and sync the data file, then one durable metadata
+    /// transaction names the new chunks, the revision and its extents, and records the
+    /// segments taken since the last commit. A crash before the transaction commits leaves
+    /// the previous revision current and intact: new chunks only go to segments that were
+    /// free in the committed metadata. An unsealed current revision (an fsync point) is
+    /// replaced rather than kept, so fsync adds no listed revision.
+    pub fn commit_file(
+        &self,
+        ino: InodeId,
+        file: &mut FileState,
+        rec: &mut InodeRecord,
+        seal: Seal,
+    ) -> Result<RevisionId> {
+        self.commit_file_keeping(ino, file, rec, seal, Previous::Replace)
+    }
+
+    /// `commit_file`, saying what becomes of an unsealed current revision.
+    pub fn commit_file_keeping(
+        &self,
+        ino: InodeId,
+        file: &mut FileState,
+        rec: &mut InodeRecord,
+        seal: Seal,
+        previous: Previous,
+    ) -> Result<RevisionId> {
+        assert_eq!(rec.kind, NodeKind::File);
+        assert!(
+            rec.history != HistoryId::NONE,
+            "regular file without a history"
+        );
+        self.store.flush_sync()?;
+        let t_commit = std::time::Instant::now();
+        let taken = self.store.taken_segments();
+        let txn = self.begin_write(true)?;
+        let rev = {
+            let mut t = Txn::open(&txn)?;
+            let rev = t.next_revision_id()?;
+            t.mark_taken(&taken)?;
+            // The namespace owns nlink, the history and which revision is current (a
+            // rename or unlink may have changed them since the caller's copy was taken):
+            // take them from the stored record, inside this transaction.
+            if let Some(stored) = t.get_inode(ino)? {
+                rec.adopt_namespace(&stored);
+            }
+            let prev = rec.current_rev;
+            let replace = prev.0 != 0
+                && previous == Previous::Replace
+                && t.revision(prev)?
+                    .is_some_and(|p| !p.sealed && p.history == rec.history);
+            let rr = RevisionRecord {
+                size: file.size(),
+                committed: Timestamp::now(),
+                new_stored_bytes: 0,
+                sealed: seal == Seal::Complete,
+                history: rec.history,
+                write_ms: file.write_ms(),
+            };
+            let pending = |h: &ChunkHash| self.store.pending_record(h);
+            if replace {
+                t.replace_revision(prev, rev, &rr, file.map().iter(), ino, pending)?;
+            } else {
+                t.put_revision(rev, &rr, file.map().iter(), ino, pending)?;
+            }
+            rec.size = file.size();
+            rec.current_rev = rev;
+            t.put_inode(ino, rec)?;
+            rev
+        };
+        self.commit(txn)?;
+        self.store.stages().commit.add(t_commit.elapsed(), 0);
+        self.store.recorded_taken(&taken);
+        // Durable now: the pins of the chunks this commit names can go.
+        drop(file.take_pins());
+        // The next revision of this file (or of one like it) is cut by predicting these
+        // chunks again. Complete revisions only: an fsync point's map is one the file's own
+        // close will teach again, and a file fsynced often would relearn it each time.
+        if seal == Seal::Complete {
+            self.store.learn(file.map().iter(), self.sb.chunk.max_bytes);
+        }
+        Ok(rev)
+    }
+
+    /// Marks a revision complete: its file's last writer has let go of it.
+    pub fn seal(&self, rev: RevisionId) -> Result<()> {
+        let txn = self.begin_write(true)?;
+        if !Txn::open(&txn)?.seal(rev)? {
+            txn.abort()?;
+            return Ok(());
+        }
+        self.commit(txn)?;
+        Ok(())
+    }
+
+    pub fn config(&self) -> Result<Config> {
+        self.reader()?.config()
+    }
+
+    pub fn set_config(&self, c: &Config) -> Result<()> {
+        let txn = self.begin_write(true)?;
+        Txn::open(&txn)?.set_config(c)?;
+        self.commit(txn)?;
+        Ok(())
+    }
+
+    /// Walks `path` (relative to the root, `/`-separated) through the namespace.
+    pub fn resolve(&self, path: &[u8]) -> Result<Option<InodeId>> {
+        let mut ino = InodeId::ROOT;
+        for part in path.split(|b| *b == b'/').filter(|p| !p.is_empty()) {
+            match self.lookup(ino, part)? {
+                Some(i) => ino = i,
+                None => return Ok(None),
+            }
+        }
+        Ok(Some(ino))
+    }
+
+    /// The history of `path`: that of the file there now, else that of the most recently
+    /// unlinked file that lived there and is still retained.
+    pub fn history_of_path(&self, path: &[u8]) -> Result<Option<HistoryId>> {
+        if let Some(ino) = self.resolve(path)? {
+            if let Some(rec) = self.get_inode(ino)? {
+                if rec.kind == NodeKind::File {
+                    return Ok(Some(rec.history));
+                }
+            }
+        }
+        let want: Vec<u8> = path
+            .split(|b| *b == b'/')
+            .filter(|p| !p.is_empty())
+            .collect::<Vec<_>>()
+            .join(&b'/');
+        self.reader()?.unlinked_history_at(&want)
+    }
+
+    /// The history of the most recently unlinked file that lived at `path` (components
+    /// joined by '/'), if it is still retained.
+    pub fn unlinked_history_at(&self, path: &[u8]) -> Result<Option<HistoryId>> {
+        self.reader()?.unlinked_history_at(path)
+    }
+
+    /// History ids greater than `after`, at most `limit`.
+    pub fn history_ids(&self, after: HistoryId, limit: usize) -> Result<Vec<HistoryId>> {
+        self.reader()?.history_ids(after, limit)
+    }
+
+    pub fn history(&self, hid: HistoryId) -> Result<HistoryRecord> {
+        self.reader()?.history(hid)
+    }
+
+    /// The listed revisions of a history, oldest first: the complete ones. An fsync point
+    /// (the content of a file still being written) is durable but not listed.
+    pub fn revisions(&self, hid: HistoryId) -> Result<Vec<RevisionInfo>> {
+        let h = self.history(hid)?;
+        let current = if h.unlinked.is_none() {
+            self.get_inode(h.ino)?.map(|r| r.current_rev)
+        } else {
+            None
+        };
+        let r = self.reader()?;
+        let mut out = Vec::new();
+        for rev in r.history_revisions(hid)? {
+            let rec = r
+                .revision(rev)?
+                .ok_or(Corruption::Missing(Missing::Revision(rev)))?;
+            let is_current = current == Some(rev);
+            if rec.sealed {
+                out.push(RevisionInfo {
+                    id: rev,
+                    rec,
+                    current: is_current,
+                });
+            }
+        }
+        Ok(out)
+    }
+
+    pub fn revision(&self, rev: RevisionId) -> Result<Option<RevisionRecord>> {
+        self.reader()?.revision(rev)
+    }
+
+    /// A read-only file state holding the content of a revision.
+    pub fn load_revision(&self, rev: RevisionId) -> Result<FileState> {
+        let rr = self
+            .revision(rev)?
+            .ok_or_else(|| Error::Invalid(format!("no revision {}", rev.0)))?;
+        Ok(FileState::new(
+            self.sb.chunk,
+            self.load_map(rev)?,
+            rr.size,
+            self.store.new_pins(),
+        ))
+    }
+
+    /// Makes every earlier non-durable metadata commit durable (fsync of a directory).
+    pub fn sync_meta(&self) -> Result<()> {
+        self.ns_write(true, |_| Ok::<(), Error>(()))
+    }
+
+    /// `sync_meta` when a namespace change is not yet durable; nothing otherwise. A close
+    /// that had no data to commit calls this, so a file created empty (a "done" marker) or an
+    /// unlink before it survives a crash once close returns.
+    pub fn sync_meta_if_dirty(&self) -> Result<()> {
+        if self.ns_dirty.load(std::sync::atomic::Ordering::SeqCst) {
+            self.sync_meta()?;
+        }
+        Ok(())
+    }
+
+    pub fn stats(&self) -> Result<Stats> {
+        let r = self.reader()?;
+        let mut s = Stats {
+            reserved_bytes: self.store.capacity(),
+            free_bytes: self.store.free_bytes(),
+            chunk_avg_bytes: self.sb.chunk.avg_bytes,
+            failed: self.store.is_failed(),
+            backing_full: self.meta.room_low(),
+            stages: self.store.stages().snapshot(),
+            gc: self.gc_totals.lock().clone(),
+            carries: self.store.pipeline().carries.totals(),
+            ..Stats::default()
+        };
+        s.used_bytes = s.reserved_bytes - s.free_bytes;
+        r.for_each_inode(|_, rec| {
+            if rec.nlink == 0 {
+                return;
+            }
+            match rec.kind {
+                NodeKind::Dir => s.dirs += 1,
+                NodeKind::Symlink => s.symlinks += 1,
+                NodeKind::Fifo
+                | NodeKind::Socket
+                | NodeKind::CharDevice
+                | NodeKind::BlockDevice => s.special += 1,
+                NodeKind::File => {
+                    s.files += 1;
+                    s.logical_bytes += rec.size;
+                }
+            }
+        })?;
+        s.dirs = s.dirs.saturating_sub(1); // the root is not counted
+        r.for_each_extent(|e| s.referenced_bytes += e.len as u64)?;
+        s.revisions = r.revision_count()?;
+        r.for_each_chunk(|_, c| {
+            s.chunks += 1;
+            s.stored_bytes += c.stored_len as u64;
+            s.raw_chunk_bytes += c.raw_len as u64;
+            Ok(())
+        })?;
+        s.split = crate::usage::split(&r, s.stored_bytes)?;
+        Ok(s)
+    }
+}

@@ -1,0 +1,461 @@
+//! The metadata of a space over targets kept beside its data: the targets table, its
+//! copies and the metadata mirrors on the targets, `recover` from them, and opening the
+//! targets.
+
+use super::*;
+
+/// Writes `name` in `dir` so a crash leaves the old file or the new one (temporary file,
+/// fsync, rename, directory fsync).
+pub(super) fn write_file_durably(dir: &Path, name: &str, bytes: &[u8]) -> Result<()> {
+    write_file_durably_via(dir, name, &format!("{name}.tmp"), bytes)
+}
+
+/// `write_file_durably` through the temporary file `tmp` (a slot's own, where several
+/// nodes may replace the same file).
+pub(super) fn write_file_durably_via(
+    dir: &Path,
+    name: &str,
+    tmp: &str,
+    bytes: &[u8],
+) -> Result<()> {
+    let tmp = dir.join(tmp);
+    let mut f = open_private(&tmp, true)?;
+    f.set_len(0)?;
+    f.write_all(bytes)?;
+    f.sync_all()?;
+    fs::rename(&tmp, dir.join(name))?;
+    sync_dir(dir)
+}
+
+/// Writes the targets table with a new generation: to the backing directory, and to every
+/// target flagged as holding a metadata mirror (`mirror.rs`). A holder's copy that cannot
+/// be written is logged; its older generation keeps `recover` from using it.
+pub(crate) fn store_table(dir: &Path, table: &mut TargetsTable) -> Result<()> {
+    table.generation += 1;
+    let bytes = table.encode();
+    write_file_durably(dir, crate::targets::TARGETS_FILE, &bytes)?;
+    for (i, t) in table.targets.iter().enumerate() {
+        if table.mirror[i] {
+            if let Err(e) = write_file_durably(&t.path, crate::mirror::MIRROR_TABLE, &bytes) {
+                log::error!(
+                    "writing the targets table's copy on target {i} ({}): {e}",
+                    t.path.display()
+                );
+            }
+        }
+    }
+    Ok(())
+}
+
+/// `store_table` by one slot of a multi-slot space, whose nodes each record the target
+/// failures they meet: the failures already in the file are kept (merged into `table`),
+/// and the temporary file is this slot's own. Two nodes recording at the same moment can
+/// still lose one flag: its target then counts as healthy at the next mount, where its
+/// stale shards fail their checks and are rebuilt.
+pub(super) fn store_table_shared(dir: &Path, table: &mut TargetsTable, slot: SlotId) -> Result<()> {
+    if let Ok(on_disk) = fs::read(dir.join(crate::targets::TARGETS_FILE))
+        .map_err(Error::from)
+        .and_then(|b| {
+            TargetsTable::decode(&b).map_err(|e| {
+                Corruption::Layout(format!("{}: {e}", crate::targets::TARGETS_FILE)).into()
+            })
+        })
+    {
+        if on_disk.targets.len() == table.targets.len() {
+            for (f, d) in table.failed.iter_mut().zip(&on_disk.failed) {
+                *f |= *d;
+            }
+        }
+        table.generation = table.generation.max(on_disk.generation);
+    }
+    table.generation += 1;
+    let name = crate::targets::TARGETS_FILE;
+    write_file_durably_via(dir, name, &format!("{name}.{slot}.tmp"), &table.encode())
+}
+
+/// Copies `src` to `name` in `dir` so a crash leaves the old file or the new one.
+pub(super) fn copy_durably(src: &Path, dir: &Path, name: &str) -> Result<()> {
+    let tmp = dir.join(format!("{name}.tmp"));
+    fs::copy(src, &tmp)?;
+    File::open(&tmp)?.sync_all()?;
+    fs::rename(&tmp, dir.join(name))?;
+    sync_dir(dir)
+}
+
+/// Makes K+1 usable targets in distinct failure domains (lowest index first) the holders
+/// of the metadata mirror for this mount: clears every flag, copies the backing
+/// directory's metadata to each, then flags those copied (see `mirror.rs` for why in this
+/// order). Returns the holders.
+pub(super) fn refresh_mirrors(
+    dir: &Path,
+    table: &mut TargetsTable,
+    usable: &[bool],
+) -> Result<Vec<usize>> {
+    let want = table.redundancy.parity + 1;
+    let mut domains = std::collections::BTreeSet::new();
+    let mut chosen = Vec::new();
+    for (i, t) in table.targets.iter().enumerate() {
+        if chosen.len() < want && usable[i] && !table.failed[i] && domains.insert(&t.domain) {
+            chosen.push(i);
+        }
+    }
+    if table.mirror.iter().any(|m| *m) {
+        // The old holders' copies of the table say so too.
+        let old = table.mirror.clone();
+        table.mirror.iter_mut().for_each(|m| *m = false);
+        table.generation += 1;
+        let bytes = table.encode();
+        write_file_durably(dir, crate::targets::TARGETS_FILE, &bytes)?;
+        for (i, t) in table.targets.iter().enumerate() {
+            if old[i] {
+                let _ = write_file_durably(&t.path, crate::mirror::MIRROR_TABLE, &bytes);
+            }
+        }
+    }
+    let mut holders = Vec::new();
+    for i in chosen {
+        let to = &table.targets[i].path;
+        let copied = [
+            (SUPERBLOCK_FILE, crate::mirror::MIRROR_SUPERBLOCK),
+            (META_FILE, crate::mirror::MIRROR_META),
+            (
+                crate::targets::PLACEMENT_FILE,
+                crate::mirror::MIRROR_PLACEMENT,
+            ),
+        ]
+        .iter()
+        .try_for_each(|(from, name)| copy_durably(&dir.join(from), to, name));
+        match copied {
+            Ok(()) => holders.push(i),
+            Err(e) => log::error!(
+                "copying the metadata to target {i} ({}) failed: {e}; it holds no mirror",
+                to.display()
+            ),
+        }
+    }
+    for &i in &holders {
+        table.mirror[i] = true;
+    }
+    store_table(dir, table)?;
+    if holders.len() < want {
+        log::warn!(
+            "the metadata is mirrored on {} target(s), fewer than K+1 = {want}: losing the \
+             backing directory and {} of those targets would lose the space",
+            holders.len(),
+            holders.len()
+        );
+    }
+    Ok(holders)
+}
+
+/// What `recover` did.
+#[derive(Clone, Debug, PartialEq, serde::Serialize, serde::Deserialize)]
+pub struct Recovered {
+    /// The target whose mirror was copied, and its directory.
+    pub holder: usize,
+    pub holder_dir: PathBuf,
+    /// The targets table generation recovered.
+    pub generation: u64,
+    pub targets: usize,
+}
+
+/// Rebuilds the backing directory `backing` of a space over several targets from the
+/// metadata mirror its targets hold (`mirror.rs`), starting from the target directory
+/// `from`: of the holders' copies of the targets table, the newest generation names the
+/// current holders, and the first of them whose own copy has that generation is copied.
+/// Refuses a `backing` that holds a space (unless `force`) or anything else.
+pub fn recover(backing: &Path, from: &Path, force: bool) -> Result<Recovered> {
+    let read_table = |dir: &Path| -> Option<TargetsTable> {
+        TargetsTable::decode(&fs::read(dir.join(crate::mirror::MIRROR_TABLE)).ok()?).ok()
+    };
+    let first = read_table(from).ok_or_else(|| {
+        Error::Invalid(format!(
+            "{} holds no metadata mirror of a ckptfs space (no readable {}): give the \
+             directory of a target that held one (`ckptfs targets` says which do)",
+            from.display(),
+            crate::mirror::MIRROR_TABLE
+        ))
+    })?;
+    // Every copy of the table the targets it names hold, and the newest of them.
+    let mut copies: Vec<(usize, PathBuf, TargetsTable)> = Vec::new();
+    for (i, t) in first.targets.iter().enumerate() {
+        if let Some(tab) = read_table(&t.path) {
+            copies.push((i, t.path.clone(), tab));
+        }
+    }
+    let newest = copies
+        .iter()
+        .map(|(_, _, t)| t)
+        .chain(std::iter::once(&first))
+        .max_by_key(|t| t.generation)
+        .expect("at least the first copy")
+        .clone();
+    let holder = copies
+        .iter()
+        .filter(|(i, _, t)| newest.mirror[*i] && t.generation == newest.generation)
+        .find(|(_, p, _)| {
+            crate::mirror::MIRROR_FILES
+                .iter()
+                .all(|n| p.join(n).is_file())
+        })
+        .ok_or_else(|| {
+            Error::Invalid(format!(
+                "no target holds a current metadata mirror (the newest targets table, \
+                 generation {}, names {:?}; none of them has all its files at that \
+                 generation)",
+                newest.generation,
+                (0..newest.targets.len())
+                    .filter(|i| newest.mirror[*i])
+                    .collect::<Vec<_>>()
+            ))
+        })?;
+    let (holder, holder_dir) = (holder.0, holder.1.clone());
+    // The superblock copy must be this space's: its uuid is in every target's header.
+    let sb_bytes = fs::read(holder_dir.join(crate::mirror::MIRROR_SUPERBLOCK))?;
+    let sb = Superblock::decode(&sb_bytes)?;
+    if !sb.features.contains(Features::INCOMPAT_TARGETS) {
+        return Err(Error::Invalid(format!(
+            "the superblock copy in {} is not a targeted space's",
+            holder_dir.display()
+        )));
+    }
+    if backing.exists() {
+        let names: Vec<String> = fs::read_dir(backing)?
+            .map(|e| e.map(|e| e.file_name().to_string_lossy().into_owned()))
+            .collect::<std::io::Result<_>>()?;
+        let ours = names.iter().all(|n| {
+            let n = n.strip_suffix(".tmp").unwrap_or(n);
+            TARGETED_SPACE_FILES.contains(&n)
+        });
+        if !ours {
+            return Err(Error::Invalid(format!(
+                "{} holds files that are not a ckptfs space's; recover into an empty                  directory",
+                backing.display()
+            )));
+        }
+        if names.iter().any(|n| n == SUPERBLOCK_FILE || n == META_FILE) && !force {
+            return Err(Error::Invalid(format!(
+                "{} still holds a space's metadata; recover is for a backing directory \
+                 that was lost (--force replaces what is there)",
+                backing.display()
+            )));
+        }
+    } else {
+        fs::create_dir_all(backing)?;
+    }
+    // Held while the files are replaced: refuses a space that is mounted.
+    drop(open_private(&backing.join(LOCK_FILE), true)?);
+    drop(open_private(&backing.join(LOG_FILE), true)?);
+    let _lock = take_lock(backing)?;
+    for (from_name, to_name) in [
+        (crate::mirror::MIRROR_META, META_FILE),
+        (
+            crate::mirror::MIRROR_PLACEMENT,
+            crate::targets::PLACEMENT_FILE,
+        ),
+        (crate::mirror::MIRROR_SUPERBLOCK, SUPERBLOCK_FILE),
+    ] {
+        copy_durably(&holder_dir.join(from_name), backing, to_name)?;
+    }
+    write_file_durably(backing, crate::targets::TARGETS_FILE, &newest.encode())?;
+    log::info!(
+        "recovered the metadata of {} from target {holder} ({}), table generation {}",
+        backing.display(),
+        holder_dir.display(),
+        newest.generation
+    );
+    Ok(Recovered {
+        holder,
+        holder_dir,
+        generation: newest.generation,
+        targets: newest.targets.len(),
+    })
+}
+
+/// Opens the targets of the targeted space in `dir` as its placement. A target whose
+/// file is missing, unreadable or not this space's is failed (the reason kept for
+/// `ckptfs targets`); fewer than M usable targets refuse the open.
+pub(super) fn open_targets(
+    dir: &Path,
+    sb: &Superblock,
+    read_only: bool,
+    wrap: &dyn Fn(&'static str, Arc<dyn Device>) -> Arc<dyn Device>,
+    lease: Option<&Arc<Lease>>,
+) -> Result<(Arc<crate::targets::Erasure>, SharedTable, Option<Mirrors>)> {
+    let bytes = fs::read(dir.join(crate::targets::TARGETS_FILE)).map_err(|e| {
+        Error::NotASpace(format!(
+            "{}: its targets table {} cannot be read: {e}",
+            dir.display(),
+            crate::targets::TARGETS_FILE
+        ))
+    })?;
+    let mut table = TargetsTable::decode(&bytes)
+        .map_err(|e| Corruption::Layout(format!("{}: {e}", crate::targets::TARGETS_FILE)))?;
+    let mut targets = Vec::new();
+    let mut opened_ok = Vec::new();
+    let mut usable = 0;
+    for (i, t) in table.targets.iter().enumerate() {
+        let path = t.path.join(crate::targets::TARGET_FILE);
+        let opened = (|| -> std::result::Result<Arc<dyn Device>, String> {
+            if table.failed[i] {
+                return Err(
+                    "it failed while mounted earlier (see daemon.log), so its shards may be \
+                     stale; `ckptfs rebuild` replaces it"
+                        .into(),
+                );
+            }
+            let f = OpenOptions::new()
+                .read(true)
+                .write(!read_only)
+                .open(&path)
+                .map_err(|e| format!("{}: {e}", path.display()))?;
+            let mut head = vec![0u8; crate::targets::TARGET_HEADER_BYTES as usize];
+            use std::os::unix::fs::FileExt;
+            f.read_exact_at(&mut head, 0)
+                .map_err(|e| format!("{}: {e}", path.display()))?;
+            let h = crate::targets::TargetHeader::decode(&head)
+                .map_err(|e| format!("{}: {e}", path.display()))?;
+            if h.space_uuid != sb.uuid || h.index as usize != i {
+                return Err(format!(
+                    "{} belongs to another space or is another target (index {})",
+                    path.display(),
+                    h.index
+                ));
+            }
+            if h.shard_bytes != table.shard_bytes || h.slots != table.slots {
+                return Err(format!("{} has another layout", path.display()));
+            }
+            let dev: Arc<dyn Device> = match read_only {
+                true => Arc::new(crate::device::ReadOnlyDevice(Arc::new(
+                    FileDevice::new(f).map_err(|e| e.to_string())?,
+                ))),
+                false => Arc::new(FileDevice::new_direct(f).map_err(|e| e.to_string())?),
+            };
+            Ok(wrap(crate::sim::target_device_name(i), dev))
+        })();
+        if let Err(e) = &opened {
+            log::error!("target {i} ({}) is not usable: {e}", t.path.display());
+        } else {
+            usable += 1;
+        }
+        opened_ok.push(opened.is_ok());
+        targets.push(crate::targets::Target::new(
+            t.path.clone(),
+            t.domain.clone(),
+            table.slots,
+            opened,
+        ));
+    }
+    let r = table.redundancy;
+    if usable < r.data {
+        return Err(Error::Targets(crate::error::TargetFault::TooFewOpen {
+            usable,
+            total: table.targets.len(),
+            needed: r.data,
+        }));
+    }
+    // The metadata of a multi-slot space is each slot's own table, written by its node
+    // while it runs: it is not mirrored on the targets (see FORMAT.md "Slots over
+    // targets").
+    let mirrored = !read_only && lease.is_none();
+    let holders = match mirrored {
+        false => Vec::new(),
+        true => refresh_mirrors(dir, &mut table, &opened_ok)?,
+    };
+    let map = OpenOptions::new()
+        .read(true)
+        .write(!read_only)
+        .open(dir.join(crate::targets::PLACEMENT_FILE))?;
+    let mut map: Arc<dyn Device> = match lease {
+        // Other nodes write their segments' records: read around this node's page cache,
+        // and write only while this node holds its slot.
+        Some(l) => Arc::new(FencedDevice {
+            inner: Arc::new(crate::device::SharedFile::new(map)?),
+            lease: l.clone(),
+        }),
+        None => Arc::new(FileDevice::new(map)?),
+    };
+    let table = Arc::new(parking_lot::Mutex::new(table));
+    let mirrors = match mirrored {
+        false => None,
+        true => {
+            let (dir, t) = (dir.to_path_buf(), table.clone());
+            let set = crate::mirror::MirrorSet::new(Box::new(move |i| {
+                let mut t = t.lock();
+                t.mirror[i] = false;
+                if let Err(e) = store_table(&dir, &mut t) {
+                    log::error!("recording that the mirror on target {i} was dropped: {e}");
+                }
+            }));
+            let paths: Vec<(usize, PathBuf)> = {
+                let t = table.lock();
+                holders
+                    .iter()
+                    .map(|&i| (i, t.targets[i].path.clone()))
+                    .collect()
+            };
+            let mut devs = Vec::new();
+            for (i, p) in &paths {
+                let f = open_private(&p.join(crate::mirror::MIRROR_PLACEMENT), false)?;
+                let d: Arc<dyn Device> = Arc::new(FileDevice::new(f)?);
+                devs.push((*i, wrap(crate::sim::mirror_device_name(*i), d)));
+            }
+            map = Arc::new(crate::mirror::MirrorDevice::new(map, devs, set.clone()));
+            Some(Mirrors {
+                set,
+                holders: paths,
+            })
+        }
+    };
+    let (shard_bytes, segments) = {
+        let t = table.lock();
+        (t.shard_bytes, t.segments)
+    };
+    let share = lease.map(|l| {
+        crate::targets::Share::of(
+            l.slot().0,
+            sb.slots,
+            table.lock().slots,
+            sb.slot_share(l.slot()),
+        )
+    });
+    let erasure = Arc::new(crate::targets::Erasure::open_share(
+        r,
+        shard_bytes,
+        segments,
+        targets,
+        map,
+        share,
+    )?);
+    if !read_only {
+        let dir = dir.to_path_buf();
+        let table = table.clone();
+        let slot = lease.map(|l| l.slot());
+        erasure.set_fail_hook(Box::new(move |t| {
+            let mut table = table.lock();
+            table.failed[t as usize] = true;
+            let stored = match slot {
+                None => store_table(&dir, &mut table),
+                Some(s) => store_table_shared(&dir, &mut table, s),
+            };
+            if let Err(e) = stored {
+                log::error!(
+                    "recording that target {t} failed in {}: {e}; it will be used again at \
+                     the next mount, where its stale shards fail their checks and are rebuilt",
+                    crate::targets::TARGETS_FILE
+                );
+            }
+        }));
+    }
+    Ok((erasure, table, mirrors))
+}
+
+/// A targeted space's `targets` table, shared by the fail hook and `rebuild`.
+pub(crate) type SharedTable = Arc<parking_lot::Mutex<TargetsTable>>;
+
+/// The metadata mirror holders of a read-write mount: the metadata table's device is
+/// wrapped once it is opened.
+pub(super) struct Mirrors {
+    pub(super) set: Arc<crate::mirror::MirrorSet>,
+    pub(super) holders: Vec<(usize, PathBuf)>,
+}
