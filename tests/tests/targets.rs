@@ -457,6 +457,18 @@ fn targets_failing_during_writes_and_reads_lose_nothing_acknowledged() {
     );
 }
 
+/// `ckptfs rebuild MNT --replace DEAD=NEW --json`.
+fn rebuild_replace(mnt: &Path, dead: usize, new: &Path) -> std::process::Output {
+    std::process::Command::new(ckptfs_tests::ckptfs_bin())
+        .arg("rebuild")
+        .arg(mnt)
+        .arg("--replace")
+        .arg(format!("{dead}={}", new.display()))
+        .arg("--json")
+        .output()
+        .expect("run ckptfs rebuild")
+}
+
 /// A target dies; `rebuild --replace` moves its shards to a new one while writers and
 /// readers run. Afterwards the space has full redundancy again (`targets` says so, and
 /// losing two more targets loses nothing), and every file reads back byte-exact.
@@ -474,14 +486,7 @@ fn rebuild_onto_a_replacement_runs_online_and_restores_full_redundancy() {
     if m.shared_targets() {
         // Slots over targets: every node would have to open the new target before any
         // shard lands on it, so `--replace` is refused, saying what to run instead.
-        let mnt = m.mnt().to_path_buf();
-        let st = std::process::Command::new(ckptfs_tests::ckptfs_bin())
-            .arg("rebuild")
-            .arg(&mnt)
-            .arg("--replace")
-            .arg(format!("{dead}={}", new.display()))
-            .output()
-            .unwrap();
+        let st = rebuild_replace(m.mnt(), dead, &new);
         let err = String::from_utf8_lossy(&st.stderr);
         assert!(
             !st.status.success(),
@@ -519,15 +524,7 @@ fn rebuild_onto_a_replacement_runs_online_and_restores_full_redundancy() {
                 n += 1;
             }
         });
-        let mnt = m.mnt().to_path_buf();
-        let st = std::process::Command::new(ckptfs_tests::ckptfs_bin())
-            .arg("rebuild")
-            .arg(&mnt)
-            .arg("--replace")
-            .arg(format!("{dead}={}", new.display()))
-            .arg("--json")
-            .output()
-            .unwrap();
+        let st = rebuild_replace(m.mnt(), dead, &new);
         stop.store(true, std::sync::atomic::Ordering::SeqCst);
         assert!(
             st.status.success(),

@@ -938,14 +938,7 @@ impl Fs {
         if v.slot == self.sh().me || v.node.kind != NodeKind::File {
             return;
         }
-        let to = to.min(v.node.size);
-        let ex = &v.node.extents;
-        let first = ex.partition_point(|e| e.off <= from).saturating_sub(1);
-        let ahead: Vec<&PubExtent> = ex[first..]
-            .iter()
-            .take_while(|e| e.off < to)
-            .filter(|e| e.off + e.len as u64 > from)
-            .collect();
+        let ahead = extents_in(&v.node.extents, from, to.min(v.node.size));
         if !ahead.is_empty() {
             self.space.prefetch_published(&ahead);
         }
@@ -1065,12 +1058,7 @@ impl Fs {
         end: u64,
         out: &mut [u8],
     ) -> Result<()> {
-        let first = extents.partition_point(|e| e.off <= off).saturating_sub(1);
-        let wanted: Vec<&PubExtent> = extents[first..]
-            .iter()
-            .take_while(|e| e.off < end)
-            .filter(|e| e.off + e.len as u64 > off)
-            .collect();
+        let wanted = extents_in(extents, off, end);
         // One read through the store's chunk reader: its cache, its coalescing of chunks
         // that lie back to back into one device read, its verification and repair.
         let chunks = self.space.read_published(&wanted)?;
@@ -1318,4 +1306,15 @@ fn stamp_of(t: Timestamp) -> u64 {
 fn name_offset(name: &[u8]) -> u64 {
     let h = ChunkHash::of(name);
     (u64::from_le_bytes(h.0[..8].try_into().expect("8")) >> 2) + 3
+}
+
+/// The extents of `extents` (a published file's, in offset order) that overlap
+/// `[from, to)`.
+fn extents_in(extents: &[PubExtent], from: u64, to: u64) -> Vec<&PubExtent> {
+    let first = extents.partition_point(|e| e.off <= from).saturating_sub(1);
+    extents[first..]
+        .iter()
+        .take_while(|e| e.off < to)
+        .filter(|e| e.off + e.len as u64 > from)
+        .collect()
 }
