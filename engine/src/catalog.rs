@@ -1066,8 +1066,73 @@ impl<'t> Txn<'t> {
     }
 }
 
+/// The metadata table of a space: it alone begins write transactions, with the
+/// durability policy every commit follows, and hands out read snapshots (`Reader`).
+pub struct Catalog {
+    db: std::sync::Arc<Database>,
+    /// A non-durable commit (a namespace change) happened since the last durable one.
+    ns_dirty: std::sync::atomic::AtomicBool,
+}
+
+impl Catalog {
+    pub(crate) fn new(db: std::sync::Arc<Database>) -> Catalog {
+        Catalog {
+            db,
+            ns_dirty: std::sync::atomic::AtomicBool::new(false),
+        }
+    }
+
+    /// Begins a write transaction. A durable one commits in two phases (its pages are
+    /// synced before the commit slot naming them is written), so on open redb never has to
+    /// fall back to the previous commit: an acknowledged commit cannot be silently rolled
+    /// back, and a damaged table is an error. Costs one more fdatasync of the table per
+    /// durable commit. Non-durable transactions (namespace changes) become durable with the
+    /// next durable one. The caller commits it (`Space::commit`, which makes a failed
+    /// commit sticky) or aborts it.
+    pub(crate) fn begin(&self, durable: bool) -> Result<WriteTransaction> {
+        let mut txn = self.db.begin_write()?;
+        if durable {
+            txn.set_two_phase_commit(true);
+            // Write transactions run one at a time: every non-durable commit so far is
+            // before this one, and becomes durable with it.
+            self.ns_dirty
+                .store(false, std::sync::atomic::Ordering::SeqCst);
+        } else {
+            txn.set_durability(redb::Durability::None)
+                .map_err(|e| Error::Meta(e.to_string()))?;
+        }
+        Ok(txn)
+    }
+
+    /// A non-durable transaction committed: the next durable one makes it durable.
+    pub(crate) fn committed_non_durable(&self) {
+        self.ns_dirty
+            .store(true, std::sync::atomic::Ordering::SeqCst);
+    }
+
+    /// Whether a non-durable commit is not durable yet.
+    pub(crate) fn ns_dirty(&self) -> bool {
+        self.ns_dirty.load(std::sync::atomic::Ordering::SeqCst)
+    }
+
+    /// A read snapshot.
+    pub(crate) fn reader(&self) -> Result<Reader> {
+        Reader::new(&self.db)
+    }
+
+    /// The store's view of the committed chunks.
+    pub(crate) fn chunk_index(&self) -> ChunkIndex {
+        ChunkIndex(self.db.clone())
+    }
+
+    /// The redb database itself: for the engine's tests that damage a table on purpose.
+    pub(crate) fn raw(&self) -> &Database {
+        &self.db
+    }
+}
+
 /// The catalog's answer to the store's "where do these committed chunks lie".
-pub struct ChunkIndex(pub std::sync::Arc<Database>);
+pub struct ChunkIndex(std::sync::Arc<Database>);
 
 impl crate::store::CommittedChunks for ChunkIndex {
     fn committed(&self, hashes: &[ChunkHash]) -> Result<Vec<Option<ChunkRecord>>> {

@@ -14,7 +14,7 @@ use crate::manifest::{PubExtent, PubNode, PubVersion, Publisher, Record, Union};
 use crate::slots::{FencedDevice, Lease, SlotRequest, SlotTable};
 use crate::store::ChunkStore;
 use crate::targets::{Redundancy, TargetSpec, TargetsTable};
-use redb::{Database, Durability};
+use redb::Database;
 use std::fs::{self, File, OpenOptions};
 use std::io::{Read, Write};
 use std::os::unix::fs::{DirBuilderExt, MetadataExt, OpenOptionsExt, PermissionsExt};
@@ -129,7 +129,8 @@ pub struct ShortRevision {
 pub struct Space {
     dir: PathBuf,
     sb: Superblock,
-    db: Arc<Database>,
+    /// The metadata table: it alone begins write transactions.
+    catalog: catalog::Catalog,
     /// The metadata table's device: asked whether it kept room to grow (`ingest`).
     meta: Arc<dyn Device>,
     store: Arc<ChunkStore>,
@@ -149,8 +150,6 @@ pub struct Space {
     pub(crate) pin_gate: parking_lot::RwLock<()>,
     /// The revisions open files and restores hold (see `pins`).
     pub(crate) pins: Arc<crate::pins::RevisionPins>,
-    /// A non-durable namespace change has committed since the last durable commit.
-    ns_dirty: std::sync::atomic::AtomicBool,
     /// Opened by `open_read_only`: every metadata write transaction is refused, the data
     /// file refuses writes, and the lock is shared.
     read_only: bool,
@@ -947,7 +946,7 @@ impl Space {
     /// the engine begins and commits write transactions.
     #[doc(hidden)]
     pub fn db(&self) -> &Database {
-        &self.db
+        self.catalog.raw()
     }
 
     /// Runs a namespace change in one write transaction. `durable` commits make it (and every
@@ -972,8 +971,7 @@ impl Space {
             Ok(v) => {
                 self.commit(txn)?;
                 if !durable {
-                    self.ns_dirty
-                        .store(true, std::sync::atomic::Ordering::SeqCst);
+                    self.catalog.committed_non_durable();
                 }
                 Ok(v)
             }
@@ -984,12 +982,8 @@ impl Space {
         }
     }
 
-    /// Begins a metadata transaction. A durable one commits in two phases (its pages are
-    /// synced before the commit slot naming them is written), so on open redb never has to
-    /// fall back to the previous commit: an acknowledged commit cannot be silently rolled
-    /// back, and a damaged table is an error. Costs one more fdatasync of the table per
-    /// durable commit. Non-durable transactions (namespace changes) become durable with the
-    /// next durable one.
+    /// Begins a metadata transaction (`Catalog::begin`: the durability policy), refused on
+    /// a read-only space and after a failed write (sticky failure).
     pub(crate) fn begin_write(&self, durable: bool) -> Result<redb::WriteTransaction> {
         if self.read_only {
             return Err(Error::ReadOnly);
@@ -997,18 +991,7 @@ impl Space {
         if self.store.is_failed() {
             return Err(Error::Failed);
         }
-        let mut txn = self.db.begin_write()?;
-        if durable {
-            txn.set_two_phase_commit(true);
-            // Write transactions run one at a time: every non-durable commit so far is
-            // before this one, and becomes durable with it.
-            self.ns_dirty
-                .store(false, std::sync::atomic::Ordering::SeqCst);
-        } else {
-            txn.set_durability(Durability::None)
-                .map_err(|e| Error::Meta(e.to_string()))?;
-        }
-        Ok(txn)
+        self.catalog.begin(durable)
     }
 
     /// Commits a metadata transaction. A failed commit is sticky like a failed data write:
@@ -1033,7 +1016,7 @@ impl Space {
 
     /// A read snapshot of the catalog.
     pub fn reader(&self) -> Result<Reader> {
-        Reader::new(&self.db)
+        self.catalog.reader()
     }
 
     pub fn get_inode(&self, ino: InodeId) -> Result<Option<InodeRecord>> {
@@ -1306,7 +1289,7 @@ impl Space {
     /// that had no data to commit calls this, so a file created empty (a "done" marker) or an
     /// unlink before it survives a crash once close returns.
     pub fn sync_meta_if_dirty(&self) -> Result<()> {
-        if self.ns_dirty.load(std::sync::atomic::Ordering::SeqCst) {
+        if self.catalog.ns_dirty() {
             self.sync_meta()?;
         }
         Ok(())

@@ -480,7 +480,8 @@ impl Space {
                 "added the extended-attribute tables to a space formatted by an earlier build"
             );
         }
-        let free = Reader::new(&db)?.free_segments()?;
+        let catalog = catalog::Catalog::new(db);
+        let free = catalog.reader()?.free_segments()?;
         if let Some(seg) = free.iter().find(|s| !range.contains(&s.0)) {
             return Err(Corruption::Layout(format!(
                 "the catalog lists segment {seg} as free, outside this slot's segments \
@@ -497,14 +498,14 @@ impl Space {
         let store = ChunkStore::new(
             place,
             crate::pipeline::Pipeline::new(),
-            Arc::new(catalog::ChunkIndex(db.clone())),
+            Arc::new(catalog.chunk_index()),
             free,
             failed,
         );
         Ok(Space {
             dir: PathBuf::new(),
             sb,
-            db,
+            catalog,
             meta,
             store,
             lock: None,
@@ -513,7 +514,6 @@ impl Space {
             gc_totals: parking_lot::Mutex::new(GcTotals::default()),
             pin_gate: parking_lot::RwLock::new(()),
             pins: Arc::default(),
-            ns_dirty: std::sync::atomic::AtomicBool::new(false),
             read_only: false,
             slot,
             segment_range: range,
