@@ -21,7 +21,9 @@ use crate::chunk::StoredRef;
 use crate::device::{Device, FileDevice};
 use crate::error::{Error, Result};
 use crate::format::*;
-use crate::space::{free_disk_bytes, open_private, preallocate, store_table, sync_dir, Space};
+use crate::space::{
+    existing_ancestor, free_disk_bytes, open_private, preallocate, store_table, sync_dir, Space,
+};
 use crate::targets::TargetSpec;
 use crate::targets::{RebuildReport, SegmentChunk, SegmentJob, Throttle};
 use std::collections::BTreeSet;
@@ -117,11 +119,7 @@ impl Space {
                     )));
                 }
             }
-            let existing = spec
-                .path
-                .ancestors()
-                .find(|p| p.is_dir())
-                .unwrap_or(Path::new("."));
+            let existing = existing_ancestor(&spec.path);
             let free = free_disk_bytes(existing)?;
             if t.target_file_bytes() > free {
                 return Err(Error::Invalid(format!(

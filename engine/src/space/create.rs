@@ -229,11 +229,7 @@ pub(super) fn target_table(
                 t.path.display()
             )));
         }
-        let existing = t
-            .path
-            .ancestors()
-            .find(|p| p.is_dir())
-            .unwrap_or(Path::new("."));
+        let existing = existing_ancestor(&t.path);
         let dev = fs::metadata(existing)?.dev();
         let old =
             fs::metadata(t.path.join(crate::targets::TARGET_FILE)).map_or(0, |m| m.blocks() * 512);
@@ -503,10 +499,7 @@ impl Space {
         }
         // Every refusal comes before the first change: a refused format leaves DIR (and an old
         // space in it) as it was. Erasing the old space gives its data file's blocks back.
-        let existing = dir
-            .ancestors()
-            .find(|p| p.is_dir())
-            .unwrap_or(Path::new("."));
+        let existing = existing_ancestor(dir);
         let reclaimed = if old_space {
             fs::metadata(dir.join(DATA_FILE)).map_or(0, |m| m.blocks() * 512)
         } else {

@@ -289,6 +289,12 @@ fn ratio(a: u64, b: u64) -> Option<f64> {
     (a > 0 && b > 0).then(|| a as f64 / b as f64)
 }
 
+/// The nearest directory at or above `p` that exists (where a directory not made yet would
+/// take its disk space from).
+pub(crate) fn existing_ancestor(p: &Path) -> &Path {
+    p.ancestors().find(|a| a.is_dir()).unwrap_or(Path::new("."))
+}
+
 pub(crate) fn open_private(path: &Path, create: bool) -> Result<File> {
     Ok(OpenOptions::new()
         .read(true)
