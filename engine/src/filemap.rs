@@ -9,6 +9,7 @@
 //! - the stream's bytes are newer than the map, and no dirty block intersects a block the
 //!   stream covers, so the three sources never disagree about which byte is newest.
 
+use crate::chunk::ChunkBytes;
 use crate::error::{Corruption, Result};
 use crate::format::{ChunkHash, ChunkParams, Extent};
 use crate::pins::ChunkPins;
@@ -164,32 +165,42 @@ impl ExtentMap {
         let chunks = c.get_many(&hashes)?;
         out.clear();
         out.reserve(len);
-        for ((s, e), data) in pieces.into_iter().zip(chunks) {
-            let (from, to) = Self::piece_range(s, &e, &data)?;
-            let at = (s - off) as usize;
+        Self::paint(&pieces, &chunks, off, |at, bytes| {
             debug_assert!(at >= out.len(), "pieces are in order and do not overlap");
             out.resize(at, 0);
-            out.extend_from_slice(&data[from..to]);
-        }
+            out.extend_from_slice(bytes);
+        })?;
         out.resize(len, 0);
         Ok(())
     }
 
-    /// Where a piece's bytes lie in its chunk, checked against the chunk's length.
-    fn piece_range(s: u64, e: &Extent, data: &[u8]) -> Result<(usize, usize)> {
-        let from = e.chunk_off as usize;
-        let to = from + e.len as usize;
-        if to > data.len() {
-            return Err(Corruption::Record {
-                record: "extent record",
-                why: format!(
-                    "the extent at file offset {s} reaches past the end of chunk {}",
-                    e.chunk
-                ),
+    /// The one place extents become bytes (this slot's file maps and other slots'
+    /// published extents alike): hands each piece's bytes in its chunk (`chunks`, in the
+    /// pieces' order) to `put`, with where they go relative to file offset `off`. A piece
+    /// that does not fit its chunk (a malformed record) is corruption, reported: never a
+    /// panic, never wrong bytes.
+    pub fn paint(
+        pieces: &[(u64, Extent)],
+        chunks: &[ChunkBytes],
+        off: u64,
+        mut put: impl FnMut(usize, &[u8]),
+    ) -> Result<()> {
+        for ((s, e), data) in pieces.iter().zip(chunks) {
+            let from = e.chunk_off as usize;
+            let to = from + e.len as usize;
+            if to > data.len() {
+                return Err(Corruption::Record {
+                    record: "extent record",
+                    why: format!(
+                        "the extent at file offset {s} reaches past the end of chunk {}",
+                        e.chunk
+                    ),
+                }
+                .into());
             }
-            .into());
+            put((s - off) as usize, &data[from..to]);
         }
-        Ok((from, to))
+        Ok(())
     }
 
     /// Copies the bytes of `pieces` (from `pieces()`) into `buf`, which starts at file
@@ -202,12 +213,9 @@ impl ExtentMap {
     ) -> Result<()> {
         let hashes: Vec<ChunkHash> = pieces.iter().map(|(_, e)| e.chunk).collect();
         let chunks = c.get_many(&hashes)?;
-        for ((s, e), data) in pieces.into_iter().zip(chunks) {
-            let (from, to) = Self::piece_range(s, &e, &data)?;
-            let at = (s - off) as usize;
-            buf[at..at + e.len as usize].copy_from_slice(&data[from..to]);
-        }
-        Ok(())
+        Self::paint(&pieces, &chunks, off, |at, bytes| {
+            buf[at..at + bytes.len()].copy_from_slice(bytes)
+        })
     }
 }
 
@@ -1820,13 +1828,40 @@ fn overlay(out: &mut [u8], out_off: u64, src_off: u64, src: &[u8]) {
 #[cfg(test)]
 pub(crate) mod tests {
     use super::*;
-    use crate::chunk::ChunkBytes;
     use crate::error::Error;
     use crate::predict::Successors;
     use parking_lot::Mutex;
     use rand::rngs::SmallRng;
     use rand::{Rng, RngCore, SeedableRng};
     use std::collections::{HashMap, HashSet};
+
+    /// The one painter places each piece where it belongs, and a piece that reaches past
+    /// its chunk (a malformed record, this slot's or another's published one) is reported
+    /// as corruption instead of panicking or painting wrong bytes.
+    #[test]
+    fn the_painter_places_pieces_and_reports_one_past_its_chunk() {
+        let a = ChunkBytes::owned(b"abcdefgh".to_vec());
+        let b = ChunkBytes::owned(b"01234567".to_vec());
+        let ext = |c: &ChunkBytes, chunk_off, len| Extent {
+            chunk: ChunkHash::of(c),
+            chunk_off,
+            len,
+        };
+        // File bytes [100, 110): 3 bytes of a at 100, a hole, 4 bytes of b at 106.
+        let pieces = [(100, ext(&a, 2, 3)), (106, ext(&b, 4, 4))];
+        let mut out = vec![b'.'; 10];
+        ExtentMap::paint(&pieces, &[a.clone(), b.clone()], 100, |at, bytes| {
+            out[at..at + bytes.len()].copy_from_slice(bytes)
+        })
+        .unwrap();
+        assert_eq!(&out, b"cde...4567");
+        let bad = [(100, ext(&a, 6, 3))];
+        let r = ExtentMap::paint(&bad, &[a], 100, |_, _| panic!("painted a bad piece"));
+        assert!(
+            matches!(r, Err(Error::Corrupt(Corruption::Record { .. }))),
+            "{r:?}"
+        );
+    }
 
     #[derive(Default)]
     pub(crate) struct MemChunks {

@@ -360,10 +360,27 @@ impl Cluster {
         detach(&self.nodes[node].mnt, self.root.path());
     }
 
-    /// Sleeps until a lease renewed now has certainly run out for a taker (lease plus the
-    /// clock-skew margin, plus slack).
-    pub fn wait_lease_out(&self) {
-        std::thread::sleep(self.lease + Duration::from_millis(800));
+    /// Waits until `slot`'s lease has run out by the rule a taker applies
+    /// (`slots::is_live`: its header's last renewal, plus the lease, plus the clock-skew
+    /// margin), read from the header itself: the event a takeover waits for, not a guess
+    /// at how long it takes.
+    pub fn wait_lease_out(&self, slot: u32) {
+        use ckptfs_engine::format::{SlotHeader, SlotId};
+        use ckptfs_engine::slots::{is_live, now_unix_ns};
+        let limit = self.lease * 4 + Duration::from_secs(30);
+        let start = Instant::now();
+        loop {
+            let pair = self.header_pair(slot);
+            let h = SlotHeader::newest(&pair, SlotId(slot)).expect("a slot header that decodes");
+            if !is_live(&h, now_unix_ns()) {
+                return;
+            }
+            assert!(
+                start.elapsed() < limit,
+                "slot {slot}'s lease still runs after {limit:?}: {h:?}"
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
     }
 
     pub fn log_tail(&self) -> String {

@@ -458,7 +458,17 @@ fn a_full_backing_filesystem_refuses_new_data_and_loses_nothing() {
     // Room again: new data is taken within a moment, without a remount.
     drop(filler);
     fs::remove_file(&filler_path).expect("remove filler");
-    std::thread::sleep(std::time::Duration::from_millis(1100));
+    // The event: the daemon has kept its room again (it retries at most once a second,
+    // `FileDevice::room_low`), which its stats say.
+    let start = std::time::Instant::now();
+    while m.stats_json_of(&mnt)["backing_full"] != false {
+        assert!(
+            start.elapsed() < std::time::Duration::from_secs(30),
+            "the daemon still reports a full backing filesystem 30 s after room was freed\n{}",
+            m.log_tail()
+        );
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
     let after = ckptfs_tests::pattern(mix(seed, 2), 2 * MIB as usize);
     ckptfs_tests::write_file_checked(&m.path("after"), &after)
         .unwrap_or_else(|e| panic!("after freeing room: {e}\n{}", m.log_tail()));

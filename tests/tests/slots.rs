@@ -208,7 +208,7 @@ fn a_dead_nodes_slot_is_taken_over_with_its_committed_checkpoints() {
         !st.success() && err.contains("can be taken over once that lease has run out"),
         "the dead node's lease still runs: {err}"
     );
-    c.wait_lease_out();
+    c.wait_lease_out(slot);
     assert_eq!(c.mount(1, &["--slot", &slot.to_string()]), slot);
     assert!(
         c.log_tail().contains(&format!("took over slot {slot}")),
@@ -242,7 +242,7 @@ fn a_frozen_owner_that_lost_its_slot_is_fenced() {
     let slot = c.mount(0, &[]).to_string();
     fs::write(c.path(0, "before"), pattern(1, 1 << 20)).unwrap();
     c.freeze(0);
-    c.wait_lease_out();
+    c.wait_lease_out(slot.parse().unwrap());
     c.mount(1, &["--slot", &slot]);
     assert_file_eq(&c.path(1, "before"), &pattern(1, 1 << 20));
     fs::write(c.path(1, "by-new-owner"), pattern(2, 3 << 20)).unwrap();
@@ -334,7 +334,7 @@ fn a_daemon_frozen_inside_its_renewal_never_writes_over_the_taker() {
         || c.is_stopped(0),
     );
     c.stopped_by_fault(0);
-    c.wait_lease_out();
+    c.wait_lease_out(0);
     c.mount(1, &["--slot", "0"]);
     // The taker's claim writes one copy, its first renewal the other.
     wait_until(
@@ -544,7 +544,7 @@ fn a_dead_nodes_checkpoints_read_back_everywhere_after_takeover() {
     };
     // The survivors read the dead node's committed checkpoints from its last manifest.
     check_everywhere(&c, &[0, 2]);
-    c.wait_lease_out();
+    c.wait_lease_out(slot.parse().unwrap());
     c.mount(3, &["--slot", &slot]);
     check_everywhere(&c, &[0, 2, 3]);
     // The new owner goes on writing in the slot; everyone sees it.

@@ -842,18 +842,43 @@ impl Space {
         &*self.store
     }
 
-    /// The verified bytes of another slot's published extents' chunks, in order: read by
-    /// the one chunk reader this slot's own files use (its cache, coalescing of adjacent
-    /// chunks into one device read, verification, and the placement's repair), at the
-    /// locations the owner published. `Corrupt` when a location is stale (the owner moved
+    /// Copies the bytes of another slot's published extents within `[off, off +
+    /// out.len())` into `out` (which starts at file offset `off`; holes left untouched).
+    /// The chunks are read by the one chunk reader this slot's own files use (its cache,
+    /// coalescing of adjacent chunks into one device read, verification, and the
+    /// placement's repair), at the locations the owner published, and painted by the one
+    /// painter (`ExtentMap::paint`). `Corrupt` when a location is stale (the owner moved
     /// the chunk): the caller reads the owner's manifest again.
     pub fn read_published(
         &self,
         extents: &[&crate::manifest::PubExtent],
-    ) -> Result<Vec<crate::chunk::ChunkBytes>> {
-        let chunks: Vec<(ChunkHash, ChunkRecord)> =
-            extents.iter().map(|e| (e.hash, e.chunk_record())).collect();
-        self.store.get_many_at(&chunks)
+        off: u64,
+        out: &mut [u8],
+    ) -> Result<()> {
+        let end = off + out.len() as u64;
+        let mut pieces = Vec::with_capacity(extents.len());
+        let mut chunks = Vec::with_capacity(extents.len());
+        for e in extents {
+            let (s, t) = (e.off.max(off), e.off.saturating_add(e.len as u64).min(end));
+            if s < t {
+                // A malformed offset saturates, and `ExtentMap::paint` reports it.
+                let chunk_off = u32::try_from(s - e.off)
+                    .ok()
+                    .and_then(|d| e.chunk_off.checked_add(d))
+                    .unwrap_or(u32::MAX);
+                let ext = crate::format::Extent {
+                    chunk: e.hash,
+                    chunk_off,
+                    len: (t - s) as u32,
+                };
+                pieces.push((s, ext));
+                chunks.push((e.hash, e.chunk_record()));
+            }
+        }
+        let chunks = self.store.get_many_at(&chunks)?;
+        crate::filemap::ExtentMap::paint(&pieces, &chunks, off, |at, bytes| {
+            out[at..at + bytes.len()].copy_from_slice(bytes)
+        })
     }
 
     /// Starts reading another slot's published extents' chunks ahead of a sequential

@@ -1059,30 +1059,9 @@ impl Fs {
         out: &mut [u8],
     ) -> Result<()> {
         let wanted = extents_in(extents, off, end);
-        // One read through the store's chunk reader: its cache, its coalescing of chunks
-        // that lie back to back into one device read, its verification and repair.
-        let chunks = self.space.read_published(&wanted)?;
-        for (e, raw) in wanted.into_iter().zip(chunks) {
-            let (es, ee) = (e.off, e.off + e.len as u64);
-            let (s, t) = (es.max(off), ee.min(end));
-            let from = e.chunk_off as usize + (s - es) as usize;
-            let to = from + (t - s) as usize;
-            if to > raw.len() {
-                return Err(
-                    ckptfs_engine::Error::from(ckptfs_engine::error::Corruption::Record {
-                        record: "published extent",
-                        why: format!(
-                            "bytes {from}..{to} of a {}-byte chunk {}",
-                            raw.len(),
-                            e.hash
-                        ),
-                    })
-                    .into(),
-                );
-            }
-            out[(s - off) as usize..(t - off) as usize].copy_from_slice(&raw[from..to]);
-        }
-        Ok(())
+        Ok(self
+            .space
+            .read_published(&wanted, off, &mut out[..(end - off) as usize])?)
     }
 
     /// chmod, chown, utimens and truncate of object `obj`, for every node: this slot's

@@ -1,0 +1,331 @@
+//! The chunk store: dedup lookup, compression, aggregation of new chunks into large writes to
+//! the reserved data file, segment allocation, and verified reads.
+//!
+//! Space is handed out in segments (`Superblock::segment_bytes`). New chunks are appended to
+//! the current segment; a full segment is followed by the lowest free one. gc frees segments
+//! whose chunks are all dead or have been copied elsewhere.
+//!
+//! Pins: a chunk that an uncommitted file state refers to (stored by it, or found by dedup)
+//! is held in `pending` until that file commits or discards its state (the state owns its
+//! pins as a `ChunkPins` guard). gc never deletes a
+//! pinned chunk and never frees a segment holding one. The reuse barrier orders segment reuse
+//! after every chunk lookup that might still see the old location.
+//!
+//! Three parts: this module holds what both sides share (where chunks lie: the pins of
+//! uncommitted file states and the catalog's committed records; the reuse barrier; the
+//! sticky failure flag) and the store's face to the pipeline (`ChunkIo`); `write.rs` owns
+//! new chunks (dedup lookup, encoding, aggregation into segment writes, segment allocation
+//! and release, pins); `read.rs` owns verified reads (the decoded-chunk cache, loads
+//! coalesced into large device reads, read-ahead threads, reused read buffers, repair).
+
+use crate::chunk::ChunkBytes;
+use crate::device::DIRECT_ALIGN;
+use crate::error::{Error, Result};
+use crate::format::{ChunkHash, ChunkRecord, DataOffset, SegmentId};
+use crate::pins::ReleasePins;
+use crate::pipeline::{ChunkIo, Piece, Pipeline, Ticket};
+use crate::placement::{Location, Placement};
+use parking_lot::{Mutex, RwLock};
+use std::collections::{BTreeSet, HashMap};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Weak};
+
+mod gpu;
+mod read;
+mod write;
+pub use gpu::{GPU_BATCH_BYTES, GPU_SUB_BATCH_BYTES};
+use read::ReadSide;
+pub use read::{CACHE_BYTES, READ_BYTES, READ_THREADS, SPARE_READ_BUFS, SPARE_READ_BUF_BYTES};
+use write::{Lookup, Pending, WriteSide};
+
+/// New chunks are gathered in memory and written to the data file in pieces of this size:
+/// large writes are what a parallel filesystem and a direct write want.
+pub const WRITE_BYTES: u64 = 8 << 20;
+pub use crate::alloc::GC_RESERVE_SEGMENTS;
+
+/// Pieces handed to one worker job at most (see `submit_all`).
+pub const BATCH_BYTES: usize = 512 << 10;
+
+pub struct ChunkStore {
+    /// Itself, for the jobs it gives its workers.
+    me: Weak<ChunkStore>,
+    /// Workers, budgets and stage timers; hash, dedup lookup, compression and append of
+    /// submitted pieces run there.
+    pipeline: Arc<Pipeline>,
+    /// Where segments' bytes live (today: the data file).
+    place: Arc<dyn Placement>,
+    /// The catalog's answer to where committed chunks lie.
+    db: Arc<dyn CommittedChunks>,
+    segment_bytes: u64,
+    segments: u64,
+    /// What every write is a whole multiple of (`Placement::write_align`): a block, or a
+    /// row of an erasure-coded segment.
+    align: usize,
+    /// Pinned chunks, and where they lie (the writer stores new ones here; readers find
+    /// uncommitted chunks here); lock order: barrier, writer, pending.
+    pending: Mutex<HashMap<ChunkHash, Pending>>,
+    /// Shared by chunk lookups and pinning; exclusive while gc deletes chunks or frees
+    /// segments, so no lookup can straddle a reuse.
+    barrier: RwLock<()>,
+    /// Sticky failure, shared with the metadata table's backend (`MetaBackend`), which sets
+    /// it on any failed write, length change or sync of the table's file.
+    failed: Arc<AtomicBool>,
+    /// New chunks: aggregation, segments, the GPU stage, the codec policy (`write.rs`).
+    w: WriteSide,
+    /// Verified reads: cache, coalescing, read-ahead, buffers (`read.rs`).
+    r: ReadSide,
+    pub dedup_hits: AtomicU64,
+    pub chunks_stored: AtomicU64,
+}
+
+/// Where committed chunks lie. The catalog answers; the store sits below it and opens no
+/// table itself.
+pub trait CommittedChunks: Send + Sync {
+    /// The committed records of `hashes`, in order (`None`: not in the chunk table), from
+    /// one consistent snapshot.
+    fn committed(&self, hashes: &[ChunkHash]) -> Result<Vec<Option<ChunkRecord>>>;
+}
+
+impl ChunkStore {
+    pub fn new(
+        place: Arc<dyn Placement>,
+        pipeline: Arc<Pipeline>,
+        db: Arc<dyn CommittedChunks>,
+        free: BTreeSet<SegmentId>,
+        failed: Arc<AtomicBool>,
+    ) -> Arc<Self> {
+        let segments = place.segments();
+        let segment_bytes = place.segment_bytes();
+        let align = place.write_align();
+        assert!(
+            align.is_multiple_of(DIRECT_ALIGN) && segment_bytes.is_multiple_of(align as u64),
+            "segments of {segment_bytes} bytes are not whole writes of {align}"
+        );
+        Arc::new_cyclic(|me| ChunkStore {
+            me: me.clone(),
+            pipeline,
+            place,
+            db,
+            segment_bytes,
+            segments,
+            align,
+            pending: Mutex::new(HashMap::new()),
+            barrier: RwLock::new(()),
+            failed,
+            w: WriteSide::new(free),
+            r: ReadSide::default(),
+            dedup_hits: AtomicU64::new(0),
+            chunks_stored: AtomicU64::new(0),
+        })
+    }
+
+    /// The pipeline the store runs its jobs on.
+    pub fn pipeline(&self) -> &Arc<Pipeline> {
+        &self.pipeline
+    }
+
+    /// Teaches the cutters' predictor a file's chunk sequence (a map committed or loaded).
+    pub fn learn<'a>(
+        &self,
+        extents: impl IntoIterator<Item = (u64, &'a crate::format::Extent)>,
+        max_chunk: u32,
+    ) {
+        self.w.successors.learn(extents, max_chunk);
+    }
+
+    /// Where the data path's time goes (the pipeline's timers).
+    pub fn stages(&self) -> &crate::pipeline::Stages {
+        &self.pipeline.stages
+    }
+
+    /// Sets the number of worker threads for submitted pieces; 0 stores them on the
+    /// submitting thread, in order (the crash tests use that to replay a run exactly).
+    pub fn set_workers(&self, n: usize) {
+        self.pipeline.set_workers(n);
+    }
+
+    /// Chooses the encodings for new chunks (readers decode every codec regardless).
+    pub fn set_codec_policy(&self, p: crate::codec::Policy) {
+        *self.w.codec.lock() = p;
+    }
+
+    pub fn workers(&self) -> usize {
+        self.pipeline.workers()
+    }
+
+    /// Compresses new chunks with `codec` (the GPU) from now on, in batches gathered from
+    /// every file being written; `None` goes back to LZ4 on the workers. The batch codec
+    /// writes plain LZ4 blocks (codec id 1), so the CPU decodes everything it stored. Only
+    /// for the `Lz4` policy: the shuffle codec runs on the CPU.
+    pub fn set_batch_codec(&self, codec: Option<Arc<dyn ckptfs_kernels::BatchCodec>>) {
+        *self.w.gpu.lock() = codec.map(|c| gpu::GpuStage::start(c, self.me.clone()));
+    }
+
+    pub fn segment_bytes(&self) -> u64 {
+        self.segment_bytes
+    }
+
+    /// Where data-file offset `off` lies (see `placement`).
+    fn location(&self, off: u64) -> Location {
+        Location::of(DataOffset(off), self.segment_bytes)
+    }
+
+    pub fn segment_of(&self, off: DataOffset) -> SegmentId {
+        self.location(off.0).segment
+    }
+
+    /// The data-file offset where segment `s` starts.
+    fn start_of(&self, s: SegmentId) -> u64 {
+        Location {
+            segment: s,
+            offset: 0,
+        }
+        .to_offset(self.segment_bytes)
+        .0
+    }
+
+    /// Usable bytes: whole segments of the data file.
+    pub fn capacity(&self) -> u64 {
+        self.segments * self.segment_bytes
+    }
+
+    /// Free bytes: free segments (gc's reserve included, see `GC_RESERVE_SEGMENTS`) plus the
+    /// rest of the current one.
+    pub fn free_bytes(&self) -> u64 {
+        let w = self.w.writer.lock();
+        let rest = w.cur.map_or(0, |_| self.segment_bytes - w.fill);
+        w.segs.free_count() * self.segment_bytes + rest
+    }
+
+    pub fn is_failed(&self) -> bool {
+        self.failed.load(Ordering::Relaxed)
+    }
+
+    fn check_failed(&self) -> Result<()> {
+        if self.is_failed() {
+            Err(Error::Failed)
+        } else {
+            Ok(())
+        }
+    }
+
+    fn fail<T>(&self, e: std::io::Error) -> Result<T> {
+        Err(self.fail_with(e.into()))
+    }
+
+    /// Makes the store refuse writes from now on, and returns `e`. Sticky: after a failed
+    /// write, sync or metadata commit the state of the disk is unknown, so no later write
+    /// or commit may report success (a second fsync "succeeding" after a lost write is how
+    /// data is silently lost).
+    pub fn fail_with(&self, e: Error) -> Error {
+        if !self.failed.swap(true, Ordering::Relaxed) {
+            log::error!("backing I/O failed, refusing further writes until remount: {e}");
+        }
+        e
+    }
+
+    pub fn committed_record(&self, h: &ChunkHash) -> Result<Option<ChunkRecord>> {
+        Ok(self.db.committed(std::slice::from_ref(h))?.pop().flatten())
+    }
+
+    /// The record of a pinned chunk (stored or found by an uncommitted file state).
+    pub fn pending_record(&self, h: &ChunkHash) -> Option<ChunkRecord> {
+        self.pending.lock().get(h).map(|p| p.rec)
+    }
+}
+
+impl ReleasePins for ChunkStore {
+    fn release(&self, hashes: &[ChunkHash]) {
+        self.unpin(hashes)
+    }
+}
+
+impl ChunkIo for ChunkStore {
+    fn submit(&self, piece: Piece) -> Ticket {
+        self.submit_all(vec![piece])
+            .pop()
+            .expect("one piece, one ticket")
+    }
+
+    /// One job per batch of pieces (a stream cut, a flush of dirty blocks): a worker wakes
+    /// once per batch, not once per chunk, which at 64 KiB chunks was a large share of the
+    /// daemon's CPU time. Batches larger than `BATCH_BYTES` are split so both workers get
+    /// a share of one large cut.
+    fn submit_all(&self, pieces: Vec<Piece>) -> Vec<Ticket> {
+        let pool = self.pipeline.pool();
+        if pool.workers() == 0 {
+            return pieces
+                .iter()
+                .map(|p| Ticket::ready(self.put_piece(p)))
+                .collect();
+        }
+        let mut tickets = Vec::with_capacity(pieces.len());
+        let mut batch: Vec<(Piece, crate::pipeline::Completion)> = Vec::new();
+        let mut batch_bytes = 0;
+        let n = pieces.len();
+        for (i, piece) in pieces.into_iter().enumerate() {
+            let t = Ticket::pending();
+            batch_bytes += piece.len();
+            batch.push((piece, t.completion()));
+            tickets.push(t);
+            if batch_bytes >= BATCH_BYTES || i + 1 == n {
+                // The permit lives until the job is done, so the budget bounds queued and
+                // running work. It does not wait for the file state to retire the pieces:
+                // that happens at the file's next write or commit, and a state stuck behind
+                // a failed piece (a full space) must not keep every other writer waiting.
+                let permit = self.pipeline.admit(batch_bytes);
+                let me = self.me.upgrade().expect("a store in use is alive");
+                let job = std::mem::take(&mut batch);
+                let gpu = self.w.gpu.lock().clone();
+                pool.run(move || match gpu {
+                    // Hash and dedup here; chunks not found go to the GPU's batches, with
+                    // the permit, which is released once they are appended.
+                    Some(gpu) => {
+                        let mut new = Vec::new();
+                        for (piece, done) in job {
+                            match me.lookup(piece.bytes(), piece.known_hash()) {
+                                Ok(Lookup::Miss(hash)) => {
+                                    new.push(gpu::NewChunk { hash, piece, done })
+                                }
+                                Ok(Lookup::Hit(h)) => done.complete(Ok(h)),
+                                Err(e) => done.complete(Err(e)),
+                            }
+                        }
+                        gpu.push(new, permit);
+                    }
+                    None => {
+                        for (piece, done) in job {
+                            done.complete(me.put_piece(&piece));
+                        }
+                        drop(permit);
+                    }
+                });
+                batch_bytes = 0;
+            }
+        }
+        tickets
+    }
+
+    fn cutters(&self) -> Option<&dyn crate::pipeline::Cutters> {
+        Some(&*self.pipeline)
+    }
+
+    fn successors(&self) -> Option<crate::pipeline::Predictor> {
+        Some(crate::pipeline::Predictor {
+            table: self.w.successors.clone(),
+            pipeline: Some(self.pipeline.clone()),
+        })
+    }
+
+    fn put(&self, data: &[u8]) -> Result<ChunkHash> {
+        self.put_hashed(data, None)
+    }
+
+    fn get(&self, h: &ChunkHash) -> Result<ChunkBytes> {
+        Ok(self.get_many(std::slice::from_ref(h))?.remove(0))
+    }
+
+    fn get_many(&self, hashes: &[ChunkHash]) -> Result<Vec<ChunkBytes>> {
+        ChunkStore::get_many(self, hashes)
+    }
+}

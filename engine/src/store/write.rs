@@ -1,0 +1,524 @@
+//! The store's write side: dedup lookup of new pieces, encoding, aggregation of new chunks
+//! into large aligned writes, segment allocation (and gc's reserve), the pins that keep an
+//! uncommitted file state's chunks alive, and segment release after gc.
+
+use super::{gpu, ChunkStore, GC_RESERVE_SEGMENTS, WRITE_BYTES};
+use crate::alloc::Segments;
+use crate::chunk::Checked;
+use crate::device::IoBuf;
+use crate::error::{Corruption, Error, Result};
+use crate::format::{ChunkHash, ChunkRecord, Codec, DataOffset, SegmentId};
+use crate::pins::{ChunkPins, ReleasePins};
+use crate::pipeline::Piece;
+use parking_lot::Mutex;
+use std::collections::BTreeSet;
+use std::sync::atomic::Ordering;
+use std::sync::{Arc, Weak};
+
+pub(super) struct Writer {
+    /// The segment being filled, and how many of its bytes are used (written or buffered).
+    pub(super) cur: Option<SegmentId>,
+    /// `cur` is gc's reserve segment (gc took it when no other was free): only gc's copies
+    /// may go into it, or writers sharing it would eat the room compaction counts on.
+    pub(super) cur_reserved: bool,
+    pub(super) fill: u64,
+    /// Data-file offset of `buf[0]`; `buf` never crosses a segment boundary.
+    pub(super) buf_start: u64,
+    pub(super) buf: IoBuf,
+    /// Buffers taken out of `buf` for writing, oldest first. They stay readable here until
+    /// written (`read_stored`).
+    pub(super) writing: Vec<OutBuf>,
+    /// Written buffers kept for reuse (at most two), so the daemon does not fault in fresh
+    /// pages for every 8 MiB.
+    pub(super) spare: Vec<IoBuf>,
+    /// Which segments are free or taken (see `alloc`).
+    pub(super) segs: Segments,
+}
+
+/// A buffer on its way to the data file.
+pub(super) struct OutBuf {
+    pub(super) start: u64,
+    pub(super) buf: Arc<IoBuf>,
+    /// Bytes to write (whole blocks; the buffer may hold a partial block after them).
+    pub(super) n: usize,
+    /// A thread is writing it (`write_queued`).
+    pub(super) started: bool,
+}
+
+pub(super) struct Pending {
+    pub(super) rec: ChunkRecord,
+    pub(super) holders: u32,
+    /// Stored by `append_new`: the chunk table may not name it yet (its file has not
+    /// committed), so gc cannot see it and must not touch its segment. False for a dedup hit
+    /// on a committed chunk, which gc may move (see `relocate_pinned`).
+    pub(super) new: bool,
+}
+
+/// The write side's state (see `ChunkStore::w`).
+pub(super) struct WriteSide {
+    pub(super) writer: Mutex<Writer>,
+    /// Signalled when a buffer in `Writer::writing` has been written.
+    pub(super) written: parking_lot::Condvar,
+    /// Segments gc emptied whose reuse waits until the given time (`defer_release`).
+    pub(super) deferred: Mutex<Vec<(std::time::Instant, Vec<SegmentId>)>>,
+    /// Which encodings new chunks may get.
+    pub(super) codec: Mutex<crate::codec::Policy>,
+    /// Compresses new chunks in batches on a GPU instead of on the workers, when set.
+    pub(super) gpu: Mutex<Option<Arc<gpu::GpuStage>>>,
+    /// Chunk sequences of files committed or opened here, for the cutters' predictions
+    /// (bounded: `predict::GENERATION_ENTRIES`).
+    pub(super) successors: Arc<crate::predict::Successors>,
+}
+
+impl WriteSide {
+    pub(super) fn new(free: BTreeSet<SegmentId>) -> WriteSide {
+        WriteSide {
+            writer: Mutex::new(Writer {
+                cur: None,
+                cur_reserved: false,
+                fill: 0,
+                buf_start: 0,
+                buf: IoBuf::new(),
+                writing: Vec::new(),
+                spare: Vec::new(),
+                segs: Segments::new(free),
+            }),
+            written: parking_lot::Condvar::new(),
+            deferred: Mutex::new(Vec::new()),
+            codec: Mutex::new(crate::codec::Policy::Lz4),
+            gpu: Mutex::new(None),
+            successors: Arc::default(),
+        }
+    }
+}
+
+impl ChunkStore {
+    pub fn is_pinned(&self, h: &ChunkHash) -> bool {
+        self.pending.lock().contains_key(h)
+    }
+
+    /// An empty pin set counted by this store, for a new file state.
+    pub fn new_pins(&self) -> ChunkPins {
+        let me: Weak<dyn ReleasePins> = self.me.clone();
+        ChunkPins::new(me)
+    }
+
+    /// Pins chunks that are stored already (committed, or pinned by some file state), as a
+    /// dedup hit does: for a metadata-only copy, whose extents name the chunks of another
+    /// file. The caller must hold what keeps the chunks alive until this returns (the source
+    /// file's lock, whose state or base revision references them). Errors with corruption if
+    /// a chunk is unknown, and then holds none of them.
+    pub fn pin_stored(&self, hashes: &[ChunkHash]) -> Result<ChunkPins> {
+        let mut pins = self.new_pins();
+        let _shared = self.barrier.read();
+        for h in hashes {
+            if let Some(e) = self.pending.lock().get_mut(h) {
+                e.holders += 1;
+                pins.adopt(*h);
+                continue;
+            }
+            let rec = self
+                .committed_record(h)?
+                .ok_or(Corruption::UnknownChunk(*h))?;
+            self.pending
+                .lock()
+                .entry(*h)
+                .or_insert(Pending {
+                    rec,
+                    holders: 0,
+                    new: false,
+                })
+                .holders += 1;
+            pins.adopt(*h);
+        }
+        Ok(pins)
+    }
+
+    /// Drops one pin per hash: a file state committed or discarded what it had put.
+    pub(super) fn unpin(&self, hashes: &[ChunkHash]) {
+        let mut p = self.pending.lock();
+        for h in hashes {
+            if let Some(e) = p.get_mut(h) {
+                e.holders -= 1;
+                if e.holders == 0 {
+                    p.remove(h);
+                }
+            }
+        }
+    }
+
+    /// Segments that may hold chunks not committed yet: taken since the last commit that
+    /// recorded them, or holding a new chunk of a save not committed (a new chunk of a file
+    /// not yet committed may lie in a segment another file's commit already recorded:
+    /// segments are shared). Unlike `busy_segments`, not the segment being filled as such:
+    /// its rows on disk hold only committed chunks then (a commit pads its row, and new
+    /// chunks start on the next), so a repair may rewrite them (`scrub`).
+    pub fn uncommitted_segments(&self) -> BTreeSet<SegmentId> {
+        self.segments_in_use(false)
+    }
+
+    /// Segments gc must leave alone: the one being filled, those taken but not yet recorded
+    /// by a commit, and those holding new chunks not yet committed. Segments holding pinned
+    /// committed chunks (an open file's dedup hits) are not busy: gc moves such a chunk like
+    /// any other and points its pin at the copy (`relocate_pinned`). Were they busy, a file
+    /// being rewritten would pin nearly every segment of its previous revision, and a full
+    /// space could never be compacted while that file is open.
+    pub fn busy_segments(&self) -> BTreeSet<SegmentId> {
+        self.segments_in_use(true)
+    }
+
+    /// `uncommitted_segments`, and the segment being filled with `filling`.
+    fn segments_in_use(&self, filling: bool) -> BTreeSet<SegmentId> {
+        let w = self.w.writer.lock();
+        let p = self.pending.lock();
+        let mut s: BTreeSet<SegmentId> = w.segs.taken().into_iter().collect();
+        if filling {
+            s.extend(w.cur);
+        }
+        s.extend(
+            p.values()
+                .filter(|e| e.new)
+                .map(|e| self.segment_of(e.rec.offset)),
+        );
+        s
+    }
+
+    /// gc moved chunks (hash, old offset, new offset): pins of them read the copies from now
+    /// on. Called under `exclusive()`, in the same critical section that commits the moves,
+    /// so no lookup or read sees one location in the table and another in its pin.
+    pub fn relocate_pinned(&self, moves: &[(ChunkHash, DataOffset, DataOffset)]) {
+        let mut p = self.pending.lock();
+        for (h, old, new) in moves {
+            if let Some(e) = p.get_mut(h) {
+                if e.rec.offset == *old {
+                    e.rec.offset = *new;
+                }
+            }
+        }
+    }
+
+    /// Segments taken since the last recorded commit; a commit removes them from FREE and
+    /// then calls `recorded_taken`.
+    pub fn taken_segments(&self) -> Vec<SegmentId> {
+        self.w.writer.lock().segs.taken()
+    }
+
+    pub fn recorded_taken(&self, segs: &[SegmentId]) {
+        self.w.writer.lock().segs.recorded(segs);
+    }
+
+    /// Makes segments reusable once gc's commit freeing them is durable. Waits for every
+    /// chunk lookup in flight, which might still read the old location.
+    pub fn release_segments(&self, segs: &[SegmentId]) {
+        let _excl = self.barrier.write();
+        self.w.writer.lock().segs.release(segs);
+    }
+
+    /// `release_segments` after `grace`: the segments are free in the table already, but no
+    /// new chunk goes into them before then, so another node reading a chunk gc moved at its
+    /// old place (its view of this slot not refreshed yet) still finds the old bytes. At
+    /// most a few gc rounds' worth are held (each round frees at most 16 segments).
+    pub fn defer_release(&self, segs: Vec<SegmentId>, grace: std::time::Duration) {
+        if !segs.is_empty() {
+            self.w
+                .deferred
+                .lock()
+                .push((std::time::Instant::now() + grace, segs));
+        }
+    }
+
+    /// Releases deferred segments whose grace is over, or all of them with `all` (a writer
+    /// waits for room: a remote reader's retry is cheaper than its ENOSPC).
+    pub fn release_due(&self, all: bool) {
+        let now = std::time::Instant::now();
+        let due: Vec<SegmentId> = {
+            let mut d = self.w.deferred.lock();
+            let (ready, wait): (Vec<_>, Vec<_>) = d.drain(..).partition(|(t, _)| all || *t <= now);
+            *d = wait;
+            ready.into_iter().flat_map(|(_, s)| s).collect()
+        };
+        if !due.is_empty() {
+            self.release_segments(&due);
+        }
+    }
+
+    /// Returns to the free set the segments taken since the last commit whose chunks no file
+    /// state holds any more: a save that failed (a full space) or was discarded before any
+    /// commit recorded its segments leaves only garbage there, and the table still lists
+    /// those segments free. Without this they would stay out of use until some later commit
+    /// recorded them, which a full space may never get to. Only gc calls this, under its
+    /// lock: gc's own copies are the only other unpinned chunks in taken segments.
+    pub fn reclaim_unrecorded(&self) -> Vec<SegmentId> {
+        let _excl = self.barrier.write();
+        let mut w = self.w.writer.lock();
+        let p = self.pending.lock();
+        let held: BTreeSet<SegmentId> = p.values().map(|e| self.segment_of(e.rec.offset)).collect();
+        let cur = w.cur;
+        w.segs.reclaim(|s| Some(s) != cur && !held.contains(&s))
+    }
+
+    /// Holds off chunk lookups and pinning while gc deletes chunk records.
+    pub fn exclusive(&self) -> parking_lot::RwLockWriteGuard<'_, ()> {
+        self.barrier.write()
+    }
+
+    /// Finds room for `len` bytes, moving to the next free segment when the current one is
+    /// full. Returns the data-file offset. New chunks (`for_gc` false) may not take the
+    /// last `GC_RESERVE_SEGMENTS` free segments: gc's copies may, so compaction can always
+    /// make progress on a full space (copying a segment's live bytes into the reserve frees
+    /// the whole segment).
+    pub(super) fn alloc(&self, w: &mut Writer, len: u64, for_gc: bool) -> Result<u64> {
+        assert!(len <= self.segment_bytes);
+        // Once gc freed what it emptied into the reserve segment, that segment is ordinary
+        // (`Segments::reserve_whole`). Without this a space of two segments refused every
+        // write after a remount (one segment live, the other the reserve).
+        if w.cur_reserved && w.segs.reserve_whole() {
+            w.cur_reserved = false;
+        }
+        if let Some(c) = w.cur {
+            if w.fill + len <= self.segment_bytes && (for_gc || !w.cur_reserved) {
+                return Ok(self.start_of(c) + w.fill);
+            }
+        }
+        // Refused before the current segment is closed, so a writer that finds no room
+        // leaves the writer as it was.
+        if !for_gc && w.segs.free_count() <= GC_RESERVE_SEGMENTS {
+            return Err(Error::NoSpace);
+        }
+        self.write_out(w, true);
+        let t = w.segs.take(for_gc)?;
+        let next = t.segment;
+        if let Err(e) = self.place.prepare(next) {
+            w.segs.untake(next);
+            return Err(e.into());
+        }
+        w.cur = Some(next);
+        w.cur_reserved = t.reserved;
+        w.fill = 0;
+        w.buf_start = self.start_of(next);
+        Ok(w.buf_start)
+    }
+
+    /// Queues buffered chunks for writing to the data file in whole blocks (`DIRECT_ALIGN`,
+    /// or whole rows of an erasure-coded placement: `align`),
+    /// so the write can bypass the page cache; `write_queued` writes them once the caller
+    /// has let go of the writer lock, so workers keep appending while the disk works.
+    /// Unless `all`, a last partial block stays buffered for the chunks that will fill it.
+    /// With `all` (a commit, or the segment is done) it is padded with zeros and written,
+    /// and the next chunk starts at the next block: blocks once written are never written
+    /// again, so no write can tear committed bytes. The padding costs less than one block
+    /// per commit.
+    pub(super) fn write_out(&self, w: &mut Writer, all: bool) {
+        if all && w.cur.is_some() {
+            w.fill += w.buf.pad_to(self.align) as u64;
+        }
+        let n = w.buf.len() / self.align * self.align;
+        if n == 0 {
+            return;
+        }
+        let mut next = w.spare.pop().unwrap_or_default();
+        next.extend_from_slice(&w.buf.as_slice()[n..]);
+        let full = Arc::new(std::mem::replace(&mut w.buf, next));
+        w.writing.push(OutBuf {
+            start: w.buf_start,
+            buf: full,
+            n,
+            started: false,
+        });
+        w.buf_start += n as u64;
+    }
+
+    /// Writes the queued buffers (see `write_out`). Call without the writer lock.
+    pub(super) fn write_queued(&self) -> Result<()> {
+        let mut result = Ok(());
+        loop {
+            let (start, buf, n) = {
+                let mut w = self.w.writer.lock();
+                match w.writing.iter_mut().find(|o| !o.started) {
+                    Some(o) => {
+                        o.started = true;
+                        (o.start, o.buf.clone(), o.n)
+                    }
+                    None => break,
+                }
+            };
+            let r = self.stages().write.time(n, || {
+                self.place.write(self.location(start), &buf.as_slice()[..n])
+            });
+            let mut w = self.w.writer.lock();
+            w.writing.retain(|o| o.start != start);
+            self.w.written.notify_all();
+            if let Err(e) = r {
+                result = result.and(self.fail(e));
+                continue;
+            }
+            if let Ok(mut b) = Arc::try_unwrap(buf) {
+                if w.spare.len() < 2 {
+                    b.consume(b.len());
+                    w.spare.push(b);
+                }
+            }
+        }
+        result
+    }
+
+    /// Writes out buffered chunks and makes the data file durable.
+    pub fn flush_sync(&self) -> Result<()> {
+        self.check_failed()?;
+        self.write_out(&mut self.w.writer.lock(), true);
+        self.write_queued()?;
+        {
+            // Buffers other threads took for writing before this commit must be on disk
+            // before the sync that makes this commit's chunks durable.
+            let mut w = self.w.writer.lock();
+            while !w.writing.is_empty() {
+                self.w.written.wait(&mut w);
+            }
+        }
+        self.check_failed()?;
+        // Not under the writer lock: workers keep appending other files' chunks while this
+        // commit waits for the disk. The sync covers every write issued before it.
+        if let Err(e) = self.stages().sync.time(0, || self.place.sync()) {
+            return self.fail(e);
+        }
+        Ok(())
+    }
+
+    /// Appends already-encoded chunk bytes (gc's copies); returns where they went.
+    pub fn append_stored(&self, chunk: &Checked) -> Result<DataOffset> {
+        let stored = chunk.bytes();
+        self.check_failed()?;
+        let off = {
+            let mut w = self.w.writer.lock();
+            let off = self.alloc(&mut w, stored.len() as u64, true);
+            if off.is_ok() {
+                w.buf.extend_from_slice(stored);
+                w.fill += stored.len() as u64;
+                if w.buf.len() as u64 >= WRITE_BYTES.min(self.segment_bytes / 2) {
+                    self.write_out(&mut w, false);
+                }
+            }
+            off
+        };
+        self.write_queued()?;
+        Ok(DataOffset(off?))
+    }
+}
+
+/// What the dedup lookup found for a piece.
+pub(super) enum Lookup {
+    /// Stored already (committed, or pinned by a file state); now pinned once more.
+    Hit(ChunkHash),
+    /// New: to be encoded and stored.
+    Miss(ChunkHash),
+}
+
+impl ChunkStore {
+    /// Hashes a piece and pins the chunk if it is stored already.
+    /// `put` of a piece, taking its hash where the cutter already computed it.
+    pub(super) fn put_piece(&self, piece: &Piece) -> Result<ChunkHash> {
+        self.put_hashed(piece.bytes(), piece.known_hash())
+    }
+
+    pub(super) fn put_hashed(&self, data: &[u8], known: Option<ChunkHash>) -> Result<ChunkHash> {
+        let h = match self.lookup(data, known)? {
+            Lookup::Hit(h) => return Ok(h),
+            Lookup::Miss(h) => h,
+        };
+        let policy = *self.w.codec.lock();
+        let (codec, encoded) = self
+            .stages()
+            .compress
+            .time(data.len(), || crate::codec::encode(data, policy));
+        // Stored raw when compression does not pay, so incompressible data costs nothing extra.
+        self.store_new(h, data.len(), codec, encoded.as_deref().unwrap_or(data))
+    }
+
+    /// Hashes `data` (unless `known`: its hash, computed by the caller over exactly these
+    /// bytes) and looks it up among pinned and committed chunks.
+    pub(super) fn lookup(&self, data: &[u8], known: Option<ChunkHash>) -> Result<Lookup> {
+        self.check_failed()?;
+        assert!(!data.is_empty() && data.len() <= u32::MAX as usize);
+        let h = match known {
+            Some(h) => h,
+            None => self.stages().hash.time(data.len(), || ChunkHash::of(data)),
+        };
+        let _shared = self.barrier.read();
+        if let Some(e) = self.pending.lock().get_mut(&h) {
+            e.holders += 1;
+            self.dedup_hits.fetch_add(1, Ordering::Relaxed);
+            return Ok(Lookup::Hit(h));
+        }
+        let found = self.stages().lookup.time(0, || self.committed_record(&h))?;
+        if let Some(rec) = found {
+            self.pending
+                .lock()
+                .entry(h)
+                .or_insert(Pending {
+                    rec,
+                    holders: 0,
+                    new: false,
+                })
+                .holders += 1;
+            self.dedup_hits.fetch_add(1, Ordering::Relaxed);
+            return Ok(Lookup::Hit(h));
+        }
+        Ok(Lookup::Miss(h))
+    }
+
+    /// Stores a new chunk's encoded bytes: appends them and writes out full buffers.
+    pub(super) fn store_new(
+        &self,
+        h: ChunkHash,
+        raw_len: usize,
+        codec: Codec,
+        bytes: &[u8],
+    ) -> Result<ChunkHash> {
+        let t_append = std::time::Instant::now();
+        let r = self.append_new(h, raw_len, codec, bytes);
+        self.stages().append.add(t_append.elapsed(), bytes.len());
+        // Also after a failure (a full space): buffers queued for writing go out.
+        self.write_queued()?;
+        r
+    }
+
+    /// Appends a new chunk's stored bytes to the write buffer and pins it.
+    fn append_new(
+        &self,
+        h: ChunkHash,
+        raw_len: usize,
+        codec: Codec,
+        bytes: &[u8],
+    ) -> Result<ChunkHash> {
+        let mut w = self.w.writer.lock();
+        {
+            let mut pending = self.pending.lock();
+            if let Some(e) = pending.get_mut(&h) {
+                e.holders += 1;
+                return Ok(h);
+            }
+            let off = self.alloc(&mut w, bytes.len() as u64, false)?;
+            w.buf.extend_from_slice(bytes);
+            w.fill += bytes.len() as u64;
+            pending.insert(
+                h,
+                Pending {
+                    rec: ChunkRecord {
+                        offset: DataOffset(off),
+                        stored_len: bytes.len() as u32,
+                        raw_len: raw_len as u32,
+                        codec,
+                        refs: 0,
+                    },
+                    holders: 1,
+                    new: true,
+                },
+            );
+        }
+        self.chunks_stored.fetch_add(1, Ordering::Relaxed);
+        if w.buf.len() as u64 >= WRITE_BYTES.min(self.segment_bytes) {
+            self.write_out(&mut w, false);
+        }
+        Ok(h)
+    }
+}
