@@ -8,7 +8,7 @@ use std::fmt;
 
 /// Young's first-order optimum interval between checkpoints, `sqrt(2 C M)` (Young 1974),
 /// for commit time `C` and system MTBF `M`, both in seconds and positive.
-pub fn young_interval(commit_secs: f64, mtbf_secs: f64) -> f64 {
+pub(crate) fn young_interval(commit_secs: f64, mtbf_secs: f64) -> f64 {
     (2.0 * commit_secs * mtbf_secs).sqrt()
 }
 
@@ -34,7 +34,7 @@ pub fn daly_interval(commit_secs: f64, mtbf_secs: f64) -> f64 {
 /// Expected fraction of wall-clock time lost at compute interval `T`, to first order:
 /// `C/(T+C) + (T+C)/(2M) + R/M` — the checkpoint overhead, half a period of rework per
 /// failure and one restart per failure (all in seconds). Meaningful while well below 1.
-pub fn waste_fraction(interval: f64, commit: f64, restart: f64, mtbf: f64) -> f64 {
+pub(crate) fn waste_fraction(interval: f64, commit: f64, restart: f64, mtbf: f64) -> f64 {
     let period = interval + commit;
     commit / period + period / (2.0 * mtbf) + restart / mtbf
 }
@@ -243,13 +243,14 @@ fn look_ahead(
     })
 }
 
+#[cfg(test)]
 /// Wall-clock seconds to finish `work_secs` of computation that checkpoints after every
 /// `interval_secs` of computation (not after the last piece: the job ends there). A
 /// checkpoint takes `commit_secs`; a failure at a time in `failure_times` (absolute wall
 /// clock, sorted) loses the work since the last completed checkpoint, including a commit in
 /// progress, and costs `restart_secs`, during which further failures restart the restart.
 /// Failures after the job ends are ignored. A non-positive or NaN interval never finishes.
-pub fn simulate(
+pub(crate) fn simulate(
     interval_secs: f64,
     commit_secs: f64,
     restart_secs: f64,
@@ -283,6 +284,7 @@ pub fn simulate(
     t
 }
 
+#[cfg(test)]
 /// splitmix64 (Steele, Lea and Flood 2014): tiny, seedable with any value, and good enough
 /// for failure traces; it keeps the engine off an extra dependency for tests.
 fn splitmix64(state: &mut u64) -> u64 {
@@ -293,10 +295,11 @@ fn splitmix64(state: &mut u64) -> u64 {
     z ^ (z >> 31)
 }
 
+#[cfg(test)]
 /// Failure times (sorted, absolute seconds) of a Poisson process with mean gap `mtbf_secs`,
 /// up to `horizon_secs`, from `seed`: the same seed gives the same trace. Empty when either
 /// argument is not a positive finite number.
-pub fn exponential_trace(seed: u64, mtbf_secs: f64, horizon_secs: f64) -> Vec<f64> {
+pub(crate) fn exponential_trace(seed: u64, mtbf_secs: f64, horizon_secs: f64) -> Vec<f64> {
     let mut out = Vec::new();
     if !(mtbf_secs.is_finite() && mtbf_secs > 0.0 && horizon_secs.is_finite() && horizon_secs > 0.0)
     {
@@ -317,22 +320,22 @@ pub fn exponential_trace(seed: u64, mtbf_secs: f64, horizon_secs: f64) -> Vec<f6
 
 /// Revisions whose write windows come closer than this belong to one checkpoint: ranks of
 /// one job write their files together, and one process writes its files back to back.
-pub const CHECKPOINT_GAP_SECS: f64 = 2.0;
+pub(crate) const CHECKPOINT_GAP_SECS: f64 = 2.0;
 /// What counts as a checkpoint: a group of revisions (above) holding at least this many
 /// bytes. A log line, a `done` marker or a small config file written now and then commits
 /// in milliseconds; counted, they made the measured commit time fall to 0.0 s and the advice
 /// to checkpoint every few seconds (issue 36). Checkpoints smaller than this are not
 /// measured: give `--commit` for them.
-pub const CHECKPOINT_MIN_BYTES: u64 = 1 << 20;
+pub(crate) const CHECKPOINT_MIN_BYTES: u64 = 1 << 20;
 /// Above this expected waste (checkpoint overhead, rework and restarts, as a fraction of
 /// the run at the advised interval), the advice warns that checkpointing costs more than the
 /// failure model allows.
-pub const WASTE_WARN_FRACTION: f64 = 0.5;
+pub(crate) const WASTE_WARN_FRACTION: f64 = 0.5;
 /// The commit time is the median of at most this many recent checkpoints.
-pub const COMMIT_SAMPLES: usize = 5;
+pub(crate) const COMMIT_SAMPLES: usize = 5;
 /// At most this many of the newest revisions are read to find the recent checkpoints (the
 /// bound on the advice's cost: one checkpoint of more files than this is measured short).
-pub const REVISIONS_SCANNED: usize = 4096;
+pub(crate) const REVISIONS_SCANNED: usize = 4096;
 
 /// The failure model a space keeps for `ckptfs advise` (its config; 0 = not given).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
@@ -620,7 +623,7 @@ pub fn report(inputs: &AdviceInputs, o: &Overrides) -> Result<AdviceReport, Stri
 }
 
 /// Seconds as people read them: `42 s`, `17.5 min`, `3.2 h`, `4.1 d`, `5.0 y`.
-pub fn human_secs(s: f64) -> String {
+pub(crate) fn human_secs(s: f64) -> String {
     match s {
         s if s < 120.0 => format!("{s:.0} s"),
         s if s < 2.0 * 3600.0 => format!("{:.1} min", s / 60.0),

@@ -38,14 +38,14 @@ impl Segments {
         }
     }
 
-    pub fn free_count(&self) -> u64 {
+    pub(crate) fn free_count(&self) -> u64 {
         self.free.len() as u64
     }
 
     /// Whether gc's reserve is whole: a segment taken from it may be filled by anyone.
     /// The reserve is a count of free segments, not a particular one, so once gc freed the
     /// segments it emptied into a reserve segment, that segment is an ordinary one.
-    pub fn reserve_whole(&self) -> bool {
+    pub(crate) fn reserve_whole(&self) -> bool {
         self.free_count() >= GC_RESERVE_SEGMENTS
     }
 
@@ -62,7 +62,7 @@ impl Segments {
     }
 
     /// Gives back a segment just taken that could not be used (its placement failed).
-    pub fn untake(&mut self, segment: SegmentId) {
+    pub(crate) fn untake(&mut self, segment: SegmentId) {
         if self.taken.remove(&segment) {
             self.free.insert(segment);
         }
@@ -71,10 +71,6 @@ impl Segments {
     /// Segments taken since the last commit that recorded them.
     pub fn taken(&self) -> Vec<SegmentId> {
         self.taken.iter().copied().collect()
-    }
-
-    pub fn is_taken(&self, segment: SegmentId) -> bool {
-        self.taken.contains(&segment)
     }
 
     /// A commit recorded these taken segments as used.

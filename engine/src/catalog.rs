@@ -25,29 +25,31 @@ use std::collections::BTreeSet;
 pub mod tables {
     use redb::TableDefinition;
     /// inode number -> InodeRecord
-    pub const INODES: TableDefinition<u64, &[u8]> = TableDefinition::new("inodes");
+    pub(crate) const INODES: TableDefinition<u64, &[u8]> = TableDefinition::new("inodes");
     /// (parent inode, name) -> (child inode, readdir cookie)
     pub const DIRENTS: TableDefinition<(u64, &[u8]), (u64, u64)> = TableDefinition::new("dirents");
     /// (parent inode, readdir cookie) -> name; gives readdir a stable order and resume point.
-    pub const DIRLIST: TableDefinition<(u64, u64), &[u8]> = TableDefinition::new("dirlist");
+    pub(crate) const DIRLIST: TableDefinition<(u64, u64), &[u8]> = TableDefinition::new("dirlist");
     /// revision -> RevisionRecord
     pub const REVISIONS: TableDefinition<u64, &[u8]> = TableDefinition::new("revisions");
     /// (history, revision) -> (): the revisions of each history, oldest first
-    pub const HISTORY_REVS: TableDefinition<(u64, u64), ()> = TableDefinition::new("history_revs");
+    pub(crate) const HISTORY_REVS: TableDefinition<(u64, u64), ()> =
+        TableDefinition::new("history_revs");
     /// history -> HistoryRecord
-    pub const HISTORIES: TableDefinition<u64, &[u8]> = TableDefinition::new("histories");
+    pub(crate) const HISTORIES: TableDefinition<u64, &[u8]> = TableDefinition::new("histories");
     /// segment index -> (): data-file segments holding no committed chunk
     pub const FREE: TableDefinition<u64, ()> = TableDefinition::new("free_segments");
     /// chunk hash -> (): chunks whose reference count reached zero, for gc to delete
-    pub const GC_CANDIDATES: TableDefinition<&[u8], ()> = TableDefinition::new("gc_candidates");
+    pub(crate) const GC_CANDIDATES: TableDefinition<&[u8], ()> =
+        TableDefinition::new("gc_candidates");
     /// retention policy and gc settings (see `Config`)
-    pub const CONFIG: TableDefinition<&str, u64> = TableDefinition::new("config");
+    pub(crate) const CONFIG: TableDefinition<&str, u64> = TableDefinition::new("config");
     /// (revision, file offset) -> Extent
     pub const EXTENTS: TableDefinition<(u64, u64), &[u8]> = TableDefinition::new("extents");
     /// chunk hash -> ChunkRecord
     pub const CHUNKS: TableDefinition<&[u8], &[u8]> = TableDefinition::new("chunks");
     /// named counters: next_ino, next_rev, next_cookie, next_history
-    pub const COUNTERS: TableDefinition<&str, u64> = TableDefinition::new("counters");
+    pub(crate) const COUNTERS: TableDefinition<&str, u64> = TableDefinition::new("counters");
     /// (inode, name) -> value: the extended attributes of live inodes
     pub const XATTRS: TableDefinition<(u64, &[u8]), &[u8]> = TableDefinition::new("xattrs");
     /// revision -> its file's extended attributes when it was committed
@@ -55,35 +57,26 @@ pub mod tables {
     pub const REV_XATTRS: TableDefinition<u64, &[u8]> = TableDefinition::new("revision_xattrs");
     /// path -> time (12 bytes): names this slot removed that other slots publish (a slot
     /// of a multi-slot space; created at the first such removal)
-    pub const WHITEOUTS: TableDefinition<&[u8], &[u8]> = TableDefinition::new("whiteouts");
+    pub(crate) const WHITEOUTS: TableDefinition<&[u8], &[u8]> = TableDefinition::new("whiteouts");
     /// `(parent, name)` -> `Binding` (24 bytes): this slot's records of the shared
     /// namespace's entries (a slot of a shared namespace; made with the slot's table).
-    pub const BINDINGS: TableDefinition<(u64, &[u8]), &[u8]> = TableDefinition::new("bindings");
+    pub(crate) const BINDINGS: TableDefinition<(u64, &[u8]), &[u8]> =
+        TableDefinition::new("bindings");
     /// local inode -> `VersionMeta` (48 bytes): which object each local inode is a version
     /// of (a slot of a shared namespace).
-    pub const VERSIONS: TableDefinition<u64, &[u8]> = TableDefinition::new("versions");
+    pub(crate) const VERSIONS: TableDefinition<u64, &[u8]> = TableDefinition::new("versions");
     /// The shared namespace's clock: the highest stamp this slot has used.
-    pub const NS_STAMP: &str = "ns_stamp";
+    pub(crate) const NS_STAMP: &str = "ns_stamp";
 }
 
-/// Records in `txn` that this slot removed `path` at `when`, hiding other slots' older
-/// entries there (see FORMAT.md "Whiteouts").
-pub fn put_whiteout(txn: &WriteTransaction, path: &[u8], when: Timestamp) -> Result<()> {
-    let mut t = txn.open_table(WHITEOUTS)?;
-    let mut b = [0u8; 12];
-    b[0..8].copy_from_slice(&when.secs.to_le_bytes());
-    b[8..12].copy_from_slice(&when.nanos.to_le_bytes());
-    t.insert(path, b.as_slice())?;
-    Ok(())
-}
 use tables::*;
 
-pub const NEXT_INO: &str = "next_ino";
-pub const NEXT_REV: &str = "next_rev";
-pub const NEXT_COOKIE: &str = "next_cookie";
-pub const NEXT_HISTORY: &str = "next_history";
+pub(crate) const NEXT_INO: &str = "next_ino";
+pub(crate) const NEXT_REV: &str = "next_rev";
+pub(crate) const NEXT_COOKIE: &str = "next_cookie";
+pub(crate) const NEXT_HISTORY: &str = "next_history";
 /// readdir cookies 1 and 2 are "." and ".."; entries start after them.
-pub const FIRST_COOKIE: u64 = 3;
+pub(crate) const FIRST_COOKIE: u64 = 3;
 
 /// Retention policy and gc settings, kept in the metadata table (`ckptfs config`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -181,7 +174,7 @@ fn read_advice(t: &impl ReadableTable<&'static str, u64>) -> Result<AdviceConfig
 }
 
 /// Every table, created empty (format), or added where an older build's space lacks it.
-pub fn create_tables(txn: &WriteTransaction) -> Result<()> {
+pub(crate) fn create_tables(txn: &WriteTransaction) -> Result<()> {
     txn.open_table(INODES)?;
     txn.open_table(DIRENTS)?;
     txn.open_table(DIRLIST)?;
@@ -202,7 +195,7 @@ pub fn create_tables(txn: &WriteTransaction) -> Result<()> {
 /// Adds the tables later builds introduced (`xattrs`, `revision_xattrs`: see FORMAT.md's
 /// version log) to a space made by an earlier one; returns whether any was missing. Writes
 /// the table only then, so opening an up-to-date space changes nothing.
-pub fn add_missing_tables(db: &Database) -> Result<bool> {
+pub(crate) fn add_missing_tables(db: &Database) -> Result<bool> {
     let exists = |r: std::result::Result<_, redb::TableError>| match r {
         Ok(_) => Ok(true),
         Err(redb::TableError::TableDoesNotExist(_)) => Ok(false),
@@ -482,7 +475,7 @@ impl<'t> Txn<'t> {
     }
 
     /// Segments the data file writer took: no longer free.
-    pub fn mark_taken(&mut self, segs: &[SegmentId]) -> Result<()> {
+    pub(crate) fn mark_taken(&mut self, segs: &[SegmentId]) -> Result<()> {
         for s in segs {
             self.free.remove(s.0)?;
         }
@@ -490,32 +483,21 @@ impl<'t> Txn<'t> {
     }
 
     /// Segments gc emptied.
-    pub fn mark_free(&mut self, segs: &[SegmentId]) -> Result<()> {
+    pub(crate) fn mark_free(&mut self, segs: &[SegmentId]) -> Result<()> {
         for s in segs {
             self.free.insert(s.0, ())?;
         }
         Ok(())
     }
 
-    pub fn free_segments(&self) -> Result<BTreeSet<SegmentId>> {
-        free_segments_in(&self.free)
-    }
-
     pub fn chunk(&self, h: &ChunkHash) -> Result<Option<ChunkRecord>> {
         get_chunk(&self.chunks, h)
-    }
-
-    pub fn for_each_chunk(
-        &self,
-        f: impl FnMut(ChunkHash, ChunkRecord) -> Result<()>,
-    ) -> Result<()> {
-        for_each_chunk_in(&self.chunks, f)
     }
 
     /// One more reference to chunk `h`: a committed chunk gains one; a chunk the table does
     /// not have yet is added with `new` (its record as stored, from the store's pending
     /// chunks) and one reference. Returns whether the chunk was new.
-    pub fn add_chunk_ref(
+    pub(crate) fn add_chunk_ref(
         &mut self,
         h: &ChunkHash,
         new: impl FnOnce() -> Option<ChunkRecord>,
@@ -569,7 +551,12 @@ impl<'t> Txn<'t> {
 
     /// Points chunk `h` at `new` if it still lies at `old` (gc moved it; a chunk deleted or
     /// moved meanwhile is left alone). Returns whether it was moved.
-    pub fn move_chunk(&mut self, h: &ChunkHash, old: DataOffset, new: DataOffset) -> Result<bool> {
+    pub(crate) fn move_chunk(
+        &mut self,
+        h: &ChunkHash,
+        old: DataOffset,
+        new: DataOffset,
+    ) -> Result<bool> {
         match self.chunk(h)? {
             Some(c) if c.offset == old => {
                 let c = ChunkRecord { offset: new, ..c };
@@ -584,7 +571,7 @@ impl<'t> Txn<'t> {
     /// still pinned (a dedup hit of a file not yet committed: if it commits, the chunk gains
     /// a reference; if not, a later gc deletes it), which stay queued. `each` sees every
     /// candidate handled (for progress). Returns (chunks deleted, their stored bytes).
-    pub fn delete_dead_chunks(
+    pub(crate) fn delete_dead_chunks(
         &mut self,
         keep: impl Fn(&ChunkHash) -> bool,
         mut each: impl FnMut(u64, u64),
@@ -622,7 +609,7 @@ impl<'t> Txn<'t> {
         Ok((freed, bytes))
     }
 
-    pub fn next_revision_id(&mut self) -> Result<RevisionId> {
+    pub(crate) fn next_revision_id(&mut self) -> Result<RevisionId> {
         let rev = counter(&self.counters, NEXT_REV)?;
         self.counters.insert(NEXT_REV, rev + 1)?;
         Ok(RevisionId(rev))
@@ -632,7 +619,7 @@ impl<'t> Txn<'t> {
     /// reference per extent (`new` gives the record of a chunk not in the table yet), and
     /// the current extended attributes of `ino`. Returns the stored bytes of the chunks
     /// this revision added to the table.
-    pub fn put_revision<'m>(
+    pub(crate) fn put_revision<'m>(
         &mut self,
         rev: RevisionId,
         rr: &RevisionRecord,
@@ -651,7 +638,7 @@ impl<'t> Txn<'t> {
     /// extent: about 137 ms per close of a 1 GiB file of 64 KiB chunks, serialized on the
     /// file. Reference counts, gc candidates and the new bytes end as the two calls leave
     /// them, except that a chunk both maps name is not queued for gc on the way.
-    pub fn replace_revision<'m>(
+    pub(crate) fn replace_revision<'m>(
         &mut self,
         prev: RevisionId,
         rev: RevisionId,
@@ -742,7 +729,7 @@ impl<'t> Txn<'t> {
     /// Deletes a revision: its extents (dropping one chunk reference each), its record, its
     /// place in its history and its attributes. Chunks left with no reference stay until gc
     /// removes them.
-    pub fn drop_revision(&mut self, rev: RevisionId) -> Result<()> {
+    pub(crate) fn drop_revision(&mut self, rev: RevisionId) -> Result<()> {
         let Some(rr) = get_revision(&self.revisions, rev)? else {
             return Ok(());
         };
@@ -753,12 +740,15 @@ impl<'t> Txn<'t> {
         self.remove_revision_rows(rev, &rr)
     }
 
-    pub fn history_count(&self) -> Result<u64> {
+    pub(crate) fn history_count(&self) -> Result<u64> {
         Ok(self.histories.len()?)
     }
 
     /// The history with the smallest id at or after `from`.
-    pub fn history_from(&self, from: HistoryId) -> Result<Option<(HistoryId, HistoryRecord)>> {
+    pub(crate) fn history_from(
+        &self,
+        from: HistoryId,
+    ) -> Result<Option<(HistoryId, HistoryRecord)>> {
         match self.histories.range(from.0..)?.next() {
             Some(item) => {
                 let (k, v) = item?;
@@ -771,19 +761,19 @@ impl<'t> Txn<'t> {
         }
     }
 
-    pub fn remove_history(&mut self, hid: HistoryId) -> Result<()> {
+    pub(crate) fn remove_history(&mut self, hid: HistoryId) -> Result<()> {
         self.histories.remove(hid.0)?;
         Ok(())
     }
 
     /// Unlinked inodes (nlink 0) for which `open` says no handle is open.
-    pub fn dead_inodes(&self, open: impl Fn(InodeId) -> bool) -> Result<Vec<InodeId>> {
+    pub(crate) fn dead_inodes(&self, open: impl Fn(InodeId) -> bool) -> Result<Vec<InodeId>> {
         dead_inodes_in(&self.inodes, open)
     }
 
     /// Deletes inode `ino`, its extended attributes and (in a shared namespace) the record
     /// of what it is a version of.
-    pub fn remove_inode(&mut self, ino: InodeId) -> Result<()> {
+    pub(crate) fn remove_inode(&mut self, ino: InodeId) -> Result<()> {
         self.inodes.remove(ino.0)?;
         if self.has_table("versions")? {
             self.wtxn.open_table(VERSIONS)?.remove(ino.0)?;
@@ -799,7 +789,7 @@ impl<'t> Txn<'t> {
     }
 
     /// Makes the tables of a slot of a shared namespace (`bindings`, `versions`).
-    pub fn create_shared_tables(&mut self) -> Result<()> {
+    pub(crate) fn create_shared_tables(&mut self) -> Result<()> {
         self.wtxn.open_table(BINDINGS)?;
         self.wtxn.open_table(VERSIONS)?;
         Ok(())
@@ -843,7 +833,7 @@ impl<'t> Txn<'t> {
     }
 
     /// The shared namespace's clock as last stored (0 before the first stamp).
-    pub fn ns_stamp(&self) -> Result<u64> {
+    pub(crate) fn ns_stamp(&self) -> Result<u64> {
         Ok(self.counters.get(NS_STAMP)?.map_or(0, |v| v.value()))
     }
 
@@ -856,7 +846,7 @@ impl<'t> Txn<'t> {
 
     /// Starts inode numbers at `next` (a slot's range of a shared namespace), if they are
     /// below it.
-    pub fn set_ino_floor(&mut self, next: u64) -> Result<()> {
+    pub(crate) fn set_ino_floor(&mut self, next: u64) -> Result<()> {
         if counter(&self.counters, NEXT_INO)? < next {
             self.counters.insert(NEXT_INO, next)?;
         }
@@ -1132,7 +1122,7 @@ impl Catalog {
 }
 
 /// The catalog's answer to the store's "where do these committed chunks lie".
-pub struct ChunkIndex(std::sync::Arc<Database>);
+pub(crate) struct ChunkIndex(std::sync::Arc<Database>);
 
 impl crate::store::CommittedChunks for ChunkIndex {
     fn committed(&self, hashes: &[ChunkHash]) -> Result<Vec<Option<ChunkRecord>>> {
@@ -1238,13 +1228,13 @@ impl Reader {
         get_revision(&self.txn.open_table(REVISIONS)?, rev)
     }
 
-    pub fn advice_config(&self) -> Result<AdviceConfig> {
+    pub(crate) fn advice_config(&self) -> Result<AdviceConfig> {
         read_advice(&self.txn.open_table(CONFIG)?)
     }
 
     /// The newest `limit` revisions' (commit time in unix seconds, seconds spent writing,
     /// size in bytes), those whose write time was measured.
-    pub fn recent_write_times(&self, limit: usize) -> Result<Vec<(f64, f64, u64)>> {
+    pub(crate) fn recent_write_times(&self, limit: usize) -> Result<Vec<(f64, f64, u64)>> {
         let t = self.txn.open_table(REVISIONS)?;
         let mut out = Vec::new();
         for item in t.iter()?.rev().take(limit) {
@@ -1258,7 +1248,7 @@ impl Reader {
         Ok(out)
     }
 
-    pub fn revision_count(&self) -> Result<u64> {
+    pub(crate) fn revision_count(&self) -> Result<u64> {
         Ok(self.txn.open_table(REVISIONS)?.len()?)
     }
 
@@ -1269,7 +1259,7 @@ impl Reader {
     /// Every revision with the worst of `score(segment)` over the segments its chunks are
     /// in (None: a revision of holes only), in revision order. One pass over the extents;
     /// chunk lookups are cached, at most `CACHE` entries (then the cache starts over).
-    pub fn revisions_by_segments(
+    pub(crate) fn revisions_by_segments(
         &self,
         segment_bytes: u64,
         mut score: impl FnMut(u64) -> i64,
@@ -1312,14 +1302,14 @@ impl Reader {
         Ok(out)
     }
 
-    pub fn for_each_chunk(
+    pub(crate) fn for_each_chunk(
         &self,
         f: impl FnMut(ChunkHash, ChunkRecord) -> Result<()>,
     ) -> Result<()> {
         for_each_chunk_in(&self.txn.open_table(CHUNKS)?, f)
     }
 
-    pub fn for_each_inode(&self, mut f: impl FnMut(InodeId, InodeRecord)) -> Result<()> {
+    pub(crate) fn for_each_inode(&self, mut f: impl FnMut(InodeId, InodeRecord)) -> Result<()> {
         for item in self.txn.open_table(INODES)?.iter()? {
             let (k, v) = item?;
             f(InodeId(k.value()), InodeRecord::decode(v.value())?);
@@ -1328,7 +1318,7 @@ impl Reader {
     }
 
     /// Every extent of every revision with its revision, in (revision, offset) order.
-    pub fn for_each_revision_extent(
+    pub(crate) fn for_each_revision_extent(
         &self,
         mut f: impl FnMut(RevisionId, &Extent) -> Result<()>,
     ) -> Result<()> {
@@ -1340,24 +1330,24 @@ impl Reader {
     }
 
     /// Every extent of every revision (for stats).
-    pub fn for_each_extent(&self, mut f: impl FnMut(&Extent)) -> Result<()> {
+    pub(crate) fn for_each_extent(&self, mut f: impl FnMut(&Extent)) -> Result<()> {
         for item in self.txn.open_table(EXTENTS)?.iter()? {
             f(&Extent::decode(item?.1.value())?);
         }
         Ok(())
     }
 
-    pub fn free_segments(&self) -> Result<BTreeSet<SegmentId>> {
+    pub(crate) fn free_segments(&self) -> Result<BTreeSet<SegmentId>> {
         free_segments_in(&self.txn.open_table(FREE)?)
     }
 
     /// Unlinked inodes (nlink 0) for which `open` says no handle is open.
-    pub fn dead_inodes(&self, open: impl Fn(InodeId) -> bool) -> Result<Vec<InodeId>> {
+    pub(crate) fn dead_inodes(&self, open: impl Fn(InodeId) -> bool) -> Result<Vec<InodeId>> {
         dead_inodes_in(&self.txn.open_table(INODES)?, open)
     }
 
     /// Every history, by id.
-    pub fn for_each_history(
+    pub(crate) fn for_each_history(
         &self,
         mut f: impl FnMut(HistoryId, HistoryRecord) -> Result<()>,
     ) -> Result<()> {
@@ -1369,7 +1359,7 @@ impl Reader {
     }
 
     /// Chunks queued for gc (their reference count reached zero).
-    pub fn gc_candidates(&self) -> Result<Vec<ChunkHash>> {
+    pub(crate) fn gc_candidates(&self) -> Result<Vec<ChunkHash>> {
         let mut out = Vec::new();
         for item in self.txn.open_table(GC_CANDIDATES)?.iter()? {
             out.push(hash_key(item?.0.value(), "gc candidate")?);
@@ -1449,7 +1439,7 @@ impl Reader {
     }
 
     /// The shared namespace's clock as stored.
-    pub fn ns_stamp(&self) -> Result<u64> {
+    pub(crate) fn ns_stamp(&self) -> Result<u64> {
         Ok(self
             .txn
             .open_table(COUNTERS)?

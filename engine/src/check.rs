@@ -32,7 +32,7 @@ use std::time::Instant;
 
 /// Metadata problems kept in a report; the rest are only counted (a badly damaged table
 /// could otherwise produce one line per record).
-pub const MAX_PROBLEMS: usize = 1000;
+pub(crate) const MAX_PROBLEMS: usize = 1000;
 /// Directory levels followed when rebuilding a path (a loop in damaged metadata ends here).
 const MAX_PATH_DEPTH: usize = 4096;
 

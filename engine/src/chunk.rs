@@ -29,7 +29,7 @@ impl Stored {
     }
 
     /// The bytes as read, for a diagnosis of what is wrong with them (`ckptfs check`).
-    pub fn unverified_bytes(&self) -> &[u8] {
+    pub(crate) fn unverified_bytes(&self) -> &[u8] {
         &self.bytes
     }
 
@@ -66,7 +66,7 @@ fn damaged(h: ChunkHash, rec: ChunkRecord, damage: ChunkDamage) -> Error {
 
 /// A chunk's stored bytes borrowed from a larger read (several chunks read in one device
 /// read), not yet checked.
-pub struct StoredRef<'a> {
+pub(crate) struct StoredRef<'a> {
     hash: ChunkHash,
     rec: ChunkRecord,
     bytes: &'a [u8],
@@ -80,7 +80,7 @@ impl<'a> StoredRef<'a> {
     /// `Stored::verify` without copying the stored bytes first: the raw bytes that match
     /// the hash, borrowed from the read for a raw chunk (no copy at all), the decoded
     /// bytes for a compressed one.
-    pub fn verify_raw(self) -> Result<std::borrow::Cow<'a, [u8]>> {
+    pub(crate) fn verify_raw(self) -> Result<std::borrow::Cow<'a, [u8]>> {
         let (h, rec) = (self.hash, self.rec);
         let damaged = |damage| damaged(h, rec, damage);
         let raw = crate::codec::decode_slice(rec.codec, self.bytes, rec.raw_len as usize)
@@ -93,7 +93,7 @@ impl<'a> StoredRef<'a> {
 }
 
 /// What owns the bytes a `ChunkBytes` points into.
-pub type Owner = Arc<dyn AsRef<[u8]> + Send + Sync>;
+pub(crate) type Owner = Arc<dyn AsRef<[u8]> + Send + Sync>;
 
 /// A chunk's verified raw bytes, shared by the read cache and its readers without a copy:
 /// a range of the device-read buffer the chunk was checked in (a raw chunk: the buffer
@@ -125,7 +125,7 @@ impl ChunkBytes {
     }
 
     /// Identifies the buffer this chunk keeps alive (equal for chunks sharing one).
-    pub fn owner_key(&self) -> usize {
+    pub(crate) fn owner_key(&self) -> usize {
         Arc::as_ptr(&self.owner) as *const u8 as usize
     }
 }

@@ -32,7 +32,7 @@ pub trait Device: Send + Sync {
 }
 
 /// Alignment of direct (uncached) writes: offset, length and memory address.
-pub const DIRECT_ALIGN: usize = 4096;
+pub(crate) const DIRECT_ALIGN: usize = 4096;
 
 pub struct FileDevice {
     file: File,
@@ -70,7 +70,7 @@ struct TableRoom {
 /// How far redb's next growth of a table of `len` bytes can reach beyond it: it doubles
 /// the file while it is under one region (4 GiB by default), then adds at most two regions
 /// (redb's `TransactionalMemory::grow`).
-pub fn table_growth(len: u64) -> u64 {
+pub(crate) fn table_growth(len: u64) -> u64 {
     const REGION: u64 = 4 << 30;
     if len < REGION {
         len.max(1 << 20)
@@ -94,7 +94,7 @@ impl FileDevice {
 
     /// A fixed-length device that takes aligned writes with O_DIRECT where the filesystem
     /// allows it: the data file.
-    pub fn new_direct(file: File) -> io::Result<Self> {
+    pub(crate) fn new_direct(file: File) -> io::Result<Self> {
         use std::os::fd::AsRawFd;
         use std::os::unix::fs::OpenOptionsExt;
         let dev = FileDevice::new(file)?;
@@ -213,7 +213,7 @@ impl FileDevice {
 /// partial-page write never rewrites its neighbours' (checked on the same volume: no
 /// neighbour's 64 bytes were lost in 300 rounds). Where the filesystem refuses O_DIRECT
 /// (tmpfs: one machine, one page cache) reads go through the page cache.
-pub struct SharedFile {
+pub(crate) struct SharedFile {
     file: File,
     direct: Option<File>,
     len: u64,
@@ -231,11 +231,6 @@ impl SharedFile {
             .open(&path)
             .ok();
         Ok(SharedFile { file, direct, len })
-    }
-
-    /// Whether reads bypass this node's page cache.
-    pub fn is_direct(&self) -> bool {
-        self.direct.is_some()
     }
 }
 
@@ -285,7 +280,7 @@ impl Device for SharedFile {
 
 /// A device that refuses every write with EROFS: the data file of a read-only mount, so
 /// no path can change it, even one the layers above forgot to refuse.
-pub struct ReadOnlyDevice(pub Arc<dyn Device>);
+pub(crate) struct ReadOnlyDevice(pub Arc<dyn Device>);
 
 impl Device for ReadOnlyDevice {
     fn read_at(&self, buf: &mut [u8], off: u64) -> io::Result<()> {
@@ -329,11 +324,6 @@ impl OverlayDevice {
             len: AtomicU64::new(len),
             floor: AtomicU64::new(len),
         }
-    }
-
-    /// Bytes held in memory.
-    pub fn overlay_bytes(&self) -> usize {
-        self.blocks.lock().len() * OVERLAY_BLOCK
     }
 
     /// Block `b` as it reads now: the overlay's copy, else the base's bytes (zeros past
@@ -489,7 +479,7 @@ impl IoBuf {
     /// Makes the allocation at least `cap` bytes, exactly that many (rounded up to a block)
     /// if it grows: for a buffer whose size matters more than growth by appending (a read
     /// that the chunk cache keeps alive, charged by its capacity).
-    pub fn reserve_exact_total(&mut self, cap: usize) {
+    pub(crate) fn reserve_exact_total(&mut self, cap: usize) {
         if cap > self.cap {
             self.grow_to(cap.next_multiple_of(DIRECT_ALIGN));
         }
@@ -532,7 +522,7 @@ impl IoBuf {
     /// a reused buffer held before keep their old values, only never-written ones are zeroed.
     /// Saves the zero-fill (and, for a fresh allocation kept for reuse, its page faults)
     /// that `extend_zeros` would repeat on every read.
-    pub fn resize_for_overwrite(&mut self, n: usize) {
+    pub(crate) fn resize_for_overwrite(&mut self, n: usize) {
         if n > self.len {
             self.reserve(n - self.len);
         }
@@ -571,13 +561,8 @@ impl IoBuf {
         unsafe { std::slice::from_raw_parts_mut(self.ptr.as_ptr(), self.len) }
     }
 
-    /// Appends zeros up to the next multiple of `DIRECT_ALIGN`; returns how many.
-    pub fn pad_to_block(&mut self) -> usize {
-        self.pad_to(DIRECT_ALIGN)
-    }
-
     /// Pads with zeros to a multiple of `align` bytes; returns the padding added.
-    pub fn pad_to(&mut self, align: usize) -> usize {
+    pub(crate) fn pad_to(&mut self, align: usize) -> usize {
         let pad = self.len.next_multiple_of(align) - self.len;
         self.extend_zeros(pad);
         pad
@@ -585,7 +570,7 @@ impl IoBuf {
 
     /// Drops the first `n` bytes, moving the rest to the front (a tail of less than one
     /// block after a write of whole blocks).
-    pub fn consume(&mut self, n: usize) {
+    pub(crate) fn consume(&mut self, n: usize) {
         assert!(n <= self.len);
         if n < self.len {
             // SAFETY: both ranges lie inside the initialized part; copy handles overlap.
@@ -677,7 +662,7 @@ impl Device for FileDevice {
 /// and fault devices that stand in for the data file stand in for the table in tests.
 /// Locking is not delegated: the space's own `lock` file already makes its holder the only
 /// process that opens the table.
-pub struct MetaBackend {
+pub(crate) struct MetaBackend {
     pub dev: Arc<dyn Device>,
     /// Set by any failed write, length change or sync of the table: the space's sticky
     /// failure flag (shared with the chunk store), raised here because redb may report such
@@ -724,11 +709,13 @@ impl redb::StorageBackend for MetaBackend {
     }
 }
 
+#[cfg(test)]
 /// A device in memory, for engine tests.
-pub struct MemDevice {
+pub(crate) struct MemDevice {
     bytes: RwLock<Vec<u8>>,
 }
 
+#[cfg(test)]
 impl MemDevice {
     pub fn new(len: usize) -> Self {
         MemDevice {
@@ -741,6 +728,7 @@ impl MemDevice {
     }
 }
 
+#[cfg(test)]
 impl Device for MemDevice {
     fn read_at(&self, buf: &mut [u8], off: u64) -> io::Result<()> {
         let b = self.bytes.read();

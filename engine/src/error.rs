@@ -220,7 +220,7 @@ impl From<io::Error> for Error {
 /// refused by this node, not failed by the storage, so an erasure-coded placement must not
 /// count it against a target, and the engine reports it as `Error::Fenced`.
 #[derive(Debug)]
-pub struct FencedIo(pub String);
+pub(crate) struct FencedIo(pub String);
 
 impl fmt::Display for FencedIo {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {

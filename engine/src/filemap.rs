@@ -52,7 +52,7 @@ impl ExtentMap {
     }
 
     /// Appends an extent read back from the metadata table, checking it does not overlap.
-    pub fn push_loaded(&mut self, off: u64, e: Extent) -> Result<()> {
+    pub(crate) fn push_loaded(&mut self, off: u64, e: Extent) -> Result<()> {
         if let Some((last_off, last)) = self.extents.iter().next_back() {
             if last_off + last.len as u64 > off {
                 return Err(Corruption::Record {
@@ -179,7 +179,7 @@ impl ExtentMap {
     /// pieces' order) to `put`, with where they go relative to file offset `off`. A piece
     /// that does not fit its chunk (a malformed record) is corruption, reported: never a
     /// panic, never wrong bytes.
-    pub fn paint(
+    pub(crate) fn paint(
         pieces: &[(u64, Extent)],
         chunks: &[ChunkBytes],
         off: u64,
@@ -220,7 +220,7 @@ impl ExtentMap {
 }
 
 /// Bytes a file's dirty blocks may hold before they are flushed into chunks.
-pub const DIRTY_LIMIT_BYTES: usize = 32 << 20;
+pub(crate) const DIRTY_LIMIT_BYTES: usize = 32 << 20;
 
 struct Stream {
     start: u64,
@@ -284,12 +284,12 @@ impl InFlight {
 /// Bytes of a sequential stream handed to the cutter and not yet cut, per file at most:
 /// a writer that outruns its cutter waits (bounded memory, back-pressure). All files
 /// together are bounded too (`ChunkIo::reserve_cut`; the store's `CUT_BYTES`).
-pub const CUT_QUEUE_BYTES: usize = 4 << 20;
+pub(crate) const CUT_QUEUE_BYTES: usize = 4 << 20;
 
 /// The content-defined cut of a sequential stream, done by a worker so the writer's
 /// request only copies bytes: FastCDC takes about as long as blake3 on this hardware, and
 /// on the request path it bounds a single writer to one core's cutting speed.
-pub struct CutState {
+pub(crate) struct CutState {
     m: parking_lot::Mutex<CutInner>,
     cv: parking_lot::Condvar,
     me: std::sync::Weak<CutState>,
@@ -1068,7 +1068,7 @@ impl FileState {
     /// Hands over the pins taken since the last call; dropping them releases them, which
     /// the caller does once the commit naming these chunks is durable. Waits for pieces still
     /// in flight and forgets them: call it only after `finish`.
-    pub fn take_pins(&mut self) -> ChunkPins {
+    pub(crate) fn take_pins(&mut self) -> ChunkPins {
         self.forget_inflight();
         self.held.split_off()
     }
@@ -1129,7 +1129,7 @@ impl FileState {
     }
 
     /// Milliseconds since the first change not yet committed (0: none), saturating.
-    pub fn write_ms(&self) -> u32 {
+    pub(crate) fn write_ms(&self) -> u32 {
         self.first_change
             .map_or(0, |t| t.elapsed().as_millis().min(u32::MAX as u128) as u32)
     }

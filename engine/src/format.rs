@@ -13,9 +13,9 @@ pub const MAGIC: [u8; 8] = *b"CKPTFS\0\x01";
 /// Version 1: the layout below. Version 2: the same, with at least one incompatible feature
 /// flag set; a superblock says 2 exactly when it has one, so builds from before the flags
 /// (which read version 1 only) refuse such a space instead of misreading it.
-pub const FORMAT_VERSION: u32 = 1;
-pub const FORMAT_VERSION_WITH_INCOMPAT: u32 = 2;
-pub const SUPERBLOCK_LEN: usize = 4096;
+pub(crate) const FORMAT_VERSION: u32 = 1;
+pub(crate) const FORMAT_VERSION_WITH_INCOMPAT: u32 = 2;
+pub(crate) const SUPERBLOCK_LEN: usize = 4096;
 const SUPERBLOCK_USED: usize = 64;
 /// Feature flags: three u64 at 96..120, blake3 of bytes 0..120 at 120..152. All zero when no
 /// flag is set (a superblock written before the flags existed reads as "no features").
@@ -51,7 +51,7 @@ impl Features {
     /// Several slots (`format --slots N`, N > 1): the slot count in the superblock, the
     /// `slots/` directory with the slot headers and one metadata table per slot, and the
     /// data file split into per-slot segment ranges. Set at format only.
-    pub const INCOMPAT_SLOTS: Features = Features {
+    pub(crate) const INCOMPAT_SLOTS: Features = Features {
         compat: 0,
         ro_compat: 0,
         incompat: 2,
@@ -60,7 +60,7 @@ impl Features {
     /// the `targets` and `placement` files in the backing directory, and one preallocated
     /// `ckptfs-target` file in each target directory holding erasure-coded shards. Set at
     /// format only.
-    pub const INCOMPAT_TARGETS: Features = Features {
+    pub(crate) const INCOMPAT_TARGETS: Features = Features {
         compat: 0,
         ro_compat: 0,
         incompat: 4,
@@ -70,7 +70,7 @@ impl Features {
     /// global inode numbers (slot in bits 40..), namespace changes are serialised by
     /// intents in the 128-byte hints. Set at format with `INCOMPAT_SLOTS`; a multi-slot
     /// space without it (the path-merged namespace of earlier builds) is refused.
-    pub const INCOMPAT_SHARED_NAMESPACE: Features = Features {
+    pub(crate) const INCOMPAT_SHARED_NAMESPACE: Features = Features {
         compat: 0,
         ro_compat: 0,
         incompat: 8,
@@ -91,7 +91,7 @@ impl Features {
         incompat: 31,
     };
     /// What `format` sets: the features every new space has.
-    pub const AT_FORMAT: Features = Features::COMPAT_XATTRS;
+    pub(crate) const AT_FORMAT: Features = Features::COMPAT_XATTRS;
 
     pub fn union(self, o: Features) -> Features {
         Features {
@@ -115,7 +115,7 @@ impl Features {
     }
 
     /// The superblock version these flags call for.
-    pub fn format_version(self) -> u32 {
+    pub(crate) fn format_version(self) -> u32 {
         if self.incompat != 0 {
             FORMAT_VERSION_WITH_INCOMPAT
         } else {
@@ -135,20 +135,20 @@ pub const META_FILE: &str = "meta.redb";
 pub const LOCK_FILE: &str = "lock";
 pub const LOG_FILE: &str = "daemon.log";
 /// Segments a slot needs at least: two for chunks, two for its manifest area.
-pub const MIN_SLOT_SEGMENTS: u64 = 4;
+pub(crate) const MIN_SLOT_SEGMENTS: u64 = 4;
 
 /// The directory of a multi-slot space holding the slot headers and the slots' tables.
-pub const SLOTS_DIR: &str = "slots";
+pub(crate) const SLOTS_DIR: &str = "slots";
 /// In `SLOTS_DIR`: two header copies per slot (`SlotHeader`).
-pub const SLOT_HEADERS_FILE: &str = "headers";
+pub(crate) const SLOT_HEADERS_FILE: &str = "headers";
 pub const SPACE_FILES: [&str; 5] = [SUPERBLOCK_FILE, DATA_FILE, META_FILE, LOCK_FILE, LOG_FILE];
 /// The space-directory file listing the targets.
-pub const TARGETS_FILE: &str = "targets";
+pub(crate) const TARGETS_FILE: &str = "targets";
 /// The space-directory file of per-segment placement records.
-pub const PLACEMENT_FILE: &str = "placement";
+pub(crate) const PLACEMENT_FILE: &str = "placement";
 /// The names a space over several targets has in its backing directory (its data is in
 /// the targets' `ckptfs-target` files).
-pub const TARGETED_SPACE_FILES: [&str; 6] = [
+pub(crate) const TARGETED_SPACE_FILES: [&str; 6] = [
     SUPERBLOCK_FILE,
     META_FILE,
     LOCK_FILE,
@@ -157,11 +157,11 @@ pub const TARGETED_SPACE_FILES: [&str; 6] = [
     PLACEMENT_FILE,
 ];
 /// The names a multi-slot space has at its top level (its tables are in `SLOTS_DIR`).
-pub const SLOTTED_SPACE_FILES: [&str; 5] =
+pub(crate) const SLOTTED_SPACE_FILES: [&str; 5] =
     [SUPERBLOCK_FILE, DATA_FILE, SLOTS_DIR, LOCK_FILE, LOG_FILE];
 
 /// The metadata table of slot `slot` of a multi-slot space, relative to the backing dir.
-pub fn slot_meta_file(slot: SlotId) -> String {
+pub(crate) fn slot_meta_file(slot: SlotId) -> String {
     format!("{SLOTS_DIR}/{:04}.redb", slot.0)
 }
 
@@ -193,8 +193,8 @@ pub struct ChunkParams {
 }
 
 impl ChunkParams {
-    pub const MIN_AVG_BYTES: u32 = 4096;
-    pub const MAX_AVG_BYTES: u32 = 4 << 20;
+    pub(crate) const MIN_AVG_BYTES: u32 = 4096;
+    pub(crate) const MAX_AVG_BYTES: u32 = 4 << 20;
 
     /// min = avg/4 and max = avg*4, the spread FastCDC's authors recommend.
     pub fn from_avg(avg_bytes: u32) -> Result<Self> {
@@ -254,7 +254,7 @@ impl Superblock {
 
     /// Slot `slot`'s share of the data file: an equal share, in slot order (the whole data
     /// file for a single-slot space).
-    pub fn slot_share(&self, slot: SlotId) -> std::ops::Range<u64> {
+    pub(crate) fn slot_share(&self, slot: SlotId) -> std::ops::Range<u64> {
         let (n, s) = (self.slots.max(1) as u64, self.segments());
         let i = slot.0 as u64;
         i * s / n..(i + 1) * s / n
@@ -262,7 +262,7 @@ impl Superblock {
 
     /// Segments per half of a slot's manifest area: 1/64 of its share, at least one; none in
     /// a single-slot space (nothing reads it from elsewhere).
-    pub fn manifest_half_segments(&self, slot: SlotId) -> u64 {
+    pub(crate) fn manifest_half_segments(&self, slot: SlotId) -> u64 {
         if self.slots <= 1 {
             return 0;
         }
@@ -272,7 +272,7 @@ impl Superblock {
 
     /// The data-file offset and length of half `half` (0 or 1) of slot `slot`'s manifest
     /// area: the first segments of its share.
-    pub fn manifest_half(&self, slot: SlotId, half: u64) -> (u64, u64) {
+    pub(crate) fn manifest_half(&self, slot: SlotId, half: u64) -> (u64, u64) {
         let h = self.manifest_half_segments(slot);
         let seg = self.segment_bytes as u64;
         ((self.slot_share(slot).start + half * h) * seg, h * seg)
@@ -399,7 +399,7 @@ impl Superblock {
 }
 
 /// The first block of `slots/headers`: what every slot starts from (`SlotTableHead`).
-pub const SLOT_TABLE_HEAD_LEN: u64 = 4096;
+pub(crate) const SLOT_TABLE_HEAD_LEN: u64 = 4096;
 const SLOT_TABLE_MAGIC: [u8; 8] = *b"CKSLOTS\x01";
 
 /// The head of `slots/headers`: the space it belongs to, the slot count, and the retention
@@ -451,18 +451,18 @@ impl SlotTableHead {
 }
 
 /// Bytes per slot of the hint region at the end of `slots/headers` (`SlotHint`).
-pub const SLOT_HINT_LEN: u64 = 128;
+pub(crate) const SLOT_HINT_LEN: u64 = 128;
 
 /// The length of `slots/headers` for `slots` slots: head, header pairs, hints (padded to
 /// whole 4 KiB blocks).
-pub fn slot_table_len(slots: u32) -> u64 {
+pub(crate) fn slot_table_len(slots: u32) -> u64 {
     SLOT_TABLE_HEAD_LEN
         + slots as u64 * SLOT_HEADER_PAIR
         + (slots as u64 * SLOT_HINT_LEN).div_ceil(4096) * 4096
 }
 
 /// Keys an intent names at most (`Intent`).
-pub const INTENT_KEYS: usize = 6;
+pub(crate) const INTENT_KEYS: usize = 6;
 
 /// What a slot is about to change in the shared namespace (FORMAT.md "Intents"): up to
 /// `INTENT_KEYS` keys (hashes of what the change touches: a name in a directory, a
@@ -484,7 +484,7 @@ impl Intent {
     }
 
     /// Whether two intents touch one key and at least one of them exclusively.
-    pub fn conflicts(&self, o: &Intent) -> bool {
+    pub(crate) fn conflicts(&self, o: &Intent) -> bool {
         self.keys.iter().filter(|&&k| k != 0).any(|&a| {
             o.keys
                 .iter()
@@ -584,7 +584,7 @@ impl SlotHint {
 
 /// The slot owning global inode number `ino` of a shared namespace (bits 40 and up; the
 /// root, 1, is every slot's). Local inode numbers of slot `s` start at `slot_ino_base(s)`.
-pub const SLOT_INO_SHIFT: u32 = 40;
+pub(crate) const SLOT_INO_SHIFT: u32 = 40;
 
 pub fn owner_slot(ino: InodeId) -> SlotId {
     SlotId((ino.0 >> SLOT_INO_SHIFT) as u32)
@@ -592,7 +592,7 @@ pub fn owner_slot(ino: InodeId) -> SlotId {
 
 /// The first inode number slot `s` allocates in a shared namespace (slot 0 as a
 /// single-slot space: 2).
-pub fn slot_ino_base(s: SlotId) -> u64 {
+pub(crate) fn slot_ino_base(s: SlotId) -> u64 {
     ((s.0 as u64) << SLOT_INO_SHIFT) | 2
 }
 
@@ -608,7 +608,7 @@ pub struct Binding {
 }
 
 /// Length of an encoded `Binding` value.
-pub const BINDING_LEN: usize = 24;
+pub(crate) const BINDING_LEN: usize = 24;
 
 impl Binding {
     pub fn is_tombstone(&self) -> bool {
@@ -665,7 +665,7 @@ pub struct VersionMeta {
     pub clip_len: u64,
 }
 
-pub const VERSION_META_LEN: usize = 48;
+pub(crate) const VERSION_META_LEN: usize = 48;
 
 impl VersionMeta {
     pub fn encode(&self) -> [u8; VERSION_META_LEN] {
@@ -702,12 +702,12 @@ impl VersionMeta {
 }
 
 /// Bytes per slot in `slots/headers`: two copies of `SLOT_HEADER_LEN`, written alternately.
-pub const SLOT_HEADER_PAIR: u64 = 2 * SLOT_HEADER_LEN as u64;
-pub const SLOT_HEADER_LEN: usize = 4096;
+pub(crate) const SLOT_HEADER_PAIR: u64 = 2 * SLOT_HEADER_LEN as u64;
+pub(crate) const SLOT_HEADER_LEN: usize = 4096;
 const SLOT_MAGIC: [u8; 8] = *b"CKSLOT\0\x01";
 const SLOT_HOST_MAX: usize = 64;
 const SLOT_MOUNTPOINT_AT: usize = 132;
-pub const SLOT_MOUNTPOINT_MAX: usize = 1024;
+pub(crate) const SLOT_MOUNTPOINT_MAX: usize = 1024;
 const SLOT_USED_AT: usize = SLOT_MOUNTPOINT_AT + SLOT_MOUNTPOINT_MAX;
 const SLOT_SUM_AT: usize = SLOT_HEADER_LEN - 32;
 
@@ -873,7 +873,7 @@ impl SlotHeader {
     }
 
     /// Where the pair of slot `slot` starts in `slots/headers`.
-    pub fn pair_offset(slot: SlotId) -> u64 {
+    pub(crate) fn pair_offset(slot: SlotId) -> u64 {
         SLOT_TABLE_HEAD_LEN + slot.0 as u64 * SLOT_HEADER_PAIR
     }
 
@@ -954,7 +954,7 @@ pub enum NodeKind {
 }
 
 impl NodeKind {
-    pub fn from_u8(k: u8) -> Option<NodeKind> {
+    pub(crate) fn from_u8(k: u8) -> Option<NodeKind> {
         Some(match k {
             1 => NodeKind::File,
             2 => NodeKind::Dir,
@@ -1112,7 +1112,7 @@ impl Codec {
     /// First id of the float codec's eight transforms.
     const FLOAT_BASE: u8 = 4;
 
-    pub fn from_u8(c: u8) -> Option<Codec> {
+    pub(crate) fn from_u8(c: u8) -> Option<Codec> {
         Some(match c {
             0 => Codec::Raw,
             1 => Codec::Lz4,
@@ -1145,7 +1145,7 @@ pub struct ChunkRecord {
     pub refs: u64,
 }
 
-pub const CHUNK_RECORD_LEN: usize = 32;
+pub(crate) const CHUNK_RECORD_LEN: usize = 32;
 
 impl ChunkRecord {
     pub fn encode(&self) -> [u8; CHUNK_RECORD_LEN] {
@@ -1194,7 +1194,7 @@ pub struct Extent {
     pub len: u32,
 }
 
-pub const EXTENT_LEN: usize = 40;
+pub(crate) const EXTENT_LEN: usize = 40;
 
 impl Extent {
     pub fn encode(&self) -> [u8; EXTENT_LEN] {
@@ -1235,7 +1235,7 @@ pub struct RevisionRecord {
     pub write_ms: u32,
 }
 
-pub const REVISION_RECORD_LEN: usize = 48;
+pub(crate) const REVISION_RECORD_LEN: usize = 48;
 
 impl RevisionRecord {
     pub fn encode(&self) -> [u8; REVISION_RECORD_LEN] {
@@ -1320,7 +1320,7 @@ pub type Xattrs = std::collections::BTreeMap<Vec<u8>, Vec<u8>>;
 
 /// Encodes a file's extended attributes as a revision records them:
 /// `name_len u8 | value_len u32 | name | value`, repeated, in name order.
-pub fn encode_xattrs(x: &Xattrs) -> Vec<u8> {
+pub(crate) fn encode_xattrs(x: &Xattrs) -> Vec<u8> {
     let mut b = Vec::new();
     for (name, value) in x {
         b.push(name.len() as u8);
@@ -1331,7 +1331,7 @@ pub fn encode_xattrs(x: &Xattrs) -> Vec<u8> {
     b
 }
 
-pub fn decode_xattrs(mut b: &[u8]) -> Result<Xattrs> {
+pub(crate) fn decode_xattrs(mut b: &[u8]) -> Result<Xattrs> {
     let bad = || malformed("revision xattr record");
     let mut x = Xattrs::new();
     while !b.is_empty() {

@@ -28,10 +28,10 @@ use std::collections::{BTreeSet, HashSet};
 use std::time::{Duration, Instant};
 
 /// Segments compacted per round (bounds the records held in memory while copying).
-pub const ROUND_SEGMENTS: usize = 16;
+pub(crate) const ROUND_SEGMENTS: usize = 16;
 /// A segment is compacted when less than this fraction of it holds live chunks (without
 /// space pressure; see `GcOptions::pressure`).
-pub const COMPACT_LIVE_FRACTION: f64 = 0.5;
+pub(crate) const COMPACT_LIVE_FRACTION: f64 = 0.5;
 /// Under pressure, compaction copies a segment's live bytes only if they are at most this
 /// many times the bytes emptying it frees (the segment is at most 75% live), so every byte
 /// gc writes buys back at least a third of a byte. Three is what the 75% rule needs: on a
@@ -39,26 +39,26 @@ pub const COMPACT_LIVE_FRACTION: f64 = 0.5;
 /// Before this bound every segment with one dead byte qualified, and a full space of live
 /// data was copied over and over for the few KiB of padding each copy freed (issue 36:
 /// gigabytes a minute, for as long as it stayed mounted).
-pub const PRESSURE_COPY_PER_FREED: u64 = 3;
+pub(crate) const PRESSURE_COPY_PER_FREED: u64 = 3;
 /// The automatic gc (free space below the watermark, no writer waiting) copies at most one
 /// byte per byte it frees: it makes room ahead of writers, and is not worth more wear.
 pub const AUTO_COPY_PER_FREED: u64 = 1;
 /// The trash entries (removed files' histories) one gc looks at at a time, oldest removal
 /// first: bounds the memory of choosing which to empty (about 32 bytes each).
-pub const TRASH_BATCH: usize = 4096;
+pub(crate) const TRASH_BATCH: usize = 4096;
 /// Compaction passes one gc runs under space pressure at most.
-pub const PRESSURE_PASSES: usize = 64;
+pub(crate) const PRESSURE_PASSES: usize = 64;
 
 /// How long segments gc emptied in a slot of a multi-slot space stay unused (unless a writer
 /// needs the room): longer than other nodes take to read the manifest gc publishes.
-pub const REMOTE_READ_GRACE: std::time::Duration = std::time::Duration::from_secs(5);
+pub(crate) const REMOTE_READ_GRACE: std::time::Duration = std::time::Duration::from_secs(5);
 
 /// The automatic gc's first wait after a run that left free space below the watermark, and
 /// the longest: each such run doubles it, a run that reaches the watermark ends it. A run
 /// that finds nothing still reads the whole chunk table and commits twice; on a space full
 /// of live data, retrying every tick would do that four times a second for nothing.
-pub const AUTO_BACKOFF_FIRST: Duration = Duration::from_secs(15);
-pub const AUTO_BACKOFF_MAX: Duration = Duration::from_secs(600);
+pub(crate) const AUTO_BACKOFF_FIRST: Duration = Duration::from_secs(15);
+pub(crate) const AUTO_BACKOFF_MAX: Duration = Duration::from_secs(600);
 
 /// When the automatic gc may run again (see `AUTO_BACKOFF_FIRST`).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]

@@ -276,7 +276,7 @@ impl Record {
 
     /// Every record in `b` (a manifest half up to its published length). Zero bytes where a
     /// record would start are a batch's padding: reading goes on at the next block.
-    pub fn decode_all(b: &[u8]) -> Result<Vec<Record>> {
+    pub(crate) fn decode_all(b: &[u8]) -> Result<Vec<Record>> {
         let mut out = Vec::new();
         let mut at = 0usize;
         while at + 8 <= b.len() {
@@ -341,7 +341,7 @@ fn batch(recs: &[Record], align: usize) -> Vec<u8> {
 }
 
 /// The owner's side: appends batches to its manifest and publishes them.
-pub struct Publisher {
+pub(crate) struct Publisher {
     dev: Arc<dyn Device>,
     lease: Arc<Lease>,
     halves: [(u64, u64); 2],
@@ -476,7 +476,7 @@ impl SlotView {
         }
     }
 
-    pub fn apply_one(&mut self, r: Record) {
+    pub(crate) fn apply_one(&mut self, r: Record) {
         match r {
             Record::Snapshot => {
                 let (gen, len) = (self.gen, self.len);
@@ -626,7 +626,7 @@ impl Union {
     }
 
     /// The highest stamp of every record read so far.
-    pub fn max_stamp(&self) -> u64 {
+    pub(crate) fn max_stamp(&self) -> u64 {
         self.max_stamp.load(std::sync::atomic::Ordering::Acquire)
     }
 

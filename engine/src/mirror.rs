@@ -31,12 +31,12 @@ use std::collections::BTreeSet;
 use std::io;
 use std::sync::Arc;
 
-pub const MIRROR_SUPERBLOCK: &str = "ckptfs-superblock";
-pub const MIRROR_META: &str = "ckptfs-meta";
-pub const MIRROR_PLACEMENT: &str = "ckptfs-placement";
-pub const MIRROR_TABLE: &str = "ckptfs-table";
+pub(crate) const MIRROR_SUPERBLOCK: &str = "ckptfs-superblock";
+pub(crate) const MIRROR_META: &str = "ckptfs-meta";
+pub(crate) const MIRROR_PLACEMENT: &str = "ckptfs-placement";
+pub(crate) const MIRROR_TABLE: &str = "ckptfs-table";
 /// Every file a holder keeps.
-pub const MIRROR_FILES: [&str; 4] = [
+pub(crate) const MIRROR_FILES: [&str; 4] = [
     MIRROR_SUPERBLOCK,
     MIRROR_META,
     MIRROR_PLACEMENT,
@@ -44,7 +44,7 @@ pub const MIRROR_FILES: [&str; 4] = [
 ];
 
 /// The holders of one mount, and which of them were dropped.
-pub struct MirrorSet {
+pub(crate) struct MirrorSet {
     dropped: Mutex<BTreeSet<usize>>,
     on_drop: Box<dyn Fn(usize) + Send + Sync>,
 }
@@ -58,12 +58,12 @@ impl MirrorSet {
         })
     }
 
-    pub fn is_dropped(&self, t: usize) -> bool {
+    pub(crate) fn is_dropped(&self, t: usize) -> bool {
         self.dropped.lock().contains(&t)
     }
 
     /// Stops writing the mirror on target `t` for the rest of the mount.
-    pub fn drop_holder(&self, t: usize, why: &io::Error) {
+    pub(crate) fn drop_holder(&self, t: usize, why: &io::Error) {
         if self.dropped.lock().insert(t) {
             log::error!(
                 "the metadata mirror on target {t} failed ({why}); it is no longer written, \
@@ -76,7 +76,7 @@ impl MirrorSet {
 
 /// A device written to a primary and to the mirrors still in the set; read from the
 /// primary. An error of the primary is the caller's; a mirror's drops that mirror.
-pub struct MirrorDevice {
+pub(crate) struct MirrorDevice {
     primary: Arc<dyn Device>,
     mirrors: Vec<(usize, Arc<dyn Device>)>,
     set: Arc<MirrorSet>,

@@ -21,7 +21,7 @@ use std::sync::{Arc, Weak};
 
 /// The pins of one space.
 #[derive(Default)]
-pub struct RevisionPins {
+pub(crate) struct RevisionPins {
     /// pin id -> (revision, the open inode that holds it, if one does)
     pins: Mutex<HashMap<u64, (RevisionId, Option<InodeId>)>>,
     next: AtomicU64,
@@ -45,14 +45,6 @@ impl RevisionPins {
                 inos.insert(*i);
             }
         }
-    }
-
-    pub fn len(&self) -> usize {
-        self.pins.lock().len()
-    }
-
-    pub fn is_empty(&self) -> bool {
-        self.len() == 0
     }
 }
 
@@ -127,7 +119,7 @@ impl ChunkPins {
     }
 
     /// Takes over every pin of `other` (same owner).
-    pub fn absorb(&mut self, mut other: ChunkPins) {
+    pub(crate) fn absorb(&mut self, mut other: ChunkPins) {
         debug_assert!(
             match (&self.owner, &other.owner) {
                 (Some(a), Some(b)) => Weak::ptr_eq(a, b),
@@ -139,7 +131,7 @@ impl ChunkPins {
     }
 
     /// Moves the pins out into a new set, leaving this one empty (and still usable).
-    pub fn split_off(&mut self) -> ChunkPins {
+    pub(crate) fn split_off(&mut self) -> ChunkPins {
         ChunkPins {
             owner: self.owner.clone(),
             hashes: std::mem::take(&mut self.hashes),

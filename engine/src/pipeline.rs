@@ -22,14 +22,14 @@ use std::sync::mpsc;
 use std::sync::Arc;
 
 /// Bytes of chunk data in flight between file states and the workers, by default.
-pub const PIPELINE_BYTES: usize = 64 << 20;
+pub(crate) const PIPELINE_BYTES: usize = 64 << 20;
 
 /// Stream bytes of all files waiting for their cutters, at most (writers wait beyond it).
 /// Only many files written at once reach it (one file queues at most `CUT_QUEUE_BYTES`, 8
 /// files 32 MiB), and with them it was full at the same time as `STREAM_BYTES` and the
 /// pieces in flight: at 64 MiB each, 1024 files written 64 KiB at a time peaked at 587-636
 /// MiB RSS, at 32 MiB 392-447 MiB, with the same throughput there and for 8 writers.
-pub const CUT_BYTES: usize = 32 << 20;
+pub(crate) const CUT_BYTES: usize = 32 << 20;
 
 /// The chunk sequences a cutter predicts from, and where its hashing is timed.
 #[derive(Clone)]
@@ -94,8 +94,8 @@ pub trait Cutters: Send + Sync {
 /// (at least every `STREAM_MIN_BYTES`), so memory does not grow with the number of files.
 /// 32 MiB: up to 32 such files still get the full 1 MiB buffer (see `CUT_BYTES` for why not
 /// more).
-pub const STREAM_BYTES: usize = 32 << 20;
-pub const STREAM_MIN_BYTES: usize = 16 << 10;
+pub(crate) const STREAM_BYTES: usize = 32 << 20;
+pub(crate) const STREAM_MIN_BYTES: usize = 16 << 10;
 
 /// The write pipeline's shared parts: the worker pool, the two byte budgets (pieces in
 /// flight to the workers; stream bytes queued for cutters) and the stage timers. The store
@@ -146,7 +146,7 @@ impl Pipeline {
     }
 
     /// Room for `bytes` of pieces in flight to the workers (waits for it: back-pressure).
-    pub fn admit(&self, bytes: usize) -> Permit {
+    pub(crate) fn admit(&self, bytes: usize) -> Permit {
         self.stages
             .budget_wait
             .time(0, || self.budget.acquire(bytes))
@@ -210,7 +210,7 @@ impl Piece {
     }
 
     /// The hash of the bytes, if already known.
-    pub fn known_hash(&self) -> Option<ChunkHash> {
+    pub(crate) fn known_hash(&self) -> Option<ChunkHash> {
         self.hash
     }
 
@@ -255,7 +255,7 @@ impl Piece {
 }
 
 /// Counts bytes in flight against a limit.
-pub struct Budget {
+pub(crate) struct Budget {
     limit: usize,
     used: Mutex<usize>,
     freed: Condvar,
@@ -272,7 +272,7 @@ impl Budget {
 
     /// Waits until `n` more bytes fit (always admits one request when nothing is in flight,
     /// so an oversized request cannot wait forever).
-    pub fn acquire(self: &Arc<Self>, n: usize) -> Permit {
+    pub(crate) fn acquire(self: &Arc<Self>, n: usize) -> Permit {
         let mut used = self.used.lock();
         while *used > 0 && *used + n > self.limit {
             self.freed.wait(&mut used);
@@ -350,7 +350,7 @@ impl Ticket {
         Completion(self.slot.clone())
     }
 
-    pub fn is_done(&self) -> bool {
+    pub(crate) fn is_done(&self) -> bool {
         self.slot.result.lock().is_some()
     }
 
@@ -433,7 +433,7 @@ impl Pool {
 }
 
 /// Worker threads to use by default: one per core, at most 16.
-pub fn default_workers() -> usize {
+pub(crate) fn default_workers() -> usize {
     std::thread::available_parallelism()
         .map(|n| n.get())
         .unwrap_or(2)
@@ -489,7 +489,7 @@ pub mod stage_map {
             .serialize(s)
     }
 
-    pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Vec<StageTime>, D::Error> {
+    pub(crate) fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Vec<StageTime>, D::Error> {
         Ok(BTreeMap::<String, StageTime>::deserialize(d)?
             .into_iter()
             .map(|(name, t)| StageTime { name, ..t })

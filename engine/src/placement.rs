@@ -29,7 +29,7 @@ impl Location {
     }
 
     /// The record form (see the module comment).
-    pub fn to_offset(self, segment_bytes: u64) -> DataOffset {
+    pub(crate) fn to_offset(self, segment_bytes: u64) -> DataOffset {
         DataOffset(self.segment.0 * segment_bytes + self.offset)
     }
 }
@@ -77,7 +77,7 @@ pub trait Placement: Send + Sync {
 }
 
 /// One target: the data file, segment after segment.
-pub struct SingleFile {
+pub(crate) struct SingleFile {
     dev: Arc<dyn Device>,
     segment_bytes: u64,
     /// Segments this space allocates from (a slot's share of a multi-slot data file).
@@ -127,7 +127,7 @@ impl Placement for SingleFile {
 /// placement: what a slot's manifest is written to and other slots' manifests are read
 /// from, wherever segments live (the data file, or erasure-coded targets). Writes must
 /// meet the placement's `write_align`.
-pub struct PlacedDevice {
+pub(crate) struct PlacedDevice {
     pub place: Arc<dyn Placement>,
     /// Bytes of the whole space (`Superblock::data_size_bytes`).
     pub len: u64,

@@ -20,7 +20,7 @@ use std::collections::HashMap;
 use std::hash::{BuildHasherDefault, Hasher};
 
 /// Entries per generation: see the module's memory bound.
-pub const GENERATION_ENTRIES: usize = 1 << 18;
+pub(crate) const GENERATION_ENTRIES: usize = 1 << 18;
 
 /// The chunk predicted to come next: its length and the first 8 bytes of its hash (enough
 /// to tell a hit from a miss; the chunk is named by the full hash computed over its bytes).
@@ -99,7 +99,7 @@ impl Successors {
     }
 
     /// The chunk that followed the chunk whose hash begins with `k`.
-    pub fn next_after(&self, k: u64) -> Option<Next> {
+    pub(crate) fn next_after(&self, k: u64) -> Option<Next> {
         let g = self.gens.lock();
         g.newer.get(&k).or_else(|| g.older.get(&k)).copied()
     }

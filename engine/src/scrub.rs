@@ -34,11 +34,11 @@ use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
 /// Chunk entries one batch of segments holds (about 60 bytes each: 15 MiB).
-pub const REPAIR_BATCH_CHUNKS: usize = 1 << 18;
+pub(crate) const REPAIR_BATCH_CHUNKS: usize = 1 << 18;
 
 /// Which segments a repair pass visits.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Visit {
+pub(crate) enum Visit {
     /// Those with shards on failed targets (or placed short), or found unreadable or
     /// damaged since the mount: `ckptfs rebuild`.
     Rebuild,

@@ -18,7 +18,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 
 /// The unit a torn write is made of.
-pub const SECTOR: usize = 512;
+pub(crate) const SECTOR: usize = 512;
 const PAGE: usize = 4096;
 
 /// The bytes of a device, stored sparsely: untouched pages read as zero, so a nominally
@@ -155,7 +155,7 @@ impl SimDisk {
         self.crash_at.store(n, Ordering::SeqCst);
     }
 
-    pub fn crash_now(&self) {
+    pub(crate) fn crash_now(&self) {
         self.crashed.store(true, Ordering::SeqCst);
     }
 
@@ -275,11 +275,6 @@ impl SimDevice {
         img
     }
 
-    /// What reads see now (every completed write).
-    pub fn current_image(&self) -> Image {
-        self.st.lock().current.clone()
-    }
-
     /// Synced and not-yet-synced writes so far, for tests that want to know a crash had
     /// something to lose.
     pub fn pending_writes(&self) -> usize {
@@ -338,7 +333,7 @@ impl Device for SimDevice {
 /// may fail as a fault says) before it reaches `inner`. This is how a mounted space gets
 /// injected I/O errors (`CKPTFS_FAULTS`, see `parse_faults`) for the tests that check what an
 /// application sees.
-pub struct FaultyDevice {
+pub(crate) struct FaultyDevice {
     pub name: &'static str,
     pub disk: Arc<SimDisk>,
     pub inner: Arc<dyn Device>,
@@ -370,7 +365,7 @@ impl Device for FaultyDevice {
 }
 
 /// Targets a fault may name (`target0` ..).
-pub const MAX_TARGET_NAMES: usize = 64;
+pub(crate) const MAX_TARGET_NAMES: usize = 64;
 
 /// The device name of target `i` of a space over several targets (faults name it).
 pub fn target_device_name(i: usize) -> &'static str {
@@ -385,7 +380,7 @@ pub fn target_device_name(i: usize) -> &'static str {
 
 /// The fault-injection name of the metadata mirror on target `i` (its copies of the
 /// metadata table and of the placement records count as one device).
-pub fn mirror_device_name(i: usize) -> &'static str {
+pub(crate) fn mirror_device_name(i: usize) -> &'static str {
     static NAMES: std::sync::OnceLock<Vec<&'static str>> = std::sync::OnceLock::new();
     let names = NAMES.get_or_init(|| {
         (0..MAX_TARGET_NAMES)

@@ -33,7 +33,7 @@ pub const DEFAULT_LEASE: Duration = Duration::from_secs(30);
 /// The shortest lease accepted (tests use short ones; renewal is every quarter lease).
 pub const MIN_LEASE: Duration = Duration::from_millis(400);
 /// How far the clocks of two nodes may disagree: added to a lease before a taker claims.
-pub const CLOCK_SKEW_MS: u64 = 500;
+pub(crate) const CLOCK_SKEW_MS: u64 = 500;
 
 pub fn now_unix_ns() -> u64 {
     SystemTime::now()
@@ -97,7 +97,7 @@ impl SlotTable {
 
     /// Writes slot `slot`'s hint and makes it visible to the other nodes (the sync: a
     /// shared filesystem's client may hold a write back until then, `SharedFile`).
-    pub fn write_hint(&self, slot: SlotId, hint: &SlotHint) -> io::Result<()> {
+    pub(crate) fn write_hint(&self, slot: SlotId, hint: &SlotHint) -> io::Result<()> {
         self.dev
             .write_at(&hint.encode(), SlotHint::offset(self.slots, slot))?;
         self.dev.sync()
@@ -214,7 +214,7 @@ pub struct Lease {
 }
 
 /// Bytes of the slot's segments in use now.
-pub type UsageFn = Box<dyn Fn() -> Option<u64> + Send + Sync>;
+pub(crate) type UsageFn = Box<dyn Fn() -> Option<u64> + Send + Sync>;
 
 impl Lease {
     /// Claims a slot of `table` as `req` asks, waiting `settle` between the claim and its
@@ -388,12 +388,12 @@ impl Lease {
     }
 
     /// How renewals learn the bytes the slot uses (published in its header).
-    pub fn set_usage(&self, f: UsageFn) {
+    pub(crate) fn set_usage(&self, f: UsageFn) {
         *self.usage.lock() = Some(f);
     }
 
     /// Reads the slot's usage now (for the next header write). Call holding no store lock.
-    pub fn refresh_usage(&self) {
+    pub(crate) fn refresh_usage(&self) {
         if let Some(u) = self.usage.lock().as_ref().and_then(|f| f()) {
             self.used.store(u, Ordering::Relaxed);
         }
@@ -418,7 +418,7 @@ impl Lease {
             *w = Some(why.clone());
         }
         self.fenced.store(true, Ordering::Release);
-        io::Error::other(w.clone().unwrap_or(why))
+        io::Error::other(FencedIo(w.clone().unwrap_or(why)))
     }
 
     fn since_renewal(&self) -> Duration {
@@ -449,7 +449,7 @@ impl Lease {
     fn write_own(&self, manifest: Option<(u64, u64)>) -> io::Result<()> {
         let mut seq = self.renewing.lock();
         if let Some(why) = self.fenced() {
-            return Err(io::Error::other(why));
+            return Err(io::Error::other(FencedIo(why)));
         }
         let since = self.since_renewal();
         let slot = self.me.slot;
@@ -471,10 +471,10 @@ impl Lease {
         }
         let started = self.base.elapsed().as_nanos() as u64;
         let wall = now_unix_ns();
-        let h = self
-            .table
-            .read(slot)
-            .map_err(|e| io::Error::other(e.to_string()))?;
+        let h = self.table.read(slot).map_err(|e| match e {
+            Error::Io(io) => io,
+            other => io::Error::other(other),
+        })?;
         if h.epoch != self.me.epoch || h.mount_id != self.me.mount_id || h.state != SlotState::Held
         {
             return Err(self.fence(format!(
@@ -535,7 +535,11 @@ impl Lease {
 
     /// Announces `intent` (FORMAT.md "Intents"): writes it into this slot's hint and makes
     /// it visible to the other nodes before returning. Fenced like any write.
-    pub fn announce(&self, keys: [u64; crate::format::INTENT_KEYS], prio: u64) -> io::Result<()> {
+    pub(crate) fn announce(
+        &self,
+        keys: [u64; crate::format::INTENT_KEYS],
+        prio: u64,
+    ) -> io::Result<()> {
         self.permit()?;
         let mut hint = self.hint.lock();
         let intent = Intent {
@@ -550,7 +554,7 @@ impl Lease {
     }
 
     /// Withdraws the intent announced (done, or given up to let an older one go first).
-    pub fn clear_intent(&self) -> io::Result<()> {
+    pub(crate) fn clear_intent(&self) -> io::Result<()> {
         let mut hint = self.hint.lock();
         if hint.intent.is_empty() {
             return Ok(());
@@ -663,13 +667,13 @@ impl Lease {
     }
 
     /// The lease's length.
-    pub fn lease_len(&self) -> Duration {
+    pub(crate) fn lease_len(&self) -> Duration {
         self.lease
     }
 
     /// Lets a write to the backing space through only while the lease is valid: within 3/4
     /// of a lease of the last renewal, else after renewing now.
-    pub fn permit(&self) -> io::Result<()> {
+    pub(crate) fn permit(&self) -> io::Result<()> {
         if let Some(why) = self.fenced() {
             return Err(io::Error::other(FencedIo(why)));
         }
@@ -736,7 +740,7 @@ impl Lease {
 
 /// A device whose writes, syncs and resizes pass only while its owner's lease is valid
 /// (`Lease::permit`); reads always pass.
-pub struct FencedDevice {
+pub(crate) struct FencedDevice {
     pub inner: Arc<dyn Device>,
     pub lease: Arc<Lease>,
 }
@@ -767,10 +771,41 @@ impl Device for FencedDevice {
 
 /// Releases its slot when dropped: the last field of a `Space`, so the slot is given back
 /// after the space's table and store have closed (a write after the release is refused).
-pub struct LeaseGuard(pub Arc<Lease>);
+pub(crate) struct LeaseGuard(pub Arc<Lease>);
 
 impl Drop for LeaseGuard {
     fn drop(&mut self) {
         self.0.release();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::device::MemDevice;
+
+    /// A mount that lost its slot learns it from its renewal, its publish or a write's
+    /// permit, and each reports `Error::Fenced`, which the errno map places, not an I/O
+    /// error carrying a sentence.
+    #[test]
+    fn a_lost_slot_is_reported_as_fenced_by_every_path() {
+        let dev: Arc<dyn Device> = Arc::new(MemDevice::new(8 << 20));
+        let req = SlotRequest {
+            slot: Some(SlotId(0)),
+            lease: MIN_LEASE,
+            ..SlotRequest::default()
+        };
+        let owner = Lease::claim(SlotTable::new(dev.clone(), 2), &req, Duration::ZERO).unwrap();
+        // Another mount takes the slot over (`mount --take-over`: its holder is dead to it).
+        let taker = SlotRequest {
+            take_over: true,
+            ..req
+        };
+        let _new = Lease::claim(SlotTable::new(dev, 2), &taker, Duration::ZERO).unwrap();
+        let found = [owner.renew(), owner.publish(1, 0), owner.permit()];
+        for r in found {
+            let e = Error::from(r.expect_err("the old owner was fenced"));
+            assert!(matches!(e, Error::Fenced(_)), "{e:?}");
+        }
     }
 }

@@ -39,7 +39,7 @@ pub const CARRY_BYTES: usize = 64 << 20;
 /// space refuse new data (ENOSPC) for its own temporary bytes. Before the table kept room,
 /// a spill file that took the last free blocks failed the whole space in a test (a 700 MiB
 /// tmpfs, 8192 files written at once). Below this, carries stay in memory.
-pub const SPILL_KEEP_FREE_BYTES: u64 = 1 << 30;
+pub(crate) const SPILL_KEEP_FREE_BYTES: u64 = 1 << 30;
 
 /// A carry that can be spilled: the cutter state holding it.
 pub trait Spill: Send + Sync {
@@ -90,7 +90,7 @@ impl Carries {
 
     /// Lets carries spill to an unlinked file in `dir`, in slots of `slot_bytes` (the
     /// maximum chunk: no carry is longer; one that is stays in memory).
-    pub fn spill_to(&self, dir: &Path, slot_bytes: usize) {
+    pub(crate) fn spill_to(&self, dir: &Path, slot_bytes: usize) {
         self.spill_to_keeping(dir, slot_bytes, SPILL_KEEP_FREE_BYTES);
     }
 
@@ -125,7 +125,7 @@ impl Carries {
     }
 
     /// Charges `bytes` of a carry in memory until the charge is dropped.
-    pub fn charge(self: &Arc<Self>, bytes: usize) -> Charge {
+    pub(crate) fn charge(self: &Arc<Self>, bytes: usize) -> Charge {
         self.resident.fetch_add(bytes, Ordering::Relaxed);
         self.count.fetch_add(1, Ordering::Relaxed);
         Charge {
@@ -226,7 +226,7 @@ pub struct CarryTotals {
 }
 
 /// A carry's bytes in memory, charged to `Carries` until dropped.
-pub struct Charge {
+pub(crate) struct Charge {
     carries: Arc<Carries>,
     bytes: usize,
 }

@@ -6,7 +6,7 @@
 
 use std::sync::atomic::{AtomicU64, Ordering};
 
-pub struct Clock {
+pub(crate) struct Clock {
     last: AtomicU64,
 }
 
@@ -37,10 +37,6 @@ impl Clock {
     /// Records that a stamp `s` exists somewhere: later ticks are above it.
     pub fn observe(&self, s: u64) {
         self.last.fetch_max(s, Ordering::AcqRel);
-    }
-
-    pub fn last(&self) -> u64 {
-        self.last.load(Ordering::Acquire)
     }
 }
 

@@ -37,9 +37,11 @@
 mod health;
 mod repair;
 
+pub(crate) use health::SUSPECTS_MAX;
 use health::{Suspects, WarnKind, Warnings};
-pub use health::{SUSPECTS_MAX, WARN_INTERVAL};
-pub use repair::{SegmentChunk, SegmentJob, Throttle, REPAIR_ROWS};
+#[cfg(test)]
+use repair::REPAIR_ROWS;
+pub(crate) use repair::{SegmentChunk, SegmentJob, Throttle};
 
 use crate::device::{Device, IoBuf, DIRECT_ALIGN};
 use crate::error::{Corruption, TargetFault};
@@ -59,11 +61,11 @@ pub const BLOCK: usize = DIRECT_ALIGN;
 /// The file each target directory holds.
 pub const TARGET_FILE: &str = "ckptfs-target";
 /// Bytes before the first shard slot of a target file (its header).
-pub const TARGET_HEADER_BYTES: u64 = 4096;
+pub(crate) const TARGET_HEADER_BYTES: u64 = 4096;
 /// Bytes of one segment's record in the placement file.
 pub const RECORD_BYTES: usize = 128;
 /// Most shards (M+K) a segment may have: what a record holds.
-pub const MAX_SHARDS: usize = 16;
+pub(crate) const MAX_SHARDS: usize = 16;
 const TARGET_MAGIC: &[u8; 8] = b"CKPTFSTG";
 /// Lock stripes over segments (see `Erasure::stripes`).
 const STRIPES: usize = 64;
@@ -112,7 +114,7 @@ impl std::fmt::Display for Redundancy {
 
 /// The header of a target file (its first 4 KiB): which space, which target, what layout.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub struct TargetHeader {
+pub(crate) struct TargetHeader {
     pub space_uuid: [u8; 16],
     pub index: u16,
     pub shard_bytes: u64,
@@ -165,7 +167,7 @@ impl TargetHeader {
     }
 }
 
-pub use crate::format::{PLACEMENT_FILE, TARGETS_FILE};
+pub(crate) use crate::format::{PLACEMENT_FILE, TARGETS_FILE};
 const TABLE_MAGIC: &[u8; 8] = b"CKPTTGTS";
 const TABLE_VERSION: u32 = 1;
 const TABLE_HEAD: usize = 64;
@@ -321,7 +323,7 @@ impl TargetsTable {
 
 /// Where one shard of a segment lives: a target and a shard slot in its file.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub struct ShardAt {
+pub(crate) struct ShardAt {
     pub target: u16,
     pub slot: u32,
 }
@@ -329,7 +331,7 @@ pub struct ShardAt {
 /// One segment's placement: shard `i` (data for i < M, parity after) and where it is, or
 /// None for a parity shard not written (too few healthy targets when it was placed).
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub struct Placed {
+pub(crate) struct Placed {
     /// Counts placements of this segment, so a record rewritten in place is told apart.
     pub generation: u64,
     pub shards: Vec<Option<ShardAt>>,
@@ -583,22 +585,22 @@ impl RebuildReport {
     }
 
     /// Everything committed survived (nothing lost, nothing short).
-    pub fn is_whole(&self) -> bool {
+    pub(crate) fn is_whole(&self) -> bool {
         self.chunks_lost == 0 && self.segments_lost == 0 && self.segments_short == 0
     }
 }
 
 /// Lost chunks a `RebuildReport` lists (the rest are counted).
-pub const MAX_LISTED_LOST: usize = 100;
+pub(crate) const MAX_LISTED_LOST: usize = 100;
 
 /// Rows `Erasure::verify_parity` reads at a time, whatever the segment size. Memory: the M+K
 /// shards of that many blocks (at most 64 x 4 KiB x `MAX_SHARDS` = 4 MiB), as much again for
 /// the re-encoded parity and any data shards rebuilt, and the Reed-Solomon codec's work space.
-pub const VERIFY_ROWS: u64 = 64;
+pub(crate) const VERIFY_ROWS: u64 = 64;
 /// Segments with findings a `ParityReport` lists (the rest are counted), and rows (or row
 /// ranges) of each kind it lists per segment.
-pub const MAX_LISTED_SEGMENTS: usize = 1000;
-pub const MAX_LISTED_ROWS: usize = 64;
+pub(crate) const MAX_LISTED_SEGMENTS: usize = 1000;
+pub(crate) const MAX_LISTED_ROWS: usize = 64;
 
 /// What `Erasure::verify_parity` found: each row's parity re-encoded from its data shards and
 /// compared with the parity shards stored.
@@ -621,12 +623,15 @@ pub struct ParityReport {
     pub segments_omitted: u64,
 }
 
+#[cfg(test)]
 impl ParityReport {
     /// Every row checked has all its shards and parity that matches its data.
-    pub fn is_whole(&self) -> bool {
+    fn is_whole(&self) -> bool {
         self.rows_inconsistent == 0 && self.rows_degraded.is_empty() && self.rows_unrecoverable == 0
     }
 }
+
+impl ParityReport {}
 
 /// One segment's findings.
 #[derive(Clone, Debug, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
@@ -718,7 +723,7 @@ pub struct Erasure {
 /// and writes, and the shard slots of every target it places them in (the other slots own
 /// the rest, so no two nodes ever take the same shard slot).
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub struct Share {
+pub(crate) struct Share {
     pub segments: Range<u64>,
     pub shard_slots: Range<u32>,
 }
@@ -740,7 +745,7 @@ impl Share {
 const RECORD_READS: usize = 3;
 
 /// Called with a target's index when it fails.
-pub type FailHook = Box<dyn Fn(u16) + Send + Sync>;
+pub(crate) type FailHook = Box<dyn Fn(u16) + Send + Sync>;
 
 /// A damaged record of the targets' on-disk structures (`record` names which).
 fn record_err(record: &'static str, why: impl Into<String>) -> Corruption {
@@ -771,7 +776,7 @@ impl Erasure {
     /// `open` for one slot of a multi-slot space: it places and writes only `share`'s
     /// segments, in `share`'s shard slots, and reads every other segment where its
     /// record says at the time of the read.
-    pub fn open_share(
+    pub(crate) fn open_share(
         r: Redundancy,
         shard_bytes: u64,
         segments: u64,
@@ -879,7 +884,7 @@ impl Erasure {
     /// Places segment `seg` unless it is placed already: for segments written outside the
     /// store's allocation (a slot's manifest area), whose bytes must never be dropped by a
     /// re-placement.
-    pub fn place_if_unplaced(&self, seg: u64) -> io::Result<()> {
+    pub(crate) fn place_if_unplaced(&self, seg: u64) -> io::Result<()> {
         if self
             .map
             .read()
@@ -935,7 +940,7 @@ impl Erasure {
     }
 
     /// Sets what records a target's failure durably (see `on_fail`).
-    pub fn set_fail_hook(&self, hook: FailHook) {
+    pub(crate) fn set_fail_hook(&self, hook: FailHook) {
         *self.on_fail.lock() = Some(hook);
     }
 
@@ -1434,7 +1439,7 @@ impl Erasure {
     }
 
     /// Adds a target (a replacement, see `rebuild`); returns its index.
-    pub fn add_target(&self, t: Target) -> u16 {
+    pub(crate) fn add_target(&self, t: Target) -> u16 {
         let slots = t.slots;
         let mut ts = self.targets.write();
         ts.push(Arc::new(t));
@@ -1453,7 +1458,7 @@ impl Erasure {
     }
 
     /// The index of the target whose directory is `path`, or whose index `path` is.
-    pub fn find_target(&self, path: &str) -> Option<u16> {
+    pub(crate) fn find_target(&self, path: &str) -> Option<u16> {
         if let Ok(i) = path.parse::<u16>() {
             return ((i as usize) < self.all().len()).then_some(i);
         }
@@ -1465,14 +1470,14 @@ impl Erasure {
     }
 
     /// The failure domain of target `t`.
-    pub fn domain_of(&self, t: u16) -> String {
+    pub(crate) fn domain_of(&self, t: u16) -> String {
         self.tg(t).domain.clone()
     }
 
     /// The rows of each segment that the extents `(at, len)` cover, for `verify_parity`:
     /// sorted by segment and row, overlapping and adjacent ranges merged. Bytes past a
     /// segment's end are left out (`check` reports such records).
-    pub fn rows_holding(
+    pub(crate) fn rows_holding(
         &self,
         extents: impl IntoIterator<Item = (Location, u64)>,
     ) -> Vec<(u64, Range<u64>)> {
@@ -1513,7 +1518,7 @@ impl Erasure {
     /// `keep(segment)` is asked after a segment with findings was read: false drops them (on
     /// a mounted space, gc emptied the segment and it was filled again meanwhile).
     /// `progress(rows done, rows)`.
-    pub fn verify_parity(
+    pub(crate) fn verify_parity(
         &self,
         rows: &[(u64, Range<u64>)],
         keep: &mut dyn FnMut(u64) -> bool,
@@ -1990,7 +1995,7 @@ impl Erasure {
     /// How many more targets segment `seg` can lose: its shards readable now (on healthy
     /// targets, not found unreadable or damaged since the mount) less M (below 0: lost).
     /// None for a segment not placed.
-    pub fn tolerance(&self, seg: u64) -> Option<i64> {
+    pub(crate) fn tolerance(&self, seg: u64) -> Option<i64> {
         let all = self.all();
         let map = self.map.read();
         let p = map.get(seg as usize)?.as_ref()?;

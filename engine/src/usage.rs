@@ -28,7 +28,7 @@ use crate::format::*;
 use std::collections::{HashMap, HashSet};
 
 /// Chunk entries the split holds at once (about 24 bytes each: 24 MiB).
-pub const SPLIT_CHUNKS_MAX: usize = 1 << 20;
+pub(crate) const SPLIT_CHUNKS_MAX: usize = 1 << 20;
 
 /// The stored bytes by what holds them (see the module comment).
 #[derive(Clone, Debug, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]

@@ -24,7 +24,7 @@ pub(super) fn geometry(
 }
 
 /// The most slots a space may have (its headers file is 8 KiB per slot).
-pub const MAX_SLOTS: u32 = 16384;
+pub(crate) const MAX_SLOTS: u32 = 16384;
 
 pub(super) fn new_superblock(
     size_bytes: u64,

@@ -27,14 +27,14 @@ use std::time::Duration;
 mod create;
 mod open;
 mod targets_meta;
-pub use create::*;
+pub(crate) use create::*;
 pub use open::*;
 pub use targets_meta::*;
 
 /// The smallest reserved space `format` accepts.
 pub const MIN_SPACE_BYTES: u64 = 16 << 20;
 /// Environment variable naming I/O faults to inject (tests only; see `sim::parse_faults`).
-pub const FAULTS_ENV: &str = "CKPTFS_FAULTS";
+pub(crate) const FAULTS_ENV: &str = "CKPTFS_FAULTS";
 /// Page cache redb may use for the metadata table.
 const META_CACHE_BYTES: usize = 64 << 20;
 
@@ -581,7 +581,7 @@ impl Space {
     /// Records `features` in the superblock (on disk first) unless it has them already.
     /// Called before the first write that needs them, so a build that does not know them
     /// never finds their data without the flag that makes it refuse.
-    pub fn add_features(&mut self, features: Features) -> Result<()> {
+    pub(crate) fn add_features(&mut self, features: Features) -> Result<()> {
         if self.sb.features.contains(features) {
             return Ok(());
         }
@@ -649,7 +649,7 @@ impl Space {
     }
 
     /// The data-file segments this space (slot) allocates from.
-    pub fn segment_range(&self) -> std::ops::Range<u64> {
+    pub(crate) fn segment_range(&self) -> std::ops::Range<u64> {
         self.segment_range.clone()
     }
 
@@ -832,10 +832,6 @@ impl Space {
         self.sync_meta_if_dirty()?;
         let recs = self.own_records()?;
         p.snapshot(&recs)
-    }
-
-    pub fn chunk_params(&self) -> ChunkParams {
-        self.sb.chunk
     }
 
     pub fn chunks(&self) -> &dyn ChunkIo {

@@ -459,7 +459,7 @@ impl Space {
 
     /// `open_devices` for slot `slot` of the space: the table is that slot's, and only the
     /// slot's share of the data file is allocated from.
-    pub fn open_devices_slot(sb: Superblock, devs: Devices, slot: SlotId) -> Result<Space> {
+    pub(crate) fn open_devices_slot(sb: Superblock, devs: Devices, slot: SlotId) -> Result<Space> {
         let place = slot_data_file(&sb, devs.data, slot)?;
         Self::open_placed(sb, devs.meta, place, slot)
     }

@@ -24,7 +24,7 @@ use std::sync::{Arc, Weak};
 
 /// Raw bytes handed to the GPU in one call at most. Half the pipeline budget, so one batch
 /// can be on the GPU while the next one gathers.
-pub const GPU_BATCH_BYTES: usize = 32 << 20;
+pub(crate) const GPU_BATCH_BYTES: usize = 32 << 20;
 
 /// Sub-batch size the daemon asks of the GPU codec: a batch goes in four, so the copies of
 /// one sub-batch overlap the kernel of another within a call (a whole batch in one sub-batch

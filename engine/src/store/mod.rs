@@ -33,18 +33,18 @@ use std::sync::{Arc, Weak};
 mod gpu;
 mod read;
 mod write;
-pub use gpu::{GPU_BATCH_BYTES, GPU_SUB_BATCH_BYTES};
+pub use gpu::GPU_SUB_BATCH_BYTES;
 use read::ReadSide;
-pub use read::{CACHE_BYTES, READ_BYTES, READ_THREADS, SPARE_READ_BUFS, SPARE_READ_BUF_BYTES};
+pub use read::{CACHE_BYTES, READ_THREADS, SPARE_READ_BUFS, SPARE_READ_BUF_BYTES};
 use write::{Lookup, Pending, WriteSide};
 
 /// New chunks are gathered in memory and written to the data file in pieces of this size:
 /// large writes are what a parallel filesystem and a direct write want.
-pub const WRITE_BYTES: u64 = 8 << 20;
+pub(crate) const WRITE_BYTES: u64 = 8 << 20;
 pub use crate::alloc::GC_RESERVE_SEGMENTS;
 
 /// Pieces handed to one worker job at most (see `submit_all`).
-pub const BATCH_BYTES: usize = 512 << 10;
+pub(crate) const BATCH_BYTES: usize = 512 << 10;
 
 pub struct ChunkStore {
     /// Itself, for the jobs it gives its workers.
@@ -170,7 +170,7 @@ impl ChunkStore {
         Location::of(DataOffset(off), self.segment_bytes)
     }
 
-    pub fn segment_of(&self, off: DataOffset) -> SegmentId {
+    pub(crate) fn segment_of(&self, off: DataOffset) -> SegmentId {
         self.location(off.0).segment
     }
 
@@ -217,7 +217,7 @@ impl ChunkStore {
     /// write, sync or metadata commit the state of the disk is unknown, so no later write
     /// or commit may report success (a second fsync "succeeding" after a lost write is how
     /// data is silently lost).
-    pub fn fail_with(&self, e: Error) -> Error {
+    pub(crate) fn fail_with(&self, e: Error) -> Error {
         if !self.failed.swap(true, Ordering::Relaxed) {
             log::error!("backing I/O failed, refusing further writes until remount: {e}");
         }
@@ -229,7 +229,7 @@ impl ChunkStore {
     }
 
     /// The record of a pinned chunk (stored or found by an uncommitted file state).
-    pub fn pending_record(&self, h: &ChunkHash) -> Option<ChunkRecord> {
+    pub(crate) fn pending_record(&self, h: &ChunkHash) -> Option<ChunkRecord> {
         self.pending.lock().get(h).map(|p| p.rec)
     }
 }

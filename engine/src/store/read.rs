@@ -51,7 +51,7 @@ struct Loading {
 }
 
 /// Largest single device read when chunks stored back to back are read together.
-pub const READ_BYTES: u64 = 8 << 20;
+pub(crate) const READ_BYTES: u64 = 8 << 20;
 
 /// The read side's state (see `ChunkStore::r`).
 #[derive(Default)]
@@ -77,7 +77,7 @@ impl ChunkStore {
 
     /// `read_stored` of the bytes exactly as stored (`Placement::read_as_stored`), for
     /// `ckptfs check`, which must see damage that reads already go around.
-    pub fn read_as_stored(&self, h: &ChunkHash, rec: &ChunkRecord) -> Result<Stored> {
+    pub(crate) fn read_as_stored(&self, h: &ChunkHash, rec: &ChunkRecord) -> Result<Stored> {
         let mut bytes = vec![0u8; rec.stored_len as usize];
         self.read_into_as(rec.offset.0, &mut bytes, true)?;
         Ok(Stored::new(*h, *rec, bytes))
@@ -125,7 +125,7 @@ impl ChunkStore {
     /// Forgets every decoded chunk and spare read buffer (`ckptfs` control `drop_caches`,
     /// as `/proc/sys/vm/drop_caches` is for the kernel's): the next read of any chunk goes
     /// to the device, at the place this node knows now. Reads under way keep what they hold.
-    pub fn drop_cache(&self) {
+    pub(crate) fn drop_cache(&self) {
         *self.r.cache.lock() = ChunkCache::default();
         self.r.read_bufs.lock().clear();
     }
@@ -374,7 +374,10 @@ impl ChunkStore {
     /// where this slot has it; the rest from the record given. A record gone stale (its
     /// owner moved the chunk) fails verification: `Corrupt`, for the caller to read the
     /// owner's newer records.
-    pub fn get_many_at(&self, chunks: &[(ChunkHash, ChunkRecord)]) -> Result<Vec<ChunkBytes>> {
+    pub(crate) fn get_many_at(
+        &self,
+        chunks: &[(ChunkHash, ChunkRecord)],
+    ) -> Result<Vec<ChunkBytes>> {
         let known: HashMap<ChunkHash, ChunkRecord> = chunks.iter().copied().collect();
         let hashes: Vec<ChunkHash> = chunks.iter().map(|(h, _)| *h).collect();
         self.fetch(&hashes, true, &known)
@@ -442,7 +445,7 @@ impl ChunkStore {
 
     /// `prefetch` of chunks at records the caller gives (another slot's published
     /// extents, as `get_many_at` reads them): the same read threads, jobs and cache.
-    pub fn prefetch_at(&self, chunks: Vec<(ChunkHash, ChunkRecord)>) {
+    pub(crate) fn prefetch_at(&self, chunks: Vec<(ChunkHash, ChunkRecord)>) {
         let hashes = chunks.iter().map(|(h, _)| *h).collect();
         self.prefetch_known(hashes, Arc::new(chunks.into_iter().collect()))
     }

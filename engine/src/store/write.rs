@@ -93,12 +93,12 @@ impl WriteSide {
 }
 
 impl ChunkStore {
-    pub fn is_pinned(&self, h: &ChunkHash) -> bool {
+    pub(crate) fn is_pinned(&self, h: &ChunkHash) -> bool {
         self.pending.lock().contains_key(h)
     }
 
     /// An empty pin set counted by this store, for a new file state.
-    pub fn new_pins(&self) -> ChunkPins {
+    pub(crate) fn new_pins(&self) -> ChunkPins {
         let me: Weak<dyn ReleasePins> = self.me.clone();
         ChunkPins::new(me)
     }
@@ -153,7 +153,7 @@ impl ChunkStore {
     /// segments are shared). Unlike `busy_segments`, not the segment being filled as such:
     /// its rows on disk hold only committed chunks then (a commit pads its row, and new
     /// chunks start on the next), so a repair may rewrite them (`scrub`).
-    pub fn uncommitted_segments(&self) -> BTreeSet<SegmentId> {
+    pub(crate) fn uncommitted_segments(&self) -> BTreeSet<SegmentId> {
         self.segments_in_use(false)
     }
 
@@ -163,7 +163,7 @@ impl ChunkStore {
     /// any other and points its pin at the copy (`relocate_pinned`). Were they busy, a file
     /// being rewritten would pin nearly every segment of its previous revision, and a full
     /// space could never be compacted while that file is open.
-    pub fn busy_segments(&self) -> BTreeSet<SegmentId> {
+    pub(crate) fn busy_segments(&self) -> BTreeSet<SegmentId> {
         self.segments_in_use(true)
     }
 
@@ -186,7 +186,7 @@ impl ChunkStore {
     /// gc moved chunks (hash, old offset, new offset): pins of them read the copies from now
     /// on. Called under `exclusive()`, in the same critical section that commits the moves,
     /// so no lookup or read sees one location in the table and another in its pin.
-    pub fn relocate_pinned(&self, moves: &[(ChunkHash, DataOffset, DataOffset)]) {
+    pub(crate) fn relocate_pinned(&self, moves: &[(ChunkHash, DataOffset, DataOffset)]) {
         let mut p = self.pending.lock();
         for (h, old, new) in moves {
             if let Some(e) = p.get_mut(h) {
@@ -199,17 +199,17 @@ impl ChunkStore {
 
     /// Segments taken since the last recorded commit; a commit removes them from FREE and
     /// then calls `recorded_taken`.
-    pub fn taken_segments(&self) -> Vec<SegmentId> {
+    pub(crate) fn taken_segments(&self) -> Vec<SegmentId> {
         self.w.writer.lock().segs.taken()
     }
 
-    pub fn recorded_taken(&self, segs: &[SegmentId]) {
+    pub(crate) fn recorded_taken(&self, segs: &[SegmentId]) {
         self.w.writer.lock().segs.recorded(segs);
     }
 
     /// Makes segments reusable once gc's commit freeing them is durable. Waits for every
     /// chunk lookup in flight, which might still read the old location.
-    pub fn release_segments(&self, segs: &[SegmentId]) {
+    pub(crate) fn release_segments(&self, segs: &[SegmentId]) {
         let _excl = self.barrier.write();
         self.w.writer.lock().segs.release(segs);
     }
@@ -218,7 +218,7 @@ impl ChunkStore {
     /// new chunk goes into them before then, so another node reading a chunk gc moved at its
     /// old place (its view of this slot not refreshed yet) still finds the old bytes. At
     /// most a few gc rounds' worth are held (each round frees at most 16 segments).
-    pub fn defer_release(&self, segs: Vec<SegmentId>, grace: std::time::Duration) {
+    pub(crate) fn defer_release(&self, segs: Vec<SegmentId>, grace: std::time::Duration) {
         if !segs.is_empty() {
             self.w
                 .deferred
@@ -229,7 +229,7 @@ impl ChunkStore {
 
     /// Releases deferred segments whose grace is over, or all of them with `all` (a writer
     /// waits for room: a remote reader's retry is cheaper than its ENOSPC).
-    pub fn release_due(&self, all: bool) {
+    pub(crate) fn release_due(&self, all: bool) {
         let now = std::time::Instant::now();
         let due: Vec<SegmentId> = {
             let mut d = self.w.deferred.lock();
@@ -248,7 +248,7 @@ impl ChunkStore {
     /// those segments free. Without this they would stay out of use until some later commit
     /// recorded them, which a full space may never get to. Only gc calls this, under its
     /// lock: gc's own copies are the only other unpinned chunks in taken segments.
-    pub fn reclaim_unrecorded(&self) -> Vec<SegmentId> {
+    pub(crate) fn reclaim_unrecorded(&self) -> Vec<SegmentId> {
         let _excl = self.barrier.write();
         let mut w = self.w.writer.lock();
         let p = self.pending.lock();
@@ -363,7 +363,7 @@ impl ChunkStore {
     }
 
     /// Writes out buffered chunks and makes the data file durable.
-    pub fn flush_sync(&self) -> Result<()> {
+    pub(crate) fn flush_sync(&self) -> Result<()> {
         self.check_failed()?;
         self.write_out(&mut self.w.writer.lock(), true);
         self.write_queued()?;
@@ -385,7 +385,7 @@ impl ChunkStore {
     }
 
     /// Appends already-encoded chunk bytes (gc's copies); returns where they went.
-    pub fn append_stored(&self, chunk: &Checked) -> Result<DataOffset> {
+    pub(crate) fn append_stored(&self, chunk: &Checked) -> Result<DataOffset> {
         let stored = chunk.bytes();
         self.check_failed()?;
         let off = {

@@ -10,14 +10,14 @@ use std::time::{Duration, Instant};
 /// (segment, shard) pairs `Suspects` remembers. Past this, a target with more is counted
 /// unreadable as a whole (conservative: its shards count as missing everywhere) until a
 /// repair pass over every segment clears it. 65,536 entries are about 3 MiB.
-pub const SUSPECTS_MAX: usize = 65_536;
+pub(crate) const SUSPECTS_MAX: usize = 65_536;
 
 /// Shards found unreadable (a failed read) or damaged (a chunk verified only without them,
 /// parity disagreeing with verified data) since the mount, and not rewritten since. Each
 /// entry names the target the shard was on: a segment re-placed since (its old shards freed)
 /// does not match it any more.
 #[derive(Default)]
-pub struct Suspects {
+pub(crate) struct Suspects {
     by_segment: BTreeMap<u64, Vec<(usize, u16)>>,
     count: usize,
     /// Targets with more suspect shards than `SUSPECTS_MAX` let us remember.
@@ -63,24 +63,24 @@ impl Suspects {
     }
 
     /// Some target is suspect as a whole.
-    pub fn any_whole(&self) -> bool {
+    pub(crate) fn any_whole(&self) -> bool {
         !self.whole.is_empty()
     }
 
     /// Some shard of `seg` is suspect.
-    pub fn in_segment(&self, seg: u64) -> bool {
+    pub(crate) fn in_segment(&self, seg: u64) -> bool {
         self.by_segment.contains_key(&seg)
     }
 
     /// A repair rewrote (or verified) every shard of `seg`; or it was re-placed.
-    pub fn clear_segment(&mut self, seg: u64) {
+    pub(crate) fn clear_segment(&mut self, seg: u64) {
         if let Some(v) = self.by_segment.remove(&seg) {
             self.count -= v.len();
         }
     }
 
     /// Shard `shard` of `seg` was rewritten.
-    pub fn clear_shard(&mut self, seg: u64, shard: usize) {
+    pub(crate) fn clear_shard(&mut self, seg: u64, shard: usize) {
         if let Some(v) = self.by_segment.get_mut(&seg) {
             let before = v.len();
             v.retain(|&(i, _)| i != shard);
@@ -93,12 +93,12 @@ impl Suspects {
 
     /// A repair pass visited every segment: targets counted unreadable as a whole are judged
     /// by what that pass found (its own entries) from now on.
-    pub fn clear_whole(&mut self) {
+    pub(crate) fn clear_whole(&mut self) {
         self.whole.clear();
     }
 
     /// Per target (by index, `n` targets): (suspect as a whole, suspect shards).
-    pub fn per_target(&self, n: usize) -> Vec<(bool, u64)> {
+    pub(crate) fn per_target(&self, n: usize) -> Vec<(bool, u64)> {
         let mut out = vec![(false, 0u64); n];
         for v in self.by_segment.values() {
             for &(_, t) in v {
@@ -118,10 +118,10 @@ impl Suspects {
 
 /// How long one warning line stands for its target and kind: the first of a kind is logged
 /// at once, the rest of the interval are counted, and one line says how many there were.
-pub const WARN_INTERVAL: Duration = Duration::from_secs(60);
+pub(crate) const WARN_INTERVAL: Duration = Duration::from_secs(60);
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub enum WarnKind {
+pub(crate) enum WarnKind {
     /// A read of a shard failed.
     Read,
     /// A shard held damaged bytes.
@@ -147,7 +147,7 @@ struct Window {
 /// Repeated warnings, aggregated per (target, kind): at most one line per `WARN_INTERVAL`
 /// with a count. Memory: one window per target and kind.
 #[derive(Default)]
-pub struct Warnings {
+pub(crate) struct Warnings {
     windows: Mutex<HashMap<(u16, WarnKind), Window>>,
 }
 

@@ -22,7 +22,7 @@
 use super::*;
 
 /// Rows a repair reads at a time, before extending to the end of the chunks it holds.
-pub const REPAIR_ROWS: u64 = 64;
+pub(crate) const REPAIR_ROWS: u64 = 64;
 /// Decodings of a window (without one set of shards each) kept while its chunks are
 /// verified: chunks damaged the same way reuse them. Bounds the memory at this many windows.
 const TRIED_MAX: usize = 16;
@@ -33,13 +33,13 @@ const CANDIDATE_EXCLUDED_MAX: usize = 2;
 
 /// A committed chunk of the segment being repaired: bytes [offset, offset + len) of it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct SegmentChunk {
+pub(crate) struct SegmentChunk {
     pub offset: u64,
     pub len: u32,
 }
 
 /// One segment to repair.
-pub struct SegmentJob<'a> {
+pub(crate) struct SegmentJob<'a> {
     pub seg: u64,
     /// Its committed chunks, by offset, inside the segment.
     pub chunks: &'a [SegmentChunk],
@@ -48,7 +48,7 @@ pub struct SegmentJob<'a> {
 }
 
 /// A byte rate limit on the shards a repair writes.
-pub struct Throttle {
+pub(crate) struct Throttle {
     limit_bytes_s: Option<f64>,
     start: Instant,
     written: u64,
@@ -199,7 +199,7 @@ impl Erasure {
     /// Segment `seg` is placed with some shard not on a healthy target (or never written),
     /// or with a shard found unreadable or damaged since the mount: what `rebuild` visits
     /// (all it knows to be short of full redundancy).
-    pub fn needs_rebuild(&self, seg: u64) -> bool {
+    pub(crate) fn needs_rebuild(&self, seg: u64) -> bool {
         let all = self.all();
         let Some(p) = self.map.read().get(seg as usize).cloned().flatten() else {
             return false;
@@ -211,7 +211,7 @@ impl Erasure {
     }
 
     /// Segment `seg` has a placement.
-    pub fn is_placed(&self, seg: u64) -> bool {
+    pub(crate) fn is_placed(&self, seg: u64) -> bool {
         self.map
             .read()
             .get(seg as usize)
@@ -220,7 +220,7 @@ impl Erasure {
 
     /// A repair pass visited every segment: targets counted unreadable as a whole are judged
     /// by what it found.
-    pub fn repair_pass_done(&self) {
+    pub(crate) fn repair_pass_done(&self) {
         self.suspects.lock().clear_whole();
     }
 
@@ -288,7 +288,7 @@ impl Erasure {
     /// durable) and, unless it is busy, rewrites in place what it found damaged on healthy
     /// targets. `verify(i, bytes)`: whether `bytes` are chunk `job.chunks[i]`'s stored bytes.
     /// Under the segment's stripe: writes to it wait, reads go on.
-    pub fn repair_segment(
+    pub(crate) fn repair_segment(
         &self,
         job: &SegmentJob,
         verify: &mut dyn FnMut(usize, &[u8]) -> bool,
