@@ -35,6 +35,8 @@ pub struct Selection {
     pub n1_seg: bool,
     pub n1_strided: bool,
     pub restart: bool,
+    /// Checkpoint steps as jobs lay them out (`steps`): not part of `all`.
+    pub steps: bool,
     /// Measure the limits first (`limits.rs`) and print each row as a fraction of them.
     pub limits: bool,
 }
@@ -48,7 +50,35 @@ impl Selection {
             n1_seg: true,
             n1_strided: true,
             restart: true,
+            steps: false,
             limits: true,
+        }
+    }
+}
+
+/// How a job lays out its checkpoint steps (`steps`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Layout {
+    NewDir,
+    InPlace,
+    TempRename,
+}
+
+impl Layout {
+    fn name(self) -> &'static str {
+        match self {
+            Layout::NewDir => "new dir per step",
+            Layout::InPlace => "in place",
+            Layout::TempRename => "temp + rename",
+        }
+    }
+
+    /// The directory (under `top`) step `step` writes in, and the name of writer i's file.
+    fn files(self, top: &str, step: usize) -> (String, fn(usize) -> String) {
+        match self {
+            Layout::NewDir => (format!("{top}/step-{step}"), |i| format!("rank-{i}")),
+            Layout::InPlace => (top.to_string(), |i| format!("rank-{i}")),
+            Layout::TempRename => (top.to_string(), |i| format!("rank-{i}.tmp")),
         }
     }
 }
@@ -85,6 +115,8 @@ struct Probe {
     stored0: Option<u64>,
     /// Stage seconds so far (None: the daemon reports no stages).
     stages0: Option<Stages>,
+    /// CPU seconds of each daemon thread so far (`sys::thread_cpu`).
+    threads0: std::collections::BTreeMap<u32, (String, f64)>,
 }
 
 struct Bench<'a> {
@@ -183,6 +215,7 @@ impl Bench<'_> {
             cpu0: sys::cpu_seconds(pid)?,
             stored0,
             stages0,
+            threads0: sys::thread_cpu(pid),
         }))
     }
 
@@ -190,7 +223,10 @@ impl Bench<'_> {
     /// stats (which cost the daemon CPU of their own).
     fn after(&mut self, p: Option<Probe>, mut s: Sample) -> Result<Sample> {
         if let Some(p) = p {
-            s.cpu_s = Some(sys::cpu_seconds(p.pid)? - p.cpu0);
+            let threads1 = sys::thread_cpu(p.pid);
+            let cpu = sys::cpu_seconds(p.pid)? - p.cpu0;
+            s.cpu_s = Some(cpu);
+            s.threads = Some(report::thread_delta(&p.threads0, &threads1, cpu));
             s.rss_kib = sys::peak_rss_kib(p.pid);
             let st = self.ck.stats()?;
             if let Some(s0) = p.stored0 {
@@ -501,6 +537,86 @@ impl Bench<'_> {
         Ok(())
     }
 
+    /// Checkpoint steps as jobs lay them out, for each writer count of `--writers` (at most
+    /// `max(8, cores)`): W processes write --size in all (one file each), a full step of new
+    /// data and then a next step with 5% of its 64-KiB blocks changed, in three layouts:
+    /// a new directory per step (`step-N/rank-i`), in place (`rank-i` rewritten with
+    /// O_TRUNC), and temp + rename (`rank-i.tmp` written, then renamed over `rank-i` once
+    /// every writer closed; the renames are not timed).
+    fn steps(&mut self) -> Result<()> {
+        let cap = data::threads().max(8);
+        let writers: Vec<usize> = self
+            .o
+            .writers
+            .iter()
+            .copied()
+            .filter(|&w| w >= 1 && w <= cap)
+            .collect();
+        for &w in &writers {
+            for layout in [Layout::NewDir, Layout::InPlace, Layout::TempRename] {
+                self.progress(&format!("steps: {w} writers, {}", layout.name()));
+                for rep in 0..self.o.reps {
+                    let seed = self.seed(&format!("steps-{w}-{}", layout.name()), rep);
+                    let full: Vec<RandomSpec> = (0..w)
+                        .map(|i| RandomSpec::new(mix(seed, i as u64)))
+                        .collect();
+                    let next: Vec<RandomSpec> = full
+                        .iter()
+                        .map(|s| s.next(mix(s.seed, 1), CHANGED_PER10000))
+                        .collect();
+                    let top = format!("steps-{w}-{}-{rep}", layout.name());
+                    for side in order(rep) {
+                        fs::create_dir_all(self.path(side, &top))
+                            .map_err(|e| format!("mkdir {top}: {e}"))?;
+                        for (step, specs, label) in [(1, &full, "full"), (2, &next, "next 5%")] {
+                            let (dir, name) = layout.files(&top, step);
+                            fs::create_dir_all(self.path(side, &dir))
+                                .map_err(|e| format!("mkdir {dir}: {e}"))?;
+                            let names: Vec<String> =
+                                (0..w).map(|i| format!("{dir}/{}", name(i))).collect();
+                            let tasks = self.steps_tasks(side, &names, specs);
+                            let (s, g) = self.timed_group(side, &tasks, true)?;
+                            g.finish()?;
+                            if layout == Layout::TempRename {
+                                for (i, n) in names.iter().enumerate() {
+                                    let to = self.path(side, &format!("{dir}/rank-{i}"));
+                                    fs::rename(self.path(side, n), &to)
+                                        .map_err(|e| format!("rename {n}: {e}"))?;
+                                }
+                            }
+                            let data = format!("{w} writers, {}, {label}", layout.name());
+                            self.record("steps", &data, Access::WriteNn, side, rep, s);
+                        }
+                        let p = self.path(side, &top);
+                        fs::remove_dir_all(&p)
+                            .map_err(|e| format!("remove {}: {e}", p.display()))?;
+                        self.reclaim(side)?;
+                    }
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// `write_tasks` for `steps`: --size split over these writers.
+    fn steps_tasks(&self, side: Side, names: &[String], specs: &[RandomSpec]) -> Vec<Task> {
+        let part = (self.o.size / names.len() as u64).max(1);
+        names
+            .iter()
+            .zip(specs)
+            .map(|(n, spec)| Task {
+                op: Op::Write {
+                    truncate: true,
+                    fsync: side == Side::Plain,
+                },
+                path: self.path(side, n),
+                spec: *spec,
+                ranges: vec![(0, part)],
+                block: self.block(),
+            })
+            .collect()
+    }
+
     /// N-1: every process writes its part of one shared, pre-created file; then the whole file
     /// is read back and checked.
     fn n1(&mut self, strided: bool) -> Result<()> {
@@ -712,6 +828,9 @@ impl Bench<'_> {
             self.progress("restart (cold reads)");
             self.restart()?;
         }
+        if sel.steps {
+            self.steps()?;
+        }
         Ok(())
     }
 }
@@ -896,6 +1015,10 @@ pub fn run(o: &Opts, sel: Selection) -> Result<bool> {
     print!("{}", b.res.reps_table());
     println!();
     if let Some(t) = b.res.stage_table() {
+        print!("{t}");
+        println!();
+    }
+    if let Some(t) = b.res.thread_table() {
         print!("{t}");
         println!();
     }

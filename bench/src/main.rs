@@ -2,6 +2,7 @@
 //!
 //!   ckptfs-bench all [--size 1G] [--reps 3] [--json FILE] ...   the end-to-end benchmark
 //!   ckptfs-bench first|next|nn|n1-seg|n1-strided|restart ...    one of its scenarios
+//!   ckptfs-bench steps [--writers 1,4,8,16] [--size 1G] ...     checkpoint steps: layouts x writers
 //!   ckptfs-bench limits [--size 1G] [--reps 3] ...                FUSE sink, blake3 and LZ4 ceilings
 //!   ckptfs-bench slots [--nodes 4] [--small-files 2000] ...       several daemons on one space
 //!   ckptfs-bench targets [--targets 5] [--redundancy 3+2] [--lose 2] ...  erasure-coded targets
@@ -80,6 +81,9 @@ pub struct Opts {
     /// Leave the plain files and the ckptfs space in DIR afterwards
     #[arg(long)]
     pub keep: bool,
+    /// Writer counts of `steps` (those above max(8, cores) are left out)
+    #[arg(long, value_delimiter = ',', default_value = "1,4,8,16")]
+    pub writers: Vec<usize>,
     /// Extra argument appended to every `ckptfs mount BACKING MNT` (repeatable; may start with
     /// `-`: --mount-arg=--codec --mount-arg=shuffle, or --mount-arg=--codec=shuffle)
     #[arg(long = "mount-arg", value_name = "ARG", allow_hyphen_values = true)]
@@ -115,6 +119,10 @@ enum Cmd {
     N1Strided(Opts),
     /// Cold reads (after drop_caches and a remount): one reader, and one reader per N-N file
     Restart(Opts),
+    /// Checkpoint steps as jobs lay them out: 1, 4, 8, 16 writers (--writers), a full step
+    /// and a next step with 5% changed, in a new directory per step, in place, and temp +
+    /// rename; daemon CPU per GiB by stage and by thread
+    Steps(Opts),
     /// This machine's ceilings: a do-nothing FUSE filesystem written and read as the scenarios
     /// do, and blake3 and LZ4 on all cores (no ckptfs needed)
     Limits(Opts),
@@ -189,6 +197,13 @@ fn main() {
             o,
             bench::Selection {
                 restart: true,
+                ..none
+            },
+        ),
+        Cmd::Steps(o) => (
+            o,
+            bench::Selection {
+                steps: true,
                 ..none
             },
         ),

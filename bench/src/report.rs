@@ -26,6 +26,25 @@ const STAGE_ORDER: [&str; 13] = [
 const STAGE_MIN_S: f64 = 0.005;
 
 /// `after - before`, per stage (a stage missing from `before` counts from 0).
+/// CPU seconds per thread group between two `sys::thread_cpu` readings of a process whose
+/// total grew by `total` seconds; what live threads do not account for is "exited".
+pub fn thread_delta(
+    before: &BTreeMap<u32, (String, f64)>,
+    after: &BTreeMap<u32, (String, f64)>,
+    total: f64,
+) -> Stages {
+    let mut out = Stages::new();
+    for (tid, (name, s)) in after {
+        let d = s - before.get(tid).map_or(0.0, |b| b.1);
+        *out.entry(name.clone()).or_insert(0.0) += d;
+    }
+    let accounted: f64 = out.values().sum();
+    if total - accounted > 0.005 {
+        out.insert("exited".into(), total - accounted);
+    }
+    out
+}
+
 pub fn stage_delta(after: &Stages, before: &Stages) -> Stages {
     after
         .iter()
@@ -150,6 +169,10 @@ pub struct Sample {
     /// ckptfs only: growth of the daemon's stage seconds over the timed part (None from a
     /// ckptfs that does not report stages).
     pub stages: Option<Stages>,
+    /// ckptfs only: the daemon's CPU seconds over the timed part per thread group (names
+    /// without digits: `ckptfs-worker`, the FUSE threads, ...), and "exited" for threads
+    /// that ended during it (the process's CPU not accounted to a live thread).
+    pub threads: Option<Stages>,
     pub verified: Option<bool>,
 }
 
@@ -285,6 +308,22 @@ impl Row {
 
     fn rss_max_kib(&self) -> Option<u64> {
         self.ckptfs.iter().filter_map(|s| s.rss_kib).max()
+    }
+
+    /// Thread-group CPU seconds summed over the ckptfs repetitions, per GiB of them.
+    fn threads_per_gib(&self) -> Option<Stages> {
+        let mut sum: Option<Stages> = None;
+        let mut bytes = 0u64;
+        for s in self.ckptfs.iter().filter(|s| s.threads.is_some()) {
+            bytes += s.bytes;
+            let sum = sum.get_or_insert_with(Stages::new);
+            for (k, v) in s.threads.as_ref().into_iter().flatten() {
+                *sum.entry(k.clone()).or_insert(0.0) += v;
+            }
+        }
+        let gib = bytes as f64 / (1u64 << 30) as f64;
+        sum.filter(|_| gib > 0.0)
+            .map(|m| m.into_iter().map(|(k, v)| (k, v / gib)).collect())
     }
 
     /// Stage seconds summed over the ckptfs repetitions; None when no repetition has them.
@@ -541,6 +580,40 @@ impl Results {
         Some(out)
     }
 
+    /// Per row: the daemon's CPU seconds per GiB by thread group (over all ckptfs
+    /// repetitions), largest first. None when no row has them.
+    pub fn thread_table(&self) -> Option<String> {
+        let rows: Vec<(&Row, Stages)> = self
+            .rows
+            .iter()
+            .filter_map(|r| Some((r, r.threads_per_gib()?)))
+            .collect();
+        if rows.is_empty() {
+            return None;
+        }
+        let w0 = rows.iter().map(|(r, _)| r.scenario.chars().count()).max();
+        let w1 = rows.iter().map(|(r, _)| r.data.chars().count()).max();
+        let (w0, w1) = (w0.unwrap_or(0), w1.unwrap_or(0));
+        let mut out = String::from(
+            "daemon CPU seconds per GiB by thread (utime+stime; digits dropped from names; \
+             exited: threads that ended during the timed part)\n",
+        );
+        for (r, th) in rows {
+            let total: f64 = th.values().sum();
+            let mut line = format!("{:<w0$} | {:<w1$} | all {total:.2}", r.scenario, r.data);
+            let mut v: Vec<(String, f64)> = th.into_iter().collect();
+            v.sort_by(|a, b| b.1.total_cmp(&a.1));
+            for (k, x) in v {
+                if x >= 0.005 {
+                    line += &format!("  {k} {x:.2}");
+                }
+            }
+            out += &line;
+            out.push('\n');
+        }
+        Some(out)
+    }
+
     pub fn json(&self, limits: Option<&dyn Limit>) -> Value {
         let side = |r: &Row, side: Side| {
             let samples = r.samples(side);
@@ -579,6 +652,7 @@ impl Results {
                         "daemon_peak_rss_mib": r.rss_max_kib().map(|k| k as f64 / 1024.0),
                         "ckptfs_wall_seconds": r.ckptfs_wall(),
                         "stages": r.stages(),
+                        "daemon_cpu_s_per_gib_by_thread": r.threads_per_gib(),
                         "verified": r.verified(),
                     })
                 })

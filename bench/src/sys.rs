@@ -66,6 +66,37 @@ pub fn cpu_seconds(pid: u32) -> Result<f64> {
     Ok((ticks(11)? + ticks(12)?) as f64 / clock_ticks())
 }
 
+/// CPU seconds (utime+stime) of each live thread of a process: thread id -> (name with its
+/// digits removed, so "ckptfs-worker-3" and "ckptfs-worker-11" are one group, seconds).
+/// Threads that already exited are not listed; their time is in the process's total.
+pub fn thread_cpu(pid: u32) -> std::collections::BTreeMap<u32, (String, f64)> {
+    let mut out = std::collections::BTreeMap::new();
+    let Ok(tasks) = fs::read_dir(format!("/proc/{pid}/task")) else {
+        return out;
+    };
+    for t in tasks.flatten() {
+        let Some(tid) = t.file_name().to_str().and_then(|n| n.parse::<u32>().ok()) else {
+            continue;
+        };
+        let base = t.path();
+        let (Ok(comm), Ok(stat)) = (
+            fs::read_to_string(base.join("comm")),
+            fs::read_to_string(base.join("stat")),
+        ) else {
+            continue;
+        };
+        let rest = stat.rsplit(')').next().unwrap_or("");
+        let f: Vec<&str> = rest.split_whitespace().collect();
+        let tick = |i: usize| f.get(i).and_then(|v| v.parse::<u64>().ok()).unwrap_or(0);
+        let name: String = comm
+            .trim()
+            .trim_end_matches(|c: char| c.is_ascii_digit() || c == '-' || c == '_')
+            .to_string();
+        out.insert(tid, (name, (tick(11) + tick(12)) as f64 / clock_ticks()));
+    }
+    out
+}
+
 /// Resets the peak RSS (VmHWM) of a process to its current RSS.
 pub fn reset_peak_rss(pid: u32) -> bool {
     fs::write(format!("/proc/{pid}/clear_refs"), "5").is_ok()
