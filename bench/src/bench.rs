@@ -117,6 +117,8 @@ struct Probe {
     stages0: Option<Stages>,
     /// CPU seconds of each daemon thread so far (`sys::thread_cpu`).
     threads0: std::collections::BTreeMap<u32, (String, f64)>,
+    /// The stages' estimated CPU seconds so far (`ckptfs::stage_cpu_seconds`).
+    samples0: Option<Stages>,
 }
 
 struct Bench<'a> {
@@ -198,16 +200,20 @@ impl Bench<'_> {
         let pid = self.ck.daemon_pid()?;
         // Reading stats makes the daemon read its metadata; a cold read must not get it warm.
         // A cold read comes right after a mount, whose stage counters start at 0.
-        let (stored0, stages0) = if write || !self.ck.fresh() {
+        let (stored0, stages0, samples0) = if write || !self.ck.fresh() {
             let st = self.ck.stats()?;
             let stored = if write {
                 Some(ckptfs::stored_bytes(&st)?)
             } else {
                 None
             };
-            (stored, ckptfs::stage_seconds(&st))
+            (
+                stored,
+                ckptfs::stage_seconds(&st),
+                ckptfs::stage_cpu_seconds(&st),
+            )
         } else {
-            (None, Some(Stages::new()))
+            (None, Some(Stages::new()), Some(Default::default()))
         };
         sys::reset_peak_rss(pid);
         Ok(Some(Probe {
@@ -216,6 +222,7 @@ impl Bench<'_> {
             stored0,
             stages0,
             threads0: sys::thread_cpu(pid),
+            samples0,
         }))
     }
 
@@ -233,6 +240,10 @@ impl Bench<'_> {
                 s.stored = Some(ckptfs::stored_bytes(&st)? as i64 - s0 as i64);
             }
             s.stages = match (ckptfs::stage_seconds(&st), &p.stages0) {
+                (Some(a), Some(b)) => Some(report::stage_delta(&a, b)),
+                _ => None,
+            };
+            s.stage_cpu = match (ckptfs::stage_cpu_seconds(&st), &p.samples0) {
                 (Some(a), Some(b)) => Some(report::stage_delta(&a, b)),
                 _ => None,
             };
@@ -1015,6 +1026,10 @@ pub fn run(o: &Opts, sel: Selection) -> Result<bool> {
     print!("{}", b.res.reps_table());
     println!();
     if let Some(t) = b.res.stage_table() {
+        print!("{t}");
+        println!();
+    }
+    if let Some(t) = b.res.stage_cpu_table() {
         print!("{t}");
         println!();
     }

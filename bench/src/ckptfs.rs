@@ -214,6 +214,18 @@ pub fn stage_seconds(stats: &serde_json::Value) -> Option<Stages> {
     )
 }
 
+/// Per stage: the daemon's estimated CPU seconds so far (`cpu_seconds`; see the engine's
+/// `pipeline::Stage`); None from a ckptfs that does not estimate them.
+pub fn stage_cpu_seconds(stats: &serde_json::Value) -> Option<Stages> {
+    let m = stats.get("stages")?.as_object()?;
+    m.values().next()?.get("cpu_seconds")?;
+    Some(
+        m.iter()
+            .map(|(k, v)| (k.clone(), v["cpu_seconds"].as_f64().unwrap_or(0.0)))
+            .collect(),
+    )
+}
+
 fn lazy_unmount(mnt: &Path) {
     let _ = Command::new("fusermount3")
         .arg("-u")

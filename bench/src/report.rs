@@ -173,6 +173,9 @@ pub struct Sample {
     /// without digits: `ckptfs-worker`, the FUSE threads, ...), and "exited" for threads
     /// that ended during it (the process's CPU not accounted to a live thread).
     pub threads: Option<Stages>,
+    /// ckptfs only: the daemon's estimated CPU seconds per stage over the timed part
+    /// (`ckptfs::stage_cpu`).
+    pub stage_cpu: Option<Stages>,
     pub verified: Option<bool>,
 }
 
@@ -312,12 +315,22 @@ impl Row {
 
     /// Thread-group CPU seconds summed over the ckptfs repetitions, per GiB of them.
     fn threads_per_gib(&self) -> Option<Stages> {
+        self.per_gib(|s| s.threads.as_ref())
+    }
+
+    /// Estimated stage CPU seconds summed over the ckptfs repetitions, per GiB of them.
+    fn stage_cpu_per_gib(&self) -> Option<Stages> {
+        self.per_gib(|s| s.stage_cpu.as_ref())
+    }
+
+    fn per_gib(&self, of: impl Fn(&Sample) -> Option<&Stages>) -> Option<Stages> {
         let mut sum: Option<Stages> = None;
         let mut bytes = 0u64;
-        for s in self.ckptfs.iter().filter(|s| s.threads.is_some()) {
+        for s in self.ckptfs.iter() {
+            let Some(m) = of(s) else { continue };
             bytes += s.bytes;
             let sum = sum.get_or_insert_with(Stages::new);
-            for (k, v) in s.threads.as_ref().into_iter().flatten() {
+            for (k, v) in m {
                 *sum.entry(k.clone()).or_insert(0.0) += v;
             }
         }
@@ -580,6 +593,51 @@ impl Results {
         Some(out)
     }
 
+    /// Per row: the daemon's estimated CPU seconds per GiB by stage (sampled thread CPU, see
+    /// the engine's `pipeline::Stage`), what they add up to, and the daemon's CPU per GiB:
+    /// the difference is CPU no stage timed (the FUSE transport in the kernel, lookups,
+    /// opens, closes). `predict` and `predict_miss` are parts of `cut` and not added again.
+    pub fn stage_cpu_table(&self) -> Option<String> {
+        let rows: Vec<(&Row, Stages)> = self
+            .rows
+            .iter()
+            .filter_map(|r| Some((r, r.stage_cpu_per_gib()?)))
+            .collect();
+        if rows.is_empty() {
+            return None;
+        }
+        let w0 = rows.iter().map(|(r, _)| r.scenario.chars().count()).max();
+        let w1 = rows.iter().map(|(r, _)| r.data.chars().count()).max();
+        let (w0, w1) = (w0.unwrap_or(0), w1.unwrap_or(0));
+        let mut out = String::from(
+            "daemon CPU seconds per GiB by stage (estimated from sampled thread CPU; in \
+             stages: their sum, predict and predict_miss counted within cut; daemon: all its \
+             CPU)\n",
+        );
+        for (r, st) in rows {
+            let inside: f64 = st
+                .iter()
+                .filter(|(k, _)| !matches!(k.as_str(), "predict" | "predict_miss"))
+                .map(|(_, v)| v)
+                .sum();
+            let all = r
+                .cpu_per_gib()
+                .map_or("-".to_string(), |c| format!("{c:.2}"));
+            let mut line = format!(
+                "{:<w0$} | {:<w1$} | daemon {all}  in stages {inside:.2}",
+                r.scenario, r.data
+            );
+            for (k, v) in ordered(&st) {
+                if v >= 0.005 {
+                    line += &format!("  {k} {v:.2}");
+                }
+            }
+            out += &line;
+            out.push('\n');
+        }
+        Some(out)
+    }
+
     /// Per row: the daemon's CPU seconds per GiB by thread group (over all ckptfs
     /// repetitions), largest first. None when no row has them.
     pub fn thread_table(&self) -> Option<String> {
@@ -653,6 +711,7 @@ impl Results {
                         "ckptfs_wall_seconds": r.ckptfs_wall(),
                         "stages": r.stages(),
                         "daemon_cpu_s_per_gib_by_thread": r.threads_per_gib(),
+                        "daemon_cpu_s_per_gib_by_stage": r.stage_cpu_per_gib(),
                         "verified": r.verified(),
                     })
                 })

@@ -718,10 +718,12 @@ impl Cutter {
 
     /// Hashes `b`, timed as the stage `pick` chooses by the hash.
     fn hash(&self, b: &[u8], pick: impl FnOnce(&ChunkHash) -> StageOf) -> ChunkHash {
-        let t = std::time::Instant::now();
+        let pl = self.pred.as_ref().and_then(|p| p.pipeline.as_ref());
+        // Sampled by `predict`'s count, whichever stage the hash turns out to be.
+        let t = pl.map(|pl| pl.stages.predict.start());
         let h = ChunkHash::of(b);
-        if let Some(pl) = self.pred.as_ref().and_then(|p| p.pipeline.as_ref()) {
-            pick(&h)(&pl.stages).add(t.elapsed(), b.len());
+        if let (Some(pl), Some(t)) = (pl, t) {
+            pick(&h)(&pl.stages).stop(t, b.len());
         }
         h
     }

@@ -442,22 +442,93 @@ pub(crate) fn default_workers() -> usize {
 
 /// Time spent in one stage of the data path since the space was opened, by all threads
 /// together: the evidence for which stage limits a workload (`ckptfs stats --json`).
+///
+/// Wall time counts a thread's waits (a lock, the disk, the scheduler of a busy machine)
+/// as the stage's, so the CPU each stage costs is measured too, from the thread's CPU clock
+/// around sampled timings. Reading that clock is a system call (about 0.8 us on this
+/// project's VMs), too dear for every chunk: a stage whose timings are short (under
+/// `CPU_ALWAYS_NS` on average so far) samples every `CPU_SAMPLE`-th of them and counts each
+/// sample `CPU_SAMPLE` times; one whose timings are long (a cut of a whole segment, a
+/// commit) samples all of them, where a few unsampled ones would make the estimate swing.
+/// Sampling by the stage's own count, not a per-thread one, keeps a stage that always comes
+/// at the same point of a thread's cycle from never being sampled.
 #[derive(Default)]
 pub struct Stage {
     ns: std::sync::atomic::AtomicU64,
     count: std::sync::atomic::AtomicU64,
     bytes: std::sync::atomic::AtomicU64,
+    /// Timings started (`start`).
+    ticks: std::sync::atomic::AtomicU64,
+    /// Sampled timings, and the estimated CPU nanoseconds (each sample times its weight).
+    sampled: std::sync::atomic::AtomicU64,
+    cpu_ns: std::sync::atomic::AtomicU64,
+}
+
+/// A stage whose timings are short samples one in this many (see `Stage`).
+pub const CPU_SAMPLE: u64 = 16;
+/// A stage whose timings take this long on average samples every one (see `Stage`).
+pub const CPU_ALWAYS_NS: u64 = 50_000;
+
+/// The calling thread's CPU time, in nanoseconds.
+fn thread_cpu_ns() -> u64 {
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: clock_gettime writes the timespec it is given.
+    unsafe { libc::clock_gettime(libc::CLOCK_THREAD_CPUTIME_ID, &mut ts) };
+    ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
+}
+
+/// A timing under way (`Stage::start`, `Stage::stop`), for code that picks the stage it
+/// counts against after the work (the cutter's hash: `predict` or `predict_miss`).
+pub struct Timing {
+    wall: std::time::Instant,
+    /// The thread's CPU clock at the start and the sample's weight, when sampled.
+    cpu: Option<(u64, u64)>,
 }
 
 impl Stage {
+    /// Starts a timing, sampled for CPU as `Stage` says.
+    pub fn start(&self) -> Timing {
+        use std::sync::atomic::Ordering::Relaxed;
+        let n = self.ticks.fetch_add(1, Relaxed);
+        let count = self.count.load(Relaxed);
+        // Without a history, every timing counts as long: a stage of rare, long timings
+        // (a commit) would otherwise count its first one `CPU_SAMPLE` times.
+        let long = count == 0 || self.ns.load(Relaxed) / count >= CPU_ALWAYS_NS;
+        let weight = match (long, n.is_multiple_of(CPU_SAMPLE)) {
+            (true, _) => Some(1),
+            (false, true) => Some(CPU_SAMPLE),
+            (false, false) => None,
+        };
+        Timing {
+            cpu: weight.map(|w| (thread_cpu_ns(), w)),
+            wall: std::time::Instant::now(),
+        }
+    }
+
     /// Runs `f`, counting its time against this stage.
     pub fn time<T>(&self, bytes: usize, f: impl FnOnce() -> T) -> T {
-        let t = std::time::Instant::now();
+        let t = self.start();
         let r = f();
-        self.add(t.elapsed(), bytes);
+        self.stop(t, bytes);
         r
     }
 
+    /// Counts a timing (started by this stage or a sibling) against this stage.
+    pub fn stop(&self, t: Timing, bytes: usize) {
+        use std::sync::atomic::Ordering::Relaxed;
+        let wall = t.wall.elapsed();
+        if let Some((c0, weight)) = t.cpu {
+            let cpu = thread_cpu_ns().saturating_sub(c0);
+            self.sampled.fetch_add(1, Relaxed);
+            self.cpu_ns.fetch_add(cpu * weight, Relaxed);
+        }
+        self.add(wall, bytes);
+    }
+
+    /// Counts `d` against this stage without a CPU sample (nothing timed here).
     pub fn add(&self, d: std::time::Duration, bytes: usize) {
         use std::sync::atomic::Ordering::Relaxed;
         self.ns.fetch_add(d.as_nanos() as u64, Relaxed);
@@ -471,9 +542,17 @@ impl Stage {
 pub struct StageTime {
     #[serde(skip)]
     pub name: String,
+    /// Wall seconds, summed over threads (waits included).
     pub seconds: f64,
     pub count: u64,
     pub bytes: u64,
+    /// Estimated CPU seconds, summed over threads (`Stage`: sampled timings, each counted
+    /// as many times as timings it stands for).
+    #[serde(default)]
+    pub cpu_seconds: f64,
+    /// Timings sampled for `cpu_seconds`.
+    #[serde(default)]
+    pub sampled_count: u64,
 }
 
 /// `Vec<StageTime>` as a JSON map from each stage's name to its totals.
@@ -506,11 +585,16 @@ macro_rules! stages {
         impl Stages {
             pub fn snapshot(&self) -> Vec<StageTime> {
                 use std::sync::atomic::Ordering::Relaxed;
-                vec![$(StageTime {
-                    name: stringify!($name).to_string(),
-                    seconds: self.$name.ns.load(Relaxed) as f64 / 1e9,
-                    count: self.$name.count.load(Relaxed),
-                    bytes: self.$name.bytes.load(Relaxed),
+                vec![$({
+                    let st = &self.$name;
+                    StageTime {
+                        name: stringify!($name).to_string(),
+                        seconds: st.ns.load(Relaxed) as f64 / 1e9,
+                        count: st.count.load(Relaxed),
+                        bytes: st.bytes.load(Relaxed),
+                        cpu_seconds: st.cpu_ns.load(Relaxed) as f64 / 1e9,
+                        sampled_count: st.sampled.load(Relaxed),
+                    }
                 },)*]
             }
         }
@@ -558,4 +642,64 @@ stages! {
     /// files or another's): jobs and raw bytes only, no time of its own (the reads are in
     /// `read` and `decode`; count: read-ahead jobs).
     read_ahead,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Short timings are sampled one in `CPU_SAMPLE` and weighted so, long ones every time,
+    /// and waiting is not CPU: a stage that sleeps shows far less CPU than wall time, one
+    /// that computes shows CPU.
+    #[test]
+    fn stage_cpu_is_sampled_per_stage_and_counts_no_waiting() {
+        let st = Stages::default();
+        // A history of short lookups, so one timing preempted on a busy machine cannot lift
+        // the average past `CPU_ALWAYS_NS`.
+        for _ in 0..10_000 {
+            st.lookup.add(std::time::Duration::from_nanos(100), 0);
+        }
+        for _ in 0..33 {
+            // Long timings (2 ms each): all sampled after the first.
+            st.sync.time(0, || {
+                std::thread::sleep(std::time::Duration::from_millis(2))
+            });
+            st.lookup.time(0, || std::hint::black_box(1));
+        }
+        st.read_ahead.add(std::time::Duration::ZERO, 100);
+        let snap = st.snapshot();
+        let get = |n: &str| snap.iter().find(|t| t.name == n).unwrap().clone();
+        let (sync, lookup, ahead) = (get("sync"), get("lookup"), get("read_ahead"));
+        // Every sync timing is long (the first for want of a history).
+        assert_eq!((sync.count, sync.sampled_count), (33, 33));
+        // Short timings: 0, 16 and 32.
+        assert_eq!((lookup.count, lookup.sampled_count), (10_033, 3));
+        // 66 ms asleep cost next to no CPU.
+        assert!(sync.cpu_seconds < sync.seconds / 4.0, "{sync:?}");
+        // Nothing timed, nothing sampled.
+        assert_eq!((ahead.sampled_count, ahead.cpu_seconds), (0, 0.0));
+    }
+
+    /// A computing stage's CPU estimate is of the order of its wall time (a loose bound:
+    /// the machine may be busy, which lowers CPU per wall, never raises it above wall).
+    #[test]
+    fn a_computing_stage_shows_cpu() {
+        let st = Stages::default();
+        for _ in 0..64 {
+            st.hash.time(4096, || {
+                let mut x = 0u64;
+                for i in 0..100_000u64 {
+                    x = std::hint::black_box(x.wrapping_mul(31).wrapping_add(i));
+                }
+                x
+            });
+        }
+        let hash = st
+            .snapshot()
+            .into_iter()
+            .find(|t| t.name == "hash")
+            .unwrap();
+        assert!(hash.sampled_count >= 4, "{hash:?}");
+        assert!(hash.cpu_seconds > 0.0, "{hash:?}");
+    }
 }

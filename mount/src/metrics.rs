@@ -282,10 +282,23 @@ pub fn prometheus(s: &Stats, targets: Option<&TargetsReport>, space: &str) -> St
     o.family(
         "stage_seconds_total",
         C,
-        "Seconds per data-path stage since the space was opened, summed over threads.",
+        "Wall seconds per data-path stage since the space was opened, summed over threads.",
     );
     for st in &s.stages {
         o.sample("stage_seconds_total", &[("stage", &st.name)], st.seconds);
+    }
+    o.family(
+        "stage_cpu_seconds_total",
+        C,
+        "Estimated CPU seconds per data-path stage since the space was opened, summed over \
+         threads (sampled timings' thread CPU).",
+    );
+    for st in &s.stages {
+        o.sample(
+            "stage_cpu_seconds_total",
+            &[("stage", &st.name)],
+            st.cpu_seconds,
+        );
     }
     o.family(
         "stage_bytes_total",
@@ -320,6 +333,7 @@ mod tests {
                 seconds: 1.5,
                 count: 3,
                 bytes: 4096,
+                ..Default::default()
             }],
             ..Stats::default()
         };

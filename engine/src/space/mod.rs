@@ -891,10 +891,10 @@ impl Space {
         if self.meta.room_low() {
             return Err(Error::BackingFull);
         }
-        let t = std::time::Instant::now();
-        let r = file.write(&*self.store, off, data);
-        self.store.stages().ingest.add(t.elapsed(), data.len());
-        r
+        self.store
+            .stages()
+            .ingest
+            .time(data.len(), || file.write(&*self.store, off, data))
     }
 
     /// The chunk store itself: for the engine's own tests and benchmarks, which measure its
@@ -1145,7 +1145,7 @@ impl Space {
             "regular file without a history"
         );
         self.store.flush_sync()?;
-        let t_commit = std::time::Instant::now();
+        let t_commit = self.store.stages().commit.start();
         let taken = self.store.taken_segments();
         let txn = self.begin_write(true)?;
         let rev = {
@@ -1183,7 +1183,7 @@ impl Space {
             rev
         };
         self.commit(txn)?;
-        self.store.stages().commit.add(t_commit.elapsed(), 0);
+        self.store.stages().commit.stop(t_commit, 0);
         self.store.recorded_taken(&taken);
         // Durable now: the pins of the chunks this commit names can go.
         drop(file.take_pins());

@@ -474,9 +474,10 @@ impl ChunkStore {
         codec: Codec,
         bytes: &[u8],
     ) -> Result<ChunkHash> {
-        let t_append = std::time::Instant::now();
-        let r = self.append_new(h, raw_len, codec, bytes);
-        self.stages().append.add(t_append.elapsed(), bytes.len());
+        let r = self
+            .stages()
+            .append
+            .time(bytes.len(), || self.append_new(h, raw_len, codec, bytes));
         // Also after a failure (a full space): buffers queued for writing go out.
         self.write_queued()?;
         r
