@@ -1338,6 +1338,25 @@ fn print_stats(s: &Stats) {
             s.gc.seconds
         );
     }
+    // The data path's stages since the mount (`stages` in --json; README "stages"): what
+    // the daemon's time went to, wall and estimated CPU, summed over threads.
+    let busy: Vec<_> = s
+        .stages
+        .iter()
+        .filter(|t| t.seconds >= 0.01 || t.cpu_seconds >= 0.01)
+        .collect();
+    if !busy.is_empty() {
+        println!("data path since mount (wall / CPU seconds summed over threads, bytes):");
+        for t in busy {
+            println!(
+                "  {:<14} {:>9.2} s {:>9.2} s  {}",
+                t.name,
+                t.seconds,
+                t.cpu_seconds,
+                human(t.bytes)
+            );
+        }
+    }
     if s.carries.spills > 0 {
         println!(
             "carried chunks     {} in memory, {} spilled now; {} spills ({}) since mount",
