@@ -569,7 +569,10 @@ impl Bench<'_> {
                 for rep in 0..self.o.reps {
                     let seed = self.seed(&format!("steps-{w}-{}", layout.name()), rep);
                     let full: Vec<RandomSpec> = (0..w)
-                        .map(|i| RandomSpec::new(mix(seed, i as u64)))
+                        .map(|i| match self.o.data.as_str() {
+                            "field" => RandomSpec::field(mix(seed, i as u64)),
+                            _ => RandomSpec::new(mix(seed, i as u64)),
+                        })
                         .collect();
                     let next: Vec<RandomSpec> = full
                         .iter()
@@ -595,7 +598,8 @@ impl Bench<'_> {
                                         .map_err(|e| format!("rename {n}: {e}"))?;
                                 }
                             }
-                            let data = format!("{w} writers, {}, {label}", layout.name());
+                            let data =
+                                format!("{w} writers, {}, {} {label}", layout.name(), self.o.data);
                             self.record("steps", &data, Access::WriteNn, side, rep, s);
                         }
                         let p = self.path(side, &top);

@@ -67,6 +67,8 @@ pub fn par_pieces(buf: &mut [u8], piece: usize, f: impl Fn(usize, &mut [u8]) + S
 pub struct RandomSpec {
     pub seed: u64,
     pub changed: Option<(u64, u32)>,
+    /// Compressible float64 blocks (`field_block`) instead of random bytes.
+    pub field: bool,
 }
 
 impl RandomSpec {
@@ -74,14 +76,23 @@ impl RandomSpec {
         RandomSpec {
             seed,
             changed: None,
+            field: false,
+        }
+    }
+
+    /// `new`, with compressible float64 blocks (`field_block`).
+    pub fn field(seed: u64) -> RandomSpec {
+        RandomSpec {
+            field: true,
+            ..RandomSpec::new(seed)
         }
     }
 
     /// The next revision of `self` with `per10000`/10000 of the blocks changed.
     pub fn next(self, seed: u64, per10000: u32) -> RandomSpec {
         RandomSpec {
-            seed: self.seed,
             changed: Some((seed, per10000)),
+            ..self
         }
     }
 
@@ -103,15 +114,24 @@ impl RandomSpec {
             let b = abs / BLOCK as u64;
             let within = (abs % BLOCK as u64) as usize;
             let n = (BLOCK - within).min(buf.len() - pos);
-            let mut rng = SmallRng::seed_from_u64(self.block_seed(b));
+            let seed = self.block_seed(b);
             if within == 0 && n == BLOCK {
-                rng.fill_bytes(&mut buf[pos..pos + n]);
+                self.block(seed, &mut buf[pos..pos + n]);
             } else {
                 tmp.resize(BLOCK, 0);
-                rng.fill_bytes(&mut tmp);
+                self.block(seed, &mut tmp);
                 buf[pos..pos + n].copy_from_slice(&tmp[within..within + n]);
             }
             pos += n;
+        }
+    }
+
+    /// One whole block's bytes from its seed.
+    fn block(&self, seed: u64, out: &mut [u8]) {
+        if self.field {
+            field_block(seed, out)
+        } else {
+            SmallRng::seed_from_u64(seed).fill_bytes(out)
         }
     }
 
@@ -197,6 +217,27 @@ fn diffuse(u: &[f64], out: &mut [f64], w: usize, h: usize) {
             });
         }
     });
+}
+
+/// A 64-KiB block of float64 values like a simulation field's: one Gaussian bump of random
+/// height, place and width over a zero background, so about half the values are non-zero
+/// (their mantissas barely compress, the zeros do): LZ4 stores such blocks at about half,
+/// as it does `field`. Block-addressable, so writer processes generate their own parts.
+pub fn field_block(seed: u64, out: &mut [u8]) {
+    let mut rng = SmallRng::seed_from_u64(mix(seed, name_label("field block")));
+    let n = out.len() / 8;
+    let amp = 1.0 + 299.0 * rng.random::<f64>();
+    let center = rng.random::<f64>() * n as f64;
+    // exp(-x^2) falls below f64's smallest normal past |x| of about 26.6, so a bump of
+    // width w spans 53.2 w values: n / 53.2 * (0.25..0.65) leaves 25-65% of the block
+    // non-zero (less where the bump hangs over the block's edge).
+    let width = n as f64 / 53.2 * (0.25 + 0.4 * rng.random::<f64>());
+    for (i, c) in out.chunks_exact_mut(8).enumerate() {
+        let x = (i as f64 - center) / width;
+        let v = amp * (-x * x).exp();
+        let v = if v < f64::MIN_POSITIVE { 0.0 } else { v };
+        c.copy_from_slice(&v.to_le_bytes());
+    }
 }
 
 /// A float64 field after a few diffusion steps from Gaussian blobs over a zero background plus
@@ -343,6 +384,24 @@ pub fn finetune_next(base: &[u8], seed: u64) -> Vec<u8> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Field blocks are about half non-zero and compress to about half with LZ4, every
+    /// block is generated from its own seed alone, and a next revision keeps the kind.
+    #[test]
+    fn field_blocks_compress_to_about_half_and_are_addressable() {
+        let spec = RandomSpec::field(3);
+        let data = spec.generate(64 * BLOCK);
+        let packed: usize = data
+            .chunks(BLOCK)
+            .map(|b| lz4_flex::block::compress(b).len())
+            .sum();
+        let ratio = packed as f64 / data.len() as f64;
+        assert!((0.3..0.75).contains(&ratio), "LZ4 ratio {ratio}");
+        let mut part = vec![0u8; 3 * BLOCK + 100];
+        spec.fill(5 * BLOCK as u64 + 7, &mut part);
+        assert_eq!(part, data[5 * BLOCK + 7..8 * BLOCK + 107]);
+        assert!(spec.next(9, 500).field);
+    }
 
     #[test]
     fn random_is_block_addressed() {

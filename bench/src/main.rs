@@ -81,6 +81,9 @@ pub struct Opts {
     /// Leave the plain files and the ckptfs space in DIR afterwards
     #[arg(long)]
     pub keep: bool,
+    /// Data of `steps`: random bytes, or compressible float64 field blocks (`field`)
+    #[arg(long, default_value = "random", value_parser = ["random", "field"])]
+    pub data: String,
     /// Writer counts of `steps` (those above max(8, cores) are left out)
     #[arg(long, value_delimiter = ',', default_value = "1,4,8,16")]
     pub writers: Vec<usize>,

@@ -159,6 +159,7 @@ impl Task {
             "path": self.path.to_string_lossy(),
             "seed": self.spec.seed,
             "changed": self.spec.changed.map(|(s, p)| json!([s, p])),
+            "field": self.spec.field,
             "ranges": self.ranges.iter().map(|&(o, l)| json!([o, l])).collect::<Vec<_>>(),
             "block": self.block,
         })
@@ -186,6 +187,7 @@ impl Task {
             spec: RandomSpec {
                 seed: v["seed"].as_u64().ok_or_else(bad)?,
                 changed: changed.map(|(s, p)| (s, p as u32)),
+                field: v["field"].as_bool().unwrap_or(false),
             },
             ranges: v["ranges"]
                 .as_array()
