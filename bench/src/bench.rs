@@ -296,8 +296,9 @@ impl Bench<'_> {
         Ok((self.after(p, s)?, g))
     }
 
+    /// One writer per name, --size split over them.
     fn write_tasks(&self, side: Side, names: &[String], specs: &[RandomSpec]) -> Vec<Task> {
-        let part = (self.o.size / self.o.procs as u64).max(1);
+        let part = (self.o.size / names.len().max(1) as u64).max(1);
         names
             .iter()
             .zip(specs)
@@ -588,7 +589,7 @@ impl Bench<'_> {
                                 .map_err(|e| format!("mkdir {dir}: {e}"))?;
                             let names: Vec<String> =
                                 (0..w).map(|i| format!("{dir}/{}", name(i))).collect();
-                            let tasks = self.steps_tasks(side, &names, specs);
+                            let tasks = self.write_tasks(side, &names, specs);
                             let (s, g) = self.timed_group(side, &tasks, true)?;
                             g.finish()?;
                             if layout == Layout::TempRename {
@@ -611,25 +612,6 @@ impl Bench<'_> {
             }
         }
         Ok(())
-    }
-
-    /// `write_tasks` for `steps`: --size split over these writers.
-    fn steps_tasks(&self, side: Side, names: &[String], specs: &[RandomSpec]) -> Vec<Task> {
-        let part = (self.o.size / names.len() as u64).max(1);
-        names
-            .iter()
-            .zip(specs)
-            .map(|(n, spec)| Task {
-                op: Op::Write {
-                    truncate: true,
-                    fsync: side == Side::Plain,
-                },
-                path: self.path(side, n),
-                spec: *spec,
-                ranges: vec![(0, part)],
-                block: self.block(),
-            })
-            .collect()
     }
 
     /// N-1: every process writes its part of one shared, pre-created file; then the whole file

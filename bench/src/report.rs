@@ -561,36 +561,18 @@ impl Results {
     /// Per row: scenario, data, ckptfs wall seconds and the daemon's stage seconds, both summed
     /// over repetitions. None when the daemon reported no stages (an older ckptfs).
     pub fn stage_table(&self) -> Option<String> {
-        let rows: Vec<(&Row, Stages)> = self
-            .rows
-            .iter()
-            .filter_map(|r| Some((r, r.stages()?)))
-            .collect();
-        if rows.is_empty() {
-            return None;
-        }
-        let w0 = rows.iter().map(|(r, _)| r.scenario.chars().count()).max();
-        let w1 = rows.iter().map(|(r, _)| r.data.chars().count()).max();
-        let (w0, w1) = (w0.unwrap_or(0), w1.unwrap_or(0));
-        let mut out = String::from(
-            "daemon stage seconds (summed over threads and reps; wall = ckptfs timed seconds)\n",
-        );
-        for (r, st) in rows {
-            let mut line = format!(
-                "{:<w0$} | {:<w1$} | wall {:.2}",
-                r.scenario,
-                r.data,
-                r.ckptfs_wall()
-            );
-            for (k, v) in ordered(&st) {
-                if v >= STAGE_MIN_S {
-                    line += &format!("  {k} {v:.2}");
-                }
-            }
-            out += &line;
-            out.push('\n');
-        }
-        Some(out)
+        self.per_row_table(
+            "daemon stage seconds (summed over threads and reps; wall = ckptfs timed seconds)",
+            Row::stages,
+            |r, _| format!("wall {:.2}", r.ckptfs_wall()),
+            |st| {
+                ordered(st)
+                    .into_iter()
+                    .map(|(k, v)| (k.to_string(), v))
+                    .collect()
+            },
+            STAGE_MIN_S,
+        )
     }
 
     /// Per row: the daemon's estimated CPU seconds per GiB by stage (sampled thread CPU, see
@@ -598,72 +580,73 @@ impl Results {
     /// the difference is CPU no stage timed (the FUSE transport in the kernel, lookups,
     /// opens, closes). `predict` and `predict_miss` are parts of `cut` and not added again.
     pub fn stage_cpu_table(&self) -> Option<String> {
-        let rows: Vec<(&Row, Stages)> = self
-            .rows
-            .iter()
-            .filter_map(|r| Some((r, r.stage_cpu_per_gib()?)))
-            .collect();
-        if rows.is_empty() {
-            return None;
-        }
-        let w0 = rows.iter().map(|(r, _)| r.scenario.chars().count()).max();
-        let w1 = rows.iter().map(|(r, _)| r.data.chars().count()).max();
-        let (w0, w1) = (w0.unwrap_or(0), w1.unwrap_or(0));
-        let mut out = String::from(
+        self.per_row_table(
             "daemon CPU seconds per GiB by stage (estimated from sampled thread CPU; in \
              stages: their sum, predict and predict_miss counted within cut; daemon: all its \
-             CPU)\n",
-        );
-        for (r, st) in rows {
-            let inside: f64 = st
-                .iter()
-                .filter(|(k, _)| !matches!(k.as_str(), "predict" | "predict_miss"))
-                .map(|(_, v)| v)
-                .sum();
-            let all = r
-                .cpu_per_gib()
-                .map_or("-".to_string(), |c| format!("{c:.2}"));
-            let mut line = format!(
-                "{:<w0$} | {:<w1$} | daemon {all}  in stages {inside:.2}",
-                r.scenario, r.data
-            );
-            for (k, v) in ordered(&st) {
-                if v >= 0.005 {
-                    line += &format!("  {k} {v:.2}");
-                }
-            }
-            out += &line;
-            out.push('\n');
-        }
-        Some(out)
+             CPU)",
+            Row::stage_cpu_per_gib,
+            |r, st| {
+                let inside: f64 = st
+                    .iter()
+                    .filter(|(k, _)| !matches!(k.as_str(), "predict" | "predict_miss"))
+                    .map(|(_, v)| v)
+                    .sum();
+                let all = r
+                    .cpu_per_gib()
+                    .map_or("-".to_string(), |c| format!("{c:.2}"));
+                format!("daemon {all}  in stages {inside:.2}")
+            },
+            |st| {
+                ordered(st)
+                    .into_iter()
+                    .map(|(k, v)| (k.to_string(), v))
+                    .collect()
+            },
+            0.005,
+        )
     }
 
     /// Per row: the daemon's CPU seconds per GiB by thread group (over all ckptfs
     /// repetitions), largest first. None when no row has them.
     pub fn thread_table(&self) -> Option<String> {
-        let rows: Vec<(&Row, Stages)> = self
-            .rows
-            .iter()
-            .filter_map(|r| Some((r, r.threads_per_gib()?)))
-            .collect();
+        self.per_row_table(
+            "daemon CPU seconds per GiB by thread (utime+stime; digits dropped from names; \
+             exited: threads that ended during the timed part)",
+            Row::threads_per_gib,
+            |_, th| format!("all {:.2}", th.values().sum::<f64>()),
+            |th| {
+                let mut v: Vec<(String, f64)> = th.clone().into_iter().collect();
+                v.sort_by(|a, b| b.1.total_cmp(&a.1));
+                v
+            },
+            0.005,
+        )
+    }
+
+    /// One line per row that has `of`: scenario, data, `head`, then the `items` of at least
+    /// `min`, under `title`. None when no row has them.
+    fn per_row_table(
+        &self,
+        title: &str,
+        of: impl Fn(&Row) -> Option<Stages>,
+        head: impl Fn(&Row, &Stages) -> String,
+        items: impl Fn(&Stages) -> Vec<(String, f64)>,
+        min: f64,
+    ) -> Option<String> {
+        let rows: Vec<(&Row, Stages)> =
+            self.rows.iter().filter_map(|r| Some((r, of(r)?))).collect();
         if rows.is_empty() {
             return None;
         }
         let w0 = rows.iter().map(|(r, _)| r.scenario.chars().count()).max();
         let w1 = rows.iter().map(|(r, _)| r.data.chars().count()).max();
         let (w0, w1) = (w0.unwrap_or(0), w1.unwrap_or(0));
-        let mut out = String::from(
-            "daemon CPU seconds per GiB by thread (utime+stime; digits dropped from names; \
-             exited: threads that ended during the timed part)\n",
-        );
-        for (r, th) in rows {
-            let total: f64 = th.values().sum();
-            let mut line = format!("{:<w0$} | {:<w1$} | all {total:.2}", r.scenario, r.data);
-            let mut v: Vec<(String, f64)> = th.into_iter().collect();
-            v.sort_by(|a, b| b.1.total_cmp(&a.1));
-            for (k, x) in v {
-                if x >= 0.005 {
-                    line += &format!("  {k} {x:.2}");
+        let mut out = format!("{title}\n");
+        for (r, st) in rows {
+            let mut line = format!("{:<w0$} | {:<w1$} | {}", r.scenario, r.data, head(r, &st));
+            for (k, v) in items(&st) {
+                if v >= min {
+                    line += &format!("  {k} {v:.2}");
                 }
             }
             out += &line;
