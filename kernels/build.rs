@@ -2,7 +2,13 @@
 //! kernels' logic runs and is tested on machines without a GPU. Needs only a C++ compiler.
 
 fn main() {
-    for f in ["cuda/lz4.cu", "cuda/float.cu", "cuda/emu.h", "cuda/emu.cpp"] {
+    for f in [
+        "cuda/lz4.cu",
+        "cuda/float.cu",
+        "cuda/hash.cu",
+        "cuda/emu.h",
+        "cuda/emu.cpp",
+    ] {
         println!("cargo:rerun-if-changed={f}");
     }
     cc::Build::new()

@@ -3,6 +3,7 @@
 #include "emu.h"
 #include "lz4.cu"
 #include "float.cu"
+#include "hash.cu"
 
 namespace {
 struct CompressArgs {
@@ -54,6 +55,41 @@ void float_body(void* p)
     ckpt_float_compress(a->in, a->offs, a->lens, a->transforms, a->out, a->out_offs,
                         a->out_lens, a->count);
 }
+
+struct Blake3Args {
+    const u8* in;
+    const u64* offs;
+    const u32* lens;
+    u32* cvs;
+    const u64* cv_offs;
+    u8* out;
+    u32 count;
+};
+
+void blake3_body(void* p)
+{
+    Blake3Args* a = (Blake3Args*)p;
+    ckpt_blake3(a->in, a->offs, a->lens, a->cvs, a->cv_offs, a->out, a->count);
+}
+
+struct GearArgs {
+    const u8* in;
+    const u64* offs;
+    const u32* lens;
+    const u64* gear;
+    u64 mask_s;
+    u64 mask_l;
+    u32* bits;
+    const u64* bit_offs;
+    u32 count;
+};
+
+void gear_body(void* p)
+{
+    GearArgs* a = (GearArgs*)p;
+    ckpt_gear_candidates(a->in, a->offs, a->lens, a->gear, a->mask_s, a->mask_l, a->bits,
+                         a->bit_offs, a->count);
+}
 } // namespace
 
 // One block per chunk, 32 threads, as the GPU launch does. Returns 0, or -1 on a barrier
@@ -79,4 +115,19 @@ extern "C" int ckpt_emu_float_compress(const u8* in, const u64* offs, const u32*
 {
     FloatArgs a = {in, offs, lens, transforms, out, out_offs, out_lens, count};
     return emu_run_blocks(count, 0, count, 32, float_body, &a);
+}
+
+extern "C" int ckpt_emu_blake3(const u8* in, const u64* offs, const u32* lens, u32* cvs,
+                               const u64* cv_offs, u8* out, u32 count)
+{
+    Blake3Args a = {in, offs, lens, cvs, cv_offs, out, count};
+    return emu_run_blocks(count, 0, count, 32, blake3_body, &a);
+}
+
+extern "C" int ckpt_emu_gear_candidates(const u8* in, const u64* offs, const u32* lens,
+                                        const u64* gear, u64 mask_s, u64 mask_l, u32* bits,
+                                        const u64* bit_offs, u32 count)
+{
+    GearArgs a = {in, offs, lens, gear, mask_s, mask_l, bits, bit_offs, count};
+    return emu_run_blocks(count, 0, count, 32, gear_body, &a);
 }

@@ -34,6 +34,27 @@ extern "C" {
         out_lens: *mut u32,
         count: u32,
     ) -> i32;
+    fn ckpt_emu_blake3(
+        input: *const u8,
+        offs: *const u64,
+        lens: *const u32,
+        cvs: *mut u32,
+        cv_offs: *const u64,
+        out: *mut u8,
+        count: u32,
+    ) -> i32;
+    #[allow(clippy::too_many_arguments)]
+    fn ckpt_emu_gear_candidates(
+        input: *const u8,
+        offs: *const u64,
+        lens: *const u32,
+        gear: *const u64,
+        mask_s: u64,
+        mask_l: u64,
+        bits: *mut u32,
+        bit_offs: *const u64,
+        count: u32,
+    ) -> i32;
 }
 
 /// The kernels emulated on the CPU. Chunks are shared out over all cores.
@@ -132,6 +153,89 @@ impl Emu {
             }
         })?;
         Ok(b.frames(&out, &out_lens))
+    }
+}
+
+impl Emu {
+    /// BLAKE3 of each piece by the kernel `ckpt_blake3` (`cuda/hash.cu`): must equal
+    /// `blake3::hash` of it.
+    pub fn blake3(&self, pieces: &[&[u8]]) -> Result<Vec<[u8; 32]>> {
+        check_batch(pieces)?;
+        let p = pack(pieces.iter().copied());
+        // Scratch: 8 words per 1 KiB chunk of each piece.
+        let mut cv_offs = Vec::with_capacity(pieces.len());
+        let mut words = 0u64;
+        for c in pieces {
+            cv_offs.push(words);
+            words += 8 * c.len().div_ceil(1024).max(1) as u64;
+        }
+        let mut cvs = vec![0u32; words as usize];
+        let mut out = vec![0u8; 32 * pieces.len()];
+        let (o, cv) = (Shared(out.as_mut_ptr()), Shared(cvs.as_mut_ptr()));
+        split(pieces.len(), |first, n| {
+            let (o, cv) = (o, cv);
+            // SAFETY: the arrays hold one entry per piece; piece i's scratch is its own
+            // cv_offs[i] range and its hash the 32 bytes at 32 i; the kernel touches only
+            // pieces [first, first + n).
+            unsafe {
+                ckpt_emu_blake3(
+                    p.bytes.as_ptr(),
+                    p.offs.as_ptr().add(first),
+                    p.lens.as_ptr().add(first),
+                    cv.0,
+                    cv_offs.as_ptr().add(first),
+                    o.0.add(32 * first),
+                    n as u32,
+                )
+            }
+        })?;
+        Ok(out
+            .chunks_exact(32)
+            .map(|h| h.try_into().expect("32 bytes"))
+            .collect())
+    }
+
+    /// The candidate bitmap of each piece by the kernel `ckpt_gear_candidates`: must equal
+    /// `cut::candidates`, and `cut::cuts` over it must equal FastCDC's cuts.
+    pub fn gear_candidates(
+        &self,
+        pieces: &[&[u8]],
+        p: &crate::cut::GearParams,
+    ) -> Result<Vec<Vec<u32>>> {
+        check_batch(pieces)?;
+        let packed = pack(pieces.iter().copied());
+        let mut bit_offs = Vec::with_capacity(pieces.len());
+        let mut words = 0u64;
+        for c in pieces {
+            bit_offs.push(words);
+            words += c.len().div_ceil(32) as u64;
+        }
+        let mut bits = vec![0u32; words as usize];
+        let b = Shared(bits.as_mut_ptr());
+        split(pieces.len(), |first, n| {
+            // The whole `Shared` (which is Sync), not its raw pointer field, is captured.
+            let b = &b;
+            // SAFETY: one entry per piece in every array; piece i writes only its own words
+            // from bit_offs[i]; the kernel touches only pieces [first, first + n).
+            unsafe {
+                ckpt_emu_gear_candidates(
+                    packed.bytes.as_ptr(),
+                    packed.offs.as_ptr().add(first),
+                    packed.lens.as_ptr().add(first),
+                    p.gear.as_ptr(),
+                    p.mask_s,
+                    p.mask_l,
+                    b.0,
+                    bit_offs.as_ptr().add(first),
+                    n as u32,
+                )
+            }
+        })?;
+        Ok(bit_offs
+            .iter()
+            .zip(pieces)
+            .map(|(&o, c)| bits[o as usize..o as usize + c.len().div_ceil(32)].to_vec())
+            .collect())
     }
 }
 
