@@ -15,7 +15,7 @@ use crate::format::{ChunkHash, ChunkParams, Extent};
 use crate::pins::ChunkPins;
 pub use crate::pipeline::ChunkIo;
 use crate::pipeline::Predictor;
-use crate::pipeline::{Permit, Piece, Ticket};
+use crate::pipeline::{Permit, Piece, SharedBytes, Ticket};
 use crate::spill::{Carries, Charge, Spill, SpillFile, SpillSlot};
 use std::collections::{BTreeMap, VecDeque};
 use std::sync::Arc;
@@ -304,7 +304,7 @@ struct CutInner {
     /// Segments handed over, in order and back to back, until they are cut (then their
     /// bytes are in pieces, taken or in `out`, and in the carry); reads see the stream
     /// through them, `out` and the carry.
-    segs: VecDeque<(u64, Arc<Vec<u8>>)>,
+    segs: VecDeque<(u64, SharedBytes)>,
     /// Index in `segs` of the first segment not yet cut, and the bytes from there on.
     next: usize,
     queued: usize,
@@ -468,7 +468,7 @@ impl CutState {
                 } else if g.finish && !g.carry.is_empty() {
                     let carry = g.carry.clone();
                     let cutter = g.cutter.take().expect("one cutter runs at a time");
-                    (g.carry_start, carry, Arc::new(Vec::new()), true, cutter)
+                    (g.carry_start, carry, SharedBytes::default(), true, cutter)
                 } else {
                     g.running = false;
                     drop(g);
@@ -750,7 +750,7 @@ impl Cutter {
     /// `last` (else more bytes may move its cut). Returns where the cut chunks end.
     fn run(
         &mut self,
-        buf: &Arc<Vec<u8>>,
+        buf: &SharedBytes,
         from: usize,
         base: u64,
         last: bool,
@@ -880,7 +880,7 @@ fn cut_segment(
     cutter: &mut Cutter,
     start: u64,
     carry: &[u8],
-    seg: Arc<Vec<u8>>,
+    seg: SharedBytes,
     last: bool,
 ) -> (Vec<(u64, Piece, bool)>, u64, Vec<u8>) {
     #[cfg(test)]
@@ -898,7 +898,7 @@ fn cut_segment(
             let mut joined = Vec::with_capacity(carry_len + head);
             joined.extend_from_slice(carry);
             joined.extend_from_slice(&seg[..head]);
-            Arc::new(joined)
+            SharedBytes::from(joined)
         };
         if full == seg.len() {
             // Everything is in the joined buffer (a short segment): cut it like a stream.
@@ -908,7 +908,7 @@ fn cut_segment(
                 // Nothing cut (a short segment of a file written in small requests): the
                 // joined bytes are the new carry, without copying them once more.
                 debug_assert!(pieces.is_empty());
-                let all = Arc::try_unwrap(joined).unwrap_or_else(|j| (*j).clone());
+                let all = joined.into_vec();
                 return (pieces, start, all);
             }
             let rest = joined[end..].to_vec();
@@ -951,7 +951,7 @@ fn cut_segment(
             // Cannot happen (see above); kept total by cutting a full joined copy.
             let mut all = carry.to_vec();
             all.extend_from_slice(&seg);
-            return cut_segment(cutter, start, &all, Arc::new(Vec::new()), last);
+            return cut_segment(cutter, start, &all, SharedBytes::default(), last);
         };
         from = end - carry_len;
     }
@@ -975,7 +975,7 @@ fn cut_by_size(
     let mut all = Vec::with_capacity(carry.len() + seg.len());
     all.extend_from_slice(carry);
     all.extend_from_slice(seg);
-    let all = Arc::new(all);
+    let all = SharedBytes::from(all);
     let max = p.max_bytes as usize;
     let whole = if last {
         all.len()
@@ -996,18 +996,18 @@ fn cut_by_size(
 /// as the carry, a joined copy of a long carry cut near its start) they get buffers of their
 /// own, so pieces never keep more than twice their bytes alive: the rest of the buffer is
 /// copied into the carry anyway.
-fn compact_sparse(pieces: &mut [(u64, Piece, bool)], buf: &Arc<Vec<u8>>) {
+fn compact_sparse(pieces: &mut [(u64, Piece, bool)], buf: &SharedBytes) {
     let shared: usize = pieces
         .iter()
         .filter(|(_, p, _)| p.shares(buf))
         .map(|(_, p, _)| p.len())
         .sum();
-    if shared == 0 || shared * 2 >= buf.capacity() {
+    if shared == 0 || shared * 2 >= buf.held() {
         return;
     }
     for (_, p, _) in pieces.iter_mut() {
         if p.shares(buf) {
-            let taken = std::mem::replace(p, Piece::new(Arc::default(), 0, 0));
+            let taken = std::mem::replace(p, Piece::new(SharedBytes::default(), 0, 0));
             *p = taken.compacted();
         }
     }
@@ -1165,6 +1165,24 @@ impl FileState {
     }
 
     pub fn write(&mut self, c: &dyn ChunkIo, off: u64, data: &[u8]) -> Result<()> {
+        self.write_from(c, off, data, None)
+    }
+
+    /// `write` of bytes the caller shares (`SharedBytes::window` of the request they came
+    /// in): a write that starts a stream and fills a whole segment becomes that segment as
+    /// it is, without being copied into a stream buffer first. Everything else is as
+    /// `write` (the bytes are copied where they join a buffer).
+    pub fn write_shared(&mut self, c: &dyn ChunkIo, off: u64, data: SharedBytes) -> Result<()> {
+        self.write_from(c, off, &data, Some(&data))
+    }
+
+    fn write_from(
+        &mut self,
+        c: &dyn ChunkIo,
+        off: u64,
+        data: &[u8],
+        shared: Option<&SharedBytes>,
+    ) -> Result<()> {
         if data.is_empty() {
             return Ok(());
         }
@@ -1196,6 +1214,13 @@ impl FileState {
             if self.dirty_intersects(off, end) {
                 self.flush_dirty(c)?;
             }
+            let cut = self.stream_cut_bytes(c);
+            if let Some(sh) = shared.filter(|_| data.len() >= cut) {
+                // A whole segment in the request's own buffer: it is the segment.
+                self.size = end;
+                self.hand_over(c, off, sh.clone(), false);
+                return self.retire(c, false);
+            }
             // A request that nearly fills the stream (the head of a large write the kernel
             // split at a page boundary) gets room for the rest, so the tail does not double a
             // 1 MiB buffer into 2 MiB.
@@ -1203,7 +1228,6 @@ impl FileState {
                 .cutters()
                 .and_then(|p| p.live_streams())
                 .map(LiveStream::new);
-            let cut = self.stream_cut_bytes(c);
             let mut buf = Vec::with_capacity(if data.len() >= cut / 2 {
                 cut.max(data.len())
             } else {
@@ -1288,7 +1312,7 @@ impl FileState {
 
     /// Hands stream bytes at `start` to the cutter (a new cut if none takes bytes); with
     /// `finish` the stream ends there. Waits while the cutter is `CUT_QUEUE_BYTES` behind.
-    fn hand_over(&mut self, c: &dyn ChunkIo, start: u64, buf: Vec<u8>, finish: bool) {
+    fn hand_over(&mut self, c: &dyn ChunkIo, start: u64, buf: SharedBytes, finish: bool) {
         // A stream that starts elsewhere than where the open cut ends (a writer that skipped
         // ahead after its whole buffer was handed over) is a new stream: the open one ends.
         let open = self.open_cut();
@@ -1326,7 +1350,7 @@ impl FileState {
             assert_eq!(g.end, start, "stream segments are back to back");
             g.end = start + buf.len() as u64;
             g.queued += buf.len();
-            g.segs.push_back((start, Arc::new(buf)));
+            g.segs.push_back((start, buf));
             g.finish |= finish;
             !std::mem::replace(&mut g.running, true)
         };
@@ -1583,7 +1607,7 @@ impl FileState {
     /// ends: its last chunk is cut at its end.
     fn cut_stream(&mut self, c: &dyn ChunkIo, all: bool) -> Result<()> {
         match self.stream.take() {
-            Some(s) => self.hand_over(c, s.start, s.buf, all),
+            Some(s) => self.hand_over(c, s.start, s.buf.into(), all),
             None if all => self.end_cut(c),
             None => {}
         }
@@ -1637,7 +1661,7 @@ impl FileState {
     pub fn release(&mut self, c: &dyn ChunkIo, all: bool) -> Result<()> {
         if all {
             if let Some(s) = self.stream.take() {
-                self.hand_over(c, s.start, s.buf, false);
+                self.hand_over(c, s.start, s.buf.into(), false);
             }
             // Not when there are none: handing over pieces ends the cut in progress.
             if !self.dirty.is_empty() {
@@ -1654,7 +1678,7 @@ impl FileState {
             let b_start = b * bs;
             if b_start < self.size {
                 let len = bs.min(self.size - b_start) as usize;
-                pieces.push((b_start, Piece::new(Arc::new(blk.into_vec()), 0, len)));
+                pieces.push((b_start, Piece::new(blk.into_vec().into(), 0, len)));
             }
         }
         self.emit(c, pieces)
@@ -2327,7 +2351,7 @@ pub(crate) mod tests {
         while at < data.len() {
             let n = rng.random_range(1..max_seg).min(data.len() - at);
             let last = at + n == data.len();
-            let seg = Arc::new(data[at..at + n].to_vec());
+            let seg = SharedBytes::from(data[at..at + n].to_vec());
             let (pieces, s, c) = cut_segment(cutter, start, &carry, seg, last);
             for (off, piece, zero) in pieces {
                 let want = &data[off as usize..off as usize + piece.len()];

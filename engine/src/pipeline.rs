@@ -177,11 +177,112 @@ impl Cutters for Pipeline {
     }
 }
 
+/// Bytes that stream segments and the pieces cut from them share: a buffer of the engine's
+/// own, or a window of a buffer the caller handed over (the FUSE request a write arrived
+/// in), so a large write is cut and stored without being copied first. Cloning shares.
+#[derive(Clone)]
+pub struct SharedBytes {
+    owner: Owner,
+    start: usize,
+    len: usize,
+}
+
+#[derive(Clone)]
+enum Owner {
+    Vec(Arc<Vec<u8>>),
+    /// With the bytes the buffer keeps in memory, as its giver counted them.
+    Other(Arc<dyn AsRef<[u8]> + Send + Sync>, usize),
+}
+
+impl Owner {
+    fn all(&self) -> &[u8] {
+        match self {
+            Owner::Vec(v) => v,
+            Owner::Other(o, _) => (**o).as_ref(),
+        }
+    }
+}
+
+impl SharedBytes {
+    /// `len` bytes at `start` of what `owner` holds, which keeps `held` bytes in memory
+    /// (what `held` reports); the bytes must not change while shared (a FUSE request
+    /// buffer is reused only once no window of it is left).
+    pub fn window(
+        owner: Arc<dyn AsRef<[u8]> + Send + Sync>,
+        start: usize,
+        len: usize,
+        held: usize,
+    ) -> Self {
+        assert!(
+            start + len <= (*owner).as_ref().len(),
+            "window inside its buffer"
+        );
+        SharedBytes {
+            owner: Owner::Other(owner, held.max(len)),
+            start,
+            len,
+        }
+    }
+
+    /// Memory the buffer these bytes are in keeps alive.
+    pub(crate) fn held(&self) -> usize {
+        match &self.owner {
+            Owner::Vec(v) => v.capacity(),
+            Owner::Other(_, held) => *held,
+        }
+    }
+
+    /// Whether both are windows of the same buffer.
+    pub(crate) fn same_buffer(&self, other: &SharedBytes) -> bool {
+        match (&self.owner, &other.owner) {
+            (Owner::Vec(a), Owner::Vec(b)) => Arc::ptr_eq(a, b),
+            (Owner::Other(a, _), Owner::Other(b, _)) => {
+                std::ptr::addr_eq(Arc::as_ptr(a), Arc::as_ptr(b))
+            }
+            _ => false,
+        }
+    }
+
+    /// The bytes as a vector of their own: without copying where this is the only holder
+    /// of a whole vector.
+    pub(crate) fn into_vec(self) -> Vec<u8> {
+        match self.owner {
+            Owner::Vec(v) if self.start == 0 && self.len == v.len() => {
+                Arc::try_unwrap(v).unwrap_or_else(|v| (*v).clone())
+            }
+            o => o.all()[self.start..self.start + self.len].to_vec(),
+        }
+    }
+}
+
+impl From<Vec<u8>> for SharedBytes {
+    fn from(v: Vec<u8>) -> Self {
+        SharedBytes {
+            len: v.len(),
+            start: 0,
+            owner: Owner::Vec(Arc::new(v)),
+        }
+    }
+}
+
+impl Default for SharedBytes {
+    fn default() -> Self {
+        Vec::new().into()
+    }
+}
+
+impl std::ops::Deref for SharedBytes {
+    type Target = [u8];
+    fn deref(&self) -> &[u8] {
+        &self.owner.all()[self.start..self.start + self.len]
+    }
+}
+
 /// A slice of a shared buffer: the bytes of one chunk, without copying them out of the
-/// stream buffer or dirty block they were written into.
+/// stream buffer, request or dirty block they were written into.
 #[derive(Clone)]
 pub struct Piece {
-    buf: Arc<Vec<u8>>,
+    buf: SharedBytes,
     start: usize,
     len: usize,
     /// The blake3 of exactly these bytes, where the cutter already computed it (a predicted
@@ -190,7 +291,7 @@ pub struct Piece {
 }
 
 impl Piece {
-    pub fn new(buf: Arc<Vec<u8>>, start: usize, len: usize) -> Self {
+    pub fn new(buf: SharedBytes, start: usize, len: usize) -> Self {
         assert!(start + len <= buf.len());
         Piece {
             buf,
@@ -201,7 +302,7 @@ impl Piece {
     }
 
     /// A piece whose hash the caller computed over `buf[start..start + len]`.
-    pub fn hashed(buf: Arc<Vec<u8>>, start: usize, len: usize, hash: ChunkHash) -> Self {
+    pub fn hashed(buf: SharedBytes, start: usize, len: usize, hash: ChunkHash) -> Self {
         debug_assert_eq!(ChunkHash::of(&buf[start..start + len]), hash);
         Piece {
             hash: Some(hash),
@@ -227,15 +328,15 @@ impl Piece {
     }
 
     /// Whether the piece's bytes lie in `buf`.
-    pub fn shares(&self, buf: &Arc<Vec<u8>>) -> bool {
-        Arc::ptr_eq(&self.buf, buf)
+    pub fn shares(&self, buf: &SharedBytes) -> bool {
+        self.buf.same_buffer(buf)
     }
 
     /// The same bytes in a buffer of their own, letting go of the one shared with other
     /// pieces or a cutter's carry.
     pub fn compacted(self) -> Piece {
         Piece {
-            buf: Arc::new(self.bytes().to_vec()),
+            buf: self.bytes().to_vec().into(),
             start: 0,
             len: self.len,
             hash: self.hash,

@@ -1489,6 +1489,22 @@ impl Fs {
         off: u64,
         data: &[u8],
     ) -> Result<usize> {
+        self.write_shared(ino, fh, pid, off, data, None)
+    }
+
+    /// `write`, where `shared` (if any) holds the same bytes as `data` in a buffer the
+    /// caller lets the engine keep (the FUSE request's): a write that fills a whole stream
+    /// segment is then not copied (`Space::ingest_shared`).
+    pub fn write_shared(
+        &self,
+        ino: InodeId,
+        fh: HandleId,
+        pid: u32,
+        off: u64,
+        data: &[u8],
+        shared: Option<ckptfs_engine::pipeline::SharedBytes>,
+    ) -> Result<usize> {
+        debug_assert!(shared.as_deref().is_none_or(|s| s == data));
         let ino = self.via_handle(ino, fh);
         self.writable(ino)?;
         if off
@@ -1513,7 +1529,7 @@ impl Fs {
                 (self.open_ref(ino, None, false, false)?, true)
             }
         };
-        let mut r = self.write_node(ino, &node, fh, pid, off, data);
+        let mut r = self.write_node(ino, &node, fh, pid, off, (data, shared.as_ref()));
         if internal {
             // No close will follow for these bytes: commit them now, before the reference
             // goes (a node nothing references is forgotten, uncommitted changes and all).
@@ -1534,10 +1550,14 @@ impl Fs {
         fh: HandleId,
         pid: u32,
         off: u64,
-        data: &[u8],
+        (data, shared): (&[u8], Option<&ckptfs_engine::pipeline::SharedBytes>),
     ) -> Result<usize> {
         let mut n = node.lock();
-        let mut r = self.space.ingest(&mut n.file, off, data);
+        let ingest = |file: &mut ckptfs_engine::filemap::FileState| match shared {
+            Some(sh) => self.space.ingest_shared(file, off, sh.clone()),
+            None => self.space.ingest(file, off, data),
+        };
+        let mut r = ingest(&mut n.file);
         // Rewriting the same bytes at the same offset is idempotent, so a write that stopped
         // half way is simply done again after gc made room.
         let mut tries = 0;
@@ -1549,7 +1569,7 @@ impl Fs {
             {
                 return Err(e.into());
             }
-            r = self.space.ingest(&mut n.file, off, data);
+            r = ingest(&mut n.file);
         }
         Self::touched_by(&mut n, fh, pid);
         drop(n);

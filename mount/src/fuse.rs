@@ -960,8 +960,14 @@ impl Filesystem for CkptFs {
             false => Ok(()),
         });
         match r.and_then(|()| {
-            self.fs
-                .write(InodeId(ino.0), HandleId(fh.0), req.pid(), offset, data)
+            self.fs.write_shared(
+                InodeId(ino.0),
+                HandleId(fh.0),
+                req.pid(),
+                offset,
+                data,
+                request_window(data),
+            )
         }) {
             Ok(n) => {
                 // A write-only handle is served with direct I/O (`open_flags`): its bytes
@@ -1245,6 +1251,23 @@ impl Filesystem for CkptFs {
             Err(e) => reply.error(fail("create", parent.0, e)),
         }
     }
+}
+
+/// The bytes of a write as a window of the FUSE request buffer they arrived in, for the
+/// engine to keep without copying them (`Fs::write_shared`): `None` where fuser has no
+/// such buffer, or where the buffer may keep more than twice the write's bytes resident (a
+/// small write read into a buffer that once held a large one), so that memory counted by
+/// the bytes in flight stays within twice what it counts.
+fn request_window(data: &[u8]) -> Option<ckptfs_engine::pipeline::SharedBytes> {
+    let buf = fuser::current_request_buffer()?;
+    let (start, len) = buf.window_of(data)?;
+    let resident = buf.resident();
+    if len * 2 < resident {
+        return None;
+    }
+    Some(ckptfs_engine::pipeline::SharedBytes::window(
+        buf, start, len, resident,
+    ))
 }
 
 #[cfg(test)]

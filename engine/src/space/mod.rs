@@ -897,6 +897,24 @@ impl Space {
             .time(data.len(), || file.write(&*self.store, off, data))
     }
 
+    /// `ingest` of bytes shared with the caller (`FileState::write_shared`): a write that
+    /// fills a whole stream segment is cut and stored from the caller's buffer, uncopied.
+    pub fn ingest_shared(
+        &self,
+        file: &mut FileState,
+        off: u64,
+        data: crate::pipeline::SharedBytes,
+    ) -> Result<()> {
+        if self.meta.room_low() {
+            return Err(Error::BackingFull);
+        }
+        let n = data.len();
+        self.store
+            .stages()
+            .ingest
+            .time(n, || file.write_shared(&*self.store, off, data))
+    }
+
     /// The chunk store itself: for the engine's own tests and benchmarks, which measure its
     /// caches and pools. The `fs` and `mount` crates use the methods below instead.
     #[doc(hidden)]
