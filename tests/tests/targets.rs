@@ -289,16 +289,57 @@ fn three_lost_targets_lose_only_what_they_held_and_check_names_it() {
     let mut m = TestMount::with_targets("512M", 6, "3+2");
     let files = write_checkpoints(&m, seed, 16, 2 << 20);
     m.unmount();
+    // Three targets that hold three shards of at least one segment (which segments sit on
+    // which targets depends on the order the slot's segments were allocated in): lose one
+    // target that holds shards, read the targets of a segment it held from `check`, and
+    // lose two more of those.
     let mut all: Vec<usize> = (0..6).collect();
     all.shuffle(&mut rng);
-    for &i in &all[..3] {
+    let mut lost = Vec::new();
+    for &first in &all {
+        let file = m.target_dir(first).join(TARGET_FILE);
+        let saved = m.target_dir(first).join("saved-target");
+        fs::rename(&file, &saved).unwrap();
+        m.mount();
+        let (_, v) = check_json(&mut m);
+        m.unmount();
+        let held: Vec<Vec<usize>> = v["parity_segments"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .map(|s| {
+                s["targets"]
+                    .as_array()
+                    .unwrap()
+                    .iter()
+                    .map(|t| t.as_u64().unwrap() as usize)
+                    .collect()
+            })
+            .filter(|t: &Vec<usize>| t.contains(&first))
+            .collect();
+        if held.is_empty() {
+            fs::rename(&saved, &file).unwrap();
+            continue;
+        }
+        fs::remove_file(&saved).unwrap();
+        let mut others: Vec<usize> = held[rng.random_range(0..held.len())]
+            .iter()
+            .copied()
+            .filter(|&t| t != first)
+            .collect();
+        others.shuffle(&mut rng);
+        lost = vec![first, others[0], others[1]];
+        break;
+    }
+    assert_eq!(lost.len(), 3, "no target holds a shard of any segment");
+    for &i in &lost[1..] {
         fs::remove_file(m.target_dir(i).join(TARGET_FILE)).unwrap();
     }
     m.mount();
     let mut failed = BTreeSet::new();
     for (name, data) in &files {
         match read(&m.path(name)) {
-            Ok(got) => assert!(got == *data, "{name}: wrong bytes (lost {:?})", &all[..3]),
+            Ok(got) => assert!(got == *data, "{name}: wrong bytes (lost {lost:?})"),
             Err(e) => {
                 assert_eq!(e, libc::EIO, "{name}");
                 failed.insert(name.clone());
@@ -321,10 +362,8 @@ fn three_lost_targets_lose_only_what_they_held_and_check_names_it() {
         })
         .collect();
     assert_eq!(
-        named,
-        failed,
-        "check names exactly the files whose reads fail (lost targets {:?})",
-        &all[..3]
+        named, failed,
+        "check names exactly the files whose reads fail (lost targets {lost:?})"
     );
     assert!(
         !failed.is_empty(),
