@@ -224,6 +224,16 @@ impl SharedBytes {
         }
     }
 
+    /// `len` bytes from `start` of these, sharing their buffer.
+    pub(crate) fn slice(&self, start: usize, len: usize) -> SharedBytes {
+        assert!(start + len <= self.len, "slice inside its window");
+        SharedBytes {
+            owner: self.owner.clone(),
+            start: self.start + start,
+            len,
+        }
+    }
+
     /// Memory the buffer these bytes are in keeps alive.
     pub(crate) fn held(&self) -> usize {
         match &self.owner {
@@ -282,9 +292,7 @@ impl std::ops::Deref for SharedBytes {
 /// stream buffer, request or dirty block they were written into.
 #[derive(Clone)]
 pub struct Piece {
-    buf: SharedBytes,
-    start: usize,
-    len: usize,
+    bytes: SharedBytes,
     /// The blake3 of exactly these bytes, where the cutter already computed it (a predicted
     /// chunk it confirmed): the store does not hash them again.
     hash: Option<ChunkHash>,
@@ -292,11 +300,8 @@ pub struct Piece {
 
 impl Piece {
     pub fn new(buf: SharedBytes, start: usize, len: usize) -> Self {
-        assert!(start + len <= buf.len());
         Piece {
-            buf,
-            start,
-            len,
+            bytes: buf.slice(start, len),
             hash: None,
         }
     }
@@ -316,41 +321,37 @@ impl Piece {
     }
 
     pub fn bytes(&self) -> &[u8] {
-        &self.buf[self.start..self.start + self.len]
+        &self.bytes
     }
 
     pub fn len(&self) -> usize {
-        self.len
+        self.bytes.len()
     }
 
     pub fn is_empty(&self) -> bool {
-        self.len == 0
+        self.bytes.is_empty()
     }
 
     /// Whether the piece's bytes lie in `buf`.
     pub fn shares(&self, buf: &SharedBytes) -> bool {
-        self.buf.same_buffer(buf)
+        self.bytes.same_buffer(buf)
     }
 
     /// The same bytes in a buffer of their own, letting go of the one shared with other
     /// pieces or a cutter's carry.
     pub fn compacted(self) -> Piece {
         Piece {
-            buf: self.bytes().to_vec().into(),
-            start: 0,
-            len: self.len,
+            bytes: self.bytes.to_vec().into(),
             hash: self.hash,
         }
     }
 
     /// The first `len` bytes.
     pub fn truncated(&self, len: usize) -> Piece {
-        assert!(len <= self.len);
         Piece {
-            len,
+            bytes: self.bytes.slice(0, len),
             // The hash was of all the bytes.
-            hash: if len == self.len { self.hash } else { None },
-            ..self.clone()
+            hash: if len == self.len() { self.hash } else { None },
         }
     }
 }
