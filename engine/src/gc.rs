@@ -98,7 +98,8 @@ pub struct GcOptions {
     pub dry_run: bool,
     /// Revisions open readers or writers are using; never dropped.
     pub pinned_revisions: HashSet<RevisionId>,
-    /// Inodes with open handles; an unlinked one keeps its record.
+    /// Inodes with open handles or held by the kernel (looked up, not yet forgotten); an
+    /// unlinked one keeps its record and the revision it reads.
     pub open_inodes: HashSet<InodeId>,
     /// When set, compaction sleeps this fraction of the time it works (0.5 = run at most
     /// two thirds of the time), so writers keep most of the disk.
@@ -195,8 +196,7 @@ impl Space {
             let mut opts = opts.clone();
             {
                 let _gate = self.pin_gate.write();
-                self.pins
-                    .sample(&mut opts.pinned_revisions, &mut opts.open_inodes);
+                self.sample_pins(&mut opts.pinned_revisions, &mut opts.open_inodes)?;
             }
             self.gc_plan(&opts, &mut r)?;
             let seg = self.store().segment_bytes();
@@ -220,8 +220,7 @@ impl Space {
         let txn = {
             let _gate = self.pin_gate.write();
             let mut opts = opts.clone();
-            self.pins
-                .sample(&mut opts.pinned_revisions, &mut opts.open_inodes);
+            self.sample_pins(&mut opts.pinned_revisions, &mut opts.open_inodes)?;
             let txn = self.begin_write(true)?;
             self.drop_revisions(&mut Txn::open(&txn)?, &config, now, &opts, &mut r, progress)?;
             self.commit(txn)?;
@@ -261,6 +260,29 @@ impl Space {
             r.seconds
         );
         Ok(r)
+    }
+
+    /// Samples the pins (the caller holds the pin gate exclusively) and adds the revision
+    /// that every unlinked inode among the open and held ones reads: an open handle pins its
+    /// revision itself, but an inode the kernel only holds (looked up before a rename over
+    /// its name, an `O_PATH` descriptor) is opened by number later and must find its bytes,
+    /// which retention no longer counts as its history's current revision once the name
+    /// is gone. Bound: one catalog read per open or held inode.
+    fn sample_pins(
+        &self,
+        revs: &mut HashSet<RevisionId>,
+        inos: &mut HashSet<InodeId>,
+    ) -> Result<()> {
+        self.pins.sample(revs, inos);
+        let r = self.reader()?;
+        for ino in inos.iter() {
+            if let Some(rec) = r.inode(*ino)? {
+                if rec.nlink == 0 && rec.current_rev.0 != 0 {
+                    revs.insert(rec.current_rev);
+                }
+            }
+        }
+        Ok(())
     }
 
     fn drop_revisions(
@@ -443,7 +465,7 @@ impl Space {
         let _gate = self.pin_gate.write();
         let mut pinned = opts.pinned_revisions.clone();
         let mut open = opts.open_inodes.clone();
-        self.pins.sample(&mut pinned, &mut open);
+        self.sample_pins(&mut pinned, &mut open)?;
         let txn = self.begin_write(true)?;
         let mut dropped = 0u64;
         let mut freed_estimate = 0u64;

@@ -2,6 +2,10 @@
 //! unpins, so no caller has to remember to.
 //!
 //! - Revision pins: the revisions open files read from (and restores copy).
+//! - Kernel references (`hold`/`forget`): inodes the kernel has looked up and not yet
+//!   forgotten. The kernel opens, stats and reopens (`/proc/self/fd`, an `O_PATH` handle) an
+//!   inode it holds by number alone, after a rename over its name or an unlink, so gc keeps
+//!   the record of an unlinked inode while the kernel holds it, as it does for an open one.
 //! - Chunk pins (`ChunkPins`): the chunks an uncommitted file state refers to (stored by it,
 //!   found by dedup, or named by a metadata-only copy). The store counts them; the state
 //!   owns them and they go when it commits or is dropped.
@@ -25,6 +29,10 @@ pub(crate) struct RevisionPins {
     /// pin id -> (revision, the open inode that holds it, if one does)
     pins: Mutex<HashMap<u64, (RevisionId, Option<InodeId>)>>,
     next: AtomicU64,
+    /// inode -> lookups the kernel has not forgotten (FUSE's `nlookup`). Bound: one entry
+    /// per inode in the kernel's inode cache, which the kernel bounds (it forgets inodes
+    /// under memory pressure and all of them at unmount).
+    held: Mutex<HashMap<InodeId, u64>>,
 }
 
 impl RevisionPins {
@@ -37,7 +45,8 @@ impl RevisionPins {
         }
     }
 
-    /// Adds every pinned revision and every inode a pin holds open.
+    /// Adds every pinned revision, every inode a pin holds open and every inode the kernel
+    /// holds.
     pub(crate) fn sample(&self, revs: &mut HashSet<RevisionId>, inos: &mut HashSet<InodeId>) {
         for (rev, ino) in self.pins.lock().values() {
             revs.insert(*rev);
@@ -45,6 +54,29 @@ impl RevisionPins {
                 inos.insert(*i);
             }
         }
+        inos.extend(self.held.lock().keys().copied());
+    }
+
+    /// One more kernel reference to `ino`.
+    pub(crate) fn hold(&self, ino: InodeId) {
+        *self.held.lock().entry(ino).or_default() += 1;
+    }
+
+    /// The kernel forgot `n` references to `ino`. More than were counted (an inode held
+    /// before a lookup raced with gc, see `Space::hold_inode`) just ends the count.
+    pub(crate) fn forget(&self, ino: InodeId, n: u64) {
+        let mut held = self.held.lock();
+        if let Some(c) = held.get_mut(&ino) {
+            *c = c.saturating_sub(n);
+            if *c == 0 {
+                held.remove(&ino);
+            }
+        }
+    }
+
+    /// Inodes the kernel holds now.
+    pub(crate) fn held_count(&self) -> usize {
+        self.held.lock().len()
     }
 }
 

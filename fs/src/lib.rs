@@ -690,6 +690,44 @@ impl Fs {
         self.getattr(child)
     }
 
+    /// `lookup` for the kernel: the inode found is counted as held by the kernel until it
+    /// forgets it (`forget`), so gc keeps its record when a rename or unlink removes its
+    /// last name while the kernel may still open or stat it by number.
+    pub fn lookup_entry(&self, parent: InodeId, name: &[u8]) -> Result<Attr> {
+        // A retry is needed only when gc removed the inode between this lookup's read of
+        // the name and its count (the name was replaced or removed meanwhile); the next
+        // read sees the change, so a second race needs another gc within the same window.
+        for _ in 0..8 {
+            let a = self.lookup(parent, name)?;
+            if self.remember(a.ino)? {
+                return Ok(a);
+            }
+            if self.shared.is_some() {
+                // Another slot's object: its owner keeps or removes it; a removed one
+                // answers ESTALE on use (`sh_open`), and the kernel looks the name up again.
+                return Ok(a);
+            }
+        }
+        Err(Error::Stale)
+    }
+
+    /// Counts one kernel reference to `ino`, which the caller answers the kernel with (a
+    /// lookup, create, mkdir, mknod, symlink or link). False when this slot has no record
+    /// of it (removed by gc since it was found, or another slot's object).
+    pub fn remember(&self, ino: InodeId) -> Result<bool> {
+        if view::is_virtual(ino) || ino == InodeId::ROOT {
+            return Ok(true);
+        }
+        Ok(self.space.hold_inode(ino)?)
+    }
+
+    /// The kernel forgot `n` lookups of `ino` (FUSE FORGET, BATCH_FORGET).
+    pub fn forget(&self, ino: InodeId, n: u64) {
+        if !view::is_virtual(ino) {
+            self.space.forget_inode(ino, n);
+        }
+    }
+
     /// Updates the in-memory copy of an open inode after a namespace change to its record.
     fn refresh_open(&self, ino: InodeId, f: impl FnOnce(&mut InodeRecord)) {
         if let Some(n) = self.open_node(ino) {

@@ -644,6 +644,23 @@ impl CkptFs {
         }
     }
 
+    /// Counts the kernel's new reference to a node this request made or linked (lookups
+    /// count theirs in `Fs::lookup_entry`). A count that fails to be taken is logged and
+    /// the entry still answered: the node exists, and the worst outcome is that gc removes
+    /// it after an unlink while the kernel still holds it (ENOENT on a later open by
+    /// number, as before references were counted).
+    fn remember(&self, r: &Result<Attr, Error>, op: &str) {
+        if let Ok(a) = r {
+            self.remember_ino(a.ino, op);
+        }
+    }
+
+    fn remember_ino(&self, ino: InodeId, op: &str) {
+        if let Err(e) = self.fs.remember(ino) {
+            log::warn!("{op}: inode {}: kernel reference not counted: {e}", ino.0);
+        }
+    }
+
     /// Answers getxattr/listxattr: the size for a probe (size 0), ERANGE when the caller's
     /// buffer is too small, else the bytes.
     fn reply_xattr(v: &[u8], size: u32, reply: ReplyXattr) {
@@ -725,11 +742,15 @@ impl Filesystem for CkptFs {
     }
 
     fn lookup(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEntry) {
-        let r = self.fs.lookup(InodeId(parent.0), name.as_bytes());
+        let r = self.fs.lookup_entry(InodeId(parent.0), name.as_bytes());
         match r {
             Err(Error::NotFound) => reply.error(Errno::ENOENT),
             r => self.reply_entry(r, "lookup", parent, reply),
         }
+    }
+
+    fn forget(&self, _req: &Request, ino: INodeNo, nlookup: u64) {
+        self.fs.forget(InodeId(ino.0), nlookup);
     }
 
     fn getattr(&self, _req: &Request, ino: INodeNo, _fh: Option<FileHandle>, reply: ReplyAttr) {
@@ -792,6 +813,7 @@ impl Filesystem for CkptFs {
         let r = self
             .fs
             .mknod(InodeId(parent.0), name.as_bytes(), mode, rdev, caller(req));
+        self.remember(&r, "mknod");
         self.reply_entry(r, "mknod", parent, reply);
     }
 
@@ -807,6 +829,7 @@ impl Filesystem for CkptFs {
         let r = self
             .fs
             .mkdir(InodeId(parent.0), name.as_bytes(), mode, caller(req));
+        self.remember(&r, "mkdir");
         self.reply_entry(r, "mkdir", parent, reply);
     }
 
@@ -834,6 +857,7 @@ impl Filesystem for CkptFs {
             target.as_os_str().as_bytes(),
             caller(req),
         );
+        self.remember(&r, "symlink");
         self.reply_entry(r, "symlink", parent, reply);
     }
 
@@ -871,6 +895,7 @@ impl Filesystem for CkptFs {
     ) {
         // Hard links are refused on purpose: a revision belongs to one path.
         let r = self.fs.link();
+        self.remember(&r, "link");
         self.reply_entry(r, "link", ino, reply);
     }
 
@@ -1242,6 +1267,7 @@ impl Filesystem for CkptFs {
             flags & libc::O_TRUNC != 0,
         ) {
             Ok(a) => {
+                self.remember_ino(a.ino, "create");
                 let how = open_flags(OpenFlags(flags));
                 if !how.contains(FopenFlags::FOPEN_DIRECT_IO) {
                     self.cached.lock().opened(fh, INodeNo(a.ino.0));

@@ -7,6 +7,7 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::fs;
 use std::io::Read;
+use std::os::fd::AsRawFd;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
@@ -552,6 +553,269 @@ fn gc_while_writers_and_readers_are_busy_keeps_exactly_the_policy() {
         failures.len(),
         failures.join("\n")
     );
+}
+
+/// An inode the kernel holds without an open handle (an `O_PATH` descriptor here; a path
+/// walk between its lookup and its open in general) keeps its record and its bytes through
+/// a rename over its name, an unlink and gc, however short retention is: reopened through
+/// `/proc/self/fd` it reads what it held, as on a local filesystem. Once the descriptor is
+/// closed and the kernel forgets the inode, gc removes it.
+#[test]
+fn an_inode_the_kernel_holds_keeps_its_bytes_through_rename_unlink_and_gc() {
+    use std::os::unix::fs::{MetadataExt, OpenOptionsExt};
+    let seed = test_seed("held_inode", 0x5eed_2004);
+    let mut m = TestMount::with_format_args(
+        "1G",
+        &[
+            "--keep-revisions",
+            "1",
+            "--keep-unlinked",
+            "0",
+            "--auto-gc-free-percent",
+            "0",
+        ],
+    );
+    let (a, b) = (file_content(seed, 0, 0), file_content(seed, 0, 1));
+    let (target, tmp, gone) = (m.path("held.pt"), m.path("held.pt.tmp"), m.path("gone.pt"));
+    fs::write(&target, &a).expect("write a");
+    fs::write(&gone, &b).expect("write gone");
+    let o_path = |p: &PathBuf| {
+        fs::OpenOptions::new()
+            .read(true)
+            .custom_flags(libc::O_PATH)
+            .open(p)
+            .unwrap_or_else(|e| panic!("O_PATH {}: {e}", p.display()))
+    };
+    let held = o_path(&target);
+    let held_gone = o_path(&gone);
+    fs::write(&tmp, &b).expect("write b");
+    fs::rename(&tmp, &target).expect("rename over");
+    fs::remove_file(&gone).expect("unlink");
+    for i in 0..2 {
+        let r = m.gc(false);
+        println!("gc {i} with the inodes held: {r}");
+        assert_eq!(
+            r.inodes_dropped, 0,
+            "gc removed an inode the kernel holds: {r}"
+        );
+    }
+    for (f, want, what) in [
+        (&held, &a, "replaced by rename"),
+        (&held_gone, &b, "unlinked"),
+    ] {
+        let proc = PathBuf::from(format!("/proc/self/fd/{}", f.as_raw_fd()));
+        let md = fs::metadata(&proc).unwrap_or_else(|e| panic!("stat the {what} inode: {e}"));
+        assert_eq!(md.nlink(), 0, "the {what} inode has no name left");
+        let got = fs::read(&proc).unwrap_or_else(|e| panic!("reopen the {what} inode: {e}"));
+        assert!(
+            first_difference(&got, want).is_none(),
+            "the {what} inode reads other bytes than it held"
+        );
+    }
+    assert_file_eq(&target, &b);
+    drop(held);
+    drop(held_gone);
+    // The kernel forgets an inode whose last name is gone when its last reference goes,
+    // in a FORGET it sends on its own: gc removes both once it has arrived.
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let mut dropped = 0;
+    while dropped < 2 {
+        assert!(
+            Instant::now() < deadline,
+            "the kernel's forget never let gc remove the inodes ({dropped} of 2)"
+        );
+        dropped += m.gc(false).inodes_dropped;
+    }
+    assert_eq!(dropped, 2, "exactly the two inodes that lost their names");
+    assert_file_eq(&target, &b);
+}
+
+/// A name replaced by rename stays openable while gc drops the inode it replaced. The kernel
+/// looks a name up and then opens the inode it found, in two requests: a rename between them
+/// makes that inode unlinked, and a gc between them removes its record (nobody had it open).
+/// The open must then not fail with ENOENT, as no local filesystem's would: the daemon answers
+/// ESTALE, and the kernel looks the name up again and opens the file that replaced it.
+/// Readers are threads and `cat` processes; every read must be one complete version.
+/// `CKPTFS_RENAME_GC_ROUNDS` (default 400) sets how many renames run under gc.
+#[test]
+fn a_name_replaced_by_rename_stays_openable_while_gc_drops_the_old_inode() {
+    const READERS: usize = 2;
+    let rounds: u32 = std::env::var("CKPTFS_RENAME_GC_ROUNDS")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(400);
+    let seed = test_seed("rename_under_gc", 0x5eed_2003);
+    let mut m = TestMount::with_format_args(
+        "1G",
+        &["--keep-revisions", "1", "--auto-gc-free-percent", "0"],
+    );
+    // Small versions (one file id, many rounds): the renames, not the writes, should
+    // dominate, so the lookup-to-open window is hit often.
+    let rel = "live.pt";
+    let target = m.path(rel);
+    let tmp = m.path("live.pt.tmp");
+    fs::write(&target, file_content(seed, 0, 0)).expect("round 0");
+    let stop = Arc::new(AtomicBool::new(false));
+    let done = Arc::new(AtomicU64::new(0));
+    let failures = Arc::new(Mutex::new(Vec::<String>::new()));
+    let reads = Arc::new(AtomicU64::new(0));
+    let gc_runs = Arc::new(AtomicU64::new(0));
+
+    let renamer = {
+        let (stop, done, failures) = (stop.clone(), done.clone(), failures.clone());
+        let (target, tmp) = (target.clone(), tmp.clone());
+        std::thread::spawn(move || {
+            for round in 1..=rounds {
+                if stop.load(Ordering::Relaxed) {
+                    break;
+                }
+                let r = fs::write(&tmp, file_content(seed, 0, round))
+                    .and_then(|()| fs::rename(&tmp, &target));
+                if let Err(e) = r {
+                    failures
+                        .lock()
+                        .expect("lock")
+                        .push(format!("renamer round {round}: {e}"));
+                    break;
+                }
+                done.store(round as u64, Ordering::Relaxed);
+            }
+            done.store(u64::MAX, Ordering::Relaxed);
+        })
+    };
+    let mut readers = Vec::new();
+    for rd in 0..READERS {
+        let (stop, failures, target, reads, done, gcs) = (
+            stop.clone(),
+            failures.clone(),
+            target.clone(),
+            reads.clone(),
+            done.clone(),
+            gc_runs.clone(),
+        );
+        readers.push(std::thread::spawn(move || {
+            use std::os::unix::fs::OpenOptionsExt;
+            let mut n = 0u64;
+            while !stop.load(Ordering::Relaxed) {
+                n += 1;
+                // Every other read holds the inode first (`O_PATH`) and reopens it by
+                // number after a rename replaced it and a gc ran: the lookup-to-open
+                // window, held open until both happened.
+                let r = if n.is_multiple_of(2) {
+                    fs::read(&target)
+                } else {
+                    fs::OpenOptions::new()
+                        .read(true)
+                        .custom_flags(libc::O_PATH)
+                        .open(&target)
+                        .and_then(|f| {
+                            let (r0, g0) =
+                                (done.load(Ordering::SeqCst), gcs.load(Ordering::SeqCst));
+                            let replaced_and_collected = || {
+                                done.load(Ordering::SeqCst) > r0
+                                    && gcs.load(Ordering::SeqCst) >= g0 + 2
+                            };
+                            while !stop.load(Ordering::Relaxed) && !replaced_and_collected() {
+                                std::thread::yield_now();
+                            }
+                            fs::read(format!("/proc/self/fd/{}", f.as_raw_fd()))
+                        })
+                };
+                match r {
+                    Ok(data) => {
+                        if let Err(e) = check_complete(seed, 0, &data) {
+                            failures
+                                .lock()
+                                .expect("lock")
+                                .push(format!("reader {rd}: {e}"));
+                        }
+                        reads.fetch_add(1, Ordering::Relaxed);
+                    }
+                    Err(e) => failures
+                        .lock()
+                        .expect("lock")
+                        .push(format!("reader {rd}: open/read: {e}")),
+                }
+            }
+        }));
+    }
+    // Two shell loops of `cat`: the same lookup-then-open from other processes.
+    let stop_file = TempDir::new("rename-gc-stop");
+    let stop_path = stop_file.path().join("stop");
+    let cats: Vec<std::process::Child> = (0..2)
+        .map(|_| {
+            std::process::Command::new("sh")
+                .arg("-c")
+                .arg(
+                    "n=0; while [ ! -e \"$2\" ]; do cat \"$1\" > /dev/null || \
+                     { echo \"cat failed after $n reads\" >&2; exit 1; }; n=$((n+1)); done",
+                )
+                .arg("sh")
+                .arg(&target)
+                .arg(&stop_path)
+                .stderr(std::process::Stdio::piped())
+                .spawn()
+                .expect("spawn sh")
+        })
+        .collect();
+
+    let mut gcs = 0u64;
+    let mut inodes_dropped = 0u64;
+    let deadline = Instant::now() + Duration::from_secs(600);
+    while done.load(Ordering::Relaxed) != u64::MAX {
+        assert!(Instant::now() < deadline, "renames made no progress");
+        inodes_dropped += m.gc(false).inodes_dropped;
+        gcs += 1;
+        gc_runs.store(gcs, Ordering::SeqCst);
+    }
+    let during = inodes_dropped;
+    stop.store(true, Ordering::Relaxed);
+    fs::write(&stop_path, b"").expect("stop file");
+    renamer.join().expect("renamer panicked");
+    for h in readers {
+        h.join().expect("reader panicked");
+    }
+    let mut failures = failures.lock().expect("lock").clone();
+    for c in cats {
+        let out = c.wait_with_output().expect("wait sh");
+        if !out.status.success() {
+            failures.push(format!(
+                "cat loop: {}",
+                String::from_utf8_lossy(&out.stderr).trim()
+            ));
+        }
+    }
+    println!(
+        "{rounds} renames, {gcs} gc runs dropped {during} replaced inodes while readers ran, \
+         {} reads by threads",
+        reads.load(Ordering::Relaxed)
+    );
+    assert!(
+        during > 0,
+        "gc never dropped a replaced inode: the race was not exercised"
+    );
+    // Every rename replaced one inode. With the readers gone the kernel forgets the last
+    // of them (FORGET arrives on its own), and gc removes them all: no kernel reference
+    // was counted more often than the kernel forgot it.
+    while inodes_dropped < rounds as u64 {
+        assert!(
+            Instant::now() < deadline,
+            "gc removed {inodes_dropped} of the {rounds} replaced inodes: kernel references \
+             were counted and never forgotten"
+        );
+        inodes_dropped += m.gc(false).inodes_dropped;
+    }
+    assert_eq!(
+        inodes_dropped, rounds as u64,
+        "one replaced inode per rename"
+    );
+    assert!(
+        failures.is_empty(),
+        "opens of a name replaced by rename failed while gc ran ({}):\n{}",
+        failures.len(),
+        failures.join("\n")
+    );
+    assert_file_eq(&target, &file_content(seed, 0, rounds));
 }
 
 // ---------------------------------------------------------------------------------------------

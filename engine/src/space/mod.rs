@@ -1059,6 +1059,30 @@ impl Space {
         Ok((self.pins.pin(rev, ino), t))
     }
 
+    /// Counts one kernel reference to `ino` (a lookup or a create the kernel is answered
+    /// with) if its record exists; false if it does not (gc removed it since the caller
+    /// read its name: look the name up again). Under the pin gate, so gc either samples the
+    /// reference or has committed the removal this check sees; gc keeps a held inode's
+    /// record, unlinked or not, until `forget_inode` (see `pins`).
+    pub fn hold_inode(&self, ino: InodeId) -> Result<bool> {
+        let _gate = self.pin_gate.read();
+        if self.get_inode(ino)?.is_none() {
+            return Ok(false);
+        }
+        self.pins.hold(ino);
+        Ok(true)
+    }
+
+    /// The kernel forgot `n` references to `ino` (FUSE FORGET).
+    pub fn forget_inode(&self, ino: InodeId, n: u64) {
+        self.pins.forget(ino, n);
+    }
+
+    /// How many inodes the kernel holds now (`hold_inode` minus `forget_inode`).
+    pub fn held_inodes(&self) -> usize {
+        self.pins.held_count()
+    }
+
     /// A read snapshot of the catalog.
     pub fn reader(&self) -> Result<Reader> {
         self.catalog.reader()
@@ -1110,7 +1134,14 @@ impl Space {
 
     /// Opens a file's committed content for reading and writing.
     pub fn load_file(&self, rec: &InodeRecord) -> Result<FileState> {
-        let map = self.load_map(rec.current_rev)?;
+        let rev = rec.current_rev;
+        // A revision without its record has no extent rows either, and would load as a
+        // file of holes (zeros, not its bytes): a current revision that is gone is a
+        // damaged catalog, answered EIO, never read as zeros.
+        if rev.0 != 0 && self.revision(rev)?.is_none() {
+            return Err(Corruption::Missing(Missing::Revision(rev)).into());
+        }
+        let map = self.load_map(rev)?;
         if let Some((o, e)) = map.iter().next_back() {
             if o + e.len as u64 > rec.size {
                 return Err(Corruption::Record {
