@@ -78,7 +78,8 @@ unsafe impl Send for Mapping {}
 unsafe impl Sync for Mapping {}
 
 impl Mapping {
-    fn new() -> Mapping {
+    /// A new mapping, or the error of `mmap` (out of memory or address space).
+    fn new() -> io::Result<Mapping> {
         // SAFETY: a fresh private anonymous mapping; checked below.
         let p = unsafe {
             libc::mmap(
@@ -90,14 +91,12 @@ impl Mapping {
                 0,
             )
         };
-        assert!(
-            p != libc::MAP_FAILED,
-            "cannot map a FUSE request buffer: {}",
-            io::Error::last_os_error()
-        );
-        Mapping {
-            ptr: std::ptr::NonNull::new(p.cast()).expect("mmap returned null"),
+        if p == libc::MAP_FAILED {
+            return Err(io::Error::last_os_error());
         }
+        Ok(Mapping {
+            ptr: std::ptr::NonNull::new(p.cast()).expect("mmap returned null"),
+        })
     }
 
     fn all(&self) -> &[u8] {
@@ -144,22 +143,27 @@ pub(crate) struct BufferPool {
 }
 
 impl BufferPool {
-    pub(crate) fn take(self: &Arc<Self>) -> RequestBuffer {
-        let (map, resident) = {
+    /// A buffer from the pool, else a new mapping; the error of `mmap` when that fails
+    /// (out of memory or address space).
+    pub(crate) fn take(self: &Arc<Self>) -> io::Result<RequestBuffer> {
+        let popped = {
             let mut free = self.free.lock();
             let got = free.0.pop();
             if let Some((_, r)) = &got {
                 free.1 -= r;
             }
             got
-        }
-        .unwrap_or_else(|| (Mapping::new(), 0));
-        RequestBuffer {
+        };
+        let (map, resident) = match popped {
+            Some(got) => got,
+            None => (Mapping::new()?, 0),
+        };
+        Ok(RequestBuffer {
             map: Some(map),
             len: 0,
             resident,
             pool: self.clone(),
-        }
+        })
     }
 }
 

@@ -529,11 +529,18 @@ pub(crate) struct SessionEventLoop<FS: Filesystem> {
 impl<FS: Filesystem> SessionEventLoop<FS> {
     fn event_loop(&self) -> io::Result<()> {
         // ckptfs patch: the buffer is reused for the next request unless the filesystem
-        // kept it (`current_request_buffer`); then another comes from the session's pool.
-        let mut cur = Arc::new(self.buffers.take());
+        // kept it (`current_request_buffer`); then the spare that call set aside for this
+        // thread takes its place, so the loop never waits for, or fails to get, a buffer
+        // after the filesystem kept one.
+        let mut cur = Arc::new(self.buffers.take()?);
         loop {
             if Arc::get_mut(&mut cur).is_none() {
-                cur = Arc::new(self.buffers.take());
+                cur = Arc::new(match SPARE.with(|s| s.borrow_mut().take()) {
+                    Some(b) => b,
+                    // Not reached: a buffer is kept only through `current_request_buffer`,
+                    // which sets a spare aside first.
+                    None => self.buffers.take()?,
+                });
             }
             let b = Arc::get_mut(&mut cur).expect("the loop's own buffer");
             // Read the next request from the given channel to kernel driver
@@ -544,7 +551,7 @@ impl<FS: Filesystem> SessionEventLoop<FS> {
                 Err(err) => return Err(err.into()),
             };
             b.set_len(size);
-            let _current = CurrentGuard::set(&cur);
+            let _current = CurrentGuard::set(&cur, &self.buffers);
             match RequestWithSender::new(self.ch.sender(), cur.bytes()) {
                 // Dispatch request
                 Some(req) => {
@@ -568,7 +575,12 @@ impl<FS: Filesystem> SessionEventLoop<FS> {
 }
 
 thread_local! {
-    static CURRENT: std::cell::RefCell<Option<Arc<RequestBuffer>>> =
+    /// The buffer of the request being dispatched, and the pool a spare comes from.
+    static CURRENT: std::cell::RefCell<Option<(Arc<RequestBuffer>, Arc<BufferPool>)>> =
+        const { std::cell::RefCell::new(None) };
+    /// The buffer this thread's event loop reads into next if the filesystem keeps the
+    /// current one (at most one per thread).
+    static SPARE: std::cell::RefCell<Option<RequestBuffer>> =
         const { std::cell::RefCell::new(None) };
 }
 
@@ -576,8 +588,8 @@ thread_local! {
 struct CurrentGuard;
 
 impl CurrentGuard {
-    fn set(buf: &Arc<RequestBuffer>) -> CurrentGuard {
-        CURRENT.with(|c| *c.borrow_mut() = Some(buf.clone()));
+    fn set(buf: &Arc<RequestBuffer>, pool: &Arc<BufferPool>) -> CurrentGuard {
+        CURRENT.with(|c| *c.borrow_mut() = Some((buf.clone(), pool.clone())));
         CurrentGuard
     }
 }
@@ -590,9 +602,24 @@ impl Drop for CurrentGuard {
 
 /// ckptfs patch: the buffer holding the request this thread is dispatching now (a
 /// filesystem method's `data` lies in it), to keep its bytes past the call without copying
-/// them. `None` outside a dispatch (and in the async session).
+/// them. `None` outside a dispatch (and in the async session), and when no spare buffer
+/// for the event loop to read the next request into can be had (the pool is empty and
+/// mapping one fails: out of memory or address space); the filesystem copies then.
 pub fn current_request_buffer() -> Option<Arc<RequestBuffer>> {
-    CURRENT.with(|c| c.borrow().clone())
+    let (buf, pool) = CURRENT.with(|c| c.borrow().clone())?;
+    SPARE.with(|s| {
+        let mut s = s.borrow_mut();
+        if s.is_none() {
+            match pool.take() {
+                Ok(b) => *s = Some(b),
+                Err(e) => {
+                    log::warn!("no spare FUSE request buffer ({e}): this request is copied");
+                    return None;
+                }
+            }
+        }
+        Some(buf)
+    })
 }
 
 /// The background session data structure
