@@ -805,6 +805,9 @@ fn mount(
                 log::warn!("answering the other nodes' coherence probes: {e}");
             }
             if tick.is_multiple_of(4) {
+                // Request buffers that waited in fuser's pool for a whole second (up to
+                // 64 MiB after a burst of large writes) give their pages back.
+                fuser::trim_idle_request_buffers();
                 trim_heap();
                 if let Err(e) = fs.publish_pending() {
                     log::warn!("publishing this slot's changes: {e}");

@@ -57,6 +57,7 @@ pub use crate::open_flags::OpenFlags;
 pub use crate::passthrough::BackingId;
 pub use crate::poll_events::PollEvents;
 pub use crate::read_buf::RequestBuffer;
+pub use crate::read_buf::trim_idle_request_buffers;
 pub use crate::rename_flags::RenameFlags;
 pub use crate::session::current_request_buffer;
 pub use crate::reply::ReplyAttr;

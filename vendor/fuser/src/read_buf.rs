@@ -138,21 +138,66 @@ impl Drop for Mapping {
 /// Where the event loops of a session get request buffers and kept ones come back to.
 #[derive(Debug, Default)]
 pub(crate) struct BufferPool {
-    /// Buffers and their resident bytes, and the sum of those.
-    free: Mutex<(Vec<(Mapping, usize)>, usize)>,
+    /// Buffers, their resident bytes and the trim epoch they came back in; and the sum of
+    /// resident bytes. Taken most recently returned first, so idle ones sit at the front.
+    free: Mutex<(Vec<(Mapping, usize, u64)>, usize)>,
+    /// Calls of `trim_idle` so far.
+    epoch: std::sync::atomic::AtomicU64,
+}
+
+/// Every session's pool, for `trim_idle_request_buffers`.
+static POOLS: Mutex<Vec<std::sync::Weak<BufferPool>>> = Mutex::new(Vec::new());
+
+/// ckptfs patch: gives back the memory of request buffers that waited in a pool since the
+/// previous call (their pages read as zero again; the mappings stay), so a burst of writes
+/// leaves no resident pool behind once writing stops. Call it periodically (ckptfs: once a
+/// second); buffers in use between two calls are left alone. Returns the bytes given back.
+pub fn trim_idle_request_buffers() -> usize {
+    let mut pools = POOLS.lock();
+    pools.retain(|p| p.strong_count() > 0);
+    pools
+        .iter()
+        .filter_map(std::sync::Weak::upgrade)
+        .map(|p| p.trim_idle())
+        .sum()
 }
 
 impl BufferPool {
+    /// A new pool, registered for `trim_idle_request_buffers`.
+    pub(crate) fn new() -> Arc<BufferPool> {
+        let p = Arc::new(BufferPool::default());
+        POOLS.lock().push(Arc::downgrade(&p));
+        p
+    }
+
+    /// Gives back the pages of buffers returned before the previous call.
+    fn trim_idle(&self) -> usize {
+        use std::sync::atomic::Ordering;
+        let now = self.epoch.fetch_add(1, Ordering::Relaxed) + 1;
+        let mut free = self.free.lock();
+        let (list, total) = &mut *free;
+        let mut given = 0;
+        for (map, resident, at) in list.iter_mut() {
+            if *at + 1 < now && *resident > 0 {
+                map.release_from(0);
+                given += *resident;
+                *total -= *resident;
+                *resident = 0;
+            }
+        }
+        given
+    }
+
     /// A buffer from the pool, else a new mapping; the error of `mmap` when that fails
     /// (out of memory or address space).
     pub(crate) fn take(self: &Arc<Self>) -> io::Result<RequestBuffer> {
         let popped = {
             let mut free = self.free.lock();
             let got = free.0.pop();
-            if let Some((_, r)) = &got {
+            if let Some((_, r, _)) = &got {
                 free.1 -= r;
             }
-            got
+            got.map(|(m, r, _)| (m, r))
         };
         let (map, resident) = match popped {
             Some(got) => got,
@@ -233,6 +278,10 @@ impl Drop for RequestBuffer {
             return;
         }
         free.1 += resident;
-        free.0.push((map, resident));
+        let at = self
+            .pool
+            .epoch
+            .load(std::sync::atomic::Ordering::Relaxed);
+        free.0.push((map, resident, at));
     }
 }

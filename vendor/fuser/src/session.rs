@@ -291,7 +291,7 @@ impl<FS: Filesystem> Session<FS> {
         channels.push(ch);
 
         let mut threads = Vec::with_capacity(n_threads);
-        let buffers = Arc::new(BufferPool::default());
+        let buffers = BufferPool::new();
 
         for (i, ch) in channels.into_iter().enumerate() {
             let thread_name = format!("fuser-{i}");
