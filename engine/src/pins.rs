@@ -73,11 +73,6 @@ impl RevisionPins {
             }
         }
     }
-
-    /// Inodes the kernel holds now.
-    pub(crate) fn held_count(&self) -> usize {
-        self.held.lock().len()
-    }
 }
 
 /// Keeps one revision from gc while it lives.

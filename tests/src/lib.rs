@@ -999,6 +999,18 @@ pub fn gluster_clients() -> Result<Vec<PathBuf>, String> {
     Ok(clients)
 }
 
+/// A field of `/proc/PID/status` in KiB (`VmRSS`, `VmHWM`): what the memory tests read of
+/// the daemon.
+pub fn proc_status_kib(pid: u32, field: &str) -> u64 {
+    let status = fs::read_to_string(format!("/proc/{pid}/status")).expect("daemon status");
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix(field)?.strip_prefix(':'))
+        .and_then(|v| v.split_whitespace().next())
+        .and_then(|v| v.parse().ok())
+        .unwrap_or_else(|| panic!("{field} in /proc/{pid}/status"))
+}
+
 /// Seed for a randomized test: `$CKPTFS_SEED` when set, else `default`. Printed so a failing
 /// run can be replayed.
 pub fn test_seed(test: &str, default: u64) -> u64 {

@@ -28,13 +28,7 @@ fn block_of(file: usize, round: usize) -> usize {
 }
 
 fn vm_hwm_kib(pid: u32) -> u64 {
-    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).expect("daemon status");
-    status
-        .lines()
-        .find_map(|l| l.strip_prefix("VmHWM:"))
-        .and_then(|v| v.split_whitespace().next())
-        .and_then(|v| v.parse().ok())
-        .expect("VmHWM in /proc/PID/status")
+    ckptfs_tests::proc_status_kib(pid, "VmHWM")
 }
 
 #[test]

@@ -153,13 +153,7 @@ fn kept_request_buffers_are_never_overwritten_while_in_flight() {
 }
 
 fn vm_rss_kib(pid: u32) -> u64 {
-    let status = fs::read_to_string(format!("/proc/{pid}/status")).expect("daemon status");
-    status
-        .lines()
-        .find_map(|l| l.strip_prefix("VmRSS:"))
-        .and_then(|v| v.split_whitespace().next())
-        .and_then(|v| v.parse().ok())
-        .expect("VmRSS in /proc/PID/status")
+    ckptfs_tests::proc_status_kib(pid, "VmRSS")
 }
 
 /// A burst of 4 MiB writes fills fuser's request-buffer pool (up to 64 MiB resident); once

@@ -1078,11 +1078,6 @@ impl Space {
         self.pins.forget(ino, n);
     }
 
-    /// How many inodes the kernel holds now (`hold_inode` minus `forget_inode`).
-    pub fn held_inodes(&self) -> usize {
-        self.pins.held_count()
-    }
-
     /// A read snapshot of the catalog.
     pub fn reader(&self) -> Result<Reader> {
         self.catalog.reader()
@@ -1122,14 +1117,10 @@ impl Space {
 
     /// The extent map of a committed revision.
     pub fn load_map(&self, rev: RevisionId) -> Result<ExtentMap> {
-        let mut map = ExtentMap::new();
         if rev.0 == 0 {
-            return Ok(map);
+            return Ok(ExtentMap::new());
         }
-        for (off, e) in self.reader()?.extents(rev)? {
-            map.push_loaded(off, e)?;
-        }
-        Ok(map)
+        load_map_from(&self.reader()?, rev)
     }
 
     /// Opens a file's committed content for reading and writing.
@@ -1138,10 +1129,16 @@ impl Space {
         // A revision without its record has no extent rows either, and would load as a
         // file of holes (zeros, not its bytes): a current revision that is gone is a
         // damaged catalog, answered EIO, never read as zeros.
-        if rev.0 != 0 && self.revision(rev)?.is_none() {
-            return Err(Corruption::Missing(Missing::Revision(rev)).into());
-        }
-        let map = self.load_map(rev)?;
+        let map = if rev.0 == 0 {
+            ExtentMap::new()
+        } else {
+            // One snapshot for both reads.
+            let r = self.reader()?;
+            if r.revision(rev)?.is_none() {
+                return Err(Corruption::Missing(Missing::Revision(rev)).into());
+            }
+            load_map_from(&r, rev)?
+        };
         if let Some((o, e)) = map.iter().next_back() {
             if o + e.len as u64 > rec.size {
                 return Err(Corruption::Record {
@@ -1414,4 +1411,13 @@ impl Space {
         s.split = crate::usage::split(&r, s.stored_bytes)?;
         Ok(s)
     }
+}
+
+/// The extent map of revision `rev` as `r` reads it.
+fn load_map_from(r: &Reader, rev: RevisionId) -> Result<ExtentMap> {
+    let mut map = ExtentMap::new();
+    for (off, e) in r.extents(rev)? {
+        map.push_loaded(off, e)?;
+    }
+    Ok(map)
 }
