@@ -347,6 +347,14 @@ fn open_inner(opts: &GpuOptions) -> Result<Gpu> {
         )));
     }
     let ctx = CudaContext::new(opts.device).map_err(cuda("creating the CUDA context"))?;
+    // The primary context's default (CU_CTX_SCHED_AUTO) spins the waiting thread whenever the
+    // process has fewer contexts than cores, i.e. always here: every `synchronize()` of a
+    // sub-batch burned a core for as long as the copies and the kernel ran. On a 16-core H100
+    // node the GPU thread took 0.5-0.9 CPU-s per GiB written that way (`ckptfs-bench steps`,
+    // README). Blocking sync sleeps on the driver's event instead.
+    ctx.set_blocking_synchronize().map_err(cuda(
+        "asking the CUDA context to block, not spin, while waiting",
+    ))?;
     let (major, minor) = ctx
         .compute_capability()
         .map_err(cuda("reading the compute capability"))?;
