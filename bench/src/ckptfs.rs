@@ -227,13 +227,7 @@ pub fn stage_cpu_seconds(stats: &serde_json::Value) -> Option<Stages> {
 }
 
 fn lazy_unmount(mnt: &Path) {
-    let _ = Command::new("fusermount3")
-        .arg("-u")
-        .arg("-z")
-        .arg(mnt)
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .status();
+    crate::sink::fusermount_u(mnt, true);
 }
 
 impl Drop for Ckptfs {

@@ -416,17 +416,23 @@ pub fn sink_main(mnt: &Path) -> Result<()> {
         .map_err(|e| format!("sink session ended with an error: {e}"))
 }
 
-fn fusermount_u(mnt: &Path, lazy: bool) -> bool {
-    let mut c = Command::new("fusermount3");
-    c.arg("-u");
-    if lazy {
-        c.arg("-z");
+/// Unmounts `mnt` (`lazy`: detached) with `fusermount3`, or with `umount` where there is no
+/// `fusermount3` (a root-only machine without Debian's fuse3, such as the GPU nodes: there the
+/// sink never saw its unmount and was killed, failing `limits`).
+pub fn fusermount_u(mnt: &Path, lazy: bool) -> bool {
+    let run = |prog: &str, flags: &[&str]| {
+        Command::new(prog)
+            .args(flags)
+            .arg(mnt)
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .status()
+    };
+    let fm = run("fusermount3", if lazy { &["-u", "-z"] } else { &["-u"] });
+    match fm {
+        Ok(s) => s.success(),
+        Err(_) => run("umount", if lazy { &["-l"] } else { &[] }).is_ok_and(|s| s.success()),
     }
-    c.arg(mnt)
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .status()
-        .is_ok_and(|s| s.success())
 }
 
 /// The sink mounted by a child process; unmounted when dropped.
