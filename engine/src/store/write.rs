@@ -3,6 +3,7 @@
 //! uncommitted file state's chunks alive, and segment release after gc.
 
 use super::{gpu, ChunkStore, GC_RESERVE_SEGMENTS, WRITE_BYTES};
+
 use crate::alloc::Segments;
 use crate::chunk::Checked;
 use crate::device::IoBuf;
@@ -14,6 +15,15 @@ use parking_lot::Mutex;
 use std::collections::BTreeSet;
 use std::sync::atomic::Ordering;
 use std::sync::{Arc, Weak};
+
+/// Written segment buffers kept for reuse. Four of `fresh_write_buf`'s size (about 9 MiB)
+/// hold what two buffers grown to 16 MiB by appending held before, and cover more workers
+/// writing buffers at once before a fresh one must be allocated and faulted in.
+const SPARE_WRITE_BUFS: usize = 4;
+
+/// Room past the write threshold in a fresh segment buffer: the chunk that crosses it (256
+/// KiB at most at the default 64 KiB chunks). A larger one grows the buffer, as before.
+const WRITE_BUF_SLACK: usize = 1 << 20;
 
 pub(super) struct Writer {
     /// The segment being filled, and how many of its bytes are used (written or buffered).
@@ -28,8 +38,8 @@ pub(super) struct Writer {
     /// Buffers taken out of `buf` for writing, oldest first. They stay readable here until
     /// written (`read_stored`).
     pub(super) writing: Vec<OutBuf>,
-    /// Written buffers kept for reuse (at most two), so the daemon does not fault in fresh
-    /// pages for every 8 MiB.
+    /// Written buffers kept for reuse (at most `SPARE_WRITE_BUFS`), so the daemon does not
+    /// fault in fresh pages for every 8 MiB.
     pub(super) spare: Vec<IoBuf>,
     /// Which segments are free or taken (see `alloc`).
     pub(super) segs: Segments,
@@ -316,7 +326,7 @@ impl ChunkStore {
         if n == 0 {
             return;
         }
-        let mut next = w.spare.pop().unwrap_or_default();
+        let mut next = w.spare.pop().unwrap_or_else(|| self.fresh_write_buf());
         next.extend_from_slice(&w.buf.as_slice()[n..]);
         let full = Arc::new(std::mem::replace(&mut w.buf, next));
         w.writing.push(OutBuf {
@@ -326,6 +336,18 @@ impl ChunkStore {
             started: false,
         });
         w.buf_start += n as u64;
+    }
+
+    /// A new segment buffer, allocated at the size it fills to. Grown by appending, it
+    /// went 1, 2, 4, 8 and 16 MiB: 15 MiB copied and twice the memory faulted in for every
+    /// 8 MiB of new chunks, which happened whenever the spares ran out (many workers
+    /// writing buffers at once on a many-core node).
+    fn fresh_write_buf(&self) -> IoBuf {
+        let mut b = IoBuf::new();
+        b.reserve_exact_total(
+            WRITE_BYTES.min(self.segment_bytes) as usize + self.align + WRITE_BUF_SLACK,
+        );
+        b
     }
 
     /// Writes the queued buffers (see `write_out`). Call without the writer lock.
@@ -353,7 +375,7 @@ impl ChunkStore {
                 continue;
             }
             if let Ok(mut b) = Arc::try_unwrap(buf) {
-                if w.spare.len() < 2 {
+                if w.spare.len() < SPARE_WRITE_BUFS {
                     b.consume(b.len());
                     w.spare.push(b);
                 }
