@@ -113,8 +113,11 @@ struct Row {
     enc_lz4: f64,
     enc_float: f64,
     dec_float: f64,
-    /// The content-defined cutter alone (FastCDC v2020, the loop the engine's cutter runs).
+    /// The content-defined cutter alone (FastCDC v2020, the crate's own loop).
     cut: f64,
+    /// The engine's cutter over the same bytes (same cuts, checked): its scalar loop, or the
+    /// eight-lane search where the CPU has AVX-512 (`ckptfs_engine::filemap::gear_search`).
+    cut_engine: f64,
     /// BLAKE3 of every chunk, as the store names chunks.
     hash: f64,
 }
@@ -123,12 +126,24 @@ fn gib_s(bytes: usize, secs: f64) -> f64 {
     bytes as f64 / secs.max(1e-9) / (1u64 << 30) as f64
 }
 
-fn measure(name: &str, d: &[u8], avg: usize) -> Row {
+fn measure(name: &str, d: &[u8], avg: usize) -> Result<Row, String> {
     let t = Instant::now();
     let cuts: Vec<&[u8]> = fastcdc::v2020::FastCDC::new(d, avg / 4, avg, avg * 4)
         .map(|c| &d[c.offset..c.offset + c.length])
         .collect();
     let cut = gib_s(d.len(), t.elapsed().as_secs_f64());
+    let params = ckptfs_engine::format::ChunkParams::from_avg(avg as u32)
+        .map_err(|e| format!("--chunk-size: {e}"))?;
+    let t = Instant::now();
+    let engine = ckptfs_engine::filemap::gear_cut_lengths(params, d);
+    let cut_engine = gib_s(d.len(), t.elapsed().as_secs_f64());
+    if !engine.iter().copied().eq(cuts.iter().map(|c| c.len())) {
+        return Err(format!(
+            "{name}: the engine's cuts ({}) differ from FastCDC's ({})",
+            ckptfs_engine::filemap::gear_search(),
+            cuts.len()
+        ));
+    }
     let t = Instant::now();
     let fold = cuts
         .iter()
@@ -174,7 +189,7 @@ fn measure(name: &str, d: &[u8], avg: usize) -> Row {
         .iter()
         .map(|c| zstd::bulk::compress(c, 1).map_or(c.len(), |z| z.len().min(c.len())))
         .sum();
-    Row {
+    Ok(Row {
         name: name.to_string(),
         bytes: d.len(),
         lz4: stored(&lz4) as f64 / d.len() as f64,
@@ -189,26 +204,29 @@ fn measure(name: &str, d: &[u8], avg: usize) -> Row {
             dec_float
         },
         cut,
+        cut_engine,
         hash,
-    }
+    })
 }
 
 pub fn run(o: &CodecOpts) -> Result<(), String> {
     let avg = o.chunk_size as usize;
     let mut rows = Vec::new();
     for (name, d) in kinds(o) {
-        rows.push(measure(&name, &d, avg));
+        rows.push(measure(&name, &d, avg)?);
     }
     for f in &o.files {
         let d = std::fs::read(f).map_err(|e| format!("{}: {e}", f.display()))?;
-        rows.push(measure(&f.display().to_string(), &d, avg));
+        rows.push(measure(&f.display().to_string(), &d, avg)?);
     }
     println!(
-        "chunk codecs, one core, {} KiB average chunks (stored / raw; GiB/s of raw bytes)",
-        avg >> 10
+        "chunk codecs, one core, {} KiB average chunks (stored / raw; GiB/s of raw bytes); \
+         the engine's cutter searches with: {}",
+        avg >> 10,
+        ckptfs_engine::filemap::gear_search()
     );
     println!(
-        "{:<34} {:>8} {:>7} {:>7} {:>7} {:>9} {:>9} {:>10} {:>10} {:>7} {:>7}",
+        "{:<34} {:>8} {:>7} {:>7} {:>7} {:>9} {:>9} {:>10} {:>10} {:>7} {:>10} {:>7}",
         "data",
         "MiB",
         "lz4",
@@ -219,11 +237,12 @@ pub fn run(o: &CodecOpts) -> Result<(), String> {
         "enc float",
         "dec float",
         "cut",
+        "cut ckptfs",
         "blake3"
     );
     for r in &rows {
         println!(
-            "{:<34} {:>8} {:>7.3} {:>7.3} {:>7.3} {:>8.0}% {:>9.2} {:>10.2} {:>10.2} {:>7.2} {:>7.2}",
+            "{:<34} {:>8} {:>7.3} {:>7.3} {:>7.3} {:>8.0}% {:>9.2} {:>10.2} {:>10.2} {:>7.2} {:>10.2} {:>7.2}",
             r.name,
             r.bytes >> 20,
             r.lz4,
@@ -234,6 +253,7 @@ pub fn run(o: &CodecOpts) -> Result<(), String> {
             r.enc_float,
             r.dec_float,
             r.cut,
+            r.cut_engine,
             r.hash
         );
     }
@@ -245,7 +265,8 @@ pub fn run(o: &CodecOpts) -> Result<(), String> {
         "lz4: the default policy (LZ4 where it pays, else raw); float: `--codec float` (the \
          float codec where it beats LZ4); zstd-1: zstd level 1 of each plain chunk, for \
          reference; float %ch: chunks the float codec took; dec float: decode of those chunks; \
-         cut: FastCDC v2020 alone (the engine's cutter runs the same loop, same cuts); blake3: \
+         cut: FastCDC v2020 alone (the crate's loop); cut ckptfs: the engine's cutter, same \
+         cuts (checked): the same loop, or eight lanes at once with AVX-512; blake3: \
          BLAKE3 of every chunk. Every byte written passes the cutter or a confirming hash, and \
          new bytes both: with the FUSE transport's cost (`limits`) these are the floor of \
          the daemon's CPU per GiB on this machine"
@@ -259,7 +280,8 @@ pub fn run(o: &CodecOpts) -> Result<(), String> {
                     "zstd1": r.zstd1, "float_chunks": r.float_chunks,
                     "encode_lz4_gib_s": r.enc_lz4, "encode_float_gib_s": r.enc_float,
                     "decode_float_gib_s": r.dec_float,
-                    "cut_gib_s": r.cut, "blake3_gib_s": r.hash,
+                    "cut_gib_s": r.cut, "cut_engine_gib_s": r.cut_engine,
+                    "blake3_gib_s": r.hash,
                 })
             })
             .collect();

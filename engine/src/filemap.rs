@@ -548,6 +548,32 @@ impl CutState {
     }
 }
 
+/// The engine's cuts of a whole stream, as chunk lengths (`Gear::scan` chunk by chunk, as
+/// the cutter scans new data): for `ckptfs-bench codec`, which times it beside FastCDC's own
+/// loop.
+#[doc(hidden)]
+pub fn gear_cut_lengths(p: ChunkParams, data: &[u8]) -> Vec<usize> {
+    let g = Gear::new(p);
+    let mut out = Vec::with_capacity(data.len() / p.avg_bytes as usize + 1);
+    let mut pos = 0;
+    while pos < data.len() {
+        let n = g.scan(&data[pos..], g.start()).unwrap_or(data.len() - pos);
+        out.push(n);
+        pos += n;
+    }
+    out
+}
+
+/// How this CPU searches for cuts: `avx512` (eight lanes, `gearscan`) or `scalar`.
+#[doc(hidden)]
+pub fn gear_search() -> &'static str {
+    if crate::gearscan::kernel().is_some() {
+        "avx512"
+    } else {
+        "scalar"
+    }
+}
+
 /// FastCDC cuts of `buf[from..]`: (offset in `buf`, length).
 #[cfg(test)]
 fn cdc(p: ChunkParams, buf: &[u8], from: usize) -> Vec<(usize, usize)> {
@@ -606,6 +632,9 @@ struct Gear {
     mask_l: u64,
     gear: &'static [u64; 256],
     gear_ls: &'static [u64; 256],
+    /// The many-lane search of the steady part of a scan, where this CPU has one
+    /// (`gearscan::kernel`).
+    kernel: Option<crate::gearscan::Kernel>,
 }
 
 impl Gear {
@@ -625,6 +654,7 @@ impl Gear {
             mask_l,
             gear: table(gear),
             gear_ls: table(gear_ls),
+            kernel: crate::gearscan::kernel(),
         }
     }
 
@@ -652,7 +682,7 @@ impl Gear {
         // The harder mask before the average size, the easier one after (normalization).
         let mut at = from;
         for (end, mask) in [(center / 2, self.mask_s), (remaining / 2, self.mask_l)] {
-            match self.pairs(src, at, end, mask) {
+            match self.search(src, at, end, mask) {
                 Ok(stopped) => at = stopped,
                 Err(cut) => return Ok(cut),
             }
@@ -661,6 +691,34 @@ impl Gear {
             Ok(self.max)
         } else {
             Err(at)
+        }
+    }
+
+    /// `pairs`, with the part where the hash is steady (64 bytes after the scan's first
+    /// byte, `min` rounded down to even) searched on eight lanes at once where the CPU can
+    /// (`gearscan`): the same cuts, and the same resume point and hash.
+    fn search(
+        &self,
+        src: &[u8],
+        at: (usize, u64),
+        end: usize,
+        mask: u64,
+    ) -> std::result::Result<(usize, u64), usize> {
+        let Some(kernel) = self.kernel else {
+            return self.pairs(src, at, end, mask);
+        };
+        let steady = (self.min / 2 * 2 + crate::gearscan::WARM) / 2;
+        let at = if at.0 < steady {
+            self.pairs(src, at, end.min(steady), mask)?
+        } else {
+            at
+        };
+        if at.0 >= end {
+            return Ok(at);
+        }
+        match crate::gearscan::first_hit(kernel, self.gear, src, 2 * at.0, 2 * end, mask) {
+            Some(cut) => Err(cut),
+            None => Ok((end, crate::gearscan::rolling(self.gear, src, 2 * end - 1))),
         }
     }
 
@@ -2426,6 +2484,36 @@ pub(crate) mod tests {
             let got = cut_in_segments_of(&mut rng, &mut cutter, &data, &what, max_seg);
             let got: Vec<(u64, usize)> = got.into_iter().map(|(o, l, _)| (o, l)).collect();
             assert_eq!(got, whole_cut(p, &data), "{what}");
+        }
+    }
+
+    /// The many-lane search (`gearscan`) inside resumed and whole scans, at several chunk
+    /// sizes: exactly FastCDC's cuts. With the one-lane kernel everywhere, and with the
+    /// AVX-512 one where the CPU has it (said loudly where it does not).
+    #[test]
+    fn searched_scans_cut_like_fastcdc() {
+        let mut kernels: Vec<(&str, crate::gearscan::Kernel)> =
+            vec![("one lane", crate::gearscan::block_scalar)];
+        #[cfg(target_arch = "x86_64")]
+        if std::arch::is_x86_feature_detected!("avx512f") {
+            kernels.push(("avx512", crate::gearscan::block_avx512));
+        } else {
+            eprintln!("searched_scans_cut_like_fastcdc: no AVX-512F here, its kernel SKIPPED");
+        }
+        let mut rng = SmallRng::seed_from_u64(29);
+        for (name, kernel) in kernels {
+            for round in 0..60 {
+                let p = ChunkParams::from_avg([4096, 8192, 16384, 65536][round % 4]).unwrap();
+                let mut data = vec![0u8; rng.random_range(1..600_000)];
+                fill(&mut rng, &mut data);
+                let max_seg = [64, 3000, 70_000, p.max_bytes as usize * 2][round / 4 % 4];
+                let mut cutter = Cutter::new(p, None);
+                cutter.gear.kernel = Some(kernel);
+                let what = format!("{name}, round {round}, segments up to {max_seg}");
+                let got = cut_in_segments_of(&mut rng, &mut cutter, &data, &what, max_seg);
+                let got: Vec<(u64, usize)> = got.into_iter().map(|(o, l, _)| (o, l)).collect();
+                assert_eq!(got, whole_cut(p, &data), "{what}");
+            }
         }
     }
 

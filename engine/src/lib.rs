@@ -12,6 +12,7 @@ pub mod error;
 pub mod filemap;
 pub mod format;
 pub mod gc;
+pub(crate) mod gearscan;
 pub(crate) mod ids;
 pub mod manifest;
 pub(crate) mod mirror;
