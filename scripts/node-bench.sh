@@ -1,0 +1,87 @@
+#!/usr/bin/env bash
+# Measures the write and read paths on a many-core node that has no Rust toolchain (the
+# GPU nodes the device tool lends: 16 cores, root, no fuse3), within one short device call.
+#
+#   scripts/node-bench.sh pack   (here: builds ckptfs, ckptfs-bench and the engine's and the
+#                                 GPU kernels' test binaries in release mode, stripped, into
+#                                 target/node-pack/)
+#   scripts/node-bench.sh run    (on the node, from the repository root: the engine's tests,
+#                                 which run the AVX-512 cutter where the CPU has it; the cutter
+#                                 and codecs per core; checkpoint steps at 1/4/8/16 writers in
+#                                 the three layouts on the CPU path; the limits; cold restart;
+#                                 the GPU kernel tests if there is a GPU)
+#
+# With this project's device tool: `scripts/node-bench.sh pack` here, then
+#   run(command="bash scripts/node-bench.sh run", carry=["target/node-pack"], timeout_s=420)
+# Results land in $OUT (at most 8 files: the tool's limit), or target/node-pack/out.
+# Each step has a time limit, and a step that would end past NODE_DEADLINE seconds (default
+# 380) is skipped and said so. Env: NODE_SIZE, bytes per step (default 2G).
+set -euo pipefail
+cd "$(dirname "${BASH_SOURCE[0]}")/.."
+PACK=target/node-pack
+
+case "${1:-}" in
+pack)
+    rm -rf "$PACK"
+    mkdir -p "$PACK"
+    cargo build --release --locked -p ckptfs -p ckptfs-bench
+    cp target/release/ckptfs target/release/ckptfs-bench "$PACK/"
+    # The engine's unit tests (the cutter's among them) and the GPU kernels' tests.
+    for target in "-p ckptfs-engine --lib:engine-tests" "-p ckptfs-kernels --test gpu:kernels-gpu"; do
+        # shellcheck disable=SC2086  # the selection is several words on purpose
+        cargo test --release --locked ${target%%:*} --no-run --message-format=json |
+            python3 -c '
+import json, shutil, sys
+for line in sys.stdin:
+    m = json.loads(line)
+    if m.get("reason") == "compiler-artifact" and m.get("executable"):
+        shutil.copy(m["executable"], sys.argv[1])
+' "$PACK/${target##*:}"
+    done
+    strip "$PACK"/*
+    ls -la "$PACK"
+    ;;
+run)
+    out="${OUT:-$PACK/out}"
+    mkdir -p "$out"
+    deadline=${NODE_DEADLINE:-380}
+    size=${NODE_SIZE:-2G}
+    dir=/var/tmp/ckptfs-node-bench
+    b="$PACK/ckptfs-bench"
+    {
+        echo "$(nproc) cores, $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2)"
+        grep -o -m1 -w 'avx512f' /proc/cpuinfo || echo "no avx512f"
+        df -h /var/tmp | tail -1
+    } > "$out/env.txt" 2>&1
+    rc=0
+    step() { # output-file time-limit command...
+        local name=$1 limit=$2
+        shift 2
+        if ((SECONDS + limit > deadline)); then
+            echo "SKIPPED at ${SECONDS}s (would pass ${deadline}s): $*" | tee -a "$out/env.txt"
+            return
+        fi
+        echo "== ${SECONDS}s: $*" | tee -a "$out/env.txt"
+        local r=0
+        timeout -k 5 "$limit" "$@" >> "$out/$name.txt" 2>&1 || r=$?
+        echo "== ${SECONDS}s: exit $r" | tee -a "$out/env.txt"
+        ((r == 0)) || rc=1
+    }
+    common=(--dir "$dir" --ckptfs "$PACK/ckptfs" --reps 1 --size "$size")
+    step tests 90 "$PACK/engine-tests" --test-threads "$(nproc)"
+    step codec 40 "$b" codec --size 128M
+    step codec 40 env CKPTFS_GEAR_SCALAR=1 "$b" codec --size 128M
+    step steps 200 "$b" steps "${common[@]}" --data field --writers 1,4,8,16 \
+        --mount-arg=--gpu=off --json "$out/steps.json"
+    step limits 40 "$b" limits "${common[@]}"
+    step restart 90 "$b" restart "${common[@]}"
+    if command -v nvidia-smi >/dev/null; then
+        step tests 60 env CKPTFS_REQUIRE=gpu "$PACK/kernels-gpu" --test-threads 1
+    fi
+    exit $rc
+    ;;
+*)
+    echo "usage: $0 pack|run" >&2
+    exit 2
+    ;;
+esac
