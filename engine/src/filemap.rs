@@ -2495,10 +2495,8 @@ pub(crate) mod tests {
         let mut kernels: Vec<(&str, crate::gearscan::Kernel)> =
             vec![("one lane", crate::gearscan::block_scalar)];
         #[cfg(target_arch = "x86_64")]
-        if std::arch::is_x86_feature_detected!("avx512f") {
+        if crate::gearscan::tests::avx512_here("searched_scans_cut_like_fastcdc") {
             kernels.push(("avx512", crate::gearscan::block_avx512));
-        } else {
-            eprintln!("searched_scans_cut_like_fastcdc: no AVX-512F here, its kernel SKIPPED");
         }
         let mut rng = SmallRng::seed_from_u64(29);
         for (name, kernel) in kernels {
