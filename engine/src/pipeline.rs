@@ -630,6 +630,19 @@ impl Stage {
         self.add(wall, bytes);
     }
 
+    /// Counts one event of `bytes` with no wall time, and `cpu_ns` of CPU where the caller
+    /// sampled it (already weighted by the events it stands for): `transport`, timed by the
+    /// FUSE layer's own sampling.
+    pub fn add_cpu(&self, bytes: usize, cpu_ns: Option<u64>) {
+        use std::sync::atomic::Ordering::Relaxed;
+        if let Some(c) = cpu_ns {
+            self.sampled.fetch_add(1, Relaxed);
+            self.cpu_ns.fetch_add(c, Relaxed);
+        }
+        self.count.fetch_add(1, Relaxed);
+        self.bytes.fetch_add(bytes as u64, Relaxed);
+    }
+
     /// Counts `d` against this stage without a CPU sample (nothing timed here).
     pub fn add(&self, d: std::time::Duration, bytes: usize) {
         use std::sync::atomic::Ordering::Relaxed;
@@ -704,6 +717,12 @@ macro_rules! stages {
 }
 
 stages! {
+    /// FUSE requests read from the kernel (every request, not only writes): CPU only, the
+    /// transport's (the kernel's copy of each request into the daemon's buffer and the
+    /// pinning of its pages), sampled by the FUSE layer (`Stage::add_cpu`); its wall time
+    /// would be the wait for requests and is not counted. Replies are not in it: a read's
+    /// data going back to the kernel counts nowhere yet.
+    transport,
     /// FUSE write requests taken into file states (copy, hand-over to the cutter and the
     /// workers, including waiting when the file's cutter is `CUT_QUEUE_BYTES` behind).
     ingest,

@@ -114,3 +114,47 @@ fn prometheus_output_parses_and_matches_the_json_stats() {
         "no hash stage in:\n{text}"
     );
 }
+
+/// Every FUSE request read from the kernel counts in the `transport` stage, with a CPU
+/// estimate from the FUSE threads' samples (one read in 16 per thread): the stage that makes
+/// the stages' CPU add up to the daemon's. Before it, `stats` had no such stage.
+#[test]
+fn the_transport_stage_counts_every_request_and_its_cpu() {
+    let mut m = TestMount::with_format_args("256M", &[]);
+    let mnt = m.mnt().to_path_buf();
+    let before = m.stats_json_of(&mnt);
+    let count = |v: &serde_json::Value, what: &str| {
+        v["stages"]["transport"][what]
+            .as_f64()
+            .unwrap_or_else(|| panic!("no transport stage {what} in {v}"))
+    };
+    // 64 MiB in 64 KiB writes: 1024 write requests, 64 or more of them sampled.
+    let data = pattern(7, 64 << 20);
+    let mut f = fs::File::create(m.path("ckpt.bin")).expect("create");
+    for piece in data.chunks(64 << 10) {
+        f.write_all(piece).expect("write");
+    }
+    drop(f);
+    let after = m.stats_json_of(&mnt);
+    let d = |what: &str| count(&after, what) - count(&before, what);
+    assert!(
+        d("count") >= 1024.0,
+        "one count per request: {}",
+        d("count")
+    );
+    assert!(
+        d("bytes") >= (64 << 20) as f64,
+        "the requests' bytes: {}",
+        d("bytes")
+    );
+    assert!(
+        d("sampled_count") >= 32.0,
+        "sampled reads: {}",
+        d("sampled_count")
+    );
+    assert!(
+        d("cpu_seconds") > 0.0,
+        "the copies took CPU: {}",
+        d("cpu_seconds")
+    );
+}

@@ -884,6 +884,12 @@ impl Space {
             .prefetch_at(extents.iter().map(|e| (e.hash, e.chunk_record())).collect())
     }
 
+    /// Counts a FUSE request read from the kernel in the `transport` stage (`cpu_ns`: the
+    /// FUSE layer's weighted sample, when it took one).
+    pub fn count_transport(&self, bytes: usize, cpu_ns: Option<u64>) {
+        self.store.stages().transport.add_cpu(bytes, cpu_ns);
+    }
+
     /// Takes a write request's bytes into `file`, timed as the `ingest` stage.
     pub fn ingest(&self, file: &mut FileState, off: u64, data: &[u8]) -> Result<()> {
         // The backing filesystem filled up: no new data, so the commits under way keep the

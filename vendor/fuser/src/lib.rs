@@ -393,6 +393,10 @@ impl KernelConfig {
     }
 }
 
+/// ckptfs patch: one read from the kernel in this many, per thread, is timed for
+/// `Filesystem::received` (reading the thread's CPU clock is a system call).
+pub const RECEIVE_SAMPLE: u64 = 16;
+
 /// Filesystem trait.
 ///
 /// This trait must be implemented to provide a userspace filesystem via FUSE.
@@ -411,6 +415,13 @@ pub trait Filesystem: Send + Sync + 'static {
     /// Clean up filesystem.
     /// Called on filesystem exit.
     fn destroy(&mut self) {}
+
+    /// ckptfs patch: a request of `bytes` bytes was read from the kernel, on this thread,
+    /// before its dispatch. `cpu_ns` is set for one read in `RECEIVE_SAMPLE` per thread: the
+    /// thread CPU that read took, times `RECEIVE_SAMPLE` (the reads it stands for). That
+    /// CPU is the FUSE transport's (the kernel's copy of the request into the buffer and the
+    /// pinning of the buffer's pages); waiting for a request takes none.
+    fn received(&self, _bytes: usize, _cpu_ns: Option<u64>) {}
 
     /// Look up a directory entry by name and get its attributes.
     fn lookup(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEntry) {

@@ -533,6 +533,7 @@ impl<FS: Filesystem> SessionEventLoop<FS> {
         // thread takes its place, so the loop never waits for, or fails to get, a buffer
         // after the filesystem kept one.
         let mut cur = Arc::new(self.buffers.take()?);
+        let mut reads = 0u64;
         loop {
             if Arc::get_mut(&mut cur).is_none() {
                 cur = Arc::new(match SPARE.with(|s| s.borrow_mut().take()) {
@@ -543,6 +544,12 @@ impl<FS: Filesystem> SessionEventLoop<FS> {
                 });
             }
             let b = Arc::get_mut(&mut cur).expect("the loop's own buffer");
+            // ckptfs patch: one read in RECEIVE_SAMPLE is timed on the thread's CPU clock
+            // for `Filesystem::received`.
+            reads += 1;
+            let cpu0 = reads
+                .is_multiple_of(crate::RECEIVE_SAMPLE)
+                .then(thread_cpu_ns);
             // Read the next request from the given channel to kernel driver
             // The kernel driver makes sure that we get exactly one request per read
             let size = match self.ch.receive_retrying(b.read_into()) {
@@ -551,6 +558,12 @@ impl<FS: Filesystem> SessionEventLoop<FS> {
                 Err(err) => return Err(err.into()),
             };
             b.set_len(size);
+            if let Some(fs) = &self.filesystem.fs {
+                let cpu = cpu0.map(|c0| {
+                    thread_cpu_ns().saturating_sub(c0) * crate::RECEIVE_SAMPLE
+                });
+                fs.received(size, cpu);
+            }
             let _current = CurrentGuard::set(&cur, &self.buffers);
             match RequestWithSender::new(self.ch.sender(), cur.bytes()) {
                 // Dispatch request
@@ -572,6 +585,17 @@ impl<FS: Filesystem> SessionEventLoop<FS> {
             }
         }
     }
+}
+
+/// ckptfs patch: this thread's CPU time in nanoseconds.
+fn thread_cpu_ns() -> u64 {
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: clock_gettime writes the timespec it is given.
+    unsafe { libc::clock_gettime(libc::CLOCK_THREAD_CPUTIME_ID, &mut ts) };
+    ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
 }
 
 thread_local! {
