@@ -310,7 +310,7 @@ pub(crate) mod tests {
             !required,
             "{test}: CKPTFS_REQUIRE=avx512 but this CPU has no AVX-512F"
         );
-        eprintln!("SKIPPED: {test}: this CPU has no AVX-512F, the AVX-512 kernel is not tested");
+        eprintln!("SKIPPED {test}: no avx512: this CPU has no AVX-512F; the AVX-512 kernel is untested here");
         false
     }
 
