@@ -16,15 +16,9 @@
 //! chunk's `min` (where FastCDC's hash starts from zero) stay on the scalar loop. Where
 //! AVX-512 is absent (this project's 2-core VMs), the scalar loop does everything, as before.
 
-/// The gear hash after byte `q` of `src` as it is once 64 bytes were hashed (`q >= 63`).
-pub(crate) fn rolling(gear: &[u64; 256], src: &[u8], q: usize) -> u64 {
-    src[q + 1 - WARM..=q]
-        .iter()
-        .fold(0u64, |h, &b| (h << 1).wrapping_add(gear[b as usize]))
-}
-
-/// Bytes a hash must have seen before it no longer depends on where it started.
-pub(crate) const WARM: usize = 64;
+/// The gear hash after a byte as it is once 64 bytes were hashed, and those 64 bytes: the
+/// GPU cutter's walk (`kernels::cut`) rests on the same fact.
+pub(crate) use crate::kernels::cut::{rolling, WARM};
 
 /// Lanes of a block (64-bit hashes in a 512-bit register).
 const LANES: usize = 8;

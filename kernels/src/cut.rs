@@ -30,7 +30,15 @@ pub struct GearParams {
 }
 
 /// Bytes a chunk's fresh hash needs before it equals the rolling hash on every bit.
-const WARM: usize = 64;
+pub const WARM: usize = 64;
+
+/// The rolling gear hash after byte `i` of `data` (`i >= 63`): it depends only on the 64
+/// bytes up to `i`. Also the engine's CPU cutter's (`gearscan`).
+pub fn rolling(gear: &[u64; 256], data: &[u8], i: usize) -> u64 {
+    data[i + 1 - WARM..=i]
+        .iter()
+        .fold(0u64, |h, &b| (h << 1).wrapping_add(gear[b as usize]))
+}
 
 impl GearParams {
     /// Checks what the kernel's per-byte test relies on: masks without bit 63 (the crate
@@ -67,9 +75,7 @@ impl GearParams {
 
     /// The rolling gear hash after byte `i` of `data` (`i >= 63`).
     fn rolling(&self, data: &[u8], i: usize) -> u64 {
-        data[i + 1 - WARM..=i]
-            .iter()
-            .fold(0u64, |h, &b| (h << 1).wrapping_add(self.gear[b as usize]))
+        rolling(&self.gear, data, i)
     }
 }
 
