@@ -2187,7 +2187,11 @@ pub(crate) mod tests {
             let carries = Carries::new(0);
             // Whatever the temporary directory's free space: these tests are about the
             // carries, `spill::tests` about the room left.
-            carries.spill_to_keeping(&std::env::temp_dir(), params().max_bytes as usize, 0);
+            carries.spill_to_keeping(
+                &std::env::temp_dir(),
+                params().max_bytes as usize,
+                Arc::new(|| 0),
+            );
             AsyncChunks {
                 carries: Some(carries),
                 ..AsyncChunks::new(seed)

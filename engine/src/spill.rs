@@ -33,13 +33,28 @@ use parking_lot::Mutex;
 /// and read through the page cache per request.
 pub const CARRY_BYTES: usize = 64 << 20;
 
-/// Free space the spill file leaves on the backing filesystem: no carry is spilled when less
-/// would be left. The metadata table grows on that filesystem too and keeps room for its
-/// next growth there (`device::TableRoom`); a spill file that took that room would make the
-/// space refuse new data (ENOSPC) for its own temporary bytes. Before the table kept room,
-/// a spill file that took the last free blocks failed the whole space in a test (a 700 MiB
-/// tmpfs, 8192 files written at once). Below this, carries stay in memory.
-pub(crate) const SPILL_KEEP_FREE_BYTES: u64 = 1 << 30;
+/// Free space the spill file leaves on the backing filesystem beside a metadata table of
+/// `table_len` bytes: no carry is spilled when less would be left. The table grows on that
+/// filesystem too and keeps its next growth allocated there (`device::TableRoom`); when it
+/// grows into that room it allocates the growth after it, and a spill file that had taken
+/// those blocks would make the space refuse new data (ENOSPC) for its own temporary bytes.
+/// So the spill leaves two of the table's growths free (the one after next too), and never
+/// less than `SPILL_KEEP_FREE_MIN`. Before the table kept room, a spill file that took the
+/// last free blocks failed the whole space in a test (a 700 MiB tmpfs, 8192 files written
+/// at once). A fixed 1 GiB was left before this followed the table: on a CI machine whose
+/// disk had 1 GiB free, a 512 MiB space with a 2 MiB table kept every carry in memory
+/// and its daemon peaked at 779 MiB. Below the reserve, carries stay in memory.
+pub(crate) fn spill_keep_free(table_len: u64) -> u64 {
+    (2 * crate::device::table_growth(table_len)).max(SPILL_KEEP_FREE_MIN)
+}
+
+/// The least free space the spill file leaves (`spill_keep_free`): room for the table's
+/// growths of a small space and for whatever else writes to the backing filesystem (the
+/// space's lock and superblock updates, logs).
+pub(crate) const SPILL_KEEP_FREE_MIN: u64 = 128 << 20;
+
+/// How much free space the spill file leaves, asked before every spill (the table grows).
+pub(crate) type KeepFree = Arc<dyn Fn() -> u64 + Send + Sync>;
 
 /// A carry that can be spilled: the cutter state holding it.
 pub trait Spill: Send + Sync {
@@ -63,7 +78,7 @@ pub struct Carries {
     order: Mutex<VecDeque<(Weak<dyn Spill>, u64)>>,
     /// Where to create the spill file (the backing directory), its slot size and the free
     /// space it leaves; none: carries stay in memory.
-    dir: Mutex<Option<(PathBuf, usize, u64)>>,
+    dir: Mutex<Option<(PathBuf, usize, KeepFree)>>,
     file: Mutex<Option<Arc<SpillFile>>>,
     /// The spill file could not be created: carries stay in memory (logged once).
     no_file: std::sync::atomic::AtomicBool,
@@ -89,13 +104,23 @@ impl Carries {
     }
 
     /// Lets carries spill to an unlinked file in `dir`, in slots of `slot_bytes` (the
-    /// maximum chunk: no carry is longer; one that is stays in memory).
-    pub(crate) fn spill_to(&self, dir: &Path, slot_bytes: usize) {
-        self.spill_to_keeping(dir, slot_bytes, SPILL_KEEP_FREE_BYTES);
+    /// maximum chunk: no carry is longer; one that is stays in memory), leaving the free
+    /// space that the metadata table on `table` needs for its growth (`spill_keep_free`).
+    pub(crate) fn spill_to(
+        &self,
+        dir: &Path,
+        slot_bytes: usize,
+        table: Arc<dyn crate::device::Device>,
+    ) {
+        self.spill_to_keeping(
+            dir,
+            slot_bytes,
+            Arc::new(move || spill_keep_free(table.len())),
+        );
     }
 
-    /// `spill_to`, leaving `keep_free` bytes free on the filesystem (tests).
-    pub(crate) fn spill_to_keeping(&self, dir: &Path, slot_bytes: usize, keep_free: u64) {
+    /// `spill_to`, leaving what `keep_free` says free on the filesystem (tests).
+    pub(crate) fn spill_to_keeping(&self, dir: &Path, slot_bytes: usize, keep_free: KeepFree) {
         *self.dir.lock() = Some((
             dir.to_path_buf(),
             slot_bytes.next_multiple_of(4096),
@@ -244,8 +269,8 @@ impl Drop for Charge {
 pub struct SpillFile {
     file: File,
     slot_bytes: usize,
-    /// Free space to leave on the filesystem (`SPILL_KEEP_FREE_BYTES`).
-    keep_free: u64,
+    /// Free space to leave on the filesystem (`spill_keep_free`).
+    keep_free: KeepFree,
     /// Free slots below `next` (most recently freed last: reused first, while their pages
     /// may still be cached), and the first slot never used.
     free: Mutex<(Vec<u64>, u64)>,
@@ -258,7 +283,7 @@ pub struct SpillFile {
 }
 
 impl SpillFile {
-    fn create(dir: &Path, slot_bytes: usize, keep_free: u64) -> std::io::Result<SpillFile> {
+    fn create(dir: &Path, slot_bytes: usize, keep_free: KeepFree) -> std::io::Result<SpillFile> {
         use std::os::unix::fs::OpenOptionsExt;
         // O_TMPFILE: the file never has a name, so the backing directory's listing does not
         // change (FORMAT.md) and a crash leaves nothing behind. Filesystems without it
@@ -329,14 +354,15 @@ impl SpillFile {
             }
             st.f_bavail as u64 * st.f_frsize as u64
         };
-        let ok = free >= self.keep_free.saturating_add(self.slot_bytes as u64);
+        let keep_free = (self.keep_free)();
+        let ok = free >= keep_free.saturating_add(self.slot_bytes as u64);
         if !ok && !self.low_space_warned.swap(true, Ordering::Relaxed) {
             log::warn!(
                 "the backing filesystem has {} MiB free, less than the {} MiB the spill file \
                  leaves for the metadata table's growth: carried chunks stay in memory while \
                  it is so (logged once)",
                 free >> 20,
-                self.keep_free >> 20
+                keep_free >> 20
             );
         }
         ok
@@ -413,7 +439,7 @@ mod tests {
     #[test]
     fn spills_only_with_room_left_and_carries_come_back() {
         let c = Carries::new(0);
-        c.spill_to_keeping(&std::env::temp_dir(), 4096, u64::MAX / 4);
+        c.spill_to_keeping(&std::env::temp_dir(), 4096, Arc::new(|| u64::MAX / 4));
         let f = c.file().expect("a spill file in the temporary directory");
         assert!(
             f.store(b"a carried chunk").is_none(),
@@ -421,7 +447,7 @@ mod tests {
         );
 
         let c = Carries::new(0);
-        c.spill_to_keeping(&std::env::temp_dir(), 4096, 0);
+        c.spill_to_keeping(&std::env::temp_dir(), 4096, Arc::new(|| 0));
         let f = c.file().expect("a spill file");
         let a = f.store(&[7u8; 3000]).expect("spilled");
         let b = f.store(&[9u8; 4096]).expect("spilled");
@@ -446,5 +472,62 @@ mod tests {
             0,
             "emptied with no carry in it"
         );
+    }
+
+    /// The reserve follows the metadata table: a small space's table leaves the minimum
+    /// (not the fixed 1 GiB that kept a CI machine with 1 GiB free from spilling), a big
+    /// table two of its growths; and the table's length is asked at every spill, since it
+    /// grows while the space is mounted.
+    #[test]
+    fn the_room_left_follows_the_metadata_table() {
+        assert_eq!(spill_keep_free(0), SPILL_KEEP_FREE_MIN);
+        assert_eq!(spill_keep_free(2 << 20), SPILL_KEEP_FREE_MIN);
+        assert_eq!(spill_keep_free(1 << 30), 2 << 30);
+        assert_eq!(spill_keep_free(10 << 30), 16 << 30);
+
+        /// A table device that only has a length, and counts how often it was asked.
+        struct Table(AtomicU64, AtomicUsize);
+        impl crate::device::Device for Table {
+            fn read_at(&self, _: &mut [u8], _: u64) -> std::io::Result<()> {
+                unreachable!("the spill only asks the table's length")
+            }
+            fn write_at(&self, _: &[u8], _: u64) -> std::io::Result<()> {
+                unreachable!("the spill only asks the table's length")
+            }
+            fn sync(&self) -> std::io::Result<()> {
+                Ok(())
+            }
+            fn len(&self) -> u64 {
+                self.1.fetch_add(1, Ordering::Relaxed);
+                self.0.load(Ordering::Relaxed)
+            }
+        }
+        let table = Arc::new(Table(AtomicU64::new(1 << 20), AtomicUsize::new(0)));
+        let c = Carries::new(0);
+        c.spill_to(&std::env::temp_dir(), 4096, table.clone());
+        let f = c.file().expect("a spill file in the temporary directory");
+        let free = |f: &SpillFile| {
+            // SAFETY: as in `room`.
+            unsafe {
+                let mut st: libc::statvfs = std::mem::zeroed();
+                assert_eq!(
+                    libc::fstatvfs(std::os::fd::AsRawFd::as_raw_fd(&f.file), &mut st),
+                    0
+                );
+                st.f_bavail as u64 * st.f_frsize as u64
+            }
+        };
+        let kept = f.store(b"one");
+        if kept.is_some() {
+            assert!(free(&f) >= SPILL_KEEP_FREE_MIN, "spilled into the reserve");
+        }
+        let asked = table.1.load(Ordering::Relaxed);
+        assert!(asked >= 1, "the table's length was not asked");
+        let again = f.store(b"two");
+        assert!(
+            table.1.load(Ordering::Relaxed) > asked,
+            "the table's length was asked once, not at every spill"
+        );
+        drop((kept, again));
     }
 }

@@ -432,10 +432,11 @@ impl Space {
     pub(super) fn attach_writable(&mut self, dir: &Path, lock: File) {
         self.dir = dir.to_path_buf();
         self.lock = Some(lock);
-        self.store
-            .pipeline()
-            .carries
-            .spill_to(dir, self.sb.chunk.max_bytes as usize);
+        self.store.pipeline().carries.spill_to(
+            dir,
+            self.sb.chunk.max_bytes as usize,
+            self.meta.clone(),
+        );
     }
 
     /// Opens the space that `sb` describes on the given devices (the caller holds whatever
