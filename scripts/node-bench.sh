@@ -8,8 +8,9 @@
 #   scripts/node-bench.sh run    (on the node, from the repository root: the engine's tests,
 #                                 which run the AVX-512 cutter where the CPU has it; the cutter
 #                                 and codecs per core; checkpoint steps at 1/4/8/16 writers in
-#                                 the three layouts on the CPU path; the limits; cold restart;
-#                                 the GPU kernel tests if there is a GPU)
+#                                 the three layouts on the CPU path; the limits; cold restart,
+#                                 through the page cache and with CKPTFS_DIRECT_READS=1; the
+#                                 GPU kernel tests if there is a GPU)
 #
 # With this project's device tool: `scripts/node-bench.sh pack` here, then
 #   run(command="bash scripts/node-bench.sh run", carry=["target/node-pack"], timeout_s=420)
@@ -78,6 +79,9 @@ run)
         --mount-arg=--gpu=off --json "$out/steps.json"
     step limits 40 "$b" limits "${common[@]}"
     step restart 90 "$b" restart "${common[@]}"
+    # The same cold reads with the data file read past the page cache (engine/src/device.rs
+    # `direct_reads`): which way the restart goes on a many-core node decides the default.
+    step restart 90 env CKPTFS_DIRECT_READS=1 "$b" restart "${common[@]}"
     if command -v nvidia-smi >/dev/null; then
         step tests 60 env CKPTFS_REQUIRE=gpu "$PACK/kernels-gpu" --test-threads 1
     fi

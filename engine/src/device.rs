@@ -34,6 +34,24 @@ pub trait Device: Send + Sync {
 /// Alignment of direct (uncached) writes: offset, length and memory address.
 pub(crate) const DIRECT_ALIGN: usize = 4096;
 
+/// The least bytes a data file read takes with O_DIRECT when `direct_reads` is on: the
+/// store's runs of chunks (up to `store::READ_BYTES`) qualify, a single small chunk does not
+/// (a direct read of 64 KiB costs a disk round trip the page cache's readahead saves).
+const DIRECT_READ_MIN: usize = 1 << 20;
+
+/// Whether large data file reads bypass the page cache: `CKPTFS_DIRECT_READS=1` in the
+/// daemon's environment; off by default. On this project's 2-core VM a cold 1 GiB read
+/// (one reader, 1 MiB requests) took 1.4-1.5 daemon CPU-s/GiB with it against 2.1-2.5
+/// without (the kernel's copy out of the page cache was a third of the daemon's CPU), yet
+/// the restart benchmark gave fewer MiB/s with it (README, "Write path and memory
+/// bounds"). Which wins depends on the node's cores and disk, so it is a switch to measure
+/// with (`scripts/node-bench.sh` runs the restart both ways) until many-core figures decide
+/// the default.
+fn direct_reads() -> bool {
+    static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *ON.get_or_init(|| std::env::var("CKPTFS_DIRECT_READS").is_ok_and(|v| v.trim() == "1"))
+}
+
 pub struct FileDevice {
     file: File,
     /// The same file opened with O_DIRECT, for aligned writes (the chunk store's aggregated
@@ -43,6 +61,8 @@ pub struct FileDevice {
     /// None where the filesystem refuses O_DIRECT (tmpfs) or after it failed once.
     direct: RwLock<Option<File>>,
     len: AtomicU64,
+    /// Large aligned reads use `direct` too (`read_direct`; `direct_reads()` at open).
+    direct_reads: AtomicBool,
     /// A growable device (the metadata table) takes writes anywhere; a fixed one (the
     /// preallocated data file) refuses writes past its end with ENOSPC rather than growing
     /// the file on the backing filesystem behind the user's reservation.
@@ -87,6 +107,7 @@ impl FileDevice {
             file,
             direct: RwLock::new(None),
             len: AtomicU64::new(len),
+            direct_reads: AtomicBool::new(false),
             growable: false,
             room: None,
         })
@@ -107,7 +128,10 @@ impl FileDevice {
             .custom_flags(libc::O_DIRECT)
             .open(&path)
         {
-            Ok(f) => *dev.direct.write() = Some(f),
+            Ok(f) => {
+                *dev.direct.write() = Some(f);
+                dev.direct_reads.store(direct_reads(), Ordering::Relaxed);
+            }
             Err(e) => {
                 log::info!("data file without O_DIRECT ({e}); writes go through the page cache")
             }
@@ -175,6 +199,30 @@ impl FileDevice {
                 "cannot preallocate room for the metadata table ({e}); if the backing \
                  filesystem fills up, a table write fails the space until remount"
             );
+        }
+    }
+
+    /// A read with O_DIRECT where `direct_reads` allows it; `None`: read through the page
+    /// cache. The kernel writes back dirty cached pages of the range before a direct read,
+    /// so bytes written through the cache (unaligned writes) are read as written.
+    fn read_direct(&self, buf: &mut [u8], off: u64) -> Option<io::Result<()>> {
+        let aligned = buf.len() >= DIRECT_READ_MIN
+            && (off as usize).is_multiple_of(DIRECT_ALIGN)
+            && buf.len().is_multiple_of(DIRECT_ALIGN)
+            && (buf.as_ptr() as usize).is_multiple_of(DIRECT_ALIGN);
+        if !aligned || !self.direct_reads.load(Ordering::Relaxed) {
+            return None;
+        }
+        let d = self.direct.read();
+        let f = d.as_ref()?;
+        match f.read_exact_at(buf, off) {
+            Err(e) if e.raw_os_error() == Some(libc::EINVAL) => {
+                if self.direct_reads.swap(false, Ordering::Relaxed) {
+                    log::info!("O_DIRECT read refused ({e}); data file reads use the page cache");
+                }
+                None
+            }
+            r => Some(r),
         }
     }
 
@@ -605,7 +653,14 @@ impl Device for FileDevice {
     /// queue depth, a buffered sequential read 3.4 GiB/s, and a cold restart of one reader
     /// went from 1.1 to 1.8 GiB/s (`ckptfs-bench restart`). Data file pages the direct
     /// writes change are dropped by the kernel around each direct write.
+    ///
+    /// With `CKPTFS_DIRECT_READS=1` in the daemon's environment (`direct_reads`), aligned
+    /// reads of `DIRECT_READ_MIN` or more use O_DIRECT instead: no copy out of the page
+    /// cache, which is a third of the daemon's CPU on a cold restart here.
     fn read_at(&self, buf: &mut [u8], off: u64) -> io::Result<()> {
+        if let Some(r) = self.read_direct(buf, off) {
+            return r;
+        }
         self.file.read_exact_at(buf, off)
     }
     fn write_at(&self, buf: &[u8], off: u64) -> io::Result<()> {
@@ -866,6 +921,63 @@ mod iobuf_tests {
         assert!(b.capacity() > cap);
         assert!(b.as_slice()[..100].iter().all(|&x| x == 9));
         assert!(b.as_slice()[200..].iter().all(|&x| x == 0));
+    }
+}
+
+#[cfg(test)]
+mod direct_read_tests {
+    use super::*;
+
+    /// With direct reads on, a large aligned read comes from the O_DIRECT descriptor and
+    /// returns what was written through either path: direct aligned writes, and unaligned
+    /// writes still dirty in the page cache (written back by the kernel before the read).
+    #[test]
+    fn direct_reads_see_cached_and_direct_writes() {
+        let dir = std::env::temp_dir().join(format!("ckptfs-dread-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join("data");
+        let f = std::fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create(true)
+            .truncate(true)
+            .open(&path)
+            .unwrap();
+        f.set_len(4 << 20).unwrap();
+        let dev = FileDevice::new_direct(f).unwrap();
+        if dev.direct.read().is_none() {
+            eprintln!(
+                "SKIPPED direct_reads_see_cached_and_direct_writes: no O_DIRECT: {} refuses it",
+                dir.display()
+            );
+            std::fs::remove_dir_all(&dir).unwrap();
+            return;
+        }
+        dev.direct_reads.store(true, Ordering::Relaxed);
+        let mut w = IoBuf::new();
+        w.extend_from_slice(&vec![7u8; 2 << 20]);
+        dev.write_at(w.as_slice(), 0).unwrap();
+        // Unaligned: through the page cache, dirty until written back.
+        dev.write_at(&[9u8; 1000], 12345).unwrap();
+        dev.write_at(&[5u8; 3], (2 << 20) + 1).unwrap();
+        let mut r = IoBuf::new();
+        r.resize_for_overwrite(3 << 20);
+        assert!(
+            dev.read_direct(r.as_mut_slice(), 0).is_some(),
+            "not read directly"
+        );
+        let got = r.as_slice();
+        let mut want = vec![7u8; 2 << 20];
+        want[12345..13345].fill(9);
+        want.extend_from_slice(&[0, 5, 5, 5]);
+        want.resize(3 << 20, 0);
+        assert!(got == &want[..], "a direct read returned other bytes");
+        // Small or unaligned reads keep the page cache.
+        let mut small = IoBuf::new();
+        small.resize_for_overwrite(64 << 10);
+        assert!(dev.read_direct(small.as_mut_slice(), 0).is_none());
+        drop(dev);
+        std::fs::remove_dir_all(&dir).unwrap();
     }
 }
 
