@@ -7,7 +7,7 @@ use std::collections::BTreeMap;
 pub type Stages = BTreeMap<String, f64>;
 
 /// The daemon's stages in the order of the write and read paths; names not listed go last.
-const STAGE_ORDER: [&str; 13] = [
+const STAGE_ORDER: [&str; 14] = [
     "ingest",
     "cut",
     "predict",
@@ -21,6 +21,7 @@ const STAGE_ORDER: [&str; 13] = [
     "commit",
     "read",
     "decode",
+    "reply",
 ];
 /// Stages below this many seconds are left out of the stage table.
 const STAGE_MIN_S: f64 = 0.005;

@@ -720,8 +720,8 @@ stages! {
     /// FUSE requests read from the kernel (every request, not only writes): CPU only, the
     /// transport's (the kernel's copy of each request into the daemon's buffer and the
     /// pinning of its pages), sampled by the FUSE layer (`Stage::add_cpu`); its wall time
-    /// would be the wait for requests and is not counted. Replies are not in it: a read's
-    /// data going back to the kernel counts nowhere yet.
+    /// would be the wait for requests and is not counted. A read's data going back is in
+    /// `reply`.
     transport,
     /// FUSE write requests taken into file states (copy, hand-over to the cutter and the
     /// workers, including waiting when the file's cutter is `CUT_QUEUE_BYTES` behind).
@@ -759,6 +759,10 @@ stages! {
     read,
     /// Decompression and blake3 verification of chunks read.
     decode,
+    /// A read's reply: its bytes copied out of the verified chunks into the FUSE thread's
+    /// reply buffer (bytes not counted: the same bytes as the reply), and the kernel's copy
+    /// of that buffer (`Space::time_reply`, timed in the mount; bytes counted).
+    reply,
     /// Chunks read ahead of sequential readers (`ChunkStore::prefetch`, of this slot's
     /// files or another's): jobs and raw bytes only, no time of its own (the reads are in
     /// `read` and `decode`; count: read-ahead jobs).

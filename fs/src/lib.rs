@@ -1505,6 +1505,7 @@ impl Fs {
             off,
             (end - off) as usize,
             out,
+            self.space.reply_stage(),
         )?)
     }
 

@@ -954,7 +954,10 @@ impl Filesystem for CkptFs {
                 .fs
                 .read_to(InodeId(ino.0), HandleId(fh.0), offset, size as usize, buf)
             {
-                Ok(()) => reply.data(buf),
+                Ok(()) => {
+                    let n = buf.len();
+                    self.fs.space().time_reply(n, || reply.data(buf))
+                }
                 Err(e) => reply.error(fail("read", ino.0, e)),
             }
             // Kept for the next reply up to the largest request the kernel sends, so a

@@ -115,6 +115,42 @@ fn prometheus_output_parses_and_matches_the_json_stats() {
     );
 }
 
+/// A read's data going back to the kernel counts in the `reply` stage: every byte of a
+/// cold read, with CPU (the copy out of the chunks and the kernel's copy of the reply).
+/// Before it, the read path's stages left out the FUSE threads' part of a restart.
+#[test]
+fn the_reply_stage_counts_every_byte_read_and_its_cpu() {
+    let mut m = TestMount::with_format_args("256M", &[]);
+    let data = pattern(11, 64 << 20);
+    fs::write(m.path("ckpt.bin"), &data).expect("write");
+    // Read back from the space, not from the writer's open state.
+    m.remount();
+    let mnt = m.mnt().to_path_buf();
+    let before = m.stats_json_of(&mnt);
+    let got = fs::read(m.path("ckpt.bin")).expect("read");
+    assert!(got == data, "read back other bytes");
+    let after = m.stats_json_of(&mnt);
+    let d = |what: &str| {
+        let v = |s: &serde_json::Value| {
+            s["stages"]["reply"][what]
+                .as_f64()
+                .unwrap_or_else(|| panic!("no reply stage {what} in {s}"))
+        };
+        v(&after) - v(&before)
+    };
+    assert!(
+        d("bytes") >= (64 << 20) as f64 && d("bytes") <= (128 << 20) as f64,
+        "the replies' bytes: {}",
+        d("bytes")
+    );
+    assert!(d("count") >= 16.0, "replies counted: {}", d("count"));
+    assert!(
+        d("cpu_seconds") > 0.0,
+        "the copies took CPU: {}",
+        d("cpu_seconds")
+    );
+}
+
 /// Every FUSE request read from the kernel counts in the `transport` stage, with a CPU
 /// estimate from the FUSE threads' samples (one read in 16 per thread): the stage that makes
 /// the stages' CPU add up to the daemon's. Before it, `stats` had no such stage.

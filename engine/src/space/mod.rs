@@ -890,6 +890,18 @@ impl Space {
         self.store.stages().transport.add_cpu(bytes, cpu_ns);
     }
 
+    /// Runs `send`, the sending of a read's reply of `bytes` to the kernel, as the `reply`
+    /// stage (its CPU: the kernel's copy of the reply).
+    pub fn time_reply<T>(&self, bytes: usize, send: impl FnOnce() -> T) -> T {
+        self.store.stages().reply.time(bytes, send)
+    }
+
+    /// The `reply` stage, for the copy of a read's bytes into its reply
+    /// (`ExtentMap::read_pieces_to`).
+    pub fn reply_stage(&self) -> &crate::pipeline::Stage {
+        &self.store.stages().reply
+    }
+
     /// Takes a write request's bytes into `file`, timed as the `ingest` stage.
     pub fn ingest(&self, file: &mut FileState, off: u64, data: &[u8]) -> Result<()> {
         // The backing filesystem filled up: no new data, so the commits under way keep the
