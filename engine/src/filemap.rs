@@ -34,6 +34,27 @@ pub struct ExtentMap {
     extents: BTreeMap<u64, Extent>,
 }
 
+/// A piece of a read's bytes (`ExtentMap::read_pieces_parts`).
+pub enum ReadPart {
+    /// Bytes of a verified chunk.
+    Chunk(ChunkBytes, std::ops::Range<usize>),
+    /// So many zero bytes (a hole).
+    Zeros(usize),
+}
+
+impl ReadPart {
+    pub fn len(&self) -> usize {
+        match self {
+            ReadPart::Chunk(_, r) => r.len(),
+            ReadPart::Zeros(n) => *n,
+        }
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+}
+
 impl ExtentMap {
     pub fn new() -> Self {
         Self::default()
@@ -179,6 +200,38 @@ impl ExtentMap {
         })
     }
 
+    /// `read_pieces_to` without the copy: the read's bytes as the verified chunks' ranges
+    /// and runs of zeros (holes) in file order, `len` bytes in all, for a reply that the
+    /// kernel gathers from them (`fuser::ReplyData::data_vectored`).
+    pub fn read_pieces_parts(
+        c: &dyn ChunkIo,
+        pieces: Vec<(u64, Extent)>,
+        off: u64,
+        len: usize,
+    ) -> Result<Vec<ReadPart>> {
+        let hashes: Vec<ChunkHash> = pieces.iter().map(|(_, e)| e.chunk).collect();
+        let chunks = c.get_many(&hashes)?;
+        let mut parts = Vec::with_capacity(pieces.len() + 1);
+        let mut pos = 0;
+        Self::paint_ranges(&pieces, &chunks, off, |at, chunk, range| {
+            debug_assert!(at >= pos, "pieces are in order and do not overlap");
+            // Clipped to the read, as `read_pieces_to`'s final resize does.
+            let n = range.len().min(len.saturating_sub(at));
+            if n == 0 {
+                return;
+            }
+            if at > pos {
+                parts.push(ReadPart::Zeros(at - pos));
+            }
+            parts.push(ReadPart::Chunk(chunk.clone(), range.start..range.start + n));
+            pos = at + n;
+        })?;
+        if len > pos {
+            parts.push(ReadPart::Zeros(len - pos));
+        }
+        Ok(parts)
+    }
+
     /// The one place extents become bytes (this slot's file maps and other slots'
     /// published extents alike): hands each piece's bytes in its chunk (`chunks`, in the
     /// pieces' order) to `put`, with where they go relative to file offset `off`. A piece
@@ -189,6 +242,18 @@ impl ExtentMap {
         chunks: &[ChunkBytes],
         off: u64,
         mut put: impl FnMut(usize, &[u8]),
+    ) -> Result<()> {
+        Self::paint_ranges(pieces, chunks, off, |at, chunk, range| {
+            put(at, &chunk[range])
+        })
+    }
+
+    /// `paint`, handing over each piece's chunk and the range of it the piece takes.
+    fn paint_ranges(
+        pieces: &[(u64, Extent)],
+        chunks: &[ChunkBytes],
+        off: u64,
+        mut put: impl FnMut(usize, &ChunkBytes, std::ops::Range<usize>),
     ) -> Result<()> {
         for ((s, e), data) in pieces.iter().zip(chunks) {
             let from = e.chunk_off as usize;
@@ -203,7 +268,7 @@ impl ExtentMap {
                 }
                 .into());
             }
-            put((s - off) as usize, &data[from..to]);
+            put((s - off) as usize, data, from..to);
         }
         Ok(())
     }
@@ -1950,6 +2015,58 @@ pub(crate) mod tests {
             matches!(r, Err(Error::Corrupt(Corruption::Record { .. }))),
             "{r:?}"
         );
+    }
+
+    /// A read handed back as pieces (`read_pieces_parts`, what a FUSE reply gathers) is the
+    /// same bytes as the read copied into one buffer (`read_pieces_to`): random pieces of
+    /// random chunks with holes between them and before and after, and reads that end
+    /// inside a piece, seeded.
+    #[test]
+    fn reads_as_parts_equal_reads_into_a_buffer() {
+        for_seeds(8, reads_as_parts_equal_reads_into_a_buffer_seeded);
+    }
+
+    fn reads_as_parts_equal_reads_into_a_buffer_seeded(seed: u64) {
+        let mut rng = SmallRng::seed_from_u64(seed);
+        let c = MemChunks::default();
+        let stage = crate::pipeline::Stage::default();
+        for round in 0..50 {
+            let mut pieces = Vec::new();
+            let off = rng.random_range(0..1000u64);
+            let mut at = off + rng.random_range(0..3u64) * rng.random_range(0..5000u64);
+            for _ in 0..rng.random_range(0..8) {
+                let mut data = vec![0u8; rng.random_range(1..20_000)];
+                rng.fill_bytes(&mut data);
+                let h = c.put(&data).unwrap();
+                let from = rng.random_range(0..data.len());
+                let len = rng.random_range(1..=data.len() - from);
+                pieces.push((
+                    at,
+                    Extent {
+                        chunk: h,
+                        chunk_off: from as u32,
+                        len: len as u32,
+                    },
+                ));
+                at += len as u64 + rng.random_range(0..2u64) * rng.random_range(0..3000u64);
+            }
+            // Sometimes short of the last piece's end, sometimes past it (a hole at the end).
+            let len = ((at - off) as usize + rng.random_range(0..4000))
+                .saturating_sub(rng.random_range(0..2usize) * rng.random_range(0..3000usize));
+            let mut want = Vec::new();
+            ExtentMap::read_pieces_to(&c, pieces.clone(), off, len, &mut want, &stage).unwrap();
+            let parts = ExtentMap::read_pieces_parts(&c, pieces, off, len).unwrap();
+            let mut got = Vec::new();
+            for p in &parts {
+                assert!(!p.is_empty(), "round {round} (seed {seed}): an empty part");
+                match p {
+                    ReadPart::Chunk(b, r) => got.extend_from_slice(&b[r.clone()]),
+                    ReadPart::Zeros(n) => got.resize(got.len() + n, 0),
+                }
+            }
+            assert_eq!(got.len(), len, "round {round} (seed {seed}): length");
+            assert!(got == want, "round {round} (seed {seed}): other bytes");
+        }
     }
 
     #[derive(Default)]

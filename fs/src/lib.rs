@@ -1462,22 +1462,38 @@ impl Fs {
         len: usize,
         out: &mut Vec<u8>,
     ) -> Result<()> {
+        self.read_reply(ino, fh, off, len, out, false).map(|_| ())
+    }
+
+    /// `read_to`, except that where the bytes come whole from stored chunks (a file nobody
+    /// is writing: what a restart reads) and `vectored`, they are handed back as the
+    /// chunks' pieces (`ReadReply::Parts`) instead of copied into `out`, for a reply the
+    /// kernel gathers from them.
+    pub fn read_reply(
+        &self,
+        ino: InodeId,
+        fh: HandleId,
+        off: u64,
+        len: usize,
+        out: &mut Vec<u8>,
+        vectored: bool,
+    ) -> Result<ReadReply> {
         if let Some(obj) = self.merged_handle(fh) {
             *out = self.sh_read(obj, off, len, None)?;
             self.sh_read_ahead(fh, obj, off, off + out.len() as u64);
-            return Ok(());
+            return Ok(ReadReply::Bytes);
         }
         let layer = self.via_handle(ino, fh);
         if layer != ino && !self.local_only(layer) {
             // Read through a handle writing this slot's layer of a file other layers
             // make up too: all of them, this one's open state on top.
             *out = self.sh_read(ino, off, len, Some(layer))?;
-            return Ok(());
+            return Ok(ReadReply::Bytes);
         }
         let ino = layer;
         if ino == view::ADVICE {
             *out = self.advice_read(fh, off, len)?;
-            return Ok(());
+            return Ok(ReadReply::Bytes);
         }
         let node = self.handle_node(ino, fh, "read")?;
         let (pieces, end) = {
@@ -1489,24 +1505,30 @@ impl Fs {
             // revision these extents come from.
             if n.writers != 0 || !n.file.is_clean() {
                 *out = n.file.read(self.space.chunks(), off, len)?;
-                return Ok(());
+                return Ok(ReadReply::Bytes);
             }
             let end = off.saturating_add(len as u64).min(n.file.size());
             if off >= end {
                 out.clear();
-                return Ok(());
+                return Ok(ReadReply::Bytes);
             }
             self.read_ahead(&mut n, off, end);
             (n.file.map().pieces(off, end), end)
         };
-        Ok(ExtentMap::read_pieces_to(
+        let len = (end - off) as usize;
+        if vectored {
+            let parts = ExtentMap::read_pieces_parts(self.space.chunks(), pieces, off, len)?;
+            return Ok(ReadReply::Parts(parts));
+        }
+        ExtentMap::read_pieces_to(
             self.space.chunks(),
             pieces,
             off,
-            (end - off) as usize,
+            len,
             out,
             self.space.reply_stage(),
-        )?)
+        )?;
+        Ok(ReadReply::Bytes)
     }
 
     /// Hands the chunks ahead of a sequential reader of a clean file to the store's
@@ -2547,4 +2569,12 @@ impl Fs {
     pub fn stats(&self) -> Result<Stats> {
         Ok(self.space.stats()?)
     }
+}
+
+/// What `Fs::read_reply` produced.
+pub enum ReadReply {
+    /// The bytes are in the caller's buffer.
+    Bytes,
+    /// The bytes are these pieces of verified chunks and holes, in order.
+    Parts(Vec<ckptfs_engine::filemap::ReadPart>),
 }

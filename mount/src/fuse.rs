@@ -1,9 +1,10 @@
 //! The FUSE adapter: the only place fuser types appear. Every request is translated to an
 //! `fs::Fs` call, and every error to an errno in `errno()`.
 
+use ckptfs_engine::filemap::ReadPart;
 use ckptfs_engine::format::{InodeId, NodeKind, Timestamp};
 use ckptfs_fs::xattr::XattrSet;
-use ckptfs_fs::{creds, Attr, Caller, Error, Fs, HandleId, Requester, SetAttr};
+use ckptfs_fs::{creds, Attr, Caller, Error, Fs, HandleId, ReadReply, Requester, SetAttr};
 use fuser::{
     Errno, FileAttr, FileHandle, FileType, Filesystem, FopenFlags, Generation, INodeNo, InitFlags,
     KernelConfig, LockOwner, OpenAccMode, OpenFlags, RenameFlags, ReplyAttr, ReplyCreate,
@@ -950,14 +951,20 @@ impl Filesystem for CkptFs {
         reply: ReplyData,
     ) {
         REPLY_BUF.with_borrow_mut(|buf| {
-            match self
-                .fs
-                .read_to(InodeId(ino.0), HandleId(fh.0), offset, size as usize, buf)
-            {
-                Ok(()) => {
+            let r = self.fs.read_reply(
+                InodeId(ino.0),
+                HandleId(fh.0),
+                offset,
+                size as usize,
+                buf,
+                true,
+            );
+            match r {
+                Ok(ReadReply::Bytes) => {
                     let n = buf.len();
                     self.fs.space().time_reply(n, || reply.data(buf))
                 }
+                Ok(ReadReply::Parts(parts)) => send_parts(self.fs.space(), &parts, buf, reply),
                 Err(e) => reply.error(fail("read", ino.0, e)),
             }
             // Kept for the next reply up to the largest request the kernel sends, so a
@@ -1312,6 +1319,46 @@ fn request_window(data: &[u8]) -> Option<ckptfs_engine::pipeline::SharedBytes> {
     Some(ckptfs_engine::pipeline::SharedBytes::window(
         buf, start, len, resident,
     ))
+}
+
+/// Zeros for the holes of a vectored read reply, referenced as often as a hole needs.
+static ZEROS: [u8; 64 << 10] = [0; 64 << 10];
+
+/// Sends a read's bytes as they lie in the verified chunks (`ReadReply::Parts`): the kernel
+/// gathers them in its copy of the reply, so they are not first copied into one buffer
+/// (that copy was 8% of the daemon's CPU on a cold restart here, perf). A reply of more
+/// pieces than one writev takes is assembled in `buf` instead. Timed as the `reply` stage.
+fn send_parts(
+    space: &ckptfs_engine::Space,
+    parts: &[ReadPart],
+    buf: &mut Vec<u8>,
+    reply: ReplyData,
+) {
+    let n: usize = parts.iter().map(ReadPart::len).sum();
+    space.time_reply(n, || {
+        let mut iov: Vec<std::io::IoSlice<'_>> = Vec::with_capacity(parts.len() + 1);
+        for p in parts {
+            match p {
+                ReadPart::Chunk(c, r) => iov.push(std::io::IoSlice::new(&c[r.clone()])),
+                ReadPart::Zeros(z) => {
+                    let mut z = *z;
+                    while z > 0 {
+                        let k = z.min(ZEROS.len());
+                        iov.push(std::io::IoSlice::new(&ZEROS[..k]));
+                        z -= k;
+                    }
+                }
+            }
+        }
+        if iov.len() <= fuser::MAX_REPLY_SLICES {
+            return reply.data_vectored(&iov);
+        }
+        buf.clear();
+        for s in &iov {
+            buf.extend_from_slice(s);
+        }
+        reply.data(buf)
+    })
 }
 
 #[cfg(test)]

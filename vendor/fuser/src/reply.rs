@@ -209,11 +209,23 @@ impl ReplyData {
         self.reply.send_ll(&ll::ResponseSlice(data));
     }
 
+    /// ckptfs patch: reply with the data in several pieces, which the kernel gathers in
+    /// one writev, so the filesystem need not copy them into one buffer first. At most
+    /// `MAX_REPLY_SLICES` pieces (the kernel's iovec limit, less the header's).
+    pub fn data_vectored(self, data: &[IoSlice<'_>]) {
+        assert!(data.len() <= MAX_REPLY_SLICES, "too many pieces for one reply");
+        self.reply.send_ll(&ll::ResponseSlices(data));
+    }
+
     /// Reply to a request with the given error code
     pub fn error(self, err: Errno) {
         self.reply.error(err);
     }
 }
+
+/// ckptfs patch: the most pieces `ReplyData::data_vectored` takes (Linux's UIO_MAXIOV is
+/// 1024 iovecs per writev, one of them the header).
+pub const MAX_REPLY_SLICES: usize = 1023;
 
 ///
 /// Entry reply

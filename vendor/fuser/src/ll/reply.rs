@@ -61,6 +61,15 @@ impl Response for ResponseSlice<'_> {
     }
 }
 
+/// ckptfs patch: data in several pieces, sent with one writev (`ReplyData::data_vectored`).
+pub(crate) struct ResponseSlices<'a>(pub(crate) &'a [IoSlice<'a>]);
+
+impl Response for ResponseSlices<'_> {
+    fn payload(&self) -> &'_ [IoSlice<'_>] {
+        self.0
+    }
+}
+
 pub(crate) struct ResponseEmpty;
 
 impl Response for ResponseEmpty {
