@@ -761,7 +761,7 @@ stages! {
     decode,
     /// A read's reply: its bytes copied out of the verified chunks into the FUSE thread's
     /// reply buffer (bytes not counted: the same bytes as the reply), and the kernel's copy
-    /// of that buffer (`Space::time_reply`, timed in the mount; bytes counted).
+    /// of that buffer (`Space::reply_stage`, timed in the mount; bytes counted).
     reply,
     /// Chunks read ahead of sequential readers (`ChunkStore::prefetch`, of this slot's
     /// files or another's): jobs and raw bytes only, no time of its own (the reads are in

@@ -962,7 +962,7 @@ impl Filesystem for CkptFs {
             match r {
                 Ok(ReadReply::Bytes) => {
                     let n = buf.len();
-                    self.fs.space().time_reply(n, || reply.data(buf))
+                    self.fs.space().reply_stage().time(n, || reply.data(buf))
                 }
                 Ok(ReadReply::Parts(parts)) => send_parts(self.fs.space(), &parts, buf, reply),
                 Err(e) => reply.error(fail("read", ino.0, e)),
@@ -1335,7 +1335,7 @@ fn send_parts(
     reply: ReplyData,
 ) {
     let n: usize = parts.iter().map(ReadPart::len).sum();
-    space.time_reply(n, || {
+    space.reply_stage().time(n, || {
         let mut iov: Vec<std::io::IoSlice<'_>> = Vec::with_capacity(parts.len() + 1);
         for p in parts {
             match p {

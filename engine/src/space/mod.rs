@@ -890,14 +890,8 @@ impl Space {
         self.store.stages().transport.add_cpu(bytes, cpu_ns);
     }
 
-    /// Runs `send`, the sending of a read's reply of `bytes` to the kernel, as the `reply`
-    /// stage (its CPU: the kernel's copy of the reply).
-    pub fn time_reply<T>(&self, bytes: usize, send: impl FnOnce() -> T) -> T {
-        self.store.stages().reply.time(bytes, send)
-    }
-
-    /// The `reply` stage, for the copy of a read's bytes into its reply
-    /// (`ExtentMap::read_pieces_to`).
+    /// The `reply` stage: the copy of a read's bytes into its reply
+    /// (`ExtentMap::read_pieces_to`) and the kernel's copy of the reply (timed in the mount).
     pub fn reply_stage(&self) -> &crate::pipeline::Stage {
         &self.store.stages().reply
     }
