@@ -46,9 +46,16 @@ ckptfs_mount() {
     local -a extra=()
     read -r -a extra <<<"${CKPTFS_MOUNT_OPTS:-}"
     mopts+=("${extra[@]}")
-    CKPTFS_WORK="$(mktemp -d "${TMPDIR:-/tmp}/ckptfs-harness.XXXXXX")"
+    # A short name: pjdfstest binds sockets 77 bytes below the mountpoint, and a socket's
+    # path has 108 bytes (sun_path), so a mountpoint path over 30 bytes fails its socket
+    # tests with ENAMETOOLONG, which says nothing of ckptfs.
+    CKPTFS_WORK="$(mktemp -d "${TMPDIR:-/tmp}/ckh.XXXXXX")"
     CKPTFS_BACKING="$CKPTFS_WORK/backing"
     CKPTFS_MNT="$CKPTFS_WORK/mnt"
+    if [[ ${#CKPTFS_MNT} -gt 30 ]]; then
+        log "WARNING: the mountpoint $CKPTFS_MNT is ${#CKPTFS_MNT} bytes long, over 30:" \
+            "pjdfstest's socket tests will fail with ENAMETOOLONG (a shorter TMPDIR avoids it)"
+    fi
     # mktemp makes 0700; the unprivileged users pjdfstest switches to must be
     # able to walk down to the mountpoint.
     chmod 0755 "$CKPTFS_WORK"

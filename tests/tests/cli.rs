@@ -27,6 +27,11 @@ fn chunk_size_option_changes_chunking_and_data_roundtrips() {
     );
 }
 
+/// The size the clobber test asks `format` for: no larger than it needs, since format refuses a
+/// size above the disk's free space and CI machines have had under 1 GiB free while the tests
+/// run (a 1G here failed CI for that reason alone).
+const REFORMAT_SIZE: &str = "256M";
+
 #[test]
 fn format_and_mount_refuse_to_clobber_or_double_mount() {
     let mut m = TestMount::new();
@@ -39,26 +44,34 @@ fn format_and_mount_refuse_to_clobber_or_double_mount() {
         m.ckptfs(&[OsStr::new("umount"), other.path().as_os_str()]);
         panic!("a second mount of a mounted space must fail, but it succeeded");
     }
-    let (st, _, _) = m.ckptfs(&[
+    let (st, _, err) = m.ckptfs(&[
         OsStr::new("format"),
         &backing,
         OsStr::new("--size"),
-        OsStr::new("1G"),
+        OsStr::new(REFORMAT_SIZE),
         OsStr::new("--force"),
     ]);
     assert!(!st.success(), "format --force of a mounted space must fail");
+    assert!(
+        err.contains("in use"),
+        "format --force of a mounted space must fail because it is mounted, said: {err}"
+    );
     assert_file_eq(&m.path("precious"), b"keep me");
 
     m.unmount();
-    let (st, _, _) = m.ckptfs(&[
+    let (st, _, err) = m.ckptfs(&[
         OsStr::new("format"),
         &backing,
         OsStr::new("--size"),
-        OsStr::new("1G"),
+        OsStr::new(REFORMAT_SIZE),
     ]);
     assert!(
         !st.success(),
         "format of an existing space without --force must fail"
+    );
+    assert!(
+        err.contains("already holds a ckptfs space"),
+        "format without --force must fail because a space is there, said: {err}"
     );
     m.mount();
     assert_file_eq(&m.path("precious"), b"keep me");
@@ -68,7 +81,7 @@ fn format_and_mount_refuse_to_clobber_or_double_mount() {
         OsStr::new("format"),
         &backing,
         OsStr::new("--size"),
-        OsStr::new("1G"),
+        OsStr::new(REFORMAT_SIZE),
         OsStr::new("--force"),
     ]);
     assert!(
