@@ -73,8 +73,11 @@ run)
     require=
     grep -q -w avx512f /proc/cpuinfo && require=avx512
     step tests 90 env CKPTFS_REQUIRE="$require" "$PACK/engine-tests" --test-threads "$(nproc)"
+    # The cutter's search as measured at start (the header says which won, and by what), then
+    # each candidate forced.
     step codec 40 "$b" codec --size 128M
-    step codec 40 env CKPTFS_GEAR_SCALAR=1 "$b" codec --size 128M
+    step codec 40 env CKPTFS_GEAR=scalar "$b" codec --size 128M
+    [[ -n $require ]] && step codec 40 env CKPTFS_GEAR=avx512 "$b" codec --size 128M
     step steps 200 "$b" steps "${common[@]}" --data field --writers 1,4,8,16 \
         --mount-arg=--gpu=off --json "$out/steps.json"
     step limits 40 "$b" limits "${common[@]}"

@@ -115,8 +115,8 @@ struct Row {
     dec_float: f64,
     /// The content-defined cutter alone (FastCDC v2020, the crate's own loop).
     cut: f64,
-    /// The engine's cutter over the same bytes (same cuts, checked): its scalar loop, or the
-    /// eight-lane search where the CPU has AVX-512 (`ckptfs_engine::filemap::gear_search`).
+    /// The engine's cutter over the same bytes (same cuts, checked), with the search it chose
+    /// for this CPU (`ckptfs_engine::filemap::gear_search`).
     cut_engine: f64,
     /// BLAKE3 of every chunk, as the store names chunks.
     hash: f64,
@@ -140,7 +140,7 @@ fn measure(name: &str, d: &[u8], avg: usize) -> Result<Row, String> {
     if !engine.iter().copied().eq(cuts.iter().map(|c| c.len())) {
         return Err(format!(
             "{name}: the engine's cuts ({}) differ from FastCDC's ({})",
-            ckptfs_engine::filemap::gear_search(),
+            ckptfs_engine::filemap::gear_search().name,
             cuts.len()
         ));
     }
@@ -211,6 +211,8 @@ fn measure(name: &str, d: &[u8], avg: usize) -> Result<Row, String> {
 
 pub fn run(o: &CodecOpts) -> Result<(), String> {
     let avg = o.chunk_size as usize;
+    // Chosen (and measured) once per process: before the first timed cut, not inside it.
+    let search = ckptfs_engine::filemap::gear_search();
     let mut rows = Vec::new();
     for (name, d) in kinds(o) {
         rows.push(measure(&name, &d, avg)?);
@@ -221,9 +223,10 @@ pub fn run(o: &CodecOpts) -> Result<(), String> {
     }
     println!(
         "chunk codecs, one core, {} KiB average chunks (stored / raw; GiB/s of raw bytes); \
-         the engine's cutter searches with: {}",
+         the engine's cutter searches with: {} ({})",
         avg >> 10,
-        ckptfs_engine::filemap::gear_search()
+        search.name,
+        search.measured
     );
     println!(
         "{:<34} {:>8} {:>7} {:>7} {:>7} {:>9} {:>9} {:>10} {:>10} {:>7} {:>10} {:>7}",

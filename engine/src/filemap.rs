@@ -634,13 +634,101 @@ pub fn gear_cut_lengths(p: ChunkParams, data: &[u8]) -> Vec<usize> {
     out
 }
 
-/// How this CPU searches for cuts: `avx512` (eight lanes, `gearscan`) or `scalar`.
-#[doc(hidden)]
-pub fn gear_search() -> &'static str {
-    if crate::gearscan::kernel().is_some() {
-        "avx512"
-    } else {
-        "scalar"
+/// How the cutter searches on this CPU: `name` (`scalar` or `avx512`, `gearscan`), its
+/// kernel (None: the scalar loop, `Gear::pairs`), and what the choice measured.
+#[derive(Clone, Copy, Debug)]
+pub struct Search {
+    pub name: &'static str,
+    kernel: Option<crate::gearscan::Kernel>,
+    /// GiB/s per core of each candidate (`name=GiB/s ...`), or why nothing was measured.
+    pub measured: &'static str,
+}
+
+/// The search this process's cutters use, chosen once. `CKPTFS_GEAR=scalar|avx512` picks
+/// one (for measuring one against the other); by default (`auto`) each candidate this CPU
+/// can run cuts the same MiB a few times, alternating, and the fastest wins. Having
+/// AVX-512 does not settle it: its gathers made the search 1.5x the scalar loop on the Xeon
+/// GPU nodes and 0.3x on AMD Zen 4 (EPYC 9004, this project's VM of 2026-11-27). Every
+/// candidate gives the same cuts, so the choice changes only the speed. A few ms, once per
+/// process (the mount asks at start, and logs the answer).
+pub fn gear_search() -> Search {
+    static S: std::sync::OnceLock<Search> = std::sync::OnceLock::new();
+    *S.get_or_init(|| {
+        let want = std::env::var("CKPTFS_GEAR").unwrap_or_default();
+        let all: Vec<Search> = crate::gearscan::candidates()
+            .into_iter()
+            .map(|(name, kernel)| Search {
+                name,
+                kernel,
+                measured: "",
+            })
+            .collect();
+        if let Some(c) = all.iter().find(|c| c.name == want) {
+            return Search {
+                measured: "chosen by CKPTFS_GEAR",
+                ..*c
+            };
+        }
+        if !(want.is_empty() || want == "auto") {
+            log::warn!(
+                "CKPTFS_GEAR={want}: not one of {:?} on this CPU; choosing by measurement",
+                all.iter().map(|c| c.name).collect::<Vec<_>>()
+            );
+        }
+        if all.len() == 1 {
+            return Search {
+                measured: "the only search this CPU has",
+                ..all[0]
+            };
+        }
+        fastest(&all)
+    })
+}
+
+/// The fastest of `all` cutting the same pseudo-random MiB into 64 KiB chunks: the best of
+/// five alternating rounds each.
+fn fastest(all: &[Search]) -> Search {
+    let mut x = 0x9e37_79b9_7f4a_7c15u64;
+    let data: Vec<u8> = (0..1 << 20)
+        .map(|_| {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            (x >> 32) as u8
+        })
+        .collect();
+    let params = ChunkParams::from_avg(64 << 10).expect("64 KiB");
+    let mut best = vec![f64::INFINITY; all.len()];
+    for _ in 0..5 {
+        for (c, best) in all.iter().zip(best.iter_mut()) {
+            let g = Gear::with_kernel(params, c.kernel);
+            let t = std::time::Instant::now();
+            let mut pos = 0;
+            while pos < data.len() {
+                pos += g.scan(&data[pos..], g.start()).unwrap_or(data.len() - pos);
+            }
+            std::hint::black_box(pos);
+            *best = best.min(t.elapsed().as_secs_f64());
+        }
+    }
+    let i = (0..all.len())
+        .min_by(|&a, &b| best[a].total_cmp(&best[b]))
+        .expect("the scalar loop is always a candidate");
+    let measured = all
+        .iter()
+        .zip(&best)
+        .map(|(c, t)| {
+            format!(
+                "{}={:.2}",
+                c.name,
+                data.len() as f64 / t / (1u64 << 30) as f64
+            )
+        })
+        .collect::<Vec<_>>()
+        .join(" ");
+    Search {
+        measured: Box::leak(format!("measured GiB/s per core: {measured}").into_boxed_str()),
+        ..all[i]
     }
 }
 
@@ -702,13 +790,18 @@ struct Gear {
     mask_l: u64,
     gear: &'static [u64; 256],
     gear_ls: &'static [u64; 256],
-    /// The many-lane search of the steady part of a scan, where this CPU has one
-    /// (`gearscan::kernel`).
+    /// The many-lane search of the steady part of a scan, where this CPU has a faster one
+    /// (`gear_search`).
     kernel: Option<crate::gearscan::Kernel>,
 }
 
 impl Gear {
     fn new(p: ChunkParams) -> Gear {
+        Gear::with_kernel(p, gear_search().kernel)
+    }
+
+    /// `new` with the given search (`gear_search` measures the candidates with this).
+    fn with_kernel(p: ChunkParams, kernel: Option<crate::gearscan::Kernel>) -> Gear {
         use fastcdc::v2020::{get_gear_with_seed, select_masks, Normalization};
         let (mask_s, mask_l) = select_masks(p.avg_bytes as usize, Normalization::Level1);
         let table = |t: std::borrow::Cow<'static, [u64]>| match t {
@@ -724,7 +817,7 @@ impl Gear {
             mask_l,
             gear: table(gear),
             gear_ls: table(gear_ls),
-            kernel: crate::gearscan::kernel(),
+            kernel,
         }
     }
 
@@ -2616,6 +2709,41 @@ pub(crate) mod tests {
     /// The many-lane search (`gearscan`) inside resumed and whole scans, at several chunk
     /// sizes: exactly FastCDC's cuts. With the one-lane kernel everywhere, and with the
     /// AVX-512 one where the CPU has it (said loudly where it does not).
+    /// The search is measured among what this CPU runs, names every candidate's figure, and
+    /// the process-wide choice is one of them (each kernel's cuts are checked against
+    /// FastCDC by `searched_scans_cut_like_fastcdc`).
+    #[test]
+    fn the_search_is_measured_among_what_this_cpu_runs() {
+        let all: Vec<Search> = crate::gearscan::candidates()
+            .into_iter()
+            .map(|(name, kernel)| Search {
+                name,
+                kernel,
+                measured: "",
+            })
+            .collect();
+        let names: Vec<_> = all.iter().map(|c| c.name).collect();
+        #[cfg(target_arch = "x86_64")]
+        assert_eq!(
+            names.contains(&"avx512"),
+            std::arch::is_x86_feature_detected!("avx512f"),
+            "{names:?}"
+        );
+        assert_eq!(names[0], "scalar");
+        assert!(all[0].kernel.is_none());
+        let chosen = fastest(&all);
+        assert!(names.contains(&chosen.name), "{chosen:?}");
+        for n in &names {
+            assert!(
+                chosen.measured.contains(&format!("{n}=")),
+                "{n} missing from {:?}",
+                chosen.measured
+            );
+        }
+        let s = gear_search();
+        assert!(names.contains(&s.name), "{s:?}");
+    }
+
     #[test]
     fn searched_scans_cut_like_fastcdc() {
         let mut kernels: Vec<(&str, crate::gearscan::Kernel)> =

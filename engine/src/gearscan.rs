@@ -14,7 +14,8 @@
 //!
 //! Only the part of a scan where the hash is steady comes here; the first 64 bytes after a
 //! chunk's `min` (where FastCDC's hash starts from zero) stay on the scalar loop. Where
-//! AVX-512 is absent (this project's 2-core VMs), the scalar loop does everything, as before.
+//! AVX-512 is absent, or where its gathers measure slower than the scalar loop (AMD Zen 4:
+//! `filemap::gear_search`), the scalar loop does everything, as before.
 
 /// The gear hash after a byte as it is once 64 bytes were hashed, and those 64 bytes: the
 /// GPU cutter's walk (`kernels::cut`) rests on the same fact.
@@ -36,22 +37,17 @@ const MIN_STEPS: usize = 64;
 /// `hits.len() >= steps`.
 pub(crate) type Kernel = fn(&[u64; 256], &[u8], usize, usize, u64, &mut [u8]);
 
-/// The kernel this CPU runs, if any is faster than the scalar loop here.
-pub(crate) fn kernel() -> Option<Kernel> {
+/// The searches this CPU can run, by name: `scalar` (no kernel: the scalar loop,
+/// `filemap::Gear::pairs`) and, where the CPU has AVX-512F, `avx512`. Which one the cutter
+/// uses is measured (`filemap::gear_search`): having AVX-512 does not make its gathers fast.
+pub(crate) fn candidates() -> Vec<(&'static str, Option<Kernel>)> {
+    #[allow(unused_mut)]
+    let mut all: Vec<(&'static str, Option<Kernel>)> = vec![("scalar", None)];
     #[cfg(target_arch = "x86_64")]
-    {
-        static K: std::sync::OnceLock<Option<Kernel>> = std::sync::OnceLock::new();
-        *K.get_or_init(|| {
-            // CKPTFS_GEAR_SCALAR=1 keeps the scalar loop (for measuring one against the other).
-            let off = std::env::var_os("CKPTFS_GEAR_SCALAR").is_some_and(|v| v != "0");
-            (!off && std::arch::is_x86_feature_detected!("avx512f"))
-                .then_some(block_avx512 as Kernel)
-        })
+    if std::arch::is_x86_feature_detected!("avx512f") {
+        all.push(("avx512", Some(block_avx512 as Kernel)));
     }
-    #[cfg(not(target_arch = "x86_64"))]
-    {
-        None
-    }
+    all
 }
 
 /// The first position `q` in `from..to` where the hash after `q` meets `mask`, evaluated by

@@ -748,11 +748,17 @@ fn mount(
     let gpu = choose_gpu(&tuning, &codec)?;
     let compressor = gpu.as_ref().map_or("the CPU".to_string(), |g| g.describe());
     space.set_batch_codec(gpu);
+    // The cutter's search is chosen by measuring the candidates once (a few ms): here, at
+    // mount, rather than inside the first write, and said, since it differs by CPU.
+    let search = ckptfs_engine::filemap::gear_search();
     log::info!(
-        "{} FUSE threads, {} store workers, codec {}, new chunks compressed on {compressor}",
+        "{} FUSE threads, {} store workers, codec {}, new chunks compressed on {compressor}, \
+         cutter search {} ({})",
         tuning.threads,
         space.workers(),
-        codec
+        codec,
+        search.name,
+        search.measured
     );
     if !tuning.read_only {
         if slots == 1 {
