@@ -76,10 +76,11 @@ use_test_disk() {
             "$((need_gib + 8)) GiB of available memory): expect 'larger than the free space' failures"
         return 0
     fi
-    img="$(mktemp /dev/shm/ckptfs-test-disk.XXXXXX)"
-    # A short path: pjdfstest's mountpoint under it must stay within 30 bytes (lib/common.sh).
-    mnt="$(mktemp -d /run/ck.XXXXXX)"
-    if truncate -s "${need_gib}G" "$img" && dev="$(losetup --find --show "$img")" \
+    # Every step may fail (no /dev/shm, no loop devices, no mkfs.ext4): then the tests run
+    # where they were, with the warning below, and nothing is left behind.
+    # A short mountpoint path: pjdfstest's under it must stay within 30 bytes (lib/common.sh).
+    if img="$(mktemp /dev/shm/ckptfs-test-disk.XXXXXX)" && mnt="$(mktemp -d /run/ck.XXXXXX)" \
+        && truncate -s "${need_gib}G" "$img" && dev="$(losetup --find --show "$img")" \
         && mkfs.ext4 -q -F -m 0 -E nodiscard "$dev" && mount -o discard "$dev" "$mnt" \
         && chmod 1777 "$mnt"; then
         TEST_DISK=("$mnt" "$dev" "$img")
@@ -89,9 +90,12 @@ use_test_disk() {
     else
         echo "WARNING: $tmp has $((free_kib >> 10)) MiB free and no loop-device ext4 could" \
             "stand in: expect 'larger than the free space' failures"
-        [[ -n ${dev:-} ]] && losetup -d "$dev" 2>/dev/null
-        rmdir "$mnt" 2>/dev/null
-        rm -f "$img"
+        if [[ -n ${mnt:-} ]]; then
+            umount "$mnt" 2>/dev/null || true
+            rmdir "$mnt" 2>/dev/null || true
+        fi
+        if [[ -n ${dev:-} ]]; then losetup -d "$dev" 2>/dev/null || true; fi
+        if [[ -n ${img:-} ]]; then rm -f "$img"; fi
     fi
     return 0
 }
