@@ -655,14 +655,7 @@ pub fn gear_search() -> Search {
     static S: std::sync::OnceLock<Search> = std::sync::OnceLock::new();
     *S.get_or_init(|| {
         let want = std::env::var("CKPTFS_GEAR").unwrap_or_default();
-        let all: Vec<Search> = crate::gearscan::candidates()
-            .into_iter()
-            .map(|(name, kernel)| Search {
-                name,
-                kernel,
-                measured: "",
-            })
-            .collect();
+        let all = searches();
         if let Some(c) = all.iter().find(|c| c.name == want) {
             return Search {
                 measured: "chosen by CKPTFS_GEAR",
@@ -683,6 +676,18 @@ pub fn gear_search() -> Search {
         }
         fastest(&all)
     })
+}
+
+/// The searches this CPU can run (`gearscan::candidates`), not yet measured.
+fn searches() -> Vec<Search> {
+    crate::gearscan::candidates()
+        .into_iter()
+        .map(|(name, kernel)| Search {
+            name,
+            kernel,
+            measured: "",
+        })
+        .collect()
 }
 
 /// The fastest of `all` cutting the same pseudo-random MiB into 64 KiB chunks: the best of
@@ -2714,14 +2719,7 @@ pub(crate) mod tests {
     /// FastCDC by `searched_scans_cut_like_fastcdc`).
     #[test]
     fn the_search_is_measured_among_what_this_cpu_runs() {
-        let all: Vec<Search> = crate::gearscan::candidates()
-            .into_iter()
-            .map(|(name, kernel)| Search {
-                name,
-                kernel,
-                measured: "",
-            })
-            .collect();
+        let all = searches();
         let names: Vec<_> = all.iter().map(|c| c.name).collect();
         #[cfg(target_arch = "x86_64")]
         assert_eq!(
