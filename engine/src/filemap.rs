@@ -623,15 +623,7 @@ impl CutState {
 /// loop.
 #[doc(hidden)]
 pub fn gear_cut_lengths(p: ChunkParams, data: &[u8]) -> Vec<usize> {
-    let g = Gear::new(p);
-    let mut out = Vec::with_capacity(data.len() / p.avg_bytes as usize + 1);
-    let mut pos = 0;
-    while pos < data.len() {
-        let n = g.scan(&data[pos..], g.start()).unwrap_or(data.len() - pos);
-        out.push(n);
-        pos += n;
-    }
-    out
+    Gear::new(p).cut_lengths(data)
 }
 
 /// How the cutter searches on this CPU: `name` (`scalar` or `avx512`, `gearscan`), its
@@ -708,11 +700,7 @@ fn fastest(all: &[Search]) -> Search {
         for (c, best) in all.iter().zip(best.iter_mut()) {
             let g = Gear::with_kernel(params, c.kernel);
             let t = std::time::Instant::now();
-            let mut pos = 0;
-            while pos < data.len() {
-                pos += g.scan(&data[pos..], g.start()).unwrap_or(data.len() - pos);
-            }
-            std::hint::black_box(pos);
+            std::hint::black_box(g.cut_lengths(&data));
             *best = best.min(t.elapsed().as_secs_f64());
         }
     }
@@ -824,6 +812,20 @@ impl Gear {
             gear_ls: table(gear_ls),
             kernel,
         }
+    }
+
+    /// The lengths of the chunks `data` cuts into, the last one where `data` ends.
+    fn cut_lengths(&self, data: &[u8]) -> Vec<usize> {
+        let mut out = Vec::with_capacity(data.len() / self.avg.max(1) + 1);
+        let mut pos = 0;
+        while pos < data.len() {
+            let n = self
+                .scan(&data[pos..], self.start())
+                .unwrap_or(data.len() - pos);
+            out.push(n);
+            pos += n;
+        }
+        out
     }
 
     /// Where a fresh scan starts: (byte pair index, gear hash).
