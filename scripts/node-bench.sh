@@ -16,10 +16,14 @@
 #   run(command="bash scripts/node-bench.sh run", carry=["target/node-pack"], timeout_s=420)
 # Results land in $OUT (at most 8 files: the tool's limit), or target/node-pack/out.
 # Each step has a time limit, and a step that would end past NODE_DEADLINE seconds (default
-# 380) is skipped and said so. Env: NODE_SIZE, bytes per step (default 2G).
+# 380) is skipped and said so. Env: NODE_SIZE, bytes per step (default 2G); NODE_WRITERS
+# (default 1,4,8,16); NODE_SKIP, steps to leave out (any of tests,codec,steps,limits,restart,gpu);
+# NODE_BASE, a second pack (say of the commit before a change, `NODE_PACK=DIR ... pack` made
+# it) whose codec (into codec.txt, after this pack's) and steps (steps-base.txt) run in the
+# same call, as the same-machine baseline: the eighth file back.
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
-PACK=target/node-pack
+PACK=${NODE_PACK:-target/node-pack}
 
 case "${1:-}" in
 pack)
@@ -52,12 +56,17 @@ run)
     {
         echo "$(nproc) cores, $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2)"
         grep -o -m1 -w 'avx512f' /proc/cpuinfo || echo "no avx512f"
+        # Hyperthreads share a core's units: CPU time per GiB grows when siblings are busy.
+        lscpu 2>/dev/null | grep -E '^(Thread|Core|Socket|NUMA node\(s\)|L3)' || true
         df -h /var/tmp | tail -1
     } > "$out/env.txt" 2>&1
     rc=0
     step() { # output-file time-limit command...
         local name=$1 limit=$2
         shift 2
+        if [[ ,${NODE_SKIP:-}, == *,${name%-base},* ]]; then  # steps-base: with steps
+            return
+        fi
         if ((SECONDS + limit > deadline)); then
             echo "SKIPPED at ${SECONDS}s (would pass ${deadline}s): $*" | tee -a "$out/env.txt"
             return
@@ -78,14 +87,21 @@ run)
     step codec 40 "$b" codec --size 128M
     step codec 40 env CKPTFS_GEAR=scalar "$b" codec --size 128M
     [[ -n $require ]] && step codec 40 env CKPTFS_GEAR=avx512 "$b" codec --size 128M
-    step steps 200 "$b" steps "${common[@]}" --data field --writers 1,4,8,16 \
+    writers=${NODE_WRITERS:-1,4,8,16}
+    step steps 200 "$b" steps "${common[@]}" --data field --writers "$writers" \
         --mount-arg=--gpu=off --json "$out/steps.json"
+    base=${NODE_BASE:-}
+    if [[ -n $base && -x $base/ckptfs ]]; then
+        step codec 40 "$base/ckptfs-bench" codec --size 128M
+        step steps-base 200 "$base/ckptfs-bench" steps --dir "$dir" --ckptfs "$base/ckptfs" \
+            --reps 1 --size "$size" --data field --writers "$writers" --mount-arg=--gpu=off
+    fi
     step limits 40 "$b" limits "${common[@]}"
     step restart 90 "$b" restart "${common[@]}"
     # The same cold reads with the data file read past the page cache (engine/src/device.rs
     # `direct_reads`): which way the restart goes on a many-core node decides the default.
     step restart 90 env CKPTFS_DIRECT_READS=1 "$b" restart "${common[@]}"
-    if command -v nvidia-smi >/dev/null; then
+    if command -v nvidia-smi >/dev/null && [[ ,${NODE_SKIP:-}, != *,gpu,* ]]; then
         step tests 60 env CKPTFS_REQUIRE=gpu "$PACK/kernels-gpu" --test-threads 1
     fi
     exit $rc
