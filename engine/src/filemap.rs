@@ -2341,6 +2341,7 @@ pub(crate) mod tests {
         for_seeds(40, |seed| {
             let chunks = AsyncChunks::spilling(seed);
             run_model(seed, &chunks, &|| chunks.new_pins());
+            chunks.quiesce();
             let cs = chunks.carries.as_ref().unwrap();
             spilled.fetch_add(cs.spilled.load(Relaxed), Relaxed);
             loaded.fetch_add(cs.loaded.load(Relaxed), Relaxed);
@@ -2353,6 +2354,7 @@ pub(crate) mod tests {
         let (spilled, loaded) = (spilled.into_inner(), loaded.into_inner());
         println!("{spilled} carries spilled, {loaded} loaded back");
         assert!(
+            !all_seeds() ||
             // About 150 and 100 here; fewer when the machine is busy (runs batch more
             // segments), never none.
             spilled > 40 && loaded > 25,
@@ -2375,6 +2377,7 @@ pub(crate) mod tests {
                     s.spawn(move || run_model(seed * 16 + t, chunks, &|| chunks.new_pins()));
                 }
             });
+            chunks.quiesce();
             let cs = chunks.carries.as_ref().unwrap();
             spilled.fetch_add(cs.spilled.load(Relaxed), Relaxed);
             assert_eq!(
@@ -2384,7 +2387,7 @@ pub(crate) mod tests {
             );
         });
         assert!(
-            spilled.into_inner() > 100,
+            !all_seeds() || spilled.into_inner() > 100,
             "too few spills to race anything"
         );
     }
@@ -2442,6 +2445,12 @@ pub(crate) mod tests {
     }
 
     /// Runs `f` for seeds 0..n, or for the one in CKPTFS_SEED.
+    /// Whether `for_seeds` runs all its seeds (not the one CKPTFS_SEED names): totals over
+    /// them are checked only then.
+    fn all_seeds() -> bool {
+        std::env::var_os("CKPTFS_SEED").is_none()
+    }
+
     fn for_seeds(n: u64, f: impl Fn(u64) + std::panic::RefUnwindSafe) {
         let seeds: Vec<u64> = match std::env::var("CKPTFS_SEED") {
             Ok(s) => vec![s.parse().unwrap()],
@@ -2510,6 +2519,21 @@ pub(crate) mod tests {
                 carries: Some(carries),
                 ..AsyncChunks::new(seed)
             }
+        }
+
+        /// Returns once every job queued on the pool so far has ended: each of its two
+        /// workers takes one barrier job, which it reaches only after the jobs queued before.
+        /// (A discarded file state's cut may still run on the pool, charging its carry until
+        /// it ends.)
+        fn quiesce(&self) {
+            let barrier = Arc::new(std::sync::Barrier::new(3));
+            for _ in 0..2 {
+                let b = barrier.clone();
+                self.pool.run(move || {
+                    b.wait();
+                });
+            }
+            barrier.wait();
         }
 
         fn new_pins(&self) -> ChunkPins {
