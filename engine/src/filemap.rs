@@ -790,11 +790,11 @@ struct Gear {
     zero_hash: u64,
 }
 
-/// `Gear::search` looks for zeros after each window of this many bytes it scanned (more
-/// with the many-lane search, whose blocks are 8 KiB), and skips them in blocks of
-/// `ZERO_BLOCK`: a run of zeros is scanned for at most a window.
+/// `Gear::search` looks for zeros after each window of this many bytes it scanned (the
+/// many-lane search's blocks are 8 KiB), and skips them in blocks of `ZERO_BLOCK`: a run of
+/// zeros is scanned for at most a window.
 const ZERO_WINDOW: usize = 4 << 10;
-const ZERO_WINDOW_LANES: usize = 16 << 10;
+const ZERO_WINDOW_LANES: usize = 8 << 10;
 const ZERO_BLOCK: usize = 256;
 
 impl Gear {
@@ -894,17 +894,18 @@ impl Gear {
         if (z << 1) & (mask << 1) == 0 || z & mask == 0 {
             return self.search_bytes(src, at, end, mask);
         }
-        // The bytes are searched a window at a time; a window that ends in a steady zero
-        // state (the hash `z` after 64 hashed zero bytes) is followed by a skip over the
-        // zero blocks after it. Dense data pays one comparison per window.
+        // The bytes are searched a window at a time; where a window ends (and where the
+        // search starts) in a steady zero state (the hash `z` after 64 hashed zero bytes),
+        // the zero blocks after it are skipped. The first window of a chunk ends once 64
+        // bytes are hashed, so a chunk of zeros is skipped from there. Dense data pays one
+        // comparison per window.
         let window = if self.kernel.is_some() {
             ZERO_WINDOW_LANES
         } else {
             ZERO_WINDOW
         } / 2;
         let hashed = self.start().0 + crate::gearscan::WARM / 2;
-        while at.0 < end {
-            at = self.search_bytes(src, at, (at.0 + window).min(end), mask)?;
+        loop {
             let q = 2 * at.0;
             if at.1 == z && at.0 >= hashed && all_zero(&src[q - crate::gearscan::WARM..q]) {
                 let mut e = q;
@@ -913,8 +914,12 @@ impl Gear {
                 }
                 at = (e / 2, z);
             }
+            if at.0 >= end {
+                return Ok(at);
+            }
+            let to = if at.0 < hashed { hashed } else { at.0 + window };
+            at = self.search_bytes(src, at, to.min(end), mask)?;
         }
-        Ok(at)
     }
 
     /// `pairs`, with the part where the hash is steady (64 bytes after the scan's first
