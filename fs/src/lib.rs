@@ -1554,8 +1554,8 @@ impl Fs {
     }
 
     /// `write`, where `shared` (if any) holds the same bytes as `data` in a buffer the
-    /// caller lets the engine keep (the FUSE request's): a write that fills a whole stream
-    /// segment is then not copied (`Space::ingest_shared`).
+    /// caller lets the engine keep (the FUSE request's): a sequential write of half a
+    /// stream segment or more is then not copied (`Space::ingest_shared`).
     pub fn write_shared(
         &self,
         ino: InodeId,

@@ -909,8 +909,9 @@ impl Space {
             .time(data.len(), || file.write(&*self.store, off, data))
     }
 
-    /// `ingest` of bytes shared with the caller (`FileState::write_shared`): a write that
-    /// fills a whole stream segment is cut and stored from the caller's buffer, uncopied.
+    /// `ingest` of bytes shared with the caller (`FileState::write_shared`): a sequential
+    /// write of half a stream segment or more is cut and stored from the caller's buffer,
+    /// uncopied.
     pub fn ingest_shared(
         &self,
         file: &mut FileState,
