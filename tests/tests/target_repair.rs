@@ -10,6 +10,8 @@
 //! - `check --json` names the damaged data shard, not the healthy parity shards;
 //! - status tells the truth: a target whose shards fail to read is shown degraded, and the
 //!   revisions' redundancy drops, while the mount lasts; `ckptfs scrub` repairs it;
+//! - a target file cut short while unmounted is extended again at mount, and `ckptfs scrub`
+//!   repairs it in place;
 //! - seeded: damage on up to K targets (a lost target counting as one), round after round of
 //!   rebuilds and scrubs, with new checkpoints in between: nothing committed is lost.
 //!   `CKPTFS_DAMAGE_ROUNDS` sets the rounds (default 3), `CKPTFS_SEED` replays.
@@ -305,6 +307,56 @@ fn status_shows_a_target_whose_reads_fail_until_scrub_repairs_it() {
     drop_caches();
     m.mount();
     check_clean(&mut m, "after scrub");
+}
+
+/// A target file cut short while the space was not mounted (a copy that ran out of room, a
+/// truncate by mistake): the mount extends it to its reserved size again and says so, reads
+/// rebuild what it lost, and `ckptfs scrub` puts every lost shard back in place. Its repairs
+/// used to fail with ENOSPC (the file's device took no writes past its end) and fail the whole
+/// target, which only a `rebuild --replace` onto another directory could undo. Afterwards two
+/// other targets may go: the shards on the cut one are whole again.
+#[test]
+fn a_target_cut_short_while_unmounted_is_repaired_in_place() {
+    let seed = test_seed("a_target_cut_short_while_unmounted", 0x36_0400);
+    let mut m = TestMount::with_targets("256M", 5, "3+2");
+    let data = pattern(seed, 24 * MIB as usize);
+    fs::write(m.path("ckpt"), &data).unwrap();
+    m.unmount();
+    let file = m.target_dir(1).join(TARGET_FILE);
+    let reserved = fs::metadata(&file).unwrap().len();
+    let f = fs::OpenOptions::new().write(true).open(&file).unwrap();
+    f.set_len(HEADER + MIB).unwrap();
+    drop(f);
+    drop_caches();
+    m.mount();
+    assert!(
+        m.log_tail().contains("cut short"),
+        "the mount says what it found: {}",
+        m.log_tail()
+    );
+    assert_eq!(
+        fs::metadata(&file).unwrap().len(),
+        reserved,
+        "extended again"
+    );
+    assert_file_eq(&m.path("ckpt"), &data);
+    let s = json(&mut m, &["scrub"]);
+    assert_eq!(s["chunks_lost"], 0, "{s}");
+    assert!(s["blocks_rewritten"].as_u64().unwrap() > 0, "{s}");
+    let t = json(&mut m, &["targets"]);
+    assert_eq!(t["targets"][1]["state"], "ok", "repaired in place: {t}");
+    assert_eq!(t["revisions"]["listed"], serde_json::json!([[2, 1]]), "{t}");
+    m.unmount();
+    drop_caches();
+    m.mount();
+    check_clean(&mut m, "after scrub");
+    m.unmount();
+    for i in [3, 4] {
+        fs::remove_file(m.target_dir(i).join(TARGET_FILE)).unwrap();
+    }
+    drop_caches();
+    m.mount();
+    assert_file_eq(&m.path("ckpt"), &data);
 }
 
 fn rounds() -> usize {

@@ -325,6 +325,42 @@ pub(super) fn open_targets(
             if h.shard_bytes != table.shard_bytes || h.slots != table.slots {
                 return Err(format!("{} has another layout", path.display()));
             }
+            // A file cut short outside ckptfs (a copy that ran out of room, a truncate by
+            // mistake) lost the shards past its end. Its device takes writes only within its
+            // length, so every repair of those shards failed (ENOSPC) and failed the whole
+            // target, where a scrub could put them back in place: extended to its reserved
+            // size again, the lost shards read as damaged (their blake3 does not match),
+            // are rebuilt from the other targets as they are read, and `ckptfs scrub`
+            // rewrites them all.
+            let want = table.target_file_bytes();
+            let have = f
+                .metadata()
+                .map_err(|e| format!("{}: {e}", path.display()))?
+                .len();
+            if have < want {
+                if read_only {
+                    log::error!(
+                        "target {i}: {} is {have} bytes, {want} reserved: it was cut short \
+                         outside ckptfs; the shards past its end are read from the other \
+                         targets, and a read-write mount's `ckptfs scrub` puts them back",
+                        path.display()
+                    );
+                } else {
+                    log::error!(
+                        "target {i}: {} is {have} bytes, {want} reserved: it was cut short \
+                         outside ckptfs; extended to its size again, the shards it lost are \
+                         rebuilt from the other targets as they are read, and `ckptfs scrub` \
+                         rewrites them all",
+                        path.display()
+                    );
+                    super::preallocate(&f, want).map_err(|e| {
+                        format!(
+                            "{} is {have} bytes, {want} reserved, and extending it failed: {e}",
+                            path.display()
+                        )
+                    })?;
+                }
+            }
             let dev: Arc<dyn Device> = match read_only {
                 true => Arc::new(crate::device::ReadOnlyDevice(Arc::new(
                     FileDevice::new(f).map_err(|e| e.to_string())?,
