@@ -186,7 +186,9 @@ impl Space {
         if self.erasure().is_none() {
             return Err(Error::OneTarget);
         }
-        self.repair(Visit::Scrub, throttle_bytes_s, progress)
+        let mut rep = self.repair(Visit::Scrub, throttle_bytes_s, progress)?;
+        self.verify_mirrors(&mut rep);
+        Ok(rep)
     }
 
     /// The repair pass behind `rebuild` and `scrub`.

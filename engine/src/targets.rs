@@ -573,6 +573,22 @@ pub struct RebuildReport {
     /// Shard reads that failed.
     #[serde(default)]
     pub read_errors: u64,
+    /// `scrub`: the holders' copies of the metadata table and of the placement records
+    /// compared with the primary (`mirror.rs`), one per holder and file.
+    #[serde(default)]
+    pub mirror_copies_checked: u64,
+    /// 4 KiB blocks of those copies that differed from the primary (damage on a holder's
+    /// disk) and were rewritten from it.
+    #[serde(default)]
+    pub mirror_blocks_rewritten: u64,
+    /// Holders' copies of the superblock and of the targets table that differed from the
+    /// primary's and were rewritten.
+    #[serde(default)]
+    pub mirror_files_rewritten: u64,
+    /// Holders whose copy could not be read or written: dropped (no longer claimed
+    /// current; the next mount copies the metadata to a healthy target again).
+    #[serde(default)]
+    pub mirror_failures: Vec<String>,
 }
 
 impl RebuildReport {

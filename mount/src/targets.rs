@@ -388,6 +388,18 @@ fn print_rebuild(v: &serde_json::Value, json: bool) -> Result<(), String> {
                 ),
             }
         );
+        if n("mirror_copies_checked") > 0 {
+            println!(
+                "compared {} copies of the metadata on its mirror holders with the primary: \
+                 {} damaged 4 KiB block(s) and {} outdated or damaged file(s) rewritten from it",
+                n("mirror_copies_checked"),
+                n("mirror_blocks_rewritten"),
+                n("mirror_files_rewritten"),
+            );
+        }
+        for f in v["mirror_failures"].as_array().into_iter().flatten() {
+            println!("metadata mirror: {}", f.as_str().unwrap_or_default());
+        }
         match (n("chunks_lost"), n("segments_lost")) {
             (0, 0) => println!("nothing lost"),
             (c, s) => println!(

@@ -795,3 +795,73 @@ fn a_lost_backing_directory_is_recovered_from_the_targets_metadata_mirrors() {
         assert_file_eq(&m.path(name), data);
     }
 }
+
+/// Silent damage on a metadata mirror holder's disk (its copies of the metadata table, the
+/// placement records and the targets table) is found by `ckptfs scrub` and mended from the
+/// primary while the space stays mounted, so that the copy `ckptfs recover` rebuilds a lost
+/// backing directory from is whole. Before, neither `scrub` nor `check` looked at the copies.
+#[test]
+fn damage_on_a_metadata_mirror_is_found_and_mended_by_scrub() {
+    let seed = test_seed("damage_on_a_metadata_mirror", 0x7a_000a);
+    let mut m = TestMount::with_targets("256M", 5, "3+2");
+    let files = write_checkpoints(&m, seed, 6, 1 << 20);
+    let holders = mirror_holders(&mut m);
+    if m.shared_targets() {
+        println!("slots over targets keep no metadata mirrors: nothing to damage");
+        assert!(holders.is_empty(), "{holders:?}");
+        return;
+    }
+    assert_eq!(holders.len(), 3, "K+1 = 3 holders");
+    let h = holders[(seed % 3) as usize];
+    let dir = m.target_dir(h);
+    let meta = dir.join("ckptfs-meta");
+    let len = fs::metadata(&meta).unwrap().len();
+    assert!(len > 3 * 4096, "a metadata table of {len} bytes");
+    // Two blocks of the table, one of the placement records, and the table of targets
+    // (through the page cache, as damage on the disk under files the daemon has open reads).
+    flip_byte(&meta, len / 3);
+    flip_byte(&meta, 2 * len / 3);
+    flip_byte(&dir.join("ckptfs-placement"), 100);
+    flip_byte(&dir.join("ckptfs-table"), 20);
+    let mnt = m.mnt().to_path_buf();
+    let scrub = |m: &mut TestMount| -> serde_json::Value {
+        m.ckptfs_json(&[OsStr::new("scrub"), mnt.as_os_str(), OsStr::new("--json")])
+    };
+    let s = scrub(&mut m);
+    println!("scrub: {s}");
+    assert_eq!(s["mirror_copies_checked"], 6, "3 holders x 2 files: {s}");
+    assert!(
+        s["mirror_blocks_rewritten"].as_u64().unwrap_or(0) >= 3,
+        "the three damaged blocks found and rewritten: {s}"
+    );
+    assert!(
+        s["mirror_files_rewritten"].as_u64().unwrap_or(0) >= 1,
+        "the damaged table of targets rewritten: {s}"
+    );
+    assert_eq!(s["chunks_lost"], 0, "{s}");
+    assert!(
+        s["mirror_failures"]
+            .as_array()
+            .is_some_and(|a| a.is_empty()),
+        "{s}"
+    );
+    let again = scrub(&mut m);
+    assert_eq!(
+        again["mirror_blocks_rewritten"], 0,
+        "mended for good: {again}"
+    );
+    assert_eq!(again["mirror_files_rewritten"], 0, "{again}");
+    assert_eq!(mirror_holders(&mut m), holders, "still the mirrors");
+    // The backing directory's disk dies: the mended copy is what comes back.
+    m.unmount();
+    fs::remove_dir_all(m.backing()).unwrap();
+    let (ok, v, err) = recover(&mut m, h);
+    assert!(ok, "recover: {err}");
+    println!("recover: {v}");
+    m.mount();
+    for (name, data) in &files {
+        assert_file_eq(&m.path(name), data);
+    }
+    let (code, c) = check_json(&mut m);
+    assert_eq!(code, 0, "check after recovery: {c}");
+}

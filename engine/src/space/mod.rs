@@ -166,6 +166,9 @@ pub struct Space {
     /// `ckptfs targets` and `stats`.
     targets: Option<Arc<crate::targets::Erasure>>,
     targets_table: Option<SharedTable>,
+    /// Of a read-write mount of a space over several targets: the devices written to the
+    /// metadata mirrors too (`mirror.rs`), which `ckptfs scrub` verifies.
+    pub(crate) mirrored: targets_meta::MirroredDevices,
     /// The lease of a slot of a multi-slot space. Last, so it is released after the table
     /// and the store above have closed.
     lease: Option<crate::slots::LeaseGuard>,

@@ -351,6 +351,7 @@ impl Space {
                 inner: meta,
             });
         }
+        let mut mirrored = Vec::new();
         if let Some(m) = mirrors {
             let mut devs = Vec::new();
             for (i, p) in &m.holders {
@@ -358,7 +359,12 @@ impl Space {
                 let d: Arc<dyn Device> = Arc::new(FileDevice::growable(f)?);
                 devs.push((*i, wrap(crate::sim::mirror_device_name(*i), d)));
             }
-            meta = Arc::new(crate::mirror::MirrorDevice::new(meta, devs, m.set));
+            let md = Arc::new(crate::mirror::MirrorDevice::new(meta, devs, m.set));
+            meta = md.clone();
+            mirrored = vec![
+                (crate::mirror::MIRROR_META, md),
+                (crate::mirror::MIRROR_PLACEMENT, m.placement),
+            ];
         }
         if let Some((disk, f)) = faults {
             injected = Some((disk, f));
@@ -380,6 +386,7 @@ impl Space {
         }
         space.targets = Some(erasure);
         space.targets_table = Some(table);
+        space.mirrored = mirrored;
         space.attach_writable(dir, lock);
         if space.is_shared() {
             space.add_features(Features::COMPAT_XATTRS)?;
@@ -524,6 +531,7 @@ impl Space {
             lease: None,
             targets: None,
             targets_table: None,
+            mirrored: Vec::new(),
         })
     }
 }

@@ -436,10 +436,12 @@ pub(super) fn open_targets(
                 let d: Arc<dyn Device> = Arc::new(FileDevice::new(f)?);
                 devs.push((*i, wrap(crate::sim::mirror_device_name(*i), d)));
             }
-            map = Arc::new(crate::mirror::MirrorDevice::new(map, devs, set.clone()));
+            let placement = Arc::new(crate::mirror::MirrorDevice::new(map, devs, set.clone()));
+            map = placement.clone();
             Some(Mirrors {
                 set,
                 holders: paths,
+                placement,
             })
         }
     };
@@ -494,4 +496,81 @@ pub(crate) type SharedTable = Arc<parking_lot::Mutex<TargetsTable>>;
 pub(super) struct Mirrors {
     pub(super) set: Arc<crate::mirror::MirrorSet>,
     pub(super) holders: Vec<(usize, PathBuf)>,
+    /// The placement records' device, written to the holders' copies too.
+    pub(super) placement: Arc<crate::mirror::MirrorDevice>,
+}
+
+/// A read-write mount's mirrored devices, for `ckptfs scrub` to compare the holders' copies
+/// with the primary (`MirrorDevice::verify`): (the copy's file name, its device).
+pub(crate) type MirroredDevices = Vec<(&'static str, Arc<crate::mirror::MirrorDevice>)>;
+
+impl Space {
+    /// `ckptfs scrub`'s check of the metadata mirrors (`mirror.rs`): every current holder's
+    /// copies of the metadata table and the placement records are compared with the primary
+    /// block by block, its superblock and targets table as whole files, and whatever
+    /// differs is rewritten from the primary (the copy the daemon reads and trusts). Damage
+    /// on a holder's disk was found by nothing before: `ckptfs recover` would have rebuilt a
+    /// lost backing directory from it.
+    pub(crate) fn verify_mirrors(&self, rep: &mut crate::targets::RebuildReport) {
+        for (name, dev) in &self.mirrored {
+            for (t, r) in dev.verify() {
+                match r {
+                    Ok(c) => {
+                        rep.mirror_copies_checked += 1;
+                        rep.mirror_blocks_rewritten += c.blocks_rewritten;
+                        if c.blocks_rewritten > 0 || c.length_fixed {
+                            log::error!(
+                                "the metadata mirror on target {t}: its {name} differed from \
+                                 the primary in {} 4 KiB block(s){}; rewritten from the primary",
+                                c.blocks_rewritten,
+                                if c.length_fixed { " and in length" } else { "" }
+                            );
+                        }
+                    }
+                    Err(e) => rep.mirror_failures.push(format!(
+                        "target {t}: its {name} could not be compared or mended ({e}): no \
+                         longer a mirror; the next mount copies the metadata to a healthy \
+                         target again"
+                    )),
+                }
+            }
+        }
+        let Some(table) = &self.targets_table else {
+            return;
+        };
+        // Under the table's lock: `store_table` writes the table and its copies under it.
+        let t = table.lock();
+        for (i, spec) in t.targets.iter().enumerate() {
+            if !t.mirror[i] || self.mirrored.is_empty() {
+                continue;
+            }
+            for (from, name) in [
+                (SUPERBLOCK_FILE, crate::mirror::MIRROR_SUPERBLOCK),
+                (crate::targets::TARGETS_FILE, crate::mirror::MIRROR_TABLE),
+            ] {
+                let r = (|| -> Result<bool> {
+                    let want = fs::read(self.dir().join(from))?;
+                    if fs::read(spec.path.join(name)).ok().as_deref() == Some(&want[..]) {
+                        return Ok(false);
+                    }
+                    write_file_durably(&spec.path, name, &want)?;
+                    Ok(true)
+                })();
+                match r {
+                    Ok(false) => {}
+                    Ok(true) => {
+                        rep.mirror_files_rewritten += 1;
+                        log::warn!(
+                            "the metadata mirror on target {i}: its {name} differed from the \
+                             primary's {from} (damaged, or not updated since the mount \
+                             copied it); rewritten"
+                        );
+                    }
+                    Err(e) => rep.mirror_failures.push(format!(
+                        "target {i}: its {name} could not be compared or rewritten: {e}"
+                    )),
+                }
+            }
+        }
+    }
 }
