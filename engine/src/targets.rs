@@ -1071,6 +1071,16 @@ impl Erasure {
             .count()
     }
 
+    /// Shards placed on target `t` (0 for a retired one: `rebuild` moved them all).
+    pub(crate) fn shards_on(&self, t: u16) -> u64 {
+        self.map
+            .read()
+            .iter()
+            .flatten()
+            .map(|p| p.shards.iter().flatten().filter(|s| s.target == t).count() as u64)
+            .sum()
+    }
+
     /// Counts of placed segments by state: (full, degraded by remaining tolerance, lost).
     /// A shard found unreadable or damaged since the mount counts as missing until a repair
     /// rewrites it: the redundancy is what is readable now.

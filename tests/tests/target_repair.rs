@@ -144,6 +144,13 @@ fn damage_then_rebuild(name: &str, lose_first: bool) {
     drop_caches();
     m.mount();
     assert_file_eq(&m.path("ckpt"), &data);
+    // The replaced targets are named retired at the mount, not as failed ones that
+    // `rebuild` has still to replace.
+    let log = m.log_tail();
+    assert!(
+        log.contains("is retired") && !log.contains("may be stale"),
+        "{log}"
+    );
     check_clean(&mut m, "after the rebuild");
     // Full redundancy, the hard way: two more of the targets holding the data go.
     let mut live = live_targets(&mut m);

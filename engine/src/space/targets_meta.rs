@@ -370,7 +370,11 @@ pub(super) fn open_targets(
             Ok(wrap(crate::sim::target_device_name(i), dev))
         })();
         if let Err(e) = &opened {
-            log::error!("target {i} ({}) is not usable: {e}", t.path.display());
+            // A failed target is named below, once it is known whether anything of the
+            // space is still on it (after `rebuild --replace` nothing is: retired).
+            if !table.failed[i] {
+                log::error!("target {i} ({}) is not usable: {e}", t.path.display());
+            }
         } else {
             usable += 1;
         }
@@ -465,6 +469,24 @@ pub(super) fn open_targets(
         map,
         share,
     )?);
+    {
+        let t = table.lock();
+        for (i, spec) in t.targets.iter().enumerate().filter(|(i, _)| t.failed[*i]) {
+            match erasure.shards_on(i as u16) {
+                0 => log::info!(
+                    "target {i} ({}) is retired: it failed while mounted earlier and nothing of \
+                     the space is on it any more",
+                    spec.path.display()
+                ),
+                n => log::error!(
+                    "target {i} ({}) is not usable: it failed while mounted earlier (see \
+                     daemon.log), so its {n} shard(s) may be stale; `ckptfs rebuild` rebuilds \
+                     them on healthy targets",
+                    spec.path.display()
+                ),
+            }
+        }
+    }
     if !read_only {
         let dir = dir.to_path_buf();
         let table = table.clone();
