@@ -1485,6 +1485,13 @@ impl FileState {
         }
         let end = off + data.len() as u64;
         self.touch();
+        // A request in its own buffer of half a segment or more becomes a segment as it is
+        // where it goes on a sequential stream: not only a whole segment, since a writer
+        // whose buffer is not page-aligned (malloc's are not) has each write split by the
+        // kernel at a page boundary, into a request a few bytes short of the segment and one
+        // of those few bytes. Copying the short one in was every byte of such a writer
+        // (0.1 CPU-s/GiB).
+        let segment = shared.filter(|_| data.len() >= self.stream_cut_bytes(c) / 2);
         if let Some(s) = &mut self.stream {
             let s_end = s.end();
             if off >= s.start && end <= s_end {
@@ -1496,15 +1503,9 @@ impl FileState {
                 if self.dirty_intersects(off, end) {
                     self.flush_dirty(c)?;
                 }
-                if shared.is_some()
-                    && off >= self.size
-                    && data.len() >= self.stream_cut_bytes(c) / 2
-                {
-                    // A large request in its own buffer after a small one (the tail of the
-                    // last write the kernel split at a page boundary): what is buffered goes
-                    // as a segment of its own and these bytes as the next one, uncopied,
-                    // below. Copying them in was every byte of a writer whose buffer is not
-                    // page-aligned, as most are (malloc's): 0.1 CPU-s/GiB.
+                if segment.is_some() && off >= self.size {
+                    // After a small request (the few bytes of the last split write): what
+                    // is buffered goes as a segment of its own, these bytes as the next one.
                     self.cut_stream(c, false)?;
                 } else {
                     let s = self.stream.as_mut().expect("stream checked above");
@@ -1524,16 +1525,12 @@ impl FileState {
             if self.dirty_intersects(off, end) {
                 self.flush_dirty(c)?;
             }
-            let cut = self.stream_cut_bytes(c);
-            if let Some(sh) = shared.filter(|_| data.len() >= cut / 2) {
-                // Most of a segment or more in the request's own buffer: it is the segment.
-                // Not only a whole one: a writer whose buffer is not page-aligned has each of
-                // its writes split by the kernel at a page boundary, in a request a few
-                // bytes short of the segment and one of those few bytes.
+            if let Some(sh) = segment {
                 self.size = end;
                 self.hand_over(c, off, sh.clone(), false);
                 return self.retire(c, false);
             }
+            let cut = self.stream_cut_bytes(c);
             // A request that nearly fills the stream (the head of a large write the kernel
             // split at a page boundary, copied where the caller does not share its buffer)
             // gets room for the rest, so the tail does not double a 1 MiB buffer into 2 MiB.
@@ -2475,13 +2472,13 @@ pub(crate) mod tests {
         assert!(failures > 0, "the lost carry was never reported");
     }
 
-    /// Runs `f` for seeds 0..n, or for the one in CKPTFS_SEED.
     /// Whether `for_seeds` runs all its seeds (not the one CKPTFS_SEED names): totals over
     /// them are checked only then.
     fn all_seeds() -> bool {
         std::env::var_os("CKPTFS_SEED").is_none()
     }
 
+    /// Runs `f` for seeds 0..n, or for the one in CKPTFS_SEED.
     fn for_seeds(n: u64, f: impl Fn(u64) + std::panic::RefUnwindSafe) {
         let seeds: Vec<u64> = match std::env::var("CKPTFS_SEED") {
             Ok(s) => vec![s.parse().unwrap()],

@@ -304,16 +304,22 @@ fn status_shows_a_target_whose_reads_fail_until_scrub_repairs_it() {
         t1["read_errors"]
     );
     // scrub writes back what the cut file lost; the state is whole again.
-    let s = json(&mut m, &["scrub"]);
+    scrub_repairs_in_place(&mut m, 1);
+}
+
+/// `ckptfs scrub` loses nothing and rewrites blocks; afterwards target `t` is `ok`, the
+/// revision at full redundancy (3+2), and `check` clean after a remount.
+fn scrub_repairs_in_place(m: &mut TestMount, t: usize) {
+    let s = json(m, &["scrub"]);
     assert_eq!(s["chunks_lost"], 0, "{s}");
     assert!(s["blocks_rewritten"].as_u64().unwrap() > 0, "{s}");
-    let t = json(&mut m, &["targets"]);
-    assert_eq!(t["targets"][1]["state"], "ok", "{t}");
-    assert_eq!(t["revisions"]["listed"], serde_json::json!([[2, 1]]), "{t}");
+    let v = json(m, &["targets"]);
+    assert_eq!(v["targets"][t]["state"], "ok", "repaired in place: {v}");
+    assert_eq!(v["revisions"]["listed"], serde_json::json!([[2, 1]]), "{v}");
     m.unmount();
     drop_caches();
     m.mount();
-    check_clean(&mut m, "after scrub");
+    check_clean(m, "after scrub");
 }
 
 /// A target file cut short while the space was not mounted (a copy that ran out of room, a
@@ -347,16 +353,7 @@ fn a_target_cut_short_while_unmounted_is_repaired_in_place() {
         "extended again"
     );
     assert_file_eq(&m.path("ckpt"), &data);
-    let s = json(&mut m, &["scrub"]);
-    assert_eq!(s["chunks_lost"], 0, "{s}");
-    assert!(s["blocks_rewritten"].as_u64().unwrap() > 0, "{s}");
-    let t = json(&mut m, &["targets"]);
-    assert_eq!(t["targets"][1]["state"], "ok", "repaired in place: {t}");
-    assert_eq!(t["revisions"]["listed"], serde_json::json!([[2, 1]]), "{t}");
-    m.unmount();
-    drop_caches();
-    m.mount();
-    check_clean(&mut m, "after scrub");
+    scrub_repairs_in_place(&mut m, 1);
     m.unmount();
     for i in [3, 4] {
         fs::remove_file(m.target_dir(i).join(TARGET_FILE)).unwrap();

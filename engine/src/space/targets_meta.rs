@@ -557,13 +557,17 @@ impl Space {
                 }
             }
         }
-        let Some(table) = &self.targets_table else {
+        let Some(table) = self
+            .targets_table
+            .as_ref()
+            .filter(|_| !self.mirrored.is_empty())
+        else {
             return;
         };
         // Under the table's lock: `store_table` writes the table and its copies under it.
         let t = table.lock();
         for (i, spec) in t.targets.iter().enumerate() {
-            if !t.mirror[i] || self.mirrored.is_empty() {
+            if !t.mirror[i] {
                 continue;
             }
             for (from, name) in [
