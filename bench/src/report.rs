@@ -7,10 +7,11 @@ use std::collections::BTreeMap;
 pub type Stages = BTreeMap<String, f64>;
 
 /// The daemon's stages in the order of the write and read paths; names not listed go last.
-const STAGE_ORDER: [&str; 14] = [
+const STAGE_ORDER: [&str; 15] = [
     "ingest",
     "cut",
     "predict",
+    "predict_fingerprint",
     "budget_wait",
     "hash",
     "lookup",
@@ -579,17 +580,18 @@ impl Results {
     /// Per row: the daemon's estimated CPU seconds per GiB by stage (sampled thread CPU, see
     /// the engine's `pipeline::Stage`), what they add up to, and the daemon's CPU per GiB:
     /// the difference is CPU no stage timed (the FUSE transport in the kernel, lookups,
-    /// opens, closes). `predict` and `predict_miss` are parts of `cut` and not added again.
+    /// opens, closes). `predict`, `predict_fingerprint` and `predict_miss` are parts of `cut`
+    /// and not added again.
     pub fn stage_cpu_table(&self) -> Option<String> {
         self.per_row_table(
             "daemon CPU seconds per GiB by stage (estimated from sampled thread CPU; in \
-             stages: their sum, predict and predict_miss counted within cut; daemon: all its \
+             stages: their sum, the predict stages counted within cut; daemon: all its \
              CPU)",
             Row::stage_cpu_per_gib,
             |r, st| {
                 let inside: f64 = st
                     .iter()
-                    .filter(|(k, _)| !matches!(k.as_str(), "predict" | "predict_miss"))
+                    .filter(|(k, _)| !k.starts_with("predict"))
                     .map(|(_, v)| v)
                     .sum();
                 let all = r

@@ -761,6 +761,8 @@ pub(crate) struct Cutter {
     cdc_chunks: u64,
     /// Chunks taken from a confirmed prediction.
     predicted: u64,
+    /// Of those, the ones confirmed by fingerprint (`predict`).
+    fingerprinted: u64,
     /// Where the last content-defined scan ran out of bytes without a cut: (file offset
     /// of the chunk it scanned, `Gear::scan`'s resume point). The next segment carries that
     /// chunk's bytes again and the scan resumes where it stopped: scanning the carry again
@@ -979,9 +981,6 @@ impl Gear {
     }
 }
 
-/// Which stage a hash is timed as.
-type StageOf = fn(&crate::pipeline::Stages) -> &crate::pipeline::Stage;
-
 /// See `Cutter::misses`.
 const HASH_MISSES: u32 = 8;
 const HASH_SAMPLE: u64 = 16;
@@ -998,21 +997,65 @@ impl Cutter {
             misses: 0,
             cdc_chunks: 0,
             predicted: 0,
+            fingerprinted: 0,
             scan: None,
             gear: Gear::new(params),
         }
     }
 
-    /// Hashes `b`, timed as the stage `pick` chooses by the hash.
-    fn hash(&self, b: &[u8], pick: impl FnOnce(&ChunkHash) -> StageOf) -> ChunkHash {
-        let pl = self.pred.as_ref().and_then(|p| p.pipeline.as_ref());
-        // Sampled by `predict`'s count, whichever stage the hash turns out to be.
-        let t = pl.map(|pl| pl.stages.predict.start());
+    /// Hashes the content-defined chunk `b` (timed as `hash`) and fingerprints it, so a
+    /// later prediction of it is confirmed by fingerprint.
+    fn hash(&self, b: &[u8]) -> ChunkHash {
+        let pr = self.pred.as_ref();
+        let t = pr
+            .and_then(|p| p.pipeline.as_ref())
+            .map(|pl| (pl, pl.stages.hash.start()));
         let h = ChunkHash::of(b);
-        if let (Some(pl), Some(t)) = (pl, t) {
-            pick(&h)(&pl.stages).stop(t, b.len());
+        if let Some(pr) = pr.filter(|pr| pr.table.fingerprints()) {
+            pr.table.remember(&h, crate::predict::fingerprint(b));
+        }
+        if let Some((pl, t)) = t {
+            pl.stages.hash.stop(t, b.len());
         }
         h
+    }
+
+    /// The hash of `b` where its bytes are the predicted chunk `n`'s: confirmed by the
+    /// fingerprint where this mount has one for that chunk, else by blake3 (and then
+    /// fingerprinted, so the next revision's prediction is confirmed the cheap way). Timed
+    /// as `predict_fingerprint` or `predict`, or `predict_miss` where the bytes changed.
+    fn confirm(&mut self, b: &[u8], n: crate::predict::Next) -> Option<ChunkHash> {
+        let pr = self.pred.as_ref()?;
+        let t = pr
+            .pipeline
+            .as_ref()
+            .map(|pl| (pl, pl.stages.predict.start()));
+        let table = &pr.table;
+        let (got, by_fingerprint) = match table.fingerprinted(n.hash_prefix) {
+            Some((h, fp)) => {
+                let hit = crate::predict::fingerprint(b) == fp;
+                self.fingerprinted += hit as u64;
+                (hit.then_some(h), true)
+            }
+            None => {
+                let h = ChunkHash::of(b);
+                let hit = crate::predict::prefix(&h) == n.hash_prefix;
+                if hit && table.fingerprints() {
+                    table.remember(&h, crate::predict::fingerprint(b));
+                }
+                (hit.then_some(h), false)
+            }
+        };
+        if let Some((pl, t)) = t {
+            let st = &pl.stages;
+            let stage = match (got.is_some(), by_fingerprint) {
+                (false, _) => &st.predict_miss,
+                (true, true) => &st.predict_fingerprint,
+                (true, false) => &st.predict,
+            };
+            stage.stop(t, b.len());
+        }
+        got
     }
 
     /// The length of the next chunk, where the last one predicts it.
@@ -1062,15 +1105,7 @@ impl Cutter {
             if let Some(n) = predicted.filter(|n| n.len > 0 && n.len <= p.max_bytes) {
                 let end = pos + n.len as usize;
                 if end <= buf.len() {
-                    let hit = |h: &ChunkHash| crate::predict::prefix(h) == n.hash_prefix;
-                    let h = self.hash(&buf[pos..end], |h| {
-                        if hit(h) {
-                            |st| &st.predict
-                        } else {
-                            |st| &st.predict_miss
-                        }
-                    });
-                    if hit(&h) {
+                    if let Some(h) = self.confirm(&buf[pos..end], n) {
                         push(pos, end - pos, Some(h));
                         self.predicted += 1;
                         self.resync = None;
@@ -1103,9 +1138,7 @@ impl Cutter {
                 }
             };
             self.cdc_chunks += 1;
-            let h = self
-                .hash_cdc()
-                .then(|| self.hash(&buf[pos..end], |_| |st| &st.hash));
+            let h = self.hash_cdc().then(|| self.hash(&buf[pos..end]));
             if let Some(h) = &h {
                 let known = self
                     .pred
@@ -3076,6 +3109,75 @@ pub(crate) mod tests {
         // Hashed chunks include the content-defined ones hashed to look up a successor, so
         // this is an upper bound of the predicted ones; it shows the path is taken.
         assert!(predicted * 10 >= total * 8, "{predicted} of {total} hashed");
+    }
+
+    /// Where this mount fingerprinted a predicted chunk, the prediction is confirmed by the
+    /// fingerprint alone (blake3 is not computed), and the piece is named by the hash
+    /// remembered with it (`Piece::hashed` checks that it is its bytes' in debug builds). A
+    /// fingerprint that does not match the bytes is a miss: the chunk is cut by content and
+    /// named by the blake3 of its bytes, at the same cuts. With fingerprints turned off
+    /// (`--confirm blake3`) every prediction is confirmed by blake3.
+    #[test]
+    fn predictions_are_confirmed_by_fingerprint_and_a_wrong_one_misses() {
+        use crate::predict::fingerprint;
+        let p = params();
+        let mut rng = SmallRng::seed_from_u64(12);
+        for round in 0..6 {
+            // Random bytes: no chunk repeats, so each predicts one successor.
+            let mut data = vec![0u8; rng.random_range(1_000_000..3_000_000)];
+            rng.fill_bytes(&mut data);
+            let cuts = whole_cut(p, &data);
+            let table = learned(p, &data, &cuts);
+            let mut right = 0;
+            for (i, &(o, l)) in cuts.iter().enumerate() {
+                let b = &data[o as usize..o as usize + l];
+                if i % 3 == 1 {
+                    table.remember(&ChunkHash::of(b), fingerprint(b) ^ 1);
+                } else {
+                    table.remember(&ChunkHash::of(b), fingerprint(b));
+                    right += 1;
+                }
+            }
+            for by_fingerprint in [true, false] {
+                let what = format!("round {round}, by fingerprint {by_fingerprint}");
+                table.confirm_by_fingerprint(by_fingerprint);
+                let mut cutter = predicting(p, table.clone());
+                let seg = SharedBytes::from(data.clone());
+                let (pieces, _, carry) = cut_segment(&mut cutter, 0, &[], seg, true);
+                assert!(carry.is_empty(), "{what}");
+                let mut got = Vec::new();
+                for (off, piece, _) in &pieces {
+                    let want = &data[*off as usize..*off as usize + piece.len()];
+                    assert_eq!(piece.bytes(), want, "{what}");
+                    if let Some(h) = piece.known_hash() {
+                        assert_eq!(h, ChunkHash::of(want), "{what}: at {off}");
+                    }
+                    got.push((*off, piece.len()));
+                }
+                assert_eq!(got, cuts, "{what}: the same cuts");
+                if by_fingerprint {
+                    // All but the first chunk (nothing predicts it) and the last (cut where
+                    // the data ended: not learned) follow a chunk that predicts them (a
+                    // wrong fingerprint's chunk is hashed after its miss, so what follows
+                    // it is predicted too); only those with the right fingerprint are
+                    // confirmed by it.
+                    assert!(
+                        cutter.fingerprinted <= right && cutter.fingerprinted + 2 >= right,
+                        "{what}: {} confirmed by fingerprint, {right} right ones",
+                        cutter.fingerprinted
+                    );
+                    assert!(cutter.predicted >= cutter.fingerprinted, "{what}");
+                } else {
+                    assert_eq!(cutter.fingerprinted, 0, "{what}");
+                    assert!(
+                        cutter.predicted as usize + 2 >= cuts.len(),
+                        "{what}: {} of {} predicted",
+                        cutter.predicted,
+                        cuts.len()
+                    );
+                }
+            }
+        }
     }
 
     /// A segment starting with these bytes makes `cut_segment` panic.

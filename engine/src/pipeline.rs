@@ -35,7 +35,7 @@ pub(crate) const CUT_BYTES: usize = 32 << 20;
 #[derive(Clone)]
 pub struct Predictor {
     pub table: Arc<crate::predict::Successors>,
-    /// `predict` and `predict_miss` stages; none in tests.
+    /// `predict`, `predict_fingerprint` and `predict_miss` stages; none in tests.
     pub pipeline: Option<Arc<Pipeline>>,
 }
 
@@ -583,7 +583,8 @@ fn thread_cpu_ns() -> u64 {
 }
 
 /// A timing under way (`Stage::start`, `Stage::stop`), for code that picks the stage it
-/// counts against after the work (the cutter's hash: `predict` or `predict_miss`).
+/// counts against after the work (the cutter's confirmation: `predict`,
+/// `predict_fingerprint` or `predict_miss`).
 pub struct Timing {
     wall: std::time::Instant,
     /// The thread's CPU clock at the start and the sample's weight, when sampled.
@@ -729,11 +730,15 @@ stages! {
     /// Content-defined cutting of sequential streams (worker threads), including `predict`.
     cut,
     /// Part of `cut`: blake3 of chunks the cutter predicted from the chunk sequences of
-    /// recent files (`predict`) and their bytes confirmed (count and bytes: those chunks).
-    /// The workers do not hash them again.
+    /// recent files (`predict`) and their bytes confirmed (count and bytes: those chunks),
+    /// where this mount had no fingerprint of the predicted chunk. The workers do not hash
+    /// them again.
     predict,
-    /// Part of `cut`: blake3 over predicted chunks that the bytes did not confirm (the cutter
-    /// cut by content there instead).
+    /// Part of `cut`: predicted chunks confirmed by their fingerprint (xxh3-128, where this
+    /// mount hashed the chunk before; `predict`'s module doc) instead of blake3.
+    predict_fingerprint,
+    /// Part of `cut`: blake3 or the fingerprint over predicted chunks that the bytes did not
+    /// confirm (the cutter cut by content there instead).
     predict_miss,
     /// Writers waiting for room in the pipeline (back-pressure).
     budget_wait,

@@ -144,12 +144,17 @@ fn dedup_of_copies_revisions_and_shifted_checkpoints() {
     assert_file_eq(&m.path("ckpt-0002.bin"), &revised);
 }
 
-/// Chunks confirmed by a cut prediction, from the daemon's stage counters.
+/// Chunks confirmed by a cut prediction, from the daemon's stage counters: by blake3
+/// (`predict`) and by fingerprint (`predict_fingerprint`).
 fn predicted_chunks(s: &Report<StatsReport>) -> u64 {
+    stage_count(s, "predict") + stage_count(s, "predict_fingerprint")
+}
+
+fn stage_count(s: &Report<StatsReport>, name: &str) -> u64 {
     s.stats
         .stages
         .iter()
-        .find(|st| st.name == "predict")
+        .find(|st| st.name == name)
         .map_or(0, |st| st.count)
 }
 
@@ -210,4 +215,84 @@ fn predicted_cuts_are_the_content_defined_cuts() {
     assert_file_eq(&m.path("step-1.bin"), &base);
     assert_file_eq(&m.path("step-2.bin"), &next);
     assert_file_eq(&m.path("step-2-again.bin"), &next);
+}
+
+/// The next checkpoint of `prev`: 5% of its 64 KiB blocks changed.
+fn next_of(rng: &mut SmallRng, prev: &[u8]) -> Vec<u8> {
+    let mut next = prev.to_vec();
+    for blk in next.chunks_mut(64 << 10) {
+        if rng.random_range(0..20) == 0 {
+            rng.fill_bytes(blk);
+        }
+    }
+    next
+}
+
+/// A chain of next checkpoints, each predicted from the one before, confirmed by the
+/// fingerprints the mount took of the chunks it wrote (the first next one) and of those it
+/// read back after a remount (a restart: the next one after it), and with `--confirm
+/// blake3` by blake3 only. Every checkpoint reads back exactly, each kept its dedup (most
+/// chunks predicted, little stored), and `check` finds the space clean.
+#[test]
+fn next_checkpoints_confirmed_by_fingerprint_or_blake3_read_back_exactly() {
+    let seed = test_seed("dedup-confirm", 0x5eed_0004);
+    let mut rng = SmallRng::seed_from_u64(seed);
+    let mut m = TestMount::new();
+    let mut steps = vec![pattern(seed, 16 * MIB)];
+    write_checkpoint(&m, "step-0.bin", &steps[0]);
+    let mut step = |m: &mut TestMount, steps: &mut Vec<Vec<u8>>, by_fingerprint: bool| {
+        let next = next_of(&mut rng, steps.last().expect("a step"));
+        let name = format!("step-{}.bin", steps.len());
+        let s0 = m.stats();
+        write_checkpoint(m, &name, &next);
+        let s1 = m.stats();
+        let predicted = predicted_chunks(&s1) - predicted_chunks(&s0);
+        let fingerprinted =
+            stage_count(&s1, "predict_fingerprint") - stage_count(&s0, "predict_fingerprint");
+        let stored = s1.stats.stored_bytes - s0.stats.stored_bytes;
+        println!(
+            "{name}: {predicted} chunks predicted, {fingerprinted} of them confirmed by \
+             fingerprint, {stored} bytes stored"
+        );
+        // 16 MiB at 64 KiB chunks is about 250 chunks, 5% of the blocks changed.
+        assert!(
+            predicted >= 150,
+            "{name}: only {predicted} chunks predicted"
+        );
+        if by_fingerprint {
+            assert!(
+                fingerprinted * 10 >= predicted * 9,
+                "{name}: {fingerprinted} of {predicted} confirmed by fingerprint"
+            );
+        } else {
+            assert_eq!(fingerprinted, 0, "{name}: --confirm blake3");
+        }
+        assert!(
+            stored < 4 * MIB as u64,
+            "{name}: {stored} bytes stored for a 5% change"
+        );
+        steps.push(next);
+    };
+    step(&mut m, &mut steps, true);
+    step(&mut m, &mut steps, true);
+    m.unmount();
+    m.mount_with(&["--confirm", "blake3"]);
+    // Opening the last checkpoint teaches its sequence (nothing else was learned).
+    assert_file_eq(&m.path("step-2.bin"), &steps[2]);
+    step(&mut m, &mut steps, false);
+    step(&mut m, &mut steps, false);
+    m.unmount();
+    m.mount();
+    // A restart: the last checkpoint read (its chunks fingerprinted as they are verified).
+    assert_file_eq(&m.path("step-4.bin"), &steps[4]);
+    step(&mut m, &mut steps, true);
+    step(&mut m, &mut steps, true);
+    m.remount();
+    for (i, data) in steps.iter().enumerate() {
+        assert_file_eq(&m.path(format!("step-{i}.bin")), data);
+    }
+    m.unmount();
+    let backing = m.backing().to_path_buf();
+    let out = m.ckptfs_ok(&[std::ffi::OsStr::new("check"), backing.as_os_str()]);
+    assert!(out.contains("clean"), "{out}");
 }

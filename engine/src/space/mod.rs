@@ -997,6 +997,12 @@ impl Space {
         self.store.set_batch_codec(codec)
     }
 
+    /// How predicted chunks are confirmed: by fingerprint where one is known, or by blake3
+    /// (`--confirm`; `predict`'s module doc).
+    pub fn confirm_by_fingerprint(&self, on: bool) {
+        self.store.confirm_by_fingerprint(on)
+    }
+
     /// The committed record of a chunk, if it is committed.
     pub fn committed_record(&self, h: &ChunkHash) -> Result<Option<ChunkRecord>> {
         self.store.committed_record(h)

@@ -133,6 +133,12 @@ impl ChunkStore {
         self.w.successors.learn(extents, max_chunk);
     }
 
+    /// How the cutters confirm predicted chunks: by fingerprint where this mount has one
+    /// (the default), or always by blake3 (`predict`'s module doc).
+    pub fn confirm_by_fingerprint(&self, on: bool) {
+        self.w.successors.confirm_by_fingerprint(on);
+    }
+
     /// Where the data path's time goes (the pipeline's timers).
     pub fn stages(&self) -> &crate::pipeline::Stages {
         &self.pipeline.stages

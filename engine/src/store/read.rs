@@ -562,8 +562,17 @@ impl ChunkStore {
             for (h, rec) in &missing[chunks] {
                 let from = at + (rec.offset.0 - start) as usize;
                 let bytes = &buf.buf.as_slice()[from..from + rec.stored_len as usize];
+                // A chunk read (a restart reads the checkpoint the next one will repeat) is
+                // fingerprinted as it is verified, while in cache, so the next revision's
+                // predictions of it are confirmed without blake3 (`predict`).
                 let raw = self.stages().decode.time(rec.raw_len as usize, || {
-                    StoredRef::new(*h, *rec, bytes).verify_raw()
+                    let raw = StoredRef::new(*h, *rec, bytes).verify_raw()?;
+                    if self.w.successors.fingerprints() {
+                        self.w
+                            .successors
+                            .remember(h, crate::predict::fingerprint(&raw));
+                    }
+                    Ok(raw)
                 });
                 let data = match raw {
                     Ok(std::borrow::Cow::Borrowed(_)) => (

@@ -463,7 +463,17 @@ impl ChunkStore {
         assert!(!data.is_empty() && data.len() <= u32::MAX as usize);
         let h = match known {
             Some(h) => h,
-            None => self.stages().hash.time(data.len(), || ChunkHash::of(data)),
+            // Fingerprinted too, so a prediction of this chunk in the next revision is
+            // confirmed without blake3 (`predict`); timed with the hash.
+            None => self.stages().hash.time(data.len(), || {
+                let h = ChunkHash::of(data);
+                if self.w.successors.fingerprints() {
+                    self.w
+                        .successors
+                        .remember(&h, crate::predict::fingerprint(data));
+                }
+                h
+            }),
         };
         let _shared = self.barrier.read();
         if let Some(e) = self.pending.lock().get_mut(&h) {
