@@ -1026,6 +1026,7 @@ impl Cutter {
     /// as `predict_fingerprint` or `predict`, or `predict_miss` where the bytes changed.
     fn confirm(&mut self, b: &[u8], n: crate::predict::Next) -> Option<ChunkHash> {
         let pr = self.pred.as_ref()?;
+        // Sampled by `predict`'s count, whichever of the three stages it turns out to be.
         let t = pr
             .pipeline
             .as_ref()

@@ -14,8 +14,9 @@
 //! bytes that meet a known chunk's fingerprint, but only with bytes of its own file, whose
 //! old chunk it already knows (to compute its fingerprint), so what it can make its file read
 //! back is data it could have written anyway. `--confirm blake3` on the mount confirms every
-//! prediction by blake3, as before. Fingerprints live only in memory: after a remount the
-//! first revision confirms by blake3 and fingerprints what it confirms.
+//! prediction by blake3, as before. Fingerprints live only in memory: after a remount they
+//! come back as chunks are read (a restart reads the checkpoint the next one repeats) or
+//! confirmed by blake3.
 //!
 //! Why it gives the same cuts as FastCDC when it hits: a FastCDC cut depends only on the
 //! bytes from the chunk's start to the cut, so after an identical chunk that began at a
