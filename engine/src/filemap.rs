@@ -1011,8 +1011,8 @@ impl Cutter {
             .and_then(|p| p.pipeline.as_ref())
             .map(|pl| (pl, pl.stages.hash.start()));
         let h = ChunkHash::of(b);
-        if let Some(pr) = pr.filter(|pr| pr.table.fingerprints()) {
-            pr.table.remember(&h, crate::predict::fingerprint(b));
+        if let Some(pr) = pr {
+            pr.table.remember(&h, b);
         }
         if let Some((pl, t)) = t {
             pl.stages.hash.stop(t, b.len());
@@ -1041,8 +1041,8 @@ impl Cutter {
             None => {
                 let h = ChunkHash::of(b);
                 let hit = crate::predict::prefix(&h) == n.hash_prefix;
-                if hit && table.fingerprints() {
-                    table.remember(&h, crate::predict::fingerprint(b));
+                if hit {
+                    table.remember(&h, b);
                 }
                 (hit.then_some(h), false)
             }
@@ -3133,9 +3133,9 @@ pub(crate) mod tests {
             for (i, &(o, l)) in cuts.iter().enumerate() {
                 let b = &data[o as usize..o as usize + l];
                 if i % 3 == 1 {
-                    table.remember(&ChunkHash::of(b), fingerprint(b) ^ 1);
+                    table.remember_fingerprint(&ChunkHash::of(b), fingerprint(b) ^ 1);
                 } else {
-                    table.remember(&ChunkHash::of(b), fingerprint(b));
+                    table.remember(&ChunkHash::of(b), b);
                     right += 1;
                 }
             }

@@ -169,10 +169,17 @@ impl Successors {
         self.by_fingerprint.load(Ordering::Relaxed)
     }
 
-    /// Remembers the fingerprint of a chunk whose blake3 hash `h` was computed over the same
-    /// bytes, so a prediction of it can be confirmed by fingerprint. Callers compute the
-    /// fingerprint only where `fingerprints()`.
-    pub fn remember(&self, h: &ChunkHash, fp: u128) {
+    /// Fingerprints `bytes`, whose blake3 hash `h` is, so a prediction of that chunk can be
+    /// confirmed by fingerprint; nothing (not even the fingerprint's cost) where fingerprints
+    /// are off.
+    pub fn remember(&self, h: &ChunkHash, bytes: &[u8]) {
+        if self.fingerprints() {
+            self.remember_fingerprint(h, fingerprint(bytes));
+        }
+    }
+
+    /// `remember` with the fingerprint given (tests give wrong ones).
+    pub(crate) fn remember_fingerprint(&self, h: &ChunkHash, fp: u128) {
         if !self.fingerprints() {
             return;
         }
@@ -326,7 +333,7 @@ mod tests {
         let s = Successors::with_capacity(4);
         assert!(s.fingerprints(), "fingerprints are the default");
         for i in 0..21u8 {
-            s.remember(&h(i), fingerprint(&[i]));
+            s.remember(&h(i), &[i]);
         }
         assert!(s.fingerprinted_len() <= 8, "{}", s.fingerprinted_len());
         assert_eq!(
@@ -341,7 +348,7 @@ mod tests {
         s.confirm_by_fingerprint(false);
         assert_eq!(s.fingerprinted(prefix(&h(20))), None);
         assert_eq!(s.fingerprinted_len(), 0, "turning them off drops them");
-        s.remember(&h(3), fingerprint(&[3]));
+        s.remember(&h(3), &[3]);
         assert_eq!(s.fingerprinted_len(), 0, "nor are new ones kept");
     }
 }

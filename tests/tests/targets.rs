@@ -799,7 +799,7 @@ fn a_lost_backing_directory_is_recovered_from_the_targets_metadata_mirrors() {
 /// Silent damage on a metadata mirror holder's disk (its copies of the metadata table, the
 /// placement records and the targets table) is found by `ckptfs scrub` and mended from the
 /// primary while the space stays mounted, so that the copy `ckptfs recover` rebuilds a lost
-/// backing directory from is whole. Before, neither `scrub` nor `check` looked at the copies.
+/// backing directory from is whole. Before, nothing looked at the copies while mounted.
 #[test]
 fn damage_on_a_metadata_mirror_is_found_and_mended_by_scrub() {
     let seed = test_seed("damage_on_a_metadata_mirror", 0x7a_000a);

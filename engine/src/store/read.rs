@@ -567,11 +567,7 @@ impl ChunkStore {
                 // predictions of it are confirmed without blake3 (`predict`).
                 let raw = self.stages().decode.time(rec.raw_len as usize, || {
                     let raw = StoredRef::new(*h, *rec, bytes).verify_raw()?;
-                    if self.w.successors.fingerprints() {
-                        self.w
-                            .successors
-                            .remember(h, crate::predict::fingerprint(&raw));
-                    }
+                    self.w.successors.remember(h, &raw);
                     Ok(raw)
                 });
                 let data = match raw {

@@ -467,11 +467,7 @@ impl ChunkStore {
             // confirmed without blake3 (`predict`); timed with the hash.
             None => self.stages().hash.time(data.len(), || {
                 let h = ChunkHash::of(data);
-                if self.w.successors.fingerprints() {
-                    self.w
-                        .successors
-                        .remember(&h, crate::predict::fingerprint(data));
-                }
+                self.w.successors.remember(&h, data);
                 h
             }),
         };
