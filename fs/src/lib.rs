@@ -1986,7 +1986,7 @@ impl Fs {
             self.record_clip(ino, n)?;
         } else if seal_now && n.base.revision().0 != 0 {
             // Another handle's close (a reader's) already committed what this writer wrote.
-            self.space.seal(n.base.revision())?;
+            self.space.seal(n.base.revision(), &n.file)?;
         }
         if let Some(h) = n.handles.get_mut(&fh) {
             if seal_now {
@@ -2083,7 +2083,7 @@ impl Fs {
                     ino.0,
                     rev.0
                 );
-                result = self.space.seal(rev).map_err(Error::from);
+                result = self.space.seal(rev, &n.file).map_err(Error::from);
             }
             (result, h.writer)
         };

@@ -361,3 +361,38 @@ fn ranks_writing_next_checkpoints_at_once_are_confirmed_by_fingerprint() {
     }
     no_cutter_failed(&m);
 }
+
+/// Checkpoints fsynced before their close (what careful jobs do) teach their chunk sequence
+/// like any other: the fsync commits the revision (not learned there: it may grow), the close
+/// then finds nothing new to commit and only seals it, and the seal is where it is learned.
+/// Before, such a job's every next checkpoint was cut by content throughout.
+#[test]
+fn checkpoints_fsynced_before_close_are_predicted_from() {
+    let seed = test_seed("dedup-fsync", 0x5eed_0006);
+    let mut rng = SmallRng::seed_from_u64(seed);
+    let mut m = TestMount::new();
+    let mut data = pattern(seed, 16 * MIB);
+    for step in 0..3 {
+        if step > 0 {
+            data = next_of(&mut rng, &data);
+        }
+        let s0 = m.stats();
+        let mut f = File::create(m.path(format!("ckpt-{step}"))).expect("create");
+        for piece in data.chunks(MIB) {
+            f.write_all(piece).expect("write");
+        }
+        f.sync_all().expect("fsync");
+        drop(f);
+        let s1 = m.stats();
+        let predicted = predicted_chunks(&s1) - predicted_chunks(&s0);
+        println!("step {step}: {predicted} chunks predicted");
+        if step > 0 {
+            assert!(
+                predicted >= 150,
+                "step {step}: only {predicted} chunks predicted"
+            );
+        }
+    }
+    assert_file_eq(&m.path("ckpt-2"), &data);
+    no_cutter_failed(&m);
+}

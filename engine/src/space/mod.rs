@@ -1264,14 +1264,19 @@ impl Space {
         Ok(rev)
     }
 
-    /// Marks a revision complete: its file's last writer has let go of it.
-    pub fn seal(&self, rev: RevisionId) -> Result<()> {
+    /// Marks a revision complete: its file's last writer has let go of it. `file` is the
+    /// file's state, whose chunk sequence the cutters learn now: a revision committed at an
+    /// fsync point was not learned then (`commit_file`), and a file fsynced before its close
+    /// has nothing left to commit at the close, so it would never be learned, and its next
+    /// revision would be cut by content throughout (every checkpoint of a job that fsyncs).
+    pub fn seal(&self, rev: RevisionId, file: &FileState) -> Result<()> {
         let txn = self.begin_write(true)?;
         if !Txn::open(&txn)?.seal(rev)? {
             txn.abort()?;
             return Ok(());
         }
         self.commit(txn)?;
+        self.store.learn(file.map().iter(), self.sb.chunk.max_bytes);
         Ok(())
     }
 
