@@ -288,20 +288,39 @@ impl ChunkIo for ChunkStore {
                     // the permit, which is released once they are appended.
                     Some(gpu) => {
                         let mut new = Vec::new();
-                        for (piece, done) in job {
-                            match me.lookup(piece.bytes(), piece.known_hash()) {
-                                Ok(Lookup::Miss(hash)) => {
-                                    new.push(gpu::NewChunk { hash, piece, done })
+                        let found =
+                            me.lookup_many(job.iter().map(|(p, _)| (p.bytes(), p.known_hash())));
+                        match found {
+                            Ok(found) => {
+                                for ((piece, done), f) in job.into_iter().zip(found) {
+                                    match f {
+                                        Lookup::Miss(hash) => {
+                                            new.push(gpu::NewChunk { hash, piece, done })
+                                        }
+                                        Lookup::Hit(h) => done.complete(Ok(h)),
+                                    }
                                 }
-                                Ok(Lookup::Hit(h)) => done.complete(Ok(h)),
-                                Err(e) => done.complete(Err(e)),
+                            }
+                            // Each piece gets its own error, as a lookup of it alone would.
+                            Err(_) => {
+                                for (piece, done) in job {
+                                    match me.lookup(piece.bytes(), piece.known_hash()) {
+                                        Ok(Lookup::Miss(hash)) => {
+                                            new.push(gpu::NewChunk { hash, piece, done })
+                                        }
+                                        Ok(Lookup::Hit(h)) => done.complete(Ok(h)),
+                                        Err(e) => done.complete(Err(e)),
+                                    }
+                                }
                             }
                         }
                         gpu.push(new, permit);
                     }
                     None => {
-                        for (piece, done) in job {
-                            done.complete(me.put_piece(&piece));
+                        let (pieces, dones): (Vec<Piece>, Vec<_>) = job.into_iter().unzip();
+                        let results = me.put_pieces(&pieces);
+                        for (done, r) in dones.into_iter().zip(results) {
+                            done.complete(r);
                         }
                         drop(permit);
                     }

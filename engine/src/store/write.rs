@@ -436,14 +436,34 @@ pub(super) enum Lookup {
 }
 
 impl ChunkStore {
-    /// Hashes a piece and pins the chunk if it is stored already.
     /// `put` of a piece, taking its hash where the cutter already computed it.
     pub(super) fn put_piece(&self, piece: &Piece) -> Result<ChunkHash> {
         self.put_hashed(piece.bytes(), piece.known_hash())
     }
 
     pub(super) fn put_hashed(&self, data: &[u8], known: Option<ChunkHash>) -> Result<ChunkHash> {
-        let h = match self.lookup(data, known)? {
+        let found = self.lookup(data, known)?;
+        self.put_found(data, found)
+    }
+
+    /// `put_piece` of each of a worker's batch of pieces, in order: their dedup lookups
+    /// first, together (`lookup_many`), then the new ones encoded and stored.
+    pub(super) fn put_pieces(&self, pieces: &[Piece]) -> Vec<Result<ChunkHash>> {
+        let found = self.lookup_many(pieces.iter().map(|p| (p.bytes(), p.known_hash())));
+        match found {
+            Ok(found) => pieces
+                .iter()
+                .zip(found)
+                .map(|(p, f)| self.put_found(p.bytes(), f))
+                .collect(),
+            // Each piece gets its own error, as `put_piece` would give it.
+            Err(_) => pieces.iter().map(|p| self.put_piece(p)).collect(),
+        }
+    }
+
+    /// Stores `data` unless the lookup found it.
+    fn put_found(&self, data: &[u8], found: Lookup) -> Result<ChunkHash> {
+        let h = match found {
             Lookup::Hit(h) => return Ok(h),
             Lookup::Miss(h) => h,
         };
@@ -457,41 +477,129 @@ impl ChunkStore {
     }
 
     /// Hashes `data` (unless `known`: its hash, computed by the caller over exactly these
-    /// bytes) and looks it up among pinned and committed chunks.
+    /// bytes) and looks it up among pinned and committed chunks; pins it if found.
     pub(super) fn lookup(&self, data: &[u8], known: Option<ChunkHash>) -> Result<Lookup> {
+        Ok(self
+            .lookup_many(std::iter::once((data, known)))?
+            .pop()
+            .expect("one piece, one answer"))
+    }
+
+    /// `lookup` of several pieces, in order, with one catalog read for those not pinned
+    /// already. A read transaction per chunk (a reader registered with the database, the
+    /// table opened) was most of the `lookup` stage's cost on a next revision, where nearly
+    /// every chunk is a committed one found again; a worker's batch (`BATCH_BYTES`, about
+    /// eight chunks) shares one. A piece that repeats an earlier one of the batch finds it
+    /// pinned by then.
+    pub(super) fn lookup_many<'a>(
+        &self,
+        pieces: impl Iterator<Item = (&'a [u8], Option<ChunkHash>)>,
+    ) -> Result<Vec<Lookup>> {
         self.check_failed()?;
-        assert!(!data.is_empty() && data.len() <= u32::MAX as usize);
-        let h = match known {
-            Some(h) => h,
-            // Fingerprinted too, so a prediction of this chunk in the next revision is
-            // confirmed without blake3 (`predict`); timed with the hash.
-            None => self.stages().hash.time(data.len(), || {
-                let h = ChunkHash::of(data);
-                self.w.successors.remember(&h, data);
-                h
-            }),
-        };
+        let hashes: Vec<ChunkHash> = pieces
+            .map(|(data, known)| {
+                assert!(!data.is_empty() && data.len() <= u32::MAX as usize);
+                match known {
+                    Some(h) => h,
+                    // Fingerprinted too, so a prediction of this chunk in the next revision
+                    // is confirmed without blake3 (`predict`); timed with the hash.
+                    None => self.stages().hash.time(data.len(), || {
+                        let h = ChunkHash::of(data);
+                        self.w.successors.remember(&h, data);
+                        h
+                    }),
+                }
+            })
+            .collect();
+        // Held until every found chunk is pinned: no segment is reused under a lookup.
         let _shared = self.barrier.read();
-        if let Some(e) = self.pending.lock().get_mut(&h) {
-            e.holders += 1;
-            self.dedup_hits.fetch_add(1, Ordering::Relaxed);
-            return Ok(Lookup::Hit(h));
+        let unpinned: Vec<ChunkHash> = {
+            let pending = self.pending.lock();
+            hashes
+                .iter()
+                .filter(|h| !pending.contains_key(*h))
+                .copied()
+                .collect()
+        };
+        let mut committed = if unpinned.is_empty() {
+            Vec::new()
+        } else {
+            self.stages()
+                .lookup
+                .time(0, || self.db.committed(&unpinned))?
         }
-        let found = self.stages().lookup.time(0, || self.committed_record(&h))?;
-        if let Some(rec) = found {
-            self.pending
-                .lock()
-                .entry(h)
-                .or_insert(Pending {
-                    rec,
-                    holders: 0,
-                    new: false,
+        .into_iter();
+        let mut unpinned = unpinned.into_iter().peekable();
+        // Per piece: found (and pinned once more), or not; `None` where the chunk was pinned
+        // when looked for but its last holder let go of it since (looked up alone below).
+        let found: Vec<Option<bool>> = {
+            let mut pending = self.pending.lock();
+            hashes
+                .iter()
+                .map(|h| {
+                    // This hash's committed record, if it was looked up (not pinned then).
+                    let looked = unpinned.peek() == Some(h);
+                    let rec = if looked {
+                        unpinned.next();
+                        committed.next().flatten()
+                    } else {
+                        None
+                    };
+                    if let Some(e) = pending.get_mut(h) {
+                        e.holders += 1;
+                        return Some(true);
+                    }
+                    match rec {
+                        Some(rec) => {
+                            let e = Pending {
+                                rec,
+                                holders: 1,
+                                new: false,
+                            };
+                            pending.insert(*h, e);
+                            Some(true)
+                        }
+                        None if looked => Some(false),
+                        None => None,
+                    }
                 })
-                .holders += 1;
-            self.dedup_hits.fetch_add(1, Ordering::Relaxed);
-            return Ok(Lookup::Hit(h));
+                .collect()
+        };
+        let mut out = Vec::with_capacity(hashes.len());
+        for (h, found) in hashes.into_iter().zip(found) {
+            let found = match found {
+                Some(f) => f,
+                None => self.pin_if_committed(&h)?,
+            };
+            out.push(if found {
+                self.dedup_hits.fetch_add(1, Ordering::Relaxed);
+                Lookup::Hit(h)
+            } else {
+                Lookup::Miss(h)
+            });
         }
-        Ok(Lookup::Miss(h))
+        Ok(out)
+    }
+
+    /// Pins `h` if it is pinned or committed; whether it was. The caller holds the barrier.
+    fn pin_if_committed(&self, h: &ChunkHash) -> Result<bool> {
+        if let Some(e) = self.pending.lock().get_mut(h) {
+            e.holders += 1;
+            return Ok(true);
+        }
+        let Some(rec) = self.stages().lookup.time(0, || self.committed_record(h))? else {
+            return Ok(false);
+        };
+        self.pending
+            .lock()
+            .entry(*h)
+            .or_insert(Pending {
+                rec,
+                holders: 0,
+                new: false,
+            })
+            .holders += 1;
+        Ok(true)
     }
 
     /// Stores a new chunk's encoded bytes: appends them and writes out full buffers.
