@@ -20,7 +20,10 @@
 # (default 1,4,8,16); NODE_SKIP, steps to leave out (any of tests,codec,steps,limits,restart,gpu);
 # NODE_BASE, a second pack (say of the commit before a change, `NODE_PACK=DIR ... pack` made
 # it) whose codec (into codec.txt, after this pack's) and steps (steps-base.txt) run in the
-# same call, as the same-machine baseline: the eighth file back.
+# same call, as the same-machine baseline: the eighth file back. NODE_ALT_ENV, assignments
+# (say CKPTFS_CUT_HERE=0): this pack's steps once more with them in the daemon's environment
+# (steps-alt.txt), to measure one switch on the same machine (leave out codec to stay within
+# eight files).
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 PACK=${NODE_PACK:-target/node-pack}
@@ -102,6 +105,11 @@ run)
         # fixed limit skipped the baseline where it would have fitted.
         step steps-base $((steps_took * 3 / 2 + 20)) "$base/ckptfs-bench" steps --dir "$dir" --ckptfs "$base/ckptfs" \
             --reps 1 --size "$size" --data field --writers "$writers" --mount-arg=--gpu=off
+    fi
+    if [[ -n ${NODE_ALT_ENV:-} ]] && ((steps_took >= 0)); then
+        # shellcheck disable=SC2086  # several assignments on purpose
+        step steps-alt $((steps_took * 3 / 2 + 20)) env $NODE_ALT_ENV "$b" steps "${common[@]}" \
+            --data field --writers "$writers" --mount-arg=--gpu=off
     fi
     step limits 40 "$b" limits "${common[@]}"
     step restart 90 "$b" restart "${common[@]}"

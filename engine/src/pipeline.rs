@@ -77,6 +77,10 @@ pub trait Cutters: Send + Sync {
     fn reserve_cut(&self, bytes: usize) -> Option<Permit>;
     /// Runs a cutter job.
     fn spawn_cut(&self, job: Box<dyn FnOnce() + Send>);
+    /// Runs a cutter job on the calling thread, counted as a cut.
+    fn cut_here(&self, job: &mut dyn FnMut()) {
+        job()
+    }
     /// How many files have a stream buffer now (they share `STREAM_BYTES`); `None`: no
     /// bound (tests).
     fn live_streams(&self) -> Option<Arc<std::sync::atomic::AtomicUsize>> {
@@ -174,6 +178,10 @@ impl Cutters for Pipeline {
     fn spawn_cut(&self, job: Box<dyn FnOnce() + Send>) {
         let me = self.me.upgrade().expect("a pipeline in use is alive");
         self.pool().run(move || me.stages.cut.time(0, job));
+    }
+
+    fn cut_here(&self, job: &mut dyn FnMut()) {
+        self.stages.cut.time_nested(0, job)
     }
 }
 
@@ -554,7 +562,14 @@ pub(crate) fn default_workers() -> usize {
 /// commit) samples all of them, where a few unsampled ones would make the estimate swing.
 /// Sampling by the stage's own count, not a per-thread one, keeps a stage that always comes
 /// at the same point of a thread's cycle from never being sampled.
+///
+/// Each stage has cache lines of its own (128 bytes: a line and the one the hardware
+/// prefetches with it): every thread of the data path updates these counters several times
+/// per chunk, and stages side by side in one line made the threads of different stages
+/// (the cutters' `predict_fingerprint`, the workers' `lookup`) take that line from one
+/// another on each update.
 #[derive(Default)]
+#[repr(align(128))]
 pub struct Stage {
     ns: std::sync::atomic::AtomicU64,
     count: std::sync::atomic::AtomicU64,
@@ -589,6 +604,16 @@ pub struct Timing {
     wall: std::time::Instant,
     /// The thread's CPU clock at the start and the sample's weight, when sampled.
     cpu: Option<(u64, u64)>,
+    /// `NESTED` at the start: what timings nested in this one count elsewhere.
+    nested: (u64, u64),
+}
+
+thread_local! {
+    /// Wall and CPU nanoseconds this thread spent in timings counted as a stage of their own
+    /// while other timings ran around them (`Stage::time_nested`: a cut run on the FUSE
+    /// thread within its write's `ingest`). The enclosing timing leaves them out, so no
+    /// nanosecond counts in two stages and the stages still add up to the daemon's CPU.
+    static NESTED: std::cell::Cell<(u64, u64)> = const { std::cell::Cell::new((0, 0)) };
 }
 
 impl Stage {
@@ -608,6 +633,7 @@ impl Stage {
         Timing {
             cpu: weight.map(|w| (thread_cpu_ns(), w)),
             wall: std::time::Instant::now(),
+            nested: NESTED.get(),
         }
     }
 
@@ -619,12 +645,33 @@ impl Stage {
         r
     }
 
-    /// Counts a timing (started by this stage or a sibling) against this stage.
+    /// `time`, for work done inside another stage's timing on this thread: its time counts
+    /// here and not in the enclosing timing (`NESTED`). Its CPU is always measured, since
+    /// the enclosing timing, if sampled, must leave out exactly this much.
+    pub fn time_nested<T>(&self, bytes: usize, f: impl FnOnce() -> T) -> T {
+        let mut t = self.start();
+        let c0 = t.cpu.map_or_else(thread_cpu_ns, |(c, _)| c);
+        t.cpu.get_or_insert((c0, 1));
+        let r = f();
+        let (wall, cpu) = (t.wall.elapsed().as_nanos() as u64, thread_cpu_ns() - c0);
+        let outer = t.nested;
+        self.stop(t, bytes);
+        // What this timing took, nested ones included (the enclosing timing leaves it all out).
+        NESTED.set((outer.0 + wall, outer.1 + cpu));
+        r
+    }
+
+    /// Counts a timing (started by this stage or a sibling) against this stage, less the
+    /// timings nested in it that counted elsewhere.
     pub fn stop(&self, t: Timing, bytes: usize) {
         use std::sync::atomic::Ordering::Relaxed;
-        let wall = t.wall.elapsed();
+        let now = NESTED.get();
+        let wall = t
+            .wall
+            .elapsed()
+            .saturating_sub(std::time::Duration::from_nanos(now.0 - t.nested.0));
         if let Some((c0, weight)) = t.cpu {
-            let cpu = thread_cpu_ns().saturating_sub(c0);
+            let cpu = (thread_cpu_ns().saturating_sub(c0)).saturating_sub(now.1 - t.nested.1);
             self.sampled.fetch_add(1, Relaxed);
             self.cpu_ns.fetch_add(cpu * weight, Relaxed);
         }
@@ -725,9 +772,11 @@ stages! {
     /// `reply`.
     transport,
     /// FUSE write requests taken into file states (copy, hand-over to the cutter and the
-    /// workers, including waiting when the file's cutter is `CUT_QUEUE_BYTES` behind).
+    /// workers, including waiting when the file's cutter is `CUT_QUEUE_BYTES` behind). A
+    /// cut run on the FUSE thread (`CKPTFS_CUT_HERE=1`) counts as `cut`, not here.
     ingest,
-    /// Content-defined cutting of sequential streams (worker threads), including `predict`.
+    /// Content-defined cutting of sequential streams (worker threads, or the FUSE thread
+    /// where `CKPTFS_CUT_HERE=1`: `filemap::CUT_HERE_SHARE`), including `predict`.
     cut,
     /// Part of `cut`: blake3 of chunks the cutter predicted from the chunk sequences of
     /// recent files (`predict`) and their bytes confirmed (count and bytes: those chunks),
@@ -745,7 +794,8 @@ stages! {
     /// blake3 of pieces not predicted: on the workers, or by the cutter (within `cut`) where
     /// it looks up what followed a chunk.
     hash,
-    /// Dedup lookups in the chunk table.
+    /// Dedup lookups in the chunk table: one read of it per worker batch of pieces (about
+    /// eight chunks) for those not pinned already (`ChunkStore::lookup_many`).
     lookup,
     /// Compression of chunks not found (on the workers).
     compress,
