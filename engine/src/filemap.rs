@@ -389,6 +389,9 @@ fn cut_here_switch() -> &'static std::sync::atomic::AtomicBool {
     static ON: std::sync::OnceLock<std::sync::atomic::AtomicBool> = std::sync::OnceLock::new();
     ON.get_or_init(|| {
         let on = std::env::var("CKPTFS_CUT_HERE").is_ok_and(|v| v == "1");
+        if on {
+            log::info!("CKPTFS_CUT_HERE=1: next checkpoints' streams are cut on the FUSE threads");
+        }
         std::sync::atomic::AtomicBool::new(on)
     })
 }
