@@ -122,23 +122,10 @@ impl ChunkStore {
         let mut pins = self.new_pins();
         let _shared = self.barrier.read();
         for h in hashes {
-            if let Some(e) = self.pending.lock().get_mut(h) {
-                e.holders += 1;
-                pins.adopt(*h);
-                continue;
+            if !self.pin_if_committed(h)? {
+                // `pins` lets go of those pinned so far as it drops.
+                return Err(Corruption::UnknownChunk(*h).into());
             }
-            let rec = self
-                .committed_record(h)?
-                .ok_or(Corruption::UnknownChunk(*h))?;
-            self.pending
-                .lock()
-                .entry(*h)
-                .or_insert(Pending {
-                    rec,
-                    holders: 0,
-                    new: false,
-                })
-                .holders += 1;
             pins.adopt(*h);
         }
         Ok(pins)
@@ -581,7 +568,8 @@ impl ChunkStore {
         Ok(out)
     }
 
-    /// Pins `h` if it is pinned or committed; whether it was. The caller holds the barrier.
+    /// Pins `h` if it is pinned or committed; whether it was. The caller holds the barrier
+    /// (no segment is reused between the lookup and the pin).
     fn pin_if_committed(&self, h: &ChunkHash) -> Result<bool> {
         if let Some(e) = self.pending.lock().get_mut(h) {
             e.holders += 1;
