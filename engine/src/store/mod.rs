@@ -287,39 +287,24 @@ impl ChunkIo for ChunkStore {
                     // Hash and dedup here; chunks not found go to the GPU's batches, with
                     // the permit, which is released once they are appended.
                     Some(gpu) => {
+                        let refs: Vec<&Piece> = job.iter().map(|(p, _)| p).collect();
+                        let found = me.lookup_each(&refs);
                         let mut new = Vec::new();
-                        let found =
-                            me.lookup_many(job.iter().map(|(p, _)| (p.bytes(), p.known_hash())));
-                        match found {
-                            Ok(found) => {
-                                for ((piece, done), f) in job.into_iter().zip(found) {
-                                    match f {
-                                        Lookup::Miss(hash) => {
-                                            new.push(gpu::NewChunk { hash, piece, done })
-                                        }
-                                        Lookup::Hit(h) => done.complete(Ok(h)),
-                                    }
+                        for ((piece, done), f) in job.into_iter().zip(found) {
+                            match f {
+                                Ok(Lookup::Miss(hash)) => {
+                                    new.push(gpu::NewChunk { hash, piece, done })
                                 }
-                            }
-                            // Each piece gets its own error, as a lookup of it alone would.
-                            Err(_) => {
-                                for (piece, done) in job {
-                                    match me.lookup(piece.bytes(), piece.known_hash()) {
-                                        Ok(Lookup::Miss(hash)) => {
-                                            new.push(gpu::NewChunk { hash, piece, done })
-                                        }
-                                        Ok(Lookup::Hit(h)) => done.complete(Ok(h)),
-                                        Err(e) => done.complete(Err(e)),
-                                    }
-                                }
+                                Ok(Lookup::Hit(h)) => done.complete(Ok(h)),
+                                Err(e) => done.complete(Err(e)),
                             }
                         }
                         gpu.push(new, permit);
                     }
                     None => {
-                        let (pieces, dones): (Vec<Piece>, Vec<_>) = job.into_iter().unzip();
-                        let results = me.put_pieces(&pieces);
-                        for (done, r) in dones.into_iter().zip(results) {
+                        let refs: Vec<&Piece> = job.iter().map(|(p, _)| p).collect();
+                        let results = me.put_pieces(&refs);
+                        for ((_, done), r) in job.into_iter().zip(results) {
                             done.complete(r);
                         }
                         drop(permit);

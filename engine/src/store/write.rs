@@ -434,17 +434,24 @@ impl ChunkStore {
     }
 
     /// `put_piece` of each of a worker's batch of pieces, in order: their dedup lookups
-    /// first, together (`lookup_many`), then the new ones encoded and stored.
-    pub(super) fn put_pieces(&self, pieces: &[Piece]) -> Vec<Result<ChunkHash>> {
-        let found = self.lookup_many(pieces.iter().map(|p| (p.bytes(), p.known_hash())));
-        match found {
-            Ok(found) => pieces
+    /// first, together (`lookup_each`), then the new ones encoded and stored.
+    pub(super) fn put_pieces(&self, pieces: &[&Piece]) -> Vec<Result<ChunkHash>> {
+        self.lookup_each(pieces)
+            .into_iter()
+            .zip(pieces)
+            .map(|(found, p)| self.put_found(p.bytes(), found?))
+            .collect()
+    }
+
+    /// The lookups of a batch of pieces, in order: together (`lookup_many`), or where that
+    /// fails, each alone, so each piece gets its own answer or error.
+    pub(super) fn lookup_each(&self, pieces: &[&Piece]) -> Vec<Result<Lookup>> {
+        match self.lookup_many(pieces.iter().map(|p| (p.bytes(), p.known_hash()))) {
+            Ok(found) => found.into_iter().map(Ok).collect(),
+            Err(_) => pieces
                 .iter()
-                .zip(found)
-                .map(|(p, f)| self.put_found(p.bytes(), f))
+                .map(|p| self.lookup(p.bytes(), p.known_hash()))
                 .collect(),
-            // Each piece gets its own error, as `put_piece` would give it.
-            Err(_) => pieces.iter().map(|p| self.put_piece(p)).collect(),
         }
     }
 
