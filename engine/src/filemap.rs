@@ -1017,7 +1017,7 @@ impl Gear {
         }
     }
 
-    /// FastCDC v2020's loop, two bytes a step, over byte pairs from `from` up to `end`
+    /// FastCDC v2020's loop, four bytes a step, over byte pairs from `from` up to `end`
     /// with `mask`: Err(a cut at that length) where the hash meets the mask, else Ok(where
     /// the scan stopped). Inlined into `scan`'s two calls, as the crate's two loops are.
     #[inline(always)]
@@ -1029,17 +1029,55 @@ impl Gear {
         mask: u64,
     ) -> std::result::Result<(usize, u64), usize> {
         let mask_ls = mask << 1;
-        // Over the pairs as a slice's chunks: no bounds check in the loop (indexing cost it
+        let (gear, gear_ls) = (self.gear, self.gear_ls);
+        // Over the bytes as a slice's chunks: no bounds check in the loop (indexing cost it
         // two per pair, a tenth of its speed, where the compiler could not prove them).
         let to = end.max(index);
-        for (i, pair) in src[2 * index..2 * to].chunks_exact(2).enumerate() {
-            hash = (hash << 2).wrapping_add(self.gear_ls[pair[0] as usize]);
-            if hash & mask_ls == 0 {
-                return Err(2 * (index + i));
+        let bytes = &src[2 * index..2 * to];
+        // Two pairs a step. The loop is bound by instructions (two loads, a shift or add
+        // and a test per byte), not by the hash's chain, so what pays is fewer of them: the
+        // four hashes come from the step's start (`hash << 2`, `hash << 4`) and the step's
+        // own table terms (wrapping adds: the same values as pair by pair, whatever the
+        // order), and a hit anywhere in the step is one branch. Measured on AMD Zen 4 with
+        // `ckptfs-bench codec`: the engine's cutter went from 2.7 to 3.3 GiB/s per core on
+        // dense data. The shape matters to the compiler: an array of the four hashes and a
+        // search over it for the hit kept the old speed (register spills).
+        let mut quads = bytes.chunks_exact(4);
+        for (i, q) in (&mut quads).enumerate() {
+            let a = gear_ls[q[0] as usize];
+            let ab = a.wrapping_add(gear[q[1] as usize]);
+            let c = gear_ls[q[2] as usize];
+            let cd = c.wrapping_add(gear[q[3] as usize]);
+            let s2 = hash << 2;
+            let h0 = s2.wrapping_add(a);
+            let h1 = s2.wrapping_add(ab);
+            let s4 = hash << 4;
+            let ab4 = ab << 2;
+            let h2 = s4.wrapping_add(ab4.wrapping_add(c));
+            let h3 = s4.wrapping_add(ab4.wrapping_add(cd));
+            if (h0 & mask_ls == 0) | (h1 & mask == 0) | (h2 & mask_ls == 0) | (h3 & mask == 0) {
+                let at = 2 * index + 4 * i;
+                return Err(if h0 & mask_ls == 0 {
+                    at
+                } else if h1 & mask == 0 {
+                    at + 1
+                } else if h2 & mask_ls == 0 {
+                    at + 2
+                } else {
+                    at + 3
+                });
             }
-            hash = hash.wrapping_add(self.gear[pair[1] as usize]);
+            hash = h3;
+        }
+        if let [b0, b1] = *quads.remainder() {
+            let at = 2 * to - 2;
+            hash = (hash << 2).wrapping_add(gear_ls[b0 as usize]);
+            if hash & mask_ls == 0 {
+                return Err(at);
+            }
+            hash = hash.wrapping_add(gear[b1 as usize]);
             if hash & mask == 0 {
-                return Err(2 * (index + i) + 1);
+                return Err(at + 1);
             }
         }
         Ok((to, hash))
