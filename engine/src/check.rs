@@ -225,6 +225,12 @@ pub fn check(space: &Space, progress: &mut dyn FnMut(u64, u64)) -> Result<CheckR
         reserved_bytes: (range.end - range.start) * seg_bytes,
         ..CheckReport::default()
     };
+    // Damage on a metadata mirror is repaired when the space is opened (the copy is
+    // rewritten from the primary), so it is a warning, not a problem: said here so an
+    // offline check, which opens the space to run, does not repair it unseen.
+    for f in &space.mirror_findings {
+        r.warning(format!("when the space was opened: {f}"));
+    }
     let reader = space.reader()?;
     let t = reader.raw()?;
 

@@ -5,7 +5,8 @@
 //! records and targets table. At every read-write mount, K+1 usable targets in distinct
 //! failure domains (lowest index first) become the mirror holders: the primary's files are
 //! copied into each holder's directory (`ckptfs-superblock`, `ckptfs-meta`,
-//! `ckptfs-placement`, `ckptfs-table`), and from then on every write and sync of the
+//! `ckptfs-placement`, `ckptfs-table`; a holder of the last mount has its copies compared
+//! with the primary instead, and what differed rewritten and reported), and from then on every write and sync of the
 //! metadata table and of the placement records goes to the primary and to every holder
 //! (the syncs in parallel), so a commit is durable on all of them when it returns. The
 //! primary alone is read.

@@ -865,3 +865,76 @@ fn damage_on_a_metadata_mirror_is_found_and_mended_by_scrub() {
     let (code, c) = check_json(&mut m);
     assert_eq!(code, 0, "check after recovery: {c}");
 }
+
+/// Damage on a holder's metadata mirror made while the space was not mounted: the next
+/// read-write open (here an offline `ckptfs check`, which opens the space to run) rewrites
+/// the copy from the primary, and says so, naming the target and the file, instead of
+/// copying over it unseen as every open did before. A second open finds nothing, and the
+/// mended copies equal the primary byte for byte.
+#[test]
+fn damage_on_a_metadata_mirror_while_unmounted_is_reported_when_the_space_is_opened() {
+    let seed = test_seed("mirror_damage_while_unmounted", 0x7a_000b);
+    let mut m = TestMount::with_targets("256M", 5, "3+2");
+    let files = write_checkpoints(&m, seed, 4, 1 << 20);
+    let holders = mirror_holders(&mut m);
+    if m.shared_targets() {
+        println!("slots over targets keep no metadata mirrors: nothing to damage");
+        assert!(holders.is_empty(), "{holders:?}");
+        return;
+    }
+    assert_eq!(holders.len(), 3, "K+1 = 3 holders");
+    m.unmount();
+    let (h, g) = (
+        holders[(seed % 3) as usize],
+        holders[(seed as usize + 1) % 3],
+    );
+    let meta = m.target_dir(h).join("ckptfs-meta");
+    let len = fs::metadata(&meta).unwrap().len();
+    flip_byte(&meta, len / 2);
+    let placement = m.target_dir(g).join("ckptfs-placement");
+    let plen = fs::metadata(&placement).unwrap().len();
+    fs::OpenOptions::new()
+        .write(true)
+        .open(&placement)
+        .unwrap()
+        .set_len(plen / 2)
+        .unwrap();
+    let b = m.backing().to_path_buf();
+    let check_offline = |m: &mut TestMount| -> Vec<String> {
+        let (st, out, err) = m.ckptfs(&[OsStr::new("check"), b.as_os_str(), OsStr::new("--json")]);
+        let v: serde_json::Value = serde_json::from_str(out.trim())
+            .unwrap_or_else(|e| panic!("check printed non-JSON ({e}): {out}\n{err}"));
+        assert_eq!(st.code(), Some(0), "clean: the primary is intact: {v}");
+        v["warnings"]
+            .as_array()
+            .expect("warnings")
+            .iter()
+            .map(|w| w.as_str().unwrap_or_default().to_string())
+            .filter(|w| w.contains("metadata mirror"))
+            .collect()
+    };
+    let found = check_offline(&mut m);
+    println!("{found:#?}");
+    let named = |t: usize, file: &str, how: &str| {
+        found
+            .iter()
+            .any(|w| w.contains(&format!("target {t} ")) && w.contains(file) && w.contains(how))
+    };
+    assert!(named(h, "ckptfs-meta", "1 4 KiB block"), "{found:?}");
+    assert!(named(g, "ckptfs-placement", "in length"), "{found:?}");
+    assert_eq!(found.len(), 2, "nothing else differed: {found:?}");
+    assert_eq!(
+        fs::read(&meta).unwrap(),
+        fs::read(b.join("meta.redb")).unwrap()
+    );
+    assert_eq!(
+        fs::read(&placement).unwrap(),
+        fs::read(b.join("placement")).unwrap()
+    );
+    let again = check_offline(&mut m);
+    assert!(again.is_empty(), "mended at the first open: {again:?}");
+    m.mount();
+    for (name, data) in &files {
+        assert_file_eq(&m.path(name), data);
+    }
+}

@@ -169,6 +169,9 @@ pub struct Space {
     /// Of a read-write mount of a space over several targets: the devices written to the
     /// metadata mirrors too (`mirror.rs`), which `ckptfs scrub` verifies.
     pub(crate) mirrored: targets_meta::MirroredDevices,
+    /// What this open found differing on the old holders' metadata mirrors, and rewrote
+    /// (`targets_meta::refresh_mirrors`): `ckptfs check` reports it.
+    pub(crate) mirror_findings: Vec<String>,
     /// The lease of a slot of a multi-slot space. Last, so it is released after the table
     /// and the store above have closed.
     lease: Option<crate::slots::LeaseGuard>,

@@ -352,7 +352,9 @@ impl Space {
             });
         }
         let mut mirrored = Vec::new();
+        let mut mirror_findings = Vec::new();
         if let Some(m) = mirrors {
+            mirror_findings = m.findings;
             let mut devs = Vec::new();
             for (i, p) in &m.holders {
                 let f = open_private(&p.join(crate::mirror::MIRROR_META), false)?;
@@ -387,6 +389,7 @@ impl Space {
         space.targets = Some(erasure);
         space.targets_table = Some(table);
         space.mirrored = mirrored;
+        space.mirror_findings = mirror_findings;
         space.attach_writable(dir, lock);
         if space.is_shared() {
             space.add_features(Features::COMPAT_XATTRS)?;
@@ -532,6 +535,7 @@ impl Space {
             targets: None,
             targets_table: None,
             mirrored: Vec::new(),
+            mirror_findings: Vec::new(),
         })
     }
 }

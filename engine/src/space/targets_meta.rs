@@ -82,15 +82,57 @@ pub(super) fn copy_durably(src: &Path, dir: &Path, name: &str) -> Result<()> {
     sync_dir(dir)
 }
 
+/// Makes the holder's copy `copy` equal to `src` in place, rewriting only the 4 KiB blocks
+/// that differ, and says what differed. Used on a holder whose flag is already cleared
+/// (`refresh_mirrors`), so a crash part way leaves a copy no one trusts, as a crash inside
+/// `copy_durably` does. Memory: two windows of `mirror::VERIFY_WINDOW`.
+fn refresh_copy(src: &Path, copy: &Path) -> Result<crate::mirror::CopyCheck> {
+    use std::os::unix::fs::FileExt;
+    const BLOCK: usize = 4096;
+    let src = File::open(src)?;
+    let dst = OpenOptions::new().read(true).write(true).open(copy)?;
+    let len = src.metadata()?.len();
+    let mut found = crate::mirror::CopyCheck::default();
+    if dst.metadata()?.len() != len {
+        dst.set_len(len)?;
+        found.length_fixed = true;
+    }
+    let mut want = vec![0u8; crate::mirror::VERIFY_WINDOW];
+    let mut got = vec![0u8; crate::mirror::VERIFY_WINDOW];
+    let mut off = 0u64;
+    while off < len {
+        let n = (len - off).min(want.len() as u64) as usize;
+        src.read_exact_at(&mut want[..n], off)?;
+        dst.read_exact_at(&mut got[..n], off)?;
+        for (k, (w, g)) in want[..n]
+            .chunks(BLOCK)
+            .zip(got[..n].chunks(BLOCK))
+            .enumerate()
+        {
+            if w != g {
+                dst.write_all_at(w, off + (k * BLOCK) as u64)?;
+                found.blocks_rewritten += 1;
+            }
+        }
+        off += n as u64;
+    }
+    if found != crate::mirror::CopyCheck::default() {
+        dst.sync_all()?;
+    }
+    Ok(found)
+}
+
 /// Makes K+1 usable targets in distinct failure domains (lowest index first) the holders
 /// of the metadata mirror for this mount: clears every flag, copies the backing
 /// directory's metadata to each, then flags those copied (see `mirror.rs` for why in this
-/// order). Returns the holders.
+/// order). A holder of the last mount keeps its copies, compared with the primary and
+/// rewritten where they differ (`refresh_copy`). Returns the holders, and what differed on
+/// the old holders' copies (also logged).
 pub(super) fn refresh_mirrors(
     dir: &Path,
     table: &mut TargetsTable,
     usable: &[bool],
-) -> Result<Vec<usize>> {
+) -> Result<(Vec<usize>, Vec<String>)> {
     let want = table.redundancy.parity + 1;
     let mut domains = std::collections::BTreeSet::new();
     let mut chosen = Vec::new();
@@ -99,9 +141,9 @@ pub(super) fn refresh_mirrors(
             chosen.push(i);
         }
     }
-    if table.mirror.iter().any(|m| *m) {
+    let old = table.mirror.clone();
+    if old.iter().any(|m| *m) {
         // The old holders' copies of the table say so too.
-        let old = table.mirror.clone();
         table.mirror.iter_mut().for_each(|m| *m = false);
         table.generation += 1;
         let bytes = table.encode();
@@ -113,6 +155,7 @@ pub(super) fn refresh_mirrors(
         }
     }
     let mut holders = Vec::new();
+    let mut findings = Vec::new();
     for i in chosen {
         let to = &table.targets[i].path;
         let copied = [
@@ -124,7 +167,33 @@ pub(super) fn refresh_mirrors(
             ),
         ]
         .iter()
-        .try_for_each(|(from, name)| copy_durably(&dir.join(from), to, name));
+        .try_for_each(|(from, name)| {
+            let (from, copy) = (dir.join(from), to.join(name));
+            if !(old[i] && copy.is_file()) {
+                return copy_durably(&from, to, name);
+            }
+            // A holder of the last mount: its copy should equal the primary, so compare
+            // before replacing, and say what differed (scrub does the same while mounted).
+            // Copying over it unseen would hide damage on that target's disk.
+            let found = refresh_copy(&from, &copy)?;
+            if found != crate::mirror::CopyCheck::default() {
+                let what = match (found.blocks_rewritten, found.length_fixed) {
+                    (0, _) => "in length".to_string(),
+                    (n, false) => format!("in {n} 4 KiB block(s)"),
+                    (n, true) => format!("in {n} 4 KiB block(s) and in length"),
+                };
+                let f = format!(
+                    "target {i} ({}): its metadata mirror {name} differed from the backing \
+                     directory's {} {what}: damage on that target's disk, or a crash while it \
+                     was being written; rewritten from the primary",
+                    to.display(),
+                    from.display(),
+                );
+                log::warn!("{f}");
+                findings.push(f);
+            }
+            Ok(())
+        });
         match copied {
             Ok(()) => holders.push(i),
             Err(e) => log::error!(
@@ -145,7 +214,7 @@ pub(super) fn refresh_mirrors(
             holders.len()
         );
     }
-    Ok(holders)
+    Ok((holders, findings))
 }
 
 /// What `recover` did.
@@ -398,8 +467,8 @@ pub(super) fn open_targets(
     // while it runs: it is not mirrored on the targets (see FORMAT.md "Slots over
     // targets").
     let mirrored = !read_only && lease.is_none();
-    let holders = match mirrored {
-        false => Vec::new(),
+    let (holders, findings) = match mirrored {
+        false => (Vec::new(), Vec::new()),
         true => refresh_mirrors(dir, &mut table, &opened_ok)?,
     };
     let map = OpenOptions::new()
@@ -446,6 +515,7 @@ pub(super) fn open_targets(
                 set,
                 holders: paths,
                 placement,
+                findings,
             })
         }
     };
@@ -520,6 +590,8 @@ pub(super) struct Mirrors {
     pub(super) holders: Vec<(usize, PathBuf)>,
     /// The placement records' device, written to the holders' copies too.
     pub(super) placement: Arc<crate::mirror::MirrorDevice>,
+    /// What differed on the old holders' copies when this mount refreshed them.
+    pub(super) findings: Vec<String>,
 }
 
 /// A read-write mount's mirrored devices, for `ckptfs scrub` to compare the holders' copies
