@@ -25,6 +25,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 mod create;
+mod group;
 mod open;
 mod targets_meta;
 pub(crate) use create::*;
@@ -139,6 +140,8 @@ pub struct Space {
     lock: Option<File>,
     /// One gc at a time (and a repair of one segment holds it too: no chunk moves then).
     pub(crate) gc_lock: parking_lot::Mutex<()>,
+    /// File commits that arrive together share a transaction (`group`).
+    commits: group::CommitGroup<redb::WriteTransaction>,
     /// Bumped by every gc under `gc_lock`: a repair pass knows its snapshot of where the
     /// chunks are still holds while this has not changed.
     pub(crate) gc_epoch: std::sync::atomic::AtomicU64,
@@ -245,6 +248,18 @@ pub struct Stats {
     /// removed files (the trash), unreferenced (`usage`).
     #[serde(default)]
     pub split: crate::usage::Split,
+    /// File commits since the space was opened, and the metadata transactions they took
+    /// (commits that arrive together share one: `group`). Zero offline; absent from an
+    /// older daemon's answer, hence the default.
+    #[serde(default)]
+    pub commits: CommitTotals,
+}
+
+/// See `Stats::commits`.
+#[derive(Clone, Debug, Default, PartialEq, serde::Serialize, serde::Deserialize)]
+pub struct CommitTotals {
+    pub files: u64,
+    pub transactions: u64,
 }
 
 impl Stats {
@@ -1215,45 +1230,68 @@ impl Space {
             rec.history != HistoryId::NONE,
             "regular file without a history"
         );
-        self.store.flush_sync()?;
         let t_commit = self.store.stages().commit.start();
+        // Every segment this file's chunks went to was taken when they were appended
+        // (before the file was settled), so it is in this list.
         let taken = self.store.taken_segments();
-        let txn = self.begin_write(true)?;
-        let rev = {
-            let mut t = Txn::open(&txn)?;
-            let rev = t.next_revision_id()?;
-            t.mark_taken(&taken)?;
-            // The namespace owns nlink, the history and which revision is current (a
-            // rename or unlink may have changed them since the caller's copy was taken):
-            // take them from the stored record, inside this transaction.
-            if let Some(stored) = t.get_inode(ino)? {
-                rec.adopt_namespace(&stored);
-            }
-            let prev = rec.current_rev;
-            let replace = prev.0 != 0
-                && previous == Previous::Replace
-                && t.revision(prev)?
-                    .is_some_and(|p| !p.sealed && p.history == rec.history);
-            let rr = RevisionRecord {
-                size: file.size(),
-                committed: Timestamp::now(),
-                new_stored_bytes: 0,
-                sealed: seal == Seal::Complete,
-                history: rec.history,
-                write_ms: file.write_ms(),
-            };
-            let pending = |h: &ChunkHash| self.store.pending_record(h);
-            if replace {
-                t.replace_revision(prev, rev, &rr, file.map().iter(), ino, pending)?;
-            } else {
-                t.put_revision(rev, &rr, file.map().iter(), ino, pending)?;
-            }
-            rec.size = file.size();
-            rec.current_rev = rev;
-            t.put_inode(ino, rec)?;
-            rev
-        };
-        self.commit(txn)?;
+        // In a transaction shared with the commits that arrive with this one (`group`);
+        // the changes start from the caller's record each time they are applied. Whoever
+        // commits the group first writes out and syncs the data file: one sync covers the
+        // chunks of every member (appended before they joined), and while it waits for the
+        // disk, more commits gather for the next group.
+        let (rev, applied) = self.commits.run(
+            || self.begin_write(true),
+            |txn| match self.store.flush_sync() {
+                Ok(()) => self.commit(txn),
+                Err(e) => {
+                    if let Err(a) = txn.abort() {
+                        log::warn!("aborting a commit whose data did not sync: {a}");
+                    }
+                    Err(e)
+                }
+            },
+            |txn| {
+                if let Err(e) = txn.abort() {
+                    log::warn!("aborting a grouped commit's transaction: {e}");
+                }
+            },
+            |txn| {
+                let mut rec = rec.clone();
+                let mut t = Txn::open(txn)?;
+                let rev = t.next_revision_id()?;
+                t.mark_taken(&taken)?;
+                // The namespace owns nlink, the history and which revision is current (a
+                // rename or unlink may have changed them since the caller's copy was taken):
+                // take them from the stored record, inside this transaction.
+                if let Some(stored) = t.get_inode(ino)? {
+                    rec.adopt_namespace(&stored);
+                }
+                let prev = rec.current_rev;
+                let replace = prev.0 != 0
+                    && previous == Previous::Replace
+                    && t.revision(prev)?
+                        .is_some_and(|p| !p.sealed && p.history == rec.history);
+                let rr = RevisionRecord {
+                    size: file.size(),
+                    committed: Timestamp::now(),
+                    new_stored_bytes: 0,
+                    sealed: seal == Seal::Complete,
+                    history: rec.history,
+                    write_ms: file.write_ms(),
+                };
+                let pending = |h: &ChunkHash| self.store.pending_record(h);
+                if replace {
+                    t.replace_revision(prev, rev, &rr, file.map().iter(), ino, pending)?;
+                } else {
+                    t.put_revision(rev, &rr, file.map().iter(), ino, pending)?;
+                }
+                rec.size = file.size();
+                rec.current_rev = rev;
+                t.put_inode(ino, &rec)?;
+                Ok((rev, rec))
+            },
+        )?;
+        *rec = applied;
         self.store.stages().commit.stop(t_commit, 0);
         self.store.recorded_taken(&taken);
         // Durable now: the pins of the chunks this commit names can go.
@@ -1265,6 +1303,19 @@ impl Space {
             self.store.learn(file.map().iter(), self.sb.chunk.max_bytes);
         }
         Ok(rev)
+    }
+
+    /// Tests: holds every file commit back until the guard drops (as if one were being
+    /// made durable), so that the commits started meanwhile gather into one transaction.
+    #[doc(hidden)]
+    pub fn hold_commits(&self) -> impl Drop + '_ {
+        self.commits.hold()
+    }
+
+    /// Tests: waits until `n` file commits are held back by `hold_commits`.
+    #[doc(hidden)]
+    pub fn wait_for_held_commits(&self, n: usize) {
+        self.commits.wait_for_waiting(n)
     }
 
     /// Marks a revision complete: its file's last writer has let go of it. `file` is the
@@ -1409,6 +1460,13 @@ impl Space {
             stages: self.store.stages().snapshot(),
             gc: self.gc_totals.lock().clone(),
             carries: self.store.pipeline().carries.totals(),
+            commits: {
+                let (files, transactions) = self.commits.counts();
+                CommitTotals {
+                    files,
+                    transactions,
+                }
+            },
             ..Stats::default()
         };
         s.used_bytes = s.reserved_bytes - s.free_bytes;

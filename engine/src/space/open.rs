@@ -521,6 +521,7 @@ impl Space {
             store,
             lock: None,
             gc_lock: parking_lot::Mutex::new(()),
+            commits: group::CommitGroup::new(),
             gc_epoch: std::sync::atomic::AtomicU64::new(0),
             gc_totals: parking_lot::Mutex::new(GcTotals::default()),
             pin_gate: parking_lot::RwLock::new(()),

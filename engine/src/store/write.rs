@@ -351,7 +351,7 @@ impl ChunkStore {
                     None => break,
                 }
             };
-            let r = self.stages().write.time(n, || {
+            let r = self.stages().write.time_nested(n, || {
                 self.place.write(self.location(start), &buf.as_slice()[..n])
             });
             let mut w = self.w.writer.lock();
@@ -386,8 +386,9 @@ impl ChunkStore {
         }
         self.check_failed()?;
         // Not under the writer lock: workers keep appending other files' chunks while this
-        // commit waits for the disk. The sync covers every write issued before it.
-        if let Err(e) = self.stages().sync.time(0, || self.place.sync()) {
+        // commit waits for the disk. The sync covers every write issued before it. Nested:
+        // a grouped commit syncs inside its `commit` timing (`space::group`).
+        if let Err(e) = self.stages().sync.time_nested(0, || self.place.sync()) {
             return self.fail(e);
         }
         Ok(())

@@ -1,0 +1,125 @@
+//! Group commit (`space::group`): file commits that arrive while another is in flight share
+//! one metadata transaction. Held back until all have arrived, six commits of six files,
+//! some of them new revisions of files committed before, take one transaction; each
+//! revision is current for its file and reads back exactly, also after the space is
+//! opened again, and `check` is clean. Racing commits without the hold are
+//! `dedup_race.rs`'s writers.
+//!
+//! Seeded: `CKPTFS_SEED` picks another seed.
+
+use ckptfs_engine::format::*;
+use ckptfs_engine::space::{Config, Seal};
+use ckptfs_engine::Space;
+use rand::rngs::SmallRng;
+use rand::{Rng, RngCore, SeedableRng};
+use std::sync::Arc;
+
+fn new_file(space: &Space, name: &str) -> (InodeId, InodeRecord) {
+    space
+        .ns_write(false, |t| {
+            let ino = t.alloc_ino()?;
+            let rec = InodeRecord {
+                history: t.new_history(ino)?,
+                ..InodeRecord::new(NodeKind::File, 0o644, 0, 0)
+            };
+            t.put_inode(ino, &rec)?;
+            t.add_entry(InodeId::ROOT, name.as_bytes(), ino)?;
+            Ok::<_, ckptfs_engine::Error>((ino, rec))
+        })
+        .unwrap()
+}
+
+#[test]
+fn commits_held_back_together_take_one_transaction_and_each_lands() {
+    let seed: u64 = std::env::var("CKPTFS_SEED")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(0x9c0_33e7);
+    eprintln!("seed {seed} (CKPTFS_SEED)");
+    let dir = std::env::temp_dir().join(format!("ckptfs-group-commit-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    Space::format(&dir, 256 << 20, 65536, Config::default(), false).unwrap();
+    let space = Arc::new(Space::open(&dir).unwrap());
+    let mut rng = SmallRng::seed_from_u64(seed);
+    let mut base = vec![0u8; 2 << 20];
+    rng.fill_bytes(&mut base);
+    // Six files; three of them get a first revision now, committed one at a time.
+    let mut files = Vec::new();
+    for i in 0..6 {
+        let (ino, mut rec) = new_file(&space, &format!("f{i}"));
+        if i % 2 == 0 {
+            let mut f = space.load_file(&rec).unwrap();
+            f.write(space.chunks(), 0, &base).unwrap();
+            f.finish(space.chunks()).unwrap();
+            space
+                .commit_file(ino, &mut f, &mut rec, Seal::Complete)
+                .unwrap();
+        }
+        files.push((ino, rec));
+    }
+    let before = space.stats().unwrap().commits;
+    let held = space.hold_commits();
+    let writers: Vec<_> = files
+        .into_iter()
+        .enumerate()
+        .map(|(i, (ino, mut rec))| {
+            let space = space.clone();
+            let mut data = base.clone();
+            for blk in data.chunks_mut(64 << 10) {
+                if rng.random_range(0..4) == 0 {
+                    rng.fill_bytes(blk);
+                }
+            }
+            data.truncate(data.len() - i * 4097);
+            std::thread::spawn(move || {
+                let mut f = space.load_file(&rec).unwrap();
+                f.write(space.chunks(), 0, &data).unwrap();
+                f.truncate(data.len() as u64);
+                f.finish(space.chunks()).unwrap();
+                let rev = space
+                    .commit_file(ino, &mut f, &mut rec, Seal::Complete)
+                    .unwrap();
+                assert_eq!(
+                    rec.current_rev, rev,
+                    "the caller's record names the new revision"
+                );
+                assert_eq!(rec.size, data.len() as u64);
+                (ino, rev, data)
+            })
+        })
+        .collect();
+    space.wait_for_held_commits(6);
+    drop(held);
+    let committed: Vec<_> = writers
+        .into_iter()
+        .map(|w| w.join().expect("a writer panicked"))
+        .collect();
+    let after = space.stats().unwrap().commits;
+    assert_eq!(
+        (
+            after.files - before.files,
+            after.transactions - before.transactions
+        ),
+        (6, 1),
+        "six commits in one transaction (seed {seed})"
+    );
+    drop(space);
+    let space = Space::open(&dir).unwrap();
+    for (ino, rev, data) in &committed {
+        let rec = space.get_inode(*ino).unwrap().expect("the file");
+        assert_eq!(
+            rec.current_rev, *rev,
+            "current after reopening (seed {seed})"
+        );
+        let f = space.load_file(&rec).unwrap();
+        let got = f.read(space.chunks(), 0, f.size() as usize).unwrap();
+        assert!(
+            &got == data,
+            "revision {rev:?} reads back exactly (seed {seed})"
+        );
+    }
+    let report = ckptfs_engine::check::check(&space, &mut |_, _| {}).unwrap();
+    assert!(report.is_clean(), "seed {seed}: {report:?}");
+    drop(space);
+    let _ = std::fs::remove_dir_all(&dir);
+}
