@@ -103,6 +103,27 @@ pub(crate) struct CopyCheck {
     pub length_fixed: bool,
 }
 
+/// Writes over a copy's window `got` (at `off`) every 4 KiB block that differs from the
+/// primary's `want`, through `write(bytes, offset)`; returns how many it rewrote. Shared by
+/// `MirrorDevice::verify` (while mounted) and the refresh of an old holder's copies at
+/// mount (`space::targets_meta`).
+pub(crate) fn mend(
+    want: &[u8],
+    got: &[u8],
+    off: u64,
+    mut write: impl FnMut(&[u8], u64) -> io::Result<()>,
+) -> io::Result<u64> {
+    const BLOCK: usize = 4096;
+    let mut fixed = 0;
+    for (i, (w, g)) in want.chunks(BLOCK).zip(got.chunks(BLOCK)).enumerate() {
+        if w != g {
+            write(w, off + (i * BLOCK) as u64)?;
+            fixed += 1;
+        }
+    }
+    Ok(fixed)
+}
+
 impl MirrorDevice {
     pub fn new(
         primary: Arc<dyn Device>,
@@ -125,7 +146,6 @@ impl MirrorDevice {
     /// dropped as a failing one is. Returns, per holder compared, what was found; memory:
     /// two windows.
     pub(crate) fn verify(&self) -> Vec<(usize, io::Result<CopyCheck>)> {
-        const BLOCK: usize = 4096;
         let mut out = Vec::new();
         let mut want = vec![0u8; VERIFY_WINDOW];
         let mut got = vec![0u8; VERIFY_WINDOW];
@@ -146,19 +166,9 @@ impl MirrorDevice {
                     let n = (len - off).min(VERIFY_WINDOW as u64) as usize;
                     self.primary.read_at(&mut want[..n], off)?;
                     d.read_at(&mut got[..n], off)?;
-                    let mut fixed = false;
-                    for (i, (w, g)) in want[..n]
-                        .chunks(BLOCK)
-                        .zip(got[..n].chunks(BLOCK))
-                        .enumerate()
-                    {
-                        if w != g {
-                            d.write_at(w, off + (i * BLOCK) as u64)?;
-                            check.blocks_rewritten += 1;
-                            fixed = true;
-                        }
-                    }
-                    if fixed {
+                    let fixed = mend(&want[..n], &got[..n], off, |b, at| d.write_at(b, at))?;
+                    check.blocks_rewritten += fixed;
+                    if fixed > 0 {
                         d.sync()?;
                     }
                     off += n as u64;

@@ -14,6 +14,8 @@ use rand::rngs::SmallRng;
 use rand::{Rng, RngCore, SeedableRng};
 use std::sync::Arc;
 
+mod common;
+
 fn env_u64(name: &str, default: u64) -> u64 {
     std::env::var(name)
         .ok()
@@ -57,18 +59,7 @@ fn writers_sharing_chunks_race_with_commits_and_drops() {
                         }
                     }
                     let name = format!("w{w}-{round}");
-                    let (ino, mut rec) = space
-                        .ns_write(false, |t| {
-                            let ino = t.alloc_ino()?;
-                            let rec = InodeRecord {
-                                history: t.new_history(ino)?,
-                                ..InodeRecord::new(NodeKind::File, 0o644, 0, 0)
-                            };
-                            t.put_inode(ino, &rec)?;
-                            t.add_entry(InodeId::ROOT, name.as_bytes(), ino)?;
-                            Ok::<_, ckptfs_engine::Error>((ino, rec))
-                        })
-                        .unwrap();
+                    let (ino, mut rec) = common::new_file(&space, &name);
                     let mut f = space.load_file(&rec).unwrap();
                     let mut at = 0;
                     while at < data.len() {

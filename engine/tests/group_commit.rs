@@ -7,27 +7,14 @@
 //!
 //! Seeded: `CKPTFS_SEED` picks another seed.
 
-use ckptfs_engine::format::*;
 use ckptfs_engine::space::{Config, Seal};
 use ckptfs_engine::Space;
 use rand::rngs::SmallRng;
 use rand::{Rng, RngCore, SeedableRng};
 use std::sync::Arc;
 
-fn new_file(space: &Space, name: &str) -> (InodeId, InodeRecord) {
-    space
-        .ns_write(false, |t| {
-            let ino = t.alloc_ino()?;
-            let rec = InodeRecord {
-                history: t.new_history(ino)?,
-                ..InodeRecord::new(NodeKind::File, 0o644, 0, 0)
-            };
-            t.put_inode(ino, &rec)?;
-            t.add_entry(InodeId::ROOT, name.as_bytes(), ino)?;
-            Ok::<_, ckptfs_engine::Error>((ino, rec))
-        })
-        .unwrap()
-}
+mod common;
+use common::new_file;
 
 #[test]
 fn commits_held_back_together_take_one_transaction_and_each_lands() {

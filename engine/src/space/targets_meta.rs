@@ -88,7 +88,6 @@ pub(super) fn copy_durably(src: &Path, dir: &Path, name: &str) -> Result<()> {
 /// `copy_durably` does. Memory: two windows of `mirror::VERIFY_WINDOW`.
 fn refresh_copy(src: &Path, copy: &Path) -> Result<crate::mirror::CopyCheck> {
     use std::os::unix::fs::FileExt;
-    const BLOCK: usize = 4096;
     let src = File::open(src)?;
     let dst = OpenOptions::new().read(true).write(true).open(copy)?;
     let len = src.metadata()?.len();
@@ -104,16 +103,8 @@ fn refresh_copy(src: &Path, copy: &Path) -> Result<crate::mirror::CopyCheck> {
         let n = (len - off).min(want.len() as u64) as usize;
         src.read_exact_at(&mut want[..n], off)?;
         dst.read_exact_at(&mut got[..n], off)?;
-        for (k, (w, g)) in want[..n]
-            .chunks(BLOCK)
-            .zip(got[..n].chunks(BLOCK))
-            .enumerate()
-        {
-            if w != g {
-                dst.write_all_at(w, off + (k * BLOCK) as u64)?;
-                found.blocks_rewritten += 1;
-            }
-        }
+        found.blocks_rewritten +=
+            crate::mirror::mend(&want[..n], &got[..n], off, |b, at| dst.write_all_at(b, at))?;
         off += n as u64;
     }
     if found != crate::mirror::CopyCheck::default() {

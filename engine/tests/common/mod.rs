@@ -1,0 +1,20 @@
+//! Helpers shared by the engine's integration tests.
+
+use ckptfs_engine::format::*;
+use ckptfs_engine::Space;
+
+/// Creates an empty regular file `name` in the root directory: (its inode, its record).
+pub fn new_file(space: &Space, name: &str) -> (InodeId, InodeRecord) {
+    space
+        .ns_write(false, |t| {
+            let ino = t.alloc_ino()?;
+            let rec = InodeRecord {
+                history: t.new_history(ino)?,
+                ..InodeRecord::new(NodeKind::File, 0o644, 0, 0)
+            };
+            t.put_inode(ino, &rec)?;
+            t.add_entry(InodeId::ROOT, name.as_bytes(), ino)?;
+            Ok::<_, ckptfs_engine::Error>((ino, rec))
+        })
+        .unwrap()
+}
