@@ -12,7 +12,7 @@ use crate::data::{self, mix, name_label, RandomSpec};
 use crate::limits::{self, Limits};
 use crate::report::{self, Access, Limit, Results, Sample, Side, Stages};
 use crate::sys::{self, Result};
-use crate::worker::{self, Group, Op, Task};
+use crate::worker::{self, file_of, Group, Op, Task};
 use crate::Opts;
 use serde_json::json;
 use std::fs;
@@ -298,6 +298,17 @@ impl Bench<'_> {
 
     /// One writer per name, --size split over them.
     fn write_tasks(&self, side: Side, names: &[String], specs: &[RandomSpec]) -> Vec<Task> {
+        self.write_tasks_of(side, names, specs, 1)
+    }
+
+    /// `write_tasks`, each writer writing `files` files one after the other (`Task::files`).
+    fn write_tasks_of(
+        &self,
+        side: Side,
+        names: &[String],
+        specs: &[RandomSpec],
+        files: u32,
+    ) -> Vec<Task> {
         let part = (self.o.size / names.len().max(1) as u64).max(1);
         names
             .iter()
@@ -311,6 +322,7 @@ impl Bench<'_> {
                 spec: *spec,
                 ranges: vec![(0, part)],
                 block: self.block(),
+                files,
             })
             .collect()
     }
@@ -557,6 +569,7 @@ impl Bench<'_> {
     /// every writer closed; the renames are not timed).
     fn steps(&mut self) -> Result<()> {
         let cap = data::threads().max(8);
+        let files = self.o.files_per_writer;
         let writers: Vec<usize> = self
             .o
             .writers
@@ -589,18 +602,31 @@ impl Bench<'_> {
                                 .map_err(|e| format!("mkdir {dir}: {e}"))?;
                             let names: Vec<String> =
                                 (0..w).map(|i| format!("{dir}/{}", name(i))).collect();
-                            let tasks = self.write_tasks(side, &names, specs);
+                            let tasks = self.write_tasks_of(side, &names, specs, files);
                             let (s, g) = self.timed_group(side, &tasks, true)?;
                             g.finish()?;
                             if layout == Layout::TempRename {
                                 for (i, n) in names.iter().enumerate() {
                                     let to = self.path(side, &format!("{dir}/rank-{i}"));
-                                    fs::rename(self.path(side, n), &to)
-                                        .map_err(|e| format!("rename {n}: {e}"))?;
+                                    let from = self.path(side, n);
+                                    for (from, to) in match files {
+                                        1 => vec![(from, to)],
+                                        _ => (0..files as usize)
+                                            .map(|k| (file_of(&from, k), file_of(&to, k)))
+                                            .collect(),
+                                    } {
+                                        fs::rename(&from, &to).map_err(|e| {
+                                            format!("rename {}: {e}", from.display())
+                                        })?;
+                                    }
                                 }
                             }
+                            let writers = match files {
+                                1 => format!("{w} writers"),
+                                f => format!("{w} writers x {f} files"),
+                            };
                             let data =
-                                format!("{w} writers, {}, {} {label}", layout.name(), self.o.data);
+                                format!("{writers}, {}, {} {label}", layout.name(), self.o.data);
                             self.record("steps", &data, Access::WriteNn, side, rep, s);
                         }
                         let p = self.path(side, &top);
@@ -645,6 +671,7 @@ impl Bench<'_> {
                         spec,
                         ranges: n1_ranges(i, procs, len, block, strided),
                         block: block as usize,
+                        files: 1,
                     })
                     .collect();
                 let (mut s, g) = self.timed_group(side, &tasks, true)?;
@@ -785,6 +812,7 @@ impl Bench<'_> {
                         spec: *spec,
                         ranges: vec![(0, part)],
                         block: self.block(),
+                        files: 1,
                     })
                     .collect();
                 let (mut s, mut g) = self.timed_group(side, &tasks, false)?;

@@ -445,6 +445,7 @@ fn sink_rows(
                                     spec,
                                     ranges: n1_ranges(i, procs, n1_len, block, strided),
                                     block: block as usize,
+                                    files: 1,
                                 })
                                 .collect()
                         }
@@ -464,6 +465,7 @@ fn sink_rows(
                                 spec: RandomSpec::new(mix(spec.seed, i as u64)),
                                 ranges: vec![(0, part)],
                                 block: block as usize,
+                                files: 1,
                             })
                             .collect(),
                     };

@@ -87,6 +87,10 @@ pub struct Opts {
     /// Writer counts of `steps` (those above max(8, cores) are left out)
     #[arg(long, value_delimiter = ',', default_value = "1,4,8,16")]
     pub writers: Vec<usize>,
+    /// Files each writer of `steps` writes per step, one after the other (its share of
+    /// --size split over them), as jobs that save their shards one by one
+    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..=4096))]
+    pub files_per_writer: u32,
     /// Extra argument appended to every `ckptfs mount BACKING MNT` (repeatable; may start with
     /// `-`: --mount-arg=--codec --mount-arg=shuffle, or --mount-arg=--codec=shuffle)
     #[arg(long = "mount-arg", value_name = "ARG", allow_hyphen_values = true)]

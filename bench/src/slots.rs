@@ -155,6 +155,7 @@ impl Run<'_> {
                     spec: specs[i],
                     ranges: vec![(0, part)],
                     block: o.block as usize,
+                    files: 1,
                 })
                 .collect();
             let secs = timed(&self.exe, &tasks, false)?.0;
@@ -172,6 +173,7 @@ impl Run<'_> {
                     spec: specs[i],
                     ranges: vec![(0, part)],
                     block: o.block as usize,
+                    files: 1,
                 })
                 .collect();
             let (secs, ok) = timed(&self.exe, &tasks, true)?;

@@ -262,6 +262,7 @@ pub fn run(to: &TargetsOpts) -> Result<bool> {
                         spec: specs[i],
                         ranges: vec![(0, part)],
                         block: o.block as usize,
+                        files: 1,
                     })
                     .collect()
             };

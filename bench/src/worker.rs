@@ -146,6 +146,10 @@ pub struct Task {
     pub spec: RandomSpec,
     pub ranges: Vec<(u64, u64)>,
     pub block: usize,
+    /// A writer's bytes split over this many files written one after the other (`PATH-fK`,
+    /// each from offset 0; one range from 0 only), as a job that saves its shards one by
+    /// one; 1: `path` itself.
+    pub files: u32,
 }
 
 impl Task {
@@ -162,6 +166,7 @@ impl Task {
             "field": self.spec.field,
             "ranges": self.ranges.iter().map(|&(o, l)| json!([o, l])).collect::<Vec<_>>(),
             "block": self.block,
+            "files": self.files,
         })
     }
 
@@ -196,12 +201,53 @@ impl Task {
                 .map(|r| pair(r).ok_or_else(bad))
                 .collect::<Result<_>>()?,
             block: v["block"].as_u64().ok_or_else(bad)? as usize,
+            files: v["files"].as_u64().unwrap_or(1) as u32,
         })
     }
 
     fn len(&self) -> usize {
         self.ranges.iter().map(|r| r.1 as usize).sum()
     }
+}
+
+/// `task.files` files of `task.path`'s bytes, one after the other: one timing, from the
+/// first open to the last close, with the closes summed.
+fn write_files(task: &Task, data: &[u8], truncate: bool, fsync: bool) -> Result<Timed> {
+    let [(0, _)] = task.ranges[..] else {
+        return Err("a writer of several files writes one range from offset 0".into());
+    };
+    let n = task.files as usize;
+    let mut all: Option<Timed> = None;
+    for k in 0..n {
+        let part = &data[k * data.len() / n..(k + 1) * data.len() / n];
+        let path = file_of(&task.path, k);
+        let t = write_ranges(
+            &path,
+            part,
+            &[(0, part.len() as u64)],
+            task.block,
+            truncate,
+            fsync,
+        )
+        .map_err(|e| format!("{}: {e}", path.display()))?;
+        all = Some(match all {
+            None => t,
+            Some(a) => Timed {
+                bytes: a.bytes + t.bytes,
+                t0: a.t0,
+                t1: t.t1,
+                close_ns: a.close_ns + t.close_ns,
+            },
+        });
+    }
+    all.ok_or_else(|| "no files".to_string())
+}
+
+/// The `k`th file of a writer of several (`Task::files`).
+pub fn file_of(path: &Path, k: usize) -> PathBuf {
+    let mut p = path.as_os_str().to_owned();
+    p.push(format!("-f{k}"));
+    PathBuf::from(p)
 }
 
 fn wait_for(stdin: &mut impl BufRead, word: &str) -> Result<()> {
@@ -237,8 +283,12 @@ pub fn worker_main(task: &str) -> Result<()> {
             }
             say("ready")?;
             wait_for(&mut stdin, "go")?;
-            let t = write_ranges(&task.path, &data, &task.ranges, task.block, truncate, fsync)
-                .map_err(io_err)?;
+            let t = if task.files <= 1 {
+                write_ranges(&task.path, &data, &task.ranges, task.block, truncate, fsync)
+                    .map_err(io_err)?
+            } else {
+                write_files(&task, &data, truncate, fsync)?
+            };
             say(t.to_json())?;
         }
         Op::Read => {
