@@ -89,16 +89,11 @@ fn writers_sharing_chunks_race_with_commits_and_drops() {
         .flat_map(|t| t.join().expect("a writer panicked"))
         .collect();
     assert!(!kept.is_empty());
-    for (rev, data) in &kept {
-        let f = space.load_revision(*rev).unwrap();
-        let got = f.read(space.chunks(), 0, f.size() as usize).unwrap();
-        assert!(
-            &got == data,
-            "revision {rev:?} reads back exactly (seed {seed})"
-        );
-    }
-    let report = ckptfs_engine::check::check(&space, &mut |_, _| {}).unwrap();
-    assert!(report.is_clean(), "seed {seed}: {report:?}");
+    common::assert_read_back_and_clean(
+        &space,
+        kept.iter().map(|(rev, data)| (*rev, data.as_slice())),
+        seed,
+    );
     // Shared chunks are stored once: the two bases, plus what the changed blocks added
     // (a twentieth of the blocks, each re-cutting its neighbours), with room for chunks of
     // dropped files.

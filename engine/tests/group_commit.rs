@@ -92,21 +92,20 @@ fn commits_held_back_together_take_one_transaction_and_each_lands() {
     );
     drop(space);
     let space = Space::open(&dir).unwrap();
-    for (ino, rev, data) in &committed {
+    for (ino, rev, _) in &committed {
         let rec = space.get_inode(*ino).unwrap().expect("the file");
         assert_eq!(
             rec.current_rev, *rev,
             "current after reopening (seed {seed})"
         );
-        let f = space.load_file(&rec).unwrap();
-        let got = f.read(space.chunks(), 0, f.size() as usize).unwrap();
-        assert!(
-            &got == data,
-            "revision {rev:?} reads back exactly (seed {seed})"
-        );
     }
-    let report = ckptfs_engine::check::check(&space, &mut |_, _| {}).unwrap();
-    assert!(report.is_clean(), "seed {seed}: {report:?}");
+    common::assert_read_back_and_clean(
+        &space,
+        committed
+            .iter()
+            .map(|(_, rev, data)| (*rev, data.as_slice())),
+        seed,
+    );
     drop(space);
     let _ = std::fs::remove_dir_all(&dir);
 }

@@ -683,6 +683,24 @@ fn mirror_holders(m: &mut TestMount) -> Vec<usize> {
         .collect()
 }
 
+/// Names and bytes of checkpoints written (`write_checkpoints`).
+type Checkpoints = Vec<(String, Vec<u8>)>;
+
+/// Five targets (3+2) with `files` checkpoints of 1 MiB, and the K+1 = 3 targets holding the
+/// metadata mirror; None (said) where targets are shared by slots, which keep no mirrors.
+fn mirrored_space(seed: u64, files: usize) -> Option<(TestMount, Checkpoints, Vec<usize>)> {
+    let mut m = TestMount::with_targets("256M", 5, "3+2");
+    let files = write_checkpoints(&m, seed, files, 1 << 20);
+    let holders = mirror_holders(&mut m);
+    if m.shared_targets() {
+        println!("slots over targets keep no metadata mirrors: nothing to damage");
+        assert!(holders.is_empty(), "{holders:?}");
+        return None;
+    }
+    assert_eq!(holders.len(), 3, "K+1 = 3 holders");
+    Some((m, files, holders))
+}
+
 fn recover(m: &mut TestMount, from: usize) -> (bool, serde_json::Value, String) {
     let (b, from) = (m.backing().to_path_buf(), m.target_dir(from));
     let (st, out, err) = m.ckptfs(&[
@@ -803,15 +821,9 @@ fn a_lost_backing_directory_is_recovered_from_the_targets_metadata_mirrors() {
 #[test]
 fn damage_on_a_metadata_mirror_is_found_and_mended_by_scrub() {
     let seed = test_seed("damage_on_a_metadata_mirror", 0x7a_000a);
-    let mut m = TestMount::with_targets("256M", 5, "3+2");
-    let files = write_checkpoints(&m, seed, 6, 1 << 20);
-    let holders = mirror_holders(&mut m);
-    if m.shared_targets() {
-        println!("slots over targets keep no metadata mirrors: nothing to damage");
-        assert!(holders.is_empty(), "{holders:?}");
+    let Some((mut m, files, holders)) = mirrored_space(seed, 6) else {
         return;
-    }
-    assert_eq!(holders.len(), 3, "K+1 = 3 holders");
+    };
     let h = holders[(seed % 3) as usize];
     let dir = m.target_dir(h);
     let meta = dir.join("ckptfs-meta");
@@ -874,15 +886,9 @@ fn damage_on_a_metadata_mirror_is_found_and_mended_by_scrub() {
 #[test]
 fn damage_on_a_metadata_mirror_while_unmounted_is_reported_when_the_space_is_opened() {
     let seed = test_seed("mirror_damage_while_unmounted", 0x7a_000b);
-    let mut m = TestMount::with_targets("256M", 5, "3+2");
-    let files = write_checkpoints(&m, seed, 4, 1 << 20);
-    let holders = mirror_holders(&mut m);
-    if m.shared_targets() {
-        println!("slots over targets keep no metadata mirrors: nothing to damage");
-        assert!(holders.is_empty(), "{holders:?}");
+    let Some((mut m, files, holders)) = mirrored_space(seed, 4) else {
         return;
-    }
-    assert_eq!(holders.len(), 3, "K+1 = 3 holders");
+    };
     m.unmount();
     let (h, g) = (
         holders[(seed % 3) as usize],

@@ -1239,22 +1239,21 @@ impl Space {
         // commits the group first writes out and syncs the data file: one sync covers the
         // chunks of every member (appended before they joined), and while it waits for the
         // disk, more commits gather for the next group.
+        let abort = |txn: redb::WriteTransaction| {
+            if let Err(e) = txn.abort() {
+                log::warn!("aborting a grouped commit's transaction: {e}");
+            }
+        };
         let (rev, applied) = self.commits.run(
             || self.begin_write(true),
             |txn| match self.store.flush_sync() {
                 Ok(()) => self.commit(txn),
                 Err(e) => {
-                    if let Err(a) = txn.abort() {
-                        log::warn!("aborting a commit whose data did not sync: {a}");
-                    }
+                    abort(txn);
                     Err(e)
                 }
             },
-            |txn| {
-                if let Err(e) = txn.abort() {
-                    log::warn!("aborting a grouped commit's transaction: {e}");
-                }
-            },
+            abort,
             |txn| {
                 let mut rec = rec.clone();
                 let mut t = Txn::open(txn)?;

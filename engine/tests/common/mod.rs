@@ -18,3 +18,21 @@ pub fn new_file(space: &Space, name: &str) -> (InodeId, InodeRecord) {
         })
         .unwrap()
 }
+
+/// Asserts that each revision reads back as its bytes, then that `check` is clean.
+pub fn assert_read_back_and_clean<'a>(
+    space: &Space,
+    revisions: impl IntoIterator<Item = (RevisionId, &'a [u8])>,
+    seed: u64,
+) {
+    for (rev, data) in revisions {
+        let f = space.load_revision(rev).unwrap();
+        let got = f.read(space.chunks(), 0, f.size() as usize).unwrap();
+        assert!(
+            got == data,
+            "revision {rev:?} reads back exactly (seed {seed})"
+        );
+    }
+    let report = ckptfs_engine::check::check(space, &mut |_, _| {}).unwrap();
+    assert!(report.is_clean(), "seed {seed}: {report:?}");
+}
