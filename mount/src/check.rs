@@ -8,7 +8,6 @@
 use crate::{absolute, backing_of, control_get, human, progress_bar};
 use ckptfs_engine::check::{check, hash_hex, CheckReport, ChunkUse};
 use ckptfs_engine::format::SUPERBLOCK_FILE;
-use ckptfs_engine::space::lock_holder;
 use ckptfs_engine::{Error as EngineError, Space};
 use serde_json::{json, Value};
 use std::path::{Path, PathBuf};
@@ -328,19 +327,17 @@ enum Where {
 fn resolve(path: &Path) -> Result<Where, (String, bool)> {
     let abs = absolute(path);
     if abs.join(SUPERBLOCK_FILE).exists() {
-        return match Space::open_offline(&abs) {
-            Ok(space) => Ok(Where::Offline(Box::new(space))),
-            Err(EngineError::Locked(m)) => {
-                let holder = lock_holder(&abs).unwrap_or_default();
-                match holder.split(" mounted at ").nth(1) {
-                    Some(mnt) => Ok(Where::Mounted(PathBuf::from(mnt.trim()))),
-                    None => Err((m, false)),
-                }
-            }
-            Err(e) => {
-                let damaged = matches!(e, EngineError::Corrupt(_) | EngineError::Meta(_));
-                Err((e.to_string(), damaged))
-            }
+        // Damage is told apart from "cannot check" by the engine's error, so it is kept.
+        let failed = std::cell::Cell::new(false);
+        let opened = crate::open_or_through(&abs, false, || {
+            Space::open_offline(&abs).inspect_err(|e| {
+                failed.set(matches!(e, EngineError::Corrupt(_) | EngineError::Meta(_)))
+            })
+        });
+        return match opened {
+            Ok(crate::Opened::Here(space)) => Ok(Where::Offline(Box::new(space))),
+            Ok(crate::Opened::Through(mnt)) => Ok(Where::Mounted(mnt)),
+            Err(m) => Err((m, failed.get())),
         };
     }
     if backing_of(&abs).is_some() {

@@ -1146,6 +1146,49 @@ fn check_not_locked(backing: &Path, read_only: bool) -> Result<(), String> {
     }
 }
 
+/// A space an offline command opened itself, or the mountpoint of the live daemon that holds
+/// it (the command then goes through that daemon).
+pub(crate) enum Opened<T> {
+    Here(T),
+    Through(PathBuf),
+}
+
+/// Opens the space in `dir` with `open` for an offline command (`check`, `gc`, `stats`, ...).
+/// When another process holds it: a daemon still mounted there is answered as `Through` its
+/// mountpoint; a daemon whose mount is already gone (`fusermount3 -u` returns before the
+/// daemon has committed and exited) is waited for as a mount waits (`check_not_locked`), then
+/// the space is opened here. Before, such a command went "through" a mountpoint that was no
+/// longer a ckptfs mount and failed with the mountpoint's ENODATA. Any other holder (an
+/// offline command) is the engine's message.
+pub(crate) fn open_or_through<T>(
+    dir: &Path,
+    read_only: bool,
+    open: impl Fn() -> Result<T, ckptfs_engine::Error>,
+) -> Result<Opened<T>, String> {
+    let mut waited = false;
+    loop {
+        match open() {
+            Ok(s) => return Ok(Opened::Here(s)),
+            Err(ckptfs_engine::Error::Locked(m)) => {
+                let holder = lock_holder(dir).unwrap_or_default();
+                let Some(mnt) = holder.split(" mounted at ").nth(1).map(str::trim) else {
+                    return Err(m);
+                };
+                let mnt = PathBuf::from(mnt);
+                if backing_of(&mnt).as_deref() == Some(dir) {
+                    return Ok(Opened::Through(mnt));
+                }
+                if waited {
+                    return Err(m);
+                }
+                check_not_locked(dir, read_only)?;
+                waited = true;
+            }
+            Err(e) => return Err(e.to_string()),
+        }
+    }
+}
+
 /// How long a mount waits for another live node to echo its coherence probe (each node
 /// answers within a quarter second of the probe's write).
 const PROBE_WAIT: Duration = Duration::from_secs(5);
@@ -1277,16 +1320,9 @@ fn read_stats(path: &Path) -> Result<Stats, String> {
     };
     if path.join(ckptfs_engine::format::SUPERBLOCK_FILE).exists() {
         // Read-only: stats of an unmounted (or read-only mounted) space change nothing.
-        return match Space::open_read_only(&path) {
-            Ok(space) => space.stats().map_err(|e| e.to_string()),
-            Err(ckptfs_engine::Error::Locked(m)) => {
-                let holder = lock_holder(&path).unwrap_or_default();
-                match holder.split(" mounted at ").nth(1) {
-                    Some(mnt) => from_mount(Path::new(mnt.trim())),
-                    None => Err(m),
-                }
-            }
-            Err(e) => Err(e.to_string()),
+        return match open_or_through(&path, true, || Space::open_read_only(&path))? {
+            Opened::Here(space) => space.stats().map_err(|e| e.to_string()),
+            Opened::Through(mnt) => from_mount(&mnt),
         };
     }
     if backing_of(&path).is_none() {
@@ -1845,21 +1881,14 @@ enum Target {
 
 /// The target for a backing directory (through its mount when it is mounted).
 fn space_target(dir: &Path) -> Result<Target, String> {
-    match Space::open_offline(dir) {
-        Ok(space) => Ok(Target::Offline {
-            fs: Box::new(Fs::new(space)),
-        }),
-        Err(ckptfs_engine::Error::Locked(m)) => {
-            let holder = lock_holder(dir).unwrap_or_default();
-            match holder.split(" mounted at ").nth(1) {
-                Some(mnt) => Ok(Target::Mounted {
-                    mnt: PathBuf::from(mnt.trim()),
-                }),
-                None => Err(m),
-            }
-        }
-        Err(e) => Err(e.to_string()),
-    }
+    Ok(
+        match open_or_through(dir, false, || Space::open_offline(dir))? {
+            Opened::Here(space) => Target::Offline {
+                fs: Box::new(Fs::new(space)),
+            },
+            Opened::Through(mnt) => Target::Mounted { mnt },
+        },
+    )
 }
 
 /// A mountpoint or a backing directory.

@@ -2,6 +2,7 @@
 //! per target its state, failure domain, errors, shards and free shard slots, bytes moved
 //! and write bandwidth; and what redundancy the data has right now.
 
+use crate::{open_or_through, Opened};
 use ckptfs_engine::space::{RevisionRedundancy, Space};
 use ckptfs_engine::targets::TargetsReport;
 use std::path::Path;
@@ -11,16 +12,9 @@ use std::path::Path;
 pub fn report(path: &Path) -> Result<Option<TargetsReport>, String> {
     let path = crate::absolute(path);
     if path.join(ckptfs_engine::format::SUPERBLOCK_FILE).exists() {
-        return match Space::open_read_only(&path) {
-            Ok(space) => Ok(space.targets_report()),
-            Err(ckptfs_engine::Error::Locked(m)) => {
-                let holder = ckptfs_engine::space::lock_holder(&path).unwrap_or_default();
-                match holder.split(" mounted at ").nth(1) {
-                    Some(mnt) => from_mount(Path::new(mnt.trim())),
-                    None => Err(m),
-                }
-            }
-            Err(e) => Err(e.to_string()),
+        return match open_or_through(&path, true, || Space::open_read_only(&path))? {
+            Opened::Here(space) => Ok(space.targets_report()),
+            Opened::Through(mnt) => from_mount(&mnt),
         };
     }
     from_mount(&path)
@@ -39,16 +33,9 @@ pub fn redundancy(path: &Path) -> Result<Option<RevisionRedundancy>, String> {
         }
     };
     if path.join(ckptfs_engine::format::SUPERBLOCK_FILE).exists() {
-        return match Space::open_read_only(&path) {
-            Ok(space) => space.revision_redundancy().map_err(|e| e.to_string()),
-            Err(ckptfs_engine::Error::Locked(m)) => {
-                let holder = ckptfs_engine::space::lock_holder(&path).unwrap_or_default();
-                match holder.split(" mounted at ").nth(1) {
-                    Some(mnt) => from_mount(Path::new(mnt.trim())),
-                    None => Err(m),
-                }
-            }
-            Err(e) => Err(e.to_string()),
+        return match open_or_through(&path, true, || Space::open_read_only(&path))? {
+            Opened::Here(space) => space.revision_redundancy().map_err(|e| e.to_string()),
+            Opened::Through(mnt) => from_mount(&mnt),
         };
     }
     from_mount(&path)
@@ -275,18 +262,9 @@ pub fn rebuild(
     };
     let offline = match &mounted_at {
         Some(_) => None,
-        None => match Space::open(&abs) {
-            Ok(s) => Some(s),
-            Err(ckptfs_engine::Error::Locked(m)) => {
-                let holder = ckptfs_engine::space::lock_holder(&abs).unwrap_or_default();
-                match holder.split(" mounted at ").nth(1) {
-                    Some(mnt) => {
-                        return rebuild_through(Path::new(mnt.trim()), &replace, throttle, json)
-                    }
-                    None => return Err(m),
-                }
-            }
-            Err(e) => return Err(e.to_string()),
+        None => match open_or_through(&abs, false, || Space::open(&abs))? {
+            Opened::Here(s) => Some(s),
+            Opened::Through(mnt) => return rebuild_through(&mnt, &replace, throttle, json),
         },
     };
     let r = match (offline, mounted_at) {
@@ -433,16 +411,9 @@ pub fn scrub(path: &Path, throttle_mib_s: Option<f64>, json: bool) -> Result<(),
     if !abs.join(ckptfs_engine::format::SUPERBLOCK_FILE).exists() {
         return through(&abs);
     }
-    let space = match Space::open(&abs) {
-        Ok(s) => s,
-        Err(ckptfs_engine::Error::Locked(m)) => {
-            let holder = ckptfs_engine::space::lock_holder(&abs).unwrap_or_default();
-            return match holder.split(" mounted at ").nth(1) {
-                Some(mnt) => through(Path::new(mnt.trim())),
-                None => Err(m),
-            };
-        }
-        Err(e) => return Err(e.to_string()),
+    let space = match open_or_through(&abs, false, || Space::open(&abs))? {
+        Opened::Here(s) => s,
+        Opened::Through(mnt) => return through(&mnt),
     };
     let pb = crate::progress_bar(!json);
     if let Some(pb) = &pb {

@@ -115,6 +115,51 @@ fn mount_waits_for_a_daemon_that_is_still_exiting() {
     assert_file_eq(&m.path("kept"), b"still here");
 }
 
+/// An offline command on the backing directory right after a plain `fusermount3 -u` (which
+/// returns before the daemon has committed and exited) waits for the daemon, then runs on
+/// the space itself. Here the daemon is kept alive by a descriptor open in its lazily
+/// detached mount, and let go once `check` says it is waiting (an event, not a sleep).
+/// Before, `check` went "through" the old mountpoint, no longer a ckptfs mount, and failed
+/// with `No data available`.
+#[test]
+fn an_offline_command_right_after_an_unmount_waits_for_the_exiting_daemon() {
+    use std::io::{BufRead, BufReader};
+    let mut m = TestMount::new();
+    fs::write(m.path("kept"), b"still here").expect("write");
+    let held = fs::File::open(m.path("kept")).expect("open");
+    m.lazy_unmount();
+    let mut child = std::process::Command::new(ckptfs_tests::ckptfs_bin())
+        .arg("check")
+        .arg(m.backing())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("run ckptfs check");
+    let mut err = BufReader::new(child.stderr.take().unwrap());
+    let mut said = String::new();
+    loop {
+        let mut line = String::new();
+        if err.read_line(&mut line).expect("read check's stderr") == 0 {
+            break;
+        }
+        said.push_str(&line);
+        if line.contains("waiting for the daemon") {
+            break;
+        }
+    }
+    drop(held);
+    let out = child.wait_with_output().expect("wait for check");
+    let rest = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        said.contains("waiting for the daemon"),
+        "check did not wait for the exiting daemon; it said: {said}{rest}"
+    );
+    assert!(out.status.success(), "check failed: {said}{rest}");
+    assert!(rest.contains("clean"), "check's report: {rest}");
+    m.mount();
+    assert_file_eq(&m.path("kept"), b"still here");
+}
+
 /// A mount right after a plain `umount` (the daemon may still be exiting for a moment)
 /// succeeds quietly: nothing on stderr (xfstests generic/604 reads a notice there as a
 /// failure); the "waiting" notice is for waits long enough to notice.
