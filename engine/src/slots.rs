@@ -41,7 +41,8 @@ pub fn now_unix_ns() -> u64 {
         .map_or(0, |d| d.as_nanos() as u64)
 }
 
-fn host_name() -> String {
+/// This machine's host name, as slot headers record their holders'.
+pub fn host_name() -> String {
     let mut buf = [0u8; 256];
     // SAFETY: gethostname writes at most buf.len() bytes into buf.
     let rc = unsafe { libc::gethostname(buf.as_mut_ptr().cast(), buf.len()) };

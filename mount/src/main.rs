@@ -1075,10 +1075,10 @@ fn spawn_daemon(
 
 /// How long a mount waits for a daemon that was unmounted but is still exiting (committing
 /// what was open, closing the metadata table) to let go of the space.
-const EXITING_HOLDER_WAIT: Duration = Duration::from_secs(30);
+pub(crate) const EXITING_HOLDER_WAIT: Duration = Duration::from_secs(30);
 
 /// How long a mount waits for an exiting daemon before it says so.
-const EXITING_HOLDER_NOTICE: Duration = Duration::from_secs(2);
+pub(crate) const EXITING_HOLDER_NOTICE: Duration = Duration::from_secs(2);
 
 /// Refuses a space another process holds before a daemon is started for it, so the refusal
 /// leaves even the space's log untouched. The daemon's own lock is what really excludes a
@@ -1248,7 +1248,7 @@ fn umount(mnt: &Path) -> Result<(), String> {
     }
 }
 
-fn backing_of(mnt: &Path) -> Option<PathBuf> {
+pub(crate) fn backing_of(mnt: &Path) -> Option<PathBuf> {
     let s = std::fs::read_to_string("/proc/self/mountinfo").ok()?;
     let want = mnt.to_string_lossy();
     for l in s.lines() {

@@ -169,6 +169,12 @@ pub fn for_each_offline_slot(
         if h.state == SlotState::Free {
             continue;
         }
+        let h = if is_live(&h, now) && exiting_here(dir, &h) {
+            wait_for_exit(dir, h)?
+        } else {
+            h
+        };
+        let now = now_unix_ns();
         if is_live(&h, now) {
             out.push((
                 h.slot.0,
@@ -191,4 +197,47 @@ pub fn for_each_offline_slot(
         out.push((h.slot.0, r));
     }
     Ok(out)
+}
+
+/// Whether slot header `h` names a daemon of this host that is still alive but whose mount
+/// is gone (`fusermount3 -u` returns before the daemon has committed, released its slot
+/// and exited): the offline command waits for it, as a mount waits for an exiting daemon of
+/// a single-slot space, instead of sending the user "through" a mountpoint that no longer
+/// mounts the space.
+fn exiting_here(dir: &Path, h: &SlotHeader) -> bool {
+    // SAFETY: kill with signal 0 only checks whether the process exists.
+    h.host == ckptfs_engine::slots::host_name()
+        && unsafe { libc::kill(h.pid as i32, 0) } == 0
+        && crate::backing_of(Path::new(&h.mountpoint)).as_deref() != Some(dir)
+}
+
+/// Waits (up to `EXITING_HOLDER_WAIT`, saying so after `EXITING_HOLDER_NOTICE`) until the
+/// exiting daemon in `h` has let go of its slot; returns the slot's header then, or the last
+/// one read when it did not (the caller reports that holder as live).
+fn wait_for_exit(dir: &Path, mut h: SlotHeader) -> Result<SlotHeader, String> {
+    let started = std::time::Instant::now();
+    let mut said = false;
+    while is_live(&h, now_unix_ns()) && exiting_here(dir, &h) {
+        if started.elapsed() >= crate::EXITING_HOLDER_WAIT {
+            break;
+        }
+        if !said && started.elapsed() >= crate::EXITING_HOLDER_NOTICE {
+            eprintln!(
+                "ckptfs: waiting for the daemon that held slot {} of {} to exit (pid {}, \
+                 unmounted from {})",
+                h.slot.0,
+                dir.display(),
+                h.pid,
+                h.mountpoint
+            );
+            said = true;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(50));
+        let (all, _) = rows(dir)?;
+        match all.into_iter().find(|x| x.slot == h.slot) {
+            Some(x) => h = x,
+            None => break,
+        }
+    }
+    Ok(h)
 }

@@ -117,14 +117,21 @@ fn mount_waits_for_a_daemon_that_is_still_exiting() {
 
 /// An offline command on the backing directory right after a plain `fusermount3 -u` (which
 /// returns before the daemon has committed and exited) waits for the daemon, then runs on
-/// the space itself. Here the daemon is kept alive by a descriptor open in its lazily
-/// detached mount, and let go once `check` says it is waiting (an event, not a sleep).
-/// Before, `check` went "through" the old mountpoint, no longer a ckptfs mount, and failed
-/// with `No data available`.
+/// the space itself, on a single-slot space and on a slot of a multi-slot one. Here the
+/// daemon is kept alive by a descriptor open in its lazily detached mount, and let go once
+/// `check` says it is waiting (an event, not a sleep). Before, `check` went "through" the
+/// old mountpoint, no longer a ckptfs mount, and failed with `No data available` (one
+/// slot), or left the slot unchecked, to be checked "through that mount" (several).
 #[test]
 fn an_offline_command_right_after_an_unmount_waits_for_the_exiting_daemon() {
+    for slots in ["1", "2"] {
+        let mut m = TestMount::with_format_args("256M", &["--slots", slots]);
+        offline_check_waits_for_the_exiting_daemon(&mut m, slots);
+    }
+}
+
+fn offline_check_waits_for_the_exiting_daemon(m: &mut TestMount, slots: &str) {
     use std::io::{BufRead, BufReader};
-    let mut m = TestMount::new();
     fs::write(m.path("kept"), b"still here").expect("write");
     let held = fs::File::open(m.path("kept")).expect("open");
     m.lazy_unmount();
@@ -149,13 +156,23 @@ fn an_offline_command_right_after_an_unmount_waits_for_the_exiting_daemon() {
     }
     drop(held);
     let out = child.wait_with_output().expect("wait for check");
-    let rest = String::from_utf8_lossy(&out.stdout);
+    let rest = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
     assert!(
         said.contains("waiting for the daemon"),
-        "check did not wait for the exiting daemon; it said: {said}{rest}"
+        "--slots {slots}: check did not wait for the exiting daemon; it said: {said}{rest}"
     );
-    assert!(out.status.success(), "check failed: {said}{rest}");
-    assert!(rest.contains("clean"), "check's report: {rest}");
+    assert!(
+        out.status.success(),
+        "--slots {slots}: check failed: {said}{rest}"
+    );
+    assert!(
+        rest.contains("clean") && !rest.contains("not checked here"),
+        "--slots {slots}: check's report: {rest}"
+    );
     m.mount();
     assert_file_eq(&m.path("kept"), b"still here");
 }
