@@ -228,6 +228,11 @@ impl Lease {
             )));
         }
         let n = table.slots();
+        // As the header stores it.
+        let mut mountpoint = req.mountpoint.clone();
+        while mountpoint.len() > SLOT_MOUNTPOINT_MAX {
+            mountpoint.pop();
+        }
         let candidates: Vec<SlotId> = match req.slot {
             Some(s) if s.0 >= n => {
                 return Err(Error::Invalid(format!(
@@ -237,11 +242,16 @@ impl Lease {
             }
             Some(s) => vec![s],
             None => {
-                // Slots nobody holds first (never used, then released), then expired ones.
+                // Slots nobody holds first (never used, then released), then expired ones;
+                // within each, the slot this host last held at this mountpoint first, so a
+                // node that remounts gets its own slot (and its share's data) back rather
+                // than the lowest one, which another node may be about to take again.
                 let all = table.all()?;
                 let now = now_unix_ns();
+                let me = host_name();
+                let mine = |h: &SlotHeader| h.host == me && h.mountpoint == mountpoint;
                 let mut c: Vec<&SlotHeader> = all.iter().filter(|h| !is_live(h, now)).collect();
-                c.sort_by_key(|h| (h.state == SlotState::Held, h.slot));
+                c.sort_by_key(|h| (h.state == SlotState::Held, !mine(h), h.slot));
                 if c.is_empty() {
                     let mut holders: Vec<String> = all
                         .iter()
@@ -272,10 +282,6 @@ impl Lease {
             )
             .as_bytes()[..16],
         );
-        let mut mountpoint = req.mountpoint.clone();
-        while mountpoint.len() > SLOT_MOUNTPOINT_MAX {
-            mountpoint.pop();
-        }
         let mut lost = Vec::new();
         for slot in candidates {
             let h = table.read(slot)?;

@@ -701,6 +701,8 @@ fn mount(
         .slots;
     if slots == 1 {
         check_not_locked(&backing, tuning.read_only)?;
+    } else if !tuning.read_only {
+        slots::wait_for_own_exiting_daemon(&backing, &mnt)?;
     }
     let mut space = if tuning.read_only {
         Space::open_read_only(&backing)
@@ -973,6 +975,8 @@ fn spawn_daemon(
     let sb = read_backing_dir(backing, !tuning.read_only).map_err(|e| e.to_string())?;
     if sb.slots == 1 {
         check_not_locked(backing, tuning.read_only)?;
+    } else if !tuning.read_only {
+        slots::wait_for_own_exiting_daemon(backing, mnt)?;
     }
     // A read-only mount logs to the temporary directory, one file per space, so that
     // nothing in the backing directory changes.

@@ -241,3 +241,19 @@ fn wait_for_exit(dir: &Path, mut h: SlotHeader) -> Result<SlotHeader, String> {
     }
     Ok(h)
 }
+
+/// Before a read-write mount of the multi-slot space in `dir` at `mnt`: waits for this
+/// host's daemon that was unmounted from `mnt` and is still exiting to release its slot.
+/// Without the wait the new mount took another slot (the old one was still held), leaving
+/// this node's data in two shares and taking a slot another node may be about to claim.
+pub fn wait_for_own_exiting_daemon(dir: &Path, mnt: &Path) -> Result<(), String> {
+    let (all, _) = rows(dir)?;
+    let now = now_unix_ns();
+    let mnt = mnt.to_string_lossy();
+    for h in all {
+        if is_live(&h, now) && h.mountpoint == mnt && exiting_here(dir, &h) {
+            wait_for_exit(dir, h)?;
+        }
+    }
+    Ok(())
+}

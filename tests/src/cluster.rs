@@ -160,6 +160,22 @@ impl Cluster {
         drop_daemon_caches(&self.nodes[node].mnt);
     }
 
+    /// `node`'s mountpoint.
+    pub fn mountpoint(&self, node: usize) -> &Path {
+        &self.nodes[node].mnt
+    }
+
+    /// The `ckptfs mount` arguments that mount `node` with the cluster's lease.
+    pub fn mount_args(&self, node: usize) -> Vec<OsString> {
+        vec![
+            "mount".into(),
+            "--lease".into(),
+            format!("{}ms", self.lease.as_millis()).into(),
+            self.node_backing[node].clone().into(),
+            self.nodes[node].mnt.clone().into(),
+        ]
+    }
+
     pub fn path(&self, node: usize, rel: &str) -> PathBuf {
         self.nodes[node].mnt.join(rel)
     }

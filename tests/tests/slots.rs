@@ -1248,3 +1248,58 @@ fn racing_nodes_agree_once_quiet() {
         );
     }
 }
+
+/// A node that remounts right after a plain `fusermount3 -u` (which returns before the daemon
+/// has released its slot and exited) gets its own slot back: the mount waits for that
+/// exiting daemon, saying so, instead of claiming another slot, which would split the node's
+/// data over two shares and take a slot another node may be about to claim. The daemon is
+/// kept alive by a descriptor open in its lazily detached mount, and let go once the mount
+/// says it is waiting (an event, not a sleep). Before, the remount took slot 1 at once.
+#[test]
+fn a_remount_right_after_an_unmount_waits_for_its_own_slot() {
+    use std::io::{BufRead, BufReader};
+    let mut c = Cluster::new(2, "512M", 1, LEASE);
+    let first = c.mount(0, &[]);
+    fs::write(c.path(0, "kept"), b"still here").expect("write");
+    let held = fs::File::open(c.path(0, "kept")).expect("open");
+    let mnt = c.mountpoint(0).to_path_buf();
+    let st = Command::new("fusermount3")
+        .args(["-u".as_ref(), "-z".as_ref(), mnt.as_os_str()])
+        .status()
+        .expect("fusermount3 -u -z");
+    assert!(st.success(), "lazy unmount");
+    let mut child = Command::new(ckptfs_tests::ckptfs_bin())
+        .args(c.mount_args(0))
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("run ckptfs mount");
+    let mut err = BufReader::new(child.stderr.take().unwrap());
+    let mut said = String::new();
+    loop {
+        let mut line = String::new();
+        if err.read_line(&mut line).expect("read mount's stderr") == 0 {
+            break;
+        }
+        said.push_str(&line);
+        if line.contains("waiting for the daemon") {
+            break;
+        }
+    }
+    drop(held);
+    let out = child.wait_with_output().expect("wait for mount");
+    let rest = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(out.status.success(), "remount failed: {said}{rest}");
+    // Asserted before the unmount: the cluster's drop unmounts whatever is left.
+    assert!(
+        said.contains("waiting for the daemon"),
+        "the remount did not wait for the exiting daemon: {said}{rest}"
+    );
+    assert_eq!(c.slot_of(0), first, "the remount took another slot");
+    assert_file_eq(&c.path(0, "kept"), b"still here");
+    c.unmount(0);
+}
