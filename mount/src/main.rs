@@ -1123,9 +1123,9 @@ fn check_not_locked(backing: &Path, read_only: bool) -> Result<(), String> {
         let holder = lock_holder(backing).unwrap_or_default();
         let holder = holder.trim();
         // "pid N mounted at MOUNTPOINT": exiting when MOUNTPOINT no longer mounts this space.
-        let exiting = holder
-            .split_once(" mounted at ")
-            .is_some_and(|(_, m)| backing_of(Path::new(m)).as_deref() != Some(backing));
+        let exiting = holder.split_once(" mounted at ").is_some_and(|(_, m)| {
+            !backing_of(Path::new(m)).is_some_and(|b| same_space(&b, backing))
+        });
         if !exiting || Instant::now() >= deadline {
             return Err(format!(
                 "backing space {} is in use by another ckptfs process ({holder}){}",
@@ -1179,7 +1179,7 @@ pub(crate) fn open_or_through<T>(
                     return Err(m);
                 };
                 let mnt = PathBuf::from(mnt);
-                if backing_of(&mnt).as_deref() == Some(dir) {
+                if backing_of(&mnt).is_some_and(|b| same_space(&b, dir)) {
                     return Ok(Opened::Through(mnt));
                 }
                 if waited {
@@ -1191,6 +1191,18 @@ pub(crate) fn open_or_through<T>(
             Err(e) => return Err(e.to_string()),
         }
     }
+}
+
+/// Whether backing directories `a` and `b` are one space: the same path, or the same
+/// superblock uuid (one space reached by two paths: a symlink, two clients of a shared
+/// filesystem), so that a daemon mounted through one path is not taken for an exiting one
+/// by a command given the other.
+pub(crate) fn same_space(a: &Path, b: &Path) -> bool {
+    a == b
+        || matches!(
+            (read_backing_dir(a, false), read_backing_dir(b, false)),
+            (Ok(x), Ok(y)) if x.uuid == y.uuid
+        )
 }
 
 /// How long a mount waits for another live node to echo its coherence probe (each node

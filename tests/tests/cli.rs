@@ -130,6 +130,26 @@ fn an_offline_command_right_after_an_unmount_waits_for_the_exiting_daemon() {
     }
 }
 
+/// An offline command given another path to a mounted space (a symlink here; two clients
+/// of a shared filesystem alike) goes through the live mount at once: the daemon is not
+/// taken for an exiting one because the lock file names its mount by a different path
+/// (that wait ran 30 s and failed, "has not exited", in a build before this test).
+#[test]
+fn an_offline_command_given_another_path_to_a_mounted_space_goes_through_its_mount() {
+    let mut m = TestMount::new();
+    fs::write(m.path("f"), b"data").expect("write");
+    let link = m.root().join("link-to-backing");
+    std::os::unix::fs::symlink(m.backing(), &link).expect("symlink");
+    for cmd in ["check", "stats"] {
+        let (st, out, err) = m.ckptfs(&[OsStr::new(cmd), link.as_os_str()]);
+        assert!(st.success(), "{cmd} through {}: {out}{err}", link.display());
+        assert!(
+            !err.contains("waiting"),
+            "{cmd} waited for a live daemon: {err}"
+        );
+    }
+}
+
 fn offline_check_waits_for_the_exiting_daemon(m: &mut TestMount, slots: &str) {
     use std::io::{BufRead, BufReader};
     fs::write(m.path("kept"), b"still here").expect("write");
