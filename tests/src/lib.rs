@@ -1371,3 +1371,35 @@ pub fn targets_slots() -> Option<u32> {
         })
         .then_some(3)
 }
+
+/// Runs `cmd` with its output piped and reads its stderr until a line containing `needle`
+/// (or its end), so a test can act at the moment the command says something (an event,
+/// not a sleep). Returns the child, still running, and what it said so far; its stdout
+/// and the rest of its stderr are read by `Child::wait_with_output` (less what was read
+/// ahead past the line: messages only).
+pub fn spawn_until_said(
+    cmd: &mut std::process::Command,
+    needle: &str,
+) -> (std::process::Child, String) {
+    use std::io::{BufRead, BufReader};
+    let mut child = cmd
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap_or_else(|e| panic!("run {cmd:?}: {e}"));
+    let mut err = BufReader::new(child.stderr.take().expect("piped stderr"));
+    let mut said = String::new();
+    loop {
+        let mut line = String::new();
+        if err.read_line(&mut line).expect("read stderr") == 0 {
+            break;
+        }
+        said.push_str(&line);
+        if line.contains(needle) {
+            break;
+        }
+    }
+    // The rest of stderr, for `wait_with_output`.
+    child.stderr = Some(err.into_inner());
+    (child, said)
+}

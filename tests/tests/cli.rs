@@ -151,29 +151,15 @@ fn an_offline_command_given_another_path_to_a_mounted_space_goes_through_its_mou
 }
 
 fn offline_check_waits_for_the_exiting_daemon(m: &mut TestMount, slots: &str) {
-    use std::io::{BufRead, BufReader};
     fs::write(m.path("kept"), b"still here").expect("write");
     let held = fs::File::open(m.path("kept")).expect("open");
     m.lazy_unmount();
-    let mut child = std::process::Command::new(ckptfs_tests::ckptfs_bin())
-        .arg("check")
-        .arg(m.backing())
-        .stdout(std::process::Stdio::piped())
-        .stderr(std::process::Stdio::piped())
-        .spawn()
-        .expect("run ckptfs check");
-    let mut err = BufReader::new(child.stderr.take().unwrap());
-    let mut said = String::new();
-    loop {
-        let mut line = String::new();
-        if err.read_line(&mut line).expect("read check's stderr") == 0 {
-            break;
-        }
-        said.push_str(&line);
-        if line.contains("waiting for the daemon") {
-            break;
-        }
-    }
+    let (child, said) = ckptfs_tests::spawn_until_said(
+        std::process::Command::new(ckptfs_tests::ckptfs_bin())
+            .arg("check")
+            .arg(m.backing()),
+        "waiting for the daemon",
+    );
     drop(held);
     let out = child.wait_with_output().expect("wait for check");
     let rest = format!(

@@ -1257,7 +1257,6 @@ fn racing_nodes_agree_once_quiet() {
 /// says it is waiting (an event, not a sleep). Before, the remount took slot 1 at once.
 #[test]
 fn a_remount_right_after_an_unmount_waits_for_its_own_slot() {
-    use std::io::{BufRead, BufReader};
     let mut c = Cluster::new(2, "512M", 1, LEASE);
     let first = c.mount(0, &[]);
     fs::write(c.path(0, "kept"), b"still here").expect("write");
@@ -1268,24 +1267,10 @@ fn a_remount_right_after_an_unmount_waits_for_its_own_slot() {
         .status()
         .expect("fusermount3 -u -z");
     assert!(st.success(), "lazy unmount");
-    let mut child = Command::new(ckptfs_tests::ckptfs_bin())
-        .args(c.mount_args(0))
-        .stdout(std::process::Stdio::piped())
-        .stderr(std::process::Stdio::piped())
-        .spawn()
-        .expect("run ckptfs mount");
-    let mut err = BufReader::new(child.stderr.take().unwrap());
-    let mut said = String::new();
-    loop {
-        let mut line = String::new();
-        if err.read_line(&mut line).expect("read mount's stderr") == 0 {
-            break;
-        }
-        said.push_str(&line);
-        if line.contains("waiting for the daemon") {
-            break;
-        }
-    }
+    let (child, said) = ckptfs_tests::spawn_until_said(
+        Command::new(ckptfs_tests::ckptfs_bin()).args(c.mount_args(0)),
+        "waiting for the daemon",
+    );
     drop(held);
     let out = child.wait_with_output().expect("wait for mount");
     let rest = format!(
