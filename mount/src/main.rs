@@ -1489,6 +1489,15 @@ fn run(cli: Cli) -> Result<(), String> {
             })?;
             let mut config = Config::default();
             retention.apply(&mut config);
+            // Erasing a single-slot space right after a plain unmount waits for its exiting
+            // daemon, as a mount does (a live one is refused by the lock, as before).
+            let abs = absolute(&dir);
+            if force
+                && abs.join(ckptfs_engine::format::LOCK_FILE).exists()
+                && read_backing_dir(&abs, false).is_ok_and(|sb| sb.slots == 1)
+            {
+                check_not_locked(&abs, false)?;
+            }
             // (--redundancy without --target is refused by the parser.)
             if !targets.is_empty() {
                 // Without --redundancy: no parity, each segment on one target.

@@ -130,6 +130,47 @@ fn an_offline_command_right_after_an_unmount_waits_for_the_exiting_daemon() {
     }
 }
 
+/// `format --force` of a space right after a plain unmount waits for the exiting daemon
+/// (kept alive here by a descriptor open in its lazily detached mount, let go once format
+/// says it waits), then erases the space; before, it was refused as "in use". A live mount
+/// is still refused.
+#[test]
+fn format_force_right_after_an_unmount_waits_for_the_exiting_daemon() {
+    let mut m = TestMount::new();
+    fs::write(m.path("old"), b"erased").expect("write");
+    let backing = m.backing().to_path_buf();
+    let (st, out, err) = m.ckptfs(&[
+        OsStr::new("format"),
+        backing.as_os_str(),
+        OsStr::new("--size"),
+        OsStr::new("64M"),
+        OsStr::new("--force"),
+    ]);
+    assert!(!st.success(), "format --force of a live mount: {out}{err}");
+    assert!(err.contains("in use"), "{err}");
+    let held = fs::File::open(m.path("old")).expect("open");
+    m.lazy_unmount();
+    let (child, said) = ckptfs_tests::spawn_until_said(
+        std::process::Command::new(ckptfs_tests::ckptfs_bin())
+            .args(["format".as_ref(), m.backing().as_os_str()])
+            .args(["--size", "64M", "--force"]),
+        "waiting for the daemon",
+    );
+    drop(held);
+    let out = child.wait_with_output().expect("wait for format");
+    let rest = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(
+        said.contains("waiting for the daemon") && out.status.success(),
+        "format --force after the unmount: {said}{rest}"
+    );
+    m.mount();
+    assert!(!m.path("old").exists(), "the space was not formatted anew");
+}
+
 /// An offline command given another path to a mounted space (a symlink here; two clients
 /// of a shared filesystem alike) goes through the live mount at once: the daemon is not
 /// taken for an exiting one because the lock file names its mount by a different path
