@@ -1374,9 +1374,9 @@ pub fn targets_slots() -> Option<u32> {
 
 /// Runs `cmd` with its output piped and reads its stderr until a line containing `needle`
 /// (or its end), so a test can act at the moment the command says something (an event,
-/// not a sleep). Returns the child, still running, and what it said so far; its stdout
-/// and the rest of its stderr are read by `Child::wait_with_output` (less what was read
-/// ahead past the line: messages only).
+/// not a sleep). Returns the child, still running, and what it said so far (with whatever
+/// was read ahead past that line); its stdout and the rest of its stderr are read by
+/// `Child::wait_with_output`.
 pub fn spawn_until_said(
     cmd: &mut std::process::Command,
     needle: &str,
@@ -1399,7 +1399,9 @@ pub fn spawn_until_said(
             break;
         }
     }
-    // The rest of stderr, for `wait_with_output`.
+    // What was read ahead past the line goes with what it said; the rest of stderr is
+    // `wait_with_output`'s.
+    said.push_str(&String::from_utf8_lossy(err.buffer()));
     child.stderr = Some(err.into_inner());
     (child, said)
 }
