@@ -8,30 +8,20 @@
 //! writer (default 30).
 
 use ckptfs_engine::format::*;
-use ckptfs_engine::space::{Config, Seal};
-use ckptfs_engine::Space;
+use ckptfs_engine::space::Seal;
 use rand::rngs::SmallRng;
 use rand::{Rng, RngCore, SeedableRng};
 use std::sync::Arc;
 
 mod common;
-
-fn env_u64(name: &str, default: u64) -> u64 {
-    std::env::var(name)
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(default)
-}
+use common::{env_u64, fresh_space};
 
 #[test]
 fn writers_sharing_chunks_race_with_commits_and_drops() {
     let seed = env_u64("CKPTFS_SEED", 38);
     let rounds = env_u64("CKPTFS_DEDUP_RACE_ROUNDS", 30);
     eprintln!("seed {seed} (CKPTFS_SEED), {rounds} rounds (CKPTFS_DEDUP_RACE_ROUNDS)");
-    let dir = std::env::temp_dir().join(format!("ckptfs-dedup-race-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
-    Space::format(&dir, 512 << 20, 65536, Config::default(), false).unwrap();
-    let space = Arc::new(Space::open(&dir).unwrap());
+    let (dir, space) = fresh_space("dedup-race", 512 << 20);
     // Two checkpoints every writer's files are variants of, so their chunks are shared.
     let mut rng = SmallRng::seed_from_u64(seed);
     let bases: Arc<Vec<Vec<u8>>> = Arc::new(

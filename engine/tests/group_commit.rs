@@ -7,26 +7,19 @@
 //!
 //! Seeded: `CKPTFS_SEED` picks another seed.
 
-use ckptfs_engine::space::{Config, Seal};
+use ckptfs_engine::space::Seal;
 use ckptfs_engine::Space;
 use rand::rngs::SmallRng;
 use rand::{Rng, RngCore, SeedableRng};
-use std::sync::Arc;
 
 mod common;
-use common::new_file;
+use common::{env_u64, fresh_space, new_file};
 
 #[test]
 fn commits_held_back_together_take_one_transaction_and_each_lands() {
-    let seed: u64 = std::env::var("CKPTFS_SEED")
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(0x9c0_33e7);
+    let seed = env_u64("CKPTFS_SEED", 0x9c0_33e7);
     eprintln!("seed {seed} (CKPTFS_SEED)");
-    let dir = std::env::temp_dir().join(format!("ckptfs-group-commit-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
-    Space::format(&dir, 256 << 20, 65536, Config::default(), false).unwrap();
-    let space = Arc::new(Space::open(&dir).unwrap());
+    let (dir, space) = fresh_space("group-commit", 256 << 20);
     let mut rng = SmallRng::seed_from_u64(seed);
     let mut base = vec![0u8; 2 << 20];
     rng.fill_bytes(&mut base);

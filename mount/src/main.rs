@@ -1123,9 +1123,9 @@ fn check_not_locked(backing: &Path, read_only: bool) -> Result<(), String> {
         let holder = lock_holder(backing).unwrap_or_default();
         let holder = holder.trim();
         // "pid N mounted at MOUNTPOINT": exiting when MOUNTPOINT no longer mounts this space.
-        let exiting = holder.split_once(" mounted at ").is_some_and(|(_, m)| {
-            !backing_of(Path::new(m)).is_some_and(|b| same_space(&b, backing))
-        });
+        let exiting = holder
+            .split_once(" mounted at ")
+            .is_some_and(|(_, m)| !mounts_space(Path::new(m), backing));
         if !exiting || Instant::now() >= deadline {
             return Err(format!(
                 "backing space {} is in use by another ckptfs process ({holder}){}",
@@ -1179,7 +1179,7 @@ pub(crate) fn open_or_through<T>(
                     return Err(m);
                 };
                 let mnt = PathBuf::from(mnt);
-                if backing_of(&mnt).is_some_and(|b| same_space(&b, dir)) {
+                if mounts_space(&mnt, dir) {
                     return Ok(Opened::Through(mnt));
                 }
                 if waited {
@@ -1191,6 +1191,12 @@ pub(crate) fn open_or_through<T>(
             Err(e) => return Err(e.to_string()),
         }
     }
+}
+
+/// Whether `mnt` is a ckptfs mount of the space in backing directory `dir` (see
+/// `same_space`).
+pub(crate) fn mounts_space(mnt: &Path, dir: &Path) -> bool {
+    backing_of(mnt).is_some_and(|b| same_space(&b, dir))
 }
 
 /// Whether backing directories `a` and `b` are one space: the same path, or the same

@@ -208,7 +208,7 @@ fn exiting_here(dir: &Path, h: &SlotHeader) -> bool {
     // SAFETY: kill with signal 0 only checks whether the process exists.
     h.host == ckptfs_engine::slots::host_name()
         && unsafe { libc::kill(h.pid as i32, 0) } == 0
-        && !crate::backing_of(Path::new(&h.mountpoint)).is_some_and(|b| crate::same_space(&b, dir))
+        && !crate::mounts_space(Path::new(&h.mountpoint), dir)
 }
 
 /// Waits (up to `EXITING_HOLDER_WAIT`, saying so after `EXITING_HOLDER_NOTICE`) until the

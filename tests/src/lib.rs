@@ -1405,3 +1405,15 @@ pub fn spawn_until_said(
     child.stderr = Some(err.into_inner());
     (child, said)
 }
+
+/// Waits for a child of `spawn_until_said`: (its exit status, its stdout then the rest of its
+/// stderr).
+pub fn finish_said(child: std::process::Child) -> (std::process::ExitStatus, String) {
+    let out = child.wait_with_output().expect("wait for the command");
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    (out.status, text)
+}

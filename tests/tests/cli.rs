@@ -157,14 +157,9 @@ fn format_force_right_after_an_unmount_waits_for_the_exiting_daemon() {
         "waiting for the daemon",
     );
     drop(held);
-    let out = child.wait_with_output().expect("wait for format");
-    let rest = format!(
-        "{}{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
+    let (status, rest) = ckptfs_tests::finish_said(child);
     assert!(
-        said.contains("waiting for the daemon") && out.status.success(),
+        said.contains("waiting for the daemon") && status.success(),
         "format --force after the unmount: {said}{rest}"
     );
     m.mount();
@@ -202,18 +197,13 @@ fn offline_check_waits_for_the_exiting_daemon(m: &mut TestMount, slots: &str) {
         "waiting for the daemon",
     );
     drop(held);
-    let out = child.wait_with_output().expect("wait for check");
-    let rest = format!(
-        "{}{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
+    let (status, rest) = ckptfs_tests::finish_said(child);
     assert!(
         said.contains("waiting for the daemon"),
         "--slots {slots}: check did not wait for the exiting daemon; it said: {said}{rest}"
     );
     assert!(
-        out.status.success(),
+        status.success(),
         "--slots {slots}: check failed: {said}{rest}"
     );
     assert!(

@@ -1272,13 +1272,8 @@ fn a_remount_right_after_an_unmount_waits_for_its_own_slot() {
         "waiting for the daemon",
     );
     drop(held);
-    let out = child.wait_with_output().expect("wait for mount");
-    let rest = format!(
-        "{}{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
-    assert!(out.status.success(), "remount failed: {said}{rest}");
+    let (status, rest) = ckptfs_tests::finish_said(child);
+    assert!(status.success(), "remount failed: {said}{rest}");
     // Asserted before the unmount: the cluster's drop unmounts whatever is left.
     assert!(
         said.contains("waiting for the daemon"),
