@@ -651,7 +651,10 @@ impl Stage {
     pub fn time_nested<T>(&self, bytes: usize, f: impl FnOnce() -> T) -> T {
         let mut t = self.start();
         let c0 = t.cpu.map_or_else(thread_cpu_ns, |(c, _)| c);
-        t.cpu.get_or_insert((c0, 1));
+        // Weight 1 even where `start` drew this timing as the sample of `CPU_SAMPLE`: every
+        // nested timing is measured, so a weighted one counted its CPU about twice over
+        // (the `compress` stage, nested in `append`, read 0.23 CPU-s/GiB for 0.11).
+        t.cpu = Some((c0, 1));
         let r = f();
         let (wall, cpu) = (t.wall.elapsed().as_nanos() as u64, thread_cpu_ns() - c0);
         let outer = t.nested;
@@ -858,6 +861,43 @@ mod tests {
         assert!(sync.cpu_seconds < sync.seconds / 4.0, "{sync:?}");
         // Nothing timed, nothing sampled.
         assert_eq!((ahead.sampled_count, ahead.cpu_seconds), (0, 0.0));
+    }
+
+    /// A stage timed nested in another counts each timing's CPU once: nested timings are
+    /// all measured, so none may carry the weight of a sample. (One in `CPU_SAMPLE` did,
+    /// and a nested stage of short timings counted about twice its CPU.)
+    #[test]
+    fn a_nested_stage_counts_its_cpu_once() {
+        let st = Stages::default();
+        // A history of short timings: `start` samples one in `CPU_SAMPLE`.
+        for _ in 0..10_000 {
+            st.compress.add(std::time::Duration::from_nanos(100), 0);
+        }
+        let burn = || {
+            let mut x = 0u64;
+            for i in 0..20_000u64 {
+                x = std::hint::black_box(x.wrapping_mul(31).wrapping_add(i));
+            }
+            x
+        };
+        let c0 = thread_cpu_ns();
+        st.append.time(0, || {
+            for _ in 0..4 * CPU_SAMPLE {
+                st.compress.time_nested(0, burn);
+            }
+        });
+        let spent = (thread_cpu_ns() - c0) as f64 / 1e9;
+        let snap = st.snapshot();
+        let get = |n: &str| snap.iter().find(|t| t.name == n).unwrap().clone();
+        let (compress, append) = (get("compress"), get("append"));
+        assert_eq!(compress.sampled_count, 4 * CPU_SAMPLE, "{compress:?}");
+        // Measured once each, the nested timings and the rest of the outer one add up to
+        // what the thread spent (a little overhead aside), never twice it.
+        let counted = compress.cpu_seconds + append.cpu_seconds;
+        assert!(
+            counted <= spent * 1.2 && compress.cpu_seconds >= spent * 0.5,
+            "counted {counted} s ({compress:?}, {append:?}) for {spent} s spent"
+        );
     }
 
     /// A computing stage's CPU estimate is of the order of its wall time (a loose bound:
