@@ -205,10 +205,18 @@ pub fn for_each_offline_slot(
 /// a single-slot space, instead of sending the user "through" a mountpoint that no longer
 /// mounts the space.
 fn exiting_here(dir: &Path, h: &SlotHeader) -> bool {
-    // SAFETY: kill with signal 0 only checks whether the process exists.
     h.host == ckptfs_engine::slots::host_name()
-        && unsafe { libc::kill(h.pid as i32, 0) } == 0
+        && is_ckptfs_process(h.pid)
         && !crate::mounts_space(Path::new(&h.mountpoint), dir)
+}
+
+/// Whether process `pid` exists here and is a ckptfs process (its name starts with
+/// `ckptfs`). A live pid alone is not enough: a holder's pid from another pid namespace
+/// with the same host name (two containers sharing the backing directory) may name an
+/// unrelated process here, for which a command would wait its whole bound for nothing.
+fn is_ckptfs_process(pid: u32) -> bool {
+    std::fs::read_to_string(format!("/proc/{pid}/comm"))
+        .is_ok_and(|comm| comm.starts_with("ckptfs"))
 }
 
 /// Waits (up to `EXITING_HOLDER_WAIT`, saying so after `EXITING_HOLDER_NOTICE`) until the
@@ -256,4 +264,42 @@ pub fn wait_for_own_exiting_daemon(dir: &Path, mnt: &Path) -> Result<(), String>
         }
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A slot holder named by host and pid is an exiting daemon only if that pid is a
+    /// ckptfs process: a live process of another kind (a pid reused, or one from another
+    /// pid namespace under the same host name) is not waited for.
+    #[test]
+    fn only_a_ckptfs_process_is_taken_for_an_exiting_daemon() {
+        let dir = std::env::temp_dir().join(format!("ckptfs-exiting-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let mut other = std::process::Command::new("sleep")
+            .arg("30")
+            .spawn()
+            .unwrap();
+        let mut h = SlotHeader::free(ckptfs_engine::format::SlotId(1));
+        h.state = SlotState::Held;
+        h.host = ckptfs_engine::slots::host_name();
+        h.mountpoint = dir.join("gone").display().to_string();
+        h.pid = other.id();
+        let sleeping = exiting_here(&dir, &h);
+        other.kill().unwrap();
+        other.wait().unwrap();
+        // This test's own process is named after its test binary, `ckptfs-...`.
+        h.pid = std::process::id();
+        let ours = exiting_here(&dir, &h);
+        std::fs::remove_dir_all(&dir).unwrap();
+        assert!(
+            !sleeping,
+            "a live `sleep` was taken for an exiting ckptfs daemon"
+        );
+        assert!(
+            ours,
+            "a live ckptfs process whose mount is gone is an exiting daemon"
+        );
+    }
 }
