@@ -119,6 +119,10 @@ struct Probe {
     threads0: std::collections::BTreeMap<u32, (String, f64)>,
     /// The stages' estimated CPU seconds so far (`ckptfs::stage_cpu_seconds`).
     samples0: Option<Stages>,
+    /// How each daemon thread was scheduled so far (`sys::thread_sched`), and the daemon's
+    /// minor page faults.
+    sched0: std::collections::BTreeMap<u32, (String, f64, f64)>,
+    faults0: Option<u64>,
 }
 
 struct Bench<'a> {
@@ -223,6 +227,8 @@ impl Bench<'_> {
             stages0,
             threads0: sys::thread_cpu(pid),
             samples0,
+            sched0: sys::thread_sched(pid),
+            faults0: sys::minor_faults(pid),
         }))
     }
 
@@ -231,7 +237,15 @@ impl Bench<'_> {
     fn after(&mut self, p: Option<Probe>, mut s: Sample) -> Result<Sample> {
         if let Some(p) = p {
             let threads1 = sys::thread_cpu(p.pid);
+            let sched1 = sys::thread_sched(p.pid);
+            let faults1 = sys::minor_faults(p.pid);
             let cpu = sys::cpu_seconds(p.pid)? - p.cpu0;
+            if !sched1.is_empty() {
+                let (runs, waits) = report::sched_delta(&p.sched0, &sched1);
+                s.runs = Some(runs);
+                s.waits = Some(waits);
+            }
+            s.faults = faults1.zip(p.faults0).map(|(a, b)| a.saturating_sub(b));
             s.cpu_s = Some(cpu);
             s.threads = Some(report::thread_delta(&p.threads0, &threads1, cpu));
             s.rss_kib = sys::peak_rss_kib(p.pid);
@@ -1048,6 +1062,10 @@ pub fn run(o: &Opts, sel: Selection) -> Result<bool> {
         println!();
     }
     if let Some(t) = b.res.thread_table() {
+        print!("{t}");
+        println!();
+    }
+    if let Some(t) = b.res.sched_table() {
         print!("{t}");
         println!();
     }

@@ -47,6 +47,21 @@ pub fn thread_delta(
     out
 }
 
+/// Runs and runnable-wait seconds per thread group between two `sys::thread_sched`
+/// readings (threads that exited in between are left out).
+pub fn sched_delta(
+    before: &BTreeMap<u32, (String, f64, f64)>,
+    after: &BTreeMap<u32, (String, f64, f64)>,
+) -> (Stages, Stages) {
+    let (mut runs, mut waits) = (Stages::new(), Stages::new());
+    for (tid, (name, r, w)) in after {
+        let (r0, w0) = before.get(tid).map_or((0.0, 0.0), |b| (b.1, b.2));
+        *runs.entry(name.clone()).or_insert(0.0) += r - r0;
+        *waits.entry(name.clone()).or_insert(0.0) += w - w0;
+    }
+    (runs, waits)
+}
+
 pub fn stage_delta(after: &Stages, before: &Stages) -> Stages {
     after
         .iter()
@@ -178,6 +193,13 @@ pub struct Sample {
     /// ckptfs only: the daemon's estimated CPU seconds per stage over the timed part
     /// (`ckptfs::stage_cpu`).
     pub stage_cpu: Option<Stages>,
+    /// ckptfs only: per thread group, over the timed part, the times its threads were put
+    /// on a CPU and the seconds they were runnable but waited for one (`sys::thread_sched`;
+    /// live threads only).
+    pub runs: Option<Stages>,
+    pub waits: Option<Stages>,
+    /// ckptfs only: the daemon's minor page faults over the timed part.
+    pub faults: Option<u64>,
     pub verified: Option<bool>,
 }
 
@@ -323,6 +345,42 @@ impl Row {
     /// Estimated stage CPU seconds summed over the ckptfs repetitions, per GiB of them.
     fn stage_cpu_per_gib(&self) -> Option<Stages> {
         self.per_gib(|s| s.stage_cpu.as_ref())
+    }
+
+    /// Times each thread group was put on a CPU, per GiB (summed over repetitions).
+    fn runs_per_gib(&self) -> Option<Stages> {
+        self.per_gib(|s| s.runs.as_ref())
+    }
+
+    /// Seconds each thread group was runnable but waited for a CPU, per GiB.
+    fn waits_per_gib(&self) -> Option<Stages> {
+        self.per_gib(|s| s.waits.as_ref())
+    }
+
+    /// The daemon's minor page faults per GiB (summed over repetitions).
+    fn faults_per_gib(&self) -> Option<f64> {
+        let (mut faults, mut bytes) = (0u64, 0u64);
+        for s in &self.ckptfs {
+            faults += s.faults?;
+            bytes += s.bytes;
+        }
+        (bytes > 0).then(|| faults as f64 / (bytes as f64 / (1u64 << 30) as f64))
+    }
+
+    /// `runs_per_gib` and `waits_per_gib` in one map (`GROUP runs`, `GROUP wait`), with
+    /// the faults as `faults`, for `sched_table`.
+    fn sched_per_gib(&self) -> Option<Stages> {
+        let runs = self.runs_per_gib()?;
+        let waits = self.waits_per_gib().unwrap_or_default();
+        let mut out = Stages::new();
+        for (k, v) in runs {
+            out.insert(format!("{k} runs"), v);
+            out.insert(format!("{k} wait"), waits.get(&k).copied().unwrap_or(0.0));
+        }
+        if let Some(f) = self.faults_per_gib() {
+            out.insert("faults".into(), f);
+        }
+        Some(out)
     }
 
     fn per_gib(&self, of: impl Fn(&Sample) -> Option<&Stages>) -> Option<Stages> {
@@ -626,6 +684,49 @@ impl Results {
         )
     }
 
+    /// Per row: how the daemon's threads were scheduled per GiB, by thread group: the times
+    /// they were put on a CPU and the seconds they were runnable but waited for one; and
+    /// the daemon's minor page faults per GiB. None when no row has them.
+    pub fn sched_table(&self) -> Option<String> {
+        let rows: Vec<(&Row, Stages)> = self
+            .rows
+            .iter()
+            .filter_map(|r| Some((r, r.sched_per_gib()?)))
+            .collect();
+        if rows.is_empty() {
+            return None;
+        }
+        let w0 = rows.iter().map(|(r, _)| r.scenario.chars().count()).max();
+        let w1 = rows.iter().map(|(r, _)| r.data.chars().count()).max();
+        let (w0, w1) = (w0.unwrap_or(0), w1.unwrap_or(0));
+        let mut out = String::from(
+            "daemon scheduling per GiB by thread (runs: times put on a CPU, thousands; wait: \
+             seconds runnable but not running; live threads only), and its minor page faults \
+             (thousands)\n",
+        );
+        for (r, st) in rows {
+            let mut line = format!("{:<w0$} | {:<w1$} |", r.scenario, r.data);
+            if let Some(f) = st.get("faults") {
+                line += &format!(" faults {:.1}k ", f / 1e3);
+            }
+            let mut groups: Vec<(&str, f64, f64)> = st
+                .iter()
+                .filter_map(|(k, v)| {
+                    let g = k.strip_suffix(" runs")?;
+                    Some((g, *v, st.get(&format!("{g} wait")).copied().unwrap_or(0.0)))
+                })
+                .filter(|(_, runs, _)| *runs >= 100.0)
+                .collect();
+            groups.sort_by(|a, b| b.1.total_cmp(&a.1));
+            for (g, runs, wait) in groups {
+                line += &format!(" {g} {:.1}k/{wait:.3}s", runs / 1e3);
+            }
+            out += line.trim_end();
+            out.push('\n');
+        }
+        Some(out)
+    }
+
     /// One line per row that has `of`: scenario, data, `head`, then the `items` of at least
     /// `min`, under `title`. None when no row has them.
     fn per_row_table(
@@ -698,6 +799,9 @@ impl Results {
                         "stages": r.stages(),
                         "daemon_cpu_s_per_gib_by_thread": r.threads_per_gib(),
                         "daemon_cpu_s_per_gib_by_stage": r.stage_cpu_per_gib(),
+                        "daemon_runs_per_gib_by_thread": r.runs_per_gib(),
+                        "daemon_runnable_wait_s_per_gib_by_thread": r.waits_per_gib(),
+                        "daemon_minor_faults_per_gib": r.faults_per_gib(),
                         "verified": r.verified(),
                     })
                 })
@@ -747,6 +851,33 @@ pub fn render_table(cells: &[Vec<String>], left_cols: usize) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Scheduling deltas are summed per thread group over the threads alive at the end, a
+    /// thread new since the first reading counting from zero; and this process's own
+    /// readings parse (the kernel here keeps schedstats).
+    #[test]
+    fn scheduling_is_counted_per_thread_group() {
+        let t = |n: &str, runs: f64, wait: f64| (n.to_string(), runs, wait);
+        let before = BTreeMap::from([(1, t("fuser", 10.0, 0.5)), (2, t("fuser", 4.0, 0.0))]);
+        let after = BTreeMap::from([
+            (1, t("fuser", 15.0, 0.75)),
+            (2, t("fuser", 6.0, 0.25)),
+            (3, t("ckptfs-store", 7.0, 0.125)),
+        ]);
+        let (runs, waits) = sched_delta(&before, &after);
+        assert_eq!(
+            runs,
+            Stages::from([("fuser".into(), 7.0), ("ckptfs-store".into(), 7.0)])
+        );
+        assert_eq!(
+            waits,
+            Stages::from([("fuser".into(), 0.5), ("ckptfs-store".into(), 0.125)])
+        );
+        let me = std::process::id();
+        assert!(crate::sys::minor_faults(me).is_some());
+        let own = crate::sys::thread_sched(me);
+        assert!(own.values().any(|(_, runs, _)| *runs >= 1.0), "{own:?}");
+    }
 
     #[test]
     fn stats() {

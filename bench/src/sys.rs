@@ -110,6 +110,60 @@ pub fn thread_cpu(pid: u32) -> std::collections::BTreeMap<u32, (String, f64)> {
     out
 }
 
+/// How each live thread of a process was scheduled so far, from its `schedstat`: thread id
+/// -> (name with its digits removed, as `thread_cpu`; times it was put on a CPU; seconds it
+/// was runnable but waited for one). Threads that already exited are not listed. Empty
+/// where the kernel keeps no schedstats.
+///
+/// What CPU per GiB alone cannot tell: whether a data path that costs more CPU with more
+/// writers spends it switching threads (more runs per GiB, each waking costs) or waiting
+/// for cores (runnable time: more threads than cores), rather than in its work.
+pub fn thread_sched(pid: u32) -> std::collections::BTreeMap<u32, (String, f64, f64)> {
+    let mut out = std::collections::BTreeMap::new();
+    let Ok(tasks) = fs::read_dir(format!("/proc/{pid}/task")) else {
+        return out;
+    };
+    for t in tasks.flatten() {
+        let Some(tid) = t.file_name().to_str().and_then(|n| n.parse::<u32>().ok()) else {
+            continue;
+        };
+        let base = t.path();
+        let (Ok(comm), Ok(sched)) = (
+            fs::read_to_string(base.join("comm")),
+            fs::read_to_string(base.join("schedstat")),
+        ) else {
+            continue;
+        };
+        // "run ns, runnable-wait ns, times run" (Documentation/scheduler/sched-stats.rst).
+        let f: Vec<u64> = sched
+            .split_whitespace()
+            .filter_map(|v| v.parse().ok())
+            .collect();
+        let [_, wait_ns, runs] = f[..] else {
+            continue;
+        };
+        let name: String = comm
+            .trim()
+            .trim_end_matches(|c: char| c.is_ascii_digit() || c == '-' || c == '_')
+            .to_string();
+        out.insert(tid, (name, runs as f64, wait_ns as f64 / 1e9));
+    }
+    out
+}
+
+/// Minor page faults of a process so far (all its threads, exited ones included): pages
+/// first touched, or given back and touched again.
+pub fn minor_faults(pid: u32) -> Option<u64> {
+    let stat = fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    // After ")": state is field 3 of proc(5), minflt field 10.
+    stat.rsplit(')')
+        .next()?
+        .split_whitespace()
+        .nth(7)?
+        .parse()
+        .ok()
+}
+
 /// Resets the peak RSS (VmHWM) of a process to its current RSS.
 pub fn reset_peak_rss(pid: u32) -> bool {
     fs::write(format!("/proc/{pid}/clear_refs"), "5").is_ok()
