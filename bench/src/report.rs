@@ -715,7 +715,7 @@ impl Results {
                     let g = k.strip_suffix(" runs")?;
                     Some((g, *v, st.get(&format!("{g} wait")).copied().unwrap_or(0.0)))
                 })
-                .filter(|(_, runs, _)| *runs >= 100.0)
+                .filter(|(_, runs, _)| *runs >= 500.0)
                 .collect();
             groups.sort_by(|a, b| b.1.total_cmp(&a.1));
             for (g, runs, wait) in groups {

@@ -18,7 +18,6 @@ use crate::chunk::ChunkBytes;
 use crate::error::{Error, Result};
 use crate::format::ChunkHash;
 use parking_lot::{Condvar, Mutex};
-use std::sync::mpsc;
 use std::sync::Arc;
 
 /// Bytes of chunk data in flight between file states and the workers, by default.
@@ -486,9 +485,24 @@ type Job = Box<dyn FnOnce() + Send>;
 /// Worker threads taking jobs in FIFO order. Dropping the pool lets the workers finish the
 /// queued jobs and exit; it does not wait for them (the last owner of what a job uses may be
 /// a worker itself).
+///
+/// Idle workers wait on the queue's condition variable, so a job wakes one of them. The
+/// pool used to share one std `mpsc` receiver behind a mutex: one idle worker waited in
+/// `recv` holding the mutex and the others waited for the mutex, so a job woke its taker and
+/// the taker's unlock woke the next waiter, and a burst of jobs reached the workers one
+/// handoff after another. On the 2-core VM the two cost the same CPU per GiB (1 and 8
+/// writers, full and next steps); the store threads were put on a CPU 3.2 thousand times
+/// per GiB of a one-writer next step, against 3.3-3.6 thousand.
 pub struct Pool {
-    tx: Option<mpsc::Sender<Job>>,
+    queue: Option<Arc<Queue>>,
     workers: usize,
+}
+
+/// The jobs not yet taken, and whether the pool was dropped (workers exit once it is empty).
+#[derive(Default)]
+struct Queue {
+    jobs: Mutex<(std::collections::VecDeque<Job>, bool)>,
+    ready: Condvar,
 }
 
 impl Pool {
@@ -496,31 +510,36 @@ impl Pool {
     pub fn new(workers: usize, name: &str) -> Pool {
         if workers == 0 {
             return Pool {
-                tx: None,
+                queue: None,
                 workers: 0,
             };
         }
-        let (tx, rx) = mpsc::channel::<Job>();
-        let rx = Arc::new(Mutex::new(rx));
+        let q = Arc::new(Queue::default());
         for i in 0..workers {
-            let rx = rx.clone();
+            let q = q.clone();
             std::thread::Builder::new()
                 .name(format!("{name}-{i}"))
                 .spawn(move || loop {
-                    let job = rx.lock().recv();
-                    match job {
-                        // A panicking job completes its ticket with an error (Completion's
-                        // Drop); the worker lives on for the next job.
-                        Ok(job) => {
-                            let _ = std::panic::catch_unwind(std::panic::AssertUnwindSafe(job));
+                    let job = {
+                        let mut g = q.jobs.lock();
+                        loop {
+                            if let Some(job) = g.0.pop_front() {
+                                break job;
+                            }
+                            if g.1 {
+                                return;
+                            }
+                            q.ready.wait(&mut g);
                         }
-                        Err(_) => return,
-                    }
+                    };
+                    // A panicking job completes its ticket with an error (Completion's
+                    // Drop); the worker lives on for the next job.
+                    let _ = std::panic::catch_unwind(std::panic::AssertUnwindSafe(job));
                 })
                 .expect("cannot start a worker thread");
         }
         Pool {
-            tx: Some(tx),
+            queue: Some(q),
             workers,
         }
     }
@@ -530,14 +549,21 @@ impl Pool {
     }
 
     pub fn run(&self, job: impl FnOnce() + Send + 'static) {
-        match &self.tx {
-            Some(tx) => {
-                if let Err(mpsc::SendError(job)) = tx.send(Box::new(job)) {
-                    // All workers gone (one panicked while holding the queue): run here.
-                    job();
-                }
+        match &self.queue {
+            Some(q) => {
+                q.jobs.lock().0.push_back(Box::new(job));
+                q.ready.notify_one();
             }
             None => job(),
+        }
+    }
+}
+
+impl Drop for Pool {
+    fn drop(&mut self) {
+        if let Some(q) = &self.queue {
+            q.jobs.lock().1 = true;
+            q.ready.notify_all();
         }
     }
 }
@@ -830,6 +856,37 @@ stages! {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Every job runs, jobs queued when the pool is dropped included, and a job that
+    /// panics leaves its worker to take the next ones; with one worker, in FIFO order.
+    #[test]
+    fn the_pool_runs_every_job_in_order_past_panics_and_its_drop() {
+        for workers in [1, 4] {
+            let (tx, rx) = std::sync::mpsc::channel();
+            let pool = Pool::new(workers, "test-pool");
+            for i in 0..2000u32 {
+                let tx = tx.clone();
+                pool.run(move || {
+                    if i % 500 == 7 {
+                        panic!("a job that panics, as the test asked");
+                    }
+                    tx.send(i).unwrap();
+                });
+            }
+            drop(pool);
+            drop(tx);
+            // Ends once every worker exited and dropped what it held: all jobs ran.
+            let got: Vec<u32> = rx.iter().collect();
+            let want: Vec<u32> = (0..2000).filter(|i| i % 500 != 7).collect();
+            if workers == 1 {
+                assert_eq!(got, want);
+            } else {
+                let mut sorted = got.clone();
+                sorted.sort_unstable();
+                assert_eq!(sorted, want);
+            }
+        }
+    }
 
     /// Short timings are sampled one in `CPU_SAMPLE` and weighted so, long ones every time,
     /// and waiting is not CPU: a stage that sleeps shows far less CPU than wall time, one
