@@ -77,18 +77,8 @@ pub fn cpu_seconds(pid: u32) -> Result<f64> {
 /// 0.24-0.26 CPU-s/GiB of "exited" threads that never exited.
 pub fn thread_cpu(pid: u32) -> std::collections::BTreeMap<u32, (String, f64)> {
     let mut out = std::collections::BTreeMap::new();
-    let Ok(tasks) = fs::read_dir(format!("/proc/{pid}/task")) else {
-        return out;
-    };
-    for t in tasks.flatten() {
-        let Some(tid) = t.file_name().to_str().and_then(|n| n.parse::<u32>().ok()) else {
-            continue;
-        };
-        let base = t.path();
-        let (Ok(comm), Ok(stat)) = (
-            fs::read_to_string(base.join("comm")),
-            fs::read_to_string(base.join("stat")),
-        ) else {
+    for (tid, base, name) in threads(pid) {
+        let Ok(stat) = fs::read_to_string(base.join("stat")) else {
             continue;
         };
         let rest = stat.rsplit(')').next().unwrap_or("");
@@ -97,10 +87,6 @@ pub fn thread_cpu(pid: u32) -> std::collections::BTreeMap<u32, (String, f64)> {
         let exact = fs::read_to_string(base.join("schedstat"))
             .ok()
             .and_then(|s| s.split_whitespace().next()?.parse::<u64>().ok());
-        let name: String = comm
-            .trim()
-            .trim_end_matches(|c: char| c.is_ascii_digit() || c == '-' || c == '_')
-            .to_string();
         let secs = match exact {
             Some(ns) => ns as f64 / 1e9,
             None => (tick(11) + tick(12)) as f64 / clock_ticks(),
@@ -108,6 +94,27 @@ pub fn thread_cpu(pid: u32) -> std::collections::BTreeMap<u32, (String, f64)> {
         out.insert(tid, (name, secs));
     }
     out
+}
+
+/// The live threads of a process: thread id, its `/proc` directory, and its name with the
+/// digits removed ("ckptfs-worker-3" and "ckptfs-worker-11" are one group).
+fn threads(pid: u32) -> Vec<(u32, std::path::PathBuf, String)> {
+    let Ok(tasks) = fs::read_dir(format!("/proc/{pid}/task")) else {
+        return Vec::new();
+    };
+    tasks
+        .flatten()
+        .filter_map(|t| {
+            let tid = t.file_name().to_str()?.parse::<u32>().ok()?;
+            let base = t.path();
+            let comm = fs::read_to_string(base.join("comm")).ok()?;
+            let name = comm
+                .trim()
+                .trim_end_matches(|c: char| c.is_ascii_digit() || c == '-' || c == '_')
+                .to_string();
+            Some((tid, base, name))
+        })
+        .collect()
 }
 
 /// How each live thread of a process was scheduled so far, from its `schedstat`: thread id
@@ -120,18 +127,8 @@ pub fn thread_cpu(pid: u32) -> std::collections::BTreeMap<u32, (String, f64)> {
 /// for cores (runnable time: more threads than cores), rather than in its work.
 pub fn thread_sched(pid: u32) -> std::collections::BTreeMap<u32, (String, f64, f64)> {
     let mut out = std::collections::BTreeMap::new();
-    let Ok(tasks) = fs::read_dir(format!("/proc/{pid}/task")) else {
-        return out;
-    };
-    for t in tasks.flatten() {
-        let Some(tid) = t.file_name().to_str().and_then(|n| n.parse::<u32>().ok()) else {
-            continue;
-        };
-        let base = t.path();
-        let (Ok(comm), Ok(sched)) = (
-            fs::read_to_string(base.join("comm")),
-            fs::read_to_string(base.join("schedstat")),
-        ) else {
+    for (tid, base, name) in threads(pid) {
+        let Ok(sched) = fs::read_to_string(base.join("schedstat")) else {
             continue;
         };
         // "run ns, runnable-wait ns, times run" (Documentation/scheduler/sched-stats.rst).
@@ -142,10 +139,6 @@ pub fn thread_sched(pid: u32) -> std::collections::BTreeMap<u32, (String, f64, f
         let [_, wait_ns, runs] = f[..] else {
             continue;
         };
-        let name: String = comm
-            .trim()
-            .trim_end_matches(|c: char| c.is_ascii_digit() || c == '-' || c == '_')
-            .to_string();
         out.insert(tid, (name, runs as f64, wait_ns as f64 / 1e9));
     }
     out
