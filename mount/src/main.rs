@@ -1712,6 +1712,9 @@ fn run(cli: Cli) -> Result<(), String> {
                 .as_deref()
                 .filter(|b| !prometheus && slots::is_multi_slot(b));
             if let Some(b) = multi {
+                if b == abs.as_path() {
+                    slots::wait_for_exiting_daemons(b)?;
+                }
                 let summary = slots::summary(b)?;
                 let own = match b == abs.as_path() {
                     true => None,

@@ -255,11 +255,23 @@ fn wait_for_exit(dir: &Path, mut h: SlotHeader) -> Result<SlotHeader, String> {
 /// Without the wait the new mount took another slot (the old one was still held), leaving
 /// this node's data in two shares and taking a slot another node may be about to claim.
 pub fn wait_for_own_exiting_daemon(dir: &Path, mnt: &Path) -> Result<(), String> {
+    let mnt = mnt.to_string_lossy();
+    wait_for_exiting(dir, |h| h.mountpoint == mnt)
+}
+
+/// Before `stats` of the multi-slot space in `dir`: waits for every daemon of this host
+/// that is still exiting to release its slot, so the figures include its last commits and
+/// its slot does not show as held by a mount that is gone (as `check` and `gc` wait).
+pub fn wait_for_exiting_daemons(dir: &Path) -> Result<(), String> {
+    wait_for_exiting(dir, |_| true)
+}
+
+/// Waits for each slot whose holder `which` names and is an exiting daemon of this host.
+fn wait_for_exiting(dir: &Path, which: impl Fn(&SlotHeader) -> bool) -> Result<(), String> {
     let (all, _) = rows(dir)?;
     let now = now_unix_ns();
-    let mnt = mnt.to_string_lossy();
     for h in all {
-        if is_live(&h, now) && h.mountpoint == mnt && exiting_here(dir, &h) {
+        if is_live(&h, now) && which(&h) && exiting_here(dir, &h) {
             wait_for_exit(dir, h)?;
         }
     }

@@ -130,6 +130,49 @@ fn an_offline_command_right_after_an_unmount_waits_for_the_exiting_daemon() {
     }
 }
 
+/// `stats` of a multi-slot backing directory right after a plain unmount waits for the
+/// exiting daemon (kept alive by a descriptor open in its lazily detached mount) as `check`
+/// does, and then shows its slot released, not held by the mount that is gone.
+#[test]
+fn stats_of_a_multi_slot_space_right_after_an_unmount_waits_for_the_exiting_daemon() {
+    let mut m = TestMount::with_format_args("256M", &["--slots", "2"]);
+    fs::write(m.path("kept"), b"still here").expect("write");
+    let held = fs::File::open(m.path("kept")).expect("open");
+    m.lazy_unmount();
+    let (child, said) = ckptfs_tests::spawn_until_said(
+        std::process::Command::new(ckptfs_tests::ckptfs_bin()).args([
+            "stats".as_ref(),
+            m.backing().as_os_str(),
+            "--json".as_ref(),
+        ]),
+        "waiting for the daemon",
+    );
+    drop(held);
+    let (status, rest) = ckptfs_tests::finish_said(child);
+    assert!(
+        said.contains("waiting for the daemon") && status.success(),
+        "stats did not wait for the exiting daemon: {said}{rest}"
+    );
+    let v: serde_json::Value = serde_json::from_str(
+        rest.lines()
+            .find(|l| l.starts_with('{'))
+            .unwrap_or_else(|| panic!("no JSON in: {rest}")),
+    )
+    .expect("stats JSON");
+    let states: Vec<&str> = v["slots"]
+        .as_array()
+        .expect("slots")
+        .iter()
+        .filter_map(|r| r["state"].as_str())
+        .collect();
+    assert!(
+        !states.contains(&"held"),
+        "a slot still held after the wait: {states:?}"
+    );
+    m.mount();
+    assert_file_eq(&m.path("kept"), b"still here");
+}
+
 /// `format --force` of a space right after a plain unmount waits for the exiting daemon
 /// (kept alive here by a descriptor open in its lazily detached mount, let go once format
 /// says it waits), then erases the space; before, it was refused as "in use". A live mount
