@@ -367,22 +367,6 @@ impl Row {
         (bytes > 0).then(|| faults as f64 / (bytes as f64 / (1u64 << 30) as f64))
     }
 
-    /// `runs_per_gib` and `waits_per_gib` in one map (`GROUP runs`, `GROUP wait`), with
-    /// the faults as `faults`, for `sched_table`.
-    fn sched_per_gib(&self) -> Option<Stages> {
-        let runs = self.runs_per_gib()?;
-        let waits = self.waits_per_gib().unwrap_or_default();
-        let mut out = Stages::new();
-        for (k, v) in runs {
-            out.insert(format!("{k} runs"), v);
-            out.insert(format!("{k} wait"), waits.get(&k).copied().unwrap_or(0.0));
-        }
-        if let Some(f) = self.faults_per_gib() {
-            out.insert("faults".into(), f);
-        }
-        Some(out)
-    }
-
     fn per_gib(&self, of: impl Fn(&Sample) -> Option<&Stages>) -> Option<Stages> {
         let mut sum: Option<Stages> = None;
         let mut bytes = 0u64;
@@ -688,43 +672,33 @@ impl Results {
     /// they were put on a CPU and the seconds they were runnable but waited for one; and
     /// the daemon's minor page faults per GiB. None when no row has them.
     pub fn sched_table(&self) -> Option<String> {
-        let rows: Vec<(&Row, Stages)> = self
-            .rows
-            .iter()
-            .filter_map(|r| Some((r, r.sched_per_gib()?)))
-            .collect();
-        if rows.is_empty() {
-            return None;
-        }
-        let w0 = rows.iter().map(|(r, _)| r.scenario.chars().count()).max();
-        let w1 = rows.iter().map(|(r, _)| r.data.chars().count()).max();
-        let (w0, w1) = (w0.unwrap_or(0), w1.unwrap_or(0));
-        let mut out = String::from(
+        self.rows_table(
             "daemon scheduling per GiB by thread (runs: times put on a CPU, thousands; wait: \
              seconds runnable but not running; live threads only), and its minor page faults \
-             (thousands)\n",
-        );
-        for (r, st) in rows {
-            let mut line = format!("{:<w0$} | {:<w1$} |", r.scenario, r.data);
-            if let Some(f) = st.get("faults") {
-                line += &format!(" faults {:.1}k ", f / 1e3);
-            }
-            let mut groups: Vec<(&str, f64, f64)> = st
-                .iter()
-                .filter_map(|(k, v)| {
-                    let g = k.strip_suffix(" runs")?;
-                    Some((g, *v, st.get(&format!("{g} wait")).copied().unwrap_or(0.0)))
-                })
-                .filter(|(_, runs, _)| *runs >= 500.0)
-                .collect();
-            groups.sort_by(|a, b| b.1.total_cmp(&a.1));
-            for (g, runs, wait) in groups {
-                line += &format!(" {g} {:.1}k/{wait:.3}s", runs / 1e3);
-            }
-            out += line.trim_end();
-            out.push('\n');
-        }
-        Some(out)
+             (thousands)",
+            |r| {
+                let runs = r.runs_per_gib()?;
+                Some((
+                    runs,
+                    r.waits_per_gib().unwrap_or_default(),
+                    r.faults_per_gib(),
+                ))
+            },
+            |_, (runs, waits, faults)| {
+                let mut line = faults.map_or(String::new(), |f| format!("faults {:.1}k ", f / 1e3));
+                let mut groups: Vec<(&String, f64)> = runs
+                    .iter()
+                    .map(|(g, n)| (g, *n))
+                    .filter(|(_, n)| *n >= 500.0)
+                    .collect();
+                groups.sort_by(|a, b| b.1.total_cmp(&a.1));
+                for (g, n) in groups {
+                    let wait = waits.get(g).copied().unwrap_or(0.0);
+                    line += &format!(" {g} {:.1}k/{wait:.3}s", n / 1e3);
+                }
+                line
+            },
+        )
     }
 
     /// One line per row that has `of`: scenario, data, `head`, then the `items` of at least
@@ -737,8 +711,26 @@ impl Results {
         items: impl Fn(&Stages) -> Vec<(String, f64)>,
         min: f64,
     ) -> Option<String> {
-        let rows: Vec<(&Row, Stages)> =
-            self.rows.iter().filter_map(|r| Some((r, of(r)?))).collect();
+        self.rows_table(title, of, |r, st| {
+            let mut line = head(r, st);
+            for (k, v) in items(st) {
+                if v >= min {
+                    line += &format!("  {k} {v:.2}");
+                }
+            }
+            line
+        })
+    }
+
+    /// One line per row that has `of`: scenario, data, then `line` of it, under `title`.
+    /// None when no row has it.
+    fn rows_table<T>(
+        &self,
+        title: &str,
+        of: impl Fn(&Row) -> Option<T>,
+        line: impl Fn(&Row, &T) -> String,
+    ) -> Option<String> {
+        let rows: Vec<(&Row, T)> = self.rows.iter().filter_map(|r| Some((r, of(r)?))).collect();
         if rows.is_empty() {
             return None;
         }
@@ -746,14 +738,9 @@ impl Results {
         let w1 = rows.iter().map(|(r, _)| r.data.chars().count()).max();
         let (w0, w1) = (w0.unwrap_or(0), w1.unwrap_or(0));
         let mut out = format!("{title}\n");
-        for (r, st) in rows {
-            let mut line = format!("{:<w0$} | {:<w1$} | {}", r.scenario, r.data, head(r, &st));
-            for (k, v) in items(&st) {
-                if v >= min {
-                    line += &format!("  {k} {v:.2}");
-                }
-            }
-            out += &line;
+        for (r, t) in rows {
+            let l = format!("{:<w0$} | {:<w1$} | {}", r.scenario, r.data, line(r, &t));
+            out += l.trim_end();
             out.push('\n');
         }
         Some(out)

@@ -1712,11 +1712,14 @@ fn run(cli: Cli) -> Result<(), String> {
                 .as_deref()
                 .filter(|b| !prometheus && slots::is_multi_slot(b));
             if let Some(b) = multi {
-                if b == abs.as_path() {
+                // Of the backing directory itself: no mount of its own to ask, and what this
+                // host's exiting daemons commit last is in the figures once they let go.
+                let offline = b == abs.as_path();
+                if offline {
                     slots::wait_for_exiting_daemons(b)?;
                 }
                 let summary = slots::summary(b)?;
-                let own = match b == abs.as_path() {
+                let own = match offline {
                     true => None,
                     false => Some(read_stats(&path)?),
                 };

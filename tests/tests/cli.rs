@@ -138,17 +138,16 @@ fn stats_of_a_multi_slot_space_right_after_an_unmount_waits_for_the_exiting_daem
     let mut m = TestMount::with_format_args("256M", &["--slots", "2"]);
     fs::write(m.path("kept"), b"still here").expect("write");
     let held = fs::File::open(m.path("kept")).expect("open");
-    m.lazy_unmount();
-    let (child, said) = ckptfs_tests::spawn_until_said(
-        std::process::Command::new(ckptfs_tests::ckptfs_bin()).args([
-            "stats".as_ref(),
-            m.backing().as_os_str(),
-            "--json".as_ref(),
-        ]),
-        "waiting for the daemon",
+    let backing = m.backing().to_path_buf();
+    let (said, status, rest) = run_as_the_daemon_exits(
+        &mut m,
+        held,
+        &[
+            OsStr::new("stats"),
+            backing.as_os_str(),
+            OsStr::new("--json"),
+        ],
     );
-    drop(held);
-    let (status, rest) = ckptfs_tests::finish_said(child);
     assert!(
         said.contains("waiting for the daemon") && status.success(),
         "stats did not wait for the exiting daemon: {said}{rest}"
@@ -192,15 +191,17 @@ fn format_force_right_after_an_unmount_waits_for_the_exiting_daemon() {
     assert!(!st.success(), "format --force of a live mount: {out}{err}");
     assert!(err.contains("in use"), "{err}");
     let held = fs::File::open(m.path("old")).expect("open");
-    m.lazy_unmount();
-    let (child, said) = ckptfs_tests::spawn_until_said(
-        std::process::Command::new(ckptfs_tests::ckptfs_bin())
-            .args(["format".as_ref(), m.backing().as_os_str()])
-            .args(["--size", "64M", "--force"]),
-        "waiting for the daemon",
+    let (said, status, rest) = run_as_the_daemon_exits(
+        &mut m,
+        held,
+        &[
+            OsStr::new("format"),
+            backing.as_os_str(),
+            OsStr::new("--size"),
+            OsStr::new("64M"),
+            OsStr::new("--force"),
+        ],
     );
-    drop(held);
-    let (status, rest) = ckptfs_tests::finish_said(child);
     assert!(
         said.contains("waiting for the daemon") && status.success(),
         "format --force after the unmount: {said}{rest}"
@@ -232,15 +233,9 @@ fn an_offline_command_given_another_path_to_a_mounted_space_goes_through_its_mou
 fn offline_check_waits_for_the_exiting_daemon(m: &mut TestMount, slots: &str) {
     fs::write(m.path("kept"), b"still here").expect("write");
     let held = fs::File::open(m.path("kept")).expect("open");
-    m.lazy_unmount();
-    let (child, said) = ckptfs_tests::spawn_until_said(
-        std::process::Command::new(ckptfs_tests::ckptfs_bin())
-            .arg("check")
-            .arg(m.backing()),
-        "waiting for the daemon",
-    );
-    drop(held);
-    let (status, rest) = ckptfs_tests::finish_said(child);
+    let backing = m.backing().to_path_buf();
+    let (said, status, rest) =
+        run_as_the_daemon_exits(m, held, &[OsStr::new("check"), backing.as_os_str()]);
     assert!(
         said.contains("waiting for the daemon"),
         "--slots {slots}: check did not wait for the exiting daemon; it said: {said}{rest}"
@@ -756,4 +751,23 @@ fn the_daemon_says_which_cutter_search_it_measured_and_ckptfs_gear_forces_one() 
     fs::write(m.path("b"), &data).expect("write");
     assert_file_eq(&m.path("a"), &data);
     assert_file_eq(&m.path("b"), &data);
+}
+
+/// Runs `ckptfs ARGS` right after a plain (lazy) unmount of `m`, whose daemon `held` (a
+/// descriptor open in the detached mount) keeps alive until the command says it is waiting
+/// for that daemon (an event, not a sleep): (what it said until then, its exit status, the
+/// rest of its output).
+fn run_as_the_daemon_exits(
+    m: &mut TestMount,
+    held: fs::File,
+    args: &[&OsStr],
+) -> (String, std::process::ExitStatus, String) {
+    m.lazy_unmount();
+    let (child, said) = ckptfs_tests::spawn_until_said(
+        std::process::Command::new(ckptfs_tests::ckptfs_bin()).args(args),
+        "waiting for the daemon",
+    );
+    drop(held);
+    let (status, rest) = ckptfs_tests::finish_said(child);
+    (said, status, rest)
 }
