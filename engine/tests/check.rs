@@ -267,4 +267,5 @@ fn a_damaged_table_header_is_corruption_not_an_io_error() {
         Err(e) => panic!("want corruption, got: {e}"),
         Ok(_) => panic!("a table with a damaged header opened"),
     }
+    std::fs::remove_dir_all(&dir).unwrap();
 }
