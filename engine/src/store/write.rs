@@ -435,13 +435,43 @@ impl ChunkStore {
     }
 
     /// `put_piece` of each of a worker's batch of pieces, in order: their dedup lookups
-    /// first, together (`lookup_each`), then the new ones encoded and stored.
+    /// first, together (`lookup_each`), then the new ones encoded, then appended together
+    /// (`store_new_many`: one hold of the writer lock for the batch, not one per chunk).
     pub(super) fn put_pieces(&self, pieces: &[&Piece]) -> Vec<Result<ChunkHash>> {
-        self.lookup_each(pieces)
-            .into_iter()
-            .zip(pieces)
-            .map(|(found, p)| self.put_found(p.bytes(), found?))
-            .collect()
+        let policy = *self.w.codec.lock();
+        let mut out = Vec::with_capacity(pieces.len());
+        // (index in `out`, hash, codec, encoded bytes or None: stored raw).
+        let mut misses = Vec::new();
+        for (i, (found, p)) in self.lookup_each(pieces).into_iter().zip(pieces).enumerate() {
+            out.push(match found {
+                Ok(Lookup::Miss(h)) => {
+                    let (codec, encoded) = self
+                        .stages()
+                        .compress
+                        .time(p.len(), || crate::codec::encode(p.bytes(), policy));
+                    misses.push((i, h, codec, encoded));
+                    Ok(h)
+                }
+                Ok(Lookup::Hit(h)) => Ok(h),
+                Err(e) => Err(e),
+            });
+        }
+        if misses.is_empty() {
+            return out;
+        }
+        let new: Vec<NewChunk> = misses
+            .iter()
+            .map(|(i, h, codec, encoded)| NewChunk {
+                hash: *h,
+                raw_len: pieces[*i].len(),
+                codec: *codec,
+                bytes: encoded.as_deref().unwrap_or(pieces[*i].bytes()),
+            })
+            .collect();
+        for ((i, ..), r) in misses.iter().zip(self.store_new_many(&new)) {
+            out[*i] = r;
+        }
+        out
     }
 
     /// The lookups of a batch of pieces, in order: together (`lookup_many`), or where that
@@ -606,41 +636,61 @@ impl ChunkStore {
         codec: Codec,
         bytes: &[u8],
     ) -> Result<ChunkHash> {
-        let r = self
-            .stages()
-            .append
-            .time(bytes.len(), || self.append_new(h, raw_len, codec, bytes));
-        // Also after a failure (a full space): buffers queued for writing go out.
-        self.write_queued()?;
-        r
+        let chunk = NewChunk {
+            hash: h,
+            raw_len,
+            codec,
+            bytes,
+        };
+        self.store_new_many(std::slice::from_ref(&chunk))
+            .pop()
+            .expect("one chunk, one answer")
+    }
+
+    /// `store_new` of several chunks, in order, appended under one hold of the writer lock.
+    /// Taken once per new chunk, that lock was a handoff per chunk between the workers: on
+    /// a 16-core node (16 workers, 4-16 writers) the `append` stage cost 0.13-0.16 CPU-s/GiB
+    /// of a full checkpoint, twice the 2-core figure. A worker's batch (`BATCH_BYTES`, about
+    /// eight chunks) now takes it once: there, `append` 0.11-0.14 and the store threads put on
+    /// a CPU 11-19 thousand times per GiB against 18-22 (one lease, the build before in the
+    /// same call).
+    pub(super) fn store_new_many(&self, chunks: &[NewChunk]) -> Vec<Result<ChunkHash>> {
+        let bytes = chunks.iter().map(|c| c.bytes.len()).sum();
+        let mut out: Vec<Result<ChunkHash>> = self.stages().append.time(bytes, || {
+            let mut w = self.w.writer.lock();
+            chunks.iter().map(|c| self.append_new(&mut w, c)).collect()
+        });
+        // Also after a failure (a full space): buffers queued for writing go out. A failed
+        // write fails the store (sticky), so no chunk of the batch may report success: the
+        // first that did gets the write's error, the others `Failed`.
+        if let Err(e) = self.write_queued() {
+            let mut e = Some(e);
+            for r in out.iter_mut().filter(|r| r.is_ok()) {
+                *r = Err(e.take().unwrap_or(Error::Failed));
+            }
+        }
+        out
     }
 
     /// Appends a new chunk's stored bytes to the write buffer and pins it.
-    fn append_new(
-        &self,
-        h: ChunkHash,
-        raw_len: usize,
-        codec: Codec,
-        bytes: &[u8],
-    ) -> Result<ChunkHash> {
-        let mut w = self.w.writer.lock();
+    fn append_new(&self, w: &mut Writer, c: &NewChunk) -> Result<ChunkHash> {
         {
             let mut pending = self.pending.lock();
-            if let Some(e) = pending.get_mut(&h) {
+            if let Some(e) = pending.get_mut(&c.hash) {
                 e.holders += 1;
-                return Ok(h);
+                return Ok(c.hash);
             }
-            let off = self.alloc(&mut w, bytes.len() as u64, false)?;
-            w.buf.extend_from_slice(bytes);
-            w.fill += bytes.len() as u64;
+            let off = self.alloc(w, c.bytes.len() as u64, false)?;
+            w.buf.extend_from_slice(c.bytes);
+            w.fill += c.bytes.len() as u64;
             pending.insert(
-                h,
+                c.hash,
                 Pending {
                     rec: ChunkRecord {
                         offset: DataOffset(off),
-                        stored_len: bytes.len() as u32,
-                        raw_len: raw_len as u32,
-                        codec,
+                        stored_len: c.bytes.len() as u32,
+                        raw_len: c.raw_len as u32,
+                        codec: c.codec,
                         refs: 0,
                     },
                     holders: 1,
@@ -650,8 +700,17 @@ impl ChunkStore {
         }
         self.chunks_stored.fetch_add(1, Ordering::Relaxed);
         if w.buf.len() as u64 >= WRITE_BYTES.min(self.segment_bytes) {
-            self.write_out(&mut w, false);
+            self.write_out(w, false);
         }
-        Ok(h)
+        Ok(c.hash)
     }
+}
+
+/// A new chunk to append (`store_new_many`).
+pub(super) struct NewChunk<'a> {
+    pub(super) hash: ChunkHash,
+    pub(super) raw_len: usize,
+    pub(super) codec: Codec,
+    /// Its stored bytes (encoded, or raw where encoding did not pay).
+    pub(super) bytes: &'a [u8],
 }
