@@ -621,9 +621,9 @@ impl Results {
 
     /// Per row: the daemon's estimated CPU seconds per GiB by stage (sampled thread CPU, see
     /// the engine's `pipeline::Stage`), what they add up to, and the daemon's CPU per GiB:
-    /// the difference is CPU no stage timed (the FUSE transport in the kernel, lookups,
-    /// opens, closes). `predict`, `predict_fingerprint` and `predict_miss` are parts of `cut`
-    /// and not added again.
+    /// the difference is the samples' noise and CPU no stage timed (the daemon's other
+    /// threads: housekeeping, gc). `predict`, `predict_fingerprint` and `predict_miss` are
+    /// parts of `cut` and not added again.
     pub fn stage_cpu_table(&self) -> Option<String> {
         self.per_row_table(
             "daemon CPU seconds per GiB by stage (estimated from sampled thread CPU; in \

@@ -640,6 +640,25 @@ thread_local! {
     /// thread within its write's `ingest`). The enclosing timing leaves them out, so no
     /// nanosecond counts in two stages and the stages still add up to the daemon's CPU.
     static NESTED: std::cell::Cell<(u64, u64)> = const { std::cell::Cell::new((0, 0)) };
+    /// Set inside an exact span (`exact_span_begin`): the CPU nanoseconds of the stage
+    /// timings stopped in it so far, each measured (weight 1) and without the timings
+    /// nested in it, so their sum is the span's CPU that some stage counted.
+    static EXACT: std::cell::Cell<Option<u64>> = const { std::cell::Cell::new(None) };
+}
+
+/// Starts an exact span on this thread: until `exact_span_end`, every stage timing here
+/// is measured (weight 1) instead of one in `CPU_SAMPLE` at weight `CPU_SAMPLE`. Each timing
+/// still counts once in expectation, so the stages' estimates stay unbiased. For the FUSE
+/// layer's sampled dispatches: what a dispatch took less what its stages counted is the
+/// `dispatch` stage, exactly for that request.
+pub fn exact_span_begin() {
+    EXACT.set(Some(0));
+}
+
+/// Ends this thread's exact span: the CPU nanoseconds its stage timings counted (0 when
+/// none was open).
+pub fn exact_span_end() -> u64 {
+    EXACT.take().unwrap_or(0)
 }
 
 impl Stage {
@@ -652,6 +671,7 @@ impl Stage {
         // (a commit) would otherwise count its first one `CPU_SAMPLE` times.
         let long = count == 0 || self.ns.load(Relaxed) / count >= CPU_ALWAYS_NS;
         let weight = match (long, n.is_multiple_of(CPU_SAMPLE)) {
+            _ if EXACT.get().is_some() => Some(1),
             (true, _) => Some(1),
             (false, true) => Some(CPU_SAMPLE),
             (false, false) => None,
@@ -703,6 +723,9 @@ impl Stage {
             let cpu = (thread_cpu_ns().saturating_sub(c0)).saturating_sub(now.1 - t.nested.1);
             self.sampled.fetch_add(1, Relaxed);
             self.cpu_ns.fetch_add(cpu * weight, Relaxed);
+            if let Some(sum) = EXACT.get() {
+                EXACT.set(Some(sum + cpu));
+            }
         }
         self.add(wall, bytes);
     }
@@ -800,6 +823,12 @@ stages! {
     /// would be the wait for requests and is not counted. A read's data going back is in
     /// `reply`.
     transport,
+    /// FUSE requests dispatched on the FUSE threads, less the stages timed within them
+    /// (`ingest`, `commit`, `reply`, ...): decoding each request, the filesystem's methods
+    /// outside those stages (lookups of open files, attributes, names, locks), and the
+    /// replies. CPU only, from the FUSE layer's samples (`Filesystem::dispatched`); count:
+    /// requests dispatched.
+    dispatch,
     /// FUSE write requests taken into file states (copy, hand-over to the cutter and the
     /// workers, including waiting when the file's cutter is `CUT_QUEUE_BYTES` behind). A
     /// cut run on the FUSE thread (`CKPTFS_CUT_HERE=1`) counts as `cut`, not here.
@@ -955,6 +984,60 @@ mod tests {
             counted <= spent * 1.2 && compress.cpu_seconds >= spent * 0.5,
             "counted {counted} s ({compress:?}, {append:?}) for {spent} s spent"
         );
+    }
+
+    /// In an exact span every timing is measured at weight 1, and the span returns the CPU
+    /// its stages counted (nested ones once), so a sampled FUSE dispatch can tell its own
+    /// CPU from theirs; outside it, short timings are sampled again.
+    #[test]
+    fn an_exact_span_measures_every_timing_once_and_sums_them() {
+        let st = Stages::default();
+        for _ in 0..10_000 {
+            st.ingest.add(std::time::Duration::from_nanos(100), 0);
+        }
+        let burn = || {
+            let mut x = 0u64;
+            for i in 0..20_000u64 {
+                x = std::hint::black_box(x.wrapping_mul(31).wrapping_add(i));
+            }
+            x
+        };
+        let c0 = thread_cpu_ns();
+        exact_span_begin();
+        for _ in 0..5 {
+            st.ingest.time(0, || {
+                burn();
+                st.cut.time_nested(0, burn);
+            });
+        }
+        let counted = exact_span_end();
+        let spent = thread_cpu_ns() - c0;
+        let snap = st.snapshot();
+        let get = |n: &str| snap.iter().find(|t| t.name == n).unwrap().clone();
+        let (ingest, cut) = (get("ingest"), get("cut"));
+        // All five measured, at weight 1 (without the span: one, at weight 16).
+        assert_eq!((ingest.sampled_count, cut.sampled_count), (5, 5));
+        // (Both in whole nanoseconds; the snapshot's seconds round.)
+        let stages = (ingest.cpu_seconds + cut.cpu_seconds) * 1e9;
+        assert!(
+            (counted as f64 - stages).abs() <= 2.0,
+            "the span's sum {counted} is what the stages counted, {stages}"
+        );
+        assert!(
+            counted <= spent && counted * 10 >= spent * 8,
+            "counted {counted} ns of {spent} ns spent"
+        );
+        // The span is closed: sampling resumes, and a second end returns nothing.
+        assert_eq!(exact_span_end(), 0);
+        for _ in 0..2 * CPU_SAMPLE {
+            st.ingest.time(0, || std::hint::black_box(1));
+        }
+        let ingest = st
+            .snapshot()
+            .into_iter()
+            .find(|t| t.name == "ingest")
+            .unwrap();
+        assert_eq!(ingest.sampled_count, 5 + 2, "{ingest:?}");
     }
 
     /// A computing stage's CPU estimate is of the order of its wall time (a loose bound:

@@ -151,6 +151,53 @@ fn the_reply_stage_counts_every_byte_read_and_its_cpu() {
     );
 }
 
+/// Every FUSE request dispatched counts in the `dispatch` stage, with a CPU estimate from the
+/// same samples as `transport`, less what the stages inside the dispatch counted: the FUSE
+/// threads' CPU that no stage held before (a tenth of a cold read's daemon CPU).
+#[test]
+fn the_dispatch_stage_counts_every_request_and_its_own_cpu() {
+    let mut m = TestMount::with_format_args("256M", &[]);
+    let mnt = m.mnt().to_path_buf();
+    let before = m.stats_json_of(&mnt);
+    let stage = |v: &serde_json::Value, name: &str, what: &str| {
+        v["stages"][name][what]
+            .as_f64()
+            .unwrap_or_else(|| panic!("no {name} stage {what} in {v}"))
+    };
+    // 64 MiB in 64 KiB writes: 1024 write requests, 64 or more of them sampled.
+    let data = pattern(8, 64 << 20);
+    let mut f = fs::File::create(m.path("ckpt.bin")).expect("create");
+    for piece in data.chunks(64 << 10) {
+        f.write_all(piece).expect("write");
+    }
+    drop(f);
+    let after = m.stats_json_of(&mnt);
+    let d = |name: &str, what: &str| stage(&after, name, what) - stage(&before, name, what);
+    assert!(
+        d("dispatch", "count") >= 1024.0,
+        "one count per request: {}",
+        d("dispatch", "count")
+    );
+    assert!(
+        d("dispatch", "sampled_count") >= 32.0,
+        "sampled dispatches: {}",
+        d("dispatch", "sampled_count")
+    );
+    assert!(
+        d("dispatch", "cpu_seconds") > 0.0,
+        "the dispatches took CPU of their own: {}",
+        d("dispatch", "cpu_seconds")
+    );
+    // Samples of both stages are the same requests: as many dispatches as reads sampled
+    // (the requests of `stats` itself aside).
+    assert!(
+        (d("dispatch", "sampled_count") - d("transport", "sampled_count")).abs() <= 4.0,
+        "dispatch samples {} against transport's {}",
+        d("dispatch", "sampled_count"),
+        d("transport", "sampled_count")
+    );
+}
+
 /// Every FUSE request read from the kernel counts in the `transport` stage, with a CPU
 /// estimate from the FUSE threads' samples (one read in 16 per thread): the stage that makes
 /// the stages' CPU add up to the daemon's. Before it, `stats` had no such stage.

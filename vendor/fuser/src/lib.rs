@@ -424,6 +424,12 @@ pub trait Filesystem: Send + Sync + 'static {
     /// pinning of the buffer's pages); waiting for a request takes none.
     fn received(&self, _bytes: usize, _cpu_ns: Option<u64>) {}
 
+    /// ckptfs patch: the request `received` announced was dispatched (its method ran and,
+    /// unless the method kept its reply, replied), on this thread. `cpu_ns` is set where
+    /// `received`'s was (the same sample): the thread CPU the dispatch took, times
+    /// `RECEIVE_SAMPLE`.
+    fn dispatched(&self, _cpu_ns: Option<u64>) {}
+
     /// Look up a directory entry by name and get its attributes.
     fn lookup(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEntry) {
         warn!("[Not Implemented] lookup(parent: {parent:#x?}, name {name:?})");

@@ -564,6 +564,8 @@ impl<FS: Filesystem> SessionEventLoop<FS> {
                 });
                 fs.received(size, cpu);
             }
+            // ckptfs patch: the same sample times the dispatch (`Filesystem::dispatched`).
+            let dispatch0 = cpu0.map(|_| thread_cpu_ns());
             let _current = CurrentGuard::set(&cur, &self.buffers);
             match RequestWithSender::new(self.ch.sender(), cur.bytes()) {
                 // Dispatch request
@@ -572,7 +574,13 @@ impl<FS: Filesystem> SessionEventLoop<FS> {
                         req.reply::<ReplyEmpty>().ok();
                         return Ok(());
                     } else {
-                        req.dispatch(self)
+                        req.dispatch(self);
+                        if let Some(fs) = &self.filesystem.fs {
+                            let cpu = dispatch0.map(|c0| {
+                                thread_cpu_ns().saturating_sub(c0) * crate::RECEIVE_SAMPLE
+                            });
+                            fs.dispatched(cpu);
+                        }
                     }
                 }
                 // Quit loop on illegal request
