@@ -949,6 +949,15 @@ mod tests {
         assert_eq!((ahead.sampled_count, ahead.cpu_seconds), (0, 0.0));
     }
 
+    /// Some CPU work, a few tens of microseconds.
+    fn burn() -> u64 {
+        let mut x = 0u64;
+        for i in 0..20_000u64 {
+            x = std::hint::black_box(x.wrapping_mul(31).wrapping_add(i));
+        }
+        x
+    }
+
     /// A stage timed nested in another counts each timing's CPU once: nested timings are
     /// all measured, so none may carry the weight of a sample. (One in `CPU_SAMPLE` did,
     /// and a nested stage of short timings counted about twice its CPU.)
@@ -959,13 +968,6 @@ mod tests {
         for _ in 0..10_000 {
             st.compress.add(std::time::Duration::from_nanos(100), 0);
         }
-        let burn = || {
-            let mut x = 0u64;
-            for i in 0..20_000u64 {
-                x = std::hint::black_box(x.wrapping_mul(31).wrapping_add(i));
-            }
-            x
-        };
         let c0 = thread_cpu_ns();
         st.append.time(0, || {
             for _ in 0..4 * CPU_SAMPLE {
@@ -995,13 +997,6 @@ mod tests {
         for _ in 0..10_000 {
             st.ingest.add(std::time::Duration::from_nanos(100), 0);
         }
-        let burn = || {
-            let mut x = 0u64;
-            for i in 0..20_000u64 {
-                x = std::hint::black_box(x.wrapping_mul(31).wrapping_add(i));
-            }
-            x
-        };
         let c0 = thread_cpu_ns();
         exact_span_begin();
         for _ in 0..5 {
