@@ -20,7 +20,9 @@
 # (default 1,4,8,16); NODE_SKIP, steps to leave out (any of tests,codec,steps,limits,restart,gpu);
 # NODE_BASE, a second pack (say of the commit before a change, `NODE_PACK=DIR ... pack` made
 # it) whose codec (into codec.txt, after this pack's) and steps (steps-base.txt) run in the
-# same call, as the same-machine baseline: the eighth file back. NODE_ALT_ENV, assignments
+# same call, as the same-machine baseline: the eighth file back (NODE_BOTH_ORDERS=1: then
+# the baseline's steps again and this pack's, each file one run in each position; the JSON
+# is the first run's). NODE_ALT_ENV, assignments
 # (say CKPTFS_CUT_HERE=0): this pack's steps once more with them in the daemon's environment
 # (steps-alt.txt), to measure one switch on the same machine (leave out codec to stay within
 # eight files).
@@ -103,8 +105,19 @@ run)
         step codec 40 "$base/ckptfs-bench" codec --size 128M
         # Limited by what this pack's steps took (and a margin), not their own 200 s: a
         # fixed limit skipped the baseline where it would have fitted.
-        step steps-base $((steps_took * 3 / 2 + 20)) "$base/ckptfs-bench" steps --dir "$dir" --ckptfs "$base/ckptfs" \
-            --reps 1 --size "$size" --data field --writers "$writers" --mount-arg=--gpu=off
+        base_steps=("$base/ckptfs-bench" steps --dir "$dir" --ckptfs "$base/ckptfs" \
+            --reps 1 --size "$size" --data field --writers "$writers" --mount-arg=--gpu=off)
+        step steps-base $((steps_took * 3 / 2 + 20)) "${base_steps[@]}"
+        # Position in a call matters (a build run second measured 0.1-0.15 CPU-s/GiB more on
+        # full steps): NODE_BOTH_ORDERS=1 runs the baseline again and then this pack, so each
+        # file holds one run in each position (appended: first the earlier run).
+        if [[ ${NODE_BOTH_ORDERS:-} == 1 ]] && ((took >= 0)); then
+            step steps-base $((steps_took * 3 / 2 + 20)) "${base_steps[@]}"
+            if ((took >= 0)); then
+                step steps $((steps_took * 3 / 2 + 20)) "$b" steps "${common[@]}" \
+                    --data field --writers "$writers" --mount-arg=--gpu=off
+            fi
+        fi
     fi
     if [[ -n ${NODE_ALT_ENV:-} ]] && ((steps_took >= 0)); then
         # shellcheck disable=SC2086  # several assignments on purpose
