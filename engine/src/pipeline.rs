@@ -498,11 +498,18 @@ pub struct Pool {
     workers: usize,
 }
 
-/// The jobs not yet taken, and whether the pool was dropped (workers exit once it is empty).
+/// The pool's shared state: its jobs, and a condition variable idle workers wait on.
 #[derive(Default)]
 struct Queue {
-    jobs: Mutex<(std::collections::VecDeque<Job>, bool)>,
+    jobs: Mutex<Jobs>,
     ready: Condvar,
+}
+
+/// The jobs not yet taken, and whether the pool was dropped (workers exit once it is empty).
+#[derive(Default)]
+struct Jobs {
+    waiting: std::collections::VecDeque<Job>,
+    closed: bool,
 }
 
 impl Pool {
@@ -523,10 +530,10 @@ impl Pool {
                     let job = {
                         let mut g = q.jobs.lock();
                         loop {
-                            if let Some(job) = g.0.pop_front() {
+                            if let Some(job) = g.waiting.pop_front() {
                                 break job;
                             }
-                            if g.1 {
+                            if g.closed {
                                 return;
                             }
                             q.ready.wait(&mut g);
@@ -551,7 +558,7 @@ impl Pool {
     pub fn run(&self, job: impl FnOnce() + Send + 'static) {
         match &self.queue {
             Some(q) => {
-                q.jobs.lock().0.push_back(Box::new(job));
+                q.jobs.lock().waiting.push_back(Box::new(job));
                 q.ready.notify_one();
             }
             None => job(),
@@ -562,7 +569,7 @@ impl Pool {
 impl Drop for Pool {
     fn drop(&mut self) {
         if let Some(q) = &self.queue {
-            q.jobs.lock().1 = true;
+            q.jobs.lock().closed = true;
             q.ready.notify_all();
         }
     }

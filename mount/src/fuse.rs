@@ -758,14 +758,11 @@ impl Filesystem for CkptFs {
     /// CPU-s/GiB of a next step on a 16-core node, 10-16% of a cold read's on the 2-core VM)
     /// was in no stage.
     fn dispatched(&self, cpu_ns: Option<u64>) {
-        let counted = if cpu_ns.is_some() {
-            ckptfs_engine::pipeline::exact_span_end()
-        } else {
-            0
-        };
-        self.fs
-            .space()
-            .count_dispatch(cpu_ns, counted, fuser::RECEIVE_SAMPLE);
+        // The span's stages counted at weight 1; the sample stands for `RECEIVE_SAMPLE`.
+        let own = cpu_ns.map(|c| {
+            c.saturating_sub(ckptfs_engine::pipeline::exact_span_end() * fuser::RECEIVE_SAMPLE)
+        });
+        self.fs.space().count_dispatch(own);
     }
 
     fn lookup(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEntry) {

@@ -156,23 +156,7 @@ fn the_reply_stage_counts_every_byte_read_and_its_cpu() {
 /// threads' CPU that no stage held before (a tenth of a cold read's daemon CPU).
 #[test]
 fn the_dispatch_stage_counts_every_request_and_its_own_cpu() {
-    let mut m = TestMount::with_format_args("256M", &[]);
-    let mnt = m.mnt().to_path_buf();
-    let before = m.stats_json_of(&mnt);
-    let stage = |v: &serde_json::Value, name: &str, what: &str| {
-        v["stages"][name][what]
-            .as_f64()
-            .unwrap_or_else(|| panic!("no {name} stage {what} in {v}"))
-    };
-    // 64 MiB in 64 KiB writes: 1024 write requests, 64 or more of them sampled.
-    let data = pattern(8, 64 << 20);
-    let mut f = fs::File::create(m.path("ckpt.bin")).expect("create");
-    for piece in data.chunks(64 << 10) {
-        f.write_all(piece).expect("write");
-    }
-    drop(f);
-    let after = m.stats_json_of(&mnt);
-    let d = |name: &str, what: &str| stage(&after, name, what) - stage(&before, name, what);
+    let d = stage_deltas_of_64k_writes(8);
     assert!(
         d("dispatch", "count") >= 1024.0,
         "one count per request: {}",
@@ -198,28 +182,37 @@ fn the_dispatch_stage_counts_every_request_and_its_own_cpu() {
     );
 }
 
-/// Every FUSE request read from the kernel counts in the `transport` stage, with a CPU
-/// estimate from the FUSE threads' samples (one read in 16 per thread): the stage that makes
-/// the stages' CPU add up to the daemon's. Before it, `stats` had no such stage.
-#[test]
-fn the_transport_stage_counts_every_request_and_its_cpu() {
+/// A fresh mount's `stats --json` stages before and after 64 MiB of `pattern(seed)` written
+/// in 64 KiB writes (1024 write requests, 64 or more of them sampled): a function of stage
+/// name and field (`count`, `cpu_seconds`, ...) giving the difference.
+fn stage_deltas_of_64k_writes(seed: u64) -> impl Fn(&str, &str) -> f64 {
     let mut m = TestMount::with_format_args("256M", &[]);
     let mnt = m.mnt().to_path_buf();
     let before = m.stats_json_of(&mnt);
-    let count = |v: &serde_json::Value, what: &str| {
-        v["stages"]["transport"][what]
-            .as_f64()
-            .unwrap_or_else(|| panic!("no transport stage {what} in {v}"))
-    };
-    // 64 MiB in 64 KiB writes: 1024 write requests, 64 or more of them sampled.
-    let data = pattern(7, 64 << 20);
+    let data = pattern(seed, 64 << 20);
     let mut f = fs::File::create(m.path("ckpt.bin")).expect("create");
     for piece in data.chunks(64 << 10) {
         f.write_all(piece).expect("write");
     }
     drop(f);
     let after = m.stats_json_of(&mnt);
-    let d = |what: &str| count(&after, what) - count(&before, what);
+    move |name, what| {
+        let of = |v: &serde_json::Value| {
+            v["stages"][name][what]
+                .as_f64()
+                .unwrap_or_else(|| panic!("no {name} stage {what} in {v}"))
+        };
+        of(&after) - of(&before)
+    }
+}
+
+/// Every FUSE request read from the kernel counts in the `transport` stage, with a CPU
+/// estimate from the FUSE threads' samples (one read in 16 per thread): the stage that makes
+/// the stages' CPU add up to the daemon's. Before it, `stats` had no such stage.
+#[test]
+fn the_transport_stage_counts_every_request_and_its_cpu() {
+    let deltas = stage_deltas_of_64k_writes(7);
+    let d = |what: &str| deltas("transport", what);
     assert!(
         d("count") >= 1024.0,
         "one count per request: {}",

@@ -911,12 +911,10 @@ impl Space {
         self.store.stages().transport.add_cpu(bytes, cpu_ns);
     }
 
-    /// Counts a dispatched FUSE request in the `dispatch` stage: `cpu_ns`, where the FUSE
-    /// layer sampled it (weighted), is the dispatch's CPU, of which `counted_ns` (unweighted:
-    /// the exact span's, `pipeline::exact_span_end`) went to stages of their own.
-    pub fn count_dispatch(&self, cpu_ns: Option<u64>, counted_ns: u64, weight: u64) {
-        let rest = cpu_ns.map(|c| c.saturating_sub(counted_ns * weight));
-        self.store.stages().dispatch.add_cpu(0, rest);
+    /// Counts a dispatched FUSE request in the `dispatch` stage (`cpu_ns`: the FUSE layer's
+    /// weighted sample of the dispatch's CPU less its stages', when it took one).
+    pub fn count_dispatch(&self, cpu_ns: Option<u64>) {
+        self.store.stages().dispatch.add_cpu(0, cpu_ns);
     }
 
     /// The `reply` stage: the copy of a read's bytes into its reply
