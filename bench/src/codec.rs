@@ -89,6 +89,16 @@ fn kinds(o: &CodecOpts) -> Vec<(String, Vec<u8>)> {
         })
         .take(len)
         .collect();
+    // Arrays whose 8-byte elements end in zero bytes: LZ4 takes a short match about every
+    // 8 bytes of them (the default policy shuffles such chunks first, `codec::encode`).
+    let fp32_as_fp64: Vec<u8> = normals(o.seed + 3, len / 8, 1.0)
+        .iter()
+        .flat_map(|&f| f64::from(f).to_le_bytes())
+        .collect();
+    let mut rng = rand::rngs::SmallRng::seed_from_u64(o.seed + 4);
+    let indices: Vec<u8> = (0..len / 8)
+        .flat_map(|_| rng.random_range(0i64..50_000).to_le_bytes())
+        .collect();
     let spec = data::RandomSpec::new(o.seed);
     vec![
         ("bf16 weights N(0,0.02)".into(), bf16),
@@ -97,6 +107,8 @@ fn kinds(o: &CodecOpts) -> Vec<(String, Vec<u8>)> {
         ("GPT-2-like fp32 + AdamW".into(), gpt2),
         ("fp64 field (bench data)".into(), data::field(o.seed, len)),
         ("dense fp32 (bench data)".into(), data::dense(o.seed, len)),
+        ("fp32 values as fp64 N(0,1)".into(), fp32_as_fp64),
+        ("int64 indices 0..50000".into(), indices),
         ("text log".into(), text),
         ("zeros".into(), vec![0u8; len]),
         ("random".into(), spec.generate(len)),
@@ -111,6 +123,12 @@ struct Row {
     zstd1: f64,
     float_chunks: f64,
     enc_lz4: f64,
+    /// Under `Lz4Plain` (LZ4 or raw, never shuffled: the default before storm chunks were).
+    lz4_plain: f64,
+    enc_lz4_plain: f64,
+    /// Chunks the default policy byte-shuffled, and decode of its output (all chunks).
+    shuffled_chunks: f64,
+    dec_lz4: f64,
     enc_float: f64,
     dec_float: f64,
     /// The content-defined cutter alone (FastCDC v2020, the crate's own loop).
@@ -160,6 +178,31 @@ fn measure(name: &str, d: &[u8], avg: usize) -> Result<Row, String> {
     let lz4: Vec<_> = cuts.iter().map(|c| codec::encode(c, Policy::Lz4)).collect();
     let enc_lz4 = t.elapsed().as_secs_f64();
     let t = Instant::now();
+    let plain: Vec<_> = cuts
+        .iter()
+        .map(|c| codec::encode(c, Policy::Lz4Plain))
+        .collect();
+    let enc_lz4_plain = t.elapsed().as_secs_f64();
+    let shuffled_chunks = lz4
+        .iter()
+        .filter(|(c, _)| matches!(c, Codec::Shuffle4Lz4 | Codec::Shuffle8Lz4))
+        .count();
+    // Decode speed of the chunks the default policy compressed (raw ones need none).
+    let t = Instant::now();
+    let mut decoded = 0usize;
+    for ((c, s), raw) in lz4.iter().zip(&cuts) {
+        if let Some(s) = s {
+            decoded += codec::decode_slice(*c, s, raw.len())
+                .expect("decodes")
+                .len();
+        }
+    }
+    let dec_lz4 = if decoded == 0 {
+        f64::NAN
+    } else {
+        gib_s(decoded, t.elapsed().as_secs_f64())
+    };
+    let t = Instant::now();
     let fl: Vec<_> = cuts
         .iter()
         .map(|c| codec::encode(c, Policy::Float))
@@ -197,6 +240,10 @@ fn measure(name: &str, d: &[u8], avg: usize) -> Result<Row, String> {
         zstd1: zstd1 as f64 / d.len() as f64,
         float_chunks: float_chunks as f64 / cuts.len().max(1) as f64,
         enc_lz4: gib_s(d.len(), enc_lz4),
+        lz4_plain: stored(&plain) as f64 / d.len() as f64,
+        enc_lz4_plain: gib_s(d.len(), enc_lz4_plain),
+        shuffled_chunks: shuffled_chunks as f64 / cuts.len().max(1) as f64,
+        dec_lz4,
         enc_float: gib_s(d.len(), enc_float),
         dec_float: if taken.is_empty() {
             f64::NAN
@@ -229,14 +276,18 @@ pub fn run(o: &CodecOpts) -> Result<(), String> {
         search.measured
     );
     println!(
-        "{:<34} {:>8} {:>7} {:>7} {:>7} {:>9} {:>9} {:>10} {:>10} {:>7} {:>10} {:>7}",
+        "{:<34} {:>8} {:>7} {:>9} {:>9} {:>7} {:>7} {:>9} {:>9} {:>9} {:>9} {:>10} {:>10} {:>7} {:>10} {:>7}",
         "data",
         "MiB",
         "lz4",
+        "lz4 shuf",
+        "lz4-plain",
         "float",
         "zstd-1",
         "float %ch",
         "enc lz4",
+        "enc plain",
+        "dec lz4",
         "enc float",
         "dec float",
         "cut",
@@ -245,14 +296,18 @@ pub fn run(o: &CodecOpts) -> Result<(), String> {
     );
     for r in &rows {
         println!(
-            "{:<34} {:>8} {:>7.3} {:>7.3} {:>7.3} {:>8.0}% {:>9.2} {:>10.2} {:>10.2} {:>7.2} {:>10.2} {:>7.2}",
+            "{:<34} {:>8} {:>7.3} {:>8.0}% {:>9.3} {:>7.3} {:>7.3} {:>8.0}% {:>9.2} {:>9.2} {:>9.2} {:>10.2} {:>10.2} {:>7.2} {:>10.2} {:>7.2}",
             r.name,
             r.bytes >> 20,
             r.lz4,
+            r.shuffled_chunks * 100.0,
+            r.lz4_plain,
             r.float,
             r.zstd1,
             r.float_chunks * 100.0,
             r.enc_lz4,
+            r.enc_lz4_plain,
+            r.dec_lz4,
             r.enc_float,
             r.dec_float,
             r.cut,
@@ -265,7 +320,10 @@ pub fn run(o: &CodecOpts) -> Result<(), String> {
          about 0.67 of bf16 models and 0.83 of fp32 models (a third and a sixth saved)"
     );
     println!(
-        "lz4: the default policy (LZ4 where it pays, else raw); float: `--codec float` (the \
+        "lz4: the default policy (LZ4 where it pays, else raw; byte-shuffled first where LZ4 \
+         would take a short match every few bytes); lz4 shuf: chunks it shuffled; lz4-plain: \
+         LZ4 or raw, never shuffled (the default of earlier builds); dec lz4: decode of the \
+         chunks the default policy compressed; float: `--codec float` (the \
          float codec where it beats LZ4); zstd-1: zstd level 1 of each plain chunk, for \
          reference; float %ch: chunks the float codec took; dec float: decode of those chunks; \
          cut: FastCDC v2020 alone (the crate's loop); cut ckptfs: the engine's cutter, same \
@@ -281,7 +339,9 @@ pub fn run(o: &CodecOpts) -> Result<(), String> {
                 serde_json::json!({
                     "data": r.name, "bytes": r.bytes, "lz4": r.lz4, "float": r.float,
                     "zstd1": r.zstd1, "float_chunks": r.float_chunks,
-                    "encode_lz4_gib_s": r.enc_lz4, "encode_float_gib_s": r.enc_float,
+                    "encode_lz4_gib_s": r.enc_lz4, "lz4_shuffled_chunks": r.shuffled_chunks,
+                    "lz4_plain": r.lz4_plain, "encode_lz4_plain_gib_s": r.enc_lz4_plain,
+                    "decode_lz4_gib_s": r.dec_lz4, "encode_float_gib_s": r.enc_float,
                     "decode_float_gib_s": r.dec_float,
                     "cut_gib_s": r.cut, "cut_engine_gib_s": r.cut_engine,
                     "blake3_gib_s": r.hash,

@@ -9,6 +9,14 @@
 //! sample (shuffle plus LZ4 costs about four times plain LZ4's CPU on compressible data).
 //! The codec is recorded per chunk, so readers need no configuration.
 //!
+//! The default `lz4` policy shuffles too, but only chunks where LZ4 would crawl: arrays of
+//! 8-byte elements whose low bytes are zero (float32 values held as float64, integers
+//! held as int64, float64 rounded to fewer digits) give LZ4 a 4-byte match every 8 bytes,
+//! and a match per 8 bytes costs it 10-20 times its usual time (0.29-0.37 GiB/s on one core
+//! of the 2-core VM, against 5-13 GiB/s on float weights and zero-padded fields). Shuffled,
+//! the zero bytes form runs: such chunks were stored 1.3-2x smaller and encoded 2-3.4 times
+//! faster (`storm_shuffle_width`).
+//!
 //! The `float` policy goes further for floating-point tensors, whose mantissa bytes LZ4
 //! cannot shrink at all: each chunk is rotated by one bit (the exponent lands in one byte)
 //! and split into byte planes, and each plane is Huffman-coded on its own, written as one
@@ -27,8 +35,13 @@ const SHUFFLE_MIN_GAIN: f64 = 0.95;
 /// Which encodings the store may choose from.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Policy {
-    /// LZ4 or raw.
+    /// LZ4 or raw; a chunk whose sampled LZ4 output is a storm of short matches is
+    /// byte-shuffled first where that compresses its sample better (codecs 2 and 3: only
+    /// on a space marked for them, `Space::set_codec_policy`).
     Lz4,
+    /// LZ4 or raw, nothing else: what a store writes on a space not marked for the shuffle
+    /// codecs (an engine-level open; the mount asks for `Lz4`).
+    Lz4Plain,
     /// Also the byte-shuffle before LZ4 where it pays.
     Shuffle,
     /// The float codec where it is smaller than LZ4, else LZ4 or raw.
@@ -55,18 +68,23 @@ pub fn encode(data: &[u8], policy: Policy) -> (Codec, Option<Vec<u8>>) {
         if let Some(width) = shuffle_width(data) {
             let shuffled = lz4_flex::block::compress(&shuffle(data, width));
             if shuffled.len() < data.len() {
-                let codec = if width == 4 {
-                    Codec::Shuffle4Lz4
-                } else {
-                    Codec::Shuffle8Lz4
-                };
-                return (codec, Some(shuffled));
+                return (shuffle_codec(width), Some(shuffled));
             }
             return (Codec::Raw, None);
         }
     }
-    if incompressible_probes(data) {
+    let probes = probe(data);
+    if probes.incompressible {
         return (Codec::Raw, None);
+    }
+    if policy == Policy::Lz4 && probes.storm {
+        if let Some(width) = storm_shuffle_width(data) {
+            let shuffled = lz4_flex::block::compress(&shuffle(data, width));
+            if shuffled.len() < data.len() {
+                return (shuffle_codec(width), Some(shuffled));
+            }
+            return (Codec::Raw, None);
+        }
     }
     let lz4 = lz4_flex::block::compress(data);
     if lz4.len() >= data.len() {
@@ -94,7 +112,7 @@ fn encode_float(data: &[u8]) -> (Codec, Option<Vec<u8>>) {
         return encode(data, Policy::Lz4);
     }
     let (t, est) = float::choose(data);
-    let lz4 = (!incompressible_probes(data))
+    let lz4 = (!probe(data).incompressible)
         .then(|| lz4_flex::block::compress(data))
         .filter(|l| l.len() < data.len());
     let lz4_len = lz4.as_ref().map_or(data.len(), Vec::len);
@@ -139,29 +157,112 @@ fn decode_float(
     Ok(float::inverse(&planes, t))
 }
 
-/// Bytes of each of the three probes `incompressible_probes` compresses.
+/// Bytes of each of the three probes `probe` compresses.
 const PROBE_BYTES: usize = 4 << 10;
 
-/// True when LZ4 shrinks none of three probes (start, middle, end) of a chunk at least 4
-/// probes long: random or encrypted bytes and float weights, which LZ4 would spend about
-/// 0.2 CPU-seconds per GiB on to store raw anyway. The probes cost a fifth of that on a
-/// 64 KiB chunk. What this can miss: a chunk that compresses only through matches longer
-/// apart than a probe (its probes all look random); it is then stored raw, as correct as
-/// ever, only larger.
-fn incompressible_probes(data: &[u8]) -> bool {
+/// What LZ4 made of three probes (start, middle, end) of a chunk at least 4 probes long.
+struct Probes {
+    /// LZ4 shrank none of them: random or encrypted bytes and float weights, which LZ4
+    /// would spend about 0.2 CPU-seconds per GiB on to store raw anyway. The probes cost a
+    /// fifth of that on a 64 KiB chunk. What this can miss: a chunk that compresses only
+    /// through matches longer apart than a probe (its probes all look random); it is then
+    /// stored raw, as correct as ever, only larger.
+    incompressible: bool,
+    /// LZ4 emitted a sequence (literals and a match) per fewer than `STORM_BYTES` bytes of
+    /// the probes: whole-chunk LZ4 would run at a fraction of its usual speed.
+    storm: bool,
+}
+
+/// Bytes per LZ4 sequence below which a chunk is a storm of short matches. On one core of
+/// the 2-core VM (AMD Zen 3): float32 values held as float64, int64 indices and float64
+/// rounded to 34 bits came out at 8.0-8.2 bytes per sequence and 0.29-0.37 GiB/s; the
+/// bench's field data, text and zero-padded data at over 100 and 1.2-13 GiB/s.
+const STORM_BYTES: usize = 16;
+
+fn probe(data: &[u8]) -> Probes {
     if data.len() < 4 * PROBE_BYTES {
-        return false;
+        return Probes {
+            incompressible: false,
+            storm: false,
+        };
     }
-    [
+    let (mut shrank, mut sequences) = (false, 0);
+    for o in [
         0,
         data.len() / 2 - PROBE_BYTES / 2,
         data.len() - PROBE_BYTES,
-    ]
-    .iter()
-    .all(|&o| {
+    ] {
         let probe = &data[o..o + PROBE_BYTES];
-        lz4_flex::block::compress(probe).len() >= probe.len()
-    })
+        let c = lz4_flex::block::compress(probe);
+        shrank |= c.len() < probe.len();
+        sequences += lz4_sequences(&c);
+    }
+    Probes {
+        incompressible: !shrank,
+        storm: shrank && sequences * STORM_BYTES > 3 * PROBE_BYTES,
+    }
+}
+
+/// The number of sequences in an LZ4 block (each a token, its literals and, but for the
+/// last, a match): how many matches the compressor took, which sets its speed. Stops at
+/// the end of `block` if it is cut short (the count is then of what is there).
+fn lz4_sequences(block: &[u8]) -> usize {
+    // A length field continues while its bytes are 255 (LZ4 block format).
+    fn extra(block: &[u8], i: &mut usize) -> usize {
+        let mut n = 0;
+        while let Some(&b) = block.get(*i) {
+            *i += 1;
+            n += b as usize;
+            if b != 255 {
+                break;
+            }
+        }
+        n
+    }
+    let (mut i, mut n) = (0, 0);
+    while let Some(&token) = block.get(i) {
+        i += 1;
+        n += 1;
+        let mut literals = (token >> 4) as usize;
+        if literals == 15 {
+            literals += extra(block, &mut i);
+        }
+        i += literals + 2; // the literals, then the match's 2-byte offset
+        if i > block.len() {
+            break; // the last sequence has no match
+        }
+        if token & 15 == 15 {
+            extra(block, &mut i);
+        }
+    }
+    n
+}
+
+fn shuffle_codec(width: usize) -> Codec {
+    if width == 4 {
+        Codec::Shuffle4Lz4
+    } else {
+        Codec::Shuffle8Lz4
+    }
+}
+
+/// For a storm chunk (`Probes::storm`): the element width whose shuffle of the middle
+/// probe LZ4 shrinks clearly more than plain, with fewer sequences (so the whole chunk
+/// encodes faster too), if any. Two shuffles and LZ4 runs of one probe: a few percent of
+/// what plain LZ4 of a storm chunk costs.
+fn storm_shuffle_width(data: &[u8]) -> Option<usize> {
+    let o = data.len() / 2 - PROBE_BYTES / 2;
+    let probe = &data[o..o + PROBE_BYTES];
+    let plain = lz4_flex::block::compress(probe);
+    let plain_seq = lz4_sequences(&plain);
+    [8, 4]
+        .into_iter()
+        .map(|w| (w, lz4_flex::block::compress(&shuffle(probe, w))))
+        .filter(|(_, c)| {
+            (c.len() as f64) < plain.len() as f64 * SHUFFLE_MIN_GAIN && lz4_sequences(c) < plain_seq
+        })
+        .min_by_key(|(_, c)| c.len())
+        .map(|(w, _)| w)
 }
 
 /// The element width whose shuffle compresses a sample of the chunk clearly better than
@@ -250,12 +351,12 @@ mod tests {
         let mut rng = rand::rngs::SmallRng::seed_from_u64(9);
         let mut random = vec![0u8; 64 << 10];
         rng.fill_bytes(&mut random);
-        assert!(incompressible_probes(&random));
+        assert!(probe(&random).incompressible);
         assert_eq!(encode(&random, Policy::Lz4).0, Codec::Raw);
         // A compressible tail (a header then zero padding, say) is found by the last probe.
         let mut tail = random.clone();
         tail[40 << 10..].fill(0);
-        assert!(!incompressible_probes(&tail));
+        assert!(!probe(&tail).incompressible);
         assert_eq!(encode(&tail, Policy::Lz4).0, Codec::Lz4);
         let text: Vec<u8> = b"step 1000 loss 0.1234 lr 3e-4\n"
             .iter()
@@ -263,11 +364,115 @@ mod tests {
             .take(64 << 10)
             .copied()
             .collect();
-        assert!(!incompressible_probes(&text));
+        assert!(!probe(&text).incompressible);
         assert!(
-            !incompressible_probes(&random[..12 << 10]),
+            !probe(&random[..12 << 10]).incompressible,
             "too short to probe"
         );
+    }
+
+    /// Float32 values held as float64 (their low 29 bits zero) and int64 indices: LZ4
+    /// finds a 4-byte match about every 8 bytes (a storm); bench-like field data (a bump
+    /// over zeros), text and zero runs do not.
+    fn storm_and_calm_data() -> (Vec<Vec<u8>>, Vec<Vec<u8>>) {
+        let mut rng = rand::rngs::SmallRng::seed_from_u64(11);
+        let f32_as_f64: Vec<u8> = (0..8192)
+            .flat_map(|_| f64::from(rng.random::<f32>() * 2.0 - 1.0).to_le_bytes())
+            .collect();
+        let indices: Vec<u8> = (0..8192)
+            .flat_map(|_| rng.random_range(0i64..50_000).to_le_bytes())
+            .collect();
+        let bump: Vec<u8> = (0..8192)
+            .flat_map(|i| {
+                let x = (i as f64 - 4000.0) / 600.0;
+                let v = 250.0 * (-x * x).exp();
+                (if v < f64::MIN_POSITIVE { 0.0 } else { v }).to_le_bytes()
+            })
+            .collect();
+        let text: Vec<u8> = (0..3000)
+            .flat_map(|i| {
+                format!("step {i} loss {:.4} lr 3e-4\n", 1.0 / (1.0 + i as f64)).into_bytes()
+            })
+            .take(64 << 10)
+            .collect();
+        (
+            vec![f32_as_f64, indices],
+            vec![bump, text, vec![0u8; 64 << 10]],
+        )
+    }
+
+    /// The default policy byte-shuffles storm chunks, which then store smaller than plain
+    /// LZ4 and decode to their input; `Lz4Plain` never does; calm data is LZ4 as before.
+    #[test]
+    fn storm_chunks_are_shuffled_under_lz4_only() {
+        let (storms, calm) = storm_and_calm_data();
+        for d in &storms {
+            assert!(probe(d).storm, "a storm");
+            let (codec, stored) = encode(d, Policy::Lz4);
+            assert_eq!(codec, Codec::Shuffle8Lz4);
+            let stored = stored.expect("compressed");
+            let (plain_codec, plain) = encode(d, Policy::Lz4Plain);
+            assert_eq!(plain_codec, Codec::Lz4);
+            let plain = plain.expect("compressed");
+            assert!(
+                stored.len() * 10 < plain.len() * 9,
+                "shuffled {} vs plain {} bytes",
+                stored.len(),
+                plain.len()
+            );
+            assert_eq!(&decode(codec, stored, d.len()).unwrap(), d);
+        }
+        for d in &calm {
+            assert!(!probe(d).storm, "not a storm");
+            assert_eq!(encode(d, Policy::Lz4).0, Codec::Lz4);
+        }
+    }
+
+    /// `lz4_sequences` counts what the compressor emitted: one all-literal sequence for
+    /// random bytes, a handful for zeros, one per few bytes of a storm; and a block cut
+    /// short ends the count without reading past it.
+    #[test]
+    fn lz4_sequences_counts_the_blocks_sequences() {
+        let mut random = vec![0u8; 4096];
+        rand::rngs::SmallRng::seed_from_u64(3).fill_bytes(&mut random);
+        assert_eq!(lz4_sequences(&lz4_flex::block::compress(&random)), 1);
+        let zeros = lz4_sequences(&lz4_flex::block::compress(&[0u8; 4096]));
+        assert!((1..=3).contains(&zeros), "{zeros} sequences");
+        let (storms, _) = storm_and_calm_data();
+        let c = lz4_flex::block::compress(&storms[0][..4096]);
+        let n = lz4_sequences(&c);
+        assert!((4096 / 16..4096 / 4).contains(&n), "{n} sequences");
+        for cut in [1, c.len() / 2, c.len() - 1] {
+            assert!(lz4_sequences(&c[..cut]) <= n);
+        }
+    }
+
+    /// The vendored lz4_flex copies long overlapping matches by doubling (vendor/lz4_flex/
+    /// PATCH.md): runs of every short period and many lengths, in the middle of a block and
+    /// at its end, decode to what was compressed.
+    #[test]
+    fn lz4_decodes_runs_of_every_short_period() {
+        let mut rng = rand::rngs::SmallRng::seed_from_u64(13);
+        for period in 1..=70usize {
+            for len in [31, 32, 33, 47, 100, 1000, 4099, 65_536] {
+                let mut unit = vec![0u8; period];
+                rng.fill_bytes(&mut unit);
+                let run: Vec<u8> = unit.iter().copied().cycle().take(len).collect();
+                let mut head = vec![0u8; 37];
+                rng.fill_bytes(&mut head);
+                let mut tail = vec![0u8; 29];
+                rng.fill_bytes(&mut tail);
+                for data in [
+                    [&head[..], &run, &tail].concat(),
+                    [&head[..], &run].concat(),
+                    run.clone(),
+                ] {
+                    let c = lz4_flex::block::compress(&data);
+                    let d = lz4_flex::block::decompress(&c, data.len()).expect("decodes");
+                    assert!(d == data, "period {period} length {len}");
+                }
+            }
+        }
     }
 
     #[test]

@@ -42,7 +42,9 @@ impl Features {
         incompat: 0,
     };
     /// Chunks with codec 2 or 3 (byte shuffle + LZ4): a build without them cannot read the
-    /// chunks. Set before the first such chunk is written (`--codec shuffle`).
+    /// chunks. Set at format, or before the first such chunk is written (a mount with
+    /// `--codec shuffle`, or with the default `lz4` on a space formatted before the storm
+    /// rule).
     pub const INCOMPAT_SHUFFLE_CODECS: Features = Features {
         compat: 0,
         ro_compat: 0,
@@ -90,8 +92,15 @@ impl Features {
         ro_compat: 0,
         incompat: 31,
     };
-    /// What `format` sets: the features every new space has.
-    pub(crate) const AT_FORMAT: Features = Features::COMPAT_XATTRS;
+    /// What `format` sets: the features every new space has. Codecs 2 and 3 among them:
+    /// the default policy writes them for chunks LZ4 would crawl through (`codec`), and a
+    /// space marked from the start is never rewritten for them at a mount (a multi-slot
+    /// space's superblock is shared by every node).
+    pub(crate) const AT_FORMAT: Features = Features {
+        compat: Features::COMPAT_XATTRS.compat,
+        ro_compat: 0,
+        incompat: Features::INCOMPAT_SHUFFLE_CODECS.incompat,
+    };
 
     pub fn union(self, o: Features) -> Features {
         Features {

@@ -256,7 +256,9 @@ enum Cmd {
         /// that work on the FUSE threads, inside each write request.
         #[arg(long, value_parser = clap::value_parser!(u32).range(0..=64))]
         workers: Option<u32>,
-        /// Encodings for new chunks: `lz4` (LZ4 where it pays, else raw), `shuffle` (also
+        /// Encodings for new chunks: `lz4` (LZ4 where it pays, else raw; chunks LZ4 would
+        /// take a match every few bytes of, such as float32 values held as float64, are
+        /// byte-shuffled first where that compresses better), `shuffle` (also
         /// a byte-shuffle before LZ4 for float arrays where that compresses better, at
         /// about four times the CPU cost on compressible data) or `float` (byte planes
         /// entropy-coded into standard zstd frames where that is smaller than LZ4: floating-

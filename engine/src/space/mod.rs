@@ -625,15 +625,31 @@ impl Space {
 
     /// The codec policy for new chunks. The shuffle codecs mark the superblock first
     /// (`Features::INCOMPAT_SHUFFLE_CODECS`), so builds without them refuse the space
-    /// instead of reporting its chunks as corrupt.
+    /// instead of reporting its chunks as corrupt. `Lz4` writes them too, for chunks LZ4
+    /// would crawl through (`codec`): spaces are formatted with the flag, and one formatted
+    /// before gets it here, but not a multi-slot one, whose superblock every node shares (a
+    /// default mount on each node would rewrite it, at once): that keeps to `Lz4Plain`
+    /// until a mount with `--codec shuffle` marks it. `Lz4Plain` marks nothing.
     pub fn set_codec_policy(&mut self, policy: crate::codec::Policy) -> Result<()> {
+        use crate::codec::Policy;
+        let marked = self.sb.features.contains(Features::INCOMPAT_SHUFFLE_CODECS);
+        let shared = self.sb.features.contains(Features::INCOMPAT_SLOTS);
+        let mut policy = policy;
         if !self.read_only {
             match policy {
-                crate::codec::Policy::Lz4 => {}
-                crate::codec::Policy::Shuffle => {
+                Policy::Lz4Plain => {}
+                Policy::Lz4 if !marked && shared => {
+                    log::info!(
+                        "this multi-slot space was formatted before codecs 2 and 3 were the \
+                         default's: arrays LZ4 crawls through are stored as plain LZ4 (a \
+                         mount with --codec shuffle marks the space for them)"
+                    );
+                    policy = Policy::Lz4Plain;
+                }
+                Policy::Lz4 | Policy::Shuffle => {
                     self.add_features(Features::INCOMPAT_SHUFFLE_CODECS)?
                 }
-                crate::codec::Policy::Float => self.add_features(Features::INCOMPAT_FLOAT_CODEC)?,
+                Policy::Float => self.add_features(Features::INCOMPAT_FLOAT_CODEC)?,
             }
         }
         self.store.set_codec_policy(policy);

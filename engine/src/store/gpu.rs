@@ -195,13 +195,16 @@ fn compress(
             }
         }
     }
+    // The store's policy: `Lz4`, or `Lz4Plain` on a space not marked for the shuffle codecs.
+    let policy = *store.w.codec.lock();
     Encoded::Cpu(
         chunks
             .iter()
             .map(|c| {
-                store.stages().compress.time(c.len(), || {
-                    crate::codec::encode(c, crate::codec::Policy::Lz4)
-                })
+                store
+                    .stages()
+                    .compress
+                    .time(c.len(), || crate::codec::encode(c, policy))
             })
             .collect(),
     )

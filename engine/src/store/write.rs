@@ -95,7 +95,8 @@ impl WriteSide {
             }),
             written: parking_lot::Condvar::new(),
             deferred: Mutex::new(Vec::new()),
-            codec: Mutex::new(crate::codec::Policy::Lz4),
+            // A space is marked for the shuffle codecs by the mount that asks for `Lz4`.
+            codec: Mutex::new(crate::codec::Policy::Lz4Plain),
             gpu: Mutex::new(None),
             successors: Arc::default(),
         }
