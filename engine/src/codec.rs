@@ -99,6 +99,9 @@ const FLOAT_MIN_BYTES: usize = 1024;
 /// The float codec is run only where its estimate is at least this much below LZ4's size:
 /// a near tie is not worth encoding twice (the estimate is within a few percent).
 const FLOAT_MIN_GAIN: f32 = 0.98;
+/// In a storm, the float codec's estimate must be at least this far below the probes' LZ4
+/// ratio for the frame to be tried before LZ4 (`encode_float`).
+const FLOAT_STORM_GAIN: f32 = 0.9;
 
 /// The `float` policy: the float codec where it is smaller than LZ4, else LZ4 or raw, so no
 /// chunk is stored larger than under `lz4`.
@@ -107,17 +110,33 @@ const FLOAT_MIN_GAIN: f32 = 0.98;
 /// size (`float::choose`); LZ4, unless its three probes find nothing to compress; then the
 /// float encoding only where the estimate beats LZ4. On float weights LZ4 is skipped by the
 /// probes, on text and zeros the float encoding is skipped by the estimate.
+///
+/// In a storm (`Probes::storm`: LZ4 would take a short match every few bytes, at 0.25-0.37
+/// GiB/s, the slowest step by far) whose estimate is clearly below what LZ4 made of the
+/// probes, the frame is encoded first and kept, without LZ4 of the whole chunk, where it is
+/// smaller than the probes' LZ4 ratio says LZ4 would store. Such chunks are homogeneous
+/// arrays, so the probes' ratio stands for the chunk's; the comparison is with it, not
+/// with the chunk's own LZ4.
 fn encode_float(data: &[u8]) -> (Codec, Option<Vec<u8>>) {
     if data.len() < FLOAT_MIN_BYTES {
-        return encode(data, Policy::Lz4);
+        return encode(data, Policy::Lz4Plain);
     }
     let (t, est) = float::choose(data);
-    let lz4 = (!probe(data).incompressible)
+    let probes = probe(data);
+    let mut frame = None;
+    if probes.storm && est < probes.ratio * FLOAT_STORM_GAIN {
+        let f = float::encode(data, t);
+        if (f.len() as f32) < probes.ratio * data.len() as f32 * FLOAT_MIN_GAIN {
+            return (Codec::Float(t), Some(f));
+        }
+        frame = Some(f);
+    }
+    let lz4 = (!probes.incompressible)
         .then(|| lz4_flex::block::compress(data))
         .filter(|l| l.len() < data.len());
     let lz4_len = lz4.as_ref().map_or(data.len(), Vec::len);
     if est * (data.len() as f32) < lz4_len as f32 * FLOAT_MIN_GAIN {
-        let frame = float::encode(data, t);
+        let frame = frame.unwrap_or_else(|| float::encode(data, t));
         if frame.len() < lz4_len {
             return (Codec::Float(t), Some(frame));
         }
@@ -171,6 +190,9 @@ struct Probes {
     /// LZ4 emitted a sequence (literals and a match) per fewer than `STORM_BYTES` bytes of
     /// the probes: whole-chunk LZ4 would run at a fraction of its usual speed.
     storm: bool,
+    /// What LZ4 stored of the probes, over their size (1 where the chunk is too short to
+    /// probe).
+    ratio: f32,
 }
 
 /// Bytes per LZ4 sequence below which a chunk is a storm of short matches. On one core of
@@ -184,9 +206,10 @@ fn probe(data: &[u8]) -> Probes {
         return Probes {
             incompressible: false,
             storm: false,
+            ratio: 1.0,
         };
     }
-    let (mut shrank, mut sequences) = (false, 0);
+    let (mut shrank, mut sequences, mut stored) = (false, 0, 0);
     for o in [
         0,
         data.len() / 2 - PROBE_BYTES / 2,
@@ -196,10 +219,12 @@ fn probe(data: &[u8]) -> Probes {
         let c = lz4_flex::block::compress(probe);
         shrank |= c.len() < probe.len();
         sequences += lz4_sequences(&c);
+        stored += c.len().min(probe.len());
     }
     Probes {
         incompressible: !shrank,
         storm: shrank && sequences * STORM_BYTES > 3 * PROBE_BYTES,
+        ratio: stored as f32 / (3 * PROBE_BYTES) as f32,
     }
 }
 
@@ -425,6 +450,26 @@ mod tests {
         for d in &calm {
             assert!(!probe(d).storm, "not a storm");
             assert_eq!(encode(d, Policy::Lz4).0, Codec::Lz4);
+        }
+    }
+
+    /// Under the float policy a storm chunk takes the float codec without LZ4 of the whole
+    /// chunk (`encode_float`), and is still stored no larger than plain LZ4 would store it.
+    #[test]
+    fn float_policy_takes_storm_chunks_and_stays_below_lz4() {
+        let (storms, _) = storm_and_calm_data();
+        for d in &storms {
+            let (codec, stored) = encode(d, Policy::Float);
+            assert!(matches!(codec, Codec::Float(_)), "{codec:?}");
+            let stored = stored.expect("encoded");
+            let plain = encode(d, Policy::Lz4Plain).1.expect("compressed");
+            assert!(
+                stored.len() < plain.len(),
+                "float {} vs LZ4 {} bytes",
+                stored.len(),
+                plain.len()
+            );
+            assert_eq!(&decode(codec, stored, d.len()).unwrap(), d);
         }
     }
 
