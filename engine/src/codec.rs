@@ -12,10 +12,10 @@
 //! The default `lz4` policy shuffles too, but only chunks where LZ4 would crawl: arrays of
 //! 8-byte elements whose low bytes are zero (float32 values held as float64, integers
 //! held as int64, float64 rounded to fewer digits) give LZ4 a 4-byte match every 8 bytes,
-//! and a match per 8 bytes costs it 10-20 times its usual time (0.29-0.37 GiB/s on one core
-//! of the 2-core VM, against 5-13 GiB/s on float weights and zero-padded fields). Shuffled,
-//! the zero bytes form runs: such chunks were stored 1.3-2x smaller and encoded 2-3.4 times
-//! faster (`storm_shuffle_width`).
+//! and a match per 8 bytes costs it 10-50 times its usual time (0.25-0.37 GiB/s on one core
+//! of the 2-core VM, against 4.5-19 GiB/s on float weights, fields and random bytes).
+//! Shuffled, the zero bytes form runs: such chunks were stored 1.3-2x smaller and encoded
+//! 1.9-3.1 times faster (`storm_shuffle_width`).
 //!
 //! The `float` policy goes further for floating-point tensors, whose mantissa bytes LZ4
 //! cannot shrink at all: each chunk is rotated by one bit (the exponent lands in one byte)
