@@ -78,7 +78,7 @@ pub fn encode(data: &[u8], policy: Policy) -> (Codec, Option<Vec<u8>>) {
         return (Codec::Raw, None);
     }
     if policy == Policy::Lz4 && probes.storm {
-        if let Some(width) = storm_shuffle_width(data) {
+        if let Some(width) = storm_shuffle_width(data, &probes) {
             let shuffled = lz4_flex::block::compress(&shuffle(data, width));
             if shuffled.len() < data.len() {
                 return (shuffle_codec(width), Some(shuffled));
@@ -193,6 +193,9 @@ struct Probes {
     /// What LZ4 stored of the probes, over their size (1 where the chunk is too short to
     /// probe).
     ratio: f32,
+    /// LZ4's size of the middle probe and its sequences: what `storm_shuffle_width`
+    /// compares the shuffled probe with.
+    middle: (usize, usize),
 }
 
 /// Bytes per LZ4 sequence below which a chunk is a storm of short matches. On one core of
@@ -207,24 +210,33 @@ fn probe(data: &[u8]) -> Probes {
             incompressible: false,
             storm: false,
             ratio: 1.0,
+            middle: (0, 0),
         };
     }
-    let (mut shrank, mut sequences, mut stored) = (false, 0, 0);
-    for o in [
+    let (mut shrank, mut sequences, mut stored, mut middle) = (false, 0, 0, (0, 0));
+    for (i, o) in [
         0,
         data.len() / 2 - PROBE_BYTES / 2,
         data.len() - PROBE_BYTES,
-    ] {
+    ]
+    .into_iter()
+    .enumerate()
+    {
         let probe = &data[o..o + PROBE_BYTES];
         let c = lz4_flex::block::compress(probe);
+        let n = lz4_sequences(&c);
         shrank |= c.len() < probe.len();
-        sequences += lz4_sequences(&c);
+        sequences += n;
         stored += c.len().min(probe.len());
+        if i == 1 {
+            middle = (c.len(), n);
+        }
     }
     Probes {
         incompressible: !shrank,
         storm: shrank && sequences * STORM_BYTES > 3 * PROBE_BYTES,
         ratio: stored as f32 / (3 * PROBE_BYTES) as f32,
+        middle,
     }
 }
 
@@ -272,19 +284,18 @@ fn shuffle_codec(width: usize) -> Codec {
 }
 
 /// For a storm chunk (`Probes::storm`): the element width whose shuffle of the middle
-/// probe LZ4 shrinks clearly more than plain, with fewer sequences (so the whole chunk
-/// encodes faster too), if any. Two shuffles and LZ4 runs of one probe: a few percent of
-/// what plain LZ4 of a storm chunk costs.
-fn storm_shuffle_width(data: &[u8]) -> Option<usize> {
+/// probe LZ4 shrinks clearly more than plain (`Probes::middle`, already compressed), with
+/// fewer sequences (so the whole chunk encodes faster too), if any. Two shuffles and LZ4
+/// runs of one probe: a few percent of what plain LZ4 of a storm chunk costs.
+fn storm_shuffle_width(data: &[u8], probes: &Probes) -> Option<usize> {
     let o = data.len() / 2 - PROBE_BYTES / 2;
     let probe = &data[o..o + PROBE_BYTES];
-    let plain = lz4_flex::block::compress(probe);
-    let plain_seq = lz4_sequences(&plain);
+    let (plain_len, plain_seq) = probes.middle;
     [8, 4]
         .into_iter()
         .map(|w| (w, lz4_flex::block::compress(&shuffle(probe, w))))
         .filter(|(_, c)| {
-            (c.len() as f64) < plain.len() as f64 * SHUFFLE_MIN_GAIN && lz4_sequences(c) < plain_seq
+            (c.len() as f64) < plain_len as f64 * SHUFFLE_MIN_GAIN && lz4_sequences(c) < plain_seq
         })
         .min_by_key(|(_, c)| c.len())
         .map(|(w, _)| w)
