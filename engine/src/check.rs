@@ -162,6 +162,17 @@ impl CheckReport {
         self.damaged.is_empty() && self.problems.is_empty() && self.problems_omitted == 0
     }
 
+    /// Every live row has its M+K shards, consistent, and no chunk needed rebuilding from
+    /// the other shards: the space survives what its redundancy promises. Not so is damage
+    /// too (a shard holding wrong bytes, a lost target): `ckptfs check` exits 1 for it,
+    /// though `is_clean` may hold.
+    pub fn redundancy_full(&self) -> bool {
+        self.repaired_chunks == 0
+            && self.parity.as_ref().is_none_or(|p| {
+                p.rows_inconsistent == 0 && p.rows_degraded.is_empty() && p.rows_unrecoverable == 0
+            })
+    }
+
     fn problem(&mut self, p: String) {
         if self.problems.len() < MAX_PROBLEMS {
             self.problems.push(p);

@@ -205,6 +205,9 @@ impl Space {
         let segments = range.end - range.start;
         let mut rep = RebuildReport::default();
         let mut throttle = Throttle::new(throttle_bytes_s);
+        // A target suspect as a whole: a rebuild visits every segment with a shard on it
+        // (`needs_rebuild`), so, as after a scrub, it is judged by what the pass finds.
+        let whole_before = er.any_whole_suspect();
         // Chunks per segment, to cut the pass into batches of bounded memory.
         let mut counts = vec![0u32; segments as usize];
         self.reader()?.for_each_chunk(|_, c| {
@@ -234,9 +237,10 @@ impl Space {
         if self.renew_manifest(&er, visit == Visit::Scrub)? {
             log::info!("{visit:?}: the slot's manifest was written afresh on healthy targets");
         }
-        if visit == Visit::Scrub {
+        if visit == Visit::Scrub || (whole_before && rep.is_whole()) {
             er.repair_pass_done();
         }
+        er.forget_repaired_cuts();
         rep.seconds = start.elapsed().as_secs_f64();
         let level = match rep.is_whole() && rep.chunks_repaired + rep.blocks_rewritten == 0 {
             true => log::Level::Info,

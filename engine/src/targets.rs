@@ -51,7 +51,7 @@ use parking_lot::{Mutex, RwLock};
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::io;
 use std::ops::Range;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Instant;
@@ -403,6 +403,27 @@ pub struct Target {
     bytes_written: AtomicU64,
     write_ns: AtomicU64,
     bytes_read: AtomicU64,
+    /// Its file was found cut short outside ckptfs (see `CutShort`): the shards past the
+    /// cut are lost on it until a repair rewrites them.
+    cut: Mutex<Option<CutShort>>,
+}
+
+/// A target file found shorter than its reserved size (a copy that ran out of room, a
+/// truncate by mistake): every shard reaching past byte `at` lost its bytes there. The
+/// file is extended again at a read-write open, so its length no longer says so: `marker`
+/// (`cut_marker`, in the target's directory) does, until this node's repairs have
+/// rewritten every such shard of its own segments.
+#[derive(Clone, Debug)]
+pub(crate) struct CutShort {
+    pub at: u64,
+    pub marker: Option<PathBuf>,
+}
+
+/// The file in a target's directory that remembers, for slot `slot` (0 on a single-slot
+/// space), that the target file was cut short at the byte it holds (decimal text), until
+/// that slot's node has repaired every shard of its segments past it.
+pub fn cut_marker(dir: &Path, slot: u32) -> PathBuf {
+    dir.join(format!("{TARGET_FILE}.cut-{slot}"))
 }
 
 impl Target {
@@ -432,6 +453,7 @@ impl Target {
             bytes_written: AtomicU64::new(0),
             write_ns: AtomicU64::new(0),
             bytes_read: AtomicU64::new(0),
+            cut: Mutex::new(None),
         }
     }
 
@@ -1081,6 +1103,65 @@ impl Erasure {
             .sum()
     }
 
+    /// Target `t`'s file was found cut short (`cut`): every shard of this node's segments
+    /// on it that reaches past the cut is suspect (read around, counted as missing, visited
+    /// by `rebuild`) until a repair rewrites it. Returns how many there are.
+    pub(crate) fn cut_short(&self, t: u16, cut: CutShort) -> u64 {
+        let map = self.map.read();
+        let mut sus = self.suspects.lock();
+        let mut n = 0;
+        for (seg, p) in map.iter().enumerate() {
+            let Some(p) = p else { continue };
+            for (i, a) in p.shards.iter().enumerate() {
+                let Some(a) = a.filter(|a| a.target == t) else {
+                    continue;
+                };
+                if self.shard_offset(a.slot, self.shard_bytes / BLOCK as u64) > cut.at
+                    && self.owns(seg as u64)
+                {
+                    sus.add(seg as u64, i, t);
+                    n += 1;
+                }
+            }
+        }
+        drop((sus, map));
+        *self.tg(t).cut.lock() = Some(cut);
+        n
+    }
+
+    /// After a repair pass: a target cut short whose shards past the cut are all rewritten
+    /// (none of this node's is suspect any more) forgets it, and its marker goes.
+    pub(crate) fn forget_repaired_cuts(&self) {
+        let suspect = self.suspects.lock().per_target(self.all().len());
+        for (i, t) in self.all().iter().enumerate() {
+            let mut cut = t.cut.lock();
+            if cut.is_none() || suspect[i] != (false, 0) {
+                continue;
+            }
+            if let Some(m) = cut.as_ref().and_then(|c| c.marker.as_ref()) {
+                let gone = std::fs::remove_file(m)
+                    .or_else(|e| match e.kind() {
+                        io::ErrorKind::NotFound => Ok(()),
+                        _ => Err(e),
+                    })
+                    .and_then(|()| {
+                        std::fs::File::open(m.parent().unwrap_or(Path::new(".")))?.sync_all()
+                    });
+                if let Err(e) = gone {
+                    // Kept, it only makes the next mount suspect those shards again.
+                    log::warn!("removing {}: {e}", m.display());
+                    continue;
+                }
+            }
+            log::info!(
+                "target {i} ({}): every shard this node lost on it when its file was cut \
+                 short is rewritten",
+                t.path.display()
+            );
+            *cut = None;
+        }
+    }
+
     /// Counts of placed segments by state: (full, degraded by remaining tolerance, lost).
     /// A shard found unreadable or damaged since the mount counts as missing until a repair
     /// rewrites it: the redundancy is what is readable now.
@@ -1125,6 +1206,16 @@ impl Erasure {
                 path: t.path.display().to_string(),
                 domain: t.domain.clone(),
                 state: match (t.healthy(), used[i]) {
+                    (true, _) if t.cut.lock().is_some() => format!(
+                        "degraded: its file was cut short outside ckptfs (at byte {}); {} \
+                         shard(s) past the cut are lost on it until `ckptfs rebuild` (or \
+                         `scrub`) rewrites them",
+                        t.cut.lock().as_ref().map_or(0, |c| c.at),
+                        match suspect[i].0 {
+                            true => "all its".to_string(),
+                            false => suspect[i].1.to_string(),
+                        }
+                    ),
                     (true, _) if suspect[i].0 => "degraded: found unreadable or damaged \
                         since the mount, counted as missing until repaired (`ckptfs scrub`)"
                         .into(),

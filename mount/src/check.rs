@@ -2,7 +2,8 @@
 //! metadata invariants, offline or through the mount's daemon (`user.ckptfs.check`).
 //!
 //! Exit status: 0 clean, 1 damage or inconsistency found (including a metadata table that
-//! fails its checksums at open), 2 when nothing could be checked (usage, not a space, locked
+//! fails its checksums at open, and, on a space over several targets, data with less
+//! redundancy than its M+K: a shard holding wrong bytes, a missing one), 2 when nothing could be checked (usage, not a space, locked
 //! by a process that is not a mount, I/O error opening it).
 
 use crate::{absolute, backing_of, control_get, human, progress_bar};
@@ -90,6 +91,7 @@ pub(crate) fn check_json(r: &CheckReport, max_bytes: Option<usize>) -> Value {
     let warnings: Vec<Value> = r.warnings.iter().map(|p| json!(p)).collect();
     let mut v = json!({
         "clean": r.is_clean(),
+        "redundancy_full": r.redundancy_full(),
         "inodes": r.inodes,
         "histories": r.histories,
         "revisions": r.revisions,
@@ -239,17 +241,14 @@ fn print_human(v: &Value) {
             );
         }
     }
-    if v["clean"].as_bool() == Some(true) {
+    if v["clean"].as_bool() == Some(true) && v["redundancy_full"].as_bool() == Some(false) {
+        println!(
+            "DEGRADED: every chunk reads back and verifies and the metadata is consistent, but \
+             some data has less redundancy than the space's M+K (see the parity line and the \
+             warnings): `ckptfs scrub` on the mount rewrites it from verified data"
+        );
+    } else if v["clean"].as_bool() == Some(true) {
         println!("clean: every chunk reads back and verifies; the metadata is consistent");
-        let p = &v["parity"];
-        let lower = p["rows_inconsistent"].as_u64() > Some(0)
-            || p["rows_degraded"].as_array().is_some_and(|a| !a.is_empty());
-        if lower {
-            println!(
-                "but some rows have less redundancy than the space's M+K (see the parity line \
-                 and the warnings)"
-            );
-        }
     } else {
         println!(
             "NOT CLEAN: {} damaged chunks in {} revisions, {} metadata problems",
@@ -405,11 +404,16 @@ pub(crate) fn run(path: &Path, json: bool) -> ExitCode {
     } else {
         print_human(&v);
     }
-    if v["clean"].as_bool() == Some(true) {
-        ExitCode::SUCCESS
-    } else {
-        ExitCode::from(1)
+    match whole(&v) {
+        true => ExitCode::SUCCESS,
+        false => ExitCode::from(1),
     }
+}
+
+/// A report with nothing to do: clean, and full redundancy (a report without the field,
+/// from a daemon of an older build, is judged by `clean` alone).
+fn whole(v: &Value) -> bool {
+    v["clean"].as_bool() == Some(true) && v["redundancy_full"].as_bool() != Some(false)
 }
 
 /// `check` of an unmounted multi-slot space: every slot that was ever claimed and no live
@@ -423,15 +427,19 @@ fn run_slots(dir: &Path, json: bool) -> ExitCode {
         Ok(s) => s,
         Err(e) => return open_failed(dir, &e, false),
     };
-    let clean = slots
+    let clean = slots.iter().all(|(_, r)| r.as_ref().is_ok_and(whole));
+    let data_clean = slots
         .iter()
         .all(|(_, r)| r.as_ref().is_ok_and(|v| v["clean"].as_bool() == Some(true)));
     let damaged = slots
         .iter()
-        .any(|(_, r)| r.as_ref().is_ok_and(|v| v["clean"].as_bool() != Some(true)));
+        .any(|(_, r)| r.as_ref().is_ok_and(|v| !whole(v)));
     if json {
         let v = json!({
-            "clean": clean,
+            "clean": data_clean,
+            "redundancy_full": slots.iter().all(|(_, r)| {
+                r.as_ref().is_ok_and(|v| v["redundancy_full"].as_bool() != Some(false))
+            }),
             "slots": slots.iter().map(|(s, r)| match r {
                 Ok(v) => json!({"slot": s, "report": v}),
                 Err(e) => json!({"slot": s, "error": e}),

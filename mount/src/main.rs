@@ -328,7 +328,8 @@ enum Cmd {
     /// Unmount, waiting until every closed file is committed and the daemon has exited.
     Umount { mountpoint: PathBuf },
     /// Read back and verify every stored chunk and check the metadata; name every damaged
-    /// file and revision. Exit status 0 clean, 1 damage found, 2 could not check.
+    /// file and revision. Exit status 0 clean, 1 damage found (on a space over targets, also
+    /// data with less redundancy than its M+K), 2 could not check.
     Check {
         /// A mountpoint or a backing directory.
         path: PathBuf,

@@ -11,7 +11,8 @@
 //! - status tells the truth: a target whose shards fail to read is shown degraded, and the
 //!   revisions' redundancy drops, while the mount lasts; `ckptfs scrub` repairs it;
 //! - a target file cut short while unmounted is extended again at mount, and `ckptfs scrub`
-//!   repairs it in place;
+//!   repairs it in place; it counts as short of shards (status, `check`) from the mount on
+//!   and across remounts, and `ckptfs rebuild` repairs it too;
 //! - seeded: damage on up to K targets (a lost target counting as one), round after round of
 //!   rebuilds and scrubs, with new checkpoints in between: nothing committed is lost.
 //!   `CKPTFS_DAMAGE_ROUNDS` sets the rounds (default 3), `CKPTFS_SEED` replays.
@@ -210,7 +211,11 @@ fn check_names_the_damaged_data_shard_not_the_healthy_parity() {
     drop(f);
     drop_caches();
     m.mount();
-    let v = json(&mut m, &["check"]);
+    let mnt = m.mnt().to_path_buf();
+    let (st, out, err) = m.ckptfs(&[OsStr::new("check"), mnt.as_os_str(), OsStr::new("--json")]);
+    let v: serde_json::Value = serde_json::from_str(out.trim())
+        .unwrap_or_else(|e| panic!("check printed non-JSON ({e}): {out}\n{err}"));
+    assert_eq!(st.code(), Some(1), "a damaged shard is damage: {v}");
     let segs = v["parity_segments"].as_array().unwrap();
     let rows: Vec<&serde_json::Value> = segs
         .iter()
@@ -354,6 +359,87 @@ fn a_target_cut_short_while_unmounted_is_repaired_in_place() {
     );
     assert_file_eq(&m.path("ckpt"), &data);
     scrub_repairs_in_place(&mut m, 1);
+    m.unmount();
+    for i in [3, 4] {
+        fs::remove_file(m.target_dir(i).join(TARGET_FILE)).unwrap();
+    }
+    drop_caches();
+    m.mount();
+    assert_file_eq(&m.path("ckpt"), &data);
+}
+
+/// A target file cut short while unmounted is known to be short of shards from the mount on,
+/// before any read finds it, and still after a remount (which finds the file at its full
+/// size again): `targets`, `stats` and `check` say so, and `ckptfs rebuild` (not only
+/// `scrub`) rewrites what it lost. Before, the mount extended the file and forgot: status
+/// said "full redundancy", `rebuild` visited nothing and said "nothing lost", and `check`
+/// exited 0 over thousands of rows whose parity was zeros.
+#[test]
+fn a_target_cut_short_is_degraded_across_remounts_until_rebuild() {
+    let seed = test_seed("a_target_cut_short_is_degraded", 0x36_0500);
+    let mut m = TestMount::with_targets("256M", 5, "3+2");
+    let data = pattern(seed, 24 * MIB as usize);
+    fs::write(m.path("ckpt"), &data).unwrap();
+    m.unmount();
+    let dir = m.target_dir(1);
+    let f = fs::OpenOptions::new()
+        .write(true)
+        .open(dir.join(TARGET_FILE))
+        .unwrap();
+    f.set_len(HEADER + MIB).unwrap();
+    drop(f);
+    drop_caches();
+    let markers = |dir: &Path| -> Vec<String> {
+        fs::read_dir(dir)
+            .unwrap()
+            .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+            .filter(|n| n.contains(".cut-"))
+            .collect()
+    };
+    for round in ["first mount", "after a remount"] {
+        m.mount();
+        let t = json(&mut m, &["targets"]);
+        let state = t["targets"][1]["state"].as_str().unwrap();
+        assert!(
+            state.starts_with("degraded") && state.contains("cut short"),
+            "{round}: {t}"
+        );
+        assert!(
+            t["targets"][1]["suspect_shards"].as_u64().unwrap() > 0,
+            "{t}"
+        );
+        assert_eq!(
+            t["revisions"]["listed"],
+            serde_json::json!([[1, 1]]),
+            "{round}: the revision can lose one target less: {t}"
+        );
+        let mnt = m.mnt().to_path_buf();
+        let text = m.ckptfs_ok(&[OsStr::new("stats"), mnt.as_os_str()]);
+        assert!(text.contains("DEGRADED"), "{round}: {text}");
+        assert_eq!(markers(&dir), ["ckptfs-target.cut-0"], "{round}");
+        m.unmount();
+    }
+    m.mount();
+    let mnt = m.mnt().to_path_buf();
+    let (st, out, _) = m.ckptfs(&[OsStr::new("check"), mnt.as_os_str(), OsStr::new("--json")]);
+    let v: serde_json::Value = serde_json::from_str(out.trim()).unwrap();
+    assert_eq!(st.code(), Some(1), "less redundancy is damage: {v}");
+    assert_eq!(
+        (&v["clean"], &v["redundancy_full"]),
+        (&true.into(), &false.into()),
+        "{v}"
+    );
+    let r = json(&mut m, &["rebuild"]);
+    assert_eq!(r["chunks_lost"], 0, "{r}");
+    assert!(r["blocks_rewritten"].as_u64().unwrap() > 0, "{r}");
+    let t = json(&mut m, &["targets"]);
+    assert_eq!(t["targets"][1]["state"], "ok", "rebuilt in place: {t}");
+    assert_eq!(t["revisions"]["listed"], serde_json::json!([[2, 1]]), "{t}");
+    assert!(markers(&dir).is_empty(), "the marker goes with the repair");
+    m.unmount();
+    drop_caches();
+    m.mount();
+    check_clean(&mut m, "after rebuild");
     m.unmount();
     for i in [3, 4] {
         fs::remove_file(m.target_dir(i).join(TARGET_FILE)).unwrap();

@@ -141,6 +141,7 @@ fn check_finds_parity_that_disagrees_with_its_row() {
     assert_file_eq(&m.path("ckpt"), &data);
     let expect = |v: &serde_json::Value, how: &str| {
         assert_eq!(v["clean"], true, "{how}: {v}");
+        assert_eq!(v["redundancy_full"], false, "{how}: {v}");
         assert_eq!(v["parity"]["rows_inconsistent"], 1, "{how}: {v}");
         assert_eq!(v["parity"]["rows_unrecoverable"], 0, "{how}: {v}");
         assert_eq!(
@@ -179,13 +180,14 @@ fn check_finds_parity_that_disagrees_with_its_row() {
             w[0]
         );
     };
+    // Exit 1: data intact, but a shard holds wrong bytes (a monitor must hear of it).
     let (code, v) = check_json(&mut m);
-    assert_eq!(code, 0, "{v}");
+    assert_eq!(code, 1, "{v}");
     expect(&v, "mounted");
     m.unmount();
     let b = m.backing().to_path_buf();
     let (st, out, err) = m.ckptfs(&[OsStr::new("check"), b.as_os_str(), OsStr::new("--json")]);
-    assert!(st.success(), "offline check: {out}{err}");
+    assert_eq!(st.code(), Some(1), "offline check: {out}{err}");
     let v: serde_json::Value = serde_json::from_str(out.trim()).expect("JSON");
     // A backing directory of several slots is checked slot by slot: this mount's is 0.
     let v = match m.shared_targets() {
@@ -194,9 +196,10 @@ fn check_finds_parity_that_disagrees_with_its_row() {
     };
     expect(&v, "offline");
     let (st, out, err) = m.ckptfs(&[OsStr::new("check"), b.as_os_str()]);
-    assert!(st.success(), "{out}{err}");
+    assert_eq!(st.code(), Some(1), "{out}{err}");
     assert!(
-        out.contains("1 inconsistent, 0 degraded (missing shards), 0 unrecoverable"),
+        out.contains("1 inconsistent, 0 degraded (missing shards), 0 unrecoverable")
+            && out.contains("DEGRADED: every chunk reads back"),
         "{out}"
     );
 }
@@ -416,8 +419,14 @@ fn damaged_shards_are_repaired_and_three_never_read_wrong() {
     }
     let t = targets_json(&mut m);
     assert!(t["repaired_reads"].as_u64().unwrap() > 0, "{t}");
+    // Nothing is lost, but shards hold damaged bytes: exit 1, `clean` data.
     let (code, v) = check_json(&mut m);
-    assert_eq!(code, 0, "nothing is lost: {v}");
+    assert_eq!(code, 1, "nothing is lost, redundancy is: {v}");
+    assert_eq!(
+        (&v["clean"], &v["redundancy_full"]),
+        (&true.into(), &false.into()),
+        "{v}"
+    );
     assert!(v["repaired_chunks"].as_u64().unwrap() > 0, "{v}");
     m.unmount();
     damage_target(&m.target_dir(all[2]), 8 << 20, 1021);
@@ -770,8 +779,11 @@ fn a_lost_backing_directory_is_recovered_from_the_targets_metadata_mirrors() {
     for (name, data) in &files {
         assert_file_eq(&m.path(name), data);
     }
+    // Data intact; the lost holder's shards are missing, so less redundancy: exit 1.
     let (code, c) = check_json(&mut m);
-    assert_eq!(code, 0, "check after recovery: {c}");
+    assert_eq!(code, 1, "check after recovery: {c}");
+    assert_eq!(c["clean"], true, "check after recovery: {c}");
+    assert_eq!(c["redundancy_full"], false, "check after recovery: {c}");
     // The lost target is failed; the mirror moved to healthy targets.
     let now = mirror_holders(&mut m);
     assert_eq!(now.len(), 3, "{now:?}");
@@ -942,5 +954,62 @@ fn damage_on_a_metadata_mirror_while_unmounted_is_reported_when_the_space_is_ope
     m.mount();
     for (name, data) in &files {
         assert_file_eq(&m.path(name), data);
+    }
+}
+
+/// `format --force` over a space whose targets hold what a mount leaves there (the metadata
+/// mirrors) and a cut marker: the space is made afresh, and nothing of the old one stays
+/// to be taken for the new one's (a stale marker would count a healthy target as cut).
+/// Before, format refused such a target directory as "not a ckptfs target" after the first
+/// mount. A directory holding anything else is still refused, with the name it holds.
+#[test]
+fn format_force_remakes_a_space_whose_targets_hold_mirrors_and_markers() {
+    let seed = test_seed("format_force_remakes_a_targets_space", 0x7a_0010);
+    let mut m = TestMount::with_targets("256M", 3, "2+1");
+    fs::write(m.path("old"), pattern(seed, 1 << 20)).unwrap();
+    m.unmount();
+    fs::write(m.target_dir(0).join("ckptfs-target.cut-0"), "4096\n").unwrap();
+    let mut args: Vec<std::ffi::OsString> = vec![
+        "format".into(),
+        m.backing().into(),
+        "--size".into(),
+        "256M".into(),
+        "--redundancy".into(),
+        "2+1".into(),
+        "--force".into(),
+    ];
+    if let Some(n) = ckptfs_tests::targets_slots() {
+        args.extend(["--slots".into(), n.to_string().into()]);
+    }
+    for i in 0..3 {
+        args.extend(["--target".into(), m.target_dir(i).into()]);
+    }
+    let stray = m.target_dir(2).join("notes.txt");
+    fs::write(&stray, "mine").unwrap();
+    let a: Vec<&OsStr> = args.iter().map(|a| a.as_os_str()).collect();
+    let (st, out, err) = m.ckptfs(&a);
+    assert!(
+        !st.success() && err.contains("notes.txt") && err.contains("not a ckptfs target"),
+        "{out}{err}"
+    );
+    fs::remove_file(&stray).unwrap();
+    let (st, out, err) = m.ckptfs(&a);
+    assert!(st.success(), "{out}{err}");
+    for i in 0..3 {
+        let names: Vec<String> = fs::read_dir(m.target_dir(i))
+            .unwrap()
+            .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+            .collect();
+        assert_eq!(
+            names,
+            ["ckptfs-target"],
+            "target {i} holds only the new file"
+        );
+    }
+    m.mount();
+    assert!(!m.path("old").exists(), "a new space");
+    let t = targets_json(&mut m);
+    for i in 0..3 {
+        assert_eq!(t["targets"][i]["state"], "ok", "{t}");
     }
 }

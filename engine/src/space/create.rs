@@ -211,9 +211,10 @@ pub(super) fn target_table(
             let names: Vec<String> = fs::read_dir(&t.path)?
                 .map(|e| e.map(|e| e.file_name().to_string_lossy().into_owned()))
                 .collect::<std::io::Result<_>>()?;
-            if names.iter().any(|n| n != crate::targets::TARGET_FILE) {
+            if let Some(n) = names.iter().find(|n| !is_target_dir_file(n)) {
                 return Err(Error::Invalid(format!(
-                    "target {} is not empty and is not a ckptfs target; refusing to format it",
+                    "target {} is not empty and is not a ckptfs target (it holds {n:?}); \
+                     refusing to format it",
                     t.path.display()
                 )));
             }
@@ -298,9 +299,14 @@ pub(super) fn format_target_files(
             .create(&t.path)?;
         let path = t.path.join(crate::targets::TARGET_FILE);
         let _ = fs::remove_file(&path);
-        // A mirror of an earlier space here must not be taken for this one's.
-        for name in crate::mirror::MIRROR_FILES {
-            let _ = fs::remove_file(t.path.join(name));
+        // A mirror or a cut marker of an earlier space here must not be taken for this
+        // one's (with --force; without it the directory held at most the target file).
+        for e in fs::read_dir(&t.path)? {
+            let name = e?.file_name();
+            let name = name.to_string_lossy();
+            if is_target_dir_file(&name) && name != crate::targets::TARGET_FILE {
+                fs::remove_file(t.path.join(&*name))?;
+            }
         }
         let f = open_private(&path, true)?;
         preallocate(&f, table.target_file_bytes())?;
@@ -648,4 +654,17 @@ impl Space {
         };
         Ok((sb, table))
     }
+}
+
+/// A name ckptfs puts in a target directory: the target file, a metadata mirror's files, a
+/// cut marker (`targets::cut_marker`), or the temporary file of one of them left by a crash.
+/// `format --force` takes a directory holding only such names.
+fn is_target_dir_file(name: &str) -> bool {
+    let base = name.split_once(".tmp").map_or(name, |(b, _)| b);
+    base == crate::targets::TARGET_FILE
+        || crate::mirror::MIRROR_FILES.contains(&base)
+        || base
+            .strip_prefix(crate::targets::TARGET_FILE)
+            .and_then(|r| r.strip_prefix(".cut-"))
+            .is_some_and(|slot| slot.parse::<u32>().is_ok())
 }

@@ -353,9 +353,13 @@ pub(super) fn open_targets(
         .map_err(|e| Corruption::Layout(format!("{}: {e}", crate::targets::TARGETS_FILE)))?;
     let mut targets = Vec::new();
     let mut opened_ok = Vec::new();
+    let mut cuts: Vec<(u16, crate::targets::CutShort)> = Vec::new();
     let mut usable = 0;
+    // The slot whose cut markers this node reads and clears (`targets::cut_marker`).
+    let my_slot = lease.map_or(0, |l| l.slot().0);
     for (i, t) in table.targets.iter().enumerate() {
         let path = t.path.join(crate::targets::TARGET_FILE);
+        let mut cut: Option<crate::targets::CutShort> = None;
         let opened = (|| -> std::result::Result<Arc<dyn Device>, String> {
             if table.failed[i] {
                 return Err(
@@ -387,32 +391,69 @@ pub(super) fn open_targets(
             }
             // A file cut short outside ckptfs (a copy that ran out of room, a truncate by
             // mistake) lost the shards past its end. Its device takes writes only within its
-            // length, so every repair of those shards failed (ENOSPC) and failed the whole
-            // target, where a scrub could put them back in place: extended to its reserved
-            // size again, the lost shards read as damaged (their blake3 does not match),
-            // are rebuilt from the other targets as they are read, and `ckptfs scrub`
-            // rewrites them all.
+            // length, so it is extended to its reserved size again (else every repair of
+            // those shards would fail with ENOSPC and fail the whole target). Extended, its
+            // length no longer tells what it lost, so first a marker per slot records the
+            // cut (`targets::cut_marker`): each node's shards past it are counted missing,
+            // read around and rebuilt in place by `ckptfs rebuild` (or `scrub`), whose pass
+            // removes that node's marker once none is left, at this mount or a later one.
             let want = table.target_file_bytes();
             let have = f
                 .metadata()
                 .map_err(|e| format!("{}: {e}", path.display()))?
                 .len();
+            let mine = crate::targets::cut_marker(&t.path, my_slot);
+            let marked = match fs::read_to_string(&mine) {
+                Ok(text) => Some(text.trim().parse::<u64>().unwrap_or_else(|_| {
+                    log::error!(
+                        "{} does not hold a byte offset ({text:?}): every shard on target \
+                         {i} is taken as cut off",
+                        mine.display()
+                    );
+                    crate::targets::TARGET_HEADER_BYTES
+                })),
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => None,
+                Err(e) => {
+                    log::error!(
+                        "{}: {e}: every shard on target {i} is taken as cut off",
+                        mine.display()
+                    );
+                    Some(crate::targets::TARGET_HEADER_BYTES)
+                }
+            };
             if have < want {
-                if read_only {
-                    log::error!(
-                        "target {i}: {} is {have} bytes, {want} reserved: it was cut short \
-                         outside ckptfs; the shards past its end are read from the other \
-                         targets, and a read-write mount's `ckptfs scrub` puts them back",
-                        path.display()
-                    );
-                } else {
-                    log::error!(
-                        "target {i}: {} is {have} bytes, {want} reserved: it was cut short \
-                         outside ckptfs; extended to its size again, the shards it lost are \
-                         rebuilt from the other targets as they are read, and `ckptfs scrub` \
-                         rewrites them all",
-                        path.display()
-                    );
+                log::error!(
+                    "target {i}: {} is {have} bytes, {want} reserved: it was cut short outside \
+                     ckptfs; the shards past its end are read from the other targets{}",
+                    path.display(),
+                    match read_only {
+                        true => ", and a read-write mount's `ckptfs rebuild` puts them back",
+                        false => "; extended to its size again, `ckptfs rebuild` rewrites them",
+                    }
+                );
+                if !read_only {
+                    for s in 0..sb.slots.max(1) {
+                        let m = crate::targets::cut_marker(&t.path, s);
+                        let at = fs::read_to_string(&m)
+                            .ok()
+                            .and_then(|x| x.trim().parse::<u64>().ok())
+                            .map_or(have, |x| x.min(have));
+                        let name = m.file_name().unwrap_or_default().to_string_lossy();
+                        write_file_durably_via(
+                            &t.path,
+                            &name,
+                            &format!("{name}.tmp-{my_slot}"),
+                            format!("{at}\n").as_bytes(),
+                        )
+                        .map_err(|e| {
+                            format!(
+                                "{} is {have} bytes, {want} reserved, and recording that it \
+                                 was cut short ({}) failed: {e}",
+                                path.display(),
+                                m.display()
+                            )
+                        })?;
+                    }
                     super::preallocate(&f, want).map_err(|e| {
                         format!(
                             "{} is {have} bytes, {want} reserved, and extending it failed: {e}",
@@ -421,6 +462,14 @@ pub(super) fn open_targets(
                     })?;
                 }
             }
+            let at = match (have < want, marked) {
+                (true, m) => Some(m.map_or(have, |m| m.min(have))),
+                (false, m) => m,
+            };
+            cut = at.map(|at| crate::targets::CutShort {
+                at,
+                marker: (!read_only).then(|| mine.clone()),
+            });
             let dev: Arc<dyn Device> = match read_only {
                 true => Arc::new(crate::device::ReadOnlyDevice(Arc::new(
                     FileDevice::new(f).map_err(|e| e.to_string())?,
@@ -437,6 +486,9 @@ pub(super) fn open_targets(
             }
         } else {
             usable += 1;
+        }
+        if let (Ok(_), Some(c)) = (&opened, cut) {
+            cuts.push((i as u16, c));
         }
         opened_ok.push(opened.is_ok());
         targets.push(crate::targets::Target::new(
@@ -530,6 +582,19 @@ pub(super) fn open_targets(
         map,
         share,
     )?);
+    for (i, c) in cuts {
+        let at = c.at;
+        match erasure.cut_short(i, c) {
+            0 => {}
+            n => log::error!(
+                "target {i}: {n} shard(s) of this node's segments reach past byte {at}, where \
+                 its file was cut short: counted missing and read from the other targets \
+                 until `ckptfs rebuild` rewrites them"
+            ),
+        }
+    }
+    // Cuts that took nothing of this node's segments are forgotten at once.
+    erasure.forget_repaired_cuts();
     {
         let t = table.lock();
         for (i, spec) in t.targets.iter().enumerate().filter(|(i, _)| t.failed[*i]) {

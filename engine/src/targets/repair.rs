@@ -204,10 +204,17 @@ impl Erasure {
         let Some(p) = self.map.read().get(seg as usize).cloned().flatten() else {
             return false;
         };
-        p.shards
-            .iter()
-            .any(|s| s.is_none_or(|a| !all[a.target as usize].healthy()))
-            || self.suspects.lock().in_segment(seg)
+        let sus = self.suspects.lock();
+        // `holds` covers a target suspect as a whole (more suspect shards than remembered
+        // one by one): every segment with a shard on it is visited.
+        p.shards.iter().enumerate().any(|(i, s)| {
+            s.is_none_or(|a| !all[a.target as usize].healthy() || sus.holds(seg, i, a.target))
+        })
+    }
+
+    /// Some target is suspect as a whole (see `Suspects`).
+    pub(crate) fn any_whole_suspect(&self) -> bool {
+        self.suspects.lock().any_whole()
     }
 
     /// Segment `seg` has a placement.
