@@ -267,6 +267,10 @@ impl Erasure {
     /// copied for it; the store places it afresh when it takes it (`prepare`).
     fn unplace_empty(&self, seg: u64, p: &Placed, bad: &[usize]) -> io::Result<()> {
         if bad.iter().all(|&i| p.shards[i].is_none()) {
+            // Its shards hold nothing live: one found damaged (or past a target's cut) costs
+            // no redundancy, and would otherwise keep the target degraded (and its cut
+            // marker) until the segment is written again.
+            self.suspects.lock().clear_segment(seg);
             return Ok(());
         }
         let mut map = self.map.write();
