@@ -242,10 +242,23 @@ fn print_human(v: &Value) {
         }
     }
     if v["clean"].as_bool() == Some(true) && v["redundancy_full"].as_bool() == Some(false) {
+        // Shards missing (a failed target) need somewhere to go; damaged ones are rewritten
+        // in place.
+        let missing = v["parity"]["rows_degraded"]
+            .as_array()
+            .is_some_and(|a| !a.is_empty());
         println!(
             "DEGRADED: every chunk reads back and verifies and the metadata is consistent, but \
              some data has less redundancy than the space's M+K (see the parity line and the \
-             warnings): `ckptfs scrub` on the mount rewrites it from verified data"
+             warnings): {}",
+            match missing {
+                true =>
+                    "`ckptfs rebuild` on the mount rebuilds the missing shards on healthy \
+                    targets in failure domains their rows do not use yet (`--replace \
+                    OLD=NEW` gives it a new target where there is none) and rewrites damaged \
+                    ones from verified data",
+                false => "`ckptfs scrub` on the mount rewrites it from verified data",
+            }
         );
     } else if v["clean"].as_bool() == Some(true) {
         println!("clean: every chunk reads back and verifies; the metadata is consistent");
