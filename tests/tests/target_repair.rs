@@ -94,12 +94,18 @@ fn live_targets(m: &mut TestMount) -> Vec<(usize, PathBuf)> {
         .collect()
 }
 
-fn check_clean(m: &mut TestMount, how: &str) {
+/// `ckptfs check MNT --json`: its exit status and report (which need not be clean).
+fn check_json(m: &mut TestMount) -> (Option<i32>, serde_json::Value) {
     let mnt = m.mnt().to_path_buf();
     let (st, out, err) = m.ckptfs(&[OsStr::new("check"), mnt.as_os_str(), OsStr::new("--json")]);
-    let v: serde_json::Value = serde_json::from_str(out.trim())
+    let v = serde_json::from_str(out.trim())
         .unwrap_or_else(|e| panic!("check printed non-JSON ({e}): {out}\n{err}"));
-    assert!(st.success() && v["clean"] == true, "{how}: {v}");
+    (st.code(), v)
+}
+
+fn check_clean(m: &mut TestMount, how: &str) {
+    let (code, v) = check_json(m);
+    assert!(code == Some(0) && v["clean"] == true, "{how}: {v}");
     assert_eq!(
         v["parity"]["rows_inconsistent"], 0,
         "{how}: every row repaired: {v}"
@@ -211,11 +217,8 @@ fn check_names_the_damaged_data_shard_not_the_healthy_parity() {
     drop(f);
     drop_caches();
     m.mount();
-    let mnt = m.mnt().to_path_buf();
-    let (st, out, err) = m.ckptfs(&[OsStr::new("check"), mnt.as_os_str(), OsStr::new("--json")]);
-    let v: serde_json::Value = serde_json::from_str(out.trim())
-        .unwrap_or_else(|e| panic!("check printed non-JSON ({e}): {out}\n{err}"));
-    assert_eq!(st.code(), Some(1), "a damaged shard is damage: {v}");
+    let (code, v) = check_json(&mut m);
+    assert_eq!(code, Some(1), "a damaged shard is damage: {v}");
     let segs = v["parity_segments"].as_array().unwrap();
     let rows: Vec<&serde_json::Value> = segs
         .iter()
@@ -420,10 +423,8 @@ fn a_target_cut_short_is_degraded_across_remounts_until_rebuild() {
         m.unmount();
     }
     m.mount();
-    let mnt = m.mnt().to_path_buf();
-    let (st, out, _) = m.ckptfs(&[OsStr::new("check"), mnt.as_os_str(), OsStr::new("--json")]);
-    let v: serde_json::Value = serde_json::from_str(out.trim()).unwrap();
-    assert_eq!(st.code(), Some(1), "less redundancy is damage: {v}");
+    let (code, v) = check_json(&mut m);
+    assert_eq!(code, Some(1), "less redundancy is damage: {v}");
     assert_eq!(
         (&v["clean"], &v["redundancy_full"]),
         (&true.into(), &false.into()),
