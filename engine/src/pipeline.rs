@@ -709,9 +709,13 @@ impl Stage {
         // (the `compress` stage, nested in `append`, read 0.23 CPU-s/GiB for 0.11).
         t.cpu = Some((c0, 1));
         let r = f();
-        let (wall, cpu) = (t.wall.elapsed().as_nanos() as u64, thread_cpu_ns() - c0);
+        let end = thread_cpu_ns();
+        let (wall, cpu) = (t.wall.elapsed().as_nanos() as u64, end - c0);
         let outer = t.nested;
-        self.stop(t, bytes);
+        // Counted up to the same clock reading the enclosing timing leaves out: with a
+        // second reading in `stop`, the time between the two counted here and there too
+        // (an exact span then summed more CPU than the thread spent).
+        self.stop_at(t, bytes, Some(end));
         // What this timing took, nested ones included (the enclosing timing leaves it all out).
         NESTED.set((outer.0 + wall, outer.1 + cpu));
         r
@@ -720,6 +724,11 @@ impl Stage {
     /// Counts a timing (started by this stage or a sibling) against this stage, less the
     /// timings nested in it that counted elsewhere.
     pub fn stop(&self, t: Timing, bytes: usize) {
+        self.stop_at(t, bytes, None);
+    }
+
+    /// `stop` with the thread's CPU clock read already (`end`), or read here (None).
+    fn stop_at(&self, t: Timing, bytes: usize, end: Option<u64>) {
         use std::sync::atomic::Ordering::Relaxed;
         let now = NESTED.get();
         let wall = t
@@ -727,7 +736,8 @@ impl Stage {
             .elapsed()
             .saturating_sub(std::time::Duration::from_nanos(now.0 - t.nested.0));
         if let Some((c0, weight)) = t.cpu {
-            let cpu = (thread_cpu_ns().saturating_sub(c0)).saturating_sub(now.1 - t.nested.1);
+            let end = end.unwrap_or_else(thread_cpu_ns);
+            let cpu = (end.saturating_sub(c0)).saturating_sub(now.1 - t.nested.1);
             self.sampled.fetch_add(1, Relaxed);
             self.cpu_ns.fetch_add(cpu * weight, Relaxed);
             if let Some(sum) = EXACT.get() {
@@ -956,8 +966,7 @@ mod tests {
         assert_eq!((ahead.sampled_count, ahead.cpu_seconds), (0, 0.0));
     }
 
-    /// Some CPU work, a few tens of microseconds.
-    /// About 0.2-0.5 ms of CPU: long enough that the clock reads around a timing (each a
+    /// Some CPU work: about 0.2-0.5 ms: long enough that the clock reads around a timing (each a
     /// system call, some microseconds on a busy VM) stay a few percent of it. At a tenth
     /// of this, `an_exact_span_measures_every_timing_once_and_sums_them` saw 73% of the
     /// thread's CPU counted under CI's load.

@@ -1154,8 +1154,8 @@ impl Erasure {
                 }
             }
             log::info!(
-                "target {i} ({}): every shard this node lost on it when its file was cut \
-                 short is rewritten",
+                "target {i} ({}): no shard of this node's segments past the cut in its file \
+                 is left to rewrite",
                 t.path.display()
             );
             *cut = None;
