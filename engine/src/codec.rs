@@ -66,11 +66,7 @@ pub fn encode(data: &[u8], policy: Policy) -> (Codec, Option<Vec<u8>>) {
     }
     if policy == Policy::Shuffle {
         if let Some(width) = shuffle_width(data) {
-            let shuffled = lz4_flex::block::compress(&shuffle(data, width));
-            if shuffled.len() < data.len() {
-                return (shuffle_codec(width), Some(shuffled));
-            }
-            return (Codec::Raw, None);
+            return shuffled_or_raw(data, width);
         }
     }
     let probes = probe(data);
@@ -79,11 +75,7 @@ pub fn encode(data: &[u8], policy: Policy) -> (Codec, Option<Vec<u8>>) {
     }
     if policy == Policy::Lz4 && probes.storm {
         if let Some(width) = storm_shuffle_width(data, &probes) {
-            let shuffled = lz4_flex::block::compress(&shuffle(data, width));
-            if shuffled.len() < data.len() {
-                return (shuffle_codec(width), Some(shuffled));
-            }
-            return (Codec::Raw, None);
+            return shuffled_or_raw(data, width);
         }
     }
     let lz4 = lz4_flex::block::compress(data);
@@ -275,12 +267,23 @@ fn lz4_sequences(block: &[u8]) -> usize {
     n
 }
 
-fn shuffle_codec(width: usize) -> Codec {
-    if width == 4 {
-        Codec::Shuffle4Lz4
-    } else {
-        Codec::Shuffle8Lz4
+/// `data` shuffled as `width`-byte elements then LZ4'd, or raw where that is no smaller.
+fn shuffled_or_raw(data: &[u8], width: usize) -> (Codec, Option<Vec<u8>>) {
+    let shuffled = lz4_flex::block::compress(&shuffle(data, width));
+    if shuffled.len() >= data.len() {
+        return (Codec::Raw, None);
     }
+    let codec = match width {
+        4 => Codec::Shuffle4Lz4,
+        _ => Codec::Shuffle8Lz4,
+    };
+    (codec, Some(shuffled))
+}
+
+/// The middle one of `probe`'s three probes.
+fn middle_probe(data: &[u8]) -> &[u8] {
+    let o = data.len() / 2 - PROBE_BYTES / 2;
+    &data[o..o + PROBE_BYTES]
 }
 
 /// For a storm chunk (`Probes::storm`): the element width whose shuffle of the middle
@@ -288,8 +291,7 @@ fn shuffle_codec(width: usize) -> Codec {
 /// fewer sequences (so the whole chunk encodes faster too), if any. Two shuffles and LZ4
 /// runs of one probe: a few percent of what plain LZ4 of a storm chunk costs.
 fn storm_shuffle_width(data: &[u8], probes: &Probes) -> Option<usize> {
-    let o = data.len() / 2 - PROBE_BYTES / 2;
-    let probe = &data[o..o + PROBE_BYTES];
+    let probe = middle_probe(data);
     let (plain_len, plain_seq) = probes.middle;
     [8, 4]
         .into_iter()

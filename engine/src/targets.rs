@@ -1116,9 +1116,8 @@ impl Erasure {
                 let Some(a) = a.filter(|a| a.target == t) else {
                     continue;
                 };
-                if self.shard_offset(a.slot, self.shard_bytes / BLOCK as u64) > cut.at
-                    && self.owns(seg as u64)
-                {
+                // Only this node's segments are in `map` (another slot's are read afresh).
+                if self.shard_offset(a.slot, self.shard_bytes / BLOCK as u64) > cut.at {
                     sus.add(seg as u64, i, t);
                     n += 1;
                 }
@@ -1132,8 +1131,9 @@ impl Erasure {
     /// After a repair pass: a target cut short whose shards past the cut are all rewritten
     /// (none of this node's is suspect any more) forgets it, and its marker goes.
     pub(crate) fn forget_repaired_cuts(&self) {
-        let suspect = self.suspects.lock().per_target(self.all().len());
-        for (i, t) in self.all().iter().enumerate() {
+        let all = self.all();
+        let suspect = self.suspects.lock().per_target(all.len());
+        for (i, t) in all.iter().enumerate() {
             let mut cut = t.cut.lock();
             if cut.is_none() || suspect[i] != (false, 0) {
                 continue;
@@ -1205,32 +1205,31 @@ impl Erasure {
                 index: i as u16,
                 path: t.path.display().to_string(),
                 domain: t.domain.clone(),
-                state: match (t.healthy(), used[i]) {
-                    (true, _) if t.cut.lock().is_some() => format!(
-                        "degraded: its file was cut short outside ckptfs (at byte {}); {} \
+                state: match (t.healthy(), used[i], t.cut.lock().as_ref().map(|c| c.at)) {
+                    (true, _, Some(at)) => format!(
+                        "degraded: its file was cut short outside ckptfs (at byte {at}); {} \
                          shard(s) past the cut are lost on it until `ckptfs rebuild` (or \
                          `scrub`) rewrites them",
-                        t.cut.lock().as_ref().map_or(0, |c| c.at),
                         match suspect[i].0 {
                             true => "all its".to_string(),
                             false => suspect[i].1.to_string(),
                         }
                     ),
-                    (true, _) if suspect[i].0 => "degraded: found unreadable or damaged \
+                    (true, _, _) if suspect[i].0 => "degraded: found unreadable or damaged \
                         since the mount, counted as missing until repaired (`ckptfs scrub`)"
                         .into(),
-                    (true, _) if suspect[i].1 > 0 => format!(
+                    (true, _, _) if suspect[i].1 > 0 => format!(
                         "degraded: {} shard(s) found unreadable or damaged since the mount \
                          and not repaired (`ckptfs scrub` repairs them)",
                         suspect[i].1
                     ),
-                    (true, _) => "ok".into(),
+                    (true, _, _) => "ok".into(),
                     // Nothing of the space is on it any more.
-                    (false, 0) => format!(
+                    (false, 0, _) => format!(
                         "retired: {}",
                         t.failed_reason.lock().clone().unwrap_or_default()
                     ),
-                    (false, _) => format!(
+                    (false, _, _) => format!(
                         "failed: {}",
                         t.failed_reason.lock().clone().unwrap_or_default()
                     ),

@@ -332,6 +332,29 @@ pub fn recover(backing: &Path, from: &Path, force: bool) -> Result<Recovered> {
     })
 }
 
+/// The offset a cut marker (`targets::cut_marker`) holds; None where there is none. One that
+/// cannot be read or does not hold a number counts every shard as cut off (the header's end).
+fn read_cut_marker(path: &Path) -> Option<u64> {
+    match fs::read_to_string(path) {
+        Ok(text) => Some(text.trim().parse::<u64>().unwrap_or_else(|_| {
+            log::error!(
+                "{} does not hold a byte offset ({text:?}): every shard on its target is taken \
+                 as cut off",
+                path.display()
+            );
+            crate::targets::TARGET_HEADER_BYTES
+        })),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => None,
+        Err(e) => {
+            log::error!(
+                "{}: {e}: every shard on its target is taken as cut off",
+                path.display()
+            );
+            Some(crate::targets::TARGET_HEADER_BYTES)
+        }
+    }
+}
+
 /// Opens the targets of the targeted space in `dir` as its placement. A target whose
 /// file is missing, unreadable or not this space's is failed (the reason kept for
 /// `ckptfs targets`); fewer than M usable targets refuse the open.
@@ -403,24 +426,7 @@ pub(super) fn open_targets(
                 .map_err(|e| format!("{}: {e}", path.display()))?
                 .len();
             let mine = crate::targets::cut_marker(&t.path, my_slot);
-            let marked = match fs::read_to_string(&mine) {
-                Ok(text) => Some(text.trim().parse::<u64>().unwrap_or_else(|_| {
-                    log::error!(
-                        "{} does not hold a byte offset ({text:?}): every shard on target \
-                         {i} is taken as cut off",
-                        mine.display()
-                    );
-                    crate::targets::TARGET_HEADER_BYTES
-                })),
-                Err(e) if e.kind() == std::io::ErrorKind::NotFound => None,
-                Err(e) => {
-                    log::error!(
-                        "{}: {e}: every shard on target {i} is taken as cut off",
-                        mine.display()
-                    );
-                    Some(crate::targets::TARGET_HEADER_BYTES)
-                }
-            };
+            let marked = read_cut_marker(&mine);
             if have < want {
                 log::error!(
                     "target {i}: {} is {have} bytes, {want} reserved: it was cut short outside \
@@ -434,10 +440,7 @@ pub(super) fn open_targets(
                 if !read_only {
                     for s in 0..sb.slots.max(1) {
                         let m = crate::targets::cut_marker(&t.path, s);
-                        let at = fs::read_to_string(&m)
-                            .ok()
-                            .and_then(|x| x.trim().parse::<u64>().ok())
-                            .map_or(have, |x| x.min(have));
+                        let at = read_cut_marker(&m).map_or(have, |x| x.min(have));
                         let name = m.file_name().unwrap_or_default().to_string_lossy();
                         write_file_durably_via(
                             &t.path,

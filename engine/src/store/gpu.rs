@@ -195,7 +195,8 @@ fn compress(
             }
         }
     }
-    // The store's policy: `Lz4`, or `Lz4Plain` on a space not marked for the shuffle codecs.
+    // What the CPU path writes: the store's policy (`Lz4Plain` on a space not marked for
+    // the shuffle codecs).
     let policy = *store.w.codec.lock();
     Encoded::Cpu(
         chunks
