@@ -15,7 +15,9 @@
 //! and a match per 8 bytes costs it 10-50 times its usual time (0.25-0.37 GiB/s on one core
 //! of the 2-core VM, against 4.5-19 GiB/s on float weights, fields and random bytes).
 //! Shuffled, the zero bytes form runs: such chunks were stored 1.3-2x smaller and encoded
-//! 1.9-3.1 times faster (`storm_shuffle_width`).
+//! 1.9-3.1 times faster (`storm_shuffle_width`). In a store worker's batch, the chunks
+//! after a shuffled storm chunk that are storms of the same kind skip the probes
+//! (`Streak`, `encode_after`).
 //!
 //! The `float` policy goes further for floating-point tensors, whose mantissa bytes LZ4
 //! cannot shrink at all: each chunk is rotated by one bit (the exponent lands in one byte)
@@ -83,6 +85,70 @@ pub fn encode(data: &[u8], policy: Policy) -> (Codec, Option<Vec<u8>>) {
         return (Codec::Raw, None);
     }
     (Codec::Lz4, Some(lz4))
+}
+
+/// A storm chunk the default policy byte-shuffled (`storm_shuffle_width`), remembered for
+/// the chunks after it in a store worker's batch (`encode_after`): the width of its shuffle
+/// and the fraction of its bytes it stored.
+///
+/// Why: the storm rule decides from three LZ4 probes of 4 KiB and two shuffled ones, and LZ4
+/// crawls through a storm's probes as through the chunk, so on a storm chunk the decision
+/// cost about as much as the encoding itself (37 of about 80 us per 64 KiB chunk on one core
+/// of the 2-core VM, AMD Zen 3). The chunks of a batch are mostly consecutive chunks of one
+/// file, and an array spans many chunks, so the next one is most likely the same kind. One
+/// small probe checks that it is still a storm (`still_a_storm`: 1 KiB, a fortieth of the
+/// full decision's LZ4 work); then it is shuffled and compressed at once, and kept where it
+/// stores no more than `STREAK_SLACK` times the fraction the probed chunk did. Anything
+/// else (random bytes, text, zeros, a field, an array that shuffles worse) fails one of the
+/// two, takes the full decision and ends the streak or starts a new one.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct Streak(Option<(usize, f32)>);
+
+/// How much worse than the probed chunk of a streak a later chunk may compress shuffled and
+/// still be taken as the same kind of array (`Streak`). Chunks of one array vary by a few
+/// percent; a different kind of data by far more (text or random bytes shuffled store about
+/// as much as unshuffled, several times a storm array's fraction).
+const STREAK_SLACK: f32 = 1.25;
+
+/// `encode` of the next chunk of a batch, `streak` saying what the chunk before it was and
+/// updated for the one after (see `Streak`). Stores the same codecs as `encode`; under the
+/// default policy, a chunk that continues a storm skips the probes.
+pub fn encode_after(data: &[u8], policy: Policy, streak: &mut Streak) -> (Codec, Option<Vec<u8>>) {
+    if policy != Policy::Lz4 || data.len() < 4 * PROBE_BYTES {
+        *streak = Streak::default();
+        return encode(data, policy);
+    }
+    if let Some((width, fraction)) = streak.0.filter(|_| still_a_storm(data)) {
+        let shuffled = lz4_flex::block::compress(&shuffle(data, width));
+        let bound = (fraction * STREAK_SLACK * data.len() as f32).min(data.len() as f32 - 1.0);
+        if shuffled.len() as f32 <= bound {
+            return (shuffle_codec(width), Some(shuffled));
+        }
+    }
+    let (codec, out) = encode(data, policy);
+    streak.0 = match (codec, &out) {
+        (Codec::Shuffle4Lz4 | Codec::Shuffle8Lz4, Some(o)) => Some((
+            if codec == Codec::Shuffle4Lz4 { 4 } else { 8 },
+            o.len() as f32 / data.len() as f32,
+        )),
+        _ => None,
+    };
+    (codec, out)
+}
+
+/// Bytes of the one probe that checks a chunk after a storm streak is a storm too.
+const STREAK_PROBE_BYTES: usize = 1 << 10;
+
+/// Whether LZ4 takes a short match every few bytes in the middle `STREAK_PROBE_BYTES` of
+/// `data` (as `Probes::storm` over one small probe): what a chunk must be to continue a
+/// storm streak. Text, zeros and fields over zeros give LZ4 long matches, random bytes none,
+/// so they leave the streak here, before a shuffled LZ4 run of the whole chunk is spent on
+/// them.
+fn still_a_storm(data: &[u8]) -> bool {
+    let o = data.len() / 2 - STREAK_PROBE_BYTES / 2;
+    let probe = &data[o..o + STREAK_PROBE_BYTES];
+    let c = lz4_flex::block::compress(probe);
+    c.len() < probe.len() && lz4_sequences(&c) * STORM_BYTES > STREAK_PROBE_BYTES
 }
 
 /// Chunks shorter than this skip the float codec: its frame and tables cost more than an
@@ -196,7 +262,15 @@ struct Probes {
 /// bench's field data, text and zero-padded data at over 100 and 1.2-13 GiB/s.
 const STORM_BYTES: usize = 16;
 
+#[cfg(test)]
+thread_local! {
+    /// `probe` calls on this thread, for the tests of `encode_after`.
+    static PROBES: std::cell::Cell<usize> = const { std::cell::Cell::new(0) };
+}
+
 fn probe(data: &[u8]) -> Probes {
+    #[cfg(test)]
+    PROBES.with(|c| c.set(c.get() + 1));
     if data.len() < 4 * PROBE_BYTES {
         return Probes {
             incompressible: false,
@@ -273,11 +347,15 @@ fn shuffled_or_raw(data: &[u8], width: usize) -> (Codec, Option<Vec<u8>>) {
     if shuffled.len() >= data.len() {
         return (Codec::Raw, None);
     }
-    let codec = match width {
+    (shuffle_codec(width), Some(shuffled))
+}
+
+/// The codec of a byte-shuffle of `width`-byte elements (4 or 8) before LZ4.
+fn shuffle_codec(width: usize) -> Codec {
+    match width {
         4 => Codec::Shuffle4Lz4,
         _ => Codec::Shuffle8Lz4,
-    };
-    (codec, Some(shuffled))
+    }
 }
 
 /// The middle one of `probe`'s three probes.
@@ -464,6 +542,76 @@ mod tests {
             assert!(!probe(d).storm, "not a storm");
             assert_eq!(encode(d, Policy::Lz4).0, Codec::Lz4);
         }
+    }
+
+    /// Consecutive chunks of one storm array, as a store worker's batch holds them: the first
+    /// is probed and byte-shuffled, the rest continue its streak without a probe and store
+    /// exactly what `encode` stores.
+    #[test]
+    fn a_storm_streak_skips_the_probes_and_stores_what_encode_stores() {
+        let mut rng = rand::rngs::SmallRng::seed_from_u64(12);
+        let array: Vec<Vec<u8>> = (0..6)
+            .map(|_| {
+                (0..8192)
+                    .flat_map(|_| f64::from(rng.random::<f32>() * 2.0 - 1.0).to_le_bytes())
+                    .collect()
+            })
+            .collect();
+        let mut streak = Streak::default();
+        let probes = PROBES.with(|c| c.get());
+        let got: Vec<_> = array
+            .iter()
+            .map(|d| encode_after(d, Policy::Lz4, &mut streak))
+            .collect();
+        assert_eq!(
+            PROBES.with(|c| c.get()) - probes,
+            1,
+            "only the first chunk of the streak is probed"
+        );
+        for (d, got) in array.iter().zip(got) {
+            assert_eq!(got, encode(d, Policy::Lz4));
+            assert_eq!(got.0, Codec::Shuffle8Lz4);
+        }
+        // Under the other policies there is no streak: every chunk as `encode`.
+        for policy in [Policy::Lz4Plain, Policy::Shuffle, Policy::Float] {
+            let mut streak = Streak::default();
+            for d in &array {
+                assert_eq!(encode_after(d, policy, &mut streak), encode(d, policy));
+            }
+        }
+    }
+
+    /// A chunk of another kind after a storm streak: random bytes, text, a field over zeros
+    /// and zeros are not storms, so they are stored as `encode` stores them (raw, plain LZ4)
+    /// and the streak ends; another storm array continues it, stored within its bound, and
+    /// decodes to its bytes.
+    #[test]
+    fn a_chunk_of_another_kind_ends_a_storm_streak() {
+        let (storms, calm) = storm_and_calm_data();
+        let mut random = vec![0u8; 64 << 10];
+        rand::rngs::SmallRng::seed_from_u64(13).fill_bytes(&mut random);
+        let started = || {
+            let mut streak = Streak::default();
+            let first = encode_after(&storms[0], Policy::Lz4, &mut streak);
+            assert_eq!(first.0, Codec::Shuffle8Lz4);
+            assert!(streak.0.is_some(), "a storm starts a streak");
+            let fraction = first.1.expect("compressed").len() as f32 / storms[0].len() as f32;
+            (streak, fraction)
+        };
+        for d in [&random, &calm[0], &calm[1], &calm[2]] {
+            let (mut streak, _) = started();
+            let got = encode_after(d, Policy::Lz4, &mut streak);
+            assert_eq!(got, encode(d, Policy::Lz4));
+            assert!(matches!(got.0, Codec::Raw | Codec::Lz4), "{:?}", got.0);
+            assert!(streak.0.is_none(), "the streak ended");
+        }
+        let (mut streak, fraction) = started();
+        let probes = PROBES.with(|c| c.get());
+        let (codec, stored) = encode_after(&storms[1], Policy::Lz4, &mut streak);
+        assert_eq!(PROBES.with(|c| c.get()), probes, "continued without probes");
+        let stored = stored.expect("compressed");
+        assert!(stored.len() as f32 <= fraction * STREAK_SLACK * storms[1].len() as f32);
+        assert_eq!(decode(codec, stored, storms[1].len()).unwrap(), storms[1]);
     }
 
     /// Under the float policy a storm chunk takes the float codec without LZ4 of the whole

@@ -198,14 +198,14 @@ fn compress(
     // What the CPU path writes: the store's policy (`Lz4Plain` on a space not marked for
     // the shuffle codecs).
     let policy = *store.w.codec.lock();
+    let mut streak = crate::codec::Streak::default();
     Encoded::Cpu(
         chunks
             .iter()
             .map(|c| {
-                store
-                    .stages()
-                    .compress
-                    .time(c.len(), || crate::codec::encode(c, policy))
+                store.stages().compress.time(c.len(), || {
+                    crate::codec::encode_after(c, policy, &mut streak)
+                })
             })
             .collect(),
     )

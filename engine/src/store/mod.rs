@@ -43,8 +43,9 @@ use write::{Lookup, Pending, WriteSide};
 pub(crate) const WRITE_BYTES: u64 = 8 << 20;
 pub use crate::alloc::GC_RESERVE_SEGMENTS;
 
-/// Pieces handed to one worker job at most (see `submit_all`).
-pub(crate) const BATCH_BYTES: usize = 512 << 10;
+/// Pieces handed to one worker job at most (see `submit_all`); also the run of chunks a
+/// storm streak may span (`codec::Streak`, `ckptfs-bench codec`).
+pub const BATCH_BYTES: usize = 512 << 10;
 
 pub struct ChunkStore {
     /// Itself, for the jobs it gives its workers.

@@ -443,13 +443,15 @@ impl ChunkStore {
         let mut out = Vec::with_capacity(pieces.len());
         // (index in `out`, hash, codec, encoded bytes or None: stored raw).
         let mut misses = Vec::new();
+        // The batch's pieces are mostly consecutive chunks of one file: a storm array's
+        // chunks after the first skip the codec's probes (`codec::Streak`).
+        let mut streak = crate::codec::Streak::default();
         for (i, (found, p)) in self.lookup_each(pieces).into_iter().zip(pieces).enumerate() {
             out.push(match found {
                 Ok(Lookup::Miss(h)) => {
-                    let (codec, encoded) = self
-                        .stages()
-                        .compress
-                        .time(p.len(), || crate::codec::encode(p.bytes(), policy));
+                    let (codec, encoded) = self.stages().compress.time(p.len(), || {
+                        crate::codec::encode_after(p.bytes(), policy, &mut streak)
+                    });
                     misses.push((i, h, codec, encoded));
                     Ok(h)
                 }
