@@ -29,6 +29,32 @@ pub trait Device: Send + Sync {
     fn room_low(&self) -> bool {
         false
     }
+    /// Where the device is an open file: that file as the filesystem sees it now (fstat),
+    /// so a target whose file was cut short or replaced while mounted is noticed
+    /// (`targets::Erasure::watch_files`). None: not a file (the tests' simulated devices).
+    fn file_now(&self) -> Option<io::Result<FileNow>> {
+        None
+    }
+}
+
+/// An open file's identity and length, from fstat (`Device::file_now`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct FileNow {
+    pub dev: u64,
+    pub ino: u64,
+    pub len: u64,
+}
+
+impl FileNow {
+    /// Of file metadata (from stat of a path, or fstat of an open file).
+    pub fn of(m: &std::fs::Metadata) -> FileNow {
+        use std::os::unix::fs::MetadataExt;
+        FileNow {
+            dev: m.dev(),
+            ino: m.ino(),
+            len: m.len(),
+        }
+    }
 }
 
 /// Alignment of direct (uncached) writes: offset, length and memory address.
@@ -342,6 +368,9 @@ impl Device for ReadOnlyDevice {
     }
     fn len(&self) -> u64 {
         self.0.len()
+    }
+    fn file_now(&self) -> Option<io::Result<FileNow>> {
+        self.0.file_now()
     }
 }
 
@@ -679,6 +708,9 @@ impl Device for FileDevice {
     }
     fn len(&self) -> u64 {
         self.len.load(Ordering::Relaxed)
+    }
+    fn file_now(&self) -> Option<io::Result<FileNow>> {
+        Some(self.file.metadata().map(|m| FileNow::of(&m)))
     }
     fn set_len(&self, len: u64) -> io::Result<()> {
         if !self.growable {

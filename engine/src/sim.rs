@@ -355,6 +355,9 @@ impl Device for FaultyDevice {
     fn len(&self) -> u64 {
         self.inner.len()
     }
+    fn file_now(&self) -> Option<io::Result<crate::device::FileNow>> {
+        self.inner.file_now()
+    }
     fn set_len(&self, len: u64) -> io::Result<()> {
         self.disk.admit(self.name, OpKind::SetLen)?;
         self.inner.set_len(len)

@@ -774,6 +774,9 @@ impl Device for FencedDevice {
     fn room_low(&self) -> bool {
         self.inner.room_low()
     }
+    fn file_now(&self) -> Option<io::Result<crate::device::FileNow>> {
+        self.inner.file_now()
+    }
 }
 
 /// Releases its slot when dropped: the last field of a `Space`, so the slot is given back

@@ -426,6 +426,29 @@ pub fn cut_marker(dir: &Path, slot: u32) -> PathBuf {
     dir.join(format!("{TARGET_FILE}.cut-{slot}"))
 }
 
+/// The offset a cut marker (`targets::cut_marker`) holds; None where there is none. One that
+/// cannot be read or does not hold a number counts every shard as cut off (the header's end).
+pub(crate) fn read_cut_marker(path: &Path) -> Option<u64> {
+    match std::fs::read_to_string(path) {
+        Ok(text) => Some(text.trim().parse::<u64>().unwrap_or_else(|_| {
+            log::error!(
+                "{} does not hold a byte offset ({text:?}): every shard on its target is taken \
+                 as cut off",
+                path.display()
+            );
+            TARGET_HEADER_BYTES
+        })),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => None,
+        Err(e) => {
+            log::error!(
+                "{}: {e}: every shard on its target is taken as cut off",
+                path.display()
+            );
+            Some(TARGET_HEADER_BYTES)
+        }
+    }
+}
+
 impl Target {
     /// A target whose file is open (`dev`), or that could not be opened (`Err(reason)`).
     pub fn new(
@@ -751,6 +774,12 @@ pub struct Erasure {
     /// Records a target's failure durably (the space's `targets` table), so it stays failed
     /// at the next mount.
     on_fail: Mutex<Option<FailHook>>,
+    /// Records that a target's file was found cut short while mounted (its cut markers,
+    /// `cut_marker`) and returns this node's marker, with this node's slot (whose marker
+    /// another node may write): set on a read-write mount.
+    on_cut: Mutex<Option<(u32, CutHook)>>,
+    /// When `sync` last ran `watch_files` (see `WATCH_INTERVAL`).
+    watched: Mutex<Option<std::time::Instant>>,
     /// Of one slot of a multi-slot space (`Share`): the segments this node places and
     /// writes. Only their records are kept in `map`; another slot's segment's record is
     /// read from the placement file at each read (its owner re-places it at will).
@@ -782,8 +811,18 @@ impl Share {
 /// Times a foreign record that fails its checksum (caught mid-rewrite) is read again.
 const RECORD_READS: usize = 3;
 
+/// `sync` looks at the target files (`Erasure::watch_files`) at most this often: its stat of
+/// each target's path costs a round trip on a networked filesystem, and a job committing
+/// many small files would pay it per commit. Reports look every time.
+const WATCH_INTERVAL: std::time::Duration = std::time::Duration::from_secs(1);
+
 /// Called with a target's index when it fails.
 pub(crate) type FailHook = Box<dyn Fn(u16) + Send + Sync>;
+
+/// See `Erasure::on_cut`: the target's directory, the byte its file was cut at; this node's
+/// marker.
+pub(crate) type CutHook =
+    Box<dyn Fn(&Path, u64) -> std::result::Result<PathBuf, String> + Send + Sync>;
 
 /// A damaged record of the targets' on-disk structures (`record` names which).
 fn record_err(record: &'static str, why: impl Into<String>) -> Corruption {
@@ -915,6 +954,8 @@ impl Erasure {
             foreign_bad: Mutex::new(HashMap::new()),
             warnings: Warnings::default(),
             on_fail: Mutex::new(None),
+            on_cut: Mutex::new(None),
+            watched: Mutex::new(None),
             own: share.map(|s| s.segments),
         })
     }
@@ -980,6 +1021,115 @@ impl Erasure {
     /// Sets what records a target's failure durably (see `on_fail`).
     pub(crate) fn set_fail_hook(&self, hook: FailHook) {
         *self.on_fail.lock() = Some(hook);
+    }
+
+    /// Sets what records a target file cut short while mounted, and the slot whose markers
+    /// are this node's (see `on_cut`).
+    pub(crate) fn set_cut_hook(&self, slot: u32, hook: CutHook) {
+        *self.on_cut.lock() = Some((slot, hook));
+    }
+
+    /// Looks at each healthy target's file as the filesystem has it now, for what was done
+    /// to it outside ckptfs while mounted, which the I/O itself would show only when a read
+    /// reaches the damage (until then `stats` said full redundancy):
+    /// - the file at the target's path is not the one open here (removed, or replaced by a
+    ///   copy, an older one say): what this node writes goes to a file nobody will find
+    ///   again, so the target is failed now (its shards read from the others, `rebuild`
+    ///   places them again);
+    /// - the file is shorter than its reserved size: cut short, as a read-write open finds
+    ///   a file cut while unmounted (`cut_short`, and its markers through `on_cut`), so
+    ///   `stats` says DEGRADED and `rebuild` rewrites the shards past the cut;
+    /// - this node's cut marker appeared: another node of a multi-slot space found the cut
+    ///   first and extended the file again, so its length says nothing here any more.
+    ///
+    /// Called by `sync` (at commits, at most once per `WATCH_INTERVAL`) and before every
+    /// report, so a status never counts a shard the file no longer holds: per target one
+    /// fstat, one stat and one open of this node's marker (absent but after a cut). What it cannot
+    /// see: a cut that this node's writes extended past again before it looked (the bytes
+    /// in between read as zeros, which blake3 finds on a read, and `scrub` finds anyway).
+    pub(crate) fn watch_files(&self) {
+        for (i, t) in self.all().iter().enumerate() {
+            let Some(dev) = t.dev.as_ref().filter(|_| t.healthy()) else {
+                continue;
+            };
+            let now = match dev.file_now() {
+                None => continue,
+                Some(Ok(now)) => now,
+                Some(Err(e)) => {
+                    log::warn!("target {i}: fstat of its open file: {e}");
+                    continue;
+                }
+            };
+            let path = t.path.join(TARGET_FILE);
+            match std::fs::metadata(&path).map(|m| crate::device::FileNow::of(&m)) {
+                Ok(at_path) if (at_path.dev, at_path.ino) == (now.dev, now.ino) => {}
+                Ok(_) => {
+                    self.fail_target(
+                        i as u16,
+                        format!(
+                            "{} was replaced while mounted (by a copy?): what was written to \
+                             the file open here is lost with it",
+                            path.display()
+                        ),
+                    );
+                    continue;
+                }
+                Err(e) if e.kind() == io::ErrorKind::NotFound => {
+                    self.fail_target(
+                        i as u16,
+                        format!(
+                            "{} was removed while mounted: what was written to it is lost once \
+                             this mount lets it go",
+                            path.display()
+                        ),
+                    );
+                    continue;
+                }
+                Err(e) => {
+                    // A path the daemon cannot stat now (a permission or network error)
+                    // says nothing of the file it has open; its I/O errors count as usual.
+                    log::warn!("target {i}: stat {}: {e}", path.display());
+                    continue;
+                }
+            }
+            let want = TARGET_HEADER_BYTES + t.slots * self.shard_bytes;
+            let short = (now.len < want).then_some(now.len);
+            let hook = self.on_cut.lock();
+            let mine = hook.as_ref().map(|(slot, _)| cut_marker(&t.path, *slot));
+            let marked = mine.as_deref().and_then(read_cut_marker);
+            let at = match (short, marked) {
+                (Some(a), Some(b)) => a.min(b),
+                (Some(a), None) | (None, Some(a)) => a,
+                (None, None) => continue,
+            };
+            if t.cut.lock().as_ref().is_some_and(|c| c.at <= at) {
+                continue;
+            }
+            let marker = match (short, hook.as_ref()) {
+                (Some(_), Some((_, h))) => match h(&t.path, at) {
+                    Ok(m) => Some(m),
+                    Err(e) => {
+                        // Without a marker the next mount sees the cut only while the file
+                        // is still short; this mount reads around and rebuilds it anyway.
+                        log::error!("target {i}: recording that its file was cut short: {e}");
+                        None
+                    }
+                },
+                _ => mine,
+            };
+            drop(hook);
+            let n = self.cut_short(i as u16, CutShort { at, marker });
+            log::error!(
+                "target {i}: {} was cut short to {at} bytes while mounted ({want} reserved{}): \
+                 {n} shard(s) of this node's segments reach past the cut, counted missing and \
+                 read from the other targets until `ckptfs rebuild` rewrites them",
+                path.display(),
+                match short {
+                    Some(_) => "",
+                    None => "; another node found it first and extended it again",
+                }
+            );
+        }
     }
 
     pub fn redundancy(&self) -> Redundancy {
@@ -1185,7 +1335,9 @@ impl Erasure {
         (full, by_tol.into_iter().collect(), lost)
     }
 
+    /// The targets' state; first looks at their files (`watch_files`).
     pub fn report(&self) -> TargetsReport {
+        self.watch_files();
         let map = self.map.read();
         let all = self.all();
         let mut used = vec![0u64; all.len()];
@@ -1891,6 +2043,17 @@ impl Placement for Erasure {
     }
 
     fn sync(&self) -> io::Result<()> {
+        let due = {
+            let mut w = self.watched.lock();
+            let due = w.is_none_or(|t| t.elapsed() >= WATCH_INTERVAL);
+            if due {
+                *w = Some(std::time::Instant::now());
+            }
+            due
+        };
+        if due {
+            self.watch_files();
+        }
         for (i, t) in self.all().iter().enumerate() {
             let Some(dev) = t.dev.as_ref().filter(|_| t.healthy()) else {
                 continue;

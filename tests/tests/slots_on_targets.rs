@@ -77,6 +77,70 @@ fn lose_target(c: &Cluster, t: usize) {
     fs::rename(c.target(t).join("ckptfs-target"), c.target(t).join("gone")).expect("lose a target");
 }
 
+/// A target file cut short while two nodes have the space mounted. The node that looks
+/// first records the cut in every slot's marker and extends the file again, so its length
+/// tells the other node nothing: that one sees its own marker appear. Before any read both
+/// say DEGRADED, each node's `rebuild` removes only its own marker, both then say full
+/// redundancy, and every file reads back on both nodes. Before the nodes watched their
+/// target files, both said full redundancy until a read reached the cut.
+#[test]
+fn a_target_cut_short_while_nodes_are_mounted_is_seen_by_every_node() {
+    let mut c = Cluster::new(2, "512M", 2, LEASE);
+    for n in 0..2 {
+        c.mount(n, &[]);
+    }
+    for n in 0..2 {
+        write_file(&c.path(n, &format!("rank-{n}")), 500 + n as u64, 6_000_000);
+    }
+    let dir = c.target(2);
+    fs::OpenOptions::new()
+        .write(true)
+        .open(dir.join("ckptfs-target"))
+        .expect("open target file")
+        .set_len(4096)
+        .expect("cut it short");
+    let state = |c: &mut Cluster, n: usize| -> String {
+        let t = targets_json(c, n);
+        t["targets"][2]["state"]
+            .as_str()
+            .expect("state")
+            .to_string()
+    };
+    let markers = || -> Vec<String> {
+        let mut m: Vec<String> = fs::read_dir(&dir)
+            .expect("read target dir")
+            .map(|e| e.expect("entry").file_name().to_string_lossy().into_owned())
+            .filter(|n| n.contains(".cut-"))
+            .collect();
+        m.sort();
+        m
+    };
+    for n in 0..2 {
+        let s = state(&mut c, n);
+        assert!(s.contains("cut short"), "node {n}: {s}");
+    }
+    let slots = [c.slot_of(0), c.slot_of(1)];
+    let name = |s: u32| format!("ckptfs-target.cut-{s}");
+    assert!(markers().contains(&name(slots[0])), "{:?}", markers());
+    assert!(markers().contains(&name(slots[1])), "{:?}", markers());
+    for (n, slot) in slots.into_iter().enumerate() {
+        let (st, out, err) = c.ckptfs(&["rebuild".into(), c.nodes[n].mnt.clone().into()]);
+        assert!(st.success() && out.contains("nothing lost"), "{out}{err}");
+        assert!(
+            !markers().contains(&name(slot)),
+            "node {n}'s rebuild removes its marker: {:?}",
+            markers()
+        );
+        assert_eq!(state(&mut c, n), "ok");
+    }
+    for reader in 0..2 {
+        for n in 0..2 {
+            let p = c.path(reader, &format!("rank-{n}"));
+            assert_file_eq(&p, &pattern(500 + n as u64, 6_000_000));
+        }
+    }
+}
+
 #[test]
 fn every_node_reads_every_file_with_k_targets_lost_or_damaged_and_rebuild_runs_online() {
     assert!(

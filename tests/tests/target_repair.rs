@@ -450,6 +450,83 @@ fn a_target_cut_short_is_degraded_across_remounts_until_rebuild() {
     assert_file_eq(&m.path("ckpt"), &data);
 }
 
+/// A target file cut short, then another replaced by an older copy of itself, while the
+/// space is mounted: before any read reaches them, `targets` and `stats` say so (the cut
+/// target degraded with its marker written, the replaced one failed), new writes and reads
+/// go on, `rebuild` restores full redundancy, and after a remount `check` is clean and every
+/// file reads back. Before `watch_files`, status said "full redundancy" until a read hit
+/// the damage, and what was written to the replaced file was lost at the unmount.
+#[test]
+fn a_target_file_cut_or_replaced_while_mounted_is_seen_at_once() {
+    let seed = test_seed("a_target_file_cut_or_replaced_while_mounted", 0x36_0600);
+    // Six targets for rows of five: a spare to re-place the replaced target's shards on.
+    let mut m = TestMount::with_targets("256M", 6, "3+2");
+    let first = pattern(seed, 24 * MIB as usize);
+    fs::write(m.path("first"), &first).unwrap();
+    // An older copy of target 3's file, taken while mounted (what a restore would bring).
+    let old_copy = m.root().join("t3-copy");
+    fs::copy(m.target_dir(3).join(TARGET_FILE), &old_copy).unwrap();
+    let second = pattern(seed ^ 1, 8 * MIB as usize);
+    fs::write(m.path("second"), &second).unwrap();
+
+    let cut = m.target_dir(1);
+    fs::OpenOptions::new()
+        .write(true)
+        .open(cut.join(TARGET_FILE))
+        .unwrap()
+        .set_len(HEADER + MIB)
+        .unwrap();
+    let t = json(&mut m, &["targets"]);
+    let state = t["targets"][1]["state"].as_str().unwrap();
+    assert!(
+        state.starts_with("degraded") && state.contains("cut short"),
+        "seen before any read: {t}"
+    );
+    assert!(
+        t["targets"][1]["suspect_shards"].as_u64().unwrap() > 0,
+        "{t}"
+    );
+    assert!(cut.join(format!("{TARGET_FILE}.cut-0")).exists());
+    assert_eq!(
+        fs::metadata(cut.join(TARGET_FILE)).unwrap().len(),
+        fs::metadata(m.target_dir(0).join(TARGET_FILE))
+            .unwrap()
+            .len(),
+        "extended to its reserved size again"
+    );
+    let mnt = m.mnt().to_path_buf();
+    let text = m.ckptfs_ok(&[OsStr::new("stats"), mnt.as_os_str()]);
+    assert!(text.contains("DEGRADED"), "{text}");
+
+    fs::rename(&old_copy, m.target_dir(3).join(TARGET_FILE)).unwrap();
+    let t = json(&mut m, &["targets"]);
+    let state = t["targets"][3]["state"].as_str().unwrap();
+    assert!(
+        state.contains("failed") && state.contains("replaced while mounted"),
+        "{t}"
+    );
+    // Writes go on within the remaining redundancy; everything reads back.
+    let third = pattern(seed ^ 2, 8 * MIB as usize);
+    fs::write(m.path("third"), &third).unwrap();
+    for (name, data) in [("first", &first), ("second", &second), ("third", &third)] {
+        assert_file_eq(&m.path(name), data);
+    }
+    let r = json(&mut m, &["rebuild"]);
+    assert_eq!(r["chunks_lost"], 0, "{r}");
+    let t = json(&mut m, &["targets"]);
+    assert_eq!(t["targets"][1]["state"], "ok", "rebuilt in place: {t}");
+    let text = m.ckptfs_ok(&[OsStr::new("stats"), mnt.as_os_str()]);
+    assert!(!text.contains("DEGRADED"), "{text}");
+    assert!(!cut.join(format!("{TARGET_FILE}.cut-0")).exists());
+    m.unmount();
+    drop_caches();
+    m.mount();
+    check_clean(&mut m, "after rebuild");
+    for (name, data) in [("first", &first), ("second", &second), ("third", &third)] {
+        assert_file_eq(&m.path(name), data);
+    }
+}
+
 fn rounds() -> usize {
     std::env::var("CKPTFS_DAMAGE_ROUNDS")
         .ok()

@@ -332,27 +332,36 @@ pub fn recover(backing: &Path, from: &Path, force: bool) -> Result<Recovered> {
     })
 }
 
-/// The offset a cut marker (`targets::cut_marker`) holds; None where there is none. One that
-/// cannot be read or does not hold a number counts every shard as cut off (the header's end).
-fn read_cut_marker(path: &Path) -> Option<u64> {
-    match fs::read_to_string(path) {
-        Ok(text) => Some(text.trim().parse::<u64>().unwrap_or_else(|_| {
-            log::error!(
-                "{} does not hold a byte offset ({text:?}): every shard on its target is taken \
-                 as cut off",
-                path.display()
-            );
-            crate::targets::TARGET_HEADER_BYTES
-        })),
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => None,
-        Err(e) => {
-            log::error!(
-                "{}: {e}: every shard on its target is taken as cut off",
-                path.display()
-            );
-            Some(crate::targets::TARGET_HEADER_BYTES)
-        }
+use crate::targets::read_cut_marker;
+
+/// Records in target directory `dir` that its file was cut short at byte `have`: a marker
+/// per slot of the space (`targets::cut_marker`, `slots` 0 or 1 for a single slot), each
+/// keeping the smaller of its offset and `have`, written by way of a temporary file named
+/// for this node's slot, renamed, the directory fsynced. Returns this node's marker.
+fn write_cut_markers(
+    dir: &Path,
+    slots: u32,
+    my_slot: u32,
+    have: u64,
+) -> std::result::Result<PathBuf, String> {
+    for s in 0..slots.max(1) {
+        let m = crate::targets::cut_marker(dir, s);
+        let at = read_cut_marker(&m).map_or(have, |x| x.min(have));
+        let name = m.file_name().unwrap_or_default().to_string_lossy();
+        write_file_durably_via(
+            dir,
+            &name,
+            &format!("{name}.tmp-{my_slot}"),
+            format!("{at}\n").as_bytes(),
+        )
+        .map_err(|e| {
+            format!(
+                "recording that it was cut short ({}) failed: {e}",
+                m.display()
+            )
+        })?;
     }
+    Ok(crate::targets::cut_marker(dir, my_slot))
 }
 
 /// Opens the targets of the targeted space in `dir` as its placement. A target whose
@@ -438,25 +447,12 @@ pub(super) fn open_targets(
                     }
                 );
                 if !read_only {
-                    for s in 0..sb.slots.max(1) {
-                        let m = crate::targets::cut_marker(&t.path, s);
-                        let at = read_cut_marker(&m).map_or(have, |x| x.min(have));
-                        let name = m.file_name().unwrap_or_default().to_string_lossy();
-                        write_file_durably_via(
-                            &t.path,
-                            &name,
-                            &format!("{name}.tmp-{my_slot}"),
-                            format!("{at}\n").as_bytes(),
+                    write_cut_markers(&t.path, sb.slots, my_slot, have).map_err(|e| {
+                        format!(
+                            "{} is {have} bytes, {want} reserved, and {e}",
+                            path.display()
                         )
-                        .map_err(|e| {
-                            format!(
-                                "{} is {have} bytes, {want} reserved, and recording that it \
-                                 was cut short ({}) failed: {e}",
-                                path.display(),
-                                m.display()
-                            )
-                        })?;
-                    }
+                    })?;
                     super::preallocate(&f, want).map_err(|e| {
                         format!(
                             "{} is {have} bytes, {want} reserved, and extending it failed: {e}",
@@ -617,6 +613,7 @@ pub(super) fn open_targets(
         }
     }
     if !read_only {
+        let want = table.lock().target_file_bytes();
         let dir = dir.to_path_buf();
         let table = table.clone();
         let slot = lease.map(|l| l.slot());
@@ -635,6 +632,28 @@ pub(super) fn open_targets(
                 );
             }
         }));
+        // A target file cut short while mounted (`Erasure::watch_files`) is recorded as a
+        // read-write open records one cut while unmounted, then extended to its reserved
+        // size again, so repairs and new shards past the cut have their room
+        // (`watch_files` has just checked that the path still names the file open here).
+        let slots = sb.slots;
+        erasure.set_cut_hook(
+            my_slot,
+            Box::new(move |dir, at| {
+                let marker = write_cut_markers(dir, slots, my_slot, at)?;
+                let path = dir.join(crate::targets::TARGET_FILE);
+                let grown = OpenOptions::new()
+                    .write(true)
+                    .open(&path)
+                    .map_err(Error::from)
+                    .and_then(|f| super::preallocate(&f, want));
+                if let Err(e) = grown {
+                    // Writes past its end still extend it (sparsely); the next open tries again.
+                    log::error!("extending {} to {want} bytes again: {e}", path.display());
+                }
+                Ok(marker)
+            }),
+        );
     }
     Ok((erasure, table, mirrors))
 }
