@@ -371,6 +371,21 @@ fn a_target_cut_short_while_unmounted_is_repaired_in_place() {
     assert_file_eq(&m.path("ckpt"), &data);
 }
 
+/// `targets` of the mount shows target `i` degraded by a cut with suspect shards; its report.
+fn assert_cut_seen(m: &mut TestMount, i: usize, when: &str) -> serde_json::Value {
+    let t = json(m, &["targets"]);
+    let state = t["targets"][i]["state"].as_str().unwrap();
+    assert!(
+        state.starts_with("degraded") && state.contains("cut short"),
+        "{when}: {t}"
+    );
+    assert!(
+        t["targets"][i]["suspect_shards"].as_u64().unwrap() > 0,
+        "{when}: {t}"
+    );
+    t
+}
+
 /// A target file cut short while unmounted is known to be short of shards from the mount on,
 /// before any read finds it, and still after a remount (which finds the file at its full
 /// size again): `targets`, `stats` and `check` say so, and `ckptfs rebuild` (not only
@@ -401,16 +416,7 @@ fn a_target_cut_short_is_degraded_across_remounts_until_rebuild() {
     };
     for round in ["first mount", "after a remount"] {
         m.mount();
-        let t = json(&mut m, &["targets"]);
-        let state = t["targets"][1]["state"].as_str().unwrap();
-        assert!(
-            state.starts_with("degraded") && state.contains("cut short"),
-            "{round}: {t}"
-        );
-        assert!(
-            t["targets"][1]["suspect_shards"].as_u64().unwrap() > 0,
-            "{t}"
-        );
+        let t = assert_cut_seen(&mut m, 1, round);
         assert_eq!(
             t["revisions"]["listed"],
             serde_json::json!([[1, 1]]),
@@ -476,16 +482,7 @@ fn a_target_file_cut_or_replaced_while_mounted_is_seen_at_once() {
         .unwrap()
         .set_len(HEADER + MIB)
         .unwrap();
-    let t = json(&mut m, &["targets"]);
-    let state = t["targets"][1]["state"].as_str().unwrap();
-    assert!(
-        state.starts_with("degraded") && state.contains("cut short"),
-        "seen before any read: {t}"
-    );
-    assert!(
-        t["targets"][1]["suspect_shards"].as_u64().unwrap() > 0,
-        "{t}"
-    );
+    assert_cut_seen(&mut m, 1, "seen before any read");
     assert!(cut.join(format!("{TARGET_FILE}.cut-0")).exists());
     assert_eq!(
         fs::metadata(cut.join(TARGET_FILE)).unwrap().len(),
