@@ -96,9 +96,9 @@ pub fn encode(data: &[u8], policy: Policy) -> (Codec, Option<Vec<u8>>) {
 /// cost about as much as the encoding itself (37 of about 80 us per 64 KiB chunk on one core
 /// of the 2-core VM, AMD Zen 3). The chunks of a batch are mostly consecutive chunks of one
 /// file, and an array spans many chunks, so the next one is most likely the same kind. One
-/// small probe checks that it is still a storm (`still_a_storm`: 1 KiB, a fortieth of the
-/// full decision's LZ4 work); then it is shuffled and compressed at once, and kept where it
-/// stores no more than `STREAK_SLACK` times the fraction the probed chunk did. Anything
+/// small probe checks that it is still a storm (`still_a_storm`: LZ4 of 1 KiB, against the
+/// decision's 12 KiB of plain probes); then it is shuffled and compressed at once, and kept
+/// where it stores no more than `STREAK_SLACK` times the fraction the probed chunk did. Anything
 /// else (random bytes, text, zeros, a field, an array that shuffles worse) fails one of the
 /// two, takes the full decision and ends the streak or starts a new one.
 #[derive(Clone, Copy, Debug, Default)]
