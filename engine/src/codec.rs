@@ -127,10 +127,8 @@ pub fn encode_after(data: &[u8], policy: Policy, streak: &mut Streak) -> (Codec,
     }
     let (codec, out) = encode(data, policy);
     streak.0 = match (codec, &out) {
-        (Codec::Shuffle4Lz4 | Codec::Shuffle8Lz4, Some(o)) => Some((
-            if codec == Codec::Shuffle4Lz4 { 4 } else { 8 },
-            o.len() as f32 / data.len() as f32,
-        )),
+        (Codec::Shuffle4Lz4, Some(o)) => Some((4, o.len() as f32 / data.len() as f32)),
+        (Codec::Shuffle8Lz4, Some(o)) => Some((8, o.len() as f32 / data.len() as f32)),
         _ => None,
     };
     (codec, out)

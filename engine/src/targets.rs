@@ -1061,36 +1061,26 @@ impl Erasure {
                 }
             };
             let path = t.path.join(TARGET_FILE);
-            match std::fs::metadata(&path).map(|m| crate::device::FileNow::of(&m)) {
-                Ok(at_path) if (at_path.dev, at_path.ino) == (now.dev, now.ino) => {}
-                Ok(_) => {
-                    self.fail_target(
-                        i as u16,
-                        format!(
-                            "{} was replaced while mounted (by a copy?): what was written to \
-                             the file open here is lost with it",
-                            path.display()
-                        ),
-                    );
-                    continue;
-                }
-                Err(e) if e.kind() == io::ErrorKind::NotFound => {
-                    self.fail_target(
-                        i as u16,
-                        format!(
-                            "{} was removed while mounted: what was written to it is lost once \
-                             this mount lets it go",
-                            path.display()
-                        ),
-                    );
-                    continue;
-                }
+            let gone = match std::fs::metadata(&path).map(|m| crate::device::FileNow::of(&m)) {
+                Ok(p) if (p.dev, p.ino) == (now.dev, now.ino) => None,
+                Ok(_) => Some(
+                    "replaced while mounted (by a copy?): what was written to the file open \
+                     here is lost with it",
+                ),
+                Err(e) if e.kind() == io::ErrorKind::NotFound => Some(
+                    "removed while mounted: what was written to it is lost once this mount \
+                     lets it go",
+                ),
                 Err(e) => {
                     // A path the daemon cannot stat now (a permission or network error)
                     // says nothing of the file it has open; its I/O errors count as usual.
                     log::warn!("target {i}: stat {}: {e}", path.display());
                     continue;
                 }
+            };
+            if let Some(why) = gone {
+                self.fail_target(i as u16, format!("{} was {why}", path.display()));
+                continue;
             }
             let want = TARGET_HEADER_BYTES + t.slots * self.shard_bytes;
             let short = (now.len < want).then_some(now.len);
