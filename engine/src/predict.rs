@@ -22,8 +22,13 @@
 //! bytes from the chunk's start to the cut, so after an identical chunk that began at a
 //! content-defined cut, identical bytes are cut at the same place. Where the previous
 //! revision was not cut by content (dirty blocks of random writes), a hit still finds the
-//! stored chunk, and a miss falls back to FastCDC from the same start, which resynchronises
-//! with the old cuts past the change.
+//! stored chunk. Where a predicted chunk misses because bytes changed in place (the same
+//! offsets: a checkpoint's tensors rewritten), the cutter first looks whether the old chunks
+//! after it are still where they were (`filemap::Cutter::follow`); if one is, the changed
+//! bytes are cut at the old boundaries, so only the old chunks the change touched are new
+//! (FastCDC's cuts of the changed bytes would differ for a chunk or two past the change).
+//! Otherwise (bytes inserted or removed, or a longer change) it falls back to FastCDC from
+//! the same start, which resynchronises with the old cuts past the change.
 //!
 //! Memory bound: successors in two generations of at most `GENERATION_ENTRIES` entries each
 //! (a key and a 12-byte value, about 26 MiB in all when full), and fingerprints likewise (a
@@ -128,6 +133,9 @@ pub struct Successors {
     /// Whether chunks are fingerprinted, so predictions of them are confirmed by fingerprint
     /// (`--confirm fingerprint`, the default) rather than by blake3.
     by_fingerprint: AtomicBool,
+    /// Whether a cutter looks past a predicted chunk that missed for the old chunks after
+    /// it at their old offsets (`filemap::Cutter::follow`; `--cuts`).
+    follow: AtomicBool,
 }
 
 impl Default for Successors {
@@ -144,6 +152,7 @@ impl Successors {
             fingerprints: Mutex::default(),
             cap: cap.max(1),
             by_fingerprint: AtomicBool::new(true),
+            follow: AtomicBool::new(true),
         }
     }
 
@@ -154,6 +163,17 @@ impl Successors {
         if !on {
             *self.fingerprints.lock() = Generations::default();
         }
+    }
+
+    /// Whether bytes changed in place are cut at the previous revision's boundaries (the
+    /// default, `--cuts follow`) or always by content (`--cuts content`: the cuts of any
+    /// bytes are FastCDC's, whatever this mount wrote before).
+    pub fn follow_changes(&self, on: bool) {
+        self.follow.store(on, Ordering::Relaxed);
+    }
+
+    pub fn follows(&self) -> bool {
+        self.follow.load(Ordering::Relaxed)
     }
 
     pub fn is_empty(&self) -> bool {

@@ -282,6 +282,15 @@ enum Cmd {
         /// "Confirming predicted chunks").
         #[arg(long, default_value = "fingerprint", value_parser = ["fingerprint", "blake3"])]
         confirm: String,
+        /// Where bytes a next revision changed in place are cut: `follow` (the default) at the
+        /// previous revision's chunk boundaries, so only the old chunks the change touched are
+        /// stored again (about a fifth fewer bytes than `content` on a next step with 5% of
+        /// its 64 KiB blocks changed); `content` always by content (FastCDC), so the chunks of
+        /// any bytes are the same whatever this mount wrote before: the same bytes written
+        /// later by a writer that did not read this revision deduplicate with it everywhere,
+        /// not only outside the changed regions (README, "Changes in place").
+        #[arg(long, default_value = "follow", value_parser = ["follow", "content"])]
+        cuts: String,
         /// Directory holding libcuda.so.1 / libnvrtc.so.13 when they are not on the loader's
         /// path (also CKPTFS_CUDA_LIB_DIR).
         #[arg(long, value_name = "DIR")]
@@ -294,7 +303,7 @@ enum Cmd {
         #[arg(long)]
         read_only: bool,
         /// Mount options, comma-separated, as mount(8) and fstab pass them: `ro` (as
-        /// --read-only), `rw`, `allow_other`, `threads=N`, `workers=N`, `codec=C`, `gpu=G`, `confirm=C`,
+        /// --read-only), `rw`, `allow_other`, `threads=N`, `workers=N`, `codec=C`, `gpu=G`, `confirm=C`, `cuts=C`,
         /// `cuda_lib_dir=DIR` (as the flags), `suid` (ckptfs mounts nosuid unless told),
         /// `nosuid`, `noexec`, `exec`; the ones
         /// mount(8) and the kernel handle themselves (`defaults`, `auto`, `noauto`, `user`,
@@ -584,6 +593,8 @@ struct Tuning {
     gpu: String,
     /// `--confirm`: predicted chunks confirmed by fingerprint (`true`) or by blake3.
     confirm_by_fingerprint: bool,
+    /// `--cuts`: changes in place cut at the old boundaries (`true`) or by content.
+    follow_changes: bool,
     cuda_lib_dir: Option<PathBuf>,
     /// Not tuning, but carried to the daemon alike: `--read-only`.
     read_only: bool,
@@ -764,6 +775,7 @@ fn mount(
     space.set_batch_codec(gpu);
     // A read-only mount writes no revision to predict, so it keeps no fingerprints.
     space.confirm_by_fingerprint(tuning.confirm_by_fingerprint && !tuning.read_only);
+    space.follow_changes(tuning.follow_changes);
     // The cutter's search is chosen by measuring the candidates once (a few ms): here, at
     // mount, rather than inside the first write, and said, since it differs by CPU.
     let search = ckptfs_engine::filemap::gear_search();
@@ -1009,6 +1021,9 @@ fn spawn_daemon(
     cmd.arg("--gpu").arg(&tuning.gpu);
     if !tuning.confirm_by_fingerprint {
         cmd.arg("--confirm").arg("blake3");
+    }
+    if !tuning.follow_changes {
+        cmd.arg("--cuts").arg("content");
     }
     if let Some(d) = &tuning.cuda_lib_dir {
         cmd.arg("--cuda-lib-dir").arg(d);
@@ -1611,6 +1626,7 @@ fn run(cli: Cli) -> Result<(), String> {
             codec,
             gpu,
             confirm,
+            cuts,
             cuda_lib_dir,
             read_only,
             options,
@@ -1629,6 +1645,7 @@ fn run(cli: Cli) -> Result<(), String> {
                 codec,
                 gpu,
                 confirm_by_fingerprint: confirm == "fingerprint",
+                follow_changes: cuts == "follow",
                 cuda_lib_dir,
                 read_only,
                 suid: false,
@@ -1792,7 +1809,7 @@ fn apply_mount_options(
     allow_other: &mut bool,
 ) -> Result<(), String> {
     const KNOWN: &str = "ro, rw, allow_other, threads=N, workers=N, codec=lz4|shuffle|float, \
-                         gpu=auto|on|off|emulate, confirm=fingerprint|blake3, cuda_lib_dir=DIR, slot=N, lease=DURATION, nosuid, \
+                         gpu=auto|on|off|emulate, confirm=fingerprint|blake3, cuts=follow|content, cuda_lib_dir=DIR, slot=N, lease=DURATION, nosuid, \
                          noexec, suid, exec";
     for o in options.split(',').filter(|o| !o.is_empty()) {
         let (key, val) = match o.split_once('=') {
@@ -1826,6 +1843,7 @@ fn apply_mount_options(
             ("confirm", _) => {
                 tuning.confirm_by_fingerprint = one_of(&["fingerprint", "blake3"])? == "fingerprint"
             }
+            ("cuts", _) => tuning.follow_changes = one_of(&["follow", "content"])? == "follow",
             ("cuda_lib_dir", Some(d)) if !d.is_empty() => tuning.cuda_lib_dir = Some(d.into()),
             ("slot", _) => tuning.slot = Some(number(u32::MAX, 0)?),
             ("lease", Some(d)) => {
@@ -2486,6 +2504,7 @@ mod tests {
             codec: None,
             gpu: "auto".into(),
             confirm_by_fingerprint: true,
+            follow_changes: true,
             cuda_lib_dir: None,
             read_only: false,
             suid: false,
@@ -2513,9 +2532,14 @@ mod tests {
             (t.codec.as_deref(), t.gpu.as_str()),
             (Some("shuffle"), "off")
         );
-        apply_mount_options("slot=7,lease=500ms,confirm=blake3", &mut t, &mut other).unwrap();
+        apply_mount_options(
+            "slot=7,lease=500ms,confirm=blake3,cuts=content",
+            &mut t,
+            &mut other,
+        )
+        .unwrap();
         assert_eq!((t.slot, t.lease), (Some(7), Duration::from_millis(500)));
-        assert!(!t.confirm_by_fingerprint);
+        assert!(!t.confirm_by_fingerprint && !t.follow_changes);
         for bad in [
             "bogus",
             "slot=x",
@@ -2524,6 +2548,7 @@ mod tests {
             "threads=x",
             "codec=zstd",
             "confirm=xxh3",
+            "cuts=fixed",
             "ro=1",
             "cuda_lib_dir=",
         ] {

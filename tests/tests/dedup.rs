@@ -158,19 +158,19 @@ fn stage_count(s: &Report<StatsReport>, name: &str) -> u64 {
         .map_or(0, |st| st.count)
 }
 
-/// A next checkpoint is cut by predicting each chunk from the previous one's sequence (and
-/// confirming it by its hash); those cuts must be exactly the content-defined ones. Shown
-/// from outside: the same bytes written again after a remount (nothing learned, so cut by
-/// FastCDC alone) add no chunk and no stored byte.
-#[test]
-fn predicted_cuts_are_the_content_defined_cuts() {
+/// Writes a checkpoint and its next one (5% of the 64 KiB blocks changed in place, 8 bytes
+/// inserted, 100 KiB more), mounted with `--cuts cuts`; then, after a remount (nothing
+/// learned, so cut by FastCDC alone), the same next bytes again under another name. Returns
+/// the stored bytes each of the two next ones added. Every file reads back exactly.
+fn next_then_the_same_bytes_fresh(cuts: &str) -> (u64, u64) {
     let seed = test_seed("dedup-predict", 0x5eed_0003);
     let mut rng = SmallRng::seed_from_u64(seed);
     let mut m = TestMount::new();
+    m.unmount();
+    m.mount_with(&["--cuts", cuts]);
     let base = pattern(seed, 32 * MIB);
     write_checkpoint(&m, "step-1.bin", &base);
 
-    // The next checkpoint: 5% of the 64 KiB blocks changed, 8 bytes inserted, 100 KiB more.
     let mut next = base.clone();
     for blk in next.chunks_mut(64 << 10) {
         if rng.random_range(0..20) == 0 {
@@ -187,34 +187,59 @@ fn predicted_cuts_are_the_content_defined_cuts() {
     write_checkpoint(&m, "step-2.bin", &next);
     let s1 = m.stats();
     let predicted = predicted_chunks(&s1) - predicted_chunks(&s0);
+    let grew = s1.stats.stored_bytes - s0.stats.stored_bytes;
     println!(
-        "next checkpoint: {predicted} chunks predicted of {} new chunk records; stored grew {} bytes",
+        "--cuts {cuts}: next checkpoint: {predicted} chunks predicted of {} new chunk records; \
+         stored grew {grew} bytes",
         s1.stats.chunks - s0.stats.chunks,
-        s1.stats.stored_bytes - s0.stats.stored_bytes
     );
     // 32 MiB at 64 KiB chunks is about 500 chunks; most are unchanged.
     assert!(
         predicted >= 300,
-        "only {predicted} chunks of the next checkpoint were predicted"
+        "--cuts {cuts}: only {predicted} chunks of the next checkpoint were predicted"
     );
 
-    m.remount();
+    m.unmount();
+    m.mount_with(&["--cuts", cuts]);
     let s2 = m.stats();
     write_checkpoint(&m, "step-2-again.bin", &next);
     let s3 = m.stats();
     assert_eq!(
         predicted_chunks(&s3),
         0,
-        "nothing was opened since the remount, so nothing is predicted"
+        "--cuts {cuts}: nothing was opened since the remount, so nothing is predicted"
     );
-    assert_eq!(
-        (s3.stats.chunks, s3.stats.stored_bytes),
-        (s2.stats.chunks, s2.stats.stored_bytes),
-        "the content-defined cuts of the same bytes found chunks the predicted cuts did not make"
-    );
+    let again = s3.stats.stored_bytes - s2.stats.stored_bytes;
+    println!("--cuts {cuts}: the same bytes again, cut by content: stored grew {again} bytes");
     assert_file_eq(&m.path("step-1.bin"), &base);
     assert_file_eq(&m.path("step-2.bin"), &next);
     assert_file_eq(&m.path("step-2-again.bin"), &next);
+    (grew, again)
+}
+
+/// With `--cuts content`, a next checkpoint's predicted cuts are exactly the content-defined
+/// ones: the same bytes written again after a remount (cut by FastCDC alone) add no stored
+/// byte. With `--cuts follow` (the default), the bytes changed in place are cut at the old
+/// boundaries instead: the next checkpoint stores fewer bytes than cut by content, and the
+/// same bytes written fresh store again at most what the changed regions took cut by
+/// content (everything else deduplicates).
+#[test]
+fn changes_in_place_follow_the_old_cuts_unless_cut_by_content() {
+    let (content, content_again) = next_then_the_same_bytes_fresh("content");
+    assert_eq!(
+        content_again, 0,
+        "the content-defined cuts of the same bytes found chunks the predicted cuts did not make"
+    );
+    let (follow, follow_again) = next_then_the_same_bytes_fresh("follow");
+    assert!(
+        follow * 20 <= content * 19,
+        "--cuts follow stored {follow} bytes for the next checkpoint, --cuts content {content}"
+    );
+    assert!(
+        follow_again <= content,
+        "the same bytes cut by content stored {follow_again} bytes again, more than the \
+         {content} the changes took cut by content"
+    );
 }
 
 /// The next checkpoint of `prev`: 5% of its 64 KiB blocks changed.

@@ -1043,6 +1043,12 @@ impl Space {
         self.store.confirm_by_fingerprint(on)
     }
 
+    /// Where bytes changed in place are cut: at the previous revision's boundaries, or by
+    /// content (`--cuts`; `predict`'s module doc).
+    pub fn follow_changes(&self, on: bool) {
+        self.store.follow_changes(on)
+    }
+
     /// The committed record of a chunk, if it is committed.
     pub fn committed_record(&self, h: &ChunkHash) -> Result<Option<ChunkRecord>> {
         self.store.committed_record(h)

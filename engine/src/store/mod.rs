@@ -140,6 +140,12 @@ impl ChunkStore {
         self.w.successors.confirm_by_fingerprint(on);
     }
 
+    /// Whether the cutters cut bytes changed in place at the previous revision's
+    /// boundaries (the default) or always by content (`predict`'s module doc).
+    pub fn follow_changes(&self, on: bool) {
+        self.w.successors.follow_changes(on);
+    }
+
     /// Where the data path's time goes (the pipeline's timers).
     pub fn stages(&self) -> &crate::pipeline::Stages {
         &self.pipeline.stages
