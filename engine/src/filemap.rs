@@ -3338,6 +3338,29 @@ pub(crate) mod tests {
         s
     }
 
+    /// A previous revision of 1-4 MB of random bytes: its bytes, its FastCDC cuts, the
+    /// chunk sequence learned from them, and its chunks as (offset, length, hash).
+    #[allow(clippy::type_complexity)]
+    fn old_revision(
+        rng: &mut SmallRng,
+        p: ChunkParams,
+    ) -> (
+        Vec<u8>,
+        Vec<(u64, usize)>,
+        Arc<Successors>,
+        HashSet<(u64, usize, ChunkHash)>,
+    ) {
+        let mut old = vec![0u8; rng.random_range(1_000_000..4_000_000)];
+        rng.fill_bytes(&mut old);
+        let old_cuts = whole_cut(p, &old);
+        let table = learned(p, &old, &old_cuts);
+        let old_chunks = old_cuts
+            .iter()
+            .map(|&(o, l)| (o, l, ChunkHash::of(&old[o as usize..o as usize + l])))
+            .collect();
+        (old, old_cuts, table, old_chunks)
+    }
+
     /// A next revision cut with predictions learned from the previous one: the cuts are
     /// exactly FastCDC's (a predicted chunk that hashes right ends where FastCDC would cut),
     /// and most chunks were predicted rather than scanned.
@@ -3573,14 +3596,7 @@ pub(crate) mod tests {
         let p = params();
         let mut rng = SmallRng::seed_from_u64(13);
         for round in 0..10 {
-            let mut old = vec![0u8; rng.random_range(1_000_000..4_000_000)];
-            rng.fill_bytes(&mut old);
-            let old_cuts = whole_cut(p, &old);
-            let table = learned(p, &old, &old_cuts);
-            let old_chunks: HashSet<(u64, usize, ChunkHash)> = old_cuts
-                .iter()
-                .map(|&(o, l)| (o, l, ChunkHash::of(&old[o as usize..o as usize + l])))
-                .collect();
+            let (old, _, table, old_chunks) = old_revision(&mut rng, p);
             let mut new = old.clone();
             for blk in new.chunks_mut(64 << 10) {
                 if rng.random_range(0..20) == 0 {
@@ -3619,14 +3635,7 @@ pub(crate) mod tests {
         let mut rng = SmallRng::seed_from_u64(14);
         let (mut got_total, mut want_total, mut cdc_total, mut followed) = (0, 0, 0, 0);
         for round in 0..16 {
-            let mut old = vec![0u8; rng.random_range(1_000_000..4_000_000)];
-            rng.fill_bytes(&mut old);
-            let old_cuts = whole_cut(p, &old);
-            let table = learned(p, &old, &old_cuts);
-            let old_chunks: HashSet<(u64, usize, ChunkHash)> = old_cuts
-                .iter()
-                .map(|&(o, l)| (o, l, ChunkHash::of(&old[o as usize..o as usize + l])))
-                .collect();
+            let (old, old_cuts, table, old_chunks) = old_revision(&mut rng, p);
             // 5% of the blocks of a chunk's average size changed (as 64 KiB blocks of a
             // tensor with 64 KiB chunks), none next to another and none in the first three
             // or last three old chunks (the first has no chunk before it to predict it).
