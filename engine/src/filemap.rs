@@ -1122,6 +1122,15 @@ const RESYNC_STEPS: u32 = 8;
 const FOLLOW_STEPS: usize = 8;
 const FOLLOW_SPAN_CHUNKS: usize = 4;
 
+/// The longest carry a cutter leaves between segments: an unfinished chunk is at most a
+/// largest chunk, but a look past a changed chunk (`Cutter::follow`) that waits for more
+/// bytes carries everything from that chunk's start, less than `FOLLOW_SPAN_CHUNKS` largest
+/// chunks. The spill file's slots are this long, so such carries spill too and the carries'
+/// memory budget holds.
+pub(crate) fn longest_carry(max_bytes: u32) -> usize {
+    FOLLOW_SPAN_CHUNKS * max_bytes as usize
+}
+
 impl Cutter {
     pub(crate) fn new(params: ChunkParams, pred: Option<Predictor>) -> Self {
         Cutter {
@@ -2835,7 +2844,7 @@ pub(crate) mod tests {
             // carries, `spill::tests` about the room left.
             carries.spill_to_keeping(
                 &std::env::temp_dir(),
-                params().max_bytes as usize,
+                longest_carry(params().max_bytes),
                 Arc::new(|| 0),
             );
             AsyncChunks {

@@ -11,10 +11,11 @@
 //! The spill file is an unlinked file in the backing directory (gone with the process, so a
 //! crash leaves nothing to clean up), written and read through the page cache: the kernel
 //! can write it out and drop it under memory pressure, which it cannot do with the daemon's
-//! own memory. Its slots are a maximum chunk each, reused most recently freed first (their
-//! pages are likely cached); the file is emptied whenever no carry is in it, so it takes
-//! disk space for at most the most carries spilled at once (a maximum chunk each, written
-//! only as far as each carry goes). Every carry is checked against its blake3 hash when it
+//! own memory. Its slots are as long as the longest carry (`filemap::longest_carry`: four
+//! maximum chunks, what a cutter looking past a changed chunk may carry), reused most
+//! recently freed first (their pages are likely cached); the file is emptied whenever no
+//! carry is in it, so it takes disk space for at most the most carries spilled at once
+//! (written only as far as each carry goes: mostly less than a maximum chunk). Every carry is checked against its blake3 hash when it
 //! comes back: a carry that cannot be read back whole fails its file's writes with EIO,
 //! never wrong bytes.
 
@@ -104,7 +105,7 @@ impl Carries {
     }
 
     /// Lets carries spill to an unlinked file in `dir`, in slots of `slot_bytes` (the
-    /// maximum chunk: no carry is longer; one that is stays in memory), leaving the free
+    /// longest carry: one that is longer stays in memory), leaving the free
     /// space that the metadata table on `table` needs for its growth (`spill_keep_free`).
     pub(crate) fn spill_to(
         &self,

@@ -444,7 +444,7 @@ impl Space {
         self.lock = Some(lock);
         self.store.pipeline().carries.spill_to(
             dir,
-            self.sb.chunk.max_bytes as usize,
+            crate::filemap::longest_carry(self.sb.chunk.max_bytes),
             self.meta.clone(),
         );
     }
