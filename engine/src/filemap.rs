@@ -1252,7 +1252,7 @@ impl Cutter {
         missed: Option<ChunkHash>,
         last: bool,
     ) -> Follow {
-        let span = FOLLOW_SPAN_CHUNKS * self.params.max_bytes as usize;
+        let span = longest_carry(self.params.max_bytes);
         let mut bounds = vec![(pos + n.len as usize, missed)];
         let mut prev = n.hash_prefix;
         for _ in 0..FOLLOW_STEPS {
