@@ -18,7 +18,8 @@
 //!   then copies, then sets the flags of the holders it copied to (another generation): a
 //!   crash in between leaves no holder claiming a half-made copy;
 //! - a holder whose write or sync fails is dropped for the rest of the mount, and its flag
-//!   cleared at once (a new generation, written to the primary and the other holders);
+//!   cleared at once (a new generation, written to the primary and the other holders); so
+//!   is one whose copy is no longer the file open here (`MirrorDevice::watch`);
 //! - `ckptfs recover` rebuilds a lost backing directory from the holder copies: the newest
 //!   generation among the holders' tables names the current holders, and only a holder
 //!   whose own table has that generation is copied from.
@@ -35,6 +36,7 @@ use crate::device::Device;
 use parking_lot::Mutex;
 use std::collections::BTreeSet;
 use std::io;
+use std::path::PathBuf;
 use std::sync::Arc;
 
 pub(crate) const MIRROR_SUPERBLOCK: &str = "ckptfs-superblock";
@@ -80,12 +82,22 @@ impl MirrorSet {
     }
 }
 
+/// `MirrorDevice::sync` looks at the holders' files (`MirrorDevice::watch`) at most this
+/// often: a stat per holder costs a round trip on a networked filesystem, and a job
+/// committing many small files would pay it per commit. Reports and scrubs look every time.
+const WATCH_INTERVAL: std::time::Duration = std::time::Duration::from_secs(1);
+
 /// A device written to a primary and to the mirrors still in the set; read from the
 /// primary. An error of the primary is the caller's; a mirror's drops that mirror.
 pub(crate) struct MirrorDevice {
     primary: Arc<dyn Device>,
     mirrors: Vec<(usize, Arc<dyn Device>)>,
+    /// Where each holder's copy lies (`with_paths`), in the order of `mirrors`: what
+    /// `watch` compares the open files with. Empty: not watched (the tests' memory devices).
+    paths: Vec<PathBuf>,
     set: Arc<MirrorSet>,
+    /// When `sync` last ran `watch` (see `WATCH_INTERVAL`).
+    watched: Mutex<Option<std::time::Instant>>,
     /// Held by every write and resize (to the primary and then each copy) and while
     /// `verify` compares a window: so no write is half-applied to the copies it compares,
     /// and writes of the same bytes from several threads land in the same order on every
@@ -139,9 +151,60 @@ impl MirrorDevice {
         MirrorDevice {
             primary,
             mirrors,
+            paths: Vec::new(),
             set,
+            watched: Mutex::new(None),
             gate: Mutex::new(()),
         }
+    }
+
+    /// The paths of the holders' copies, one per mirror in the order given to `new`, so
+    /// that `watch` notices a copy removed or replaced while mounted.
+    pub fn with_paths(mut self, paths: Vec<PathBuf>) -> Self {
+        assert_eq!(paths.len(), self.mirrors.len(), "one path per mirror");
+        self.paths = paths;
+        self
+    }
+
+    /// Drops every live holder whose copy is no longer the file this device writes: its
+    /// path removed (by a cleanup of the target directory, say) or replaced (by a restore
+    /// or a copy). Writes to the open file still succeed, so nothing else notices: status
+    /// went on listing the holder, and `scrub` compared the open file and found it whole,
+    /// while `ckptfs recover` would have found no copy, or a stale one, at that path.
+    /// Dropping clears the holder's flag at once, so status says the metadata has fewer
+    /// mirrors and `recover` never copies from it; the next mount copies the metadata to a
+    /// healthy target again. Per live holder one fstat and one stat. Returns the holders
+    /// dropped, with why.
+    pub(crate) fn watch(&self) -> Vec<(usize, String)> {
+        let mut out = Vec::new();
+        for ((t, d), path) in self.mirrors.iter().zip(&self.paths) {
+            if self.set.is_dropped(*t) {
+                continue;
+            }
+            let now = match d.file_now() {
+                Some(Ok(now)) => now,
+                // Not a file, or an fstat that failed: its I/O errors drop it as usual.
+                _ => continue,
+            };
+            let why = match std::fs::metadata(path).map(|m| crate::device::FileNow::of(&m)) {
+                Ok(p) if (p.dev, p.ino) == (now.dev, now.ino) => continue,
+                Ok(_) => "was replaced while mounted (by a restore or a copy?)",
+                Err(e) if e.kind() == io::ErrorKind::NotFound => "was removed while mounted",
+                Err(e) => {
+                    // A path the daemon cannot stat now (a permission or network error)
+                    // says nothing of the file it has open.
+                    log::warn!(
+                        "metadata mirror on target {t}: stat {}: {e}",
+                        path.display()
+                    );
+                    continue;
+                }
+            };
+            let why = format!("{} {why}", path.display());
+            self.set.drop_holder(*t, &io::Error::other(why.clone()));
+            out.push((*t, why));
+        }
+        out
     }
 
     /// Compares every live copy with the primary, window by window with the writes held
@@ -215,6 +278,17 @@ impl Device for MirrorDevice {
     }
 
     fn sync(&self) -> io::Result<()> {
+        let due = {
+            let mut w = self.watched.lock();
+            let due = w.is_none_or(|t| t.elapsed() >= WATCH_INTERVAL);
+            if due {
+                *w = Some(std::time::Instant::now());
+            }
+            due
+        };
+        if due && !self.paths.is_empty() {
+            self.watch();
+        }
         let live: Vec<&(usize, Arc<dyn Device>)> = self.live().collect();
         if live.is_empty() {
             return self.primary.sync();
@@ -314,6 +388,72 @@ mod tests {
         assert_eq!(a, b);
         assert_eq!(&a[3..8], b"hello");
         assert_eq!(&a[10..15], b"world");
+    }
+
+    /// A holder's copy removed, another's replaced (a copy renamed over it), while mounted:
+    /// `watch` drops exactly those two (their flags cleared through `on_drop`, once), and
+    /// writes go on to the untouched holder. Before `watch`, nothing noticed: the writes
+    /// into the open files kept succeeding and `verify` compared those open files.
+    #[test]
+    fn a_copy_removed_or_replaced_while_mounted_drops_its_holder() {
+        use crate::device::FileDevice;
+        let dir = std::env::temp_dir().join(format!("ckptfs-mwatch-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        let open = |name: &str| -> (PathBuf, Arc<dyn Device>) {
+            let path = dir.join(name);
+            let f = std::fs::OpenOptions::new()
+                .read(true)
+                .write(true)
+                .create(true)
+                .truncate(true)
+                .open(&path)
+                .unwrap();
+            (path, Arc::new(FileDevice::growable(f).unwrap()))
+        };
+        let (_, primary) = open("primary");
+        let holders: Vec<(PathBuf, Arc<dyn Device>)> =
+            ["m1", "m2", "m3"].iter().map(|n| open(n)).collect();
+        let dropped = Arc::new(Mutex::new(Vec::new()));
+        let d2 = dropped.clone();
+        let set = MirrorSet::new(Box::new(move |t| d2.lock().push(t)));
+        let dev = MirrorDevice::new(
+            primary.clone(),
+            holders
+                .iter()
+                .enumerate()
+                .map(|(i, (_, d))| (i + 1, d.clone()))
+                .collect(),
+            set.clone(),
+        )
+        .with_paths(holders.iter().map(|(p, _)| p.clone()).collect());
+        dev.set_len(8192).unwrap();
+        dev.write_at(b"before", 0).unwrap();
+        dev.sync().unwrap();
+        assert!(dev.watch().is_empty(), "nothing happened yet");
+        std::fs::remove_file(&holders[0].0).unwrap();
+        let copy = dir.join("m2.copy");
+        std::fs::copy(&holders[1].0, &copy).unwrap();
+        std::fs::rename(&copy, &holders[1].0).unwrap();
+        let found = dev.watch();
+        assert_eq!(
+            found.iter().map(|(t, _)| *t).collect::<Vec<_>>(),
+            [1, 2],
+            "{found:?}"
+        );
+        assert!(found[0].1.contains("removed"), "{found:?}");
+        assert!(found[1].1.contains("replaced"), "{found:?}");
+        assert!(dev.watch().is_empty(), "dropped once");
+        assert_eq!(*dropped.lock(), [1, 2]);
+        assert!(set.is_dropped(1) && set.is_dropped(2) && !set.is_dropped(3));
+        dev.write_at(b"after!", 0).unwrap();
+        dev.sync().unwrap();
+        let mut b = [0u8; 6];
+        holders[2].1.read_at(&mut b, 0).unwrap();
+        assert_eq!(&b, b"after!", "the untouched holder is still written");
+        holders[1].1.read_at(&mut b, 0).unwrap();
+        assert_eq!(&b, b"before", "the dropped one is not");
+        let _ = std::fs::remove_dir_all(&dir);
     }
 
     /// `verify` racing with writers of overlapping bytes (seeded): it never takes a write in

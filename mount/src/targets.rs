@@ -129,14 +129,30 @@ pub fn run(path: &Path, json: bool) -> Result<(), String> {
             "metadata: each slot's table in the backing directory (slots/), not mirrored on \
              the targets; the segment counts are slot {slot}'s (each node reports its own)"
         ),
-        None => println!(
-            "metadata: in the backing directory, mirrored on target(s) {} (`ckptfs recover` \
-             rebuilds a lost backing directory from them)",
-            match mirrors.is_empty() {
-                true => "none".to_string(),
-                false => mirrors.join(", "),
+        None => {
+            println!(
+                "metadata: in the backing directory, mirrored on target(s) {} (`ckptfs \
+                 recover` rebuilds a lost backing directory from them)",
+                match mirrors.is_empty() {
+                    true => "none".to_string(),
+                    false => mirrors.join(", "),
+                }
+            );
+            // K+1 holders let the backing directory and any K targets die together.
+            let want = r
+                .redundancy
+                .split_once('+')
+                .and_then(|(_, k)| k.trim().parse::<usize>().ok())
+                .map(|k| k + 1);
+            if let Some(want) = want.filter(|w| mirrors.len() < *w) {
+                println!(
+                    "  FEWER THAN K+1 = {want} metadata mirrors: a holder failed or its copy \
+                     was removed or replaced while mounted (the log says which), or too few \
+                     targets are healthy; the next mount copies the metadata to healthy \
+                     targets again"
+                );
             }
-        ),
+        }
     }
     if let Some(red) = &red {
         println!("{}", redundancy_line(red));

@@ -826,6 +826,49 @@ fn a_lost_backing_directory_is_recovered_from_the_targets_metadata_mirrors() {
     }
 }
 
+/// A holder's copy of the metadata table removed, and another's placement records replaced
+/// by a copy, while the space is mounted (a cleanup of a target directory, a restore): both
+/// are dropped as mirrors at once, so `targets` lists only the untouched holder and says
+/// there are fewer than K+1, and `recover` copies from that one. Before, writes into the
+/// open files kept succeeding, status listed all three, and `scrub` compared the open
+/// files and found them whole, while the paths `recover` reads held no copy or a stale one.
+#[test]
+fn a_metadata_mirror_removed_or_replaced_while_mounted_is_no_longer_counted() {
+    let seed = test_seed("a_metadata_mirror_removed_or_replaced", 0x7a_000c);
+    let Some((mut m, mut files, holders)) = mirrored_space(seed, 4) else {
+        return;
+    };
+    let (gone, replaced, kept) = (holders[0], holders[1], holders[2]);
+    fs::remove_file(m.target_dir(gone).join("ckptfs-meta")).unwrap();
+    let placement = m.target_dir(replaced).join("ckptfs-placement");
+    let copy = m.root().join("placement-copy");
+    fs::copy(&placement, &copy).unwrap();
+    fs::rename(&copy, &placement).unwrap();
+    assert_eq!(mirror_holders(&mut m), [kept], "seen by the next status");
+    let mnt = m.mnt().to_path_buf();
+    let text = m.ckptfs_ok(&[OsStr::new("targets"), mnt.as_os_str()]);
+    assert!(text.contains("FEWER THAN K+1 = 3"), "{text}");
+    // Writes go on, committed to the primary and the remaining holder.
+    let late = pattern(seed ^ 0x1a7e, 3 << 20);
+    fs::write(m.path("late"), &late).unwrap();
+    files.push(("late".to_string(), late));
+    let s = m.ckptfs_json(&[OsStr::new("scrub"), mnt.as_os_str(), OsStr::new("--json")]);
+    assert_eq!(s["mirror_copies_checked"], 2, "1 holder x 2 files: {s}");
+    assert_eq!(s["chunks_lost"], 0, "{s}");
+    m.unmount();
+    fs::remove_dir_all(m.backing()).unwrap();
+    let (ok, v, err) = recover(&mut m, gone);
+    assert!(ok, "recover: {err}");
+    assert_eq!(v["holder"].as_u64(), Some(kept as u64), "{v}");
+    m.mount();
+    for (name, data) in &files {
+        assert_file_eq(&m.path(name), data);
+    }
+    let (code, c) = check_json(&mut m);
+    assert_eq!(code, 0, "check after recovery: {c}");
+    assert_eq!(mirror_holders(&mut m).len(), 3, "K+1 holders again");
+}
+
 /// Silent damage on a metadata mirror holder's disk (its copies of the metadata table, the
 /// placement records and the targets table) is found by `ckptfs scrub` and mended from the
 /// primary while the space stays mounted, so that the copy `ckptfs recover` rebuilds a lost

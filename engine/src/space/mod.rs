@@ -587,6 +587,8 @@ impl Space {
     /// The targets of a space over several (None for a one-target space).
     pub fn targets_report(&self) -> Option<crate::targets::TargetsReport> {
         let mut r = self.targets.as_ref()?.report();
+        // Before the flags are read: a copy removed or replaced while mounted is no mirror.
+        self.watch_mirrors();
         if let Some(t) = &self.targets_table {
             let t = t.lock();
             for (i, rep) in r.targets.iter_mut().enumerate() {

@@ -361,7 +361,13 @@ impl Space {
                 let d: Arc<dyn Device> = Arc::new(FileDevice::growable(f)?);
                 devs.push((*i, wrap(crate::sim::mirror_device_name(*i), d)));
             }
-            let md = Arc::new(crate::mirror::MirrorDevice::new(meta, devs, m.set));
+            let paths = m
+                .holders
+                .iter()
+                .map(|(_, p)| p.join(crate::mirror::MIRROR_META));
+            let md = Arc::new(
+                crate::mirror::MirrorDevice::new(meta, devs, m.set).with_paths(paths.collect()),
+            );
             meta = md.clone();
             mirrored = vec![
                 (crate::mirror::MIRROR_META, md),

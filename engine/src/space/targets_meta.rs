@@ -551,7 +551,14 @@ pub(super) fn open_targets(
                 let d: Arc<dyn Device> = Arc::new(FileDevice::new(f)?);
                 devs.push((*i, wrap(crate::sim::mirror_device_name(*i), d)));
             }
-            let placement = Arc::new(crate::mirror::MirrorDevice::new(map, devs, set.clone()));
+            let placement = Arc::new(
+                crate::mirror::MirrorDevice::new(map, devs, set.clone()).with_paths(
+                    paths
+                        .iter()
+                        .map(|(_, p)| p.join(crate::mirror::MIRROR_PLACEMENT))
+                        .collect(),
+                ),
+            );
             map = placement.clone();
             Some(Mirrors {
                 set,
@@ -677,6 +684,12 @@ pub(super) struct Mirrors {
 pub(crate) type MirroredDevices = Vec<(&'static str, Arc<crate::mirror::MirrorDevice>)>;
 
 impl Space {
+    /// Drops the metadata mirror holders whose copies were removed or replaced while
+    /// mounted (`MirrorDevice::watch`, for each mirrored file): (target, what happened).
+    pub(crate) fn watch_mirrors(&self) -> Vec<(usize, String)> {
+        self.mirrored.iter().flat_map(|(_, d)| d.watch()).collect()
+    }
+
     /// `ckptfs scrub`'s check of the metadata mirrors (`mirror.rs`): every current holder's
     /// copies of the metadata table and the placement records are compared with the primary
     /// block by block, its superblock and targets table as whole files, and whatever
@@ -684,6 +697,15 @@ impl Space {
     /// on a holder's disk was found by nothing before: `ckptfs recover` would have rebuilt a
     /// lost backing directory from it.
     pub(crate) fn verify_mirrors(&self, rep: &mut crate::targets::RebuildReport) {
+        // A copy removed or replaced under its open file compares whole (the open file is
+        // what `verify` reads) yet is not what `recover` would find: such a holder is
+        // dropped, and said here.
+        for (t, why) in self.watch_mirrors() {
+            rep.mirror_failures.push(format!(
+                "target {t}: its metadata mirror {why}: no longer a mirror; the next mount \
+                 copies the metadata to a healthy target again"
+            ));
+        }
         for (name, dev) in &self.mirrored {
             for (t, r) in dev.verify() {
                 match r {
