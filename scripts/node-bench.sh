@@ -25,7 +25,9 @@
 # is the first run's). NODE_ALT_ENV, assignments
 # (say CKPTFS_CUT_HERE=0): this pack's steps once more with them in the daemon's environment
 # (steps-alt.txt), to measure one switch on the same machine (leave out codec to stay within
-# eight files).
+# eight files). NODE_ALT_ARGS, extra `ckptfs-bench steps` arguments for that run, with or
+# without NODE_ALT_ENV (say --mount-arg=--cuts=content: changed bytes cut by content, not at
+# the previous revision's boundaries).
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 PACK=${NODE_PACK:-target/node-pack}
@@ -119,10 +121,11 @@ run)
             fi
         fi
     fi
-    if [[ -n ${NODE_ALT_ENV:-} ]] && ((steps_took >= 0)); then
-        # shellcheck disable=SC2086  # several assignments on purpose
-        step steps-alt $((steps_took * 3 / 2 + 20)) env $NODE_ALT_ENV "$b" steps "${common[@]}" \
-            --data field --writers "$writers" --mount-arg=--gpu=off
+    if [[ -n ${NODE_ALT_ENV:-}${NODE_ALT_ARGS:-} ]] && ((steps_took >= 0)); then
+        # shellcheck disable=SC2086  # several assignments and arguments on purpose
+        step steps-alt $((steps_took * 3 / 2 + 20)) env ${NODE_ALT_ENV:-} "$b" steps \
+            "${common[@]}" --data field --writers "$writers" --mount-arg=--gpu=off \
+            ${NODE_ALT_ARGS:-}
     fi
     step limits 40 "$b" limits "${common[@]}"
     step restart 90 "$b" restart "${common[@]}"
