@@ -1764,6 +1764,9 @@ fn run(cli: Cli) -> Result<(), String> {
                     }
                     if let Some(t) = &t {
                         println!("{}", targets::summary_line(t));
+                        if let Some(w) = targets::mirror_warning(t) {
+                            println!("{w}");
+                        }
                     }
                     if let Some(r) = &red {
                         println!("{}", targets::redundancy_line(r));
@@ -1792,6 +1795,9 @@ fn run(cli: Cli) -> Result<(), String> {
                 print_stats(&s);
                 if let Some(t) = &t {
                     println!("{}", targets::summary_line(t));
+                    if let Some(w) = targets::mirror_warning(t) {
+                        println!("{w}");
+                    }
                 }
                 if let Some(r) = &red {
                     println!("{}", targets::redundancy_line(r));

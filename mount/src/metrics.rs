@@ -237,6 +237,21 @@ pub fn prometheus(s: &Stats, targets: Option<&TargetsReport>, space: &str) -> St
             "1 while some data has less redundancy than the space's M+K (a failed target, or shards found unreadable or damaged and not repaired).",
         );
         o.sample("degraded", &[], if t.degraded() { 1.0 } else { 0.0 });
+        if let Some(want) = crate::targets::mirrors_wanted(t) {
+            o.family(
+                "metadata_mirrors",
+                G,
+                "Targets holding a current mirror of the space's metadata (ckptfs recover rebuilds a lost backing directory from one); K+1 wanted, see metadata_mirrors_wanted.",
+            );
+            let have = t.targets.iter().filter(|x| x.metadata_mirror).count();
+            o.sample("metadata_mirrors", &[], have as f64);
+            o.family(
+                "metadata_mirrors_wanted",
+                G,
+                "K+1: the metadata mirrors a space over targets keeps when enough targets are healthy.",
+            );
+            o.sample("metadata_mirrors_wanted", &[], want as f64);
+        }
         type Get = fn(&ckptfs_engine::targets::TargetReport) -> f64;
         let per: [(&str, &str, &str, Get); 5] = [
             (

@@ -98,6 +98,31 @@ pub fn summary_line(r: &TargetsReport) -> String {
     )
 }
 
+/// The metadata mirrors K+1 targets should hold (None: a space of slots, which keeps none).
+pub fn mirrors_wanted(r: &TargetsReport) -> Option<usize> {
+    if r.slot.is_some() {
+        return None;
+    }
+    // K+1 holders let the backing directory and any K targets die together.
+    r.redundancy
+        .split_once('+')
+        .and_then(|(_, k)| k.trim().parse::<usize>().ok())
+        .map(|k| k + 1)
+}
+
+/// What `targets` and `stats` say when fewer than K+1 targets hold a current metadata mirror.
+pub fn mirror_warning(r: &TargetsReport) -> Option<String> {
+    let want = mirrors_wanted(r)?;
+    let have = r.targets.iter().filter(|t| t.metadata_mirror).count();
+    (have < want).then(|| {
+        format!(
+            "FEWER THAN K+1 = {want} metadata mirrors ({have}): a holder failed or its copy was \
+             removed or replaced while mounted (the log says which), or too few targets are \
+             healthy; the next mount copies the metadata to healthy targets again"
+        )
+    })
+}
+
 pub fn run(path: &Path, json: bool) -> Result<(), String> {
     let Some(r) = report(path)? else {
         if json {
@@ -138,19 +163,8 @@ pub fn run(path: &Path, json: bool) -> Result<(), String> {
                     false => mirrors.join(", "),
                 }
             );
-            // K+1 holders let the backing directory and any K targets die together.
-            let want = r
-                .redundancy
-                .split_once('+')
-                .and_then(|(_, k)| k.trim().parse::<usize>().ok())
-                .map(|k| k + 1);
-            if let Some(want) = want.filter(|w| mirrors.len() < *w) {
-                println!(
-                    "  FEWER THAN K+1 = {want} metadata mirrors: a holder failed or its copy \
-                     was removed or replaced while mounted (the log says which), or too few \
-                     targets are healthy; the next mount copies the metadata to healthy \
-                     targets again"
-                );
+            if let Some(w) = mirror_warning(&r) {
+                println!("  {w}");
             }
         }
     }

@@ -839,15 +839,32 @@ fn a_metadata_mirror_removed_or_replaced_while_mounted_is_no_longer_counted() {
         return;
     };
     let (gone, replaced, kept) = (holders[0], holders[1], holders[2]);
+    let mnt = m.mnt().to_path_buf();
+    let text = m.ckptfs_ok(&[OsStr::new("stats"), mnt.as_os_str()]);
+    assert!(!text.contains("FEWER THAN"), "{text}");
     fs::remove_file(m.target_dir(gone).join("ckptfs-meta")).unwrap();
     let placement = m.target_dir(replaced).join("ckptfs-placement");
     let copy = m.root().join("placement-copy");
     fs::copy(&placement, &copy).unwrap();
     fs::rename(&copy, &placement).unwrap();
     assert_eq!(mirror_holders(&mut m), [kept], "seen by the next status");
-    let mnt = m.mnt().to_path_buf();
-    let text = m.ckptfs_ok(&[OsStr::new("targets"), mnt.as_os_str()]);
-    assert!(text.contains("FEWER THAN K+1 = 3"), "{text}");
+    for cmd in ["targets", "stats"] {
+        let text = m.ckptfs_ok(&[OsStr::new(cmd), mnt.as_os_str()]);
+        assert!(
+            text.contains("FEWER THAN K+1 = 3 metadata mirrors (1)"),
+            "{cmd}: {text}"
+        );
+    }
+    let prom = m.ckptfs_ok(&[
+        OsStr::new("stats"),
+        mnt.as_os_str(),
+        OsStr::new("--prometheus"),
+    ]);
+    assert!(
+        prom.lines()
+            .any(|l| l.starts_with("ckptfs_metadata_mirrors{") && l.ends_with(" 1")),
+        "{prom}"
+    );
     // Writes go on, committed to the primary and the remaining holder.
     let late = pattern(seed ^ 0x1a7e, 3 << 20);
     fs::write(m.path("late"), &late).unwrap();
