@@ -57,6 +57,53 @@ impl FileNow {
     }
 }
 
+/// What became of the path an open file was opened by (`FileNow::at`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum PathNow {
+    /// It still names the open file.
+    Same,
+    /// It names another file (a copy or a restore renamed over it).
+    Replaced,
+    /// Nothing is there.
+    Removed,
+}
+
+impl FileNow {
+    /// Whether `path` still names this open file (its fstat): the watches of the target
+    /// files and of the metadata mirror copies, whose writes into an open file that was
+    /// removed or replaced succeed unseen. Err: the path could not be looked at now (a
+    /// permission or network error), which says nothing of the open file.
+    pub(crate) fn at(&self, path: &std::path::Path) -> io::Result<PathNow> {
+        match std::fs::metadata(path).map(|m| FileNow::of(&m)) {
+            Ok(p) if (p.dev, p.ino) == (self.dev, self.ino) => Ok(PathNow::Same),
+            Ok(_) => Ok(PathNow::Replaced),
+            Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(PathNow::Removed),
+            Err(e) => Err(e),
+        }
+    }
+}
+
+/// How often a sync looks at the paths of the files it writes (the target files, the
+/// metadata mirror copies): a stat per file costs a round trip on a networked filesystem,
+/// and a job committing many small files would pay it per commit. Reports look every time.
+pub(crate) const WATCH_INTERVAL: std::time::Duration = std::time::Duration::from_secs(1);
+
+/// When a sync last looked (`WATCH_INTERVAL`).
+#[derive(Default)]
+pub(crate) struct WatchClock(parking_lot::Mutex<Option<std::time::Instant>>);
+
+impl WatchClock {
+    /// True at most once per `WATCH_INTERVAL` (the first call: true).
+    pub(crate) fn due(&self) -> bool {
+        let mut w = self.0.lock();
+        let due = w.is_none_or(|t| t.elapsed() >= WATCH_INTERVAL);
+        if due {
+            *w = Some(std::time::Instant::now());
+        }
+        due
+    }
+}
+
 /// Alignment of direct (uncached) writes: offset, length and memory address.
 pub(crate) const DIRECT_ALIGN: usize = 4096;
 

@@ -82,11 +82,6 @@ impl MirrorSet {
     }
 }
 
-/// `MirrorDevice::sync` looks at the holders' files (`MirrorDevice::watch`) at most this
-/// often: a stat per holder costs a round trip on a networked filesystem, and a job
-/// committing many small files would pay it per commit. Reports and scrubs look every time.
-const WATCH_INTERVAL: std::time::Duration = std::time::Duration::from_secs(1);
-
 /// A device written to a primary and to the mirrors still in the set; read from the
 /// primary. An error of the primary is the caller's; a mirror's drops that mirror.
 pub(crate) struct MirrorDevice {
@@ -96,8 +91,9 @@ pub(crate) struct MirrorDevice {
     /// `watch` compares the open files with. Empty: not watched (the tests' memory devices).
     paths: Vec<PathBuf>,
     set: Arc<MirrorSet>,
-    /// When `sync` last ran `watch` (see `WATCH_INTERVAL`).
-    watched: Mutex<Option<std::time::Instant>>,
+    /// When `sync` last ran `watch` (`device::WATCH_INTERVAL`; reports and scrubs run it
+    /// every time).
+    watched: crate::device::WatchClock,
     /// Held by every write and resize (to the primary and then each copy) and while
     /// `verify` compares a window: so no write is half-applied to the copies it compares,
     /// and writes of the same bytes from several threads land in the same order on every
@@ -153,7 +149,7 @@ impl MirrorDevice {
             mirrors,
             paths: Vec::new(),
             set,
-            watched: Mutex::new(None),
+            watched: Default::default(),
             gate: Mutex::new(()),
         }
     }
@@ -186,10 +182,12 @@ impl MirrorDevice {
                 // Not a file, or an fstat that failed: its I/O errors drop it as usual.
                 _ => continue,
             };
-            let why = match std::fs::metadata(path).map(|m| crate::device::FileNow::of(&m)) {
-                Ok(p) if (p.dev, p.ino) == (now.dev, now.ino) => continue,
-                Ok(_) => "was replaced while mounted (by a restore or a copy?)",
-                Err(e) if e.kind() == io::ErrorKind::NotFound => "was removed while mounted",
+            let why = match now.at(path) {
+                Ok(crate::device::PathNow::Same) => continue,
+                Ok(crate::device::PathNow::Replaced) => {
+                    "was replaced while mounted (by a restore or a copy?)"
+                }
+                Ok(crate::device::PathNow::Removed) => "was removed while mounted",
                 Err(e) => {
                     // A path the daemon cannot stat now (a permission or network error)
                     // says nothing of the file it has open.
@@ -278,15 +276,7 @@ impl Device for MirrorDevice {
     }
 
     fn sync(&self) -> io::Result<()> {
-        let due = {
-            let mut w = self.watched.lock();
-            let due = w.is_none_or(|t| t.elapsed() >= WATCH_INTERVAL);
-            if due {
-                *w = Some(std::time::Instant::now());
-            }
-            due
-        };
-        if due && !self.paths.is_empty() {
+        if !self.paths.is_empty() && self.watched.due() {
             self.watch();
         }
         let live: Vec<&(usize, Arc<dyn Device>)> = self.live().collect();

@@ -778,8 +778,8 @@ pub struct Erasure {
     /// `cut_marker`) and returns this node's marker, with this node's slot (whose marker
     /// another node may write): set on a read-write mount.
     on_cut: Mutex<Option<(u32, CutHook)>>,
-    /// When `sync` last ran `watch_files` (see `WATCH_INTERVAL`).
-    watched: Mutex<Option<std::time::Instant>>,
+    /// When `sync` last ran `watch_files` (`device::WATCH_INTERVAL`).
+    watched: crate::device::WatchClock,
     /// Of one slot of a multi-slot space (`Share`): the segments this node places and
     /// writes. Only their records are kept in `map`; another slot's segment's record is
     /// read from the placement file at each read (its owner re-places it at will).
@@ -810,11 +810,6 @@ impl Share {
 
 /// Times a foreign record that fails its checksum (caught mid-rewrite) is read again.
 const RECORD_READS: usize = 3;
-
-/// `sync` looks at the target files (`Erasure::watch_files`) at most this often: its stat of
-/// each target's path costs a round trip on a networked filesystem, and a job committing
-/// many small files would pay it per commit. Reports look every time.
-const WATCH_INTERVAL: std::time::Duration = std::time::Duration::from_secs(1);
 
 /// Called with a target's index when it fails.
 pub(crate) type FailHook = Box<dyn Fn(u16) + Send + Sync>;
@@ -955,7 +950,7 @@ impl Erasure {
             warnings: Warnings::default(),
             on_fail: Mutex::new(None),
             on_cut: Mutex::new(None),
-            watched: Mutex::new(None),
+            watched: Default::default(),
             own: share.map(|s| s.segments),
         })
     }
@@ -1042,7 +1037,7 @@ impl Erasure {
     /// - this node's cut marker appeared: another node of a multi-slot space found the cut
     ///   first and extended the file again, so its length says nothing here any more.
     ///
-    /// Called by `sync` (at commits, at most once per `WATCH_INTERVAL`) and before every
+    /// Called by `sync` (at commits, at most once per `device::WATCH_INTERVAL`) and before every
     /// report, so a status never counts a shard the file no longer holds: per target one
     /// fstat, one stat and one open of this node's marker (absent but after a cut). What it cannot
     /// see: a cut that this node's writes extended past again before it looked (the bytes
@@ -1061,13 +1056,13 @@ impl Erasure {
                 }
             };
             let path = t.path.join(TARGET_FILE);
-            let gone = match std::fs::metadata(&path).map(|m| crate::device::FileNow::of(&m)) {
-                Ok(p) if (p.dev, p.ino) == (now.dev, now.ino) => None,
-                Ok(_) => Some(
+            let gone = match now.at(&path) {
+                Ok(crate::device::PathNow::Same) => None,
+                Ok(crate::device::PathNow::Replaced) => Some(
                     "replaced while mounted (by a copy?): what was written to the file open \
                      here is lost with it",
                 ),
-                Err(e) if e.kind() == io::ErrorKind::NotFound => Some(
+                Ok(crate::device::PathNow::Removed) => Some(
                     "removed while mounted: what was written to it is lost once this mount \
                      lets it go",
                 ),
@@ -2033,15 +2028,7 @@ impl Placement for Erasure {
     }
 
     fn sync(&self) -> io::Result<()> {
-        let due = {
-            let mut w = self.watched.lock();
-            let due = w.is_none_or(|t| t.elapsed() >= WATCH_INTERVAL);
-            if due {
-                *w = Some(std::time::Instant::now());
-            }
-            due
-        };
-        if due {
+        if self.watched.due() {
             self.watch_files();
         }
         for (i, t) in self.all().iter().enumerate() {
