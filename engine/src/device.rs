@@ -43,6 +43,8 @@ pub struct FileNow {
     pub dev: u64,
     pub ino: u64,
     pub len: u64,
+    /// Hard links: 0 once the file was removed (unlinked, or renamed over) while open.
+    pub links: u64,
 }
 
 impl FileNow {
@@ -53,6 +55,7 @@ impl FileNow {
             dev: m.dev(),
             ino: m.ino(),
             len: m.len(),
+            links: m.nlink(),
         }
     }
 }
@@ -396,6 +399,156 @@ impl Device for SharedFile {
     }
     fn len(&self) -> u64 {
         self.len
+    }
+    fn file_now(&self) -> Option<io::Result<FileNow>> {
+        Some(self.file.metadata().map(|m| FileNow::of(&m)))
+    }
+}
+
+/// The space's sticky failure: set by the first failed write, length change or sync of the
+/// backing files (the chunk store's, and the metadata table's through `MetaBackend`), or
+/// when a backing file is found lost while mounted (`PathWatched`). From then on every
+/// change is refused until the space is opened again; `why` is what the status says.
+#[derive(Default)]
+pub(crate) struct Failure {
+    set: AtomicBool,
+    why: parking_lot::Mutex<Option<String>>,
+}
+
+impl Failure {
+    pub(crate) fn is_set(&self) -> bool {
+        self.set.load(Ordering::SeqCst)
+    }
+
+    /// Raises the failure; true for the first raise only (whose reason is kept), so the
+    /// caller logs it once.
+    pub(crate) fn raise(&self, why: impl std::fmt::Display) -> bool {
+        let mut w = self.why.lock();
+        if self.set.swap(true, Ordering::SeqCst) {
+            return false;
+        }
+        *w = Some(why.to_string());
+        true
+    }
+
+    /// The first raise's reason.
+    pub(crate) fn why(&self) -> Option<String> {
+        self.why.lock().clone()
+    }
+}
+
+/// A file of the backing directory (the data file, the metadata table, the placement
+/// records) whose loss the I/O itself would not show: a write or fdatasync into an open
+/// file that was removed, or replaced at its path by another file (a copy, a restore),
+/// succeeds, and everything written after it is gone once the mount lets the file go, or
+/// is not what the next mount opens. So `look` compares the open file with its path (the
+/// space calls it at status reports and before commits, `space::watch`), and once the file
+/// is lost, every sync fails with the reason, which fails the space (writes refused until
+/// remount) instead of acknowledging what will not be there. A file whose directory was moved or
+/// renamed (the path names nothing, the open file still has its link) has lost nothing:
+/// that is logged once, and the next mount must be given the new path.
+pub(crate) struct PathWatched {
+    inner: Arc<dyn Device>,
+    /// What the file is, for messages: "data file", "metadata table", ...
+    what: &'static str,
+    path: std::path::PathBuf,
+    lost: std::sync::OnceLock<String>,
+    /// The file's path named nothing (logged once), though the file itself is still linked.
+    moved: AtomicBool,
+}
+
+impl PathWatched {
+    pub(crate) fn new(
+        inner: Arc<dyn Device>,
+        what: &'static str,
+        path: std::path::PathBuf,
+    ) -> Self {
+        PathWatched {
+            inner,
+            what,
+            path,
+            lost: std::sync::OnceLock::new(),
+            moved: AtomicBool::new(false),
+        }
+    }
+
+    /// Looks at the file now: Some(why) once it is lost (sticky).
+    pub(crate) fn look(&self) -> Option<&str> {
+        if let Some(why) = self.lost.get() {
+            return Some(why);
+        }
+        let now = match self.inner.file_now()? {
+            Ok(now) => now,
+            Err(e) => {
+                log::warn!(
+                    "{} {}: fstat of the open file: {e}",
+                    self.what,
+                    self.path.display()
+                );
+                return None;
+            }
+        };
+        let why = match now.at(&self.path) {
+            Ok(PathNow::Same) => return None,
+            Ok(PathNow::Replaced) => {
+                "was replaced while mounted by another file (a copy or a restore renamed over \
+                 it)"
+            }
+            // Unlinked, and the path names nothing: deleted.
+            _ if now.links == 0 => "was removed while mounted",
+            Ok(PathNow::Removed) => {
+                if !self.moved.swap(true, Ordering::Relaxed) {
+                    log::warn!(
+                        "{} {} names nothing any more, but the file open here is still \
+                         linked: its directory (or the file) was moved or renamed while \
+                         mounted. Nothing is lost; the next mount must be given its new path",
+                        self.what,
+                        self.path.display()
+                    );
+                }
+                return None;
+            }
+            Err(e) => {
+                // A path the daemon cannot stat now (a permission or network error) says
+                // nothing of the file it has open.
+                log::warn!("{} {}: stat: {e}", self.what, self.path.display());
+                return None;
+            }
+        };
+        let why = format!(
+            "the backing {} {} {why}: what is written to the file open here would be lost; \
+             unmount, and restore the backing directory before mounting it again",
+            self.what,
+            self.path.display()
+        );
+        Some(self.lost.get_or_init(|| why))
+    }
+}
+
+impl Device for PathWatched {
+    fn read_at(&self, buf: &mut [u8], off: u64) -> io::Result<()> {
+        self.inner.read_at(buf, off)
+    }
+    fn write_at(&self, buf: &[u8], off: u64) -> io::Result<()> {
+        self.inner.write_at(buf, off)
+    }
+    fn sync(&self) -> io::Result<()> {
+        match self.lost.get() {
+            Some(why) => Err(io::Error::other(why.clone())),
+            None => self.inner.sync(),
+        }
+    }
+    fn len(&self) -> u64 {
+        self.inner.len()
+    }
+    fn set_len(&self, len: u64) -> io::Result<()> {
+        self.inner.set_len(len)
+    }
+    fn room_low(&self) -> bool {
+        self.inner.room_low()
+    }
+    fn file_now(&self) -> Option<io::Result<FileNow>> {
+        self.inner.file_now()
     }
 }
 
@@ -802,13 +955,16 @@ pub(crate) struct MetaBackend {
     /// failure flag (shared with the chunk store), raised here because redb may report such
     /// an error from inside a transaction, as a later "previous I/O error", or not at all
     /// (a failed write of pages that a later commit never needed).
-    pub failed: Arc<AtomicBool>,
+    pub failed: Arc<Failure>,
 }
 
 impl MetaBackend {
     fn watch<T>(&self, r: io::Result<T>) -> io::Result<T> {
         if let Err(e) = &r {
-            if !self.failed.swap(true, Ordering::SeqCst) {
+            if self
+                .failed
+                .raise(format!("a metadata table write or sync failed: {e}"))
+            {
                 log::error!(
                     "metadata table I/O failed, refusing further writes until remount: {e}"
                 );
@@ -1125,5 +1281,70 @@ mod room_tests {
         assert_eq!(table_growth(0), 1 << 20);
         assert_eq!(table_growth(3 << 30), 3 << 30);
         assert_eq!(table_growth(5 << 30), 8 << 30);
+    }
+}
+
+#[cfg(test)]
+mod path_watch_tests {
+    use super::*;
+
+    /// Each way a backing file can go while mounted, on real files: removed and replaced
+    /// are lost (every sync fails with the reason, sticky, also once the path names the
+    /// file again), a renamed directory loses nothing (syncs go on), an untouched file
+    /// stays quiet. Before the watch, all four synced fine.
+    #[test]
+    fn a_backing_file_removed_or_replaced_fails_its_syncs_and_a_moved_one_does_not() {
+        let dir = std::env::temp_dir().join(format!("ckptfs-pwatch-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        let open = |sub: &str| -> (std::path::PathBuf, PathWatched) {
+            std::fs::create_dir_all(dir.join(sub)).unwrap();
+            let path = dir.join(sub).join("data");
+            let f = std::fs::OpenOptions::new()
+                .read(true)
+                .write(true)
+                .create(true)
+                .truncate(true)
+                .open(&path)
+                .unwrap();
+            let dev = Arc::new(FileDevice::growable(f).unwrap());
+            (path.clone(), PathWatched::new(dev, "data file", path))
+        };
+        let (_, kept) = open("kept");
+        let (removed_path, removed) = open("removed");
+        let (replaced_path, replaced) = open("replaced");
+        let (moved_path, moved) = open("moved");
+        for d in [&kept, &removed, &replaced, &moved] {
+            d.write_at(b"before", 0).unwrap();
+            d.sync().unwrap();
+        }
+        std::fs::remove_file(&removed_path).unwrap();
+        let copy = replaced_path.with_extension("copy");
+        std::fs::copy(&replaced_path, &copy).unwrap();
+        std::fs::rename(&copy, &replaced_path).unwrap();
+        std::fs::rename(dir.join("moved"), dir.join("moved-away")).unwrap();
+        assert!(!moved_path.exists());
+
+        assert_eq!(kept.look(), None);
+        assert_eq!(moved.look(), None, "a moved directory loses nothing");
+        let why = removed.look().expect("a removed file is lost").to_string();
+        assert!(why.contains("was removed while mounted"), "{why}");
+        let why = replaced
+            .look()
+            .expect("a replaced file is lost")
+            .to_string();
+        assert!(why.contains("was replaced while mounted"), "{why}");
+        for d in [&kept, &removed, &replaced, &moved] {
+            d.write_at(b"after", 0).unwrap();
+        }
+        kept.sync().unwrap();
+        moved.sync().unwrap();
+        let e = removed.sync().unwrap_err();
+        assert!(e.to_string().contains("was removed while mounted"), "{e}");
+        assert!(replaced.sync().is_err());
+        // Sticky: a file put back at the path is not the one written to.
+        std::fs::write(&removed_path, b"put back").unwrap();
+        assert!(removed.look().is_some());
+        assert!(removed.sync().is_err());
+        std::fs::remove_dir_all(&dir).unwrap();
     }
 }

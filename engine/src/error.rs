@@ -21,7 +21,8 @@ pub enum Error {
     Invalid(String),
     /// The metadata table reported an error.
     Meta(String),
-    /// An earlier write or sync failed; the space refuses further writes (sticky failure).
+    /// An earlier write or sync failed, or a backing file was lost while mounted; the space
+    /// refuses further writes (sticky failure).
     Failed,
     /// The space is open read-only (`ckptfs mount --read-only`): nothing may change it.
     ReadOnly,
@@ -63,7 +64,9 @@ impl fmt::Display for Error {
             Error::Meta(m) => write!(f, "metadata table error: {m}"),
             Error::Failed => write!(
                 f,
-                "an earlier write or sync to the backing space failed; refusing writes until remount"
+                "the space failed earlier (a backing write or sync failed, or a backing file \
+                 was removed or replaced while mounted: `ckptfs stats` says which); refusing \
+                 writes until remount"
             ),
             Error::BackingFull => write!(
                 f,

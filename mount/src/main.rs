@@ -1473,7 +1473,12 @@ fn print_stats(s: &Stats) {
         );
     }
     if s.failed {
-        println!("STATE              FAILED: a backing write or sync failed; writes are refused");
+        // A daemon of an older build gives no reason.
+        let why = s
+            .failure
+            .as_deref()
+            .unwrap_or("a backing write or sync failed");
+        println!("STATE              FAILED (writes refused until remount): {why}");
     }
     if s.backing_full {
         println!(

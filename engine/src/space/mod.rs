@@ -20,7 +20,6 @@ use std::io::{Read, Write};
 use std::os::unix::fs::{DirBuilderExt, MetadataExt, OpenOptionsExt, PermissionsExt};
 use std::os::unix::io::AsRawFd;
 use std::path::{Path, PathBuf};
-use std::sync::atomic::AtomicBool;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -28,6 +27,7 @@ mod create;
 mod group;
 mod open;
 mod targets_meta;
+mod watch;
 pub(crate) use create::*;
 pub use open::*;
 pub use targets_meta::*;
@@ -50,7 +50,11 @@ pub struct Devices {
 /// with redb's full integrity check: every page checksum verified and the allocator state
 /// rebuilt. That costs one read of the table per mount, and turns a table damaged outside
 /// redb into a clear error instead of a panic or wrong answers later.
-fn open_db(meta: &Arc<dyn Device>, create: bool, failed: Arc<AtomicBool>) -> Result<Database> {
+fn open_db(
+    meta: &Arc<dyn Device>,
+    create: bool,
+    failed: Arc<crate::device::Failure>,
+) -> Result<Database> {
     if !create && meta.is_empty() {
         return Err(Corruption::Catalog("is empty".into()).into());
     }
@@ -136,8 +140,11 @@ pub struct Space {
     meta: Arc<dyn Device>,
     store: Arc<ChunkStore>,
     /// Held for the life of the Space: its flock is what makes a second mount fail. None for
-    /// a space opened on devices (tests), whose caller guarantees exclusive use.
-    lock: Option<File>,
+    /// a space opened on devices (tests), whose caller guarantees exclusive use. Taken
+    /// again if its file is removed or replaced while mounted (`watch`).
+    lock: parking_lot::Mutex<Option<File>>,
+    /// The backing directory's files this open watches (`watch`).
+    watch: watch::BackingWatch,
     /// One gc at a time (and a repair of one segment holds it too: no chunk moves then).
     pub(crate) gc_lock: parking_lot::Mutex<()>,
     /// File commits that arrive together share a transaction (`group`).
@@ -229,6 +236,10 @@ pub struct Stats {
     pub chunk_avg_bytes: u32,
     /// An earlier backing I/O failure has made the space refuse writes.
     pub failed: bool,
+    /// Why (`failed`): the first failure's reason. Absent from the answer of a daemon
+    /// started by an older build, hence the default.
+    #[serde(default)]
+    pub failure: Option<String>,
     /// The backing filesystem is full: the metadata table could not keep room to grow, and
     /// new data gets ENOSPC until room is freed there (`Error::BackingFull`).
     #[serde(default)]
@@ -586,6 +597,7 @@ impl Space {
 
     /// The targets of a space over several (None for a one-target space).
     pub fn targets_report(&self) -> Option<crate::targets::TargetsReport> {
+        self.watch_backing();
         let mut r = self.targets.as_ref()?.report();
         // Before the flags are read: a copy removed or replaced while mounted is no mirror.
         self.watch_mirrors();
@@ -665,8 +677,8 @@ impl Space {
     /// Records the mountpoint in the lock file, so tools can find the mount from the space.
     pub fn set_lock_note(&mut self, note: &str) -> Result<()> {
         use std::os::unix::fs::FileExt;
-        let lock = self
-            .lock
+        let lock = self.lock.get_mut();
+        let lock = lock
             .as_ref()
             .ok_or_else(|| Error::Invalid("this space has no lock file".into()))?;
         lock.set_len(0)?;
@@ -1111,7 +1123,16 @@ impl Space {
 
     /// Commits a metadata transaction. A failed commit is sticky like a failed data write:
     /// the table's state on disk is unknown, so nothing more may be acknowledged.
+    ///
+    /// First (at most once per `device::WATCH_INTERVAL`) the backing directory's files are
+    /// looked at (`watch`): a commit into a table or data file that was removed or replaced,
+    /// or while a second mount holds the lock, is refused rather than acknowledged.
     pub(crate) fn commit(&self, txn: redb::WriteTransaction) -> Result<()> {
+        self.watch_backing_due();
+        if self.store.is_failed() {
+            // Dropping the transaction aborts it.
+            return Err(Error::Failed);
+        }
         txn.commit()
             .map_err(|e| self.store.fail_with(Error::from(e)))
     }
@@ -1484,7 +1505,11 @@ impl Space {
             reserved_bytes: self.store.capacity(),
             free_bytes: self.store.free_bytes(),
             chunk_avg_bytes: self.sb.chunk.avg_bytes,
-            failed: self.store.is_failed(),
+            failed: {
+                self.watch_backing();
+                self.store.is_failed()
+            },
+            failure: self.store.failure(),
             backing_full: self.meta.room_low(),
             stages: self.store.stages().snapshot(),
             gc: self.gc_totals.lock().clone(),

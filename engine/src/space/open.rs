@@ -2,6 +2,7 @@
 //! slots over targets) composed into one `Space` (placement, lease, publisher, union).
 
 use super::*;
+use crate::device::PathWatched;
 
 /// The slot headers of multi-slot space `sb` in `dir`, checked against its superblock.
 pub fn slot_table(
@@ -240,16 +241,28 @@ impl Space {
         if sb.features.contains(Features::INCOMPAT_TARGETS) {
             return Self::open_targeted(dir, sb, lock, lease, &meta_file);
         }
-        let mut devs = Devices {
-            data: Arc::new(FileDevice::new_direct(open_private(
-                &dir.join(DATA_FILE),
+        let data = Arc::new(PathWatched::new(
+            Arc::new(FileDevice::new_direct(open_space_file(
+                dir,
+                Path::new(DATA_FILE),
+                "data file",
                 false,
             )?)?),
-            meta: Arc::new(FileDevice::growable(open_private(
-                &dir.join(&meta_file),
+            "data file",
+            dir.join(DATA_FILE),
+        ));
+        let meta = Arc::new(PathWatched::new(
+            Arc::new(FileDevice::growable(open_space_file(
+                dir,
+                &meta_file,
+                "metadata table",
                 false,
             )?)?),
-        };
+            "metadata table",
+            dir.join(&meta_file),
+        ));
+        let watched = vec![data.clone(), meta.clone()];
+        let mut devs = Devices { data, meta };
         let mut injected = None;
         // Fault injection for tests of what applications see on a mounted space; off unless
         // the variable is set (and then logged loudly).
@@ -285,6 +298,8 @@ impl Space {
                 open_claimed(sb, devs.meta, data, lease.clone(), table, &head)?
             }
         };
+        space.watch.lock_path = lease.is_none().then(|| dir.join(LOCK_FILE));
+        space.watch.files = watched;
         space.lease = lease.map(crate::slots::LeaseGuard);
         // Armed once the space is open: operation counts start after the open's own I/O
         // (the integrity check), so a test can name "the first commit's write".
@@ -339,11 +354,21 @@ impl Space {
                 None => dev,
             }
         };
-        let (erasure, table, mirrors) = open_targets(dir, &sb, false, &wrap, lease.as_ref())?;
-        let mut meta: Arc<dyn Device> = Arc::new(FileDevice::growable(open_private(
-            &dir.join(meta_file),
-            false,
-        )?)?);
+        let mut watched = Vec::new();
+        let (erasure, table, mirrors) =
+            open_targets(dir, &sb, false, &wrap, lease.as_ref(), &mut watched)?;
+        let primary = Arc::new(PathWatched::new(
+            Arc::new(FileDevice::growable(open_space_file(
+                dir,
+                meta_file,
+                "metadata table",
+                lease.is_none(),
+            )?)?),
+            "metadata table",
+            dir.join(meta_file),
+        ));
+        watched.push(primary.clone());
+        let mut meta: Arc<dyn Device> = primary;
         if let Some((disk, _)) = &faults {
             meta = Arc::new(crate::sim::FaultyDevice {
                 name: "meta",
@@ -396,6 +421,8 @@ impl Space {
         space.targets_table = Some(table);
         space.mirrored = mirrored;
         space.mirror_findings = mirror_findings;
+        space.watch.lock_path = space.lease.is_none().then(|| dir.join(LOCK_FILE));
+        space.watch.files = watched;
         space.attach_writable(dir, lock);
         if space.is_shared() {
             space.add_features(Features::COMPAT_XATTRS)?;
@@ -414,9 +441,17 @@ impl Space {
             return Err(multi_slot_refusal(dir, &sb));
         }
         let lock = take_shared_lock(dir)?;
-        let ro = |name: &str| -> Result<File> { Ok(File::open(dir.join(name))?) };
+        let ro = |name: &str| -> Result<File> {
+            let what = match name {
+                DATA_FILE => "data file",
+                _ => "metadata table",
+            };
+            let r = File::open(dir.join(name)).map_err(Error::from);
+            missing_space_file(dir, Path::new(name), what, false, r)
+        };
         if sb.features.contains(Features::INCOMPAT_TARGETS) {
-            let (erasure, table, _) = open_targets(dir, &sb, true, &|_, d| d, None)?;
+            let (erasure, table, _) =
+                open_targets(dir, &sb, true, &|_, d| d, None, &mut Vec::new())?;
             let meta = Arc::new(crate::device::OverlayDevice::new(Arc::new(
                 FileDevice::growable(ro(META_FILE)?)?,
             )));
@@ -425,7 +460,7 @@ impl Space {
             space.targets_table = Some(table);
             space.read_only = true;
             space.dir = dir.to_path_buf();
-            space.lock = Some(lock);
+            *space.lock.get_mut() = Some(lock);
             return Ok(space);
         }
         let devs = Devices {
@@ -439,7 +474,7 @@ impl Space {
         let mut space = Space::open_devices(sb, devs)?;
         space.read_only = true;
         space.dir = dir.to_path_buf();
-        space.lock = Some(lock);
+        *space.lock.get_mut() = Some(lock);
         Ok(space)
     }
 
@@ -447,7 +482,7 @@ impl Space {
     /// file for carried chunks beyond their memory budget (`spill`), next to the space.
     pub(super) fn attach_writable(&mut self, dir: &Path, lock: File) {
         self.dir = dir.to_path_buf();
-        self.lock = Some(lock);
+        *self.lock.get_mut() = Some(lock);
         self.store.pipeline().carries.spill_to(
             dir,
             crate::filemap::longest_carry(self.sb.chunk.max_bytes),
@@ -490,7 +525,7 @@ impl Space {
         slot: SlotId,
     ) -> Result<Space> {
         let range = sb.slot_segments(slot);
-        let failed = Arc::new(AtomicBool::new(false));
+        let failed = Arc::new(crate::device::Failure::default());
         let db = Arc::new(open_db(&meta, false, failed.clone())?);
         if catalog::add_missing_tables(&db)? {
             log::info!(
@@ -507,7 +542,7 @@ impl Space {
             ))
             .into());
         }
-        if failed.load(std::sync::atomic::Ordering::SeqCst) {
+        if failed.is_set() {
             return Err(Error::Io(std::io::Error::other(
                 "writing the metadata table failed while opening it",
             )));
@@ -525,7 +560,8 @@ impl Space {
             catalog,
             meta,
             store,
-            lock: None,
+            lock: parking_lot::Mutex::new(None),
+            watch: Default::default(),
             gc_lock: parking_lot::Mutex::new(()),
             commits: group::CommitGroup::new(),
             gc_epoch: std::sync::atomic::AtomicU64::new(0),
@@ -545,4 +581,46 @@ impl Space {
             mirror_findings: Vec::new(),
         })
     }
+}
+
+/// Opens one of the files a space cannot be opened without, for writing: where it is
+/// missing (removed, or a directory copied in part), an error that says which, instead of
+/// a bare "No such file or directory". `recover`: the space keeps metadata mirrors on its
+/// targets, from which `ckptfs recover` rebuilds the backing directory.
+fn open_space_file(dir: &Path, name: &Path, what: &str, recover: bool) -> Result<File> {
+    missing_space_file(
+        dir,
+        name,
+        what,
+        recover,
+        open_private(&dir.join(name), false),
+    )
+}
+
+/// `open_space_file`'s error for a file opened otherwise (read-only).
+fn missing_space_file(
+    dir: &Path,
+    name: &Path,
+    what: &str,
+    recover: bool,
+    r: Result<File>,
+) -> Result<File> {
+    let path = dir.join(name);
+    r.map_err(|e| match e {
+        Error::Io(io) if io.kind() == std::io::ErrorKind::NotFound => Error::NotASpace(format!(
+            "{} is a ckptfs space missing its {what} {} (removed, or the directory is \
+                 incomplete): it cannot be opened without it{}",
+            dir.display(),
+            path.display(),
+            match recover {
+                true => format!(
+                    "; `ckptfs recover {} --from TARGET_DIR --force` rebuilds the \
+                         directory from the metadata mirror on the targets",
+                    dir.display()
+                ),
+                false => String::new(),
+            }
+        )),
+        other => other,
+    })
 }

@@ -289,7 +289,7 @@ pub fn recover(backing: &Path, from: &Path, force: bool) -> Result<Recovered> {
         });
         if !ours {
             return Err(Error::Invalid(format!(
-                "{} holds files that are not a ckptfs space's; recover into an empty                  directory",
+                "{} holds files that are not a ckptfs space's; recover into an empty directory",
                 backing.display()
             )));
         }
@@ -373,6 +373,7 @@ pub(super) fn open_targets(
     read_only: bool,
     wrap: &dyn Fn(&'static str, Arc<dyn Device>) -> Arc<dyn Device>,
     lease: Option<&Arc<Lease>>,
+    watched: &mut Vec<Arc<crate::device::PathWatched>>,
 ) -> Result<(Arc<crate::targets::Erasure>, SharedTable, Option<Mirrors>)> {
     let bytes = fs::read(dir.join(crate::targets::TARGETS_FILE)).map_err(|e| {
         Error::NotASpace(format!(
@@ -517,7 +518,7 @@ pub(super) fn open_targets(
         .read(true)
         .write(!read_only)
         .open(dir.join(crate::targets::PLACEMENT_FILE))?;
-    let mut map: Arc<dyn Device> = match lease {
+    let map: Arc<dyn Device> = match lease {
         // Other nodes write their segments' records: read around this node's page cache,
         // and write only while this node holds its slot.
         Some(l) => Arc::new(FencedDevice {
@@ -525,6 +526,18 @@ pub(super) fn open_targets(
             lease: l.clone(),
         }),
         None => Arc::new(FileDevice::new(map)?),
+    };
+    let mut map: Arc<dyn Device> = match read_only {
+        true => map,
+        false => {
+            let w = Arc::new(crate::device::PathWatched::new(
+                map,
+                "placement file",
+                dir.join(crate::targets::PLACEMENT_FILE),
+            ));
+            watched.push(w.clone());
+            w
+        }
     };
     let table = Arc::new(parking_lot::Mutex::new(table));
     let mirrors = match mirrored {

@@ -27,7 +27,7 @@ use crate::pipeline::{ChunkIo, Piece, Pipeline, Ticket};
 use crate::placement::{Location, Placement};
 use parking_lot::{Mutex, RwLock};
 use std::collections::{BTreeSet, HashMap};
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::AtomicU64;
 use std::sync::{Arc, Weak};
 
 mod gpu;
@@ -70,7 +70,7 @@ pub struct ChunkStore {
     barrier: RwLock<()>,
     /// Sticky failure, shared with the metadata table's backend (`MetaBackend`), which sets
     /// it on any failed write, length change or sync of the table's file.
-    failed: Arc<AtomicBool>,
+    failed: Arc<crate::device::Failure>,
     /// New chunks: aggregation, segments, the GPU stage, the codec policy (`write.rs`).
     w: WriteSide,
     /// Verified reads: cache, coalescing, read-ahead, buffers (`read.rs`).
@@ -88,12 +88,12 @@ pub trait CommittedChunks: Send + Sync {
 }
 
 impl ChunkStore {
-    pub fn new(
+    pub(crate) fn new(
         place: Arc<dyn Placement>,
         pipeline: Arc<Pipeline>,
         db: Arc<dyn CommittedChunks>,
         free: BTreeSet<SegmentId>,
-        failed: Arc<AtomicBool>,
+        failed: Arc<crate::device::Failure>,
     ) -> Arc<Self> {
         let segments = place.segments();
         let segment_bytes = place.segment_bytes();
@@ -211,7 +211,12 @@ impl ChunkStore {
     }
 
     pub fn is_failed(&self) -> bool {
-        self.failed.load(Ordering::Relaxed)
+        self.failed.is_set()
+    }
+
+    /// Why the space failed (`is_failed`): the first failure's reason.
+    pub fn failure(&self) -> Option<String> {
+        self.failed.why()
     }
 
     fn check_failed(&self) -> Result<()> {
@@ -231,10 +236,21 @@ impl ChunkStore {
     /// or commit may report success (a second fsync "succeeding" after a lost write is how
     /// data is silently lost).
     pub(crate) fn fail_with(&self, e: Error) -> Error {
-        if !self.failed.swap(true, Ordering::Relaxed) {
+        if self
+            .failed
+            .raise(format!("a backing write or sync failed: {e}"))
+        {
             log::error!("backing I/O failed, refusing further writes until remount: {e}");
         }
         e
+    }
+
+    /// Makes the store refuse writes from now on for `why` (a backing file lost while
+    /// mounted, `space::watch`), logged once.
+    pub(crate) fn fail_because(&self, why: &str) {
+        if self.failed.raise(why) {
+            log::error!("refusing further writes until remount: {why}");
+        }
     }
 
     pub fn committed_record(&self, h: &ChunkHash) -> Result<Option<ChunkRecord>> {
