@@ -453,8 +453,10 @@ pub(crate) struct PathWatched {
     what: &'static str,
     path: std::path::PathBuf,
     lost: std::sync::OnceLock<String>,
-    /// The file's path named nothing (logged once), though the file itself is still linked.
+    /// Logged once (a look runs up to once a second): the file's path named nothing though
+    /// the file is still linked; the file or its path could not be looked at.
     moved: AtomicBool,
+    warned: AtomicBool,
 }
 
 impl PathWatched {
@@ -469,6 +471,7 @@ impl PathWatched {
             path,
             lost: std::sync::OnceLock::new(),
             moved: AtomicBool::new(false),
+            warned: AtomicBool::new(false),
         }
     }
 
@@ -480,11 +483,9 @@ impl PathWatched {
         let now = match self.inner.file_now()? {
             Ok(now) => now,
             Err(e) => {
-                log::warn!(
-                    "{} {}: fstat of the open file: {e}",
-                    self.what,
-                    self.path.display()
-                );
+                if !self.warned.swap(true, Ordering::Relaxed) {
+                    log::warn!("{} {}: fstat: {e}", self.what, self.path.display());
+                }
                 return None;
             }
         };
@@ -511,7 +512,9 @@ impl PathWatched {
             Err(e) => {
                 // A path the daemon cannot stat now (a permission or network error) says
                 // nothing of the file it has open.
-                log::warn!("{} {}: stat: {e}", self.what, self.path.display());
+                if !self.warned.swap(true, Ordering::Relaxed) {
+                    log::warn!("{} {}: stat: {e}", self.what, self.path.display());
+                }
                 return None;
             }
         };

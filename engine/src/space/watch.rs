@@ -15,6 +15,7 @@ use crate::device::{FileNow, PathNow, PathWatched, WatchClock};
 use std::fs::File;
 use std::os::fd::AsRawFd;
 use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
 /// What a space opened for writing watches in its backing directory.
@@ -25,6 +26,9 @@ pub(crate) struct BackingWatch {
     pub(crate) lock_path: Option<PathBuf>,
     /// The commits' rate limit (`Space::watch_backing_due`).
     clock: WatchClock,
+    /// A lock file problem that is only logged was logged (once per mount: a look runs
+    /// up to once a second).
+    lock_warned: AtomicBool,
 }
 
 impl Space {
@@ -66,11 +70,17 @@ impl Space {
             }
         };
         let what = match now.at(path) {
-            Ok(PathNow::Same) if now.links > 0 => return,
-            Ok(PathNow::Same | PathNow::Removed) => "removed",
+            Ok(PathNow::Same) => return,
             Ok(PathNow::Replaced) => "replaced by another file",
+            Ok(PathNow::Removed) if now.links == 0 => "removed",
+            // Still linked, elsewhere: it moved with its directory (the data file's watch
+            // logs that), and this mount still holds its lock, which a second mount at the
+            // new path finds held; at the old path a mount finds no lock file and refuses.
+            Ok(PathNow::Removed) => return,
             Err(e) => {
-                log::warn!("lock file {}: stat: {e}", path.display());
+                if !self.watch.lock_warned.swap(true, Ordering::Relaxed) {
+                    log::warn!("lock file {}: stat: {e}", path.display());
+                }
                 return;
             }
         };
@@ -92,12 +102,14 @@ impl Space {
                 *lock = Some(f);
             }
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
-                // The directory itself is gone or was moved: the data file's and the
-                // table's watch say which; a lock cannot be made there.
-                log::warn!(
-                    "lock file {} was {what} while mounted, and cannot be made again: {e}",
-                    path.display()
-                );
+                // The directory itself is gone: the data file's and the table's watch fail
+                // the space; a lock cannot be made there, and no mount can open it.
+                if !self.watch.lock_warned.swap(true, Ordering::Relaxed) {
+                    log::warn!(
+                        "lock file {} was {what} while mounted, and cannot be made again: {e}",
+                        path.display()
+                    );
+                }
             }
             Err(e) => self.store.fail_because(&format!(
                 "the lock file {} was {what} while mounted, and this mount cannot hold the \
