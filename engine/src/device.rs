@@ -76,8 +76,15 @@ impl FileNow {
     /// files and of the metadata mirror copies, whose writes into an open file that was
     /// removed or replaced succeed unseen. Err: the path could not be looked at now (a
     /// permission or network error), which says nothing of the open file.
+    ///
+    /// An open file with no link left is Removed even where the path still resolves to it:
+    /// a client of a networked filesystem (GlusterFS) whose file another client deleted
+    /// keeps resolving the name to it from its cache.
     pub(crate) fn at(&self, path: &std::path::Path) -> io::Result<PathNow> {
         match std::fs::metadata(path).map(|m| FileNow::of(&m)) {
+            Ok(p) if (p.dev, p.ino) == (self.dev, self.ino) && self.links == 0 => {
+                Ok(PathNow::Removed)
+            }
             Ok(p) if (p.dev, p.ino) == (self.dev, self.ino) => Ok(PathNow::Same),
             Ok(_) => Ok(PathNow::Replaced),
             Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(PathNow::Removed),
@@ -490,13 +497,13 @@ impl PathWatched {
             }
         };
         let why = match now.at(&self.path) {
-            Ok(PathNow::Same) => return None,
             Ok(PathNow::Replaced) => {
                 "was replaced while mounted by another file (a copy or a restore renamed over \
                  it)"
             }
-            // Unlinked, and the path names nothing: deleted.
+            // Unlinked: deleted (whatever the path says; see `FileNow::at`).
             _ if now.links == 0 => "was removed while mounted",
+            Ok(PathNow::Same) => return None,
             Ok(PathNow::Removed) => {
                 if !self.moved.swap(true, Ordering::Relaxed) {
                     log::warn!(

@@ -76,3 +76,67 @@ fn closed_files_and_live_leases_are_seen_through_the_other_client() {
         );
     }
 }
+
+/// A node's cleanup deletes the space's data file (over targets: its placement records)
+/// through the other client while both nodes have it open. Each client still resolves the
+/// name to the open file from its cache, so a watch that trusted the path saw nothing; the
+/// open file has no link left, which each node's next look finds (once the client's
+/// attribute cache, about a second, let the link count through): both nodes refuse writes
+/// with EIO and `stats` says which file, instead of acknowledging writes into a file gone
+/// at unmount. Before the link count was looked at, node 0 went on acknowledging (seen
+/// by hand: its write after the removal returned 0 and its `stats` said nothing).
+#[test]
+fn a_backing_file_deleted_through_the_other_client_fails_both_nodes() {
+    let Some(cl) = clients("a_backing_file_deleted_through_the_other_client_fails_both_nodes")
+    else {
+        return;
+    };
+    let mut c = Cluster::on_clients(2, "512M", 2, Duration::from_secs(4), &cl);
+    c.mount(0, &[]);
+    c.mount(1, &[]);
+    for node in 0..2 {
+        let name = format!("before-{node}");
+        fs::write(c.path(node, &name), pattern(node as u64, 1 << 20)).unwrap();
+    }
+    let (file, what) = match ckptfs_tests::cluster::on_targets() {
+        true => ("placement", "placement file"),
+        false => ("data", "data file"),
+    };
+    let rel = c
+        .backing
+        .strip_prefix(&cl[0])
+        .expect("the backing dir on client 0");
+    fs::remove_file(cl[1].join(rel).join(file)).unwrap();
+    for node in 0..2 {
+        // Waits on the event (the client's cached link count expiring), bounded.
+        let deadline = std::time::Instant::now() + Duration::from_secs(30);
+        let mnt = c.mountpoint(node).to_path_buf();
+        loop {
+            let (_, out, err) = c.ckptfs(&["stats".into(), mnt.clone().into()]);
+            if out.contains("FAILED (writes refused until remount): the backing") {
+                assert!(
+                    out.contains(&format!("{what} "))
+                        && out.contains(&format!("/{file} was removed while mounted")),
+                    "node {node}: {out}"
+                );
+                break;
+            }
+            assert!(
+                std::time::Instant::now() < deadline,
+                "node {node} never noticed {file} removed through the other client: {out}{err}"
+            );
+            std::thread::sleep(Duration::from_millis(200));
+        }
+        let r = ckptfs_tests::write_file_checked(&c.path(node, "after"), &pattern(9, 1 << 20));
+        assert_eq!(
+            ckptfs_tests::errno(r),
+            Err(libc::EIO),
+            "node {node}: a write after"
+        );
+        let name = format!("before-{node}");
+        assert_file_eq(&c.path(node, &name), &pattern(node as u64, 1 << 20));
+    }
+    for node in 0..2 {
+        c.unmount_failing(node);
+    }
+}

@@ -70,9 +70,9 @@ impl Space {
             }
         };
         let what = match now.at(path) {
-            Ok(PathNow::Same) => return,
             Ok(PathNow::Replaced) => "replaced by another file",
-            Ok(PathNow::Removed) if now.links == 0 => "removed",
+            _ if now.links == 0 => "removed",
+            Ok(PathNow::Same) => return,
             // Still linked, elsewhere: it moved with its directory (the data file's watch
             // logs that), and this mount still holds its lock, which a second mount at the
             // new path finds held; at the old path a mount finds no lock file and refuses.
