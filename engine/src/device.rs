@@ -1181,13 +1181,7 @@ mod direct_read_tests {
         let dir = std::env::temp_dir().join(format!("ckptfs-dread-{}", std::process::id()));
         std::fs::create_dir_all(&dir).unwrap();
         let path = dir.join("data");
-        let f = std::fs::OpenOptions::new()
-            .read(true)
-            .write(true)
-            .create(true)
-            .truncate(true)
-            .open(&path)
-            .unwrap();
+        let f = new_test_file(&path);
         f.set_len(4 << 20).unwrap();
         let dev = FileDevice::new_direct(f).unwrap();
         if dev.direct.read().is_none() {
@@ -1226,6 +1220,18 @@ mod direct_read_tests {
     }
 }
 
+/// The tests' files on a real filesystem: created (or emptied) for reading and writing.
+#[cfg(test)]
+pub(crate) fn new_test_file(path: &std::path::Path) -> File {
+    std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .create(true)
+        .truncate(true)
+        .open(path)
+        .unwrap()
+}
+
 #[cfg(test)]
 mod room_tests {
     use super::*;
@@ -1242,13 +1248,7 @@ mod room_tests {
         let dir = std::env::temp_dir().join(format!("ckptfs-room-{}", std::process::id()));
         std::fs::create_dir_all(&dir).unwrap();
         let path = dir.join("meta");
-        let f = std::fs::OpenOptions::new()
-            .read(true)
-            .write(true)
-            .create(true)
-            .truncate(true)
-            .open(&path)
-            .unwrap();
+        let f = new_test_file(&path);
         let dev = FileDevice::growable(f).unwrap();
         let supported = allocated(&path) >= table_growth(0);
         if !supported {
@@ -1309,13 +1309,7 @@ mod path_watch_tests {
         let open = |sub: &str| -> (std::path::PathBuf, PathWatched) {
             std::fs::create_dir_all(dir.join(sub)).unwrap();
             let path = dir.join(sub).join("data");
-            let f = std::fs::OpenOptions::new()
-                .read(true)
-                .write(true)
-                .create(true)
-                .truncate(true)
-                .open(&path)
-                .unwrap();
+            let f = new_test_file(&path);
             let dev = Arc::new(FileDevice::growable(f).unwrap());
             (path.clone(), PathWatched::new(dev, "data file", path))
         };

@@ -392,13 +392,7 @@ mod tests {
         std::fs::create_dir_all(&dir).unwrap();
         let open = |name: &str| -> (PathBuf, Arc<dyn Device>) {
             let path = dir.join(name);
-            let f = std::fs::OpenOptions::new()
-                .read(true)
-                .write(true)
-                .create(true)
-                .truncate(true)
-                .open(&path)
-                .unwrap();
+            let f = crate::device::new_test_file(&path);
             (path, Arc::new(FileDevice::growable(f).unwrap()))
         };
         let (_, primary) = open("primary");
