@@ -61,6 +61,21 @@ fn writing_1000_files_creates_nothing_in_the_backing_dir() {
     assert_eq!(n, 1000, "files visible after remount");
 }
 
+/// Unmounts a mount the test made by hand when the test ends, also when it fails: a leaked
+/// FUSE mount outlives the test run (nothing happens where it was unmounted already).
+struct LazyUnmount(PathBuf);
+
+impl Drop for LazyUnmount {
+    fn drop(&mut self) {
+        let _ = std::process::Command::new("fusermount3")
+            .args(["-u", "-z"])
+            .arg(&self.0)
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null())
+            .status();
+    }
+}
+
 /// `ckptfs stats MNT`'s text.
 fn stats_text(m: &mut TestMount) -> String {
     let mnt = m.mnt().to_path_buf();
@@ -160,6 +175,7 @@ fn a_lock_file_removed_while_mounted_is_taken_again_and_never_shared() {
     let other = ckptfs_tests::TempDir::new("lock-mnt");
     let mnt2 = other.path().join("mnt2");
     fs::create_dir(&mnt2).unwrap();
+    let _unmount = LazyUnmount(mnt2.clone());
     let mount2 =
         |m: &mut TestMount| m.ckptfs(&[OsStr::new("mount"), backing.as_os_str(), mnt2.as_os_str()]);
 
