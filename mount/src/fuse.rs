@@ -26,6 +26,40 @@ const TTL: Duration = Duration::from_secs(1);
 /// Largest write request the kernel may send; checkpoints are written in large pieces.
 pub const MAX_WRITE_BYTES: u32 = 4 << 20;
 
+/// What the kernel's cap on a FUSE request costs, where it is under `MAX_WRITE_BYTES`:
+/// `limit_pages` is `/proc/sys/fs/fuse/max_pages_limit` (None: this kernel has no such
+/// setting, or it could not be read). At the default 256 pages (1 MiB), a 1 MiB write from
+/// a buffer that is not page-aligned (malloc's large buffers start 16 bytes into a page)
+/// spans 257 pages and reaches the daemon as two requests, one of a few bytes: on the
+/// project's 2-core VM a next checkpoint revision took 0.71-0.77 daemon CPU-s/GiB so, and
+/// 0.60-0.67 with the cap at 1024 pages (`ckptfs-bench steps`, the FUSE threads woken half
+/// as often). Logged once at mount; the setting is the machine's, not the daemon's.
+pub fn request_cap_hint(limit_pages: Option<u64>) -> Option<String> {
+    let pages = limit_pages?;
+    let want = u64::from(MAX_WRITE_BYTES) / 4096;
+    (pages < want).then(|| {
+        format!(
+            "the kernel caps a FUSE request at {pages} pages ({} KiB; fs.fuse.max_pages_limit), \
+             under the {} KiB this daemon asks for: a larger write, or one of that size \
+             from a buffer that is not page-aligned (most applications'), arrives as several \
+             requests (about 0.1 daemon CPU-s/GiB more on a next checkpoint revision, \
+             measured on 2 cores). As root, `sysctl -w fs.fuse.max_pages_limit={want}` \
+             before mounting lifts the cap",
+            pages * 4,
+            MAX_WRITE_BYTES / 1024
+        )
+    })
+}
+
+/// `/proc/sys/fs/fuse/max_pages_limit`, where this kernel has it.
+pub fn request_cap_pages() -> Option<u64> {
+    std::fs::read_to_string("/proc/sys/fs/fuse/max_pages_limit")
+        .ok()?
+        .trim()
+        .parse()
+        .ok()
+}
+
 /// Largest read reply buffer a FUSE thread keeps (`REPLY_BUF`): the kernel's largest read
 /// request.
 const REPLY_BUF_MAX: usize = MAX_WRITE_BYTES as usize;
@@ -1381,6 +1415,18 @@ fn send_parts(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The hint names the cap and the setting that lifts it, and says nothing where the
+    /// cap is already at the daemon's request size or the kernel has no such setting.
+    #[test]
+    fn the_request_cap_hint_only_where_the_kernel_caps_under_the_request_size() {
+        let hint = request_cap_hint(Some(256)).expect("256 pages is under 4 MiB");
+        assert!(hint.contains("256 pages (1024 KiB"), "{hint}");
+        assert!(hint.contains("fs.fuse.max_pages_limit=1024"), "{hint}");
+        assert_eq!(request_cap_hint(Some(1024)), None);
+        assert_eq!(request_cap_hint(Some(65535)), None);
+        assert_eq!(request_cap_hint(None), None);
+    }
 
     /// An inode counts as cached while any of its cached handles is open, whichever closes
     /// first; a second release of a handle, or one of a handle never entered (a write-only

@@ -788,6 +788,9 @@ fn mount(
         search.name,
         search.measured
     );
+    if let Some(hint) = fuse::request_cap_hint(fuse::request_cap_pages()) {
+        log::info!("{hint}");
+    }
     if !tuning.read_only {
         if slots == 1 {
             space
