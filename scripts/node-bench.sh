@@ -27,7 +27,11 @@
 # (steps-alt.txt), to measure one switch on the same machine (leave out codec to stay within
 # eight files). NODE_ALT_ARGS, extra `ckptfs-bench steps` arguments for that run, with or
 # without NODE_ALT_ENV (say --mount-arg=--cuts=content: changed bytes cut by content, not at
-# the previous revision's boundaries).
+# the previous revision's boundaries). NODE_ALT_FUSE_PAGES, a value of the kernel's
+# fs.fuse.max_pages_limit (say 1024, the 4 MiB requests the daemon asks for) set for that
+# run only and set back after it, alone or with the two above: at the default 256 pages a
+# 1 MiB write from a buffer that is not page-aligned reaches the daemon as two requests.
+# Every bench file's header says the value its run had (`fuse requests`).
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 PACK=${NODE_PACK:-target/node-pack}
@@ -121,11 +125,27 @@ run)
             fi
         fi
     fi
-    if [[ -n ${NODE_ALT_ENV:-}${NODE_ALT_ARGS:-} ]] && ((steps_took >= 0)); then
+    if [[ -n ${NODE_ALT_ENV:-}${NODE_ALT_ARGS:-}${NODE_ALT_FUSE_PAGES:-} ]] && ((steps_took >= 0)); then
+        pages_file=/proc/sys/fs/fuse/max_pages_limit
+        pages_before=
+        if [[ -n ${NODE_ALT_FUSE_PAGES:-} ]]; then
+            if pages_before=$(cat "$pages_file" 2>/dev/null) &&
+                echo "$NODE_ALT_FUSE_PAGES" >"$pages_file"; then
+                echo "steps-alt: fs.fuse.max_pages_limit $pages_before -> $NODE_ALT_FUSE_PAGES" |
+                    tee -a "$out/env.txt"
+            else
+                echo "steps-alt: cannot set fs.fuse.max_pages_limit (kernel without it, or not root); the run has the default" |
+                    tee -a "$out/env.txt" >&2
+                pages_before=
+            fi
+        fi
         # shellcheck disable=SC2086  # several assignments and arguments on purpose
         step steps-alt $((steps_took * 3 / 2 + 20)) env ${NODE_ALT_ENV:-} "$b" steps \
             "${common[@]}" --data field --writers "$writers" --mount-arg=--gpu=off \
             ${NODE_ALT_ARGS:-}
+        if [[ -n $pages_before ]]; then
+            echo "$pages_before" >"$pages_file"
+        fi
     fi
     step limits 40 "$b" limits "${common[@]}"
     step restart 90 "$b" restart "${common[@]}"

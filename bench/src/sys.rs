@@ -249,6 +249,50 @@ fn filesystem_of(p: &Path) -> Option<(String, String, String)> {
     best
 }
 
+/// The CPU features that set this machine's floor of a daemon's CPU per GiB: blake3 and
+/// the cutter's many-lane search use AVX-512 where it is there (blake3 ran at 2.1 GiB/s per
+/// core on an AVX2-only host and 3.8 on an AVX-512 one of the same VM class: runs of two
+/// sessions are comparable only where this line is the same).
+fn simd_flags(cpuinfo: &str) -> String {
+    let flags: Vec<&str> = cpuinfo
+        .lines()
+        .find(|l| l.starts_with("flags"))
+        .and_then(|l| l.split(':').nth(1))
+        .map(|f| f.split_whitespace().collect())
+        .unwrap_or_default();
+    let have: Vec<&str> = ["avx2", "avx512f", "avx512vbmi", "sha_ni"]
+        .into_iter()
+        .filter(|f| flags.contains(f))
+        .collect();
+    match (flags.is_empty(), have.is_empty()) {
+        (true, _) => "? (no flags in /proc/cpuinfo)".into(),
+        (false, true) => "none of avx2, avx512f, avx512vbmi, sha_ni".into(),
+        (false, false) => have.join(" "),
+    }
+}
+
+/// The kernel's cap on one FUSE request (`fs.fuse.max_pages_limit`, 256 pages by default):
+/// under the 4 MiB the daemon asks for, a 1 MiB write from a buffer that is not page-aligned
+/// (most applications') spans 257 pages and reaches the daemon as two requests, which costs
+/// a next step about 0.1 CPU-s/GiB on 2 cores (README, "Write path and memory bounds").
+fn fuse_request_cap() -> String {
+    match fs::read_to_string("/proc/sys/fs/fuse/max_pages_limit") {
+        Ok(s) => match s.trim().parse::<u64>() {
+            Ok(p) => format!(
+                "{p} pages ({} KiB; fs.fuse.max_pages_limit{})",
+                p * 4,
+                if p < 1024 {
+                    ", under the 1024 the daemon asks for"
+                } else {
+                    ""
+                }
+            ),
+            Err(_) => format!("? (fs.fuse.max_pages_limit reads {:?})", s.trim()),
+        },
+        Err(_) => "256 pages (this kernel has no fs.fuse.max_pages_limit)".into(),
+    }
+}
+
 /// (key, value) lines describing the machine and the binaries under test.
 pub fn environment(dir: &Path, ckptfs: &Path) -> Vec<(String, String)> {
     let mut env = Vec::new();
@@ -269,12 +313,14 @@ pub fn environment(dir: &Path, ckptfs: &Path) -> Vec<(String, String)> {
             format!("{:.1} GiB", kib as f64 / 1048576.0),
         ));
     }
+    env.push(("cpu simd".into(), simd_flags(&cpuinfo)));
     env.push((
         "kernel".into(),
         fs::read_to_string("/proc/sys/kernel/osrelease")
             .map(|s| s.trim().to_string())
             .unwrap_or_else(|_| "?".into()),
     ));
+    env.push(("fuse requests".into(), fuse_request_cap()));
     let disk = match filesystem_of(dir) {
         Some((mp, src, ty)) => format!("{src} ({ty}, mounted at {mp})"),
         None => "?".into(),
@@ -320,4 +366,22 @@ pub fn ensure_free(dir: &Path, need: u64, what: &str) -> Result<()> {
         ));
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::simd_flags;
+
+    #[test]
+    fn simd_flags_name_what_the_cpu_lists_and_say_when_nothing_is_listed() {
+        let zen4 = "processor\t: 0\nflags\t\t: fpu sse2 avx2 sha_ni avx512f avx512vbmi\n";
+        assert_eq!(simd_flags(zen4), "avx2 avx512f avx512vbmi sha_ni");
+        // A word that only starts like a flag is not that flag.
+        let old = "flags\t\t: fpu sse2 avx avx512fx\n";
+        assert_eq!(simd_flags(old), "none of avx2, avx512f, avx512vbmi, sha_ni");
+        assert_eq!(
+            simd_flags("model name\t: ?\n"),
+            "? (no flags in /proc/cpuinfo)"
+        );
+    }
 }
