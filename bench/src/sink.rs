@@ -28,6 +28,9 @@ use std::time::{Duration, Instant, SystemTime};
 
 /// ckptfs's `MAX_WRITE_BYTES`: the largest write request, and the readahead.
 pub const MAX_WRITE_BYTES: u32 = 4 << 20;
+/// ckptfs's `MAX_BACKGROUND` (readahead requests in flight before the kernel counts the mount
+/// as congested), so the sink's readers meet the kernel as ckptfs's do.
+const MAX_BACKGROUND: u16 = 256;
 /// ckptfs mount's default `--threads`.
 pub const THREADS: usize = 4;
 /// Files whose name ends with this are opened with direct I/O for reading too (for the
@@ -129,6 +132,7 @@ impl Filesystem for SinkFs {
     fn init(&mut self, _req: &Request, config: &mut KernelConfig) -> std::io::Result<()> {
         let _ = config.set_max_write(MAX_WRITE_BYTES);
         let _ = config.set_max_readahead(MAX_WRITE_BYTES);
+        let _ = config.set_max_background(MAX_BACKGROUND);
         let _ = config.add_capabilities(InitFlags::FUSE_ATOMIC_O_TRUNC);
         Ok(())
     }
