@@ -6,21 +6,27 @@ use std::fs::File;
 use std::io::{Read, Write};
 use std::os::unix::fs::FileExt;
 
+use ckptfs_engine::pipeline::StageTime;
 use ckptfs_tests::{pattern, TestMount};
 use rand::rngs::SmallRng;
 use rand::{Rng, SeedableRng};
 
 const MIB: usize = 1 << 20;
 
+/// A stage's totals since the daemon mounted (`ckptfs stats --json`).
+fn stage(m: &mut TestMount, name: &str) -> StageTime {
+    m.stats()
+        .report
+        .stats
+        .stages
+        .into_iter()
+        .find(|t| t.name == name)
+        .unwrap_or_else(|| panic!("a {name} stage in the stats"))
+}
+
 /// Bytes the daemon has read from the data file since it mounted.
 fn device_read_bytes(m: &mut TestMount) -> u64 {
-    let s = m.stats();
-    s.stats
-        .stages
-        .iter()
-        .find(|t| t.name == "read")
-        .expect("a read stage in the stats")
-        .bytes
+    stage(m, "read").bytes
 }
 
 fn written(m: &mut TestMount, name: &str, data: &[u8]) {
@@ -82,13 +88,7 @@ fn random_small_reads_do_not_read_ahead() {
 
 /// Read requests the daemon answered since it mounted (the `reply` stage's count).
 fn read_replies(m: &mut TestMount) -> u64 {
-    let s = m.stats();
-    s.stats
-        .stages
-        .iter()
-        .find(|t| t.name == "reply")
-        .expect("a reply stage in the stats")
-        .count
+    stage(m, "reply").count
 }
 
 /// Eight cold sequential readers at once (how a restart of 8 ranks reads) keep the kernel's
