@@ -119,6 +119,8 @@ struct Probe {
     threads0: std::collections::BTreeMap<u32, (String, f64)>,
     /// The stages' estimated CPU seconds so far (`ckptfs::stage_cpu_seconds`).
     samples0: Option<Stages>,
+    /// The stages' counts so far (`ckptfs::stage_counts`).
+    counts0: Option<Stages>,
     /// How each daemon thread was scheduled so far (`sys::thread_sched`), and the daemon's
     /// minor page faults.
     sched0: std::collections::BTreeMap<u32, (String, f64, f64)>,
@@ -204,7 +206,7 @@ impl Bench<'_> {
         let pid = self.ck.daemon_pid()?;
         // Reading stats makes the daemon read its metadata; a cold read must not get it warm.
         // A cold read comes right after a mount, whose stage counters start at 0.
-        let (stored0, stages0, samples0) = if write || !self.ck.fresh() {
+        let (stored0, stages0, samples0, counts0) = if write || !self.ck.fresh() {
             let st = self.ck.stats()?;
             let stored = if write {
                 Some(ckptfs::stored_bytes(&st)?)
@@ -215,9 +217,15 @@ impl Bench<'_> {
                 stored,
                 ckptfs::stage_seconds(&st),
                 ckptfs::stage_cpu_seconds(&st),
+                ckptfs::stage_counts(&st),
             )
         } else {
-            (None, Some(Stages::new()), Some(Default::default()))
+            (
+                None,
+                Some(Stages::new()),
+                Some(Stages::new()),
+                Some(Stages::new()),
+            )
         };
         sys::reset_peak_rss(pid);
         Ok(Some(Probe {
@@ -227,6 +235,7 @@ impl Bench<'_> {
             stages0,
             threads0: sys::thread_cpu(pid),
             samples0,
+            counts0,
             sched0: sys::thread_sched(pid),
             faults0: sys::minor_faults(pid),
         }))
@@ -258,6 +267,10 @@ impl Bench<'_> {
                 _ => None,
             };
             s.stage_cpu = match (ckptfs::stage_cpu_seconds(&st), &p.samples0) {
+                (Some(a), Some(b)) => Some(report::stage_delta(&a, b)),
+                _ => None,
+            };
+            s.requests = match (ckptfs::stage_counts(&st), &p.counts0) {
                 (Some(a), Some(b)) => Some(report::stage_delta(&a, b)),
                 _ => None,
             };

@@ -206,24 +206,35 @@ pub fn stored_bytes(stats: &serde_json::Value) -> Result<u64> {
 /// Seconds per daemon stage ("stages" of `ckptfs stats --json`: cumulative since the daemon
 /// started, summed over its threads); None from a ckptfs that does not report them.
 pub fn stage_seconds(stats: &serde_json::Value) -> Option<Stages> {
+    stage_field(stats, "seconds")
+}
+
+/// One field of every stage in `ckptfs stats --json` (0 where a stage lacks it).
+fn stage_field(stats: &serde_json::Value, field: &str) -> Option<Stages> {
     let m = stats.get("stages")?.as_object()?;
     Some(
         m.iter()
-            .map(|(k, v)| (k.clone(), v["seconds"].as_f64().unwrap_or(0.0)))
+            .map(|(k, v)| (k.clone(), v[field].as_f64().unwrap_or(0.0)))
             .collect(),
     )
+}
+
+/// Per stage: the daemon's count so far ("stages" of `ckptfs stats --json`): `dispatch` counts
+/// every FUSE request, `ingest` the write requests and `reply` the read requests.
+pub fn stage_counts(stats: &serde_json::Value) -> Option<Stages> {
+    stage_field(stats, "count")
 }
 
 /// Per stage: the daemon's estimated CPU seconds so far (`cpu_seconds`; see the engine's
 /// `pipeline::Stage`); None from a ckptfs that does not estimate them.
 pub fn stage_cpu_seconds(stats: &serde_json::Value) -> Option<Stages> {
-    let m = stats.get("stages")?.as_object()?;
-    m.values().next()?.get("cpu_seconds")?;
-    Some(
-        m.iter()
-            .map(|(k, v)| (k.clone(), v["cpu_seconds"].as_f64().unwrap_or(0.0)))
-            .collect(),
-    )
+    stats
+        .get("stages")?
+        .as_object()?
+        .values()
+        .next()?
+        .get("cpu_seconds")?;
+    stage_field(stats, "cpu_seconds")
 }
 
 fn lazy_unmount(mnt: &Path) {

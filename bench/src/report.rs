@@ -200,6 +200,9 @@ pub struct Sample {
     pub waits: Option<Stages>,
     /// ckptfs only: the daemon's minor page faults over the timed part.
     pub faults: Option<u64>,
+    /// ckptfs only: the daemon's stage counts over the timed part (`ckptfs::stage_counts`):
+    /// FUSE requests in all (`dispatch`), write requests (`ingest`), read requests (`reply`).
+    pub requests: Option<Stages>,
     pub verified: Option<bool>,
 }
 
@@ -350,6 +353,12 @@ impl Row {
     /// Times each thread group was put on a CPU, per GiB (summed over repetitions).
     fn runs_per_gib(&self) -> Option<Stages> {
         self.per_gib(|s| s.runs.as_ref())
+    }
+
+    /// The daemon's FUSE requests per GiB: all of them, writes and reads (stage counts, see
+    /// `Sample::requests`).
+    fn requests_per_gib(&self) -> Option<Stages> {
+        self.per_gib(|s| s.requests.as_ref())
     }
 
     /// Seconds each thread group was runnable but waited for a CPU, per GiB.
@@ -674,18 +683,29 @@ impl Results {
     pub fn sched_table(&self) -> Option<String> {
         self.rows_table(
             "daemon scheduling per GiB by thread (runs: times put on a CPU, thousands; wait: \
-             seconds runnable but not running; live threads only), and its minor page faults \
-             (thousands)",
+             seconds runnable but not running; live threads only), its minor page faults \
+             (thousands), and its FUSE requests (writes, reads; a 1 MiB write or read each \
+             is 1024 per GiB: more where the kernel split or shrank them)",
             |r| {
                 let runs = r.runs_per_gib()?;
                 Some((
                     runs,
                     r.waits_per_gib().unwrap_or_default(),
                     r.faults_per_gib(),
+                    r.requests_per_gib(),
                 ))
             },
-            |_, (runs, waits, faults)| {
+            |_, (runs, waits, faults, requests)| {
                 let mut line = faults.map_or(String::new(), |f| format!("faults {:.1}k ", f / 1e3));
+                if let Some(q) = requests {
+                    let n = |k: &str| q.get(k).copied().unwrap_or(0.0);
+                    line += &format!(
+                        "requests {:.0} (writes {:.0}, reads {:.0}) ",
+                        n("dispatch"),
+                        n("ingest"),
+                        n("reply")
+                    );
+                }
                 let mut groups: Vec<(&String, f64)> = runs
                     .iter()
                     .map(|(g, n)| (g, *n))
@@ -789,6 +809,11 @@ impl Results {
                         "daemon_runs_per_gib_by_thread": r.runs_per_gib(),
                         "daemon_runnable_wait_s_per_gib_by_thread": r.waits_per_gib(),
                         "daemon_minor_faults_per_gib": r.faults_per_gib(),
+                        "daemon_requests_per_gib": r.requests_per_gib().map(|q| json!({
+                            "all": q.get("dispatch"),
+                            "write": q.get("ingest"),
+                            "read": q.get("reply"),
+                        })),
                         "verified": r.verified(),
                     })
                 })
