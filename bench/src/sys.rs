@@ -276,15 +276,16 @@ fn simd_flags(cpuinfo: &str) -> String {
 /// (most applications') spans 257 pages and reaches the daemon as two requests, which costs
 /// a next step about 0.1 CPU-s/GiB on 2 cores (README, "Write path and memory bounds").
 fn fuse_request_cap() -> String {
+    let want = u64::from(crate::sink::MAX_WRITE_BYTES) / 4096;
     match fs::read_to_string("/proc/sys/fs/fuse/max_pages_limit") {
         Ok(s) => match s.trim().parse::<u64>() {
             Ok(p) => format!(
                 "{p} pages ({} KiB; fs.fuse.max_pages_limit{})",
                 p * 4,
-                if p < 1024 {
-                    ", under the 1024 the daemon asks for"
+                if p < want {
+                    format!(", under the {want} the daemon asks for")
                 } else {
-                    ""
+                    String::new()
                 }
             ),
             Err(_) => format!("? (fs.fuse.max_pages_limit reads {:?})", s.trim()),
