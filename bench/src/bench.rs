@@ -604,6 +604,26 @@ impl Bench<'_> {
             .copied()
             .filter(|&w| w >= 1 && w <= cap)
             .collect();
+        // Said, not dropped silently: `--writers 16` on a 2-core machine used to end with
+        // empty tables and nothing to say why.
+        let left: Vec<String> = self
+            .o
+            .writers
+            .iter()
+            .filter(|w| !writers.contains(w))
+            .map(|w| w.to_string())
+            .collect();
+        if !left.is_empty() {
+            self.progress(&format!(
+                "steps: left out --writers {} (from 1 to max(8, cores) = {cap} writers run here)",
+                left.join(",")
+            ));
+        }
+        if writers.is_empty() {
+            return Err(format!(
+                "steps: no writer count of --writers runs here (from 1 to {cap})"
+            ));
+        }
         for &w in &writers {
             for layout in [Layout::NewDir, Layout::InPlace, Layout::TempRename] {
                 self.progress(&format!("steps: {w} writers, {}", layout.name()));
@@ -1088,7 +1108,8 @@ pub fn run(o: &Opts, sel: Selection) -> Result<bool> {
          stored/logical: growth of ckptfs stored_bytes / bytes written. daemon CPU: utime+stime over the timed part (median); CPU s/GiB: the same per GiB written or read (comparable across runs when MiB/s is not). \
          Peak RSS: max VmHWM over repetitions (reset before each). close p99 of few closes is their max. restart: after {}drop_caches and a ckptfs remount. \
          in place: a revision like the row of the same name without \", in place\" (as many blocks changed, other ones) written over \
-         the previous revision's file, opened O_TRUNC as jobs with a fixed checkpoint name do, where that row writes a new file. Per rep: every repetition's MiB/s in run order; the plain side's \
+         the previous revision's file, opened O_TRUNC as jobs with a fixed checkpoint name do, where that row writes a new file. Per rep: every repetition's MiB/s in run order, and the daemon's CPU s/GiB of each ckptfs one \
+         (a difference between runs smaller than their spread is noise); the plain side's \
          modes split its sorted repetitions at a gap over 1.5x, with the ckptfs median as a fraction of each.",
         if root { "" } else { "(NOT: not root) " }
     );

@@ -211,6 +211,12 @@ impl Sample {
         self.bytes as f64 / 1048576.0 / self.secs.max(1e-9)
     }
 
+    /// Daemon CPU seconds per GiB moved (None without a CPU reading or bytes).
+    fn cpu_per_gib(&self) -> Option<f64> {
+        (self.bytes > 0).then_some(())?;
+        Some(self.cpu_s? / (self.bytes as f64 / (1u64 << 30) as f64))
+    }
+
     pub fn line(&self) -> String {
         let mut s = format!("{:8.1} MiB/s  {:6.2} s", self.mibs(), self.secs);
         if !self.closes.is_empty() {
@@ -327,12 +333,7 @@ impl Row {
     /// Daemon CPU seconds per GiB moved (median over repetitions): comparable across runs
     /// and machines when throughput is not, since a busy neighbour slows both sides.
     fn cpu_per_gib(&self) -> Option<f64> {
-        let v: Vec<f64> = self
-            .ckptfs
-            .iter()
-            .filter(|s| s.bytes > 0)
-            .filter_map(|s| Some(s.cpu_s? / (s.bytes as f64 / (1u64 << 30) as f64)))
-            .collect();
+        let v: Vec<f64> = self.ckptfs.iter().filter_map(Sample::cpu_per_gib).collect();
         median(&v)
     }
 
@@ -571,9 +572,21 @@ impl Results {
             "plain modes MiB/s (reps)",
             "ratio vs each mode",
             "ckptfs MiB/s per rep",
+            "ckptfs CPU s/GiB per rep",
         ];
         let each = |v: &[Sample]| {
             let s: Vec<String> = v.iter().map(|s| format!("{:.0}", s.mibs())).collect();
+            s.join(" ")
+        };
+        // Each repetition's daemon CPU per GiB, beside the median the summary gives: on a
+        // shared host the same build's full step ran 0.96-1.40 CPU-s/GiB within one hour
+        // (2026-11-29), so a difference between two runs means something only where it
+        // is larger than either run's own spread.
+        let cpu_each = |v: &[Sample]| {
+            let s: Vec<String> = v
+                .iter()
+                .map(|s| s.cpu_per_gib().map_or("-".into(), |c| format!("{c:.2}")))
+                .collect();
             s.join(" ")
         };
         let mut cells: Vec<Vec<String>> = vec![head.iter().map(|s| s.to_string()).collect()];
@@ -606,6 +619,7 @@ impl Results {
                 mode_cell,
                 ratio_cell,
                 each(&r.ckptfs),
+                cpu_each(&r.ckptfs),
             ]);
         }
         render_table(&cells, 2)
@@ -899,6 +913,26 @@ mod tests {
         assert_eq!(percentile(&v, 50.0), Some(50.0));
         assert_eq!(percentile(&v, 99.0), Some(99.0));
         assert_eq!(percentile(&[5.0], 99.0), Some(5.0));
+    }
+
+    /// The per-rep table gives each ckptfs repetition's CPU per GiB, in run order, and
+    /// "-" for one without a CPU reading; the summary's median is of the same figures.
+    #[test]
+    fn each_repetition_shows_its_cpu_per_gib() {
+        let rep = |mib: u64, cpu: Option<f64>| Sample {
+            bytes: mib << 20,
+            secs: 1.0,
+            cpu_s: cpu,
+            ..Sample::default()
+        };
+        let mut res = Results::default();
+        for s in [rep(1024, Some(1.1)), rep(512, Some(0.25)), rep(1024, None)] {
+            res.add("steps", "field full", Access::Write1, Side::Ckptfs, s);
+        }
+        let table = res.reps_table();
+        let row = table.lines().last().unwrap();
+        assert!(row.trim_end().ends_with("1.10 0.50 -"), "{table}");
+        assert_eq!(res.rows[0].cpu_per_gib(), Some(0.8));
     }
 
     #[test]
