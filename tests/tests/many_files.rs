@@ -50,9 +50,15 @@ fn memory_stays_bounded_with_small_requests_to_many_files() {
 /// writes every file carries an unfinished chunk. Before the carries spilled past
 /// `spill::CARRY_BYTES`, this peaked at 820 MiB here (4096 files written 2 MiB each: 678
 /// MiB, 8192: 1080); with the spill, 404 MiB (2048 files: 231, 16384: 471).
+///
+/// The bound is 640 MiB, not 512: the peak varies with timing (how full the pipeline's
+/// budgets are at the moment the carries peak), 336-498 MiB over 18 runs on the 2-core VM
+/// alone, beside the other many_files tests or beside two busy loops, and 533 MiB once in
+/// a CI run (2026-11-29, the tests' debug build among the other integration tests). 640
+/// still fails the unspilled 820.
 #[test]
 fn carried_chunks_spill_instead_of_growing_memory() {
-    many_files(8192, 64 << 10, 128 << 10, 512);
+    many_files(8192, 64 << 10, 128 << 10, 640);
 }
 
 /// Raises the open-file limit to `want` descriptors (as far as the hard limit allows);
