@@ -597,23 +597,12 @@ impl Bench<'_> {
     fn steps(&mut self) -> Result<()> {
         let cap = data::threads().max(8);
         let files = self.o.files_per_writer;
-        let writers: Vec<usize> = self
-            .o
-            .writers
-            .iter()
-            .copied()
-            .filter(|&w| w >= 1 && w <= cap)
-            .collect();
+        let (writers, left): (Vec<usize>, Vec<usize>) =
+            self.o.writers.iter().partition(|&&w| w >= 1 && w <= cap);
         // Said, not dropped silently: `--writers 16` on a 2-core machine used to end with
         // empty tables and nothing to say why.
-        let left: Vec<String> = self
-            .o
-            .writers
-            .iter()
-            .filter(|w| !writers.contains(w))
-            .map(|w| w.to_string())
-            .collect();
         if !left.is_empty() {
+            let left: Vec<String> = left.iter().map(usize::to_string).collect();
             self.progress(&format!(
                 "steps: left out --writers {} (from 1 to max(8, cores) = {cap} writers run here)",
                 left.join(",")

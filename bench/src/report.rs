@@ -213,7 +213,9 @@ impl Sample {
 
     /// Daemon CPU seconds per GiB moved (None without a CPU reading or bytes).
     fn cpu_per_gib(&self) -> Option<f64> {
-        (self.bytes > 0).then_some(())?;
+        if self.bytes == 0 {
+            return None;
+        }
         Some(self.cpu_s? / (self.bytes as f64 / (1u64 << 30) as f64))
     }
 
