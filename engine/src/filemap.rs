@@ -1609,6 +1609,14 @@ pub struct FileState {
     stream: Option<Stream>,
     /// Block index -> a block of `params.avg_bytes` bytes.
     dirty: BTreeMap<u64, Box<[u8]>>,
+    /// A layer of a file several nodes write (`set_layered`): its holes are no writes and
+    /// zeros written are writes, since an older layer shows through a hole. Then a dirty
+    /// block is not filled from the map, and `written` says which of its bytes were
+    /// written; only those become chunks.
+    layered: bool,
+    /// Of a layered state: block index -> the written byte ranges of that dirty block,
+    /// sorted, disjoint and not touching (at most one range per write request).
+    written: BTreeMap<u64, Vec<(u32, u32)>>,
     modified: bool,
     /// When the first change since the last commit came (`modified` turning true): a
     /// revision's write time runs from here to its commit.
@@ -1637,10 +1645,39 @@ impl FileState {
             inflight: VecDeque::new(),
             stream: None,
             dirty: BTreeMap::new(),
+            layered: false,
+            written: BTreeMap::new(),
             modified: false,
             first_change: None,
             held: pins,
         }
+    }
+
+    /// Makes this the state of one layer of a file that several nodes write (N-1 across
+    /// slots): bytes it was never given stay holes, also inside a block written in part
+    /// (an older layer shows through them), and all-zero pieces are stored as chunks (a
+    /// written zero hides the older layers' bytes). Dirty blocks from before are flushed
+    /// first: they were filled from this layer's own map, which is the same content.
+    pub fn set_layered(&mut self, c: &dyn ChunkIo) -> Result<()> {
+        if self.layered {
+            return Ok(());
+        }
+        if !self.dirty.is_empty() {
+            self.flush_dirty(c)?;
+        }
+        self.layered = true;
+        Ok(())
+    }
+
+    /// A new state made layered (`set_layered`) before anything was written to it.
+    pub fn into_layered(mut self) -> Self {
+        debug_assert!(self.dirty.is_empty() && self.stream.is_none());
+        self.layered = true;
+        self
+    }
+
+    pub fn is_layered(&self) -> bool {
+        self.layered
     }
 
     /// Hands over the pins taken since the last call; dropping them releases them, which
@@ -1851,7 +1888,9 @@ impl FileState {
             if !self.dirty.contains_key(&b) {
                 let mut blk = vec![0u8; bs as usize].into_boxed_slice();
                 let covers_all = pos == b_start && piece_end == b_end;
-                if !covers_all && b_start < self.size {
+                // A layer's block is not filled: what it was not given stays the map's (or
+                // a hole), and only its written ranges become chunks (`flush_dirty`).
+                if !covers_all && !self.layered && b_start < self.size {
                     let fill_end = b_end.min(self.size);
                     self.read_base(c, b_start, &mut blk[..(fill_end - b_start) as usize])?;
                 }
@@ -1860,6 +1899,10 @@ impl FileState {
             let blk = self.dirty.get_mut(&b).expect("inserted above");
             blk[(pos - b_start) as usize..(piece_end - b_start) as usize]
                 .copy_from_slice(&data[(pos - off) as usize..(piece_end - off) as usize]);
+            if self.layered {
+                let w = self.written.entry(b).or_default();
+                add_range(w, (pos - b_start) as u32, (piece_end - b_start) as u32);
+            }
             pos = piece_end;
         }
         self.size = self.size.max(end);
@@ -1876,7 +1919,7 @@ impl FileState {
         // it must not take bytes newer than these.
         self.end_cut(c);
         for (off, piece) in pieces {
-            let work = if all_zero(piece.bytes()) {
+            let work = if !self.layered && all_zero(piece.bytes()) {
                 Work::Hole(piece.len() as u64)
             } else {
                 Work::Chunk {
@@ -2002,7 +2045,7 @@ impl FileState {
                 (pieces, g.done(), g.failed.clone())
             };
             for (off, piece, zero) in pieces {
-                let work = if zero {
+                let work = if zero && !self.layered {
                     Work::Hole(piece.len() as u64)
                 } else {
                     Work::Chunk {
@@ -2276,11 +2319,25 @@ impl FileState {
         let mut pieces = Vec::with_capacity(self.dirty.len());
         while let Some((b, blk)) = self.dirty.pop_first() {
             let b_start = b * bs;
-            if b_start < self.size {
-                let len = bs.min(self.size - b_start) as usize;
+            if b_start >= self.size {
+                continue;
+            }
+            let len = bs.min(self.size - b_start) as usize;
+            if self.layered {
+                let written = self.written.remove(&b).unwrap_or_default();
+                let all: SharedBytes = blk.into_vec().into();
+                for (lo, hi) in written {
+                    let hi = (hi as usize).min(len);
+                    if (lo as usize) < hi {
+                        let piece = Piece::new(all.clone(), lo as usize, hi - lo as usize);
+                        pieces.push((b_start + lo as u64, piece));
+                    }
+                }
+            } else {
                 pieces.push((b_start, Piece::new(blk.into_vec().into(), 0, len)));
             }
         }
+        self.written.clear();
         self.emit(c, pieces)
     }
 
@@ -2337,9 +2394,17 @@ impl FileState {
         }
         let bs = self.block_bytes();
         self.dirty.split_off(&new_size.div_ceil(bs));
+        self.written.split_off(&new_size.div_ceil(bs));
         if !new_size.is_multiple_of(bs) {
             if let Some(blk) = self.dirty.get_mut(&(new_size / bs)) {
                 blk[(new_size % bs) as usize..].fill(0);
+            }
+            if let Some(w) = self.written.get_mut(&(new_size / bs)) {
+                let cut = (new_size % bs) as u32;
+                w.retain(|r| r.0 < cut);
+                if let Some(last) = w.last_mut() {
+                    last.1 = last.1.min(cut);
+                }
             }
         }
         self.map.punch(new_size, u64::MAX);
@@ -2355,6 +2420,19 @@ impl FileState {
             return Ok(());
         }
         self.finish(c)?;
+        if self.layered {
+            // A hole in a layer is no write (the older layers show through it): what reads
+            // as zeros here must be written zeros.
+            const STEP: u64 = 1 << 20;
+            let zeros = vec![0u8; STEP.min(end - start) as usize];
+            let mut at = start;
+            while at < end {
+                let n = STEP.min(end - at) as usize;
+                self.write(c, at, &zeros[..n])?;
+                at += n as u64;
+            }
+            return self.finish(c);
+        }
         self.map.punch(start, end);
         self.touch();
         Ok(())
@@ -2409,7 +2487,16 @@ impl FileState {
         self.read_base(c, off, &mut out)?;
         let bs = self.block_bytes();
         for (&b, blk) in self.dirty.range(off / bs..end.div_ceil(bs)) {
-            overlay(&mut out, off, b * bs, blk);
+            match self.written.get(&b).filter(|_| self.layered) {
+                // A layer's block holds only what was written; the rest is the map's.
+                Some(w) => {
+                    for &(lo, hi) in w {
+                        let at = b * bs + lo as u64;
+                        overlay(&mut out, off, at, &blk[lo as usize..hi as usize]);
+                    }
+                }
+                None => overlay(&mut out, off, b * bs, blk),
+            }
         }
         if let Some(s) = &self.stream {
             overlay(&mut out, off, s.start, &s.buf);
@@ -2424,6 +2511,19 @@ impl FileState {
 /// itself over zero-filled regions, and over the zero run at the start of each chunk of
 /// sparse field data. OR-folding fixed 256-byte blocks vectorizes (about 80 GiB/s over zeros
 /// in cache on the same core) and still stops within a block of the first non-zero byte.
+/// Adds `[lo, hi)` to sorted, disjoint, non-touching ranges, merging what it meets.
+fn add_range(w: &mut Vec<(u32, u32)>, lo: u32, hi: u32) {
+    let (mut lo, mut hi) = (lo, hi);
+    // The ranges that end before `lo` stay, and so do those that start after `hi`.
+    let first = w.partition_point(|r| r.1 < lo);
+    let last = w.partition_point(|r| r.0 <= hi);
+    if first < last {
+        lo = lo.min(w[first].0);
+        hi = hi.max(w[last - 1].1);
+    }
+    w.splice(first..last, [(lo, hi)]);
+}
+
 fn all_zero(b: &[u8]) -> bool {
     // The last block first: a content-defined cut falls where the bytes vary, so a chunk
     // of data other than zeros nearly always ends in a block that is not all zeros, which

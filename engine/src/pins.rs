@@ -33,6 +33,8 @@ pub(crate) struct RevisionPins {
     /// per inode in the kernel's inode cache, which the kernel bounds (it forgets inodes
     /// under memory pressure and all of them at unmount).
     held: Mutex<HashMap<InodeId, u64>>,
+    /// Notified when the kernel forgets an inode for good (`wait_forgotten`).
+    forgot: parking_lot::Condvar,
 }
 
 impl RevisionPins {
@@ -70,6 +72,21 @@ impl RevisionPins {
             *c = c.saturating_sub(n);
             if *c == 0 {
                 held.remove(&ino);
+                self.forgot.notify_all();
+            }
+        }
+    }
+
+    /// Waits until the kernel holds none of `inos`, at most `limit`; whether it holds none.
+    pub(crate) fn wait_forgotten(&self, inos: &[InodeId], limit: std::time::Duration) -> bool {
+        let deadline = std::time::Instant::now() + limit;
+        let mut held = self.held.lock();
+        loop {
+            if !inos.iter().any(|i| held.contains_key(i)) {
+                return true;
+            }
+            if self.forgot.wait_until(&mut held, deadline).timed_out() {
+                return !inos.iter().any(|i| held.contains_key(i));
             }
         }
     }

@@ -138,6 +138,17 @@ pub fn is_live(h: &SlotHeader, now_ns: u64) -> bool {
                 .saturating_add(CLOCK_SKEW_MS * 1_000_000)
 }
 
+/// The probe to echo next among `probes` (other slots' probes, in slot order) after `last`:
+/// the one after it, cyclically; the first when `last` is none of them; None when there is
+/// nothing new to write (no probe, or `last` is the only one).
+fn next_echo(probes: &[u64], last: u64) -> Option<u64> {
+    let next = match probes.iter().position(|&p| p == last) {
+        Some(i) => probes[(i + 1) % probes.len()],
+        None => *probes.first()?,
+    };
+    (next != last).then_some(next)
+}
+
 /// Who holds a slot ("slot 3 by host n17 pid 4242 mounted at /ckpt (epoch 2, ...)"), for
 /// messages.
 pub fn describe_holder(h: &SlotHeader, now_ns: u64) -> String {
@@ -594,17 +605,20 @@ impl Lease {
         Ok(())
     }
 
-    /// Answers another slot's coherence probe (FORMAT.md "Coherence probe"): the newest
-    /// probe in `hints` not answered yet is echoed in this slot's hint.
+    /// Answers another slot's coherence probe (FORMAT.md "Coherence probe"): the probes in
+    /// `hints` are echoed in this slot's hint in turn, in slot order, the one after the
+    /// probe echoed last, so nodes that all mount at once each get their echo (the hint
+    /// has room for one).
     pub fn answer_probes(&self, hints: &[Option<SlotHint>]) -> io::Result<()> {
         let last = self.hint.lock().echo;
-        let probe = hints
+        let probes: Vec<u64> = hints
             .iter()
             .enumerate()
             .filter(|(i, _)| *i as u32 != self.me.slot.0)
             .filter_map(|(_, h)| h.map(|h| h.probe))
-            .find(|&p| p != 0 && p != last);
-        match probe {
+            .filter(|&p| p != 0)
+            .collect();
+        match next_echo(&probes, last) {
             Some(p) => self.update_hint(|h| h.echo = p),
             None => Ok(()),
         }
@@ -636,6 +650,9 @@ impl Lease {
         let answered =
             loop {
                 let hints = self.table.hints()?;
+                // Nodes that mount at the same moment (a job's prolog on every node) probe
+                // each other: each answers the others while it waits for its own echo.
+                self.answer_probes(&hints).map_err(Error::Io)?;
                 if let Some((i, _)) = hints.iter().enumerate().find(|(i, h)| {
                     *i as u32 != self.me.slot.0 && h.is_some_and(|h| h.echo == nonce)
                 }) {
@@ -793,6 +810,65 @@ impl Drop for LeaseGuard {
 mod tests {
     use super::*;
     use crate::device::MemDevice;
+
+    /// Nodes that all mount at once (a job's prolog) probe each other: each must get its
+    /// echo from one of the others while they all wait, with no other node mounted.
+    #[test]
+    fn nodes_that_mount_at_once_all_pass_the_coherence_probe() {
+        for nodes in [2u32, 3, 4] {
+            let dev: Arc<dyn Device> = Arc::new(MemDevice::new(8 << 20));
+            let leases: Vec<Arc<Lease>> = (0..nodes)
+                .map(|i| {
+                    let req = SlotRequest {
+                        slot: Some(SlotId(i)),
+                        lease: MIN_LEASE,
+                        ..SlotRequest::default()
+                    };
+                    Lease::claim(SlotTable::new(dev.clone(), nodes), &req, Duration::ZERO).unwrap()
+                })
+                .collect();
+            let barrier = std::sync::Barrier::new(nodes as usize);
+            std::thread::scope(|s| {
+                let handles: Vec<_> = leases
+                    .iter()
+                    .map(|l| {
+                        let barrier = &barrier;
+                        s.spawn(move || {
+                            barrier.wait();
+                            l.probe_coherence(Duration::from_secs(30))
+                        })
+                    })
+                    .collect();
+                for (i, h) in handles.into_iter().enumerate() {
+                    let r = h.join().unwrap();
+                    assert!(
+                        matches!(r, Ok(Some(_))),
+                        "{nodes} nodes at once: node {i} got {r:?}"
+                    );
+                }
+            });
+        }
+    }
+
+    #[test]
+    fn echoes_go_round_every_probe() {
+        assert_eq!(next_echo(&[], 0), None);
+        assert_eq!(next_echo(&[5], 0), Some(5));
+        assert_eq!(
+            next_echo(&[5], 5),
+            None,
+            "one probe, answered: nothing to write"
+        );
+        let probes = [5, 7, 9];
+        let mut last = 0;
+        let mut seen = Vec::new();
+        for _ in 0..6 {
+            last = next_echo(&probes, last).unwrap();
+            seen.push(last);
+        }
+        assert_eq!(seen, [5, 7, 9, 5, 7, 9]);
+        assert_eq!(next_echo(&probes, 42), Some(5), "an old echo: start again");
+    }
 
     /// A mount that lost its slot learns it from its renewal, its publish or a write's
     /// permit, and each reports `Error::Fenced`, which the errno map places, not an I/O

@@ -22,6 +22,7 @@ const SELECTIONS_MAX: usize = 64;
 
 pub mod creds;
 pub mod shared;
+pub use shared::EntryInvalidator;
 pub mod view;
 pub mod xattr;
 
@@ -142,11 +143,13 @@ pub struct SetAttr {
     pub atime: Option<Timestamp>,
     pub mtime: Option<Timestamp>,
     pub ctime: Option<Timestamp>,
+    /// The handle the request came through (ftruncate, futimens), or `HandleId::NONE`.
+    pub fh: HandleId,
 }
 
 /// An open file handle, as the kernel names it in every request on it (chosen by the mount,
 /// unique while open). `NONE` (0): an operation not made through a handle.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct HandleId(pub u64);
 
 impl HandleId {
@@ -1276,6 +1279,11 @@ impl Fs {
     /// under an idmapped mount, where the owner as the kernel compared it is not visible
     /// here: a real chmod by such an owner goes through unchanged.
     pub fn setattr_by(&self, ino: InodeId, s: &SetAttr, who: &Requester) -> Result<Attr> {
+        if self.shared.is_some() && !view::is_virtual(ino) {
+            // Whether other nodes have versions of it now: a truncate of a file another
+            // node wrote since this one last looked must cut that node's layer too.
+            self.refresh_since(std::time::Instant::now());
+        }
         if self.shared.is_some() && !view::is_virtual(ino) && !self.local_only(ino) {
             // An object other slots have versions of: this slot's version takes the change.
             return self.sh_setattr(ino, s);
@@ -2184,18 +2192,6 @@ impl Fs {
         }
     }
 
-    /// Echoes another node's coherence probe (a multi-slot space; nothing otherwise).
-    pub fn answer_probes(&self) -> Result<()> {
-        if self.space.is_read_only() {
-            return Ok(());
-        }
-        if let Some(l) = self.space.lease() {
-            let hints = l.table().hints()?;
-            l.answer_probes(&hints).map_err(ckptfs_engine::Error::Io)?;
-        }
-        Ok(())
-    }
-
     /// Reads the other slots' headers and new manifest records.
     pub fn refresh_union(&self) -> Result<()> {
         match self.space.union() {
@@ -2291,6 +2287,9 @@ impl Fs {
     /// until `PRESSURE_ROOM_FRACTION` of the space is free or nothing more can be had. Says
     /// so in the log once per episode of a full space, not once per waiting write.
     fn gc_for_space(&self) -> bool {
+        // Files of this slot another node removed (one rank deleting the oldest step) are
+        // this slot's to reclaim once this node has learnt of it.
+        self.ask_removals();
         // The room wanted: 1/8 of the space beyond what is free now (a writer calls this
         // when what is free did not take its next chunk).
         // Taken before waiting for another writer's gc, whose room counts for this one too.

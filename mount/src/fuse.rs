@@ -334,6 +334,36 @@ impl Invalidator {
     }
 }
 
+/// Names other nodes removed, to be dropped from the kernel's cache
+/// (FUSE_NOTIFY_INVAL_ENTRY) on a thread of their own: the kernel takes the parent
+/// directory's lock for it, which a request in that directory may hold. At most
+/// `DROP_QUEUE` names wait; past that a name is left to the kernel (it forgets under memory
+/// pressure, and a lookup of the name finds it gone).
+const DROP_QUEUE: usize = 4096;
+
+pub fn entry_dropper(notifier: fuser::Notifier) -> ckptfs_fs::EntryInvalidator {
+    let (tx, rx) = std::sync::mpsc::sync_channel::<(INodeNo, Vec<u8>)>(DROP_QUEUE);
+    std::thread::Builder::new()
+        .name("ckptfs-drop-names".into())
+        .spawn(move || {
+            for (parent, name) in rx {
+                // ENOENT (not cached) is no error for fuser.
+                if let Err(e) = notifier.inval_entry(parent, OsStr::from_bytes(&name)) {
+                    log::debug!("dropping a removed name in directory {}: {e}", parent.0);
+                }
+            }
+        })
+        .expect("spawn the name-dropping thread");
+    Box::new(move |parent: InodeId, name: &[u8]| {
+        if tx.try_send((INodeNo(parent.0), name.to_vec())).is_err() {
+            log::debug!(
+                "name-dropping queue full; directory {} left as cached",
+                parent.0
+            );
+        }
+    })
+}
+
 /// The open handles that read through the kernel's page cache (all but write-only ones, see
 /// `open_flags`), by inode: only while one is open can the cache hold pages a direct write
 /// makes stale. With none open, nothing is cached that the next open would not drop (an
@@ -583,6 +613,8 @@ impl CkptFs {
                     empty_trash,
                     ..Default::default()
                 };
+                // What other nodes removed of this slot's files is reclaimable now.
+                self.fs.ask_removals();
                 let r = self
                     .fs
                     .gc_with(opts, &mut |_| {})
@@ -845,7 +877,7 @@ impl Filesystem for CkptFs {
         atime: Option<TimeOrNow>,
         mtime: Option<TimeOrNow>,
         ctime: Option<SystemTime>,
-        _fh: Option<FileHandle>,
+        fh: Option<FileHandle>,
         _crtime: Option<SystemTime>,
         _chgtime: Option<SystemTime>,
         _bkuptime: Option<SystemTime>,
@@ -860,6 +892,7 @@ impl Filesystem for CkptFs {
             atime: atime.map(time),
             mtime: mtime.map(time),
             ctime: ctime.map(Timestamp::from),
+            fh: fh.map_or(HandleId::NONE, |h| HandleId(h.0)),
         };
         match self.fs.setattr_by(InodeId(ino.0), &s, &requester(req)) {
             Ok(a) => reply.attr(&self.ttl(), &file_attr(&a)),

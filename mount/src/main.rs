@@ -739,6 +739,9 @@ fn mount(
             l.epoch(),
             tuning.lease
         );
+        if !tuning.read_only {
+            answer_probes_while_held(l);
+        }
         if !tuning.no_probe {
             match l.probe_coherence(PROBE_WAIT) {
                 Ok(None) => log::info!("coherence probe: no other node is live"),
@@ -824,6 +827,7 @@ fn mount(
     }
     fs.refresh_union()
         .map_err(|e| format!("cannot read the other slots' manifests: {e}"))?;
+    let fs_for_names = fs.clone();
     let mut adapter = fuse::CkptFs::new(fs.clone());
     adapter.allow_idmap = allow_other;
     let stop = adapter.stop.clone();
@@ -836,16 +840,16 @@ fn mount(
     let auto_gc = std::thread::spawn(move || {
         let mut tick = 0u64;
         while !stop.load(std::sync::atomic::Ordering::Relaxed) {
-            std::thread::sleep(Duration::from_millis(250));
+            // A writer of a full space asks to learn other nodes' removals at once.
+            if fs.maintenance_pause(Duration::from_millis(250)) {
+                fs.learn_removals();
+            }
             fs.auto_gc_tick();
             // Repeated target warnings come out as one line per target per interval.
             if let Some(e) = fs.space().erasure() {
                 e.flush_warnings();
             }
             tick += 1;
-            if let Err(e) = fs.answer_probes() {
-                log::warn!("answering the other nodes' coherence probes: {e}");
-            }
             if tick.is_multiple_of(4) {
                 // Request buffers that waited in fuser's pool for a whole second (up to
                 // 64 MiB after a burst of large writes) give their pages back.
@@ -854,12 +858,7 @@ fn mount(
                 if let Err(e) = fs.publish_pending() {
                     log::warn!("publishing this slot's changes: {e}");
                 }
-                if let Err(e) = fs.refresh_union() {
-                    log::warn!("reading the other slots' manifests: {e}");
-                }
-                if let Err(e) = fs.reconcile() {
-                    log::warn!("retiring this slot's files other nodes removed: {e}");
-                }
+                fs.learn_removals();
             }
         }
     });
@@ -895,6 +894,7 @@ fn mount(
         .map_err(|e| format!("cannot mount at {}: {e}", mnt.display()))?;
     let _ = invalidator.set(fuse::Invalidator::start(session.notifier()));
     let _ = notifier.set(session.notifier());
+    fs_for_names.set_entry_invalidator(fuse::entry_dropper(session.notifier()));
     log::info!("mounted {} at {}", backing.display(), mnt.display());
     let mut unmounter = session.unmount_callable();
     std::thread::spawn(move || {
@@ -1233,8 +1233,36 @@ pub(crate) fn same_space(a: &Path, b: &Path) -> bool {
 }
 
 /// How long a mount waits for another live node to echo its coherence probe (each node
-/// answers within a quarter second of the probe's write).
+/// answers within `PROBE_ANSWER_INTERVAL` of the probe's write, for each probe in turn).
 const PROBE_WAIT: Duration = Duration::from_secs(5);
+
+/// How often a node reads the other slots' hints to echo their coherence probes: from its
+/// claim on, so nodes that mount at the same moment answer each other while they set up
+/// (before, answering began only once the mount was ready, and nodes started within a
+/// second or so of each other all failed their probes). One 128-byte read a slot.
+const PROBE_ANSWER_INTERVAL: Duration = Duration::from_millis(100);
+
+/// Echoes the other nodes' coherence probes for as long as this mount holds `lease` (the
+/// thread ends when the space drops it, or the lease is released or lost).
+fn answer_probes_while_held(lease: &Arc<ckptfs_engine::slots::Lease>) {
+    let held = Arc::downgrade(lease);
+    std::thread::spawn(move || {
+        while let Some(l) = held.upgrade() {
+            let r = l
+                .table()
+                .hints()
+                .and_then(|h| l.answer_probes(&h).map_err(Into::into));
+            if let Err(e) = r {
+                if l.fenced().is_some() {
+                    return;
+                }
+                log::debug!("answering the other nodes' coherence probes: {e}");
+            }
+            drop(l);
+            std::thread::sleep(PROBE_ANSWER_INTERVAL);
+        }
+    });
+}
 
 fn mounted_at(mnt: &Path) -> bool {
     backing_of(mnt).is_some()

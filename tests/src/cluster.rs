@@ -212,6 +212,50 @@ impl Cluster {
         r
     }
 
+    /// Mounts `nodes` all at the same moment, as a job's prolog does on every node (each
+    /// `ckptfs mount` started once all are ready to start), node `n` with the options
+    /// `extra(n)`; (status, stdout, stderr) each.
+    pub fn mount_at_once(
+        &mut self,
+        nodes: &[usize],
+        extra: impl Fn(usize) -> Vec<String>,
+    ) -> Vec<(ExitStatus, String, String)> {
+        let cmds: Vec<(Command, String)> = nodes
+            .iter()
+            .map(|&node| {
+                let mut cmd = Command::new(ckptfs_bin());
+                cmd.arg("mount").args(extra(node));
+                cmd.arg("--lease")
+                    .arg(format!("{}ms", self.lease.as_millis()));
+                cmd.arg(&self.node_backing[node]).arg(&self.nodes[node].mnt);
+                self.step += 1;
+                (cmd, format!("{:03}-mount{node}", self.step))
+            })
+            .collect();
+        let dir = self.root.path().to_path_buf();
+        let barrier = std::sync::Barrier::new(cmds.len());
+        let results: Vec<_> = std::thread::scope(|s| {
+            let handles: Vec<_> = cmds
+                .into_iter()
+                .map(|(mut cmd, name)| {
+                    let (dir, barrier) = (&dir, &barrier);
+                    s.spawn(move || {
+                        barrier.wait();
+                        run_logged(&mut cmd, dir, &name, MOUNT_TIMEOUT)
+                            .unwrap_or_else(|e| panic!("ckptfs mount: {e}"))
+                    })
+                })
+                .collect();
+            handles.into_iter().map(|h| h.join().unwrap()).collect()
+        });
+        for (&node, r) in nodes.iter().zip(&results) {
+            if r.0.success() {
+                self.nodes[node].pid = Some(self.pid_of(node));
+            }
+        }
+        results
+    }
+
     /// Mounts `node` (which must succeed); returns the slot it claimed.
     pub fn mount(&mut self, node: usize, extra: &[&str]) -> u32 {
         let (st, out, err) = self.try_mount(node, extra);

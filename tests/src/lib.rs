@@ -20,7 +20,9 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 pub mod cluster;
+pub mod n1model;
 pub mod nsmodel;
+pub mod rotation;
 pub mod tagged;
 
 /// Size of the backing space unless a test asks for another. Format reserves it with

@@ -156,3 +156,20 @@ fn rotating_steps_with_one_writer_never_run_out_of_space() {
 fn rotating_steps_with_eight_writers_never_run_out_of_space() {
     rotate(8, test_seed("rotation_eight_writers", 0x0036_0008));
 }
+
+/// Rotation across nodes (issue 69): 3 nodes each write a 44 MiB rank file a step into
+/// slots sized for about 5 steps, node 0 removes the oldest step directory (the other
+/// nodes' files in it included) and keeps 3. The owners learn of the removal and get their
+/// space back: 15 steps, every close succeeds. `CKPTFS_NODE_ROTATION_STEPS` (default 15).
+#[test]
+fn rotating_steps_across_nodes_gives_every_slot_its_space_back() {
+    let steps = std::env::var("CKPTFS_NODE_ROTATION_STEPS")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(15);
+    let seed = test_seed(
+        "rotating_steps_across_nodes_gives_every_slot_its_space_back",
+        3,
+    );
+    ckptfs_tests::rotation::rotate_across_nodes(&[], 3, steps, 44, 5, 3, seed);
+}

@@ -1099,6 +1099,117 @@ fn attributes_and_size_of_another_nodes_files_can_be_changed() {
     check(&c, "after remounts");
 }
 
+/// A job's prolog mounts the space on every node at the same moment: every mount succeeds
+/// (each claims its own slot and passes the coherence probe: the nodes probing at once
+/// answer each other), with and without `--slot`, also with more slots than nodes.
+#[test]
+fn every_node_mounting_at_once_succeeds() {
+    for (slots, nodes, pick) in [
+        (2u32, 2usize, false),
+        (3, 3, true),
+        (4, 3, false),
+        (4, 4, false),
+    ] {
+        let mut c = Cluster::new(
+            slots,
+            &format!("{}M", 128 * slots),
+            nodes,
+            Duration::from_secs(5),
+        );
+        let all: Vec<usize> = (0..nodes).collect();
+        let results = c.mount_at_once(&all, |n| match pick {
+            true => vec!["--slot".into(), n.to_string()],
+            false => Vec::new(),
+        });
+        for (n, (st, out, err)) in results.iter().enumerate() {
+            assert!(
+                st.success(),
+                "{slots} slots, {nodes} nodes mounting at once (--slot: {pick}): node {n}                  failed: {out}{err}\n{}",
+                c.log_tail()
+            );
+        }
+        let mut claimed: Vec<u32> = (0..nodes).map(|n| c.slot_of(n)).collect();
+        claimed.sort();
+        claimed.dedup();
+        assert_eq!(claimed.len(), nodes, "each node its own slot");
+        // And the nodes are one namespace.
+        fs::write(c.path(0, "hello"), b"from node 0").unwrap();
+        for n in 0..nodes {
+            assert_eq!(fs::read(c.path(n, "hello")).unwrap(), b"from node 0");
+        }
+    }
+}
+
+/// One node removes files another node wrote (a rotation script deleting the oldest step):
+/// the owner learns of it, its kernel is told to drop the names, and its gc reclaims the
+/// space at once (before, the owner's kernel kept holding the inodes it created, and gc kept
+/// them for it: `gc --empty-trash` dropped nothing). A file a process of the owner's node
+/// still has open, or holds by `O_PATH`, keeps its bytes all the same.
+#[test]
+fn files_another_node_removed_are_reclaimed_unless_held_open() {
+    use std::os::unix::fs::OpenOptionsExt;
+    const LEN: usize = 8 << 20;
+    let mut c = Cluster::new(2, "512M", 2, Duration::from_secs(5));
+    c.mount(0, &[]);
+    c.mount(1, &[]);
+    fs::create_dir(c.path(1, "step")).unwrap();
+    for (i, name) in ["gone-a", "gone-b", "open", "by-path"].iter().enumerate() {
+        let mut f = fs::File::create(c.path(1, &format!("step/{name}"))).unwrap();
+        f.write_all(&pattern(i as u64, LEN)).unwrap();
+        close_checked(f).unwrap();
+        // Stat it as a job would: the kernel of the owner holds the name and the inode.
+        fs::metadata(c.path(1, &format!("step/{name}"))).unwrap();
+    }
+    let open = fs::File::open(c.path(1, "step/open")).unwrap();
+    let by_path = fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_PATH)
+        .open(c.path(1, "step/by-path"))
+        .unwrap();
+    fs::remove_dir_all(c.path(0, "step")).unwrap();
+    let mnt1 = c.mountpoint(1).to_path_buf();
+    let (st, out, err) = c.ckptfs(&[
+        "gc".into(),
+        mnt1.into(),
+        "--empty-trash".into(),
+        "--json".into(),
+    ]);
+    assert!(st.success(), "gc on the owner: {out}{err}");
+    let r: serde_json::Value = serde_json::from_str(&out).expect("gc json");
+    assert_eq!(
+        r["revisions_dropped"].as_u64(),
+        Some(2),
+        "the owner's gc drops the two removed files no process holds: {r:#}\n{}",
+        c.log_tail()
+    );
+    // The open one reads back exact (the O_PATH one kept its revision: 2 dropped of 4).
+    let mut got = Vec::new();
+    std::io::Read::read_to_end(&mut &open, &mut got).unwrap();
+    assert!(got == pattern(2, LEN), "the open file's bytes");
+    // Let go of, they go too.
+    drop(open);
+    drop(by_path);
+    let mnt1 = c.mountpoint(1).to_path_buf();
+    let mut dropped = 0;
+    for _ in 0..50 {
+        let (st, out, err) = c.ckptfs(&[
+            "gc".into(),
+            mnt1.clone().into(),
+            "--empty-trash".into(),
+            "--json".into(),
+        ]);
+        assert!(st.success(), "gc on the owner: {out}{err}");
+        let r: serde_json::Value = serde_json::from_str(&out).expect("gc json");
+        dropped += r["revisions_dropped"].as_u64().unwrap_or(0);
+        if dropped >= 2 {
+            break;
+        }
+        // The kernel forgets a released inode when its last reference goes (the descriptor
+        // closes): each gc asks the daemon to learn and wait for that first.
+    }
+    assert_eq!(dropped, 2, "the two released files' revisions go too");
+}
+
 /// N-1 across nodes: 4 nodes write disjoint parts of one file (segmented: a quarter each;
 /// strided: every 4th 64 KiB block each), opening it without O_TRUNC as MPI-IO does; once
 /// all closed, every node reads the same, whole file.

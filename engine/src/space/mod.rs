@@ -1169,6 +1169,12 @@ impl Space {
         self.pins.forget(ino, n);
     }
 
+    /// Waits until the kernel has forgotten every one of `inos` (after it was told to drop
+    /// their names), at most `limit`; whether it has.
+    pub fn wait_forgotten(&self, inos: &[InodeId], limit: std::time::Duration) -> bool {
+        self.pins.wait_forgotten(inos, limit)
+    }
+
     /// A read snapshot of the catalog.
     pub fn reader(&self) -> Result<Reader> {
         self.catalog.reader()
@@ -1242,12 +1248,14 @@ impl Space {
         // A file opened here is often rewritten next (O_TRUNC with a fixed checkpoint name) or
         // read by a restarted job whose next checkpoint resembles it: predict its chunks.
         self.store.learn(map.iter(), self.sb.chunk.max_bytes);
-        Ok(FileState::new(
-            self.sb.chunk,
-            map,
-            rec.size,
-            self.store.new_pins(),
-        ))
+        let state = FileState::new(self.sb.chunk, map, rec.size, self.store.new_pins());
+        // Of a shared namespace, any file may be a layer under or over other nodes' (it
+        // becomes one when another node writes it, also while it is open here): its holes
+        // and zeros are kept as written from the start.
+        Ok(match self.union.is_some() {
+            true => state.into_layered(),
+            false => state,
+        })
     }
 
     /// Commits `file` (after `finish`) as a new revision of `ino`'s history, with `rec` as its

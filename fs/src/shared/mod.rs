@@ -58,7 +58,31 @@ pub(crate) struct Shared {
     merged_handles: Mutex<HashMap<HandleId, (InodeId, crate::ReadAhead)>>,
     /// The union's view generations at the last reconcile (`reconcile`).
     reconciled: Mutex<Vec<(SlotId, u64, u64)>>,
+    /// Tells the kernel to drop a name (parent, name) another node removed: set by the
+    /// mount (`Fs::set_entry_invalidator`); until then, and in tests without a kernel,
+    /// nothing is told.
+    pub(crate) invalidate_entry: std::sync::OnceLock<EntryInvalidator>,
+    /// Requests to learn other nodes' removals now (`Fs::ask_removals`): (asked, done),
+    /// counted; the daemon's maintenance thread serves them (`Fs::maintenance_pause`).
+    learn: Mutex<(u64, u64)>,
+    learn_cv: parking_lot::Condvar,
+    /// A maintenance thread serves `learn` (the mount's); without one nobody is asked.
+    maintained: std::sync::atomic::AtomicBool,
 }
+
+/// How long a learning of other nodes' removals waits for the kernel to forget the inodes
+/// whose names it was told to drop (it does so as soon as it processed the notification;
+/// an inode a process holds is never forgotten, and costs this wait once).
+const FORGET_WAIT: std::time::Duration = std::time::Duration::from_millis(500);
+
+/// How long a writer that found the space full waits for the maintenance thread to learn
+/// other nodes' removals (a refresh of the union, the retirement of this slot's removed
+/// files, and the kernel's forgets, bounded by `FORGET_WAIT`) before gc.
+const LEARN_WAIT: std::time::Duration = std::time::Duration::from_secs(3);
+
+/// Drops the kernel's cached name `(parent, name)` (FUSE_NOTIFY_INVAL_ENTRY), so the inode
+/// it names is forgotten unless a process holds it.
+pub type EntryInvalidator = Box<dyn Fn(InodeId, &[u8]) + Send + Sync>;
 
 impl Shared {
     pub(crate) fn new(me: SlotId) -> Shared {
@@ -70,6 +94,10 @@ impl Shared {
             publishing: Mutex::new(()),
             merged_handles: Mutex::default(),
             reconciled: Mutex::default(),
+            invalidate_entry: std::sync::OnceLock::new(),
+            learn: Mutex::new((0, 0)),
+            learn_cv: parking_lot::Condvar::new(),
+            maintained: Default::default(),
         }
     }
 }
@@ -230,6 +258,10 @@ impl Fs {
 
     /// The attributes every node sees of object `obj`.
     pub(crate) fn sh_getattr(&self, obj: InodeId) -> Result<Attr> {
+        // fstat of a descriptor opened before another node's close must see that close (a
+        // writer with O_APPEND appends at the size the kernel learns here): the hints say
+        // whether any slot published since, one read shared by concurrent requests.
+        self.refresh_since(Instant::now());
         if self.local_only(obj) {
             return self.local_getattr(obj);
         }
@@ -748,9 +780,10 @@ impl Fs {
 
     /// This slot's version of `obj` to write into: its newest one if that is the top layer
     /// (no other slot's layer started, and no other slot truncated, after it), else a new
-    /// layer. With `truncating` (O_TRUNC, truncate(2)), the newest one always serves: every
-    /// older layer is cut anyway. Returns the local inode.
-    fn my_layer(&self, obj: InodeId, stamp: u64, truncating: bool) -> Result<InodeId> {
+    /// layer. With `reuse_newest` (O_TRUNC and truncates to 0, which empty it; a truncate
+    /// while this node writes through it), the newest one serves even below other layers:
+    /// its commit dates it after them. Returns the local inode and whether it was the top.
+    fn my_layer(&self, obj: InodeId, stamp: u64, reuse_newest: bool) -> Result<(InodeId, bool)> {
         let me = self.sh().me;
         let vs = self.versions_of(obj);
         let kind = vs.first().map(|v| v.node.kind).ok_or(Error::NotFound)?;
@@ -768,8 +801,11 @@ impl Fs {
             .max()
             .unwrap_or(0);
         if let Some(m) = mine {
-            if truncating || m.meta.created >= others_top {
-                return Ok(m.id);
+            if m.meta.created >= others_top {
+                return Ok((m.id, true));
+            }
+            if reuse_newest {
+                return Ok((m.id, false));
             }
         }
         // A new layer: an empty file of this slot's, on top of the others.
@@ -796,7 +832,20 @@ impl Fs {
         })?;
         let recs = self.space.version_records(&[ino])?;
         self.apply_and_publish(recs)?;
-        Ok(ino)
+        Ok((ino, true))
+    }
+
+    /// Whether handle `fh` is open for writing on this slot's inode `ino`.
+    fn writes_through(&self, fh: HandleId, ino: InodeId) -> bool {
+        if fh == HandleId::NONE {
+            return false;
+        }
+        let node = match self.open.lock().handles.get(&fh) {
+            Some((i, n)) if *i == ino => n.clone(),
+            _ => return false,
+        };
+        let n = node.lock();
+        n.handles.get(&fh).is_some_and(|h| h.writer)
     }
 
     /// Changes the version record of this slot's version `ino` and publishes it.
@@ -851,8 +900,11 @@ impl Fs {
             return Ok(());
         }
         let stamp = self.space.stamp();
-        let layer = self.my_layer(obj, stamp, truncate)?;
+        let (layer, _) = self.my_layer(obj, stamp, truncate)?;
         let node = self.open_ref(layer, Some(fh), true, truncate)?;
+        // A layer of a file several nodes write: its holes must stay holes and its zeros
+        // writes, or it would hide (or show) the other layers' bytes.
+        node.lock().file.set_layered(self.space.chunks())?;
         if truncate {
             // O_TRUNC cuts the other layers when this one's next commit (the close) is
             // published, as it empties this one: other nodes see the file emptied and
@@ -1084,11 +1136,33 @@ impl Fs {
             }
             match kind {
                 NodeKind::File => {
-                    let layer = self.my_layer(obj, stamp, true)?;
+                    // A truncate cuts every layer that started before it at `size`. Which
+                    // layer takes it: this node's top one (its bytes below `size` stay where
+                    // they were); else a new one on top, empty up to `size`, so this node's
+                    // older layer keeps its place under the layers that came after it
+                    // (dating that one after them would put its bytes over theirs). A
+                    // truncate to 0 empties it (nothing to put over anything), and one this
+                    // node makes while it writes through its older layer keeps that layer,
+                    // so the writes that follow land in what the truncate left.
+                    let newest = self
+                        .versions_of(obj)
+                        .into_iter()
+                        .filter(|v| v.slot == me)
+                        .max_by_key(|v| v.meta.created)
+                        .map(|v| v.id);
+                    // (Through the descriptor, not "open here": a close's release comes
+                    // some time after it, and a truncate by path must not depend on it.)
+                    let reuse = size == 0 || newest.is_some_and(|i| self.writes_through(s.fh, i));
+                    let (layer, top) = self.my_layer(obj, stamp, reuse)?;
                     self.set_version(layer, |m| {
+                        // Cut twice by the top layer: every other layer started before both
+                        // truncates, so the shorter cut holds for them.
+                        m.clip_len = match top && m.clip_stamp != 0 {
+                            true => m.clip_len.min(size),
+                            false => size,
+                        };
                         m.created = m.created.max(stamp);
                         m.clip_stamp = stamp;
-                        m.clip_len = size;
                     })?;
                     self.setattr(
                         layer,
@@ -1196,15 +1270,93 @@ impl Fs {
         }
     }
 
+    /// Sets how the kernel is told to drop a name another node removed (the mount's FUSE
+    /// notifier). Nothing on a single-slot space, whose names only this node changes.
+    pub fn set_entry_invalidator(&self, f: EntryInvalidator) {
+        if let Some(sh) = &self.shared {
+            let _ = sh.invalidate_entry.set(f);
+        }
+    }
+
+    /// The maintenance thread's pause between ticks: returns after `d`, or at once when a
+    /// writer asks to learn other nodes' removals (true: then call `learn_removals`).
+    pub fn maintenance_pause(&self, d: std::time::Duration) -> bool {
+        let Some(sh) = &self.shared else {
+            std::thread::sleep(d);
+            return false;
+        };
+        sh.maintained
+            .store(true, std::sync::atomic::Ordering::Relaxed);
+        let mut l = sh.learn.lock();
+        if l.0 == l.1 {
+            sh.learn_cv.wait_for(&mut l, d);
+        }
+        l.0 != l.1
+    }
+
+    /// Reads the other slots' manifests, retires this slot's files they removed, tells the
+    /// kernel to drop their names and waits (at most `FORGET_WAIT`) until it forgot them,
+    /// so gc may reclaim their space; then answers the writers that asked. The maintenance
+    /// thread's work (it holds no file's lock; `reconcile` takes those of open files).
+    pub fn learn_removals(&self) {
+        let Some(sh) = &self.shared else {
+            return;
+        };
+        let asked = sh.learn.lock().0;
+        if let Err(e) = self.refresh_union() {
+            log::warn!("reading the other slots' manifests: {e}");
+        }
+        match self.reconcile() {
+            Ok(inos) if !inos.is_empty() => {
+                if !self.space.wait_forgotten(&inos, FORGET_WAIT) {
+                    log::debug!(
+                        "the kernel still holds some of {} inodes other nodes removed (a \
+                         process has them open, or their names are in use)",
+                        inos.len()
+                    );
+                }
+            }
+            Ok(_) => {}
+            Err(e) => log::warn!("retiring this slot's files other nodes removed: {e}"),
+        }
+        let mut l = sh.learn.lock();
+        l.1 = l.1.max(asked);
+        sh.learn_cv.notify_all();
+    }
+
+    /// A writer found the space full (or `ckptfs gc` runs): has the maintenance thread
+    /// learn other nodes' removals now (their files' space is this slot's to reclaim) and waits for it, at
+    /// most `LEARN_WAIT`. Not on this thread: a writer holds its file's lock, which the
+    /// retirement of that file would need.
+    pub fn ask_removals(&self) {
+        let Some(sh) = &self.shared else {
+            return;
+        };
+        if !sh.maintained.load(std::sync::atomic::Ordering::Relaxed) {
+            return;
+        }
+        let deadline = Instant::now() + LEARN_WAIT;
+        let mut l = sh.learn.lock();
+        l.0 += 1;
+        let mine = l.0;
+        sh.learn_cv.notify_all();
+        while l.1 < mine {
+            if sh.learn_cv.wait_until(&mut l, deadline).timed_out() {
+                log::debug!("learning other nodes' removals took over {LEARN_WAIT:?}");
+                return;
+            }
+        }
+    }
+
     /// Retires this slot's objects that no entry names any more (another node removed or
     /// replaced them): unlinked here too, so their space comes back by the retention
     /// policy. Runs when another slot's view changed since the last time.
-    pub fn reconcile(&self) -> Result<()> {
+    pub fn reconcile(&self) -> Result<Vec<InodeId>> {
         let Some(sh) = &self.shared else {
-            return Ok(());
+            return Ok(Vec::new());
         };
         if self.space.is_read_only() {
-            return Ok(());
+            return Ok(Vec::new());
         }
         let gens: Vec<(SlotId, u64, u64)> = self
             .space
@@ -1214,12 +1366,20 @@ impl Fs {
         {
             let mut last = sh.reconciled.lock();
             if *last == gens {
-                return Ok(());
+                return Ok(Vec::new());
             }
             *last = gens;
         }
         let me = sh.me;
-        let gone: Vec<(InodeId, Vec<u8>)> = self.with_views(|v| {
+        // (version, its path for the trash, the object and the name the kernel knows it by)
+        type Gone = (
+            InodeId,
+            Vec<u8>,
+            InodeId,
+            Option<(InodeId, Vec<u8>)>,
+            NodeKind,
+        );
+        let gone: Vec<Gone> = self.with_views(|v| {
             let own = v.list.iter().find(|(s, _)| *s == me).map(|(_, o)| *o);
             let Some(own) = own else {
                 return Vec::new();
@@ -1228,45 +1388,71 @@ impl Fs {
                 .values()
                 .filter(|pv| pv.meta.of != InodeId::ROOT && !v.exists(pv.meta.of))
                 .map(|pv| {
-                    let path = v
-                        .list
-                        .iter()
-                        .find_map(|(_, view)| {
-                            view.by_child.get(&pv.meta.of)?.iter().next().cloned()
-                        })
+                    let place = v.list.iter().find_map(|(_, view)| {
+                        view.by_child.get(&pv.meta.of)?.iter().next().cloned()
+                    });
+                    let path = place
+                        .as_ref()
                         .map(|(p, n)| {
-                            let mut d = self.path_in_tree(v, p);
+                            let mut d = self.path_in_tree(v, *p);
                             if !d.is_empty() {
                                 d.push(b'/');
                             }
-                            d.extend_from_slice(&n);
+                            d.extend_from_slice(n);
                             d
                         })
                         .unwrap_or_default();
-                    (pv.id(), path)
+                    (pv.id(), path, pv.meta.of, place, pv.node.kind)
                 })
                 .collect()
         });
         if gone.is_empty() {
-            return Ok(());
+            return Ok(Vec::new());
         }
         let now = Timestamp::now();
         let retired = self
             .space
             .ns_write(true, |t| -> Result<Vec<(InodeId, InodeRecord)>> {
                 let mut out = Vec::new();
-                for (ino, path) in &gone {
+                for (ino, path, _, _, _) in &gone {
                     if let Some(r) = Self::retire_own(t, *ino, path.clone(), now)? {
                         out.push((*ino, r));
                     }
                 }
                 Ok(out)
             })?;
+        let mut out = Vec::with_capacity(retired.len());
+        let mut newly = std::collections::HashSet::new();
         for (ino, rec) in retired {
             log::debug!("inode {}: removed by another node; retired here", ino.0);
             self.unlinked(ino, &rec);
+            newly.insert(ino);
         }
-        Ok(())
+        // The kernel still holds the names this node looked up (or created) of what another
+        // node removed, and with them the inodes, which gc keeps for it (a process may use
+        // one by number). Told to drop the names, it forgets every inode no process holds
+        // (open or O_PATH), and gc can reclaim their space; otherwise only memory pressure
+        // or this node's own next lookup of the name would.
+        // Names inside a directory before the directory's: once a directory's name is
+        // dropped the kernel no longer finds the names in it to drop.
+        let mut order: Vec<&Gone> = gone.iter().filter(|g| newly.contains(&g.0)).collect();
+        order.sort_by_key(|g| g.4 == NodeKind::Dir);
+        for (version, _, obj, place, kind) in order {
+            if let (Some(tell), Some((parent, name))) = (sh.invalidate_entry.get(), place) {
+                log::debug!("object {}: asking the kernel to drop its name", obj.0);
+                tell(*parent, name);
+            }
+            // The kernel holds objects by their number, which a file of this slot alone
+            // shares with its only version. Files only: a directory's record holds no
+            // space, and the kernel keeps a directory it walked through for longer.
+            if *kind == NodeKind::File {
+                out.push(*version);
+                out.push(*obj);
+            }
+        }
+        out.sort();
+        out.dedup();
+        Ok(out)
     }
 }
 
