@@ -689,7 +689,17 @@ impl Union {
                 None => true,
             };
             if full || moved {
-                headers.push(self.table.read(slot)?);
+                match self.table.read(slot) {
+                    Ok(h) => headers.push(h),
+                    // That slot's files stay as last read (none if never): the other
+                    // slots' go on. `ckptfs slots` lists it as damaged.
+                    Err(Error::Corrupt(c)) => {
+                        if full {
+                            log::warn!("slot {slot}: its header is damaged, not read: {c}");
+                        }
+                    }
+                    Err(e) => return Err(e),
+                }
             }
         }
         for h in headers {

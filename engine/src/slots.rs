@@ -116,16 +116,36 @@ impl SlotTable {
     }
 
     /// Every slot's header, in slot order.
+    /// Of a slot whose header is damaged (both copies fail their checksums) that slot only
+    /// is left out, logged: one node's damaged header must not keep the others from
+    /// claiming, probing and reading theirs (`each` says which are damaged).
     pub fn all(&self) -> Result<Vec<SlotHeader>> {
+        Ok(self
+            .each()?
+            .into_iter()
+            .enumerate()
+            .filter_map(|(i, h)| match h {
+                Ok(h) => Some(h),
+                Err(e) => {
+                    log::warn!("slot {i}: its header is damaged, the slot is left out: {e}");
+                    None
+                }
+            })
+            .collect())
+    }
+
+    /// Every slot's header, in slot order, a damaged one as its error. Fails only when the
+    /// table cannot be read.
+    pub fn each(&self) -> Result<Vec<Result<SlotHeader>>> {
         let mut b = vec![0u8; self.slots as usize * SLOT_HEADER_PAIR as usize];
         self.dev
             .read_at(&mut b, SlotHeader::pair_offset(SlotId(0)))?;
-        (0..self.slots)
+        Ok((0..self.slots)
             .map(|i| {
                 let at = i as usize * SLOT_HEADER_PAIR as usize;
                 SlotHeader::newest(&b[at..at + SLOT_HEADER_PAIR as usize], SlotId(i))
             })
-            .collect()
+            .collect())
     }
 }
 

@@ -538,8 +538,13 @@ pub struct TargetsReport {
     /// Placed segments missing some shards (a failed target, or placed short), by how many
     /// more shards each could lose: `[lost-tolerance] = segments`.
     pub segments_degraded: Vec<(u64, u64)>,
-    /// Placed segments with fewer than M shards left: their chunks are unreadable.
+    /// Placed segments with fewer than M shards left, or holding a chunk no M shards gave
+    /// back verified (more shards damaged than the parity covers): their chunks are lost.
     pub segments_lost: u64,
+    /// Reads since the mount of chunks that no M shards gave back verified (EIO to the
+    /// reader, `ckptfs check` lists them). Absent from an older daemon's answer.
+    #[serde(default)]
+    pub chunks_lost_reads: u64,
     pub reconstructed_reads: u64,
     pub repaired_reads: u64,
     /// Of one slot of a space shared by several nodes: that slot (the segment counts are
@@ -762,6 +767,11 @@ pub struct Erasure {
     touched: Mutex<BTreeSet<u64>>,
     reconstructed: AtomicU64,
     repaired: AtomicU64,
+    /// Segments holding a chunk that no set of M shards gave back verified (more shards
+    /// damaged than the parity covers), with how many such reads: lost data, whatever the
+    /// targets' states say, until the segment is placed again (gc freed it). At most one
+    /// entry per placed segment.
+    lost: Mutex<BTreeMap<u64, u64>>,
     /// Shards found unreadable or damaged since the mount and not repaired (`Suspects`).
     suspects: Mutex<Suspects>,
     /// The same for other slots' segments (their owners repair them; this node only reads
@@ -945,6 +955,7 @@ impl Erasure {
             touched: Mutex::new(BTreeSet::new()),
             reconstructed: AtomicU64::new(0),
             repaired: AtomicU64::new(0),
+            lost: Mutex::new(BTreeMap::new()),
             suspects: Mutex::new(Suspects::default()),
             foreign_bad: Mutex::new(HashMap::new()),
             warnings: Warnings::default(),
@@ -1304,10 +1315,15 @@ impl Erasure {
         let all = self.all();
         let map = self.map.read();
         let sus = self.suspects.lock();
+        let found_lost = self.lost.lock();
         let (mut full, mut lost) = (0, 0);
         let mut by_tol: HashMap<u64, u64> = HashMap::new();
         for (seg, p) in map.iter().enumerate() {
             let Some(p) = p else { continue };
+            if found_lost.contains_key(&(seg as u64)) {
+                lost += 1;
+                continue;
+            }
             let ok = self.readable_shards(&all, &sus, seg as u64, p);
             if ok == self.r.shards() {
                 full += 1;
@@ -1392,6 +1408,7 @@ impl Erasure {
             segments_full: full,
             segments_degraded: degraded.into_iter().collect(),
             segments_lost: lost,
+            chunks_lost_reads: self.lost.lock().values().sum(),
             reconstructed_reads: self.reconstructed.load(Ordering::Relaxed),
             repaired_reads: self.repaired.load(Ordering::Relaxed),
             slot: None,
@@ -1944,6 +1961,18 @@ impl Erasure {
                     .map(|s| s.as_ref().map(|b| &b.as_slice()[at.clone()]))
                     .collect();
                 let damaged = self.locate_damage(&row_shards);
+                if damaged.is_empty() && self.is_lost(seg) {
+                    // More shards damaged than the parity locates, in a segment whose chunks
+                    // no M shards gave back (the chunk pass found them lost): unrecoverable.
+                    let r = r0 + row as u64;
+                    sp.unrecoverable_rows += 1;
+                    let listed = sp.unrecoverable.len();
+                    match sp.unrecoverable.last_mut() {
+                        Some(last) if last.1 == r => last.1 = r + 1,
+                        _ if listed < MAX_LISTED_ROWS => sp.unrecoverable.push((r, r + 1)),
+                        _ => {}
+                    }
+                }
                 for &i in &damaged {
                     if let Some(a) = p.shards[i] {
                         self.damaged_shard(
@@ -2084,6 +2113,7 @@ impl Placement for Erasure {
             if whole {
                 // Free, about to be written afresh: what was found of its old bytes is moot.
                 self.suspects.lock().clear_segment(seg.0);
+                self.lost.lock().remove(&seg.0);
                 return Ok(());
             }
         }
@@ -2150,6 +2180,7 @@ impl Placement for Erasure {
         map[s] = Some(p);
         // Its old shards held nothing live: what was found of them no longer matters.
         self.suspects.lock().clear_segment(seg.0);
+        self.lost.lock().remove(&seg.0);
         Ok(())
     }
 
@@ -2227,7 +2258,15 @@ impl Placement for Erasure {
                 return Ok(true);
             }
         }
-
+        // No M shards give this chunk back: more of its shards are damaged than the parity
+        // covers. Its segment's data is lost, which the status says from now on.
+        *self.lost.lock().entry(seg).or_default() += 1;
+        log::error!(
+            "segment {seg}: a chunk no set of {m} of its {} shards gives back verified: lost \
+             (more shards damaged than the redundancy {} covers)",
+            m + k,
+            self.r
+        );
         Ok(false)
     }
 }
@@ -2248,6 +2287,11 @@ fn combinations(items: &[usize], size: usize) -> Vec<Vec<usize>> {
 }
 
 impl Erasure {
+    /// Whether a read found data of segment `seg` lost (`read_repair`).
+    pub(crate) fn is_lost(&self, seg: u64) -> bool {
+        self.lost.lock().contains_key(&seg)
+    }
+
     /// How many more targets segment `seg` can lose: its shards readable now (on healthy
     /// targets, not found unreadable or damaged since the mount) less M (below 0: lost).
     /// None for a segment not placed.
@@ -2255,6 +2299,9 @@ impl Erasure {
         let all = self.all();
         let map = self.map.read();
         let p = map.get(seg as usize)?.as_ref()?;
+        if self.is_lost(seg) {
+            return Some(-1);
+        }
         let ok = self.readable_shards(&all, &self.suspects.lock(), seg, p);
         Some(ok as i64 - self.r.data as i64)
     }

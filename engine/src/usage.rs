@@ -59,6 +59,31 @@ enum Class {
     Trash,
 }
 
+/// Distinct bytes the kept revisions name (`Stats::named_chunk_bytes`): per referenced
+/// chunk, the smaller of its size and the bytes its references cover. The references are
+/// summed per chunk in passes of at most `SPLIT_CHUNKS_MAX` chunks (by hash prefix), so the
+/// memory stays bounded whatever the space holds.
+pub(crate) fn named_bytes(r: &Reader, chunks: u64) -> Result<u64> {
+    let passes = (chunks as usize).div_ceil(SPLIT_CHUNKS_MAX).max(1) as u64;
+    let mut named = 0u64;
+    for pass in 0..passes {
+        let mut refs: HashMap<u64, u64> = HashMap::new();
+        r.for_each_extent(|e| {
+            let p = prefix(&e.chunk);
+            if p % passes == pass {
+                *refs.entry(p).or_default() += e.len as u64;
+            }
+        })?;
+        r.for_each_chunk(|h, c| {
+            if let Some(n) = refs.get(&prefix(&h)) {
+                named += (*n).min(c.raw_len as u64);
+            }
+            Ok(())
+        })?;
+    }
+    Ok(named)
+}
+
 fn prefix(h: &ChunkHash) -> u64 {
     u64::from_le_bytes(h.0[..8].try_into().expect("8 bytes"))
 }

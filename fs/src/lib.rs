@@ -1913,6 +1913,120 @@ impl Fs {
         Ok(())
     }
 
+    /// The writer's own close of a save that did not fit (ENOSPC, reported to it): the file
+    /// is its last committed revision again at once, for `stat` too (before, the discarded
+    /// size showed until the release, a second or more later, whose commit retried the
+    /// save and its gc first). Its chunk pins go with the dropped state.
+    fn discard_failed_save(&self, ino: InodeId, n: &mut OpenNode) {
+        let stored = match self.record(ino) {
+            Ok(r) => r,
+            Err(e) => {
+                log::warn!(
+                    "inode {}: rereading its record after a failed save: {e}",
+                    ino.0
+                );
+                return;
+            }
+        };
+        match self.space.load_file(&stored) {
+            Ok(state) => {
+                log::info!(
+                    "inode {}: the save that did not fit was discarded; the file is its last \
+                     committed revision ({} bytes)",
+                    ino.0,
+                    stored.size
+                );
+                n.file = state;
+                n.rec = stored;
+                n.clip = None;
+            }
+            Err(e) => log::warn!("inode {}: reloading its last revision: {e}", ino.0),
+        }
+    }
+
+    /// Commits this slot's layer `ino` now if an O_TRUNC of it waits for its close to be
+    /// recorded (a shared namespace; see `sh_setattr`).
+    pub(crate) fn commit_pending_clip(&self, ino: InodeId) -> Result<()> {
+        let Some(node) = self.open_node(ino) else {
+            return Ok(());
+        };
+        let mut n = node.lock();
+        if n.clip.is_none() {
+            return Ok(());
+        }
+        self.commit_node(ino, &mut n, Seal::FsyncPoint, HandleId::NONE)
+    }
+
+    /// Commits this slot's layer `ino` now if it is open with changes (a truncate dated it
+    /// after the other layers; see `sh_setattr`).
+    pub(crate) fn commit_open_layer(&self, ino: InodeId) -> Result<()> {
+        let Some(node) = self.open_node(ino) else {
+            return Ok(());
+        };
+        let mut n = node.lock();
+        if !n.file.is_modified() && n.clip.is_none() {
+            return Ok(());
+        }
+        self.commit_node(ino, &mut n, Seal::FsyncPoint, HandleId::NONE)
+    }
+
+    /// Moves this node's descriptors that write into layer `from` over to layer `to` (a
+    /// truncate made `to` this node's top layer, `sh_setattr`): what they wrote before is
+    /// committed in `from` first, as the layer it was written into; their later writes go to
+    /// `to`. Each handle leaves `from` and enters `to` under the open table's lock, so a
+    /// request on it finds one or the other.
+    pub(crate) fn move_writers(&self, from: InodeId, to: InodeId) -> Result<()> {
+        let Some(old) = self.open_node(from) else {
+            return Ok(());
+        };
+        let fhs: Vec<HandleId> = {
+            let n = old.lock();
+            n.handles
+                .iter()
+                .filter(|(_, h)| h.writer)
+                .map(|(f, _)| *f)
+                .collect()
+        };
+        if fhs.is_empty() {
+            return Ok(());
+        }
+        {
+            let mut n = old.lock();
+            if n.file.is_modified() || n.clip.is_some() {
+                self.commit_node(from, &mut n, Seal::FsyncPoint, HandleId::NONE)?;
+            }
+        }
+        for fh in fhs {
+            // One more writer reference of `to` for the handle (its table entry follows).
+            let new = self.open_ref(to, None, true, false)?;
+            new.lock().file.set_layered(self.space.chunks())?;
+            let h = {
+                let mut t = self.open.lock();
+                t.handles.insert(fh, (to, new.clone()));
+                let h = old.lock().handles.remove(&fh).unwrap_or_default();
+                new.lock().handles.insert(
+                    fh,
+                    Handle {
+                        writer: true,
+                        wrote: false,
+                        writer_pid: h.writer_pid,
+                        flushed: h.flushed,
+                        pending: None,
+                    },
+                );
+                h
+            };
+            log::debug!(
+                "handle {fh} (pid {}) moves from layer {} to layer {} after a truncate",
+                h.writer_pid,
+                from.0,
+                to.0
+            );
+            self.unref(from, &old, true);
+        }
+        Ok(())
+    }
+
     /// Records the truncate an O_TRUNC open of a shared namespace's layer made (`OpenNode::
     /// clip`) in the layer's version record, for publication with this commit.
     fn record_clip(&self, ino: InodeId, n: &mut OpenNode) -> Result<()> {
@@ -1989,7 +2103,12 @@ impl Fs {
             } else {
                 Seal::FsyncPoint
             };
-            self.commit_node(ino, n, seal, fh)?;
+            if let Err(e) = self.commit_node(ino, n, seal, fh) {
+                if seal_now && matches!(e, Error::Engine(ckptfs_engine::Error::NoSpace)) {
+                    self.discard_failed_save(ino, n);
+                }
+                return Err(e);
+            }
         } else if n.clip.is_some() {
             self.record_clip(ino, n)?;
         } else if seal_now && n.base.revision().0 != 0 {

@@ -33,8 +33,8 @@ pub const MAX_WRITE_BYTES: u32 = 4 << 20;
 /// (1 MiB reads, 4 MiB readahead each) took 885-1580 MiB/s at 0.74-1.34 daemon CPU-s/GiB
 /// with 16, 1084-1258 with 32, and 1770-1914 at 0.72-0.80 with 64 or 128 (2-core VM,
 /// `max_background` set through fusectl, runs alternated). Each reader keeps up to two
-/// readahead windows of 4 MiB in 1 MiB requests, 8 in flight, so 256 leaves 32 readers
-/// uncongested. It bounds no memory of the daemon's: a request in flight holds the reader's
+/// readahead windows of 4 MiB in 1 MiB requests, 8 in flight, so 256 leaves 24 readers
+/// uncongested (the kernel counts from three quarters). It bounds no memory of the daemon's: a request in flight holds the reader's
 /// page-cache pages its window already allocated, and the daemon serves requests on its
 /// fixed FUSE threads. For a mount without CAP_SYS_ADMIN the kernel lowers it to the fuse
 /// module's `max_user_bgreq` (/sys/module/fuse/parameters; 7866 on the 24 GiB VM) where
@@ -1464,6 +1464,20 @@ fn send_parts(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// What the daemon asks of the kernel for sequential readers (how the kernel then
+    /// splits reads depends on load, so that is a figure of `tests/tests/read_ahead.rs`,
+    /// not an assertion): background requests enough that 24 readers, each with two
+    /// readahead windows of `MAX_WRITE_BYTES` in 1 MiB requests in flight, stay at or under
+    /// the kernel's congestion mark (three quarters of `max_background`).
+    #[test]
+    fn the_mount_asks_for_enough_background_requests_for_24_readers() {
+        let per_reader = 2 * (MAX_WRITE_BYTES as u64 >> 20);
+        assert!(
+            24 * per_reader <= MAX_BACKGROUND as u64 * 3 / 4,
+            "{MAX_BACKGROUND}"
+        );
+    }
 
     /// The hint names the cap and the setting that lifts it, and says nothing where the
     /// cap is already at the daemon's request size or the kernel has no such setting.

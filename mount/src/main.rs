@@ -688,6 +688,7 @@ fn mount(
     let (backing, mnt) = (absolute(&backing), absolute(&mnt));
     check_backing_dir(&backing)?;
     check_mountpoint(&mnt)?;
+    check_apart(&backing, &mnt)?;
     if let Some(other) = backing_of(&mnt) {
         // A second mount on top of a live one would hide it (its files still open) and
         // leave two daemons the kernel routes requests to by whichever is on top.
@@ -1264,6 +1265,89 @@ fn answer_probes_while_held(lease: &Arc<ckptfs_engine::slots::Lease>) {
     });
 }
 
+/// Refuses a mountpoint that is the backing directory, inside it or above it: the daemon
+/// reads and writes its backing files by path, and with the mount over them each such call
+/// would come back into the daemon itself (the first create hung for good while the kernel
+/// held the directory's lock), or hide them from the daemon.
+fn check_apart(backing: &Path, mnt: &Path) -> Result<(), String> {
+    let real = |p: &Path| std::fs::canonicalize(p).unwrap_or_else(|_| p.to_path_buf());
+    let (b, m) = (real(backing), real(mnt));
+    let why = if b == m {
+        "is the backing directory itself"
+    } else if m.starts_with(&b) {
+        "is inside the backing directory"
+    } else if b.starts_with(&m) {
+        "is above the backing directory (the mount would hide it from the daemon)"
+    } else {
+        return Ok(());
+    };
+    Err(format!(
+        "the mountpoint {} {why} ({}): mount the space somewhere outside it, e.g. \
+         `ckptfs mount {} /ckpt`",
+        mnt.display(),
+        backing.display(),
+        backing.display()
+    ))
+}
+
+/// What a new space reserved for chunks, as `df`, `stats` and `ckptfs slots` will report it:
+/// whole segments (a size that is not a multiple of one is rounded down), and of a
+/// multi-slot space each slot's share less its manifest area.
+fn reserved_words(dir: &Path, asked: u64) -> Result<String, String> {
+    use ckptfs_engine::format::SlotId;
+    let sb = read_backing_dir(dir, false).map_err(|e| e.to_string())?;
+    let seg = sb.segment_bytes as u64;
+    let rounded = match sb.segments() * seg == asked {
+        true => String::new(),
+        false => format!(
+            "; {} asked, rounded down to whole {} segments",
+            human(asked),
+            human(seg)
+        ),
+    };
+    if sb.slots <= 1 {
+        return Ok(format!("{} reserved{rounded}", human(sb.segments() * seg)));
+    }
+    let shares: Vec<u64> = (0..sb.slots)
+        .map(|i| {
+            let r = sb.slot_segments(SlotId(i));
+            (r.end - r.start) * seg
+        })
+        .collect();
+    let (lo, hi) = (
+        *shares.iter().min().expect("slots"),
+        *shares.iter().max().expect("slots"),
+    );
+    let each = match lo == hi {
+        true => human(lo),
+        false => format!("{} to {}", human(lo), human(hi)),
+    };
+    Ok(format!(
+        "{} slots of {each} each for chunks, {} in all with their manifest areas{rounded}",
+        sb.slots,
+        human(sb.segments() * seg)
+    ))
+}
+
+/// Whether process `pid` still runs: it exists and has not exited. An exited daemon stays a
+/// zombie until its parent reaps it, and a daemon `mount` started in the background has
+/// init (or a container's first process) for a parent, which may reap it seconds later: an
+/// idle unmount took 2 s waiting for that.
+fn process_runs(pid: i32) -> bool {
+    // SAFETY: kill with signal 0 only checks whether the process exists.
+    if unsafe { libc::kill(pid, 0) } != 0 {
+        return false;
+    }
+    // /proc/PID/stat: "pid (comm) state ...", comm may hold spaces and parentheses.
+    match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
+        Ok(st) => st
+            .rfind(')')
+            .and_then(|i| st[i + 1..].split_whitespace().next())
+            .is_none_or(|state| state != "Z" && state != "X"),
+        Err(_) => false,
+    }
+}
+
 fn mounted_at(mnt: &Path) -> bool {
     backing_of(mnt).is_some()
 }
@@ -1301,8 +1385,7 @@ fn umount(mnt: &Path) -> Result<(), String> {
     }
     if let Some(pid) = pid {
         let start = Instant::now();
-        // SAFETY: kill with signal 0 only checks whether the process exists.
-        while unsafe { libc::kill(pid, 0) } == 0 {
+        while process_runs(pid) {
             if start.elapsed() > UMOUNT_TIMEOUT {
                 return Err(format!("daemon {pid} did not exit after unmount"));
             }
@@ -1566,15 +1649,11 @@ fn run(cli: Cli) -> Result<(), String> {
                 Space::format_targets(&dir, size, chunk, config, force, &targets, r, slots)
                     .map_err(|e| e.to_string())?;
                 mark_codec(&dir)?;
-                let shared = match slots {
-                    1 => String::new(),
-                    n => format!(", {n} slots of {} each", human(size / n as u64)),
-                };
                 println!(
-                    "ckptfs: formatted {} ({}{shared}) over {} targets, redundancy {r}: any {} \
-                     may be lost",
+                    "ckptfs: formatted {} ({}) over {} targets, redundancy {r}: any {} may be \
+                     lost",
                     dir.display(),
-                    human(size),
+                    reserved_words(&dir, size)?,
                     targets.len(),
                     r.parity
                 );
@@ -1583,15 +1662,11 @@ fn run(cli: Cli) -> Result<(), String> {
             Space::format_slots(&dir, size, chunk, config, force, slots)
                 .map_err(|e| e.to_string())?;
             mark_codec(&dir)?;
-            match slots {
-                1 => println!("ckptfs: formatted {} ({})", dir.display(), human(size)),
-                n => println!(
-                    "ckptfs: formatted {} ({}, {n} slots of {} each)",
-                    dir.display(),
-                    human(size),
-                    human(size / n as u64)
-                ),
-            }
+            println!(
+                "ckptfs: formatted {} ({})",
+                dir.display(),
+                reserved_words(&dir, size)?
+            );
             Ok(())
         }
         Cmd::Slots { dir, json } => slots::run(&absolute(&dir), json),
@@ -2050,13 +2125,23 @@ fn control_set(mnt: &Path, op: &str, value: &[u8]) -> Result<(), String> {
                 mnt.display()
             ));
         }
-        return Err(format!("{op}: {e}"));
+        return Err(format!("{}: {e}", op_word(op)));
     }
     Ok(())
 }
 
+/// The command a control request serves, as users name it (a listing goes page by page
+/// through requests named after the last revision seen).
+fn op_word(op: &str) -> &str {
+    match op.strip_prefix(fuse::REVISIONS_AFTER) {
+        Some(_) => "revisions",
+        None => op,
+    }
+}
+
 /// The last control request's failure as a sentence.
 fn control_error(op: &str) -> String {
+    let op = op_word(op);
     let e = std::io::Error::last_os_error();
     if e.raw_os_error() == Some(libc::EXDEV) {
         // A shared namespace: the file is another slot's, which keeps its revisions.
@@ -2087,7 +2172,8 @@ fn control_get(mnt: &Path, op: &str, probe: bool) -> Result<serde_json::Value, S
     if r < 0 {
         return Err(control_error(op));
     }
-    serde_json::from_slice(&buf[..r as usize]).map_err(|e| format!("{op}: bad answer: {e}"))
+    serde_json::from_slice(&buf[..r as usize])
+        .map_err(|e| format!("{}: bad answer: {e}", op_word(op)))
 }
 
 fn cmd_config(path: &Path, r: &RetentionArgs, json: bool) -> Result<(), String> {

@@ -237,6 +237,18 @@ pub fn prometheus(s: &Stats, targets: Option<&TargetsReport>, space: &str) -> St
             "1 while some data has less redundancy than the space's M+K (a failed target, or shards found unreadable or damaged and not repaired).",
         );
         o.sample("degraded", &[], if t.degraded() { 1.0 } else { 0.0 });
+        o.family(
+            "segments_lost",
+            G,
+            "Segments whose data fewer than M shards give back (too few left, or more damaged than the parity covers): lost data.",
+        );
+        o.sample("segments_lost", &[], t.segments_lost as f64);
+        o.family(
+            "lost_chunk_reads_total",
+            C,
+            "Reads of a chunk that no M shards gave back verified (EIO to the reader), since the daemon started.",
+        );
+        o.sample("lost_chunk_reads_total", &[], t.chunks_lost_reads as f64);
         if let Some(want) = crate::targets::mirrors_wanted(t) {
             o.family(
                 "metadata_mirrors",

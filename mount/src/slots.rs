@@ -73,12 +73,30 @@ fn rows(dir: &Path) -> Result<(Vec<SlotHeader>, Vec<serde_json::Value>), String>
         ));
     }
     let (table, _) = slot_table(dir, &sb, false).map_err(|e| e.to_string())?;
-    let all = table.all().map_err(|e| e.to_string())?;
+    let each = table.each().map_err(|e| e.to_string())?;
     let now = now_unix_ns();
     let seg = sb.segment_bytes as u64;
-    let rows: Vec<serde_json::Value> = all
-        .iter()
-        .map(|h| {
+    let mut all = Vec::with_capacity(each.len());
+    let rows: Vec<serde_json::Value> = each
+        .into_iter()
+        .enumerate()
+        .map(|(i, h)| {
+            let h = match h {
+                Ok(h) => h,
+                // Damaged (both copies fail their checksums): listed as such, and left out
+                // of what the commands that go slot by slot visit.
+                Err(e) => {
+                    let r = sb.slot_segments(ckptfs_engine::format::SlotId(i as u32));
+                    return serde_json::json!({
+                        "slot": i,
+                        "state": "damaged",
+                        "damage": e.to_string(),
+                        "reserved_bytes": (r.end - r.start) * seg,
+                    });
+                }
+            };
+            all.push(h.clone());
+            let h = &h;
             let r = sb.slot_segments(h.slot);
             serde_json::json!({
                 "slot": h.slot,
@@ -122,23 +140,32 @@ pub fn run(dir: &Path, json: bool) -> Result<(), String> {
         "{:>5}  {:<8} {:>5}  {:<20} {:>8}  {:>10}  {:>10}  mountpoint",
         "slot", "state", "epoch", "host", "pid", "lease age", "used"
     );
-    for (h, r) in all.iter().zip(&rows) {
-        if h.state == SlotState::Free {
+    for r in &rows {
+        if r["state"] == "free" {
+            continue;
+        }
+        if r["state"] == "damaged" {
+            println!(
+                "{:>5}  {:<8} {}",
+                r["slot"],
+                "damaged",
+                r["damage"].as_str().unwrap_or("")
+            );
             continue;
         }
         println!(
             "{:>5}  {:<8} {:>5}  {:<20} {:>8}  {:>10}  {:>10}  {}",
-            h.slot.0,
+            r["slot"],
             r["state"].as_str().unwrap_or(""),
-            h.epoch,
-            h.host,
-            h.pid,
+            r["epoch"],
+            r["host"].as_str().unwrap_or(""),
+            r["pid"],
             format!(
                 "{:.1} s",
                 r["lease_age_ms"].as_u64().unwrap_or(0) as f64 / 1000.0
             ),
-            crate::human(h.used_bytes),
-            h.mountpoint
+            crate::human(r["used_bytes"].as_u64().unwrap_or(0)),
+            r["mountpoint"].as_str().unwrap_or("")
         );
     }
     let free = all.iter().filter(|h| h.state == SlotState::Free).count();

@@ -80,8 +80,11 @@ pub fn summary_line(r: &TargetsReport) -> String {
              damaged, {short} segment(s) short of readable shards"
         ),
         (true, lost) => format!(
-            "DEGRADED: {failed} target(s) failed, {degraded} with shards found unreadable or \
-             damaged, {lost} segment(s) LOST (fewer than M readable shards)"
+            "LOST: {lost} segment(s) hold data that fewer than M shards give back ({} read(s) \
+             of a chunk no M shards gave back verified since the mount; `ckptfs check` lists \
+             the files); {failed} target(s) failed, {degraded} with shards found unreadable or \
+             damaged, {short} segment(s) short of readable shards",
+            r.chunks_lost_reads
         ),
     };
     let (rd, vf): (u64, u64) = r

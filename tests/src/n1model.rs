@@ -12,11 +12,12 @@
 //! for writing. A byte comes from the newest layer that wrote it (holes are no writes,
 //! written zeros are writes). A truncate at length L cuts every layer that started before
 //! it at L; the layer it goes to is the truncating node's top layer, or a new one on top
-//! (empty up to L), except that an `O_TRUNC` open or a truncate to 0 empties the node's
-//! newest layer and dates it after the others, and so does a truncate through a descriptor
-//! that writes into it. An `O_TRUNC` open's truncate counts from its first commit (a close
-//! or an fsync); every other change of a layer counts from the close or fsync that commits
-//! it, and a truncate by path at once.
+//! (empty up to L), into which that node's descriptors write from then on (what they wrote
+//! before is committed in their old layer first); an `O_TRUNC` open or a truncate to 0
+//! empties the node's newest layer instead and dates it after the others. An `O_TRUNC`
+//! open's truncate counts from its first commit (a close, an fsync, or a later truncate by
+//! the same node); every other change of a layer counts from the close or fsync that
+//! commits it, and a truncate by path at once.
 
 use crate::cluster::Cluster;
 use rand::rngs::SmallRng as StdRng;
@@ -133,9 +134,11 @@ impl Model {
         (self.layers.len() - 1, true)
     }
 
-    fn truncate(&mut self, layer: usize, top: bool, stamp: u64, len: u64) {
+    /// Records a truncate in `layer`; `again`: the layer was the node's top one already, so
+    /// the shorter of its cuts holds for the layers under it.
+    fn truncate(&mut self, layer: usize, again: bool, stamp: u64, len: u64) {
         let l = &mut self.layers[layer];
-        l.clip = Some(match (top, l.clip) {
+        l.clip = Some(match (again, l.clip) {
             (true, Some((_, old))) => (stamp, old.min(len)),
             _ => (stamp, len),
         });
@@ -224,8 +227,10 @@ pub fn run(seed: u64, ops: usize, nodes: Option<usize>, clients: &[std::path::Pa
                     };
                     log.push(format!("n{n} truncate {len}"));
                     let stamp = model.tick();
+                    let before = model.layers.len();
                     let (layer, top) = model.layer_for(n, stamp, len == 0);
-                    model.truncate(layer, top, stamp, len as u64);
+                    let made = model.layers.len() > before;
+                    model.truncate(layer, top && !made, stamp, len as u64);
                     if len == 0 {
                         model.layers[layer].bytes.clear();
                     }
@@ -304,14 +309,34 @@ pub fn run(seed: u64, ops: usize, nodes: Option<usize>, clients: &[std::path::Pa
                         .set_len(len as u64)
                         .unwrap_or_else(|e| panic!("seed {seed}: ftruncate: {e}\n{log:#?}"));
                     let stamp = model.tick();
-                    // Through a descriptor that writes: its layer takes the truncate.
-                    let (layer, top) = model.layer_for(n, stamp, true);
-                    assert_eq!(
-                        layer, h.layer,
-                        "the descriptor's layer is the node's newest"
-                    );
-                    model.truncate(layer, top, stamp, len as u64);
+                    // An O_TRUNC still to be recorded is committed first.
+                    if h.clip.is_some() {
+                        commit(&mut model, &mut h);
+                    }
+                    let before = model.layers.len();
+                    let (layer, top) = model.layer_for(n, stamp, len == 0);
+                    let made = model.layers.len() > before;
+                    if made {
+                        // A new top layer: what the descriptor wrote is committed in its old
+                        // layer, and it writes into the new one from now on.
+                        commit(&mut model, &mut h);
+                        h.layer = layer;
+                        h.live = Vec::new();
+                    } else {
+                        assert_eq!(
+                            layer, h.layer,
+                            "the descriptor's layer is the node's newest"
+                        );
+                    }
+                    model.truncate(layer, top && !made, stamp, len as u64);
+                    if len == 0 {
+                        h.live.clear();
+                    }
                     resize(&mut h.live, len);
+                    if !top {
+                        // Dated after the others: committed at once.
+                        commit(&mut model, &mut h);
+                    }
                     handles[n] = Some(h);
                 } else if roll < 72 {
                     log.push(format!("n{n} fsync"));

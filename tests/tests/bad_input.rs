@@ -389,6 +389,31 @@ fn second_mount_and_bad_mountpoints_are_refused() {
         &["mountpoint", "not a directory"],
         &[&backing, &file],
     );
+    // A mountpoint that is the backing directory, inside it or above it (the first create
+    // through such a mount hung for good: the daemon's own backing-file calls came back
+    // into it).
+    assert_refused(
+        other.path(),
+        &[os("mount"), backing.as_os_str(), backing.as_os_str()],
+        &["mountpoint", "is the backing directory itself"],
+        &[&backing],
+    );
+    let inside = backing.join("inside");
+    fs::create_dir(&inside).unwrap();
+    assert_refused(
+        other.path(),
+        &[os("mount"), backing.as_os_str(), inside.as_os_str()],
+        &["mountpoint", "inside the backing directory"],
+        &[&backing],
+    );
+    fs::remove_dir(&inside).unwrap();
+    let above = backing.parent().expect("the backing directory's parent");
+    assert_refused(
+        other.path(),
+        &[os("mount"), backing.as_os_str(), above.as_os_str()],
+        &["mountpoint", "above the backing directory"],
+        &[&backing],
+    );
     // Bad option values never reach the space either.
     for (args, words) in [
         (vec!["--threads", "0"], &["invalid value", "--threads"][..]),

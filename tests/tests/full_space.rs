@@ -483,3 +483,49 @@ fn a_full_backing_filesystem_refuses_new_data_and_loses_nothing() {
     let report = m.ckptfs_ok(&[OsStr::new("check"), backing.as_os_str()]);
     assert!(report.contains("clean"), "{report}");
 }
+
+/// A save whose close found no room (ENOSPC at close: its bytes were held as dirty blocks
+/// until then) leaves the file at its last committed revision at once: `stat` right after
+/// the failed close shows that size, not the discarded one.
+#[test]
+fn a_close_that_did_not_fit_leaves_the_committed_size() {
+    use std::os::unix::fs::FileExt;
+    let m = TestMount::with_format_args("128M", &["--keep-revisions", "1"]);
+    // 96 MiB kept of 128 (gc keeps a segment in reserve): the next 30 MiB cannot fit.
+    let keep = ckptfs_tests::pattern(51, 48 << 20);
+    ckptfs_tests::write_file_checked(&m.path("keep"), &keep).expect("first file fits");
+    let keep2 = ckptfs_tests::pattern(53, 48 << 20);
+    ckptfs_tests::write_file_checked(&m.path("keep2"), &keep2).expect("second file fits");
+    ckptfs_tests::write_file_checked(&m.path("late"), b"committed").expect("small file fits");
+    // 30 MiB in 64 KiB blocks, back to front (held as dirty blocks, under their 32 MiB cap).
+    let f = fs::OpenOptions::new()
+        .write(true)
+        .truncate(true)
+        .open(m.path("late"))
+        .unwrap();
+    const BLOCK: usize = 64 << 10;
+    let mut failed = None;
+    for b in (0..480).rev() {
+        let mut buf = vec![0u8; BLOCK];
+        fill_pattern(52, (b * BLOCK) as u64, &mut buf);
+        if let Err(e) = f.write_all_at(&buf, (b * BLOCK) as u64) {
+            failed = Some(e);
+            break;
+        }
+    }
+    let err = match failed {
+        Some(e) => {
+            drop(f);
+            e
+        }
+        None => close_checked(f).expect_err("30 MiB more than the free space must not fit"),
+    };
+    assert_eq!(err.raw_os_error(), Some(libc::ENOSPC), "{err}");
+    let len = fs::metadata(m.path("late")).unwrap().len();
+    assert!(
+        len == 0 || len == b"committed".len() as u64,
+        "stat right after the failed save shows {len} bytes, not a committed size"
+    );
+    ckptfs_tests::assert_file_eq(&m.path("keep"), &keep);
+    ckptfs_tests::assert_file_eq(&m.path("keep2"), &keep2);
+}

@@ -140,3 +140,27 @@ fn a_backing_file_deleted_through_the_other_client_fails_both_nodes() {
         c.unmount_failing(node);
     }
 }
+
+/// Rotation across nodes (tests/tests/rotation.rs) with the nodes on two clients: node 0
+/// removes the oldest step, files of the nodes on the other client included, and every slot
+/// gets its space back. `CKPTFS_GLUSTER_ROTATION_STEPS` (default 10).
+#[test]
+fn rotating_steps_across_nodes_on_glusterfs() {
+    let Some(c) = clients("rotating_steps_across_nodes_on_glusterfs") else {
+        return;
+    };
+    let seed = ckptfs_tests::test_seed("rotating_steps_across_nodes_on_glusterfs", 5);
+    let steps = env_usize("CKPTFS_GLUSTER_ROTATION_STEPS", 10);
+    ckptfs_tests::rotation::rotate_across_nodes(&c, 3, steps, 24, 5, 3, seed);
+}
+
+/// N-1 writes from several nodes (tests/tests/n1_model.rs) with the nodes on two clients.
+/// `CKPTFS_GLUSTER_N1_OPS` (default 80).
+#[test]
+fn n1_writes_on_glusterfs_read_back_as_the_model() {
+    let Some(c) = clients("n1_writes_on_glusterfs_read_back_as_the_model") else {
+        return;
+    };
+    let seed = ckptfs_tests::test_seed("n1_writes_on_glusterfs_read_back_as_the_model", 9);
+    ckptfs_tests::n1model::run(seed, env_usize("CKPTFS_GLUSTER_N1_OPS", 80), None, &c);
+}

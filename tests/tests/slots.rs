@@ -1210,6 +1210,58 @@ fn files_another_node_removed_are_reclaimed_unless_held_open() {
     assert_eq!(dropped, 2, "the two released files' revisions go too");
 }
 
+/// A slot whose header is damaged (both copies) fails that slot only: `ckptfs slots` lists
+/// it as damaged, the healthy slot mounts (by choice and by `--slot`) and reads its files,
+/// and a mount of the damaged slot is refused naming the damage.
+#[test]
+fn a_damaged_slot_header_fails_that_slot_only() {
+    use std::os::unix::fs::FileExt;
+    let mut c = Cluster::new(2, "512M", 2, Duration::from_secs(5));
+    c.mount(0, &["--slot", "0"]);
+    c.mount(1, &["--slot", "1"]);
+    fs::write(c.path(0, "zero"), pattern(1, 300_000)).unwrap();
+    fs::write(c.path(1, "one"), pattern(2, 300_000)).unwrap();
+    c.unmount(1);
+    c.unmount(0);
+    // Both copies of slot 1's header: a few bytes in the middle of each.
+    let f = fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open(c.backing.join("slots/headers"))
+        .unwrap();
+    for copy in 0..2u64 {
+        let at = 4096 + 8192 + copy * 4096 + 64;
+        let mut b = [0u8; 16];
+        f.read_exact_at(&mut b, at).unwrap();
+        for x in b.iter_mut() {
+            *x ^= 0x5a;
+        }
+        f.write_all_at(&b, at).unwrap();
+    }
+    f.sync_all().unwrap();
+    let backing = c.backing.clone();
+    let (st, out, err) = c.ckptfs(&["slots".into(), backing.clone().into()]);
+    assert!(st.success(), "ckptfs slots with a damaged slot: {out}{err}");
+    assert!(out.contains("damaged"), "slot 1 listed as damaged: {out}");
+    let rows = c.slots();
+    assert_eq!(rows[1]["state"], "damaged", "{rows:#}");
+    assert_eq!(rows[0]["state"], "released", "{rows:#}");
+    c.mount(0, &[]);
+    assert_file_eq(&c.path(0, "zero"), &pattern(1, 300_000));
+    c.unmount(0);
+    c.mount(0, &["--slot", "0"]);
+    assert_file_eq(&c.path(0, "zero"), &pattern(1, 300_000));
+    let (st, out, err) = c.try_mount(1, &["--slot", "1"]);
+    assert!(
+        !st.success(),
+        "a mount of the damaged slot must be refused: {out}{err}"
+    );
+    assert!(
+        err.contains("slot 1") && err.contains("checksum"),
+        "the refusal names the slot and the damage: {err}"
+    );
+}
+
 /// N-1 across nodes: 4 nodes write disjoint parts of one file (segmented: a quarter each;
 /// strided: every 4th 64 KiB block each), opening it without O_TRUNC as MPI-IO does; once
 /// all closed, every node reads the same, whole file.

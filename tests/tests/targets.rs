@@ -442,12 +442,47 @@ fn damaged_shards_are_repaired_and_three_never_read_wrong() {
         }
     }
     assert!(failed > 0, "3 damaged targets and every read passed");
+    // Past K the status says lost, with counts, before and after `check` (before, it said
+    // full redundancy: every target's file was there, so no state was short).
+    let lost_said = |m: &mut TestMount, when: &str| {
+        let t = targets_json(m);
+        assert!(t["segments_lost"].as_u64() > Some(0), "{when}: {t:#}");
+        assert!(t["chunks_lost_reads"].as_u64() > Some(0), "{when}: {t:#}");
+        let mnt = m.mnt().to_path_buf();
+        let text = m.ckptfs_ok(&[OsStr::new("targets"), mnt.as_os_str()]);
+        assert!(
+            text.contains("LOST") && !text.contains("(full)"),
+            "{when}: `ckptfs targets` must say LOST:\n{text}"
+        );
+        let stats = m.ckptfs_ok(&[OsStr::new("stats"), mnt.as_os_str()]);
+        assert!(
+            stats.contains("LOST"),
+            "{when}: `ckptfs stats` must say LOST:\n{stats}"
+        );
+        let prom = m.ckptfs_ok(&[
+            OsStr::new("stats"),
+            mnt.as_os_str(),
+            OsStr::new("--prometheus"),
+        ]);
+        assert!(
+            prom.lines()
+                .any(|l| l.starts_with("ckptfs_segments_lost{") && !l.ends_with(" 0")),
+            "{when}: Prometheus must count the lost segments:\n{prom}"
+        );
+    };
+    lost_said(&mut m, "after the reads");
     let (code, v) = check_json(&mut m);
     assert_ne!(code, 0, "{v}");
     assert!(
         !v["damaged_revisions"].as_array().unwrap().is_empty(),
         "{v}"
     );
+    assert!(
+        v["parity"]["rows_unrecoverable"].as_u64() > Some(0),
+        "the parity summary counts the unrecoverable rows: {:#}",
+        v["parity"]
+    );
+    lost_said(&mut m, "after check");
 }
 
 /// Two targets fail (EIO, sticky) at seeded moments while checkpoints are written and

@@ -221,6 +221,12 @@ pub struct Stats {
     pub stored_bytes: u64,
     /// Uncompressed size of all distinct committed chunks.
     pub raw_chunk_bytes: u64,
+    /// Distinct bytes the kept revisions name: per chunk its size, or what its references
+    /// cover if less (a chunk a truncate cut, one a later write covered in part), nothing
+    /// for a chunk gc has yet to free. What `dedup_ratio` divides by, so it is never below
+    /// 1. Absent from an older daemon's answer, hence the default.
+    #[serde(default)]
+    pub named_chunk_bytes: u64,
     pub chunks: u64,
     pub files: u64,
     pub dirs: u64,
@@ -285,7 +291,7 @@ impl Stats {
     /// revisions only would read as if the space held something deduplicated.
     pub fn dedup_ratio(&self) -> Option<f64> {
         (self.logical_bytes > 0).then_some(())?;
-        ratio(self.referenced_bytes, self.raw_chunk_bytes)
+        ratio(self.referenced_bytes, self.named_chunk_bytes)
     }
     /// Distinct chunk bytes per stored byte: how much compression saves. None when nothing
     /// is stored.
@@ -1558,6 +1564,7 @@ impl Space {
             s.raw_chunk_bytes += c.raw_len as u64;
             Ok(())
         })?;
+        s.named_chunk_bytes = crate::usage::named_bytes(&r, s.chunks)?;
         s.split = crate::usage::split(&r, s.stored_bytes)?;
         Ok(s)
     }

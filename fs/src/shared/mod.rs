@@ -835,19 +835,6 @@ impl Fs {
         Ok((ino, true))
     }
 
-    /// Whether handle `fh` is open for writing on this slot's inode `ino`.
-    fn writes_through(&self, fh: HandleId, ino: InodeId) -> bool {
-        if fh == HandleId::NONE {
-            return false;
-        }
-        let node = match self.open.lock().handles.get(&fh) {
-            Some((i, n)) if *i == ino => n.clone(),
-            _ => return false,
-        };
-        let n = node.lock();
-        n.handles.get(&fh).is_some_and(|h| h.writer)
-    }
-
     /// Changes the version record of this slot's version `ino` and publishes it.
     fn set_version(&self, ino: InodeId, f: impl FnOnce(&mut VersionMeta)) -> Result<()> {
         self.space.ns_write(true, |t| -> Result<()> {
@@ -1140,24 +1127,38 @@ impl Fs {
                     // layer takes it: this node's top one (its bytes below `size` stay where
                     // they were); else a new one on top, empty up to `size`, so this node's
                     // older layer keeps its place under the layers that came after it
-                    // (dating that one after them would put its bytes over theirs). A
-                    // truncate to 0 empties it (nothing to put over anything), and one this
-                    // node makes while it writes through its older layer keeps that layer,
-                    // so the writes that follow land in what the truncate left.
-                    let newest = self
-                        .versions_of(obj)
-                        .into_iter()
-                        .filter(|v| v.slot == me)
-                        .max_by_key(|v| v.meta.created)
-                        .map(|v| v.id);
-                    // (Through the descriptor, not "open here": a close's release comes
-                    // some time after it, and a truncate by path must not depend on it.)
-                    let reuse = size == 0 || newest.is_some_and(|i| self.writes_through(s.fh, i));
-                    let (layer, top) = self.my_layer(obj, stamp, reuse)?;
+                    // (dating that one after them would put its bytes over theirs), and this
+                    // node's descriptors that write go on in the new one (what they wrote
+                    // before is committed in the old one first). A truncate to 0 empties
+                    // this node's newest layer instead and dates it after the others
+                    // (nothing of it to put over anything).
+                    let mine = |fs: &Self| -> Vec<InodeId> {
+                        let mut v: Vec<V> = fs
+                            .versions_of(obj)
+                            .into_iter()
+                            .filter(|v| v.slot == me)
+                            .collect();
+                        v.sort_by_key(|v| v.meta.created);
+                        v.into_iter().map(|v| v.id).collect()
+                    };
+                    // An O_TRUNC of this node's that its close has yet to record goes first:
+                    // a layer records its last truncate only, so truncates are recorded in
+                    // the order they were made.
+                    for v in mine(self) {
+                        self.commit_pending_clip(v)?;
+                    }
+                    let before = mine(self);
+                    let (layer, top) = self.my_layer(obj, stamp, size == 0)?;
+                    let made = !before.contains(&layer);
+                    if made {
+                        for v in &before {
+                            self.move_writers(*v, layer)?;
+                        }
+                    }
                     self.set_version(layer, |m| {
                         // Cut twice by the top layer: every other layer started before both
                         // truncates, so the shorter cut holds for them.
-                        m.clip_len = match top && m.clip_stamp != 0 {
+                        m.clip_len = match top && !made && m.clip_stamp != 0 {
                             true => m.clip_len.min(size),
                             false => size,
                         };
@@ -1171,6 +1172,11 @@ impl Fs {
                             ..SetAttr::default()
                         },
                     )?;
+                    if !top {
+                        // Dated after the other layers now: its emptied content must be
+                        // what they see there, not its last commit's until the close.
+                        self.commit_open_layer(layer)?;
+                    }
                     self.sh_touch(&[layer]);
                     self.sh_publish_pending()?;
                 }
