@@ -659,6 +659,22 @@ impl CkptFs {
                     "more": more,
                 })))
             }
+            ("cost", None) => {
+                // `ckptfs report` of another slot's file (its revisions are that slot's).
+                let path = self.fs.selection(pid).ok_or_else(einval)?;
+                let c = self
+                    .fs
+                    .published_cost(&path)
+                    .map_err(|e| fail_json("report", e))?;
+                Ok(to_json(match c {
+                    Some((size, committed_unix, stored)) => serde_json::json!({
+                        "size": size,
+                        "committed_unix": committed_unix,
+                        "stored": stored,
+                    }),
+                    None => serde_json::Value::Null,
+                }))
+            }
             ("history", None) => {
                 let path = self.fs.selection(pid).ok_or_else(einval)?;
                 let hid = self

@@ -2145,10 +2145,7 @@ fn control_error(op: &str) -> String {
     let e = std::io::Error::last_os_error();
     if e.raw_os_error() == Some(libc::EXDEV) {
         // A shared namespace: the file is another slot's, which keeps its revisions.
-        return format!(
-            "{op}: another node's slot holds this file, and its revisions: run this through \
-             a mount of that slot"
-        );
+        return format!("{op}: {CROSS_SLOT}: run this through a mount of that slot");
     }
     format!("{op}: {e}")
 }
@@ -2459,7 +2456,12 @@ fn cmd_report(path: &Path, space: Option<&Path>, svg: &Path) -> Result<(), Strin
             if name == ".ckptfs" || e.file_type().map_err(|e| e.to_string())?.is_symlink() {
                 continue;
             }
-            let p = report::step_point(&e.path(), name, &mut |f| list_revisions(f, None))?;
+            let p = report::step_point(&e.path(), name, &mut |f| {
+                list_revisions(f, None).or_else(|err| match is_cross_slot(&err) {
+                    true => published_cost(f),
+                    false => Err(err),
+                })
+            })?;
             if p.logical > 0 {
                 steps.push(p);
             }
@@ -2494,6 +2496,34 @@ fn cmd_report(path: &Path, space: Option<&Path>, svg: &Path) -> Result<(), Strin
         human(stored)
     );
     Ok(())
+}
+
+/// How a control request over a file another slot made says so (`control_error`).
+const CROSS_SLOT: &str = "another node's slot holds this file, and its revisions";
+
+/// Whether a control request failed because the file is another node's slot's.
+fn is_cross_slot(err: &str) -> bool {
+    err.contains(CROSS_SLOT)
+}
+
+/// What another slot's file costs (its slot keeps its revisions), as a one-entry revision
+/// listing for the report: its size, newest commit, and the stored bytes of its chunks.
+fn published_cost(path: &Path) -> Result<serde_json::Value, String> {
+    let (target, rel) = path_target(path, None)?;
+    let Target::Mounted { mnt } = target else {
+        return Err(format!("{}: not in a mount", path.display()));
+    };
+    control_set(&mnt, "select", &rel)?;
+    let c = control_get(&mnt, "cost", true)?;
+    if c.is_null() {
+        return Ok(serde_json::Value::Array(Vec::new()));
+    }
+    Ok(serde_json::json!([{
+        "current": true,
+        "size": c["size"],
+        "new_bytes": c["stored"],
+        "committed_unix": c["committed_unix"],
+    }]))
 }
 
 fn cmd_revisions(path: &Path, space: Option<&Path>, json: bool) -> Result<(), String> {

@@ -218,6 +218,13 @@ pub fn run(seed: u64, ops: usize, nodes: Option<usize>, clients: &[std::path::Pa
                     log.push(format!("n{n} remount"));
                     c.unmount(n);
                     c.mount(n, &[]);
+                    // `ckptfs umount` and `mount` run as child processes of this one, which
+                    // inherit every open descriptor until their exec closes it: a FLUSH from
+                    // another process, which commits what was written (unlisted, as an
+                    // fsync point) and publishes it.
+                    for h in handles.iter_mut().flatten() {
+                        commit(&mut model, h);
+                    }
                 } else if roll < 14 && !model.layers.is_empty() {
                     let size = model.merged(None).len();
                     let len = match rng.random_range(0..4) {

@@ -151,7 +151,7 @@ fn rotating_steps_across_nodes_on_glusterfs() {
     };
     let seed = ckptfs_tests::test_seed("rotating_steps_across_nodes_on_glusterfs", 5);
     let steps = env_usize("CKPTFS_GLUSTER_ROTATION_STEPS", 10);
-    ckptfs_tests::rotation::rotate_across_nodes(&c, 3, steps, 24, 5, 3, seed);
+    ckptfs_tests::rotation::rotate_across_nodes(&c, 3, steps, 44, 5, 3, seed);
 }
 
 /// N-1 writes from several nodes (tests/tests/n1_model.rs) with the nodes on two clients.

@@ -1262,6 +1262,46 @@ fn a_damaged_slot_header_fails_that_slot_only() {
     );
 }
 
+/// `ckptfs report` of a directory of steps whose rank files several nodes wrote draws every
+/// rank's cost from either node (before, it failed on the first file another slot made),
+/// and `revisions` of such a file says so in words, not with an internal request name.
+#[test]
+fn a_report_of_steps_written_by_several_nodes_counts_every_rank() {
+    let mut c = Cluster::new(2, "512M", 2, Duration::from_secs(5));
+    c.mount(0, &[]);
+    c.mount(1, &[]);
+    for step in 0..2 {
+        fs::create_dir_all(c.path(0, &format!("run/step-{step}"))).unwrap();
+        for n in 0..2 {
+            let p = c.path(n, &format!("run/step-{step}/rank-{n}"));
+            fs::write(p, pattern(step * 2 + n as u64, 1 << 20)).unwrap();
+        }
+    }
+    for n in 0..2 {
+        let svg = c.root().join(format!("report-{n}.svg"));
+        let run = c.path(n, "run");
+        let (st, out, err) = c.ckptfs(&[
+            "report".into(),
+            run.into(),
+            "--svg".into(),
+            svg.clone().into(),
+        ]);
+        assert!(st.success(), "report from node {n}: {out}{err}");
+        assert!(
+            out.contains("2 checkpoint steps, 4.00 MiB logical"),
+            "node {n}: every rank of both steps counted: {out}"
+        );
+        assert!(fs::metadata(&svg).unwrap().len() > 0);
+    }
+    let other = c.path(0, "run/step-0/rank-1");
+    let (st, out, err) = c.ckptfs(&["revisions".into(), other.into()]);
+    assert!(!st.success(), "another slot's revisions: {out}");
+    assert!(
+        err.contains("revisions: another node's slot holds this file") && !err.contains("after"),
+        "{err}"
+    );
+}
+
 /// N-1 across nodes: 4 nodes write disjoint parts of one file (segmented: a quarter each;
 /// strided: every 4th 64 KiB block each), opening it without O_TRUNC as MPI-IO does; once
 /// all closed, every node reads the same, whole file.

@@ -1276,6 +1276,51 @@ impl Fs {
         }
     }
 
+    /// What the file at `path` costs as every node sees it, for `ckptfs report` of a file
+    /// another slot made (whose revisions that slot keeps): its size, its newest commit
+    /// (unix seconds), and the stored bytes of the distinct chunks its layers name (what its
+    /// revision stored, where none of them was in the space before). None for a path that
+    /// is not a regular file. Single-slot spaces report revisions instead.
+    pub fn published_cost(&self, path: &[u8]) -> Result<Option<(u64, f64, u64)>> {
+        if self.shared.is_none() {
+            return Ok(None);
+        }
+        let Some(obj) = self.resolve(path)? else {
+            return Err(Error::NotFound);
+        };
+        let vs = self.versions_of(obj);
+        if vs.first().is_none_or(|v| v.node.kind != NodeKind::File) {
+            return Ok(None);
+        }
+        let pvs: Vec<(SlotId, ckptfs_engine::manifest::PubVersion)> = vs
+            .iter()
+            .map(|v| {
+                (
+                    v.slot,
+                    ckptfs_engine::manifest::PubVersion {
+                        meta: v.meta,
+                        node: v.node.clone(),
+                    },
+                )
+            })
+            .collect();
+        let refs: Vec<(SlotId, &ckptfs_engine::manifest::PubVersion)> =
+            pvs.iter().map(|(s, v)| (*s, v)).collect();
+        let size = merge::size(&merge::layers(&refs));
+        let mut seen = std::collections::HashSet::new();
+        let mut stored = 0u64;
+        let mut newest = 0f64;
+        for v in &vs {
+            newest = newest.max(v.node.mtime.secs as f64 + v.node.mtime.nanos as f64 * 1e-9);
+            for e in v.node.extents.iter() {
+                if seen.insert(e.hash) {
+                    stored += e.stored_len as u64;
+                }
+            }
+        }
+        Ok(Some((size, newest, stored)))
+    }
+
     /// Sets how the kernel is told to drop a name another node removed (the mount's FUSE
     /// notifier). Nothing on a single-slot space, whose names only this node changes.
     pub fn set_entry_invalidator(&self, f: EntryInvalidator) {
