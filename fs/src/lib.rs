@@ -351,6 +351,9 @@ pub struct Fs {
     space_full_said: std::sync::atomic::AtomicBool,
     /// When automatic gc may next run after one that left free space below the watermark.
     auto_gc_quiet_until: Mutex<ckptfs_engine::gc::Backoff>,
+    /// The retention pass (`auto_gc_tick`): the commit count it last saw, and when it may
+    /// run next.
+    retention: Mutex<(u64, std::time::Instant)>,
     /// Of a slot of a multi-slot space: the shared namespace (`shared`).
     shared: Option<shared::Shared>,
     /// The text each open handle of `/.ckptfs/advice` read at open, so its reads agree with
@@ -370,6 +373,17 @@ pub struct Fs {
     /// `SWEEP_EVERY_BYTES` and `HELD_BYTES` unless a test sets them (`set_memory_sweep`).
     sweep_every: std::sync::atomic::AtomicU64,
     held_limit: std::sync::atomic::AtomicUsize,
+}
+
+/// How often at most the daemon applies the retention policy by itself (`retention_tick`):
+/// a minute, so a job saving every few seconds costs one gc pass a minute.
+/// `CKPTFS_RETENTION_EVERY_MS` sets it (the tests' knob).
+fn retention_every() -> std::time::Duration {
+    let ms = std::env::var("CKPTFS_RETENTION_EVERY_MS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(60_000);
+    std::time::Duration::from_millis(ms)
 }
 
 /// The open files' memory is swept after this many bytes were written (by anyone).
@@ -482,6 +496,7 @@ impl Fs {
             selections: Mutex::new(std::collections::VecDeque::new()),
             open: Mutex::new(OpenTable::default()),
             auto_gc_quiet_until: Mutex::new(Default::default()),
+            retention: Mutex::new((0, std::time::Instant::now() + retention_every())),
             space_full_said: std::sync::atomic::AtomicBool::new(false),
             data_bytes_cache: Mutex::new(HashMap::new()),
             shared,
@@ -2470,11 +2485,11 @@ impl Fs {
             return;
         };
         let space = &self.space;
-        if config.auto_gc_free_percent == 0
-            || space.is_read_only()
-            || space.is_failed()
-            || space.free_bytes() * 100 >= space.capacity() * config.auto_gc_free_percent
-        {
+        if config.auto_gc_free_percent == 0 || space.is_read_only() || space.is_failed() {
+            return;
+        }
+        if space.free_bytes() * 100 >= space.capacity() * config.auto_gc_free_percent {
+            self.retention_tick();
             return;
         }
         let now = std::time::Instant::now();
@@ -2504,6 +2519,37 @@ impl Fs {
                 "automatic gc: below the watermark; next try in {:?}",
                 b.wait()
             );
+        }
+    }
+
+    /// Retention without waiting for a full space or a person: where files were committed
+    /// since the last pass, at most once every `retention_every()`, a gc drops what the
+    /// policy no longer keeps (five saves of one `latest.pt` with `keep-revisions 2` kept
+    /// five revisions until someone ran `ckptfs gc`). Throttled as automatic gc is, and
+    /// only compacting mostly-dead segments, as a gc by hand: bounded work, and none while
+    /// nothing is committed. Off with automatic gc (`--auto-gc-free-percent 0`).
+    fn retention_tick(&self) {
+        let commits = self.space.commit_count();
+        let now = std::time::Instant::now();
+        {
+            let mut r = self.retention.lock();
+            if r.0 == commits || now < r.1 {
+                return;
+            }
+            *r = (commits, now + retention_every());
+        }
+        let opts = GcOptions {
+            throttle: Some(1.0),
+            ..GcOptions::default()
+        };
+        match self.gc_with(opts, &mut |_| {}) {
+            Ok(r) if r.revisions_dropped > 0 => log::info!(
+                "retention: dropped {} revisions outside the policy, freed {} bytes",
+                r.revisions_dropped,
+                r.bytes_freed
+            ),
+            Ok(_) => {}
+            Err(e) => log::warn!("retention pass failed: {e:?}"),
         }
     }
 

@@ -189,9 +189,19 @@ pub fn for_each_offline_slot(
 ) -> Result<Vec<SlotOutcome>, String> {
     use ckptfs_engine::format::SlotId;
     use ckptfs_engine::slots::{describe_holder, SlotRequest};
-    let (all, _) = rows(dir)?;
+    let (all, rows) = rows(dir)?;
     let now = now_unix_ns();
     let mut out = Vec::new();
+    // A damaged slot is said, not skipped: its table cannot be claimed to be looked at.
+    for r in rows.iter().filter(|r| r["state"] == "damaged") {
+        out.push((
+            r["slot"].as_u64().unwrap_or(0) as u32,
+            Err(format!(
+                "not looked at: its header is damaged ({})",
+                r["damage"].as_str().unwrap_or("")
+            )),
+        ));
+    }
     for h in all {
         if h.state == SlotState::Free {
             continue;

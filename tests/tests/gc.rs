@@ -1552,3 +1552,35 @@ fn content_generators_are_self_consistent() {
     assert_eq!(c.len() as u64, model_len(seed, 9));
     assert_eq!(&c[..8], b"CKMODEL1");
 }
+
+/// The retention policy applies without a manual gc and without a full space: five saves of
+/// one `latest.pt` with `keep-revisions 2` come down to two by the daemon's own pass (once a
+/// minute by default; `CKPTFS_RETENTION_EVERY_MS` shortens it here). Before, all five
+/// stayed until someone ran `ckptfs gc`.
+#[test]
+fn retention_applies_by_itself_after_saves() {
+    let mut m = TestMount::with_format_args("256M", &["--keep-revisions", "2"]);
+    m.unmount();
+    m.set_env("CKPTFS_RETENTION_EVERY_MS", "200");
+    m.mount();
+    for i in 0..5u64 {
+        ckptfs_tests::write_file_checked(&m.path("latest.pt"), &ckptfs_tests::pattern(i, 4 << 20))
+            .expect("save");
+    }
+    // Waits for what the daemon shows, bounded (its pass comes within a tick of 250 ms
+    // after the interval).
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let n = m.revisions("latest.pt").len();
+        if n <= 2 {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "{n} revisions of latest.pt 30 s after five saves with keep-revisions 2\n{}",
+            m.log_tail()
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    ckptfs_tests::assert_file_eq(&m.path("latest.pt"), &ckptfs_tests::pattern(4, 4 << 20));
+}

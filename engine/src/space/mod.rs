@@ -1170,6 +1170,11 @@ impl Space {
         Ok(true)
     }
 
+    /// File commits since the space was opened (`Stats::commits`).
+    pub fn commit_count(&self) -> u64 {
+        self.commits.counts().0
+    }
+
     /// The kernel forgot `n` references to `ino` (FUSE FORGET).
     pub fn forget_inode(&self, ino: InodeId, n: u64) {
         self.pins.forget(ino, n);
