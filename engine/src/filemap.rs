@@ -1609,7 +1609,7 @@ pub struct FileState {
     stream: Option<Stream>,
     /// Block index -> a block of `params.avg_bytes` bytes.
     dirty: BTreeMap<u64, Box<[u8]>>,
-    /// A layer of a file several nodes write (`set_layered`): its holes are no writes and
+    /// A layer of a file several nodes write (`into_layered`): its holes are no writes and
     /// zeros written are writes, since an older layer shows through a hole. Then a dirty
     /// block is not filled from the map, and `written` says which of its bytes were
     /// written; only those become chunks.
@@ -1653,31 +1653,14 @@ impl FileState {
         }
     }
 
-    /// Makes this the state of one layer of a file that several nodes write (N-1 across
-    /// slots): bytes it was never given stay holes, also inside a block written in part
-    /// (an older layer shows through them), and all-zero pieces are stored as chunks (a
-    /// written zero hides the older layers' bytes). Dirty blocks from before are flushed
-    /// first: they were filled from this layer's own map, which is the same content.
-    pub fn set_layered(&mut self, c: &dyn ChunkIo) -> Result<()> {
-        if self.layered {
-            return Ok(());
-        }
-        if !self.dirty.is_empty() {
-            self.flush_dirty(c)?;
-        }
-        self.layered = true;
-        Ok(())
-    }
-
-    /// A new state made layered (`set_layered`) before anything was written to it.
+    /// Makes a new state the state of one layer of a file that several nodes write (N-1
+    /// across slots), before anything was written to it: bytes it is not given stay holes,
+    /// also inside a block written in part (an older layer shows through them), and all-zero
+    /// pieces are stored as chunks (a written zero hides the older layers' bytes).
     pub fn into_layered(mut self) -> Self {
         debug_assert!(self.dirty.is_empty() && self.stream.is_none());
         self.layered = true;
         self
-    }
-
-    pub fn is_layered(&self) -> bool {
-        self.layered
     }
 
     /// Hands over the pins taken since the last call; dropping them releases them, which

@@ -1959,27 +1959,15 @@ impl Fs {
         }
     }
 
-    /// Commits this slot's layer `ino` now if an O_TRUNC of it waits for its close to be
-    /// recorded (a shared namespace; see `sh_setattr`).
-    pub(crate) fn commit_pending_clip(&self, ino: InodeId) -> Result<()> {
+    /// Commits this slot's layer `ino` now if it is open with an O_TRUNC its close has yet
+    /// to record, or (unless `clip_only`) with any change: a truncate of a shared
+    /// namespace's file orders its layers by these commits (see `sh_setattr`).
+    pub(crate) fn commit_open_layer(&self, ino: InodeId, clip_only: bool) -> Result<()> {
         let Some(node) = self.open_node(ino) else {
             return Ok(());
         };
         let mut n = node.lock();
-        if n.clip.is_none() {
-            return Ok(());
-        }
-        self.commit_node(ino, &mut n, Seal::FsyncPoint, HandleId::NONE)
-    }
-
-    /// Commits this slot's layer `ino` now if it is open with changes (a truncate dated it
-    /// after the other layers; see `sh_setattr`).
-    pub(crate) fn commit_open_layer(&self, ino: InodeId) -> Result<()> {
-        let Some(node) = self.open_node(ino) else {
-            return Ok(());
-        };
-        let mut n = node.lock();
-        if !n.file.is_modified() && n.clip.is_none() {
+        if n.clip.is_none() && (clip_only || !n.file.is_modified()) {
             return Ok(());
         }
         self.commit_node(ino, &mut n, Seal::FsyncPoint, HandleId::NONE)
@@ -2005,16 +1993,10 @@ impl Fs {
         if fhs.is_empty() {
             return Ok(());
         }
-        {
-            let mut n = old.lock();
-            if n.file.is_modified() || n.clip.is_some() {
-                self.commit_node(from, &mut n, Seal::FsyncPoint, HandleId::NONE)?;
-            }
-        }
+        self.commit_open_layer(from, false)?;
         for fh in fhs {
             // One more writer reference of `to` for the handle (its table entry follows).
             let new = self.open_ref(to, None, true, false)?;
-            new.lock().file.set_layered(self.space.chunks())?;
             let h = {
                 let mut t = self.open.lock();
                 t.handles.insert(fh, (to, new.clone()));

@@ -780,9 +780,10 @@ impl Fs {
 
     /// This slot's version of `obj` to write into: its newest one if that is the top layer
     /// (no other slot's layer started, and no other slot truncated, after it), else a new
-    /// layer. With `reuse_newest` (O_TRUNC and truncates to 0, which empty it; a truncate
-    /// while this node writes through it), the newest one serves even below other layers:
-    /// its commit dates it after them. Returns the local inode and whether it was the top.
+    /// layer. With `reuse_newest` (O_TRUNC and truncates to 0, which empty it), the newest
+    /// one serves even below other layers: its commit dates it after them. (Every file state
+    /// of a shared namespace keeps its holes and zeros as written: `Space::load_file`.)
+    /// Returns the local inode and whether it was the top.
     fn my_layer(&self, obj: InodeId, stamp: u64, reuse_newest: bool) -> Result<(InodeId, bool)> {
         let me = self.sh().me;
         let vs = self.versions_of(obj);
@@ -889,9 +890,6 @@ impl Fs {
         let stamp = self.space.stamp();
         let (layer, _) = self.my_layer(obj, stamp, truncate)?;
         let node = self.open_ref(layer, Some(fh), true, truncate)?;
-        // A layer of a file several nodes write: its holes must stay holes and its zeros
-        // writes, or it would hide (or show) the other layers' bytes.
-        node.lock().file.set_layered(self.space.chunks())?;
         if truncate {
             // O_TRUNC cuts the other layers when this one's next commit (the close) is
             // published, as it empties this one: other nodes see the file emptied and
@@ -1145,7 +1143,7 @@ impl Fs {
                     // a layer records its last truncate only, so truncates are recorded in
                     // the order they were made.
                     for v in mine(self) {
-                        self.commit_pending_clip(v)?;
+                        self.commit_open_layer(v, true)?;
                     }
                     let before = mine(self);
                     let (layer, top) = self.my_layer(obj, stamp, size == 0)?;
@@ -1175,7 +1173,7 @@ impl Fs {
                     if !top {
                         // Dated after the other layers now: its emptied content must be
                         // what they see there, not its last commit's until the close.
-                        self.commit_open_layer(layer)?;
+                        self.commit_open_layer(layer, false)?;
                     }
                     self.sh_touch(&[layer]);
                     self.sh_publish_pending()?;
