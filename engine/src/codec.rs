@@ -71,12 +71,17 @@ pub fn encode(data: &[u8], policy: Policy) -> (Codec, Option<Vec<u8>>) {
             return shuffled_or_raw(data, width);
         }
     }
-    let probes = probe(data);
+    encode_lz4(data, policy, &probe(data))
+}
+
+/// LZ4 or raw under `policy` (`Lz4` also byte-shuffles a storm chunk first where that pays),
+/// with the chunk's `probes` taken.
+fn encode_lz4(data: &[u8], policy: Policy, probes: &Probes) -> (Codec, Option<Vec<u8>>) {
     if probes.incompressible {
         return (Codec::Raw, None);
     }
-    if policy == Policy::Lz4 && probes.storm {
-        if let Some(width) = storm_shuffle_width(data, &probes) {
+    if policy != Policy::Lz4Plain && probes.storm {
+        if let Some(width) = storm_shuffle_width(data, probes) {
             return shuffled_or_raw(data, width);
         }
     }
@@ -101,8 +106,17 @@ pub fn encode(data: &[u8], policy: Policy) -> (Codec, Option<Vec<u8>>) {
 /// where it stores no more than `STREAK_SLACK` times the fraction the probed chunk did. Anything
 /// else (random bytes, text, zeros, a field, an array that shuffles worse) fails one of the
 /// two, takes the full decision and ends the streak or starts a new one.
+///
+/// The float policy keeps a streak too: the transform of the last chunk it stored with the
+/// float codec and the fraction stored. A next chunk that LZ4's probes find nothing in (a
+/// tensor's next chunk) is planned for that transform only (`float::choose_for`, a quarter
+/// of the sample work) and kept where its estimate is within `FLOAT_STREAK_SLACK` of that
+/// fraction; anything else takes the full choice.
 #[derive(Clone, Copy, Debug, Default)]
-pub struct Streak(Option<(usize, f32)>);
+pub struct Streak {
+    storm: Option<(usize, f32)>,
+    float: Option<(float::Transform, f32)>,
+}
 
 /// How much worse than the probed chunk of a streak a later chunk may compress shuffled and
 /// still be taken as the same kind of array (`Streak`). Chunks of one array vary by a few
@@ -114,11 +128,14 @@ const STREAK_SLACK: f32 = 1.25;
 /// updated for the one after (see `Streak`). Stores the same codecs as `encode`; under the
 /// default policy, a chunk that continues a storm skips the probes.
 pub fn encode_after(data: &[u8], policy: Policy, streak: &mut Streak) -> (Codec, Option<Vec<u8>>) {
+    if policy == Policy::Float {
+        return encode_float_after(data, streak);
+    }
     if policy != Policy::Lz4 || data.len() < 4 * PROBE_BYTES {
         *streak = Streak::default();
         return encode(data, policy);
     }
-    if let Some((width, fraction)) = streak.0.filter(|_| still_a_storm(data)) {
+    if let Some((width, fraction)) = streak.storm.filter(|_| still_a_storm(data)) {
         let shuffled = lz4_flex::block::compress(&shuffle(data, width));
         let bound = (fraction * STREAK_SLACK * data.len() as f32).min(data.len() as f32 - 1.0);
         if shuffled.len() as f32 <= bound {
@@ -126,9 +143,38 @@ pub fn encode_after(data: &[u8], policy: Policy, streak: &mut Streak) -> (Codec,
         }
     }
     let (codec, out) = encode(data, policy);
-    streak.0 = match (codec, &out) {
+    streak.storm = match (codec, &out) {
         (Codec::Shuffle4Lz4, Some(o)) => Some((4, o.len() as f32 / data.len() as f32)),
         (Codec::Shuffle8Lz4, Some(o)) => Some((8, o.len() as f32 / data.len() as f32)),
+        _ => None,
+    };
+    (codec, out)
+}
+
+/// How much above the fraction the float codec stored of the chunk before a chunk's
+/// estimate under the same transform may be and still continue the streak (`Streak`):
+/// chunks of one tensor differ by a point or two; another dtype or layout by far more.
+const FLOAT_STREAK_SLACK: f32 = 1.05;
+
+/// `encode_after` under the float policy (see `Streak`).
+fn encode_float_after(data: &[u8], streak: &mut Streak) -> (Codec, Option<Vec<u8>>) {
+    if let Some((t, fraction)) = streak.float.filter(|_| data.len() >= 4 * PROBE_BYTES) {
+        // Only where LZ4 would store the chunk raw: then a frame smaller than the chunk is
+        // smaller than what `lz4` stores, as `encode_float` promises.
+        if probe(data).incompressible {
+            let (plan, est) = float::choose_for(data, t);
+            if est <= fraction * FLOAT_STREAK_SLACK + 0.01 && est < FLOAT_MIN_GAIN {
+                let frame = float::encode_plan(data, plan);
+                if frame.len() < data.len() {
+                    streak.float = Some((t, frame.len() as f32 / data.len() as f32));
+                    return (Codec::Float(t), Some(frame));
+                }
+            }
+        }
+    }
+    let (codec, out) = encode_float(data);
+    streak.float = match (codec, &out) {
+        (Codec::Float(t), Some(o)) => Some((t, o.len() as f32 / data.len() as f32)),
         _ => None,
     };
     (codec, out)
@@ -155,17 +201,24 @@ const FLOAT_MIN_BYTES: usize = 1024;
 /// The float codec is run only where its estimate is at least this much below LZ4's size:
 /// a near tie is not worth encoding twice (the estimate is within a few percent).
 const FLOAT_MIN_GAIN: f32 = 0.98;
+/// How far `float::quick_floor` of a chunk may sit below its true floor by sampling noise:
+/// on random bytes it ranged 0.970-0.999 (200 chunks), so a floor above `lz4 * 0.98 - 0.02`
+/// sends random chunks past the float codec without a full choice; what it also sends
+/// past is data the float codec could shrink by 2-4% at most.
+const QUICK_FLOOR_NOISE: f32 = 0.02;
 /// In a storm, the float codec's estimate must be at least this far below the probes' LZ4
 /// ratio for the frame to be tried before LZ4 (`encode_float`).
 const FLOAT_STORM_GAIN: f32 = 0.9;
 
-/// The `float` policy: the float codec where it is smaller than LZ4, else LZ4 or raw, so no
-/// chunk is stored larger than under `lz4`.
+/// The `float` policy: the float codec where it is smaller than what the `lz4` policy
+/// stores, else that, so no chunk is stored larger than under `lz4`.
 ///
-/// CPU per chunk: a histogram of a 4 KiB sample to choose the transform and estimate the
-/// size (`float::choose`); LZ4, unless its three probes find nothing to compress; then the
-/// float encoding only where the estimate beats LZ4. On float weights LZ4 is skipped by the
-/// probes, on text and zeros the float encoding is skipped by the estimate.
+/// CPU per chunk: the LZ4 probes `lz4` takes anyway; a floor under the float codec's
+/// fraction from a 1 KiB sample (`float::quick_floor`, about a microsecond): where it is not
+/// below what LZ4 stores of the probes (random bytes, text, logs), the chunk is stored as
+/// `lz4` stores it and nothing else is spent. Otherwise a plan and estimate from a 4 KiB
+/// sample (`float::choose`); the `lz4` encoding, unless its probes found nothing to
+/// compress (float weights); then the float frame only where the estimate beats it.
 ///
 /// In a storm (`Probes::storm`: LZ4 would take a short match every few bytes, at 0.25-0.37
 /// GiB/s, the slowest step by far) whose estimate is clearly below what LZ4 made of the
@@ -175,37 +228,42 @@ const FLOAT_STORM_GAIN: f32 = 0.9;
 /// with the chunk's own LZ4.
 fn encode_float(data: &[u8]) -> (Codec, Option<Vec<u8>>) {
     if data.len() < FLOAT_MIN_BYTES {
-        return encode(data, Policy::Lz4Plain);
+        return encode(data, Policy::Lz4);
     }
-    let (t, est) = float::choose(data);
     let probes = probe(data);
+    let lz4_guess = if probes.incompressible {
+        1.0
+    } else {
+        probes.ratio
+    };
+    if float::quick_floor(data)
+        .is_some_and(|floor| floor + QUICK_FLOOR_NOISE >= lz4_guess * FLOAT_MIN_GAIN)
+    {
+        return encode_lz4(data, Policy::Lz4, &probes);
+    }
+    let (plan, est) = float::choose(data);
     let mut frame = None;
     if probes.storm && est < probes.ratio * FLOAT_STORM_GAIN {
-        let f = float::encode(data, t);
+        let f = float::encode_plan(data, plan);
         if (f.len() as f32) < probes.ratio * data.len() as f32 * FLOAT_MIN_GAIN {
-            return (Codec::Float(t), Some(f));
+            return (Codec::Float(plan.transform), Some(f));
         }
         frame = Some(f);
     }
-    let lz4 = (!probes.incompressible)
-        .then(|| lz4_flex::block::compress(data))
-        .filter(|l| l.len() < data.len());
-    let lz4_len = lz4.as_ref().map_or(data.len(), Vec::len);
+    let (codec, stored) = encode_lz4(data, Policy::Lz4, &probes);
+    let lz4_len = stored.as_ref().map_or(data.len(), Vec::len);
     if est * (data.len() as f32) < lz4_len as f32 * FLOAT_MIN_GAIN {
-        let frame = frame.unwrap_or_else(|| float::encode(data, t));
+        let frame = frame.unwrap_or_else(|| float::encode_plan(data, plan));
         if frame.len() < lz4_len {
-            return (Codec::Float(t), Some(frame));
+            return (Codec::Float(plan.transform), Some(frame));
         }
     }
-    match lz4 {
-        Some(l) => (Codec::Lz4, Some(l)),
-        None => (Codec::Raw, None),
-    }
+    (codec, stored)
 }
 
 /// Decodes a float-codec chunk: the zstd library decodes the frame into the transformed
-/// bytes, `float::inverse` undoes the transform. The frame is decoded into a buffer of
-/// exactly `raw_len` bytes' capacity, so a damaged frame cannot make it allocate more.
+/// bytes (a buffer of the thread's, exactly `raw_len` bytes' capacity, so a damaged frame
+/// cannot make it allocate more), `float::inverse_into` undoes the transform.
 fn decode_float(
     t: float::Transform,
     stored: &[u8],
@@ -213,23 +271,32 @@ fn decode_float(
 ) -> std::result::Result<Vec<u8>, ChunkDamage> {
     thread_local! {
         /// One decompression context per thread (creating one costs more than decoding a
-        /// small chunk).
-        static ZSTD: std::cell::RefCell<Option<zstd::bulk::Decompressor<'static>>> =
-            const { std::cell::RefCell::new(None) };
+        /// small chunk), and its planes buffer (at most the largest chunk decoded here).
+        static ZSTD: std::cell::RefCell<(Option<zstd::bulk::Decompressor<'static>>, Vec<u8>)> =
+            const { std::cell::RefCell::new((None, Vec::new())) };
     }
-    let mut planes = Vec::with_capacity(raw_len);
-    ZSTD.with(|z| -> std::io::Result<usize> {
-        let mut z = z.borrow_mut();
-        if z.is_none() {
-            *z = Some(zstd::bulk::Decompressor::new()?);
+    ZSTD.with(|z| {
+        let (z, planes) = &mut *z.borrow_mut();
+        let decoded = (|| -> std::io::Result<usize> {
+            if z.is_none() {
+                *z = Some(zstd::bulk::Decompressor::new()?);
+            }
+            planes.clear();
+            planes.reserve_exact(raw_len);
+            z.as_mut()
+                .expect("made above")
+                .decompress_to_buffer(stored, &mut *planes)
+        })()
+        .map_err(|e| ChunkDamage::Decode(format!("not a valid zstd frame: {e}")))?;
+        if decoded != raw_len {
+            return Err(ChunkDamage::Decode(format!(
+                "it decodes to {decoded} bytes, its record says {raw_len}"
+            )));
         }
-        z.as_mut()
-            .expect("made above")
-            .decompress_to_buffer(stored, &mut planes)
+        let mut out = vec![0u8; raw_len];
+        float::inverse_into(planes, t, &mut out);
+        Ok(out)
     })
-    .map_err(|e| ChunkDamage::Decode(format!("not a valid zstd frame: {e}")))?;
-    let planes = checked_len(planes, raw_len)?;
-    Ok(float::inverse(&planes, t))
 }
 
 /// Bytes of each of the three probes `probe` compresses.
@@ -570,12 +637,58 @@ mod tests {
             assert_eq!(got, encode(d, Policy::Lz4));
             assert_eq!(got.0, Codec::Shuffle8Lz4);
         }
-        // Under the other policies there is no streak: every chunk as `encode`.
-        for policy in [Policy::Lz4Plain, Policy::Shuffle, Policy::Float] {
+        // Under the other policies there is no storm streak: every chunk as `encode`.
+        for policy in [Policy::Lz4Plain, Policy::Shuffle] {
             let mut streak = Streak::default();
             for d in &array {
                 assert_eq!(encode_after(d, policy, &mut streak), encode(d, policy));
             }
+        }
+    }
+
+    /// Consecutive chunks of fp32 and bf16 tensors under the float policy, as a store
+    /// worker's batch holds them, cut at odd offsets: the chunks after the first continue
+    /// the first one's transform, decode to their bytes and store within half a percent of
+    /// what a full choice stores; a chunk of text after them leaves the streak and is
+    /// stored as `encode` stores it.
+    #[test]
+    fn a_float_streak_keeps_the_transform_and_stores_what_a_full_choice_stores() {
+        let mut rng = rand::rngs::SmallRng::seed_from_u64(21);
+        let normal = |rng: &mut rand::rngs::SmallRng| -> f32 {
+            let (u, v): (f32, f32) = (rng.random::<f32>().max(1e-9), rng.random());
+            0.02 * (-2.0 * u.ln()).sqrt() * (std::f32::consts::TAU * v).cos()
+        };
+        let fp32: Vec<u8> = (0..200_000)
+            .flat_map(|_| normal(&mut rng).to_le_bytes())
+            .collect();
+        let bf16: Vec<u8> = fp32.chunks(4).flat_map(|c| [c[2], c[3]]).collect();
+        for tensor in [&fp32, &bf16] {
+            let mut streak = Streak::default();
+            let mut at = 3;
+            while at + 70_001 <= tensor.len() {
+                let d = &tensor[at..at + 60_001 + at % 10_000];
+                at += d.len();
+                let (codec, stored) = encode_after(d, Policy::Float, &mut streak);
+                assert!(matches!(codec, Codec::Float(_)), "{codec:?}");
+                let stored = stored.expect("encoded");
+                let full = encode(d, Policy::Float).1.expect("encoded").len();
+                assert!(
+                    stored.len() as f64 <= full as f64 * 1.005,
+                    "streak {} vs full choice {full} bytes",
+                    stored.len()
+                );
+                assert_eq!(decode(codec, stored, d.len()).unwrap(), d);
+            }
+            assert!(streak.float.is_some(), "tensor chunks keep the streak");
+            let text: Vec<u8> = (0..4000)
+                .flat_map(|i| format!("step {i} loss {:.4}\n", 1.0 / (i + 1) as f64).into_bytes())
+                .take(60_000)
+                .collect();
+            assert_eq!(
+                encode_after(&text, Policy::Float, &mut streak),
+                encode(&text, Policy::Float)
+            );
+            assert!(streak.float.is_none(), "text ends the streak");
         }
     }
 
@@ -592,7 +705,7 @@ mod tests {
             let mut streak = Streak::default();
             let first = encode_after(&storms[0], Policy::Lz4, &mut streak);
             assert_eq!(first.0, Codec::Shuffle8Lz4);
-            assert!(streak.0.is_some(), "a storm starts a streak");
+            assert!(streak.storm.is_some(), "a storm starts a streak");
             let fraction = first.1.expect("compressed").len() as f32 / storms[0].len() as f32;
             (streak, fraction)
         };
@@ -601,7 +714,7 @@ mod tests {
             let got = encode_after(d, Policy::Lz4, &mut streak);
             assert_eq!(got, encode(d, Policy::Lz4));
             assert!(matches!(got.0, Codec::Raw | Codec::Lz4), "{:?}", got.0);
-            assert!(streak.0.is_none(), "the streak ended");
+            assert!(streak.storm.is_none(), "the streak ended");
         }
         let (mut streak, fraction) = started();
         let probes = PROBES.with(|c| c.get());

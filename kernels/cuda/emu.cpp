@@ -42,7 +42,7 @@ struct FloatArgs {
     const u8* in;
     const u64* offs;
     const u32* lens;
-    const u8* transforms;
+    const u16* plans;
     u8* out;
     const u64* out_offs;
     u32* out_lens;
@@ -52,7 +52,7 @@ struct FloatArgs {
 void float_body(void* p)
 {
     FloatArgs* a = (FloatArgs*)p;
-    ckpt_float_compress(a->in, a->offs, a->lens, a->transforms, a->out, a->out_offs,
+    ckpt_float_compress(a->in, a->offs, a->lens, a->plans, a->out, a->out_offs,
                         a->out_lens, a->count);
 }
 
@@ -110,10 +110,10 @@ extern "C" int ckpt_emu_lz4_decompress(const u8* in, const u64* in_offs, const u
 }
 
 extern "C" int ckpt_emu_float_compress(const u8* in, const u64* offs, const u32* lens,
-                                       const u8* transforms, u8* out, const u64* out_offs,
+                                       const u16* plans, u8* out, const u64* out_offs,
                                        u32* out_lens, u32 count)
 {
-    FloatArgs a = {in, offs, lens, transforms, out, out_offs, out_lens, count};
+    FloatArgs a = {in, offs, lens, plans, out, out_offs, out_lens, count};
     return emu_run_blocks(count, 0, count, 32, float_body, &a);
 }
 

@@ -5,8 +5,9 @@
 // to the same CUDA subset (threadIdx/blockIdx/gridDim .x, __shared__ arrays, __syncwarp,
 // __ballot_sync, __shfl_sync).
 //
-// A chunk of `len` bytes with transform t (width w = 1 << (t / 2), rotate = t & 1) becomes
-// one zstd frame (RFC 8878) of its transformed bytes: rotated left by one bit as a
+// A chunk of `len` bytes with plan p (transform t = p & 15: width w = 1 << (t / 2), rotate =
+// t & 1; coded planes: bit j of p >> 4 for plane j) becomes one zstd frame (RFC 8878) of
+// its transformed bytes: rotated left by one bit as a
 // little-endian bit string when `rotate`, then split into w byte planes of n = len / w bytes
 // (plane j holds byte j of every element), the len - n * w trailing bytes last. The
 // transformed bytes are never materialised: byte p of them is read from the chunk where it
@@ -14,15 +15,17 @@
 //
 // Frame: magic, descriptor 0xA0 (4-byte content size, single segment, no checksum), the
 // content size, then per plane (and the tail) blocks of at most 128 KiB, each
-//   RLE        where every byte of it is the same,
-//   compressed where it is at least 64 bytes, has no byte over 128 and Huffman coding makes
-//              it smaller: a compressed literals section (four streams, the tree as direct
-//              4-bit weights) and an empty sequences section,
-//   raw        otherwise.
+//   under 64 bytes: RLE where every byte of it is the same, raw otherwise;
+//   of a coded plane: RLE where every byte is the same, compressed where a tree describes
+//              it and Huffman coding makes it smaller: a compressed literals section (four
+//              streams, the tree as direct 4-bit weights where every byte is at most 128
+//              and that form is no longer, else FSE-coded weights) and an empty sequences
+//              section; raw otherwise;
+//   of any other piece: raw.
 // Huffman code lengths: two-queue Huffman over the symbols sorted by (count, symbol), a leaf
 // taken before an internal node of equal weight, lengths over 11 bits cut as JPEG Annex K.3
 // does, then lengths handed out again longest first to the rarest symbols. Codes are zstd's
-// canonical ones.
+// canonical ones. FSE-coded weights: float.rs `fse_weights`, step for step.
 //
 // The parallel parts are the byte tests, the histogram (a row of counters per lane) and
 // the stream sizes; the table is built by lane 0 and each of the four streams is written by
@@ -41,6 +44,8 @@ typedef unsigned long long u64;
 #define CKPT_F_MAX_BITS 11u
 #define CKPT_F_MIN_HUFFMAN 64u
 #define CKPT_F_MAX_SYMBOL 128u
+#define CKPT_F_WEIGHT_LOG 6u
+#define CKPT_F_MAX_TREE 127u
 #define CKPT_F_FULL 0xffffffffu
 
 // Byte p of the transformed chunk.
@@ -132,6 +137,181 @@ __device__ void ckpt_code_lengths(const u32* hist, u8* lens)
             lens[sym[at++]] = (u8)len;
 }
 
+// A bit writer as zstd's decoders read a bitstream backwards: bits fill a word from its low
+// end, whole bytes go out as they fill.
+struct CkptBits {
+    u8* out;
+    u32 len;
+    u32 cap;
+    u64 acc;
+    u32 n;
+};
+
+__device__ __forceinline__ void ckpt_bits_put(CkptBits* b, u32 v, u32 len)
+{
+    b->acc |= (u64)v << b->n;
+    b->n += len;
+    while (b->n >= 8) {
+        if (b->len < b->cap)
+            b->out[b->len] = (u8)b->acc;
+        b->len++;
+        b->acc >>= 8;
+        b->n -= 8;
+    }
+}
+
+// The last partial byte (no end mark).
+__device__ __forceinline__ void ckpt_bits_bytes(CkptBits* b)
+{
+    if (b->n > 0) {
+        if (b->len < b->cap)
+            b->out[b->len] = (u8)b->acc;
+        b->len++;
+        b->acc = 0;
+        b->n = 0;
+    }
+}
+
+// The weights of symbols 0..nw-1 as an FSE-coded tree description (header byte, table
+// description, two-state bitstream) into `out` (room for 128 bytes); its length, or 0 where
+// it cannot be coded or takes 128 bytes or more. float.rs `fse_weights`, step for step.
+__device__ u32 ckpt_fse_weights(const u8* weights, u32 nw, u8* out)
+{
+    if (nw < 3)
+        return 0;
+    u32 counts[16];
+    for (u32 v = 0; v < 16; v++)
+        counts[v] = 0;
+    for (u32 i = 0; i < nw; i++)
+        counts[weights[i]]++;
+    const u32 table = 1u << CKPT_F_WEIGHT_LOG;
+    u32 present = 0;
+    for (u32 v = 0; v < 16; v++)
+        present += counts[v] > 0;
+    if (present < 2)
+        return 0;
+    u32 norm[16];
+    u32 sum = 0;
+    for (u32 v = 0; v < 16; v++) {
+        norm[v] = counts[v] == 0 ? 0 : (counts[v] * table / nw > 0 ? counts[v] * table / nw : 1);
+        sum += norm[v];
+    }
+    if (sum < table) {
+        u32 top = 0;
+        for (u32 v = 0; v < 16; v++)
+            if (counts[v] > counts[top])
+                top = v;
+        norm[top] += table - sum;
+        sum = table;
+    }
+    while (sum > table) {
+        u32 top = 0;
+        for (u32 v = 0; v < 16; v++)
+            if (norm[v] > norm[top])
+                top = v;
+        norm[top]--;
+        sum--;
+    }
+    u8 cell_value[64];
+    u32 pos = 0;
+    const u32 step = (table >> 1) + (table >> 3) + 3;
+    for (u32 v = 0; v < 16; v++)
+        for (u32 k = 0; k < norm[v]; k++) {
+            cell_value[pos] = (u8)v;
+            pos = (pos + step) & (table - 1);
+        }
+    u32 first[17];
+    first[0] = 0;
+    for (u32 v = 0; v < 16; v++)
+        first[v + 1] = first[v] + norm[v];
+    u32 fill[16];
+    for (u32 v = 0; v < 16; v++)
+        fill[v] = first[v];
+    u8 cells[64];
+    for (u32 u = 0; u < table; u++)
+        cells[fill[cell_value[u]]++] = (u8)u;
+
+    // Table description.
+    CkptBits b = {out + 1, 0, CKPT_F_MAX_TREE, 0, 0};
+    ckpt_bits_put(&b, CKPT_F_WEIGHT_LOG - 5, 4);
+    int remaining = (int)table + 1, threshold = (int)table;
+    u32 nb = CKPT_F_WEIGHT_LOG + 1;
+    u32 s = 0;
+    bool after_zero = false;
+    while (remaining > 1) {
+        if (after_zero) {
+            u32 start = s;
+            while (norm[s] == 0)
+                s++;
+            while (s >= start + 3) {
+                ckpt_bits_put(&b, 3, 2);
+                start += 3;
+            }
+            ckpt_bits_put(&b, s - start, 2);
+        }
+        const int pr = (int)norm[s];
+        s++;
+        const int max = 2 * threshold - 1 - remaining;
+        remaining -= pr;
+        int v = pr + 1;
+        if (v >= threshold)
+            v += max;
+        ckpt_bits_put(&b, (u32)v, v < max ? nb - 1 : nb);
+        after_zero = v == 1;
+        while (remaining < threshold) {
+            nb--;
+            threshold >>= 1;
+        }
+    }
+    ckpt_bits_bytes(&b);
+
+    // Bitstream: from the last weight to the first; state 0 codes even positions.
+    u32 state[2];
+    state[(nw - 1) % 2] = table + cells[first[weights[nw - 1]]];
+    state[(nw - 2) % 2] = table + cells[first[weights[nw - 2]]];
+    for (u32 i = nw - 2; i-- > 0;) {
+        u32 x = state[i % 2];
+        const u32 v = weights[i];
+        const u32 pr = norm[v];
+        u32 k = 0;
+        while ((x >> k) >= 2 * pr)
+            k++;
+        ckpt_bits_put(&b, x & ((1u << k) - 1), k);
+        state[i % 2] = table + cells[first[v] + (x >> k) - pr];
+    }
+    ckpt_bits_put(&b, state[1] - table, CKPT_F_WEIGHT_LOG);
+    ckpt_bits_put(&b, state[0] - table, CKPT_F_WEIGHT_LOG);
+    ckpt_bits_put(&b, 1, 1);
+    ckpt_bits_bytes(&b);
+    if (b.len > CKPT_F_MAX_TREE)
+        return 0;
+    out[0] = (u8)b.len;
+    return 1 + b.len;
+}
+
+// The tree description of `clen` (symbols 0..max_sym, codes at most mb bits) into `out`
+// (room for 129 bytes): direct 4-bit weights where max_sym <= 128 and that is no longer
+// than the FSE form, else the FSE form; its length, 0 where neither describes it.
+// float.rs `tree_description`.
+__device__ u32 ckpt_tree(const u8* clen, u32 max_sym, u32 mb, u8* out)
+{
+    u8 weights[256] = {0};
+    for (u32 s = 0; s < max_sym; s++)
+        weights[s] = clen[s] ? (u8)(mb + 1 - clen[s]) : 0;
+    u8 fse[128];
+    const u32 fse_len = ckpt_fse_weights(weights, max_sym, fse);
+    const u32 direct_len = 1 + (max_sym + 1) / 2;
+    if (max_sym <= CKPT_F_MAX_SYMBOL && (fse_len == 0 || direct_len <= fse_len)) {
+        out[0] = (u8)(127 + max_sym);
+        for (u32 s = 0; s < max_sym; s += 2)
+            out[1 + s / 2] = (u8)((weights[s] << 4) | (s + 1 < max_sym ? weights[s + 1] : 0));
+        return direct_len;
+    }
+    for (u32 i = 0; i < fse_len; i++)
+        out[i] = fse[i];
+    return fse_len;
+}
+
 // Writes a 3-byte block header.
 __device__ __forceinline__ void ckpt_block_header(u8* d, u32 last, u32 kind, u32 size)
 {
@@ -151,7 +331,7 @@ __device__ __forceinline__ u64 ckpt_float_bound(u32 len)
 extern "C" __global__ void ckpt_float_compress(const u8* __restrict__ in,
                                                const u64* __restrict__ offs,
                                                const u32* __restrict__ lens,
-                                               const u8* __restrict__ transforms,
+                                               const u16* __restrict__ plans,
                                                u8* __restrict__ out,
                                                const u64* __restrict__ out_offs,
                                                u32* __restrict__ out_lens,
@@ -162,13 +342,15 @@ extern "C" __global__ void ckpt_float_compress(const u8* __restrict__ in,
     __shared__ u8 clen[256];
     __shared__ u32 code[256];
     __shared__ u32 plan[8]; // lane 0's decision, read by every lane after a barrier
+    __shared__ u8 tree[130];
     const u32 lane = threadIdx.x;
 
     for (u32 c = blockIdx.x; c < count; c += gridDim.x) {
         const u8* src = in + offs[c];
         u8* dst = out + out_offs[c];
         const u32 len = lens[c];
-        const u32 t = transforms[c];
+        const u32 t = plans[c] & 15u;
+        const u32 coded_planes = plans[c] >> 4;
         const u32 w = 1u << (t / 2);
         const u32 rot = t & 1;
         const u32 n = len / w;
@@ -197,25 +379,24 @@ extern "C" __global__ void ckpt_float_compress(const u8* __restrict__ in,
                 const u32 blen = pat + plen - bs < CKPT_F_BLOCK_MAX ? pat + plen - bs
                                                                       : CKPT_F_BLOCK_MAX;
                 const u32 last = pc + 1 == pieces && bs + blen == pat + plen;
-                const u8 first = ckpt_tbyte(src, len, w, n, rot, bs);
-                bool differs = false, big = false;
-                for (u32 p = lane; p < blen; p += 32) {
-                    const u8 v = ckpt_tbyte(src, len, w, n, rot, bs + p);
-                    differs |= v != first;
-                    big |= v > CKPT_F_MAX_SYMBOL;
-                }
-                const bool any_differs = __ballot_sync(CKPT_F_FULL, differs) != 0;
-                const bool any_big = __ballot_sync(CKPT_F_FULL, big) != 0;
-                if (!any_differs) {
-                    if (lane == 0) {
-                        ckpt_block_header(dst + o, last, 1, blen);
-                        dst[o + 3] = first;
+                const u32 j = n > 0 && pc < w ? pc : w; // plane index; w: the tail
+                const bool coded = j < w && ((coded_planes >> j) & 1u);
+                if (blen < CKPT_F_MIN_HUFFMAN) {
+                    const u8 first = ckpt_tbyte(src, len, w, n, rot, bs);
+                    bool differs = false;
+                    for (u32 p = lane; p < blen; p += 32)
+                        differs |= ckpt_tbyte(src, len, w, n, rot, bs + p) != first;
+                    if (__ballot_sync(CKPT_F_FULL, differs) == 0) {
+                        if (lane == 0) {
+                            ckpt_block_header(dst + o, last, 1, blen);
+                            dst[o + 3] = first;
+                        }
+                        o += 4;
+                        continue;
                     }
-                    o += 4;
-                    continue;
                 }
                 bool huff = false;
-                if (blen >= CKPT_F_MIN_HUFFMAN && !any_big) {
+                if (blen >= CKPT_F_MIN_HUFFMAN && coded) {
                     for (u32 s = 0; s < 256; s++)
                         rows[lane][s] = 0;
                     for (u32 p = lane; p < blen; p += 32)
@@ -229,6 +410,26 @@ extern "C" __global__ void ckpt_float_compress(const u8* __restrict__ in,
                     }
                     __syncwarp();
                     if (lane == 0) {
+                        u32 distinct = 0, one = 0;
+                        for (u32 s = 0; s < 256; s++)
+                            if (hist[s] > 0) {
+                                distinct++;
+                                one = s;
+                            }
+                        plan[3] = distinct;
+                        plan[4] = one;
+                    }
+                    __syncwarp();
+                    if (plan[3] == 1) {
+                        if (lane == 0) {
+                            ckpt_block_header(dst + o, last, 1, blen);
+                            dst[o + 3] = (u8)plan[4];
+                        }
+                        o += 4;
+                        __syncwarp();
+                        continue;
+                    }
+                    if (lane == 0) {
                         ckpt_code_lengths(hist, clen);
                         u32 max_bits = 0, max_sym = 0;
                         for (u32 s = 0; s < 256; s++) {
@@ -237,6 +438,7 @@ extern "C" __global__ void ckpt_float_compress(const u8* __restrict__ in,
                             if (hist[s] > 0)
                                 max_sym = s;
                         }
+                        plan[2] = ckpt_tree(clen, max_sym, max_bits, tree);
                         u32 next = 0;
                         for (u32 l = max_bits; l >= 1; l--)
                             for (u32 s = 0; s <= max_sym; s++)
@@ -259,20 +461,19 @@ extern "C" __global__ void ckpt_float_compress(const u8* __restrict__ in,
                             b += clen[ckpt_tbyte(src, len, w, n, rot, bs + p)];
                         bits[k] = ckpt_warp_sum(b);
                     }
-                    const u32 max_sym = plan[1];
                     const u32 hdr = blen <= 1023 ? 3 : blen <= 16383 ? 4 : 5;
                     const u32 field = hdr == 3 ? 10 : hdr == 4 ? 14 : 18;
-                    const u32 tree = 1 + (max_sym + 1) / 2;
+                    const u32 tree_len = plan[2];
                     u32 sizes[4];
                     u32 streams = 0;
-                    bool fits = true;
+                    bool fits = tree_len > 0;
                     for (u32 k = 0; k < 4; k++) {
                         sizes[k] = (bits[k] + 1 + 7) / 8;
                         streams += sizes[k];
                         if (k < 3 && sizes[k] > 0xFFFF)
                             fits = false;
                     }
-                    const u32 compressed = tree + 6 + streams;
+                    const u32 compressed = tree_len + 6 + streams;
                     if (compressed >= (1u << field))
                         fits = false;
                     const u32 content = hdr + compressed + 1;
@@ -286,16 +487,9 @@ extern "C" __global__ void ckpt_float_compress(const u8* __restrict__ in,
                             for (u32 i = 0; i < hdr; i++)
                                 d[3 + i] = (u8)(h >> (8 * i));
                             u8* tw = d + 3 + hdr;
-                            tw[0] = (u8)(127 + max_sym);
-                            const u32 mb = plan[0];
-                            for (u32 s = 0; s < max_sym; s += 2) {
-                                const u32 hi = clen[s] ? mb + 1 - clen[s] : 0;
-                                const u32 lo = s + 1 < max_sym && clen[s + 1]
-                                                   ? mb + 1 - clen[s + 1]
-                                                   : 0;
-                                tw[1 + s / 2] = (u8)((hi << 4) | lo);
-                            }
-                            u8* jt = tw + tree;
+                            for (u32 i = 0; i < tree_len; i++)
+                                tw[i] = tree[i];
+                            u8* jt = tw + tree_len;
                             for (u32 k = 0; k < 3; k++) {
                                 jt[2 * k] = (u8)sizes[k];
                                 jt[2 * k + 1] = (u8)(sizes[k] >> 8);
@@ -304,7 +498,7 @@ extern "C" __global__ void ckpt_float_compress(const u8* __restrict__ in,
                         }
                         if (lane < 4) {
                             const u32 k = lane;
-                            u32 at = 3 + hdr + tree + 6;
+                            u32 at = 3 + hdr + tree_len + 6;
                             for (u32 q = 0; q < k; q++)
                                 at += sizes[q];
                             const u32 from = k * seg < blen ? k * seg : blen;

@@ -18,7 +18,7 @@ extern "C" {
         input: *const u8,
         offs: *const u64,
         lens: *const u32,
-        transforms: *const u8,
+        plans: *const u16,
         out: *mut u8,
         out_offs: *const u64,
         out_lens: *mut u32,
@@ -123,14 +123,14 @@ fn split(count: usize, launch: impl Fn(usize, usize) -> i32 + Sync) -> Result<()
 }
 
 impl Emu {
-    /// The float codec's kernel (`cuda/float.cu`) on each chunk with its transform: zstd
-    /// frames that must equal `float::encode`'s byte for byte.
+    /// The float codec's kernel (`cuda/float.cu`) on each chunk with its plan: zstd
+    /// frames that must equal `float::encode_plan`'s byte for byte.
     pub fn float_compress(
         &self,
         chunks: &[&[u8]],
-        transforms: &[crate::float::Transform],
+        plans: &[crate::float::Plan],
     ) -> Result<Vec<Vec<u8>>> {
-        let b = crate::FloatBatch::new(chunks, transforms)?;
+        let b = crate::FloatBatch::new(chunks, plans)?;
         let mut out = vec![0u8; b.out_bytes];
         let mut out_lens = vec![0u32; chunks.len()];
         let (o, ol) = (Shared(out.as_mut_ptr()), Shared(out_lens.as_mut_ptr()));
@@ -144,7 +144,7 @@ impl Emu {
                     b.bytes.as_ptr(),
                     b.offs.as_ptr().add(first),
                     b.lens.as_ptr().add(first),
-                    b.transforms.as_ptr().add(first),
+                    b.plans.as_ptr().add(first),
                     o.0,
                     b.out_offs.as_ptr().add(first),
                     ol.0.add(first),

@@ -189,17 +189,17 @@ impl Gpu {
         Ok(sink)
     }
 
-    /// The float codec's kernel on each chunk with its transform: zstd frames, the same
-    /// bytes as `float::encode` (the emulation tests check that on every CI run; the GPU
+    /// The float codec's kernel on each chunk with its plan: zstd frames, the same
+    /// bytes as `float::encode_plan` (the emulation tests check that on every CI run; the GPU
     /// test in tests/gpu.rs on a GPU). One synchronous batch on the default stream, its
     /// buffers allocated per call: the reference the GPU data path builds on, not its fast
     /// version (not pipelined like LZ4 above).
     pub fn float_compress(
         &self,
         chunks: &[&[u8]],
-        transforms: &[crate::float::Transform],
+        plans: &[crate::float::Plan],
     ) -> Result<Vec<Vec<u8>>> {
-        let b = crate::FloatBatch::new(chunks, transforms)?;
+        let b = crate::FloatBatch::new(chunks, plans)?;
         if chunks.is_empty() {
             return Ok(Vec::new());
         }
@@ -229,9 +229,7 @@ impl Gpu {
             let d_lens = stream
                 .clone_htod(&b.lens)
                 .map_err(cuda("copying lengths"))?;
-            let d_ts = stream
-                .clone_htod(&b.transforms)
-                .map_err(cuda("copying transforms"))?;
+            let d_ts = stream.clone_htod(&b.plans).map_err(cuda("copying plans"))?;
             let d_out_offs = stream
                 .clone_htod(&b.out_offs)
                 .map_err(cuda("copying offsets"))?;

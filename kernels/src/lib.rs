@@ -141,30 +141,29 @@ pub trait BatchCodec: Send + Sync {
 }
 
 /// A batch for the float codec's kernel, packed as the kernel takes it (the emulation and
-/// the GPU share it): chunks back to back with their offsets and lengths, a transform index
-/// per chunk, and each frame's place in the output (`float::bound` bytes per chunk).
+/// the GPU share it): chunks back to back with their offsets and lengths, a packed plan per
+/// chunk (`float::Plan::packed`), and each frame's place in the output (`float::bound` bytes
+/// per chunk).
 pub(crate) struct FloatBatch {
     pub bytes: Vec<u8>,
     pub offs: Vec<u64>,
     pub lens: Vec<u32>,
-    pub transforms: Vec<u8>,
+    pub plans: Vec<u16>,
     pub out_offs: Vec<u64>,
     pub out_bytes: usize,
 }
 
 impl FloatBatch {
-    pub fn new(chunks: &[&[u8]], transforms: &[float::Transform]) -> Result<FloatBatch> {
+    pub fn new(chunks: &[&[u8]], plans: &[float::Plan]) -> Result<FloatBatch> {
         check_batch(chunks)?;
-        if chunks.len() != transforms.len() {
-            return Err(Error::Invalid(
-                "float_compress: one transform per chunk".into(),
-            ));
+        if chunks.len() != plans.len() {
+            return Err(Error::Invalid("float_compress: one plan per chunk".into()));
         }
         let mut b = FloatBatch {
             bytes: Vec::with_capacity(chunks.iter().map(|c| c.len()).sum()),
             offs: Vec::with_capacity(chunks.len()),
             lens: Vec::with_capacity(chunks.len()),
-            transforms: transforms.iter().map(|t| t.index()).collect(),
+            plans: plans.iter().map(|p| p.packed()).collect(),
             out_offs: Vec::with_capacity(chunks.len()),
             out_bytes: 0,
         };

@@ -194,15 +194,16 @@ fn many_chunks_in_one_batch() {
 }
 
 /// The float codec's kernel, emulated, writes the very bytes of the Rust encoder for every
-/// transform, on float, integer, text, zero, random and edge-case data and odd lengths, and
-/// the zstd library decodes them back to the input.
+/// transform and plane mask, on float, integer, text, zero, random and edge-case data, odd
+/// lengths and planes that need FSE-coded Huffman weights, and the zstd library decodes
+/// them back to the input.
 #[test]
 fn float_kernel_bytes_equal_the_cpu_encoder() {
     let cases = float_cases();
     let chunks: Vec<&[u8]> = cases.iter().map(|c| c.1.as_slice()).collect();
-    let transforms: Vec<_> = cases.iter().map(|c| c.2).collect();
+    let plans: Vec<_> = cases.iter().map(|c| c.2).collect();
     let frames = Emu
-        .float_compress(&chunks, &transforms)
+        .float_compress(&chunks, &plans)
         .expect("emulated kernel");
     let huffman = check_float_frames("emulation", &cases, &frames);
     println!("{} frames equal, {huffman} compressed", frames.len());

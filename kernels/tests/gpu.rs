@@ -379,15 +379,15 @@ fn gpu_open_reports_what_is_missing() {
 }
 
 /// The float codec's kernel on the GPU writes the very bytes of the Rust encoder (and of the
-/// emulation, which CI checks) for every transform and edge case.
+/// emulation, which CI checks) for every transform, plane mask and edge case.
 #[test]
 fn gpu_float_kernel_equals_the_cpu_encoder() {
     let Some(gpu) = gpu() else { return };
     let cases = float_cases();
     let chunks: Vec<&[u8]> = cases.iter().map(|c| c.1.as_slice()).collect();
-    let transforms: Vec<_> = cases.iter().map(|c| c.2).collect();
+    let plans: Vec<_> = cases.iter().map(|c| c.2).collect();
     let frames = gpu
-        .float_compress(&chunks, &transforms)
+        .float_compress(&chunks, &plans)
         .expect("GPU float kernel");
     let huffman = check_float_frames("GPU", &cases, &frames);
     eprintln!(

@@ -125,9 +125,11 @@ pub fn check_blocks(what: &str, chunks: &[Vec<u8>], out: &Compressed) -> usize {
 
 /// The float codec's test set: floats of every width with NaN, ±Inf, -0.0 and denormals,
 /// integers, text, zeros, random bytes, a plane over one 128 KiB block, odd lengths and
-/// tails; each entry with every transform. Returns (name, chunk, transform).
+/// tails, planes with bytes over 128 that only FSE-coded weights describe; each entry with
+/// every transform, and each transform with every plane tried, none tried and the plane
+/// mask `choose` gives. Returns (name, chunk, plan).
 #[allow(dead_code)]
-pub fn float_cases() -> Vec<(String, Vec<u8>, ckptfs_kernels::float::Transform)> {
+pub fn float_cases() -> Vec<(String, Vec<u8>, ckptfs_kernels::float::Plan)> {
     let mut rng = rng(31);
     let mut data: Vec<(String, Vec<u8>)> = Vec::new();
     let normal = |rng: &mut rand::rngs::SmallRng| -> f32 {
@@ -200,15 +202,48 @@ pub fn float_cases() -> Vec<(String, Vec<u8>, ckptfs_kernels::float::Transform)>
     let mut random = vec![0u8; 33_333];
     rng.fill_bytes(&mut random);
     data.push(("random".into(), random));
+    // Optimizer state: positive (the sign bit is 0: after rotation every low mantissa byte
+    // is even) with many exact zeros, so every plane is skewed and has bytes over 128.
+    data.push((
+        "fp32 exp_avg_sq, zeros".into(),
+        (0..24_001)
+            .flat_map(|i| {
+                let v = if i % 3 == 0 {
+                    0.0
+                } else {
+                    1e-6 * normal(&mut rng).powi(2)
+                };
+                v.to_le_bytes()
+            })
+            .collect(),
+    ));
+    // A plane of all 256 byte values, skewed (a geometric-like spread).
+    data.push((
+        "skewed over all 256 values".into(),
+        (0..50_000)
+            .map(|_| {
+                let r: u32 = rng.random();
+                (r.trailing_zeros() * 16 + (r >> 28)).min(255) as u8 ^ 0x80
+            })
+            .collect(),
+    ));
     for len in [0usize, 1, 3, 7, 63, 64, 65, 200] {
         let d: Vec<u8> = (0..len).map(|_| rng.random::<u8>() & 7).collect();
         data.push((format!("short {len}"), d));
     }
+    use ckptfs_kernels::float::Plan;
     let mut out = Vec::new();
     for (name, d) in data {
         for t in ckptfs_kernels::float::Transform::all() {
-            out.push((format!("{name} {t:?}"), d.clone(), t));
+            out.push((format!("{name} {t:?}"), d.clone(), Plan::every(t)));
+            let none = Plan {
+                transform: t,
+                coded: 0,
+            };
+            out.push((format!("{name} {t:?} uncoded"), d.clone(), none));
         }
+        let (chosen, _) = ckptfs_kernels::float::choose(&d);
+        out.push((format!("{name} {chosen:?} chosen"), d.clone(), chosen));
     }
     out
 }
@@ -217,14 +252,15 @@ pub fn float_cases() -> Vec<(String, Vec<u8>, ckptfs_kernels::float::Transform)>
 #[allow(dead_code)]
 pub fn check_float_frames(
     what: &str,
-    cases: &[(String, Vec<u8>, ckptfs_kernels::float::Transform)],
+    cases: &[(String, Vec<u8>, ckptfs_kernels::float::Plan)],
     frames: &[Vec<u8>],
 ) -> usize {
     use ckptfs_kernels::float;
     assert_eq!(frames.len(), cases.len(), "{what}: one frame per chunk");
     let mut compressed = 0;
-    for ((name, d, t), frame) in cases.iter().zip(frames) {
-        let want = float::encode(d, *t);
+    for ((name, d, plan), frame) in cases.iter().zip(frames) {
+        let t = &plan.transform;
+        let want = float::encode_plan(d, *plan);
         assert!(
             *frame == want,
             "{what}: {name}: kernel {} bytes, CPU {} bytes",

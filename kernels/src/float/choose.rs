@@ -1,0 +1,218 @@
+//! Choosing a chunk's [`Plan`] from a sample: the transform that should store it smallest
+//! and the planes worth coding, with the stored fraction that is expected. Runs on the CPU
+//! only (the kernel takes the plan), so it may use floating point.
+
+use super::{Plan, Transform, MAX_DIRECT_SYMBOL};
+
+/// Bytes of a chunk's sample that [`choose`] looks at: enough to tell a plane 1% below 8 bits
+/// from noise (at width 4 a plane gets 1024 sample bytes, where the corrected entropy of
+/// uniform bytes is within about 0.02 bits; with 512 the correction falls short, and a
+/// tenth of fp32 chunks got a mantissa plane coded for nothing).
+pub const SAMPLE: usize = 4 << 10;
+
+/// A plane is coded only where its estimate saves at least this fraction of its raw size:
+/// mantissa planes of float tensors sit within a percent of 8 bits, and coding them would
+/// cost a histogram and a Huffman pass on encode and a Huffman decode on every read for a
+/// few bytes (the sample's estimate is accurate to about 0.4% of a plane, so less could not
+/// be told from noise anyway).
+const CODE_MIN_GAIN: f32 = 0.01;
+
+/// Fixed-point scale of [`nlogn_table`]: 1/1024 bit.
+const NLOGN_ONE: f32 = 1024.0;
+
+/// `n * log2(n)` in 1/1024 bits for every count a sample's plane can have (at most
+/// 4096 * 12 * 1024, so a plane's sum fits in a `u32`). Integers: the sum over a plane's 256
+/// counts runs as four independent integer chains, where one chain of float additions
+/// waited three cycles an addition and was most of `choose`'s time.
+fn nlogn_table() -> &'static [u32] {
+    static TABLE: std::sync::OnceLock<Vec<u32>> = std::sync::OnceLock::new();
+    TABLE.get_or_init(|| {
+        (0..=SAMPLE as u32)
+            .map(|i| {
+                if i == 0 {
+                    0
+                } else {
+                    (f64::from(i) * f64::from(i).log2() * f64::from(NLOGN_ONE)).round() as u32
+                }
+            })
+            .collect()
+    })
+}
+
+/// Bits one plane of `plane_len` bytes is expected to take, and whether to code it, from
+/// the histogram `h` of its sample: the sample's entropy with the Miller-Madow correction
+/// (a sample's entropy is low by about (K - 1) / (2 ln 2) bits for K distinct bytes),
+/// scaled to the plane, plus the tree description and headers; raw where that does not save
+/// [`CODE_MIN_GAIN`]; almost nothing for one repeated byte.
+fn plane_cost(h: &[u32; 256], plane_len: usize, nlogn: &[u32]) -> (f32, bool) {
+    let (mut total, mut distinct) = (0u32, 0u32);
+    let mut sums = [0u32; 4];
+    for q in h.chunks_exact(4) {
+        for (k, &c) in q.iter().enumerate() {
+            total += c;
+            distinct += u32::from(c > 0);
+            sums[k] += nlogn[c as usize];
+        }
+    }
+    let sum = sums.iter().map(|&s| s as f32).sum::<f32>() / NLOGN_ONE;
+    let max_sym = h.iter().rposition(|&c| c > 0).unwrap_or(0);
+    let raw = 8.0 * plane_len as f32 + 24.0;
+    if total == 0 {
+        return (raw, false);
+    }
+    if distinct == 1 {
+        return (32.0, true);
+    }
+    let sample_bits =
+        nlogn[total as usize] as f32 / NLOGN_ONE - sum + 0.7213 * (distinct - 1) as f32;
+    // Direct weights: 4 bits a symbol up to the largest; FSE-coded ones: about half a bit
+    // for each absent symbol below the largest and three for each present one.
+    let fse = 48.0 + 0.5 * (max_sym + 1 - distinct as usize) as f32 + 3.0 * distinct as f32;
+    let tree = if max_sym <= MAX_DIRECT_SYMBOL {
+        fse.min(8.0 + 4.0 * max_sym as f32)
+    } else {
+        fse
+    };
+    // Block and literals headers and the jump table: 14 bytes.
+    let coded = sample_bits * plane_len as f32 / total as f32 + tree + 112.0;
+    if coded < raw * (1.0 - CODE_MIN_GAIN) {
+        (coded, true)
+    } else {
+        (raw, false)
+    }
+}
+
+fn add(a: &[u32; 256], b: &[u32; 256]) -> [u32; 256] {
+    std::array::from_fn(|i| a[i] + b[i])
+}
+
+/// The plan that should store `data` smallest, and the estimated stored fraction, from
+/// histograms of a sample (the first and middle `SAMPLE / 2` bytes): one pass counts bytes
+/// by position mod 8, unrotated and rotated; the planes of width 4, 2 and 1 are sums of
+/// those (positions `j mod 4` are `j` and `j + 4 mod 8`, and so on).
+pub fn choose(data: &[u8]) -> (Plan, f32) {
+    choose_among(data, None)
+}
+
+/// [`choose`] for one transform only (the one the chunk before this one got, say): the
+/// planes worth coding under `t` and the estimate, for about a quarter of the work.
+pub fn choose_for(data: &[u8], t: Transform) -> (Plan, f32) {
+    choose_among(data, Some(t))
+}
+
+/// The two parts of the sample: the chunk itself when it is short, else its first and
+/// middle `SAMPLE / 2` bytes (the middle part starting at a multiple of 8, so positions mod 8
+/// stay aligned).
+fn sample(data: &[u8]) -> [&[u8]; 2] {
+    if data.len() <= SAMPLE {
+        return [data, &[]];
+    }
+    let mid = (data.len() / 2) & !7;
+    [&data[..SAMPLE / 2], &data[mid..mid + SAMPLE / 2]]
+}
+
+fn choose_among(data: &[u8], only: Option<Transform>) -> (Plan, f32) {
+    let parts = sample(data);
+    let mut raw = [[0u32; 256]; 8];
+    let mut rot = [[0u32; 256]; 8];
+    let (count_raw, count_rot) = only.map_or((true, true), |t| (!t.rotate, t.rotate));
+    for s in parts {
+        if count_raw {
+            for (k, &byte) in s.iter().enumerate() {
+                raw[k & 7][byte as usize] += 1;
+            }
+        }
+        if count_rot {
+            let mut prev_top = s.last().map_or(0, |b| b >> 7);
+            for (k, &byte) in s.iter().enumerate() {
+                rot[k & 7][(byte << 1 | prev_top) as usize] += 1;
+                prev_top = byte >> 7;
+            }
+        }
+    }
+    let total = parts[0].len() + parts[1].len();
+    let plain = Plan {
+        transform: only.unwrap_or(Transform {
+            width: 1,
+            rotate: false,
+        }),
+        coded: 0,
+    };
+    if total == 0 {
+        return (plain, 1.0);
+    }
+    let nlogn = nlogn_table();
+    let mut best = (plain, f32::MAX);
+    for (rotate, h8) in [(false, &raw), (true, &rot)] {
+        if only.is_some_and(|t| t.rotate != rotate) {
+            continue;
+        }
+        let h4: [[u32; 256]; 4] = std::array::from_fn(|j| add(&h8[j], &h8[j + 4]));
+        let h2: [[u32; 256]; 2] = std::array::from_fn(|j| add(&h4[j], &h4[j + 2]));
+        let h1 = [add(&h2[0], &h2[1])];
+        let candidates: [(u8, &[[u32; 256]]); 4] = [(1, &h1), (2, &h2), (4, &h4), (8, h8)];
+        for (width, planes) in candidates {
+            if only.is_some_and(|t| t.width != width) {
+                continue;
+            }
+            let plane_len = data.len() / width as usize;
+            let (mut bits, mut coded) = (0.0, 0u16);
+            for (j, h) in planes.iter().enumerate() {
+                let (b, c) = plane_cost(h, plane_len, nlogn);
+                bits += b;
+                coded |= u16::from(c) << j;
+            }
+            // The tail of trailing bytes, raw.
+            bits += 8.0 * (data.len() % width as usize) as f32;
+            if bits < best.1 {
+                let transform = Transform { width, rotate };
+                best = (Plan { transform, coded }, bits);
+            }
+        }
+    }
+    (best.0, best.1 / (8.0 * data.len() as f32))
+}
+
+/// Bytes of the sample [`quick_floor`] looks at.
+const QUICK_SAMPLE: usize = 1 << 10;
+
+/// A quick floor under the fraction [`choose`] could find, from the collision counts of a
+/// small sample's bytes by position mod 8, unrotated and rotated: the Rényi entropy of order
+/// 2 of each position's bytes, which is never above their entropy; a plane of any width is
+/// a mix of these positions and has at least their mean entropy. About a microsecond, where
+/// `choose` takes several: the policy asks this first on chunks that LZ4 compresses well or
+/// not at all (text, random bytes), where the float codec nearly never pays. Noisy by about
+/// 0.01 on bytes near 8 bits; `None` for a chunk shorter than the sample.
+pub fn quick_floor(data: &[u8]) -> Option<f32> {
+    if data.len() < 2 * QUICK_SAMPLE {
+        return None;
+    }
+    let mid = (data.len() / 2) & !7;
+    let mut raw = [[0u8; 256]; 8];
+    let mut rot = [[0u8; 256]; 8];
+    let (mut raw_pairs, mut rot_pairs) = ([0u32; 8], [0u32; 8]);
+    for start in [0, mid] {
+        // The bit rotated into the first byte is the top bit of the byte before it.
+        let mut prev_top = data[(start + data.len() - 1) % data.len()] >> 7;
+        for (k, &byte) in data[start..start + QUICK_SAMPLE / 2].iter().enumerate() {
+            let r = &mut raw[k & 7][byte as usize];
+            raw_pairs[k & 7] += u32::from(*r);
+            *r += 1;
+            let t = &mut rot[k & 7][(byte << 1 | prev_top) as usize];
+            rot_pairs[k & 7] += u32::from(*t);
+            *t += 1;
+            prev_top = byte >> 7;
+        }
+    }
+    // Pairs of positions in one class: n (n - 1) / 2 for n = QUICK_SAMPLE / 8.
+    let n = (QUICK_SAMPLE / 8) as f32;
+    let all_pairs = n * (n - 1.0) / 2.0;
+    let bits = |pairs: &[u32; 8]| -> f32 {
+        pairs
+            .iter()
+            .map(|&p| (all_pairs / (p as f32).max(1.0)).log2().min(8.0))
+            .sum::<f32>()
+            / 64.0
+    };
+    Some(bits(&raw_pairs).min(bits(&rot_pairs)))
+}

@@ -1,0 +1,610 @@
+//! A zstd compressed literals section (RFC 8878 3.1.1.3.1): Huffman code lengths, the tree
+//! description (direct 4-bit weights, or weights compressed with FSE where a byte over 128
+//! occurs or that is smaller), four Huffman streams and the section header. Every step is
+//! integer-only and deterministic, so `cuda/float.cu` writes the very same bytes.
+
+/// Longest Huffman code zstd allows.
+pub const MAX_BITS: u32 = 11;
+/// Largest byte value a directly written Huffman tree can describe.
+pub const MAX_DIRECT_SYMBOL: usize = 128;
+/// Accuracy log of the FSE table that codes Huffman weights (zstd allows at most 6).
+pub const WEIGHT_LOG: u32 = 6;
+/// Largest tree description: its header byte holds the size of an FSE-coded one below 128.
+const MAX_TREE_BYTES: usize = 127;
+
+/// Byte counts of `p`, eight tables side by side so that a run of one value (an exponent
+/// plane is mostly a handful of values) does not wait on one counter in memory: each
+/// increment of a table depends on the one eight bytes before, not the one before.
+pub fn histogram(p: &[u8]) -> [u32; 256] {
+    let mut h = [[0u32; 256]; 8];
+    let mut words = p.chunks_exact(8);
+    for w in &mut words {
+        let v = u64::from_le_bytes(w.try_into().expect("8 bytes"));
+        for (k, t) in h.iter_mut().enumerate() {
+            t[(v >> (8 * k)) as u8 as usize] += 1;
+        }
+    }
+    for &b in words.remainder() {
+        h[0][b as usize] += 1;
+    }
+    std::array::from_fn(|s| h.iter().map(|t| t[s]).sum())
+}
+
+/// Huffman code lengths for `counts` (zero where a count is zero), at most [`MAX_BITS`].
+///
+/// Plain Huffman over the symbols sorted by (count, symbol), merging the two lightest nodes
+/// and taking a leaf before an internal node of equal weight. Where codes come out longer
+/// than 11 bits, the number of codes of each length is adjusted as JPEG does (Annex K.3:
+/// the deepest pair moves up, a shorter code splits to make room, which keeps the code
+/// complete), and lengths are handed out again, the longest to the rarest symbols. Every
+/// step is deterministic, so the kernel builds the very same table.
+pub fn code_lengths(counts: &[u32; 256]) -> [u8; 256] {
+    let mut leaves: Vec<(u32, u8)> = (0..=255u8)
+        .filter(|&s| counts[s as usize] > 0)
+        .map(|s| (counts[s as usize], s))
+        .collect();
+    leaves.sort_unstable();
+    let n = leaves.len();
+    let mut lens = [0u8; 256];
+    if n == 1 {
+        lens[leaves[0].1 as usize] = 1;
+        return lens;
+    }
+    // Nodes 0..n are the leaves in sorted order, n.. the internal nodes in creation order
+    // (their weights never decrease, so both lists stay sorted: the two-queue method).
+    let mut weight = [0u64; 511];
+    let mut parent = [0u16; 511];
+    for (w, &(c, _)) in weight.iter_mut().zip(&leaves) {
+        *w = u64::from(c);
+    }
+    let (mut li, mut ii, mut next) = (0usize, n, n);
+    for _ in 0..n - 1 {
+        let mut take = || {
+            if ii >= next || (li < n && weight[li] <= weight[ii]) {
+                li += 1;
+                li - 1
+            } else {
+                ii += 1;
+                ii - 1
+            }
+        };
+        let (a, b) = (take(), take());
+        weight[next] = weight[a] + weight[b];
+        parent[a] = next as u16;
+        parent[b] = next as u16;
+        next += 1;
+    }
+    // Depths from the root (the last node) down: parents are made after their children.
+    let root = 2 * n - 2;
+    let mut depth = [0u8; 511];
+    for v in (0..root).rev() {
+        depth[v] = depth[parent[v] as usize] + 1;
+    }
+    // Codes per length (a tree over at most 256 leaves is at most 255 deep).
+    let mut count = [0u32; 256];
+    for &d in &depth[..n] {
+        count[d as usize] += 1;
+    }
+    let limit = MAX_BITS as usize;
+    for i in (limit + 1..256).rev() {
+        while count[i] > 0 {
+            let mut j = i - 2;
+            while count[j] == 0 {
+                j -= 1;
+            }
+            count[i] -= 2;
+            count[i - 1] += 1;
+            count[j + 1] += 2;
+            count[j] -= 1;
+        }
+    }
+    // The longest lengths to the rarest symbols (the front of the sorted leaves).
+    let mut at = 0;
+    for len in (1..=limit).rev() {
+        for _ in 0..count[len] {
+            lens[leaves[at].1 as usize] = len as u8;
+            at += 1;
+        }
+    }
+    lens
+}
+
+/// A bit writer as zstd's decoders read a bitstream backwards: bits fill a little-endian
+/// word from its low end; `finish` adds the end mark (one 1 bit) and pads to a byte.
+struct Bits {
+    out: Vec<u8>,
+    acc: u64,
+    n: u32,
+}
+
+impl Bits {
+    fn new() -> Bits {
+        Bits {
+            out: Vec::new(),
+            acc: 0,
+            n: 0,
+        }
+    }
+
+    /// Appends the low `len` bits of `v` (at most 32).
+    fn put(&mut self, v: u32, len: u32) {
+        debug_assert!(len <= 32 && (len == 32 || v >> len == 0));
+        self.acc |= u64::from(v) << self.n;
+        self.n += len;
+        while self.n >= 8 {
+            self.out.push(self.acc as u8);
+            self.acc >>= 8;
+            self.n -= 8;
+        }
+    }
+
+    /// The bytes, the last partial byte included (no end mark: an FSE table description).
+    fn bytes(mut self) -> Vec<u8> {
+        if self.n > 0 {
+            self.out.push(self.acc as u8);
+        }
+        self.out
+    }
+
+    /// The bytes with the end mark (a bitstream).
+    fn finish(mut self) -> Vec<u8> {
+        self.put(1, 1);
+        self.bytes()
+    }
+}
+
+/// Probabilities of the weight values normalised to `1 << WEIGHT_LOG`, every present value at
+/// least 1: each gets `count * 64 / n` (at least 1), the shortfall goes to the most frequent
+/// value (the first of equals), an excess comes off the largest share one at a time (the
+/// first of equals). None where fewer than two values occur: FSE cannot code one value.
+fn normalize(counts: &[u32; 16], n: u32) -> Option<[u32; 16]> {
+    let table = 1u32 << WEIGHT_LOG;
+    if counts.iter().filter(|&&c| c > 0).count() < 2 {
+        return None;
+    }
+    let mut norm: [u32; 16] = std::array::from_fn(|s| {
+        if counts[s] == 0 {
+            0
+        } else {
+            (counts[s] * table / n).max(1)
+        }
+    });
+    let mut sum: u32 = norm.iter().sum();
+    if sum < table {
+        let top = (0..16).fold(0, |b, s| if counts[s] > counts[b] { s } else { b });
+        norm[top] += table - sum;
+        sum = table;
+    }
+    while sum > table {
+        let top = (0..16).fold(0, |b, s| if norm[s] > norm[b] { s } else { b });
+        norm[top] -= 1;
+        sum -= 1;
+    }
+    Some(norm)
+}
+
+/// The FSE table description (RFC 8878 4.1.1) of `norm`: the accuracy log, then each value's
+/// probability + 1 in a variable number of bits, zero probabilities followed by 2-bit repeat
+/// flags, up to the last value with a probability.
+fn table_description(norm: &[u32; 16], bits: &mut Bits) {
+    let log = WEIGHT_LOG;
+    bits.put(log - 5, 4);
+    let (mut remaining, mut threshold, mut nb) = ((1i32 << log) + 1, 1i32 << log, log + 1);
+    let (mut s, mut after_zero) = (0usize, false);
+    while remaining > 1 {
+        if after_zero {
+            let mut start = s;
+            while norm[s] == 0 {
+                s += 1;
+            }
+            while s >= start + 3 {
+                bits.put(3, 2);
+                start += 3;
+            }
+            bits.put((s - start) as u32, 2);
+        }
+        let p = norm[s] as i32;
+        s += 1;
+        // Values below `max` take one bit less; those from `threshold` on are shifted up.
+        let max = 2 * threshold - 1 - remaining;
+        remaining -= p;
+        let mut v = p + 1;
+        if v >= threshold {
+            v += max;
+        }
+        bits.put(v as u32, if v < max { nb - 1 } else { nb });
+        after_zero = v == 1;
+        while remaining < threshold {
+            nb -= 1;
+            threshold >>= 1;
+        }
+    }
+}
+
+/// The weights of all symbols but the last, FSE-coded as a Huffman tree description (RFC
+/// 8878 4.2.1.2): the header byte (the size that follows, below 128), the table description,
+/// then a bitstream of two interleaved states, the states of the last two weights written
+/// last. None where it cannot be coded or would take 128 bytes or more.
+///
+/// The decoder counts weights by running out of bits: after the last bit it decodes one
+/// more weight from each state, and stops when reading the next state's bits overflows. So
+/// each of the last two weights starts from its value's first cell in table order, whose
+/// transition always reads at least one bit (a value's first cell reads `6 - log2(p)` bits,
+/// and no value has all 64 cells).
+pub fn fse_weights(weights: &[u8]) -> Option<Vec<u8>> {
+    let n = weights.len();
+    if n < 3 {
+        return None;
+    }
+    let mut counts = [0u32; 16];
+    for &w in weights {
+        counts[w as usize] += 1;
+    }
+    let norm = normalize(&counts, n as u32)?;
+    let size = 1usize << WEIGHT_LOG;
+    // Spread (RFC 8878 4.1.1): values in order, each cell `step` after the last, mod size.
+    let mut cell_value = [0u8; 64];
+    let (mut pos, step) = (0usize, (size >> 1) + (size >> 3) + 3);
+    for (v, &p) in norm.iter().enumerate() {
+        for _ in 0..p {
+            cell_value[pos] = v as u8;
+            pos = (pos + step) & (size - 1);
+        }
+    }
+    // Each value's cells in table order: the decoder numbers them so.
+    let mut first = [0usize; 17];
+    for v in 0..16 {
+        first[v + 1] = first[v] + norm[v] as usize;
+    }
+    let mut cells = [0u32; 64];
+    let mut fill = first;
+    for (u, &v) in cell_value.iter().enumerate() {
+        cells[fill[v as usize]] = u as u32;
+        fill[v as usize] += 1;
+    }
+    let table = size as u32;
+    let mut bits = Bits::new();
+    table_description(&norm, &mut bits);
+    let description = bits.bytes();
+    // Encoding runs from the last weight to the first; state 0 codes even positions, state
+    // 1 odd ones, as the decoder alternates.
+    let start = |v: u8| table + cells[first[v as usize]];
+    let mut state = [0u32; 2];
+    state[(n - 1) % 2] = start(weights[n - 1]);
+    state[(n - 2) % 2] = start(weights[n - 2]);
+    let mut stream = Bits::new();
+    for i in (0..n - 2).rev() {
+        let x = &mut state[i % 2];
+        let v = weights[i] as usize;
+        let p = norm[v];
+        let mut k = 0;
+        while (*x >> k) >= 2 * p {
+            k += 1;
+        }
+        stream.put(*x & ((1 << k) - 1), k);
+        *x = table + cells[first[v] + ((*x >> k) - p) as usize];
+    }
+    stream.put(state[1] - table, WEIGHT_LOG);
+    stream.put(state[0] - table, WEIGHT_LOG);
+    let stream = stream.finish();
+    let len = description.len() + stream.len();
+    if len > MAX_TREE_BYTES {
+        return None;
+    }
+    let mut out = Vec::with_capacity(1 + len);
+    out.push(len as u8);
+    out.extend_from_slice(&description);
+    out.extend_from_slice(&stream);
+    Some(out)
+}
+
+/// The tree description of `lens` (symbols `0..=max_sym`, codes at most `max_bits` long):
+/// the direct 4-bit form where every symbol is at most 128 and it is no longer than the FSE
+/// form, else the FSE form; None where neither can describe it.
+fn tree_description(lens: &[u8; 256], max_sym: usize, max_bits: u32) -> Option<Vec<u8>> {
+    let weight = |s: usize| {
+        if lens[s] == 0 {
+            0
+        } else {
+            (max_bits + 1 - u32::from(lens[s])) as u8
+        }
+    };
+    // The last symbol's weight is implied by the others.
+    let weights: Vec<u8> = (0..max_sym).map(weight).collect();
+    let fse = fse_weights(&weights);
+    let direct_len = 1 + max_sym.div_ceil(2);
+    if max_sym <= MAX_DIRECT_SYMBOL && fse.as_ref().is_none_or(|f| direct_len <= f.len()) {
+        let mut out = Vec::with_capacity(direct_len);
+        out.push((127 + max_sym) as u8);
+        for pair in weights.chunks(2) {
+            out.push(pair[0] << 4 | pair.get(1).copied().unwrap_or(0));
+        }
+        return Some(out);
+    }
+    fse
+}
+
+/// Slack after each stream's region of the scratch buffer: the writer stores whole words.
+const STREAM_SLACK: usize = 16;
+
+/// The four Huffman streams' segments of a piece of `n` bytes: `(n + 3) / 4` bytes each,
+/// the last the rest.
+fn segments(n: usize) -> [(usize, usize); 4] {
+    let seg = n.div_ceil(4);
+    std::array::from_fn(|k| ((k * seg).min(n), ((k + 1) * seg).min(n)))
+}
+
+/// One stream's bit writer over its region of the scratch buffer.
+struct Stream {
+    at: *mut u8,
+    start: *mut u8,
+    acc: u64,
+    n: u32,
+}
+
+impl Stream {
+    /// `e`: the code in the low 16 bits, its length above.
+    #[inline(always)]
+    fn put(&mut self, e: u32) {
+        self.acc |= u64::from(e & 0xFFFF) << self.n;
+        self.n += e >> 16;
+    }
+
+    /// Stores the word and keeps the bits of the last partial byte (at most 7): after at
+    /// most 4 codes of at most 11 bits the word never overflows.
+    ///
+    /// # Safety
+    /// `at` has 8 writable bytes: regions hold 11 bits per symbol plus `STREAM_SLACK`.
+    #[inline(always)]
+    unsafe fn flush(&mut self) {
+        (self.at as *mut u64).write_unaligned(self.acc.to_le());
+        let bytes = self.n >> 3;
+        self.at = self.at.add(bytes as usize);
+        self.acc >>= bytes * 8;
+        self.n &= 7;
+    }
+
+    /// Adds the end mark; the stream's length in bytes.
+    unsafe fn finish(&mut self) -> usize {
+        self.put(1 << 16 | 1);
+        self.flush();
+        self.at.offset_from(self.start) as usize + usize::from(self.n > 0)
+    }
+}
+
+/// Writes the four streams of `piece` into `scratch` (one region each) and returns their
+/// lengths. Each segment is written from its end, the last symbol first (the decoder reads
+/// backwards), four codes at a time: their shifts within the group depend only on their
+/// own lengths, so the writer's state advances once per four symbols, and one stream's
+/// state stays in registers (four streams side by side spilled to the stack).
+fn write_streams(piece: &[u8], table: &[u32; 256], scratch: &mut Vec<u8>) -> [usize; 4] {
+    #[cfg(target_arch = "x86_64")]
+    if std::arch::is_x86_feature_detected!("bmi2") {
+        // SAFETY: BMI2 checked (shifts by a register without the `cl` register: a third
+        // faster here).
+        return unsafe { write_streams_bmi2(piece, table, scratch) };
+    }
+    write_streams_with(piece, table, scratch)
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "bmi2")]
+unsafe fn write_streams_bmi2(
+    piece: &[u8],
+    table: &[u32; 256],
+    scratch: &mut Vec<u8>,
+) -> [usize; 4] {
+    write_streams_with(piece, table, scratch)
+}
+
+#[inline(always)]
+fn write_streams_with(piece: &[u8], table: &[u32; 256], scratch: &mut Vec<u8>) -> [usize; 4] {
+    let segs = segments(piece.len());
+    let region = (piece.len().div_ceil(4) * MAX_BITS as usize).div_ceil(8) + STREAM_SLACK;
+    scratch.resize(4 * region, 0);
+    let base = scratch.as_mut_ptr();
+    // Four codes in one group: their shifts within it depend only on their own lengths.
+    let group = |q: &[u8]| -> (u64, u32) {
+        let v = u32::from_le_bytes(q.try_into().expect("4 bytes"));
+        // The last symbol's code goes in first.
+        let e3 = table[(v >> 24) as usize];
+        let e2 = table[(v >> 16 & 0xFF) as usize];
+        let e1 = table[(v >> 8 & 0xFF) as usize];
+        let e0 = table[(v & 0xFF) as usize];
+        let (l3, l2, l1) = (e3 >> 16, e2 >> 16, e1 >> 16);
+        let g = u64::from(e3 & 0xFFFF)
+            | u64::from(e2 & 0xFFFF) << l3
+            | u64::from(e1 & 0xFFFF) << (l3 + l2)
+            | u64::from(e0 & 0xFFFF) << (l3 + l2 + l1);
+        (g, l3 + l2 + l1 + (e0 >> 16))
+    };
+    let mut sizes = [0usize; 4];
+    // Two streams side by side (their states fit in registers; four spilled to the stack).
+    for pair in [0, 2] {
+        // SAFETY: each region is `region` bytes, enough for its segment's codes at 11 bits
+        // each plus a word store past the last byte written; regions do not overlap.
+        unsafe {
+            let mut s: [Stream; 2] = std::array::from_fn(|i| {
+                let start = base.add((pair + i) * region);
+                Stream {
+                    at: start,
+                    start,
+                    acc: 0,
+                    n: 0,
+                }
+            });
+            let mut quads = [0, 1].map(|i| {
+                let (from, to) = segs[pair + i];
+                piece[from..to].rchunks_exact(4)
+            });
+            // The second segment of a pair may be shorter (the last one); the first goes on
+            // alone after it.
+            while let Some(q1) = quads[1].next() {
+                let q0 = quads[0]
+                    .next()
+                    .expect("the first segment is at least as long");
+                let (g0, l0) = group(q0);
+                let (g1, l1) = group(q1);
+                s[0].acc |= g0 << s[0].n;
+                s[0].n += l0;
+                s[1].acc |= g1 << s[1].n;
+                s[1].n += l1;
+                s[0].flush();
+                s[1].flush();
+            }
+            for (i, s) in s.iter_mut().enumerate() {
+                for q in &mut quads[i] {
+                    let (g, l) = group(q);
+                    s.acc |= g << s.n;
+                    s.n += l;
+                    s.flush();
+                }
+                // Fewer than four symbols at the segment's start.
+                for &b in quads[i].remainder().iter().rev() {
+                    s.put(table[b as usize]);
+                }
+                s.flush();
+                sizes[pair + i] = s.finish();
+            }
+        }
+    }
+    sizes
+}
+
+/// Appends a compressed literals section (4 Huffman streams) and an empty sequences section
+/// for `piece` with byte `counts` (at least two distinct bytes) to `out`. False, with `out`
+/// as it was, where the tree cannot be described or a size does not fit its field.
+pub fn literals(
+    piece: &[u8],
+    counts: &[u32; 256],
+    out: &mut Vec<u8>,
+    scratch: &mut Vec<u8>,
+) -> bool {
+    let max_sym = (0..256)
+        .rev()
+        .find(|&s| counts[s] > 0)
+        .expect("two symbols");
+    let lens = code_lengths(counts);
+    let max_bits = u32::from(*lens.iter().max().expect("256 lengths"));
+    let Some(tree) = tree_description(&lens, max_sym, max_bits) else {
+        return false;
+    };
+    // Canonical codes as zstd assigns them: longest codes first, in symbol order within a
+    // length, counting up from zero. Table entries hold code and length, one load a symbol.
+    let mut table = [0u32; 256];
+    let mut next = 0u32;
+    for len in (1..=max_bits).rev() {
+        for s in 0..=max_sym {
+            if u32::from(lens[s]) == len {
+                table[s] = next >> (max_bits - len) | len << 16;
+                next += 1 << (max_bits - len);
+            }
+        }
+    }
+    debug_assert_eq!(next, 1 << max_bits, "a Huffman tree is complete");
+    // The streams take at least their bits: where that with the tree and headers is not
+    // below the raw size, the block will be stored raw, so nothing is written (the same
+    // decision the exact sizes give, at a tenth of the cost).
+    let bits: u64 = (0..=max_sym)
+        .map(|s| u64::from(counts[s]) * u64::from(lens[s]))
+        .sum();
+    if (bits / 8) as usize + tree.len() + 6 + 3 + 1 >= piece.len() {
+        return false;
+    }
+    let sizes = write_streams(piece, &table, scratch);
+    if sizes[..3].iter().any(|&s| s > 0xFFFF) {
+        return false;
+    }
+    let n = piece.len();
+    let header_bytes = if n <= 1023 {
+        3
+    } else if n <= 16383 {
+        4
+    } else {
+        5
+    };
+    let compressed = tree.len() + 6 + sizes.iter().sum::<usize>();
+    // Literals_Block_Type 2 (compressed), Size_Format 1/2/3 (four streams, 10/14/18-bit
+    // sizes), Regenerated_Size, Compressed_Size.
+    let (format, field) = match header_bytes {
+        3 => (1u64, 10),
+        4 => (2, 14),
+        _ => (3, 18),
+    };
+    if compressed >= 1 << field {
+        return false;
+    }
+    let h: u64 = 2 | format << 2 | (n as u64) << 4 | (compressed as u64) << (4 + field);
+    out.extend_from_slice(&h.to_le_bytes()[..header_bytes]);
+    out.extend_from_slice(&tree);
+    for &s in &sizes[..3] {
+        out.extend_from_slice(&(s as u16).to_le_bytes());
+    }
+    let region = scratch.len() / 4;
+    for (k, &s) in sizes.iter().enumerate() {
+        out.extend_from_slice(&scratch[k * region..k * region + s]);
+    }
+    // Sequences section: Number_of_Sequences 0.
+    out.push(0);
+    true
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn code_lengths_are_complete_and_limited() {
+        // Fibonacci counts make the deepest possible tree: the limit must cut it.
+        let mut counts = [0u32; 256];
+        let (mut a, mut b) = (1u32, 1u32);
+        for c in counts.iter_mut().take(30) {
+            *c = a;
+            (a, b) = (b, a + b);
+        }
+        for counts in [counts, [1u32; 256], {
+            let mut c = [0u32; 256];
+            c[3] = 10;
+            c[200] = 1;
+            c
+        }] {
+            let lens = code_lengths(&counts);
+            let max = *lens.iter().max().unwrap() as u32;
+            assert!(max <= MAX_BITS);
+            let kraft: u64 = lens
+                .iter()
+                .filter(|&&l| l > 0)
+                .map(|&l| 1u64 << (max - l as u32))
+                .sum();
+            assert_eq!(kraft, 1 << max, "complete tree");
+            for s in 0..256 {
+                assert_eq!(lens[s] > 0, counts[s] > 0);
+            }
+        }
+    }
+
+    /// Normalised probabilities sum to the table and keep every present value.
+    #[test]
+    fn normalized_weights_fill_the_table() {
+        let mut x = 3u64;
+        for _ in 0..2000 {
+            let mut counts = [0u32; 16];
+            let n = 3 + (x % 253) as u32;
+            for _ in 0..n {
+                x ^= x << 13;
+                x ^= x >> 7;
+                x ^= x << 17;
+                counts[(x % 12) as usize * usize::from(!x.is_multiple_of(5))] += 1;
+            }
+            let Some(norm) = normalize(&counts, n) else {
+                assert!(counts.iter().filter(|&&c| c > 0).count() < 2);
+                continue;
+            };
+            assert_eq!(norm.iter().sum::<u32>(), 1 << WEIGHT_LOG);
+            for s in 0..16 {
+                assert_eq!(norm[s] > 0, counts[s] > 0);
+                assert!(norm[s] < 1 << WEIGHT_LOG);
+            }
+        }
+    }
+}

@@ -1,0 +1,311 @@
+//! The float codec's encoder: byte planes, entropy-coded, written as a standard zstd frame.
+//!
+//! Floats barely compress with LZ4: neighbouring values share no byte strings. What they do
+//! share is a skewed distribution of each byte *position*: the exponent byte of N(0, 0.02)
+//! weights carries about 2.5 bits of information, the mantissa bytes nearly 8 (real weights
+//! and optimizer state often less: bytes a format conversion zeroed, a sign that never
+//! changes, exact zeros). So a chunk is transformed and then each byte position is
+//! entropy-coded on its own:
+//!
+//! 1. **rotate** (optional): the whole chunk, read as one little-endian bit string, is rotated
+//!    left by one bit: `t[i] = b[i] << 1 | b[i-1] >> 7`. For IEEE floats of any width at any
+//!    alignment this puts the whole exponent into one byte (bf16, fp32) or the top 8 of its
+//!    11 bits into one byte (fp64), and moves the sign bit into the low mantissa byte, where it
+//!    costs nothing. It needs no element boundaries, so chunks cut anywhere in an array work.
+//! 2. **planes** of width `w` (1, 2, 4 or 8): all bytes at positions `0 mod w`, then all at
+//!    `1 mod w`, ... (`shuffle`), trailing bytes that make no whole element last. Order-0
+//!    entropy does not depend on where elements start, so no phase is needed either.
+//! 3. One **zstd frame** (RFC 8878) of the transformed bytes: frame content size set, no
+//!    checksum (chunks are named by blake3 and verified on every read), and per plane blocks
+//!    of at most 128 KiB that are RLE (a constant plane), raw (a plane that does not
+//!    compress, or that the plan leaves uncoded), or compressed with Huffman-coded literals
+//!    only: four streams, the tree as direct 4-bit weights or as FSE-coded weights
+//!    (`huffman`), and zero sequences. No match finder: a GPU produces exactly these bytes
+//!    with a histogram, a table and bit packing (`cuda/float.cu` is the same algorithm,
+//!    checked byte for byte against this file).
+//!
+//! Which planes are worth a histogram is part of the [`Plan`] ([`choose`] decides it from a
+//! sample): on float tensors the mantissa planes are usually within a percent of 8 bits,
+//! and skipping them is most of the encoder's speed. Any zstd decoder decodes the frame into
+//! the transformed bytes; undoing steps 2 and 1 is [`inverse`].
+
+mod choose;
+mod huffman;
+mod planes;
+
+pub use choose::{choose, choose_for, quick_floor, SAMPLE};
+pub use huffman::{code_lengths, fse_weights, histogram, MAX_BITS, MAX_DIRECT_SYMBOL};
+pub use planes::{
+    forward, forward_into, inverse, inverse_into, rotate_left, rotate_right, shuffle, unshuffle,
+};
+
+/// The zstd frame magic number.
+pub const ZSTD_MAGIC: u32 = 0xFD2F_B528;
+/// Largest block zstd allows.
+pub const BLOCK_MAX: usize = 128 << 10;
+/// Pieces shorter than this are stored raw: a table and a jump table cost more than they
+/// could save.
+pub const MIN_HUFFMAN: usize = 64;
+/// Bytes of a frame before its first block: magic, descriptor, 4-byte content size.
+pub const FRAME_HEADER: usize = 9;
+
+/// The most bytes a frame of a `len`-byte chunk takes: every block raw, with its 3-byte
+/// header, plus the frame header (the kernel's `ckpt_float_bound`).
+pub fn bound(len: usize) -> usize {
+    len + FRAME_HEADER + 3 * ((len >> 17) + 10)
+}
+
+/// How a chunk is transformed before entropy coding.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct Transform {
+    /// Byte-plane width: 1 (no split), 2, 4 or 8.
+    pub width: u8,
+    /// Rotate the chunk left by one bit first.
+    pub rotate: bool,
+}
+
+impl Transform {
+    pub const WIDTHS: [u8; 4] = [1, 2, 4, 8];
+
+    /// Every transform, in the order ties are broken (narrow and unrotated first).
+    pub fn all() -> impl Iterator<Item = Transform> {
+        [false, true].into_iter().flat_map(|rotate| {
+            Transform::WIDTHS
+                .into_iter()
+                .map(move |width| Transform { width, rotate })
+        })
+    }
+
+    /// A number 0..8 for codec ids: `log2(width) * 2 + rotate`.
+    pub fn index(self) -> u8 {
+        self.width.trailing_zeros() as u8 * 2 + self.rotate as u8
+    }
+
+    pub fn from_index(i: u8) -> Option<Transform> {
+        (i < 8).then(|| Transform {
+            width: 1 << (i / 2),
+            rotate: i % 2 == 1,
+        })
+    }
+}
+
+/// How a chunk is encoded: its transform, and which of its pieces (plane `j` is bit `j`;
+/// the tail of trailing bytes is never coded) get a histogram and, where it pays, Huffman
+/// coding. The other pieces are stored raw (RLE where one shorter than [`MIN_HUFFMAN`] is one
+/// repeated byte). Not recorded: the frame describes itself; the codec id names the
+/// transform.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct Plan {
+    pub transform: Transform,
+    pub coded: u16,
+}
+
+impl Plan {
+    /// Every plane tried.
+    pub fn every(transform: Transform) -> Plan {
+        Plan {
+            transform,
+            coded: 0xFF,
+        }
+    }
+
+    /// The plan as the kernel takes it: the transform's index in bits 0-3, `coded` above.
+    pub fn packed(self) -> u16 {
+        u16::from(self.transform.index()) | (self.coded & 0xFF) << 4
+    }
+}
+
+/// The pieces of transformed bytes that get their own blocks, as (index, offset, length):
+/// each plane `j`, then the tail (index `width`), the empty ones left out.
+fn pieces(len: usize, width: usize) -> impl Iterator<Item = (usize, usize, usize)> {
+    let n = len / width;
+    let planes = (0..width).map(move |j| (j, j * n, n));
+    let tail = (n * width < len).then_some((width, n * width, len - n * width));
+    planes.chain(tail).filter(|&(_, _, l)| l > 0)
+}
+
+/// The zstd frame of `data` under transform `t`, every plane tried.
+pub fn encode(data: &[u8], t: Transform) -> Vec<u8> {
+    encode_plan(data, Plan::every(t))
+}
+
+/// The zstd frame of `data` under `plan`. Deterministic: the same input gives the same bytes
+/// here and in the CUDA kernel.
+pub fn encode_plan(data: &[u8], plan: Plan) -> Vec<u8> {
+    thread_local! {
+        /// Buffers reused from chunk to chunk on a thread (planes, streams), so encoding
+        /// allocates nothing but its result. Each is at most a chunk's size (the streams'
+        /// at most 11/8 of a block plus 64 bytes).
+        static SCRATCH: std::cell::RefCell<Scratch> = std::cell::RefCell::default();
+    }
+    SCRATCH.with(|s| encode_with(data, plan, &mut s.borrow_mut()))
+}
+
+#[derive(Default)]
+struct Scratch {
+    planes: Vec<u8>,
+    streams: Vec<u8>,
+}
+
+fn encode_with(data: &[u8], plan: Plan, s: &mut Scratch) -> Vec<u8> {
+    let t = plan.transform;
+    let mut out = Vec::with_capacity(bound(data.len()));
+    // The planes start half a page away from the frame's start (mod 4 KiB): copying a raw
+    // plane from a source at nearly the same page offset as its destination stalls every
+    // load behind the stores before it (4K aliasing), which cost a third of an uncoded
+    // chunk's time. Every byte is overwritten: only a change of length touches memory here.
+    s.planes.resize(data.len() + 4096, 0);
+    let pad = (out.as_ptr() as usize + 2048).wrapping_sub(s.planes.as_ptr() as usize) & 4095;
+    let planes = &mut s.planes[pad..pad + data.len()];
+    forward_into(data, t, planes);
+    let planes = &*planes;
+    out.extend_from_slice(&ZSTD_MAGIC.to_le_bytes());
+    // Frame_Content_Size_Flag 2 (4 bytes), Single_Segment_Flag: the window is the content,
+    // so no window descriptor; no checksum, no dictionary.
+    out.push(0xA0);
+    out.extend_from_slice(&(data.len() as u32).to_le_bytes());
+    let w = t.width as usize;
+    let blocks: Vec<(usize, usize, bool)> = pieces(planes.len(), w)
+        .flat_map(|(j, at, len)| {
+            let coded = j < w && plan.coded >> j & 1 == 1;
+            (0..len.div_ceil(BLOCK_MAX)).map(move |k| {
+                let s = at + k * BLOCK_MAX;
+                (s, (at + len - s).min(BLOCK_MAX), coded)
+            })
+        })
+        .collect();
+    if blocks.is_empty() {
+        // A frame has at least one block: an empty last raw block.
+        block_header(&mut out, true, 0, 0);
+    }
+    for (i, &(at, len, coded)) in blocks.iter().enumerate() {
+        let last = i + 1 == blocks.len();
+        encode_block(&planes[at..at + len], last, coded, &mut out, &mut s.streams);
+    }
+    out
+}
+
+/// Appends a 3-byte block header: Last_Block, Block_Type (0 raw, 1 RLE, 2 compressed), size.
+fn block_header(out: &mut Vec<u8>, last: bool, kind: u32, size: usize) {
+    let h = last as u32 | kind << 1 | (size as u32) << 3;
+    out.extend_from_slice(&h.to_le_bytes()[..3]);
+}
+
+/// Appends one block holding `piece`. A coded piece of at least [`MIN_HUFFMAN`] bytes: RLE
+/// when it is one repeated byte, Huffman-coded literals when they are smaller, raw
+/// otherwise. A shorter piece: RLE or raw. An uncoded one: raw.
+fn encode_block(piece: &[u8], last: bool, coded: bool, out: &mut Vec<u8>, streams: &mut Vec<u8>) {
+    if piece.len() < MIN_HUFFMAN {
+        if piece.iter().all(|&b| b == piece[0]) && !piece.is_empty() {
+            block_header(out, last, 1, piece.len());
+            out.push(piece[0]);
+            return;
+        }
+    } else if coded {
+        let counts = histogram(piece);
+        if counts.iter().filter(|&&c| c > 0).count() == 1 {
+            block_header(out, last, 1, piece.len());
+            out.push(piece[0]);
+            return;
+        }
+        let at = out.len();
+        block_header(out, last, 2, 0);
+        if huffman::literals(piece, &counts, out, streams) && out.len() - at - 3 < piece.len() {
+            let size = out.len() - at - 3;
+            let h = last as u32 | 2 << 1 | (size as u32) << 3;
+            out[at..at + 3].copy_from_slice(&h.to_le_bytes()[..3]);
+            return;
+        }
+        out.truncate(at);
+    }
+    block_header(out, last, 0, piece.len());
+    out.extend_from_slice(piece);
+}
+
+#[cfg(test)]
+mod tests {
+    use super::planes::rotate_left;
+    use super::*;
+
+    /// `len` bytes of xorshift noise from state `x`.
+    fn noise(x: &mut u64, len: usize) -> Vec<u8> {
+        (0..len)
+            .map(|_| {
+                *x ^= *x << 13;
+                *x ^= *x >> 7;
+                *x ^= *x << 17;
+                *x as u8
+            })
+            .collect()
+    }
+
+    #[test]
+    fn rotation_and_planes_invert() {
+        let mut x = 0x9E37_79B9_7F4A_7C15u64;
+        for len in (0..70).chain([4095, 4096, 65_537]) {
+            let d = noise(&mut x, len);
+            for t in Transform::all() {
+                assert_eq!(inverse(&forward(&d, t), t), d, "len {len} {t:?}");
+            }
+        }
+    }
+
+    /// The transforms (SIMD where there is SIMD) equal the format's definition written out
+    /// byte by byte: rotated byte `i` is `b[i] << 1 | b[i - 1] >> 7` (wrapping), plane `j`
+    /// holds byte `j` of every element, the tail comes last.
+    #[test]
+    fn transforms_equal_their_definition() {
+        let mut x = 7u64;
+        for len in (1..80).chain([4095, 4099, 65_541]) {
+            let d = noise(&mut x, len);
+            for t in Transform::all() {
+                let w = t.width as usize;
+                let r: Vec<u8> = (0..len)
+                    .map(|i| {
+                        if t.rotate {
+                            d[i] << 1 | d[(i + len - 1) % len] >> 7
+                        } else {
+                            d[i]
+                        }
+                    })
+                    .collect();
+                let n = len / w;
+                let mut want = r.clone();
+                for e in 0..n {
+                    for j in 0..w {
+                        want[j * n + e] = r[e * w + j];
+                    }
+                }
+                assert_eq!(forward(&d, t), want, "len {len} {t:?}");
+                assert_eq!(inverse(&want, t), d, "len {len} {t:?}");
+            }
+        }
+    }
+
+    #[test]
+    fn transform_ids_round_trip() {
+        for t in Transform::all() {
+            assert_eq!(Transform::from_index(t.index()), Some(t));
+        }
+        assert_eq!(Transform::from_index(8), None);
+    }
+
+    /// Rotation puts an fp32's exponent into one byte whatever the alignment.
+    #[test]
+    fn rotation_isolates_the_exponent() {
+        let v: Vec<u8> = [1.5f32, -1.5, 3.0e-3, -7.0e-6]
+            .iter()
+            .flat_map(|f| f.to_le_bytes())
+            .collect();
+        for skew in 0..4 {
+            let mut d = vec![0xAAu8; skew];
+            d.extend_from_slice(&v);
+            let mut r = d.clone();
+            rotate_left(&mut r);
+            for (k, f) in [1.5f32, -1.5, 3.0e-3, -7.0e-6].iter().enumerate() {
+                let exp = (f.to_bits() >> 23 & 0xFF) as u8;
+                assert_eq!(r[skew + 4 * k + 3], exp, "skew {skew} value {f}");
+            }
+        }
+    }
+}
