@@ -621,6 +621,7 @@ impl Bench<'_> {
                     let full: Vec<RandomSpec> = (0..w)
                         .map(|i| match self.o.data.as_str() {
                             "field" => RandomSpec::field(mix(seed, i as u64)),
+                            "tensor" => RandomSpec::tensor(mix(seed, i as u64)),
                             _ => RandomSpec::new(mix(seed, i as u64)),
                         })
                         .collect();

@@ -1,9 +1,12 @@
 //! `ckptfs-bench codec`: the chunk codecs side by side on seeded data and on files, no mount:
-//! stored fraction under `lz4` (what a space stores by default), under `float`, and under
-//! zstd level 1 of the plain chunk for reference, with encode and decode GiB/s on one core.
+//! stored fraction under `float` (what a space stores by default), under `lz4` (the default
+//! of earlier builds), and under zstd level 1 of the plain chunk for reference, with encode
+//! and decode GiB/s on one core; and ZipNN (the lossless state of the art for model
+//! tensors) on the same bytes in the same run, through Python, where `zipnn` is installed.
 //!
 //! Chunks are cut as a space cuts them (FastCDC, `--chunk-size` average), so float arrays
-//! start at any offset inside a chunk, as they do in real checkpoints.
+//! start at any offset inside a chunk, as they do in real checkpoints. ZipNN compresses each
+//! data set whole (its own 256 KiB pieces), which is its best case.
 
 use std::path::PathBuf;
 use std::time::Instant;
@@ -30,6 +33,9 @@ pub struct CodecOpts {
     /// Also print the table as JSON
     #[arg(long)]
     pub json: bool,
+    /// Python interpreter that runs ZipNN (`pip install zipnn`) beside the codecs
+    #[arg(long, default_value = "python3")]
+    pub python: String,
 }
 
 /// N(0, std) float32 values (Box-Muller), as weights are initialised.
@@ -60,8 +66,8 @@ fn adam_moments(seed: u64, n: usize, steps: u32) -> (Vec<f32>, Vec<f32>) {
     (m, v)
 }
 
-/// The generated data kinds: (name, bytes).
-fn kinds(o: &CodecOpts) -> Vec<(String, Vec<u8>)> {
+/// The generated data kinds: (name, bytes, ZipNN's dtype for them where it takes them).
+fn kinds(o: &CodecOpts) -> Vec<(String, Vec<u8>, Option<&'static str>)> {
     let len = o.size as usize;
     let n32 = len / 4;
     let fp32 = normals(o.seed, n32, 0.02);
@@ -100,19 +106,108 @@ fn kinds(o: &CodecOpts) -> Vec<(String, Vec<u8>)> {
         .flat_map(|_| rng.random_range(0i64..50_000).to_le_bytes())
         .collect();
     let spec = data::RandomSpec::new(o.seed);
+    let (f32s, bf16s) = (Some("float32"), Some("bfloat16"));
     vec![
-        ("bf16 weights N(0,0.02)".into(), bf16),
-        ("fp32 weights N(0,0.02)".into(), bytes_of(&fp32)),
-        ("AdamW exp_avg_sq".into(), bytes_of(&v)),
-        ("GPT-2-like fp32 + AdamW".into(), gpt2),
-        ("fp64 field (bench data)".into(), data::field(o.seed, len)),
-        ("dense fp32 (bench data)".into(), data::dense(o.seed, len)),
-        ("fp32 values as fp64 N(0,1)".into(), fp32_as_fp64),
-        ("int64 indices 0..50000".into(), indices),
-        ("text log".into(), text),
-        ("zeros".into(), vec![0u8; len]),
-        ("random".into(), spec.generate(len)),
+        ("bf16 weights N(0,0.02)".into(), bf16, bf16s),
+        ("fp32 weights N(0,0.02)".into(), bytes_of(&fp32), f32s),
+        ("AdamW exp_avg".into(), bytes_of(&m), f32s),
+        ("AdamW exp_avg_sq".into(), bytes_of(&v), f32s),
+        ("GPT-2-like fp32 + AdamW".into(), gpt2, f32s),
+        (
+            "fp64 field (bench data)".into(),
+            data::field(o.seed, len),
+            None,
+        ),
+        (
+            "dense fp32 (bench data)".into(),
+            data::dense(o.seed, len),
+            f32s,
+        ),
+        ("fp32 values as fp64 N(0,1)".into(), fp32_as_fp64, None),
+        ("int64 indices 0..50000".into(), indices, None),
+        ("text log".into(), text, None),
+        ("zeros".into(), vec![0u8; len], None),
+        ("random".into(), spec.generate(len), None),
     ]
+}
+
+/// The bytes of a file to measure, and ZipNN's dtype for them: a `.safetensors` file's
+/// tensor data (after its header, so ZipNN's byte groups line up with the elements; the
+/// float codec needs no alignment), `bfloat16` where the name or the safetensors header
+/// says bf16, `float32` otherwise.
+fn file_data(path: &std::path::Path) -> Result<(Vec<u8>, &'static str), String> {
+    let d = std::fs::read(path).map_err(|e| format!("{}: {e}", path.display()))?;
+    let name = path.display().to_string().to_lowercase();
+    if name.ends_with(".safetensors") && d.len() >= 8 {
+        let header = u64::from_le_bytes(d[..8].try_into().expect("8 bytes")) as usize;
+        if let Some(body) = d.get(8 + header..) {
+            let h = String::from_utf8_lossy(&d[8..8 + header]);
+            let dtype = if h.contains("\"BF16\"") {
+                "bfloat16"
+            } else {
+                "float32"
+            };
+            return Ok((body.to_vec(), dtype));
+        }
+    }
+    let dtype = if name.contains("bf16") || name.contains("bfloat16") {
+        "bfloat16"
+    } else {
+        "float32"
+    };
+    Ok((d, dtype))
+}
+
+/// ZipNN on one data set: stored fraction, compress and decompress GiB/s (one thread, round
+/// trip checked).
+#[derive(Clone, Copy, Debug, serde::Deserialize)]
+struct Zipnn {
+    stored: f64,
+    compress: f64,
+    decompress: f64,
+}
+
+/// Runs ZipNN through `python` on `sets` ((file, dtype) pairs): its figures per file, or why
+/// not (no interpreter, no `zipnn` module, a failed round trip).
+fn zipnn(python: &str, sets: &[(std::path::PathBuf, &str)]) -> Result<Vec<Zipnn>, String> {
+    const SCRIPT: &str = r#"
+import json, sys, time, warnings
+warnings.filterwarnings("ignore")
+try:
+    import zipnn
+except ImportError as e:
+    print(json.dumps({"error": f"no zipnn module ({e}): pip install zipnn"})); sys.exit(0)
+out = []
+for path, dtype in zip(sys.argv[1::2], sys.argv[2::2]):
+    d = open(path, "rb").read()
+    z = zipnn.ZipNN(input_format="byte", bytearray_dtype=dtype, threads=1)
+    best_c = best_d = float("inf")
+    for _ in range(3):
+        buf = bytearray(d)  # ZipNN reorders its input in place
+        t = time.perf_counter(); c = z.compress(buf); best_c = min(best_c, time.perf_counter() - t)
+        t = time.perf_counter(); r = z.decompress(c); best_d = min(best_d, time.perf_counter() - t)
+        if bytes(r) != d:
+            print(json.dumps({"error": f"zipnn round trip of {path} differs"})); sys.exit(0)
+    g = len(d) / 2**30
+    out.append({"stored": len(c) / len(d), "compress": g / best_c, "decompress": g / best_d})
+print(json.dumps({"sets": out}))
+"#;
+    let mut cmd = std::process::Command::new(python);
+    cmd.arg("-c").arg(SCRIPT);
+    for (p, dtype) in sets {
+        cmd.arg(p).arg(dtype);
+    }
+    let out = cmd
+        .stderr(std::process::Stdio::null())
+        .output()
+        .map_err(|e| format!("cannot run {python}: {e}"))?;
+    let text = String::from_utf8_lossy(&out.stdout);
+    let v: serde_json::Value = serde_json::from_str(text.trim())
+        .map_err(|e| format!("{python} said {:?} ({e})", text.trim()))?;
+    if let Some(e) = v.get("error").and_then(|e| e.as_str()) {
+        return Err(e.to_string());
+    }
+    serde_json::from_value(v["sets"].clone()).map_err(|e| format!("ZipNN's figures: {e}"))
 }
 
 struct Row {
@@ -138,6 +233,8 @@ struct Row {
     cut_engine: f64,
     /// BLAKE3 of every chunk, as the store names chunks.
     hash: f64,
+    /// ZipNN on the same bytes, where it takes them and ran.
+    zipnn: Option<Zipnn>,
 }
 
 fn gib_s(bytes: usize, secs: f64) -> f64 {
@@ -212,11 +309,18 @@ fn measure(name: &str, d: &[u8], avg: usize) -> Result<Row, String> {
     } else {
         gib_s(decoded, t.elapsed().as_secs_f64())
     };
+    // As the store encodes, in worker batches (a tensor's chunks after the first keep its
+    // transform, `codec::Streak`).
     let t = Instant::now();
-    let fl: Vec<_> = cuts
-        .iter()
-        .map(|c| codec::encode(c, Policy::Float))
-        .collect();
+    let mut fl = Vec::with_capacity(cuts.len());
+    let (mut streak, mut batch) = (codec::Streak::default(), 0);
+    for c in &cuts {
+        fl.push(codec::encode_after(c, Policy::Float, &mut streak));
+        batch += c.len();
+        if batch >= ckptfs_engine::store::BATCH_BYTES {
+            (streak, batch) = (codec::Streak::default(), 0);
+        }
+    }
     let enc_float = t.elapsed().as_secs_f64();
     let float_chunks = fl
         .iter()
@@ -263,6 +367,7 @@ fn measure(name: &str, d: &[u8], avg: usize) -> Result<Row, String> {
         cut,
         cut_engine,
         hash,
+        zipnn: None,
     })
 }
 
@@ -271,13 +376,39 @@ pub fn run(o: &CodecOpts) -> Result<(), String> {
     // Chosen (and measured) once per process: before the first timed cut, not inside it.
     let search = ckptfs_engine::filemap::gear_search();
     let mut rows = Vec::new();
-    for (name, d) in kinds(o) {
-        rows.push(measure(&name, &d, avg)?);
+    // The data sets ZipNN takes, written out for it: (row, file, dtype).
+    let dir = std::env::temp_dir().join(format!("ckptfs-bench-codec-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).map_err(|e| format!("{}: {e}", dir.display()))?;
+    let mut sets = Vec::new();
+    let mut add = |rows: &mut Vec<Row>, name: &str, d: &[u8], dtype: Option<&'static str>| {
+        rows.push(measure(name, d, avg)?);
+        if let Some(dtype) = dtype {
+            let p = dir.join(format!("set-{}", rows.len()));
+            std::fs::write(&p, d).map_err(|e| format!("{}: {e}", p.display()))?;
+            sets.push((rows.len() - 1, p, dtype));
+        }
+        Ok::<(), String>(())
+    };
+    for (name, d, dtype) in kinds(o) {
+        add(&mut rows, &name, &d, dtype)?;
     }
     for f in &o.files {
-        let d = std::fs::read(f).map_err(|e| format!("{}: {e}", f.display()))?;
-        rows.push(measure(&f.display().to_string(), &d, avg)?);
+        let (d, dtype) = file_data(f)?;
+        add(&mut rows, &f.display().to_string(), &d, Some(dtype))?;
     }
+    let files: Vec<_> = sets.iter().map(|(_, p, t)| (p.clone(), *t)).collect();
+    let zipnn_note = match zipnn(&o.python, &files) {
+        Ok(z) => {
+            for ((row, _, _), z) in sets.iter().zip(z) {
+                rows[*row].zipnn = Some(z);
+            }
+            "ZipNN: the `zipnn` package through Python, one thread, each data set whole (its \
+             256 KiB pieces), round trip checked, in this run"
+                .to_string()
+        }
+        Err(why) => format!("ZipNN: not measured: {why}"),
+    };
+    let _ = std::fs::remove_dir_all(&dir);
     println!(
         "chunk codecs, one core, {} KiB average chunks (stored / raw; GiB/s of raw bytes); \
          the engine's cutter searches with: {} ({})",
@@ -286,57 +417,71 @@ pub fn run(o: &CodecOpts) -> Result<(), String> {
         search.measured
     );
     println!(
-        "{:<34} {:>8} {:>7} {:>9} {:>9} {:>7} {:>7} {:>9} {:>9} {:>9} {:>9} {:>10} {:>10} {:>7} {:>10} {:>7}",
+        "{:<34} {:>8} {:>7} {:>7} {:>10} {:>10} {:>9} {:>9} {:>9} {:>9} {:>9} {:>7} {:>9} {:>9} {:>9} {:>9} {:>10} {:>7} {:>10} {:>7}",
         "data",
         "MiB",
+        "float",
+        "zipnn",
+        "enc float",
+        "dec float",
+        "enc zipnn",
+        "dec zipnn",
+        "s/GiB+",
         "lz4",
         "lz4 shuf",
         "lz4-plain",
-        "float",
         "zstd-1",
         "float %ch",
         "enc lz4",
         "enc plain",
         "dec lz4",
-        "enc float",
-        "dec float",
         "cut",
         "cut ckptfs",
         "blake3"
     );
     for r in &rows {
+        let z = |f: fn(&Zipnn) -> f64, digits: usize| {
+            r.zipnn
+                .as_ref()
+                .map_or("-".to_string(), |z| format!("{:.*}", digits, f(z)))
+        };
         println!(
-            "{:<34} {:>8} {:>7.3} {:>8.0}% {:>9.3} {:>7.3} {:>7.3} {:>8.0}% {:>9.2} {:>9.2} {:>9.2} {:>10.2} {:>10.2} {:>7.2} {:>10.2} {:>7.2}",
+            "{:<34} {:>8} {:>7.4} {:>7} {:>10.2} {:>10.2} {:>9} {:>9} {:>+9.3} {:>9.3} {:>8.0}% {:>9.3} {:>7.3} {:>8.0}% {:>9.2} {:>9.2} {:>9.2} {:>7.2} {:>10.2} {:>7.2}",
             r.name,
             r.bytes >> 20,
+            r.float,
+            z(|z| z.stored, 4),
+            r.enc_float,
+            r.dec_float,
+            z(|z| z.compress, 2),
+            z(|z| z.decompress, 2),
+            1.0 / r.enc_float - 1.0 / r.enc_lz4,
             r.lz4,
             r.shuffled_chunks * 100.0,
             r.lz4_plain,
-            r.float,
             r.zstd1,
             r.float_chunks * 100.0,
             r.enc_lz4,
             r.enc_lz4_plain,
             r.dec_lz4,
-            r.enc_float,
-            r.dec_float,
             r.cut,
             r.cut_engine,
             r.hash
         );
     }
+    println!("{zipnn_note}");
     println!(
-        "ZipNN (published, whole models, Huffman over byte groups after exponent extraction): \
-         about 0.67 of bf16 models and 0.83 of fp32 models (a third and a sixth saved)"
-    );
-    println!(
-        "lz4: the default policy (LZ4 where it pays, else raw; byte-shuffled first where LZ4 \
+        "float: the default policy (`--codec float`: the float codec where it beats what lz4 \
+         stores, else that), encoded as the store does, in worker batches of 512 KiB where a \
+         tensor's chunks after the first keep its transform; zipnn, enc/dec zipnn: ZipNN's \
+         stored fraction and GiB/s on the same bytes (`-`: data it does not take, or not \
+         run); s/GiB+: CPU seconds per GiB that encoding under float costs more than under \
+         lz4; lz4: `--codec lz4` (LZ4 where it pays, else raw; byte-shuffled first where LZ4 \
          would take a short match every few bytes), encoded as the store does, in worker \
          batches of 512 KiB where a storm array's chunks after the first skip the probes; lz4 \
          shuf: chunks it shuffled; lz4-plain: \
          LZ4 or raw, never shuffled (the default of earlier builds); dec lz4: decode of the \
-         chunks the default policy compressed; float: `--codec float` (the \
-         float codec where it beats LZ4); zstd-1: zstd level 1 of each plain chunk, for \
+         chunks lz4 compressed; zstd-1: zstd level 1 of each plain chunk, for \
          reference; float %ch: chunks the float codec took; dec float: decode of those chunks; \
          cut: FastCDC v2020 alone (the crate's loop); cut ckptfs: the engine's cutter, same \
          cuts (checked): the same loop, or eight lanes at once with AVX-512; blake3: \
@@ -355,6 +500,10 @@ pub fn run(o: &CodecOpts) -> Result<(), String> {
                     "lz4_plain": r.lz4_plain, "encode_lz4_plain_gib_s": r.enc_lz4_plain,
                     "decode_lz4_gib_s": r.dec_lz4, "encode_float_gib_s": r.enc_float,
                     "decode_float_gib_s": r.dec_float,
+                    "zipnn": r.zipnn.map(|z| serde_json::json!({
+                        "stored": z.stored, "compress_gib_s": z.compress,
+                        "decompress_gib_s": z.decompress,
+                    })),
                     "cut_gib_s": r.cut, "cut_engine_gib_s": r.cut_engine,
                     "blake3_gib_s": r.hash,
                 })

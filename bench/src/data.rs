@@ -69,6 +69,8 @@ pub struct RandomSpec {
     pub changed: Option<(u64, u32)>,
     /// Compressible float64 blocks (`field_block`) instead of random bytes.
     pub field: bool,
+    /// fp32 tensor blocks (`tensor_block`) instead of random bytes.
+    pub tensor: bool,
 }
 
 impl RandomSpec {
@@ -77,6 +79,15 @@ impl RandomSpec {
             seed,
             changed: None,
             field: false,
+            tensor: false,
+        }
+    }
+
+    /// `new`, with fp32 tensor blocks (`tensor_block`).
+    pub fn tensor(seed: u64) -> RandomSpec {
+        RandomSpec {
+            tensor: true,
+            ..RandomSpec::new(seed)
         }
     }
 
@@ -130,6 +141,8 @@ impl RandomSpec {
     fn block(&self, seed: u64, out: &mut [u8]) {
         if self.field {
             field_block(seed, out)
+        } else if self.tensor {
+            tensor_block(seed, out)
         } else {
             SmallRng::seed_from_u64(seed).fill_bytes(out)
         }
@@ -237,6 +250,17 @@ pub fn field_block(seed: u64, out: &mut [u8]) {
         let v = amp * (-x * x).exp();
         let v = if v < f64::MIN_POSITIVE { 0.0 } else { v };
         c.copy_from_slice(&v.to_le_bytes());
+    }
+}
+
+/// A 64-KiB block of fp32 weights as a model's: about N(0, 0.02) (the sum of four uniforms,
+/// whose exponents spread as a normal's do), so LZ4 stores them raw and the float codec at
+/// about 0.83. Block-addressable, so writer processes generate their own parts.
+pub fn tensor_block(seed: u64, out: &mut [u8]) {
+    let mut rng = SmallRng::seed_from_u64(mix(seed, name_label("tensor block")));
+    for c in out.chunks_exact_mut(4) {
+        let s: f32 = (0..4).map(|_| rng.random::<f32>()).sum::<f32>() - 2.0;
+        c.copy_from_slice(&(0.035 * s).to_le_bytes());
     }
 }
 

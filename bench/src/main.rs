@@ -81,8 +81,9 @@ pub struct Opts {
     /// Leave the plain files and the ckptfs space in DIR afterwards
     #[arg(long)]
     pub keep: bool,
-    /// Data of `steps`: random bytes, or compressible float64 field blocks (`field`)
-    #[arg(long, default_value = "random", value_parser = ["random", "field"])]
+    /// Data of `steps`: random bytes, compressible float64 field blocks (`field`), or fp32
+    /// weights (`tensor`: what the float codec, the default, is for)
+    #[arg(long, default_value = "random", value_parser = ["random", "field", "tensor"])]
     pub data: String,
     /// Writer counts of `steps` (those above max(8, cores) are left out)
     #[arg(long, value_delimiter = ',', default_value = "1,4,8,16")]

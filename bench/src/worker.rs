@@ -164,6 +164,7 @@ impl Task {
             "seed": self.spec.seed,
             "changed": self.spec.changed.map(|(s, p)| json!([s, p])),
             "field": self.spec.field,
+            "tensor": self.spec.tensor,
             "ranges": self.ranges.iter().map(|&(o, l)| json!([o, l])).collect::<Vec<_>>(),
             "block": self.block,
             "files": self.files,
@@ -193,6 +194,7 @@ impl Task {
                 seed: v["seed"].as_u64().ok_or_else(bad)?,
                 changed: changed.map(|(s, p)| (s, p as u32)),
                 field: v["field"].as_bool().unwrap_or(false),
+                tensor: v["tensor"].as_bool().unwrap_or(false),
             },
             ranges: v["ranges"]
                 .as_array()

@@ -669,7 +669,11 @@ impl Space {
                 Policy::Lz4 | Policy::Shuffle => {
                     self.add_features(Features::INCOMPAT_SHUFFLE_CODECS)?
                 }
-                Policy::Float => self.add_features(Features::INCOMPAT_FLOAT_CODEC)?,
+                // Where the float codec does not pay, chunks are stored as `Lz4` stores them,
+                // byte-shuffled storms included.
+                Policy::Float => self.add_features(
+                    Features::INCOMPAT_FLOAT_CODEC.union(Features::INCOMPAT_SHUFFLE_CODECS),
+                )?,
             }
         }
         self.store.set_codec_policy(policy);
