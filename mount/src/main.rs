@@ -77,11 +77,11 @@ enum Cmd {
         /// count; e.g. 3+2 for 5 targets].
         #[arg(long, value_name = "M+K", value_parser = parse_redundancy, requires = "targets")]
         redundancy: Option<ckptfs_engine::targets::Redundancy>,
-        /// The codec new chunks get by default: `float` (floating-point tensors as byte planes
-        /// entropy-coded into zstd frames where that beats LZ4, LZ4 or raw elsewhere), or
-        /// `lz4`. `float` marks the space with its feature flag, so builds without the codec
-        /// refuse it, and mounts use it unless their `--codec` says otherwise.
-        #[arg(long, default_value = "float", value_parser = ["lz4", "float"])]
+        /// The codec new chunks get by default: `lz4`, or `float` (floating-point tensors as
+        /// byte planes entropy-coded into zstd frames where that beats LZ4, LZ4 or raw
+        /// elsewhere). `float` marks the space with its feature flag, so builds without the
+        /// codec refuse it, and mounts use it unless their `--codec` says otherwise.
+        #[arg(long, default_value = "lz4", value_parser = ["lz4", "float"])]
         codec: String,
         #[command(flatten)]
         retention: RetentionArgs,
@@ -546,9 +546,6 @@ fn ensure_default_space(dir: &Path) -> Result<(), String> {
     }
     let chunk = parse_size(DEFAULT_CHUNK)? as u32;
     Space::format(dir, size, chunk, Config::default(), false).map_err(|e| e.to_string())?;
-    // The default codec, as `format` gives it.
-    ckptfs_engine::space::mark_features(dir, ckptfs_engine::format::Features::INCOMPAT_FLOAT_CODEC)
-        .map_err(|e| format!("cannot record the codec in the superblock: {e}"))?;
     eprintln!(
         "ckptfs: formatted the default backing space at {} ({} MiB)",
         dir.display(),

@@ -221,8 +221,8 @@ fn normal_f32(seed: u64, n: usize, std: f32) -> Vec<f32> {
         .collect()
 }
 
-/// `format` marks the space for the float codec (the default) before anything is written,
-/// mounts default to the codec, float weights store at most 88% (fp32) and 70% (bf16) of their size where LZ4
+/// `format --codec float` marks the space before anything is written, mounts default to the
+/// codec, float weights store at most 88% (fp32) and 70% (bf16) of their size where LZ4
 /// stores them raw, a file at an odd offset (a header first) too, and everything reads back
 /// through a later mount with `--codec lz4`, which keeps the flag.
 #[test]
@@ -251,11 +251,10 @@ fn float_codec_stores_weights_smaller_and_reads_back() {
     let (lz4_stored, _) = stored_delta(&mut plain, "w.f32", &fp32);
     drop(plain);
 
-    // The float codec is the default: a plain `format` marks the space for it.
-    let mut m = TestMount::with_format_args("256M", &[]);
+    let mut m = TestMount::with_format_args("256M", &["--codec", "float"]);
     assert!(
         sb_now(&m).features.contains(Features::INCOMPAT_FLOAT_CODEC),
-        "format must mark the superblock for the float codec by default"
+        "format --codec float must mark the superblock"
     );
     let mut ratios = Vec::new();
     for (name, data, most) in [
