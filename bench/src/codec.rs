@@ -1,6 +1,6 @@
 //! `ckptfs-bench codec`: the chunk codecs side by side on seeded data and on files, no mount:
-//! stored fraction under `float` (what a space stores by default), under `lz4` (the default
-//! of earlier builds), and under zstd level 1 of the plain chunk for reference, with encode
+//! stored fraction under `float` (`--codec float`), under `lz4` (the default), and under
+//! zstd level 1 of the plain chunk for reference, with encode
 //! and decode GiB/s on one core; and ZipNN (the lossless state of the art for model
 //! tensors) on the same bytes in the same run, through Python, where `zipnn` is installed.
 //!
@@ -241,6 +241,21 @@ fn gib_s(bytes: usize, secs: f64) -> f64 {
     bytes as f64 / secs.max(1e-9) / (1u64 << 30) as f64
 }
 
+/// `cuts` encoded under `policy` as a store worker encodes them: in batches of
+/// `BATCH_BYTES`, each chunk after the first of a batch with the streak of the one before.
+fn in_batches(cuts: &[&[u8]], policy: Policy) -> Vec<(Codec, Option<Vec<u8>>)> {
+    let mut out = Vec::with_capacity(cuts.len());
+    let (mut streak, mut batch) = (codec::Streak::default(), 0);
+    for c in cuts {
+        out.push(codec::encode_after(c, policy, &mut streak));
+        batch += c.len();
+        if batch >= ckptfs_engine::store::BATCH_BYTES {
+            (streak, batch) = (codec::Streak::default(), 0);
+        }
+    }
+    out
+}
+
 fn measure(name: &str, d: &[u8], avg: usize) -> Result<Row, String> {
     let t = Instant::now();
     let cuts: Vec<&[u8]> = fastcdc::v2020::FastCDC::new(d, avg / 4, avg, avg * 4)
@@ -274,15 +289,7 @@ fn measure(name: &str, d: &[u8], avg: usize) -> Result<Row, String> {
     // As the store encodes: in worker batches of consecutive chunks, where a storm array's
     // chunks after the first skip the probes (`codec::Streak`).
     let t = Instant::now();
-    let mut lz4 = Vec::with_capacity(cuts.len());
-    let (mut streak, mut batch) = (codec::Streak::default(), 0);
-    for c in &cuts {
-        lz4.push(codec::encode_after(c, Policy::Lz4, &mut streak));
-        batch += c.len();
-        if batch >= ckptfs_engine::store::BATCH_BYTES {
-            (streak, batch) = (codec::Streak::default(), 0);
-        }
-    }
+    let lz4 = in_batches(&cuts, Policy::Lz4);
     let enc_lz4 = t.elapsed().as_secs_f64();
     let t = Instant::now();
     let plain: Vec<_> = cuts
@@ -312,15 +319,7 @@ fn measure(name: &str, d: &[u8], avg: usize) -> Result<Row, String> {
     // As the store encodes, in worker batches (a tensor's chunks after the first keep its
     // transform, `codec::Streak`).
     let t = Instant::now();
-    let mut fl = Vec::with_capacity(cuts.len());
-    let (mut streak, mut batch) = (codec::Streak::default(), 0);
-    for c in &cuts {
-        fl.push(codec::encode_after(c, Policy::Float, &mut streak));
-        batch += c.len();
-        if batch >= ckptfs_engine::store::BATCH_BYTES {
-            (streak, batch) = (codec::Streak::default(), 0);
-        }
-    }
+    let fl = in_batches(&cuts, Policy::Float);
     let enc_float = t.elapsed().as_secs_f64();
     let float_chunks = fl
         .iter()
@@ -471,12 +470,12 @@ pub fn run(o: &CodecOpts) -> Result<(), String> {
     }
     println!("{zipnn_note}");
     println!(
-        "float: the default policy (`--codec float`: the float codec where it beats what lz4 \
-         stores, else that), encoded as the store does, in worker batches of 512 KiB where a \
+        "float: `--codec float` (the float codec where it beats what lz4 stores, else \
+         that), encoded as the store does, in worker batches of 512 KiB where a \
          tensor's chunks after the first keep its transform; zipnn, enc/dec zipnn: ZipNN's \
          stored fraction and GiB/s on the same bytes (`-`: data it does not take, or not \
          run); s/GiB+: CPU seconds per GiB that encoding under float costs more than under \
-         lz4; lz4: `--codec lz4` (LZ4 where it pays, else raw; byte-shuffled first where LZ4 \
+         lz4; lz4: the default policy (LZ4 where it pays, else raw; byte-shuffled first where LZ4 \
          would take a short match every few bytes), encoded as the store does, in worker \
          batches of 512 KiB where a storm array's chunks after the first skip the probes; lz4 \
          shuf: chunks it shuffled; lz4-plain: \

@@ -195,18 +195,18 @@ fn block_header(out: &mut Vec<u8>, last: bool, kind: u32, size: usize) {
 /// when it is one repeated byte, Huffman-coded literals when they are smaller, raw
 /// otherwise. A shorter piece: RLE or raw. An uncoded one: raw.
 fn encode_block(piece: &[u8], last: bool, coded: bool, out: &mut Vec<u8>, streams: &mut Vec<u8>) {
+    let rle = |out: &mut Vec<u8>| {
+        block_header(out, last, 1, piece.len());
+        out.push(piece[0]);
+    };
     if piece.len() < MIN_HUFFMAN {
         if piece.iter().all(|&b| b == piece[0]) && !piece.is_empty() {
-            block_header(out, last, 1, piece.len());
-            out.push(piece[0]);
-            return;
+            return rle(out);
         }
     } else if coded {
         let counts = histogram(piece);
         if counts.iter().filter(|&&c| c > 0).count() == 1 {
-            block_header(out, last, 1, piece.len());
-            out.push(piece[0]);
-            return;
+            return rle(out);
         }
         let at = out.len();
         block_header(out, last, 2, 0);

@@ -43,28 +43,20 @@ pub fn rotate_right(data: &mut [u8]) {
 /// Byte planes: output byte `j * n + e` is byte `j` of element `e`, for `n = len / width`
 /// elements; trailing bytes that make no whole element are copied last as they are.
 pub fn shuffle(data: &[u8], width: usize) -> Vec<u8> {
-    let mut out = vec![0u8; data.len()];
-    match width {
-        1 => out.copy_from_slice(data),
-        2 => planes::<2>(data, &mut out, false),
-        4 => planes::<4>(data, &mut out, false),
-        8 => planes::<8>(data, &mut out, false),
-        w => panic!("byte-plane width {w}"),
-    }
-    out
+    forward(data, unrotated(width))
 }
 
 /// Inverse of [`shuffle`].
 pub fn unshuffle(data: &[u8], width: usize) -> Vec<u8> {
-    let mut out = vec![0u8; data.len()];
-    match width {
-        1 => out.copy_from_slice(data),
-        2 => planes::<2>(data, &mut out, true),
-        4 => planes::<4>(data, &mut out, true),
-        8 => planes::<8>(data, &mut out, true),
-        w => panic!("byte-plane width {w}"),
+    inverse(data, unrotated(width))
+}
+
+fn unrotated(width: usize) -> Transform {
+    assert!(matches!(width, 1 | 2 | 4 | 8), "byte-plane width {width}");
+    Transform {
+        width: width as u8,
+        rotate: false,
     }
-    out
 }
 
 /// Splits `elems` into `W` planes (or joins planes back into elements, `join`): 16
