@@ -158,10 +158,12 @@ const FLOAT_STREAK_SLACK: f32 = 1.05;
 
 /// `encode_after` under the float policy (see `Streak`).
 fn encode_float_after(data: &[u8], streak: &mut Streak) -> (Codec, Option<Vec<u8>>) {
+    let mut probes = None;
     if let Some((t, fraction)) = streak.float.filter(|_| data.len() >= 4 * PROBE_BYTES) {
         // Only where LZ4 would store the chunk raw: then a frame smaller than the chunk is
         // smaller than what `lz4` stores, as `encode_float` promises.
-        if probe(data).incompressible {
+        let p = probes.insert(probe(data));
+        if p.incompressible {
             let (plan, est) = float::choose_for(data, t);
             if est <= fraction * FLOAT_STREAK_SLACK + 0.01 && est < FLOAT_MIN_GAIN {
                 let frame = float::encode_plan(data, plan);
@@ -172,7 +174,11 @@ fn encode_float_after(data: &[u8], streak: &mut Streak) -> (Codec, Option<Vec<u8
             }
         }
     }
-    let (codec, out) = encode_float(data);
+    // The probes once: a chunk that left the streak takes the full choice with them.
+    let (codec, out) = match probes {
+        Some(p) => encode_float_probed(data, &p),
+        None => encode_float(data),
+    };
     streak.float = match (codec, &out) {
         (Codec::Float(t), Some(o)) => Some((t, o.len() as f32 / data.len() as f32)),
         _ => None,
@@ -230,7 +236,11 @@ fn encode_float(data: &[u8]) -> (Codec, Option<Vec<u8>>) {
     if data.len() < FLOAT_MIN_BYTES {
         return encode(data, Policy::Lz4);
     }
-    let probes = probe(data);
+    encode_float_probed(data, &probe(data))
+}
+
+/// `encode_float` of a chunk of at least `FLOAT_MIN_BYTES` whose LZ4 `probes` are taken.
+fn encode_float_probed(data: &[u8], probes: &Probes) -> (Codec, Option<Vec<u8>>) {
     let lz4_guess = if probes.incompressible {
         1.0
     } else {
@@ -239,7 +249,7 @@ fn encode_float(data: &[u8]) -> (Codec, Option<Vec<u8>>) {
     if float::quick_floor(data)
         .is_some_and(|floor| floor + QUICK_FLOOR_NOISE >= lz4_guess * FLOAT_MIN_GAIN)
     {
-        return encode_lz4(data, Policy::Lz4, &probes);
+        return encode_lz4(data, Policy::Lz4, probes);
     }
     let (plan, est) = float::choose(data);
     let mut frame = None;
@@ -250,7 +260,7 @@ fn encode_float(data: &[u8]) -> (Codec, Option<Vec<u8>>) {
         }
         frame = Some(f);
     }
-    let (codec, stored) = encode_lz4(data, Policy::Lz4, &probes);
+    let (codec, stored) = encode_lz4(data, Policy::Lz4, probes);
     let lz4_len = stored.as_ref().map_or(data.len(), Vec::len);
     if est * (data.len() as f32) < lz4_len as f32 * FLOAT_MIN_GAIN {
         let frame = frame.unwrap_or_else(|| float::encode_plan(data, plan));
