@@ -310,14 +310,7 @@ pub fn forward_into(data: &[u8], t: Transform, dst: &mut [u8]) {
     assert_eq!(data.len(), dst.len());
     let w = t.width as usize;
     if !t.rotate {
-        match w {
-            1 => dst.copy_from_slice(data),
-            2 => planes::<2>(data, dst, false),
-            4 => planes::<4>(data, dst, false),
-            8 => planes::<8>(data, dst, false),
-            w => panic!("byte-plane width {w}"),
-        }
-        return;
+        return split_or_join(data, dst, w, false);
     }
     let len = data.len();
     if len == 0 {
@@ -341,6 +334,17 @@ pub fn forward_into(data: &[u8], t: Transform, dst: &mut [u8]) {
     }
 }
 
+/// [`planes`] for a width known at run time (1: a copy).
+fn split_or_join(src: &[u8], dst: &mut [u8], width: usize, join: bool) {
+    match width {
+        1 => dst.copy_from_slice(src),
+        2 => planes::<2>(src, dst, join),
+        4 => planes::<4>(src, dst, join),
+        8 => planes::<8>(src, dst, join),
+        w => panic!("byte-plane width {w}"),
+    }
+}
+
 /// The chunk whose transformed bytes are `planes`.
 pub fn inverse(planes: &[u8], t: Transform) -> Vec<u8> {
     let mut out = vec![0u8; planes.len()];
@@ -351,13 +355,7 @@ pub fn inverse(planes: &[u8], t: Transform) -> Vec<u8> {
 /// [`inverse`] into `dst` (as long as `planes`).
 pub fn inverse_into(planes: &[u8], t: Transform, dst: &mut [u8]) {
     assert_eq!(planes.len(), dst.len());
-    match t.width {
-        1 => dst.copy_from_slice(planes),
-        2 => self::planes::<2>(planes, dst, true),
-        4 => self::planes::<4>(planes, dst, true),
-        8 => self::planes::<8>(planes, dst, true),
-        w => panic!("byte-plane width {w}"),
-    }
+    split_or_join(planes, dst, t.width as usize, true);
     if t.rotate {
         rotate_right(dst);
     }
