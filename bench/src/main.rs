@@ -6,6 +6,7 @@
 //!   ckptfs-bench limits [--size 1G] [--reps 3] ...                FUSE sink, blake3 and LZ4 ceilings
 //!   ckptfs-bench slots [--nodes 4] [--small-files 2000] ...       several daemons on one space
 //!   ckptfs-bench targets [--targets 5] [--redundancy 3+2] [--lose 2] ...  erasure-coded targets
+//!   ckptfs-bench closes [--sizes 4K] [--threads 1,8] [--files 200] [--slots 1] ...  durable closes of small files
 //!   ckptfs-bench wide [--files 1024,4096,8192] [--per-file 128K] [--request 64K] ...  many files at once
 //!   ckptfs-bench full [--space 1G] [--steps 12] [--idle-secs 60] ...  a full space rotating checkpoints
 //!   ckptfs-bench gc-scale-build DIR [--files N] [--chunk-size BYTES]
@@ -18,6 +19,7 @@
 
 mod bench;
 mod ckptfs;
+mod closes;
 mod codec;
 mod data;
 mod full;
@@ -160,6 +162,10 @@ enum Cmd {
     /// Many files written at once, a little at a time in turn: throughput next to a plain
     /// directory, and the daemon's CPU and peak RSS against the number of files
     Wide(wide::WideOpts),
+    /// Small files closed one after the other by 1 and 8 writers: time per close beside a
+    /// plain directory with and without fsync per file, and the daemon's durable commits and
+    /// publications per close
+    Closes(closes::ClosesOpts),
     /// A full space rotating checkpoints (three steps kept, older ones removed): write
     /// amplification next to the bytes the application wrote, beside a plain directory, and
     /// what the daemon writes while the full space sits idle (run as root)
@@ -261,6 +267,13 @@ fn main() {
             Ok(()) => std::process::exit(0),
             Err(e) => {
                 eprintln!("ckptfs-bench wide: {e}");
+                std::process::exit(1);
+            }
+        },
+        Cmd::Closes(o) => match closes::run(&o) {
+            Ok(()) => std::process::exit(0),
+            Err(e) => {
+                eprintln!("ckptfs-bench closes: {e}");
                 std::process::exit(1);
             }
         },

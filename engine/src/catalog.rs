@@ -14,6 +14,7 @@ use crate::format::{
     HistoryRecord, InodeId, InodeRecord, NodeKind, RevisionId, RevisionRecord, SegmentId,
     Timestamp, VersionMeta, Xattrs,
 };
+use parking_lot::Mutex;
 use redb::{
     Database, ReadOnlyTable, ReadTransaction, ReadableDatabase, ReadableTable,
     ReadableTableMetadata, Table, WriteTransaction,
@@ -1061,14 +1062,33 @@ impl<'t> Txn<'t> {
 pub struct Catalog {
     db: std::sync::Arc<Database>,
     /// A non-durable commit (a namespace change) happened since the last durable one.
-    ns_dirty: std::sync::atomic::AtomicBool,
+    durability: Mutex<Durability>,
 }
+
+/// Which metadata commits are durable. Write transactions run one at a time (redb), so
+/// the open one's kind is a single field.
+#[derive(Default)]
+struct Durability {
+    /// The open write transaction is durable, and `nondurable` when it began: every
+    /// non-durable commit up to that count becomes durable with it.
+    open: Option<u64>,
+    /// Non-durable commits made (counted before each commits, while it holds the writer).
+    nondurable: u64,
+    /// The count of non-durable commits made durable by the last durable commit.
+    durable_upto: u64,
+    /// Durable transactions committed: `Stats::commits.durable`, what a close costs.
+    durable_commits: u64,
+}
+
+/// What `Catalog::committing` says of the transaction about to commit, for `committed`.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Committing(Option<u64>);
 
 impl Catalog {
     pub(crate) fn new(db: std::sync::Arc<Database>) -> Catalog {
         Catalog {
             db,
-            ns_dirty: std::sync::atomic::AtomicBool::new(false),
+            durability: Mutex::new(Durability::default()),
         }
     }
 
@@ -1083,26 +1103,51 @@ impl Catalog {
         let mut txn = self.db.begin_write()?;
         if durable {
             txn.set_two_phase_commit(true);
-            // Write transactions run one at a time: every non-durable commit so far is
-            // before this one, and becomes durable with it.
-            self.ns_dirty
-                .store(false, std::sync::atomic::Ordering::SeqCst);
         } else {
             txn.set_durability(redb::Durability::None)
                 .map_err(|e| Error::Meta(e.to_string()))?;
         }
+        // Write transactions run one at a time: every non-durable commit so far is before
+        // this one, and becomes durable with it.
+        let mut d = self.durability.lock();
+        d.open = durable.then_some(d.nondurable);
         Ok(txn)
     }
 
-    /// A non-durable transaction committed: the next durable one makes it durable.
-    pub(crate) fn committed_non_durable(&self) {
-        self.ns_dirty
-            .store(true, std::sync::atomic::Ordering::SeqCst);
+    /// The open write transaction is about to commit (the caller still holds redb's
+    /// writer): a non-durable one is counted now, before any reader can see it, so a mark
+    /// taken after a reader saw it (`mark`) covers it.
+    pub(crate) fn committing(&self) -> Committing {
+        let mut d = self.durability.lock();
+        if d.open.is_none() {
+            d.nondurable += 1;
+        }
+        Committing(d.open.take())
     }
 
-    /// Whether a non-durable commit is not durable yet.
-    pub(crate) fn ns_dirty(&self) -> bool {
-        self.ns_dirty.load(std::sync::atomic::Ordering::SeqCst)
+    /// The transaction `c` described committed.
+    pub(crate) fn committed(&self, c: Committing) {
+        if let Committing(Some(upto)) = c {
+            let mut d = self.durability.lock();
+            d.durable_upto = d.durable_upto.max(upto);
+            d.durable_commits += 1;
+        }
+    }
+
+    /// Durable transactions committed so far.
+    pub(crate) fn durable_commits(&self) -> u64 {
+        self.durability.lock().durable_commits
+    }
+
+    /// The non-durable commits made so far: `durable_since(mark)` says whether they are all
+    /// durable now.
+    pub(crate) fn mark(&self) -> u64 {
+        self.durability.lock().nondurable
+    }
+
+    /// Whether every non-durable commit counted in `mark` has become durable.
+    pub(crate) fn durable_since(&self, mark: u64) -> bool {
+        self.durability.lock().durable_upto >= mark
     }
 
     /// A read snapshot.

@@ -349,6 +349,8 @@ pub(crate) struct Publisher {
     align: usize,
     /// Serialises publications; holds (generation, length) as published.
     state: Mutex<(u64, u64)>,
+    /// Manifest writes made (appends and snapshots): `Stats::commits.publications`.
+    written: std::sync::atomic::AtomicU64,
 }
 
 impl Publisher {
@@ -369,7 +371,13 @@ impl Publisher {
             halves: [sb.manifest_half(slot, 0), sb.manifest_half(slot, 1)],
             lease,
             state: Mutex::new(state),
+            written: std::sync::atomic::AtomicU64::new(0),
         }
+    }
+
+    /// Manifest writes made so far (appends and snapshots).
+    pub fn written(&self) -> u64 {
+        self.written.load(std::sync::atomic::Ordering::Relaxed)
     }
 
     /// Appends `recs` to the current generation and publishes it. `Ok(false)`: they do not
@@ -386,6 +394,8 @@ impl Publisher {
         self.dev.sync()?;
         self.lease.publish(gen, len + b.len() as u64)?;
         *st = (gen, len + b.len() as u64);
+        self.written
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         Ok(true)
     }
 
@@ -408,6 +418,8 @@ impl Publisher {
         self.dev.sync()?;
         self.lease.publish(gen, b.len() as u64)?;
         *st = (gen, b.len() as u64);
+        self.written
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         log::debug!("manifest generation {gen}: snapshot of {} bytes", b.len());
         Ok(())
     }

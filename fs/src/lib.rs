@@ -1901,16 +1901,17 @@ impl Fs {
             false => Previous::Replace,
         };
         self.settle_node(n)?;
-        // Recorded before the bytes it goes with: a crash between the two leaves the other
-        // layers cut and this one at its last commit, never the old bytes of the other
-        // layers showing past the new end.
-        self.record_clip(ino, n)?;
         // The engine takes nlink, history and current revision from the stored record
-        // inside the commit's transaction (a rename or unlink may have changed them).
+        // inside the commit's transaction (a rename or unlink may have changed them). The
+        // O_TRUNC's truncate of the other layers rides in the same transaction: one durable
+        // commit, and the truncate is never recorded without the bytes that go with it.
         let mut rec = n.rec.clone();
-        let rev = self
-            .space
-            .commit_file_keeping(ino, &mut n.file, &mut rec, seal, previous)?;
+        let rev =
+            self.space
+                .commit_file_keeping(ino, &mut n.file, &mut rec, seal, previous, n.clip)?;
+        if n.clip.take().is_some() && self.shared.is_some() {
+            self.sh_touch(&[ino]);
+        }
         log::debug!(
             "commit inode {} history {} -> revision {} ({} bytes, {seal:?}, writers {})",
             ino.0,
@@ -2025,12 +2026,15 @@ impl Fs {
     }
 
     /// Records the truncate an O_TRUNC open of a shared namespace's layer made (`OpenNode::
-    /// clip`) in the layer's version record, for publication with this commit.
+    /// clip`) in the layer's version record, for publication with this commit, when there are
+    /// no bytes to commit with it (a file committed carries it in its commit). Not durable by
+    /// itself: the caller's close, fsync or publication makes it durable (`sync_meta_since`,
+    /// `Space::publish`), in the one durable commit it makes anyway.
     fn record_clip(&self, ino: InodeId, n: &mut OpenNode) -> Result<()> {
-        let Some((stamp, len)) = n.clip.take() else {
+        let Some((stamp, len)) = n.clip else {
             return Ok(());
         };
-        self.space.ns_write(true, |t| -> Result<()> {
+        self.space.ns_write(false, |t| -> Result<()> {
             if let Some(mut m) = t.version(ino)? {
                 m.created = m.created.max(stamp);
                 m.clip_stamp = stamp;
@@ -2039,6 +2043,7 @@ impl Fs {
             }
             Ok(())
         })?;
+        n.clip = None;
         if self.shared.is_some() {
             self.sh_touch(&[ino]);
         }
@@ -2071,6 +2076,9 @@ impl Fs {
     }
 
     fn flush_local(&self, ino: InodeId, fh: HandleId, pid: u32) -> Result<()> {
+        // The namespace changes before this close (its file's create, an unlink) are what
+        // it owes durability to; not those other threads make while it commits.
+        let mut mark = self.space.meta_mark();
         let node = self.handle_node(ino, fh, "flush")?;
         let mut n = node.lock();
         let n = &mut *n;
@@ -2108,6 +2116,7 @@ impl Fs {
             }
         } else if n.clip.is_some() {
             self.record_clip(ino, n)?;
+            mark = self.space.meta_mark();
         } else if seal_now && n.base.revision().0 != 0 {
             // Another handle's close (a reader's) already committed what this writer wrote.
             self.space.seal(n.base.revision(), &n.file)?;
@@ -2128,8 +2137,9 @@ impl Fs {
             h.flushed = true;
         }
         // Namespace changes before this close (this file's create, an unlink) are durable
-        // once close returns, even when there was no data to commit.
-        self.space.sync_meta_if_dirty()?;
+        // once close returns, even when there was no data to commit: usually the commit
+        // above made them so.
+        self.space.sync_meta_since(mark)?;
         Ok(())
     }
 
@@ -2145,7 +2155,8 @@ impl Fs {
         let mut n = node.lock();
         self.commit_node(ino, &mut n, Seal::FsyncPoint, fh)?;
         drop(n);
-        self.space.sync_meta_if_dirty()?;
+        // What came before this fsync, including a truncate `commit_node` just recorded.
+        self.space.sync_meta_since(self.space.meta_mark())?;
         self.publish_pending()
     }
 

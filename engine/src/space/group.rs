@@ -41,12 +41,15 @@ struct State<T> {
     generation: u64,
     /// Callers of `run` that have not applied their changes yet (or again).
     waiting: usize,
-    /// Callers whose changes are in `txn`.
+    /// Callers whose changes are in `txn`, and how many of them are file commits (the
+    /// others are syncs of the namespace riding along).
     members: usize,
+    file_members: usize,
     /// What became of a group's transaction, for its members still to read it: (outcome,
     /// readers left).
     outcomes: HashMap<u64, (Outcome, usize)>,
-    /// Commits made and transactions committed (a group of one is one of each).
+    /// File commits made and transactions committed with at least one of them (a group of
+    /// one is one of each).
     commits: u64,
     transactions: u64,
     /// Tests: `hold` pretends a commit is in flight until released, so callers gather.
@@ -71,6 +74,7 @@ impl<T> CommitGroup<T> {
                 generation: 0,
                 waiting: 0,
                 members: 0,
+                file_members: 0,
                 outcomes: HashMap::new(),
                 commits: 0,
                 transactions: 0,
@@ -81,7 +85,8 @@ impl<T> CommitGroup<T> {
     }
 
     /// Applies `apply`'s changes in a transaction shared with the commits that arrive with
-    /// this one, and returns its value once that transaction is committed. `begin` opens a
+    /// this one, and returns its value once that transaction is committed. `file`: a file
+    /// commit (counted in `counts`), not a sync riding along. `begin` opens a
     /// transaction, `commit` commits one (both called by whichever member's turn it is),
     /// `abort` drops one whose changes failed. `apply` may run more than once (another
     /// member's changes failed): it must start from the caller's state each time.
@@ -91,6 +96,7 @@ impl<T> CommitGroup<T> {
         commit: impl Fn(T) -> Result<()>,
         abort: impl Fn(T),
         mut apply: impl FnMut(&T) -> Result<V>,
+        file: bool,
     ) -> Result<V> {
         let mut g = self.state.lock();
         loop {
@@ -108,6 +114,7 @@ impl<T> CommitGroup<T> {
                         g.txn = Some(t);
                         g.generation += 1;
                         g.members = 0;
+                        g.file_members = 0;
                     }
                     Err(e) => {
                         g.waiting -= 1;
@@ -128,6 +135,7 @@ impl<T> CommitGroup<T> {
                         g.outcomes.insert(generation, (Outcome::Retry, n));
                     }
                     g.members = 0;
+                    g.file_members = 0;
                     // Aborted under the lock: no one may begin the next transaction before
                     // this one is gone (redb has one writer at a time).
                     abort(t);
@@ -136,6 +144,7 @@ impl<T> CommitGroup<T> {
                 }
             };
             g.members += 1;
+            g.file_members += usize::from(file);
             if g.waiting == 0 {
                 return self.commit_group(g, generation, &commit).map(|()| v);
             }
@@ -168,11 +177,12 @@ impl<T> CommitGroup<T> {
     ) -> Result<()> {
         let t = g.txn.take().expect("the group's transaction");
         let members = std::mem::take(&mut g.members);
+        let files = std::mem::take(&mut g.file_members);
         g.committing = true;
         let r = MutexGuard::unlocked(&mut g, || commit(t));
         g.committing = false;
-        g.commits += members as u64;
-        g.transactions += 1;
+        g.commits += files as u64;
+        g.transactions += u64::from(files > 0);
         if members > 1 {
             let o = match r {
                 Ok(()) => Outcome::Committed,
@@ -269,6 +279,7 @@ mod tests {
                 t.lock().push(v);
                 Ok(v)
             },
+            true,
         )
     }
 

@@ -272,11 +272,28 @@ pub struct Stats {
     pub commits: CommitTotals,
 }
 
+/// Drops a group's transaction whose changes failed (`group`).
+fn abort_group_txn(txn: redb::WriteTransaction) {
+    if let Err(e) = txn.abort() {
+        log::warn!("aborting a grouped commit's transaction: {e}");
+    }
+}
+
 /// See `Stats::commits`.
 #[derive(Clone, Debug, Default, PartialEq, serde::Serialize, serde::Deserialize)]
 pub struct CommitTotals {
+    /// File commits (closes and fsyncs that had bytes to commit).
     pub files: u64,
+    /// Transactions those file commits were grouped into.
     pub transactions: u64,
+    /// Durable metadata transactions of every kind (file commits' groups, namespace syncs):
+    /// each costs the table's syncs.
+    #[serde(default)]
+    pub durable: u64,
+    /// Manifest writes of a multi-slot space (appends and snapshots): each costs a sync of
+    /// the manifest and one of the slot header.
+    #[serde(default)]
+    pub publications: u64,
 }
 
 impl Stats {
@@ -1107,9 +1124,6 @@ impl Space {
         match r {
             Ok(v) => {
                 self.commit(txn)?;
-                if !durable {
-                    self.catalog.committed_non_durable();
-                }
                 Ok(v)
             }
             Err(e) => {
@@ -1143,8 +1157,11 @@ impl Space {
             // Dropping the transaction aborts it.
             return Err(Error::Failed);
         }
+        let c = self.catalog.committing();
         txn.commit()
-            .map_err(|e| self.store.fail_with(Error::from(e)))
+            .map_err(|e| self.store.fail_with(Error::from(e)))?;
+        self.catalog.committed(c);
+        Ok(())
     }
 
     /// Runs `load` under the pin gate and pins the revision it returns before the gate
@@ -1287,10 +1304,14 @@ impl Space {
         rec: &mut InodeRecord,
         seal: Seal,
     ) -> Result<RevisionId> {
-        self.commit_file_keeping(ino, file, rec, seal, Previous::Replace)
+        self.commit_file_keeping(ino, file, rec, seal, Previous::Replace, None)
     }
 
-    /// `commit_file`, saying what becomes of an unsealed current revision.
+    /// `commit_file`, saying what becomes of an unsealed current revision, and recording in
+    /// the same transaction the truncate `clip` (stamp, length) an O_TRUNC open of a shared
+    /// namespace's layer made (its version record's `clip_stamp`/`clip_len`): one durable
+    /// commit for the close, and no crash can leave the truncate recorded without the bytes
+    /// that go with it.
     pub fn commit_file_keeping(
         &self,
         ino: InodeId,
@@ -1298,6 +1319,7 @@ impl Space {
         rec: &mut InodeRecord,
         seal: Seal,
         previous: Previous,
+        clip: Option<(u64, u64)>,
     ) -> Result<RevisionId> {
         assert_eq!(rec.kind, NodeKind::File);
         assert!(
@@ -1313,21 +1335,16 @@ impl Space {
         // commits the group first writes out and syncs the data file: one sync covers the
         // chunks of every member (appended before they joined), and while it waits for the
         // disk, more commits gather for the next group.
-        let abort = |txn: redb::WriteTransaction| {
-            if let Err(e) = txn.abort() {
-                log::warn!("aborting a grouped commit's transaction: {e}");
-            }
-        };
+        //
+        // The data are synced here first, outside the group: while a group's transaction is
+        // open it holds the table's one writer, and every create and rename of other threads
+        // waits for it; with the data synced beforehand the group's own `flush_sync` finds
+        // nothing new to sync (or only what other members wrote meanwhile).
+        self.store.flush_sync()?;
         let (rev, applied) = self.commits.run(
             || self.begin_write(true),
-            |txn| match self.store.flush_sync() {
-                Ok(()) => self.commit(txn),
-                Err(e) => {
-                    abort(txn);
-                    Err(e)
-                }
-            },
-            abort,
+            |txn| self.commit_group_txn(txn),
+            abort_group_txn,
             |txn| {
                 let mut rec = rec.clone();
                 let mut t = Txn::open(txn)?;
@@ -1361,8 +1378,17 @@ impl Space {
                 rec.size = file.size();
                 rec.current_rev = rev;
                 t.put_inode(ino, &rec)?;
+                if let Some((stamp, len)) = clip {
+                    if let Some(mut m) = t.version(ino)? {
+                        m.created = m.created.max(stamp);
+                        m.clip_stamp = stamp;
+                        m.clip_len = len;
+                        t.put_version(ino, &m)?;
+                    }
+                }
                 Ok((rev, rec))
             },
+            true,
         )?;
         *rec = applied;
         self.store.stages().commit.stop(t_commit, 0);
@@ -1376,6 +1402,18 @@ impl Space {
             self.store.learn(file.map().iter(), self.sb.chunk.max_bytes);
         }
         Ok(rev)
+    }
+
+    /// Commits a group's transaction (`group`): the data file first (one sync covers the
+    /// chunks of every member, appended before they joined), then the table.
+    fn commit_group_txn(&self, txn: redb::WriteTransaction) -> Result<()> {
+        match self.store.flush_sync() {
+            Ok(()) => self.commit(txn),
+            Err(e) => {
+                abort_group_txn(txn);
+                Err(e)
+            }
+        }
     }
 
     /// Tests: holds every file commit back until the guard drops (as if one were being
@@ -1507,16 +1545,38 @@ impl Space {
         ))
     }
 
-    /// Makes every earlier non-durable metadata commit durable (fsync of a directory).
+    /// Makes every earlier non-durable metadata commit durable (fsync of a directory). In
+    /// the file commits' group (`group`): a sync that arrives while commits are gathering
+    /// rides in their transaction instead of costing one of its own.
     pub fn sync_meta(&self) -> Result<()> {
-        self.ns_write(true, |_| Ok::<(), Error>(()))
+        self.commits
+            .run(
+                || self.begin_write(true),
+                |txn| self.commit_group_txn(txn),
+                abort_group_txn,
+                |_| Ok(()),
+                false,
+            )
+            .map(drop)
     }
 
     /// `sync_meta` when a namespace change is not yet durable; nothing otherwise. A close
     /// that had no data to commit calls this, so a file created empty (a "done" marker) or an
     /// unlink before it survives a crash once close returns.
     pub fn sync_meta_if_dirty(&self) -> Result<()> {
-        if self.catalog.ns_dirty() {
+        self.sync_meta_since(self.catalog.mark())
+    }
+
+    /// A mark of the namespace changes made so far, for `sync_meta_since`.
+    pub fn meta_mark(&self) -> u64 {
+        self.catalog.mark()
+    }
+
+    /// `sync_meta` unless every namespace change made before `mark` was taken is durable
+    /// already (a durable commit began after them): what a close owes the changes that came
+    /// before it, and not the ones other threads make meanwhile.
+    pub fn sync_meta_since(&self, mark: u64) -> Result<()> {
+        if !self.catalog.durable_since(mark) {
             self.sync_meta()?;
         }
         Ok(())
@@ -1542,6 +1602,8 @@ impl Space {
                 CommitTotals {
                     files,
                     transactions,
+                    durable: self.catalog.durable_commits(),
+                    publications: self.publisher.as_ref().map_or(0, |p| p.written()),
                 }
             },
             ..Stats::default()

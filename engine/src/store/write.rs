@@ -78,6 +78,12 @@ pub(super) struct WriteSide {
     /// Chunk sequences of files committed or opened here, for the cutters' predictions
     /// (bounded: `predict::GENERATION_ENTRIES`).
     pub(super) successors: Arc<crate::predict::Successors>,
+    /// Writes to the placement completed (and segments prepared), counted; and the count
+    /// the last successful sync started after. A `flush_sync` with nothing new since then
+    /// skips the device sync: a commit that synced its data before joining its group
+    /// (`Space::commit_file_keeping`) does not sync the disk a second time in it.
+    pub(super) writes_done: std::sync::atomic::AtomicU64,
+    pub(super) writes_synced: std::sync::atomic::AtomicU64,
 }
 
 impl WriteSide {
@@ -99,6 +105,8 @@ impl WriteSide {
             codec: Mutex::new(crate::codec::Policy::Lz4Plain),
             gpu: Mutex::new(None),
             successors: Arc::default(),
+            writes_done: std::sync::atomic::AtomicU64::new(0),
+            writes_synced: std::sync::atomic::AtomicU64::new(0),
         }
     }
 }
@@ -290,6 +298,7 @@ impl ChunkStore {
             w.segs.untake(next);
             return Err(e.into());
         }
+        self.w.writes_done.fetch_add(1, Ordering::SeqCst);
         w.cur = Some(next);
         w.cur_reserved = t.reserved;
         w.fill = 0;
@@ -357,6 +366,9 @@ impl ChunkStore {
             });
             let mut w = self.w.writer.lock();
             w.writing.retain(|o| o.start != start);
+            if r.is_ok() {
+                self.w.writes_done.fetch_add(1, Ordering::SeqCst);
+            }
             self.w.written.notify_all();
             if let Err(e) = r {
                 result = result.and(self.fail(e));
@@ -386,12 +398,19 @@ impl ChunkStore {
             }
         }
         self.check_failed()?;
+        // Every write this commit needs has completed (above): a sync that started after
+        // they had covers them.
+        let done = self.w.writes_done.load(Ordering::SeqCst);
+        if self.w.writes_synced.load(Ordering::SeqCst) >= done {
+            return Ok(());
+        }
         // Not under the writer lock: workers keep appending other files' chunks while this
         // commit waits for the disk. The sync covers every write issued before it. Nested:
         // a grouped commit syncs inside its `commit` timing (`space::group`).
         if let Err(e) = self.stages().sync.time_nested(0, || self.place.sync()) {
             return self.fail(e);
         }
+        self.w.writes_synced.fetch_max(done, Ordering::SeqCst);
         Ok(())
     }
 

@@ -176,7 +176,10 @@ impl Fs {
         })
     }
 
-    /// Applies `recs` (just committed) to this slot's view and publishes them.
+    /// Applies `recs` (just committed) to this slot's view and publishes them. The change
+    /// that made them was committed non-durably: the publication makes it durable first
+    /// (`Space::publish`), in the commit group, so a create or rename that arrives while
+    /// closes are committing shares their transaction instead of syncing the table alone.
     fn apply_and_publish(&self, recs: Vec<Record>) -> Result<()> {
         let sh = self.sh();
         let _one = sh.publishing.lock();
@@ -440,7 +443,7 @@ impl Fs {
         }
         let kind = rec.kind;
         let stamp = self.space.stamp();
-        let ino = self.space.ns_write(true, |t| -> Result<InodeId> {
+        let ino = self.space.ns_write(false, |t| -> Result<InodeId> {
             let ino = t.alloc_ino()?;
             match rec.kind {
                 NodeKind::File => rec.history = t.new_history(ino)?,
@@ -572,7 +575,7 @@ impl Fs {
                 stamp,
                 kind: NodeKind::File,
             };
-            let retired = self.space.ns_write(true, |t| -> Result<_> {
+            let retired = self.space.ns_write(false, |t| -> Result<_> {
                 if tomb {
                     t.put_binding(parent, name, &tombstone)?;
                 } else {
@@ -718,7 +721,7 @@ impl Fs {
             }
             let replaced = dst.filter(|_| !exchange).map(|d| d.child);
             let own_file = |o: InodeId| owner_slot(o) == me;
-            let retired = self.space.ns_write(true, |t| -> Result<_> {
+            let retired = self.space.ns_write(false, |t| -> Result<_> {
                 for r in &recs {
                     match r {
                         Record::Bind(p, n, b) => t.put_binding(*p, n, b)?,
@@ -811,7 +814,7 @@ impl Fs {
         }
         // A new layer: an empty file of this slot's, on top of the others.
         let a = self.sh_getattr(obj)?;
-        let ino = self.space.ns_write(true, |t| -> Result<InodeId> {
+        let ino = self.space.ns_write(false, |t| -> Result<InodeId> {
             let ino = t.alloc_ino()?;
             let mut rec = attr_base(NodeKind::File, a.rec.perm, a.rec.uid, a.rec.gid);
             rec.history = t.new_history(ino)?;
@@ -838,7 +841,7 @@ impl Fs {
 
     /// Changes the version record of this slot's version `ino` and publishes it.
     fn set_version(&self, ino: InodeId, f: impl FnOnce(&mut VersionMeta)) -> Result<()> {
-        self.space.ns_write(true, |t| -> Result<()> {
+        self.space.ns_write(false, |t| -> Result<()> {
             let mut m = t.version(ino)?.ok_or(Error::NotFound)?;
             f(&mut m);
             t.put_version(ino, &m)?;

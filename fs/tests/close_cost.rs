@@ -1,0 +1,184 @@
+//! What a close costs in durable operations, counted by the engine (`Stats::commits`:
+//! `durable` metadata transactions, `publications` of a multi-slot space's manifest).
+//!
+//! A durable close is one durable commit: the revision, the name record and (on a multi-slot
+//! space) the truncate an O_TRUNC open made ride in one grouped transaction, followed on a
+//! multi-slot space by one manifest write; a namespace sync that arrives while a commit is
+//! gathering rides in its transaction. Counted, not timed: these hold on a busy machine.
+
+use ckptfs_engine::format::{InodeId, SlotId};
+use ckptfs_engine::slots::SlotRequest;
+use ckptfs_engine::space::{CommitTotals, Config};
+use ckptfs_engine::Space;
+use ckptfs_fs::{Caller, Fs, HandleId};
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+const ROOT: InodeId = InodeId::ROOT;
+const ME: Caller = Caller { uid: 0, gid: 0 };
+const PID: u32 = 4242;
+
+static NEXT_FH: AtomicU64 = AtomicU64::new(1);
+fn fh() -> HandleId {
+    HandleId(NEXT_FH.fetch_add(1, Ordering::Relaxed))
+}
+
+fn fresh(name: &str) -> PathBuf {
+    let dir = std::env::temp_dir().join(format!("ckptfs-close-cost-{name}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    dir
+}
+
+fn commits(fs: &Fs) -> CommitTotals {
+    fs.space().stats().expect("stats").commits
+}
+
+/// Creates (or, existing, opens with O_TRUNC) `name`, writes `data`, closes, releases.
+fn save(fs: &Fs, name: &str, data: &[u8]) {
+    let h = fh();
+    let ino = match fs.lookup(ROOT, name.as_bytes()) {
+        Ok(a) => {
+            fs.open(a.ino, h, true, true).expect("open O_TRUNC");
+            a.ino
+        }
+        Err(_) => {
+            fs.create(ROOT, name.as_bytes(), 0o644, ME, h, true, false, true)
+                .expect("create")
+                .ino
+        }
+    };
+    assert_eq!(fs.write(ino, h, PID, 0, data).expect("write"), data.len());
+    fs.flush(ino, h, PID).expect("close");
+    fs.release(ino, h).expect("release");
+}
+
+fn read(fs: &Fs, name: &str) -> Vec<u8> {
+    let a = fs.lookup(ROOT, name.as_bytes()).expect("lookup");
+    let h = fh();
+    fs.open(a.ino, h, false, false).expect("open to read");
+    let b = fs.read(a.ino, h, 0, a.rec.size as usize + 1).expect("read");
+    fs.release(a.ino, h).expect("release");
+    b
+}
+
+fn slot(dir: &Path, n: u32) -> Fs {
+    let req = SlotRequest {
+        slot: Some(SlotId(n)),
+        lease: Duration::from_secs(600),
+        mountpoint: format!("/test-slot-{n}"),
+        take_over: false,
+    };
+    let fs = Fs::new(Space::open_with(dir, &req).expect("claim a slot"));
+    fs.publish_all().expect("first publication");
+    fs
+}
+
+/// One slot: every close of a new file, and every O_TRUNC rewrite of one, is exactly one
+/// durable transaction (the create's name record rides in the close's commit).
+#[test]
+fn a_close_is_one_durable_commit() {
+    let dir = fresh("one");
+    Space::format(&dir, 256 << 20, 4096, Config::default(), false).expect("format");
+    let fs = Fs::new(Space::open(&dir).expect("open"));
+    let data = vec![7u8; 4096];
+    for round in 0..2 {
+        let before = commits(&fs);
+        for i in 0..20 {
+            save(&fs, &format!("f{i}"), &data);
+        }
+        let after = commits(&fs);
+        assert_eq!(
+            (after.durable - before.durable, after.files - before.files),
+            (20, 20),
+            "round {round} ({}): 20 closes, 20 durable commits",
+            ["new files", "O_TRUNC rewrites"][round]
+        );
+    }
+    drop(fs);
+    let fs = Fs::new(Space::open(&dir).expect("reopen"));
+    for i in 0..20 {
+        assert_eq!(read(&fs, &format!("f{i}")), data, "f{i} after reopening");
+    }
+    drop(fs);
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// Two slots: slot 1 wrote a file; slot 0 opens it with O_TRUNC (a truncate of slot 1's
+/// layer, recorded in slot 0's version record), rewrites and closes it, three times. Before,
+/// the truncate was a durable transaction of its own ahead of the commit: two per close.
+/// Now one, and one publication; and slot 1 reads exactly slot 0's new bytes.
+#[test]
+fn a_truncating_close_of_another_slots_file_is_one_commit_and_one_publication() {
+    let dir = fresh("slots");
+    Space::format_slots(&dir, 256 << 20, 4096, Config::default(), false, 2).expect("format");
+    let s1 = slot(&dir, 1);
+    let s0 = slot(&dir, 0);
+    save(&s1, "shared", &vec![1u8; 3 * 4096]);
+    s0.refresh_union().expect("slot 0 reads slot 1's manifest");
+    for round in 0..3u8 {
+        let data = vec![10 + round; 4096 + round as usize];
+        let before = commits(&s0);
+        save(&s0, "shared", &data);
+        let after = commits(&s0);
+        // The first open makes slot 0's layer of the file (a version record, published at
+        // once like a create): one more of each, at the open.
+        let layer = u64::from(round == 0);
+        assert_eq!(
+            (
+                after.durable - before.durable,
+                after.publications - before.publications
+            ),
+            (1 + layer, 1 + layer),
+            "round {round}: one durable commit and one publication for the close"
+        );
+        s1.refresh_union().expect("slot 1 reads slot 0's manifest");
+        assert_eq!(read(&s1, "shared"), data, "round {round}: slot 1 reads");
+        assert_eq!(read(&s0, "shared"), data, "round {round}: slot 0 reads");
+    }
+    drop((s0, s1));
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// A directory fsync that arrives while a file commit is gathering rides in its
+/// transaction: two durable requests, one durable transaction.
+#[test]
+fn a_namespace_sync_rides_in_a_gathering_commit() {
+    let dir = fresh("ride");
+    Space::format(&dir, 256 << 20, 4096, Config::default(), false).expect("format");
+    let fs = Arc::new(Fs::new(Space::open(&dir).expect("open")));
+    let h = fh();
+    let a = fs
+        .create(ROOT, b"f", 0o644, ME, h, true, false, true)
+        .expect("create");
+    fs.write(a.ino, h, PID, 0, &[3u8; 5000]).expect("write");
+    // A second name, made after the file's create: not durable until a sync.
+    fs.mkdir(ROOT, b"d", 0o755, ME).expect("mkdir");
+    let before = commits(&fs);
+    let held = fs.space().hold_commits();
+    let closer = {
+        let fs = fs.clone();
+        std::thread::spawn(move || fs.flush(a.ino, h, PID))
+    };
+    let syncer = {
+        let fs = fs.clone();
+        std::thread::spawn(move || fs.fsync_dir())
+    };
+    fs.space().wait_for_held_commits(2);
+    drop(held);
+    closer.join().expect("closer").expect("close");
+    syncer
+        .join()
+        .expect("syncer")
+        .expect("fsync of the directory");
+    fs.release(a.ino, h).expect("release");
+    let after = commits(&fs);
+    assert_eq!(
+        (after.durable - before.durable, after.files - before.files),
+        (1, 1),
+        "a close and a directory fsync held together: one durable transaction"
+    );
+    drop(fs);
+    let _ = std::fs::remove_dir_all(&dir);
+}
