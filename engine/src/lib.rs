@@ -14,6 +14,7 @@ pub mod format;
 pub mod gc;
 pub(crate) mod gearscan;
 pub(crate) mod ids;
+pub mod layout;
 pub mod manifest;
 pub(crate) mod mirror;
 pub mod nslock;

@@ -120,7 +120,7 @@ pub(crate) struct CopyCheck {
 /// Writes over a copy's window `got` (at `off`) every 4 KiB block that differs from the
 /// primary's `want`, through `write(bytes, offset)`; returns how many it rewrote. Shared by
 /// `MirrorDevice::verify` (while mounted) and the refresh of an old holder's copies at
-/// mount (`space::targets_meta`).
+/// mount (`layout::targets`).
 pub(crate) fn mend(
     want: &[u8],
     got: &[u8],

@@ -7,6 +7,7 @@
 //! gathering rides in its transaction. Counted, not timed: these hold on a busy machine.
 
 use ckptfs_engine::format::{InodeId, SlotId};
+use ckptfs_engine::layout::Mode;
 use ckptfs_engine::slots::SlotRequest;
 use ckptfs_engine::space::{CommitTotals, Config};
 use ckptfs_engine::Space;
@@ -70,7 +71,7 @@ fn slot(dir: &Path, n: u32) -> Fs {
         mountpoint: format!("/test-slot-{n}"),
         take_over: false,
     };
-    let fs = Fs::new(Space::open_with(dir, &req).expect("claim a slot"));
+    let fs = Fs::new(Space::open_as(dir, &Mode::Mount(req)).expect("claim a slot"));
     fs.publish_all().expect("first publication");
     fs
 }

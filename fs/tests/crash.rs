@@ -22,7 +22,7 @@ mod common;
 
 use ckptfs_engine::format::Superblock;
 use ckptfs_engine::sim::{Fault, Image, OpKind, SimDevice, SimDisk};
-use ckptfs_engine::space::{Config, Devices};
+use ckptfs_engine::space::{Config, Devices, OnDevices};
 use ckptfs_engine::Space;
 use ckptfs_fs::{Error, Fs, HandleId};
 use common::*;
@@ -87,8 +87,8 @@ fn run(seed: u64, plan: Plan, tally: &mut Tally) -> Result<u64, String> {
         data: sim.data.clone(),
         meta: sim.meta.clone(),
     };
-    let space =
-        Space::open_devices(sim.sb.clone(), devs).map_err(|e| format!("open after format: {e}"))?;
+    let space = Space::open_devices_as(sim.sb.clone(), OnDevices::Single(devs))
+        .map_err(|e| format!("open after format: {e}"))?;
     // Chunks stored on the writing thread, in order: the crash point counts device
     // operations, and worker threads would interleave them differently on every run, so a
     // printed seed and point could not replay a failure. The commit protocol is the same
@@ -198,8 +198,11 @@ fn run(seed: u64, plan: Plan, tally: &mut Tally) -> Result<u64, String> {
     let meta = sim.meta.crash_image(&mut rng);
     drop(fs);
     let disk2 = SimDisk::new();
-    let space = Space::open_devices(sim.sb.clone(), devices(&disk2, data, meta))
-        .map_err(|e| format!("reopen after the crash failed: {e}"))?;
+    let space = Space::open_devices_as(
+        sim.sb.clone(),
+        OnDevices::Single(devices(&disk2, data, meta)),
+    )
+    .map_err(|e| format!("reopen after the crash failed: {e}"))?;
     let report = ckptfs_engine::check::check(&space, &mut |_, _| {})
         .map_err(|e| format!("check failed to run: {e}"))?;
     if !report.is_clean() {

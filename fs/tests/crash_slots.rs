@@ -23,7 +23,7 @@ use ckptfs_engine::format::{InodeId, NodeKind, SlotId, Superblock};
 use ckptfs_engine::manifest::Union;
 use ckptfs_engine::sim::{Image, SimDevice, SimDisk};
 use ckptfs_engine::slots::{SlotRequest, SlotTable};
-use ckptfs_engine::space::{Config, Devices};
+use ckptfs_engine::space::{Config, Devices, OnDevices};
 use ckptfs_engine::Space;
 use ckptfs_fs::{Caller, Error, Fs, HandleId};
 use rand::rngs::SmallRng;
@@ -78,9 +78,16 @@ fn claim(sb: &Superblock, data: Arc<SimDevice>, meta: Arc<SimDevice>, h: Arc<Sim
         mountpoint: "/sim".into(),
         take_over: true,
     };
-    let space =
-        Space::open_slot_devices(sb.clone(), Devices { data, meta }, h, &req, Duration::ZERO)
-            .expect("claim slot 0");
+    let space = Space::open_devices_as(
+        sb.clone(),
+        OnDevices::Slot {
+            devs: Devices { data, meta },
+            headers: h,
+            req,
+            settle: Duration::ZERO,
+        },
+    )
+    .expect("claim slot 0");
     // Chunks stored on the calling thread: a printed seed and point replay exactly.
     space.store().set_workers(0);
     space

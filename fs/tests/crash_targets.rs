@@ -25,7 +25,7 @@ mod common;
 
 use ckptfs_engine::format::Superblock;
 use ckptfs_engine::sim::{target_device_name, Fault, Image, OpKind, SimDevice, SimDisk};
-use ckptfs_engine::space::Config;
+use ckptfs_engine::space::{Config, OnDevices};
 use ckptfs_engine::targets::{Erasure, Redundancy, Target, TargetsTable};
 use ckptfs_engine::Space;
 use ckptfs_fs::{Fs, HandleId};
@@ -151,8 +151,14 @@ fn open(sim: &Sim, lost: &[usize]) -> Result<Space, String> {
         .map(|(i, t)| (!lost.contains(&i)).then(|| t.clone()))
         .collect();
     let er = erasure(&sim.table, sim.map.clone(), targets)?;
-    let space = Space::open_targets_devices(sim.sb.clone(), sim.meta.clone(), er)
-        .map_err(|e| format!("open: {e}"))?;
+    let space = Space::open_devices_as(
+        sim.sb.clone(),
+        OnDevices::Targets {
+            meta: sim.meta.clone(),
+            erasure: er,
+        },
+    )
+    .map_err(|e| format!("open: {e}"))?;
     space.store().set_workers(0);
     Ok(space)
 }

@@ -9,6 +9,7 @@
 use crate::{absolute, backing_of, control_get, human, progress_bar};
 use ckptfs_engine::check::{check, hash_hex, CheckReport, ChunkUse};
 use ckptfs_engine::format::SUPERBLOCK_FILE;
+use ckptfs_engine::layout::Mode;
 use ckptfs_engine::{Error as EngineError, Space};
 use serde_json::{json, Value};
 use std::path::{Path, PathBuf};
@@ -342,7 +343,7 @@ fn resolve(path: &Path) -> Result<Where, (String, bool)> {
         // Damage is told apart from "cannot check" by the engine's error, so it is kept.
         let failed = std::cell::Cell::new(false);
         let opened = crate::open_or_through(&abs, false, || {
-            Space::open_offline(&abs).inspect_err(|e| {
+            Space::open_as(&abs, &Mode::Offline).inspect_err(|e| {
                 failed.set(matches!(e, EngineError::Corrupt(_) | EngineError::Meta(_)))
             })
         });

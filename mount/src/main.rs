@@ -11,6 +11,7 @@ mod when;
 
 use ckptfs_engine::format::SlotId;
 use ckptfs_engine::gc::{GcOptions, GcProgress, GcReport};
+use ckptfs_engine::layout::Mode;
 use ckptfs_engine::slots::SlotRequest;
 use ckptfs_engine::space::StatsReport;
 use ckptfs_engine::space::{
@@ -719,20 +720,16 @@ fn mount(
     } else if !tuning.read_only {
         slots::wait_for_own_exiting_daemon(&backing, &mnt)?;
     }
-    let mut space = if tuning.read_only {
-        Space::open_read_only(&backing)
-    } else {
-        Space::open_with(
-            &backing,
-            &SlotRequest {
-                slot: tuning.slot.map(SlotId),
-                lease: tuning.lease,
-                mountpoint: mnt.display().to_string(),
-                take_over: tuning.take_over,
-            },
-        )
-    }
-    .map_err(|e| e.to_string())?;
+    let mode = match tuning.read_only {
+        true => Mode::ReadOnly,
+        false => Mode::Mount(SlotRequest {
+            slot: tuning.slot.map(SlotId),
+            lease: tuning.lease,
+            mountpoint: mnt.display().to_string(),
+            take_over: tuning.take_over,
+        }),
+    };
+    let mut space = Space::open_as(&backing, &mode).map_err(|e| e.to_string())?;
     if let Some(l) = space.lease() {
         log::info!(
             "claimed slot {} of {slots} (epoch {}, lease {:?})",
@@ -1484,7 +1481,7 @@ fn read_stats(path: &Path) -> Result<Stats, String> {
     };
     if path.join(ckptfs_engine::format::SUPERBLOCK_FILE).exists() {
         // Read-only: stats of an unmounted (or read-only mounted) space change nothing.
-        return match open_or_through(&path, true, || Space::open_read_only(&path))? {
+        return match open_or_through(&path, true, || Space::open_as(&path, &Mode::ReadOnly))? {
             Opened::Here(space) => space.stats().map_err(|e| e.to_string()),
             Opened::Through(mnt) => from_mount(&mnt),
         };
@@ -2067,7 +2064,7 @@ enum Target {
 /// The target for a backing directory (through its mount when it is mounted).
 fn space_target(dir: &Path) -> Result<Target, String> {
     Ok(
-        match open_or_through(dir, false, || Space::open_offline(dir))? {
+        match open_or_through(dir, false, || Space::open_as(dir, &Mode::Offline))? {
             Opened::Here(space) => Target::Offline {
                 fs: Box::new(Fs::new(space)),
             },
@@ -2313,7 +2310,7 @@ fn cmd_gc(path: &Path, dry_run: bool, empty_trash: bool, json: bool) -> Result<(
             let backing = backing_of(&mnt).ok_or("cannot find the mount's backing space")?;
             Target::Offline {
                 fs: Box::new(Fs::new(
-                    Space::open_read_only(&backing).map_err(|e| e.to_string())?,
+                    Space::open_as(&backing, &Mode::ReadOnly).map_err(|e| e.to_string())?,
                 )),
             }
         }
@@ -2415,7 +2412,7 @@ pub(crate) fn list_revisions(
             // The kernel refuses setxattr, and so the daemon's select, on a read-only
             // mount; read the space directly instead (read-only opens share its lock).
             let backing = backing_of(&mnt).ok_or("cannot find the mount's backing space")?;
-            let fs = Fs::new(Space::open_read_only(&backing).map_err(|e| e.to_string())?);
+            let fs = Fs::new(Space::open_as(&backing, &Mode::ReadOnly).map_err(|e| e.to_string())?);
             revisions_json(&fs.revisions_of(&rel).map_err(|e| e.to_string())?)
         }
         Target::Mounted { mnt } => {

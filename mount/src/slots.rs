@@ -2,6 +2,7 @@
 //! only (never a slot's table), so it is safe and cheap from any node at any time.
 
 use ckptfs_engine::format::{SlotHeader, SlotState};
+use ckptfs_engine::layout::Mode;
 use ckptfs_engine::slots::{is_live, now_unix_ns};
 use ckptfs_engine::space::{read_backing_dir, slot_table};
 use std::path::Path;
@@ -228,7 +229,7 @@ pub fn for_each_offline_slot(
             mountpoint: format!("(ckptfs {what})"),
             take_over: false,
         };
-        let r = ckptfs_engine::Space::open_with(dir, &req)
+        let r = ckptfs_engine::Space::open_as(dir, &Mode::Mount(req))
             .map_err(|e| e.to_string())
             .and_then(&mut each);
         out.push((h.slot.0, r));

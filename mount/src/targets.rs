@@ -3,6 +3,7 @@
 //! and write bandwidth; and what redundancy the data has right now.
 
 use crate::{open_or_through, Opened};
+use ckptfs_engine::layout::Mode;
 use ckptfs_engine::space::{RevisionRedundancy, Space};
 use ckptfs_engine::targets::TargetsReport;
 use std::path::Path;
@@ -12,7 +13,7 @@ use std::path::Path;
 pub fn report(path: &Path) -> Result<Option<TargetsReport>, String> {
     let path = crate::absolute(path);
     if path.join(ckptfs_engine::format::SUPERBLOCK_FILE).exists() {
-        return match open_or_through(&path, true, || Space::open_read_only(&path))? {
+        return match open_or_through(&path, true, || Space::open_as(&path, &Mode::ReadOnly))? {
             Opened::Here(space) => Ok(space.targets_report()),
             Opened::Through(mnt) => from_mount(&mnt),
         };
@@ -33,7 +34,7 @@ pub fn redundancy(path: &Path) -> Result<Option<RevisionRedundancy>, String> {
         }
     };
     if path.join(ckptfs_engine::format::SUPERBLOCK_FILE).exists() {
-        return match open_or_through(&path, true, || Space::open_read_only(&path))? {
+        return match open_or_through(&path, true, || Space::open_as(&path, &Mode::ReadOnly))? {
             Opened::Here(space) => space.revision_redundancy().map_err(|e| e.to_string()),
             Opened::Through(mnt) => from_mount(&mnt),
         };

@@ -19,7 +19,7 @@
 
 use ckptfs_engine::device::{Device, FileDevice, OverlayDevice};
 use ckptfs_engine::format::{ChunkHash, ChunkRecord, DATA_FILE, META_FILE};
-use ckptfs_engine::space::{read_superblock, Devices};
+use ckptfs_engine::space::{read_superblock, Devices, OnDevices};
 use ckptfs_engine::Space;
 use ckptfs_tests::{
     errno, first_difference, pattern, test_seed, write_file_checked, TempDir, TestMount,
@@ -528,7 +528,7 @@ fn live_meta_ranges(backing: &Path) -> Vec<(u64, u64)> {
         meta: Arc::new(OverlayDevice::new(rec.clone())),
     };
     let sb = read_superblock(backing).expect("superblock");
-    drop(Space::open_devices(sb, devs).expect("open the pristine space"));
+    drop(Space::open_devices_as(sb, OnDevices::Single(devs)).expect("open the pristine space"));
     let reads = rec.reads.lock().expect("lock").clone();
     merge(reads)
 }

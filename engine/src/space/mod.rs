@@ -1,7 +1,7 @@
 //! A backing space: the composition of a layout (placement, lease, publisher, union) with
 //! the catalog and the chunk store, file commits and statistics. Formatting is in
 //! `create`, opening and composing each layout in `open`, the targets' table, mirrors and
-//! `recover` in `targets_meta`; maintenance (gc, check, rebuild, scrub) in their modules.
+//! `recover` in `layout::targets`; maintenance (gc, check, rebuild, scrub) in their modules.
 
 pub use crate::catalog::Config;
 use crate::catalog::{self, Reader, Txn};
@@ -10,41 +10,36 @@ use crate::error::{Corruption, Error, Missing, Result};
 use crate::filemap::{ChunkIo, ExtentMap, FileState};
 use crate::format::HistoryRecord;
 use crate::format::*;
-use crate::manifest::{PubExtent, PubNode, PubVersion, Publisher, Record, Union};
-use crate::slots::{FencedDevice, Lease, SlotRequest, SlotTable};
+use crate::manifest::{PubExtent, PubNode, PubVersion, Record, Union};
+use crate::slots::{Lease, SlotRequest};
 use crate::store::ChunkStore;
 use crate::targets::{Redundancy, TargetSpec, TargetsTable};
 use redb::Database;
-use std::fs::{self, File, OpenOptions};
-use std::io::{Read, Write};
-use std::os::unix::fs::{DirBuilderExt, MetadataExt, OpenOptionsExt, PermissionsExt};
-use std::os::unix::io::AsRawFd;
+use std::fs::{self, File};
+use std::os::unix::fs::{DirBuilderExt, MetadataExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
 mod create;
 mod group;
+mod mirrors;
 mod open;
-mod targets_meta;
 mod watch;
-pub(crate) use create::*;
-pub use open::*;
-pub use targets_meta::*;
+pub(crate) use crate::layout::{
+    existing_ancestor, open_private, preallocate, store_table, sync_dir, take_lock,
+    write_file_durably, write_superblock, SharedTable,
+};
+pub use crate::layout::{
+    free_disk_bytes, lock_holder, mark_features, read_backing_dir, read_superblock, recover,
+    slot_table, Devices, Recovered,
+};
+pub use open::OnDevices;
 
 /// The smallest reserved space `format` accepts.
 pub const MIN_SPACE_BYTES: u64 = 16 << 20;
-/// Environment variable naming I/O faults to inject (tests only; see `sim::parse_faults`).
-pub(crate) const FAULTS_ENV: &str = "CKPTFS_FAULTS";
 /// Page cache redb may use for the metadata table.
 const META_CACHE_BYTES: usize = 64 << 20;
-
-/// The devices a space keeps its bytes on: the reserved data file and the metadata table.
-#[derive(Clone)]
-pub struct Devices {
-    pub data: Arc<dyn Device>,
-    pub meta: Arc<dyn Device>,
-}
 
 /// Opens (or with `create`, creates) the metadata table on `meta`. An existing table is opened
 /// with redb's full integrity check: every page checksum verified and the allocator state
@@ -167,24 +162,10 @@ pub struct Space {
     /// it allocates from.
     slot: SlotId,
     segment_range: std::ops::Range<u64>,
-    /// Of a multi-slot space: this slot's manifest writer, and the other slots' manifests.
-    publisher: Option<Publisher>,
-    union: Option<Arc<Union>>,
-    /// Of a slot of a shared namespace: its clock (`stamp`).
-    clock: Option<Arc<crate::stamp::Clock>>,
-    /// The storage targets of a space over several (`format --target`): their state for
-    /// `ckptfs targets` and `stats`.
-    targets: Option<Arc<crate::targets::Erasure>>,
-    targets_table: Option<SharedTable>,
-    /// Of a read-write mount of a space over several targets: the devices written to the
-    /// metadata mirrors too (`mirror.rs`), which `ckptfs scrub` verifies.
-    pub(crate) mirrored: targets_meta::MirroredDevices,
-    /// What this open found differing on the old holders' metadata mirrors, and rewrote
-    /// (`targets_meta::refresh_mirrors`): `ckptfs check` reports it.
-    pub(crate) mirror_findings: Vec<String>,
-    /// The lease of a slot of a multi-slot space. Last, so it is released after the table
-    /// and the store above have closed.
-    lease: Option<crate::slots::LeaseGuard>,
+    /// The parts of the space only some layouts have (publisher, union, clock, lease,
+    /// targets, mirrors). Last, so its lease is released after the table and the store
+    /// above have closed.
+    pub(crate) layout: crate::layout::Layout,
 }
 
 impl Drop for Space {
@@ -344,201 +325,6 @@ fn ratio(a: u64, b: u64) -> Option<f64> {
     (a > 0 && b > 0).then(|| a as f64 / b as f64)
 }
 
-/// The nearest directory at or above `p` that exists (where a directory not made yet would
-/// take its disk space from).
-pub(crate) fn existing_ancestor(p: &Path) -> &Path {
-    p.ancestors().find(|a| a.is_dir()).unwrap_or(Path::new("."))
-}
-
-pub(crate) fn open_private(path: &Path, create: bool) -> Result<File> {
-    Ok(OpenOptions::new()
-        .read(true)
-        .write(true)
-        .create(create)
-        .truncate(false)
-        .mode(0o600)
-        .open(path)?)
-}
-
-/// The superblock of backing directory `dir`, with a clear error when `dir` is missing.
-/// The superblock of backing directory `dir`, refused with a clear error when `dir` is not a
-/// space, or has feature flags this build cannot honour for the use (`writable`).
-pub fn read_backing_dir(dir: &Path, writable: bool) -> Result<Superblock> {
-    if !dir.is_dir() {
-        return Err(Error::Invalid(format!(
-            "backing directory {} does not exist or is not a directory",
-            dir.display()
-        )));
-    }
-    let sb = read_superblock(dir)?;
-    let unknown = sb.features.unknown();
-    if unknown.incompat != 0 {
-        return Err(Error::NotASpace(format!(
-            "{} uses features this ckptfs does not know (incompatible feature flags {:#x}); \
-             use the ckptfs that made it, or a newer one",
-            dir.display(),
-            unknown.incompat
-        )));
-    }
-    if writable && unknown.ro_compat != 0 {
-        return Err(Error::Invalid(format!(
-            "{} uses features this ckptfs can read but not write (read-only compatible \
-             feature flags {:#x}); mount it with --read-only, or use a newer ckptfs",
-            dir.display(),
-            unknown.ro_compat
-        )));
-    }
-    Ok(sb)
-}
-
-/// Writes superblock `sb` into `dir` so that a crash leaves the old one or the new one:
-/// a temporary file, fsynced, renamed over the old, and the directory fsynced.
-fn write_superblock(dir: &Path, sb: &Superblock) -> Result<()> {
-    let tmp = dir.join("superblock.tmp");
-    let mut f = open_private(&tmp, true)?;
-    f.write_all(&sb.encode())?;
-    f.sync_all()?;
-    fs::rename(&tmp, dir.join(SUPERBLOCK_FILE))?;
-    sync_dir(dir)
-}
-
-/// The error for a directory without a lock file.
-fn no_lock_file(dir: &Path) -> Error {
-    Error::NotASpace(format!(
-        "{} is not a ckptfs backing space (no lock file); run `ckptfs format {}`",
-        dir.display(),
-        dir.display()
-    ))
-}
-
-/// Takes the space's lock without blocking; the lock file says who holds it.
-fn take_lock(dir: &Path) -> Result<File> {
-    let path = dir.join(LOCK_FILE);
-    let mut f = open_private(&path, false).map_err(|e| match e {
-        Error::Io(io) if io.kind() == std::io::ErrorKind::NotFound => no_lock_file(dir),
-        other => other,
-    })?;
-    // SAFETY: flock on a valid open descriptor has no memory-safety preconditions.
-    if unsafe { libc::flock(f.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) } != 0 {
-        // Held shared: read-only mounts, which leave no note in the file (the note there is
-        // an earlier holder's).
-        let probe = File::open(&path)?;
-        // SAFETY: as above; the probe's lock goes with `probe`.
-        if unsafe { libc::flock(probe.as_raw_fd(), libc::LOCK_SH | libc::LOCK_NB) } == 0 {
-            return Err(Error::Locked(format!(
-                "backing space {} is mounted read-only by another ckptfs process; unmount \
-                 that first",
-                dir.display()
-            )));
-        }
-        let mut who = String::new();
-        let _ = f.read_to_string(&mut who);
-        return Err(Error::Locked(format!(
-            "backing space {} is in use by another ckptfs process ({})",
-            dir.display(),
-            who.trim()
-        )));
-    }
-    Ok(f)
-}
-
-/// The lock of a read-only open: shared with other read-only opens, refused while a
-/// read-write holder has the space. Opens the lock file read-only and writes nothing.
-fn take_shared_lock(dir: &Path) -> Result<File> {
-    let path = dir.join(LOCK_FILE);
-    let f = File::open(&path).map_err(|e| match e.kind() {
-        std::io::ErrorKind::NotFound => no_lock_file(dir),
-        _ => Error::from(e),
-    })?;
-    // SAFETY: flock on a valid open descriptor has no memory-safety preconditions.
-    if unsafe { libc::flock(f.as_raw_fd(), libc::LOCK_SH | libc::LOCK_NB) } != 0 {
-        return Err(Error::Locked(format!(
-            "backing space {} is in use by another ckptfs process ({}); a read-only mount \
-             needs it unmounted",
-            dir.display(),
-            lock_holder(dir).unwrap_or_default().trim()
-        )));
-    }
-    Ok(f)
-}
-
-/// Reads the lock file of a space, which names the process and mountpoint holding it.
-pub fn lock_holder(dir: &Path) -> Option<String> {
-    fs::read_to_string(dir.join(LOCK_FILE))
-        .ok()
-        .filter(|s| !s.trim().is_empty())
-}
-
-/// Adds `features` to the superblock of the unmounted space in `dir` (`format --codec
-/// float` marks a space it has just made).
-pub fn mark_features(dir: &Path, features: Features) -> Result<()> {
-    let sb = read_superblock(dir)?;
-    if !sb.features.contains(features) {
-        write_superblock(dir, &sb.with_features(features))?;
-    }
-    Ok(())
-}
-
-pub fn read_superblock(dir: &Path) -> Result<Superblock> {
-    let path = dir.join(SUPERBLOCK_FILE);
-    match fs::read(&path) {
-        Ok(b) => Superblock::decode(&b),
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Err(Error::NotASpace(format!(
-            "{} is not a ckptfs backing space (no superblock); run `ckptfs format {}`",
-            dir.display(),
-            dir.display()
-        ))),
-        Err(e) => Err(e.into()),
-    }
-}
-
-/// Bytes available to unprivileged users on the filesystem holding `dir`.
-pub fn free_disk_bytes(dir: &Path) -> Result<u64> {
-    let c = std::ffi::CString::new(dir.as_os_str().as_encoded_bytes())
-        .map_err(|_| Error::Invalid("path contains a NUL byte".into()))?;
-    // SAFETY: statvfs writes into the zeroed struct we pass; the path is a valid C string.
-    let mut st: libc::statvfs = unsafe { std::mem::zeroed() };
-    if unsafe { libc::statvfs(c.as_ptr(), &mut st) } != 0 {
-        return Err(std::io::Error::last_os_error().into());
-    }
-    Ok(st.f_bavail as u64 * st.f_frsize as u64)
-}
-
-fn multi_slot_refusal(dir: &Path, sb: &Superblock) -> Error {
-    Error::Invalid(format!(
-        "{} has {} slots, each mounted by its own node: run this through a mountpoint \
-         (it acts on that mount's slot); `ckptfs slots {}` lists them",
-        dir.display(),
-        sb.slots,
-        dir.display()
-    ))
-}
-
-impl Space {}
-
-pub(crate) fn sync_dir(dir: &Path) -> Result<()> {
-    File::open(dir)?.sync_all()?;
-    Ok(())
-}
-
-/// Reserves `len` bytes for `f` (fallocate; a sparse file where the filesystem cannot) and
-/// makes the size durable.
-pub(crate) fn preallocate(f: &File, len: u64) -> Result<()> {
-    // SAFETY: fallocate on a valid descriptor; arguments are plain integers.
-    let rc = unsafe { libc::fallocate(f.as_raw_fd(), 0, 0, len as libc::off_t) };
-    if rc != 0 {
-        let e = std::io::Error::last_os_error();
-        if e.raw_os_error() == Some(libc::EOPNOTSUPP) {
-            log::warn!("fallocate is not supported here; the file is sparse");
-            f.set_len(len)?;
-        } else {
-            return Err(e.into());
-        }
-    }
-    f.sync_all()?;
-    Ok(())
-}
-
 impl Space {
     /// What `ckptfs advise` needs from this space (this slot's revisions on a multi-slot
     /// space): recent checkpoints measured from the revisions' write times, the failure
@@ -573,7 +359,7 @@ impl Space {
     /// worst segment its chunks are in decides how many more targets it can lose. One pass
     /// over the extent table (no data is read). None for a one-target space.
     pub fn revision_redundancy(&self) -> Result<Option<RevisionRedundancy>> {
-        let Some(t) = self.targets.as_ref() else {
+        let Some(t) = self.layout.targets.as_ref() else {
             return Ok(None);
         };
         let full = t.redundancy().parity as i64;
@@ -610,21 +396,21 @@ impl Space {
 
     /// The targets table of a space over targets (`rebuild --replace` edits it).
     pub(crate) fn targets_table(&self) -> Option<&SharedTable> {
-        self.targets_table.as_ref()
+        self.layout.targets_table.as_ref()
     }
 
     /// The erasure-coded placement of a space over several targets.
     pub fn erasure(&self) -> Option<&Arc<crate::targets::Erasure>> {
-        self.targets.as_ref()
+        self.layout.targets.as_ref()
     }
 
     /// The targets of a space over several (None for a one-target space).
     pub fn targets_report(&self) -> Option<crate::targets::TargetsReport> {
         self.watch_backing();
-        let mut r = self.targets.as_ref()?.report();
+        let mut r = self.layout.targets.as_ref()?.report();
         // Before the flags are read: a copy removed or replaced while mounted is no mirror.
         self.watch_mirrors();
-        if let Some(t) = &self.targets_table {
+        if let Some(t) = &self.layout.targets_table {
             let t = t.lock();
             for (i, rep) in r.targets.iter_mut().enumerate() {
                 rep.metadata_mirror = t.mirror.get(i).copied().unwrap_or(false);
@@ -733,23 +519,23 @@ impl Space {
 
     /// The lease of a slot of a multi-slot space.
     pub fn lease(&self) -> Option<&Arc<Lease>> {
-        self.lease.as_ref().map(|g| &g.0)
+        self.layout.lease.as_ref().map(|g| &g.0)
     }
 
     /// The other slots' published namespaces (a multi-slot space).
     pub fn union(&self) -> Option<&Arc<Union>> {
-        self.union.as_ref()
+        self.layout.union.as_ref()
     }
 
     /// Whether this is a slot of a shared namespace (a mounted slot of a multi-slot space).
     pub fn is_shared(&self) -> bool {
-        self.union.is_some()
+        self.layout.union.is_some()
     }
 
     /// A new stamp of the shared namespace's clock (`stamp`), past every stamp this node has
     /// seen in the other slots' records.
     pub fn stamp(&self) -> u64 {
-        match (&self.clock, &self.union) {
+        match (&self.layout.clock, &self.layout.union) {
             (Some(c), Some(u)) => {
                 c.observe(u.max_stamp());
                 c.tick()
@@ -762,7 +548,7 @@ impl Space {
     /// go on (`nslock`); the intent is withdrawn when the guard drops. `prio`: the
     /// change's first stamp.
     pub fn ns_lock(&self, keys: &[u64], prio: u64) -> Result<crate::nslock::NsGuard<'_>> {
-        let (Some(lease), Some(u)) = (self.lease(), &self.union) else {
+        let (Some(lease), Some(u)) = (self.lease(), &self.layout.union) else {
             return Err(Error::Invalid("not a slot of a shared namespace".into()));
         };
         crate::nslock::lock(lease, u, keys, prio)
@@ -858,7 +644,7 @@ impl Space {
     /// to the manifest, or a snapshot of everything when the half is full. Makes pending
     /// namespace changes durable first: nothing is published that a crash could take back.
     pub fn publish(&self, recs: &[Record]) -> Result<()> {
-        let Some(p) = &self.publisher else {
+        let Some(p) = &self.layout.publisher else {
             return Ok(());
         };
         if recs.is_empty() {
@@ -880,7 +666,7 @@ impl Space {
         er: &crate::targets::Erasure,
         rewrite: bool,
     ) -> Result<bool> {
-        let Some(p) = &self.publisher else {
+        let Some(p) = &self.layout.publisher else {
             return Ok(false);
         };
         let share = self.sb.slot_share(self.slot);
@@ -904,7 +690,7 @@ impl Space {
     /// Publishes this slot's whole part of the shared namespace as a new manifest
     /// generation (at mount, when a half fills up, after gc moved chunks).
     pub fn publish_snapshot(&self) -> Result<()> {
-        let Some(p) = &self.publisher else {
+        let Some(p) = &self.layout.publisher else {
             return Ok(());
         };
         self.sync_meta_if_dirty()?;
@@ -1284,7 +1070,7 @@ impl Space {
         // Of a shared namespace, any file may be a layer under or over other nodes' (it
         // becomes one when another node writes it, also while it is open here): its holes
         // and zeros are kept as written from the start.
-        Ok(match self.union.is_some() {
+        Ok(match self.layout.union.is_some() {
             true => state.into_layered(),
             false => state,
         })
@@ -1603,7 +1389,7 @@ impl Space {
                     files,
                     transactions,
                     durable: self.catalog.durable_commits(),
-                    publications: self.publisher.as_ref().map_or(0, |p| p.written()),
+                    publications: self.layout.publisher.as_ref().map_or(0, |p| p.written()),
                 }
             },
             ..Stats::default()

@@ -6,13 +6,13 @@ use super::*;
 
 /// Writes `name` in `dir` so a crash leaves the old file or the new one (temporary file,
 /// fsync, rename, directory fsync).
-pub(super) fn write_file_durably(dir: &Path, name: &str, bytes: &[u8]) -> Result<()> {
+pub(crate) fn write_file_durably(dir: &Path, name: &str, bytes: &[u8]) -> Result<()> {
     write_file_durably_via(dir, name, &format!("{name}.tmp"), bytes)
 }
 
 /// `write_file_durably` through the temporary file `tmp` (a slot's own, where several
 /// nodes may replace the same file).
-pub(super) fn write_file_durably_via(
+pub(crate) fn write_file_durably_via(
     dir: &Path,
     name: &str,
     tmp: &str,
@@ -52,7 +52,7 @@ pub(crate) fn store_table(dir: &Path, table: &mut TargetsTable) -> Result<()> {
 /// and the temporary file is this slot's own. Two nodes recording at the same moment can
 /// still lose one flag: its target then counts as healthy at the next mount, where its
 /// stale shards fail their checks and are rebuilt.
-pub(super) fn store_table_shared(dir: &Path, table: &mut TargetsTable, slot: SlotId) -> Result<()> {
+pub(crate) fn store_table_shared(dir: &Path, table: &mut TargetsTable, slot: SlotId) -> Result<()> {
     if let Ok(on_disk) = fs::read(dir.join(crate::targets::TARGETS_FILE))
         .map_err(Error::from)
         .and_then(|b| {
@@ -74,7 +74,7 @@ pub(super) fn store_table_shared(dir: &Path, table: &mut TargetsTable, slot: Slo
 }
 
 /// Copies `src` to `name` in `dir` so a crash leaves the old file or the new one.
-pub(super) fn copy_durably(src: &Path, dir: &Path, name: &str) -> Result<()> {
+pub(crate) fn copy_durably(src: &Path, dir: &Path, name: &str) -> Result<()> {
     let tmp = dir.join(format!("{name}.tmp"));
     fs::copy(src, &tmp)?;
     File::open(&tmp)?.sync_all()?;
@@ -119,7 +119,7 @@ fn refresh_copy(src: &Path, copy: &Path) -> Result<crate::mirror::CopyCheck> {
 /// order). A holder of the last mount keeps its copies, compared with the primary and
 /// rewritten where they differ (`refresh_copy`). Returns the holders, and what differed on
 /// the old holders' copies (also logged).
-pub(super) fn refresh_mirrors(
+pub(crate) fn refresh_mirrors(
     dir: &Path,
     table: &mut TargetsTable,
     usable: &[bool],
@@ -367,7 +367,7 @@ fn write_cut_markers(
 /// Opens the targets of the targeted space in `dir` as its placement. A target whose
 /// file is missing, unreadable or not this space's is failed (the reason kept for
 /// `ckptfs targets`); fewer than M usable targets refuse the open.
-pub(super) fn open_targets(
+pub(crate) fn open_targets(
     dir: &Path,
     sb: &Superblock,
     read_only: bool,
@@ -683,105 +683,15 @@ pub(crate) type SharedTable = Arc<parking_lot::Mutex<TargetsTable>>;
 
 /// The metadata mirror holders of a read-write mount: the metadata table's device is
 /// wrapped once it is opened.
-pub(super) struct Mirrors {
-    pub(super) set: Arc<crate::mirror::MirrorSet>,
-    pub(super) holders: Vec<(usize, PathBuf)>,
+pub(crate) struct Mirrors {
+    pub(crate) set: Arc<crate::mirror::MirrorSet>,
+    pub(crate) holders: Vec<(usize, PathBuf)>,
     /// The placement records' device, written to the holders' copies too.
-    pub(super) placement: Arc<crate::mirror::MirrorDevice>,
+    pub(crate) placement: Arc<crate::mirror::MirrorDevice>,
     /// What differed on the old holders' copies when this mount refreshed them.
-    pub(super) findings: Vec<String>,
+    pub(crate) findings: Vec<String>,
 }
 
 /// A read-write mount's mirrored devices, for `ckptfs scrub` to compare the holders' copies
 /// with the primary (`MirrorDevice::verify`): (the copy's file name, its device).
 pub(crate) type MirroredDevices = Vec<(&'static str, Arc<crate::mirror::MirrorDevice>)>;
-
-impl Space {
-    /// Drops the metadata mirror holders whose copies were removed or replaced while
-    /// mounted (`MirrorDevice::watch`, for each mirrored file): (target, what happened).
-    pub(crate) fn watch_mirrors(&self) -> Vec<(usize, String)> {
-        self.mirrored.iter().flat_map(|(_, d)| d.watch()).collect()
-    }
-
-    /// `ckptfs scrub`'s check of the metadata mirrors (`mirror.rs`): every current holder's
-    /// copies of the metadata table and the placement records are compared with the primary
-    /// block by block, its superblock and targets table as whole files, and whatever
-    /// differs is rewritten from the primary (the copy the daemon reads and trusts). Damage
-    /// on a holder's disk was found by nothing before: `ckptfs recover` would have rebuilt a
-    /// lost backing directory from it.
-    pub(crate) fn verify_mirrors(&self, rep: &mut crate::targets::RebuildReport) {
-        // A copy removed or replaced under its open file compares whole (the open file is
-        // what `verify` reads) yet is not what `recover` would find: such a holder is
-        // dropped, and said here.
-        for (t, why) in self.watch_mirrors() {
-            rep.mirror_failures.push(format!(
-                "target {t}: its metadata mirror {why}: no longer a mirror; the next mount \
-                 copies the metadata to a healthy target again"
-            ));
-        }
-        for (name, dev) in &self.mirrored {
-            for (t, r) in dev.verify() {
-                match r {
-                    Ok(c) => {
-                        rep.mirror_copies_checked += 1;
-                        rep.mirror_blocks_rewritten += c.blocks_rewritten;
-                        if c.blocks_rewritten > 0 || c.length_fixed {
-                            log::error!(
-                                "the metadata mirror on target {t}: its {name} differed from \
-                                 the primary in {} 4 KiB block(s){}; rewritten from the primary",
-                                c.blocks_rewritten,
-                                if c.length_fixed { " and in length" } else { "" }
-                            );
-                        }
-                    }
-                    Err(e) => rep.mirror_failures.push(format!(
-                        "target {t}: its {name} could not be compared or mended ({e}): no \
-                         longer a mirror; the next mount copies the metadata to a healthy \
-                         target again"
-                    )),
-                }
-            }
-        }
-        let Some(table) = self
-            .targets_table
-            .as_ref()
-            .filter(|_| !self.mirrored.is_empty())
-        else {
-            return;
-        };
-        // Under the table's lock: `store_table` writes the table and its copies under it.
-        let t = table.lock();
-        for (i, spec) in t.targets.iter().enumerate() {
-            if !t.mirror[i] {
-                continue;
-            }
-            for (from, name) in [
-                (SUPERBLOCK_FILE, crate::mirror::MIRROR_SUPERBLOCK),
-                (crate::targets::TARGETS_FILE, crate::mirror::MIRROR_TABLE),
-            ] {
-                let r = (|| -> Result<bool> {
-                    let want = fs::read(self.dir().join(from))?;
-                    if fs::read(spec.path.join(name)).ok().as_deref() == Some(&want[..]) {
-                        return Ok(false);
-                    }
-                    write_file_durably(&spec.path, name, &want)?;
-                    Ok(true)
-                })();
-                match r {
-                    Ok(false) => {}
-                    Ok(true) => {
-                        rep.mirror_files_rewritten += 1;
-                        log::warn!(
-                            "the metadata mirror on target {i}: its {name} differed from the \
-                             primary's {from} (damaged, or not updated since the mount \
-                             copied it); rewritten"
-                        );
-                    }
-                    Err(e) => rep.mirror_failures.push(format!(
-                        "target {i}: its {name} could not be compared or rewritten: {e}"
-                    )),
-                }
-            }
-        }
-    }
-}
