@@ -12,6 +12,7 @@ use crate::data::{self, mix, name_label, RandomSpec};
 use crate::limits::{self, Limits};
 use crate::report::{self, Access, Limit, Results, Sample, Side, Stages};
 use crate::sys::{self, Result};
+use crate::util::{ckptfs_bin, fresh_dir, n1_ranges, size_label, BIG_READ};
 use crate::worker::{self, file_of, Group, Op, Task};
 use crate::Opts;
 use serde_json::json;
@@ -22,8 +23,6 @@ use std::time::Instant;
 
 /// Per 10,000 blocks changed by a "next revision" of random data: 5%.
 const CHANGED_PER10000: u32 = 500;
-/// The larger read size tried for a cold single-reader restart.
-pub(crate) const BIG_READ: usize = 4 << 20;
 const GIB: u64 = 1 << 30;
 
 /// Which scenarios run.
@@ -89,15 +88,6 @@ struct Kept {
     name: String,
     len: u64,
     hash: blake3::Hash,
-}
-
-pub fn size_label(b: u64) -> String {
-    for (shift, unit) in [(40, "T"), (30, "G"), (20, "M"), (10, "K")] {
-        if b >= 1 << shift && b.is_multiple_of(1 << shift) {
-            return format!("{}{unit}", b >> shift);
-        }
-    }
-    format!("{b}")
 }
 
 fn order(rep: usize) -> [Side; 2] {
@@ -897,25 +887,6 @@ impl Bench<'_> {
     }
 }
 
-/// The byte ranges process `i` of `procs` writes of a shared `len`-byte file (a multiple of
-/// `block` x `procs`): one contiguous part, or every `procs`-th `block` stripe.
-pub(crate) fn n1_ranges(
-    i: usize,
-    procs: usize,
-    len: u64,
-    block: u64,
-    strided: bool,
-) -> Vec<(u64, u64)> {
-    if strided {
-        (i as u64..len / block)
-            .step_by(procs)
-            .map(|b| (b * block, block))
-            .collect()
-    } else {
-        vec![(i as u64 * (len / procs as u64), len / procs as u64)]
-    }
-}
-
 /// (length, blake3) of a file, read in 4 MiB pieces.
 fn hash_file(path: &Path) -> Result<(u64, blake3::Hash)> {
     let err = |e: std::io::Error| format!("read back {}: {e}", path.display());
@@ -932,30 +903,6 @@ fn hash_file(path: &Path) -> Result<(u64, blake3::Hash)> {
         len += n as u64;
     }
     Ok((len, h.finalize()))
-}
-
-/// The `ckptfs` binary: `--ckptfs`, else target/release/ckptfs of this workspace.
-pub(crate) fn ckptfs_bin(o: &Opts) -> Result<PathBuf> {
-    let p = match &o.ckptfs {
-        Some(p) => p.clone(),
-        None => Path::new(env!("CARGO_MANIFEST_DIR")).join("../target/release/ckptfs"),
-    };
-    if !p.is_file() {
-        return Err(format!(
-            "no ckptfs binary at {}: build it (cargo build --release -p ckptfs) or pass --ckptfs PATH",
-            p.display()
-        ));
-    }
-    fs::canonicalize(&p).map_err(|e| format!("{}: {e}", p.display()))
-}
-
-pub(crate) fn fresh_dir(p: &Path) -> Result<()> {
-    match fs::remove_dir_all(p) {
-        Ok(()) => {}
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
-        Err(e) => return Err(format!("remove {}: {e}", p.display())),
-    }
-    fs::create_dir_all(p).map_err(|e| format!("create {}: {e}", p.display()))
 }
 
 /// Runs the selected scenarios and prints the table. Returns false when a verification failed.

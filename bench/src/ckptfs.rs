@@ -2,10 +2,10 @@
 //! when the benchmark ends, fails or is interrupted.
 
 use crate::report::Stages;
+pub use crate::sys::is_mountpoint;
 use crate::sys::Result;
 use std::ffi::OsStr;
 use std::fs;
-use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 
@@ -21,17 +21,6 @@ pub struct Ckptfs {
     /// Mounted, and no `ckptfs` command has run since: the daemon's stage counters are all 0
     /// and nothing has asked it for its metadata.
     fresh: bool,
-}
-
-/// Whether something is mounted at `p`: its device differs from its parent's, or it cannot be
-/// stat'ed at all (a FUSE mount whose daemon died answers ENOTCONN).
-pub fn is_mountpoint(p: &Path) -> bool {
-    let parent = p.parent().unwrap_or(Path::new("/"));
-    match (fs::metadata(p), fs::metadata(parent)) {
-        (Ok(a), Ok(b)) => a.dev() != b.dev(),
-        (Err(e), _) => e.kind() != std::io::ErrorKind::NotFound,
-        _ => false,
-    }
 }
 
 impl Ckptfs {
@@ -238,7 +227,7 @@ pub fn stage_cpu_seconds(stats: &serde_json::Value) -> Option<Stages> {
 }
 
 fn lazy_unmount(mnt: &Path) {
-    crate::sink::fusermount_u(mnt, true);
+    crate::sys::fusermount_u(mnt, true);
 }
 
 impl Drop for Ckptfs {

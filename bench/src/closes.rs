@@ -16,10 +16,10 @@
 //! is meant to cost one durable transaction (shared by the closes that arrive together) and,
 //! on a multi-slot space, one publication.
 
-use crate::bench::{ckptfs_bin, fresh_dir, size_label};
 use crate::ckptfs::Ckptfs;
 use crate::data::RandomSpec;
 use crate::sys::{self, Result};
+use crate::util::{ckptfs_bin, fresh_dir, size_label};
 use crate::Opts;
 use clap::Args;
 use std::fs::{self, OpenOptions};

@@ -13,10 +13,10 @@
 //! what the daemon wrote meanwhile is reported per minute: compaction must not churn a full
 //! space of live data (the issue saw 6.5 GiB in 20 s on 1 GiB).
 
-use crate::bench::{ckptfs_bin, fresh_dir};
 use crate::ckptfs::Ckptfs;
 use crate::data::RandomSpec;
 use crate::sys::{self, Result};
+use crate::util::{ckptfs_bin, fresh_dir};
 use crate::Opts;
 use clap::Args;
 use std::fs::{self, OpenOptions};
@@ -144,7 +144,7 @@ pub fn run(fo: &FullOpts) -> Result<bool> {
     ck.clear_stale_mount()?;
     eprintln!(
         "full: {} space, steps of {:.0} MiB by {} writers, {} steps, 3 kept; ckptfs {}",
-        crate::bench::size_label(space),
+        crate::util::size_label(space),
         step_bytes as f64 / MIB,
         o.procs,
         fo.steps,
@@ -276,7 +276,7 @@ pub fn run(fo: &FullOpts) -> Result<bool> {
         fo.steps,
         step_bytes as f64 / MIB,
         o.procs,
-        crate::bench::size_label(space),
+        crate::util::size_label(space),
         o.reps
     );
     println!("| side | MiB/s | app wrote MiB | disk writes / app bytes | gc copied MiB | reps with a failed write |");

@@ -13,11 +13,11 @@
 //!   2 MiB pieces by one thread and by as many threads as the store reads ahead with. A
 //!   restart cannot read faster than this, nor a new checkpoint store its new bytes.
 
-use crate::bench::{n1_ranges, size_label, BIG_READ};
 use crate::data::{self, mix, name_label, RandomSpec};
 use crate::report::{render_table, Access, Limit, Sample};
 use crate::sink::{self, SinkMount};
 use crate::sys::{self, Result};
+use crate::util::{n1_ranges, size_label, BIG_READ};
 use crate::worker::{self, Group, Op, Task};
 use crate::Opts;
 use ckptfs_engine::codec::{self, Policy};
@@ -183,7 +183,7 @@ impl Limits {
             "limits: FUSE sink (a filesystem that drops what it is written and reads zeros; {} \
              threads, {} requests and readahead, direct I/O on write-only opens, as ckptfs)\n",
             sink::THREADS,
-            size_label(u64::from(sink::MAX_WRITE_BYTES))
+            size_label(u64::from(crate::sys::MAX_WRITE_BYTES))
         );
         let mut cells = vec![vec![
             "access".to_string(),

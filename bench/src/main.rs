@@ -31,6 +31,7 @@ mod sink;
 mod slots;
 mod sys;
 mod targets;
+mod util;
 mod wide;
 mod worker;
 

@@ -119,7 +119,7 @@ impl Access {
 
     /// How the limits table names it.
     pub fn label(self, procs: usize, block: u64) -> String {
-        let b = crate::bench::size_label(block);
+        let b = crate::util::size_label(block);
         match self {
             Access::Write1 => format!("write, 1 writer, {b} writes"),
             Access::WriteNn => format!("write, {procs} writers (N-N), {b} writes"),
@@ -130,7 +130,7 @@ impl Access {
                 format!("write, {procs} writers of one file (N-1 strided), {b} writes")
             }
             Access::Read1 { block } => {
-                format!("read, 1 reader, {} reads", crate::bench::size_label(block))
+                format!("read, 1 reader, {} reads", crate::util::size_label(block))
             }
             Access::ReadN => format!("read, {procs} readers (N-N), {b} reads"),
         }

@@ -11,8 +11,8 @@
 //! when the benchmark ends, fails or is interrupted; the sink unmounts itself on SIGTERM and
 //! when its parent dies.
 
-use crate::ckptfs::is_mountpoint;
 use crate::sys::Result;
+use crate::sys::{fusermount_u, is_mountpoint, MAX_WRITE_BYTES};
 use fuser::{
     Errno, FileAttr, FileHandle, FileType, Filesystem, FopenFlags, Generation, INodeNo, InitFlags,
     KernelConfig, LockOwner, OpenAccMode, OpenFlags, ReplyAttr, ReplyCreate, ReplyData,
@@ -26,8 +26,6 @@ use std::process::{Child, Command, Stdio};
 use std::sync::Mutex;
 use std::time::{Duration, Instant, SystemTime};
 
-/// ckptfs's `MAX_WRITE_BYTES`: the largest write request, and the readahead.
-pub const MAX_WRITE_BYTES: u32 = 4 << 20;
 /// ckptfs's `MAX_BACKGROUND` (readahead requests in flight before the kernel counts the mount
 /// as congested), so the sink's readers meet the kernel as ckptfs's do.
 const MAX_BACKGROUND: u16 = 256;
@@ -418,25 +416,6 @@ pub fn sink_main(mnt: &Path) -> Result<()> {
     session
         .run()
         .map_err(|e| format!("sink session ended with an error: {e}"))
-}
-
-/// Unmounts `mnt` (`lazy`: detached) with `fusermount3`, or with `umount` where there is no
-/// `fusermount3` (a root-only machine without Debian's fuse3, such as the GPU nodes: there the
-/// sink never saw its unmount and was killed, failing `limits`).
-pub fn fusermount_u(mnt: &Path, lazy: bool) -> bool {
-    let run = |prog: &str, flags: &[&str]| {
-        Command::new(prog)
-            .args(flags)
-            .arg(mnt)
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .status()
-    };
-    let fm = run("fusermount3", if lazy { &["-u", "-z"] } else { &["-u"] });
-    match fm {
-        Ok(s) => s.success(),
-        Err(_) => run("umount", if lazy { &["-l"] } else { &[] }).is_ok_and(|s| s.success()),
-    }
 }
 
 /// The sink mounted by a child process; unmounted when dropped.

@@ -15,10 +15,10 @@
 //!
 //! Durability is equal: the plain side fsyncs each file before close, ckptfs commits at close.
 
-use crate::bench::{ckptfs_bin, fresh_dir, size_label};
 use crate::ckptfs::Ckptfs;
 use crate::data::{mix, name_label, RandomSpec};
 use crate::sys::{self, Result};
+use crate::util::{ckptfs_bin, fresh_dir, size_label};
 use crate::worker::{Group, Op, Task};
 use crate::Opts;
 use clap::Args;

@@ -276,7 +276,7 @@ fn simd_flags(cpuinfo: &str) -> String {
 /// (most applications') spans 257 pages and reaches the daemon as two requests, which costs
 /// a next step about 0.1 CPU-s/GiB on 2 cores (README, "Write path and memory bounds").
 fn fuse_request_cap() -> String {
-    let want = u64::from(crate::sink::MAX_WRITE_BYTES) / 4096;
+    let want = u64::from(MAX_WRITE_BYTES) / 4096;
     match fs::read_to_string("/proc/sys/fs/fuse/max_pages_limit") {
         Ok(s) => match s.trim().parse::<u64>() {
             Ok(p) => format!(
@@ -367,6 +367,41 @@ pub fn ensure_free(dir: &Path, need: u64, what: &str) -> Result<()> {
         ));
     }
     Ok(())
+}
+
+/// ckptfs's `MAX_WRITE_BYTES`: the largest write request, and the readahead.
+pub const MAX_WRITE_BYTES: u32 = 4 << 20;
+
+/// Unmounts `mnt` (`lazy`: detached) with `fusermount3`, or with `umount` where there is no
+/// `fusermount3` (a root-only machine without Debian's fuse3, such as the GPU nodes: there the
+/// sink never saw its unmount and was killed, failing `limits`).
+pub fn fusermount_u(mnt: &Path, lazy: bool) -> bool {
+    use std::process::{Command, Stdio};
+    let run = |prog: &str, flags: &[&str]| {
+        Command::new(prog)
+            .args(flags)
+            .arg(mnt)
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .status()
+    };
+    let fm = run("fusermount3", if lazy { &["-u", "-z"] } else { &["-u"] });
+    match fm {
+        Ok(s) => s.success(),
+        Err(_) => run("umount", if lazy { &["-l"] } else { &[] }).is_ok_and(|s| s.success()),
+    }
+}
+
+/// Whether something is mounted at `p`: its device differs from its parent's, or it cannot be
+/// stat'ed at all (a FUSE mount whose daemon died answers ENOTCONN).
+pub fn is_mountpoint(p: &Path) -> bool {
+    use std::os::unix::fs::MetadataExt;
+    let parent = p.parent().unwrap_or(Path::new("/"));
+    match (fs::metadata(p), fs::metadata(parent)) {
+        (Ok(a), Ok(b)) => a.dev() != b.dev(),
+        (Err(e), _) => e.kind() != std::io::ErrorKind::NotFound,
+        _ => false,
+    }
 }
 
 #[cfg(test)]

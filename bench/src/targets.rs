@@ -13,10 +13,10 @@
 //! Also, in-process: Reed-Solomon encode and reconstruct GiB/s of this machine for M+K
 //! (reed-solomon-simd, the crate the targets use), so the rows say what the coding costs.
 
-use crate::bench::{ckptfs_bin, fresh_dir, size_label};
 use crate::ckptfs::Ckptfs;
 use crate::data::{mix, name_label, RandomSpec};
 use crate::sys::{self, Result};
+use crate::util::{ckptfs_bin, fresh_dir, size_label};
 use crate::worker::{Group, Op, Task};
 use crate::Opts;
 use clap::Args;

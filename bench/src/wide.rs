@@ -12,10 +12,10 @@
 //! close). Timed from the barrier to the last close. The files' bytes are slices of one
 //! random pool of `--per-file` x the largest file count, distinct per file.
 
-use crate::bench::{ckptfs_bin, fresh_dir, size_label};
 use crate::ckptfs::Ckptfs;
 use crate::data::RandomSpec;
 use crate::sys::{self, Result};
+use crate::util::{ckptfs_bin, fresh_dir, size_label};
 use crate::Opts;
 use clap::Args;
 use std::fs::{self, File, OpenOptions};
