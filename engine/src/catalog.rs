@@ -8,6 +8,7 @@
 //! it gets the raw tables of a snapshot from [`Reader::raw`].
 
 use crate::advice::AdviceConfig;
+use crate::device::Device;
 use crate::error::{Corruption, Error, Missing, Result};
 use crate::format::{
     decode_xattrs, encode_xattrs, Binding, ChunkHash, ChunkRecord, DataOffset, Extent, HistoryId,
@@ -20,6 +21,8 @@ use redb::{
     ReadableTableMetadata, Table, WriteTransaction,
 };
 use std::collections::BTreeSet;
+use std::io;
+use std::sync::Arc;
 
 /// The table definitions. Public for tests that damage a space on purpose; product code
 /// goes through `Reader` and `Txn`.
@@ -417,7 +420,12 @@ pub struct Txn<'t> {
 }
 
 impl<'t> Txn<'t> {
-    pub fn open(txn: &'t WriteTransaction) -> Result<Txn<'t>> {
+    pub fn open(txn: &'t WriteTxn) -> Result<Txn<'t>> {
+        Self::on(&txn.0)
+    }
+
+    /// `open` on a redb transaction (the catalog's own: `init`, its tests).
+    fn on(txn: &'t WriteTransaction) -> Result<Txn<'t>> {
         Ok(Txn {
             wtxn: txn,
             inodes: txn.open_table(INODES)?,
@@ -1080,6 +1088,145 @@ struct Durability {
     durable_commits: u64,
 }
 
+/// Page cache redb may use for the metadata table.
+const META_CACHE_BYTES: usize = 64 << 20;
+
+/// Opens (or with `create`, creates) the metadata table on `meta`. An existing table is opened
+/// with redb's full integrity check: every page checksum verified and the allocator state
+/// rebuilt. That costs one read of the table per mount, and turns a table damaged outside
+/// redb into a clear error instead of a panic or wrong answers later.
+pub(crate) fn open_db(
+    meta: &Arc<dyn Device>,
+    create: bool,
+    failed: Arc<crate::device::Failure>,
+) -> Result<Database> {
+    if !create && meta.is_empty() {
+        return Err(Corruption::Catalog("is empty".into()).into());
+    }
+    Database::builder()
+        .set_cache_size(META_CACHE_BYTES)
+        .set_check_integrity_on_open(!create)
+        .create_with_backend(MetaBackend {
+            dev: meta.clone(),
+            failed,
+        })
+        .map_err(|e| match e {
+            // An error of the device itself (it carries an errno); redb reports what it
+            // finds wrong in the file's contents (a bad magic number) as an I/O error too,
+            // without one, and that is damage.
+            redb::DatabaseError::Storage(redb::StorageError::Io(io))
+                if io.raw_os_error().is_some() =>
+            {
+                Error::from(io)
+            }
+            other => {
+                Corruption::Catalog(format!("is damaged and cannot be opened: {other}")).into()
+            }
+        })
+}
+
+/// Writes an empty table onto `meta` (which must be empty): the root directory `root`, the
+/// counters, `config`, and `segments` free; of a slot of a shared namespace, its inode
+/// range and the shared tables.
+pub(crate) fn init(
+    meta: &Arc<dyn Device>,
+    root: &InodeRecord,
+    config: &Config,
+    segments: std::ops::Range<u64>,
+    shared_slot: Option<crate::format::SlotId>,
+) -> Result<()> {
+    let db = open_db(meta, true, Arc::default())?;
+    let mut txn = db.begin_write()?;
+    txn.set_two_phase_commit(true);
+    create_tables(&txn)?;
+    {
+        let mut t = Txn::on(&txn)?;
+        t.init(root, config, segments)?;
+        if let Some(slot) = shared_slot {
+            // A slot of a shared namespace numbers its inodes in its own range, so an
+            // inode number names one object on every node (FORMAT.md "Shared namespace").
+            t.set_ino_floor(crate::format::slot_ino_base(slot))?;
+            t.create_shared_tables()?;
+            // Every slot's root is a version of the one root.
+            t.put_version(
+                InodeId::ROOT,
+                &crate::format::VersionMeta {
+                    of: InodeId::ROOT,
+                    ..Default::default()
+                },
+            )?;
+        }
+    }
+    txn.commit()?;
+    Ok(())
+}
+
+/// The metadata table's storage: redb does all its file I/O through this, so the same crash
+/// and fault devices that stand in for the data file stand in for the table in tests.
+/// Locking is not delegated: the space's own `lock` file already makes its holder the only
+/// process that opens the table.
+pub(crate) struct MetaBackend {
+    pub dev: Arc<dyn Device>,
+    /// Set by any failed write, length change or sync of the table: the space's sticky
+    /// failure flag (shared with the chunk store), raised here because redb may report such
+    /// an error from inside a transaction, as a later "previous I/O error", or not at all
+    /// (a failed write of pages that a later commit never needed).
+    pub failed: Arc<crate::device::Failure>,
+}
+
+impl MetaBackend {
+    fn watch<T>(&self, r: io::Result<T>) -> io::Result<T> {
+        if let Err(e) = &r {
+            if self
+                .failed
+                .raise(format!("a metadata table write or sync failed: {e}"))
+            {
+                log::error!(
+                    "metadata table I/O failed, refusing further writes until remount: {e}"
+                );
+            }
+        }
+        r
+    }
+}
+
+impl std::fmt::Debug for MetaBackend {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "MetaBackend({} bytes)", self.dev.len())
+    }
+}
+
+impl redb::StorageBackend for MetaBackend {
+    fn len(&self) -> io::Result<u64> {
+        Ok(self.dev.len())
+    }
+    fn read(&self, offset: u64, out: &mut [u8]) -> io::Result<()> {
+        // A failed read changes nothing on disk: an error for this request, not sticky.
+        self.dev.read_at(out, offset)
+    }
+    fn set_len(&self, len: u64) -> io::Result<()> {
+        self.watch(self.dev.set_len(len))
+    }
+    fn sync_data(&self) -> io::Result<()> {
+        self.watch(self.dev.sync())
+    }
+    fn write(&self, offset: u64, data: &[u8]) -> io::Result<()> {
+        self.watch(self.dev.write_at(data, offset))
+    }
+}
+
+/// A write transaction of the metadata table. Only the catalog begins (`Catalog::begin`),
+/// commits (`Catalog::commit`) and aborts them; changes go through `Txn::open`'s typed
+/// operations.
+pub struct WriteTxn(WriteTransaction);
+
+impl WriteTxn {
+    /// Drops the transaction and every change made in it.
+    pub(crate) fn abort(self) -> Result<()> {
+        Ok(self.0.abort()?)
+    }
+}
+
 /// What `Catalog::committing` says of the transaction about to commit, for `committed`.
 #[derive(Clone, Copy, Debug)]
 pub(crate) struct Committing(Option<u64>);
@@ -1099,7 +1246,7 @@ impl Catalog {
     /// durable commit. Non-durable transactions (namespace changes) become durable with the
     /// next durable one. The caller commits it (`Space::commit`, which makes a failed
     /// commit sticky) or aborts it.
-    pub(crate) fn begin(&self, durable: bool) -> Result<WriteTransaction> {
+    pub(crate) fn begin(&self, durable: bool) -> Result<WriteTxn> {
         let mut txn = self.db.begin_write()?;
         if durable {
             txn.set_two_phase_commit(true);
@@ -1111,13 +1258,22 @@ impl Catalog {
         // this one, and becomes durable with it.
         let mut d = self.durability.lock();
         d.open = durable.then_some(d.nondurable);
-        Ok(txn)
+        Ok(WriteTxn(txn))
+    }
+
+    /// Commits `txn`, counting it (`durable_commits`, `mark`). The caller makes a failure
+    /// sticky (`Space::commit`): the table's state on disk is unknown then.
+    pub(crate) fn commit(&self, txn: WriteTxn) -> Result<()> {
+        let c = self.committing();
+        txn.0.commit()?;
+        self.committed(c);
+        Ok(())
     }
 
     /// The open write transaction is about to commit (the caller still holds redb's
     /// writer): a non-durable one is counted now, before any reader can see it, so a mark
     /// taken after a reader saw it (`mark`) covers it.
-    pub(crate) fn committing(&self) -> Committing {
+    fn committing(&self) -> Committing {
         let mut d = self.durability.lock();
         if d.open.is_none() {
             d.nondurable += 1;
@@ -1126,7 +1282,7 @@ impl Catalog {
     }
 
     /// The transaction `c` described committed.
-    pub(crate) fn committed(&self, c: Committing) {
+    fn committed(&self, c: Committing) {
         if let Committing(Some(upto)) = c {
             let mut d = self.durability.lock();
             d.durable_upto = d.durable_upto.max(upto);
@@ -1160,8 +1316,10 @@ impl Catalog {
         ChunkIndex(self.db.clone())
     }
 
-    /// The redb database itself: for the engine's tests that damage a table on purpose.
-    pub(crate) fn raw(&self) -> &Database {
+    /// The redb database itself: for the engine's tests that damage a table on purpose
+    /// (`Space::catalog`). Nothing else reaches redb but through the catalog.
+    #[doc(hidden)]
+    pub fn raw(&self) -> &Database {
         &self.db
     }
 }
@@ -1574,7 +1732,7 @@ mod tests {
         let txn = db.begin_write().unwrap();
         create_tables(&txn).unwrap();
         let root = InodeRecord::new(NodeKind::Dir, 0o755, 0, 0);
-        Txn::open(&txn)
+        Txn::on(&txn)
             .unwrap()
             .init(&root, &Config::default(), 0..4)
             .unwrap();
@@ -1596,7 +1754,7 @@ mod tests {
     fn commit_two_refs(db: &Database, h: ChunkHash) -> RevisionId {
         let txn = db.begin_write().unwrap();
         let rev = {
-            let mut t = Txn::open(&txn).unwrap();
+            let mut t = Txn::on(&txn).unwrap();
             let rev = t.next_revision_id().unwrap();
             let e = Extent {
                 chunk: h,
@@ -1634,7 +1792,7 @@ mod tests {
         let h = ChunkHash([1; 32]);
         let rev = commit_two_refs(&db, h);
         let txn = db.begin_write().unwrap();
-        let mut t = Txn::open(&txn).unwrap();
+        let mut t = Txn::on(&txn).unwrap();
         t.drop_revision(rev).unwrap();
         assert_eq!(t.chunk(&h).unwrap().unwrap().refs, 0);
         let (freed, bytes) = t.delete_dead_chunks(|_| false, |_, _| {}).unwrap();
@@ -1654,7 +1812,7 @@ mod tests {
         let h = ChunkHash([2; 32]);
         let rev = commit_two_refs(&db, h);
         let txn = db.begin_write().unwrap();
-        let mut t = Txn::open(&txn).unwrap();
+        let mut t = Txn::on(&txn).unwrap();
         // Damage: the chunk claims one reference while two extents name it.
         t.chunks
             .insert(h.0.as_slice(), record(1).encode().as_slice())
@@ -1696,7 +1854,7 @@ mod tests {
             let db = db();
             let txn = db.begin_write().unwrap();
             let out = {
-                let mut t = Txn::open(&txn).unwrap();
+                let mut t = Txn::on(&txn).unwrap();
                 let other = t.next_revision_id().unwrap();
                 let (ea, eb, ec, ed) = (extent(a), extent(b), extent(c), extent(d));
                 t.put_revision(
@@ -1773,7 +1931,7 @@ mod tests {
         let h = ChunkHash([3; 32]);
         let rev = commit_two_refs(&db, h);
         let txn = db.begin_write().unwrap();
-        let mut t = Txn::open(&txn).unwrap();
+        let mut t = Txn::on(&txn).unwrap();
         t.chunks.remove(h.0.as_slice()).unwrap();
         let unknown = |r| matches!(r, Err(Error::Corrupt(Corruption::UnknownChunk(x))) if x == h);
         assert!(unknown(t.drop_revision(rev)));

@@ -1,5 +1,5 @@
 //! All backing I/O goes through this trait: the reserved data file, and the metadata table
-//! (redb reaches its file through [`MetaBackend`]). Tests substitute devices that keep data in
+//! (redb reaches its file through `catalog::MetaBackend`). Tests substitute devices that keep data in
 //! memory, simulate crashes or inject faults (`crate::sim`), and so exercise the very code
 //! paths a mounted space runs.
 
@@ -952,60 +952,6 @@ impl Device for FileDevice {
             self.keep_room();
         }
         room.low.load(Ordering::Relaxed)
-    }
-}
-
-/// The metadata table's storage: redb does all its file I/O through this, so the same crash
-/// and fault devices that stand in for the data file stand in for the table in tests.
-/// Locking is not delegated: the space's own `lock` file already makes its holder the only
-/// process that opens the table.
-pub(crate) struct MetaBackend {
-    pub dev: Arc<dyn Device>,
-    /// Set by any failed write, length change or sync of the table: the space's sticky
-    /// failure flag (shared with the chunk store), raised here because redb may report such
-    /// an error from inside a transaction, as a later "previous I/O error", or not at all
-    /// (a failed write of pages that a later commit never needed).
-    pub failed: Arc<Failure>,
-}
-
-impl MetaBackend {
-    fn watch<T>(&self, r: io::Result<T>) -> io::Result<T> {
-        if let Err(e) = &r {
-            if self
-                .failed
-                .raise(format!("a metadata table write or sync failed: {e}"))
-            {
-                log::error!(
-                    "metadata table I/O failed, refusing further writes until remount: {e}"
-                );
-            }
-        }
-        r
-    }
-}
-
-impl std::fmt::Debug for MetaBackend {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "MetaBackend({} bytes)", self.dev.len())
-    }
-}
-
-impl redb::StorageBackend for MetaBackend {
-    fn len(&self) -> io::Result<u64> {
-        Ok(self.dev.len())
-    }
-    fn read(&self, offset: u64, out: &mut [u8]) -> io::Result<()> {
-        // A failed read changes nothing on disk: an error for this request, not sticky.
-        self.dev.read_at(out, offset)
-    }
-    fn set_len(&self, len: u64) -> io::Result<()> {
-        self.watch(self.dev.set_len(len))
-    }
-    fn sync_data(&self) -> io::Result<()> {
-        self.watch(self.dev.sync())
-    }
-    fn write(&self, offset: u64, data: &[u8]) -> io::Result<()> {
-        self.watch(self.dev.write_at(data, offset))
     }
 }
 

@@ -182,7 +182,7 @@ fn inconsistent_metadata_is_reported() {
     let rev = commit(&space, a, &random(5, 20_000));
     let (_, e) = chunks_of(&space, rev)[0];
     // A reference count one too high, and an entry naming a missing inode.
-    let txn = space.db().begin_write().unwrap();
+    let txn = space.catalog().raw().begin_write().unwrap();
     {
         let mut chunks = txn.open_table(meta::CHUNKS).unwrap();
         let rec = ChunkRecord::decode(chunks.get(e.chunk.0.as_slice()).unwrap().unwrap().value())
@@ -231,7 +231,7 @@ fn a_space_without_xattr_tables_gains_them_at_open() {
     let space = Space::open(&dir).unwrap();
     let a = create(&space, InodeId::ROOT, b"a", false);
     commit(&space, a, &random(9, 10_000));
-    let txn = space.db().begin_write().unwrap();
+    let txn = space.catalog().raw().begin_write().unwrap();
     assert!(txn.delete_table(meta::XATTRS).unwrap());
     assert!(txn.delete_table(meta::REV_XATTRS).unwrap());
     txn.commit().unwrap();

@@ -26,7 +26,7 @@ fn file_record() -> InodeRecord {
 
 /// Checks what must hold of any committed space.
 fn check_space(space: &Space) {
-    let txn = space.db().begin_read().unwrap();
+    let txn = space.catalog().raw().begin_read().unwrap();
     let chunks = txn.open_table(meta::CHUNKS).unwrap();
     let extents = txn.open_table(meta::EXTENTS).unwrap();
     let free: std::collections::HashSet<u64> = txn

@@ -64,36 +64,13 @@ pub(super) fn init_meta(
     segments: std::ops::Range<u64>,
     shared_slot: Option<SlotId>,
 ) -> Result<()> {
-    let db = open_db(meta, true, Arc::default())?;
     // SAFETY: getuid/getgid cannot fail.
     let (uid, gid) = unsafe { (libc::getuid(), libc::getgid()) };
     let root = InodeRecord {
         parent: InodeId::ROOT,
         ..InodeRecord::new(NodeKind::Dir, 0o755, uid, gid)
     };
-    let mut txn = db.begin_write()?;
-    txn.set_two_phase_commit(true);
-    catalog::create_tables(&txn)?;
-    {
-        let mut t = Txn::open(&txn)?;
-        t.init(&root, config, segments)?;
-        if let Some(slot) = shared_slot {
-            // A slot of a shared namespace numbers its inodes in its own range, so an
-            // inode number names one object on every node (FORMAT.md "Shared namespace").
-            t.set_ino_floor(crate::format::slot_ino_base(slot))?;
-            t.create_shared_tables()?;
-            // Every slot's root is a version of the one root.
-            t.put_version(
-                InodeId::ROOT,
-                &crate::format::VersionMeta {
-                    of: InodeId::ROOT,
-                    ..Default::default()
-                },
-            )?;
-        }
-    }
-    txn.commit()?;
-    Ok(())
+    catalog::init(meta, &root, config, segments, shared_slot)
 }
 
 /// The `slots/` directory of a new multi-slot space: the headers file (its head, then two

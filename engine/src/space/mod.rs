@@ -5,7 +5,7 @@
 
 pub use crate::catalog::Config;
 use crate::catalog::{self, Reader, Txn};
-use crate::device::{Device, FileDevice, MetaBackend};
+use crate::device::{Device, FileDevice};
 use crate::error::{Corruption, Error, Missing, Result};
 use crate::filemap::{ChunkIo, ExtentMap, FileState};
 use crate::format::HistoryRecord;
@@ -14,7 +14,6 @@ use crate::manifest::{PubExtent, PubNode, PubVersion, Record, Union};
 use crate::slots::{Lease, SlotRequest};
 use crate::store::ChunkStore;
 use crate::targets::{Redundancy, TargetSpec, TargetsTable};
-use redb::Database;
 use std::fs::{self, File};
 use std::os::unix::fs::{DirBuilderExt, MetadataExt, PermissionsExt};
 use std::path::{Path, PathBuf};
@@ -38,42 +37,6 @@ pub use open::OnDevices;
 
 /// The smallest reserved space `format` accepts.
 pub const MIN_SPACE_BYTES: u64 = 16 << 20;
-/// Page cache redb may use for the metadata table.
-const META_CACHE_BYTES: usize = 64 << 20;
-
-/// Opens (or with `create`, creates) the metadata table on `meta`. An existing table is opened
-/// with redb's full integrity check: every page checksum verified and the allocator state
-/// rebuilt. That costs one read of the table per mount, and turns a table damaged outside
-/// redb into a clear error instead of a panic or wrong answers later.
-fn open_db(
-    meta: &Arc<dyn Device>,
-    create: bool,
-    failed: Arc<crate::device::Failure>,
-) -> Result<Database> {
-    if !create && meta.is_empty() {
-        return Err(Corruption::Catalog("is empty".into()).into());
-    }
-    Database::builder()
-        .set_cache_size(META_CACHE_BYTES)
-        .set_check_integrity_on_open(!create)
-        .create_with_backend(MetaBackend {
-            dev: meta.clone(),
-            failed,
-        })
-        .map_err(|e| match e {
-            // An error of the device itself (it carries an errno); redb reports what it
-            // finds wrong in the file's contents (a bad magic number) as an I/O error too,
-            // without one, and that is damage.
-            redb::DatabaseError::Storage(redb::StorageError::Io(io))
-                if io.raw_os_error().is_some() =>
-            {
-                Error::from(io)
-            }
-            other => {
-                Corruption::Catalog(format!("is damaged and cannot be opened: {other}")).into()
-            }
-        })
-}
 
 /// What a commit makes of the revision it writes.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -143,7 +106,7 @@ pub struct Space {
     /// One gc at a time (and a repair of one segment holds it too: no chunk moves then).
     pub(crate) gc_lock: parking_lot::Mutex<()>,
     /// File commits that arrive together share a transaction (`group`).
-    commits: group::CommitGroup<redb::WriteTransaction>,
+    commits: group::CommitGroup<catalog::WriteTxn>,
     /// Bumped by every gc under `gc_lock`: a repair pass knows its snapshot of where the
     /// chunks are still holds while this has not changed.
     pub(crate) gc_epoch: std::sync::atomic::AtomicU64,
@@ -254,7 +217,7 @@ pub struct Stats {
 }
 
 /// Drops a group's transaction whose changes failed (`group`).
-fn abort_group_txn(txn: redb::WriteTransaction) {
+fn abort_group_txn(txn: catalog::WriteTxn) {
     if let Err(e) = txn.abort() {
         log::warn!("aborting a grouped commit's transaction: {e}");
     }
@@ -881,12 +844,11 @@ impl Space {
         self.store.committed_record(h)
     }
 
-    /// The metadata table itself: for the engine's tests that damage a space on purpose.
-    /// Everything else reads and writes through the catalog (`reader`, `ns_write`); only
-    /// the engine begins and commits write transactions.
+    /// The catalog itself: for the engine's tests that damage a space on purpose
+    /// (`Catalog::raw`). Everything else reads and writes through `reader` and `ns_write`.
     #[doc(hidden)]
-    pub fn db(&self) -> &Database {
-        self.catalog.raw()
+    pub fn catalog(&self) -> &catalog::Catalog {
+        &self.catalog
     }
 
     /// Runs a namespace change in one write transaction. `durable` commits make it (and every
@@ -913,7 +875,7 @@ impl Space {
                 Ok(v)
             }
             Err(e) => {
-                txn.abort().map_err(Error::from)?;
+                txn.abort()?;
                 Err(e)
             }
         }
@@ -921,7 +883,7 @@ impl Space {
 
     /// Begins a metadata transaction (`Catalog::begin`: the durability policy), refused on
     /// a read-only space and after a failed write (sticky failure).
-    pub(crate) fn begin_write(&self, durable: bool) -> Result<redb::WriteTransaction> {
+    pub(crate) fn begin_write(&self, durable: bool) -> Result<catalog::WriteTxn> {
         if self.read_only {
             return Err(Error::ReadOnly);
         }
@@ -937,17 +899,15 @@ impl Space {
     /// First (at most once per `device::WATCH_INTERVAL`) the backing directory's files are
     /// looked at (`watch`): a commit into a table or data file that was removed or replaced,
     /// or while a second mount holds the lock, is refused rather than acknowledged.
-    pub(crate) fn commit(&self, txn: redb::WriteTransaction) -> Result<()> {
+    pub(crate) fn commit(&self, txn: catalog::WriteTxn) -> Result<()> {
         self.watch_backing_due();
         if self.store.is_failed() {
             // Dropping the transaction aborts it.
             return Err(Error::Failed);
         }
-        let c = self.catalog.committing();
-        txn.commit()
-            .map_err(|e| self.store.fail_with(Error::from(e)))?;
-        self.catalog.committed(c);
-        Ok(())
+        self.catalog
+            .commit(txn)
+            .map_err(|e| self.store.fail_with(e))
     }
 
     /// Runs `load` under the pin gate and pins the revision it returns before the gate
@@ -1192,7 +1152,7 @@ impl Space {
 
     /// Commits a group's transaction (`group`): the data file first (one sync covers the
     /// chunks of every member, appended before they joined), then the table.
-    fn commit_group_txn(&self, txn: redb::WriteTransaction) -> Result<()> {
+    fn commit_group_txn(&self, txn: catalog::WriteTxn) -> Result<()> {
         match self.store.flush_sync() {
             Ok(()) => self.commit(txn),
             Err(e) => {

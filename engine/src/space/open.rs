@@ -160,7 +160,7 @@ impl Space {
     ) -> Result<Space> {
         let range = sb.slot_segments(slot);
         let failed = Arc::new(crate::device::Failure::default());
-        let db = Arc::new(open_db(&meta, false, failed.clone())?);
+        let db = Arc::new(catalog::open_db(&meta, false, failed.clone())?);
         if catalog::add_missing_tables(&db)? {
             log::info!(
                 "added the extended-attribute tables to a space formatted by an earlier build"
