@@ -441,6 +441,19 @@ impl TestMount {
         );
     }
 
+    /// The space was mounted at this mountpoint by a `ckptfs mount` the test ran itself
+    /// (to watch what it says): from now on this guard unmounts it.
+    pub fn mounted_elsewhere(&mut self) {
+        assert!(!self.mounted, "already mounted");
+        assert_ne!(
+            st_dev(&self.mnt),
+            st_dev(self.root.path()),
+            "{} is not a mountpoint",
+            self.mnt.display()
+        );
+        self.mounted = true;
+    }
+
     /// Unmounts through `ckptfs umount`, which waits for the daemon to exit.
     pub fn unmount(&mut self) {
         assert!(self.mounted, "not mounted");

@@ -98,20 +98,25 @@ fn format_and_mount_refuse_to_clobber_or_double_mount() {
 }
 
 /// A mount started while the previous daemon of the space is unmounted but still exiting
-/// (here: kept alive by a descriptor open in its lazily detached mount) waits for it, saying
-/// so, instead of refusing the space as "in use".
+/// (here: kept alive by a descriptor open in its lazily detached mount, let go once the
+/// mount says it waits: an event, not a sleep) waits for it, saying so, instead of refusing
+/// the space as "in use".
 #[test]
 fn mount_waits_for_a_daemon_that_is_still_exiting() {
     let mut m = TestMount::new();
     fs::write(m.path("kept"), b"still here").expect("write");
     let held = fs::File::open(m.path("kept")).expect("open");
-    m.lazy_unmount();
-    let releaser = std::thread::spawn(move || {
-        std::thread::sleep(std::time::Duration::from_millis(1500));
-        drop(held);
-    });
-    m.mount();
-    releaser.join().unwrap();
+    let (backing, mnt) = (m.backing().to_path_buf(), m.mnt().to_path_buf());
+    let (said, status, rest) = run_as_the_daemon_exits(
+        &mut m,
+        held,
+        &[OsStr::new("mount"), backing.as_os_str(), mnt.as_os_str()],
+    );
+    assert!(
+        said.contains("waiting for the daemon") && status.success(),
+        "mount did not wait for the exiting daemon: {said}{rest}"
+    );
+    m.mounted_elsewhere();
     assert_file_eq(&m.path("kept"), b"still here");
 }
 
