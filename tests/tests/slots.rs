@@ -604,6 +604,43 @@ fn another_nodes_file_is_read_ahead_for_a_sequential_reader() {
     );
 }
 
+/// An N-1 file (nodes 0 and 1 each write half of one file) read sequentially on node 2 is
+/// read ahead too, in both nodes' layers, and reads back exact. Before, a file several nodes
+/// wrote got no read-ahead at all (0 bytes ahead).
+#[test]
+fn a_file_several_nodes_wrote_is_read_ahead_for_a_sequential_reader() {
+    const LEN: usize = 48 << 20;
+    let mut c = Cluster::new(3, "512M", 3, Duration::from_secs(5));
+    for n in 0..3 {
+        c.mount(n, &[]);
+    }
+    let data = pattern(78, LEN);
+    let half = LEN / 2;
+    let mut f = fs::File::create(c.path(0, "n1")).unwrap();
+    f.write_all(&data[..half]).unwrap();
+    close_checked(f).unwrap();
+    let f = fs::OpenOptions::new()
+        .write(true)
+        .open(c.path(1, "n1"))
+        .expect("node 1 opens node 0's file");
+    use std::os::unix::fs::FileExt;
+    f.write_all_at(&data[half..], half as u64).unwrap();
+    close_checked(f).unwrap();
+    c.drop_caches(2);
+    let (read0, ahead0) = read_bytes(&mut c, 2);
+    let got = fs::read(c.path(2, "n1")).expect("read the N-1 file on node 2");
+    assert!(got == data, "the N-1 file read back differs on node 2");
+    let (read1, ahead1) = read_bytes(&mut c, 2);
+    let (read, ahead) = (read1 - read0, ahead1 - ahead0);
+    eprintln!("{read} bytes read from the backing space, {ahead} of them ahead, for {LEN}");
+    assert!(
+        ahead >= LEN as u64 / 2,
+        "only {ahead} of {LEN} bytes of an N-1 file were read ahead of a sequential reader"
+    );
+    assert_eq!(fs::read(c.path(0, "n1")).expect("node 0 reads"), data);
+    assert_eq!(fs::read(c.path(1, "n1")).expect("node 1 reads"), data);
+}
+
 /// gc on one slot moves chunks while another node reads that slot's files, and the owner
 /// then writes into the segments gc freed: never a wrong byte, never an EIO (the reader
 /// finds moved chunks through the republished manifest). The reader's daemon forgets its

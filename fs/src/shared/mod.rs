@@ -34,6 +34,7 @@ use ckptfs_engine::nslock::{dir_key, name_key, RENAME_DIRS};
 use merge::Views;
 use parking_lot::{Mutex, RwLock};
 use std::collections::{BTreeSet, HashMap};
+use std::sync::Arc;
 use std::time::Instant;
 
 /// Times a read of another slot's chunk that fails its blake3 check reads that slot's
@@ -68,7 +69,22 @@ pub(crate) struct Shared {
     learn_cv: parking_lot::Condvar,
     /// A maintenance thread serves `learn` (the mount's); without one nobody is asked.
     maintained: std::sync::atomic::AtomicBool,
+    /// Extent maps of this slot's committed layers of files other nodes wrote too, by
+    /// (layer, revision): a read of such a file paints this slot's layer from its map, which
+    /// was loaded from the catalog (one row per extent) on every read request before. At
+    /// most `LAYER_MAPS` (a 1 GiB layer's map is about 16,000 extents, under 1 MiB).
+    layer_maps: Mutex<
+        Vec<(
+            InodeId,
+            ckptfs_engine::format::RevisionId,
+            Arc<ckptfs_engine::filemap::ExtentMap>,
+        )>,
+    >,
 }
+
+/// Extent maps of this slot's layers kept for reads through the merge (`Shared::
+/// layer_maps`): a job's N-1 files read at once, each with this node's part.
+const LAYER_MAPS: usize = 16;
 
 /// How long a learning of other nodes' removals waits for the kernel to forget the inodes
 /// whose names it was told to drop (it does so as soon as it processed the notification;
@@ -98,6 +114,7 @@ impl Shared {
             learn: Mutex::new((0, 0)),
             learn_cv: parking_lot::Condvar::new(),
             maintained: Default::default(),
+            layer_maps: Mutex::default(),
         }
     }
 }
@@ -955,9 +972,10 @@ impl Fs {
     }
 
     /// After a read of `off..end` through read handle `fh` of `obj`: the read-ahead this
-    /// slot's files get (`ReadAhead`), for a file one other node wrote alone (a restart
-    /// on another node): the chunks ahead go to the store's read threads at the places
-    /// their owner published. A file several nodes wrote (N-1) is read without it.
+    /// slot's files get (`ReadAhead`), for a file other nodes wrote (a restart on another
+    /// node, alone or N-1): the chunks ahead in every other slot's layer, as cut by the
+    /// layers above it, go to the store's read threads at the places their owners
+    /// published. (This slot's own layer is read from its chunk store as it is asked for.)
     pub(crate) fn sh_read_ahead(&self, fh: HandleId, obj: InodeId, off: u64, end: u64) {
         let range = {
             let mut handles = self.sh().merged_handles.lock();
@@ -971,14 +989,34 @@ impl Fs {
         let Some((from, to)) = range else {
             return;
         };
+        let me = self.sh().me;
         let vs = self.versions_of(obj);
-        let [v] = &vs[..] else {
-            return;
-        };
-        if v.slot == self.sh().me || v.node.kind != NodeKind::File {
+        if vs.first().is_none_or(|v| v.node.kind != NodeKind::File) {
             return;
         }
-        let ahead = extents_in(&v.node.extents, from, to.min(v.node.size));
+        let pvs: Vec<(SlotId, ckptfs_engine::manifest::PubVersion)> = vs
+            .into_iter()
+            .map(|v| {
+                (
+                    v.slot,
+                    ckptfs_engine::manifest::PubVersion {
+                        meta: v.meta,
+                        node: v.node,
+                    },
+                )
+            })
+            .collect();
+        let refs: Vec<(SlotId, &ckptfs_engine::manifest::PubVersion)> =
+            pvs.iter().map(|(s, v)| (*s, v)).collect();
+        let mut ahead = Vec::new();
+        for l in merge::layers(&refs).iter().filter(|l| l.slot != me) {
+            let node = &l.version.node;
+            ahead.extend(extents_in(
+                &node.extents,
+                from,
+                to.min(l.cut).min(node.size),
+            ));
+        }
         if !ahead.is_empty() {
             self.space.prefetch_published(&ahead);
         }
@@ -1070,10 +1108,7 @@ impl Fs {
                 // revision.
                 let pieces = match live_node.as_ref().filter(|(li, _)| *li == id) {
                     Some((_, n)) => n.lock().file.map().pieces(off, stop),
-                    None => {
-                        let rec = self.space.get_inode(id)?.ok_or(Error::NotFound)?;
-                        self.space.load_map(rec.current_rev)?.pieces(off, stop)
-                    }
+                    None => self.layer_map(id)?.pieces(off, stop),
                 };
                 // Holes are no writes: only the layer's pieces are painted.
                 ckptfs_engine::filemap::ExtentMap::read_pieces(
@@ -1087,6 +1122,28 @@ impl Fs {
             }
         }
         Ok(out)
+    }
+
+    /// The extent map of this slot's committed layer `id` (its current revision), from
+    /// `Shared::layer_maps` or loaded into it.
+    fn layer_map(&self, id: InodeId) -> Result<Arc<ckptfs_engine::filemap::ExtentMap>> {
+        let rev = self
+            .space
+            .get_inode(id)?
+            .ok_or(Error::NotFound)?
+            .current_rev;
+        let maps = &self.sh().layer_maps;
+        if let Some((_, _, m)) = maps.lock().iter().find(|(i, r, _)| *i == id && *r == rev) {
+            return Ok(m.clone());
+        }
+        let m = Arc::new(self.space.load_map(rev)?);
+        let mut maps = maps.lock();
+        maps.retain(|(i, _, _)| *i != id);
+        if maps.len() >= LAYER_MAPS {
+            maps.remove(0);
+        }
+        maps.push((id, rev, m.clone()));
+        Ok(m)
     }
 
     /// Copies the bytes of another slot's extents within `[off, end)` into `out` (which
