@@ -710,95 +710,8 @@ fn mount(
     }
     // Before any thread starts: see `limit_heap_arenas`.
     limit_heap_arenas();
-    // A foreground mount started by hand (or by a service manager) right after an unmount
-    // waits for the exiting daemon too; started by `spawn_daemon`, this returns at once.
-    let slots = read_backing_dir(&backing, !tuning.read_only)
-        .map_err(|e| e.to_string())?
-        .slots;
-    if slots == 1 {
-        check_not_locked(&backing, tuning.read_only)?;
-    } else if !tuning.read_only {
-        slots::wait_for_own_exiting_daemon(&backing, &mnt)?;
-    }
-    let mode = match tuning.read_only {
-        true => Mode::ReadOnly,
-        false => Mode::Mount(SlotRequest {
-            slot: tuning.slot.map(SlotId),
-            lease: tuning.lease,
-            mountpoint: mnt.display().to_string(),
-            take_over: tuning.take_over,
-        }),
-    };
-    let mut space = Space::open_as(&backing, &mode).map_err(|e| e.to_string())?;
-    if let Some(l) = space.lease() {
-        log::info!(
-            "claimed slot {} of {slots} (epoch {}, lease {:?})",
-            l.slot(),
-            l.epoch(),
-            tuning.lease
-        );
-        if !tuning.read_only {
-            answer_probes_while_held(l);
-        }
-        if !tuning.no_probe {
-            match l.probe_coherence(PROBE_WAIT) {
-                Ok(None) => log::info!("coherence probe: no other node is live"),
-                Ok(Some((s, t))) => log::info!(
-                    "coherence probe: slot {s} saw this node's write, and this node its \
-                     answer, in {} ms",
-                    t.as_millis()
-                ),
-                Err(e) => return Err(format!("{e}")),
-            }
-        }
-    }
-    if let Some(w) = tuning.workers {
-        space.set_workers(w as usize);
-    }
-    let codec = match &tuning.codec {
-        Some(c) => c.clone(),
-        // The GPU kernels the mount runs compress LZ4: asked for a GPU, a space whose
-        // default is the float codec gets LZ4 (mixing codecs is fine: each chunk records
-        // its own).
-        None if matches!(tuning.gpu.as_str(), "on" | "emulate") => {
-            log::info!(
-                "--gpu {}: codec lz4 (the GPU stage compresses LZ4)",
-                tuning.gpu
-            );
-            "lz4".to_string()
-        }
-        None if space
-            .superblock()
-            .features
-            .contains(ckptfs_engine::format::Features::INCOMPAT_FLOAT_CODEC) =>
-        {
-            "float".to_string()
-        }
-        None => "lz4".to_string(),
-    };
-    let policy = ckptfs_engine::codec::Policy::parse(&codec)
-        .ok_or_else(|| format!("unknown codec {codec:?}"))?;
-    space
-        .set_codec_policy(policy)
-        .map_err(|e| format!("cannot record the codec in the superblock: {e}"))?;
-    let gpu = choose_gpu(&tuning, &codec)?;
-    let compressor = gpu.as_ref().map_or("the CPU".to_string(), |g| g.describe());
-    space.set_batch_codec(gpu);
-    // A read-only mount writes no revision to predict, so it keeps no fingerprints.
-    space.confirm_by_fingerprint(tuning.confirm_by_fingerprint && !tuning.read_only);
-    space.follow_changes(tuning.follow_changes);
-    // The cutter's search is chosen by measuring the candidates once (a few ms): here, at
-    // mount, rather than inside the first write, and said, since it differs by CPU.
-    let search = ckptfs_engine::filemap::gear_search();
-    log::info!(
-        "{} FUSE threads, {} store workers, codec {}, new chunks compressed on {compressor}, \
-         cutter search {} ({})",
-        tuning.threads,
-        space.workers(),
-        codec,
-        search.name,
-        search.measured
-    );
+    let (mut space, slots) = open_for_mount(&backing, &mnt, &tuning)?;
+    configure_space(&mut space, &tuning)?;
     if let Some(hint) = fuse::request_cap_hint(fuse::request_cap_pages()) {
         log::info!("{hint}");
     }
@@ -841,63 +754,8 @@ fn mount(
     let stop = adapter.stop.clone();
     let notifier = adapter.notifier.clone();
     let invalidator = adapter.invalidator.clone();
-    // Automatic gc: checks free space four times a second (see Fs::auto_gc_tick; a check is
-    // one metadata read), so a fast writer does not outrun it.
-    // The same thread publishes this slot's pending namespace changes and reads the other
-    // slots' manifests once a second (a multi-slot space; nothing otherwise).
-    let auto_gc = std::thread::spawn(move || {
-        let mut tick = 0u64;
-        while !stop.load(std::sync::atomic::Ordering::Relaxed) {
-            // A writer of a full space asks to learn other nodes' removals at once.
-            if fs.maintenance_pause(Duration::from_millis(250)) {
-                fs.learn_removals();
-            }
-            fs.auto_gc_tick();
-            // Repeated target warnings come out as one line per target per interval.
-            if let Some(e) = fs.space().erasure() {
-                e.flush_warnings();
-            }
-            tick += 1;
-            if tick.is_multiple_of(4) {
-                // Request buffers that waited in fuser's pool for a whole second (up to
-                // 64 MiB after a burst of large writes) give their pages back.
-                fuser::trim_idle_request_buffers();
-                trim_heap();
-                if let Err(e) = fs.publish_pending() {
-                    log::warn!("publishing this slot's changes: {e}");
-                }
-                fs.learn_removals();
-            }
-        }
-    });
-    let mut config = fuser::Config::default();
-    config.mount_options = vec![
-        fuser::MountOption::FSName(format!("ckptfs:{}", backing.display())),
-        fuser::MountOption::Subtype("ckptfs".into()),
-        fuser::MountOption::DefaultPermissions,
-        fuser::MountOption::NoDev,
-        // fuser mounts nosuid unless it sees Suid: set-user-ID files written by any user
-        // of a checkpoint space do not gain privileges by exec unless the admin says so.
-        if tuning.suid {
-            fuser::MountOption::Suid
-        } else {
-            fuser::MountOption::NoSuid
-        },
-        if tuning.noexec {
-            fuser::MountOption::NoExec
-        } else {
-            fuser::MountOption::Exec
-        },
-        if tuning.read_only {
-            fuser::MountOption::RO
-        } else {
-            fuser::MountOption::RW
-        },
-    ];
-    if allow_other {
-        config.acl = fuser::SessionACL::All;
-    }
-    config.n_threads = Some(tuning.threads as usize);
+    let auto_gc = start_maintenance(fs, stop);
+    let config = fuse_config(&backing, &tuning, allow_other);
     let mut session = fuser::Session::new(adapter, &mnt, &config)
         .map_err(|e| format!("cannot mount at {}: {e}", mnt.display()))?;
     let _ = invalidator.set(fuse::Invalidator::start(session.notifier()));
@@ -932,6 +790,177 @@ fn mount(
     // destroy() set the stop flag; the space closes when this last holder of it ends.
     let _ = auto_gc.join();
     result
+}
+
+/// Opens the space a foreground mount serves, as `tuning` says: a single-slot space once
+/// no other process holds it (waiting for an exiting daemon), a slot by claiming it and
+/// probing that the other nodes see its writes. Returns it and the space's slot count.
+fn open_for_mount(backing: &Path, mnt: &Path, tuning: &Tuning) -> Result<(Space, u32), String> {
+    // A foreground mount started by hand (or by a service manager) right after an unmount
+    // waits for the exiting daemon too; started by `spawn_daemon`, this returns at once.
+    let slots = read_backing_dir(backing, !tuning.read_only)
+        .map_err(|e| e.to_string())?
+        .slots;
+    if slots == 1 {
+        check_not_locked(backing, tuning.read_only)?;
+    } else if !tuning.read_only {
+        slots::wait_for_own_exiting_daemon(backing, mnt)?;
+    }
+    let mode = match tuning.read_only {
+        true => Mode::ReadOnly,
+        false => Mode::Mount(SlotRequest {
+            slot: tuning.slot.map(SlotId),
+            lease: tuning.lease,
+            mountpoint: mnt.display().to_string(),
+            take_over: tuning.take_over,
+        }),
+    };
+    let space = Space::open_as(backing, &mode).map_err(|e| e.to_string())?;
+    if let Some(l) = space.lease() {
+        log::info!(
+            "claimed slot {} of {slots} (epoch {}, lease {:?})",
+            l.slot(),
+            l.epoch(),
+            tuning.lease
+        );
+        if !tuning.read_only {
+            answer_probes_while_held(l);
+        }
+        if !tuning.no_probe {
+            match l.probe_coherence(PROBE_WAIT) {
+                Ok(None) => log::info!("coherence probe: no other node is live"),
+                Ok(Some((s, t))) => log::info!(
+                    "coherence probe: slot {s} saw this node's write, and this node its \
+                     answer, in {} ms",
+                    t.as_millis()
+                ),
+                Err(e) => return Err(format!("{e}")),
+            }
+        }
+    }
+    Ok((space, slots))
+}
+
+/// The daemon's periodic work, on one thread until `stop`. Automatic gc checks free space
+/// four times a second (see `Fs::auto_gc_tick`; a check is one metadata read), so a fast
+/// writer does not outrun it. The same thread publishes this slot's pending namespace
+/// changes and reads the other slots' manifests once a second (a multi-slot space; nothing
+/// otherwise), and gives idle request buffers and heap back.
+fn start_maintenance(
+    fs: Arc<Fs>,
+    stop: Arc<std::sync::atomic::AtomicBool>,
+) -> std::thread::JoinHandle<()> {
+    std::thread::spawn(move || {
+        let mut tick = 0u64;
+        while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+            // A writer of a full space asks to learn other nodes' removals at once.
+            if fs.maintenance_pause(Duration::from_millis(250)) {
+                fs.learn_removals();
+            }
+            fs.auto_gc_tick();
+            // Repeated target warnings come out as one line per target per interval.
+            if let Some(e) = fs.space().erasure() {
+                e.flush_warnings();
+            }
+            tick += 1;
+            if tick.is_multiple_of(4) {
+                // Request buffers that waited in fuser's pool for a whole second (up to
+                // 64 MiB after a burst of large writes) give their pages back.
+                fuser::trim_idle_request_buffers();
+                trim_heap();
+                if let Err(e) = fs.publish_pending() {
+                    log::warn!("publishing this slot's changes: {e}");
+                }
+                fs.learn_removals();
+            }
+        }
+    })
+}
+
+/// The FUSE session's options for a mount of `backing` as `tuning` says.
+fn fuse_config(backing: &Path, tuning: &Tuning, allow_other: bool) -> fuser::Config {
+    let mut config = fuser::Config::default();
+    config.mount_options = vec![
+        fuser::MountOption::FSName(format!("ckptfs:{}", backing.display())),
+        fuser::MountOption::Subtype("ckptfs".into()),
+        fuser::MountOption::DefaultPermissions,
+        fuser::MountOption::NoDev,
+        // fuser mounts nosuid unless it sees Suid: set-user-ID files written by any user
+        // of a checkpoint space do not gain privileges by exec unless the admin says so.
+        if tuning.suid {
+            fuser::MountOption::Suid
+        } else {
+            fuser::MountOption::NoSuid
+        },
+        if tuning.noexec {
+            fuser::MountOption::NoExec
+        } else {
+            fuser::MountOption::Exec
+        },
+        if tuning.read_only {
+            fuser::MountOption::RO
+        } else {
+            fuser::MountOption::RW
+        },
+    ];
+    if allow_other {
+        config.acl = fuser::SessionACL::All;
+    }
+    config.n_threads = Some(tuning.threads as usize);
+    config
+}
+
+/// Applies the mount's tuning to `space`: workers, the codec (recorded in the superblock),
+/// the GPU stage, the cutter's confirmations; logs what the mount runs with.
+fn configure_space(space: &mut Space, tuning: &Tuning) -> Result<(), String> {
+    if let Some(w) = tuning.workers {
+        space.set_workers(w as usize);
+    }
+    let codec = match &tuning.codec {
+        Some(c) => c.clone(),
+        // The GPU kernels the mount runs compress LZ4: asked for a GPU, a space whose
+        // default is the float codec gets LZ4 (mixing codecs is fine: each chunk records
+        // its own).
+        None if matches!(tuning.gpu.as_str(), "on" | "emulate") => {
+            log::info!(
+                "--gpu {}: codec lz4 (the GPU stage compresses LZ4)",
+                tuning.gpu
+            );
+            "lz4".to_string()
+        }
+        None if space
+            .superblock()
+            .features
+            .contains(ckptfs_engine::format::Features::INCOMPAT_FLOAT_CODEC) =>
+        {
+            "float".to_string()
+        }
+        None => "lz4".to_string(),
+    };
+    let policy = ckptfs_engine::codec::Policy::parse(&codec)
+        .ok_or_else(|| format!("unknown codec {codec:?}"))?;
+    space
+        .set_codec_policy(policy)
+        .map_err(|e| format!("cannot record the codec in the superblock: {e}"))?;
+    let gpu = choose_gpu(tuning, &codec)?;
+    let compressor = gpu.as_ref().map_or("the CPU".to_string(), |g| g.describe());
+    space.set_batch_codec(gpu);
+    // A read-only mount writes no revision to predict, so it keeps no fingerprints.
+    space.confirm_by_fingerprint(tuning.confirm_by_fingerprint && !tuning.read_only);
+    space.follow_changes(tuning.follow_changes);
+    // The cutter's search is chosen by measuring the candidates once (a few ms): here, at
+    // mount, rather than inside the first write, and said, since it differs by CPU.
+    let search = ckptfs_engine::filemap::gear_search();
+    log::info!(
+        "{} FUSE threads, {} store workers, codec {}, new chunks compressed on {compressor}, \
+         cutter search {} ({})",
+        tuning.threads,
+        space.workers(),
+        codec,
+        search.name,
+        search.measured
+    );
+    Ok(())
 }
 
 /// Raises the kernel's readahead for this mount to the request size we negotiated. The
@@ -1609,73 +1638,181 @@ fn print_stats(s: &Stats) {
     }
 }
 
+/// `ckptfs stats`: of a mount or a backing directory, as text, JSON or Prometheus.
+fn cmd_stats(path: &Path, json: bool, prometheus: bool) -> Result<(), String> {
+    // A space over several targets: whether its data has full redundancy now, and
+    // each target's errors since the mount; and what redundancy each revision has
+    // (a pass over the extent table). Of a multi-slot space's mount: that slot's.
+    let targets_of = |path: &Path| {
+        let t = targets::report(path).unwrap_or_else(|e| {
+            eprintln!("ckptfs: the targets' state could not be read: {e}");
+            None
+        });
+        let red = match t.is_some() && !prometheus {
+            true => targets::redundancy(path).unwrap_or_else(|e| {
+                eprintln!("ckptfs: the revisions' redundancy could not be read: {e}");
+                None
+            }),
+            false => None,
+        };
+        (t, red)
+    };
+    // A multi-slot space: what the mount's own slot holds, then every slot's line
+    // and the whole space's totals from the slot headers. Of its backing directory,
+    // only the latter (each slot's table is its node's).
+    let abs = absolute(path);
+    let backing = match abs.join(ckptfs_engine::format::SUPERBLOCK_FILE).exists() {
+        true => Some(abs.clone()),
+        false => backing_of(&abs),
+    };
+    let multi = backing
+        .as_deref()
+        .filter(|b| !prometheus && slots::is_multi_slot(b));
+    if let Some(b) = multi {
+        // Of the backing directory itself: no mount of its own to ask, and what this
+        // host's exiting daemons commit last is in the figures once they let go.
+        let offline = b == abs.as_path();
+        if offline {
+            slots::wait_for_exiting_daemons(b)?;
+        }
+        let summary = slots::summary(b)?;
+        let own = match offline {
+            true => None,
+            false => Some(read_stats(path)?),
+        };
+        let (t, red) = match own.is_some() {
+            true => targets_of(path),
+            false => (None, None),
+        };
+        if json {
+            let mut v = own.as_ref().map_or(serde_json::json!({}), stats_json);
+            if let Some(t) = &t {
+                v["targets"] = serde_json::to_value(t).unwrap_or_default();
+            }
+            if let Some(r) = &red {
+                v["revision_redundancy"] = serde_json::to_value(r).unwrap_or_default();
+            }
+            v["slots"] = summary["slots"].clone();
+            v["space"] = summary["space"].clone();
+            println!("{v}");
+        } else {
+            if let Some(s) = &own {
+                print_stats(s);
+            }
+            if let Some(t) = &t {
+                println!("{}", targets::summary_line(t));
+                if let Some(w) = targets::mirror_warning(t) {
+                    println!("{w}");
+                }
+            }
+            if let Some(r) = &red {
+                println!("{}", targets::redundancy_line(r));
+            }
+            slots::print_summary(&summary);
+        }
+        return Ok(());
+    }
+    let s = read_stats(path)?;
+    let (t, red) = targets_of(path);
+    if json {
+        let mut v = stats_json(&s);
+        if let Some(t) = &t {
+            v["targets"] = serde_json::to_value(t).unwrap_or_default();
+        }
+        if let Some(r) = &red {
+            v["revision_redundancy"] = serde_json::to_value(r).unwrap_or_default();
+        }
+        println!("{v}");
+    } else if prometheus {
+        print!(
+            "{}",
+            metrics::prometheus(&s, t.as_ref(), &absolute(path).to_string_lossy())
+        );
+    } else {
+        print_stats(&s);
+        if let Some(t) = &t {
+            println!("{}", targets::summary_line(t));
+            if let Some(w) = targets::mirror_warning(t) {
+                println!("{w}");
+            }
+        }
+        if let Some(r) = &red {
+            println!("{}", targets::redundancy_line(r));
+        }
+    }
+    Ok(())
+}
+
+/// `ckptfs format` (`c` is a `Cmd::Format`).
+fn cmd_format(c: Cmd) -> Result<(), String> {
+    let Cmd::Format {
+        dir,
+        size,
+        chunk_size,
+        force,
+        slots,
+        targets,
+        redundancy,
+        codec,
+        retention,
+    } = c
+    else {
+        unreachable!("cmd_format of another command")
+    };
+    let mark_codec = |dir: &Path| -> Result<(), String> {
+        if codec == "float" {
+            ckptfs_engine::space::mark_features(
+                dir,
+                ckptfs_engine::format::Features::INCOMPAT_FLOAT_CODEC,
+            )
+            .map_err(|e| format!("cannot record the codec in the superblock: {e}"))?;
+        }
+        Ok(())
+    };
+    let chunk = u32::try_from(chunk_size).map_err(|_| {
+        format!("chunk size must be a power of two between 4 KiB and 4 MiB, got {chunk_size} bytes")
+    })?;
+    let mut config = Config::default();
+    retention.apply(&mut config);
+    // Erasing a single-slot space right after a plain unmount waits for its exiting
+    // daemon, as a mount does (a live one is refused by the lock, as before).
+    let abs = absolute(&dir);
+    if force
+        && abs.join(ckptfs_engine::format::LOCK_FILE).exists()
+        && read_backing_dir(&abs, false).is_ok_and(|sb| sb.slots == 1)
+    {
+        check_not_locked(&abs, false)?;
+    }
+    // (--redundancy without --target is refused by the parser.)
+    if !targets.is_empty() {
+        // Without --redundancy: no parity, each segment on one target.
+        let r = redundancy.unwrap_or(ckptfs_engine::targets::Redundancy { data: 1, parity: 0 });
+        Space::format_targets(&dir, size, chunk, config, force, &targets, r, slots)
+            .map_err(|e| e.to_string())?;
+        mark_codec(&dir)?;
+        println!(
+            "ckptfs: formatted {} ({}) over {} targets, redundancy {r}: any {} may be \
+             lost",
+            dir.display(),
+            reserved_words(&dir, size)?,
+            targets.len(),
+            r.parity
+        );
+        return Ok(());
+    }
+    Space::format_slots(&dir, size, chunk, config, force, slots).map_err(|e| e.to_string())?;
+    mark_codec(&dir)?;
+    println!(
+        "ckptfs: formatted {} ({})",
+        dir.display(),
+        reserved_words(&dir, size)?
+    );
+    Ok(())
+}
+
 fn run(cli: Cli) -> Result<(), String> {
     match cli.cmd {
-        Cmd::Format {
-            dir,
-            size,
-            chunk_size,
-            force,
-            slots,
-            targets,
-            redundancy,
-            codec,
-            retention,
-        } => {
-            let mark_codec = |dir: &Path| -> Result<(), String> {
-                if codec == "float" {
-                    ckptfs_engine::space::mark_features(
-                        dir,
-                        ckptfs_engine::format::Features::INCOMPAT_FLOAT_CODEC,
-                    )
-                    .map_err(|e| format!("cannot record the codec in the superblock: {e}"))?;
-                }
-                Ok(())
-            };
-            let chunk = u32::try_from(chunk_size).map_err(|_| {
-                format!(
-                    "chunk size must be a power of two between 4 KiB and 4 MiB, got {chunk_size} bytes"
-                )
-            })?;
-            let mut config = Config::default();
-            retention.apply(&mut config);
-            // Erasing a single-slot space right after a plain unmount waits for its exiting
-            // daemon, as a mount does (a live one is refused by the lock, as before).
-            let abs = absolute(&dir);
-            if force
-                && abs.join(ckptfs_engine::format::LOCK_FILE).exists()
-                && read_backing_dir(&abs, false).is_ok_and(|sb| sb.slots == 1)
-            {
-                check_not_locked(&abs, false)?;
-            }
-            // (--redundancy without --target is refused by the parser.)
-            if !targets.is_empty() {
-                // Without --redundancy: no parity, each segment on one target.
-                let r =
-                    redundancy.unwrap_or(ckptfs_engine::targets::Redundancy { data: 1, parity: 0 });
-                Space::format_targets(&dir, size, chunk, config, force, &targets, r, slots)
-                    .map_err(|e| e.to_string())?;
-                mark_codec(&dir)?;
-                println!(
-                    "ckptfs: formatted {} ({}) over {} targets, redundancy {r}: any {} may be \
-                     lost",
-                    dir.display(),
-                    reserved_words(&dir, size)?,
-                    targets.len(),
-                    r.parity
-                );
-                return Ok(());
-            }
-            Space::format_slots(&dir, size, chunk, config, force, slots)
-                .map_err(|e| e.to_string())?;
-            mark_codec(&dir)?;
-            println!(
-                "ckptfs: formatted {} ({})",
-                dir.display(),
-                reserved_words(&dir, size)?
-            );
-            Ok(())
-        }
+        c @ Cmd::Format { .. } => cmd_format(c),
         Cmd::Slots { dir, json } => slots::run(&absolute(&dir), json),
         Cmd::Targets { path, json } => targets::run(&path, json),
         Cmd::Scrub {
@@ -1820,109 +1957,7 @@ fn run(cli: Cli) -> Result<(), String> {
             path,
             json,
             prometheus,
-        } => {
-            // A space over several targets: whether its data has full redundancy now, and
-            // each target's errors since the mount; and what redundancy each revision has
-            // (a pass over the extent table). Of a multi-slot space's mount: that slot's.
-            let targets_of = |path: &Path| {
-                let t = targets::report(path).unwrap_or_else(|e| {
-                    eprintln!("ckptfs: the targets' state could not be read: {e}");
-                    None
-                });
-                let red = match t.is_some() && !prometheus {
-                    true => targets::redundancy(path).unwrap_or_else(|e| {
-                        eprintln!("ckptfs: the revisions' redundancy could not be read: {e}");
-                        None
-                    }),
-                    false => None,
-                };
-                (t, red)
-            };
-            // A multi-slot space: what the mount's own slot holds, then every slot's line
-            // and the whole space's totals from the slot headers. Of its backing directory,
-            // only the latter (each slot's table is its node's).
-            let abs = absolute(&path);
-            let backing = match abs.join(ckptfs_engine::format::SUPERBLOCK_FILE).exists() {
-                true => Some(abs.clone()),
-                false => backing_of(&abs),
-            };
-            let multi = backing
-                .as_deref()
-                .filter(|b| !prometheus && slots::is_multi_slot(b));
-            if let Some(b) = multi {
-                // Of the backing directory itself: no mount of its own to ask, and what this
-                // host's exiting daemons commit last is in the figures once they let go.
-                let offline = b == abs.as_path();
-                if offline {
-                    slots::wait_for_exiting_daemons(b)?;
-                }
-                let summary = slots::summary(b)?;
-                let own = match offline {
-                    true => None,
-                    false => Some(read_stats(&path)?),
-                };
-                let (t, red) = match own.is_some() {
-                    true => targets_of(&path),
-                    false => (None, None),
-                };
-                if json {
-                    let mut v = own.as_ref().map_or(serde_json::json!({}), stats_json);
-                    if let Some(t) = &t {
-                        v["targets"] = serde_json::to_value(t).unwrap_or_default();
-                    }
-                    if let Some(r) = &red {
-                        v["revision_redundancy"] = serde_json::to_value(r).unwrap_or_default();
-                    }
-                    v["slots"] = summary["slots"].clone();
-                    v["space"] = summary["space"].clone();
-                    println!("{v}");
-                } else {
-                    if let Some(s) = &own {
-                        print_stats(s);
-                    }
-                    if let Some(t) = &t {
-                        println!("{}", targets::summary_line(t));
-                        if let Some(w) = targets::mirror_warning(t) {
-                            println!("{w}");
-                        }
-                    }
-                    if let Some(r) = &red {
-                        println!("{}", targets::redundancy_line(r));
-                    }
-                    slots::print_summary(&summary);
-                }
-                return Ok(());
-            }
-            let s = read_stats(&path)?;
-            let (t, red) = targets_of(&path);
-            if json {
-                let mut v = stats_json(&s);
-                if let Some(t) = &t {
-                    v["targets"] = serde_json::to_value(t).unwrap_or_default();
-                }
-                if let Some(r) = &red {
-                    v["revision_redundancy"] = serde_json::to_value(r).unwrap_or_default();
-                }
-                println!("{v}");
-            } else if prometheus {
-                print!(
-                    "{}",
-                    metrics::prometheus(&s, t.as_ref(), &absolute(&path).to_string_lossy())
-                );
-            } else {
-                print_stats(&s);
-                if let Some(t) = &t {
-                    println!("{}", targets::summary_line(t));
-                    if let Some(w) = targets::mirror_warning(t) {
-                        println!("{w}");
-                    }
-                }
-                if let Some(r) = &red {
-                    println!("{}", targets::redundancy_line(r));
-                }
-            }
-            Ok(())
-        }
+        } => cmd_stats(&path, json, prometheus),
     }
 }
 
