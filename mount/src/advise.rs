@@ -3,6 +3,7 @@
 //! config (`--node-mtbf`, `--nodes`, `--restart`, stored when given), updated with the
 //! failures observed on its storage targets. `/.ckptfs/advice` in a mount is the same text.
 
+use crate::error::CliError;
 use ckptfs_engine::advice::{self, AdviceConfig, AdviceInputs, AvailabilityDrop, Overrides};
 use std::path::Path;
 
@@ -17,12 +18,14 @@ pub struct Args<'a> {
     pub json: bool,
 }
 
-fn duration(flag: &str, v: Option<&str>) -> Result<Option<f64>, String> {
-    v.map(|s| advice::parse_duration(s).map_err(|e| format!("--{flag}: {e}")))
-        .transpose()
+fn duration(flag: &str, v: Option<&str>) -> Result<Option<f64>, CliError> {
+    Ok(
+        v.map(|s| advice::parse_duration(s).map_err(|e| format!("--{flag}: {e}")))
+            .transpose()?,
+    )
 }
 
-pub fn run(path: &Path, a: &Args) -> Result<(), String> {
+pub fn run(path: &Path, a: &Args) -> Result<(), CliError> {
     let node_mtbf = duration("node-mtbf", a.node_mtbf)?;
     let restart = duration("restart", a.restart)?;
     let commit = duration("commit", a.commit)?;
@@ -42,14 +45,16 @@ pub fn run(path: &Path, a: &Args) -> Result<(), String> {
     };
     let inputs: AdviceInputs = match crate::target_of(path)? {
         crate::Target::Mounted { mnt } => {
-            let get = || -> Result<AdviceInputs, String> {
-                serde_json::from_value(crate::control_get(&mnt, "advice", true)?)
-                    .map_err(|e| format!("malformed advice inputs from the daemon: {e}"))
+            let get = || -> Result<AdviceInputs, CliError> {
+                Ok(
+                    serde_json::from_value(crate::control_get(&mnt, "advice", true)?)
+                        .map_err(|e| format!("malformed advice inputs from the daemon: {e}"))?,
+                )
             };
             let i = get()?;
             if store {
                 let c = merge(i.config);
-                let v = serde_json::to_vec(&c).map_err(|e| e.to_string())?;
+                let v = serde_json::to_vec(&c).map_err(CliError::from)?;
                 crate::control_set(&mnt, "advice", &v).map_err(|e| {
                     format!("{e} (changing the failure model is for root and the mount's owner)")
                 })?;
@@ -61,10 +66,10 @@ pub fn run(path: &Path, a: &Args) -> Result<(), String> {
         crate::Target::Offline { fs } => {
             let space = fs.space();
             if store {
-                let c = merge(space.advice_inputs().map_err(|e| e.to_string())?.config);
-                space.set_advice_config(&c).map_err(|e| e.to_string())?;
+                let c = merge(space.advice_inputs().map_err(CliError::from)?.config);
+                space.set_advice_config(&c).map_err(CliError::from)?;
             }
-            space.advice_inputs().map_err(|e| e.to_string())?
+            space.advice_inputs().map_err(CliError::from)?
         }
     };
     let o = Overrides {

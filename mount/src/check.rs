@@ -350,7 +350,7 @@ fn resolve(path: &Path) -> Result<Where, (String, bool)> {
         return match opened {
             Ok(crate::Opened::Here(space)) => Ok(Where::Offline(Box::new(space))),
             Ok(crate::Opened::Through(mnt)) => Ok(Where::Mounted(mnt)),
-            Err(m) => Err((m, failed.get())),
+            Err(m) => Err((m.to_string(), failed.get())),
         };
     }
     if backing_of(&abs).is_some() {
@@ -434,12 +434,12 @@ fn whole(v: &Value) -> bool {
 /// mount holds. Exit 1 if any slot is damaged, else 2 if any could not be checked.
 fn run_slots(dir: &Path, json: bool) -> ExitCode {
     let slots = match crate::slots::for_each_offline_slot(dir, "check", |space| {
-        check(&space, &mut |_, _| {})
+        Ok(check(&space, &mut |_, _| {})
             .map(|r| check_json(&r, None))
-            .map_err(|e| e.to_string())
+            .map_err(|e| e.to_string())?)
     }) {
         Ok(s) => s,
-        Err(e) => return open_failed(dir, &e, false),
+        Err(e) => return open_failed(dir, &e.to_string(), false),
     };
     let clean = slots.iter().all(|(_, r)| r.as_ref().is_ok_and(whole));
     let data_clean = slots

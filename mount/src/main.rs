@@ -2,7 +2,9 @@
 
 mod advise;
 mod check;
+mod error;
 mod fuse;
+use error::CliError;
 mod metrics;
 mod report;
 mod slots;
@@ -432,7 +434,7 @@ impl RetentionArgs {
 }
 
 /// `30s`, `10m`, `2h`, `7d`, a plain number of seconds, or `off` (0).
-fn parse_duration(s: &str) -> Result<u64, String> {
+fn parse_duration(s: &str) -> Result<u64, CliError> {
     let t = s.trim();
     if t == "off" {
         return Ok(0);
@@ -447,12 +449,12 @@ fn parse_duration(s: &str) -> Result<u64, String> {
     let n: u64 = num
         .parse()
         .map_err(|_| format!("not a duration: {s:?} (use 30s, 10m, 2h, 7d)"))?;
-    n.checked_mul(mult)
-        .ok_or_else(|| format!("duration too large: {s:?}"))
+    Ok(n.checked_mul(mult)
+        .ok_or_else(|| format!("duration too large: {s:?}"))?)
 }
 
 /// A lease: a duration as `parse_duration` reads it, or milliseconds (`500ms`).
-fn parse_lease(s: &str) -> Result<Duration, String> {
+fn parse_lease(s: &str) -> Result<Duration, CliError> {
     let d = match s.trim().strip_suffix("ms") {
         Some(ms) => Duration::from_millis(
             ms.parse()
@@ -464,13 +466,14 @@ fn parse_lease(s: &str) -> Result<Duration, String> {
         return Err(format!(
             "a lease of {d:?} is below the minimum of {:?}",
             ckptfs_engine::slots::MIN_LEASE
-        ));
+        )
+        .into());
     }
     Ok(d)
 }
 
 /// Applies `key=value,...` to a config (the daemon's side of `ckptfs config`).
-pub(crate) fn apply_config(c: &mut Config, pairs: &str) -> Result<(), String> {
+pub(crate) fn apply_config(c: &mut Config, pairs: &str) -> Result<(), CliError> {
     for kv in pairs.split(',').filter(|p| !p.is_empty()) {
         let (k, v) = kv.split_once('=').ok_or("expected key=value")?;
         let v: u64 = v.parse().map_err(|_| format!("bad value for {k}"))?;
@@ -479,10 +482,10 @@ pub(crate) fn apply_config(c: &mut Config, pairs: &str) -> Result<(), String> {
             "keep_age_secs" => c.keep_age_secs = v,
             "keep_unlinked_secs" => c.keep_unlinked_secs = v,
             "auto_gc_free_percent" => c.auto_gc_free_percent = v,
-            _ => return Err(format!("unknown setting {k}")),
+            _ => return Err(format!("unknown setting {k}").into()),
         }
     }
-    c.validate().map_err(|e| e.to_string())
+    c.validate().map_err(CliError::from)
 }
 
 pub(crate) fn config_json(c: &Config) -> serde_json::Value {
@@ -531,22 +534,23 @@ fn default_space_dir() -> PathBuf {
     base.join("ckptfs/default")
 }
 
-fn ensure_default_space(dir: &Path) -> Result<(), String> {
+fn ensure_default_space(dir: &Path) -> Result<(), CliError> {
     if dir.join(ckptfs_engine::format::SUPERBLOCK_FILE).exists() {
         return Ok(());
     }
     std::fs::create_dir_all(dir).map_err(|e| format!("cannot create {}: {e}", dir.display()))?;
     // 8 GiB, or half the free space of that disk if that is less.
-    let free = free_disk_bytes(dir).map_err(|e| e.to_string())?;
+    let free = free_disk_bytes(dir).map_err(CliError::from)?;
     let size = DEFAULT_SPACE_BYTES.min(free / 2) & !0xfffff;
     if size < MIN_SPACE_BYTES {
         return Err(format!(
             "not enough free disk at {} for a default space",
             dir.display()
-        ));
+        )
+        .into());
     }
     let chunk = parse_size(DEFAULT_CHUNK)? as u32;
-    Space::format(dir, size, chunk, Config::default(), false).map_err(|e| e.to_string())?;
+    Space::format(dir, size, chunk, Config::default(), false).map_err(CliError::from)?;
     eprintln!(
         "ckptfs: formatted the default backing space at {} ({} MiB)",
         dir.display(),
@@ -555,29 +559,29 @@ fn ensure_default_space(dir: &Path) -> Result<(), String> {
     Ok(())
 }
 
-fn check_mountpoint(m: &Path) -> Result<(), String> {
+fn check_mountpoint(m: &Path) -> Result<(), CliError> {
     match std::fs::metadata(m) {
         Ok(md) if md.is_dir() => Ok(()),
-        Ok(_) => Err(format!("mountpoint {} is not a directory", m.display())),
-        Err(e) => Err(format!("mountpoint {}: {e}", m.display())),
+        Ok(_) => Err(format!("mountpoint {} is not a directory", m.display()).into()),
+        Err(e) => Err(format!("mountpoint {}: {e}", m.display()).into()),
     }
 }
 
 /// A backing directory that is missing or not a directory is named as such, before anything
 /// looks for a superblock in it.
-fn check_backing_dir(b: &Path) -> Result<(), String> {
+fn check_backing_dir(b: &Path) -> Result<(), CliError> {
     match std::fs::metadata(b) {
         Ok(md) if md.is_dir() => Ok(()),
         Ok(_) => Err(format!(
             "backing directory {} is not a directory",
             b.display()
-        )),
+        ).into()),
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => Err(format!(
             "backing directory {} does not exist (create a space with `ckptfs format {} --size SIZE`)",
             b.display(),
             b.display()
-        )),
-        Err(e) => Err(format!("backing directory {}: {e}", b.display())),
+        ).into()),
+        Err(e) => Err(format!("backing directory {}: {e}", b.display()).into()),
     }
 }
 
@@ -673,7 +677,7 @@ fn mount(
     allow_other: bool,
     tuning: Tuning,
     notify: bool,
-) -> Result<(), String> {
+) -> Result<(), CliError> {
     let (backing, mnt) = match paths.as_slice() {
         [m] => {
             let d = default_space_dir();
@@ -703,7 +707,8 @@ fn mount(
             mnt.display(),
             other.display(),
             mnt.display()
-        ));
+        )
+        .into());
     }
     if !foreground {
         return spawn_daemon(&backing, &mnt, allow_other, &tuning);
@@ -723,7 +728,7 @@ fn mount(
                     std::process::id(),
                     mnt.display()
                 ))
-                .map_err(|e| e.to_string())?;
+                .map_err(CliError::from)?;
         }
     } else {
         log::info!(
@@ -744,7 +749,7 @@ fn mount(
             "this slot's manifest cannot be published now ({t}): the other nodes see its \
              files as they were at its last publication until enough targets are back"
         ),
-        Err(e) => return Err(format!("cannot publish this slot's manifest: {e}")),
+        Err(e) => return Err(format!("cannot publish this slot's manifest: {e}").into()),
     }
     fs.refresh_union()
         .map_err(|e| format!("cannot read the other slots' manifests: {e}"))?;
@@ -789,17 +794,17 @@ fn mount(
         .map_err(|e| format!("FUSE session ended with an error: {e}"));
     // destroy() set the stop flag; the space closes when this last holder of it ends.
     let _ = auto_gc.join();
-    result
+    Ok(result?)
 }
 
 /// Opens the space a foreground mount serves, as `tuning` says: a single-slot space once
 /// no other process holds it (waiting for an exiting daemon), a slot by claiming it and
 /// probing that the other nodes see its writes. Returns it and the space's slot count.
-fn open_for_mount(backing: &Path, mnt: &Path, tuning: &Tuning) -> Result<(Space, u32), String> {
+fn open_for_mount(backing: &Path, mnt: &Path, tuning: &Tuning) -> Result<(Space, u32), CliError> {
     // A foreground mount started by hand (or by a service manager) right after an unmount
     // waits for the exiting daemon too; started by `spawn_daemon`, this returns at once.
     let slots = read_backing_dir(backing, !tuning.read_only)
-        .map_err(|e| e.to_string())?
+        .map_err(CliError::from)?
         .slots;
     if slots == 1 {
         check_not_locked(backing, tuning.read_only)?;
@@ -815,7 +820,7 @@ fn open_for_mount(backing: &Path, mnt: &Path, tuning: &Tuning) -> Result<(Space,
             take_over: tuning.take_over,
         }),
     };
-    let space = Space::open_as(backing, &mode).map_err(|e| e.to_string())?;
+    let space = Space::open_as(backing, &mode).map_err(CliError::from)?;
     if let Some(l) = space.lease() {
         log::info!(
             "claimed slot {} of {slots} (epoch {}, lease {:?})",
@@ -834,7 +839,7 @@ fn open_for_mount(backing: &Path, mnt: &Path, tuning: &Tuning) -> Result<(Space,
                      answer, in {} ms",
                     t.as_millis()
                 ),
-                Err(e) => return Err(format!("{e}")),
+                Err(e) => return Err(format!("{e}").into()),
             }
         }
     }
@@ -912,7 +917,7 @@ fn fuse_config(backing: &Path, tuning: &Tuning, allow_other: bool) -> fuser::Con
 
 /// Applies the mount's tuning to `space`: workers, the codec (recorded in the superblock),
 /// the GPU stage, the cutter's confirmations; logs what the mount runs with.
-fn configure_space(space: &mut Space, tuning: &Tuning) -> Result<(), String> {
+fn configure_space(space: &mut Space, tuning: &Tuning) -> Result<(), CliError> {
     if let Some(w) = tuning.workers {
         space.set_workers(w as usize);
     }
@@ -1025,9 +1030,9 @@ fn spawn_daemon(
     mnt: &Path,
     allow_other: bool,
     tuning: &Tuning,
-) -> Result<(), String> {
+) -> Result<(), CliError> {
     // Refused here, before the daemon appends to the space's log.
-    let sb = read_backing_dir(backing, !tuning.read_only).map_err(|e| e.to_string())?;
+    let sb = read_backing_dir(backing, !tuning.read_only).map_err(CliError::from)?;
     if sb.slots == 1 {
         check_not_locked(backing, tuning.read_only)?;
     } else if !tuning.read_only {
@@ -1048,7 +1053,7 @@ fn spawn_daemon(
         .open(&log_path)
         .map_err(|e| format!("cannot open {}: {e}", log_path.display()))?;
     let log_start = log.metadata().map(|m| m.len()).unwrap_or(0);
-    let exe = std::env::current_exe().map_err(|e| e.to_string())?;
+    let exe = std::env::current_exe().map_err(CliError::from)?;
     let mut cmd = Command::new(exe);
     cmd.arg("mount").arg("--foreground").arg("--notify-ready");
     cmd.arg("--threads").arg(tuning.threads.to_string());
@@ -1132,7 +1137,7 @@ fn spawn_daemon(
     let _ = child.wait();
     let log_text = std::fs::read(&log_path).unwrap_or_default();
     let tail = String::from_utf8_lossy(&log_text[(log_start as usize).min(log_text.len())..]);
-    Err(format!("mount failed:\n{}", tail.trim_end()))
+    Err(format!("mount failed:\n{}", tail.trim_end()).into())
 }
 
 /// How long a mount waits for a daemon that was unmounted but is still exiting (committing
@@ -1147,7 +1152,7 @@ pub(crate) const EXITING_HOLDER_NOTICE: Duration = Duration::from_secs(2);
 /// second mount; this only makes the common case quiet and clear. A holder that is a
 /// daemon whose mount is already gone (an unmount just returned, or `umount -l`) is exiting:
 /// waited for, up to `EXITING_HOLDER_WAIT`, saying so, instead of refused.
-fn check_not_locked(backing: &Path, read_only: bool) -> Result<(), String> {
+fn check_not_locked(backing: &Path, read_only: bool) -> Result<(), CliError> {
     use std::os::unix::io::AsRawFd;
     // A read-only mount shares the space with other read-only ones: it probes for a
     // read-write holder only. A read-write mount probes for any holder.
@@ -1172,11 +1177,11 @@ fn check_not_locked(backing: &Path, read_only: bool) -> Result<(), String> {
         }
         // SAFETY: as above.
         if !read_only && unsafe { libc::flock(f.as_raw_fd(), libc::LOCK_SH | libc::LOCK_NB) } == 0 {
-            return Err(format!(
+            return Err(CliError::Engine(ckptfs_engine::Error::Locked(format!(
                 "backing space {} is mounted read-only by another ckptfs process; unmount \
                  that first",
                 backing.display()
-            ));
+            ))));
         }
         let holder = lock_holder(backing).unwrap_or_default();
         let holder = holder.trim();
@@ -1185,7 +1190,7 @@ fn check_not_locked(backing: &Path, read_only: bool) -> Result<(), String> {
             .split_once(" mounted at ")
             .is_some_and(|(_, m)| !mounts_space(Path::new(m), backing));
         if !exiting || Instant::now() >= deadline {
-            return Err(format!(
+            return Err(CliError::Engine(ckptfs_engine::Error::Locked(format!(
                 "backing space {} is in use by another ckptfs process ({holder}){}",
                 backing.display(),
                 if exiting {
@@ -1193,7 +1198,7 @@ fn check_not_locked(backing: &Path, read_only: bool) -> Result<(), String> {
                 } else {
                     String::new()
                 }
-            ));
+            ))));
         }
         // A mount right after an unmount usually waits a few milliseconds: said only when
         // the wait is long enough to notice (a successful mount is otherwise quiet).
@@ -1226,7 +1231,7 @@ pub(crate) fn open_or_through<T>(
     dir: &Path,
     read_only: bool,
     open: impl Fn() -> Result<T, ckptfs_engine::Error>,
-) -> Result<Opened<T>, String> {
+) -> Result<Opened<T>, CliError> {
     let mut waited = false;
     loop {
         match open() {
@@ -1234,19 +1239,19 @@ pub(crate) fn open_or_through<T>(
             Err(ckptfs_engine::Error::Locked(m)) => {
                 let holder = lock_holder(dir).unwrap_or_default();
                 let Some(mnt) = holder.split(" mounted at ").nth(1).map(str::trim) else {
-                    return Err(m);
+                    return Err(CliError::from(m));
                 };
                 let mnt = PathBuf::from(mnt);
                 if mounts_space(&mnt, dir) {
                     return Ok(Opened::Through(mnt));
                 }
                 if waited {
-                    return Err(m);
+                    return Err(CliError::from(m));
                 }
                 check_not_locked(dir, read_only)?;
                 waited = true;
             }
-            Err(e) => return Err(e.to_string()),
+            Err(e) => return Err(CliError::from(e.to_string())),
         }
     }
 }
@@ -1305,7 +1310,7 @@ fn answer_probes_while_held(lease: &Arc<ckptfs_engine::slots::Lease>) {
 /// reads and writes its backing files by path, and with the mount over them each such call
 /// would come back into the daemon itself (the first create hung for good while the kernel
 /// held the directory's lock), or hide them from the daemon.
-fn check_apart(backing: &Path, mnt: &Path) -> Result<(), String> {
+fn check_apart(backing: &Path, mnt: &Path) -> Result<(), CliError> {
     let real = |p: &Path| std::fs::canonicalize(p).unwrap_or_else(|_| p.to_path_buf());
     let (b, m) = (real(backing), real(mnt));
     let why = if b == m {
@@ -1323,15 +1328,16 @@ fn check_apart(backing: &Path, mnt: &Path) -> Result<(), String> {
         mnt.display(),
         backing.display(),
         backing.display()
-    ))
+    )
+    .into())
 }
 
 /// What a new space reserved for chunks, as `df`, `stats` and `ckptfs slots` will report it:
 /// whole segments (a size that is not a multiple of one is rounded down), and of a
 /// multi-slot space each slot's share less its manifest area.
-fn reserved_words(dir: &Path, asked: u64) -> Result<String, String> {
+fn reserved_words(dir: &Path, asked: u64) -> Result<String, CliError> {
     use ckptfs_engine::format::SlotId;
-    let sb = read_backing_dir(dir, false).map_err(|e| e.to_string())?;
+    let sb = read_backing_dir(dir, false).map_err(CliError::from)?;
     let seg = sb.segment_bytes as u64;
     let rounded = match sb.segments() * seg == asked {
         true => String::new(),
@@ -1388,10 +1394,10 @@ fn mounted_at(mnt: &Path) -> bool {
     backing_of(mnt).is_some()
 }
 
-fn umount(mnt: &Path) -> Result<(), String> {
+fn umount(mnt: &Path) -> Result<(), CliError> {
     let mnt = absolute(mnt);
     if !mounted_at(&mnt) {
-        return Err(format!("{} is not a ckptfs mount", mnt.display()));
+        return Err(format!("{} is not a ckptfs mount", mnt.display()).into());
     }
     // Asked of the daemon itself; else from the space's lock file, found through the
     // mount's fsname (a daemon from before the "pid" control request).
@@ -1414,16 +1420,13 @@ fn umount(mnt: &Path) -> Result<(), String> {
         .or_else(|_| Command::new("umount").arg(&mnt).status())
         .map_err(|e| format!("cannot run fusermount3 or umount: {e}"))?;
     if !status.success() {
-        return Err(format!(
-            "unmounting {} failed (files still open?)",
-            mnt.display()
-        ));
+        return Err(format!("unmounting {} failed (files still open?)", mnt.display()).into());
     }
     if let Some(pid) = pid {
         let start = Instant::now();
         while process_runs(pid) {
             if start.elapsed() > UMOUNT_TIMEOUT {
-                return Err(format!("daemon {pid} did not exit after unmount"));
+                return Err(format!("daemon {pid} did not exit after unmount").into());
             }
             std::thread::sleep(Duration::from_millis(20));
         }
@@ -1433,7 +1436,8 @@ fn umount(mnt: &Path) -> Result<(), String> {
             "unmounted {}, but not everything is durable: {why}; what was closed before \
              the failure is (`ckptfs check` tells what the space holds)",
             mnt.display()
-        )),
+        )
+        .into()),
         None => Ok(()),
     }
 }
@@ -1481,11 +1485,11 @@ fn stats_from_json(v: &serde_json::Value) -> Option<Stats> {
 
 /// Stats from a mount (through an xattr the daemon answers) or a backing directory (read
 /// directly when unmounted; through its mount when mounted).
-fn read_stats(path: &Path) -> Result<Stats, String> {
+fn read_stats(path: &Path) -> Result<Stats, CliError> {
     let path = absolute(path);
-    let from_mount = |mnt: &Path| -> Result<Stats, String> {
-        let c = std::ffi::CString::new(mnt.as_os_str().as_encoded_bytes())
-            .map_err(|e| e.to_string())?;
+    let from_mount = |mnt: &Path| -> Result<Stats, CliError> {
+        let c =
+            std::ffi::CString::new(mnt.as_os_str().as_encoded_bytes()).map_err(CliError::from)?;
         let name = c"user.ckptfs.stats";
         let mut buf = vec![0u8; 16384];
         // SAFETY: getxattr writes at most buf.len() bytes into buf.
@@ -1502,24 +1506,22 @@ fn read_stats(path: &Path) -> Result<Stats, String> {
                 "{} is not a ckptfs mount: {}",
                 mnt.display(),
                 std::io::Error::last_os_error()
-            ));
+            )
+            .into());
         }
         let v: serde_json::Value =
-            serde_json::from_slice(&buf[..n as usize]).map_err(|e| e.to_string())?;
-        stats_from_json(&v).ok_or_else(|| "malformed stats from the daemon".to_string())
+            serde_json::from_slice(&buf[..n as usize]).map_err(CliError::from)?;
+        Ok(stats_from_json(&v).ok_or_else(|| "malformed stats from the daemon".to_string())?)
     };
     if path.join(ckptfs_engine::format::SUPERBLOCK_FILE).exists() {
         // Read-only: stats of an unmounted (or read-only mounted) space change nothing.
         return match open_or_through(&path, true, || Space::open_as(&path, &Mode::ReadOnly))? {
-            Opened::Here(space) => space.stats().map_err(|e| e.to_string()),
+            Opened::Here(space) => space.stats().map_err(CliError::from),
             Opened::Through(mnt) => from_mount(&mnt),
         };
     }
     if backing_of(&path).is_none() {
-        return Err(format!(
-            "{} is neither a ckptfs mountpoint nor a backing directory",
-            path.display()
-        ));
+        return Err(not_a_space(&path));
     }
     from_mount(&path)
 }
@@ -1639,7 +1641,7 @@ fn print_stats(s: &Stats) {
 }
 
 /// `ckptfs stats`: of a mount or a backing directory, as text, JSON or Prometheus.
-fn cmd_stats(path: &Path, json: bool, prometheus: bool) -> Result<(), String> {
+fn cmd_stats(path: &Path, json: bool, prometheus: bool) -> Result<(), CliError> {
     // A space over several targets: whether its data has full redundancy now, and
     // each target's errors since the mount; and what redundancy each revision has
     // (a pass over the extent table). Of a multi-slot space's mount: that slot's.
@@ -1744,7 +1746,7 @@ fn cmd_stats(path: &Path, json: bool, prometheus: bool) -> Result<(), String> {
 }
 
 /// `ckptfs format` (`c` is a `Cmd::Format`).
-fn cmd_format(c: Cmd) -> Result<(), String> {
+fn cmd_format(c: Cmd) -> Result<(), CliError> {
     let Cmd::Format {
         dir,
         size,
@@ -1759,7 +1761,7 @@ fn cmd_format(c: Cmd) -> Result<(), String> {
     else {
         unreachable!("cmd_format of another command")
     };
-    let mark_codec = |dir: &Path| -> Result<(), String> {
+    let mark_codec = |dir: &Path| -> Result<(), CliError> {
         if codec == "float" {
             ckptfs_engine::space::mark_features(
                 dir,
@@ -1788,7 +1790,7 @@ fn cmd_format(c: Cmd) -> Result<(), String> {
         // Without --redundancy: no parity, each segment on one target.
         let r = redundancy.unwrap_or(ckptfs_engine::targets::Redundancy { data: 1, parity: 0 });
         Space::format_targets(&dir, size, chunk, config, force, &targets, r, slots)
-            .map_err(|e| e.to_string())?;
+            .map_err(CliError::from)?;
         mark_codec(&dir)?;
         println!(
             "ckptfs: formatted {} ({}) over {} targets, redundancy {r}: any {} may be \
@@ -1800,7 +1802,7 @@ fn cmd_format(c: Cmd) -> Result<(), String> {
         );
         return Ok(());
     }
-    Space::format_slots(&dir, size, chunk, config, force, slots).map_err(|e| e.to_string())?;
+    Space::format_slots(&dir, size, chunk, config, force, slots).map_err(CliError::from)?;
     mark_codec(&dir)?;
     println!(
         "ckptfs: formatted {} ({})",
@@ -1810,7 +1812,7 @@ fn cmd_format(c: Cmd) -> Result<(), String> {
     Ok(())
 }
 
-fn run(cli: Cli) -> Result<(), String> {
+fn run(cli: Cli) -> Result<(), CliError> {
     match cli.cmd {
         c @ Cmd::Format { .. } => cmd_format(c),
         Cmd::Slots { dir, json } => slots::run(&absolute(&dir), json),
@@ -1827,7 +1829,7 @@ fn run(cli: Cli) -> Result<(), String> {
             json,
         } => {
             let r = ckptfs_engine::space::recover(&absolute(&backing), &absolute(&from), force)
-                .map_err(|e| e.to_string())?;
+                .map_err(CliError::from)?;
             if json {
                 println!(
                     "{}",
@@ -1944,8 +1946,8 @@ fn run(cli: Cli) -> Result<(), String> {
                 Generate::Man { dir } => {
                     std::fs::create_dir_all(&dir)
                         .map_err(|e| format!("cannot create {}: {e}", dir.display()))?;
-                    clap_mangen::generate_to(cmd, &dir)
-                        .map_err(|e| format!("cannot write man pages to {}: {e}", dir.display()))
+                    Ok(clap_mangen::generate_to(cmd, &dir)
+                        .map_err(|e| format!("cannot write man pages to {}: {e}", dir.display()))?)
                 }
                 Generate::Completions { shell } => {
                     clap_complete::generate(shell, &mut cmd, "ckptfs", &mut std::io::stdout());
@@ -1966,7 +1968,7 @@ fn apply_mount_options(
     options: &str,
     tuning: &mut Tuning,
     allow_other: &mut bool,
-) -> Result<(), String> {
+) -> Result<(), CliError> {
     const KNOWN: &str = "ro, rw, allow_other, threads=N, workers=N, codec=lz4|shuffle|float, \
                          gpu=auto|on|off|emulate, confirm=fingerprint|blake3, cuts=follow|content, cuda_lib_dir=DIR, slot=N, lease=DURATION, nosuid, \
                          noexec, suid, exec";
@@ -1975,17 +1977,19 @@ fn apply_mount_options(
             Some((k, v)) => (k, Some(v)),
             None => (o, None),
         };
-        let number = |max: u32, min: u32| -> Result<u32, String> {
-            val.and_then(|v| v.parse::<u32>().ok())
+        let number = |max: u32, min: u32| -> Result<u32, CliError> {
+            Ok(val
+                .and_then(|v| v.parse::<u32>().ok())
                 .filter(|n| (min..=max).contains(n))
-                .ok_or_else(|| format!("mount option {o:?}: {key} takes a number {min}..={max}"))
+                .ok_or_else(|| format!("mount option {o:?}: {key} takes a number {min}..={max}"))?)
         };
-        let one_of = |allowed: &[&str]| -> Result<String, String> {
-            val.filter(|v| allowed.contains(v))
+        let one_of = |allowed: &[&str]| -> Result<String, CliError> {
+            Ok(val
+                .filter(|v| allowed.contains(v))
                 .map(str::to_string)
                 .ok_or_else(|| {
                     format!("mount option {o:?}: {key} is one of {}", allowed.join(", "))
-                })
+                })?)
         };
         match (key, val) {
             ("ro", None) => tuning.read_only = true,
@@ -2019,7 +2023,7 @@ fn apply_mount_options(
             ) => {}
             ("comment", Some(_)) => {}
             (k, _) if k.starts_with("x-") => {}
-            _ => return Err(format!("unknown mount option {o:?} (known: {KNOWN})")),
+            _ => return Err(format!("unknown mount option {o:?} (known: {KNOWN})").into()),
         }
     }
     Ok(())
@@ -2052,15 +2056,15 @@ fn helper_args(args: Vec<std::ffi::OsString>) -> Vec<std::ffi::OsString> {
     out
 }
 
-fn parse_target(s: &str) -> Result<ckptfs_engine::targets::TargetSpec, String> {
+fn parse_target(s: &str) -> Result<ckptfs_engine::targets::TargetSpec, CliError> {
     let mut t = ckptfs_engine::targets::TargetSpec::parse(s)?;
     // Recorded absolute: the daemon and offline commands open it from anywhere.
     t.path = absolute(&t.path);
     Ok(t)
 }
 
-fn parse_redundancy(s: &str) -> Result<ckptfs_engine::targets::Redundancy, String> {
-    ckptfs_engine::targets::Redundancy::parse(s)
+fn parse_redundancy(s: &str) -> Result<ckptfs_engine::targets::Redundancy, CliError> {
+    Ok(ckptfs_engine::targets::Redundancy::parse(s)?)
 }
 
 fn main() -> ExitCode {
@@ -2084,7 +2088,7 @@ fn main() -> ExitCode {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
             eprintln!("ckptfs: {e}");
-            ExitCode::FAILURE
+            e.exit_code()
         }
     }
 }
@@ -2097,7 +2101,7 @@ enum Target {
 }
 
 /// The target for a backing directory (through its mount when it is mounted).
-fn space_target(dir: &Path) -> Result<Target, String> {
+fn space_target(dir: &Path) -> Result<Target, CliError> {
     Ok(
         match open_or_through(dir, false, || Space::open_as(dir, &Mode::Offline))? {
             Opened::Here(space) => Target::Offline {
@@ -2109,7 +2113,7 @@ fn space_target(dir: &Path) -> Result<Target, String> {
 }
 
 /// A mountpoint or a backing directory.
-fn target_of(path: &Path) -> Result<Target, String> {
+fn target_of(path: &Path) -> Result<Target, CliError> {
     let path = absolute(path);
     if path.join(ckptfs_engine::format::SUPERBLOCK_FILE).exists() {
         return space_target(&path);
@@ -2117,23 +2121,28 @@ fn target_of(path: &Path) -> Result<Target, String> {
     if backing_of(&path).is_some() {
         return Ok(Target::Mounted { mnt: path });
     }
-    Err(format!(
+    Err(not_a_space(&path))
+}
+
+/// A path that is neither a mount nor a backing directory: `exit::NOT_A_SPACE`.
+fn not_a_space(path: &Path) -> CliError {
+    CliError::Engine(ckptfs_engine::Error::NotASpace(format!(
         "{} is neither a ckptfs mountpoint nor a backing directory",
         path.display()
-    ))
+    )))
 }
 
 /// The ckptfs mount holding `path` (which need not exist) and the path relative to it.
-fn locate_in_mount(path: &Path) -> Result<(PathBuf, Vec<u8>), String> {
+fn locate_in_mount(path: &Path) -> Result<(PathBuf, Vec<u8>), CliError> {
     let abs = absolute(path);
     let mut probe = abs.clone();
     loop {
         if backing_of(&probe).is_some() {
-            let rel = abs.strip_prefix(&probe).map_err(|e| e.to_string())?;
+            let rel = abs.strip_prefix(&probe).map_err(CliError::from)?;
             return Ok((probe, rel.as_os_str().as_encoded_bytes().to_vec()));
         }
         if !probe.pop() {
-            return Err(format!("{} is not inside a ckptfs mount", abs.display()));
+            return Err(format!("{} is not inside a ckptfs mount", abs.display()).into());
         }
     }
 }
@@ -2142,11 +2151,11 @@ fn xattr_name(op: &str) -> std::ffi::CString {
     std::ffi::CString::new(format!("{}{op}", fuse::CONTROL_PREFIX)).expect("no NUL")
 }
 
-fn cpath(p: &Path) -> Result<std::ffi::CString, String> {
-    std::ffi::CString::new(p.as_os_str().as_encoded_bytes()).map_err(|e| e.to_string())
+fn cpath(p: &Path) -> Result<std::ffi::CString, CliError> {
+    std::ffi::CString::new(p.as_os_str().as_encoded_bytes()).map_err(CliError::from)
 }
 
-fn control_set(mnt: &Path, op: &str, value: &[u8]) -> Result<(), String> {
+fn control_set(mnt: &Path, op: &str, value: &[u8]) -> Result<(), CliError> {
     let (p, n) = (cpath(mnt)?, xattr_name(op));
     // SAFETY: valid C strings and a readable value buffer of the given length.
     let rc = unsafe {
@@ -2165,9 +2174,10 @@ fn control_set(mnt: &Path, op: &str, value: &[u8]) -> Result<(), String> {
                 "{op}: {e}: only root and the owner of the mount's root directory ({}) may \
                  run gc, restore in place or change the config",
                 mnt.display()
-            ));
+            )
+            .into());
         }
-        return Err(format!("{}: {e}", op_word(op)));
+        return Err(format!("{}: {e}", op_word(op)).into());
     }
     Ok(())
 }
@@ -2194,14 +2204,14 @@ fn control_error(op: &str) -> String {
 
 /// Reads a control answer. `probe` first asks for the size, which makes the daemon compute
 /// the answer; without it the daemon returns the answer of this process's last request.
-fn control_get(mnt: &Path, op: &str, probe: bool) -> Result<serde_json::Value, String> {
+fn control_get(mnt: &Path, op: &str, probe: bool) -> Result<serde_json::Value, CliError> {
     let (p, n) = (cpath(mnt)?, xattr_name(op));
     let mut len = 65536;
     if probe {
         // SAFETY: a size query writes nothing.
         let r = unsafe { libc::getxattr(p.as_ptr(), n.as_ptr(), std::ptr::null_mut(), 0) };
         if r < 0 {
-            return Err(control_error(op));
+            return Err(CliError::from(control_error(op)));
         }
         len = r as usize;
     }
@@ -2209,19 +2219,19 @@ fn control_get(mnt: &Path, op: &str, probe: bool) -> Result<serde_json::Value, S
     // SAFETY: getxattr writes at most buf.len() bytes into buf.
     let r = unsafe { libc::getxattr(p.as_ptr(), n.as_ptr(), buf.as_mut_ptr().cast(), buf.len()) };
     if r < 0 {
-        return Err(control_error(op));
+        return Err(CliError::from(control_error(op)));
     }
-    serde_json::from_slice(&buf[..r as usize])
-        .map_err(|e| format!("{}: bad answer: {e}", op_word(op)))
+    Ok(serde_json::from_slice(&buf[..r as usize])
+        .map_err(|e| format!("{}: bad answer: {e}", op_word(op)))?)
 }
 
-fn cmd_config(path: &Path, r: &RetentionArgs, json: bool) -> Result<(), String> {
+fn cmd_config(path: &Path, r: &RetentionArgs, json: bool) -> Result<(), CliError> {
     // Each setting is valid or not on its own, so checking them over the defaults refuses a
     // bad value before anything is opened (an offline open rewrites the lock file), and with
     // the engine's message rather than the daemon's bare EINVAL.
     let mut proposed = Config::default();
     r.apply(&mut proposed);
-    proposed.validate().map_err(|e| e.to_string())?;
+    proposed.validate().map_err(CliError::from)?;
     let c = match target_of(path)? {
         Target::Mounted { mnt } => {
             if !r.is_empty() {
@@ -2237,10 +2247,10 @@ fn cmd_config(path: &Path, r: &RetentionArgs, json: bool) -> Result<(), String> 
             }
         }
         Target::Offline { fs } => {
-            let mut c = fs.space().config().map_err(|e| e.to_string())?;
+            let mut c = fs.space().config().map_err(CliError::from)?;
             if !r.is_empty() {
                 r.apply(&mut c);
-                fs.space().set_config(&c).map_err(|e| e.to_string())?;
+                fs.space().set_config(&c).map_err(CliError::from)?;
             }
             c
         }
@@ -2287,7 +2297,7 @@ fn progress_bar(enabled: bool) -> Option<indicatif::ProgressBar> {
     Some(pb)
 }
 
-fn cmd_gc(path: &Path, dry_run: bool, empty_trash: bool, json: bool) -> Result<(), String> {
+fn cmd_gc(path: &Path, dry_run: bool, empty_trash: bool, json: bool) -> Result<(), CliError> {
     let opts = GcOptions {
         dry_run,
         empty_trash,
@@ -2300,7 +2310,7 @@ fn cmd_gc(path: &Path, dry_run: bool, empty_trash: bool, json: bool) -> Result<(
             Fs::new(space)
                 .gc_with(opts.clone(), &mut |_| {})
                 .map(|r| serde_json::to_value(&r).expect("gc report serializes"))
-                .map_err(|e| e.to_string())
+                .map_err(CliError::from)
         })?;
         let failed = done.iter().filter(|(_, r)| r.is_err()).count();
         if json {
@@ -2327,7 +2337,7 @@ fn cmd_gc(path: &Path, dry_run: bool, empty_trash: bool, json: bool) -> Result<(
         }
         return match failed {
             0 => Ok(()),
-            n => Err(format!("{n} slot(s) were not collected (see above)")),
+            n => Err(format!("{n} slot(s) were not collected (see above)").into()),
         };
     }
     let pb = progress_bar(!json);
@@ -2340,12 +2350,13 @@ fn cmd_gc(path: &Path, dry_run: bool, empty_trash: bool, json: bool) -> Result<(
                     "{} is mounted read-only; gc changes the space (remount it read-write), \
                      `--dry-run` shows what it would do",
                     mnt.display()
-                ));
+                )
+                .into());
             }
             let backing = backing_of(&mnt).ok_or("cannot find the mount's backing space")?;
             Target::Offline {
                 fs: Box::new(Fs::new(
-                    Space::open_as(&backing, &Mode::ReadOnly).map_err(|e| e.to_string())?,
+                    Space::open_as(&backing, &Mode::ReadOnly).map_err(CliError::from)?,
                 )),
             }
         }
@@ -2386,7 +2397,7 @@ fn cmd_gc(path: &Path, dry_run: bool, empty_trash: bool, json: bool) -> Result<(
                     pb.set_position(done);
                 }
             })
-            .map_err(|e| e.to_string())?,
+            .map_err(CliError::from)?,
     };
     if let Some(pb) = pb {
         pb.finish_and_clear();
@@ -2422,7 +2433,7 @@ fn gc_from_json(v: &serde_json::Value) -> Option<GcReport> {
 }
 
 /// The mount (or offline space) and relative path a revisions/restore command names.
-fn path_target(path: &Path, space: Option<&Path>) -> Result<(Target, Vec<u8>), String> {
+fn path_target(path: &Path, space: Option<&Path>) -> Result<(Target, Vec<u8>), CliError> {
     match space {
         Some(dir) => Ok((
             space_target(&absolute(dir))?,
@@ -2440,15 +2451,15 @@ fn path_target(path: &Path, space: Option<&Path>) -> Result<(Target, Vec<u8>), S
 pub(crate) fn list_revisions(
     path: &Path,
     space: Option<&Path>,
-) -> Result<serde_json::Value, String> {
+) -> Result<serde_json::Value, CliError> {
     let (target, rel) = path_target(path, space)?;
     Ok(match target {
         Target::Mounted { mnt } if is_read_only_mount(&mnt) => {
             // The kernel refuses setxattr, and so the daemon's select, on a read-only
             // mount; read the space directly instead (read-only opens share its lock).
             let backing = backing_of(&mnt).ok_or("cannot find the mount's backing space")?;
-            let fs = Fs::new(Space::open_as(&backing, &Mode::ReadOnly).map_err(|e| e.to_string())?);
-            revisions_json(&fs.revisions_of(&rel).map_err(|e| e.to_string())?)
+            let fs = Fs::new(Space::open_as(&backing, &Mode::ReadOnly).map_err(CliError::from)?);
+            revisions_json(&fs.revisions_of(&rel).map_err(CliError::from)?)
         }
         Target::Mounted { mnt } => {
             // Paged: one answer must fit an xattr value (64 KiB), a long history does not.
@@ -2473,13 +2484,11 @@ pub(crate) fn list_revisions(
             }
             serde_json::Value::Array(all)
         }
-        Target::Offline { fs } => {
-            revisions_json(&fs.revisions_of(&rel).map_err(|e| e.to_string())?)
-        }
+        Target::Offline { fs } => revisions_json(&fs.revisions_of(&rel).map_err(CliError::from)?),
     })
 }
 
-fn cmd_report(path: &Path, space: Option<&Path>, svg: &Path) -> Result<(), String> {
+fn cmd_report(path: &Path, space: Option<&Path>, svg: &Path) -> Result<(), CliError> {
     // The space's ratios for the subtitle: from the mount, or the backing dir offline.
     let stats_of = match space {
         Some(dir) => absolute(dir),
@@ -2490,16 +2499,16 @@ fn cmd_report(path: &Path, space: Option<&Path>, svg: &Path) -> Result<(), Strin
         let mut entries: Vec<_> = std::fs::read_dir(path)
             .map_err(|e| format!("cannot list {}: {e}", path.display()))?
             .collect::<Result<_, _>>()
-            .map_err(|e| e.to_string())?;
+            .map_err(CliError::from)?;
         entries.sort_by_key(|e| e.file_name());
         for e in entries {
             let name = e.file_name().to_string_lossy().into_owned();
             // Links (`latest`) and the revision view are not checkpoints of their own.
-            if name == ".ckptfs" || e.file_type().map_err(|e| e.to_string())?.is_symlink() {
+            if name == ".ckptfs" || e.file_type().map_err(CliError::from)?.is_symlink() {
                 continue;
             }
             let p = report::step_point(&e.path(), name, &mut |f| {
-                list_revisions(f, None).or_else(|err| match is_cross_slot(&err) {
+                list_revisions(f, None).or_else(|err| match is_cross_slot(&err.to_string()) {
                     true => published_cost(f),
                     false => Err(err),
                 })
@@ -2550,10 +2559,10 @@ fn is_cross_slot(err: &str) -> bool {
 
 /// What another slot's file costs (its slot keeps its revisions), as a one-entry revision
 /// listing for the report: its size, newest commit, and the stored bytes of its chunks.
-fn published_cost(path: &Path) -> Result<serde_json::Value, String> {
+fn published_cost(path: &Path) -> Result<serde_json::Value, CliError> {
     let (target, rel) = path_target(path, None)?;
     let Target::Mounted { mnt } = target else {
-        return Err(format!("{}: not in a mount", path.display()));
+        return Err(format!("{}: not in a mount", path.display()).into());
     };
     control_set(&mnt, "select", &rel)?;
     let c = control_get(&mnt, "cost", true)?;
@@ -2568,7 +2577,7 @@ fn published_cost(path: &Path) -> Result<serde_json::Value, String> {
     }]))
 }
 
-fn cmd_revisions(path: &Path, space: Option<&Path>, json: bool) -> Result<(), String> {
+fn cmd_revisions(path: &Path, space: Option<&Path>, json: bool) -> Result<(), CliError> {
     let v = list_revisions(path, space)?;
     // Commit times in the reader's local zone: RFC 3339 for programs, local time and age
     // for people (the daemon's answer carries only the unix time; its zone may differ).
@@ -2613,7 +2622,7 @@ fn cmd_restore(
     space: Option<&Path>,
     rev: u64,
     to: Option<&Path>,
-) -> Result<(), String> {
+) -> Result<(), CliError> {
     let (target, rel) = path_target(path, space)?;
     match (target, to) {
         (Target::Mounted { mnt }, None) => {
@@ -2642,20 +2651,20 @@ fn cmd_restore(
                     gid: libc::getgid(),
                 }
             };
-            fs.restore(&rel, rev, c).map_err(|e| e.to_string())?;
+            fs.restore(&rel, rev, c).map_err(CliError::from)?;
         }
         (Target::Offline { fs }, Some(to)) => {
-            let f = fs.read_revision(&rel, rev).map_err(|e| e.to_string())?;
-            let mut out = std::fs::File::create(to).map_err(|e| e.to_string())?;
+            let f = fs.read_revision(&rel, rev).map_err(CliError::from)?;
+            let mut out = std::fs::File::create(to).map_err(CliError::from)?;
             let mut off = 0;
             while off < f.size() {
                 let piece = f
                     .read(fs.space().chunks(), off, 8 << 20)
-                    .map_err(|e| e.to_string())?;
-                out.write_all(&piece).map_err(|e| e.to_string())?;
+                    .map_err(CliError::from)?;
+                out.write_all(&piece).map_err(CliError::from)?;
                 off += piece.len() as u64;
             }
-            out.sync_all().map_err(|e| e.to_string())?;
+            out.sync_all().map_err(CliError::from)?;
         }
     }
     Ok(())
@@ -2753,7 +2762,7 @@ mod tests {
             "cuda_lib_dir=",
         ] {
             let e = apply_mount_options(bad, &mut tuning(), &mut false).unwrap_err();
-            assert!(e.contains("mount option"), "{bad}: {e}");
+            assert!(e.to_string().contains("mount option"), "{bad}: {e}");
         }
     }
 

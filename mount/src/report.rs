@@ -10,6 +10,7 @@
 //! the format records newly stored bytes per revision, not how dedup and compression
 //! split them.
 
+use crate::error::CliError;
 use plotters::prelude::*;
 use std::path::Path;
 
@@ -48,8 +49,8 @@ pub fn file_points(revisions: &serde_json::Value) -> Vec<Point> {
 pub fn step_point(
     path: &Path,
     label: String,
-    current: &mut dyn FnMut(&Path) -> Result<serde_json::Value, String>,
-) -> Result<Point, String> {
+    current: &mut dyn FnMut(&Path) -> Result<serde_json::Value, CliError>,
+) -> Result<Point, CliError> {
     let mut p = Point {
         label,
         committed_unix: 0.0,
@@ -64,7 +65,7 @@ pub fn step_point(
             for e in
                 std::fs::read_dir(&at).map_err(|e| format!("cannot list {}: {e}", at.display()))?
             {
-                stack.push(e.map_err(|e| e.to_string())?.path());
+                stack.push(e.map_err(CliError::from)?.path());
             }
         } else if md.is_file() {
             let revs = current(&at)?;
@@ -104,9 +105,14 @@ fn factor(logical: u64, stored: u64) -> Option<f64> {
 }
 
 /// Draws the report into `out` (SVG). `subtitle`: what the title adds (the space's ratios).
-pub fn render_svg(title: &str, subtitle: &str, points: &[Point], out: &Path) -> Result<(), String> {
+pub fn render_svg(
+    title: &str,
+    subtitle: &str,
+    points: &[Point],
+    out: &Path,
+) -> Result<(), CliError> {
     if points.is_empty() {
-        return Err(format!("{title}: no checkpoints to draw"));
+        return Err(format!("{title}: no checkpoints to draw").into());
     }
     let err = |e: &dyn std::fmt::Display| format!("cannot draw {}: {e}", out.display());
     let root = SVGBackend::new(out, (960, 640)).into_drawing_area();

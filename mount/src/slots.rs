@@ -1,6 +1,7 @@
 //! `ckptfs slots DIR`: who holds each slot of a multi-slot space. Reads the slot headers
 //! only (never a slot's table), so it is safe and cheap from any node at any time.
 
+use crate::error::CliError;
 use ckptfs_engine::format::{SlotHeader, SlotState};
 use ckptfs_engine::layout::Mode;
 use ckptfs_engine::slots::{is_live, now_unix_ns};
@@ -24,7 +25,7 @@ pub fn is_multi_slot(dir: &Path) -> bool {
 
 /// Per-slot lines and the whole space's totals, as `ckptfs stats` adds them for a
 /// multi-slot space (from the slot headers only).
-pub fn summary(dir: &Path) -> Result<serde_json::Value, String> {
+pub fn summary(dir: &Path) -> Result<serde_json::Value, CliError> {
     let (_, rows) = rows(dir)?;
     let sum = |k: &str| rows.iter().filter_map(|r| r[k].as_u64()).sum::<u64>();
     let held = rows.iter().filter(|r| r["state"] == "held").count();
@@ -64,17 +65,18 @@ pub fn print_summary(v: &serde_json::Value) {
     }
 }
 
-fn rows(dir: &Path) -> Result<(Vec<SlotHeader>, Vec<serde_json::Value>), String> {
-    let sb = read_backing_dir(dir, false).map_err(|e| e.to_string())?;
+fn rows(dir: &Path) -> Result<(Vec<SlotHeader>, Vec<serde_json::Value>), CliError> {
+    let sb = read_backing_dir(dir, false).map_err(CliError::from)?;
     if sb.slots == 1 {
         return Err(format!(
             "{} has a single slot (one mount at a time; format with --slots N for several \
              nodes)",
             dir.display()
-        ));
+        )
+        .into());
     }
-    let (table, _) = slot_table(dir, &sb, false).map_err(|e| e.to_string())?;
-    let each = table.each().map_err(|e| e.to_string())?;
+    let (table, _) = slot_table(dir, &sb, false).map_err(CliError::from)?;
+    let each = table.each().map_err(CliError::from)?;
     let now = now_unix_ns();
     let seg = sb.segment_bytes as u64;
     let mut all = Vec::with_capacity(each.len());
@@ -119,8 +121,8 @@ fn rows(dir: &Path) -> Result<(Vec<SlotHeader>, Vec<serde_json::Value>), String>
     Ok((all, rows))
 }
 
-pub fn run(dir: &Path, json: bool) -> Result<(), String> {
-    let sb = read_backing_dir(dir, false).map_err(|e| e.to_string())?;
+pub fn run(dir: &Path, json: bool) -> Result<(), CliError> {
+    let sb = read_backing_dir(dir, false).map_err(CliError::from)?;
     let (all, rows) = rows(dir)?;
     if json {
         let v = serde_json::json!({ "slots": rows });
@@ -186,8 +188,8 @@ pub type SlotOutcome = (u32, Result<serde_json::Value, String>);
 pub fn for_each_offline_slot(
     dir: &Path,
     what: &str,
-    mut each: impl FnMut(ckptfs_engine::Space) -> Result<serde_json::Value, String>,
-) -> Result<Vec<SlotOutcome>, String> {
+    mut each: impl FnMut(ckptfs_engine::Space) -> Result<serde_json::Value, CliError>,
+) -> Result<Vec<SlotOutcome>, CliError> {
     use ckptfs_engine::format::SlotId;
     use ckptfs_engine::slots::{describe_holder, SlotRequest};
     let (all, rows) = rows(dir)?;
@@ -230,9 +232,9 @@ pub fn for_each_offline_slot(
             take_over: false,
         };
         let r = ckptfs_engine::Space::open_as(dir, &Mode::Mount(req))
-            .map_err(|e| e.to_string())
+            .map_err(CliError::from)
             .and_then(&mut each);
-        out.push((h.slot.0, r));
+        out.push((h.slot.0, r.map_err(|e| e.to_string())));
     }
     Ok(out)
 }
@@ -268,7 +270,7 @@ fn is_ckptfs_process(pid: u32) -> bool {
 /// Waits (up to `EXITING_HOLDER_WAIT`, saying so after `EXITING_HOLDER_NOTICE`) until the
 /// exiting daemon in `h` has let go of its slot; returns the slot's header then, or the last
 /// one read when it did not (the caller reports that holder as live).
-fn wait_for_exit(dir: &Path, mut h: SlotHeader) -> Result<SlotHeader, String> {
+fn wait_for_exit(dir: &Path, mut h: SlotHeader) -> Result<SlotHeader, CliError> {
     let started = std::time::Instant::now();
     let mut said = false;
     // Since when no ckptfs process of the holder's pid runs here.
@@ -308,7 +310,7 @@ fn wait_for_exit(dir: &Path, mut h: SlotHeader) -> Result<SlotHeader, String> {
 /// host's daemon that was unmounted from `mnt` and is still exiting to release its slot.
 /// Without the wait the new mount took another slot (the old one was still held), leaving
 /// this node's data in two shares and taking a slot another node may be about to claim.
-pub fn wait_for_own_exiting_daemon(dir: &Path, mnt: &Path) -> Result<(), String> {
+pub fn wait_for_own_exiting_daemon(dir: &Path, mnt: &Path) -> Result<(), CliError> {
     let mnt = mnt.to_string_lossy();
     wait_for_exiting(dir, |h| h.mountpoint == mnt)
 }
@@ -316,12 +318,12 @@ pub fn wait_for_own_exiting_daemon(dir: &Path, mnt: &Path) -> Result<(), String>
 /// Before `stats` of the multi-slot space in `dir`: waits for every daemon of this host
 /// that is still exiting to release its slot, so the figures include its last commits and
 /// its slot does not show as held by a mount that is gone (as `check` and `gc` wait).
-pub fn wait_for_exiting_daemons(dir: &Path) -> Result<(), String> {
+pub fn wait_for_exiting_daemons(dir: &Path) -> Result<(), CliError> {
     wait_for_exiting(dir, |_| true)
 }
 
 /// Waits for each slot whose holder `which` names and is an exiting daemon of this host.
-fn wait_for_exiting(dir: &Path, which: impl Fn(&SlotHeader) -> bool) -> Result<(), String> {
+fn wait_for_exiting(dir: &Path, which: impl Fn(&SlotHeader) -> bool) -> Result<(), CliError> {
     let (all, _) = rows(dir)?;
     let now = now_unix_ns();
     for h in all {

@@ -2,6 +2,7 @@
 //! per target its state, failure domain, errors, shards and free shard slots, bytes moved
 //! and write bandwidth; and what redundancy the data has right now.
 
+use crate::error::CliError;
 use crate::{open_or_through, Opened};
 use ckptfs_engine::layout::Mode;
 use ckptfs_engine::space::{RevisionRedundancy, Space};
@@ -10,7 +11,7 @@ use std::path::Path;
 
 /// The report of the space at `path` (a mountpoint, or a backing directory: read-only,
 /// or through its mount when it is mounted). None for a space with one target.
-pub fn report(path: &Path) -> Result<Option<TargetsReport>, String> {
+pub fn report(path: &Path) -> Result<Option<TargetsReport>, CliError> {
     let path = crate::absolute(path);
     if path.join(ckptfs_engine::format::SUPERBLOCK_FILE).exists() {
         return match open_or_through(&path, true, || Space::open_as(&path, &Mode::ReadOnly))? {
@@ -23,19 +24,19 @@ pub fn report(path: &Path) -> Result<Option<TargetsReport>, String> {
 
 /// What redundancy each listed revision has now (None for a space with one target). One
 /// pass over the extent table, offline or in the daemon.
-pub fn redundancy(path: &Path) -> Result<Option<RevisionRedundancy>, String> {
+pub fn redundancy(path: &Path) -> Result<Option<RevisionRedundancy>, CliError> {
     let path = crate::absolute(path);
-    let from_mount = |mnt: &Path| -> Result<Option<RevisionRedundancy>, String> {
+    let from_mount = |mnt: &Path| -> Result<Option<RevisionRedundancy>, CliError> {
         match crate::control_get(mnt, "redundancy", true)? {
             serde_json::Value::Null => Ok(None),
             v => serde_json::from_value(v)
                 .map(Some)
-                .map_err(|e| format!("malformed redundancy report from the daemon: {e}")),
+                .map_err(|e| format!("malformed redundancy report from the daemon: {e}").into()),
         }
     };
     if path.join(ckptfs_engine::format::SUPERBLOCK_FILE).exists() {
         return match open_or_through(&path, true, || Space::open_as(&path, &Mode::ReadOnly))? {
-            Opened::Here(space) => space.revision_redundancy().map_err(|e| e.to_string()),
+            Opened::Here(space) => space.revision_redundancy().map_err(CliError::from),
             Opened::Through(mnt) => from_mount(&mnt),
         };
     }
@@ -60,13 +61,13 @@ pub fn redundancy_line(r: &RevisionRedundancy) -> String {
     }
 }
 
-fn from_mount(mnt: &Path) -> Result<Option<TargetsReport>, String> {
+fn from_mount(mnt: &Path) -> Result<Option<TargetsReport>, CliError> {
     let v = crate::control_get(mnt, "targets", true)?;
     match v {
         serde_json::Value::Null => Ok(None),
-        v => serde_json::from_value(v)
+        v => Ok(serde_json::from_value(v)
             .map(Some)
-            .map_err(|e| format!("malformed targets report from the daemon: {e}")),
+            .map_err(|e| format!("malformed targets report from the daemon: {e}"))?),
     }
 }
 
@@ -127,7 +128,7 @@ pub fn mirror_warning(r: &TargetsReport) -> Option<String> {
     })
 }
 
-pub fn run(path: &Path, json: bool) -> Result<(), String> {
+pub fn run(path: &Path, json: bool) -> Result<(), CliError> {
     let Some(r) = report(path)? else {
         if json {
             println!("null");
@@ -271,7 +272,7 @@ pub fn rebuild(
     replace: Option<&str>,
     throttle_mib_s: Option<f64>,
     json: bool,
-) -> Result<(), String> {
+) -> Result<(), CliError> {
     let replace = match replace {
         Some(r) => {
             let (old, new) = r
@@ -318,11 +319,11 @@ pub fn rebuild(
                         }
                     },
                 )
-                .map_err(|e| e.to_string())?;
+                .map_err(CliError::from)?;
             if let Some(pb) = pb {
                 pb.finish_and_clear();
             }
-            serde_json::to_value(r).map_err(|e| e.to_string())?
+            serde_json::to_value(r).map_err(CliError::from)?
         }
         (None, Some(mnt)) => return rebuild_through(&mnt, &replace, throttle, json),
         (None, None) => unreachable!("one of the two is set"),
@@ -335,13 +336,13 @@ fn rebuild_through(
     replace: &Option<(String, ckptfs_engine::targets::TargetSpec)>,
     throttle: Option<f64>,
     json: bool,
-) -> Result<(), String> {
+) -> Result<(), CliError> {
     let mut req = serde_json::json!({});
     if let Some((old, new)) = replace {
         if crate::backing_of(mnt).is_some_and(|b| crate::slots::is_multi_slot(&b)) {
-            return Err(
+            return Err(CliError::from(
                 ckptfs_engine::scrub::replace_refused_on_shared(old, &new.path).to_string(),
-            );
+            ));
         }
         let new = match new.domain.is_empty() {
             true => new.path.display().to_string(),
@@ -357,7 +358,7 @@ fn rebuild_through(
 
 /// Runs job `what` (rebuild, scrub) in the daemon of mount `mnt` with request `req`, under a
 /// spinner on a terminal, and prints its report.
-fn daemon_job(mnt: &Path, what: &str, req: &serde_json::Value, json: bool) -> Result<(), String> {
+fn daemon_job(mnt: &Path, what: &str, req: &serde_json::Value, json: bool) -> Result<(), CliError> {
     let pb = crate::progress_bar(!json);
     if let Some(pb) = &pb {
         pb.set_message(format!("{what} in the daemon"));
@@ -370,7 +371,7 @@ fn daemon_job(mnt: &Path, what: &str, req: &serde_json::Value, json: bool) -> Re
     print_rebuild(&v, json)
 }
 
-fn print_rebuild(v: &serde_json::Value, json: bool) -> Result<(), String> {
+fn print_rebuild(v: &serde_json::Value, json: bool) -> Result<(), CliError> {
     let n = |k: &str| v[k].as_u64().unwrap_or(0);
     if json {
         println!("{v}");
@@ -426,16 +427,17 @@ fn print_rebuild(v: &serde_json::Value, json: bool) -> Result<(), String> {
         (s, c, l) => Err(format!(
             "{s} segment(s) could not get all their shards back, {c} chunk(s) and {l} \
              segment(s) are lost: see `ckptfs targets`, `ckptfs check` and the daemon log"
-        )),
+        )
+        .into()),
     }
 }
 
 /// `ckptfs scrub PATH [--throttle MIB_S] [--json]`: reads every segment, verifies every
 /// committed chunk and repairs what redundancy allows (engine/src/scrub.rs).
-pub fn scrub(path: &Path, throttle_mib_s: Option<f64>, json: bool) -> Result<(), String> {
+pub fn scrub(path: &Path, throttle_mib_s: Option<f64>, json: bool) -> Result<(), CliError> {
     let throttle = throttle_mib_s.map(|m| m * (1 << 20) as f64);
     let abs = crate::absolute(path);
-    let through = |mnt: &Path| -> Result<(), String> {
+    let through = |mnt: &Path| -> Result<(), CliError> {
         let mut req = serde_json::json!({});
         if let Some(t) = throttle {
             req["throttle"] = serde_json::json!(t);
@@ -460,9 +462,9 @@ pub fn scrub(path: &Path, throttle_mib_s: Option<f64>, json: bool) -> Result<(),
                 pb.set_position(done);
             }
         })
-        .map_err(|e| e.to_string())?;
+        .map_err(CliError::from)?;
     if let Some(pb) = pb {
         pb.finish_and_clear();
     }
-    print_rebuild(&serde_json::to_value(r).map_err(|e| e.to_string())?, json)
+    print_rebuild(&serde_json::to_value(r).map_err(CliError::from)?, json)
 }

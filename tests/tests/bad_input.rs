@@ -195,6 +195,45 @@ fn mount_refuses_what_is_not_a_space() {
     }
 }
 
+/// Refusals exit with a status a script can act on (README, "Exit statuses"): 3 for a path
+/// that is not a ckptfs space, 4 for a space another process holds; other failures 1.
+#[test]
+fn refusals_exit_with_a_status_that_says_their_kind() {
+    let t = TempDir::new("exit-codes");
+    let mnt = t.path().join("mnt");
+    let empty = t.path().join("empty");
+    fs::create_dir(&mnt).unwrap();
+    fs::create_dir(&empty).unwrap();
+    let code = |args: &[&OsStr]| run_ckptfs(t.path(), "exit-code", args).0.code();
+    let (e, m) = (empty.as_os_str(), mnt.as_os_str());
+    assert_eq!(
+        code(&[os("mount"), e, m]),
+        Some(3),
+        "mount of a directory that is no space"
+    );
+    for cmd in ["stats", "gc", "config"] {
+        assert_eq!(
+            code(&[os(cmd), e]),
+            Some(3),
+            "{cmd} of a directory that is no space"
+        );
+    }
+    let held = TestMount::with_options(SMALL, None);
+    let backing = held.backing().to_path_buf();
+    assert_eq!(
+        code(&[os("mount"), backing.as_os_str(), m]),
+        Some(4),
+        "a second mount of a space in use"
+    );
+    not_mounted(&mnt);
+    let missing = t.path().join("missing");
+    assert_eq!(
+        code(&[os("mount"), missing.as_os_str(), m]),
+        Some(1),
+        "a backing directory that does not exist: said in words, status 1"
+    );
+}
+
 /// Rewrites the superblock in place (same length, same mode).
 fn write_superblock(backing: &Path, bytes: &[u8]) {
     let f = fs::OpenOptions::new()
