@@ -9,6 +9,7 @@ pub mod chunk;
 pub mod codec;
 pub mod device;
 pub mod error;
+pub mod face;
 pub mod filemap;
 pub mod format;
 pub mod gc;

@@ -202,6 +202,43 @@ fn bench_modules_import_each_other_without_cycles() {
     }
 }
 
+/// The filesystem layer reaches the engine through `Space`, `Stats`, the error type and the
+/// one face module (`ckptfs_engine::face`), never into the engine's modules: what `fs`
+/// depends on stays one list (`engine/ARCHITECTURE.md`).
+#[test]
+fn fs_uses_the_engine_through_its_face() {
+    let root = std::env::var("CARGO_MANIFEST_DIR").expect("run by cargo");
+    let mut files = Vec::new();
+    sources(&Path::new(&root).join("../fs/src"), &mut files);
+    assert!(files.len() >= 4, "read only {} fs sources", files.len());
+    let allowed = ["face", "Space", "Stats", "Error", "Result"];
+    let mut bad = Vec::new();
+    for f in &files {
+        let code = production_code(&std::fs::read_to_string(f).expect("readable source"));
+        let mut rest = code.as_str();
+        while let Some(i) = rest.find("ckptfs_engine::") {
+            rest = &rest[i + "ckptfs_engine::".len()..];
+            let names: Vec<String> = match rest.strip_prefix('{') {
+                Some(g) => g[..g.find('}').unwrap_or(g.len())]
+                    .split(',')
+                    .map(|x| x.trim().to_string())
+                    .filter(|x| !x.is_empty())
+                    .collect(),
+                None => vec![rest
+                    .chars()
+                    .take_while(|c| c.is_ascii_alphanumeric() || *c == '_')
+                    .collect()],
+            };
+            for n in names {
+                if !allowed.contains(&n.as_str()) {
+                    bad.push(format!("{}: ckptfs_engine::{n}", f.display()));
+                }
+            }
+        }
+    }
+    assert!(bad.is_empty(), "fs reaches into the engine: {bad:#?}");
+}
+
 #[test]
 fn the_cycle_finder_finds_cycles_and_reads_grouped_imports() {
     let code = "use crate::{a::X, b::{Y, Z}, c};\n// crate::commented\nfn f() { crate::d::g(); }\n\

@@ -1,11 +1,11 @@
 //! Filesystem semantics over the engine: inodes, directories, open files, POSIX rules.
 //! No FUSE types here; the `ckptfs` binary's adapter translates requests and errors.
 
-use ckptfs_engine::filemap::{ExtentMap, FileState};
-use ckptfs_engine::format::{HistoryId, InodeId, InodeRecord, NodeKind, RevisionId, Timestamp};
-use ckptfs_engine::gc::{GcOptions, GcProgress, GcReport};
-use ckptfs_engine::pins::RevisionPin;
-use ckptfs_engine::space::{Previous, Seal};
+use ckptfs_engine::face::RevisionPin;
+use ckptfs_engine::face::{ExtentMap, FileState};
+use ckptfs_engine::face::{GcOptions, GcProgress, GcReport};
+use ckptfs_engine::face::{HistoryId, InodeId, InodeRecord, NodeKind, RevisionId, Timestamp};
+use ckptfs_engine::face::{Previous, Seal};
 use ckptfs_engine::{Space, Stats};
 use parking_lot::Mutex;
 use std::collections::HashMap;
@@ -334,7 +334,7 @@ pub const PREFETCH_MIN_BYTES: u64 = 4 << 20;
 
 /// The read-ahead depth for each of `readers` sequential readers (see `PREFETCH_BYTES`).
 fn prefetch_depth(readers: usize) -> u64 {
-    (ckptfs_engine::store::CACHE_BYTES as u64 / 2 / readers.max(1) as u64)
+    (ckptfs_engine::face::CACHE_BYTES as u64 / 2 / readers.max(1) as u64)
         .clamp(PREFETCH_MIN_BYTES, PREFETCH_BYTES)
 }
 
@@ -350,7 +350,7 @@ pub struct Fs {
     /// "Space full, nothing to reclaim" was logged, and nothing was reclaimed since.
     space_full_said: std::sync::atomic::AtomicBool,
     /// When automatic gc may next run after one that left free space below the watermark.
-    auto_gc_quiet_until: Mutex<ckptfs_engine::gc::Backoff>,
+    auto_gc_quiet_until: Mutex<ckptfs_engine::face::Backoff>,
     /// The retention pass (`auto_gc_tick`): the commit count it last saw, and when it may
     /// run next.
     retention: Mutex<(u64, std::time::Instant)>,
@@ -461,7 +461,7 @@ pub(crate) fn new_record(
 /// of it is worth keeping for keep_unlinked: it is retired as removed long ago, so the
 /// next gc drops it and the target's keep-N alone decides. The caller stores both records.
 pub(crate) fn continue_history(
-    t: &mut ckptfs_engine::catalog::Txn,
+    t: &mut ckptfs_engine::face::Txn,
     (src, src_rec): (InodeId, &mut InodeRecord),
     (dst, dst_rec): (InodeId, &mut InodeRecord),
     src_path: Vec<u8>,
@@ -1586,7 +1586,7 @@ impl Fs {
         pid: u32,
         off: u64,
         data: &[u8],
-        shared: Option<ckptfs_engine::pipeline::SharedBytes>,
+        shared: Option<ckptfs_engine::face::SharedBytes>,
     ) -> Result<usize> {
         debug_assert!(shared.as_deref().is_none_or(|s| s == data));
         let ino = self.via_handle(ino, fh);
@@ -1634,10 +1634,10 @@ impl Fs {
         fh: HandleId,
         pid: u32,
         off: u64,
-        (data, shared): (&[u8], Option<&ckptfs_engine::pipeline::SharedBytes>),
+        (data, shared): (&[u8], Option<&ckptfs_engine::face::SharedBytes>),
     ) -> Result<usize> {
         let mut n = node.lock();
-        let ingest = |file: &mut ckptfs_engine::filemap::FileState| match shared {
+        let ingest = |file: &mut ckptfs_engine::face::FileState| match shared {
             Some(sh) => self.space.ingest_shared(file, off, sh.clone()),
             None => self.space.ingest(file, off, data),
         };
@@ -2355,8 +2355,8 @@ impl Fs {
     }
 
     /// `ckptfs check` of the mounted space: every chunk read back and verified.
-    pub fn check(&self) -> Result<ckptfs_engine::check::CheckReport> {
-        let mut r = ckptfs_engine::check::check(&self.space, &mut |_, _| {})?;
+    pub fn check(&self) -> Result<ckptfs_engine::face::CheckReport> {
+        let mut r = ckptfs_engine::face::check_space(&self.space, &mut |_, _| {})?;
         if self.shared.is_some() {
             self.sh_name_damage(&mut r);
         }
@@ -2428,7 +2428,7 @@ impl Fs {
                 // Room now counts even if this gc found none: with many writers, the chunk
                 // that failed may have failed before another writer's gc made room (8
                 // writers rotating checkpoints got ENOSPC with 200 MiB free).
-                let reserve = ckptfs_engine::alloc::GC_RESERVE_SEGMENTS + 1;
+                let reserve = ckptfs_engine::face::GC_RESERVE_SEGMENTS + 1;
                 let room = r.free_bytes_after >= reserve * self.space.segment_bytes();
                 if gained > 0 {
                     self.space_full_said
@@ -2495,7 +2495,7 @@ impl Fs {
         // writers keep most of the disk.
         let goal = space.capacity() * config.auto_gc_free_percent / 100;
         let opts = GcOptions {
-            copy_per_freed: Some(ckptfs_engine::gc::AUTO_COPY_PER_FREED),
+            copy_per_freed: Some(ckptfs_engine::face::AUTO_COPY_PER_FREED),
             ..self.pressure_opts(Some(1.0), goal)
         };
         let reached = match self.gc_with(opts, &mut |_| {}) {
@@ -2594,7 +2594,7 @@ impl Fs {
             return self.space.history_of_path(path)?.ok_or(Error::NotFound);
         };
         if let Some(ino) = self.resolve(path)? {
-            if ckptfs_engine::format::owner_slot(ino) != sh.me {
+            if ckptfs_engine::face::owner_slot(ino) != sh.me {
                 return Err(Error::CrossDevice);
             }
             if let Some(rec) = self.space.get_inode(ino)? {
@@ -2733,5 +2733,5 @@ pub enum ReadReply {
     /// The bytes are in the caller's buffer.
     Bytes,
     /// The bytes are these pieces of verified chunks and holes, in order.
-    Parts(Vec<ckptfs_engine::filemap::ReadPart>),
+    Parts(Vec<ckptfs_engine::face::ReadPart>),
 }

@@ -9,7 +9,7 @@
 //! shows nobody more than the file itself does.
 
 use super::{Attr, DirItem, Error, Fs, HandleId, OpenNode, Result};
-use ckptfs_engine::format::{HistoryId, InodeId, InodeRecord, NodeKind, RevisionId, Timestamp};
+use ckptfs_engine::face::{HistoryId, InodeId, InodeRecord, NodeKind, RevisionId, Timestamp};
 use parking_lot::Mutex;
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -123,7 +123,7 @@ impl Fs {
         };
         let mut rec = self.getattr(real)?.rec;
         rec.history = HistoryId::NONE;
-        if real != InodeId::ROOT && ckptfs_engine::format::owner_slot(real) == sh.me {
+        if real != InodeId::ROOT && ckptfs_engine::face::owner_slot(real) == sh.me {
             if let Some(local) = self.space.get_inode(real)? {
                 rec.history = local.history;
                 rec.nlink = local.nlink;
@@ -134,7 +134,7 @@ impl Fs {
 
     /// A revision file shows the extended attributes its revision recorded; the view's
     /// directories have none.
-    pub(crate) fn view_xattrs(&self, ino: InodeId) -> Result<ckptfs_engine::format::Xattrs> {
+    pub(crate) fn view_xattrs(&self, ino: InodeId) -> Result<ckptfs_engine::face::Xattrs> {
         self.view_getattr(ino)?;
         match decode(ino) {
             Some(Virt::Rev(rev)) => Ok(self.space.revision_xattrs(rev)?),
@@ -325,11 +325,11 @@ impl Fs {
                         let mut cursor = after;
                         // Skip entries the view does not show (symlinks, special files).
                         loop {
-                            let batch: Vec<ckptfs_engine::catalog::DirEntry> = match self.shared {
+                            let batch: Vec<ckptfs_engine::face::DirEntry> = match self.shared {
                                 Some(_) => self
                                     .sh_readdir(real, cursor, limit)?
                                     .into_iter()
-                                    .map(|d| ckptfs_engine::catalog::DirEntry {
+                                    .map(|d| ckptfs_engine::face::DirEntry {
                                         name: d.name,
                                         ino: d.ino,
                                         cookie: d.offset,
@@ -397,7 +397,7 @@ impl Fs {
 
     /// Whose modes the view of a history shows: its live file's, or, once the path is
     /// unlinked, read access for the owner of the root directory only.
-    fn history_owner(&self, h: &ckptfs_engine::format::HistoryRecord) -> Result<InodeRecord> {
+    fn history_owner(&self, h: &ckptfs_engine::face::HistoryRecord) -> Result<InodeRecord> {
         if h.unlinked.is_none() {
             if let Some(r) = self.space.get_inode(h.ino)? {
                 return Ok(r);
@@ -466,8 +466,8 @@ impl Fs {
             Ok(i) => i,
             Err(e) => return format!("checkpoint-now: unknown\nerror: {e}\n"),
         };
-        match ckptfs_engine::advice::report(&inputs, &Default::default()) {
-            Ok(r) => ckptfs_engine::advice::render(&r),
+        match ckptfs_engine::face::advice_report(&inputs, &Default::default()) {
+            Ok(r) => ckptfs_engine::face::render_advice(&r),
             Err(e) => format!("checkpoint-now: unknown\nno advice: {e}\n"),
         }
     }

@@ -10,8 +10,8 @@
 //! control interface and cannot be stored.
 
 use super::{Error, Fs, Result};
-use ckptfs_engine::catalog::Txn;
-use ckptfs_engine::format::{
+use ckptfs_engine::face::Txn;
+use ckptfs_engine::face::{
     InodeId, Timestamp, Xattrs, XATTR_NAMES_ROOM, XATTR_NAME_MAX, XATTR_VALUES_ROOM,
     XATTR_VALUE_MAX,
 };
@@ -66,7 +66,7 @@ impl Fs {
     fn foreign(&self, ino: InodeId) -> bool {
         self.shared
             .as_ref()
-            .is_some_and(|s| ino != InodeId::ROOT && ckptfs_engine::format::owner_slot(ino) != s.me)
+            .is_some_and(|s| ino != InodeId::ROOT && ckptfs_engine::face::owner_slot(ino) != s.me)
     }
 
     fn xattrs_of(&self, ino: InodeId) -> Result<Xattrs> {

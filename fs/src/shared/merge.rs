@@ -15,8 +15,8 @@
 //!   (`created`) first, each cut at the shortest truncate other versions made after it
 //!   started (`clip`); its size is the largest cut layer.
 
-use ckptfs_engine::format::{Binding, InodeId, SlotId, Timestamp};
-use ckptfs_engine::manifest::{PubVersion, SlotView};
+use ckptfs_engine::face::{Binding, InodeId, SlotId, Timestamp};
+use ckptfs_engine::face::{PubVersion, SlotView};
 use std::collections::BTreeMap;
 
 /// Every slot's view, this node's own included.
@@ -202,8 +202,8 @@ pub fn attributes(versions: &[(SlotId, &PubVersion)]) -> Option<Merged> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use ckptfs_engine::format::{NodeKind, VersionMeta};
-    use ckptfs_engine::manifest::{PubNode, Record};
+    use ckptfs_engine::face::{NodeKind, VersionMeta};
+    use ckptfs_engine::face::{PubNode, Record};
 
     fn bind(child: u64, stamp: u64) -> Binding {
         Binding {

@@ -25,12 +25,12 @@
 pub mod merge;
 
 use super::{Attr, DirItem, Error, Fs, HandleId, Result, SetAttr};
-use ckptfs_engine::format::{
+use ckptfs_engine::face::{dir_key, name_key, RENAME_DIRS};
+use ckptfs_engine::face::{
     owner_slot, Binding, ChunkHash, HistoryId, InodeId, InodeRecord, NodeKind, SlotId, Timestamp,
     VersionMeta,
 };
-use ckptfs_engine::manifest::{PubExtent, Record, SlotView};
-use ckptfs_engine::nslock::{dir_key, name_key, RENAME_DIRS};
+use ckptfs_engine::face::{PubExtent, Record, SlotView};
 use merge::Views;
 use parking_lot::{Mutex, RwLock};
 use std::collections::{BTreeSet, HashMap};
@@ -76,8 +76,8 @@ pub(crate) struct Shared {
     layer_maps: Mutex<
         Vec<(
             InodeId,
-            ckptfs_engine::format::RevisionId,
-            Arc<ckptfs_engine::filemap::ExtentMap>,
+            ckptfs_engine::face::RevisionId,
+            Arc<ckptfs_engine::face::ExtentMap>,
         )>,
     >,
 }
@@ -125,7 +125,7 @@ struct V {
     slot: SlotId,
     id: InodeId,
     meta: VersionMeta,
-    node: ckptfs_engine::manifest::PubNode,
+    node: ckptfs_engine::face::PubNode,
 }
 
 fn attr_base(kind: NodeKind, perm: u32, uid: u32, gid: u32) -> InodeRecord {
@@ -293,7 +293,7 @@ impl Fs {
             return Err(Error::NotFound);
         };
         let kind = first.node.kind;
-        let pvs: Vec<(SlotId, ckptfs_engine::manifest::PubVersion)> = vs
+        let pvs: Vec<(SlotId, ckptfs_engine::face::PubVersion)> = vs
             .iter()
             .map(|v| {
                 let mut node = v.node.clone();
@@ -310,10 +310,10 @@ impl Fs {
                 // stamp of a version's times is the later of the two.
                 let mut meta = v.meta;
                 meta.times_stamp = meta.times_stamp.max(stamp_of(node.mtime));
-                (v.slot, ckptfs_engine::manifest::PubVersion { meta, node })
+                (v.slot, ckptfs_engine::face::PubVersion { meta, node })
             })
             .collect();
-        let refs: Vec<(SlotId, &ckptfs_engine::manifest::PubVersion)> =
+        let refs: Vec<(SlotId, &ckptfs_engine::face::PubVersion)> =
             pvs.iter().map(|(s, v)| (*s, v)).collect();
         let m = merge::attributes(&refs).ok_or(Error::NotFound)?;
         let mut rec = attr_base(kind, m.perm, m.uid, m.gid);
@@ -515,7 +515,7 @@ impl Fs {
     /// Retires this slot's object `obj` in `t` (it is in the tree no more): unlinked, its
     /// history kept under `path` for the retention policy.
     fn retire_own(
-        t: &mut ckptfs_engine::catalog::Txn,
+        t: &mut ckptfs_engine::face::Txn,
         obj: InodeId,
         path: Vec<u8>,
         now: Timestamp,
@@ -923,8 +923,8 @@ impl Fs {
     /// damaged chunks from this slot's directory table, which a shared namespace leaves
     /// empty; this names them where every node sees them (the object's place in the
     /// merged tree; none for a file no entry names any more).
-    pub(crate) fn sh_name_damage(&self, r: &mut ckptfs_engine::check::CheckReport) {
-        let mut names: HashMap<ckptfs_engine::format::HistoryId, Option<Vec<u8>>> = HashMap::new();
+    pub(crate) fn sh_name_damage(&self, r: &mut ckptfs_engine::face::CheckReport) {
+        let mut names: HashMap<ckptfs_engine::face::HistoryId, Option<Vec<u8>>> = HashMap::new();
         for d in &mut r.damaged {
             for u in d
                 .uses
@@ -941,7 +941,7 @@ impl Fs {
 
     /// The path (components joined by '/') of the object a history of this slot is a
     /// version of.
-    fn sh_path_of_history(&self, h: ckptfs_engine::format::HistoryId) -> Option<Vec<u8>> {
+    fn sh_path_of_history(&self, h: ckptfs_engine::face::HistoryId) -> Option<Vec<u8>> {
         let ino = self.space.history(h).ok()?.ino;
         let obj = self.sh().own.read().versions.get(&ino)?.meta.of;
         self.with_views(|v| {
@@ -994,19 +994,19 @@ impl Fs {
         if vs.first().is_none_or(|v| v.node.kind != NodeKind::File) {
             return;
         }
-        let pvs: Vec<(SlotId, ckptfs_engine::manifest::PubVersion)> = vs
+        let pvs: Vec<(SlotId, ckptfs_engine::face::PubVersion)> = vs
             .into_iter()
             .map(|v| {
                 (
                     v.slot,
-                    ckptfs_engine::manifest::PubVersion {
+                    ckptfs_engine::face::PubVersion {
                         meta: v.meta,
                         node: v.node,
                     },
                 )
             })
             .collect();
-        let refs: Vec<(SlotId, &ckptfs_engine::manifest::PubVersion)> =
+        let refs: Vec<(SlotId, &ckptfs_engine::face::PubVersion)> =
             pvs.iter().map(|(s, v)| (*s, v)).collect();
         let mut ahead = Vec::new();
         for l in merge::layers(&refs).iter().filter(|l| l.slot != me) {
@@ -1065,12 +1065,12 @@ impl Fs {
         if vs.is_empty() {
             return Err(Error::NotFound);
         }
-        let mut pvs: Vec<(SlotId, ckptfs_engine::manifest::PubVersion)> = vs
+        let mut pvs: Vec<(SlotId, ckptfs_engine::face::PubVersion)> = vs
             .into_iter()
             .map(|v| {
                 (
                     v.slot,
-                    ckptfs_engine::manifest::PubVersion {
+                    ckptfs_engine::face::PubVersion {
                         meta: v.meta,
                         node: v.node,
                     },
@@ -1088,7 +1088,7 @@ impl Fs {
                 }
             }
         }
-        let refs: Vec<(SlotId, &ckptfs_engine::manifest::PubVersion)> =
+        let refs: Vec<(SlotId, &ckptfs_engine::face::PubVersion)> =
             pvs.iter().map(|(s, v)| (*s, v)).collect();
         let layers = merge::layers(&refs);
         let size = merge::size(&layers);
@@ -1111,7 +1111,7 @@ impl Fs {
                     None => self.layer_map(id)?.pieces(off, stop),
                 };
                 // Holes are no writes: only the layer's pieces are painted.
-                ckptfs_engine::filemap::ExtentMap::read_pieces(
+                ckptfs_engine::face::ExtentMap::read_pieces(
                     self.space.chunks(),
                     pieces,
                     off,
@@ -1126,7 +1126,7 @@ impl Fs {
 
     /// The extent map of this slot's committed layer `id` (its current revision), from
     /// `Shared::layer_maps` or loaded into it.
-    fn layer_map(&self, id: InodeId) -> Result<Arc<ckptfs_engine::filemap::ExtentMap>> {
+    fn layer_map(&self, id: InodeId) -> Result<Arc<ckptfs_engine::face::ExtentMap>> {
         let rev = self
             .space
             .get_inode(id)?
@@ -1350,19 +1350,19 @@ impl Fs {
         if vs.first().is_none_or(|v| v.node.kind != NodeKind::File) {
             return Ok(None);
         }
-        let pvs: Vec<(SlotId, ckptfs_engine::manifest::PubVersion)> = vs
+        let pvs: Vec<(SlotId, ckptfs_engine::face::PubVersion)> = vs
             .iter()
             .map(|v| {
                 (
                     v.slot,
-                    ckptfs_engine::manifest::PubVersion {
+                    ckptfs_engine::face::PubVersion {
                         meta: v.meta,
                         node: v.node.clone(),
                     },
                 )
             })
             .collect();
-        let refs: Vec<(SlotId, &ckptfs_engine::manifest::PubVersion)> =
+        let refs: Vec<(SlotId, &ckptfs_engine::face::PubVersion)> =
             pvs.iter().map(|(s, v)| (*s, v)).collect();
         let size = merge::size(&merge::layers(&refs));
         let mut seen = std::collections::HashSet::new();
@@ -1567,7 +1567,7 @@ impl Fs {
 
 /// A stamp (ns since the epoch) as a time.
 pub(crate) fn stamp_to_time(stamp: u64) -> Timestamp {
-    ckptfs_engine::stamp::to_time(stamp)
+    ckptfs_engine::face::to_time(stamp)
 }
 
 fn stamp_of(t: Timestamp) -> u64 {
