@@ -954,7 +954,7 @@ impl Space {
     }
 
     /// A read snapshot of the catalog.
-    pub fn reader(&self) -> Result<Reader> {
+    pub(crate) fn reader(&self) -> Result<Reader> {
         self.catalog.reader()
     }
 
@@ -1309,7 +1309,7 @@ impl Space {
     /// `sync_meta` when a namespace change is not yet durable; nothing otherwise. A close
     /// that had no data to commit calls this, so a file created empty (a "done" marker) or an
     /// unlink before it survives a crash once close returns.
-    pub fn sync_meta_if_dirty(&self) -> Result<()> {
+    pub(crate) fn sync_meta_if_dirty(&self) -> Result<()> {
         self.sync_meta_since(self.catalog.mark())
     }
 

@@ -38,7 +38,7 @@ impl Space {
     /// removed or replaced is taken again where nobody else holds it; where another process
     /// holds the new one (a second mount got in), the space fails too, so the two never
     /// both change it.
-    pub fn watch_backing(&self) {
+    pub(crate) fn watch_backing(&self) {
         for f in &self.watch.files {
             if let Some(why) = f.look() {
                 self.store.fail_because(why);
