@@ -80,8 +80,8 @@ pub(super) struct WriteSide {
     pub(super) successors: Arc<crate::predict::Successors>,
     /// Writes to the placement completed (and segments prepared), counted; and the count
     /// the last successful sync started after. A `flush_sync` with nothing new since then
-    /// skips the device sync: a commit that synced its data before joining its group
-    /// (`Space::commit_file_keeping`) does not sync the disk a second time in it.
+    /// skips the device sync: a group of namespace syncs alone, or of commits whose chunks
+    /// were all found stored, costs no sync of the data file.
     pub(super) writes_done: std::sync::atomic::AtomicU64,
     pub(super) writes_synced: std::sync::atomic::AtomicU64,
 }
