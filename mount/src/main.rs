@@ -570,17 +570,20 @@ fn check_mountpoint(m: &Path) -> Result<(), CliError> {
 /// A backing directory that is missing or not a directory is named as such, before anything
 /// looks for a superblock in it.
 fn check_backing_dir(b: &Path) -> Result<(), CliError> {
+    // Not a space, for the exit status (`error::exit::NOT_A_SPACE`), as an unformatted one.
+    let not_a_space = |m: String| CliError::Engine(ckptfs_engine::Error::NotASpace(m));
     match std::fs::metadata(b) {
         Ok(md) if md.is_dir() => Ok(()),
-        Ok(_) => Err(format!(
+        Ok(_) => Err(not_a_space(format!(
             "backing directory {} is not a directory",
             b.display()
-        ).into()),
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Err(format!(
-            "backing directory {} does not exist (create a space with `ckptfs format {} --size SIZE`)",
+        ))),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Err(not_a_space(format!(
+            "backing directory {} does not exist (create a space with `ckptfs format {} \
+             --size SIZE`)",
             b.display(),
             b.display()
-        ).into()),
+        ))),
         Err(e) => Err(format!("backing directory {}: {e}", b.display()).into()),
     }
 }

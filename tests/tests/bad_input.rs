@@ -196,7 +196,8 @@ fn mount_refuses_what_is_not_a_space() {
 }
 
 /// Refusals exit with a status a script can act on (README, "Exit statuses"): 3 for a path
-/// that is not a ckptfs space, 4 for a space another process holds; other failures 1.
+/// that is not a ckptfs space (missing, a file, unformatted), 4 for a space another process
+/// holds; other failures 1.
 #[test]
 fn refusals_exit_with_a_status_that_says_their_kind() {
     let t = TempDir::new("exit-codes");
@@ -229,8 +230,20 @@ fn refusals_exit_with_a_status_that_says_their_kind() {
     let missing = t.path().join("missing");
     assert_eq!(
         code(&[os("mount"), missing.as_os_str(), m]),
+        Some(3),
+        "mount of a backing directory that does not exist"
+    );
+    let file = t.path().join("file");
+    fs::write(&file, b"x").unwrap();
+    assert_eq!(
+        code(&[os("mount"), file.as_os_str(), m]),
+        Some(3),
+        "mount of a file as the backing directory"
+    );
+    assert_eq!(
+        code(&[os("mount"), e, file.as_os_str()]),
         Some(1),
-        "a backing directory that does not exist: said in words, status 1"
+        "a mountpoint that is a file: said in words, status 1"
     );
 }
 
