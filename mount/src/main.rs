@@ -1643,6 +1643,23 @@ fn print_stats(s: &Stats) {
     }
 }
 
+/// The targets' lines of `ckptfs stats` (a space over several targets): their state, a
+/// missing-mirror warning, and the revisions' redundancy.
+fn print_targets(
+    t: Option<&ckptfs_engine::targets::TargetsReport>,
+    red: Option<&ckptfs_engine::space::RevisionRedundancy>,
+) {
+    if let Some(t) = t {
+        println!("{}", targets::summary_line(t));
+        if let Some(w) = targets::mirror_warning(t) {
+            println!("{w}");
+        }
+    }
+    if let Some(r) = red {
+        println!("{}", targets::redundancy_line(r));
+    }
+}
+
 /// `ckptfs stats`: of a mount or a backing directory, as text, JSON or Prometheus.
 fn cmd_stats(path: &Path, json: bool, prometheus: bool) -> Result<(), CliError> {
     // A space over several targets: whether its data has full redundancy now, and
@@ -1704,15 +1721,7 @@ fn cmd_stats(path: &Path, json: bool, prometheus: bool) -> Result<(), CliError> 
             if let Some(s) = &own {
                 print_stats(s);
             }
-            if let Some(t) = &t {
-                println!("{}", targets::summary_line(t));
-                if let Some(w) = targets::mirror_warning(t) {
-                    println!("{w}");
-                }
-            }
-            if let Some(r) = &red {
-                println!("{}", targets::redundancy_line(r));
-            }
+            print_targets(t.as_ref(), red.as_ref());
             slots::print_summary(&summary);
         }
         return Ok(());
@@ -1735,15 +1744,7 @@ fn cmd_stats(path: &Path, json: bool, prometheus: bool) -> Result<(), CliError> 
         );
     } else {
         print_stats(&s);
-        if let Some(t) = &t {
-            println!("{}", targets::summary_line(t));
-            if let Some(w) = targets::mirror_warning(t) {
-                println!("{w}");
-            }
-        }
-        if let Some(r) = &red {
-            println!("{}", targets::redundancy_line(r));
-        }
+        print_targets(t.as_ref(), red.as_ref());
     }
     Ok(())
 }

@@ -128,6 +128,16 @@ struct V {
     node: ckptfs_engine::face::PubNode,
 }
 
+impl V {
+    /// The version as the merge takes it: its slot and published version.
+    fn into_pub(self) -> (SlotId, ckptfs_engine::face::PubVersion) {
+        let V {
+            slot, meta, node, ..
+        } = self;
+        (slot, ckptfs_engine::face::PubVersion { meta, node })
+    }
+}
+
 fn attr_base(kind: NodeKind, perm: u32, uid: u32, gid: u32) -> InodeRecord {
     let mut rec = InodeRecord::new(kind, perm, uid, gid);
     rec.nlink = 1;
@@ -994,18 +1004,8 @@ impl Fs {
         if vs.first().is_none_or(|v| v.node.kind != NodeKind::File) {
             return;
         }
-        let pvs: Vec<(SlotId, ckptfs_engine::face::PubVersion)> = vs
-            .into_iter()
-            .map(|v| {
-                (
-                    v.slot,
-                    ckptfs_engine::face::PubVersion {
-                        meta: v.meta,
-                        node: v.node,
-                    },
-                )
-            })
-            .collect();
+        let pvs: Vec<(SlotId, ckptfs_engine::face::PubVersion)> =
+            vs.into_iter().map(V::into_pub).collect();
         let refs: Vec<(SlotId, &ckptfs_engine::face::PubVersion)> =
             pvs.iter().map(|(s, v)| (*s, v)).collect();
         let mut ahead = Vec::new();
@@ -1065,18 +1065,8 @@ impl Fs {
         if vs.is_empty() {
             return Err(Error::NotFound);
         }
-        let mut pvs: Vec<(SlotId, ckptfs_engine::face::PubVersion)> = vs
-            .into_iter()
-            .map(|v| {
-                (
-                    v.slot,
-                    ckptfs_engine::face::PubVersion {
-                        meta: v.meta,
-                        node: v.node,
-                    },
-                )
-            })
-            .collect();
+        let mut pvs: Vec<(SlotId, ckptfs_engine::face::PubVersion)> =
+            vs.into_iter().map(V::into_pub).collect();
         // The live layer's size is its open state's.
         let live_node = live.and_then(|l| self.open_node(l).map(|n| (l, n)));
         if let Some((l, n)) = &live_node {
