@@ -8,6 +8,7 @@ pub use crate::advice::{render as render_advice, report as advice_report};
 pub use crate::alloc::GC_RESERVE_SEGMENTS;
 pub use crate::catalog::{DirEntry, Txn};
 pub use crate::check::{check as check_space, CheckReport};
+pub use crate::clock;
 pub use crate::filemap::{ExtentMap, FileState, ReadPart};
 pub use crate::format::{
     owner_slot, Binding, ChunkHash, HistoryId, HistoryRecord, InodeId, InodeRecord, NodeKind,

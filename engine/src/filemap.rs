@@ -1722,14 +1722,15 @@ impl FileState {
     fn touch(&mut self) {
         if !self.modified {
             self.modified = true;
-            self.first_change = Some(std::time::Instant::now());
+            self.first_change = Some(crate::clock::instant());
         }
     }
 
     /// Milliseconds since the first change not yet committed (0: none), saturating.
     pub(crate) fn write_ms(&self) -> u32 {
-        self.first_change
-            .map_or(0, |t| t.elapsed().as_millis().min(u32::MAX as u128) as u32)
+        self.first_change.map_or(0, |t| {
+            crate::clock::since(t).as_millis().min(u32::MAX as u128) as u32
+        })
     }
 
     fn block_bytes(&self) -> u64 {

@@ -904,8 +904,9 @@ impl Timestamp {
 }
 
 impl Timestamp {
+    /// Now, by the engine's clock (`clock::now`).
     pub fn now() -> Self {
-        SystemTime::now().into()
+        crate::clock::now().into()
     }
     fn encode(&self, b: &mut [u8]) {
         b[0..8].copy_from_slice(&self.secs.to_le_bytes());

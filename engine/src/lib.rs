@@ -6,6 +6,7 @@ pub mod alloc;
 pub mod catalog;
 pub mod check;
 pub mod chunk;
+pub mod clock;
 pub mod codec;
 pub mod device;
 pub mod error;

@@ -25,7 +25,7 @@ use parking_lot::Mutex;
 use std::io;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
-use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, Instant, UNIX_EPOCH};
 
 /// The lease a mount takes unless told otherwise: a dead node's slot can be taken over this
 /// long after its last renewal; an owner stalled for 3/4 of it fences itself.
@@ -35,8 +35,9 @@ pub const MIN_LEASE: Duration = Duration::from_millis(400);
 /// How far the clocks of two nodes may disagree: added to a lease before a taker claims.
 pub(crate) const CLOCK_SKEW_MS: u64 = 500;
 
+/// Now as Unix nanoseconds, by the engine's clock (`clock::now`): what leases compare.
 pub fn now_unix_ns() -> u64 {
-    SystemTime::now()
+    crate::clock::now()
         .duration_since(UNIX_EPOCH)
         .map_or(0, |d| d.as_nanos() as u64)
 }

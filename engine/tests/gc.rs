@@ -437,3 +437,38 @@ fn readers_see_moved_chunks_while_gc_compacts() {
     drop(space);
     std::fs::remove_dir_all(&dir).unwrap();
 }
+
+/// `keep-age` by the engine's clock: revisions younger than the age survive a gc even past
+/// `keep-revisions`, and once the clock has moved past the age the next gc drops them. The
+/// clock is moved (`clock::advance`), not slept through; this test's process is its own
+/// (nextest), so moving it touches no other test.
+#[test]
+fn keep_age_is_measured_by_the_engine_clock() {
+    use ckptfs_engine::clock;
+    use std::time::Duration;
+    let config = Config {
+        keep_revisions: 1,
+        keep_age_secs: 600,
+        ..Config::default()
+    };
+    let dir = temp_space("age", 64 << 20, config);
+    let space = Space::open(&dir).unwrap();
+    let mut rec = new_file(&space);
+    let mut revs = Vec::new();
+    for i in 0..3u8 {
+        revs.push(write_revision(&space, &mut rec, &vec![i; 300_000]).unwrap());
+        clock::advance(Duration::from_secs(60));
+    }
+    let gc = |space: &Space| space.gc(&GcOptions::default(), &mut |_| {}).unwrap();
+    // All three are younger than 600 s by the engine's clock.
+    assert_eq!(gc(&space).revisions_dropped, 0);
+    assert_eq!(space.revisions(rec.history).unwrap().len(), 3);
+    // Ten minutes later the two older ones are past the age; the current one always stays.
+    clock::advance(Duration::from_secs(600));
+    assert_eq!(gc(&space).revisions_dropped, 2);
+    let left = space.revisions(rec.history).unwrap();
+    assert_eq!(left.len(), 1, "{left:?}");
+    assert_eq!(read_revision(&space, revs[2]), vec![2u8; 300_000]);
+    drop(space);
+    let _ = std::fs::remove_dir_all(&dir);
+}

@@ -2485,7 +2485,7 @@ impl Fs {
             self.retention_tick();
             return;
         }
-        let now = std::time::Instant::now();
+        let now = ckptfs_engine::face::clock::instant();
         if !self.auto_gc_quiet_until.lock().ready(now) {
             return;
         }
@@ -2506,7 +2506,7 @@ impl Fs {
             }
         };
         let mut b = self.auto_gc_quiet_until.lock();
-        b.record(std::time::Instant::now(), reached);
+        b.record(ckptfs_engine::face::clock::instant(), reached);
         if !reached {
             log::debug!(
                 "automatic gc: below the watermark; next try in {:?}",

@@ -489,6 +489,22 @@ impl CkptFs {
                     Err(e) => serde_json::json!({"ok": false, "error": e}),
                 }))
             }
+            // Tests move the daemon's clock instead of sleeping (`engine::clock`): only a
+            // daemon started with CKPTFS_TEST_CLOCK=1 takes it; the value is seconds forward.
+            ("clock", Some(v)) => {
+                if !ckptfs_engine::face::clock::movable() || !self.may_control(req) {
+                    return Err(Errno::from_i32(libc::EPERM));
+                }
+                let secs: f64 = std::str::from_utf8(v)
+                    .ok()
+                    .and_then(|s| s.trim().parse().ok())
+                    .filter(|s: &f64| s.is_finite() && *s >= 0.0)
+                    .ok_or_else(einval)?;
+                ckptfs_engine::face::clock::advance(std::time::Duration::from_secs_f64(secs));
+                Ok(to_json(serde_json::json!(
+                    ckptfs_engine::face::clock::advanced().as_secs_f64()
+                )))
+            }
             ("stats", None) => {
                 let s = self.fs.stats().map_err(|e| fail_json("stats", e))?;
                 Ok(to_json(crate::stats_json(&s)))

@@ -515,16 +515,42 @@ impl Drop for Cluster {
 
 /// The `drop_caches` control of the daemon mounted at `mnt` (a setxattr on its root).
 pub fn drop_daemon_caches(mnt: &Path) {
+    if let Err(e) = set_control(mnt, "drop_caches", b"1") {
+        panic!("drop_caches on {}: {e}", mnt.display());
+    }
+}
+
+/// Sets the control `user.ckptfs.NAME` of the daemon mounted at `mnt` to `value` (a
+/// setxattr on its root).
+pub fn set_control(mnt: &Path, name: &str, value: &[u8]) -> std::io::Result<()> {
     use std::os::unix::ffi::OsStrExt;
     let path = std::ffi::CString::new(mnt.as_os_str().as_bytes()).expect("no NUL");
-    let name = c"user.ckptfs.drop_caches";
-    // SAFETY: both strings are NUL-terminated and live across the call; the value is 1 byte.
-    let r = unsafe { libc::setxattr(path.as_ptr(), name.as_ptr(), b"1".as_ptr().cast(), 1, 0) };
-    assert_eq!(
-        r,
-        0,
-        "drop_caches on {}: {}",
-        mnt.display(),
-        std::io::Error::last_os_error()
-    );
+    let name = std::ffi::CString::new(format!("user.ckptfs.{name}")).expect("no NUL");
+    // SAFETY: both strings are NUL-terminated and live across the call, as does `value`.
+    let r = unsafe {
+        libc::setxattr(
+            path.as_ptr(),
+            name.as_ptr(),
+            value.as_ptr().cast(),
+            value.len(),
+            0,
+        )
+    };
+    match r {
+        0 => Ok(()),
+        _ => Err(std::io::Error::last_os_error()),
+    }
+}
+
+/// Moves the clock of the daemon mounted at `mnt` forward by `d` (the `clock` control; the
+/// daemon must have been started with `CKPTFS_TEST_CLOCK=1`): what a test does instead of
+/// sleeping through an interval the daemon measures.
+pub fn advance_daemon_clock(mnt: &Path, d: std::time::Duration) {
+    let v = format!("{}", d.as_secs_f64());
+    if let Err(e) = set_control(mnt, "clock", v.as_bytes()) {
+        panic!(
+            "clock +{v} s on {} (was the daemon started with CKPTFS_TEST_CLOCK=1?): {e}",
+            mnt.display()
+        );
+    }
 }

@@ -3,32 +3,36 @@
 //! and the verdict flips to `checkpoint-now: yes` once the advised interval has passed.
 
 use ckptfs_engine::advice::daly_interval;
+use ckptfs_engine::clock;
+use ckptfs_tests::cluster::{advance_daemon_clock, set_control};
 use ckptfs_tests::{pattern, TestMount};
 use std::ffi::OsStr;
 use std::fs;
 use std::io::Write;
 use std::time::Duration;
 
-/// One checkpoint: `ranks` files written at once, each in 4 pieces 300 ms apart, so it
-/// takes at least 0.9 s to write.
-fn slow_checkpoint(m: &TestMount, step: u32, ranks: u32) {
+/// One checkpoint: `ranks` files written at once, each in 4 pieces with the daemon's clock
+/// moved 300 ms between pieces (`CKPTFS_TEST_CLOCK`), so by the daemon's clock it takes at
+/// least 0.9 s to write, however fast or slow this machine is.
+/// Returns how far it moved the clock.
+fn slow_checkpoint(m: &TestMount, step: u32, ranks: u32) -> Duration {
     fs::create_dir_all(m.path(format!("step-{step}"))).expect("mkdir");
-    std::thread::scope(|s| {
-        for r in 0..ranks {
-            let p = m.path(format!("step-{step}/rank-{r}"));
-            s.spawn(move || {
-                let mut f = fs::File::create(&p).expect("create");
-                for i in 0..4u64 {
-                    if i > 0 {
-                        std::thread::sleep(Duration::from_millis(300));
-                    }
-                    f.write_all(&pattern(u64::from(step * 100 + r) ^ i, 256 << 10))
-                        .expect("write");
-                }
-                f.sync_all().expect("fsync");
-            });
+    let mut files: Vec<fs::File> = (0..ranks)
+        .map(|r| fs::File::create(m.path(format!("step-{step}/rank-{r}"))).expect("create"))
+        .collect();
+    for i in 0..4u64 {
+        if i > 0 {
+            advance_daemon_clock(m.mnt(), Duration::from_millis(300));
         }
-    });
+        for (r, f) in files.iter_mut().enumerate() {
+            f.write_all(&pattern(u64::from(step * 100 + r as u32) ^ i, 256 << 10))
+                .expect("write");
+        }
+    }
+    for f in &files {
+        f.sync_all().expect("fsync");
+    }
+    Duration::from_millis(900)
 }
 
 fn advise(m: &mut TestMount, extra: &[&str]) -> serde_json::Value {
@@ -45,7 +49,18 @@ fn f(v: &serde_json::Value, k: &str) -> f64 {
 
 #[test]
 fn advice_measures_checkpoints_keeps_its_model_and_flips_when_due() {
+    // The daemon's clock is moved by the test, never slept through.
     let mut m = TestMount::new();
+    // A daemon started without it refuses to have its clock moved.
+    let no = set_control(m.mnt(), "clock", b"5");
+    assert_eq!(
+        no.map_err(|e| e.raw_os_error()),
+        Err(Some(libc::EPERM)),
+        "a mount without CKPTFS_TEST_CLOCK=1 let its clock be moved"
+    );
+    m.unmount();
+    m.set_env(clock::TEST_CLOCK_ENV, "1");
+    m.mount();
     let mnt = m.mnt().as_os_str().to_os_string();
 
     // Nothing to go on yet: a clear error, nothing stored.
@@ -54,9 +69,12 @@ fn advice_measures_checkpoints_keeps_its_model_and_flips_when_due() {
     let text = fs::read_to_string(m.path(".ckptfs/advice")).expect("read advice");
     assert!(text.starts_with("checkpoint-now: unknown\n"), "{text}");
 
+    let mut moved = Duration::ZERO;
     for step in 1..=3 {
-        slow_checkpoint(&m, step, 3);
-        std::thread::sleep(Duration::from_millis(2500));
+        moved += slow_checkpoint(&m, step, 3);
+        // Checkpoints closer than 2 s by the daemon's clock count as one.
+        advance_daemon_clock(m.mnt(), Duration::from_millis(2500));
+        moved += Duration::from_millis(2500);
     }
     let a = advise(&mut m, &["--node-mtbf", "30d", "--nodes", "64"]);
     println!("advice: {a}");
@@ -74,6 +92,9 @@ fn advice_measures_checkpoints_keeps_its_model_and_flips_when_due() {
 
     // The model is kept: across a remount, without the flags, from the file too.
     m.remount();
+    // A new daemon's clock starts at the system's again: bring it to where the last one
+    // was, so the checkpoints it committed are not in its future.
+    advance_daemon_clock(m.mnt(), moved);
     let b = advise(&mut m, &[]);
     assert_eq!(
         (b["nodes"].as_u64(), f(&b, "node_mtbf_secs")),
@@ -106,7 +127,10 @@ fn advice_measures_checkpoints_keeps_its_model_and_flips_when_due() {
         "{c}"
     );
     if c["checkpoint_now"] == false {
-        std::thread::sleep(Duration::from_secs_f64(f(&c, "next_in_secs") + 0.5));
+        advance_daemon_clock(
+            m.mnt(),
+            Duration::from_secs_f64(f(&c, "next_in_secs") + 0.5),
+        );
         c = advise(&mut m, &["--commit", "1s"]);
     }
     assert_eq!(c["checkpoint_now"], true, "{c}");

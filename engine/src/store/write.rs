@@ -229,14 +229,14 @@ impl ChunkStore {
             self.w
                 .deferred
                 .lock()
-                .push((std::time::Instant::now() + grace, segs));
+                .push((crate::clock::instant() + grace, segs));
         }
     }
 
     /// Releases deferred segments whose grace is over, or all of them with `all` (a writer
     /// waits for room: a remote reader's retry is cheaper than its ENOSPC).
     pub(crate) fn release_due(&self, all: bool) {
-        let now = std::time::Instant::now();
+        let now = crate::clock::instant();
         let due: Vec<SegmentId> = {
             let mut d = self.w.deferred.lock();
             let (ready, wait): (Vec<_>, Vec<_>) = d.drain(..).partition(|(t, _)| all || *t <= now);
