@@ -749,10 +749,6 @@ impl<'t> Txn<'t> {
         self.remove_revision_rows(rev, &rr)
     }
 
-    pub(crate) fn history_count(&self) -> Result<u64> {
-        Ok(self.histories.len()?)
-    }
-
     /// The history with the smallest id at or after `from`.
     pub(crate) fn history_from(
         &self,
@@ -773,11 +769,6 @@ impl<'t> Txn<'t> {
     pub(crate) fn remove_history(&mut self, hid: HistoryId) -> Result<()> {
         self.histories.remove(hid.0)?;
         Ok(())
-    }
-
-    /// Unlinked inodes (nlink 0) for which `open` says no handle is open.
-    pub(crate) fn dead_inodes(&self, open: impl Fn(InodeId) -> bool) -> Result<Vec<InodeId>> {
-        dead_inodes_in(&self.inodes, open)
     }
 
     /// Deletes inode `ino`, its extended attributes and (in a shared namespace) the record
@@ -1547,6 +1538,10 @@ impl Reader {
     /// Unlinked inodes (nlink 0) for which `open` says no handle is open.
     pub(crate) fn dead_inodes(&self, open: impl Fn(InodeId) -> bool) -> Result<Vec<InodeId>> {
         dead_inodes_in(&self.txn.open_table(INODES)?, open)
+    }
+
+    pub(crate) fn history_count(&self) -> Result<u64> {
+        Ok(self.txn.open_table(HISTORIES)?.len()?)
     }
 
     /// Every history, by id.

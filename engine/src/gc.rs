@@ -14,11 +14,17 @@
 //! being moved in one round (at most `ROUND_SEGMENTS` segments). Everything else streams from
 //! the metadata table.
 //!
-//! A dry run is a plan and nothing else (`gc_plan`): the same retention decisions
-//! (`retention::decide`, a pure function tested table by table) over one read snapshot, the
-//! chunks those drops leave unreferenced, and the compaction that would follow. It writes
-//! nothing, so it runs on a read-only space; its revision and chunk figures are what gc would
-//! do to that snapshot, its compaction figures an estimate.
+//! Every gc is a plan applied (`GcPlan`): retention's decisions (`retention::decide`, a pure
+//! function tested table by table) are taken once, over one read snapshot of the catalog and
+//! outside the table's one writer, so closes keep committing while gc reads every history.
+//! `ckptfs gc --dry-run` prints that plan with what it frees (`GcPlan::report`); gc applies
+//! the very plan (`Space::run_gc`), where the space may only veto: a revision pinned or made
+//! current since the plan is kept and counted (`GcReport::planned_kept`), nothing outside the
+//! plan is dropped. Compaction is planned by one function (`compaction_plan`) over the
+//! segments' usage: the dry run over the usage the plan's frees leave, gc over the usage
+//! after it freed them, so on a space nobody writes to the dry run's figures are gc's. Under
+//! pressure (a writer waiting for room) gc plans again after each pass, as the room it made
+//! changes what is worth copying next.
 
 use crate::catalog::{Config, Reader, Txn};
 use crate::error::{Corruption, Error, Missing, Result};
@@ -143,6 +149,10 @@ pub struct GcReport {
     #[serde(default)]
     pub trash_revisions_dropped: u64,
     pub histories_dropped: u64,
+    /// Revisions the plan dropped that gc kept when applying it: pinned (opened), restored
+    /// or made current between the plan and its application.
+    #[serde(default)]
+    pub planned_kept: u64,
     pub inodes_dropped: u64,
     pub chunks_freed: u64,
     /// Stored bytes of the chunks freed.
@@ -166,18 +176,28 @@ pub enum GcProgress {
 }
 
 impl Space {
-    /// gc; the revisions pinned now (`Space::pin`) are sampled under the pin gate right
-    /// before retention commits and kept, with the pins in `opts`.
+    /// gc: plans (`gc_plan`) and, unless `opts.dry_run`, applies that plan (`run_gc`). The
+    /// revisions pinned now (`Space::pin`) are sampled under the pin gate when planning and
+    /// again right before the drops commit, and kept, with the pins in `opts`.
     pub fn gc(&self, opts: &GcOptions, progress: &mut dyn FnMut(GcProgress)) -> Result<GcReport> {
-        let r = self.run_gc(opts, progress)?;
-        if !r.dry_run {
-            self.gc_totals.lock().add(&r);
+        if opts.dry_run {
+            return Ok(self.gc_plan(opts, true, progress)?.report);
         }
+        // One gc at a time, from its plan to the end of its application: a second gc plans
+        // against what the first left.
+        let _one = self.gc_lock.lock();
+        let plan = self.gc_plan(opts, false, progress)?;
+        let r = self.run_gc(&plan, opts, progress)?;
+        self.gc_totals.lock().add(&r);
         Ok(r)
     }
 
-    fn run_gc(&self, opts: &GcOptions, progress: &mut dyn FnMut(GcProgress)) -> Result<GcReport> {
-        let _one = self.gc_lock.lock();
+    fn run_gc(
+        &self,
+        plan: &GcPlan,
+        opts: &GcOptions,
+        progress: &mut dyn FnMut(GcProgress),
+    ) -> Result<GcReport> {
         // Chunks may move and segments be freed from here on (see `scrub`).
         self.gc_epoch
             .fetch_add(1, std::sync::atomic::Ordering::SeqCst);
@@ -187,24 +207,9 @@ impl Space {
         }
         let start = Instant::now();
         let mut r = GcReport {
-            dry_run: opts.dry_run,
             free_bytes_before: self.store().free_bytes(),
             ..GcReport::default()
         };
-        if opts.dry_run {
-            // The plan alone: a read snapshot, nothing written.
-            let mut opts = opts.clone();
-            {
-                let _gate = self.pin_gate.write();
-                self.sample_pins(&mut opts.pinned_revisions, &mut opts.open_inodes)?;
-            }
-            self.gc_plan(&opts, &mut r)?;
-            let seg = self.store().segment_bytes();
-            r.free_bytes_after =
-                (r.free_bytes_before + r.segments_freed * seg).saturating_sub(r.bytes_copied);
-            r.seconds = start.elapsed().as_secs_f64();
-            return Ok(r);
-        }
         let back = self.store().reclaim_unrecorded();
         if !back.is_empty() {
             log::info!(
@@ -212,17 +217,16 @@ impl Space {
                 back.len()
             );
         }
-        let config = self.config()?;
-        let now = Timestamp::now();
+        let (config, now) = (plan.config, plan.now);
 
-        // 1. Drop revisions. The next transaction begins before the pin gate opens again,
-        // as it always has: nothing commits between the two.
+        // 1. Apply the plan's drops. The next transaction begins before the pin gate opens
+        // again, as it always has: nothing commits between the two.
         let txn = {
             let _gate = self.pin_gate.write();
             let mut opts = opts.clone();
             self.sample_pins(&mut opts.pinned_revisions, &mut opts.open_inodes)?;
             let txn = self.begin_write(true)?;
-            self.drop_revisions(&mut Txn::open(&txn)?, &config, now, &opts, &mut r, progress)?;
+            self.apply_retention(&mut Txn::open(&txn)?, &config, now, &opts, plan, &mut r)?;
             self.commit(txn)?;
             self.begin_write(true)?
         };
@@ -285,57 +289,61 @@ impl Space {
         Ok(())
     }
 
-    fn drop_revisions(
+    /// Drops what `plan` drops, as far as the space allows now: a history's planned
+    /// revisions are dropped only where retention, asked again with the pins sampled now and
+    /// the history as it is now, still lets them go (a revision pinned, restored or made
+    /// current since the plan stays, counted in `planned_kept`); a history goes only if the
+    /// plan said so and nothing of it is left; a planned dead inode only if it still is
+    /// (unlinked, nobody holding it). Nothing outside the plan is touched, and only the
+    /// planned histories are read: the full walk was the plan's, on a read snapshot.
+    fn apply_retention(
         &self,
         t: &mut Txn,
         config: &Config,
         now: Timestamp,
         opts: &GcOptions,
+        plan: &GcPlan,
         r: &mut GcReport,
-        progress: &mut dyn FnMut(GcProgress),
     ) -> Result<()> {
-        let total = t.history_count()?;
-        let mut done = 0u64;
-        // Walk histories by id; each history's decision reads only its own rows.
-        let mut next = HistoryId(0);
-        while let Some((hid, h)) = t.history_from(next)? {
-            next = HistoryId(hid.0 + 1);
-            done += 1;
-            if done.is_multiple_of(256) {
-                progress(GcProgress::Revisions {
-                    histories_done: done,
-                    histories: total,
-                });
+        for d in &plan.drops {
+            let Some((id, h)) = t.history_from(d.history)? else {
+                r.planned_kept += d.revisions.len() as u64;
+                continue;
+            };
+            if id != d.history {
+                r.planned_kept += d.revisions.len() as u64;
+                continue;
             }
             let facts = history_facts(
                 &h,
                 |ino| t.get_inode(ino),
-                t.history_revisions(hid)?,
-                |r| t.revision(r),
+                t.history_revisions(d.history)?,
+                |x| t.revision(x),
             )?;
-            let mut d = retention::decide(config, now, &opts.pinned_revisions, &facts);
-            if opts.empty_trash && facts.unlinked.is_some() {
-                let all = retention::empty(&opts.pinned_revisions, &facts);
-                r.trash_revisions_dropped += (all.drop.len() - d.drop.len()) as u64;
-                d = all;
-            }
-            for rev in &d.drop {
+            let now_says = match d.trash > 0 && opts.empty_trash {
+                true => retention::empty(&opts.pinned_revisions, &facts),
+                false => retention::decide(config, now, &opts.pinned_revisions, &facts),
+            };
+            let mut dropped = 0usize;
+            for rev in d.revisions.iter().filter(|x| now_says.drop.contains(x)) {
                 t.drop_revision(*rev)?;
-                r.revisions_dropped += 1;
+                dropped += 1;
             }
-            if d.drop_history {
-                t.remove_history(hid)?;
+            r.revisions_dropped += dropped as u64;
+            r.trash_revisions_dropped += (d.trash as usize).min(dropped) as u64;
+            r.planned_kept += (d.revisions.len() - dropped) as u64;
+            if d.drop_history && now_says.drop_history && dropped == facts.revisions.len() {
+                t.remove_history(d.history)?;
                 r.histories_dropped += 1;
             }
         }
-        progress(GcProgress::Revisions {
-            histories_done: done,
-            histories: total,
-        });
         // Unlinked inodes nobody has open: their content lives on in their (retired) history.
-        for ino in t.dead_inodes(|ino| opts.open_inodes.contains(&ino))? {
-            t.remove_inode(ino)?;
-            r.inodes_dropped += 1;
+        for ino in &plan.dead_inodes {
+            let dead = t.get_inode(*ino)?.is_some_and(|rec| rec.nlink == 0);
+            if dead && !opts.open_inodes.contains(ino) {
+                t.remove_inode(*ino)?;
+                r.inodes_dropped += 1;
+            }
         }
         Ok(())
     }
@@ -541,17 +549,6 @@ impl Space {
         Ok(v)
     }
 
-    fn plan_compaction(&self, u: &SegmentUsage, r: &mut GcReport) {
-        let busy = self.store().busy_segments();
-        for (_, live) in self.victims(u, &busy, &GcOptions::default(), 0) {
-            r.segments_freed += 1;
-            if live > 0 {
-                r.segments_compacted += 1;
-                r.bytes_copied += live;
-            }
-        }
-    }
-
     /// Compacts; under pressure pass after pass (each re-planned against the space as it
     /// is then, since every pass makes room for the next) until a pass frees nothing, at
     /// most `PRESSURE_PASSES`.
@@ -718,20 +715,72 @@ impl Space {
     }
 }
 
+/// One history's part of a gc plan.
+#[derive(Clone, Debug)]
+pub(crate) struct HistoryDrop {
+    history: HistoryId,
+    /// The revisions retention drops, newest first.
+    revisions: Vec<RevisionId>,
+    /// Of `revisions`: how many go only because the trash is emptied (`--empty-trash`).
+    trash: u32,
+    /// The history itself goes (a removed file's, nothing of it kept).
+    drop_history: bool,
+}
+
+/// What one gc does, decided over one read snapshot of the catalog, without writing (so a
+/// read-only space can be planned): `ckptfs gc --dry-run` prints its `report`, gc applies the
+/// plan itself (`Space::run_gc`; see the module doc for what applying may veto).
+/// Memory: one `RevisionId` per revision to drop and one `InodeId` per dead inode; a plan
+/// made with figures (`gc_plan(.., true, ..)`) also counted, while planning, one counter per
+/// distinct chunk the drops name and one u64 per segment.
+#[derive(Clone, Debug)]
+pub(crate) struct GcPlan {
+    config: Config,
+    /// Retention's "now": ages are measured from the plan, not from when it is applied.
+    now: Timestamp,
+    drops: Vec<HistoryDrop>,
+    dead_inodes: Vec<InodeId>,
+    /// What applying this plan to the snapshot does (chunk and compaction figures only in
+    /// a plan made with figures).
+    report: GcReport,
+}
+
 impl Space {
-    /// What gc would do now, from one read snapshot and without writing anything (so it
-    /// works on a read-only space): the same retention decisions as `drop_revisions`, the
-    /// chunks whose last reference those drops remove (or that are queued already) and no
-    /// file pins, and the compaction that would follow (an estimate: a real gc re-plans
-    /// each pass against the space as it is then).
-    /// Memory: one counter per distinct chunk the dropped revisions name, plus one u64 per
-    /// segment.
-    fn gc_plan(&self, opts: &GcOptions, r: &mut GcReport) -> Result<()> {
+    /// Plans a gc over one read snapshot (see `GcPlan`). With `figures`, also what the plan
+    /// frees: the chunks whose last reference its drops remove (or that are queued already)
+    /// and no open file pins, and the compaction gc would then do (`victims`, the function
+    /// gc's compaction uses, over the usage those frees leave).
+    fn gc_plan(
+        &self,
+        opts: &GcOptions,
+        figures: bool,
+        progress: &mut dyn FnMut(GcProgress),
+    ) -> Result<GcPlan> {
+        let start = Instant::now();
+        let mut opts = opts.clone();
+        {
+            let _gate = self.pin_gate.write();
+            self.sample_pins(&mut opts.pinned_revisions, &mut opts.open_inodes)?;
+        }
         let snap = self.reader()?;
         let config = snap.config()?;
         let now = Timestamp::now();
+        let mut r = GcReport {
+            dry_run: opts.dry_run,
+            free_bytes_before: self.store().free_bytes(),
+            ..GcReport::default()
+        };
+        let mut drops = Vec::new();
         let mut unref: std::collections::HashMap<ChunkHash, u64> = Default::default();
+        let (total, mut done) = (snap.history_count()?, 0u64);
         snap.for_each_history(|hid, h| {
+            done += 1;
+            if done.is_multiple_of(256) {
+                progress(GcProgress::Revisions {
+                    histories_done: done,
+                    histories: total,
+                });
+            }
             let facts = history_facts(
                 &h,
                 |i| snap.inode(i),
@@ -739,54 +788,89 @@ impl Space {
                 |x| snap.revision(x),
             )?;
             let mut d = retention::decide(&config, now, &opts.pinned_revisions, &facts);
+            let mut trash = 0;
             if opts.empty_trash && facts.unlinked.is_some() {
                 let all = retention::empty(&opts.pinned_revisions, &facts);
-                r.trash_revisions_dropped += (all.drop.len() - d.drop.len()) as u64;
+                trash = all.drop.len() - d.drop.len();
                 d = all;
             }
-            for rev in &d.drop {
-                for (_, e) in snap.extents(*rev)? {
-                    *unref.entry(e.chunk).or_default() += 1;
-                }
-                r.revisions_dropped += 1;
+            if d.drop.is_empty() && !d.drop_history {
+                return Ok(());
             }
+            if figures {
+                for rev in &d.drop {
+                    for (_, e) in snap.extents(*rev)? {
+                        *unref.entry(e.chunk).or_default() += 1;
+                    }
+                }
+            }
+            r.revisions_dropped += d.drop.len() as u64;
+            r.trash_revisions_dropped += trash as u64;
             r.histories_dropped += d.drop_history as u64;
+            drops.push(HistoryDrop {
+                history: hid,
+                revisions: d.drop,
+                trash: trash as u32,
+                drop_history: d.drop_history,
+            });
             Ok(())
         })?;
-        r.inodes_dropped = snap
-            .dead_inodes(|ino| opts.open_inodes.contains(&ino))?
-            .len() as u64;
-        let mut freed = HashSet::new();
-        let mut free_chunk = |h: ChunkHash, c: ChunkRecord, r: &mut GcReport| {
-            if !self.store().is_pinned(&h) && freed.insert(h) {
-                r.chunks_freed += 1;
-                r.bytes_freed += c.stored_len as u64;
+        progress(GcProgress::Revisions {
+            histories_done: done,
+            histories: total,
+        });
+        let dead_inodes = snap.dead_inodes(|ino| opts.open_inodes.contains(&ino))?;
+        r.inodes_dropped = dead_inodes.len() as u64;
+        if figures {
+            let mut freed = HashSet::new();
+            let mut free_chunk = |h: ChunkHash, c: ChunkRecord, r: &mut GcReport| {
+                if !self.store().is_pinned(&h) && freed.insert(h) {
+                    r.chunks_freed += 1;
+                    r.bytes_freed += c.stored_len as u64;
+                }
+            };
+            for h in snap.gc_candidates()? {
+                if let Some(c) = snap.chunk(&h)?.filter(|c| c.refs == 0) {
+                    free_chunk(h, c, &mut r);
+                }
             }
-        };
-        for h in snap.gc_candidates()? {
-            if let Some(c) = snap.chunk(&h)?.filter(|c| c.refs == 0) {
-                free_chunk(h, c, r);
+            for (h, n) in unref {
+                let c = snap.chunk(&h)?.ok_or(Corruption::UnknownChunk(h))?;
+                match c.refs.checked_sub(n) {
+                    Some(0) => free_chunk(h, c, &mut r),
+                    Some(_) => {}
+                    None => return Err(Corruption::RefUnderflow(h).into()),
+                }
             }
+            let usage = self.usage_of(
+                |f| {
+                    snap.for_each_chunk(|h, c| match freed.contains(&h) {
+                        true => Ok(()),
+                        false => f(h, c),
+                    })
+                },
+                snap.free_segments()?,
+            )?;
+            let busy = self.store().busy_segments();
+            for (_, live) in self.victims(&usage, &busy, &opts, 0) {
+                r.segments_freed += 1;
+                if live > 0 {
+                    r.segments_compacted += 1;
+                    r.bytes_copied += live;
+                }
+            }
+            let seg = self.store().segment_bytes();
+            r.free_bytes_after =
+                (r.free_bytes_before + r.segments_freed * seg).saturating_sub(r.bytes_copied);
         }
-        for (h, n) in unref {
-            let c = snap.chunk(&h)?.ok_or(Corruption::UnknownChunk(h))?;
-            match c.refs.checked_sub(n) {
-                Some(0) => free_chunk(h, c, r),
-                Some(_) => {}
-                None => return Err(Corruption::RefUnderflow(h).into()),
-            }
-        }
-        let usage = self.usage_of(
-            |f| {
-                snap.for_each_chunk(|h, c| match freed.contains(&h) {
-                    true => Ok(()),
-                    false => f(h, c),
-                })
-            },
-            snap.free_segments()?,
-        )?;
-        self.plan_compaction(&usage, r);
-        Ok(())
+        r.seconds = start.elapsed().as_secs_f64();
+        Ok(GcPlan {
+            config,
+            now,
+            drops,
+            dead_inodes,
+            report: r,
+        })
     }
 
     /// Segment usage from a read snapshot of the committed catalog.
@@ -1197,5 +1281,71 @@ pub mod retention {
             };
             assert_eq!(empty(&none, &present), HistoryDecision::default());
         }
+    }
+}
+
+#[cfg(test)]
+mod plan_tests {
+    use super::*;
+    use crate::space::Seal;
+
+    /// Writes `data` as a new complete revision of the file `rec` (inode 2).
+    fn write_revision(space: &Space, rec: &mut InodeRecord, data: &[u8]) -> RevisionId {
+        let mut f = space.load_file(rec).unwrap();
+        f.truncate(0);
+        f.write(space.chunks(), 0, data).unwrap();
+        f.finish(space.chunks()).unwrap();
+        space
+            .commit_file(InodeId(2), &mut f, rec, Seal::Complete)
+            .unwrap()
+    }
+
+    /// The plan is what gc applies: a revision the plan drops but that someone opened
+    /// between the plan and its application stays (counted in `planned_kept`), the rest of
+    /// the plan is applied, and nothing the plan did not name is dropped, although by then
+    /// retention would drop it too.
+    #[test]
+    fn applying_a_plan_keeps_what_was_pinned_since_and_drops_nothing_unplanned() {
+        let dir = std::env::temp_dir().join(format!("ckptfs-gc-plan-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        let config = Config {
+            keep_revisions: 1,
+            ..Config::default()
+        };
+        Space::format(&dir, 64 << 20, 65536, config, false).unwrap();
+        let space = Space::open(&dir).unwrap();
+        let hid = space
+            .ns_write(false, |t| t.new_history(InodeId(2)))
+            .unwrap();
+        let mut rec = InodeRecord {
+            history: hid,
+            ..InodeRecord::new(NodeKind::File, 0o644, 0, 0)
+        };
+        let revs: Vec<RevisionId> = (0..4u8)
+            .map(|i| write_revision(&space, &mut rec, &vec![i; 200_000]))
+            .collect();
+        let opts = GcOptions::default();
+        let _one = space.gc_lock.lock();
+        let plan = space.gc_plan(&opts, true, &mut |_| {}).unwrap();
+        assert_eq!(plan.report.revisions_dropped, 3, "{:?}", plan.report);
+        // Between the plan and its application: revision 1 is opened, and a fifth revision
+        // makes revision 3 droppable too.
+        let (pin, ()) = space.pin::<(), Error>(None, || Ok((revs[1], ()))).unwrap();
+        write_revision(&space, &mut rec, &[9u8; 200_000]);
+        let r = space.run_gc(&plan, &opts, &mut |_| {}).unwrap();
+        assert_eq!((r.revisions_dropped, r.planned_kept), (2, 1), "{r:?}");
+        let left: Vec<RevisionId> = space.revisions(hid).unwrap().iter().map(|x| x.id).collect();
+        assert!(
+            left.contains(&revs[1]) && left.contains(&revs[3]),
+            "{left:?}"
+        );
+        assert!(
+            !left.contains(&revs[0]) && !left.contains(&revs[2]),
+            "{left:?}"
+        );
+        drop(pin);
+        drop(_one);
+        drop(space);
+        let _ = std::fs::remove_dir_all(&dir);
     }
 }

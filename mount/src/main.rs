@@ -2422,6 +2422,12 @@ fn cmd_gc(path: &Path, dry_run: bool, empty_trash: bool, json: bool) -> Result<(
             human(r.bytes_copied),
             r.segments_freed
         );
+        if r.planned_kept > 0 {
+            println!(
+                "kept {} planned revisions that were opened or restored while gc ran",
+                r.planned_kept
+            );
+        }
         println!(
             "free space {} -> {} in {:.2}s",
             human(r.free_bytes_before),
