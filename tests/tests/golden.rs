@@ -1,8 +1,11 @@
 //! A space written by an earlier build still mounts, reads, checks and takes new revisions.
 //! `tests/fixtures/golden-v1.tar.gz` is a backing directory made by
 //! `tests/fixtures/make-golden-space.sh` with the format as it was before the engine
-//! restructuring; `golden-v1.manifest` says what it holds. A change that breaks reading the
-//! existing format fails here, whatever the unit tests of the new code say.
+//! restructuring; `golden-slots-v1.tar.gz` one of two slots (two nodes' tables, published
+//! manifests, a revision over the other node's file) made by the same script (`slots`)
+//! during the layers redesign, before the object-store tier. Each `.manifest` says what its
+//! space holds. A change that breaks reading the existing format fails here, whatever the
+//! unit tests of the new code say.
 
 use std::collections::BTreeMap;
 use std::ffi::OsStr;
@@ -41,9 +44,10 @@ fn getxattr(p: &Path, name: &str) -> Option<Vec<u8>> {
     (n >= 0).then(|| buf[..n as usize].to_vec())
 }
 
-/// Checks every row of the manifest against the mount; returns the number of rows checked.
-fn check_manifest(m: &mut TestMount) -> usize {
-    let manifest = fs::read_to_string(fixture("golden-v1.manifest")).expect("read manifest");
+/// Checks every row of the manifest `name` against the mount; returns the number of rows
+/// checked.
+fn check_manifest(m: &mut TestMount, name: &str) -> usize {
+    let manifest = fs::read_to_string(fixture(name)).expect("read manifest");
     let mut revs: BTreeMap<String, Vec<(u64, u64)>> = BTreeMap::new();
     let mut rows = 0;
     for line in manifest.lines().filter(|l| !l.is_empty()) {
@@ -106,7 +110,7 @@ fn check_clean(m: &mut TestMount) {
 #[test]
 fn a_space_of_the_first_format_mounts_reads_and_takes_new_revisions() {
     let mut m = TestMount::from_archive(&fixture("golden-v1.tar.gz"));
-    let rows = check_manifest(&mut m);
+    let rows = check_manifest(&mut m, "golden-v1.manifest");
     assert!(rows >= 18, "the manifest lost rows: {rows}");
     // Sparse stays sparse: 64 KiB of data in a 2 MiB file.
     let sparse = fs::metadata(m.path("ckpt/sparse.bin")).expect("stat");
@@ -154,6 +158,31 @@ fn a_space_of_the_first_format_mounts_reads_and_takes_new_revisions() {
         "logs/train.log",
     ] {
         assert!(!m.revisions(rel).is_empty(), "{rel} lost its revisions");
+    }
+    check_clean(&mut m);
+}
+
+#[test]
+fn a_space_of_two_slots_mounts_reads_and_takes_new_revisions() {
+    let mut m = TestMount::from_archive(&fixture("golden-slots-v1.tar.gz"));
+    let rows = check_manifest(&mut m, "golden-slots-v1.manifest");
+    assert!(rows >= 18, "the manifest lost rows: {rows}");
+    check_clean(&mut m);
+    // A revision over the file the other node wrote last, read back after a remount, beside
+    // everything else as it was.
+    let data = ckptfs_tests::pattern(77, 100_000);
+    fs::write(m.path("ckpt/optimizer.pt"), &data).expect("write new revision");
+    m.remount();
+    assert!(
+        fs::read(m.path("ckpt/optimizer.pt")).expect("read") == data,
+        "the new revision of optimizer.pt did not read back after a remount"
+    );
+    let manifest = fs::read_to_string(fixture("golden-slots-v1.manifest")).expect("manifest");
+    for line in manifest.lines().filter(|l| l.starts_with("file ")) {
+        let f: Vec<&str> = line.split(' ').collect();
+        if f[1] != "ckpt/optimizer.pt" {
+            assert_eq!(sha256(&m.path(f[1])), f[2], "{line}");
+        }
     }
     check_clean(&mut m);
 }
