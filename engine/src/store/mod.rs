@@ -36,7 +36,7 @@ mod write;
 pub use gpu::GPU_SUB_BATCH_BYTES;
 use read::ReadSide;
 pub use read::{CACHE_BYTES, READ_THREADS, SPARE_READ_BUFS, SPARE_READ_BUF_BYTES};
-use write::{Lookup, Pending, WriteSide};
+use write::{Pending, WriteSide};
 
 /// New chunks are gathered in memory and written to the data file in pieces of this size:
 /// large writes are what a parallel filesystem and a direct write want.
@@ -282,12 +282,6 @@ impl ChunkIo for ChunkStore {
     /// a share of one large cut.
     fn submit_all(&self, pieces: Vec<Piece>) -> Vec<Ticket> {
         let pool = self.pipeline.pool();
-        if pool.workers() == 0 {
-            return pieces
-                .iter()
-                .map(|p| Ticket::ready(self.put_piece(p)))
-                .collect();
-        }
         let mut tickets = Vec::with_capacity(pieces.len());
         let mut batch: Vec<(Piece, crate::pipeline::Completion)> = Vec::new();
         let mut batch_bytes = 0;
@@ -298,41 +292,21 @@ impl ChunkIo for ChunkStore {
             batch.push((piece, t.completion()));
             tickets.push(t);
             if batch_bytes >= BATCH_BYTES || i + 1 == n {
-                // The permit lives until the job is done, so the budget bounds queued and
-                // running work. It does not wait for the file state to retire the pieces:
-                // that happens at the file's next write or commit, and a state stuck behind
-                // a failed piece (a full space) must not keep every other writer waiting.
+                // The permit lives until the batch's chunks are appended, so the budget
+                // bounds queued and running work. It does not wait for the file state to
+                // retire the pieces: that happens at the file's next write or commit, and a
+                // state stuck behind a failed piece (a full space) must not keep every
+                // other writer waiting.
                 let permit = self.pipeline.admit(batch_bytes);
-                let me = self.me.upgrade().expect("a store in use is alive");
                 let job = std::mem::take(&mut batch);
-                let gpu = self.w.gpu.lock().clone();
-                pool.run(move || match gpu {
-                    // Hash and dedup here; chunks not found go to the GPU's batches, with
-                    // the permit, which is released once they are appended.
-                    Some(gpu) => {
-                        let refs: Vec<&Piece> = job.iter().map(|(p, _)| p).collect();
-                        let found = me.lookup_each(&refs);
-                        let mut new = Vec::new();
-                        for ((piece, done), f) in job.into_iter().zip(found) {
-                            match f {
-                                Ok(Lookup::Miss(hash)) => {
-                                    new.push(gpu::NewChunk { hash, piece, done })
-                                }
-                                Ok(Lookup::Hit(h)) => done.complete(Ok(h)),
-                                Err(e) => done.complete(Err(e)),
-                            }
-                        }
-                        gpu.push(new, permit);
+                match pool.workers() {
+                    // No workers (tests, a store opened for maintenance): in this thread.
+                    0 => self.store_batch(job, permit),
+                    _ => {
+                        let me = self.me.upgrade().expect("a store in use is alive");
+                        pool.run(move || me.store_batch(job, permit));
                     }
-                    None => {
-                        let refs: Vec<&Piece> = job.iter().map(|(p, _)| p).collect();
-                        let results = me.put_pieces(&refs);
-                        for ((_, done), r) in job.into_iter().zip(results) {
-                            done.complete(r);
-                        }
-                        drop(permit);
-                    }
-                });
+                }
                 batch_bytes = 0;
             }
         }
@@ -350,8 +324,11 @@ impl ChunkIo for ChunkStore {
         })
     }
 
+    /// One chunk of bytes the caller owns: copied into a piece and stored the one way
+    /// (`store_batch`). The write path submits pieces; this is for tests and tools.
     fn put(&self, data: &[u8]) -> Result<ChunkHash> {
-        self.put_hashed(data, None)
+        let piece = Piece::new(data.to_vec().into(), 0, data.len());
+        self.submit(piece).wait()
     }
 
     fn get(&self, h: &ChunkHash) -> Result<ChunkBytes> {

@@ -10,7 +10,7 @@ use crate::device::IoBuf;
 use crate::error::{Corruption, Error, Result};
 use crate::format::{ChunkHash, ChunkRecord, Codec, DataOffset, SegmentId};
 use crate::pins::{ChunkPins, ReleasePins};
-use crate::pipeline::Piece;
+use crate::pipeline::{Completion, Permit, Piece};
 use parking_lot::Mutex;
 use std::collections::BTreeSet;
 use std::sync::atomic::Ordering;
@@ -444,56 +444,68 @@ pub(super) enum Lookup {
 }
 
 impl ChunkStore {
-    /// `put` of a piece, taking its hash where the cutter already computed it.
-    pub(super) fn put_piece(&self, piece: &Piece) -> Result<ChunkHash> {
-        self.put_hashed(piece.bytes(), piece.known_hash())
-    }
-
-    pub(super) fn put_hashed(&self, data: &[u8], known: Option<ChunkHash>) -> Result<ChunkHash> {
-        let found = self.lookup(data, known)?;
-        self.put_found(data, found)
-    }
-
-    /// `put_piece` of each of a worker's batch of pieces, in order: their dedup lookups
-    /// first, together (`lookup_each`), then the new ones encoded, then appended together
-    /// (`store_new_many`: one hold of the writer lock for the batch, not one per chunk).
-    pub(super) fn put_pieces(&self, pieces: &[&Piece]) -> Vec<Result<ChunkHash>> {
-        let policy = *self.w.codec.lock();
-        let mut out = Vec::with_capacity(pieces.len());
-        // (index in `out`, hash, codec, encoded bytes or None: stored raw).
+    /// The one way chunks are stored: a batch of pieces (a worker's share of a stream cut
+    /// or a flush of dirty blocks, or one piece of `put`), each with the completion its
+    /// writer waits on. Their dedup lookups go together (`lookup_each`: a found chunk is
+    /// pinned once more and never encoded); the new ones go to the GPU stage when the mount
+    /// runs one (it compresses them in batches across files and appends them, completing
+    /// each; `store/gpu.rs`), or are encoded here on the CPU and appended together
+    /// (`store_new_many`: one hold of the writer lock for the batch). `permit` covers the
+    /// batch's bytes until its chunks are appended.
+    pub(super) fn store_batch(&self, job: Vec<(Piece, Completion)>, permit: Permit) {
+        let refs: Vec<&Piece> = job.iter().map(|(p, _)| p).collect();
+        let found = self.lookup_each(&refs);
         let mut misses = Vec::new();
-        // The batch's pieces are mostly consecutive chunks of one file: a storm array's
-        // chunks after the first skip the codec's probes (`codec::Streak`).
-        let mut streak = crate::codec::Streak::default();
-        for (i, (found, p)) in self.lookup_each(pieces).into_iter().zip(pieces).enumerate() {
-            out.push(match found {
-                Ok(Lookup::Miss(h)) => {
-                    let (codec, encoded) = self.stages().compress.time(p.len(), || {
-                        crate::codec::encode_after(p.bytes(), policy, &mut streak)
-                    });
-                    misses.push((i, h, codec, encoded));
-                    Ok(h)
-                }
-                Ok(Lookup::Hit(h)) => Ok(h),
-                Err(e) => Err(e),
-            });
+        for ((piece, done), f) in job.into_iter().zip(found) {
+            match f {
+                Ok(Lookup::Miss(hash)) => misses.push(gpu::NewChunk { hash, piece, done }),
+                Ok(Lookup::Hit(h)) => done.complete(Ok(h)),
+                Err(e) => done.complete(Err(e)),
+            }
         }
         if misses.is_empty() {
-            return out;
+            return;
         }
-        let new: Vec<NewChunk> = misses
+        let gpu = self.w.gpu.lock().clone();
+        match gpu {
+            Some(gpu) => gpu.push(misses, permit),
+            None => {
+                self.encode_and_store(misses);
+                drop(permit);
+            }
+        }
+    }
+
+    /// Encodes new chunks on the CPU by the store's codec policy and appends them, completing
+    /// each. The batch's pieces are mostly consecutive chunks of one file: a storm array's
+    /// chunks after the first skip the codec's probes (`codec::Streak`).
+    fn encode_and_store(&self, misses: Vec<gpu::NewChunk>) {
+        let policy = *self.w.codec.lock();
+        let mut streak = crate::codec::Streak::default();
+        let encoded: Vec<(Codec, Option<Vec<u8>>)> = misses
             .iter()
-            .map(|(i, h, codec, encoded)| NewChunk {
-                hash: *h,
-                raw_len: pieces[*i].len(),
-                codec: *codec,
-                bytes: encoded.as_deref().unwrap_or(pieces[*i].bytes()),
+            .map(|m| {
+                self.stages().compress.time(m.piece.len(), || {
+                    crate::codec::encode_after(m.piece.bytes(), policy, &mut streak)
+                })
             })
             .collect();
-        for ((i, ..), r) in misses.iter().zip(self.store_new_many(&new)) {
-            out[*i] = r;
+        let new: Vec<NewChunk> = misses
+            .iter()
+            .zip(&encoded)
+            .map(|(m, (codec, enc))| NewChunk {
+                hash: m.hash,
+                raw_len: m.piece.len(),
+                codec: *codec,
+                // Stored raw when compression does not pay: incompressible data costs
+                // nothing extra.
+                bytes: enc.as_deref().unwrap_or(m.piece.bytes()),
+            })
+            .collect();
+        let results = self.store_new_many(&new);
+        for (m, r) in misses.into_iter().zip(results) {
+            m.done.complete(r);
         }
-        out
     }
 
     /// The lookups of a batch of pieces, in order: together (`lookup_many`), or where that
@@ -506,21 +518,6 @@ impl ChunkStore {
                 .map(|p| self.lookup(p.bytes(), p.known_hash()))
                 .collect(),
         }
-    }
-
-    /// Stores `data` unless the lookup found it.
-    fn put_found(&self, data: &[u8], found: Lookup) -> Result<ChunkHash> {
-        let h = match found {
-            Lookup::Hit(h) => return Ok(h),
-            Lookup::Miss(h) => h,
-        };
-        let policy = *self.w.codec.lock();
-        let (codec, encoded) = self
-            .stages()
-            .compress
-            .time(data.len(), || crate::codec::encode(data, policy));
-        // Stored raw when compression does not pay, so incompressible data costs nothing extra.
-        self.store_new(h, data.len(), codec, encoded.as_deref().unwrap_or(data))
     }
 
     /// Hashes `data` (unless `known`: its hash, computed by the caller over exactly these
