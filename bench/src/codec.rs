@@ -229,7 +229,7 @@ struct Row {
     /// The content-defined cutter alone (FastCDC v2020, the crate's own loop).
     cut: f64,
     /// The engine's cutter over the same bytes (same cuts, checked), with the search it chose
-    /// for this CPU (`ckptfs_engine::filemap::gear_search`).
+    /// for this CPU (`ckptfs_engine::write::gear_search`).
     cut_engine: f64,
     /// BLAKE3 of every chunk, as the store names chunks.
     hash: f64,
@@ -265,12 +265,12 @@ fn measure(name: &str, d: &[u8], avg: usize) -> Result<Row, String> {
     let params = ckptfs_engine::format::ChunkParams::from_avg(avg as u32)
         .map_err(|e| format!("--chunk-size: {e}"))?;
     let t = Instant::now();
-    let engine = ckptfs_engine::filemap::gear_cut_lengths(params, d);
+    let engine = ckptfs_engine::write::gear_cut_lengths(params, d);
     let cut_engine = gib_s(d.len(), t.elapsed().as_secs_f64());
     if !engine.iter().copied().eq(cuts.iter().map(|c| c.len())) {
         return Err(format!(
             "{name}: the engine's cuts ({}) differ from FastCDC's ({})",
-            ckptfs_engine::filemap::gear_search().name,
+            ckptfs_engine::write::gear_search().name,
             cuts.len()
         ));
     }
@@ -373,7 +373,7 @@ fn measure(name: &str, d: &[u8], avg: usize) -> Result<Row, String> {
 pub fn run(o: &CodecOpts) -> Result<(), String> {
     let avg = o.chunk_size as usize;
     // Chosen (and measured) once per process: before the first timed cut, not inside it.
-    let search = ckptfs_engine::filemap::gear_search();
+    let search = ckptfs_engine::write::gear_search();
     let mut rows = Vec::new();
     // The data sets ZipNN takes, written out for it: (row, file, dtype).
     let dir = std::env::temp_dir().join(format!("ckptfs-bench-codec-{}", std::process::id()));

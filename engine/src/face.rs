@@ -9,7 +9,6 @@ pub use crate::alloc::GC_RESERVE_SEGMENTS;
 pub use crate::catalog::{DirEntry, Txn};
 pub use crate::check::{check as check_space, CheckReport};
 pub use crate::clock;
-pub use crate::filemap::{ExtentMap, FileState, ReadPart};
 pub use crate::format::{
     owner_slot, Binding, ChunkHash, HistoryId, HistoryRecord, InodeId, InodeRecord, NodeKind,
     RevisionId, SlotId, Timestamp, VersionMeta, Xattrs, XATTR_NAMES_ROOM, XATTR_NAME_MAX,
@@ -19,7 +18,8 @@ pub use crate::gc::{Backoff, GcOptions, GcProgress, GcReport, AUTO_COPY_PER_FREE
 pub use crate::manifest::{PubExtent, PubNode, PubVersion, Record, SlotView};
 pub use crate::nslock::{dir_key, name_key, RENAME_DIRS};
 pub use crate::pins::RevisionPin;
-pub use crate::pipeline::SharedBytes;
 pub use crate::space::{Previous, Seal};
 pub use crate::stamp::to_time;
 pub use crate::store::CACHE_BYTES;
+pub use crate::write::pipeline::SharedBytes;
+pub use crate::write::{ExtentMap, FileState, ReadPart};

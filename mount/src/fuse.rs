@@ -1,8 +1,8 @@
 //! The FUSE adapter: the only place fuser types appear. Every request is translated to an
 //! `fs::Fs` call, and every error to an errno in `errno()`.
 
-use ckptfs_engine::filemap::ReadPart;
 use ckptfs_engine::format::{InodeId, NodeKind, Timestamp};
+use ckptfs_engine::write::ReadPart;
 use ckptfs_fs::xattr::XattrSet;
 use ckptfs_fs::{creds, Attr, Caller, Error, Fs, HandleId, ReadReply, Requester, SetAttr};
 use fuser::{
@@ -863,7 +863,7 @@ impl Filesystem for CkptFs {
         if cpu_ns.is_some() {
             // A sampled request: its dispatch is timed too (`dispatched`), so every stage
             // timing in it is measured, to tell the dispatch's own CPU from theirs.
-            ckptfs_engine::pipeline::exact_span_begin();
+            ckptfs_engine::write::pipeline::exact_span_begin();
         }
     }
 
@@ -874,7 +874,9 @@ impl Filesystem for CkptFs {
     fn dispatched(&self, cpu_ns: Option<u64>) {
         // The span's stages counted at weight 1; the sample stands for `RECEIVE_SAMPLE`.
         let own = cpu_ns.map(|c| {
-            c.saturating_sub(ckptfs_engine::pipeline::exact_span_end() * fuser::RECEIVE_SAMPLE)
+            c.saturating_sub(
+                ckptfs_engine::write::pipeline::exact_span_end() * fuser::RECEIVE_SAMPLE,
+            )
         });
         self.fs.space().count_dispatch(own);
     }
@@ -1435,7 +1437,7 @@ const KEEP_MIN_BYTES: usize = 512 << 10;
 /// such buffer, or where the buffer may keep more than twice the write's bytes resident (a
 /// small write read into a buffer that once held a large one), so that memory counted by
 /// the bytes in flight stays within twice what it counts.
-fn request_window(data: &[u8]) -> Option<ckptfs_engine::pipeline::SharedBytes> {
+fn request_window(data: &[u8]) -> Option<ckptfs_engine::write::pipeline::SharedBytes> {
     // Small writes are copied: a kept buffer is a mapping of its own, and thousands of
     // files written 64 KiB at a time each holding one cost more memory (the 8192-file
     // test peaked past its 512 MiB bound) than their copies cost CPU.
@@ -1448,7 +1450,7 @@ fn request_window(data: &[u8]) -> Option<ckptfs_engine::pipeline::SharedBytes> {
     if len * 2 < resident {
         return None;
     }
-    Some(ckptfs_engine::pipeline::SharedBytes::window(
+    Some(ckptfs_engine::write::pipeline::SharedBytes::window(
         buf, start, len, resident,
     ))
 }

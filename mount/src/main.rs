@@ -958,7 +958,7 @@ fn configure_space(space: &mut Space, tuning: &Tuning) -> Result<(), CliError> {
     space.follow_changes(tuning.follow_changes);
     // The cutter's search is chosen by measuring the candidates once (a few ms): here, at
     // mount, rather than inside the first write, and said, since it differs by CPU.
-    let search = ckptfs_engine::filemap::gear_search();
+    let search = ckptfs_engine::write::gear_search();
     log::info!(
         "{} FUSE threads, {} store workers, codec {}, new chunks compressed on {compressor}, \
          cutter search {} ({})",

@@ -355,7 +355,7 @@ mod tests {
     fn every_family_has_help_type_and_samples_with_the_space() {
         let s = Stats {
             reserved_bytes: 1 << 30,
-            stages: vec![ckptfs_engine::pipeline::StageTime {
+            stages: vec![ckptfs_engine::write::pipeline::StageTime {
                 name: "hash".into(),
                 seconds: 1.5,
                 count: 3,

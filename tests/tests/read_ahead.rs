@@ -6,7 +6,7 @@ use std::fs::File;
 use std::io::{Read, Write};
 use std::os::unix::fs::FileExt;
 
-use ckptfs_engine::pipeline::StageTime;
+use ckptfs_engine::write::pipeline::StageTime;
 use ckptfs_tests::{pattern, TestMount};
 use rand::rngs::SmallRng;
 use rand::{Rng, SeedableRng};

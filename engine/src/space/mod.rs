@@ -7,13 +7,13 @@ pub use crate::catalog::Config;
 use crate::catalog::{self, Reader, Txn};
 use crate::device::{Device, FileDevice};
 use crate::error::{Corruption, Error, Missing, Result};
-use crate::filemap::{ChunkIo, ExtentMap, FileState};
 use crate::format::HistoryRecord;
 use crate::format::*;
 use crate::manifest::{PubExtent, PubNode, PubVersion, Record, Union};
 use crate::slots::{Lease, SlotRequest};
 use crate::store::ChunkStore;
 use crate::targets::{Redundancy, TargetSpec, TargetsTable};
+use crate::write::{ChunkIo, ExtentMap, FileState};
 use std::fs::{self, File};
 use std::os::unix::fs::{DirBuilderExt, MetadataExt, PermissionsExt};
 use std::path::{Path, PathBuf};
@@ -195,8 +195,8 @@ pub struct Stats {
     #[serde(default)]
     pub backing_full: bool,
     /// Time spent per data-path stage since the space was opened (empty offline).
-    #[serde(with = "crate::pipeline::stage_map")]
-    pub stages: Vec<crate::pipeline::StageTime>,
+    #[serde(with = "crate::write::pipeline::stage_map")]
+    pub stages: Vec<crate::write::pipeline::StageTime>,
     /// gc since the space was opened (a daemon's lifetime; zero offline). Absent from the
     /// answer of a daemon started by an older build, hence the default.
     #[serde(default)]
@@ -204,7 +204,7 @@ pub struct Stats {
     /// The cutters' carried chunks now and their spills since the space was opened
     /// (`spill`; zero offline). Absent from an older daemon's answer, hence the default.
     #[serde(default)]
-    pub carries: crate::spill::CarryTotals,
+    pub carries: crate::write::spill::CarryTotals,
     /// Where the stored bytes are: live, kept revisions of present files, kept revisions of
     /// removed files (the trash), unreferenced (`usage`).
     #[serde(default)]
@@ -699,7 +699,7 @@ impl Space {
             }
         }
         let chunks = self.store.get_many_at(&chunks)?;
-        crate::filemap::ExtentMap::paint(&pieces, &chunks, off, |at, bytes| {
+        crate::write::ExtentMap::paint(&pieces, &chunks, off, |at, bytes| {
             out[at..at + bytes.len()].copy_from_slice(bytes)
         })
     }
@@ -725,7 +725,7 @@ impl Space {
 
     /// The `reply` stage: the copy of a read's bytes into its reply
     /// (`ExtentMap::read_pieces_to`) and the kernel's copy of the reply (timed in the mount).
-    pub fn reply_stage(&self) -> &crate::pipeline::Stage {
+    pub fn reply_stage(&self) -> &crate::write::pipeline::Stage {
         &self.store.stages().reply
     }
 
@@ -749,7 +749,7 @@ impl Space {
         &self,
         file: &mut FileState,
         off: u64,
-        data: crate::pipeline::SharedBytes,
+        data: crate::write::pipeline::SharedBytes,
     ) -> Result<()> {
         if self.meta.room_low() {
             return Err(Error::BackingFull);

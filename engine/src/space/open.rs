@@ -144,7 +144,7 @@ impl Space {
         *self.lock.get_mut() = Some(lock);
         self.store.pipeline().carries.spill_to(
             dir,
-            crate::filemap::longest_carry(self.sb.chunk.max_bytes),
+            crate::write::longest_carry(self.sb.chunk.max_bytes),
             self.meta.clone(),
         );
     }
@@ -183,7 +183,7 @@ impl Space {
         }
         let store = ChunkStore::new(
             place,
-            crate::pipeline::Pipeline::new(),
+            crate::write::pipeline::Pipeline::new(),
             Arc::new(catalog.chunk_index()),
             free,
             failed,

@@ -15,7 +15,7 @@
 
 use super::ChunkStore;
 use crate::format::{ChunkHash, Codec};
-use crate::pipeline::{Completion, Permit, Piece};
+use crate::write::pipeline::{Completion, Permit, Piece};
 use crate::Error;
 use ckptfs_kernels::BatchCodec;
 use parking_lot::{Condvar, Mutex};

@@ -23,8 +23,8 @@ use crate::device::DIRECT_ALIGN;
 use crate::error::{Error, Result};
 use crate::format::{ChunkHash, ChunkRecord, DataOffset, SegmentId};
 use crate::pins::ReleasePins;
-use crate::pipeline::{ChunkIo, Piece, Pipeline, Ticket};
 use crate::placement::{Location, Placement};
+use crate::write::pipeline::{ChunkIo, Piece, Pipeline, Ticket};
 use parking_lot::{Mutex, RwLock};
 use std::collections::{BTreeSet, HashMap};
 use std::sync::atomic::AtomicU64;
@@ -147,7 +147,7 @@ impl ChunkStore {
     }
 
     /// Where the data path's time goes (the pipeline's timers).
-    pub fn stages(&self) -> &crate::pipeline::Stages {
+    pub fn stages(&self) -> &crate::write::pipeline::Stages {
         &self.pipeline.stages
     }
 
@@ -283,7 +283,7 @@ impl ChunkIo for ChunkStore {
     fn submit_all(&self, pieces: Vec<Piece>) -> Vec<Ticket> {
         let pool = self.pipeline.pool();
         let mut tickets = Vec::with_capacity(pieces.len());
-        let mut batch: Vec<(Piece, crate::pipeline::Completion)> = Vec::new();
+        let mut batch: Vec<(Piece, crate::write::pipeline::Completion)> = Vec::new();
         let mut batch_bytes = 0;
         let n = pieces.len();
         for (i, piece) in pieces.into_iter().enumerate() {
@@ -313,12 +313,12 @@ impl ChunkIo for ChunkStore {
         tickets
     }
 
-    fn cutters(&self) -> Option<&dyn crate::pipeline::Cutters> {
+    fn cutters(&self) -> Option<&dyn crate::write::pipeline::Cutters> {
         Some(&*self.pipeline)
     }
 
-    fn successors(&self) -> Option<crate::pipeline::Predictor> {
-        Some(crate::pipeline::Predictor {
+    fn successors(&self) -> Option<crate::write::pipeline::Predictor> {
+        Some(crate::write::pipeline::Predictor {
             table: self.w.successors.clone(),
             pipeline: Some(self.pipeline.clone()),
         })

@@ -8,7 +8,7 @@ use crate::chunk::{ChunkBytes, Stored, StoredRef, Verified};
 use crate::device::{IoBuf, DIRECT_ALIGN};
 use crate::error::{Corruption, Error, Result};
 use crate::format::{ChunkHash, ChunkRecord};
-use crate::pipeline::Pool;
+use crate::write::pipeline::Pool;
 use parking_lot::Mutex;
 use std::collections::{HashMap, VecDeque};
 use std::sync::atomic::{AtomicBool, Ordering};

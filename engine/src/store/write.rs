@@ -10,7 +10,7 @@ use crate::device::IoBuf;
 use crate::error::{Corruption, Error, Result};
 use crate::format::{ChunkHash, ChunkRecord, Codec, DataOffset, SegmentId};
 use crate::pins::{ChunkPins, ReleasePins};
-use crate::pipeline::{Completion, Permit, Piece};
+use crate::write::pipeline::{Completion, Permit, Piece};
 use parking_lot::Mutex;
 use std::collections::BTreeSet;
 use std::sync::atomic::Ordering;
@@ -77,7 +77,7 @@ pub(super) struct WriteSide {
     pub(super) gpu: Mutex<Option<Arc<gpu::GpuStage>>>,
     /// Chunk sequences of files committed or opened here, for the cutters' predictions
     /// (bounded: `predict::GENERATION_ENTRIES`).
-    pub(super) successors: Arc<crate::predict::Successors>,
+    pub(super) successors: Arc<crate::write::predict::Successors>,
     /// Writes to the placement completed (and segments prepared), counted; and the count
     /// the last successful sync started after. A `flush_sync` with nothing new since then
     /// skips the device sync: a group of namespace syncs alone, or of commits whose chunks

@@ -24,7 +24,7 @@
 //! revision was not cut by content (dirty blocks of random writes), a hit still finds the
 //! stored chunk. Where a predicted chunk misses because bytes changed in place (the same
 //! offsets: a checkpoint's tensors rewritten), the cutter first looks whether the old chunks
-//! after it are still where they were (`filemap::Cutter::follow`); if one is, the changed
+//! after it are still where they were (`write::Cutter::follow`); if one is, the changed
 //! bytes are cut at the old boundaries, so only the old chunks the change touched are new
 //! (FastCDC's cuts of the changed bytes would differ for a chunk or two past the change).
 //! Otherwise (bytes inserted or removed, or a longer change) it falls back to FastCDC from
@@ -134,7 +134,7 @@ pub struct Successors {
     /// (`--confirm fingerprint`, the default) rather than by blake3.
     by_fingerprint: AtomicBool,
     /// Whether a cutter looks past a predicted chunk that missed for the old chunks after
-    /// it at their old offsets (`filemap::Cutter::follow`; `--cuts`).
+    /// it at their old offsets (`write::Cutter::follow`; `--cuts`).
     follow: AtomicBool,
 }
 

@@ -1,5 +1,5 @@
 //! The gear-hash search of the content-defined cutter on eight lanes at once (AVX-512), with
-//! exactly the cuts of the scalar loop (`filemap::Gear`).
+//! exactly the cuts of the scalar loop (`write::Gear`).
 //!
 //! FastCDC's test at byte `q` looks at the gear hash after `q`, `h = (h << 1) + gear[b]`,
 //! which depends only on the 64 bytes up to `q` (older bytes are shifted out). So once a
@@ -15,7 +15,7 @@
 //! Only the part of a scan where the hash is steady comes here; the first 64 bytes after a
 //! chunk's `min` (where FastCDC's hash starts from zero) stay on the scalar loop. Where
 //! AVX-512 is absent, or where its gathers measure slower than the scalar loop (AMD Zen 4:
-//! `filemap::gear_search`), the scalar loop does everything, as before.
+//! `write::gear_search`), the scalar loop does everything, as before.
 
 /// The gear hash after a byte as it is once 64 bytes were hashed, and those 64 bytes: the
 /// GPU cutter's walk (`kernels::cut`) rests on the same fact.
@@ -38,8 +38,8 @@ const MIN_STEPS: usize = 64;
 pub(crate) type Kernel = fn(&[u64; 256], &[u8], usize, usize, u64, &mut [u8]);
 
 /// The searches this CPU can run, by name: `scalar` (no kernel: the scalar loop,
-/// `filemap::Gear::pairs`) and, where the CPU has AVX-512F, `avx512`. Which one the cutter
-/// uses is measured (`filemap::gear_search`): having AVX-512 does not make its gathers fast.
+/// `write::Gear::pairs`) and, where the CPU has AVX-512F, `avx512`. Which one the cutter
+/// uses is measured (`write::gear_search`): having AVX-512 does not make its gathers fast.
 pub(crate) fn candidates() -> Vec<(&'static str, Option<Kernel>)> {
     #[allow(unused_mut)]
     let mut all: Vec<(&'static str, Option<Kernel>)> = vec![("scalar", None)];

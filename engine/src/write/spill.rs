@@ -1,6 +1,6 @@
 //! Carried chunks beyond a memory budget: each file being written sequentially has a cutter
 //! that carries its stream's unfinished last chunk from one write to the next (the chunk's
-//! end is not known until more bytes come; `filemap::CutState`). That is up to a maximum
+//! end is not known until more bytes come; `write::CutState`). That is up to a maximum
 //! chunk per file (about 60 KiB on average with 64 KiB chunks), so without a bound the
 //! daemon's memory grew with the number of files written at once: 4096 files peaked at
 //! 636 MiB. Cutting the carries early instead would change chunk boundaries and lose dedup
@@ -11,7 +11,7 @@
 //! The spill file is an unlinked file in the backing directory (gone with the process, so a
 //! crash leaves nothing to clean up), written and read through the page cache: the kernel
 //! can write it out and drop it under memory pressure, which it cannot do with the daemon's
-//! own memory. Its slots are as long as the longest carry (`filemap::longest_carry`: four
+//! own memory. Its slots are as long as the longest carry (`write::longest_carry`: four
 //! maximum chunks, what a cutter looking past a changed chunk may carry), reused most
 //! recently freed first (their pages are likely cached); the file is emptied whenever no
 //! carry is in it, so it takes disk space for at most the most carries spilled at once

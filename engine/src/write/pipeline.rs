@@ -33,7 +33,7 @@ pub(crate) const CUT_BYTES: usize = 32 << 20;
 /// The chunk sequences a cutter predicts from, and where its hashing is timed.
 #[derive(Clone)]
 pub struct Predictor {
-    pub table: Arc<crate::predict::Successors>,
+    pub table: Arc<crate::write::predict::Successors>,
     /// `predict`, `predict_fingerprint` and `predict_miss` stages; none in tests.
     pub pipeline: Option<Arc<Pipeline>>,
 }
@@ -87,7 +87,7 @@ pub trait Cutters: Send + Sync {
     }
     /// Where cutters charge their carried chunks, spilled beyond a budget (`spill`);
     /// `None`: carries stay in memory, unbounded (tests).
-    fn carries(&self) -> Option<Arc<crate::spill::Carries>> {
+    fn carries(&self) -> Option<Arc<crate::write::spill::Carries>> {
         None
     }
 }
@@ -114,7 +114,7 @@ pub struct Pipeline {
     streams: Arc<std::sync::atomic::AtomicUsize>,
     /// The cutters' carried chunks (`spill::CARRY_BYTES` in memory at most, once the
     /// space says where to spill: `Carries::spill_to`).
-    pub carries: Arc<crate::spill::Carries>,
+    pub carries: Arc<crate::write::spill::Carries>,
     /// Where the data path's time goes.
     pub stages: Stages,
 }
@@ -127,7 +127,7 @@ impl Pipeline {
             budget: Budget::new(PIPELINE_BYTES),
             cut_budget: Budget::new(CUT_BYTES),
             streams: Arc::default(),
-            carries: crate::spill::Carries::new(crate::spill::CARRY_BYTES),
+            carries: crate::write::spill::Carries::new(crate::write::spill::CARRY_BYTES),
             stages: Stages::default(),
         })
     }
@@ -169,7 +169,7 @@ impl Cutters for Pipeline {
         Some(self.streams.clone())
     }
 
-    fn carries(&self) -> Option<Arc<crate::spill::Carries>> {
+    fn carries(&self) -> Option<Arc<crate::write::spill::Carries>> {
         Some(self.carries.clone())
     }
 
@@ -851,7 +851,7 @@ stages! {
     /// cut run on the FUSE thread (`CKPTFS_CUT_HERE=1`) counts as `cut`, not here.
     ingest,
     /// Content-defined cutting of sequential streams (worker threads, or the FUSE thread
-    /// where `CKPTFS_CUT_HERE=1`: `filemap::CUT_HERE_SHARE`), including `predict`.
+    /// where `CKPTFS_CUT_HERE=1`: `write::CUT_HERE_SHARE`), including `predict`.
     cut,
     /// Part of `cut`: blake3 of chunks the cutter predicted from the chunk sequences of
     /// recent files (`predict`) and their bytes confirmed (count and bytes: those chunks),
