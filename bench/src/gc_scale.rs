@@ -7,7 +7,7 @@
 //! compacts the segments they leave half empty.
 
 use ckptfs_engine::format::*;
-use ckptfs_engine::gc::GcOptions;
+use ckptfs_engine::maintenance::gc::GcOptions;
 use ckptfs_engine::space::Config;
 use ckptfs_engine::space::Seal;
 use ckptfs_engine::Space;

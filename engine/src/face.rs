@@ -7,14 +7,14 @@
 pub use crate::advice::{render as render_advice, report as advice_report};
 pub use crate::alloc::GC_RESERVE_SEGMENTS;
 pub use crate::catalog::{DirEntry, Txn};
-pub use crate::check::{check as check_space, CheckReport};
 pub use crate::clock;
 pub use crate::format::{
     owner_slot, Binding, ChunkHash, HistoryId, HistoryRecord, InodeId, InodeRecord, NodeKind,
     RevisionId, SlotId, Timestamp, VersionMeta, Xattrs, XATTR_NAMES_ROOM, XATTR_NAME_MAX,
     XATTR_VALUES_ROOM, XATTR_VALUE_MAX,
 };
-pub use crate::gc::{Backoff, GcOptions, GcProgress, GcReport, AUTO_COPY_PER_FREED};
+pub use crate::maintenance::check::{check as check_space, CheckReport};
+pub use crate::maintenance::gc::{Backoff, GcOptions, GcProgress, GcReport, AUTO_COPY_PER_FREED};
 pub use crate::manifest::{PubExtent, PubNode, PubVersion, Record, SlotView};
 pub use crate::nslock::{dir_key, name_key, RENAME_DIRS};
 pub use crate::pins::RevisionPin;

@@ -2,8 +2,8 @@
 //! and byte range that uses it (and nothing else); inconsistent metadata is reported.
 
 use ckptfs_engine::catalog::tables as meta;
-use ckptfs_engine::check::{check, Damage};
 use ckptfs_engine::format::*;
+use ckptfs_engine::maintenance::check::{check, Damage};
 use ckptfs_engine::space::Config;
 use ckptfs_engine::space::Seal;
 use ckptfs_engine::{Error, Space};

@@ -2,7 +2,7 @@
 //! back exactly, dropped ones must be gone, and a dry run must change nothing.
 
 use ckptfs_engine::format::*;
-use ckptfs_engine::gc::GcOptions;
+use ckptfs_engine::maintenance::gc::GcOptions;
 use ckptfs_engine::space::Config;
 use ckptfs_engine::space::Seal;
 use ckptfs_engine::{Error, Space};
@@ -203,7 +203,7 @@ fn gc_keeps_newest_n_drops_the_rest_and_dry_run_changes_nothing() {
     let real = space.gc(&GcOptions::default(), &mut |_| {}).unwrap();
     // The dry run is the plan gc applies: on a space nobody writes to meanwhile, every
     // figure is gc's, compaction's included.
-    let figures = |r: &ckptfs_engine::gc::GcReport| {
+    let figures = |r: &ckptfs_engine::maintenance::gc::GcReport| {
         (
             r.revisions_dropped,
             r.histories_dropped,
@@ -382,7 +382,7 @@ fn readers_see_moved_chunks_while_gc_compacts() {
         .gc(&opts, &mut |p| {
             // Called after each compaction round has committed its moves: at the first, the
             // reader must read the whole revision once more while gc is still running.
-            if let ckptfs_engine::gc::GcProgress::Compact { .. } = p {
+            if let ckptfs_engine::maintenance::gc::GcProgress::Compact { .. } = p {
                 if at_first_move.is_none() {
                     let n = reads.load(Ordering::SeqCst);
                     at_first_move = Some(n);

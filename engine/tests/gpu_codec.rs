@@ -122,7 +122,7 @@ fn files_written_at_once_share_gpu_batches_and_read_back_without_a_gpu() {
             "revision {rev:?} reads back"
         );
     }
-    let report = ckptfs_engine::check::check(&space, &mut |_, _| {}).unwrap();
+    let report = ckptfs_engine::maintenance::check::check(&space, &mut |_, _| {}).unwrap();
     // (The test's files have no directory entries, so only the data checks apply.)
     assert!(
         report.damaged.is_empty(),

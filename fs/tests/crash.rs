@@ -203,7 +203,7 @@ fn run(seed: u64, plan: Plan, tally: &mut Tally) -> Result<u64, String> {
         OnDevices::Single(devices(&disk2, data, meta)),
     )
     .map_err(|e| format!("reopen after the crash failed: {e}"))?;
-    let report = ckptfs_engine::check::check(&space, &mut |_, _| {})
+    let report = ckptfs_engine::maintenance::check::check(&space, &mut |_, _| {})
         .map_err(|e| format!("check failed to run: {e}"))?;
     if !report.is_clean() {
         return Err(format!(

@@ -312,7 +312,7 @@ fn run(seed: u64, crash: Option<u64>) -> Result<u64, String> {
         SimDevice::new("meta", &disk3, meta),
     );
     let space = claim(&sim.sb, d3.clone(), m3, h3.clone());
-    let report = ckptfs_engine::check::check(&space, &mut |_, _| {})
+    let report = ckptfs_engine::maintenance::check::check(&space, &mut |_, _| {})
         .map_err(|e| format!("check after takeover could not run: {e}"))?;
     if !report.is_clean() {
         return Err(format!("check after takeover: {:?}", report.problems));

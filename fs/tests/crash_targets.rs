@@ -165,7 +165,7 @@ fn open(sim: &Sim, lost: &[usize]) -> Result<Space, String> {
 
 /// `check` must find nothing damaged and the metadata consistent (repairs are fine).
 fn check_clean(space: &Space, when: &str) -> Result<u64, String> {
-    let r = ckptfs_engine::check::check(space, &mut |_, _| {})
+    let r = ckptfs_engine::maintenance::check::check(space, &mut |_, _| {})
         .map_err(|e| format!("check {when} failed to run: {e}"))?;
     if !r.is_clean() {
         return Err(format!(

@@ -94,7 +94,7 @@ fn an_idle_full_space_of_live_data_is_not_copied_over_and_over() {
     );
     assert!(s.gc.runs >= 1, "the automatic gc must have run: {:?}", s.gc);
     assert!(
-        copied <= gained * ckptfs_engine::gc::AUTO_COPY_PER_FREED,
+        copied <= gained * ckptfs_engine::maintenance::gc::AUTO_COPY_PER_FREED,
         "the automatic gc copied {copied} bytes of live data to gain {gained} bytes"
     );
 }
@@ -224,7 +224,7 @@ fn stats_split_the_used_space_by_what_would_free_it() {
     // Everything removed, the trash emptied by hand: nothing current, no ratio of nothing.
     fs.unlink(ROOT, b"a").expect("unlink");
     fs.unlink(ROOT, b"c").expect("unlink");
-    let opts = ckptfs_engine::gc::GcOptions {
+    let opts = ckptfs_engine::maintenance::gc::GcOptions {
         empty_trash: true,
         ..Default::default()
     };

@@ -7,9 +7,9 @@
 //! by a process that is not a mount, I/O error opening it).
 
 use crate::{absolute, backing_of, control_get, human, progress_bar};
-use ckptfs_engine::check::{check, hash_hex, CheckReport, ChunkUse};
 use ckptfs_engine::format::SUPERBLOCK_FILE;
 use ckptfs_engine::layout::Mode;
+use ckptfs_engine::maintenance::check::{check, hash_hex, CheckReport, ChunkUse};
 use ckptfs_engine::{Error as EngineError, Space};
 use serde_json::{json, Value};
 use std::path::{Path, PathBuf};

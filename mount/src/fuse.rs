@@ -624,7 +624,7 @@ impl CkptFs {
                     b"dry-run,empty-trash" => (true, true),
                     _ => return Err(einval()),
                 };
-                let opts = ckptfs_engine::gc::GcOptions {
+                let opts = ckptfs_engine::maintenance::gc::GcOptions {
                     dry_run,
                     empty_trash,
                     ..Default::default()

@@ -12,8 +12,8 @@ mod targets;
 mod when;
 
 use ckptfs_engine::format::SlotId;
-use ckptfs_engine::gc::{GcOptions, GcProgress, GcReport};
 use ckptfs_engine::layout::Mode;
+use ckptfs_engine::maintenance::gc::{GcOptions, GcProgress, GcReport};
 use ckptfs_engine::slots::SlotRequest;
 use ckptfs_engine::space::StatsReport;
 use ckptfs_engine::space::{

@@ -341,7 +341,8 @@ fn rebuild_through(
     if let Some((old, new)) = replace {
         if crate::backing_of(mnt).is_some_and(|b| crate::slots::is_multi_slot(&b)) {
             return Err(CliError::from(
-                ckptfs_engine::scrub::replace_refused_on_shared(old, &new.path).to_string(),
+                ckptfs_engine::maintenance::scrub::replace_refused_on_shared(old, &new.path)
+                    .to_string(),
             ));
         }
         let new = match new.domain.is_empty() {

@@ -7,7 +7,7 @@
 //! kernel's background requests ([`TestMount::wait_requests_answered`]) also need fusectl at
 //! `/sys/fs/fuse/connections` (mounted there on first use when root may).
 
-pub use ckptfs_engine::gc::GcReport;
+pub use ckptfs_engine::maintenance::gc::GcReport;
 pub use ckptfs_engine::space::StatsReport;
 use std::ffi::{CString, OsStr, OsString};
 use std::fs;

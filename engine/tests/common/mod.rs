@@ -55,6 +55,6 @@ pub fn assert_read_back_and_clean<'a>(
             "revision {rev:?} reads back exactly (seed {seed})"
         );
     }
-    let report = ckptfs_engine::check::check(space, &mut |_, _| {}).unwrap();
+    let report = ckptfs_engine::maintenance::check::check(space, &mut |_, _| {}).unwrap();
     assert!(report.is_clean(), "seed {seed}: {report:?}");
 }
