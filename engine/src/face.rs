@@ -18,6 +18,7 @@ pub use crate::maintenance::gc::{Backoff, GcOptions, GcProgress, GcReport, AUTO_
 pub use crate::manifest::{PubExtent, PubNode, PubVersion, Record, SlotView};
 pub use crate::nslock::{dir_key, name_key, RENAME_DIRS};
 pub use crate::pins::RevisionPin;
+pub use crate::read::ReadAhead;
 pub use crate::space::{Previous, Seal};
 pub use crate::stamp::to_time;
 pub use crate::store::CACHE_BYTES;

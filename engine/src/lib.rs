@@ -19,6 +19,7 @@ pub(crate) mod mirror;
 pub mod nslock;
 pub mod pins;
 pub(crate) mod placement;
+pub mod read;
 pub mod sim;
 pub mod slots;
 pub mod space;

@@ -2,7 +2,7 @@
 //! No FUSE types here; the `ckptfs` binary's adapter translates requests and errors.
 
 use ckptfs_engine::face::RevisionPin;
-use ckptfs_engine::face::{ExtentMap, FileState};
+use ckptfs_engine::face::{ExtentMap, FileState, ReadAhead};
 use ckptfs_engine::face::{GcOptions, GcProgress, GcReport};
 use ckptfs_engine::face::{HistoryId, InodeId, InodeRecord, NodeKind, RevisionId, Timestamp};
 use ckptfs_engine::face::{Previous, Seal};
@@ -188,81 +188,6 @@ struct OpenNode {
     clip: Option<(u64, u64)>,
 }
 
-/// One open file being read ahead, counted in `Fs::prefetch_streams` while it lives.
-struct PrefetchStream(Arc<std::sync::atomic::AtomicUsize>);
-
-/// The read-ahead of one open file (this slot's), or of one read handle of a file another
-/// node wrote: the same policy for both.
-///
-/// A sequential reader (a restart): the chunks ahead of it are read and verified on the
-/// store's read threads, so the kernel's next requests find them decoded. The kernel's
-/// readahead keeps only a few requests in flight; this adds depth. Sequential: the read
-/// starts near where the reads so far ended (the kernel's readahead requests for one file
-/// arrive on several FUSE threads, a little out of order). The depth ramps up with the run
-/// of sequential reads, as the kernel's readahead does, so a random reader (or one reading
-/// a few scattered tensors) does not get the full depth read and verified behind each read:
-/// before, 4 KiB random reads of a cold 1 GiB file read 6.9 GB from the disk for 56 MB
-/// returned.
-#[derive(Default)]
-pub(crate) struct ReadAhead {
-    /// File offset up to which chunks were handed to the store's prefetch.
-    prefetched_to: u64,
-    /// Where the reads so far ended (the furthest end of the current run of sequential
-    /// reads), and how many sequential reads that run has had.
-    read_end: u64,
-    streak: u32,
-    /// Held while this file is read ahead: counts it among the readers sharing the cache.
-    prefetching: Option<PrefetchStream>,
-}
-
-impl ReadAhead {
-    /// After a read of `off..end` of a file of `size` bytes: the range to hand to the
-    /// store's prefetch now, if any (`streams`: the readers sharing the cache).
-    fn next(
-        &mut self,
-        streams: &Arc<std::sync::atomic::AtomicUsize>,
-        off: u64,
-        end: u64,
-        size: u64,
-    ) -> Option<(u64, u64)> {
-        if off.abs_diff(self.read_end) <= SEQUENTIAL_SLACK {
-            self.streak = self.streak.saturating_add(1);
-            self.read_end = self.read_end.max(end);
-        } else {
-            self.streak = 0;
-            self.read_end = end;
-            self.prefetched_to = end;
-        }
-        if self.streak == 0 {
-            return None;
-        }
-        if self.prefetching.is_none() {
-            streams.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-            self.prefetching = Some(PrefetchStream(streams.clone()));
-        }
-        let depth = prefetch_depth(streams.load(std::sync::atomic::Ordering::Relaxed))
-            .min(PREFETCH_FIRST_BYTES << (self.streak - 1).min(16));
-        if off <= self.prefetched_to && end + depth / 2 > self.prefetched_to {
-            let from = self.prefetched_to.max(end);
-            let to = (end + depth).min(size);
-            if from < to {
-                self.prefetched_to = to;
-                return Some((from, to));
-            }
-        } else if off > self.prefetched_to || end + depth < self.prefetched_to {
-            // Not where the last prefetch went: start over from here.
-            self.prefetched_to = end;
-        }
-        None
-    }
-}
-
-impl Drop for PrefetchStream {
-    fn drop(&mut self) {
-        self.0.fetch_sub(1, std::sync::atomic::Ordering::Relaxed);
-    }
-}
-
 /// What ckptfs tracks of one open file handle (one open file description).
 #[derive(Default)]
 struct Handle {
@@ -310,32 +235,6 @@ impl OpenTable {
             panic!("file handle {fh} opened twice");
         }
     }
-}
-
-/// How far ahead of a sequential reader chunks are read (see `Fs::read`), at most: one
-/// reader's device reads then overlap deeply enough to keep a disk busy (8 MiB ahead
-/// reached 650 MiB/s cold where the disk gives 1.1 GiB/s, 32 MiB about 730). With several
-/// readers at once each gets an equal share of half the decoded-chunk cache, so one's
-/// prefetch does not evict another's before it is read, but never less than
-/// `PREFETCH_MIN_BYTES`. That minimum is 4 MiB so 8 readers still keep to half the cache:
-/// at 8 MiB they asked for all of it, and once the cache charged read buffers whole, 8 cold
-/// readers of 128 MiB each read 1.85 GiB from the disk for their 1 GiB (1.2 GiB at 4 MiB).
-pub const PREFETCH_BYTES: u64 = 32 << 20;
-
-/// The read-ahead depth after a reader's first sequential read, doubling with each next one
-/// up to the full depth (see `Fs::read`).
-pub const PREFETCH_FIRST_BYTES: u64 = 2 << 20;
-
-/// How far from where the reads so far ended a read may start and still count as
-/// sequential: the kernel's readahead window (4 MiB, the mount's max_readahead), whose
-/// requests the FUSE threads may take out of order.
-const SEQUENTIAL_SLACK: u64 = 4 << 20;
-pub const PREFETCH_MIN_BYTES: u64 = 4 << 20;
-
-/// The read-ahead depth for each of `readers` sequential readers (see `PREFETCH_BYTES`).
-fn prefetch_depth(readers: usize) -> u64 {
-    (ckptfs_engine::face::CACHE_BYTES as u64 / 2 / readers.max(1) as u64)
-        .clamp(PREFETCH_MIN_BYTES, PREFETCH_BYTES)
 }
 
 pub struct Fs {

@@ -443,7 +443,7 @@ impl Fs {
                     opens: 0,
                     writers: 0,
                     handles: HashMap::new(),
-                    ahead: crate::ReadAhead::default(),
+                    ahead: ckptfs_engine::face::ReadAhead::default(),
                     clip: None,
                 }));
                 open.nodes.insert(ino, n.clone());

@@ -56,7 +56,7 @@ pub(crate) struct Shared {
     publishing: Mutex<()>,
     /// Read handles of objects read through the merge (not this slot's file alone), with
     /// their read-ahead (at most one entry per open handle).
-    merged_handles: Mutex<HashMap<HandleId, (InodeId, crate::ReadAhead)>>,
+    merged_handles: Mutex<HashMap<HandleId, (InodeId, ckptfs_engine::face::ReadAhead)>>,
     /// The union's view generations at the last reconcile (`reconcile`).
     reconciled: Mutex<Vec<(SlotId, u64, u64)>>,
     /// Tells the kernel to drop a name (parent, name) another node removed: set by the
@@ -914,7 +914,7 @@ impl Fs {
             self.sh()
                 .merged_handles
                 .lock()
-                .insert(fh, (obj, crate::ReadAhead::default()));
+                .insert(fh, (obj, ckptfs_engine::face::ReadAhead::default()));
             return Ok(());
         }
         let stamp = self.space.stamp();
