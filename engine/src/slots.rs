@@ -259,48 +259,12 @@ impl Lease {
                 req.lease
             )));
         }
-        let n = table.slots();
         // As the header stores it.
         let mut mountpoint = req.mountpoint.clone();
         while mountpoint.len() > SLOT_MOUNTPOINT_MAX {
             mountpoint.pop();
         }
-        let candidates: Vec<SlotId> = match req.slot {
-            Some(s) if s.0 >= n => {
-                return Err(Error::Invalid(format!(
-                    "slot {s} does not exist: this space has {n} slots (0 to {})",
-                    n - 1
-                )))
-            }
-            Some(s) => vec![s],
-            None => {
-                // Slots nobody holds first (never used, then released), then expired ones;
-                // within each, the slot this host last held at this mountpoint first, so a
-                // node that remounts gets its own slot (and its share's data) back rather
-                // than the lowest one, which another node may be about to take again.
-                let all = table.all()?;
-                let now = now_unix_ns();
-                let me = host_name();
-                let mine = |h: &SlotHeader| h.host == me && h.mountpoint == mountpoint;
-                let mut c: Vec<&SlotHeader> = all.iter().filter(|h| !is_live(h, now)).collect();
-                c.sort_by_key(|h| (h.state == SlotState::Held, !mine(h), h.slot));
-                if c.is_empty() {
-                    let mut holders: Vec<String> = all
-                        .iter()
-                        .take(8)
-                        .map(|h| describe_holder(h, now))
-                        .collect();
-                    if all.len() > 8 {
-                        holders.push(format!("and {} more", all.len() - 8));
-                    }
-                    return Err(Error::Locked(format!(
-                        "every one of the {n} slots of this space is held by a live mount: {}",
-                        holders.join("; ")
-                    )));
-                }
-                c.iter().map(|h| h.slot).collect()
-            }
-        };
+        let candidates = Self::candidates(&table, req, &mountpoint)?;
         let mut mount_id = [0u8; 16];
         mount_id.copy_from_slice(
             &blake3::hash(
@@ -391,35 +355,82 @@ impl Lease {
                     std::env::var_os("CKPTFS_FAULT_STOP_IN_RENEWAL").map(Into::into),
                 ),
             });
-            let weak = Arc::downgrade(&lease);
-            let period = req.lease / 4;
-            let t = std::thread::Builder::new()
-                .name(format!("lease-slot-{slot}"))
-                .spawn(move || loop {
-                    let deadline = Instant::now() + period;
-                    while Instant::now() < deadline {
-                        std::thread::sleep(Duration::from_millis(20).min(period));
-                        match weak.upgrade() {
-                            Some(l) if !l.stop.load(Ordering::Acquire) => {}
-                            _ => return,
-                        }
-                    }
-                    match weak.upgrade() {
-                        Some(l) if !l.stop.load(Ordering::Acquire) => {
-                            l.refresh_usage();
-                            let _ = l.renew();
-                        }
-                        _ => return,
-                    }
-                })
-                .map_err(Error::Io)?;
-            *lease.thread.lock() = Some(t);
+            lease.start_renewal(req.lease / 4)?;
             return Ok(lease);
         }
         Err(Error::Locked(format!(
             "no slot of this space could be claimed: {}",
             lost.join("; ")
         )))
+    }
+
+    /// The slots to try, in order: the one asked for, or the slots nobody holds (never
+    /// used, then released), then expired ones; within each, the slot this host last held
+    /// at this mountpoint first, so a node that remounts gets its own slot (and its share's
+    /// data) back rather than the lowest one, which another node may be about to take
+    /// again. Refuses, naming the holders, when every slot is held by a live mount.
+    fn candidates(table: &SlotTable, req: &SlotRequest, mountpoint: &str) -> Result<Vec<SlotId>> {
+        let n = table.slots();
+        Ok(match req.slot {
+            Some(s) if s.0 >= n => {
+                return Err(Error::Invalid(format!(
+                    "slot {s} does not exist: this space has {n} slots (0 to {})",
+                    n - 1
+                )))
+            }
+            Some(s) => vec![s],
+            None => {
+                let all = table.all()?;
+                let now = now_unix_ns();
+                let me = host_name();
+                let mine = |h: &SlotHeader| h.host == me && h.mountpoint == mountpoint;
+                let mut c: Vec<&SlotHeader> = all.iter().filter(|h| !is_live(h, now)).collect();
+                c.sort_by_key(|h| (h.state == SlotState::Held, !mine(h), h.slot));
+                if c.is_empty() {
+                    let mut holders: Vec<String> = all
+                        .iter()
+                        .take(8)
+                        .map(|h| describe_holder(h, now))
+                        .collect();
+                    if all.len() > 8 {
+                        holders.push(format!("and {} more", all.len() - 8));
+                    }
+                    return Err(Error::Locked(format!(
+                        "every one of the {n} slots of this space is held by a live mount: {}",
+                        holders.join("; ")
+                    )));
+                }
+                c.iter().map(|h| h.slot).collect()
+            }
+        })
+    }
+
+    /// Starts the thread that renews this lease every `period` (a quarter of the lease),
+    /// and ends once the lease is released or dropped.
+    fn start_renewal(self: &Arc<Self>, period: Duration) -> Result<()> {
+        let weak = Arc::downgrade(self);
+        let t = std::thread::Builder::new()
+            .name(format!("lease-slot-{}", self.me.slot))
+            .spawn(move || loop {
+                let deadline = Instant::now() + period;
+                while Instant::now() < deadline {
+                    std::thread::sleep(Duration::from_millis(20).min(period));
+                    match weak.upgrade() {
+                        Some(l) if !l.stop.load(Ordering::Acquire) => {}
+                        _ => return,
+                    }
+                }
+                match weak.upgrade() {
+                    Some(l) if !l.stop.load(Ordering::Acquire) => {
+                        l.refresh_usage();
+                        let _ = l.renew();
+                    }
+                    _ => return,
+                }
+            })
+            .map_err(Error::Io)?;
+        *self.thread.lock() = Some(t);
+        Ok(())
     }
 
     pub fn slot(&self) -> SlotId {

@@ -471,7 +471,6 @@ impl CkptFs {
 
     /// Runs one control request; returns the JSON answer.
     fn control(&self, req: &Request, name: &str, value: Option<&[u8]>) -> Result<Vec<u8>, Errno> {
-        let pid = req.pid();
         let einval = || Errno::from_i32(libc::EINVAL);
         let to_json = |v: serde_json::Value| v.to_string().into_bytes();
         let fail_json = |op: &str, e: Error| fail(op, 1, e);
@@ -509,6 +508,40 @@ impl CkptFs {
                 let s = self.fs.stats().map_err(|e| fail_json("stats", e))?;
                 Ok(to_json(crate::stats_json(&s)))
             }
+            _ => self
+                .control_maintenance(req, name, value)
+                .or_else(|| self.control_revisions(req, name, value))
+                .unwrap_or(Err(Errno::from_i32(libc::ENODATA))),
+        }
+    }
+
+    /// The control requests of maintenance and configuration (rebuild, scrub, caches,
+    /// advice, redundancy, targets, config, gc, check); None for a request of another family.
+    fn control_maintenance(
+        &self,
+        req: &Request,
+        name: &str,
+        value: Option<&[u8]>,
+    ) -> Option<Result<Vec<u8>, Errno>> {
+        let einval = || Errno::from_i32(libc::EINVAL);
+        let to_json = |v: serde_json::Value| v.to_string().into_bytes();
+        let fail_json = |op: &str, e: Error| fail(op, 1, e);
+        const NAMES: [&str; 9] = [
+            "rebuild",
+            "scrub",
+            "drop_caches",
+            "advice",
+            "redundancy",
+            "targets",
+            "config",
+            "gc",
+            "check",
+        ];
+        if !NAMES.contains(&name) {
+            return None;
+        }
+        // A closure, so the arms return and `?` as `control`'s did.
+        Some((|| match (name, value) {
             ("rebuild", Some(v)) => {
                 if !self.may_control(req) {
                     return Err(Errno::from_i32(libc::EPERM));
@@ -648,6 +681,29 @@ impl CkptFs {
                     Some(crate::check::ANSWER_MAX_BYTES),
                 )))
             }
+            _ => Err(Errno::from_i32(libc::ENODATA)),
+        })())
+    }
+
+    /// The control requests about one selected path's revisions (select, the revision
+    /// listing's pages, cost, history, restore); None for a request of another family.
+    fn control_revisions(
+        &self,
+        req: &Request,
+        name: &str,
+        value: Option<&[u8]>,
+    ) -> Option<Result<Vec<u8>, Errno>> {
+        let pid = req.pid();
+        let einval = || Errno::from_i32(libc::EINVAL);
+        let to_json = |v: serde_json::Value| v.to_string().into_bytes();
+        let fail_json = |op: &str, e: Error| fail(op, 1, e);
+        let ours = ["select", "cost", "history", "restore"].contains(&name)
+            || name.starts_with(REVISIONS_AFTER);
+        if !ours {
+            return None;
+        }
+        // A closure, so the arms return and `?` as `control`'s did.
+        Some((|| match (name, value) {
             ("select", Some(v)) => {
                 self.fs.select(pid, v.to_vec());
                 Ok(Vec::new())
@@ -719,7 +775,7 @@ impl CkptFs {
                 Ok(Vec::new())
             }
             _ => Err(Errno::from_i32(libc::ENODATA)),
-        }
+        })())
     }
 
     /// Drops the setid bits for a write by `req`'s caller (see `Fs::kill_setid`) and, when

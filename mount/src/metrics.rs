@@ -48,17 +48,40 @@ impl Out {
     }
 }
 
+const G: &str = "gauge";
+const C: &str = "counter";
+
 /// The whole exposition for one space (and its storage targets, for a space over several).
 pub fn prometheus(s: &Stats, targets: Option<&TargetsReport>, space: &str) -> String {
     let mut o = Out {
         text: String::new(),
         space: label(space),
     };
-    const G: &str = "gauge";
-    const C: &str = "counter";
-    // (name, type, help, value): one sample each.
-    // A ratio of nothing (no data) has no sample: the family is there, the value absent.
-    let single: [(&str, &str, &str, Option<f64>); 29] = [
+    for (name, kind, help, v) in single(s) {
+        o.family(name, kind, help);
+        if let Some(v) = v {
+            o.sample(name, &[], v);
+        }
+    }
+    if let Some(t) = targets {
+        of_targets(&mut o, t);
+    }
+    of_stages(&mut o, s);
+    o.text
+}
+
+/// The families of one sample each: (name, type, help, value). A ratio of nothing (no data)
+/// has no sample: the family is there, the value absent.
+fn single(s: &Stats) -> impl Iterator<Item = Sample> {
+    space_samples(s).into_iter().chain(activity_samples(s))
+}
+
+/// (name, type, help, value) of a family of one sample.
+type Sample = (&'static str, &'static str, &'static str, Option<f64>);
+
+/// What the space holds: room, bytes by what would free them, dedup and compression.
+fn space_samples(s: &Stats) -> [Sample; 21] {
+    [
         (
             "reserved_bytes",
             G,
@@ -175,6 +198,12 @@ pub fn prometheus(s: &Stats, targets: Option<&TargetsReport>, space: &str) -> St
             "1 while the backing filesystem has no room for the metadata table to grow and new data gets ENOSPC.",
             Some(if s.backing_full { 1.0 } else { 0.0 }),
         ),
+    ]
+}
+
+/// What gc and the writers' carried chunks have done and hold.
+fn activity_samples(s: &Stats) -> [Sample; 8] {
+    [
         (
             "gc_runs_total",
             C,
@@ -223,89 +252,89 @@ pub fn prometheus(s: &Stats, targets: Option<&TargetsReport>, space: &str) -> St
             "Unfinished last chunks written to the spill file since the space was opened.",
             Some(s.carries.spills as f64),
         ),
-    ];
-    for (name, kind, help, v) in single {
-        o.family(name, kind, help);
-        if let Some(v) = v {
-            o.sample(name, &[], v);
-        }
+    ]
+}
+
+/// A space over targets: its redundancy, its metadata mirrors and one series per target.
+fn of_targets(o: &mut Out, t: &TargetsReport) {
+    o.family(
+        "degraded",
+        G,
+        "1 while some data has less redundancy than the space's M+K (a failed target, or shards found unreadable or damaged and not repaired).",
+    );
+    o.sample("degraded", &[], if t.degraded() { 1.0 } else { 0.0 });
+    o.family(
+        "segments_lost",
+        G,
+        "Segments whose data fewer than M shards give back (too few left, or more damaged than the parity covers): lost data.",
+    );
+    o.sample("segments_lost", &[], t.segments_lost as f64);
+    o.family(
+        "lost_chunk_reads_total",
+        C,
+        "Reads of a chunk that no M shards gave back verified (EIO to the reader), since the daemon started.",
+    );
+    o.sample("lost_chunk_reads_total", &[], t.chunks_lost_reads as f64);
+    if let Some(want) = crate::targets::mirrors_wanted(t) {
+        o.family(
+            "metadata_mirrors",
+            G,
+            "Targets holding a current mirror of the space's metadata (ckptfs recover rebuilds a lost backing directory from one); K+1 wanted, see metadata_mirrors_wanted.",
+        );
+        let have = t.targets.iter().filter(|x| x.metadata_mirror).count();
+        o.sample("metadata_mirrors", &[], have as f64);
+        o.family(
+            "metadata_mirrors_wanted",
+            G,
+            "K+1: the metadata mirrors a space over targets keeps when enough targets are healthy.",
+        );
+        o.sample("metadata_mirrors_wanted", &[], want as f64);
     }
-    if let Some(t) = targets {
-        o.family(
-            "degraded",
-            G,
-            "1 while some data has less redundancy than the space's M+K (a failed target, or shards found unreadable or damaged and not repaired).",
-        );
-        o.sample("degraded", &[], if t.degraded() { 1.0 } else { 0.0 });
-        o.family(
-            "segments_lost",
-            G,
-            "Segments whose data fewer than M shards give back (too few left, or more damaged than the parity covers): lost data.",
-        );
-        o.sample("segments_lost", &[], t.segments_lost as f64);
-        o.family(
-            "lost_chunk_reads_total",
+    type Get = fn(&ckptfs_engine::targets::TargetReport) -> f64;
+    let per: [(&str, &str, &str, Get); 5] = [
+        (
+            "target_read_errors_total",
             C,
-            "Reads of a chunk that no M shards gave back verified (EIO to the reader), since the daemon started.",
-        );
-        o.sample("lost_chunk_reads_total", &[], t.chunks_lost_reads as f64);
-        if let Some(want) = crate::targets::mirrors_wanted(t) {
-            o.family(
-                "metadata_mirrors",
-                G,
-                "Targets holding a current mirror of the space's metadata (ckptfs recover rebuilds a lost backing directory from one); K+1 wanted, see metadata_mirrors_wanted.",
-            );
-            let have = t.targets.iter().filter(|x| x.metadata_mirror).count();
-            o.sample("metadata_mirrors", &[], have as f64);
-            o.family(
-                "metadata_mirrors_wanted",
-                G,
-                "K+1: the metadata mirrors a space over targets keeps when enough targets are healthy.",
-            );
-            o.sample("metadata_mirrors_wanted", &[], want as f64);
-        }
-        type Get = fn(&ckptfs_engine::targets::TargetReport) -> f64;
-        let per: [(&str, &str, &str, Get); 5] = [
-            (
-                "target_read_errors_total",
-                C,
-                "Failed reads of the target's shards since the space was opened.",
-                |t| t.read_errors as f64,
-            ),
-            (
-                "target_damaged_shards_total",
-                C,
-                "Shards on the target found holding damaged bytes since the space was opened.",
-                |t| t.verify_errors as f64,
-            ),
-            (
-                "target_repaired_blocks_total",
-                C,
-                "4 KiB blocks of the target's shards a repair rewrote since the space was opened.",
-                |t| t.repaired_blocks as f64,
-            ),
-            (
-                "target_suspect_shards",
-                G,
-                "The target's shards found unreadable or damaged and not repaired yet.",
-                |t| t.suspect_shards as f64,
-            ),
-            (
-                "target_up",
-                G,
-                "1 for a target in use and ok, 0 when failed, retired or degraded.",
-                |t| if t.state == "ok" { 1.0 } else { 0.0 },
-            ),
-        ];
-        for (name, kind, help, get) in per {
-            o.family(name, kind, help);
-            for tr in &t.targets {
-                // No state label: a label that changes would start a new series.
-                let idx = tr.index.to_string();
-                o.sample(name, &[("target", &idx), ("path", &tr.path)], get(tr));
-            }
+            "Failed reads of the target's shards since the space was opened.",
+            |t| t.read_errors as f64,
+        ),
+        (
+            "target_damaged_shards_total",
+            C,
+            "Shards on the target found holding damaged bytes since the space was opened.",
+            |t| t.verify_errors as f64,
+        ),
+        (
+            "target_repaired_blocks_total",
+            C,
+            "4 KiB blocks of the target's shards a repair rewrote since the space was opened.",
+            |t| t.repaired_blocks as f64,
+        ),
+        (
+            "target_suspect_shards",
+            G,
+            "The target's shards found unreadable or damaged and not repaired yet.",
+            |t| t.suspect_shards as f64,
+        ),
+        (
+            "target_up",
+            G,
+            "1 for a target in use and ok, 0 when failed, retired or degraded.",
+            |t| if t.state == "ok" { 1.0 } else { 0.0 },
+        ),
+    ];
+    for (name, kind, help, get) in per {
+        o.family(name, kind, help);
+        for tr in &t.targets {
+            // No state label: a label that changes would start a new series.
+            let idx = tr.index.to_string();
+            o.sample(name, &[("target", &idx), ("path", &tr.path)], get(tr));
         }
     }
+}
+
+/// The data path's stages: wall and CPU seconds and bytes per stage.
+fn of_stages(o: &mut Out, s: &Stats) {
     o.family(
         "stage_seconds_total",
         C,
@@ -335,7 +364,6 @@ pub fn prometheus(s: &Stats, targets: Option<&TargetsReport>, space: &str) -> St
     for st in &s.stages {
         o.sample("stage_bytes_total", &[("stage", &st.name)], st.bytes as f64);
     }
-    o.text
 }
 
 #[cfg(test)]

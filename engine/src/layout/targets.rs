@@ -364,6 +364,104 @@ fn write_cut_markers(
     Ok(crate::targets::cut_marker(dir, my_slot))
 }
 
+/// Opens target `i`'s file as a device, checked to be this space's target `i` with the
+/// table's layout, and the cut it was found short by (`CutShort`), if any; or why it is not
+/// usable (the target is then failed).
+fn open_target_file(
+    table: &TargetsTable,
+    i: usize,
+    sb: &Superblock,
+    read_only: bool,
+    my_slot: u32,
+    wrap: &dyn Fn(&'static str, Arc<dyn Device>) -> Arc<dyn Device>,
+) -> std::result::Result<(Arc<dyn Device>, Option<crate::targets::CutShort>), String> {
+    let t = &table.targets[i];
+    let path = t.path.join(crate::targets::TARGET_FILE);
+    if table.failed[i] {
+        return Err(
+            "it failed while mounted earlier (see daemon.log), so its shards may be \
+             stale; `ckptfs rebuild` replaces it"
+                .into(),
+        );
+    }
+    let f = OpenOptions::new()
+        .read(true)
+        .write(!read_only)
+        .open(&path)
+        .map_err(|e| format!("{}: {e}", path.display()))?;
+    let mut head = vec![0u8; crate::targets::TARGET_HEADER_BYTES as usize];
+    use std::os::unix::fs::FileExt;
+    f.read_exact_at(&mut head, 0)
+        .map_err(|e| format!("{}: {e}", path.display()))?;
+    let h = crate::targets::TargetHeader::decode(&head)
+        .map_err(|e| format!("{}: {e}", path.display()))?;
+    if h.space_uuid != sb.uuid || h.index as usize != i {
+        return Err(format!(
+            "{} belongs to another space or is another target (index {})",
+            path.display(),
+            h.index
+        ));
+    }
+    if h.shard_bytes != table.shard_bytes || h.slots != table.slots {
+        return Err(format!("{} has another layout", path.display()));
+    }
+    // A file cut short outside ckptfs (a copy that ran out of room, a truncate by
+    // mistake) lost the shards past its end. Its device takes writes only within its
+    // length, so it is extended to its reserved size again (else every repair of
+    // those shards would fail with ENOSPC and fail the whole target). Extended, its
+    // length no longer tells what it lost, so first a marker per slot records the
+    // cut (`targets::cut_marker`): each node's shards past it are counted missing,
+    // read around and rebuilt in place by `ckptfs rebuild` (or `scrub`), whose pass
+    // removes that node's marker once none is left, at this mount or a later one.
+    let want = table.target_file_bytes();
+    let have = f
+        .metadata()
+        .map_err(|e| format!("{}: {e}", path.display()))?
+        .len();
+    let mine = crate::targets::cut_marker(&t.path, my_slot);
+    let marked = read_cut_marker(&mine);
+    if have < want {
+        log::error!(
+            "target {i}: {} is {have} bytes, {want} reserved: it was cut short outside \
+             ckptfs; the shards past its end are read from the other targets{}",
+            path.display(),
+            match read_only {
+                true => ", and a read-write mount's `ckptfs rebuild` puts them back",
+                false => "; extended to its size again, `ckptfs rebuild` rewrites them",
+            }
+        );
+        if !read_only {
+            write_cut_markers(&t.path, sb.slots, my_slot, have).map_err(|e| {
+                format!(
+                    "{} is {have} bytes, {want} reserved, and {e}",
+                    path.display()
+                )
+            })?;
+            super::preallocate(&f, want).map_err(|e| {
+                format!(
+                    "{} is {have} bytes, {want} reserved, and extending it failed: {e}",
+                    path.display()
+                )
+            })?;
+        }
+    }
+    let at = match (have < want, marked) {
+        (true, m) => Some(m.map_or(have, |m| m.min(have))),
+        (false, m) => m,
+    };
+    let cut = at.map(|at| crate::targets::CutShort {
+        at,
+        marker: (!read_only).then(|| mine.clone()),
+    });
+    let dev: Arc<dyn Device> = match read_only {
+        true => Arc::new(crate::device::ReadOnlyDevice(Arc::new(
+            FileDevice::new(f).map_err(|e| e.to_string())?,
+        ))),
+        false => Arc::new(FileDevice::new_direct(f).map_err(|e| e.to_string())?),
+    };
+    Ok((wrap(crate::sim::target_device_name(i), dev), cut))
+}
+
 /// Opens the targets of the targeted space in `dir` as its placement. A target whose
 /// file is missing, unreadable or not this space's is failed (the reason kept for
 /// `ckptfs targets`); fewer than M usable targets refuse the open.
@@ -391,93 +489,10 @@ pub(crate) fn open_targets(
     // The slot whose cut markers this node reads and clears (`targets::cut_marker`).
     let my_slot = lease.map_or(0, |l| l.slot().0);
     for (i, t) in table.targets.iter().enumerate() {
-        let path = t.path.join(crate::targets::TARGET_FILE);
-        let mut cut: Option<crate::targets::CutShort> = None;
-        let opened = (|| -> std::result::Result<Arc<dyn Device>, String> {
-            if table.failed[i] {
-                return Err(
-                    "it failed while mounted earlier (see daemon.log), so its shards may be \
-                     stale; `ckptfs rebuild` replaces it"
-                        .into(),
-                );
-            }
-            let f = OpenOptions::new()
-                .read(true)
-                .write(!read_only)
-                .open(&path)
-                .map_err(|e| format!("{}: {e}", path.display()))?;
-            let mut head = vec![0u8; crate::targets::TARGET_HEADER_BYTES as usize];
-            use std::os::unix::fs::FileExt;
-            f.read_exact_at(&mut head, 0)
-                .map_err(|e| format!("{}: {e}", path.display()))?;
-            let h = crate::targets::TargetHeader::decode(&head)
-                .map_err(|e| format!("{}: {e}", path.display()))?;
-            if h.space_uuid != sb.uuid || h.index as usize != i {
-                return Err(format!(
-                    "{} belongs to another space or is another target (index {})",
-                    path.display(),
-                    h.index
-                ));
-            }
-            if h.shard_bytes != table.shard_bytes || h.slots != table.slots {
-                return Err(format!("{} has another layout", path.display()));
-            }
-            // A file cut short outside ckptfs (a copy that ran out of room, a truncate by
-            // mistake) lost the shards past its end. Its device takes writes only within its
-            // length, so it is extended to its reserved size again (else every repair of
-            // those shards would fail with ENOSPC and fail the whole target). Extended, its
-            // length no longer tells what it lost, so first a marker per slot records the
-            // cut (`targets::cut_marker`): each node's shards past it are counted missing,
-            // read around and rebuilt in place by `ckptfs rebuild` (or `scrub`), whose pass
-            // removes that node's marker once none is left, at this mount or a later one.
-            let want = table.target_file_bytes();
-            let have = f
-                .metadata()
-                .map_err(|e| format!("{}: {e}", path.display()))?
-                .len();
-            let mine = crate::targets::cut_marker(&t.path, my_slot);
-            let marked = read_cut_marker(&mine);
-            if have < want {
-                log::error!(
-                    "target {i}: {} is {have} bytes, {want} reserved: it was cut short outside \
-                     ckptfs; the shards past its end are read from the other targets{}",
-                    path.display(),
-                    match read_only {
-                        true => ", and a read-write mount's `ckptfs rebuild` puts them back",
-                        false => "; extended to its size again, `ckptfs rebuild` rewrites them",
-                    }
-                );
-                if !read_only {
-                    write_cut_markers(&t.path, sb.slots, my_slot, have).map_err(|e| {
-                        format!(
-                            "{} is {have} bytes, {want} reserved, and {e}",
-                            path.display()
-                        )
-                    })?;
-                    super::preallocate(&f, want).map_err(|e| {
-                        format!(
-                            "{} is {have} bytes, {want} reserved, and extending it failed: {e}",
-                            path.display()
-                        )
-                    })?;
-                }
-            }
-            let at = match (have < want, marked) {
-                (true, m) => Some(m.map_or(have, |m| m.min(have))),
-                (false, m) => m,
-            };
-            cut = at.map(|at| crate::targets::CutShort {
-                at,
-                marker: (!read_only).then(|| mine.clone()),
-            });
-            let dev: Arc<dyn Device> = match read_only {
-                true => Arc::new(crate::device::ReadOnlyDevice(Arc::new(
-                    FileDevice::new(f).map_err(|e| e.to_string())?,
-                ))),
-                false => Arc::new(FileDevice::new_direct(f).map_err(|e| e.to_string())?),
-            };
-            Ok(wrap(crate::sim::target_device_name(i), dev))
-        })();
+        let (opened, cut) = match open_target_file(&table, i, sb, read_only, my_slot, wrap) {
+            Ok((dev, cut)) => (Ok(dev), cut),
+            Err(e) => (Err(e), None),
+        };
         if let Err(e) = &opened {
             // A failed target is named below, once it is known whether anything of the
             // space is still on it (after `rebuild --replace` nothing is: retired).

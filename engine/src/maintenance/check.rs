@@ -246,42 +246,13 @@ pub fn check(space: &Space, progress: &mut dyn FnMut(u64, u64)) -> Result<CheckR
     let t = reader.raw()?;
 
     // Counters first: every id in use must be below its counter.
-    let mut counters = [0u64; 4];
-    for (i, name) in [
-        catalog::NEXT_INO,
-        catalog::NEXT_REV,
-        catalog::NEXT_COOKIE,
-        catalog::NEXT_HISTORY,
-    ]
-    .iter()
-    .enumerate()
-    {
-        match t.counters.get(*name)? {
-            Some(v) => counters[i] = v.value(),
-            None => {
-                r.problem(format!("counter {name} is missing"));
-                counters[i] = u64::MAX;
-            }
-        }
-    }
-    let [next_ino, next_rev, next_cookie, next_history] = counters;
+    let [next_ino, next_rev, next_cookie, next_history] = check_counters(&t, &mut r)?;
     if let Err(e) = space.config() {
         r.problem(format!("retention config unreadable: {e}"));
     }
 
     // Free segments: in range; what is not free is in use.
-    let mut free = BTreeSet::new();
-    for item in t.free.iter()? {
-        let seg = item?.0.value();
-        if !range.contains(&seg) {
-            r.problem(format!(
-                "free segment {seg} lies outside this slot's segments {}..{}",
-                range.start, range.end
-            ));
-        } else {
-            free.insert(seg);
-        }
-    }
+    let free = check_free(&t, &range, &mut r)?;
     r.free_bytes = free.len() as u64 * seg_bytes;
     r.used_bytes = r.reserved_bytes - r.free_bytes;
 
@@ -389,6 +360,51 @@ pub fn check(space: &Space, progress: &mut dyn FnMut(u64, u64)) -> Result<CheckR
 }
 
 type Tables = RawTables;
+
+/// The id counters (inode, revision, readdir cookie, history), u64::MAX for a missing one
+/// (reported), so no id is found above it.
+fn check_counters(t: &Tables, r: &mut CheckReport) -> Result<[u64; 4]> {
+    let mut counters = [0u64; 4];
+    for (i, name) in [
+        catalog::NEXT_INO,
+        catalog::NEXT_REV,
+        catalog::NEXT_COOKIE,
+        catalog::NEXT_HISTORY,
+    ]
+    .iter()
+    .enumerate()
+    {
+        match t.counters.get(*name)? {
+            Some(v) => counters[i] = v.value(),
+            None => {
+                r.problem(format!("counter {name} is missing"));
+                counters[i] = u64::MAX;
+            }
+        }
+    }
+    Ok(counters)
+}
+
+/// The free segments, each in this slot's range (one outside it is reported, not kept).
+fn check_free(
+    t: &Tables,
+    range: &std::ops::Range<u64>,
+    r: &mut CheckReport,
+) -> Result<BTreeSet<u64>> {
+    let mut free = BTreeSet::new();
+    for item in t.free.iter()? {
+        let seg = item?.0.value();
+        if !range.contains(&seg) {
+            r.problem(format!(
+                "free segment {seg} lies outside this slot's segments {}..{}",
+                range.start, range.end
+            ));
+        } else {
+            free.insert(seg);
+        }
+    }
+    Ok(free)
+}
 
 /// Some chunk the snapshot placed in segment `seg` is still committed there: the segment was
 /// not emptied and reused since (its rows are never written twice while it holds chunks).

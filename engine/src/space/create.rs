@@ -442,44 +442,8 @@ impl Space {
                 (MIN_SLOT_SEGMENTS * slots as u64 * segment_bytes as u64) >> 20
             )));
         }
-        if dir.exists() && !dir.is_dir() {
-            return Err(Error::Invalid(format!(
-                "{} is not a directory",
-                dir.display()
-            )));
-        }
-        let names: Vec<String> = if dir.is_dir() {
-            fs::read_dir(dir)?
-                .map(|e| e.map(|e| e.file_name().to_string_lossy().into_owned()))
-                .collect::<std::io::Result<_>>()?
-        } else {
-            Vec::new()
-        };
+        let names = old_space_files(dir, force)?;
         let old_space = !names.is_empty();
-        if old_space
-            && !names.iter().all(|n| {
-                // A crash while a small file was replaced leaves its `.tmp` beside it
-                // (`NAME.tmp`, or `NAME.SLOT.tmp` of a slot's `store_table_shared`).
-                let n = n.as_str();
-                let n = n
-                    .strip_suffix(".tmp")
-                    .map_or(n, |b| b.split('.').next().unwrap_or(b));
-                SPACE_FILES.contains(&n)
-                    || SLOTTED_SPACE_FILES.contains(&n)
-                    || TARGETED_SPACE_FILES.contains(&n)
-            })
-        {
-            return Err(Error::Invalid(format!(
-                "{} is not empty and is not a ckptfs space; refusing to format it",
-                dir.display()
-            )));
-        }
-        if old_space && !force {
-            return Err(Error::Invalid(format!(
-                "{} already holds a ckptfs space; use --force to erase it and format anew",
-                dir.display()
-            )));
-        }
         // Every refusal comes before the first change: a refused format leaves DIR (and an old
         // space in it) as it was. Erasing the old space gives its data file's blocks back.
         let existing = existing_ancestor(dir);
@@ -514,25 +478,7 @@ impl Space {
             None
         };
         // Other nodes do not share this node's flock: a slot with a live lease is a mount.
-        if names.iter().any(|n| n == SLOTS_DIR) {
-            if let Ok(sb) = read_superblock(dir) {
-                let (table, _) = slot_table(dir, &sb, false)?;
-                let now = crate::slots::now_unix_ns();
-                let live: Vec<String> = table
-                    .all()?
-                    .iter()
-                    .filter(|h| crate::slots::is_live(h, now))
-                    .map(|h| crate::slots::describe_holder(h, now))
-                    .collect();
-                if !live.is_empty() {
-                    return Err(Error::Locked(format!(
-                        "{} is mounted: {}; unmount it everywhere first",
-                        dir.display(),
-                        live.join("; ")
-                    )));
-                }
-            }
-        }
+        refuse_if_mounted_elsewhere(dir, &names)?;
         for n in &names {
             if n == SLOTS_DIR {
                 fs::remove_dir_all(dir.join(n))?;
@@ -644,4 +590,73 @@ fn is_target_dir_file(name: &str) -> bool {
             .strip_prefix(crate::targets::TARGET_FILE)
             .and_then(|r| r.strip_prefix(".cut-"))
             .is_some_and(|slot| slot.parse::<u32>().is_ok())
+}
+
+/// The files of the old space in `dir` (none: `dir` is missing or empty), or the refusal
+/// to format it: not a directory, something other than a space in it, or a space without
+/// `force`.
+fn old_space_files(dir: &Path, force: bool) -> Result<Vec<String>> {
+    if dir.exists() && !dir.is_dir() {
+        return Err(Error::Invalid(format!(
+            "{} is not a directory",
+            dir.display()
+        )));
+    }
+    let names: Vec<String> = if dir.is_dir() {
+        fs::read_dir(dir)?
+            .map(|e| e.map(|e| e.file_name().to_string_lossy().into_owned()))
+            .collect::<std::io::Result<_>>()?
+    } else {
+        Vec::new()
+    };
+    if !names.is_empty()
+        && !names.iter().all(|n| {
+            // A crash while a small file was replaced leaves its `.tmp` beside it
+            // (`NAME.tmp`, or `NAME.SLOT.tmp` of a slot's `store_table_shared`).
+            let n = n.as_str();
+            let n = n
+                .strip_suffix(".tmp")
+                .map_or(n, |b| b.split('.').next().unwrap_or(b));
+            SPACE_FILES.contains(&n)
+                || SLOTTED_SPACE_FILES.contains(&n)
+                || TARGETED_SPACE_FILES.contains(&n)
+        })
+    {
+        return Err(Error::Invalid(format!(
+            "{} is not empty and is not a ckptfs space; refusing to format it",
+            dir.display()
+        )));
+    }
+    if !names.is_empty() && !force {
+        return Err(Error::Invalid(format!(
+            "{} already holds a ckptfs space; use --force to erase it and format anew",
+            dir.display()
+        )));
+    }
+    Ok(names)
+}
+
+/// Refuses to erase a space of several slots that a node (other nodes do not share this
+/// node's flock) still holds a live lease on.
+fn refuse_if_mounted_elsewhere(dir: &Path, names: &[String]) -> Result<()> {
+    if names.iter().any(|n| n == SLOTS_DIR) {
+        if let Ok(sb) = read_superblock(dir) {
+            let (table, _) = slot_table(dir, &sb, false)?;
+            let now = crate::slots::now_unix_ns();
+            let live: Vec<String> = table
+                .all()?
+                .iter()
+                .filter(|h| crate::slots::is_live(h, now))
+                .map(|h| crate::slots::describe_holder(h, now))
+                .collect();
+            if !live.is_empty() {
+                return Err(Error::Locked(format!(
+                    "{} is mounted: {}; unmount it everywhere first",
+                    dir.display(),
+                    live.join("; ")
+                )));
+            }
+        }
+    }
+    Ok(())
 }

@@ -692,34 +692,9 @@ impl Fs {
             if dst.is_some_and(|d| d.child == src.child) {
                 return Ok(());
             }
-            let src_dir = src.kind == NodeKind::Dir;
-            if src_dir && self.with_views(|v| v.is_ancestor(src.child, new_parent)) {
-                return Err(Error::Invalid);
-            }
-            if exchange {
-                let d = dst.ok_or(Error::NotFound)?;
-                if d.kind == NodeKind::Dir && self.with_views(|v| v.is_ancestor(d.child, parent)) {
-                    return Err(Error::Invalid);
-                }
-            } else if let Some(d) = dst {
-                if noreplace {
-                    return Err(Error::Exists);
-                }
-                let dst_dir = d.kind == NodeKind::Dir;
-                if src_dir && !dst_dir {
-                    return Err(Error::NotDir);
-                }
-                if !src_dir && dst_dir {
-                    return Err(Error::IsDir);
-                }
-                if dst_dir && !self.with_views(|v| v.list(d.child).is_empty()) {
-                    return Err(Error::NotEmpty);
-                }
-            }
+            self.check_rename(&src, dst.as_ref(), parent, new_parent, noreplace, exchange)?;
             let stamp = self.space.stamp();
             let now = stamp_to_time(stamp);
-            let at = |b: &Binding| Binding { stamp, ..*b };
-            let mut recs = Vec::new();
             let (old_tomb, dst_path, src_path) = self.with_views(|v| {
                 (
                     v.others_have(me, parent, name),
@@ -727,25 +702,15 @@ impl Fs {
                     self.path_in_tree(v, src.child),
                 )
             });
-            if exchange {
-                let d = dst.expect("checked");
-                recs.push(Record::Bind(parent, name.to_vec(), at(&d)));
-                recs.push(Record::Bind(new_parent, new_name.to_vec(), at(&src)));
-            } else {
-                recs.push(match old_tomb {
-                    true => Record::Bind(
-                        parent,
-                        name.to_vec(),
-                        Binding {
-                            child: InodeId(0),
-                            stamp,
-                            kind: NodeKind::File,
-                        },
-                    ),
-                    false => Record::Unbind(parent, name.to_vec()),
-                });
-                recs.push(Record::Bind(new_parent, new_name.to_vec(), at(&src)));
-            }
+            let recs = rename_records(
+                (parent, name),
+                (new_parent, new_name),
+                &src,
+                dst,
+                exchange,
+                old_tomb,
+                stamp,
+            );
             let replaced = dst.filter(|_| !exchange).map(|d| d.child);
             let own_file = |o: InodeId| owner_slot(o) == me;
             let retired = self.space.ns_write(false, |t| -> Result<_> {
@@ -806,6 +771,44 @@ impl Fs {
             }
             return Ok(());
         }
+    }
+
+    /// The POSIX refusals of a rename of `src` over `dst` (or exchanging them): a directory
+    /// into itself, a replace without permission, a kind mismatch, a non-empty directory.
+    fn check_rename(
+        &self,
+        src: &Binding,
+        dst: Option<&Binding>,
+        parent: InodeId,
+        new_parent: InodeId,
+        noreplace: bool,
+        exchange: bool,
+    ) -> Result<()> {
+        let src_dir = src.kind == NodeKind::Dir;
+        if src_dir && self.with_views(|v| v.is_ancestor(src.child, new_parent)) {
+            return Err(Error::Invalid);
+        }
+        if exchange {
+            let d = dst.ok_or(Error::NotFound)?;
+            if d.kind == NodeKind::Dir && self.with_views(|v| v.is_ancestor(d.child, parent)) {
+                return Err(Error::Invalid);
+            }
+        } else if let Some(d) = dst {
+            if noreplace {
+                return Err(Error::Exists);
+            }
+            let dst_dir = d.kind == NodeKind::Dir;
+            if src_dir && !dst_dir {
+                return Err(Error::NotDir);
+            }
+            if !src_dir && dst_dir {
+                return Err(Error::IsDir);
+            }
+            if dst_dir && !self.with_views(|v| v.list(d.child).is_empty()) {
+                return Err(Error::NotEmpty);
+            }
+        }
+        Ok(())
     }
 
     /// This slot's version of `obj` to write into: its newest one if that is the top layer
@@ -1581,4 +1584,40 @@ fn extents_in(extents: &[PubExtent], from: u64, to: u64) -> Vec<&PubExtent> {
         .take_while(|e| e.off < to)
         .filter(|e| e.off + e.len as u64 > from)
         .collect()
+}
+
+/// The name records of a rename at `stamp`: `to` binds `src` (and, exchanging, `from` binds
+/// `dst`); else `from` is unbound, or bound to a tombstone where other slots have the name
+/// (`old_tomb`), so their older binding does not show through.
+fn rename_records(
+    (parent, name): (InodeId, &[u8]),
+    (new_parent, new_name): (InodeId, &[u8]),
+    src: &Binding,
+    dst: Option<Binding>,
+    exchange: bool,
+    old_tomb: bool,
+    stamp: u64,
+) -> Vec<Record> {
+    let at = |b: &Binding| Binding { stamp, ..*b };
+    let mut recs = Vec::new();
+    if exchange {
+        let d = dst.expect("checked");
+        recs.push(Record::Bind(parent, name.to_vec(), at(&d)));
+        recs.push(Record::Bind(new_parent, new_name.to_vec(), at(src)));
+    } else {
+        recs.push(match old_tomb {
+            true => Record::Bind(
+                parent,
+                name.to_vec(),
+                Binding {
+                    child: InodeId(0),
+                    stamp,
+                    kind: NodeKind::File,
+                },
+            ),
+            false => Record::Unbind(parent, name.to_vec()),
+        });
+        recs.push(Record::Bind(new_parent, new_name.to_vec(), at(src)));
+    }
+    recs
 }
