@@ -482,14 +482,96 @@ pub(crate) fn open_targets(
     })?;
     let mut table = TargetsTable::decode(&bytes)
         .map_err(|e| Corruption::Layout(format!("{}: {e}", crate::targets::TARGETS_FILE)))?;
+    // The slot whose cut markers this node reads and clears (`targets::cut_marker`).
+    let my_slot = lease.map_or(0, |l| l.slot().0);
+    let opened = open_target_files(&table, sb, read_only, my_slot, wrap);
+    let (targets, opened_ok, cuts, usable) =
+        (opened.targets, opened.ok, opened.cuts, opened.usable);
+    let r = table.redundancy;
+    if usable < r.data {
+        return Err(Error::Targets(crate::error::TargetFault::TooFewOpen {
+            usable,
+            total: table.targets.len(),
+            needed: r.data,
+        }));
+    }
+    // The metadata of a multi-slot space is each slot's own table, written by its node
+    // while it runs: it is not mirrored on the targets (see FORMAT.md "Slots over
+    // targets").
+    let mirrored = !read_only && lease.is_none();
+    let (holders, findings) = match mirrored {
+        false => (Vec::new(), Vec::new()),
+        true => refresh_mirrors(dir, &mut table, &opened_ok)?,
+    };
+    let mut map = open_placement_map(dir, read_only, lease, watched)?;
+    let table = Arc::new(parking_lot::Mutex::new(table));
+    let mirrors = match mirrored {
+        false => None,
+        true => {
+            let (m, placement) = open_mirrors(dir, &table, &holders, findings, map, wrap)?;
+            map = placement;
+            Some(m)
+        }
+    };
+    let (shard_bytes, segments) = {
+        let t = table.lock();
+        (t.shard_bytes, t.segments)
+    };
+    let share = lease.map(|l| {
+        crate::targets::Share::of(
+            l.slot().0,
+            sb.slots,
+            table.lock().slots,
+            sb.slot_share(l.slot()),
+        )
+    });
+    let erasure = Arc::new(crate::targets::Erasure::open_share(
+        r,
+        shard_bytes,
+        segments,
+        targets,
+        map,
+        share,
+    )?);
+    report_cuts_and_failures(&erasure, cuts, &table);
+    if !read_only {
+        set_hooks(
+            &erasure,
+            dir,
+            &table,
+            sb.slots,
+            lease.map(|l| l.slot()),
+            my_slot,
+        );
+    }
+    Ok((erasure, table, mirrors))
+}
+
+/// The targets of a table as opened: failed ones carry why (`Target::new`).
+struct OpenedTargets {
+    targets: Vec<crate::targets::Target>,
+    /// Which opened.
+    ok: Vec<bool>,
+    /// The cut markers this node found, by target.
+    cuts: Vec<(u16, crate::targets::CutShort)>,
+    usable: usize,
+}
+
+/// Opens every target file of `table` (`open_target_file`); one that cannot be opened is
+/// named in the log (unless the table already says it failed) and kept as failed.
+fn open_target_files(
+    table: &TargetsTable,
+    sb: &Superblock,
+    read_only: bool,
+    my_slot: u32,
+    wrap: &dyn Fn(&'static str, Arc<dyn Device>) -> Arc<dyn Device>,
+) -> OpenedTargets {
     let mut targets = Vec::new();
     let mut opened_ok = Vec::new();
     let mut cuts: Vec<(u16, crate::targets::CutShort)> = Vec::new();
     let mut usable = 0;
-    // The slot whose cut markers this node reads and clears (`targets::cut_marker`).
-    let my_slot = lease.map_or(0, |l| l.slot().0);
     for (i, t) in table.targets.iter().enumerate() {
-        let (opened, cut) = match open_target_file(&table, i, sb, read_only, my_slot, wrap) {
+        let (opened, cut) = match open_target_file(table, i, sb, read_only, my_slot, wrap) {
             Ok((dev, cut)) => (Ok(dev), cut),
             Err(e) => (Err(e), None),
         };
@@ -513,22 +595,22 @@ pub(crate) fn open_targets(
             opened,
         ));
     }
-    let r = table.redundancy;
-    if usable < r.data {
-        return Err(Error::Targets(crate::error::TargetFault::TooFewOpen {
-            usable,
-            total: table.targets.len(),
-            needed: r.data,
-        }));
+    OpenedTargets {
+        targets,
+        ok: opened_ok,
+        cuts,
+        usable,
     }
-    // The metadata of a multi-slot space is each slot's own table, written by its node
-    // while it runs: it is not mirrored on the targets (see FORMAT.md "Slots over
-    // targets").
-    let mirrored = !read_only && lease.is_none();
-    let (holders, findings) = match mirrored {
-        false => (Vec::new(), Vec::new()),
-        true => refresh_mirrors(dir, &mut table, &opened_ok)?,
-    };
+}
+
+/// The placement file as a device: read around this node's page cache and fenced by the
+/// lease on a multi-slot space, watched for replacement on a read-write mount.
+fn open_placement_map(
+    dir: &Path,
+    read_only: bool,
+    lease: Option<&Arc<Lease>>,
+    watched: &mut Vec<Arc<crate::device::PathWatched>>,
+) -> Result<Arc<dyn Device>> {
     let map = OpenOptions::new()
         .read(true)
         .write(!read_only)
@@ -542,7 +624,7 @@ pub(crate) fn open_targets(
         }),
         None => Arc::new(FileDevice::new(map)?),
     };
-    let mut map: Arc<dyn Device> = match read_only {
+    Ok(match read_only {
         true => map,
         false => {
             let w = Arc::new(crate::device::PathWatched::new(
@@ -553,69 +635,65 @@ pub(crate) fn open_targets(
             watched.push(w.clone());
             w
         }
-    };
-    let table = Arc::new(parking_lot::Mutex::new(table));
-    let mirrors = match mirrored {
-        false => None,
-        true => {
-            let (dir, t) = (dir.to_path_buf(), table.clone());
-            let set = crate::mirror::MirrorSet::new(Box::new(move |i| {
-                let mut t = t.lock();
-                t.mirror[i] = false;
-                if let Err(e) = store_table(&dir, &mut t) {
-                    log::error!("recording that the mirror on target {i} was dropped: {e}");
-                }
-            }));
-            let paths: Vec<(usize, PathBuf)> = {
-                let t = table.lock();
-                holders
-                    .iter()
-                    .map(|&i| (i, t.targets[i].path.clone()))
-                    .collect()
-            };
-            let mut devs = Vec::new();
-            for (i, p) in &paths {
-                let f = open_private(&p.join(crate::mirror::MIRROR_PLACEMENT), false)?;
-                let d: Arc<dyn Device> = Arc::new(FileDevice::new(f)?);
-                devs.push((*i, wrap(crate::sim::mirror_device_name(*i), d)));
-            }
-            let placement = Arc::new(
-                crate::mirror::MirrorDevice::new(map, devs, set.clone()).with_paths(
-                    paths
-                        .iter()
-                        .map(|(_, p)| p.join(crate::mirror::MIRROR_PLACEMENT))
-                        .collect(),
-                ),
-            );
-            map = placement.clone();
-            Some(Mirrors {
-                set,
-                holders: paths,
-                placement,
-                findings,
-            })
+    })
+}
+
+/// The metadata mirror holders' placement files, opened beside the placement file (`map`)
+/// as one mirrored device, which the placement then uses.
+fn open_mirrors(
+    dir: &Path,
+    table: &SharedTable,
+    holders: &[usize],
+    findings: Vec<String>,
+    map: Arc<dyn Device>,
+    wrap: &dyn Fn(&'static str, Arc<dyn Device>) -> Arc<dyn Device>,
+) -> Result<(Mirrors, Arc<dyn Device>)> {
+    let (dir, t) = (dir.to_path_buf(), table.clone());
+    let set = crate::mirror::MirrorSet::new(Box::new(move |i| {
+        let mut t = t.lock();
+        t.mirror[i] = false;
+        if let Err(e) = store_table(&dir, &mut t) {
+            log::error!("recording that the mirror on target {i} was dropped: {e}");
         }
-    };
-    let (shard_bytes, segments) = {
+    }));
+    let paths: Vec<(usize, PathBuf)> = {
         let t = table.lock();
-        (t.shard_bytes, t.segments)
+        holders
+            .iter()
+            .map(|&i| (i, t.targets[i].path.clone()))
+            .collect()
     };
-    let share = lease.map(|l| {
-        crate::targets::Share::of(
-            l.slot().0,
-            sb.slots,
-            table.lock().slots,
-            sb.slot_share(l.slot()),
-        )
-    });
-    let erasure = Arc::new(crate::targets::Erasure::open_share(
-        r,
-        shard_bytes,
-        segments,
-        targets,
-        map,
-        share,
-    )?);
+    let mut devs = Vec::new();
+    for (i, p) in &paths {
+        let f = open_private(&p.join(crate::mirror::MIRROR_PLACEMENT), false)?;
+        let d: Arc<dyn Device> = Arc::new(FileDevice::new(f)?);
+        devs.push((*i, wrap(crate::sim::mirror_device_name(*i), d)));
+    }
+    let placement = Arc::new(
+        crate::mirror::MirrorDevice::new(map, devs, set.clone()).with_paths(
+            paths
+                .iter()
+                .map(|(_, p)| p.join(crate::mirror::MIRROR_PLACEMENT))
+                .collect(),
+        ),
+    );
+    let map: Arc<dyn Device> = placement.clone();
+    let mirrors = Mirrors {
+        set,
+        holders: paths,
+        placement,
+        findings,
+    };
+    Ok((mirrors, map))
+}
+
+/// Applies the cut markers found at open and names the failed targets that still hold
+/// shards of the space (and those retired).
+fn report_cuts_and_failures(
+    erasure: &crate::targets::Erasure,
+    cuts: Vec<(u16, crate::targets::CutShort)>,
+    table: &SharedTable,
+) {
     for (i, c) in cuts {
         let at = c.at;
         match erasure.cut_short(i, c) {
@@ -647,50 +725,57 @@ pub(crate) fn open_targets(
             }
         }
     }
-    if !read_only {
-        let want = table.lock().target_file_bytes();
-        let dir = dir.to_path_buf();
-        let table = table.clone();
-        let slot = lease.map(|l| l.slot());
-        erasure.set_fail_hook(Box::new(move |t| {
-            let mut table = table.lock();
-            table.failed[t as usize] = true;
-            let stored = match slot {
-                None => store_table(&dir, &mut table),
-                Some(s) => store_table_shared(&dir, &mut table, s),
-            };
-            if let Err(e) = stored {
-                log::error!(
-                    "recording that target {t} failed in {}: {e}; it will be used again at \
-                     the next mount, where its stale shards fail their checks and are rebuilt",
-                    crate::targets::TARGETS_FILE
-                );
+}
+
+/// A read-write mount's hooks: a failed target is recorded in the targets table, and a
+/// target file cut short while mounted is marked and extended again.
+fn set_hooks(
+    erasure: &crate::targets::Erasure,
+    dir: &Path,
+    table: &SharedTable,
+    slots: u32,
+    slot: Option<SlotId>,
+    my_slot: u32,
+) {
+    let want = table.lock().target_file_bytes();
+    let dir = dir.to_path_buf();
+    let table = table.clone();
+    erasure.set_fail_hook(Box::new(move |t| {
+        let mut table = table.lock();
+        table.failed[t as usize] = true;
+        let stored = match slot {
+            None => store_table(&dir, &mut table),
+            Some(s) => store_table_shared(&dir, &mut table, s),
+        };
+        if let Err(e) = stored {
+            log::error!(
+                "recording that target {t} failed in {}: {e}; it will be used again at \
+                 the next mount, where its stale shards fail their checks and are rebuilt",
+                crate::targets::TARGETS_FILE
+            );
+        }
+    }));
+    // A target file cut short while mounted (`Erasure::watch_files`) is recorded as a
+    // read-write open records one cut while unmounted, then extended to its reserved
+    // size again, so repairs and new shards past the cut have their room
+    // (`watch_files` has just checked that the path still names the file open here).
+    erasure.set_cut_hook(
+        my_slot,
+        Box::new(move |dir, at| {
+            let marker = write_cut_markers(dir, slots, my_slot, at)?;
+            let path = dir.join(crate::targets::TARGET_FILE);
+            let grown = OpenOptions::new()
+                .write(true)
+                .open(&path)
+                .map_err(Error::from)
+                .and_then(|f| super::preallocate(&f, want));
+            if let Err(e) = grown {
+                // Writes past its end still extend it (sparsely); the next open tries again.
+                log::error!("extending {} to {want} bytes again: {e}", path.display());
             }
-        }));
-        // A target file cut short while mounted (`Erasure::watch_files`) is recorded as a
-        // read-write open records one cut while unmounted, then extended to its reserved
-        // size again, so repairs and new shards past the cut have their room
-        // (`watch_files` has just checked that the path still names the file open here).
-        let slots = sb.slots;
-        erasure.set_cut_hook(
-            my_slot,
-            Box::new(move |dir, at| {
-                let marker = write_cut_markers(dir, slots, my_slot, at)?;
-                let path = dir.join(crate::targets::TARGET_FILE);
-                let grown = OpenOptions::new()
-                    .write(true)
-                    .open(&path)
-                    .map_err(Error::from)
-                    .and_then(|f| super::preallocate(&f, want));
-                if let Err(e) = grown {
-                    // Writes past its end still extend it (sparsely); the next open tries again.
-                    log::error!("extending {} to {want} bytes again: {e}", path.display());
-                }
-                Ok(marker)
-            }),
-        );
-    }
-    Ok((erasure, table, mirrors))
+            Ok(marker)
+        }),
+    );
 }
 
 /// A targeted space's `targets` table, shared by the fail hook and `rebuild`.

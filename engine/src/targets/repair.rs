@@ -343,11 +343,6 @@ impl Erasure {
         if job.busy {
             rep.segments_busy += 1;
         }
-        let rows_total = self.shard_bytes / BLOCK as u64;
-        let rb = self.row_bytes();
-        // A busy segment moving shards copies every row (its uncommitted rows included);
-        // otherwise only the rows holding committed chunks matter.
-        let every_row = job.busy && !fixes.is_empty();
         let mut w = SegmentRepair {
             p: &p,
             seg,
@@ -355,6 +350,54 @@ impl Erasure {
             in_place: !job.busy,
             lost_rows: false,
         };
+        let mut failed = self.repair_windows(&mut w, job, verify, rep, throttle);
+        // What was written, new shards and blocks rewritten in place, is durable before the
+        // record names the new shards and before the pass says so.
+        if failed.is_none() {
+            failed = self.sync_repaired(&p, &fixes)?;
+        }
+        if let Some(why) = failed {
+            log::error!("repairing segment {seg}: {why}; it stays degraded");
+            self.give_back(&fixes);
+            rep.segments_short += 1;
+            return Ok(());
+        }
+        if !w.lost_rows && !job.busy {
+            // Every shard of every live row verified or rewritten.
+            self.suspects.lock().clear_segment(seg);
+        }
+        if fixes.is_empty() {
+            if !bad.is_empty() {
+                rep.segments_short += 1;
+            }
+            return Ok(());
+        }
+        if !self.switch_to_fixes(seg, &p, &fixes)? {
+            return Ok(());
+        }
+        rep.segments_rebuilt += 1;
+        rep.shards_written += fixes.len() as u64;
+        if fixes.len() < bad.len() {
+            rep.segments_short += 1;
+        }
+        Ok(())
+    }
+
+    /// Repairs a segment window by window (`REPAIR_ROWS` rows each). Returns why it
+    /// stopped short, if it did.
+    fn repair_windows(
+        &self,
+        w: &mut SegmentRepair,
+        job: &SegmentJob,
+        verify: &mut dyn FnMut(usize, &[u8]) -> bool,
+        rep: &mut RebuildReport,
+        throttle: &mut Throttle,
+    ) -> Option<String> {
+        let rows_total = self.shard_bytes / BLOCK as u64;
+        let rb = self.row_bytes();
+        // A busy segment moving shards copies every row (its uncommitted rows included);
+        // otherwise only the rows holding committed chunks matter.
+        let every_row = job.busy && !w.fixes.is_empty();
         // Windows own `REPAIR_ROWS` rows each and never share one: a row is rewritten only
         // by the window that owns it, which verified every chunk with bytes in it (those
         // reaching into the next or the previous window too: the window reads past its own
@@ -380,90 +423,87 @@ impl Erasure {
             };
             let read = read.start..read.end.min(rows_total);
             let mut check = |j: usize, b: &[u8]| verify(ci + j, b);
-            match self.repair_window(&mut w, read, r0..r1, mine, &mut check, rep) {
+            match self.repair_window(w, read, r0..r1, mine, &mut check, rep) {
                 Ok(bytes) => throttle.wrote(bytes),
                 Err(e) => failed = Some(format!("rows {r0}..{r1}: {e}")),
             }
             r0 = r1;
         }
-        // What was written, new shards and blocks rewritten in place, is durable before the
-        // record names the new shards and before the pass says so.
-        if failed.is_none() {
-            let targets: BTreeSet<u16> = p
-                .shards
-                .iter()
-                .flatten()
-                .chain(fixes.iter().map(|(_, a)| a))
-                .map(|a| a.target)
-                .collect();
-            for t in targets {
-                let tg = self.tg(t);
-                if !tg.healthy() || !tg.dirty.swap(false, Ordering::SeqCst) {
-                    continue;
+        failed
+    }
+
+    /// Syncs the targets a repair wrote to (the segment's and the new shards'). A target
+    /// whose sync fails is failed; if it held a new shard, returns why the repair stops
+    /// short. A fenced sync is an error: this node no longer owns the space.
+    fn sync_repaired(&self, p: &Placed, fixes: &[(usize, ShardAt)]) -> io::Result<Option<String>> {
+        let mut failed = None;
+        let targets: BTreeSet<u16> = p
+            .shards
+            .iter()
+            .flatten()
+            .chain(fixes.iter().map(|(_, a)| a))
+            .map(|a| a.target)
+            .collect();
+        for t in targets {
+            let tg = self.tg(t);
+            if !tg.healthy() || !tg.dirty.swap(false, Ordering::SeqCst) {
+                continue;
+            }
+            if let Some(Err(e)) = tg.dev.as_ref().map(|d| d.sync()) {
+                if crate::error::FencedIo::is(&e) {
+                    return Err(e);
                 }
-                if let Some(Err(e)) = tg.dev.as_ref().map(|d| d.sync()) {
-                    if crate::error::FencedIo::is(&e) {
-                        return Err(e);
-                    }
-                    tg.errors.fetch_add(1, Ordering::Relaxed);
-                    self.fail_target(t, format!("sync: {e}"));
-                    if fixes.iter().any(|(_, a)| a.target == t) {
-                        failed = Some(format!("syncing target {t}: {e}"));
-                    }
+                tg.errors.fetch_add(1, Ordering::Relaxed);
+                self.fail_target(t, format!("sync: {e}"));
+                if fixes.iter().any(|(_, a)| a.target == t) {
+                    failed = Some(format!("syncing target {t}: {e}"));
                 }
             }
         }
-        if let Some(why) = failed {
-            log::error!("repairing segment {seg}: {why}; it stays degraded");
-            self.give_back(&fixes);
-            rep.segments_short += 1;
-            return Ok(());
-        }
-        if !w.lost_rows && !job.busy {
-            // Every shard of every live row verified or rewritten.
-            self.suspects.lock().clear_segment(seg);
-        }
-        if fixes.is_empty() {
-            if !bad.is_empty() {
-                rep.segments_short += 1;
-            }
-            return Ok(());
-        }
+        Ok(failed)
+    }
+
+    /// Switches segment `seg`'s record from `p` to the new shards (`fixes`, durable now),
+    /// durably. False: the segment was re-placed meanwhile (freed and taken again), so the
+    /// rebuilt shards are moot and go back.
+    fn switch_to_fixes(
+        &self,
+        seg: u64,
+        p: &Placed,
+        fixes: &[(usize, ShardAt)],
+    ) -> io::Result<bool> {
         let mut next = p.clone();
         next.generation += 1;
-        for (i, a) in &fixes {
+        for (i, a) in fixes {
             next.shards[*i] = Some(*a);
         }
         let mut map = self.map.write();
-        if map[seg as usize].as_ref() != Some(&p) {
-            // Re-placed meanwhile (freed and taken again): the rebuilt shards are moot.
+        if map[seg as usize].as_ref() != Some(p) {
             drop(map);
-            self.give_back(&fixes);
-            return Ok(());
+            self.give_back(fixes);
+            return Ok(false);
         }
         self.map_dev
             .write_at(&next.encode(), seg * RECORD_BYTES as u64)
             .and_then(|()| self.map_dev.sync())?;
         map[seg as usize] = Some(next);
         drop(map);
-        {
-            let mut sus = self.suspects.lock();
-            for (i, _) in &fixes {
-                sus.clear_shard(seg, *i);
-            }
+        let mut sus = self.suspects.lock();
+        for (i, _) in fixes {
+            sus.clear_shard(seg, *i);
         }
-        rep.segments_rebuilt += 1;
-        rep.shards_written += fixes.len() as u64;
-        if fixes.len() < bad.len() {
-            rep.segments_short += 1;
-        }
-        Ok(())
+        Ok(true)
     }
 
     /// Repairs the rows `own` of the segment of `w`, whose bytes lie in `chunks` (those
     /// with bytes in `own`) and elsewhere nothing committed; reads the rows `read` (`own`
     /// and the rest of those chunks). Window-relative offsets are `offset - read.start *
     /// row`. Returns the bytes written.
+    ///
+    /// In four steps: the stored shards are read and decoded; every chunk is verified
+    /// (`verify_window`: the data as decoded, or without the shards that make it wrong);
+    /// the rows whose stored shards disagree with the verified data are found
+    /// (`rows_to_rewrite`); then they are rewritten in place and the new shards written.
     fn repair_window(
         &self,
         w: &mut SegmentRepair,
@@ -473,17 +513,10 @@ impl Erasure {
         verify: &mut dyn FnMut(usize, &[u8]) -> bool,
         rep: &mut RebuildReport,
     ) -> io::Result<u64> {
-        let (m, k) = (self.r.data, self.r.parity);
-        let n = m + k;
+        let m = self.r.data;
+        let n = m + self.r.parity;
         let (p, seg) = (w.p, w.seg);
-        let rb = self.row_bytes();
         let (r0, r1) = (read.start, read.end);
-        let rows = (r1 - r0) as usize;
-        let base_at = r0 * rb;
-        // Rows this window may rewrite, window-relative.
-        let mine = (own.start - r0) as usize..(own.end - r0) as usize;
-        // A chunk reaching in from the previous window was counted there.
-        let counts = |c: &SegmentChunk| c.offset >= own.start * rb;
         let stored: Vec<Option<IoBuf>> = (0..n)
             .map(|i| {
                 let expected = self.readable(p, i);
@@ -498,9 +531,17 @@ impl Erasure {
             .iter()
             .map(|b| b.as_ref().map(IoBuf::as_slice))
             .collect();
-        let present: Vec<usize> = (0..n).filter(|&i| slices[i].is_some()).collect();
+        let win = Window {
+            slices: &slices,
+            present: (0..n).filter(|&i| slices[i].is_some()).collect(),
+            r0,
+            rows: (r1 - r0) as usize,
+            // Rows this window may rewrite, window-relative.
+            mine: (own.start - r0) as usize..(own.end - r0) as usize,
+            own_from: own.start * self.row_bytes(),
+        };
         let Some(base) = self.decode_data(&slices, &[]) else {
-            for c in chunks.iter().filter(|c| counts(c)) {
+            for c in chunks.iter().filter(|c| win.counts(c)) {
                 rep.lose(seg, c.offset, c.len);
             }
             w.lost_rows = true;
@@ -508,41 +549,69 @@ impl Erasure {
                 true => Ok(0),
                 false => Err(TargetFault::Unreadable {
                     segment: seg,
-                    readable: present.len(),
+                    readable: win.present.len(),
                     needed: m,
                 }
                 .into()),
             };
         };
-        // Verify every chunk; where the bytes as read fail, find the shards to do without.
-        let mut truth = base.clone();
-        let mut live = vec![false; rows];
-        let mut lost = vec![false; rows];
-        let mut spans: Vec<(u64, u64)> = Vec::with_capacity(chunks.len());
+        let mut v = self.verify_window(w, &win, base, chunks, verify, rep);
+        let mut parity = self.encode_parity(&v.truth)?;
+        let rewrite = self.rows_to_rewrite(p, &win, &mut v, &mut parity)?;
+        let mut written = 0u64;
+        if w.in_place {
+            written += self.rewrite_in_place(w, &win, &v.truth, &parity, &rewrite, rep)?;
+        }
+        written += self.write_fixes(w, &win, &v.truth, &parity, own.start, rep)?;
+        Ok(written)
+    }
+
+    /// Verifies every chunk of a window against `verify`; where the bytes as decoded fail,
+    /// searches the sets of shards to do without (smallest first) for a decoding that
+    /// verifies. Returns the verified data (`truth`) and which rows hold live and lost bytes.
+    fn verify_window(
+        &self,
+        w: &mut SegmentRepair,
+        win: &Window,
+        base: Columns,
+        chunks: &[SegmentChunk],
+        verify: &mut dyn FnMut(usize, &[u8]) -> bool,
+        rep: &mut RebuildReport,
+    ) -> Verified {
+        let m = self.r.data;
+        let (p, seg) = (w.p, w.seg);
+        let rb = self.row_bytes();
+        let base_at = win.r0 * rb;
+        let mut v = Verified {
+            truth: base.clone(),
+            live: vec![false; win.rows],
+            lost: vec![false; win.rows],
+            spans: Vec::with_capacity(chunks.len()),
+        };
         let mut tried: HashMap<Vec<usize>, Option<Vec<Vec<u8>>>> = HashMap::new();
         for (j, c) in chunks.iter().enumerate() {
             let at = c.offset - base_at;
             let end = at + c.len as u64;
-            let row_span = (at / rb) as usize..(end.div_ceil(rb) as usize).min(rows);
-            spans.push((at, end));
+            let row_span = (at / rb) as usize..(end.div_ceil(rb) as usize).min(win.rows);
+            v.spans.push((at, end));
             for r in row_span.clone() {
-                live[r] = true;
+                v.live[r] = true;
             }
             let mut bytes = vec![0u8; c.len as usize];
             gather(&base, m, at, &mut bytes);
             if verify(j, &bytes) {
-                rep.chunks_verified += counts(c) as u64;
+                rep.chunks_verified += win.counts(c) as u64;
                 continue;
             }
             let mut found: Option<Vec<usize>> = None;
-            'search: for size in 1..=present.len().saturating_sub(m) {
-                for set in combinations(&present, size) {
+            'search: for size in 1..=win.present.len().saturating_sub(m) {
+                for set in combinations(&win.present, size) {
                     if tried.len() >= TRIED_MAX && !tried.contains_key(&set) {
                         tried.clear();
                     }
                     let d = tried
                         .entry(set.clone())
-                        .or_insert_with(|| self.decode_data(&slices, &set));
+                        .or_insert_with(|| self.decode_data(win.slices, &set));
                     let Some(d) = d else { continue };
                     gather(d, m, at, &mut bytes);
                     if verify(j, &bytes) {
@@ -553,9 +622,9 @@ impl Erasure {
             }
             match found {
                 Some(set) => {
-                    scatter(&mut truth, m, at, &bytes);
-                    rep.chunks_verified += counts(c) as u64;
-                    rep.chunks_repaired += counts(c) as u64;
+                    scatter(&mut v.truth, m, at, &bytes);
+                    rep.chunks_verified += win.counts(c) as u64;
+                    rep.chunks_repaired += win.counts(c) as u64;
                     for &i in &set {
                         if let Some(a) = p.shards[i] {
                             self.damaged_shard(
@@ -568,23 +637,36 @@ impl Erasure {
                     }
                 }
                 None => {
-                    if counts(c) {
+                    if win.counts(c) {
                         rep.lose(seg, c.offset, c.len);
                     }
                     w.lost_rows = true;
                     for r in row_span {
-                        lost[r] = true;
+                        v.lost[r] = true;
                     }
                 }
             }
         }
-        drop(tried);
-        let mut parity = self.encode_parity(&truth)?;
-        // Rows whose stored shards disagree with the verified data: take the bytes no chunk
-        // covers from the decoding that agrees with the most stored shards.
+        v
+    }
+
+    /// The (shard, row) blocks of this window's own rows whose stored bytes disagree with
+    /// the verified data. Bytes no chunk covers are taken from the decoding of the row
+    /// that agrees with the most stored shards (`truth` and `parity` are updated with it).
+    fn rows_to_rewrite(
+        &self,
+        p: &Placed,
+        win: &Window,
+        v: &mut Verified,
+        parity: &mut Columns,
+    ) -> io::Result<Vec<(usize, usize)>> {
+        let (m, k) = (self.r.data, self.r.parity);
+        let n = m + k;
+        let rb = self.row_bytes();
+        let slices = win.slices;
         let mut rewrite: Vec<(usize, usize)> = Vec::new(); // (shard, row)
-        for r in mine.clone() {
-            if !live[r] || lost[r] {
+        for r in win.mine.clone() {
+            if !v.live[r] || v.lost[r] {
                 continue;
             }
             let range = r * BLOCK..(r + 1) * BLOCK;
@@ -598,7 +680,7 @@ impl Erasure {
             };
             let on_target = |i: usize| p.shards[i].is_some_and(|a| self.tg(a.target).healthy());
             let mism: Vec<usize> = (0..n)
-                .filter(|&i| on_target(i) && !matches(i, &truth, &parity))
+                .filter(|&i| on_target(i) && !matches(i, &v.truth, parity))
                 .collect();
             if mism.is_empty() {
                 continue;
@@ -613,15 +695,20 @@ impl Erasure {
             let row_hi = row_lo + rb;
             // (shards agreeing, data shards, parity shards) of the best decoding so far.
             let mut best: Option<(usize, Columns, Columns)> = None;
-            for size in 0..=present.len().saturating_sub(m).min(CANDIDATE_EXCLUDED_MAX) {
-                for set in combinations(&present, size) {
+            for size in 0..=win
+                .present
+                .len()
+                .saturating_sub(m)
+                .min(CANDIDATE_EXCLUDED_MAX)
+            {
+                for set in combinations(&win.present, size) {
                     let Some(mut d) = self.decode_data(&row_slices, &set) else {
                         continue;
                     };
                     // Window-relative columns of one row: lay the verified bytes over it.
                     let mut one: Vec<Vec<u8>> =
-                        truth.iter().map(|c| c[range.clone()].to_vec()).collect();
-                    for &(a, b) in &spans {
+                        v.truth.iter().map(|c| c[range.clone()].to_vec()).collect();
+                    for &(a, b) in &v.spans {
                         let (lo, hi) = (a.max(row_lo), b.min(row_hi));
                         if lo < hi {
                             copy_logical(&mut d, &one, m, lo - row_lo, hi - row_lo);
@@ -641,66 +728,97 @@ impl Erasure {
                 }
                 if best
                     .as_ref()
-                    .is_some_and(|(a, _, _)| *a + size >= present.len())
+                    .is_some_and(|(a, _, _)| *a + size >= win.present.len())
                 {
                     break;
                 }
             }
             if let Some((_, d, par)) = best {
-                for i in 0..m {
-                    truth[i][range.clone()].copy_from_slice(&d[i]);
+                for (col, row) in v.truth.iter_mut().zip(&d).take(m) {
+                    col[range.clone()].copy_from_slice(row);
                 }
-                for j in 0..k {
-                    parity[j][range.clone()].copy_from_slice(&par[j]);
+                for (col, row) in parity.iter_mut().zip(&par).take(k) {
+                    col[range.clone()].copy_from_slice(row);
                 }
             }
-            for i in (0..n).filter(|&i| on_target(i) && !matches(i, &truth, &parity)) {
+            for i in (0..n).filter(|&i| on_target(i) && !matches(i, &v.truth, parity)) {
                 rewrite.push((i, r));
             }
         }
+        Ok(rewrite)
+    }
+
+    /// Writes the verified bytes over the `rewrite` blocks on healthy targets (a target
+    /// whose write fails is failed; a fenced write stops the repair). Returns bytes written.
+    fn rewrite_in_place(
+        &self,
+        w: &SegmentRepair,
+        win: &Window,
+        truth: &Columns,
+        parity: &Columns,
+        rewrite: &[(usize, usize)],
+        rep: &mut RebuildReport,
+    ) -> io::Result<u64> {
+        let m = self.r.data;
+        let (p, seg) = (w.p, w.seg);
         let mut written = 0u64;
-        if w.in_place {
-            for &(i, r) in &rewrite {
-                let Some(a) = p.shards[i] else { continue };
-                let t = self.tg(a.target);
-                let Some(dev) = t.dev.as_ref().filter(|_| t.healthy()) else {
-                    continue;
-                };
-                let range = r * BLOCK..(r + 1) * BLOCK;
-                let src = if i < m {
-                    &truth[i][range]
-                } else {
-                    &parity[i - m][range]
-                };
-                let mut b = IoBuf::new();
-                b.extend_from_slice(src);
-                if slices[i].is_some() {
-                    // Read fine but wrong: damaged, or stale (blamed once per shard).
-                    if !rewrite.iter().any(|&(x, y)| x == i && y < r) {
-                        self.damaged_shard(
-                            seg,
-                            i,
-                            a,
-                            "its row disagrees with verified data; a repair rewrites it",
-                        );
-                    }
+        for &(i, r) in rewrite {
+            let Some(a) = p.shards[i] else { continue };
+            let t = self.tg(a.target);
+            let Some(dev) = t.dev.as_ref().filter(|_| t.healthy()) else {
+                continue;
+            };
+            let range = r * BLOCK..(r + 1) * BLOCK;
+            let src = if i < m {
+                &truth[i][range]
+            } else {
+                &parity[i - m][range]
+            };
+            let mut b = IoBuf::new();
+            b.extend_from_slice(src);
+            if win.slices[i].is_some() {
+                // Read fine but wrong: damaged, or stale (blamed once per shard).
+                if !rewrite.iter().any(|&(x, y)| x == i && y < r) {
+                    self.damaged_shard(
+                        seg,
+                        i,
+                        a,
+                        "its row disagrees with verified data; a repair rewrites it",
+                    );
                 }
-                match dev.write_at(b.as_slice(), self.shard_offset(a.slot, r0 + r as u64)) {
-                    Ok(()) => {
-                        t.dirty.store(true, Ordering::SeqCst);
-                        t.repaired_blocks.fetch_add(1, Ordering::Relaxed);
-                        t.bytes_written.fetch_add(BLOCK as u64, Ordering::Relaxed);
-                        rep.blocks_rewritten += 1;
-                        written += BLOCK as u64;
-                    }
-                    Err(e) if crate::error::FencedIo::is(&e) => return Err(e),
-                    Err(e) => {
-                        t.errors.fetch_add(1, Ordering::Relaxed);
-                        self.fail_target(a.target, format!("write: {e}"));
-                    }
+            }
+            match dev.write_at(b.as_slice(), self.shard_offset(a.slot, win.r0 + r as u64)) {
+                Ok(()) => {
+                    t.dirty.store(true, Ordering::SeqCst);
+                    t.repaired_blocks.fetch_add(1, Ordering::Relaxed);
+                    t.bytes_written.fetch_add(BLOCK as u64, Ordering::Relaxed);
+                    rep.blocks_rewritten += 1;
+                    written += BLOCK as u64;
+                }
+                Err(e) if crate::error::FencedIo::is(&e) => return Err(e),
+                Err(e) => {
+                    t.errors.fetch_add(1, Ordering::Relaxed);
+                    self.fail_target(a.target, format!("write: {e}"));
                 }
             }
         }
+        Ok(written)
+    }
+
+    /// Writes this window's own rows of each shard that moves (`w.fixes`) to its new
+    /// place; any failure fails the window (the segment stays degraded, its record
+    /// unchanged). Returns the bytes written.
+    fn write_fixes(
+        &self,
+        w: &SegmentRepair,
+        win: &Window,
+        truth: &Columns,
+        parity: &Columns,
+        own_start: u64,
+        rep: &mut RebuildReport,
+    ) -> io::Result<u64> {
+        let m = self.r.data;
+        let mut written = 0u64;
         for (i, at) in w.fixes {
             let src = if *i < m { &truth[*i] } else { &parity[*i - m] };
             let t = self.tg(at.target);
@@ -712,8 +830,8 @@ impl Erasure {
                 .into());
             };
             let mut b = IoBuf::new();
-            b.extend_from_slice(&src[mine.start * BLOCK..mine.end * BLOCK]);
-            if let Err(e) = dev.write_at(b.as_slice(), self.shard_offset(at.slot, own.start)) {
+            b.extend_from_slice(&src[win.mine.start * BLOCK..win.mine.end * BLOCK]);
+            if let Err(e) = dev.write_at(b.as_slice(), self.shard_offset(at.slot, own_start)) {
                 if crate::error::FencedIo::is(&e) {
                     return Err(e);
                 }
@@ -732,6 +850,39 @@ impl Erasure {
         }
         Ok(written)
     }
+}
+
+/// One window of a segment's repair as read: its shards, rows and the rows it owns.
+struct Window<'a> {
+    /// The stored shards of the window's rows (None: not readable).
+    slices: &'a [Option<&'a [u8]>],
+    /// The shards read.
+    present: Vec<usize>,
+    /// The window's first row in the segment and its number of rows.
+    r0: u64,
+    rows: usize,
+    /// The rows this window owns and may rewrite, window-relative.
+    mine: Range<usize>,
+    /// The segment offset where this window's own rows begin.
+    own_from: u64,
+}
+
+impl Window<'_> {
+    /// Whether chunk `c` is this window's to count: one reaching in from the previous
+    /// window was counted there.
+    fn counts(&self, c: &SegmentChunk) -> bool {
+        c.offset >= self.own_from
+    }
+}
+
+/// A window's chunks verified: the data columns with every verified chunk's bytes, and
+/// which rows hold live bytes and which bytes that could not be verified.
+struct Verified {
+    truth: Columns,
+    live: Vec<bool>,
+    lost: Vec<bool>,
+    /// Window-relative byte spans of the chunks.
+    spans: Vec<(u64, u64)>,
 }
 
 /// The state of one segment's repair across its windows.
