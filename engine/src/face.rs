@@ -13,8 +13,10 @@ pub use crate::format::{
     RevisionId, SlotId, Timestamp, VersionMeta, Xattrs, XATTR_NAMES_ROOM, XATTR_NAME_MAX,
     XATTR_VALUES_ROOM, XATTR_VALUE_MAX,
 };
+pub use crate::maintenance::auto::AutoGc;
 pub use crate::maintenance::check::{check as check_space, CheckReport};
-pub use crate::maintenance::gc::{Backoff, GcOptions, GcProgress, GcReport, AUTO_COPY_PER_FREED};
+pub use crate::maintenance::gc::{GcOptions, GcProgress, GcReport};
+pub use crate::maintenance::schedule::Wake;
 pub use crate::manifest::{PubExtent, PubNode, PubVersion, Record, SlotView};
 pub use crate::nslock::{dir_key, name_key, RENAME_DIRS};
 pub use crate::pins::RevisionPin;
@@ -23,4 +25,5 @@ pub use crate::space::{Previous, Seal};
 pub use crate::stamp::to_time;
 pub use crate::store::CACHE_BYTES;
 pub use crate::write::pipeline::SharedBytes;
+pub use crate::write::sweep::{with_room, OpenFiles, Sweeper};
 pub use crate::write::{ExtentMap, FileState, ReadPart};

@@ -123,13 +123,6 @@ impl Attr {
     }
 }
 
-/// A writer that found the space full waits for gc to free this fraction (1/N) of the
-/// space, or for all it can get if less.
-const PRESSURE_ROOM_FRACTION: u64 = 8;
-/// Times one write or commit asks gc for room before its ENOSPC stands: each time gc did
-/// free space, which other writers may have taken first.
-const ROOM_RETRIES: u32 = 32;
-
 /// Entries kept in the data-bytes cache (see `Fs::data_bytes`); cleared whole when full.
 const DATA_BYTES_CACHE_MAX: usize = 1 << 16;
 
@@ -227,6 +220,32 @@ struct OpenTable {
     handles: HashMap<HandleId, (InodeId, Arc<Mutex<OpenNode>>)>,
 }
 
+/// The open files, lent to the engine's memory sweeps (`Sweeper`).
+impl ckptfs_engine::face::OpenFiles for Fs {
+    fn each_open(
+        &self,
+        inos: Option<&[InodeId]>,
+        f: &mut dyn FnMut(InodeId, Option<&mut FileState>),
+    ) {
+        let nodes: Vec<(InodeId, Arc<Mutex<OpenNode>>)> = {
+            let open = self.open.lock();
+            match inos {
+                None => open.nodes.iter().map(|(i, n)| (*i, n.clone())).collect(),
+                Some(inos) => inos
+                    .iter()
+                    .filter_map(|i| open.nodes.get(i).map(|n| (*i, n.clone())))
+                    .collect(),
+            }
+        };
+        for (ino, node) in nodes {
+            match node.try_lock() {
+                Some(mut n) => f(ino, Some(&mut n.file)),
+                None => f(ino, None),
+            }
+        }
+    }
+}
+
 impl OpenTable {
     /// Enters handle `fh` of `node` (the inode's node in `nodes`).
     fn add_handle(&mut self, fh: HandleId, ino: InodeId, node: &Arc<Mutex<OpenNode>>) {
@@ -246,13 +265,11 @@ pub struct Fs {
     open: Mutex<OpenTable>,
     /// Non-hole bytes by (inode, revision), at most `DATA_BYTES_CACHE_MAX` entries.
     data_bytes_cache: Mutex<HashMap<(InodeId, RevisionId), u64>>,
-    /// "Space full, nothing to reclaim" was logged, and nothing was reclaimed since.
-    space_full_said: std::sync::atomic::AtomicBool,
-    /// When automatic gc may next run after one that left free space below the watermark.
-    auto_gc_quiet_until: Mutex<ckptfs_engine::face::Backoff>,
-    /// The retention pass (`auto_gc_tick`): the commit count it last saw, and when it may
-    /// run next.
-    retention: Mutex<(u64, std::time::Instant)>,
+    /// gc without a person: under pressure, below the watermark, retention passes.
+    auto_gc: ckptfs_engine::face::AutoGc,
+    /// The maintenance scheduler's wake, once the mount started one (`set_maintenance`):
+    /// a writer of a full space asks it to learn other nodes' removals now.
+    maintenance: std::sync::OnceLock<Arc<ckptfs_engine::face::Wake>>,
     /// Of a slot of a multi-slot space: the shared namespace (`shared`).
     shared: Option<shared::Shared>,
     /// The text each open handle of `/.ckptfs/advice` read at open, so its reads agree with
@@ -260,41 +277,9 @@ pub struct Fs {
     advice_opens: Mutex<HashMap<HandleId, Arc<Vec<u8>>>>,
     /// Open files being read ahead now (`PrefetchStream`s alive).
     prefetch_streams: Arc<std::sync::atomic::AtomicUsize>,
-    /// Bytes written since the last memory sweep of the open files (`sweep`).
-    written_since_sweep: std::sync::atomic::AtomicU64,
-    /// Held by the thread sweeping (one at a time; the others go on writing).
-    sweeping: Mutex<()>,
-    /// Files written since a sweep last found them holding nothing in flight: what the
-    /// light sweep visits (see `sweep_after`). At most the open files.
-    sweep_pending: Mutex<std::collections::HashSet<InodeId>>,
-    /// Light sweeps since the last full one.
-    light_sweeps: std::sync::atomic::AtomicU64,
-    /// `SWEEP_EVERY_BYTES` and `HELD_BYTES` unless a test sets them (`set_memory_sweep`).
-    sweep_every: std::sync::atomic::AtomicU64,
-    held_limit: std::sync::atomic::AtomicUsize,
+    /// The memory sweeps over all open files (the engine's; this table lends the files).
+    sweeper: ckptfs_engine::face::Sweeper,
 }
-
-/// How often at most the daemon applies the retention policy by itself (`retention_tick`):
-/// a minute, so a job saving every few seconds costs one gc pass a minute.
-/// `CKPTFS_RETENTION_EVERY_MS` sets it (the tests' knob).
-fn retention_every() -> std::time::Duration {
-    let ms = std::env::var("CKPTFS_RETENTION_EVERY_MS")
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(60_000);
-    std::time::Duration::from_millis(ms)
-}
-
-/// The open files' memory is swept after this many bytes were written (by anyone).
-pub const SWEEP_EVERY_BYTES: u64 = 32 << 20;
-
-/// What the files open for writing may hold in stream buffers, dirty blocks and pieces not
-/// yet retired, all together, before a sweep also hands their stream buffers and dirty
-/// blocks to the workers (`FileState::release`).
-pub const HELD_BYTES: usize = 128 << 20;
-
-/// Light sweeps per full sweep (`Fs::sweep_after`): one every 4 MiB written.
-const LIGHT_SWEEPS: u64 = 8;
 
 /// One directory entry as readdir returns it.
 #[derive(Clone, Debug)]
@@ -394,29 +379,28 @@ impl Fs {
             space,
             selections: Mutex::new(std::collections::VecDeque::new()),
             open: Mutex::new(OpenTable::default()),
-            auto_gc_quiet_until: Mutex::new(Default::default()),
-            retention: Mutex::new((0, std::time::Instant::now() + retention_every())),
-            space_full_said: std::sync::atomic::AtomicBool::new(false),
+            auto_gc: Default::default(),
+            maintenance: Default::default(),
             data_bytes_cache: Mutex::new(HashMap::new()),
             shared,
             advice_opens: Mutex::new(HashMap::new()),
             prefetch_streams: Arc::default(),
-            written_since_sweep: Default::default(),
-            sweeping: Mutex::new(()),
-            sweep_pending: Mutex::default(),
-            light_sweeps: Default::default(),
-            sweep_every: SWEEP_EVERY_BYTES.into(),
-            held_limit: HELD_BYTES.into(),
+            sweeper: Default::default(),
         }
     }
 
     /// Sweeps the open files' memory every `every` bytes written, handing over their streams
-    /// and dirty blocks past `held` bytes (defaults: `SWEEP_EVERY_BYTES`, `HELD_BYTES`).
-    /// The open-table stress test sweeps on every write with it, racing the other threads.
+    /// and dirty blocks past `held` bytes (`Sweeper::set_limits`). The open-table stress
+    /// test sweeps on every write with it, racing the other threads.
     pub fn set_memory_sweep(&self, every: u64, held: usize) {
-        use std::sync::atomic::Ordering::Relaxed;
-        self.sweep_every.store(every, Relaxed);
-        self.held_limit.store(held, Relaxed);
+        self.sweeper.set_limits(every, held);
+    }
+
+    /// The mount's maintenance scheduler: writers of a full space ask it to learn other
+    /// nodes' removals now (`ask_removals`). Without one (tests of `Fs` alone) nobody is
+    /// asked and the retry goes on with what this node knows.
+    pub fn set_maintenance(&self, wake: Arc<ckptfs_engine::face::Wake>) {
+        let _ = self.maintenance.set(wake);
     }
 
     /// Whether other nodes change this namespace too (a slot of a multi-slot space): then
@@ -1540,125 +1524,22 @@ impl Fs {
             Some(sh) => self.space.ingest_shared(file, off, sh.clone()),
             None => self.space.ingest(file, off, data),
         };
-        let mut r = ingest(&mut n.file);
         // Rewriting the same bytes at the same offset is idempotent, so a write that stopped
         // half way is simply done again after gc made room.
-        let mut tries = 0;
-        while let Err(e) = r {
-            tries += 1;
-            if !matches!(e, ckptfs_engine::Error::NoSpace)
-                || tries > ROOM_RETRIES
-                || !self.make_room(&mut n.file)
-            {
-                return Err(e.into());
-            }
-            r = ingest(&mut n.file);
-        }
+        ckptfs_engine::face::with_room(&mut n.file, ingest, || self.gc_for_space())?;
         Self::touched_by(&mut n, fh, pid);
         drop(n);
-        self.sweep_pending.lock().insert(ino);
-        self.sweep_after(data.len());
+        self.sweeper
+            .wrote(ino, data.len(), self, self.space.chunks());
         Ok(data.len())
-    }
-
-    /// Every `SWEEP_EVERY_BYTES` written, makes the other open files let go of what they
-    /// need not hold (`FileState::release`): a file's pieces are otherwise retired only by
-    /// its own next write or close, so with a thousand files written in turn each held its
-    /// last requests and the daemon's memory grew with the number of files (3 GiB for 1024
-    /// files written 1 MiB at a time). Past `HELD_BYTES` in all, their stream buffers and
-    /// dirty blocks go to the workers too. Files busy right now (locked) are skipped; they
-    /// are being written and let go of their own bytes.
-    ///
-    /// In between, every `SWEEP_EVERY_BYTES / LIGHT_SWEEPS` written, a light sweep visits
-    /// only the files written since they last held nothing in flight and retires what their
-    /// pieces finished. A file's pieces otherwise waited for the next full sweep: with
-    /// thousands of files written a little each, a full sweep's worth of writes (and the
-    /// writes during a sweep of every open file) kept their buffers, 200 MiB at 16384 files.
-    fn sweep_after(&self, written: usize) {
-        use std::sync::atomic::Ordering::Relaxed;
-        let before = self.written_since_sweep.fetch_add(written as u64, Relaxed);
-        let every = (self.sweep_every.load(Relaxed) / LIGHT_SWEEPS).max(1);
-        if before + (written as u64) < every {
-            return;
-        }
-        let Some(_one) = self.sweeping.try_lock() else {
-            return;
-        };
-        self.written_since_sweep.store(0, Relaxed);
-        if self.light_sweeps.fetch_add(1, Relaxed) + 1 < LIGHT_SWEEPS {
-            self.light_sweep();
-            return;
-        }
-        self.light_sweeps.store(0, Relaxed);
-        let nodes: Vec<Arc<Mutex<OpenNode>>> = self.open.lock().nodes.values().cloned().collect();
-        if nodes.len() < 2 {
-            return;
-        }
-        let c = self.space.chunks();
-        let mut held = 0;
-        for node in &nodes {
-            if let Some(mut n) = node.try_lock() {
-                // An error (a piece the space had no room for) stays with the file, whose
-                // own next write or close hands the piece over again and reports it.
-                let _ = n.file.release(c, false);
-                held += n.file.held_bytes();
-            }
-        }
-        log::debug!(
-            "memory sweep: {} open files hold {} MiB",
-            nodes.len(),
-            held >> 20
-        );
-        if held > self.held_limit.load(Relaxed) {
-            for node in &nodes {
-                if let Some(mut n) = node.try_lock() {
-                    let _ = n.file.release(c, true);
-                }
-            }
-        }
-    }
-
-    /// Retires the finished pieces of the files written lately (`sweep_pending`); files that
-    /// still hold pieces in flight (or are busy) stay for the next sweep.
-    fn light_sweep(&self) {
-        let inos: Vec<InodeId> = self.sweep_pending.lock().drain().collect();
-        let nodes: Vec<(InodeId, Arc<Mutex<OpenNode>>)> = {
-            let open = self.open.lock();
-            inos.into_iter()
-                .filter_map(|i| open.nodes.get(&i).map(|n| (i, n.clone())))
-                .collect()
-        };
-        let c = self.space.chunks();
-        let mut again = Vec::new();
-        for (ino, node) in nodes {
-            match node.try_lock() {
-                Some(mut n) => {
-                    // An error stays with the file (see the full sweep).
-                    let _ = n.file.release(c, false);
-                    if n.file.has_pieces_in_flight() {
-                        again.push(ino);
-                    }
-                }
-                None => again.push(ino),
-            }
-        }
-        self.sweep_pending.lock().extend(again);
     }
 
     /// Settles a file's uncommitted bytes into chunks (`FileState::finish`). Full: reclaims
     /// what the retention policy allows and tries again, as long as gc finds room (gc needs
     /// no file lock, only the pins, which this file's state holds).
     fn settle_node(&self, n: &mut OpenNode) -> Result<()> {
-        let mut tries = 0;
-        while let Err(e) = n.file.finish(self.space.chunks()) {
-            tries += 1;
-            if !matches!(e, ckptfs_engine::Error::NoSpace)
-                || tries > ROOM_RETRIES
-                || !self.make_room(&mut n.file)
-            {
-                return Err(e.into());
-            }
-        }
+        let c = self.space.chunks();
+        ckptfs_engine::face::with_room(&mut n.file, |f| f.finish(c), || self.gc_for_space())?;
         Ok(())
     }
 
@@ -2296,153 +2177,27 @@ impl Fs {
         Ok(r)
     }
 
-    /// A writer found the space full: reclaim what the policy allows, at full speed.
-    /// A file's save ran out of space: gc, then let its failed pieces be stored again.
-    /// Returns whether gc made room (then the failed pieces are to be stored again); false
-    /// means ENOSPC for the writer. Each call that returns true freed space, and what is
-    /// freed is bounded, so a writer's retry loop ends.
-    fn make_room(&self, file: &mut FileState) -> bool {
-        if !self.gc_for_space() {
-            return false;
-        }
-        file.retry_failed();
-        true
-    }
-
-    /// Under space pressure: retention, then compaction of every segment with dead bytes,
-    /// until `PRESSURE_ROOM_FRACTION` of the space is free or nothing more can be had. Says
-    /// so in the log once per episode of a full space, not once per waiting write.
+    /// A writer found the space full: gc under pressure (`AutoGc::for_space`), after this
+    /// node learnt which of this slot's files other nodes removed (one rank deleting the
+    /// oldest step: their space is this slot's to reclaim). True: try again.
     fn gc_for_space(&self) -> bool {
-        // Files of this slot another node removed (one rank deleting the oldest step) are
-        // this slot's to reclaim once this node has learnt of it.
         self.ask_removals();
-        // The room wanted: 1/8 of the space beyond what is free now (a writer calls this
-        // when what is free did not take its next chunk).
-        // Taken before waiting for another writer's gc, whose room counts for this one too.
-        let before = self.space.free_bytes();
-        let goal = before + self.space.capacity() / PRESSURE_ROOM_FRACTION;
-        match self.gc_with(self.pressure_opts(None, goal), &mut |_| {}) {
-            Ok(r) => {
-                let gained = r.free_bytes_after.saturating_sub(before);
-                // Room now counts even if this gc found none: with many writers, the chunk
-                // that failed may have failed before another writer's gc made room (8
-                // writers rotating checkpoints got ENOSPC with 200 MiB free).
-                let reserve = ckptfs_engine::face::GC_RESERVE_SEGMENTS + 1;
-                let room = r.free_bytes_after >= reserve * self.space.segment_bytes();
-                if gained > 0 {
-                    self.space_full_said
-                        .store(false, std::sync::atomic::Ordering::Relaxed);
-                    log::info!(
-                        "space full: gc dropped {} revisions and reclaimed {gained} bytes",
-                        r.revisions_dropped
-                    );
-                } else if !room
-                    && !self
-                        .space_full_said
-                        .swap(true, std::sync::atomic::Ordering::Relaxed)
-                {
-                    log::warn!(
-                        "space full: gc found nothing to reclaim ({} bytes free); writers get \
-                         ENOSPC until files are removed or retention allows more (said once)",
-                        r.free_bytes_after
-                    );
-                }
-                gained > 0 || room
-            }
-            Err(e) => {
-                log::error!("space full and gc failed: {e:?}");
-                false
-            }
-        }
+        self.auto_gc
+            .for_space(&self.space, &|opts| self.engine_gc(opts))
     }
 
-    fn pressure_opts(&self, throttle: Option<f64>, room_goal_bytes: u64) -> GcOptions {
-        GcOptions {
-            throttle,
-            pressure: true,
-            room_goal_bytes,
-            ..GcOptions::default()
-        }
-    }
-
-    /// One check of the automatic gc: runs a throttled gc when free space is below the
-    /// configured watermark. After a gc that left free space below it, backs off (15 s,
-    /// doubling up to 10 min: `gc::Backoff`). Also frees the store's spare read buffers once
-    /// reads have stopped.
+    /// One check of the automatic gc (`AutoGc::tick`): below the watermark, a throttled
+    /// gc with back-off; above it, the retention pass.
     pub fn auto_gc_tick(&self) {
-        // Spare read buffers go when reads stopped; segments a gc emptied in a multi-slot
-        // space come back once their grace is over.
-        self.space.idle_tick();
-        let Ok(config) = self.space.config() else {
-            return;
-        };
-        let space = &self.space;
-        if config.auto_gc_free_percent == 0 || space.is_read_only() || space.is_failed() {
-            return;
-        }
-        if space.free_bytes() * 100 >= space.capacity() * config.auto_gc_free_percent {
-            self.retention_tick();
-            return;
-        }
-        let now = ckptfs_engine::face::clock::instant();
-        if !self.auto_gc_quiet_until.lock().ready(now) {
-            return;
-        }
-        // Below the watermark counts as pressure (the trash may be emptied and segments
-        // compacted, up to the watermark), but copying at most a byte per byte freed
-        // (`gc::AUTO_COPY_PER_FREED`); throttle 1.0: gc sleeps as long as it works, so
-        // writers keep most of the disk.
-        let goal = space.capacity() * config.auto_gc_free_percent / 100;
-        let opts = GcOptions {
-            copy_per_freed: Some(ckptfs_engine::face::AUTO_COPY_PER_FREED),
-            ..self.pressure_opts(Some(1.0), goal)
-        };
-        let reached = match self.gc_with(opts, &mut |_| {}) {
-            Ok(r) => r.free_bytes_after >= goal,
-            Err(e) => {
-                log::error!("automatic gc failed: {e:?}");
-                false
-            }
-        };
-        let mut b = self.auto_gc_quiet_until.lock();
-        b.record(ckptfs_engine::face::clock::instant(), reached);
-        if !reached {
-            log::debug!(
-                "automatic gc: below the watermark; next try in {:?}",
-                b.wait()
-            );
-        }
+        self.auto_gc.tick(&self.space, &|opts| self.engine_gc(opts));
     }
 
-    /// Retention without waiting for a full space or a person: where files were committed
-    /// since the last pass, at most once every `retention_every()`, a gc drops what the
-    /// policy no longer keeps (five saves of one `latest.pt` with `keep-revisions 2` kept
-    /// five revisions until someone ran `ckptfs gc`). Throttled as automatic gc is, and
-    /// only compacting mostly-dead segments, as a gc by hand: bounded work, and none while
-    /// nothing is committed. Off with automatic gc (`--auto-gc-free-percent 0`).
-    fn retention_tick(&self) {
-        let commits = self.space.commit_count();
-        let now = std::time::Instant::now();
-        {
-            let mut r = self.retention.lock();
-            if r.0 == commits || now < r.1 {
-                return;
-            }
-            *r = (commits, now + retention_every());
-        }
-        let opts = GcOptions {
-            throttle: Some(1.0),
-            ..GcOptions::default()
-        };
-        match self.gc_with(opts, &mut |_| {}) {
-            Ok(r) if r.revisions_dropped > 0 => log::info!(
-                "retention: dropped {} revisions outside the policy, freed {} bytes",
-                r.revisions_dropped,
-                r.bytes_freed
-            ),
-            Ok(_) => {}
-            Err(e) => log::warn!("retention pass failed: {e:?}"),
-        }
+    /// `gc_with` for the engine's automatic gc, whose errors are the engine's.
+    fn engine_gc(&self, opts: GcOptions) -> ckptfs_engine::Result<GcReport> {
+        self.gc_with(opts, &mut |_| {}).map_err(|e| match e {
+            Error::Engine(e) => e,
+            other => ckptfs_engine::Error::Invalid(other.to_string()),
+        })
     }
 
     /// The listed revisions of `path` (relative to the root), live or unlinked.

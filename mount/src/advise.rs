@@ -46,16 +46,17 @@ pub fn run(path: &Path, a: &Args) -> Result<(), CliError> {
     let inputs: AdviceInputs = match crate::target_of(path)? {
         crate::Target::Mounted { mnt } => {
             let get = || -> Result<AdviceInputs, CliError> {
-                Ok(
-                    serde_json::from_value(crate::control_get(&mnt, "advice", true)?)
-                        .map_err(|e| format!("malformed advice inputs from the daemon: {e}"))?,
-                )
+                Ok(serde_json::from_value(crate::control::send(
+                    &mnt,
+                    &crate::control::Request::Advice,
+                )?)
+                .map_err(|e| format!("malformed advice inputs from the daemon: {e}"))?)
             };
             let i = get()?;
             if store {
                 let c = merge(i.config);
-                let v = serde_json::to_vec(&c).map_err(CliError::from)?;
-                crate::control_set(&mnt, "advice", &v).map_err(|e| {
+                let set = crate::control::Request::SetAdvice(c);
+                crate::control::send(&mnt, &set).map_err(|e| {
                     format!("{e} (changing the failure model is for root and the mount's owner)")
                 })?;
                 get()?

@@ -6,7 +6,7 @@
 //! redundancy than its M+K: a shard holding wrong bytes, a missing one), 2 when nothing could be checked (usage, not a space, locked
 //! by a process that is not a mount, I/O error opening it).
 
-use crate::{absolute, backing_of, control_get, human, progress_bar};
+use crate::{absolute, backing_of, human, progress_bar};
 use ckptfs_engine::format::SUPERBLOCK_FILE;
 use ckptfs_engine::layout::Mode;
 use ckptfs_engine::maintenance::check::{check, hash_hex, CheckReport, ChunkUse};
@@ -377,7 +377,7 @@ pub(crate) fn run(path: &Path, json: bool) -> ExitCode {
             if let Some(pb) = &pb {
                 pb.set_message("check in the daemon");
             }
-            let v = control_get(&mnt, "check", true);
+            let v = crate::control::send(&mnt, &crate::control::Request::Check);
             if let Some(pb) = pb {
                 pb.finish_and_clear();
             }

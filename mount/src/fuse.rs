@@ -1,6 +1,7 @@
 //! The FUSE adapter: the only place fuser types appear. Every request is translated to an
 //! `fs::Fs` call, and every error to an errno in `errno()`.
 
+use crate::control;
 use ckptfs_engine::format::{InodeId, NodeKind, Timestamp};
 use ckptfs_engine::write::ReadPart;
 use ckptfs_fs::xattr::XattrSet;
@@ -16,7 +17,7 @@ use std::collections::{HashMap, VecDeque};
 use std::ffi::OsStr;
 use std::os::unix::ffi::OsStrExt;
 use std::path::Path;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
@@ -409,8 +410,9 @@ pub struct CkptFs {
     /// Answers of control xattrs per process: the kernel asks for the size first and then
     /// for the bytes, and both must see the same answer. At most `ANSWERS_MAX` kept.
     answers: Mutex<VecDeque<(u32, Vec<u8>)>>,
-    /// Set at unmount; stops the automatic gc thread.
-    pub stop: Arc<AtomicBool>,
+    /// The maintenance scheduler, stopped at unmount before the last sync (no gc or
+    /// publication runs beside it).
+    pub stop: std::sync::OnceLock<Arc<ckptfs_engine::maintenance::schedule::Wake>>,
     /// Tells the kernel to drop what it cached; set once the session exists.
     pub notifier: Arc<std::sync::OnceLock<fuser::Notifier>>,
     /// Drops cached pages when data changes behind the page cache; set once the session
@@ -422,11 +424,10 @@ pub struct CkptFs {
 
 const ANSWERS_MAX: usize = 64;
 /// Control op prefix for one page of a revision listing: `revisions-after-<id>`.
-pub const REVISIONS_AFTER: &str = "revisions-after-";
 /// Revisions per page: about 120 bytes of JSON each, so a page stays far below the 64 KiB
 /// an xattr value may have.
 const REVISIONS_PAGE: usize = 256;
-pub const CONTROL_PREFIX: &str = "user.ckptfs.";
+pub const CONTROL_PREFIX: &str = control::PREFIX;
 
 impl CkptFs {
     pub fn new(fs: Arc<Fs>) -> Self {
@@ -435,7 +436,7 @@ impl CkptFs {
             cached: Mutex::new(CachedHandles::default()),
             next_fh: AtomicU64::new(1),
             answers: Mutex::new(VecDeque::new()),
-            stop: Arc::new(AtomicBool::new(false)),
+            stop: Default::default(),
             notifier: Arc::new(std::sync::OnceLock::new()),
             allow_idmap: false,
             invalidator: Arc::new(std::sync::OnceLock::new()),
@@ -469,194 +470,129 @@ impl CkptFs {
                 .is_ok_and(|a| a.rec.uid == uid)
     }
 
-    /// Runs one control request; returns the JSON answer.
+    /// Runs one control request (`control::Request`); returns the JSON answer. Requests
+    /// that change the space or run its costly jobs are for root and the owner of the
+    /// mount's root (`control::owner_only`), checked before the value is read.
     fn control(&self, req: &Request, name: &str, value: Option<&[u8]>) -> Result<Vec<u8>, Errno> {
-        let einval = || Errno::from_i32(libc::EINVAL);
-        let to_json = |v: serde_json::Value| v.to_string().into_bytes();
+        if control::owner_only(name, value.is_some()) && !self.may_control(req) {
+            return Err(Errno::from_i32(libc::EPERM));
+        }
+        let r = control::Request::parse(name, value).map_err(|e| match e {
+            control::Refused::Unknown => Errno::from_i32(libc::ENODATA),
+            control::Refused::Invalid => Errno::from_i32(libc::EINVAL),
+        })?;
+        use control::Request as R;
+        let to_json = |v: serde_json::Value| Ok(v.to_string().into_bytes());
         let fail_json = |op: &str, e: Error| fail(op, 1, e);
-        match (name, value) {
+        match r {
             // The daemon's pid, for `ckptfs umount` to wait on (a read-only mount leaves no
             // note in the lock file).
-            ("pid", None) => Ok(to_json(serde_json::json!(std::process::id()))),
+            R::Pid => to_json(serde_json::json!(std::process::id())),
             // `ckptfs umount` first: commit every open file and make everything durable and
             // published, and say what could not be (a fenced slot, a failed disk), so the
             // unmount can report it rather than exit as if all were committed.
-            ("sync", None) => {
-                let r = self.sync_all();
-                Ok(to_json(match r {
-                    Ok(()) => serde_json::json!({"ok": true}),
-                    Err(e) => serde_json::json!({"ok": false, "error": e}),
-                }))
-            }
+            R::Sync => to_json(match self.sync_all() {
+                Ok(()) => serde_json::json!({"ok": true}),
+                Err(e) => serde_json::json!({"ok": false, "error": e}),
+            }),
             // Tests move the daemon's clock instead of sleeping (`engine::clock`): only a
-            // daemon started with CKPTFS_TEST_CLOCK=1 takes it; the value is seconds forward.
-            ("clock", Some(v)) => {
-                if !ckptfs_engine::face::clock::movable() || !self.may_control(req) {
+            // daemon started with CKPTFS_TEST_CLOCK=1 takes it.
+            R::Clock(secs) => {
+                if !ckptfs_engine::face::clock::movable() {
                     return Err(Errno::from_i32(libc::EPERM));
                 }
-                let secs: f64 = std::str::from_utf8(v)
-                    .ok()
-                    .and_then(|s| s.trim().parse().ok())
-                    .filter(|s: &f64| s.is_finite() && *s >= 0.0)
-                    .ok_or_else(einval)?;
-                ckptfs_engine::face::clock::advance(std::time::Duration::from_secs_f64(secs));
-                Ok(to_json(serde_json::json!(
+                ckptfs_engine::face::clock::advance(Duration::from_secs_f64(secs));
+                to_json(serde_json::json!(
                     ckptfs_engine::face::clock::advanced().as_secs_f64()
-                )))
+                ))
             }
-            ("stats", None) => {
+            R::Stats => {
                 let s = self.fs.stats().map_err(|e| fail_json("stats", e))?;
-                Ok(to_json(crate::stats_json(&s)))
+                to_json(crate::stats_json(&s))
             }
-            _ => self
-                .control_maintenance(req, name, value)
-                .or_else(|| self.control_revisions(req, name, value))
-                .unwrap_or(Err(Errno::from_i32(libc::ENODATA))),
+            R::Select(_) | R::RevisionsAfter(_) | R::Cost | R::History | R::Restore(_) => {
+                self.control_revisions(req, r)
+            }
+            r => self.control_maintenance(r),
         }
     }
 
     /// The control requests of maintenance and configuration (rebuild, scrub, caches,
-    /// advice, redundancy, targets, config, gc, check); None for a request of another family.
-    fn control_maintenance(
-        &self,
-        req: &Request,
-        name: &str,
-        value: Option<&[u8]>,
-    ) -> Option<Result<Vec<u8>, Errno>> {
+    /// advice, redundancy, targets, config, gc, check).
+    fn control_maintenance(&self, r: control::Request) -> Result<Vec<u8>, Errno> {
+        use control::Request as R;
         let einval = || Errno::from_i32(libc::EINVAL);
-        let to_json = |v: serde_json::Value| v.to_string().into_bytes();
+        let to_json = |v: serde_json::Value| Ok(v.to_string().into_bytes());
         let fail_json = |op: &str, e: Error| fail(op, 1, e);
-        const NAMES: [&str; 9] = [
-            "rebuild",
-            "scrub",
-            "drop_caches",
-            "advice",
-            "redundancy",
-            "targets",
-            "config",
-            "gc",
-            "check",
-        ];
-        if !NAMES.contains(&name) {
-            return None;
-        }
-        // A closure, so the arms return and `?` as `control`'s did.
-        Some((|| match (name, value) {
-            ("rebuild", Some(v)) => {
-                if !self.may_control(req) {
-                    return Err(Errno::from_i32(libc::EPERM));
-                }
-                let req: serde_json::Value = serde_json::from_slice(v).map_err(|_| einval())?;
-                let replace = match req["replace"].as_array() {
-                    Some(a) => {
-                        let old = a.first().and_then(|x| x.as_str()).ok_or_else(einval)?;
-                        let new = a.get(1).and_then(|x| x.as_str()).ok_or_else(einval)?;
-                        let spec =
-                            ckptfs_engine::targets::TargetSpec::parse(new).map_err(|_| einval())?;
-                        Some((old.to_string(), spec))
-                    }
+        let space = self.fs.space();
+        let value =
+            |v: Result<serde_json::Value, serde_json::Error>| to_json(v.unwrap_or_default());
+        match r {
+            R::Rebuild { replace, throttle } => {
+                let replace = match replace {
+                    Some((old, new)) => Some((
+                        old,
+                        ckptfs_engine::targets::TargetSpec::parse(&new).map_err(|_| einval())?,
+                    )),
                     None => None,
                 };
-                let r = self
-                    .fs
-                    .space()
+                let r = space
                     .rebuild(
                         replace.as_ref().map(|(o, n)| (o.as_str(), n)),
-                        req["throttle"].as_f64(),
+                        throttle,
                         &mut |_, _| {},
                     )
                     .map_err(|e| fail_json("rebuild", e.into()))?;
-                Ok(to_json(serde_json::to_value(r).unwrap_or_default()))
+                value(serde_json::to_value(r))
             }
-            ("scrub", Some(v)) => {
-                if !self.may_control(req) {
-                    return Err(Errno::from_i32(libc::EPERM));
-                }
-                let req: serde_json::Value = serde_json::from_slice(v).map_err(|_| einval())?;
-                let r = self
-                    .fs
-                    .space()
-                    .scrub(req["throttle"].as_f64(), &mut |_, _| {})
+            R::Scrub { throttle } => {
+                let r = space
+                    .scrub(throttle, &mut |_, _| {})
                     .map_err(|e| fail_json("scrub", e.into()))?;
-                Ok(to_json(serde_json::to_value(r).unwrap_or_default()))
+                value(serde_json::to_value(r))
             }
             // Forget the decoded chunks this daemon keeps, as /proc/sys/vm/drop_caches does
             // for the kernel's (the kernel drops a file's pages at each open): the next
             // reads go to the backing space. For cold-read measurements and tests.
-            ("drop_caches", Some(_)) => {
-                if !self.may_control(req) {
-                    return Err(Errno::from_i32(libc::EPERM));
-                }
-                self.fs.space().drop_caches();
-                Ok(to_json(serde_json::json!({"ok": true})))
+            R::DropCaches => {
+                space.drop_caches();
+                to_json(serde_json::json!({"ok": true}))
             }
-            ("advice", None) => {
-                let i = self
-                    .fs
-                    .space()
+            R::Advice => {
+                let i = space
                     .advice_inputs()
                     .map_err(|e| fail_json("advice", e.into()))?;
-                Ok(to_json(serde_json::to_value(i).unwrap_or_default()))
+                value(serde_json::to_value(i))
             }
-            ("advice", Some(v)) => {
-                if !self.may_control(req) {
-                    return Err(Errno::from_i32(libc::EPERM));
-                }
-                let c: ckptfs_engine::advice::AdviceConfig =
-                    serde_json::from_slice(v).map_err(|_| einval())?;
-                self.fs
-                    .space()
+            R::SetAdvice(c) => {
+                space
                     .set_advice_config(&c)
                     .map_err(|e| fail_json("advice", e.into()))?;
-                Ok(to_json(serde_json::to_value(c).unwrap_or_default()))
+                value(serde_json::to_value(c))
             }
-            ("redundancy", None) => {
-                let r = self
-                    .fs
-                    .space()
+            R::Redundancy => {
+                let r = space
                     .revision_redundancy()
                     .map_err(|e| fail_json("redundancy", e.into()))?;
-                Ok(to_json(serde_json::to_value(r).unwrap_or_default()))
+                value(serde_json::to_value(r))
             }
-            ("targets", None) => Ok(to_json(
-                serde_json::to_value(self.fs.space().targets_report()).unwrap_or_default(),
-            )),
-            ("config", None) => {
-                let c = self
-                    .fs
-                    .space()
-                    .config()
-                    .map_err(|e| fail_json("config", e.into()))?;
-                Ok(to_json(crate::config_json(&c)))
+            R::Targets => value(serde_json::to_value(space.targets_report())),
+            R::Config => {
+                let c = space.config().map_err(|e| fail_json("config", e.into()))?;
+                to_json(crate::config_json(&c))
             }
-            ("config", Some(v)) => {
-                if !self.may_control(req) {
-                    return Err(Errno::from_i32(libc::EPERM));
-                }
-                let mut c = self
-                    .fs
-                    .space()
-                    .config()
-                    .map_err(|e| fail_json("config", e.into()))?;
-                crate::apply_config(&mut c, std::str::from_utf8(v).map_err(|_| einval())?)
-                    .map_err(|_| einval())?;
-                self.fs
-                    .space()
+            R::SetConfig(pairs) => {
+                let mut c = space.config().map_err(|e| fail_json("config", e.into()))?;
+                crate::apply_config(&mut c, &pairs).map_err(|_| einval())?;
+                space
                     .set_config(&c)
                     .map_err(|e| fail_json("config", e.into()))?;
-                Ok(to_json(crate::config_json(&c)))
+                to_json(crate::config_json(&c))
             }
-            ("gc", Some(v)) => {
-                if !self.may_control(req) {
-                    return Err(Errno::from_i32(libc::EPERM));
-                }
-                let (dry_run, empty_trash) = match v {
-                    b"run" => (false, false),
-                    b"dry-run" => (true, false),
-                    b"empty-trash" => (false, true),
-                    b"dry-run,empty-trash" => (true, true),
-                    _ => return Err(einval()),
-                };
+            R::Gc {
+                dry_run,
+                empty_trash,
+            } => {
                 let opts = ckptfs_engine::maintenance::gc::GcOptions {
                     dry_run,
                     empty_trash,
@@ -668,53 +604,37 @@ impl CkptFs {
                     .fs
                     .gc_with(opts, &mut |_| {})
                     .map_err(|e| fail_json("gc", e))?;
-                Ok(to_json(crate::gc_json(&r)))
+                to_json(crate::gc_json(&r))
             }
-            ("check", None) => {
-                // Reads every chunk: as costly as gc, so for the same users.
-                if !self.may_control(req) {
-                    return Err(Errno::from_i32(libc::EPERM));
-                }
+            // Reads every chunk: as costly as gc, so for the same users.
+            R::Check => {
                 let r = self.fs.check().map_err(|e| fail_json("check", e))?;
-                Ok(to_json(crate::check::check_json(
+                to_json(crate::check::check_json(
                     &r,
                     Some(crate::check::ANSWER_MAX_BYTES),
-                )))
+                ))
             }
             _ => Err(Errno::from_i32(libc::ENODATA)),
-        })())
+        }
     }
 
     /// The control requests about one selected path's revisions (select, the revision
-    /// listing's pages, cost, history, restore); None for a request of another family.
-    fn control_revisions(
-        &self,
-        req: &Request,
-        name: &str,
-        value: Option<&[u8]>,
-    ) -> Option<Result<Vec<u8>, Errno>> {
+    /// listing's pages, cost, history, restore).
+    fn control_revisions(&self, req: &Request, r: control::Request) -> Result<Vec<u8>, Errno> {
+        use control::Request as R;
         let pid = req.pid();
         let einval = || Errno::from_i32(libc::EINVAL);
-        let to_json = |v: serde_json::Value| v.to_string().into_bytes();
+        let to_json = |v: serde_json::Value| Ok(v.to_string().into_bytes());
         let fail_json = |op: &str, e: Error| fail(op, 1, e);
-        let ours = ["select", "cost", "history", "restore"].contains(&name)
-            || name.starts_with(REVISIONS_AFTER);
-        if !ours {
-            return None;
+        if let R::Select(path) = r {
+            self.fs.select(pid, path);
+            return Ok(Vec::new());
         }
-        // A closure, so the arms return and `?` as `control`'s did.
-        Some((|| match (name, value) {
-            ("select", Some(v)) => {
-                self.fs.select(pid, v.to_vec());
-                Ok(Vec::new())
-            }
-            (name, None) if name.starts_with(REVISIONS_AFTER) => {
+        let path = self.fs.selection(pid).ok_or_else(einval)?;
+        match r {
+            R::RevisionsAfter(after) => {
                 // One page of the listing: revisions with ids above the one named, so a file
                 // with any number of revisions is listed in answers that fit an xattr.
-                let after: u64 = name[REVISIONS_AFTER.len()..]
-                    .parse()
-                    .map_err(|_| einval())?;
-                let path = self.fs.selection(pid).ok_or_else(einval)?;
                 let l = self
                     .fs
                     .revisions_of(&path)
@@ -726,44 +646,34 @@ impl CkptFs {
                     .collect();
                 let more = page.len() > REVISIONS_PAGE;
                 let page = &page[..page.len().min(REVISIONS_PAGE)];
-                Ok(to_json(serde_json::json!({
+                to_json(serde_json::json!({
                     "revisions": crate::revisions_json(page),
                     "more": more,
-                })))
+                }))
             }
-            ("cost", None) => {
-                // `ckptfs report` of another slot's file (its revisions are that slot's).
-                let path = self.fs.selection(pid).ok_or_else(einval)?;
+            // `ckptfs report` of another slot's file (its revisions are that slot's).
+            R::Cost => {
                 let c = self
                     .fs
                     .published_cost(&path)
                     .map_err(|e| fail_json("report", e))?;
-                Ok(to_json(match c {
+                to_json(match c {
                     Some((size, committed_unix, stored)) => serde_json::json!({
                         "size": size,
                         "committed_unix": committed_unix,
                         "stored": stored,
                     }),
                     None => serde_json::Value::Null,
-                }))
+                })
             }
-            ("history", None) => {
-                let path = self.fs.selection(pid).ok_or_else(einval)?;
+            R::History => {
                 let hid = self
                     .fs
                     .history_of(&path)
                     .map_err(|e| fail_json("history", e))?;
-                Ok(to_json(serde_json::json!({ "history": hid })))
+                to_json(serde_json::json!({ "history": hid }))
             }
-            ("restore", Some(v)) => {
-                if !self.may_control(req) {
-                    return Err(Errno::from_i32(libc::EPERM));
-                }
-                let path = self.fs.selection(pid).ok_or_else(einval)?;
-                let rev: u64 = std::str::from_utf8(v)
-                    .ok()
-                    .and_then(|s| s.parse().ok())
-                    .ok_or_else(einval)?;
+            R::Restore(rev) => {
                 let ino = self
                     .fs
                     .restore(&path, rev, owner_of_restored(req))
@@ -775,7 +685,7 @@ impl CkptFs {
                 Ok(Vec::new())
             }
             _ => Err(Errno::from_i32(libc::ENODATA)),
-        })())
+        }
     }
 
     /// Drops the setid bits for a write by `req`'s caller (see `Fs::kill_setid`) and, when
@@ -905,7 +815,9 @@ impl Filesystem for CkptFs {
     }
 
     fn destroy(&mut self) {
-        self.stop.store(true, Ordering::Relaxed);
+        if let Some(w) = self.stop.get() {
+            w.stop();
+        }
         match self.sync_all() {
             Ok(()) => log::info!("unmounted; everything closed is committed"),
             Err(e) => log::error!("unmounted, but NOT everything is committed: {e}"),

@@ -27,7 +27,7 @@ pub fn report(path: &Path) -> Result<Option<TargetsReport>, CliError> {
 pub fn redundancy(path: &Path) -> Result<Option<RevisionRedundancy>, CliError> {
     let path = crate::absolute(path);
     let from_mount = |mnt: &Path| -> Result<Option<RevisionRedundancy>, CliError> {
-        match crate::control_get(mnt, "redundancy", true)? {
+        match crate::control::send(mnt, &crate::control::Request::Redundancy)? {
             serde_json::Value::Null => Ok(None),
             v => serde_json::from_value(v)
                 .map(Some)
@@ -62,7 +62,7 @@ pub fn redundancy_line(r: &RevisionRedundancy) -> String {
 }
 
 fn from_mount(mnt: &Path) -> Result<Option<TargetsReport>, CliError> {
-    let v = crate::control_get(mnt, "targets", true)?;
+    let v = crate::control::send(mnt, &crate::control::Request::Targets)?;
     match v {
         serde_json::Value::Null => Ok(None),
         v => Ok(serde_json::from_value(v)
@@ -337,7 +337,7 @@ fn rebuild_through(
     throttle: Option<f64>,
     json: bool,
 ) -> Result<(), CliError> {
-    let mut req = serde_json::json!({});
+    let mut wire_replace = None;
     if let Some((old, new)) = replace {
         if crate::backing_of(mnt).is_some_and(|b| crate::slots::is_multi_slot(&b)) {
             return Err(CliError::from(
@@ -349,23 +349,28 @@ fn rebuild_through(
             true => new.path.display().to_string(),
             false => format!("{}:domain={}", new.path.display(), new.domain),
         };
-        req["replace"] = serde_json::json!([old, new]);
+        wire_replace = Some((old.clone(), new));
     }
-    if let Some(t) = throttle {
-        req["throttle"] = serde_json::json!(t);
-    }
+    let req = crate::control::Request::Rebuild {
+        replace: wire_replace,
+        throttle,
+    };
     daemon_job(mnt, "rebuild", &req, json)
 }
 
 /// Runs job `what` (rebuild, scrub) in the daemon of mount `mnt` with request `req`, under a
 /// spinner on a terminal, and prints its report.
-fn daemon_job(mnt: &Path, what: &str, req: &serde_json::Value, json: bool) -> Result<(), CliError> {
+fn daemon_job(
+    mnt: &Path,
+    what: &str,
+    req: &crate::control::Request,
+    json: bool,
+) -> Result<(), CliError> {
     let pb = crate::progress_bar(!json);
     if let Some(pb) = &pb {
         pb.set_message(format!("{what} in the daemon"));
     }
-    crate::control_set(mnt, what, req.to_string().as_bytes())?;
-    let v = crate::control_get(mnt, what, false)?;
+    let v = crate::control::send(mnt, req)?;
     if let Some(pb) = pb {
         pb.finish_and_clear();
     }
@@ -439,11 +444,12 @@ pub fn scrub(path: &Path, throttle_mib_s: Option<f64>, json: bool) -> Result<(),
     let throttle = throttle_mib_s.map(|m| m * (1 << 20) as f64);
     let abs = crate::absolute(path);
     let through = |mnt: &Path| -> Result<(), CliError> {
-        let mut req = serde_json::json!({});
-        if let Some(t) = throttle {
-            req["throttle"] = serde_json::json!(t);
-        }
-        daemon_job(mnt, "scrub", &req, json)
+        daemon_job(
+            mnt,
+            "scrub",
+            &crate::control::Request::Scrub { throttle },
+            json,
+        )
     };
     if !abs.join(ckptfs_engine::format::SUPERBLOCK_FILE).exists() {
         return through(&abs);

@@ -7,10 +7,14 @@
 //! - `scrub`: the chunks read back and verified in the background, repaired from verified
 //!   bytes where a layout has redundancy (`targets/repair.rs` rebuilds lost targets).
 //!
-//! The daemon's periodic work (automatic gc, retention passes, publication, learning other
-//! nodes' removals) is still paced by a thread the mount starts over `fs`
-//! (`mount::start_maintenance`).
+//! - `auto`: gc without a person: under space pressure, below the automatic gc's watermark,
+//!   and the retention pass while there is room (`AutoGc`);
+//! - `schedule`: the daemon's periodic work as one scheduler (`Scheduler`): the mount
+//!   registers its jobs (automatic gc, publication, learning other nodes' removals, trims)
+//!   and starts it; writers that need a job now ask through its `Wake`.
 
+pub mod auto;
 pub mod check;
 pub mod gc;
+pub mod schedule;
 pub mod scrub;

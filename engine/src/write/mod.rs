@@ -11,8 +11,9 @@
 //! - `spill`: where a stream's carried bytes wait on disk when memory is short;
 //! - `extents`: the extent map and the one painter (the read side uses them too).
 //!
-//! The ENOSPC -> gc retry and the memory sweeps over all open files are still in `fs`
-//! (`make_room`, `sweep_after`): they walk the open-file table, which is `fs`'s.
+//! - `sweep`: the bounds over all open files together (memory sweeps, through the
+//!   filesystem's open-file table lent as `OpenFiles`) and the ENOSPC -> gc retry of a
+//!   write or a close (`with_room`).
 
 mod cut_jobs;
 mod cutter;
@@ -22,6 +23,7 @@ pub(crate) mod gearscan;
 pub mod pipeline;
 pub(crate) mod predict;
 pub(crate) mod spill;
+pub mod sweep;
 #[cfg(test)]
 pub(crate) mod tests;
 

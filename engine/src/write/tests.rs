@@ -141,7 +141,7 @@ impl ChunkIo for MemChunks {
     }
 }
 
-fn params() -> ChunkParams {
+pub(crate) fn params() -> ChunkParams {
     ChunkParams::from_avg(4096).unwrap()
 }
 

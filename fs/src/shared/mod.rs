@@ -63,12 +63,6 @@ pub(crate) struct Shared {
     /// mount (`Fs::set_entry_invalidator`); until then, and in tests without a kernel,
     /// nothing is told.
     pub(crate) invalidate_entry: std::sync::OnceLock<EntryInvalidator>,
-    /// Requests to learn other nodes' removals now (`Fs::ask_removals`): (asked, done),
-    /// counted; the daemon's maintenance thread serves them (`Fs::maintenance_pause`).
-    learn: Mutex<(u64, u64)>,
-    learn_cv: parking_lot::Condvar,
-    /// A maintenance thread serves `learn` (the mount's); without one nobody is asked.
-    maintained: std::sync::atomic::AtomicBool,
     /// Extent maps of this slot's committed layers of files other nodes wrote too, by
     /// (layer, revision): a read of such a file paints this slot's layer from its map, which
     /// was loaded from the catalog (one row per extent) on every read request before. At
@@ -91,7 +85,7 @@ const LAYER_MAPS: usize = 16;
 /// an inode a process holds is never forgotten, and costs this wait once).
 const FORGET_WAIT: std::time::Duration = std::time::Duration::from_millis(500);
 
-/// How long a writer that found the space full waits for the maintenance thread to learn
+/// How long a writer that found the space full waits for the maintenance scheduler to learn
 /// other nodes' removals (a refresh of the union, the retirement of this slot's removed
 /// files, and the kernel's forgets, bounded by `FORGET_WAIT`) before gc.
 const LEARN_WAIT: std::time::Duration = std::time::Duration::from_secs(3);
@@ -111,9 +105,6 @@ impl Shared {
             merged_handles: Mutex::default(),
             reconciled: Mutex::default(),
             invalidate_entry: std::sync::OnceLock::new(),
-            learn: Mutex::new((0, 0)),
-            learn_cv: parking_lot::Condvar::new(),
-            maintained: Default::default(),
             layer_maps: Mutex::default(),
         }
     }
@@ -1380,31 +1371,15 @@ impl Fs {
         }
     }
 
-    /// The maintenance thread's pause between ticks: returns after `d`, or at once when a
-    /// writer asks to learn other nodes' removals (true: then call `learn_removals`).
-    pub fn maintenance_pause(&self, d: std::time::Duration) -> bool {
-        let Some(sh) = &self.shared else {
-            std::thread::sleep(d);
-            return false;
-        };
-        sh.maintained
-            .store(true, std::sync::atomic::Ordering::Relaxed);
-        let mut l = sh.learn.lock();
-        if l.0 == l.1 {
-            sh.learn_cv.wait_for(&mut l, d);
-        }
-        l.0 != l.1
-    }
-
     /// Reads the other slots' manifests, retires this slot's files they removed, tells the
     /// kernel to drop their names and waits (at most `FORGET_WAIT`) until it forgot them,
-    /// so gc may reclaim their space; then answers the writers that asked. The maintenance
-    /// thread's work (it holds no file's lock; `reconcile` takes those of open files).
+    /// so gc may reclaim their space. The maintenance scheduler's job, every second and
+    /// when a writer asks (`ask_removals`); it holds no file's lock (`reconcile` takes
+    /// those of open files).
     pub fn learn_removals(&self) {
-        let Some(sh) = &self.shared else {
+        if self.shared.is_none() {
             return;
-        };
-        let asked = sh.learn.lock().0;
+        }
         if let Err(e) = self.refresh_union() {
             log::warn!("reading the other slots' manifests: {e}");
         }
@@ -1421,31 +1396,19 @@ impl Fs {
             Ok(_) => {}
             Err(e) => log::warn!("retiring this slot's files other nodes removed: {e}"),
         }
-        let mut l = sh.learn.lock();
-        l.1 = l.1.max(asked);
-        sh.learn_cv.notify_all();
     }
 
-    /// A writer found the space full (or `ckptfs gc` runs): has the maintenance thread
-    /// learn other nodes' removals now (their files' space is this slot's to reclaim) and waits for it, at
-    /// most `LEARN_WAIT`. Not on this thread: a writer holds its file's lock, which the
-    /// retirement of that file would need.
+    /// A writer found the space full (or `ckptfs gc` runs): has the maintenance scheduler
+    /// learn other nodes' removals now (their files' space is this slot's to reclaim) and
+    /// waits for it, at most `LEARN_WAIT`. Not on this thread: a writer holds its file's
+    /// lock, which the retirement of that file would need.
     pub fn ask_removals(&self) {
-        let Some(sh) = &self.shared else {
-            return;
-        };
-        if !sh.maintained.load(std::sync::atomic::Ordering::Relaxed) {
+        if self.shared.is_none() {
             return;
         }
-        let deadline = Instant::now() + LEARN_WAIT;
-        let mut l = sh.learn.lock();
-        l.0 += 1;
-        let mine = l.0;
-        sh.learn_cv.notify_all();
-        while l.1 < mine {
-            if sh.learn_cv.wait_until(&mut l, deadline).timed_out() {
+        if let Some(w) = self.maintenance.get() {
+            if !w.ask(LEARN_WAIT) {
                 log::debug!("learning other nodes' removals took over {LEARN_WAIT:?}");
-                return;
             }
         }
     }
