@@ -53,18 +53,18 @@ pub fn build(dir: &Path, files: u64, chunk: u32) -> Result<(), Box<dyn std::erro
             if half_only {
                 rng.fill_bytes(&mut data[..FILE_BYTES / 2]);
             }
-            let mut st = space.load_file(&rec)?;
+            let mut st = space.files().load_file(&rec)?;
             st.truncate(0);
             for piece in data.chunks(1 << 20) {
                 let off = st.size();
-                st.write(space.chunks(), off, piece)?;
+                st.write(space.data().chunks(), off, piece)?;
             }
-            st.finish(space.chunks())?;
+            st.finish(space.data().chunks())?;
             space.commit_file(ino, &mut st, &mut rec, Seal::Complete)?;
         }
         eprint!("\rfile {}/{files}", f + 1);
     }
-    let s = space.stats()?;
+    let s = space.report().stats()?;
     eprintln!();
     println!(
         "built: {} chunks, {} revisions, {} MiB stored, {} MiB free, in {:.1}s",
@@ -80,16 +80,16 @@ pub fn build(dir: &Path, files: u64, chunk: u32) -> Result<(), Box<dyn std::erro
 pub fn run(dir: &Path) -> Result<(), Box<dyn std::error::Error>> {
     let before_open = vm_hwm_kib();
     let space = Space::open(dir)?;
-    let mut c = space.config()?;
+    let mut c = space.settings().config()?;
     c.keep_revisions = 1;
-    space.set_config(&c)?;
-    let s = space.stats()?;
+    space.settings().set_config(&c)?;
+    let s = space.report().stats()?;
     let hwm_before = vm_hwm_kib();
     let t = Instant::now();
     let r = space.gc(&GcOptions::default(), &mut |_| {})?;
     let secs = t.elapsed().as_secs_f64();
     let hwm_after = vm_hwm_kib();
-    let s2 = space.stats()?;
+    let s2 = space.report().stats()?;
     println!(
         "gc on {} chunks / {} revisions: {:.2}s; dropped {} revisions, freed {} chunks ({} MiB), copied {} MiB, freed {} segments; free {} -> {} MiB",
         s.chunks,

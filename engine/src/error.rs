@@ -48,6 +48,32 @@ pub enum Error {
     OneTarget,
     /// Too few of a space's storage targets could serve a request (see `TargetFault`).
     Targets(TargetFault),
+    /// A namespace operation the namespace as it is refuses (`catalog::ns`): the filesystem
+    /// answers each with its errno.
+    Namespace(NsFault),
+}
+
+/// Why a typed namespace operation was refused (`catalog::ns`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum NsFault {
+    /// No entry of that name (ENOENT).
+    NotFound,
+    /// The name is taken (EEXIST).
+    Exists,
+    /// A directory was needed (ENOTDIR).
+    NotDir,
+    /// Not a directory was needed (EISDIR).
+    IsDir,
+    /// The directory has entries (ENOTEMPTY).
+    NotEmpty,
+    /// No such extended attribute (ENODATA).
+    NoAttr,
+}
+
+impl From<NsFault> for Error {
+    fn from(f: NsFault) -> Self {
+        Error::Namespace(f)
+    }
 }
 
 pub type Result<T> = std::result::Result<T, Error>;
@@ -93,6 +119,18 @@ impl fmt::Display for Error {
             Error::NamespaceBusy(m) => write!(f, "{m}"),
             Error::Incoherent(m) => write!(f, "{m}"),
             Error::Targets(t) => write!(f, "{t}"),
+            Error::Namespace(n) => write!(
+                f,
+                "{}",
+                match n {
+                    NsFault::NotFound => "no such entry",
+                    NsFault::Exists => "the name exists",
+                    NsFault::NotDir => "not a directory",
+                    NsFault::IsDir => "is a directory",
+                    NsFault::NotEmpty => "the directory is not empty",
+                    NsFault::NoAttr => "no such attribute",
+                }
+            ),
         }
     }
 }

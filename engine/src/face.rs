@@ -6,8 +6,10 @@
 
 pub use crate::advice::{render as render_advice, report as advice_report};
 pub use crate::alloc::GC_RESERVE_SEGMENTS;
-pub use crate::catalog::{DirEntry, Txn};
+pub use crate::catalog::ns::{RenameHow, Replaced, XattrHow};
+pub use crate::catalog::DirEntry;
 pub use crate::clock;
+pub use crate::error::NsFault;
 pub use crate::format::{
     owner_slot, Binding, ChunkHash, HistoryId, HistoryRecord, InodeId, InodeRecord, NodeKind,
     RevisionId, SlotId, Timestamp, VersionMeta, Xattrs, XATTR_NAMES_ROOM, XATTR_NAME_MAX,

@@ -53,11 +53,11 @@ fn create(space: &Space, parent: InodeId, name: &[u8], dir: bool) -> InodeId {
 
 /// Commits `data` as the new content of `ino`; returns the revision.
 fn commit(space: &Space, ino: InodeId, data: &[u8]) -> RevisionId {
-    let mut rec = space.get_inode(ino).unwrap().unwrap();
-    let mut f = space.load_file(&rec).unwrap();
+    let mut rec = space.ns().get_inode(ino).unwrap().unwrap();
+    let mut f = space.files().load_file(&rec).unwrap();
     f.truncate(0);
-    f.write(space.chunks(), 0, data).unwrap();
-    f.finish(space.chunks()).unwrap();
+    f.write(space.data().chunks(), 0, data).unwrap();
+    f.finish(space.data().chunks()).unwrap();
     space
         .commit_file(ino, &mut f, &mut rec, Seal::Complete)
         .unwrap()
@@ -65,6 +65,7 @@ fn commit(space: &Space, ino: InodeId, data: &[u8]) -> RevisionId {
 
 fn chunks_of(space: &Space, rev: RevisionId) -> Vec<(u64, Extent)> {
     space
+        .files()
         .load_map(rev)
         .unwrap()
         .iter()
@@ -238,12 +239,12 @@ fn a_space_without_xattr_tables_gains_them_at_open() {
     drop(space);
 
     let space = Space::open(&dir).unwrap();
-    assert!(space.xattrs(a).unwrap().is_empty());
+    assert!(space.ns().xattrs(a).unwrap().is_empty());
     space
         .ns_write(true, |t| t.put_xattr(a, b"user.k", b"v"))
         .unwrap();
     let rev = commit(&space, a, &random(10, 10_000));
-    assert_eq!(space.revision_xattrs(rev).unwrap().len(), 1);
+    assert_eq!(space.ns().revision_xattrs(rev).unwrap().len(), 1);
     let r = check(&space, &mut |_, _| {}).unwrap();
     assert!(r.is_clean(), "{r:#?}");
     drop(space);

@@ -50,15 +50,15 @@ fn writers_sharing_chunks_race_with_commits_and_drops() {
                     }
                     let name = format!("w{w}-{round}");
                     let (ino, mut rec) = common::new_file(&space, &name);
-                    let mut f = space.load_file(&rec).unwrap();
+                    let mut f = space.files().load_file(&rec).unwrap();
                     let mut at = 0;
                     while at < data.len() {
                         let n = rng.random_range(1..(2 << 20)).min(data.len() - at);
-                        f.write(space.chunks(), at as u64, &data[at..at + n])
+                        f.write(space.data().chunks(), at as u64, &data[at..at + n])
                             .unwrap();
                         at += n;
                     }
-                    f.finish(space.chunks()).unwrap();
+                    f.finish(space.data().chunks()).unwrap();
                     if rng.random_range(0..3) == 0 {
                         // Dropped uncommitted: its pins go while other writers look up the
                         // same chunks.
@@ -87,7 +87,7 @@ fn writers_sharing_chunks_race_with_commits_and_drops() {
     // Shared chunks are stored once: the two bases, plus what the changed blocks added
     // (a twentieth of the blocks, each re-cutting its neighbours), with room for chunks of
     // dropped files.
-    let stats = space.stats().unwrap();
+    let stats = space.report().stats().unwrap();
     assert!(
         stats.stored_bytes < 3 * (3 << 20) + kept.len() as u64 * (3 << 20) / 2,
         "seed {seed}: {} bytes stored for {} revisions",

@@ -34,20 +34,20 @@ fn file_record(history: HistoryId) -> InodeRecord {
 /// Writes `data` as the whole new content of the file (O_TRUNC + sequential writes) and
 /// commits it as a complete revision.
 fn write_revision(space: &Space, rec: &mut InodeRecord, data: &[u8]) -> Result<RevisionId, Error> {
-    let mut f = space.load_file(rec)?;
+    let mut f = space.files().load_file(rec)?;
     f.truncate(0);
     for piece in data.chunks(1 << 20) {
         let off = f.size();
-        f.write(space.chunks(), off, piece)?;
+        f.write(space.data().chunks(), off, piece)?;
     }
-    f.finish(space.chunks())?;
+    f.finish(space.data().chunks())?;
     // On an error, dropping `f` releases its pins.
     space.commit_file(InodeId(2), &mut f, rec, Seal::Complete)
 }
 
 fn read_revision(space: &Space, rev: RevisionId) -> Vec<u8> {
-    let f = space.load_revision(rev).unwrap();
-    f.read(space.chunks(), 0, f.size() as usize).unwrap()
+    let f = space.files().load_revision(rev).unwrap();
+    f.read(space.data().chunks(), 0, f.size() as usize).unwrap()
 }
 
 /// The scenario at engine level: 256 MiB reserved, keep 2, 50 revisions of a 64 MiB
@@ -85,7 +85,7 @@ fn fifty_revisions_fit_in_256_mib_with_keep_two() {
         }
     }
     space.gc(&GcOptions::default(), &mut |_| {}).unwrap();
-    let listed = space.revisions(rec.history).unwrap();
+    let listed = space.ns().revisions(rec.history).unwrap();
     assert_eq!(listed.len(), 2, "keep-2 leaves two revisions");
     for (rev, want) in &kept {
         assert!(
@@ -94,7 +94,7 @@ fn fifty_revisions_fit_in_256_mib_with_keep_two() {
             rev.0
         );
     }
-    let s = space.stats().unwrap();
+    let s = space.report().stats().unwrap();
     println!(
         "50 revisions, {gcs} gc runs: stored {} MiB, free {} MiB of {} MiB",
         s.stored_bytes >> 20,
@@ -134,8 +134,8 @@ fn gc_plan_matches_what_gc_does_when_revisions_share_chunks() {
         rng.fill_bytes(&mut d[b..b + (64 << 10)]);
         write_revision(&space, &mut rec, &d).unwrap_or_else(|e| panic!("round {round}: {e}"));
     }
-    let listed = space.revisions(rec.history).unwrap().len() as u64;
-    let before = space.stats().unwrap();
+    let listed = space.ns().revisions(rec.history).unwrap().len() as u64;
+    let before = space.report().stats().unwrap();
     let plan = space
         .gc(
             &GcOptions {
@@ -145,7 +145,11 @@ fn gc_plan_matches_what_gc_does_when_revisions_share_chunks() {
             &mut |_| {},
         )
         .unwrap();
-    assert_eq!(space.stats().unwrap(), before, "the plan changed the space");
+    assert_eq!(
+        space.report().stats().unwrap(),
+        before,
+        "the plan changed the space"
+    );
     assert_eq!(plan.revisions_dropped, listed - 2, "keep 2: {plan:?}");
     let real = space.gc(&GcOptions::default(), &mut |_| {}).unwrap();
     for (what, p, r) in [
@@ -185,8 +189,8 @@ fn gc_keeps_newest_n_drops_the_rest_and_dry_run_changes_nothing() {
         let rev = write_revision(&space, &mut rec, &d).unwrap();
         all.push((rev, d));
     }
-    assert_eq!(space.revisions(rec.history).unwrap().len(), 8);
-    let before = space.stats().unwrap();
+    assert_eq!(space.ns().revisions(rec.history).unwrap().len(), 8);
+    let before = space.report().stats().unwrap();
     let dry = space
         .gc(
             &GcOptions {
@@ -198,8 +202,12 @@ fn gc_keeps_newest_n_drops_the_rest_and_dry_run_changes_nothing() {
         .unwrap();
     assert_eq!(dry.revisions_dropped, 5);
     assert!(dry.chunks_freed > 0);
-    assert_eq!(space.stats().unwrap(), before, "dry run changed the space");
-    assert_eq!(space.revisions(rec.history).unwrap().len(), 8);
+    assert_eq!(
+        space.report().stats().unwrap(),
+        before,
+        "dry run changed the space"
+    );
+    assert_eq!(space.ns().revisions(rec.history).unwrap().len(), 8);
     let real = space.gc(&GcOptions::default(), &mut |_| {}).unwrap();
     // The dry run is the plan gc applies: on a space nobody writes to meanwhile, every
     // figure is gc's, compaction's included.
@@ -220,6 +228,7 @@ fn gc_keeps_newest_n_drops_the_rest_and_dry_run_changes_nothing() {
     assert_eq!(real.planned_kept, 0, "{real:?}");
     assert!(real.free_bytes_after > real.free_bytes_before, "{real:?}");
     let listed: Vec<RevisionId> = space
+        .ns()
         .revisions(rec.history)
         .unwrap()
         .iter()
@@ -231,7 +240,7 @@ fn gc_keeps_newest_n_drops_the_rest_and_dry_run_changes_nothing() {
     }
     for (rev, _) in &all[..5] {
         assert!(
-            space.revision(*rev).unwrap().is_none(),
+            space.ns().revision(*rev).unwrap().is_none(),
             "dropped revision still there"
         );
     }
@@ -245,39 +254,42 @@ fn gc_keeps_newest_n_drops_the_rest_and_dry_run_changes_nothing() {
     space.gc(&opts, &mut |_| {}).unwrap();
     assert!(read_revision(&space, pinned) == all[5].1);
     // fsync points are not listed and are replaced by the next commit.
-    let mut f = space.load_file(&rec).unwrap();
-    f.write(space.chunks(), 0, b"in progress").unwrap();
-    f.finish(space.chunks()).unwrap();
-    let n = space.revisions(rec.history).unwrap().len();
+    let mut f = space.files().load_file(&rec).unwrap();
+    f.write(space.data().chunks(), 0, b"in progress").unwrap();
+    f.finish(space.data().chunks()).unwrap();
+    let n = space.ns().revisions(rec.history).unwrap().len();
     space
         .commit_file(InodeId(2), &mut f, &mut rec, Seal::FsyncPoint)
         .unwrap();
-    let l = space.revisions(rec.history).unwrap();
+    let l = space.ns().revisions(rec.history).unwrap();
     assert_eq!(l.len(), n, "an fsync point is durable but not listed");
     assert!(
         l.iter().all(|r| !r.current),
         "no listed revision is current now"
     );
-    f.write(space.chunks(), 0, b"done!!!!!!!").unwrap();
-    f.finish(space.chunks()).unwrap();
+    f.write(space.data().chunks(), 0, b"done!!!!!!!").unwrap();
+    f.finish(space.data().chunks()).unwrap();
     space
         .commit_file(InodeId(2), &mut f, &mut rec, Seal::Complete)
         .unwrap();
-    let l2 = space.revisions(rec.history).unwrap();
+    let l2 = space.ns().revisions(rec.history).unwrap();
     assert_eq!(l2.len(), n + 1, "the fsync point was replaced, not kept");
     assert!(l2.iter().all(|r| r.rec.sealed) && l2.last().unwrap().current);
-    let content = space.load_revision(l2.last().unwrap().id).unwrap();
-    assert_eq!(content.read(space.chunks(), 0, 11).unwrap(), b"done!!!!!!!");
+    let content = space.files().load_revision(l2.last().unwrap().id).unwrap();
+    assert_eq!(
+        content.read(space.data().chunks(), 0, 11).unwrap(),
+        b"done!!!!!!!"
+    );
     drop(space);
     std::fs::remove_dir_all(&dir).unwrap();
 }
 
 /// Appends `data` to the file and commits the result as a complete revision.
 fn append_revision(space: &Space, rec: &mut InodeRecord, data: &[u8]) -> RevisionId {
-    let mut f = space.load_file(rec).unwrap();
+    let mut f = space.files().load_file(rec).unwrap();
     let off = f.size();
-    f.write(space.chunks(), off, data).unwrap();
-    f.finish(space.chunks()).unwrap();
+    f.write(space.data().chunks(), off, data).unwrap();
+    f.finish(space.data().chunks()).unwrap();
     space
         .commit_file(InodeId(2), &mut f, rec, Seal::Complete)
         .unwrap()
@@ -286,6 +298,7 @@ fn append_revision(space: &Space, rec: &mut InodeRecord, data: &[u8]) -> Revisio
 /// (file offset, extent) of every extent of a revision, with its chunk's committed record.
 fn placed_extents(space: &Space, rev: RevisionId) -> Vec<(u64, Extent, ChunkRecord)> {
     space
+        .files()
         .load_map(rev)
         .unwrap()
         .iter()
@@ -347,9 +360,9 @@ fn readers_see_moved_chunks_while_gc_compacts() {
         std::thread::spawn(move || {
             let mut n = 0usize;
             while !stop.load(Ordering::SeqCst) {
-                let f = space.load_revision(keep).unwrap();
+                let f = space.files().load_revision(keep).unwrap();
                 let off = (n * READ) % expect.len();
-                let got = f.read(space.chunks(), off as u64, READ).unwrap();
+                let got = f.read(space.data().chunks(), off as u64, READ).unwrap();
                 assert!(got == expect[off..off + READ], "wrong bytes at {off}");
                 n += 1;
                 reads.store(n as u64, Ordering::SeqCst);
@@ -476,11 +489,11 @@ fn keep_age_is_measured_by_the_engine_clock() {
     let gc = |space: &Space| space.gc(&GcOptions::default(), &mut |_| {}).unwrap();
     // All three are younger than 600 s by the engine's clock.
     assert_eq!(gc(&space).revisions_dropped, 0);
-    assert_eq!(space.revisions(rec.history).unwrap().len(), 3);
+    assert_eq!(space.ns().revisions(rec.history).unwrap().len(), 3);
     // Ten minutes later the two older ones are past the age; the current one always stays.
     clock::advance(Duration::from_secs(600));
     assert_eq!(gc(&space).revisions_dropped, 2);
-    let left = space.revisions(rec.history).unwrap();
+    let left = space.ns().revisions(rec.history).unwrap();
     assert_eq!(left.len(), 1, "{left:?}");
     assert_eq!(read_revision(&space, revs[2]), vec![2u8; 300_000]);
     drop(space);

@@ -47,24 +47,24 @@ fn write_file(space: &Space, ino: u64, data: &[u8]) -> RevisionId {
         history: hid,
         ..InodeRecord::new(NodeKind::File, 0o644, 0, 0)
     };
-    let mut f = space.load_file(&rec).unwrap();
+    let mut f = space.files().load_file(&rec).unwrap();
     for piece in data.chunks(256 << 10) {
         let off = f.size();
-        f.write(space.chunks(), off, piece).unwrap();
+        f.write(space.data().chunks(), off, piece).unwrap();
     }
-    f.finish(space.chunks()).unwrap();
+    f.finish(space.data().chunks()).unwrap();
     space
         .commit_file(InodeId(ino), &mut f, &mut rec, Seal::Complete)
         .unwrap()
 }
 
 fn read_revision(space: &Space, rev: RevisionId) -> Vec<u8> {
-    let f = space.load_revision(rev).unwrap();
-    f.read(space.chunks(), 0, f.size() as usize).unwrap()
+    let f = space.files().load_revision(rev).unwrap();
+    f.read(space.data().chunks(), 0, f.size() as usize).unwrap()
 }
 
 fn stage(space: &Space, name: &str) -> (u64, u64) {
-    let s = space.stats().unwrap();
+    let s = space.report().stats().unwrap();
     let t = s.stages.iter().find(|t| t.name == name).unwrap();
     (t.count, t.bytes)
 }
@@ -101,7 +101,7 @@ fn files_written_at_once_share_gpu_batches_and_read_back_without_a_gpu() {
         );
         let (_, compressed) = stage(&space, "compress");
         assert_eq!(compressed, 0, "nothing was compressed on the CPU");
-        let st = space.stats().unwrap();
+        let st = space.report().stats().unwrap();
         assert!(
             st.stored_bytes < st.raw_chunk_bytes * 3 / 4,
             "the text halves compress: stored {} of {}",

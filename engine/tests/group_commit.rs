@@ -28,16 +28,16 @@ fn commits_held_back_together_take_one_transaction_and_each_lands() {
     for i in 0..6 {
         let (ino, mut rec) = new_file(&space, &format!("f{i}"));
         if i % 2 == 0 {
-            let mut f = space.load_file(&rec).unwrap();
-            f.write(space.chunks(), 0, &base).unwrap();
-            f.finish(space.chunks()).unwrap();
+            let mut f = space.files().load_file(&rec).unwrap();
+            f.write(space.data().chunks(), 0, &base).unwrap();
+            f.finish(space.data().chunks()).unwrap();
             space
                 .commit_file(ino, &mut f, &mut rec, Seal::Complete)
                 .unwrap();
         }
         files.push((ino, rec));
     }
-    let before = space.stats().unwrap().commits;
+    let before = space.report().stats().unwrap().commits;
     let held = space.hold_commits();
     let writers: Vec<_> = files
         .into_iter()
@@ -52,10 +52,10 @@ fn commits_held_back_together_take_one_transaction_and_each_lands() {
             }
             data.truncate(data.len() - i * 4097);
             std::thread::spawn(move || {
-                let mut f = space.load_file(&rec).unwrap();
-                f.write(space.chunks(), 0, &data).unwrap();
+                let mut f = space.files().load_file(&rec).unwrap();
+                f.write(space.data().chunks(), 0, &data).unwrap();
                 f.truncate(data.len() as u64);
-                f.finish(space.chunks()).unwrap();
+                f.finish(space.data().chunks()).unwrap();
                 let rev = space
                     .commit_file(ino, &mut f, &mut rec, Seal::Complete)
                     .unwrap();
@@ -74,7 +74,7 @@ fn commits_held_back_together_take_one_transaction_and_each_lands() {
         .into_iter()
         .map(|w| w.join().expect("a writer panicked"))
         .collect();
-    let after = space.stats().unwrap().commits;
+    let after = space.report().stats().unwrap().commits;
     assert_eq!(
         (
             after.files - before.files,
@@ -86,7 +86,7 @@ fn commits_held_back_together_take_one_transaction_and_each_lands() {
     drop(space);
     let space = Space::open(&dir).unwrap();
     for (ino, rev, _) in &committed {
-        let rec = space.get_inode(*ino).unwrap().expect("the file");
+        let rec = space.ns().get_inode(*ino).unwrap().expect("the file");
         assert_eq!(
             rec.current_rev, *rev,
             "current after reopening (seed {seed})"

@@ -235,6 +235,13 @@ fn fs_uses_the_engine_through_its_face() {
                 }
             }
         }
+        // Namespace changes go through the typed operations (`Space::ns`), never through a
+        // transaction over the tables; the catalog is the engine's.
+        for raw in [".ns_write(", ".catalog()", "Txn"] {
+            if code.contains(raw) {
+                bad.push(format!("{}: {raw}", f.display()));
+            }
+        }
     }
     assert!(bad.is_empty(), "fs reaches into the engine: {bad:#?}");
 }

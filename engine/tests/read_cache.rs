@@ -27,16 +27,16 @@ fn write_file(space: &Space, data: &[u8]) -> Vec<(u64, Extent)> {
         history: hid,
         ..InodeRecord::new(NodeKind::File, 0o644, 0, 0)
     };
-    let mut f = space.load_file(&rec).unwrap();
+    let mut f = space.files().load_file(&rec).unwrap();
     for piece in data.chunks(MIB) {
         let off = f.size();
-        f.write(space.chunks(), off, piece).unwrap();
+        f.write(space.data().chunks(), off, piece).unwrap();
     }
-    f.finish(space.chunks()).unwrap();
+    f.finish(space.data().chunks()).unwrap();
     let rev = space
         .commit_file(InodeId(2), &mut f, &mut rec, Seal::Complete)
         .unwrap();
-    let map = space.load_map(rev).unwrap();
+    let map = space.files().load_map(rev).unwrap();
     map.iter().map(|(o, e)| (o, *e)).collect()
 }
 

@@ -110,7 +110,7 @@ fn run(seed: u64) {
             history: HistoryId(ino),
             ..file_record()
         });
-        let mut file = space.load_file(rec).unwrap();
+        let mut file = space.files().load_file(rec).unwrap();
         let content = model.entry(ino).or_default();
         for _ in 0..rng.random_range(1..6) {
             let data = pool[rng.random_range(0..pool.len())].clone();
@@ -119,7 +119,7 @@ fn run(seed: u64) {
             } else {
                 rng.random_range(0..content.len() as u64 + 1)
             };
-            file.write(space.chunks(), off, &data).unwrap();
+            file.write(space.data().chunks(), off, &data).unwrap();
             let end = off as usize + data.len();
             if content.len() < end {
                 content.resize(end, 0);
@@ -131,7 +131,7 @@ fn run(seed: u64) {
             file.truncate(n);
             content.truncate(n as usize);
         }
-        file.finish(space.chunks()).unwrap();
+        file.finish(space.data().chunks()).unwrap();
         space
             .commit_file(InodeId(ino), &mut file, rec, Seal::Complete)
             .unwrap();
@@ -141,13 +141,16 @@ fn run(seed: u64) {
             space = Space::open(&dir).unwrap();
             check_space(&space);
             for (ino, want) in &model {
-                let rec = space.get_inode(InodeId(*ino)).unwrap().unwrap();
-                let f = space.load_file(&rec).unwrap();
-                assert_eq!(&f.read(space.chunks(), 0, want.len() + 1).unwrap(), want);
+                let rec = space.ns().get_inode(InodeId(*ino)).unwrap().unwrap();
+                let f = space.files().load_file(&rec).unwrap();
+                assert_eq!(
+                    &f.read(space.data().chunks(), 0, want.len() + 1).unwrap(),
+                    want
+                );
             }
         }
     }
-    let s = space.stats().unwrap();
+    let s = space.report().stats().unwrap();
     // Every revision is kept, and all content comes from 8 blocks of 30 KB: the distinct
     // chunk bytes must be a small fraction of everything committed.
     assert!(
@@ -176,9 +179,9 @@ fn corrupted_chunk_is_an_error_not_wrong_bytes() {
         ..file_record()
     };
     for (ino, data, rec) in [(2, &a, &mut ra), (3, &b, &mut rb)] {
-        let mut f = space.load_file(rec).unwrap();
-        f.write(space.chunks(), 0, data).unwrap();
-        f.finish(space.chunks()).unwrap();
+        let mut f = space.files().load_file(rec).unwrap();
+        f.write(space.data().chunks(), 0, data).unwrap();
+        f.finish(space.data().chunks()).unwrap();
         space
             .commit_file(InodeId(ino), &mut f, rec, Seal::Complete)
             .unwrap();
@@ -199,9 +202,10 @@ fn corrupted_chunk_is_an_error_not_wrong_bytes() {
     }
     let space = Space::open(&dir).unwrap();
     let fa = space
-        .load_file(&space.get_inode(InodeId(2)).unwrap().unwrap())
+        .files()
+        .load_file(&space.ns().get_inode(InodeId(2)).unwrap().unwrap())
         .unwrap();
-    match fa.read(space.chunks(), 0, 1000) {
+    match fa.read(space.data().chunks(), 0, 1000) {
         Err(Error::Corrupt(_)) => {}
         other => panic!(
             "expected a corruption error, got {:?}",
@@ -209,9 +213,10 @@ fn corrupted_chunk_is_an_error_not_wrong_bytes() {
         ),
     }
     let fb = space
-        .load_file(&space.get_inode(InodeId(3)).unwrap().unwrap())
+        .files()
+        .load_file(&space.ns().get_inode(InodeId(3)).unwrap().unwrap())
         .unwrap();
-    assert_eq!(fb.read(space.chunks(), 0, b.len()).unwrap(), b);
+    assert_eq!(fb.read(space.data().chunks(), 0, b.len()).unwrap(), b);
     drop(space);
     std::fs::remove_dir_all(&dir).unwrap();
 }
@@ -226,9 +231,9 @@ fn full_space_gives_no_space_and_keeps_committed_data() {
         history: HistoryId(1),
         ..file_record()
     };
-    let mut f = space.load_file(&rec).unwrap();
-    f.write(space.chunks(), 0, &first).unwrap();
-    f.finish(space.chunks()).unwrap();
+    let mut f = space.files().load_file(&rec).unwrap();
+    f.write(space.data().chunks(), 0, &first).unwrap();
+    f.finish(space.data().chunks()).unwrap();
     space
         .commit_file(InodeId(2), &mut f, &mut rec, Seal::Complete)
         .unwrap();
@@ -239,10 +244,10 @@ fn full_space_gives_no_space_and_keeps_committed_data() {
         history: HistoryId(2),
         ..file_record()
     };
-    let mut g = space.load_file(&rec2).unwrap();
+    let mut g = space.files().load_file(&rec2).unwrap();
     let r = g
-        .write(space.chunks(), 0, &big)
-        .and_then(|_| g.finish(space.chunks()))
+        .write(space.data().chunks(), 0, &big)
+        .and_then(|_| g.finish(space.data().chunks()))
         .and_then(|_| {
             space
                 .commit_file(InodeId(3), &mut g, &mut rec2, Seal::Complete)
@@ -254,10 +259,13 @@ fn full_space_gives_no_space_and_keeps_committed_data() {
     );
     drop(space);
     let space = Space::open(&dir).unwrap();
-    let rec = space.get_inode(InodeId(2)).unwrap().unwrap();
-    let f = space.load_file(&rec).unwrap();
-    assert_eq!(f.read(space.chunks(), 0, first.len()).unwrap(), first);
-    assert!(space.get_inode(InodeId(3)).unwrap().is_none());
+    let rec = space.ns().get_inode(InodeId(2)).unwrap().unwrap();
+    let f = space.files().load_file(&rec).unwrap();
+    assert_eq!(
+        f.read(space.data().chunks(), 0, first.len()).unwrap(),
+        first
+    );
+    assert!(space.ns().get_inode(InodeId(3)).unwrap().is_none());
     check_space(&space);
     drop(space);
     std::fs::remove_dir_all(&dir).unwrap();

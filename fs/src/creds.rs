@@ -105,6 +105,10 @@ impl Requester {
         }
     }
 
+    pub fn pid(&self) -> u32 {
+        self.pid
+    }
+
     pub fn credentials(&self) -> &Credentials {
         self.creds
             .get_or_init(|| Credentials::of(self.pid, self.uid, self.gid))

@@ -65,7 +65,19 @@ pub enum Error {
 
 impl From<ckptfs_engine::Error> for Error {
     fn from(e: ckptfs_engine::Error) -> Self {
-        Error::Engine(e)
+        use ckptfs_engine::face::NsFault;
+        match e {
+            // A namespace operation's refusal is this layer's errno, not an engine failure.
+            ckptfs_engine::Error::Namespace(f) => match f {
+                NsFault::NotFound => Error::NotFound,
+                NsFault::Exists => Error::Exists,
+                NsFault::NotDir => Error::NotDir,
+                NsFault::IsDir => Error::IsDir,
+                NsFault::NotEmpty => Error::NotEmpty,
+                NsFault::NoAttr => Error::NoData,
+            },
+            e => Error::Engine(e),
+        }
     }
 }
 
@@ -338,43 +350,12 @@ pub(crate) fn new_record(
     rec
 }
 
-/// A rename of file `src` over file `dst`: the target path's history goes on. The file
-/// renamed over it becomes its next revision, and the source's own history is retired
-/// under the source's old path `src_path`. When that history held only the revision just
-/// copied (a temporary file saved once: the write-temp-then-rename of torch.save), nothing
-/// of it is worth keeping for keep_unlinked: it is retired as removed long ago, so the
-/// next gc drops it and the target's keep-N alone decides. The caller stores both records.
-pub(crate) fn continue_history(
-    t: &mut ckptfs_engine::face::Txn,
-    (src, src_rec): (InodeId, &mut InodeRecord),
-    (dst, dst_rec): (InodeId, &mut InodeRecord),
-    src_path: Vec<u8>,
-    dst_path: Vec<u8>,
-    now: Timestamp,
-) -> Result<()> {
-    let target_history = dst_rec.history;
-    let only_current = t.history_revisions(src_rec.history)? == [src_rec.current_rev];
-    let when = if only_current { Timestamp::EPOCH } else { now };
-    t.retire_history(src_rec.history, src_path, when)?;
-    if src_rec.current_rev.0 != 0 {
-        src_rec.current_rev = t.copy_revision(src_rec.current_rev, target_history)?;
-    }
-    src_rec.history = target_history;
-    t.set_history_owner(target_history, src)?;
-    // The replaced file (maybe still open) commits into a history of its own from now on.
-    let orphan = t.new_history(dst)?;
-    t.retire_history(orphan, dst_path, now)?;
-    dst_rec.history = orphan;
-    // Its current revision stays where it is, in the target's history, which the renamed
-    // file continues: a process that looked the name up before the rename and opens the
-    // inode after it still reads the content it found (`ckptfs check` allows this for
-    // unlinked inodes).
-    Ok(())
-}
-
 impl Fs {
     pub fn new(space: Space) -> Self {
-        let shared = space.is_shared().then(|| shared::Shared::new(space.slot()));
+        let shared = space
+            .slots()
+            .is_shared()
+            .then(|| shared::Shared::new(space.slot()));
         Fs {
             space,
             selections: Mutex::new(std::collections::VecDeque::new()),
@@ -412,8 +393,8 @@ impl Fs {
     /// Sizes for statfs.
     pub fn usage(&self) -> SpaceUsage {
         SpaceUsage {
-            capacity: self.space.capacity(),
-            free: self.space.free_bytes(),
+            capacity: self.space.data().capacity(),
+            free: self.space.data().free_bytes(),
         }
     }
 
@@ -494,7 +475,7 @@ impl Fs {
     }
 
     fn record(&self, ino: InodeId) -> Result<InodeRecord> {
-        self.space.get_inode(ino)?.ok_or(Error::NotFound)
+        self.space.ns().get_inode(ino)?.ok_or(Error::NotFound)
     }
 
     pub fn getattr(&self, ino: InodeId) -> Result<Attr> {
@@ -528,6 +509,7 @@ impl Fs {
             a.data_bytes = Some(self.data_bytes(ino, rev, || {
                 Ok(self
                     .space
+                    .files()
                     .load_map(rev)?
                     .iter()
                     .map(|(_, e)| e.len as u64)
@@ -587,7 +569,11 @@ impl Fs {
         if self.shared.is_some() {
             return self.sh_lookup(parent, name);
         }
-        let child = self.space.lookup(parent, name)?.ok_or(Error::NotFound)?;
+        let child = self
+            .space
+            .ns()
+            .lookup(parent, name)?
+            .ok_or(Error::NotFound)?;
         self.getattr(child)
     }
 
@@ -619,13 +605,13 @@ impl Fs {
         if view::is_virtual(ino) || ino == InodeId::ROOT {
             return Ok(true);
         }
-        Ok(self.space.hold_inode(ino)?)
+        Ok(self.space.pins().hold_inode(ino)?)
     }
 
     /// The kernel forgot `n` lookups of `ino` (FUSE FORGET, BATCH_FORGET).
     pub fn forget(&self, ino: InodeId, n: u64) {
         if !view::is_virtual(ino) {
-            self.space.forget_inode(ino, n);
+            self.space.pins().forget_inode(ino, n);
         }
     }
 
@@ -645,42 +631,8 @@ impl Fs {
         if parent == InodeId::ROOT && name == view::CTL_NAME {
             return Err(Error::Exists);
         }
-        let is_dir = rec.kind == NodeKind::Dir;
-        let (ino, rec) = self.space.ns_write(false, |t| -> Result<_> {
-            let mut p = t.get_inode(parent)?.ok_or(Error::NotFound)?;
-            if p.kind != NodeKind::Dir {
-                return Err(Error::NotDir);
-            }
-            if t.lookup(parent, name)?.is_some() {
-                return Err(Error::Exists);
-            }
-            // BSD group semantics of a setgid directory: new nodes take its group, and new
-            // directories inherit the bit.
-            let mut rec = rec;
-            if p.perm & libc::S_ISGID != 0 {
-                rec.gid = p.gid;
-                if is_dir {
-                    rec.perm |= libc::S_ISGID;
-                }
-            }
-            let ino = t.alloc_ino()?;
-            match rec.kind {
-                NodeKind::File => rec.history = t.new_history(ino)?,
-                // A directory keeps its own name, so paths can be rebuilt from the inode.
-                NodeKind::Dir => rec.target = name.to_vec(),
-                _ => {}
-            }
-            t.put_inode(ino, &rec)?;
-            t.add_entry(parent, name, ino)?;
-            let now = Timestamp::now();
-            p.mtime = now;
-            p.ctime = now;
-            if is_dir {
-                p.nlink += 1;
-            }
-            t.put_inode(parent, &p)?;
-            Ok((ino, rec))
-        })?;
+        // The parent's group and setgid bit pass on as BSD semantics say (`create_node`).
+        let (ino, rec) = self.space.ns().create(parent, name, rec)?;
         Ok(Attr::new(ino, rec))
     }
 
@@ -798,39 +750,9 @@ impl Fs {
             return Err(Error::ReadOnly);
         }
         let now = Timestamp::now();
-        let (child, rec) = self.space.ns_write(false, |t| -> Result<_> {
-            let child = t.lookup(parent, name)?.ok_or(Error::NotFound)?;
-            let mut rec = t.inode(child)?;
-            let is_dir = rec.kind == NodeKind::Dir;
-            if dir && !is_dir {
-                return Err(Error::NotDir);
-            }
-            if !dir && is_dir {
-                return Err(Error::IsDir);
-            }
-            if is_dir && !t.dir_is_empty(child)? {
-                return Err(Error::NotEmpty);
-            }
-            t.remove_entry(parent, name)?;
-            let mut p = t.inode(parent)?;
-            p.mtime = now;
-            p.ctime = now;
-            if is_dir {
-                p.nlink -= 1;
-            }
-            t.put_inode(parent, &p)?;
-            // Unlinked inodes stay in the table with nlink 0: open handles keep reading
-            // them, and their revisions stay until gc reclaims them.
-            rec.nlink = 0;
-            rec.ctime = now;
-            if rec.kind == NodeKind::File {
-                // The path's revisions stay restorable until gc's retention drops them.
-                let path = t.path_of(parent, name)?;
-                t.retire_history(rec.history, path, now)?;
-            }
-            t.put_inode(child, &rec)?;
-            Ok((child, rec))
-        })?;
+        // Unlinked inodes stay in the table with nlink 0: open handles keep reading them,
+        // and a file's revisions stay restorable until gc's retention drops them.
+        let (child, rec) = self.space.ns().remove(parent, name, dir, now)?;
         self.unlinked(child, &rec);
         Ok(())
     }
@@ -879,118 +801,14 @@ impl Fs {
             return Err(Error::ReadOnly);
         }
         let now = Timestamp::now();
-        let mut touched: Vec<(InodeId, InodeRecord)> = Vec::new();
-        self.space.ns_write(false, |t| -> Result<_> {
-            let src = t.lookup(parent, name)?.ok_or(Error::NotFound)?;
-            let dst = t.lookup(new_parent, new_name)?;
-            if t.inode(new_parent)?.kind != NodeKind::Dir {
-                return Err(Error::NotDir);
-            }
-            if dst == Some(src) {
-                return Ok(());
-            }
-            let mut src_rec = t.inode(src)?;
-            let src_dir = src_rec.kind == NodeKind::Dir;
-            if exchange {
-                let dst = dst.ok_or(Error::NotFound)?;
-                let mut dst_rec = t.inode(dst)?;
-                let dst_dir = dst_rec.kind == NodeKind::Dir;
-                t.repoint_entry(parent, name, dst)?;
-                t.repoint_entry(new_parent, new_name, src)?;
-                if parent != new_parent && src_dir != dst_dir {
-                    let (gain, lose) = if src_dir {
-                        (new_parent, parent)
-                    } else {
-                        (parent, new_parent)
-                    };
-                    let mut g = t.inode(gain)?;
-                    g.nlink += 1;
-                    t.put_inode(gain, &g)?;
-                    let mut l = t.inode(lose)?;
-                    l.nlink -= 1;
-                    t.put_inode(lose, &l)?;
-                }
-                if src_dir {
-                    src_rec.parent = new_parent;
-                    src_rec.target = new_name.to_vec();
-                }
-                if dst_dir {
-                    dst_rec.parent = parent;
-                    dst_rec.target = name.to_vec();
-                }
-                src_rec.ctime = now;
-                dst_rec.ctime = now;
-                t.put_inode(src, &src_rec)?;
-                t.put_inode(dst, &dst_rec)?;
-                touched.push((src, src_rec));
-                touched.push((dst, dst_rec));
-            } else {
-                if let Some(dst) = dst {
-                    if noreplace {
-                        return Err(Error::Exists);
-                    }
-                    let mut dst_rec = t.inode(dst)?;
-                    let dst_dir = dst_rec.kind == NodeKind::Dir;
-                    if src_dir && !dst_dir {
-                        return Err(Error::NotDir);
-                    }
-                    if !src_dir && dst_dir {
-                        return Err(Error::IsDir);
-                    }
-                    if dst_dir && !t.dir_is_empty(dst)? {
-                        return Err(Error::NotEmpty);
-                    }
-                    t.remove_entry(new_parent, new_name)?;
-                    if dst_dir {
-                        let mut np = t.inode(new_parent)?;
-                        np.nlink -= 1;
-                        t.put_inode(new_parent, &np)?;
-                    }
-                    if dst_rec.kind == NodeKind::File && src_rec.kind == NodeKind::File {
-                        let old_path = t.path_of(parent, name)?;
-                        let dst_path = t.path_of(new_parent, new_name)?;
-                        continue_history(
-                            t,
-                            (src, &mut src_rec),
-                            (dst, &mut dst_rec),
-                            old_path,
-                            dst_path,
-                            now,
-                        )?;
-                    } else if dst_rec.kind == NodeKind::File {
-                        let dst_path = t.path_of(new_parent, new_name)?;
-                        t.retire_history(dst_rec.history, dst_path, now)?;
-                    }
-                    dst_rec.nlink = 0;
-                    dst_rec.ctime = now;
-                    t.put_inode(dst, &dst_rec)?;
-                    touched.push((dst, dst_rec));
-                }
-                t.move_entry(parent, name, new_parent, new_name)?;
-                if src_dir {
-                    src_rec.target = new_name.to_vec();
-                }
-                if src_dir && parent != new_parent {
-                    let mut op = t.inode(parent)?;
-                    op.nlink -= 1;
-                    t.put_inode(parent, &op)?;
-                    let mut np = t.inode(new_parent)?;
-                    np.nlink += 1;
-                    t.put_inode(new_parent, &np)?;
-                    src_rec.parent = new_parent;
-                }
-                src_rec.ctime = now;
-                t.put_inode(src, &src_rec)?;
-                touched.push((src, src_rec));
-            }
-            for p in [parent, new_parent] {
-                let mut r = t.inode(p)?;
-                r.mtime = now;
-                r.ctime = now;
-                t.put_inode(p, &r)?;
-            }
-            Ok(())
-        })?;
+        let how = ckptfs_engine::face::RenameHow {
+            noreplace,
+            exchange,
+        };
+        let touched = self
+            .space
+            .ns()
+            .rename((parent, name), (new_parent, new_name), how, now)?;
         for (ino, rec) in touched {
             self.refresh_open(ino, |r| {
                 r.adopt_namespace(&rec);
@@ -1002,7 +820,7 @@ impl Fs {
 
     /// Sticky failure: after a failed backing write or sync nothing may change a file.
     fn refuse_if_failed(&self) -> Result<()> {
-        if self.space.is_failed() {
+        if self.space.data().is_failed() {
             return Err(Error::Engine(ckptfs_engine::Error::Failed));
         }
         Ok(())
@@ -1050,12 +868,7 @@ impl Fs {
         }
         // Attributes only: change the stored record in place (its namespace fields, history
         // and revision belong to other transactions), and the open copy alike.
-        let rec = self.space.ns_write(false, |t| -> Result<_> {
-            let mut rec = t.inode(ino)?;
-            apply(&mut rec);
-            t.put_inode(ino, &rec)?;
-            Ok(rec)
-        })?;
+        let rec = self.space.ns().update_inode(ino, |r| apply(r))?;
         self.refresh_open(ino, |r| apply(r));
         if let Some(n) = self.open_node(ino) {
             return Ok(n.lock().attr(ino));
@@ -1086,13 +899,10 @@ impl Fs {
                 self.commit_node(ino, &mut n, Seal::Complete, HandleId::NONE)?;
             } else {
                 // A writer's close commits the size; the attributes are stored now.
-                let rec = n.rec.clone();
-                self.space.ns_write(false, |t| -> Result<()> {
-                    let mut stored = t.inode(ino)?;
-                    apply(&mut stored);
-                    stored.mtime = rec.mtime;
-                    t.put_inode(ino, &stored)?;
-                    Ok(())
+                let mtime = n.rec.mtime;
+                self.space.ns().update_inode(ino, |stored| {
+                    apply(stored);
+                    stored.mtime = mtime;
                 })?;
             }
             Ok(n.attr(ino))
@@ -1108,7 +918,7 @@ impl Fs {
     /// stay setuid after someone else wrote it.
     /// Returns whether the mode changed: the caller must then drop the kernel's cached
     /// attributes, which still show the bits (and exec would honour them).
-    pub fn kill_setid(&self, ino: InodeId, who: &Requester) -> Result<bool> {
+    pub(crate) fn kill_setid(&self, ino: InodeId, who: &Requester) -> Result<bool> {
         // The revision view is read-only: its open refuses the write that brought us here.
         if view::is_virtual(ino) {
             return Ok(false);
@@ -1210,11 +1020,14 @@ impl Fs {
         if self.shared.is_some() {
             // This slot's object alone: its version record says when its attributes or
             // times changed, for the merge on every node.
-            let stamp = self.space.stamp();
+            let stamp = self.space.slots().stamp();
             let attrs = s.perm.is_some() || s.uid.is_some() || s.gid.is_some();
             let times = s.atime.is_some() || s.mtime.is_some();
-            self.space.ns_write(true, |t| -> Result<()> {
-                if let Some(mut m) = t.version(ino)? {
+            // The namespace stamp moves even when the object has no version record here.
+            self.space.ns().update_version(
+                ino,
+                true,
+                |m| {
                     if attrs {
                         m.attr_stamp = stamp;
                     }
@@ -1225,11 +1038,9 @@ impl Fs {
                         m.clip_stamp = stamp;
                         m.clip_len = size;
                     }
-                    t.put_version(ino, &m)?;
-                }
-                t.set_ns_stamp(stamp)?;
-                Ok(())
-            })?;
+                },
+                |_| Some(stamp),
+            )?;
             self.sh_touch(&[ino]);
             self.publish_pending()?;
         }
@@ -1238,6 +1049,52 @@ impl Fs {
             return self.getattr(ino);
         }
         Ok(a)
+    }
+
+    /// open(2) by `who`. An O_TRUNC open (`truncate`) is a truncate, which POSIX says drops
+    /// the setid bits (unless `who` holds CAP_FSETID: see `kill_setid`) and the kernel
+    /// drops file capabilities on: done here, first, since the daemon truncates at open
+    /// (`atomic_o_trunc`) and the kernel's own truncate never runs. Returns whether the
+    /// file's mode changed (the kernel's cached attributes are stale then).
+    pub fn open_by(
+        &self,
+        ino: InodeId,
+        fh: HandleId,
+        (write, truncate): (bool, bool),
+        who: &Requester,
+    ) -> Result<bool> {
+        let mut changed = false;
+        if truncate {
+            changed = self.kill_setid(ino, who)?;
+            self.drop_file_caps(ino)?;
+        }
+        self.open(ino, fh, write, truncate)?;
+        Ok(changed)
+    }
+
+    /// A write by `who` (`write_shared`), with what POSIX says a write drops first: the
+    /// setid bits when the kernel says the writer lacks CAP_FSETID and did not drop them
+    /// itself (`kill_setid`: direct-I/O writes; page-cache writes had them dropped by the
+    /// kernel), and file capabilities, which any write removes, when the write bypassed
+    /// the page cache (`direct`). Returns the bytes written and whether the mode changed.
+    pub fn write_by(
+        &self,
+        (ino, fh): (InodeId, HandleId),
+        who: &Requester,
+        (kill_setid, direct): (bool, bool),
+        off: u64,
+        data: &[u8],
+        shared: Option<ckptfs_engine::face::SharedBytes>,
+    ) -> Result<(usize, bool)> {
+        let changed = match kill_setid {
+            true => self.kill_setid(ino, who)?,
+            false => false,
+        };
+        if direct {
+            self.drop_file_caps(ino)?;
+        }
+        let n = self.write_shared(ino, fh, who.pid(), off, data, shared)?;
+        Ok((n, changed))
     }
 
     /// Opens a regular file (or a revision file of the view) under handle `fh`, which the
@@ -1304,9 +1161,9 @@ impl Fs {
                 }
                 // Pin the base revision under the gate, re-reading the record there, so the
                 // pinned revision is the one loaded.
-                let (base, (rec, file)) = self.space.pin(Some(ino), || {
+                let (base, (rec, file)) = self.space.pins().pin(Some(ino), || {
                     let rec = self.record(ino)?;
-                    let file = self.space.load_file(&rec)?;
+                    let file = self.space.files().load_file(&rec)?;
                     Ok::<_, Error>((rec.current_rev, (rec, file)))
                 })?;
                 let n = Arc::new(Mutex::new(OpenNode {
@@ -1410,7 +1267,7 @@ impl Fs {
             // lock: the content includes uncommitted writes, and a commit may drop the
             // revision these extents come from.
             if n.writers != 0 || !n.file.is_clean() {
-                *out = n.file.read(self.space.chunks(), off, len)?;
+                *out = n.file.read(self.space.data().chunks(), off, len)?;
                 return Ok(ReadReply::Bytes);
             }
             let end = off.saturating_add(len as u64).min(n.file.size());
@@ -1423,16 +1280,16 @@ impl Fs {
         };
         let len = (end - off) as usize;
         if vectored {
-            let parts = ExtentMap::read_pieces_parts(self.space.chunks(), pieces, off, len)?;
+            let parts = ExtentMap::read_pieces_parts(self.space.data().chunks(), pieces, off, len)?;
             return Ok(ReadReply::Parts(parts));
         }
         ExtentMap::read_pieces_to(
-            self.space.chunks(),
+            self.space.data().chunks(),
             pieces,
             off,
             len,
             out,
-            self.space.reply_stage(),
+            self.space.stages().reply_stage(),
         )?;
         Ok(ReadReply::Bytes)
     }
@@ -1444,6 +1301,7 @@ impl Fs {
         if let Some((from, to)) = n.ahead.next(&self.prefetch_streams, off, end, size) {
             let ahead = n.file.map().pieces(from, to);
             self.space
+                .data()
                 .prefetch(ahead.into_iter().map(|(_, e)| e.chunk).collect());
         }
     }
@@ -1521,8 +1379,8 @@ impl Fs {
     ) -> Result<usize> {
         let mut n = node.lock();
         let ingest = |file: &mut ckptfs_engine::face::FileState| match shared {
-            Some(sh) => self.space.ingest_shared(file, off, sh.clone()),
-            None => self.space.ingest(file, off, data),
+            Some(sh) => self.space.files().ingest_shared(file, off, sh.clone()),
+            None => self.space.files().ingest(file, off, data),
         };
         // Rewriting the same bytes at the same offset is idempotent, so a write that stopped
         // half way is simply done again after gc made room.
@@ -1530,7 +1388,7 @@ impl Fs {
         Self::touched_by(&mut n, fh, pid);
         drop(n);
         self.sweeper
-            .wrote(ino, data.len(), self, self.space.chunks());
+            .wrote(ino, data.len(), self, self.space.data().chunks());
         Ok(data.len())
     }
 
@@ -1538,7 +1396,7 @@ impl Fs {
     /// what the retention policy allows and tries again, as long as gc finds room (gc needs
     /// no file lock, only the pins, which this file's state holds).
     fn settle_node(&self, n: &mut OpenNode) -> Result<()> {
-        let c = self.space.chunks();
+        let c = self.space.data().chunks();
         ckptfs_engine::face::with_room(&mut n.file, |f| f.finish(c), || self.gc_for_space())?;
         Ok(())
     }
@@ -1596,10 +1454,10 @@ impl Fs {
         if punch || zero {
             // Settled first, with gc making room if needed; the punch then only edits the map.
             self.settle_node(&mut n)?;
-            n.file.punch_hole(self.space.chunks(), off, end)?;
+            n.file.punch_hole(self.space.data().chunks(), off, end)?;
         } else if grow {
             let new_bytes = end - off.max(size);
-            if new_bytes > self.space.free_bytes() {
+            if new_bytes > self.space.data().free_bytes() {
                 return Err(Error::Engine(ckptfs_engine::Error::NoSpace));
             }
         }
@@ -1653,12 +1511,12 @@ impl Fs {
             let pieces = s.file.copy_source(src_off, src_off + n);
             // Pinned while the source's lock keeps them referenced.
             let chunks: Vec<_> = pieces.iter().map(|(_, e)| e.chunk).collect();
-            let pinned = self.space.pin_stored(&chunks)?;
+            let pinned = self.space.pins().pin_stored(&chunks)?;
             (pieces, n, pinned)
         };
         let mut d = dst_node.lock();
         d.file
-            .paste(self.space.chunks(), dst_off, n, &pieces, pinned)?;
+            .paste(self.space.data().chunks(), dst_off, n, &pieces, pinned)?;
         Self::touched_by(&mut d, dst_fh, pid);
         Ok(n)
     }
@@ -1724,7 +1582,7 @@ impl Fs {
                 return;
             }
         };
-        match self.space.load_file(&stored) {
+        match self.space.files().load_file(&stored) {
             Ok(state) => {
                 log::info!(
                     "inode {}: the save that did not fit was discarded; the file is its last \
@@ -1814,15 +1672,16 @@ impl Fs {
         let Some((stamp, len)) = n.clip else {
             return Ok(());
         };
-        self.space.ns_write(false, |t| -> Result<()> {
-            if let Some(mut m) = t.version(ino)? {
+        self.space.ns().update_version(
+            ino,
+            false,
+            |m| {
                 m.created = m.created.max(stamp);
                 m.clip_stamp = stamp;
                 m.clip_len = len;
-                t.put_version(ino, &m)?;
-            }
-            Ok(())
-        })?;
+            },
+            |_| None,
+        )?;
         n.clip = None;
         if self.shared.is_some() {
             self.sh_touch(&[ino]);
@@ -2070,7 +1929,7 @@ impl Fs {
             out.extend(self.sh_readdir(dir, after, limit)?);
             return Ok(out);
         }
-        for e in self.space.list_dir(dir, after, limit)? {
+        for e in self.space.ns().list_dir(dir, after, limit)? {
             let a = self.getattr(e.ino)?;
             out.push(DirItem {
                 offset: e.cookie,
@@ -2101,7 +1960,7 @@ impl Fs {
 
     /// Reads the other slots' headers and new manifest records.
     pub fn refresh_union(&self) -> Result<()> {
-        match self.space.union() {
+        match self.space.slots().union() {
             Some(u) => Ok(u.refresh()?),
             None => Ok(()),
         }
@@ -2110,7 +1969,7 @@ impl Fs {
     /// A refresh that started at `t` or later (shared with concurrent callers); a failure
     /// is logged and the last views are used.
     pub(crate) fn refresh_since(&self, t: std::time::Instant) {
-        if let Some(u) = self.space.union() {
+        if let Some(u) = self.space.slots().union() {
             if let Err(e) = u.refresh_since(t) {
                 log::warn!("reading the other slots' manifests: {e}");
             }
@@ -2205,6 +2064,7 @@ impl Fs {
         let hid = self.history_of_path(path)?;
         Ok(self
             .space
+            .ns()
             .revisions(hid)?
             .into_iter()
             .map(|r| RevisionListing {
@@ -2225,7 +2085,7 @@ impl Fs {
     /// The object at `path` (components separated by '/'), as every node sees it.
     fn resolve(&self, path: &[u8]) -> Result<Option<InodeId>> {
         if self.shared.is_none() {
-            return Ok(self.space.resolve(path)?);
+            return Ok(self.space.ns().resolve(path)?);
         }
         self.refresh_since(std::time::Instant::now());
         let mut ino = InodeId::ROOT;
@@ -2245,13 +2105,17 @@ impl Fs {
     /// (EXDEV), not reported missing.
     fn history_of_path(&self, path: &[u8]) -> Result<HistoryId> {
         let Some(sh) = &self.shared else {
-            return self.space.history_of_path(path)?.ok_or(Error::NotFound);
+            return self
+                .space
+                .ns()
+                .history_of_path(path)?
+                .ok_or(Error::NotFound);
         };
         if let Some(ino) = self.resolve(path)? {
             if ckptfs_engine::face::owner_slot(ino) != sh.me {
                 return Err(Error::CrossDevice);
             }
-            if let Some(rec) = self.space.get_inode(ino)? {
+            if let Some(rec) = self.space.ns().get_inode(ino)? {
                 if rec.kind == NodeKind::File {
                     return Ok(rec.history);
                 }
@@ -2263,6 +2127,7 @@ impl Fs {
             .collect::<Vec<_>>()
             .join(&b'/');
         self.space
+            .ns()
             .unlinked_history_at(&want)?
             .ok_or(Error::NotFound)
     }
@@ -2270,11 +2135,11 @@ impl Fs {
     /// The content of a revision of `path`.
     pub fn read_revision(&self, path: &[u8], rev: u64) -> Result<FileState> {
         let hid = self.history_of_path(path)?;
-        let listed = self.space.revisions(hid)?;
+        let listed = self.space.ns().revisions(hid)?;
         if !listed.iter().any(|r| r.id.0 == rev) {
             return Err(Error::NotFound);
         }
-        Ok(self.space.load_revision(RevisionId(rev))?)
+        Ok(self.space.files().load_revision(RevisionId(rev))?)
     }
 
     /// Makes revision `rev` of `path` its current content again, as a new revision. An
@@ -2282,13 +2147,25 @@ impl Fs {
     /// Makes revision `rev` the current content of `path`; returns the file's inode.
     pub fn restore(&self, path: &[u8], rev: u64, c: Caller) -> Result<InodeId> {
         let hid = self.history_of_path(path)?;
-        if !self.space.revisions(hid)?.iter().any(|r| r.id.0 == rev) {
+        if !self
+            .space
+            .ns()
+            .revisions(hid)?
+            .iter()
+            .any(|r| r.id.0 == rev)
+        {
             return Err(Error::NotFound);
         }
         // Pin the revision against gc until the new revision references its chunks. (Not
         // the gc lock: a writer holding its file's lock may be waiting in gc.)
-        let (_pin, ()) = self.space.pin(None, || {
-            if !self.space.revisions(hid)?.iter().any(|r| r.id.0 == rev) {
+        let (_pin, ()) = self.space.pins().pin(None, || {
+            if !self
+                .space
+                .ns()
+                .revisions(hid)?
+                .iter()
+                .any(|r| r.id.0 == rev)
+            {
                 return Err(Error::NotFound);
             }
             Ok((RevisionId(rev), ()))
@@ -2300,7 +2177,7 @@ impl Fs {
     }
 
     fn restore_pinned(&self, path: &[u8], hid: HistoryId, rev: u64, c: Caller) -> Result<InodeId> {
-        let content = self.space.load_revision(RevisionId(rev))?;
+        let content = self.space.files().load_revision(RevisionId(rev))?;
         let ino = match self.resolve(path)? {
             Some(ino) => ino,
             None => {
@@ -2309,23 +2186,15 @@ impl Fs {
                     None => (&b""[..], path),
                 };
                 let parent = self.resolve(dir)?.ok_or(Error::NotFound)?;
-                let owner = self.space.history(hid)?.ino;
-                let perm = self.space.get_inode(owner)?.map_or(0o644, |r| r.perm);
+                let owner = self.space.ns().history(hid)?.ino;
+                let perm = self.space.ns().get_inode(owner)?.map_or(0o644, |r| r.perm);
                 let attr = self.make_node(
                     parent,
                     name,
                     new_record(NodeKind::File, perm, c, parent, Vec::new()),
                 )?;
                 // The re-created file continues the unlinked path's history.
-                let fresh = attr.rec.history;
-                self.space.ns_write(false, |t| -> Result<()> {
-                    let mut r = t.inode(attr.ino)?;
-                    r.history = hid;
-                    t.put_inode(attr.ino, &r)?;
-                    t.set_history_owner(hid, attr.ino)?;
-                    t.retire_history(fresh, Vec::new(), Timestamp::now())?;
-                    Ok(())
-                })?;
+                self.space.ns().adopt_history(attr.ino, hid)?;
                 attr.ino
             }
         };
@@ -2344,11 +2213,7 @@ impl Fs {
             n.file.mark_replaced();
             // The revision's extended attributes come back with its bytes (first, so the
             // commit below records them in the new revision).
-            self.space.ns_write(false, |t| -> Result<()> {
-                let x = t.revision_xattrs(RevisionId(rev))?;
-                t.replace_xattrs(ino, &x)?;
-                Ok(())
-            })?;
+            self.space.ns().restore_xattrs(ino, RevisionId(rev))?;
             let now = Timestamp::now();
             n.rec.mtime = now;
             n.rec.ctime = now;
@@ -2378,7 +2243,7 @@ impl Fs {
     }
 
     pub fn stats(&self) -> Result<Stats> {
-        Ok(self.space.stats()?)
+        Ok(self.space.report().stats()?)
     }
 }
 

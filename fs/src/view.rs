@@ -124,7 +124,7 @@ impl Fs {
         let mut rec = self.getattr(real)?.rec;
         rec.history = HistoryId::NONE;
         if real != InodeId::ROOT && ckptfs_engine::face::owner_slot(real) == sh.me {
-            if let Some(local) = self.space.get_inode(real)? {
+            if let Some(local) = self.space.ns().get_inode(real)? {
                 rec.history = local.history;
                 rec.nlink = local.nlink;
             }
@@ -137,7 +137,7 @@ impl Fs {
     pub(crate) fn view_xattrs(&self, ino: InodeId) -> Result<ckptfs_engine::face::Xattrs> {
         self.view_getattr(ino)?;
         match decode(ino) {
-            Some(Virt::Rev(rev)) => Ok(self.space.revision_xattrs(rev)?),
+            Some(Virt::Rev(rev)) => Ok(self.space.ns().revision_xattrs(rev)?),
             _ => Ok(Default::default()),
         }
     }
@@ -153,7 +153,7 @@ impl Fs {
                 Ok(dir_attr(ino, &InodeRecord { perm, ..root }))
             }
             Virt::Hist(Some(hid)) => {
-                let h = self.space.history(hid).map_err(|_| Error::NotFound)?;
+                let h = self.space.ns().history(hid).map_err(|_| Error::NotFound)?;
                 Ok(dir_attr(ino, &self.history_owner(&h)?))
             }
             Virt::Of(real) => {
@@ -188,8 +188,8 @@ impl Fs {
                 })
             }
             Virt::Rev(rev) => {
-                let rr = self.space.revision(rev)?.ok_or(Error::NotFound)?;
-                let h = self.space.history(rr.history)?;
+                let rr = self.space.ns().revision(rev)?.ok_or(Error::NotFound)?;
+                let h = self.space.ns().history(rr.history)?;
                 let owner = self.history_owner(&h)?;
                 Ok(Attr {
                     ino,
@@ -231,7 +231,7 @@ impl Fs {
             }
             Virt::Hist(Some(hid)) => {
                 let id = parse_id(name)?;
-                if !self.space.revisions(hid)?.iter().any(|r| r.id.0 == id) {
+                if !self.space.ns().revisions(hid)?.iter().any(|r| r.id.0 == id) {
                     return Err(Error::NotFound);
                 }
                 self.view_getattr(rev_file(RevisionId(id)))
@@ -242,14 +242,14 @@ impl Fs {
                     NodeKind::Dir => {
                         let child = match self.shared {
                             Some(_) => self.lookup(real, name)?.ino,
-                            None => self.space.lookup(real, name)?.ok_or(Error::NotFound)?,
+                            None => self.space.ns().lookup(real, name)?.ok_or(Error::NotFound)?,
                         };
                         self.view_getattr(self.view_of(child)?)
                     }
                     NodeKind::File if rec.history == HistoryId::NONE => Err(Error::NotFound),
                     NodeKind::File => {
                         let id = parse_id(name)?;
-                        let listed = self.space.revisions(rec.history)?;
+                        let listed = self.space.ns().revisions(rec.history)?;
                         if !listed.iter().any(|r| r.id.0 == id) {
                             return Err(Error::NotFound);
                         }
@@ -307,6 +307,7 @@ impl Fs {
             .collect()),
             Virt::Hist(None) => Ok(self
                 .space
+                .ns()
                 .history_ids(HistoryId(after.saturating_sub(2)), limit)?
                 .into_iter()
                 .map(|hid| DirItem {
@@ -335,7 +336,7 @@ impl Fs {
                                         cookie: d.offset,
                                     })
                                     .collect(),
-                                None => self.space.list_dir(real, cursor, limit)?,
+                                None => self.space.ns().list_dir(real, cursor, limit)?,
                             };
                             if batch.is_empty() {
                                 return Ok(out);
@@ -382,6 +383,7 @@ impl Fs {
         }
         Ok(self
             .space
+            .ns()
             .revisions(hid)?
             .into_iter()
             .filter(|r| r.id.0 + 3 > after)
@@ -399,7 +401,7 @@ impl Fs {
     /// unlinked, read access for the owner of the root directory only.
     fn history_owner(&self, h: &ckptfs_engine::face::HistoryRecord) -> Result<InodeRecord> {
         if h.unlinked.is_none() {
-            if let Some(r) = self.space.get_inode(h.ino)? {
+            if let Some(r) = self.space.ns().get_inode(h.ino)? {
                 return Ok(r);
             }
         }
@@ -431,8 +433,12 @@ impl Fs {
             None => {
                 // Pin, then load: a gc that samples pins after this sees it, and one that
                 // already dropped the revision makes the load fail with ENOENT, not EIO later.
-                let (base, file) = self.space.pin(None, || {
-                    let file = self.space.load_revision(rev).map_err(|_| Error::NotFound)?;
+                let (base, file) = self.space.pins().pin(None, || {
+                    let file = self
+                        .space
+                        .files()
+                        .load_revision(rev)
+                        .map_err(|_| Error::NotFound)?;
                     Ok::<_, Error>((rev, file))
                 })?;
                 let attr = self.view_getattr(ino)?;
@@ -462,7 +468,7 @@ impl Fs {
     /// The text of `/.ckptfs/advice`: the advice, or why there is none yet (no failure
     /// model configured, no checkpoint measured), after the same first line.
     pub fn advice_text(&self) -> String {
-        let inputs = match self.space.advice_inputs() {
+        let inputs = match self.space.report().advice_inputs() {
             Ok(i) => i,
             Err(e) => return format!("checkpoint-now: unknown\nerror: {e}\n"),
         };

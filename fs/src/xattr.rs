@@ -10,11 +10,7 @@
 //! control interface and cannot be stored.
 
 use super::{Error, Fs, Result};
-use ckptfs_engine::face::Txn;
-use ckptfs_engine::face::{
-    InodeId, Timestamp, Xattrs, XATTR_NAMES_ROOM, XATTR_NAME_MAX, XATTR_VALUES_ROOM,
-    XATTR_VALUE_MAX,
-};
+use ckptfs_engine::face::{InodeId, Timestamp, Xattrs, XATTR_NAME_MAX, XATTR_VALUE_MAX};
 
 /// The control names on the root (see the adapter's control interface).
 pub const CONTROL_PREFIX: &[u8] = b"user.ckptfs.";
@@ -80,7 +76,7 @@ impl Fs {
         }
         // An inode that does not exist has no attributes to list: ENOENT, not an empty list.
         self.record(ino)?;
-        Ok(self.space.xattrs(ino)?)
+        Ok(self.space.ns().xattrs(ino)?)
     }
 
     /// getxattr(2): the value, or ENODATA. One table lookup when the attribute exists: the
@@ -93,7 +89,7 @@ impl Fs {
         if super::view::is_virtual(ino) || self.foreign(ino) {
             return self.xattrs_of(ino)?.remove(name).ok_or(Error::NoData);
         }
-        match self.space.xattr(ino, name)? {
+        match self.space.ns().xattr(ino, name)? {
             Some(v) => Ok(v),
             None => {
                 // ENOENT for an inode that is gone; an open one exists (the write path).
@@ -130,36 +126,14 @@ impl Fs {
         if value.len() > XATTR_VALUE_MAX {
             return Err(Error::ValueTooBig);
         }
-        self.change_xattrs(ino, |t| {
-            let mut x = t.xattrs(ino)?;
-            let exists = x.contains_key(name);
-            if how.create && exists {
-                return Err(Error::Exists);
-            }
-            if how.replace && !exists {
-                return Err(Error::NoData);
-            }
-            x.insert(name.to_vec(), value.to_vec());
-            let names: usize = x.keys().map(|n| n.len() + 1).sum();
-            let values: usize = x.values().map(Vec::len).sum();
-            if names > XATTR_NAMES_ROOM || values > XATTR_VALUES_ROOM {
-                return Err(ckptfs_engine::Error::NoSpace.into());
-            }
-            Ok(t.put_xattr(ino, name, value)?)
-        })
-    }
-
-    /// Runs an attribute change of `ino` and moves its ctime, in one namespace transaction,
-    /// and in the open copy of its record.
-    fn change_xattrs(&self, ino: InodeId, f: impl FnOnce(&mut Txn) -> Result<()>) -> Result<()> {
+        // Within the room a record keeps for names and values (ENOSPC past it); the
+        // change moves the ctime, stored and in the open copy of the record.
         let now = Timestamp::now();
-        self.space.ns_write(false, |t| -> Result<()> {
-            let mut rec = t.inode(ino)?;
-            f(t)?;
-            rec.ctime = now;
-            t.put_inode(ino, &rec)?;
-            Ok(())
-        })?;
+        let how = ckptfs_engine::face::XattrHow {
+            create: how.create,
+            replace: how.replace,
+        };
+        self.space.ns().set_xattr(ino, (name, value), how, now)?;
         self.refresh_open(ino, |r| r.ctime = now);
         Ok(())
     }
@@ -168,8 +142,8 @@ impl Fs {
     /// every write and truncate through the page cache, whoever writes. Writes that bypass
     /// it (direct-I/O handles) and the O_TRUNC the daemon does at open come here instead.
     /// One table read when there is nothing to drop.
-    pub fn drop_file_caps(&self, ino: InodeId) -> Result<()> {
-        if self.space.xattr(ino, FILE_CAPS)?.is_none() {
+    pub(crate) fn drop_file_caps(&self, ino: InodeId) -> Result<()> {
+        if self.space.ns().xattr(ino, FILE_CAPS)?.is_none() {
             return Ok(());
         }
         match self.removexattr(ino, FILE_CAPS) {
@@ -189,10 +163,10 @@ impl Fs {
         if name.len() > XATTR_NAME_MAX {
             return Err(Error::OutOfRange);
         }
-        self.change_xattrs(ino, |t| match t.remove_xattr(ino, name)? {
-            true => Ok(()),
-            false => Err(Error::NoData),
-        })
+        let now = Timestamp::now();
+        self.space.ns().drop_xattr(ino, name, now)?;
+        self.refresh_open(ino, |r| r.ctime = now);
+        Ok(())
     }
 }
 

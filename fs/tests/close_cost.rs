@@ -33,7 +33,7 @@ fn fresh(name: &str) -> PathBuf {
 }
 
 fn commits(fs: &Fs) -> CommitTotals {
-    fs.space().stats().expect("stats").commits
+    fs.space().report().stats().expect("stats").commits
 }
 
 /// Creates (or, existing, opens with O_TRUNC) `name`, writes `data`, closes, releases.

@@ -291,6 +291,7 @@ fn run(seed: u64, plan: Plan, t: &mut Totals) -> Result<u64, String> {
         return Err(format!("rebuild found lost segments: {rep:?}"));
     }
     let r = space
+        .report()
         .targets_report()
         .ok_or("no targets report on a targeted space")?;
     // Every segment whose domains allow it is whole again (6 targets, 4 or more healthy).

@@ -67,10 +67,19 @@ pub fn run(path: &Path, a: &Args) -> Result<(), CliError> {
         crate::Target::Offline { fs } => {
             let space = fs.space();
             if store {
-                let c = merge(space.advice_inputs().map_err(CliError::from)?.config);
-                space.set_advice_config(&c).map_err(CliError::from)?;
+                let c = merge(
+                    space
+                        .report()
+                        .advice_inputs()
+                        .map_err(CliError::from)?
+                        .config,
+                );
+                space
+                    .settings()
+                    .set_advice_config(&c)
+                    .map_err(CliError::from)?;
             }
-            space.advice_inputs().map_err(CliError::from)?
+            space.report().advice_inputs().map_err(CliError::from)?
         }
     };
     let o = Overrides {

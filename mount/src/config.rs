@@ -87,10 +87,13 @@ pub(crate) fn cmd_config(path: &Path, r: &RetentionArgs, json: bool) -> Result<(
             }
         }
         Target::Offline { fs } => {
-            let mut c = fs.space().config().map_err(CliError::from)?;
+            let mut c = fs.space().settings().config().map_err(CliError::from)?;
             if !r.is_empty() {
                 r.apply(&mut c);
-                fs.space().set_config(&c).map_err(CliError::from)?;
+                fs.space()
+                    .settings()
+                    .set_config(&c)
+                    .map_err(CliError::from)?;
             }
             c
         }

@@ -311,7 +311,7 @@ pub(crate) fn open_for_mount(
         }),
     };
     let space = Space::open_as(backing, &mode).map_err(CliError::from)?;
-    if let Some(l) = space.lease() {
+    if let Some(l) = space.slots().lease() {
         log::info!(
             "claimed slot {} of {slots} (epoch {}, lease {:?})",
             l.slot(),
@@ -348,7 +348,7 @@ pub(crate) fn start_maintenance(fs: Arc<Fs>) -> ckptfs_engine::maintenance::sche
     let s = Scheduler::default()
         .every("auto gc", 1, move || gc.auto_gc_tick())
         .every("target warnings", 1, move || {
-            if let Some(e) = warn.space().erasure() {
+            if let Some(e) = warn.space().report().erasure() {
                 e.flush_warnings();
             }
         })
@@ -406,7 +406,7 @@ pub(crate) fn fuse_config(backing: &Path, tuning: &Tuning, allow_other: bool) ->
 /// the GPU stage, the cutter's confirmations; logs what the mount runs with.
 pub(crate) fn configure_space(space: &mut Space, tuning: &Tuning) -> Result<(), CliError> {
     if let Some(w) = tuning.workers {
-        space.set_workers(w as usize);
+        space.tuning().set_workers(w as usize);
     }
     let codec = match &tuning.codec {
         Some(c) => c.clone(),
@@ -436,10 +436,12 @@ pub(crate) fn configure_space(space: &mut Space, tuning: &Tuning) -> Result<(), 
         .map_err(|e| format!("cannot record the codec in the superblock: {e}"))?;
     let gpu = choose_gpu(tuning, &codec)?;
     let compressor = gpu.as_ref().map_or("the CPU".to_string(), |g| g.describe());
-    space.set_batch_codec(gpu);
+    space.tuning().set_batch_codec(gpu);
     // A read-only mount writes no revision to predict, so it keeps no fingerprints.
-    space.confirm_by_fingerprint(tuning.confirm_by_fingerprint && !tuning.read_only);
-    space.follow_changes(tuning.follow_changes);
+    space
+        .tuning()
+        .confirm_by_fingerprint(tuning.confirm_by_fingerprint && !tuning.read_only);
+    space.tuning().follow_changes(tuning.follow_changes);
     // The cutter's search is chosen by measuring the candidates once (a few ms): here, at
     // mount, rather than inside the first write, and said, since it differs by CPU.
     let search = ckptfs_engine::write::gear_search();
@@ -447,7 +449,7 @@ pub(crate) fn configure_space(space: &mut Space, tuning: &Tuning) -> Result<(), 
         "{} FUSE threads, {} store workers, codec {}, new chunks compressed on {compressor}, \
          cutter search {} ({})",
         tuning.threads,
-        space.workers(),
+        space.tuning().workers(),
         codec,
         search.name,
         search.measured

@@ -132,6 +132,15 @@ fn errno(e: &Error) -> Errno {
             // Only at mount.
             E::Incoherent(_) => libc::EIO,
             E::OneTarget => libc::EOPNOTSUPP,
+            // `fs` turns these into its own variants above; the same answers if one slips by.
+            E::Namespace(n) => match n {
+                ckptfs_engine::face::NsFault::NotFound => libc::ENOENT,
+                ckptfs_engine::face::NsFault::Exists => libc::EEXIST,
+                ckptfs_engine::face::NsFault::NotDir => libc::ENOTDIR,
+                ckptfs_engine::face::NsFault::IsDir => libc::EISDIR,
+                ckptfs_engine::face::NsFault::NotEmpty => libc::ENOTEMPTY,
+                ckptfs_engine::face::NsFault::NoAttr => libc::ENODATA,
+            },
             E::Targets(t) => match t {
                 // Data too few targets hold: lost until they return, as a bad disk's.
                 TargetFault::Unreadable { .. } => libc::EIO,
@@ -555,36 +564,46 @@ impl CkptFs {
             // for the kernel's (the kernel drops a file's pages at each open): the next
             // reads go to the backing space. For cold-read measurements and tests.
             R::DropCaches => {
-                space.drop_caches();
+                space.data().drop_caches();
                 to_json(serde_json::json!({"ok": true}))
             }
             R::Advice => {
                 let i = space
+                    .report()
                     .advice_inputs()
                     .map_err(|e| fail_json("advice", e.into()))?;
                 value(serde_json::to_value(i))
             }
             R::SetAdvice(c) => {
                 space
+                    .settings()
                     .set_advice_config(&c)
                     .map_err(|e| fail_json("advice", e.into()))?;
                 value(serde_json::to_value(c))
             }
             R::Redundancy => {
                 let r = space
+                    .report()
                     .revision_redundancy()
                     .map_err(|e| fail_json("redundancy", e.into()))?;
                 value(serde_json::to_value(r))
             }
-            R::Targets => value(serde_json::to_value(space.targets_report())),
+            R::Targets => value(serde_json::to_value(space.report().targets_report())),
             R::Config => {
-                let c = space.config().map_err(|e| fail_json("config", e.into()))?;
+                let c = space
+                    .settings()
+                    .config()
+                    .map_err(|e| fail_json("config", e.into()))?;
                 to_json(crate::config_json(&c))
             }
             R::SetConfig(pairs) => {
-                let mut c = space.config().map_err(|e| fail_json("config", e.into()))?;
+                let mut c = space
+                    .settings()
+                    .config()
+                    .map_err(|e| fail_json("config", e.into()))?;
                 crate::apply_config(&mut c, &pairs).map_err(|_| einval())?;
                 space
+                    .settings()
                     .set_config(&c)
                     .map_err(|e| fail_json("config", e.into()))?;
                 to_json(crate::config_json(&c))
@@ -688,19 +707,17 @@ impl CkptFs {
         }
     }
 
-    /// Drops the setid bits for a write by `req`'s caller (see `Fs::kill_setid`) and, when
-    /// they changed, the kernel's cached attributes of the inode: no reply of this request
-    /// carries the new mode, and until the cache expires stat and exec would see the old one.
-    fn kill_setid(&self, req: &Request, ino: INodeNo) -> Result<(), Error> {
-        if self.fs.kill_setid(InodeId(ino.0), &requester(req))? {
-            if let Some(n) = self.notifier.get() {
-                // Offset -1: attributes only, no page-cache work (safe inside a request).
-                if let Err(e) = n.inval_inode(ino, -1, 0) {
-                    log::warn!("invalidating inode {} attributes: {e}", ino.0);
-                }
+    /// The mode of `ino` changed behind a request (setid bits dropped by a write or an
+    /// O_TRUNC open): no reply of this request carries the new mode, and until the cache
+    /// expires stat and exec would see the old one, so the kernel drops its cached
+    /// attributes.
+    fn attrs_changed(&self, ino: INodeNo) {
+        if let Some(n) = self.notifier.get() {
+            // Offset -1: attributes only, no page-cache work (safe inside a request).
+            if let Err(e) = n.inval_inode(ino, -1, 0) {
+                log::warn!("invalidating inode {} attributes: {e}", ino.0);
             }
         }
-        Ok(())
     }
 
     /// How long the kernel may cache names and attributes: not at all when other nodes
@@ -768,7 +785,7 @@ impl CkptFs {
         if let Err(e) = self.fs.publish_pending() {
             failed.push(format!("publishing this slot's last changes failed: {e}"));
         }
-        if let Some(why) = self.fs.space().lease().and_then(|l| l.fenced()) {
+        if let Some(why) = self.fs.space().slots().lease().and_then(|l| l.fenced()) {
             failed.push(format!("this mount lost its slot: {why}"));
         }
         match failed.is_empty() {
@@ -827,7 +844,7 @@ impl Filesystem for CkptFs {
     /// The FUSE transport's CPU, as the `transport` stage (vendored fuser's hook): without
     /// it the stages left out about a sixth of the daemon's CPU (`ckptfs-bench steps`).
     fn received(&self, bytes: usize, cpu_ns: Option<u64>) {
-        self.fs.space().count_transport(bytes, cpu_ns);
+        self.fs.space().stages().count_transport(bytes, cpu_ns);
         if cpu_ns.is_some() {
             // A sampled request: its dispatch is timed too (`dispatched`), so every stage
             // timing in it is measured, to tell the dispatch's own CPU from theirs.
@@ -846,7 +863,7 @@ impl Filesystem for CkptFs {
                 ckptfs_engine::write::pipeline::exact_span_end() * fuser::RECEIVE_SAMPLE,
             )
         });
-        self.fs.space().count_dispatch(own);
+        self.fs.space().stages().count_dispatch(own);
     }
 
     fn lookup(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEntry) {
@@ -1013,18 +1030,17 @@ impl Filesystem for CkptFs {
         let trunc = flags.0 & libc::O_TRUNC != 0 && w;
         let fh = self.fh();
         // O_TRUNC is done here (atomic_o_trunc), so the kernel's truncate, which would drop
-        // the setid bits, never runs. FUSE says nothing of the opener's CAP_FSETID at open:
-        // `kill_setid` looks it up.
-        let r = if trunc {
-            self.kill_setid(req, ino)
-        } else {
-            Ok(())
-        };
-        let r = r.and_then(|()| match trunc {
-            true => self.fs.drop_file_caps(InodeId(ino.0)),
-            false => Ok(()),
-        });
-        match r.and_then(|()| self.fs.open(InodeId(ino.0), HandleId(fh.0), w, trunc)) {
+        // the setid bits, never runs: `open_by` drops them (FUSE says nothing of the
+        // opener's CAP_FSETID at open; fs looks it up).
+        let r = self
+            .fs
+            .open_by(InodeId(ino.0), HandleId(fh.0), (w, trunc), &requester(req))
+            .map(|changed| {
+                if changed {
+                    self.attrs_changed(ino);
+                }
+            });
+        match r {
             // The advice file's text is made at open and may differ from the size the
             // kernel cached: read it with direct I/O, as /proc files are.
             Ok(()) if InodeId(ino.0) == ckptfs_fs::view::ADVICE => {
@@ -1064,7 +1080,11 @@ impl Filesystem for CkptFs {
             match r {
                 Ok(ReadReply::Bytes) => {
                     let n = buf.len();
-                    self.fs.space().reply_stage().time(n, || reply.data(buf))
+                    self.fs
+                        .space()
+                        .stages()
+                        .reply_stage()
+                        .time(n, || reply.data(buf))
                 }
                 Ok(ReadReply::Parts(parts)) => send_parts(self.fs.space(), &parts, buf, reply),
                 Err(e) => reply.error(fail("read", ino.0, e)),
@@ -1090,27 +1110,25 @@ impl Filesystem for CkptFs {
         reply: ReplyWrite,
     ) {
         // Direct-I/O writes (write-only handles) carry the kernel's "writer lacks
-        // CAP_FSETID" flag; page-cache writes had their bits dropped by the kernel already.
-        let r = if write_flags.contains(WriteFlags::FUSE_WRITE_KILL_SUIDGID) {
-            self.kill_setid(req, ino)
-        } else {
-            Ok(())
-        };
-        // Nor do they drop file capabilities, which any write removes.
+        // CAP_FSETID" flag, and drop no file capabilities themselves: fs does both.
         let direct = matches!(flags.acc_mode(), OpenAccMode::O_WRONLY);
-        let r = r.and_then(|()| match direct {
-            true => self.fs.drop_file_caps(InodeId(ino.0)),
-            false => Ok(()),
-        });
-        match r.and_then(|()| {
-            self.fs.write_shared(
-                InodeId(ino.0),
-                HandleId(fh.0),
-                req.pid(),
-                offset,
-                data,
-                request_window(data),
-            )
+        let how = (
+            write_flags.contains(WriteFlags::FUSE_WRITE_KILL_SUIDGID),
+            direct,
+        );
+        let r = self.fs.write_by(
+            (InodeId(ino.0), HandleId(fh.0)),
+            &requester(req),
+            how,
+            offset,
+            data,
+            request_window(data),
+        );
+        match r.map(|(n, changed)| {
+            if changed {
+                self.attrs_changed(ino);
+            }
+            n
         }) {
             Ok(n) => {
                 // A write-only handle is served with direct I/O (`open_flags`): its bytes
@@ -1437,7 +1455,7 @@ fn send_parts(
     reply: ReplyData,
 ) {
     let n: usize = parts.iter().map(ReadPart::len).sum();
-    space.reply_stage().time(n, || {
+    space.stages().reply_stage().time(n, || {
         let mut iov: Vec<std::io::IoSlice<'_>> = Vec::with_capacity(parts.len() + 1);
         for p in parts {
             match p {

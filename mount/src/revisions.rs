@@ -249,7 +249,7 @@ pub(crate) fn cmd_restore(
             let mut off = 0;
             while off < f.size() {
                 let piece = f
-                    .read(fs.space().chunks(), off, 8 << 20)
+                    .read(fs.space().data().chunks(), off, 8 << 20)
                     .map_err(CliError::from)?;
                 out.write_all(&piece).map_err(CliError::from)?;
                 off += piece.len() as u64;

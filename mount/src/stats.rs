@@ -46,7 +46,7 @@ pub(crate) fn read_stats(path: &Path) -> Result<Stats, CliError> {
     if path.join(ckptfs_engine::format::SUPERBLOCK_FILE).exists() {
         // Read-only: stats of an unmounted (or read-only mounted) space change nothing.
         return match open_or_through(&path, true, || Space::open_as(&path, &Mode::ReadOnly))? {
-            Opened::Here(space) => space.stats().map_err(CliError::from),
+            Opened::Here(space) => space.report().stats().map_err(CliError::from),
             Opened::Through(mnt) => from_mount(&mnt),
         };
     }

@@ -15,7 +15,7 @@ pub fn report(path: &Path) -> Result<Option<TargetsReport>, CliError> {
     let path = crate::absolute(path);
     if path.join(ckptfs_engine::format::SUPERBLOCK_FILE).exists() {
         return match open_or_through(&path, true, || Space::open_as(&path, &Mode::ReadOnly))? {
-            Opened::Here(space) => Ok(space.targets_report()),
+            Opened::Here(space) => Ok(space.report().targets_report()),
             Opened::Through(mnt) => from_mount(&mnt),
         };
     }
@@ -36,7 +36,7 @@ pub fn redundancy(path: &Path) -> Result<Option<RevisionRedundancy>, CliError> {
     };
     if path.join(ckptfs_engine::format::SUPERBLOCK_FILE).exists() {
         return match open_or_through(&path, true, || Space::open_as(&path, &Mode::ReadOnly))? {
-            Opened::Here(space) => space.revision_redundancy().map_err(CliError::from),
+            Opened::Here(space) => space.report().revision_redundancy().map_err(CliError::from),
             Opened::Through(mnt) => from_mount(&mnt),
         };
     }

@@ -139,17 +139,19 @@ impl Fixture {
         let mut chunks = BTreeMap::new();
         for (path, versions) in &written {
             let hid = space
+                .ns()
                 .history_of_path(path.as_bytes())
                 .expect("history_of_path")
                 .unwrap_or_else(|| panic!("no history for {path}"));
-            let listed = space.revisions(hid).expect("revisions");
+            let listed = space.ns().revisions(hid).expect("revisions");
             assert_eq!(listed.len(), versions.len(), "{path}: revisions {listed:?}");
             for (info, data) in listed.iter().zip(versions) {
                 assert_eq!(info.rec.size, data.len() as u64, "{path}: revision size");
                 let mut extents = Vec::new();
-                for (off, e) in space.load_map(info.id).expect("load_map").iter() {
+                for (off, e) in space.files().load_map(info.id).expect("load_map").iter() {
                     extents.push((off, off + e.len as u64, e.chunk));
                     let rec = space
+                        .data()
                         .committed_record(&e.chunk)
                         .expect("chunk record")
                         .expect("extent names a committed chunk");

@@ -70,13 +70,13 @@ impl AutoGc {
     pub fn for_space(&self, space: &Space, gc: GcRun) -> bool {
         // The room wanted: 1/8 of the space beyond what is free now. Taken before waiting
         // for another writer's gc, whose room counts for this one too.
-        let before = space.free_bytes();
-        let goal = before + space.capacity() / PRESSURE_ROOM_FRACTION;
+        let before = space.data().free_bytes();
+        let goal = before + space.data().capacity() / PRESSURE_ROOM_FRACTION;
         match gc(pressure_opts(None, goal)) {
             Ok(r) => {
                 let gained = r.free_bytes_after.saturating_sub(before);
                 let reserve = crate::alloc::GC_RESERVE_SEGMENTS + 1;
-                let room = r.free_bytes_after >= reserve * space.segment_bytes();
+                let room = r.free_bytes_after >= reserve * space.data().segment_bytes();
                 if gained > 0 {
                     self.full_said.store(false, Ordering::Relaxed);
                     log::info!(
@@ -105,14 +105,15 @@ impl AutoGc {
     /// watermark, the retention pass. Also the store's idle work (spare read buffers, the
     /// grace of segments a gc emptied in a multi-slot space).
     pub fn tick(&self, space: &Space, gc: GcRun) {
-        space.idle_tick();
-        let Ok(config) = space.config() else {
+        space.data().idle_tick();
+        let Ok(config) = space.settings().config() else {
             return;
         };
-        if config.auto_gc_free_percent == 0 || space.is_read_only() || space.is_failed() {
+        if config.auto_gc_free_percent == 0 || space.is_read_only() || space.data().is_failed() {
             return;
         }
-        if space.free_bytes() * 100 >= space.capacity() * config.auto_gc_free_percent {
+        if space.data().free_bytes() * 100 >= space.data().capacity() * config.auto_gc_free_percent
+        {
             self.retention_tick(space, gc);
             return;
         }
@@ -123,7 +124,7 @@ impl AutoGc {
         // compacted, up to the watermark), but copying at most a byte per byte freed
         // (`AUTO_COPY_PER_FREED`); throttle 1.0: gc sleeps as long as it works, so writers
         // keep most of the disk.
-        let goal = space.capacity() * config.auto_gc_free_percent / 100;
+        let goal = space.data().capacity() * config.auto_gc_free_percent / 100;
         let opts = GcOptions {
             copy_per_freed: Some(AUTO_COPY_PER_FREED),
             ..pressure_opts(Some(1.0), goal)

@@ -247,7 +247,7 @@ pub fn check(space: &Space, progress: &mut dyn FnMut(u64, u64)) -> Result<CheckR
 
     // Counters first: every id in use must be below its counter.
     let [next_ino, next_rev, next_cookie, next_history] = check_counters(&t, &mut r)?;
-    if let Err(e) = space.config() {
+    if let Err(e) = space.settings().config() {
         r.problem(format!("retention config unreadable: {e}"));
     }
 
@@ -259,16 +259,22 @@ pub fn check(space: &Space, progress: &mut dyn FnMut(u64, u64)) -> Result<CheckR
     let counted = check_extents(&t, &mut r, next_rev)?;
     let (mut placed, mut missing) = check_chunks(space, &t, &mut r, counted, &free)?;
     check_revisions(&t, &mut r, next_rev)?;
-    check_inodes_and_histories(&t, &mut r, next_ino, next_history, space.is_shared())?;
+    check_inodes_and_histories(
+        &t,
+        &mut r,
+        next_ino,
+        next_history,
+        space.slots().is_shared(),
+    )?;
     check_dirents(&t, &mut r, next_cookie)?;
-    if space.is_shared() {
+    if space.slots().is_shared() {
         check_versions(&t, &reader, &mut r)?;
     }
     check_xattrs(&t, &mut r)?;
 
     // A space over several targets: the parity pass reads its shards through the live
     // placement (stripe locks held per segment, so no row is read half-written).
-    let view = space.erasure();
+    let view = space.report().erasure();
 
     // Read back every chunk once, in data-file order.
     placed.sort_unstable_by_key(|p| p.0);

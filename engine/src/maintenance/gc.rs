@@ -680,13 +680,13 @@ impl Space {
                 self.store().relocate_pinned(&moves);
                 freed
             };
-            if self.union().is_some() {
+            if self.slots().union().is_some() {
                 // Other nodes read this slot's chunks at their published places: the new
                 // places are published before any old one may be written again, so a
                 // reader that meets other bytes there (its blake3 check fails) finds the
                 // chunk in the manifest it reads next. Without pressure the old places
                 // also stay a while for reads already under way.
-                self.publish_snapshot()?;
+                self.slots().publish_snapshot()?;
                 match opts.pressure {
                     false => self.store().defer_release(freed.clone(), REMOTE_READ_GRACE),
                     true => self.store().release_segments(&freed),
@@ -1291,10 +1291,10 @@ mod plan_tests {
 
     /// Writes `data` as a new complete revision of the file `rec` (inode 2).
     fn write_revision(space: &Space, rec: &mut InodeRecord, data: &[u8]) -> RevisionId {
-        let mut f = space.load_file(rec).unwrap();
+        let mut f = space.files().load_file(rec).unwrap();
         f.truncate(0);
-        f.write(space.chunks(), 0, data).unwrap();
-        f.finish(space.chunks()).unwrap();
+        f.write(space.data().chunks(), 0, data).unwrap();
+        f.finish(space.data().chunks()).unwrap();
         space
             .commit_file(InodeId(2), &mut f, rec, Seal::Complete)
             .unwrap()
@@ -1330,11 +1330,20 @@ mod plan_tests {
         assert_eq!(plan.report.revisions_dropped, 3, "{:?}", plan.report);
         // Between the plan and its application: revision 1 is opened, and a fifth revision
         // makes revision 3 droppable too.
-        let (pin, ()) = space.pin::<(), Error>(None, || Ok((revs[1], ()))).unwrap();
+        let (pin, ()) = space
+            .pins()
+            .pin::<(), Error>(None, || Ok((revs[1], ())))
+            .unwrap();
         write_revision(&space, &mut rec, &[9u8; 200_000]);
         let r = space.run_gc(&plan, &opts, &mut |_| {}).unwrap();
         assert_eq!((r.revisions_dropped, r.planned_kept), (2, 1), "{r:?}");
-        let left: Vec<RevisionId> = space.revisions(hid).unwrap().iter().map(|x| x.id).collect();
+        let left: Vec<RevisionId> = space
+            .ns()
+            .revisions(hid)
+            .unwrap()
+            .iter()
+            .map(|x| x.id)
+            .collect();
         assert!(
             left.contains(&revs[1]) && left.contains(&revs[3]),
             "{left:?}"

@@ -81,11 +81,11 @@ impl Space {
         if self.is_read_only() {
             return Err(Error::ReadOnly);
         }
-        let Some(er) = self.erasure() else {
+        let Some(er) = self.report().erasure() else {
             return Err(Error::OneTarget);
         };
         if let Some((old, new)) = replace {
-            if self.is_shared() {
+            if self.slots().is_shared() {
                 // Every node would have to open the new target before any shard lands on
                 // it; nodes learn the targets only when they mount.
                 return Err(replace_refused_on_shared(old, &new.path));
@@ -183,7 +183,7 @@ impl Space {
         if self.is_read_only() {
             return Err(Error::ReadOnly);
         }
-        if self.erasure().is_none() {
+        if self.report().erasure().is_none() {
             return Err(Error::OneTarget);
         }
         let mut rep = self.repair(Visit::Scrub, throttle_bytes_s, progress)?;
@@ -198,7 +198,7 @@ impl Space {
         throttle_bytes_s: Option<f64>,
         progress: &mut dyn FnMut(u64, u64),
     ) -> Result<RebuildReport> {
-        let er = self.erasure().ok_or(Error::OneTarget)?.clone();
+        let er = self.report().erasure().ok_or(Error::OneTarget)?.clone();
         let start = std::time::Instant::now();
         let seg_bytes = u64::from(self.superblock().segment_bytes);
         let range = self.segment_range();

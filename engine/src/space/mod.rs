@@ -7,7 +7,6 @@ pub use crate::catalog::Config;
 use crate::catalog::{self, Reader, Txn};
 use crate::device::{Device, FileDevice};
 use crate::error::{Corruption, Error, Missing, Result};
-use crate::format::HistoryRecord;
 use crate::format::*;
 use crate::manifest::{PubExtent, PubNode, PubVersion, Record, Union};
 use crate::slots::{Lease, SlotRequest};
@@ -21,8 +20,10 @@ use std::sync::Arc;
 use std::time::Duration;
 
 mod create;
+mod faces;
 mod group;
 mod mirrors;
+mod namespace;
 mod open;
 mod watch;
 pub(crate) use crate::layout::{
@@ -33,6 +34,8 @@ pub use crate::layout::{
     free_disk_bytes, lock_holder, mark_features, read_backing_dir, read_superblock, recover,
     slot_table, Devices, Recovered,
 };
+pub use faces::{Data, Files, Pins, Report, Settings, Slots, Stages, Tuning};
+pub use namespace::Namespace;
 pub use open::OnDevices;
 
 /// The smallest reserved space `format` accepts.
@@ -135,7 +138,7 @@ impl Drop for Space {
     fn drop(&mut self) {
         // The store is still open here (fields drop after this): the released header
         // says what the slot holds.
-        if let Some(l) = self.lease() {
+        if let Some(l) = self.slots().lease() {
             l.refresh_usage();
         }
     }
@@ -289,100 +292,9 @@ fn ratio(a: u64, b: u64) -> Option<f64> {
 }
 
 impl Space {
-    /// What `ckptfs advise` needs from this space (this slot's revisions on a multi-slot
-    /// space): recent checkpoints measured from the revisions' write times, the failure
-    /// model kept in its config, and failed targets since format. Reads at most
-    /// `advice::REVISIONS_SCANNED` revisions.
-    pub fn advice_inputs(&self) -> Result<crate::advice::AdviceInputs> {
-        let r = self.reader()?;
-        let writes = r.recent_write_times(crate::advice::REVISIONS_SCANNED)?;
-        let config = r.advice_config()?;
-        let failures = self.targets_report().map_or(0, |t| {
-            t.targets.iter().filter(|t| t.state != "ok").count() as u64
-        });
-        let now = Timestamp::now();
-        let now = now.secs as f64 + now.nanos as f64 / 1e9;
-        Ok(crate::advice::AdviceInputs::new(
-            now,
-            &writes,
-            config,
-            failures,
-            now - self.sb.created_unix_s as f64,
-        ))
-    }
-
-    pub fn set_advice_config(&self, c: &crate::advice::AdviceConfig) -> Result<()> {
-        let txn = self.begin_write(true)?;
-        Txn::open(&txn)?.set_advice_config(c)?;
-        self.commit(txn)?;
-        Ok(())
-    }
-
-    /// What redundancy each revision has right now, on a space over several targets: the
-    /// worst segment its chunks are in decides how many more targets it can lose. One pass
-    /// over the extent table (no data is read). None for a one-target space.
-    pub fn revision_redundancy(&self) -> Result<Option<RevisionRedundancy>> {
-        let Some(t) = self.layout.targets.as_ref() else {
-            return Ok(None);
-        };
-        let full = t.redundancy().parity as i64;
-        let seg = u64::from(self.sb.segment_bytes);
-        let revs = self
-            .reader()?
-            .revisions_by_segments(seg, |s| t.tolerance(s).unwrap_or(i64::MAX))?;
-        let mut by: std::collections::BTreeMap<i64, u64> = Default::default();
-        let mut short = Vec::new();
-        for (rev, rr, tol) in revs {
-            if !rr.sealed {
-                continue;
-            }
-            let tol = tol.unwrap_or(full).min(full);
-            *by.entry(tol).or_default() += 1;
-            if tol < full {
-                short.push(ShortRevision {
-                    revision: rev.0,
-                    history: rr.history,
-                    can_lose: tol,
-                });
-            }
-        }
-        short.sort_by_key(|s| (s.can_lose, s.revision));
-        let short_total = short.len() as u64;
-        short.truncate(RevisionRedundancy::LISTED_MAX);
-        Ok(Some(RevisionRedundancy {
-            full_tolerance: full,
-            listed: by.into_iter().rev().collect(),
-            short,
-            short_total,
-        }))
-    }
-
     /// The targets table of a space over targets (`rebuild --replace` edits it).
     pub(crate) fn targets_table(&self) -> Option<&SharedTable> {
         self.layout.targets_table.as_ref()
-    }
-
-    /// The erasure-coded placement of a space over several targets.
-    pub fn erasure(&self) -> Option<&Arc<crate::targets::Erasure>> {
-        self.layout.targets.as_ref()
-    }
-
-    /// The targets of a space over several (None for a one-target space).
-    pub fn targets_report(&self) -> Option<crate::targets::TargetsReport> {
-        self.watch_backing();
-        let mut r = self.layout.targets.as_ref()?.report();
-        // Before the flags are read: a copy removed or replaced while mounted is no mirror.
-        self.watch_mirrors();
-        if let Some(t) = &self.layout.targets_table {
-            let t = t.lock();
-            for (i, rep) in r.targets.iter_mut().enumerate() {
-                rep.metadata_mirror = t.mirror.get(i).copied().unwrap_or(false);
-            }
-        }
-        if self.is_shared() {
-            r.slot = Some(self.slot.0);
-        }
-        Some(r)
     }
 
     /// Records `features` in the superblock (on disk first) unless it has them already.
@@ -480,43 +392,6 @@ impl Space {
         self.segment_range.clone()
     }
 
-    /// The lease of a slot of a multi-slot space.
-    pub fn lease(&self) -> Option<&Arc<Lease>> {
-        self.layout.lease.as_ref().map(|g| &g.0)
-    }
-
-    /// The other slots' published namespaces (a multi-slot space).
-    pub fn union(&self) -> Option<&Arc<Union>> {
-        self.layout.union.as_ref()
-    }
-
-    /// Whether this is a slot of a shared namespace (a mounted slot of a multi-slot space).
-    pub fn is_shared(&self) -> bool {
-        self.layout.union.is_some()
-    }
-
-    /// A new stamp of the shared namespace's clock (`stamp`), past every stamp this node has
-    /// seen in the other slots' records.
-    pub fn stamp(&self) -> u64 {
-        match (&self.layout.clock, &self.layout.union) {
-            (Some(c), Some(u)) => {
-                c.observe(u.max_stamp());
-                c.tick()
-            }
-            _ => crate::slots::now_unix_ns(),
-        }
-    }
-
-    /// Announces a change of the shared namespace touching `keys` and waits until it may
-    /// go on (`nslock`); the intent is withdrawn when the guard drops. `prio`: the
-    /// change's first stamp.
-    pub fn ns_lock(&self, keys: &[u64], prio: u64) -> Result<crate::nslock::NsGuard<'_>> {
-        let (Some(lease), Some(u)) = (self.lease(), &self.layout.union) else {
-            return Err(Error::Invalid("not a slot of a shared namespace".into()));
-        };
-        crate::nslock::lock(lease, u, keys, prio)
-    }
-
     /// A version record of local inode `ino` as other nodes read it: its attributes, its
     /// order among the object's versions, a file's extents with each chunk's stored place.
     /// None for an inode that is gone or is no version.
@@ -573,53 +448,6 @@ impl Space {
         Ok(Some(PubVersion { meta, node }))
     }
 
-    /// The committed version records of local inodes `inos` (those that are versions).
-    pub fn version_records(&self, inos: &[InodeId]) -> Result<Vec<Record>> {
-        let r = self.reader()?;
-        let mut out = Vec::with_capacity(inos.len());
-        for &i in inos {
-            match self.pub_version(&r, i)? {
-                Some(v) => out.push(Record::Version(v)),
-                None => out.push(Record::Drop(i)),
-            }
-        }
-        Ok(out)
-    }
-
-    /// Every record of this slot's part of the shared namespace, as committed: its
-    /// bindings and the versions of its inodes.
-    pub fn own_records(&self) -> Result<Vec<Record>> {
-        let r = self.reader()?;
-        let mut out: Vec<Record> = r
-            .bindings()?
-            .into_iter()
-            .map(|(p, n, b)| Record::Bind(p, n, b))
-            .collect();
-        for (ino, _) in r.versions()? {
-            if let Some(v) = self.pub_version(&r, ino)? {
-                out.push(Record::Version(v));
-            }
-        }
-        Ok(out)
-    }
-
-    /// Publishes `recs` (records of what this slot committed) to the other nodes: appended
-    /// to the manifest, or a snapshot of everything when the half is full. Makes pending
-    /// namespace changes durable first: nothing is published that a crash could take back.
-    pub fn publish(&self, recs: &[Record]) -> Result<()> {
-        let Some(p) = &self.layout.publisher else {
-            return Ok(());
-        };
-        if recs.is_empty() {
-            return Ok(());
-        }
-        self.sync_meta_if_dirty()?;
-        if p.append(recs)? {
-            return Ok(());
-        }
-        self.publish_snapshot()
-    }
-
     /// Of a slot over targets: restores the redundancy of its manifest area, which holds
     /// no chunks for `repair` to verify (`Publisher::renew`: a short half is re-placed
     /// while it holds nothing published; `rewrite`: the published records are written
@@ -636,7 +464,7 @@ impl Space {
         let h = self.sb.manifest_half_segments(self.slot);
         let segs = |half: u64| share.start + half * h..share.start + (half + 1) * h;
         self.sync_meta_if_dirty()?;
-        let recs = self.own_records()?;
+        let recs = self.slots().own_records()?;
         p.renew(
             &recs,
             rewrite,
@@ -650,198 +478,11 @@ impl Space {
         )
     }
 
-    /// Publishes this slot's whole part of the shared namespace as a new manifest
-    /// generation (at mount, when a half fills up, after gc moved chunks).
-    pub fn publish_snapshot(&self) -> Result<()> {
-        let Some(p) = &self.layout.publisher else {
-            return Ok(());
-        };
-        self.sync_meta_if_dirty()?;
-        let recs = self.own_records()?;
-        p.snapshot(&recs)
-    }
-
-    pub fn chunks(&self) -> &dyn ChunkIo {
-        &*self.store
-    }
-
-    /// Copies the bytes of another slot's published extents within `[off, off +
-    /// out.len())` into `out` (which starts at file offset `off`; holes left untouched).
-    /// The chunks are read by the one chunk reader this slot's own files use (its cache,
-    /// coalescing of adjacent chunks into one device read, verification, and the
-    /// placement's repair), at the locations the owner published, and painted by the one
-    /// painter (`ExtentMap::paint`). `Corrupt` when a location is stale (the owner moved
-    /// the chunk): the caller reads the owner's manifest again.
-    pub fn read_published(
-        &self,
-        extents: &[&crate::manifest::PubExtent],
-        off: u64,
-        out: &mut [u8],
-    ) -> Result<()> {
-        let end = off + out.len() as u64;
-        let mut pieces = Vec::with_capacity(extents.len());
-        let mut chunks = Vec::with_capacity(extents.len());
-        for e in extents {
-            let (s, t) = (e.off.max(off), e.off.saturating_add(e.len as u64).min(end));
-            if s < t {
-                // A malformed offset saturates, and `ExtentMap::paint` reports it.
-                let chunk_off = u32::try_from(s - e.off)
-                    .ok()
-                    .and_then(|d| e.chunk_off.checked_add(d))
-                    .unwrap_or(u32::MAX);
-                let ext = crate::format::Extent {
-                    chunk: e.hash,
-                    chunk_off,
-                    len: (t - s) as u32,
-                };
-                pieces.push((s, ext));
-                chunks.push((e.hash, e.chunk_record()));
-            }
-        }
-        let chunks = self.store.get_many_at(&chunks)?;
-        crate::write::ExtentMap::paint(&pieces, &chunks, off, |at, bytes| {
-            out[at..at + bytes.len()].copy_from_slice(bytes)
-        })
-    }
-
-    /// Starts reading another slot's published extents' chunks ahead of a sequential
-    /// reader (`ChunkStore::prefetch_at`: the read-ahead this slot's files get).
-    pub fn prefetch_published(&self, extents: &[&crate::manifest::PubExtent]) {
-        self.store
-            .prefetch_at(extents.iter().map(|e| (e.hash, e.chunk_record())).collect())
-    }
-
-    /// Counts a FUSE request read from the kernel in the `transport` stage (`cpu_ns`: the
-    /// FUSE layer's weighted sample, when it took one).
-    pub fn count_transport(&self, bytes: usize, cpu_ns: Option<u64>) {
-        self.store.stages().transport.add_cpu(bytes, cpu_ns);
-    }
-
-    /// Counts a dispatched FUSE request in the `dispatch` stage (`cpu_ns`: the FUSE layer's
-    /// weighted sample of the dispatch's CPU less its stages', when it took one).
-    pub fn count_dispatch(&self, cpu_ns: Option<u64>) {
-        self.store.stages().dispatch.add_cpu(0, cpu_ns);
-    }
-
-    /// The `reply` stage: the copy of a read's bytes into its reply
-    /// (`ExtentMap::read_pieces_to`) and the kernel's copy of the reply (timed in the mount).
-    pub fn reply_stage(&self) -> &crate::write::pipeline::Stage {
-        &self.store.stages().reply
-    }
-
-    /// Takes a write request's bytes into `file`, timed as the `ingest` stage.
-    pub fn ingest(&self, file: &mut FileState, off: u64, data: &[u8]) -> Result<()> {
-        // The backing filesystem filled up: no new data, so the commits under way keep the
-        // table's room (a table write the filesystem refused would fail the whole space).
-        if self.meta.room_low() {
-            return Err(Error::BackingFull);
-        }
-        self.store
-            .stages()
-            .ingest
-            .time(data.len(), || file.write(&*self.store, off, data))
-    }
-
-    /// `ingest` of bytes shared with the caller (`FileState::write_shared`): a sequential
-    /// write of half a stream segment or more is cut and stored from the caller's buffer,
-    /// uncopied.
-    pub fn ingest_shared(
-        &self,
-        file: &mut FileState,
-        off: u64,
-        data: crate::write::pipeline::SharedBytes,
-    ) -> Result<()> {
-        if self.meta.room_low() {
-            return Err(Error::BackingFull);
-        }
-        let n = data.len();
-        self.store
-            .stages()
-            .ingest
-            .time(n, || file.write_shared(&*self.store, off, data))
-    }
-
     /// The chunk store itself: for the engine's own tests and benchmarks, which measure its
     /// caches and pools. The `fs` and `mount` crates use the methods below instead.
     #[doc(hidden)]
     pub fn store(&self) -> &ChunkStore {
         &self.store
-    }
-
-    /// Usable bytes of the space (this slot's share of a multi-slot space).
-    pub fn capacity(&self) -> u64 {
-        self.store.capacity()
-    }
-
-    /// Bytes of a segment, the unit the space is allocated and freed in.
-    pub fn segment_bytes(&self) -> u64 {
-        self.store.segment_bytes()
-    }
-
-    /// Bytes free for new chunks now (see `ChunkStore::free_bytes`).
-    pub fn free_bytes(&self) -> u64 {
-        self.store.free_bytes()
-    }
-
-    /// An earlier write or sync to the backing space failed: the space refuses changes
-    /// until it is opened again (sticky failure).
-    pub fn is_failed(&self) -> bool {
-        self.store.is_failed()
-    }
-
-    /// Starts reading chunks a sequential reader will ask for soon (`ChunkStore::prefetch`).
-    pub fn prefetch(&self, chunks: Vec<ChunkHash>) {
-        self.store.prefetch(chunks)
-    }
-
-    /// Pins chunks another file's extents name, for a metadata-only copy
-    /// (`ChunkStore::pin_stored`).
-    pub fn pin_stored(&self, chunks: &[ChunkHash]) -> Result<crate::pins::ChunkPins> {
-        self.store.pin_stored(chunks)
-    }
-
-    /// Housekeeping the daemon runs a few times a second: frees the spare read buffers
-    /// when reads stopped, and returns segments a gc emptied whose grace is over.
-    pub fn idle_tick(&self) {
-        self.store.release_idle_read_buffers();
-        self.store.release_due(false);
-    }
-
-    /// Forgets the decoded chunks this mount keeps (`ChunkStore::drop_cache`).
-    pub fn drop_caches(&self) {
-        self.store.drop_cache()
-    }
-
-    /// Store threads for submitted pieces (0: on the submitting thread).
-    pub fn set_workers(&self, n: usize) {
-        self.store.set_workers(n)
-    }
-
-    pub fn workers(&self) -> usize {
-        self.store.workers()
-    }
-
-    /// Compresses new chunks in batches with `codec` (the GPU) from now on; `None`: LZ4
-    /// on the store threads (`ChunkStore::set_batch_codec`).
-    pub fn set_batch_codec(&self, codec: Option<Arc<dyn ckptfs_kernels::BatchCodec>>) {
-        self.store.set_batch_codec(codec)
-    }
-
-    /// How predicted chunks are confirmed: by fingerprint where one is known, or by blake3
-    /// (`--confirm`; `predict`'s module doc).
-    pub fn confirm_by_fingerprint(&self, on: bool) {
-        self.store.confirm_by_fingerprint(on)
-    }
-
-    /// Where bytes changed in place are cut: at the previous revision's boundaries, or by
-    /// content (`--cuts`; `predict`'s module doc).
-    pub fn follow_changes(&self, on: bool) {
-        self.store.follow_changes(on)
-    }
-
-    /// The committed record of a chunk, if it is committed.
-    pub fn committed_record(&self, h: &ChunkHash) -> Result<Option<ChunkRecord>> {
-        self.store.committed_record(h)
     }
 
     /// The catalog itself: for the engine's tests that damage a space on purpose
@@ -851,8 +492,13 @@ impl Space {
         &self.catalog
     }
 
-    /// Runs a namespace change in one write transaction. `durable` commits make it (and every
-    /// earlier non-durable commit) survive a crash; the others are ordered but may be lost.
+    /// Runs a change of the tables in one write transaction: the typed namespace
+    /// operations (`ns`) and the engine's own changes go through it. Public for the
+    /// engine's tests and benchmarks, which build odd states on purpose; the filesystem
+    /// uses `ns()` (`engine/tests/layering.rs` checks). `durable` commits make it (and
+    /// every earlier non-durable commit) survive a crash; the others are ordered but may
+    /// be lost.
+    #[doc(hidden)]
     pub fn ns_write<R, E: From<Error>>(
         &self,
         durable: bool,
@@ -910,130 +556,14 @@ impl Space {
             .map_err(|e| self.store.fail_with(e))
     }
 
-    /// Runs `load` under the pin gate and pins the revision it returns before the gate
-    /// opens again (see `pins`): gc keeps that revision until the pin is dropped. `ino`:
-    /// the open inode the pin belongs to, which gc then keeps too even when unlinked.
-    pub fn pin<T, E: From<Error>>(
-        &self,
-        ino: Option<InodeId>,
-        load: impl FnOnce() -> std::result::Result<(RevisionId, T), E>,
-    ) -> std::result::Result<(crate::pins::RevisionPin, T), E> {
-        let _gate = self.pin_gate.read();
-        let (rev, t) = load()?;
-        Ok((self.pins.pin(rev, ino), t))
-    }
-
-    /// Counts one kernel reference to `ino` (a lookup or a create the kernel is answered
-    /// with) if its record exists; false if it does not (gc removed it since the caller
-    /// read its name: look the name up again). Under the pin gate, so gc either samples the
-    /// reference or has committed the removal this check sees; gc keeps a held inode's
-    /// record, unlinked or not, until `forget_inode` (see `pins`).
-    pub fn hold_inode(&self, ino: InodeId) -> Result<bool> {
-        let _gate = self.pin_gate.read();
-        if self.get_inode(ino)?.is_none() {
-            return Ok(false);
-        }
-        self.pins.hold(ino);
-        Ok(true)
-    }
-
     /// File commits since the space was opened (`Stats::commits`).
     pub fn commit_count(&self) -> u64 {
         self.commits.counts().0
     }
 
-    /// The kernel forgot `n` references to `ino` (FUSE FORGET).
-    pub fn forget_inode(&self, ino: InodeId, n: u64) {
-        self.pins.forget(ino, n);
-    }
-
-    /// Waits until the kernel has forgotten every one of `inos` (after it was told to drop
-    /// their names), at most `limit`; whether it has.
-    pub fn wait_forgotten(&self, inos: &[InodeId], limit: std::time::Duration) -> bool {
-        self.pins.wait_forgotten(inos, limit)
-    }
-
     /// A read snapshot of the catalog.
     pub(crate) fn reader(&self) -> Result<Reader> {
         self.catalog.reader()
-    }
-
-    pub fn get_inode(&self, ino: InodeId) -> Result<Option<InodeRecord>> {
-        self.reader()?.inode(ino)
-    }
-
-    /// The extended attributes of `ino`.
-    pub fn xattrs(&self, ino: InodeId) -> Result<Xattrs> {
-        self.reader()?.xattrs(ino)
-    }
-
-    /// One extended attribute of `ino`.
-    pub fn xattr(&self, ino: InodeId, name: &[u8]) -> Result<Option<Vec<u8>>> {
-        self.reader()?.xattr(ino, name)
-    }
-
-    /// What revision `rev` recorded of its file's extended attributes.
-    pub fn revision_xattrs(&self, rev: RevisionId) -> Result<Xattrs> {
-        self.reader()?.revision_xattrs(rev)
-    }
-
-    pub fn lookup(&self, parent: InodeId, name: &[u8]) -> Result<Option<InodeId>> {
-        self.reader()?.lookup(parent, name)
-    }
-
-    pub fn list_dir(
-        &self,
-        dir: InodeId,
-        after: u64,
-        limit: usize,
-    ) -> Result<Vec<catalog::DirEntry>> {
-        self.reader()?.list_dir(dir, after, limit)
-    }
-
-    /// The extent map of a committed revision.
-    pub fn load_map(&self, rev: RevisionId) -> Result<ExtentMap> {
-        if rev.0 == 0 {
-            return Ok(ExtentMap::new());
-        }
-        load_map_from(&self.reader()?, rev)
-    }
-
-    /// Opens a file's committed content for reading and writing.
-    pub fn load_file(&self, rec: &InodeRecord) -> Result<FileState> {
-        let rev = rec.current_rev;
-        // A revision without its record has no extent rows either, and would load as a
-        // file of holes (zeros, not its bytes): a current revision that is gone is a
-        // damaged catalog, answered EIO, never read as zeros.
-        let map = if rev.0 == 0 {
-            ExtentMap::new()
-        } else {
-            // One snapshot for both reads.
-            let r = self.reader()?;
-            if r.revision(rev)?.is_none() {
-                return Err(Corruption::Missing(Missing::Revision(rev)).into());
-            }
-            load_map_from(&r, rev)?
-        };
-        if let Some((o, e)) = map.iter().next_back() {
-            if o + e.len as u64 > rec.size {
-                return Err(Corruption::Record {
-                    record: "extent map",
-                    why: format!("it reaches past the size of its file ({} bytes)", rec.size),
-                }
-                .into());
-            }
-        }
-        // A file opened here is often rewritten next (O_TRUNC with a fixed checkpoint name) or
-        // read by a restarted job whose next checkpoint resembles it: predict its chunks.
-        self.store.learn(map.iter(), self.sb.chunk.max_bytes);
-        let state = FileState::new(self.sb.chunk, map, rec.size, self.store.new_pins());
-        // Of a shared namespace, any file may be a layer under or over other nodes' (it
-        // becomes one when another node writes it, also while it is open here): its holes
-        // and zeros are kept as written from the start.
-        Ok(match self.layout.union.is_some() {
-            true => state.into_layered(),
-            false => state,
-        })
     }
 
     /// Commits `file` (after `finish`) as a new revision of `ino`'s history, with `rec` as its
@@ -1190,106 +720,6 @@ impl Space {
         Ok(())
     }
 
-    pub fn config(&self) -> Result<Config> {
-        self.reader()?.config()
-    }
-
-    pub fn set_config(&self, c: &Config) -> Result<()> {
-        let txn = self.begin_write(true)?;
-        Txn::open(&txn)?.set_config(c)?;
-        self.commit(txn)?;
-        Ok(())
-    }
-
-    /// Walks `path` (relative to the root, `/`-separated) through the namespace.
-    pub fn resolve(&self, path: &[u8]) -> Result<Option<InodeId>> {
-        let mut ino = InodeId::ROOT;
-        for part in path.split(|b| *b == b'/').filter(|p| !p.is_empty()) {
-            match self.lookup(ino, part)? {
-                Some(i) => ino = i,
-                None => return Ok(None),
-            }
-        }
-        Ok(Some(ino))
-    }
-
-    /// The history of `path`: that of the file there now, else that of the most recently
-    /// unlinked file that lived there and is still retained.
-    pub fn history_of_path(&self, path: &[u8]) -> Result<Option<HistoryId>> {
-        if let Some(ino) = self.resolve(path)? {
-            if let Some(rec) = self.get_inode(ino)? {
-                if rec.kind == NodeKind::File {
-                    return Ok(Some(rec.history));
-                }
-            }
-        }
-        let want: Vec<u8> = path
-            .split(|b| *b == b'/')
-            .filter(|p| !p.is_empty())
-            .collect::<Vec<_>>()
-            .join(&b'/');
-        self.reader()?.unlinked_history_at(&want)
-    }
-
-    /// The history of the most recently unlinked file that lived at `path` (components
-    /// joined by '/'), if it is still retained.
-    pub fn unlinked_history_at(&self, path: &[u8]) -> Result<Option<HistoryId>> {
-        self.reader()?.unlinked_history_at(path)
-    }
-
-    /// History ids greater than `after`, at most `limit`.
-    pub fn history_ids(&self, after: HistoryId, limit: usize) -> Result<Vec<HistoryId>> {
-        self.reader()?.history_ids(after, limit)
-    }
-
-    pub fn history(&self, hid: HistoryId) -> Result<HistoryRecord> {
-        self.reader()?.history(hid)
-    }
-
-    /// The listed revisions of a history, oldest first: the complete ones. An fsync point
-    /// (the content of a file still being written) is durable but not listed.
-    pub fn revisions(&self, hid: HistoryId) -> Result<Vec<RevisionInfo>> {
-        let h = self.history(hid)?;
-        let current = if h.unlinked.is_none() {
-            self.get_inode(h.ino)?.map(|r| r.current_rev)
-        } else {
-            None
-        };
-        let r = self.reader()?;
-        let mut out = Vec::new();
-        for rev in r.history_revisions(hid)? {
-            let rec = r
-                .revision(rev)?
-                .ok_or(Corruption::Missing(Missing::Revision(rev)))?;
-            let is_current = current == Some(rev);
-            if rec.sealed {
-                out.push(RevisionInfo {
-                    id: rev,
-                    rec,
-                    current: is_current,
-                });
-            }
-        }
-        Ok(out)
-    }
-
-    pub fn revision(&self, rev: RevisionId) -> Result<Option<RevisionRecord>> {
-        self.reader()?.revision(rev)
-    }
-
-    /// A read-only file state holding the content of a revision.
-    pub fn load_revision(&self, rev: RevisionId) -> Result<FileState> {
-        let rr = self
-            .revision(rev)?
-            .ok_or_else(|| Error::Invalid(format!("no revision {}", rev.0)))?;
-        Ok(FileState::new(
-            self.sb.chunk,
-            self.load_map(rev)?,
-            rr.size,
-            self.store.new_pins(),
-        ))
-    }
-
     /// Makes every earlier non-durable metadata commit durable (fsync of a directory). In
     /// the file commits' group (`group`): a sync that arrives while commits are gathering
     /// rides in their transaction instead of costing one of its own.
@@ -1325,64 +755,6 @@ impl Space {
             self.sync_meta()?;
         }
         Ok(())
-    }
-
-    pub fn stats(&self) -> Result<Stats> {
-        let r = self.reader()?;
-        let mut s = Stats {
-            reserved_bytes: self.store.capacity(),
-            free_bytes: self.store.free_bytes(),
-            chunk_avg_bytes: self.sb.chunk.avg_bytes,
-            failed: {
-                self.watch_backing();
-                self.store.is_failed()
-            },
-            failure: self.store.failure(),
-            backing_full: self.meta.room_low(),
-            stages: self.store.stages().snapshot(),
-            gc: self.gc_totals.lock().clone(),
-            carries: self.store.pipeline().carries.totals(),
-            commits: {
-                let (files, transactions) = self.commits.counts();
-                CommitTotals {
-                    files,
-                    transactions,
-                    durable: self.catalog.durable_commits(),
-                    publications: self.layout.publisher.as_ref().map_or(0, |p| p.written()),
-                }
-            },
-            ..Stats::default()
-        };
-        s.used_bytes = s.reserved_bytes - s.free_bytes;
-        r.for_each_inode(|_, rec| {
-            if rec.nlink == 0 {
-                return;
-            }
-            match rec.kind {
-                NodeKind::Dir => s.dirs += 1,
-                NodeKind::Symlink => s.symlinks += 1,
-                NodeKind::Fifo
-                | NodeKind::Socket
-                | NodeKind::CharDevice
-                | NodeKind::BlockDevice => s.special += 1,
-                NodeKind::File => {
-                    s.files += 1;
-                    s.logical_bytes += rec.size;
-                }
-            }
-        })?;
-        s.dirs = s.dirs.saturating_sub(1); // the root is not counted
-        r.for_each_extent(|e| s.referenced_bytes += e.len as u64)?;
-        s.revisions = r.revision_count()?;
-        r.for_each_chunk(|_, c| {
-            s.chunks += 1;
-            s.stored_bytes += c.stored_len as u64;
-            s.raw_chunk_bytes += c.raw_len as u64;
-            Ok(())
-        })?;
-        s.named_chunk_bytes = crate::usage::named_bytes(&r, s.chunks)?;
-        s.split = crate::usage::split(&r, s.stored_bytes)?;
-        Ok(s)
     }
 }
 

@@ -93,7 +93,7 @@ impl Space {
             let floor = space.reader()?.ns_stamp()?;
             space.layout.clock = Some(Arc::new(crate::stamp::Clock::new(floor)));
         }
-        if let Some(lease) = space.lease() {
+        if let Some(lease) = space.slots().lease() {
             let store = Arc::downgrade(&space.store);
             lease.set_usage(Box::new(move || {
                 let s = store.upgrade()?;

@@ -48,8 +48,8 @@ pub fn assert_read_back_and_clean<'a>(
     seed: u64,
 ) {
     for (rev, data) in revisions {
-        let f = space.load_revision(rev).unwrap();
-        let got = f.read(space.chunks(), 0, f.size() as usize).unwrap();
+        let f = space.files().load_revision(rev).unwrap();
+        let got = f.read(space.data().chunks(), 0, f.size() as usize).unwrap();
         assert!(
             got == data,
             "revision {rev:?} reads back exactly (seed {seed})"

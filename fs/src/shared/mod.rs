@@ -144,7 +144,12 @@ impl Fs {
     /// Runs `f` over every slot's view (this one's own included).
     fn with_views<R>(&self, f: impl FnOnce(&Views) -> R) -> R {
         let sh = self.sh();
-        let others = self.space.union().map(|u| u.views()).unwrap_or_default();
+        let others = self
+            .space
+            .slots()
+            .union()
+            .map(|u| u.views())
+            .unwrap_or_default();
         let own = sh.own.read();
         let mut list: Vec<(SlotId, &SlotView)> = others
             .iter()
@@ -203,12 +208,12 @@ impl Fs {
         let _one = sh.publishing.lock();
         sh.own.write().apply(recs.clone());
         if sh.republish.load(std::sync::atomic::Ordering::Acquire) {
-            self.space.publish_snapshot()?;
+            self.space.slots().publish_snapshot()?;
             sh.republish
                 .store(false, std::sync::atomic::Ordering::Release);
             return Ok(());
         }
-        if let Err(e) = self.space.publish(&recs) {
+        if let Err(e) = self.space.slots().publish(&recs) {
             sh.republish
                 .store(true, std::sync::atomic::Ordering::Release);
             return Err(e.into());
@@ -221,12 +226,12 @@ impl Fs {
     pub(crate) fn sh_publish_all(&self) -> Result<()> {
         let sh = self.sh();
         let _one = sh.publishing.lock();
-        let recs = self.space.own_records()?;
+        let recs = self.space.slots().own_records()?;
         let mut v = SlotView::default();
         v.apply(recs);
         *sh.own.write() = v;
         if !self.space.is_read_only() {
-            if let Err(e) = self.space.publish_snapshot() {
+            if let Err(e) = self.space.slots().publish_snapshot() {
                 // The next publication tries the whole snapshot again.
                 sh.republish
                     .store(true, std::sync::atomic::Ordering::Release);
@@ -251,11 +256,11 @@ impl Fs {
             .into_iter()
             .collect();
         if sh.republish.load(std::sync::atomic::Ordering::Acquire) {
-            let recs = self.space.own_records()?;
+            let recs = self.space.slots().own_records()?;
             let mut v = SlotView::default();
             v.apply(recs);
             *sh.own.write() = v;
-            self.space.publish_snapshot()?;
+            self.space.slots().publish_snapshot()?;
             sh.republish
                 .store(false, std::sync::atomic::Ordering::Release);
             return Ok(());
@@ -263,9 +268,9 @@ impl Fs {
         if touched.is_empty() {
             return Ok(());
         }
-        let recs = self.space.version_records(&touched)?;
+        let recs = self.space.slots().version_records(&touched)?;
         sh.own.write().apply(recs.clone());
-        if let Err(e) = self.space.publish(&recs) {
+        if let Err(e) = self.space.slots().publish(&recs) {
             sh.republish
                 .store(true, std::sync::atomic::Ordering::Release);
             return Err(e.into());
@@ -432,8 +437,8 @@ impl Fs {
         if parent == InodeId::ROOT && name == super::view::CTL_NAME {
             return Err(Error::Exists);
         }
-        let prio = self.space.stamp();
-        let _intent = self.space.ns_lock(
+        let prio = self.space.slots().stamp();
+        let _intent = self.space.slots().ns_lock(
             &[name_key(parent, name, true), dir_key(parent, false)],
             prio,
         )?;
@@ -460,45 +465,11 @@ impl Fs {
             }
         }
         let kind = rec.kind;
-        let stamp = self.space.stamp();
-        let ino = self.space.ns_write(false, |t| -> Result<InodeId> {
-            let ino = t.alloc_ino()?;
-            match rec.kind {
-                NodeKind::File => rec.history = t.new_history(ino)?,
-                NodeKind::Dir => {
-                    rec.target = name.to_vec();
-                    rec.parent = parent;
-                }
-                _ => {}
-            }
-            rec.ctime = stamp_to_time(stamp);
-            rec.mtime = rec.ctime;
-            rec.atime = rec.ctime;
-            rec.crtime = rec.ctime;
-            t.put_inode(ino, &rec)?;
-            t.put_version(
-                ino,
-                &VersionMeta {
-                    of: ino,
-                    created: stamp,
-                    attr_stamp: stamp,
-                    times_stamp: stamp,
-                    clip_stamp: 0,
-                    clip_len: 0,
-                },
-            )?;
-            t.put_binding(
-                parent,
-                name,
-                &Binding {
-                    child: ino,
-                    stamp,
-                    kind,
-                },
-            )?;
-            t.set_ns_stamp(stamp)?;
-            Ok(ino)
-        })?;
+        let stamp = self.space.slots().stamp();
+        let ino =
+            self.space
+                .ns()
+                .create_object(parent, name, rec, (stamp, stamp_to_time(stamp)))?;
         let mut recs = vec![Record::Bind(
             parent,
             name.to_vec(),
@@ -508,32 +479,9 @@ impl Fs {
                 kind,
             },
         )];
-        recs.extend(self.space.version_records(&[ino])?);
+        recs.extend(self.space.slots().version_records(&[ino])?);
         self.apply_and_publish(recs)?;
         Ok((self.sh_getattr(ino)?, true))
-    }
-
-    /// Retires this slot's object `obj` in `t` (it is in the tree no more): unlinked, its
-    /// history kept under `path` for the retention policy.
-    fn retire_own(
-        t: &mut ckptfs_engine::face::Txn,
-        obj: InodeId,
-        path: Vec<u8>,
-        now: Timestamp,
-    ) -> Result<Option<InodeRecord>> {
-        let Some(mut rec) = t.get_inode(obj)? else {
-            return Ok(None);
-        };
-        if rec.nlink == 0 {
-            return Ok(None);
-        }
-        rec.nlink = 0;
-        rec.ctime = now;
-        if rec.kind == NodeKind::File && rec.history != HistoryId::NONE {
-            t.retire_history(rec.history, path, now)?;
-        }
-        t.put_inode(obj, &rec)?;
-        Ok(Some(rec))
     }
 
     /// unlink (`dir` false) or rmdir of `name` in `parent`, for every node.
@@ -548,7 +496,7 @@ impl Fs {
             return Err(Error::ReadOnly);
         }
         let me = self.sh().me;
-        let prio = self.space.stamp();
+        let prio = self.space.slots().stamp();
         loop {
             self.refresh_since(Instant::now());
             let (_, cur) = self
@@ -558,7 +506,7 @@ impl Fs {
             if cur.kind == NodeKind::Dir {
                 keys.push(dir_key(cur.child, true));
             }
-            let intent = self.space.ns_lock(&keys, prio)?;
+            let intent = self.space.slots().ns_lock(&keys, prio)?;
             self.refresh_since(Instant::now());
             let now_entry = self.with_views(|v| v.entry(parent, name));
             let Some((_, b)) = now_entry else {
@@ -586,25 +534,21 @@ impl Fs {
             if not_empty {
                 return Err(Error::NotEmpty);
             }
-            let stamp = self.space.stamp();
+            let stamp = self.space.slots().stamp();
             let now = stamp_to_time(stamp);
             let tombstone = Binding {
                 child: InodeId(0),
                 stamp,
                 kind: NodeKind::File,
             };
-            let retired = self.space.ns_write(false, |t| -> Result<_> {
-                if tomb {
-                    t.put_binding(parent, name, &tombstone)?;
-                } else {
-                    t.remove_binding(parent, name)?;
-                }
-                t.set_ns_stamp(stamp)?;
-                match owner_slot(b.child) == me {
-                    true => Self::retire_own(t, b.child, path, now),
-                    false => Ok(None),
-                }
-            })?;
+            let own = (owner_slot(b.child) == me).then_some((b.child, path));
+            let retired = self.space.ns().unbind(
+                (parent, name),
+                tomb.then_some(&tombstone),
+                stamp,
+                own,
+                now,
+            )?;
             let rec = match tomb {
                 true => Record::Bind(parent, name.to_vec(), tombstone),
                 false => Record::Unbind(parent, name.to_vec()),
@@ -639,7 +583,7 @@ impl Fs {
             return Err(Error::ReadOnly);
         }
         let me = self.sh().me;
-        let prio = self.space.stamp();
+        let prio = self.space.slots().stamp();
         loop {
             self.refresh_since(Instant::now());
             let (src, dst) =
@@ -659,7 +603,7 @@ impl Fs {
                 // Replacing an empty directory: nothing may be made in it meanwhile.
                 keys.push(dir_key(d.child, true));
             }
-            let intent = self.space.ns_lock(&keys, prio)?;
+            let intent = self.space.slots().ns_lock(&keys, prio)?;
             self.refresh_since(Instant::now());
             let (src2, dst2, pkind) = self.with_views(|v| {
                 (
@@ -684,7 +628,7 @@ impl Fs {
                 return Ok(());
             }
             self.check_rename(&src, dst.as_ref(), parent, new_parent, noreplace, exchange)?;
-            let stamp = self.space.stamp();
+            let stamp = self.space.slots().stamp();
             let now = stamp_to_time(stamp);
             let (old_tomb, dst_path, src_path) = self.with_views(|v| {
                 (
@@ -704,49 +648,19 @@ impl Fs {
             );
             let replaced = dst.filter(|_| !exchange).map(|d| d.child);
             let own_file = |o: InodeId| owner_slot(o) == me;
-            let retired = self.space.ns_write(false, |t| -> Result<_> {
-                for r in &recs {
-                    match r {
-                        Record::Bind(p, n, b) => t.put_binding(*p, n, b)?,
-                        Record::Unbind(p, n) => t.remove_binding(*p, n)?,
-                        _ => {}
-                    }
-                }
-                t.set_ns_stamp(stamp)?;
-                let Some(d) = replaced else {
-                    return Ok(None);
-                };
-                if !own_file(d) {
-                    return Ok(None);
-                }
-                // The target path's history goes on with the file renamed over it, as on
-                // one node, when both are this slot's files (write-temp-then-rename).
-                if own_file(src.child) && src.kind == NodeKind::File {
-                    if let (Some(mut s), Some(mut dr)) = (t.get_inode(src.child)?, t.get_inode(d)?)
-                    {
-                        if s.kind == NodeKind::File && dr.kind == NodeKind::File {
-                            super::continue_history(
-                                t,
-                                (src.child, &mut s),
-                                (d, &mut dr),
-                                src_path.clone(),
-                                dst_path.clone().unwrap_or_default(),
-                                now,
-                            )?;
-                            s.ctime = now;
-                            t.put_inode(src.child, &s)?;
-                            dr.nlink = 0;
-                            dr.ctime = now;
-                            t.put_inode(d, &dr)?;
-                            return Ok(Some((d, dr, Some((src.child, s)))));
-                        }
-                    }
-                }
-                Ok(
-                    Self::retire_own(t, d, dst_path.clone().unwrap_or_default(), now)?
-                        .map(|r| (d, r, None)),
-                )
-            })?;
+            // The target path's history goes on with the file renamed over it, as on one
+            // node, when both are this slot's files (write-temp-then-rename).
+            let replaced =
+                replaced
+                    .filter(|d| own_file(*d))
+                    .map(|d| ckptfs_engine::face::Replaced {
+                        dst: d,
+                        src: src.child,
+                        src_own_file: own_file(src.child) && src.kind == NodeKind::File,
+                        src_path: src_path.clone(),
+                        dst_path: dst_path.clone().unwrap_or_default(),
+                    });
+            let retired = self.space.ns().rebind(&recs, stamp, replaced, now)?;
             self.apply_and_publish(recs)?;
             if let Some((d, rec, src_rec)) = retired {
                 self.unlinked(d, &rec);
@@ -835,41 +749,34 @@ impl Fs {
         }
         // A new layer: an empty file of this slot's, on top of the others.
         let a = self.sh_getattr(obj)?;
-        let ino = self.space.ns_write(false, |t| -> Result<InodeId> {
-            let ino = t.alloc_ino()?;
-            let mut rec = attr_base(NodeKind::File, a.rec.perm, a.rec.uid, a.rec.gid);
-            rec.history = t.new_history(ino)?;
-            rec.mtime = a.rec.mtime;
-            rec.ctime = a.rec.ctime;
-            rec.atime = a.rec.mtime;
-            rec.crtime = stamp_to_time(stamp);
-            t.put_inode(ino, &rec)?;
-            t.put_version(
-                ino,
-                &VersionMeta {
-                    of: obj,
-                    created: stamp,
-                    ..VersionMeta::default()
-                },
-            )?;
-            t.set_ns_stamp(stamp)?;
-            Ok(ino)
-        })?;
-        let recs = self.space.version_records(&[ino])?;
+        let mut rec = attr_base(NodeKind::File, a.rec.perm, a.rec.uid, a.rec.gid);
+        rec.mtime = a.rec.mtime;
+        rec.ctime = a.rec.ctime;
+        rec.atime = a.rec.mtime;
+        rec.crtime = stamp_to_time(stamp);
+        let meta = VersionMeta {
+            of: obj,
+            created: stamp,
+            ..VersionMeta::default()
+        };
+        let ino = self
+            .space
+            .ns()
+            .create_version(rec, meta, Some(stamp), false)?;
+        let recs = self.space.slots().version_records(&[ino])?;
         self.apply_and_publish(recs)?;
         Ok((ino, true))
     }
 
     /// Changes the version record of this slot's version `ino` and publishes it.
     fn set_version(&self, ino: InodeId, f: impl FnOnce(&mut VersionMeta)) -> Result<()> {
-        self.space.ns_write(false, |t| -> Result<()> {
-            let mut m = t.version(ino)?.ok_or(Error::NotFound)?;
-            f(&mut m);
-            t.put_version(ino, &m)?;
-            t.set_ns_stamp(m.created.max(m.attr_stamp).max(m.clip_stamp))?;
-            Ok(())
-        })?;
-        let recs = self.space.version_records(&[ino])?;
+        let stamp =
+            |m: Option<&VersionMeta>| m.map(|m| m.created.max(m.attr_stamp).max(m.clip_stamp));
+        self.space
+            .ns()
+            .update_version(ino, false, f, stamp)?
+            .ok_or(Error::NotFound)?;
+        let recs = self.space.slots().version_records(&[ino])?;
         self.apply_and_publish(recs)
     }
 
@@ -911,7 +818,7 @@ impl Fs {
                 .insert(fh, (obj, ckptfs_engine::face::ReadAhead::default()));
             return Ok(());
         }
-        let stamp = self.space.stamp();
+        let stamp = self.space.slots().stamp();
         let (layer, _) = self.my_layer(obj, stamp, truncate)?;
         let node = self.open_ref(layer, Some(fh), true, truncate)?;
         if truncate {
@@ -946,7 +853,7 @@ impl Fs {
     /// The path (components joined by '/') of the object a history of this slot is a
     /// version of.
     fn sh_path_of_history(&self, h: ckptfs_engine::face::HistoryId) -> Option<Vec<u8>> {
-        let ino = self.space.history(h).ok()?.ino;
+        let ino = self.space.ns().history(h).ok()?.ino;
         let obj = self.sh().own.read().versions.get(&ino)?.meta.of;
         self.with_views(|v| {
             let mut parts = Vec::new();
@@ -1012,7 +919,7 @@ impl Fs {
             ));
         }
         if !ahead.is_empty() {
-            self.space.prefetch_published(&ahead);
+            self.space.slots().prefetch_published(&ahead);
         }
     }
 
@@ -1096,7 +1003,7 @@ impl Fs {
                 };
                 // Holes are no writes: only the layer's pieces are painted.
                 ckptfs_engine::face::ExtentMap::read_pieces(
-                    self.space.chunks(),
+                    self.space.data().chunks(),
                     pieces,
                     off,
                     &mut out,
@@ -1113,6 +1020,7 @@ impl Fs {
     fn layer_map(&self, id: InodeId) -> Result<Arc<ckptfs_engine::face::ExtentMap>> {
         let rev = self
             .space
+            .ns()
             .get_inode(id)?
             .ok_or(Error::NotFound)?
             .current_rev;
@@ -1120,7 +1028,7 @@ impl Fs {
         if let Some((_, _, m)) = maps.lock().iter().find(|(i, r, _)| *i == id && *r == rev) {
             return Ok(m.clone());
         }
-        let m = Arc::new(self.space.load_map(rev)?);
+        let m = Arc::new(self.space.files().load_map(rev)?);
         let mut maps = maps.lock();
         maps.retain(|(i, _, _)| *i != id);
         if maps.len() >= LAYER_MAPS {
@@ -1142,6 +1050,7 @@ impl Fs {
         let wanted = extents_in(extents, off, end);
         Ok(self
             .space
+            .slots()
             .read_published(&wanted, off, &mut out[..(end - off) as usize])?)
     }
 
@@ -1156,7 +1065,7 @@ impl Fs {
         let me = self.sh().me;
         let vs = self.versions_of(obj);
         let kind = vs.first().map(|v| v.node.kind).ok_or(Error::NotFound)?;
-        let stamp = self.space.stamp();
+        let stamp = self.space.slots().stamp();
         let attrs = s.perm.is_some() || s.uid.is_some() || s.gid.is_some();
         let times = s.atime.is_some() || s.mtime.is_some();
         if let Some(size) = s.size {
@@ -1238,27 +1147,17 @@ impl Fs {
                     // An attribute-only version: no bytes (a file's is an empty layer that
                     // started before every truncate, so it shows nothing).
                     let a = self.sh_getattr(obj)?;
-                    self.space.ns_write(true, |t| -> Result<InodeId> {
-                        let ino = t.alloc_ino()?;
-                        let mut rec = attr_base(kind, a.rec.perm, a.rec.uid, a.rec.gid);
-                        if kind == NodeKind::File {
-                            rec.history = t.new_history(ino)?;
-                        }
-                        rec.target = a.rec.target.clone();
-                        rec.mtime = a.rec.mtime;
-                        rec.ctime = a.rec.ctime;
-                        rec.rdev = a.rec.rdev;
-                        t.put_inode(ino, &rec)?;
-                        t.put_version(
-                            ino,
-                            &VersionMeta {
-                                of: obj,
-                                created: 0,
-                                ..VersionMeta::default()
-                            },
-                        )?;
-                        Ok(ino)
-                    })?
+                    let mut rec = attr_base(kind, a.rec.perm, a.rec.uid, a.rec.gid);
+                    rec.target = a.rec.target.clone();
+                    rec.mtime = a.rec.mtime;
+                    rec.ctime = a.rec.ctime;
+                    rec.rdev = a.rec.rdev;
+                    let meta = VersionMeta {
+                        of: obj,
+                        created: 0,
+                        ..VersionMeta::default()
+                    };
+                    self.space.ns().create_version(rec, meta, None, true)?
                 }
             };
             self.setattr(
@@ -1385,7 +1284,7 @@ impl Fs {
         }
         match self.reconcile() {
             Ok(inos) if !inos.is_empty() => {
-                if !self.space.wait_forgotten(&inos, FORGET_WAIT) {
+                if !self.space.pins().wait_forgotten(&inos, FORGET_WAIT) {
                     log::debug!(
                         "the kernel still holds some of {} inodes other nodes removed (a \
                          process has them open, or their names are in use)",
@@ -1425,6 +1324,7 @@ impl Fs {
         }
         let gens: Vec<(SlotId, u64, u64)> = self
             .space
+            .slots()
             .union()
             .map(|u| u.views().iter().map(|(s, v)| (*s, v.gen, v.len)).collect())
             .unwrap_or_default();
@@ -1475,17 +1375,11 @@ impl Fs {
             return Ok(Vec::new());
         }
         let now = Timestamp::now();
-        let retired = self
-            .space
-            .ns_write(true, |t| -> Result<Vec<(InodeId, InodeRecord)>> {
-                let mut out = Vec::new();
-                for (ino, path, _, _, _) in &gone {
-                    if let Some(r) = Self::retire_own(t, *ino, path.clone(), now)? {
-                        out.push((*ino, r));
-                    }
-                }
-                Ok(out)
-            })?;
+        let objs: Vec<(InodeId, Vec<u8>)> = gone
+            .iter()
+            .map(|(ino, path, _, _, _)| (*ino, path.clone()))
+            .collect();
+        let retired = self.space.ns().retire_own(&objs, now)?;
         let mut out = Vec::with_capacity(retired.len());
         let mut newly = std::collections::HashSet::new();
         for (ino, rec) in retired {

@@ -264,7 +264,7 @@ pub fn observe(fs: &Fs) -> Result<State, String> {
                 .read_revision(nm.as_bytes(), r.id)
                 .map_err(|e| format!("revision {} of {nm}: {e:?}", r.id))?;
             let bytes = st
-                .read(fs.space().chunks(), 0, st.size() as usize + 1)
+                .read(fs.space().data().chunks(), 0, st.size() as usize + 1)
                 .map_err(|e| format!("read revision {} of {nm}: {e:?}", r.id))?;
             sealed.push(Arc::new(bytes));
         }

@@ -26,6 +26,8 @@ use std::sync::Arc;
 
 /// The table definitions. Public for tests that damage a space on purpose; product code
 /// goes through `Reader` and `Txn`.
+pub mod ns;
+
 pub mod tables {
     use redb::TableDefinition;
     /// inode number -> InodeRecord
@@ -1720,7 +1722,7 @@ mod tests {
     use super::*;
     use crate::format::Codec;
 
-    fn db() -> Database {
+    pub(super) fn db() -> Database {
         let db = Database::builder()
             .create_with_backend(redb::backends::InMemoryBackend::new())
             .expect("in-memory table");

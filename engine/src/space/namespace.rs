@@ -1,0 +1,285 @@
+//! The namespace as the filesystem reads and changes it. Reads take a snapshot each. Changes: each typed operation of `catalog::ns` in one
+//! transaction of its own, through the space's commit path (refused on a read-only or
+//! failed space; a failed commit is sticky). Not durable unless said (`durable`): a
+//! namespace change becomes durable with the next durable commit (a close, an fsync), as
+//! the durability contract says.
+
+use super::{RevisionInfo, Space};
+use crate::catalog::ns::{RenameHow, Replaced, XattrHow};
+use crate::catalog::{self, Txn};
+use crate::error::{Corruption, Missing, Result};
+use crate::format::{
+    Binding, HistoryId, HistoryRecord, InodeId, InodeRecord, NodeKind, RevisionId, RevisionRecord,
+    Timestamp, VersionMeta, Xattrs,
+};
+use crate::manifest::Record;
+
+/// `Space::ns`: the namespace's reads and typed changes.
+pub struct Namespace<'a> {
+    space: &'a Space,
+}
+
+impl Space {
+    /// The namespace's typed changes (`Namespace`).
+    pub fn ns(&self) -> Namespace<'_> {
+        Namespace { space: self }
+    }
+}
+
+impl Namespace<'_> {
+    fn run<R>(&self, durable: bool, f: impl FnOnce(&mut Txn) -> Result<R>) -> Result<R> {
+        self.space.ns_write(durable, f)
+    }
+
+    /// Creates `name` in `parent` as `rec` (`Txn::create_node`).
+    pub fn create(
+        &self,
+        parent: InodeId,
+        name: &[u8],
+        rec: InodeRecord,
+    ) -> Result<(InodeId, InodeRecord)> {
+        self.run(false, |t| {
+            t.create_node(parent, name, rec, Timestamp::now())
+        })
+    }
+
+    /// unlink or rmdir (`Txn::remove_node`).
+    pub fn remove(
+        &self,
+        parent: InodeId,
+        name: &[u8],
+        dir: bool,
+        now: Timestamp,
+    ) -> Result<(InodeId, InodeRecord)> {
+        self.run(false, |t| t.remove_node(parent, name, dir, now))
+    }
+
+    /// rename(2) (`Txn::rename_node`): the changed inodes and their records.
+    pub fn rename(
+        &self,
+        from: (InodeId, &[u8]),
+        to: (InodeId, &[u8]),
+        how: RenameHow,
+        now: Timestamp,
+    ) -> Result<Vec<(InodeId, InodeRecord)>> {
+        self.run(false, |t| t.rename_node(from, to, how, now))
+    }
+
+    /// Changes `ino`'s stored attributes (`Txn::update_inode`).
+    pub fn update_inode(
+        &self,
+        ino: InodeId,
+        f: impl FnOnce(&mut InodeRecord),
+    ) -> Result<InodeRecord> {
+        self.run(false, |t| t.update_inode(ino, f))
+    }
+
+    pub fn set_xattr(
+        &self,
+        ino: InodeId,
+        attr: (&[u8], &[u8]),
+        how: XattrHow,
+        now: Timestamp,
+    ) -> Result<()> {
+        self.run(false, |t| t.set_xattr(ino, attr, how, now))
+    }
+
+    pub fn drop_xattr(&self, ino: InodeId, name: &[u8], now: Timestamp) -> Result<()> {
+        self.run(false, |t| t.drop_xattr(ino, name, now))
+    }
+
+    /// A re-created file continues history `hid` (`Txn::adopt_history`).
+    pub fn adopt_history(&self, ino: InodeId, hid: HistoryId) -> Result<()> {
+        self.run(false, |t| t.adopt_history(ino, hid, Timestamp::now()))
+    }
+
+    /// `ino` takes revision `rev`'s extended attributes (a restore).
+    pub fn restore_xattrs(&self, ino: InodeId, rev: RevisionId) -> Result<()> {
+        self.run(false, |t| t.restore_xattrs(ino, rev))
+    }
+
+    /// Changes this slot's version record of `ino`, if any (`Txn::update_version`).
+    pub fn update_version(
+        &self,
+        ino: InodeId,
+        durable: bool,
+        f: impl FnOnce(&mut VersionMeta),
+        ns_stamp: impl FnOnce(Option<&VersionMeta>) -> Option<u64>,
+    ) -> Result<Option<VersionMeta>> {
+        self.run(durable, |t| t.update_version(ino, f, ns_stamp))
+    }
+
+    /// A new object bound in `parent` (`Txn::create_object`).
+    pub fn create_object(
+        &self,
+        parent: InodeId,
+        name: &[u8],
+        rec: InodeRecord,
+        stamped: (u64, Timestamp),
+    ) -> Result<InodeId> {
+        self.run(false, |t| t.create_object(parent, name, rec, stamped))
+    }
+
+    /// A new version of an object in this slot (`Txn::create_version`).
+    pub fn create_version(
+        &self,
+        rec: InodeRecord,
+        meta: VersionMeta,
+        ns_stamp: Option<u64>,
+        durable: bool,
+    ) -> Result<InodeId> {
+        self.run(durable, |t| t.create_version(rec, meta, ns_stamp))
+    }
+
+    /// A multi-slot change's bindings, and the object a rename replaced (`Txn::rebind`).
+    #[allow(clippy::type_complexity)]
+    pub fn rebind(
+        &self,
+        recs: &[Record],
+        stamp: u64,
+        replaced: Option<Replaced>,
+        now: Timestamp,
+    ) -> Result<Option<(InodeId, InodeRecord, Option<(InodeId, InodeRecord)>)>> {
+        self.run(false, |t| t.rebind(recs, stamp, replaced, now))
+    }
+
+    /// A multi-slot remove (`Txn::unbind`).
+    pub fn unbind(
+        &self,
+        entry: (InodeId, &[u8]),
+        tombstone: Option<&Binding>,
+        stamp: u64,
+        own: Option<(InodeId, Vec<u8>)>,
+        now: Timestamp,
+    ) -> Result<Option<InodeRecord>> {
+        self.run(false, |t| t.unbind(entry, tombstone, stamp, own, now))
+    }
+
+    /// Retires these objects of this slot that other nodes removed, durably, in one
+    /// transaction (`Txn::retire_own`): those retired now, with their records.
+    pub fn retire_own(
+        &self,
+        objs: &[(InodeId, Vec<u8>)],
+        now: Timestamp,
+    ) -> Result<Vec<(InodeId, InodeRecord)>> {
+        self.run(true, |t| {
+            let mut out = Vec::new();
+            for (ino, path) in objs {
+                if let Some(r) = t.retire_own(*ino, path.clone(), now)? {
+                    out.push((*ino, r));
+                }
+            }
+            Ok(out)
+        })
+    }
+
+    // Reads: each from a snapshot of its own.
+
+    pub fn get_inode(&self, ino: InodeId) -> Result<Option<InodeRecord>> {
+        self.space.reader()?.inode(ino)
+    }
+
+    /// The extended attributes of `ino`.
+    pub fn xattrs(&self, ino: InodeId) -> Result<Xattrs> {
+        self.space.reader()?.xattrs(ino)
+    }
+
+    /// One extended attribute of `ino`.
+    pub fn xattr(&self, ino: InodeId, name: &[u8]) -> Result<Option<Vec<u8>>> {
+        self.space.reader()?.xattr(ino, name)
+    }
+
+    /// What revision `rev` recorded of its file's extended attributes.
+    pub fn revision_xattrs(&self, rev: RevisionId) -> Result<Xattrs> {
+        self.space.reader()?.revision_xattrs(rev)
+    }
+
+    pub fn lookup(&self, parent: InodeId, name: &[u8]) -> Result<Option<InodeId>> {
+        self.space.reader()?.lookup(parent, name)
+    }
+
+    pub fn list_dir(
+        &self,
+        dir: InodeId,
+        after: u64,
+        limit: usize,
+    ) -> Result<Vec<catalog::DirEntry>> {
+        self.space.reader()?.list_dir(dir, after, limit)
+    }
+
+    /// Walks `path` (relative to the root, `/`-separated) through the namespace.
+    pub fn resolve(&self, path: &[u8]) -> Result<Option<InodeId>> {
+        let mut ino = InodeId::ROOT;
+        for part in path.split(|b| *b == b'/').filter(|p| !p.is_empty()) {
+            match self.lookup(ino, part)? {
+                Some(i) => ino = i,
+                None => return Ok(None),
+            }
+        }
+        Ok(Some(ino))
+    }
+
+    /// The history of `path`: that of the file there now, else that of the most recently
+    /// unlinked file that lived there and is still retained.
+    pub fn history_of_path(&self, path: &[u8]) -> Result<Option<HistoryId>> {
+        if let Some(ino) = self.resolve(path)? {
+            if let Some(rec) = self.get_inode(ino)? {
+                if rec.kind == NodeKind::File {
+                    return Ok(Some(rec.history));
+                }
+            }
+        }
+        let want: Vec<u8> = path
+            .split(|b| *b == b'/')
+            .filter(|p| !p.is_empty())
+            .collect::<Vec<_>>()
+            .join(&b'/');
+        self.space.reader()?.unlinked_history_at(&want)
+    }
+
+    /// The history of the most recently unlinked file that lived at `path` (components
+    /// joined by '/'), if it is still retained.
+    pub fn unlinked_history_at(&self, path: &[u8]) -> Result<Option<HistoryId>> {
+        self.space.reader()?.unlinked_history_at(path)
+    }
+
+    /// History ids greater than `after`, at most `limit`.
+    pub fn history_ids(&self, after: HistoryId, limit: usize) -> Result<Vec<HistoryId>> {
+        self.space.reader()?.history_ids(after, limit)
+    }
+
+    pub fn history(&self, hid: HistoryId) -> Result<HistoryRecord> {
+        self.space.reader()?.history(hid)
+    }
+
+    /// The listed revisions of a history, oldest first: the complete ones. An fsync point
+    /// (the content of a file still being written) is durable but not listed.
+    pub fn revisions(&self, hid: HistoryId) -> Result<Vec<RevisionInfo>> {
+        let h = self.history(hid)?;
+        let current = if h.unlinked.is_none() {
+            self.get_inode(h.ino)?.map(|r| r.current_rev)
+        } else {
+            None
+        };
+        let r = self.space.reader()?;
+        let mut out = Vec::new();
+        for rev in r.history_revisions(hid)? {
+            let rec = r
+                .revision(rev)?
+                .ok_or(Corruption::Missing(Missing::Revision(rev)))?;
+            let is_current = current == Some(rev);
+            if rec.sealed {
+                out.push(RevisionInfo {
+                    id: rev,
+                    rec,
+                    current: is_current,
+                });
+            }
+        }
+        Ok(out)
+    }
+
+    pub fn revision(&self, rev: RevisionId) -> Result<Option<RevisionRecord>> {
+        self.space.reader()?.revision(rev)
+    }
+}
