@@ -412,6 +412,12 @@ macro_rules! meta_err {
             fn from(e: $t) -> Self {
                 match e.into() {
                     redb::Error::Io(io) => Error::from(io),
+                    // A page that fails its checksum or a tree that contradicts itself: the
+                    // table is damaged (EIO, `ckptfs check` says so and exits CORRUPT), not a
+                    // passing failure of the library.
+                    redb::Error::Corrupted(why) => {
+                        Corruption::Catalog(format!("is damaged: {why}")).into()
+                    }
                     other => Error::Meta(other.to_string()),
                 }
             }
@@ -426,3 +432,25 @@ meta_err!(
     redb::StorageError,
     redb::CommitError
 );
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// What redb finds damaged is corruption the callers act on (EIO, `ckptfs check`'s
+    /// exit status), not a string; its other failures stay metadata errors.
+    #[test]
+    fn a_damaged_table_is_corruption_and_other_table_errors_are_not() {
+        let e = Error::from(redb::StorageError::Corrupted("bad page".into()));
+        assert!(
+            matches!(&e, Error::Corrupt(Corruption::Catalog(why)) if why.contains("bad page")),
+            "{e:?}"
+        );
+        let e = Error::from(redb::StorageError::ValueTooLarge(1 << 40));
+        assert!(matches!(e, Error::Meta(_)), "{e:?}");
+        let e = Error::from(redb::StorageError::Io(io::Error::from_raw_os_error(
+            libc::EIO,
+        )));
+        assert!(matches!(e, Error::Io(_)), "{e:?}");
+    }
+}
