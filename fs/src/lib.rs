@@ -2142,20 +2142,13 @@ impl Fs {
         Ok(self.space.files().load_revision(RevisionId(rev))?)
     }
 
-    /// Makes revision `rev` of `path` its current content again, as a new revision. An
-    /// unlinked path is re-created (its directory must exist) and continues its history.
-    /// Makes revision `rev` the current content of `path`; returns the file's inode.
+    /// Makes revision `rev` of `path` its current content again, as a new revision; returns
+    /// the file's inode. An unlinked path is re-created (its directory must exist) and
+    /// continues its history.
     pub fn restore(&self, path: &[u8], rev: u64, c: Caller) -> Result<InodeId> {
         let hid = self.history_of_path(path)?;
-        if !self
-            .space
-            .ns()
-            .revisions(hid)?
-            .iter()
-            .any(|r| r.id.0 == rev)
-        {
-            return Err(Error::NotFound);
-        }
+        // The revision is looked for once, under the pin gate: gc cannot drop it between
+        // the look and the pin.
         // Pin the revision against gc until the new revision references its chunks. (Not
         // the gc lock: a writer holding its file's lock may be waiting in gc.)
         let (_pin, ()) = self.space.pins().pin(None, || {
