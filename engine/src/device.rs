@@ -118,7 +118,7 @@ impl WatchClock {
 pub(crate) const DIRECT_ALIGN: usize = 4096;
 
 /// The least bytes a data file read takes with O_DIRECT when `direct_reads` is on: the
-/// store's runs of chunks (up to `store::READ_BYTES`) qualify, a single small chunk does not
+/// store's runs of chunks (up to `read::chunks::READ_BYTES`) qualify, a single small chunk does not
 /// (a direct read of 64 KiB costs a disk round trip the page cache's readahead saves).
 const DIRECT_READ_MIN: usize = 1 << 20;
 
@@ -886,7 +886,7 @@ impl Drop for IoBuf {
 
 impl Device for FileDevice {
     /// Reads go through the page cache, also the large ones of a restart (runs of chunks
-    /// stored one after the other, up to `store::READ_BYTES`, on the read-ahead threads):
+    /// stored one after the other, up to `read::chunks::READ_BYTES`, on the read-ahead threads):
     /// the kernel's readahead keeps the disk busier than the store's own direct reads did.
     /// On this project's VMs a direct read of 2 MiB pieces gave 1.2-2.0 GiB/s whatever the
     /// queue depth, a buffered sequential read 3.4 GiB/s, and a cold restart of one reader

@@ -435,6 +435,7 @@ fn readers_see_moved_chunks_while_gc_compacts() {
         moved += 1;
         let data = space
             .store()
+            .reader()
             .read_stored(&e.chunk, new)
             .unwrap()
             .verify()

@@ -134,7 +134,9 @@ fn read_memory_stays_bounded_and_spare_buffers_go_when_reads_stop() {
     let (mut peak_cache, mut peak_spare) = (0, 0);
     // A restart's pattern: read ahead on the store's read threads, then read in order.
     for group in extents.chunks(64) {
-        store.prefetch(group.iter().map(|(_, e)| e.chunk).collect());
+        store
+            .reader()
+            .prefetch(group.iter().map(|(_, e)| e.chunk).collect());
     }
     let mut read = 0usize;
     for group in extents.chunks(16) {
@@ -148,7 +150,7 @@ fn read_memory_stays_bounded_and_spare_buffers_go_when_reads_stop() {
             read += e.len as usize;
         }
         drop(got);
-        let (cache, spare) = store.read_memory();
+        let (cache, spare) = store.reader().read_memory();
         peak_cache = peak_cache.max(cache);
         peak_spare = peak_spare.max(spare);
     }
@@ -162,9 +164,9 @@ fn read_memory_stays_bounded_and_spare_buffers_go_when_reads_stop() {
         "spare read buffers {peak_spare}"
     );
     // Reads stopped: the first call sees the reads, the second frees the spares.
-    store.release_idle_read_buffers();
-    store.release_idle_read_buffers();
-    assert_eq!(store.read_memory().1, 0);
+    store.reader().release_idle_read_buffers();
+    store.reader().release_idle_read_buffers();
+    assert_eq!(store.reader().read_memory().1, 0);
     drop(space);
     std::fs::remove_dir_all(&dir).unwrap();
 }

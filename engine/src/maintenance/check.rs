@@ -689,7 +689,7 @@ fn verify(store: &ChunkStore, h: &ChunkHash) -> Result<Verified> {
         let Some(rec) = store.committed_record(h)? else {
             return Ok(Verified::Gone);
         };
-        let damage = match store.read_as_stored(h, &rec) {
+        let damage = match store.reader().read_as_stored(h, &rec) {
             Err(e) => Some(Damage::Io(e.to_string())),
             Ok(stored) => {
                 let seen = stored.unverified_bytes().to_vec();
@@ -702,7 +702,7 @@ fn verify(store: &ChunkStore, h: &ChunkHash) -> Result<Verified> {
         let Some(damage) = damage else {
             return Ok(Verified::Intact);
         };
-        if store.repair(*h, rec).is_some() {
+        if store.reader().repair(*h, rec).is_some() {
             return Ok(Verified::Repaired(rec));
         }
         let same = last.is_some_and(|l| l.offset == rec.offset && l.stored_len == rec.stored_len);

@@ -630,7 +630,7 @@ impl Space {
                 }
                 // Never copy damage forward: a chunk that fails its check stays where it is
                 // (its segment is not freed), for `ckptfs check` to report.
-                let checked = match self.store().read_stored(h, rec)?.check() {
+                let checked = match self.store().reader().read_stored(h, rec)?.check() {
                     Ok(c) => c,
                     Err(e) => {
                         log::error!("gc: not moving damaged chunk: {e}");

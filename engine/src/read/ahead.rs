@@ -101,7 +101,7 @@ pub const PREFETCH_MIN_BYTES: u64 = 4 << 20;
 
 /// The read-ahead depth for each of `readers` sequential readers (see `PREFETCH_BYTES`).
 fn prefetch_depth(readers: usize) -> u64 {
-    (crate::store::CACHE_BYTES as u64 / 2 / readers.max(1) as u64)
+    (crate::read::CACHE_BYTES as u64 / 2 / readers.max(1) as u64)
         .clamp(PREFETCH_MIN_BYTES, PREFETCH_BYTES)
 }
 

@@ -144,17 +144,18 @@ impl<'a> Slots<'a> {
                 chunks.push((e.hash, e.chunk_record()));
             }
         }
-        let chunks = self.0.store.get_many_at(&chunks)?;
+        let chunks = self.0.store.reader().get_many_at(&chunks)?;
         crate::write::ExtentMap::paint(&pieces, &chunks, off, |at, bytes| {
             out[at..at + bytes.len()].copy_from_slice(bytes)
         })
     }
 
     /// Starts reading another slot's published extents' chunks ahead of a sequential
-    /// reader (`ChunkStore::prefetch_at`: the read-ahead this slot's files get).
+    /// reader (`ChunkReader::prefetch_at`: the read-ahead this slot's files get).
     pub fn prefetch_published(self, extents: &[&crate::manifest::PubExtent]) {
         self.0
             .store
+            .reader()
             .prefetch_at(extents.iter().map(|e| (e.hash, e.chunk_record())).collect())
     }
 }
@@ -483,19 +484,19 @@ impl<'a> Data<'a> {
 
     /// Starts reading chunks a sequential reader will ask for soon (`ChunkStore::prefetch`).
     pub fn prefetch(self, chunks: Vec<ChunkHash>) {
-        self.0.store.prefetch(chunks)
+        self.0.store.reader().prefetch(chunks)
     }
 
     /// Housekeeping the daemon runs a few times a second: frees the spare read buffers
     /// when reads stopped, and returns segments a gc emptied whose grace is over.
     pub fn idle_tick(self) {
-        self.0.store.release_idle_read_buffers();
+        self.0.store.reader().release_idle_read_buffers();
         self.0.store.release_due(false);
     }
 
     /// Forgets the decoded chunks this mount keeps (`ChunkStore::drop_cache`).
     pub fn drop_caches(self) {
-        self.0.store.drop_cache()
+        self.0.store.reader().drop_cache()
     }
 
     /// The committed record of a chunk, if it is committed.

@@ -11,12 +11,13 @@
 //! pinned chunk and never frees a segment holding one. The reuse barrier orders segment reuse
 //! after every chunk lookup that might still see the old location.
 //!
-//! Three parts: this module holds what both sides share (where chunks lie: the pins of
-//! uncommitted file states and the catalog's committed records; the reuse barrier; the
-//! sticky failure flag) and the store's face to the pipeline (`ChunkIo`); `write.rs` owns
-//! new chunks (dedup lookup, encoding, aggregation into segment writes, segment allocation
-//! and release, pins); `read.rs` owns verified reads (the decoded-chunk cache, loads
-//! coalesced into large device reads, read-ahead threads, reused read buffers, repair).
+//! Two parts and a reader: this module holds what both sides share (where chunks lie: the
+//! pins of uncommitted file states and the catalog's committed records; the reuse barrier;
+//! the sticky failure flag) and the store's face to the pipeline (`ChunkIo`); `write.rs`
+//! owns new chunks (dedup lookup, encoding, aggregation into segment writes, segment
+//! allocation and release, pins); verified reads are the read layer's `ChunkReader`
+//! (`read::chunks`), which asks this store where chunks lie (`ChunkSource`) and for the
+//! writer's bytes not yet on the device (`InFlight`), and nothing else.
 
 use crate::chunk::ChunkBytes;
 use crate::device::DIRECT_ALIGN;
@@ -24,6 +25,7 @@ use crate::error::{Error, Result};
 use crate::format::{ChunkHash, ChunkRecord, DataOffset, SegmentId};
 use crate::pins::ReleasePins;
 use crate::placement::{Location, Placement};
+use crate::read::{Buffered, ChunkReader, ChunkSource, InFlight};
 use crate::write::pipeline::{ChunkIo, Piece, Pipeline, Ticket};
 use parking_lot::{Mutex, RwLock};
 use std::collections::{BTreeSet, HashMap};
@@ -31,11 +33,9 @@ use std::sync::atomic::AtomicU64;
 use std::sync::{Arc, Weak};
 
 mod gpu;
-mod read;
 mod write;
+pub use crate::read::{CACHE_BYTES, READ_THREADS, SPARE_READ_BUFS, SPARE_READ_BUF_BYTES};
 pub use gpu::GPU_SUB_BATCH_BYTES;
-use read::ReadSide;
-pub use read::{CACHE_BYTES, READ_THREADS, SPARE_READ_BUFS, SPARE_READ_BUF_BYTES};
 use write::{Pending, WriteSide};
 
 /// New chunks are gathered in memory and written to the data file in pieces of this size:
@@ -73,8 +73,8 @@ pub struct ChunkStore {
     failed: Arc<crate::device::Failure>,
     /// New chunks: aggregation, segments, the GPU stage, the codec policy (`write.rs`).
     w: WriteSide,
-    /// Verified reads: cache, coalescing, read-ahead, buffers (`read.rs`).
-    r: ReadSide,
+    /// Verified reads: cache, coalescing, read-ahead, buffers (`read::chunks`).
+    reader: Arc<ChunkReader>,
     pub dedup_hits: AtomicU64,
     pub chunks_stored: AtomicU64,
 }
@@ -102,8 +102,16 @@ impl ChunkStore {
             align.is_multiple_of(DIRECT_ALIGN) && segment_bytes.is_multiple_of(align as u64),
             "segments of {segment_bytes} bytes are not whole writes of {align}"
         );
-        Arc::new_cyclic(|me| ChunkStore {
+        let w = WriteSide::new(free);
+        Arc::new_cyclic(|me: &Weak<ChunkStore>| ChunkStore {
             me: me.clone(),
+            reader: ChunkReader::new(
+                place.clone(),
+                me.clone(),
+                me.clone(),
+                pipeline.clone(),
+                w.successors.clone(),
+            ),
             pipeline,
             place,
             db,
@@ -113,11 +121,20 @@ impl ChunkStore {
             pending: Mutex::new(HashMap::new()),
             barrier: RwLock::new(()),
             failed,
-            w: WriteSide::new(free),
-            r: ReadSide::default(),
+            w,
             dedup_hits: AtomicU64::new(0),
             chunks_stored: AtomicU64::new(0),
         })
+    }
+
+    /// The chunk reader (verified reads, the cache, read-ahead, repair).
+    pub fn reader(&self) -> &Arc<ChunkReader> {
+        &self.reader
+    }
+
+    /// Verified bytes of several chunks, in the order asked (`ChunkReader::get_many`).
+    pub fn get_many(&self, hashes: &[ChunkHash]) -> Result<Vec<ChunkBytes>> {
+        self.reader.get_many(hashes)
     }
 
     /// The pipeline the store runs its jobs on.
@@ -263,6 +280,61 @@ impl ChunkStore {
     }
 }
 
+impl ChunkSource for ChunkStore {
+    fn hold_reuse(&self) -> parking_lot::RwLockReadGuard<'_, ()> {
+        self.barrier.read()
+    }
+
+    fn locate(&self, hashes: &[ChunkHash]) -> Result<Vec<Option<ChunkRecord>>> {
+        let mut out: Vec<Option<ChunkRecord>> =
+            hashes.iter().map(|h| self.pending_record(h)).collect();
+        let unpinned: Vec<ChunkHash> = hashes
+            .iter()
+            .zip(&out)
+            .filter(|(_, r)| r.is_none())
+            .map(|(h, _)| *h)
+            .collect();
+        let mut committed = self.db.committed(&unpinned)?.into_iter();
+        for r in out.iter_mut().filter(|r| r.is_none()) {
+            *r = committed.next().flatten();
+        }
+        Ok(out)
+    }
+}
+
+impl InFlight for ChunkStore {
+    fn in_flight(&self, off: u64, len: usize) -> Vec<Buffered> {
+        let end = off + len as u64;
+        let overlaps = |s: u64, n: usize| s < end && s + n as u64 > off;
+        let w = self.w.writer.lock();
+        let mut out: Vec<Buffered> = w
+            .writing
+            .iter()
+            .filter(|o| overlaps(o.start, o.n))
+            .map(|o| Buffered {
+                start: o.start,
+                buf: o.buf.clone(),
+                n: o.n,
+            })
+            .collect();
+        if overlaps(w.buf_start, w.buf.len()) {
+            // Only the overlapping bytes: the buffer may hold megabytes.
+            let from = off.max(w.buf_start);
+            let to = end.min(w.buf_start + w.buf.len() as u64);
+            let mut copy = crate::device::IoBuf::new();
+            copy.extend_from_slice(
+                &w.buf.as_slice()[(from - w.buf_start) as usize..(to - w.buf_start) as usize],
+            );
+            out.push(Buffered {
+                start: from,
+                buf: Arc::new(copy),
+                n: (to - from) as usize,
+            });
+        }
+        out
+    }
+}
+
 impl ReleasePins for ChunkStore {
     fn release(&self, hashes: &[ChunkHash]) {
         self.unpin(hashes)
@@ -336,6 +408,6 @@ impl ChunkIo for ChunkStore {
     }
 
     fn get_many(&self, hashes: &[ChunkHash]) -> Result<Vec<ChunkBytes>> {
-        ChunkStore::get_many(self, hashes)
+        self.reader.get_many(hashes)
     }
 }

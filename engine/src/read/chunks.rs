@@ -1,14 +1,23 @@
-//! The store's read side: verified reads of chunks, this slot's and (at the records their
+//! The chunk reader: verified reads of chunks, this slot's and (at the records their
 //! owners published) other slots', through one decoded-chunk cache, loads coalesced into
 //! large device reads, read-ahead on its own threads, reused read buffers, and repair of a
-//! chunk that fails its check. Reads see chunks not yet on disk in the writer's buffers.
+//! chunk that fails its check.
+//!
+//! It sits beside the store's write side, not inside it, and asks the layer that places
+//! chunks two small questions: where chunks lie (`ChunkSource`: pinned chunks of
+//! uncommitted file states, then the catalog's committed records, under a hold on segment
+//! reuse), and which bytes are still on their way to the device (`InFlight`: the writer's
+//! buffers, so a chunk stored a moment ago reads back before its segment write lands).
+//! Every chunk it verifies is shown to the cutters' predictor (`Successors::remember`), so
+//! a restart's reads make the next revision's predictions cheap to confirm.
 
-use super::ChunkStore;
 use crate::chunk::{ChunkBytes, Stored, StoredRef, Verified};
 use crate::device::{IoBuf, DIRECT_ALIGN};
 use crate::error::{Corruption, Error, Result};
-use crate::format::{ChunkHash, ChunkRecord};
-use crate::write::pipeline::Pool;
+use crate::format::{ChunkHash, ChunkRecord, DataOffset};
+use crate::placement::{Location, Placement};
+use crate::write::pipeline::{Pipeline, Pool, Stages};
+use crate::write::predict::Successors;
 use parking_lot::Mutex;
 use std::collections::{HashMap, VecDeque};
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -53,9 +62,52 @@ struct Loading {
 /// Largest single device read when chunks stored back to back are read together.
 pub(crate) const READ_BYTES: u64 = 8 << 20;
 
-/// The read side's state (see `ChunkStore::r`).
-#[derive(Default)]
-pub(super) struct ReadSide {
+/// Where chunks lie, as the layer that places them (the store) answers it.
+pub trait ChunkSource: Send + Sync {
+    /// Holds segment reuse off while the guard lives: a chunk `locate` found stays at the
+    /// place it was found (gc takes the other side of this lock to delete chunks and free
+    /// segments), so the device read that follows reads the chunk, not a newer tenant.
+    fn hold_reuse(&self) -> parking_lot::RwLockReadGuard<'_, ()>;
+    /// The records of `hashes`, in order: a chunk pinned by an uncommitted file state where
+    /// that state stored or found it, else the catalog's committed record, else `None`.
+    /// Called under `hold_reuse`.
+    fn locate(&self, hashes: &[ChunkHash]) -> Result<Vec<Option<ChunkRecord>>>;
+}
+
+/// Bytes of the data file that the writer holds and the device may not have yet.
+pub struct Buffered {
+    /// Data-file offset of `buf[0]`.
+    pub start: u64,
+    pub buf: Arc<IoBuf>,
+    /// Bytes of `buf` that are the data file's from `start`.
+    pub n: usize,
+}
+
+/// The writer's bytes on their way to the device: a chunk stored a moment ago is read from
+/// here until its segment write lands (a chunk may straddle: head on disk, tail buffered).
+pub trait InFlight: Send + Sync {
+    /// The buffers overlapping `[off, off + len)`; a buffer still being filled is given as
+    /// a copy of just the overlapping bytes (it may hold megabytes).
+    fn in_flight(&self, off: u64, len: usize) -> Vec<Buffered>;
+}
+
+/// The chunk reader (see the module doc). One per open space; its bounds are the
+/// decoded-chunk cache (`CACHE_BYTES`), the read threads (`READ_THREADS`) and the spare
+/// read buffers (`SPARE_READ_BUFS` of up to `SPARE_READ_BUF_BYTES`).
+pub struct ChunkReader {
+    /// Itself, for the jobs it gives its read threads.
+    me: Weak<ChunkReader>,
+    /// Where segments' bytes live.
+    place: Arc<dyn Placement>,
+    segment_bytes: u64,
+    /// Where chunks lie and the writer's unwritten bytes (both the store, which owns this
+    /// reader: weak, so neither keeps the other alive).
+    source: Weak<dyn ChunkSource>,
+    in_flight: Weak<dyn InFlight>,
+    /// The stage timers (read, decode, read-ahead) and whether there are workers at all.
+    pipeline: Arc<Pipeline>,
+    /// Learns every chunk verified here (see the module doc).
+    successors: Arc<Successors>,
     cache: Mutex<ChunkCache>,
     /// Chunks being read by some thread (lock order: cache, then this).
     loading: Mutex<HashMap<ChunkHash, Arc<Loading>>>,
@@ -67,7 +119,44 @@ pub(super) struct ReadSide {
     read_lately: AtomicBool,
 }
 
-impl ChunkStore {
+impl ChunkReader {
+    pub(crate) fn new(
+        place: Arc<dyn Placement>,
+        source: Weak<dyn ChunkSource>,
+        in_flight: Weak<dyn InFlight>,
+        pipeline: Arc<Pipeline>,
+        successors: Arc<Successors>,
+    ) -> Arc<ChunkReader> {
+        Arc::new_cyclic(|me| ChunkReader {
+            me: me.clone(),
+            segment_bytes: place.segment_bytes(),
+            place,
+            source,
+            in_flight,
+            pipeline,
+            successors,
+            cache: Mutex::default(),
+            loading: Mutex::default(),
+            readers: std::sync::OnceLock::new(),
+            read_bufs: Arc::default(),
+            read_lately: AtomicBool::new(false),
+        })
+    }
+
+    /// Where data-file offset `off` lies (see `placement`).
+    fn location(&self, off: u64) -> Location {
+        Location::of(DataOffset(off), self.segment_bytes)
+    }
+
+    fn stages(&self) -> &Stages {
+        &self.pipeline.stages
+    }
+
+    /// The store this reader reads for; gone only while the space is being dropped.
+    fn source(&self) -> Result<Arc<dyn ChunkSource>> {
+        self.source.upgrade().ok_or(Error::Failed)
+    }
+
     /// Reads a chunk's stored bytes. Parts not yet written out come from the buffers being
     /// written or the write buffer (a chunk may straddle them: head on disk, tail buffered).
     pub fn read_stored(&self, h: &ChunkHash, rec: &ChunkRecord) -> Result<Stored> {
@@ -113,12 +202,12 @@ impl ChunkStore {
     /// however many of its chunks are cached) and the spare read buffers' capacity. For the
     /// tests of their bounds.
     pub fn read_memory(&self) -> (usize, usize) {
-        let cache = self.r.cache.lock();
+        let cache = self.cache.lock();
         let mut owners = HashMap::new();
         for e in cache.map.values() {
             owners.insert(e.data.owner_key(), e.data.owner_len());
         }
-        let spare = self.r.read_bufs.lock().iter().map(IoBuf::capacity).sum();
+        let spare = self.read_bufs.lock().iter().map(IoBuf::capacity).sum();
         (owners.values().sum(), spare)
     }
 
@@ -126,16 +215,16 @@ impl ChunkStore {
     /// as `/proc/sys/vm/drop_caches` is for the kernel's): the next read of any chunk goes
     /// to the device, at the place this node knows now. Reads under way keep what they hold.
     pub(crate) fn drop_cache(&self) {
-        *self.r.cache.lock() = ChunkCache::default();
-        self.r.read_bufs.lock().clear();
+        *self.cache.lock() = ChunkCache::default();
+        self.read_bufs.lock().clear();
     }
 
     /// Frees the spare read buffers if no chunk was read from the device since the last
     /// call (the daemon calls it four times a second), so a restart's read-ahead does not
     /// leave them allocated in an idle daemon.
     pub fn release_idle_read_buffers(&self) {
-        if !self.r.read_lately.swap(false, Ordering::Relaxed) {
-            self.r.read_bufs.lock().clear();
+        if !self.read_lately.swap(false, Ordering::Relaxed) {
+            self.read_bufs.lock().clear();
         }
     }
 
@@ -154,12 +243,12 @@ impl ChunkStore {
         let start = off / a * a;
         let end = (off + len as u64).next_multiple_of(a);
         let need = (end - start) as usize;
-        self.r.read_lately.store(true, Ordering::Relaxed);
-        let mut buf = take_spare(&self.r.read_bufs, need);
+        self.read_lately.store(true, Ordering::Relaxed);
+        let mut buf = take_spare(&self.read_bufs, need);
         buf.reserve_exact_total(need.next_multiple_of(READ_BUF_GRAIN));
         buf.resize_for_overwrite(need);
         if let Err(e) = self.read_into(start, buf.as_mut_slice()) {
-            keep_spare(&self.r.read_bufs, buf);
+            keep_spare(&self.read_bufs, buf);
             return Err(e);
         }
         Ok((buf, (off - start) as usize))
@@ -177,37 +266,30 @@ impl ChunkStore {
         let overlaps = |s: u64, n: usize| s < end && s + n as u64 > off;
         // Buffers are taken (cheap clones) under the lock and copied from after it; the
         // device is read only if they leave a gap.
-        let (taken, covered) = {
-            let w = self.w.writer.lock();
-            let mut taken: Vec<(u64, Arc<IoBuf>, usize)> = w
-                .writing
-                .iter()
-                .filter(|o| overlaps(o.start, o.n))
-                .map(|o| (o.start, o.buf.clone(), o.n))
-                .collect();
-            if overlaps(w.buf_start, w.buf.len()) {
-                // Only the overlapping bytes: the buffer may hold megabytes.
-                let from = off.max(w.buf_start);
-                let to = end.min(w.buf_start + w.buf.len() as u64);
-                let mut copy = IoBuf::new();
-                copy.extend_from_slice(
-                    &w.buf.as_slice()[(from - w.buf_start) as usize..(to - w.buf_start) as usize],
-                );
-                taken.push((from, Arc::new(copy), (to - from) as usize));
-            }
-            let covered: u64 = taken
-                .iter()
-                .map(|(s, _, n)| (s + *n as u64).min(end) - (*s).max(off))
-                .sum();
-            (taken, covered)
+        let taken = match self.in_flight.upgrade() {
+            Some(w) => w.in_flight(off, len),
+            None => Vec::new(),
         };
+        let covered: u64 = taken
+            .iter()
+            .filter(|b| overlaps(b.start, b.n))
+            .map(|b| (b.start + b.n as u64).min(end) - b.start.max(off))
+            .sum();
         if covered < end - off {
             match as_stored {
                 true => self.place.read_as_stored(self.location(off), stored)?,
                 false => self.place.read(self.location(off), stored)?,
             }
         }
-        for (s, b, n) in taken {
+        for Buffered {
+            start: s,
+            buf: b,
+            n,
+        } in taken
+        {
+            if !overlaps(s, n) {
+                continue;
+            }
             let from = s.max(off);
             let to = (s + n as u64).min(end);
             stored[(from - off) as usize..(to - off) as usize]
@@ -316,7 +398,7 @@ impl ChunkCache {
 }
 
 /// A device read's buffer, shared by the raw chunks verified in it (`ChunkBytes` ranges of
-/// it, no copy); back to the store's spare buffers when the last of them is dropped.
+/// it, no copy); back to the reader's spare buffers when the last of them is dropped.
 struct ReadBuf {
     buf: IoBuf,
     spare: Weak<Mutex<Vec<IoBuf>>>,
@@ -359,7 +441,7 @@ fn keep_spare(spare: &Mutex<Vec<IoBuf>>, mut buf: IoBuf) {
     }
 }
 
-impl ChunkStore {
+impl ChunkReader {
     /// Verified bytes of several chunks, in the order asked. Chunks not cached are looked up
     /// in one table transaction and read in as few device reads as possible: chunks written
     /// one after the other (a sequentially written file) come back in reads of up to
@@ -394,8 +476,8 @@ impl ChunkStore {
         // Chunks another thread is reading right now (a prefetch, a parallel request) are
         // waited for, not read twice; the rest are claimed and read here.
         let (claimed, others) = {
-            let cache = self.r.cache.lock();
-            let mut loading = self.r.loading.lock();
+            let cache = self.cache.lock();
+            let mut loading = self.loading.lock();
             let mut claimed = Vec::new();
             let mut others = Vec::new();
             for h in hashes {
@@ -414,7 +496,7 @@ impl ChunkStore {
         };
         if !claimed.is_empty() {
             let r = self.load_many(&claimed, false, known);
-            let mut loading = self.r.loading.lock();
+            let mut loading = self.loading.lock();
             for h in &claimed {
                 if let Some(l) = loading.remove(h) {
                     *l.done.lock() = true;
@@ -457,19 +539,18 @@ impl ChunkStore {
             return;
         }
         let pool = self
-            .r
             .readers
             .get_or_init(|| Pool::new(READ_THREADS, "ckptfs-read"));
         let missing: Vec<ChunkHash> = {
-            let cache = self.r.cache.lock();
-            let loading = self.r.loading.lock();
+            let cache = self.cache.lock();
+            let loading = self.loading.lock();
             hashes
                 .into_iter()
                 .filter(|h| !cache.contains(h) && !loading.contains_key(h))
                 .collect()
         };
         for part in missing.chunks(PREFETCH_JOB_CHUNKS) {
-            let me = self.me.upgrade().expect("a store in use is alive");
+            let me = self.me.upgrade().expect("a reader in use is alive");
             let part = part.to_vec();
             let known = known.clone();
             pool.run(move || {
@@ -490,7 +571,7 @@ impl ChunkStore {
     ) -> Result<Vec<ChunkBytes>> {
         let mut found: HashMap<ChunkHash, ChunkBytes> = HashMap::with_capacity(hashes.len());
         {
-            let mut cache = self.r.cache.lock();
+            let mut cache = self.cache.lock();
             for h in hashes {
                 if let Some(d) = cache.get(h, asked) {
                     found.insert(*h, d);
@@ -502,21 +583,15 @@ impl ChunkStore {
         // the run's first data offset, and its chunks (indices into `missing`).
         let mut runs: Vec<(IoBuf, usize, u64, std::ops::Range<usize>)> = Vec::new();
         {
-            let _shared = self.barrier.read();
-            let mut unpinned = Vec::new();
+            let source = self.source()?;
+            let _shared = source.hold_reuse();
+            let mut wanted: Vec<ChunkHash> = Vec::new();
             for h in hashes {
-                if found.contains_key(h)
-                    || missing.iter().any(|(m, _)| m == h)
-                    || unpinned.contains(h)
-                {
-                    continue;
-                }
-                match self.pending_record(h) {
-                    Some(r) => missing.push((*h, r)),
-                    None => unpinned.push(*h),
+                if !found.contains_key(h) && !wanted.contains(h) {
+                    wanted.push(*h);
                 }
             }
-            for (h, rec) in unpinned.iter().zip(self.db.committed(&unpinned)?) {
+            for (h, rec) in wanted.iter().zip(source.locate(&wanted)?) {
                 let rec = rec
                     .or_else(|| known.get(h).copied())
                     .ok_or(Corruption::UnknownChunk(*h))?;
@@ -556,7 +631,7 @@ impl ChunkStore {
             let cap = buf.capacity();
             let buf: Arc<ReadBuf> = Arc::new(ReadBuf {
                 buf,
-                spare: Arc::downgrade(&self.r.read_bufs),
+                spare: Arc::downgrade(&self.read_bufs),
             });
             let mut verified: Vec<(ChunkHash, ChunkBytes, bool)> = Vec::new();
             for (h, rec) in &missing[chunks] {
@@ -567,7 +642,7 @@ impl ChunkStore {
                 // predictions of it are confirmed without blake3 (`predict`).
                 let raw = self.stages().decode.time(rec.raw_len as usize, || {
                     let raw = StoredRef::new(*h, *rec, bytes).verify_raw()?;
-                    self.w.successors.remember(h, &raw);
+                    self.successors.remember(h, &raw);
                     Ok(raw)
                 });
                 let data = match raw {
@@ -597,7 +672,7 @@ impl ChunkStore {
                 }
             }
             drop(buf);
-            let mut cache = self.r.cache.lock();
+            let mut cache = self.cache.lock();
             for (h, data, in_buf) in verified {
                 let cost = if in_buf {
                     (data.len() as u128 * cap as u128).div_ceil(shared as u128) as usize
