@@ -1577,21 +1577,8 @@ impl Reader {
         let mut out = Vec::new();
         for item in t.iter()? {
             let (k, v) = item?;
-            let v = v.value();
-            if v.len() != 12 {
-                return Err(Corruption::Record {
-                    record: "whiteout",
-                    why: "it is not 12 bytes".into(),
-                }
-                .into());
-            }
-            out.push((
-                k.value().to_vec(),
-                Timestamp {
-                    secs: i64::from_le_bytes(v[0..8].try_into().expect("8")),
-                    nanos: u32::from_le_bytes(v[8..12].try_into().expect("4")),
-                },
-            ));
+            let at = Timestamp::decode_value(v.value(), "whiteout")?;
+            out.push((k.value().to_vec(), at));
         }
         Ok(out)
     }

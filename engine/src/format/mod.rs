@@ -6,6 +6,10 @@
 
 use crate::error::{Corruption, Error, Result};
 pub use crate::ids::*;
+
+mod cursor;
+pub mod manifest;
+pub mod targets;
 pub use ckptfs_kernels::float::Transform;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
@@ -917,6 +921,18 @@ impl Timestamp {
             secs: i64_at(b, 0),
             nanos: u32_at(b, 8),
         }
+    }
+
+    /// A table value that is a timestamp alone (12 bytes; the whiteouts of old spaces).
+    pub(crate) fn decode_value(b: &[u8], record: &'static str) -> Result<Self> {
+        if b.len() != 12 {
+            return Err(Corruption::Record {
+                record,
+                why: "it is not 12 bytes".into(),
+            }
+            .into());
+        }
+        Ok(Timestamp::decode(b))
     }
 }
 
