@@ -2,7 +2,14 @@
 //! (redb reaches its file through `catalog::MetaBackend`). Tests substitute devices that keep data in
 //! memory, simulate crashes or inject faults (`crate::sim`), and so exercise the very code
 //! paths a mounted space runs.
+//!
+//! A device's operations fail with a typed `Fault` (`error.rs`): an OS error, a write this
+//! node's fencing refused, or an erasure-coded placement's `TargetFault`. Callers decide on
+//! the kind (a fenced write is not counted against a target); nothing is recovered from an
+//! `io::Error`'s payload, except where redb's storage trait makes the table's faults pass
+//! as `io::Error` (`catalog::MetaBackend`, `Fault::into_io`).
 
+use crate::error::{DevResult, Fault};
 use parking_lot::RwLock;
 use std::fs::File;
 use std::io;
@@ -11,18 +18,18 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 
 pub trait Device: Send + Sync {
-    fn read_at(&self, buf: &mut [u8], off: u64) -> io::Result<()>;
-    fn write_at(&self, buf: &[u8], off: u64) -> io::Result<()>;
+    fn read_at(&self, buf: &mut [u8], off: u64) -> DevResult<()>;
+    fn write_at(&self, buf: &[u8], off: u64) -> DevResult<()>;
     /// Makes every completed write (and length change) durable.
-    fn sync(&self) -> io::Result<()>;
+    fn sync(&self) -> DevResult<()>;
     fn len(&self) -> u64;
     fn is_empty(&self) -> bool {
         self.len() == 0
     }
     /// Grows or shrinks the device; new bytes read as zero. Only the metadata table's device
     /// changes length; the data file is preallocated at format time.
-    fn set_len(&self, _len: u64) -> io::Result<()> {
-        Err(io::Error::from(io::ErrorKind::Unsupported))
+    fn set_len(&self, _len: u64) -> DevResult<()> {
+        Err(io::Error::from(io::ErrorKind::Unsupported).into())
     }
     /// The metadata table's device could not keep the room its next growth needs on the
     /// backing filesystem (`FileDevice::keep_room`): new data is refused until it can.
@@ -32,7 +39,7 @@ pub trait Device: Send + Sync {
     /// Where the device is an open file: that file as the filesystem sees it now (fstat),
     /// so a target whose file was cut short or replaced while mounted is noticed
     /// (`targets::Erasure::watch_files`). None: not a file (the tests' simulated devices).
-    fn file_now(&self) -> Option<io::Result<FileNow>> {
+    fn file_now(&self) -> Option<DevResult<FileNow>> {
         None
     }
 }
@@ -366,9 +373,9 @@ impl SharedFile {
 }
 
 impl Device for SharedFile {
-    fn read_at(&self, buf: &mut [u8], off: u64) -> io::Result<()> {
+    fn read_at(&self, buf: &mut [u8], off: u64) -> DevResult<()> {
         let Some(d) = &self.direct else {
-            return self.file.read_exact_at(buf, off);
+            return Ok(self.file.read_exact_at(buf, off)?);
         };
         if buf.is_empty() {
             return Ok(());
@@ -385,12 +392,12 @@ impl Device for SharedFile {
             let n = match d.read_at(&mut b.as_mut_slice()[got..], start + got as u64) {
                 // Some filesystems take O_DIRECT at open and refuse it at read time.
                 Err(e) if e.raw_os_error() == Some(libc::EINVAL) && got == 0 => {
-                    return self.file.read_exact_at(buf, off);
+                    return Ok(self.file.read_exact_at(buf, off)?);
                 }
                 r => r?,
             };
             if n == 0 {
-                return Err(io::Error::from(io::ErrorKind::UnexpectedEof));
+                return Err(io::Error::from(io::ErrorKind::UnexpectedEof).into());
             }
             got += n;
         }
@@ -398,17 +405,22 @@ impl Device for SharedFile {
         buf.copy_from_slice(&b.as_slice()[from..from + buf.len()]);
         Ok(())
     }
-    fn write_at(&self, buf: &[u8], off: u64) -> io::Result<()> {
-        self.file.write_all_at(buf, off)
+    fn write_at(&self, buf: &[u8], off: u64) -> DevResult<()> {
+        Ok(self.file.write_all_at(buf, off)?)
     }
-    fn sync(&self) -> io::Result<()> {
-        self.file.sync_data()
+    fn sync(&self) -> DevResult<()> {
+        Ok(self.file.sync_data()?)
     }
     fn len(&self) -> u64 {
         self.len
     }
-    fn file_now(&self) -> Option<io::Result<FileNow>> {
-        Some(self.file.metadata().map(|m| FileNow::of(&m)))
+    fn file_now(&self) -> Option<DevResult<FileNow>> {
+        Some(
+            self.file
+                .metadata()
+                .map(|m| FileNow::of(&m))
+                .map_err(Fault::from),
+        )
     }
 }
 
@@ -536,28 +548,28 @@ impl PathWatched {
 }
 
 impl Device for PathWatched {
-    fn read_at(&self, buf: &mut [u8], off: u64) -> io::Result<()> {
+    fn read_at(&self, buf: &mut [u8], off: u64) -> DevResult<()> {
         self.inner.read_at(buf, off)
     }
-    fn write_at(&self, buf: &[u8], off: u64) -> io::Result<()> {
+    fn write_at(&self, buf: &[u8], off: u64) -> DevResult<()> {
         self.inner.write_at(buf, off)
     }
-    fn sync(&self) -> io::Result<()> {
+    fn sync(&self) -> DevResult<()> {
         match self.lost.get() {
-            Some(why) => Err(io::Error::other(why.clone())),
+            Some(why) => Err(io::Error::other(why.clone()).into()),
             None => self.inner.sync(),
         }
     }
     fn len(&self) -> u64 {
         self.inner.len()
     }
-    fn set_len(&self, len: u64) -> io::Result<()> {
+    fn set_len(&self, len: u64) -> DevResult<()> {
         self.inner.set_len(len)
     }
     fn room_low(&self) -> bool {
         self.inner.room_low()
     }
-    fn file_now(&self) -> Option<io::Result<FileNow>> {
+    fn file_now(&self) -> Option<DevResult<FileNow>> {
         self.inner.file_now()
     }
 }
@@ -567,19 +579,19 @@ impl Device for PathWatched {
 pub(crate) struct ReadOnlyDevice(pub Arc<dyn Device>);
 
 impl Device for ReadOnlyDevice {
-    fn read_at(&self, buf: &mut [u8], off: u64) -> io::Result<()> {
+    fn read_at(&self, buf: &mut [u8], off: u64) -> DevResult<()> {
         self.0.read_at(buf, off)
     }
-    fn write_at(&self, _buf: &[u8], _off: u64) -> io::Result<()> {
-        Err(io::Error::from_raw_os_error(libc::EROFS))
+    fn write_at(&self, _buf: &[u8], _off: u64) -> DevResult<()> {
+        Err(io::Error::from_raw_os_error(libc::EROFS).into())
     }
-    fn sync(&self) -> io::Result<()> {
+    fn sync(&self) -> DevResult<()> {
         Ok(())
     }
     fn len(&self) -> u64 {
         self.0.len()
     }
-    fn file_now(&self) -> Option<io::Result<FileNow>> {
+    fn file_now(&self) -> Option<DevResult<FileNow>> {
         self.0.file_now()
     }
 }
@@ -619,7 +631,7 @@ impl OverlayDevice {
         &self,
         blocks: &std::collections::HashMap<u64, Box<[u8; OVERLAY_BLOCK]>>,
         b: u64,
-    ) -> io::Result<[u8; OVERLAY_BLOCK]> {
+    ) -> DevResult<[u8; OVERLAY_BLOCK]> {
         if let Some(x) = blocks.get(&b) {
             return Ok(**x);
         }
@@ -635,12 +647,12 @@ impl OverlayDevice {
 }
 
 impl Device for OverlayDevice {
-    fn read_at(&self, buf: &mut [u8], off: u64) -> io::Result<()> {
+    fn read_at(&self, buf: &mut [u8], off: u64) -> DevResult<()> {
         let blocks = self.blocks.lock();
         let bs = OVERLAY_BLOCK as u64;
         let end = off + buf.len() as u64;
         if end > self.len.load(Ordering::SeqCst) {
-            return Err(io::Error::from(io::ErrorKind::UnexpectedEof));
+            return Err(io::Error::from(io::ErrorKind::UnexpectedEof).into());
         }
         // Straight from the base when no block of the range was written here.
         if !(off / bs..end.div_ceil(bs)).any(|b| blocks.contains_key(&b))
@@ -661,7 +673,7 @@ impl Device for OverlayDevice {
         Ok(())
     }
 
-    fn write_at(&self, buf: &[u8], off: u64) -> io::Result<()> {
+    fn write_at(&self, buf: &[u8], off: u64) -> DevResult<()> {
         let mut blocks = self.blocks.lock();
         let bs = OVERLAY_BLOCK as u64;
         let end = off + buf.len() as u64;
@@ -680,7 +692,7 @@ impl Device for OverlayDevice {
         Ok(())
     }
 
-    fn sync(&self) -> io::Result<()> {
+    fn sync(&self) -> DevResult<()> {
         Ok(())
     }
 
@@ -688,7 +700,7 @@ impl Device for OverlayDevice {
         self.len.load(Ordering::SeqCst)
     }
 
-    fn set_len(&self, len: u64) -> io::Result<()> {
+    fn set_len(&self, len: u64) -> DevResult<()> {
         let mut blocks = self.blocks.lock();
         let bs = OVERLAY_BLOCK as u64;
         // Bytes past the new end read as zero if the device grows again.
@@ -896,35 +908,40 @@ impl Device for FileDevice {
     /// With `CKPTFS_DIRECT_READS=1` in the daemon's environment (`direct_reads`), aligned
     /// reads of `DIRECT_READ_MIN` or more use O_DIRECT instead: no copy out of the page
     /// cache, which is a third of the daemon's CPU on a cold restart here.
-    fn read_at(&self, buf: &mut [u8], off: u64) -> io::Result<()> {
+    fn read_at(&self, buf: &mut [u8], off: u64) -> DevResult<()> {
         if let Some(r) = self.read_direct(buf, off) {
-            return r;
+            return r.map_err(Fault::from);
         }
-        self.file.read_exact_at(buf, off)
+        Ok(self.file.read_exact_at(buf, off)?)
     }
-    fn write_at(&self, buf: &[u8], off: u64) -> io::Result<()> {
+    fn write_at(&self, buf: &[u8], off: u64) -> DevResult<()> {
         if !self.growable && off + buf.len() as u64 > self.len() {
-            return Err(io::Error::from_raw_os_error(libc::ENOSPC));
+            return Err(io::Error::from_raw_os_error(libc::ENOSPC).into());
         }
         if let Some(r) = self.write_direct(buf, off) {
-            return r;
+            return r.map_err(Fault::from);
         }
-        self.file.write_all_at(buf, off)
+        Ok(self.file.write_all_at(buf, off)?)
     }
-    fn sync(&self) -> io::Result<()> {
+    fn sync(&self) -> DevResult<()> {
         // fdatasync: file contents plus the size when it changed (a size change is metadata
         // needed to read the data back, so fdatasync includes it).
-        self.file.sync_data()
+        Ok(self.file.sync_data()?)
     }
     fn len(&self) -> u64 {
         self.len.load(Ordering::Relaxed)
     }
-    fn file_now(&self) -> Option<io::Result<FileNow>> {
-        Some(self.file.metadata().map(|m| FileNow::of(&m)))
+    fn file_now(&self) -> Option<DevResult<FileNow>> {
+        Some(
+            self.file
+                .metadata()
+                .map(|m| FileNow::of(&m))
+                .map_err(Fault::from),
+        )
     }
-    fn set_len(&self, len: u64) -> io::Result<()> {
+    fn set_len(&self, len: u64) -> DevResult<()> {
         if !self.growable {
-            return Err(io::Error::from(io::ErrorKind::Unsupported));
+            return Err(io::Error::from(io::ErrorKind::Unsupported).into());
         }
         self.file.set_len(len)?;
         self.len.store(len, Ordering::Relaxed);
@@ -976,31 +993,31 @@ impl MemDevice {
 
 #[cfg(test)]
 impl Device for MemDevice {
-    fn read_at(&self, buf: &mut [u8], off: u64) -> io::Result<()> {
+    fn read_at(&self, buf: &mut [u8], off: u64) -> DevResult<()> {
         let b = self.bytes.read();
         let end = off as usize + buf.len();
         if end > b.len() {
-            return Err(io::Error::from(io::ErrorKind::UnexpectedEof));
+            return Err(io::Error::from(io::ErrorKind::UnexpectedEof).into());
         }
         buf.copy_from_slice(&b[off as usize..end]);
         Ok(())
     }
-    fn write_at(&self, buf: &[u8], off: u64) -> io::Result<()> {
+    fn write_at(&self, buf: &[u8], off: u64) -> DevResult<()> {
         let mut b = self.bytes.write();
         let end = off as usize + buf.len();
         if end > b.len() {
-            return Err(io::Error::from_raw_os_error(libc::ENOSPC));
+            return Err(io::Error::from_raw_os_error(libc::ENOSPC).into());
         }
         b[off as usize..end].copy_from_slice(buf);
         Ok(())
     }
-    fn sync(&self) -> io::Result<()> {
+    fn sync(&self) -> DevResult<()> {
         Ok(())
     }
     fn len(&self) -> u64 {
         self.bytes.read().len() as u64
     }
-    fn set_len(&self, len: u64) -> io::Result<()> {
+    fn set_len(&self, len: u64) -> DevResult<()> {
         self.bytes.write().resize(len as usize, 0);
         Ok(())
     }
@@ -1013,15 +1030,15 @@ mod overlay_tests {
     /// A plain in-memory device, the overlay's base.
     struct Mem(parking_lot::Mutex<Vec<u8>>);
     impl Device for Mem {
-        fn read_at(&self, buf: &mut [u8], off: u64) -> io::Result<()> {
+        fn read_at(&self, buf: &mut [u8], off: u64) -> DevResult<()> {
             let v = self.0.lock();
             buf.copy_from_slice(&v[off as usize..off as usize + buf.len()]);
             Ok(())
         }
-        fn write_at(&self, _: &[u8], _: u64) -> io::Result<()> {
+        fn write_at(&self, _: &[u8], _: u64) -> DevResult<()> {
             panic!("the overlay wrote to its base")
         }
-        fn sync(&self) -> io::Result<()> {
+        fn sync(&self) -> DevResult<()> {
             Ok(())
         }
         fn len(&self) -> u64 {

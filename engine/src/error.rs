@@ -245,42 +245,121 @@ impl From<Corruption> for Error {
 
 impl From<io::Error> for Error {
     fn from(e: io::Error) -> Self {
+        // A device's fault that crossed redb's storage trait (`catalog::MetaBackend`, which
+        // must speak `io::Error`) comes back typed: that trait is the one place a `Fault`
+        // rides as an `io::Error`'s payload.
+        if e.get_ref().is_some_and(|x| x.is::<Fault>()) {
+            let inner = e.into_inner().expect("checked above");
+            let fault = *inner.downcast::<Fault>().expect("checked above");
+            return fault.into();
+        }
         if e.raw_os_error() == Some(libc::ENOSPC) {
             Error::NoSpace
-        } else if FencedIo::is(&e) {
-            Error::Fenced(e.to_string())
-        } else if let Some(t) = TargetFault::of(&e) {
-            Error::Targets(t)
         } else {
             Error::Io(e)
         }
     }
 }
 
-/// The payload of the I/O error a fenced write gets (`Lease::permit`): the write was
-/// refused by this node, not failed by the storage, so an erasure-coded placement must not
-/// count it against a target, and the engine reports it as `Error::Fenced`.
+/// Why a device (`device::Device`) or a placement (`placement::Placement`) could not do
+/// what it was asked: the error type of both traits. Typed, so the callers that decide on
+/// it read a kind, not a sentence: a fenced write was refused by this node, not failed by
+/// the storage (an erasure-coded placement must not count it against a target, and the
+/// engine reports it as `Error::Fenced`); the targets' faults map to errnos by kind.
 #[derive(Debug)]
-pub(crate) struct FencedIo(pub String);
+pub enum Fault {
+    /// The operating system's error (ENOSPC, EIO, ...).
+    Os(io::Error),
+    /// This node may no longer write the space (`slots::Lease::permit`); the reason.
+    Fenced(String),
+    /// An erasure-coded placement could not serve the request.
+    Targets(TargetFault),
+}
 
-impl fmt::Display for FencedIo {
+/// The result of a device or placement operation.
+pub type DevResult<T> = std::result::Result<T, Fault>;
+
+impl Fault {
+    /// A fault with an errno (what the simulated devices inject).
+    pub fn errno(errno: i32) -> Fault {
+        Fault::Os(io::Error::from_raw_os_error(errno))
+    }
+
+    /// The errno of an operating system's error.
+    pub fn raw_os_error(&self) -> Option<i32> {
+        match self {
+            Fault::Os(e) => e.raw_os_error(),
+            _ => None,
+        }
+    }
+
+    /// The kind of an operating system's error; `Other` for the typed faults.
+    pub fn kind(&self) -> io::ErrorKind {
+        match self {
+            Fault::Os(e) => e.kind(),
+            _ => io::ErrorKind::Other,
+        }
+    }
+
+    pub fn is_fenced(&self) -> bool {
+        matches!(self, Fault::Fenced(_))
+    }
+
+    /// The fault as an `io::Error`, for redb's storage trait only (`catalog::MetaBackend`):
+    /// an OS error as itself, a typed fault as the payload `Error::from` takes back out.
+    pub(crate) fn into_io(self) -> io::Error {
+        match self {
+            Fault::Os(e) => e,
+            other => io::Error::other(other),
+        }
+    }
+
+    /// The same fault with `what` said before an OS error's message (which segment, which
+    /// target); typed faults already say where.
+    pub fn context(self, what: impl fmt::Display) -> Fault {
+        match self {
+            Fault::Os(e) => Fault::Os(io::Error::new(e.kind(), format!("{what}: {e}"))),
+            other => other,
+        }
+    }
+}
+
+impl fmt::Display for Fault {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(&self.0)
+        match self {
+            Fault::Os(e) => write!(f, "{e}"),
+            Fault::Fenced(why) => f.write_str(why),
+            Fault::Targets(t) => write!(f, "{t}"),
+        }
     }
 }
 
-impl std::error::Error for FencedIo {}
+impl std::error::Error for Fault {}
 
-impl FencedIo {
-    /// Whether `e` is a fenced write's error.
-    pub fn is(e: &io::Error) -> bool {
-        e.get_ref().is_some_and(|x| x.is::<FencedIo>())
+impl From<io::Error> for Fault {
+    fn from(e: io::Error) -> Fault {
+        Fault::Os(e)
     }
 }
 
-/// Why an erasure-coded placement could not serve a read, a write or a placement. It
-/// travels as the payload of an `io::Error` (the `Device` and `Placement` traits speak
-/// `io::Result`) and becomes `Error::Targets`, so the errno map decides on each kind
+impl From<TargetFault> for Fault {
+    fn from(t: TargetFault) -> Fault {
+        Fault::Targets(t)
+    }
+}
+
+impl From<Fault> for Error {
+    fn from(f: Fault) -> Error {
+        match f {
+            Fault::Os(e) => e.into(),
+            Fault::Fenced(why) => Error::Fenced(why),
+            Fault::Targets(t) => Error::Targets(t),
+        }
+    }
+}
+
+/// Why an erasure-coded placement could not serve a read, a write or a placement
+/// (`Fault::Targets`, then `Error::Targets`), so the errno map decides on each kind
 /// instead of on a sentence.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum TargetFault {
@@ -392,19 +471,6 @@ impl fmt::Display for TargetFault {
 }
 
 impl std::error::Error for TargetFault {}
-
-impl From<TargetFault> for io::Error {
-    fn from(t: TargetFault) -> io::Error {
-        io::Error::other(t)
-    }
-}
-
-impl TargetFault {
-    /// The fault `e` carries, if it carries one.
-    pub fn of(e: &io::Error) -> Option<TargetFault> {
-        e.get_ref()?.downcast_ref::<TargetFault>().cloned()
-    }
-}
 
 macro_rules! meta_err {
     ($($t:ty),*) => {$(

@@ -33,6 +33,7 @@
 //! by side), and a copy of the metadata (K+1 times) at every mount.
 
 use crate::device::Device;
+use crate::error::{DevResult, Fault};
 use parking_lot::Mutex;
 use std::collections::BTreeSet;
 use std::io;
@@ -71,7 +72,7 @@ impl MirrorSet {
     }
 
     /// Stops writing the mirror on target `t` for the rest of the mount.
-    pub(crate) fn drop_holder(&self, t: usize, why: &io::Error) {
+    pub(crate) fn drop_holder(&self, t: usize, why: &Fault) {
         if self.dropped.lock().insert(t) {
             log::error!(
                 "the metadata mirror on target {t} failed ({why}); it is no longer written, \
@@ -125,8 +126,8 @@ pub(crate) fn mend(
     want: &[u8],
     got: &[u8],
     off: u64,
-    mut write: impl FnMut(&[u8], u64) -> io::Result<()>,
-) -> io::Result<u64> {
+    mut write: impl FnMut(&[u8], u64) -> DevResult<()>,
+) -> DevResult<u64> {
     const BLOCK: usize = 4096;
     let mut fixed = 0;
     for (i, (w, g)) in want.chunks(BLOCK).zip(got.chunks(BLOCK)).enumerate() {
@@ -199,7 +200,8 @@ impl MirrorDevice {
                 }
             };
             let why = format!("{} {why}", path.display());
-            self.set.drop_holder(*t, &io::Error::other(why.clone()));
+            self.set
+                .drop_holder(*t, &Fault::Os(io::Error::other(why.clone())));
             out.push((*t, why));
         }
         out
@@ -212,13 +214,13 @@ impl MirrorDevice {
     /// commits through, so it is the reference. A copy that cannot be read or written is
     /// dropped as a failing one is. Returns, per holder compared, what was found; memory:
     /// two windows.
-    pub(crate) fn verify(&self) -> Vec<(usize, io::Result<CopyCheck>)> {
+    pub(crate) fn verify(&self) -> Vec<(usize, DevResult<CopyCheck>)> {
         let mut out = Vec::new();
         let mut want = vec![0u8; VERIFY_WINDOW];
         let mut got = vec![0u8; VERIFY_WINDOW];
         for (t, d) in self.live() {
             let mut check = CopyCheck::default();
-            let r = (|| -> io::Result<()> {
+            let r = (|| -> DevResult<()> {
                 let mut off = 0u64;
                 loop {
                     let _g = self.gate.lock();
@@ -260,11 +262,11 @@ impl MirrorDevice {
 }
 
 impl Device for MirrorDevice {
-    fn read_at(&self, buf: &mut [u8], off: u64) -> io::Result<()> {
+    fn read_at(&self, buf: &mut [u8], off: u64) -> DevResult<()> {
         self.primary.read_at(buf, off)
     }
 
-    fn write_at(&self, buf: &[u8], off: u64) -> io::Result<()> {
+    fn write_at(&self, buf: &[u8], off: u64) -> DevResult<()> {
         let _g = self.gate.lock();
         self.primary.write_at(buf, off)?;
         for (t, d) in self.live() {
@@ -275,7 +277,7 @@ impl Device for MirrorDevice {
         Ok(())
     }
 
-    fn sync(&self) -> io::Result<()> {
+    fn sync(&self) -> DevResult<()> {
         if !self.paths.is_empty() && self.watched.due() {
             self.watch();
         }
@@ -290,7 +292,7 @@ impl Device for MirrorDevice {
                 .map(|(t, d)| s.spawn(move || (*t, d.sync())))
                 .collect();
             let primary = self.primary.sync();
-            let failed: Vec<(usize, io::Error)> = hs
+            let failed: Vec<(usize, Fault)> = hs
                 .into_iter()
                 .filter_map(|h| match h.join() {
                     Ok((_, Ok(()))) => None,
@@ -310,7 +312,7 @@ impl Device for MirrorDevice {
         self.primary.len()
     }
 
-    fn set_len(&self, len: u64) -> io::Result<()> {
+    fn set_len(&self, len: u64) -> DevResult<()> {
         let _g = self.gate.lock();
         self.primary.set_len(len)?;
         for (t, d) in self.live() {
@@ -335,14 +337,14 @@ mod tests {
 
     struct Failing;
     impl Device for Failing {
-        fn read_at(&self, _: &mut [u8], _: u64) -> io::Result<()> {
-            Err(io::Error::other("dead"))
+        fn read_at(&self, _: &mut [u8], _: u64) -> DevResult<()> {
+            Err(io::Error::other("dead").into())
         }
-        fn write_at(&self, _: &[u8], _: u64) -> io::Result<()> {
-            Err(io::Error::other("dead"))
+        fn write_at(&self, _: &[u8], _: u64) -> DevResult<()> {
+            Err(io::Error::other("dead").into())
         }
-        fn sync(&self) -> io::Result<()> {
-            Err(io::Error::other("dead"))
+        fn sync(&self) -> DevResult<()> {
+            Err(io::Error::other("dead").into())
         }
         fn len(&self) -> u64 {
             0

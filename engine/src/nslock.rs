@@ -111,7 +111,7 @@ pub fn lock<'a>(lease: &'a Lease, union: &Union, keys: &[u64], prio: u64) -> Res
             .announce(mine, prio)
             .map_err(|e| match lease.fenced() {
                 Some(why) => Error::Fenced(why),
-                None => Error::Io(e),
+                None => Error::from(e),
             })?;
         let guard = NsGuard { lease };
         let seen = union.intents()?;

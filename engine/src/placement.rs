@@ -8,8 +8,8 @@
 //! `segment * segment_bytes + offset`), so this layer changes no format.
 
 use crate::device::Device;
+use crate::error::DevResult;
 use crate::format::{DataOffset, SegmentId};
-use std::io;
 use std::sync::Arc;
 
 /// A place in the space: a segment and a byte offset within it.
@@ -40,17 +40,17 @@ pub trait Placement: Send + Sync {
     fn segment_bytes(&self) -> u64;
     /// Segments the space (slot) allocates from.
     fn segments(&self) -> u64;
-    fn read(&self, at: Location, buf: &mut [u8]) -> io::Result<()>;
+    fn read(&self, at: Location, buf: &mut [u8]) -> DevResult<()>;
     /// `read` of the bytes exactly as stored, for a verifier (`ckptfs check`): where
     /// `read` goes around parts already found damaged (erasure-coded targets rebuild them
     /// from the others), this reads them, so the check sees and reports the damage.
-    fn read_as_stored(&self, at: Location, buf: &mut [u8]) -> io::Result<()> {
+    fn read_as_stored(&self, at: Location, buf: &mut [u8]) -> DevResult<()> {
         self.read(at, buf)
     }
     /// Writes whole blocks (`device::DIRECT_ALIGN`) at block-aligned locations.
-    fn write(&self, at: Location, buf: &[u8]) -> io::Result<()>;
+    fn write(&self, at: Location, buf: &[u8]) -> DevResult<()>;
     /// Makes every completed write durable.
-    fn sync(&self) -> io::Result<()>;
+    fn sync(&self) -> DevResult<()>;
     /// Bytes every write is a whole multiple of, at locations aligned to it: a commit pads
     /// the store's buffer to it, and segments are a whole multiple of it. One block for a
     /// single file; a row of M blocks for erasure-coded targets, whose parity must never
@@ -60,7 +60,7 @@ pub trait Placement: Send + Sync {
     }
     /// The store starts filling segment `seg`, which holds nothing live: a placement that
     /// chooses where each segment lives does it now, durably, before any byte is written.
-    fn prepare(&self, _seg: SegmentId) -> io::Result<()> {
+    fn prepare(&self, _seg: SegmentId) -> DevResult<()> {
         Ok(())
     }
     /// The bytes `read` returned at `at` failed their check (blake3): tries other ways to
@@ -71,7 +71,7 @@ pub trait Placement: Send + Sync {
         _at: Location,
         _buf: &mut [u8],
         _check: &mut dyn FnMut(&[u8]) -> bool,
-    ) -> io::Result<bool> {
+    ) -> DevResult<bool> {
         Ok(false)
     }
 }
@@ -110,15 +110,15 @@ impl Placement for SingleFile {
         self.segments
     }
 
-    fn read(&self, at: Location, buf: &mut [u8]) -> io::Result<()> {
+    fn read(&self, at: Location, buf: &mut [u8]) -> DevResult<()> {
         self.dev.read_at(buf, at.to_offset(self.segment_bytes).0)
     }
 
-    fn write(&self, at: Location, buf: &[u8]) -> io::Result<()> {
+    fn write(&self, at: Location, buf: &[u8]) -> DevResult<()> {
         self.dev.write_at(buf, at.to_offset(self.segment_bytes).0)
     }
 
-    fn sync(&self) -> io::Result<()> {
+    fn sync(&self) -> DevResult<()> {
         self.dev.sync()
     }
 }
@@ -134,17 +134,17 @@ pub(crate) struct PlacedDevice {
 }
 
 impl Device for PlacedDevice {
-    fn read_at(&self, buf: &mut [u8], off: u64) -> io::Result<()> {
+    fn read_at(&self, buf: &mut [u8], off: u64) -> DevResult<()> {
         let seg = self.place.segment_bytes();
         self.place.read(Location::of(DataOffset(off), seg), buf)
     }
 
-    fn write_at(&self, buf: &[u8], off: u64) -> io::Result<()> {
+    fn write_at(&self, buf: &[u8], off: u64) -> DevResult<()> {
         let seg = self.place.segment_bytes();
         self.place.write(Location::of(DataOffset(off), seg), buf)
     }
 
-    fn sync(&self) -> io::Result<()> {
+    fn sync(&self) -> DevResult<()> {
         self.place.sync()
     }
 

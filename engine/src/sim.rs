@@ -10,6 +10,7 @@
 //! (the data file) says nothing about another (the metadata table).
 
 use crate::device::Device;
+use crate::error::DevResult;
 use parking_lot::Mutex;
 use rand::Rng;
 use std::collections::HashMap;
@@ -283,17 +284,17 @@ impl SimDevice {
 }
 
 impl Device for SimDevice {
-    fn read_at(&self, buf: &mut [u8], off: u64) -> io::Result<()> {
+    fn read_at(&self, buf: &mut [u8], off: u64) -> DevResult<()> {
         self.disk.admit(self.name, OpKind::Read)?;
         let st = self.st.lock();
         if off + buf.len() as u64 > st.current.len {
-            return Err(io::Error::from(io::ErrorKind::UnexpectedEof));
+            return Err(io::Error::from(io::ErrorKind::UnexpectedEof).into());
         }
         st.current.read(off, buf);
         Ok(())
     }
 
-    fn write_at(&self, buf: &[u8], off: u64) -> io::Result<()> {
+    fn write_at(&self, buf: &[u8], off: u64) -> DevResult<()> {
         let mut st = self.st.lock();
         self.disk.admit(self.name, OpKind::Write)?;
         st.current.write(off, buf);
@@ -301,7 +302,7 @@ impl Device for SimDevice {
         Ok(())
     }
 
-    fn sync(&self) -> io::Result<()> {
+    fn sync(&self) -> DevResult<()> {
         let mut st = self.st.lock();
         self.disk.admit(self.name, OpKind::Sync)?;
         let State {
@@ -320,7 +321,7 @@ impl Device for SimDevice {
         self.st.lock().current.len
     }
 
-    fn set_len(&self, len: u64) -> io::Result<()> {
+    fn set_len(&self, len: u64) -> DevResult<()> {
         let mut st = self.st.lock();
         self.disk.admit(self.name, OpKind::SetLen)?;
         st.current.set_len(len);
@@ -340,25 +341,25 @@ pub(crate) struct FaultyDevice {
 }
 
 impl Device for FaultyDevice {
-    fn read_at(&self, buf: &mut [u8], off: u64) -> io::Result<()> {
+    fn read_at(&self, buf: &mut [u8], off: u64) -> DevResult<()> {
         self.disk.admit(self.name, OpKind::Read)?;
         self.inner.read_at(buf, off)
     }
-    fn write_at(&self, buf: &[u8], off: u64) -> io::Result<()> {
+    fn write_at(&self, buf: &[u8], off: u64) -> DevResult<()> {
         self.disk.admit(self.name, OpKind::Write)?;
         self.inner.write_at(buf, off)
     }
-    fn sync(&self) -> io::Result<()> {
+    fn sync(&self) -> DevResult<()> {
         self.disk.admit(self.name, OpKind::Sync)?;
         self.inner.sync()
     }
     fn len(&self) -> u64 {
         self.inner.len()
     }
-    fn file_now(&self) -> Option<io::Result<crate::device::FileNow>> {
+    fn file_now(&self) -> Option<DevResult<crate::device::FileNow>> {
         self.inner.file_now()
     }
-    fn set_len(&self, len: u64) -> io::Result<()> {
+    fn set_len(&self, len: u64) -> DevResult<()> {
         self.disk.admit(self.name, OpKind::SetLen)?;
         self.inner.set_len(len)
     }

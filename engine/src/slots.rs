@@ -16,7 +16,8 @@
 //! its process freezes (no shared file can fence that one; FORMAT.md says so).
 
 use crate::device::Device;
-use crate::error::{Error, FencedIo, Result};
+use crate::error::{DevResult, Fault};
+use crate::error::{Error, Result};
 use crate::format::{
     Intent, SlotHeader, SlotHint, SlotId, SlotState, SLOT_HEADER_PAIR, SLOT_HINT_LEN,
     SLOT_MOUNTPOINT_MAX,
@@ -83,7 +84,7 @@ impl SlotTable {
 
     /// Writes `h` into its copy (`h.seq % 2`) and makes it durable, then its hint (with
     /// `intent`, the owner's current one).
-    pub fn write(&self, h: &SlotHeader, intent: Intent) -> io::Result<()> {
+    pub fn write(&self, h: &SlotHeader, intent: Intent) -> DevResult<()> {
         self.dev
             .write_at(&h.encode(), SlotHeader::offset(h.slot, h.seq))?;
         self.dev.sync()?;
@@ -99,7 +100,7 @@ impl SlotTable {
 
     /// Writes slot `slot`'s hint and makes it visible to the other nodes (the sync: a
     /// shared filesystem's client may hold a write back until then, `SharedFile`).
-    pub(crate) fn write_hint(&self, slot: SlotId, hint: &SlotHint) -> io::Result<()> {
+    pub(crate) fn write_hint(&self, slot: SlotId, hint: &SlotHint) -> DevResult<()> {
         self.dev
             .write_at(&hint.encode(), SlotHint::offset(self.slots, slot))?;
         self.dev.sync()
@@ -428,7 +429,7 @@ impl Lease {
                     _ => return,
                 }
             })
-            .map_err(Error::Io)?;
+            .map_err(Error::from)?;
         *self.thread.lock() = Some(t);
         Ok(())
     }
@@ -461,14 +462,14 @@ impl Lease {
         }
     }
 
-    fn fence(&self, why: String) -> io::Error {
+    fn fence(&self, why: String) -> Fault {
         let mut w = self.why.lock();
         if w.is_none() {
             log::error!("{why}");
             *w = Some(why.clone());
         }
         self.fenced.store(true, Ordering::Release);
-        io::Error::other(FencedIo(w.clone().unwrap_or(why)))
+        Fault::Fenced(w.clone().unwrap_or(why))
     }
 
     fn since_renewal(&self) -> Duration {
@@ -479,7 +480,7 @@ impl Lease {
     /// Renews the lease: reads the header (fencing this owner if it names another claim),
     /// then writes it back with the renewal time. An owner whose lease lapsed is fenced
     /// without looking: a taker may be writing already.
-    pub fn renew(&self) -> io::Result<()> {
+    pub fn renew(&self) -> DevResult<()> {
         self.write_own(None)
     }
 
@@ -490,16 +491,16 @@ impl Lease {
 
     /// Publishes manifest generation `gen`, valid up to `len` bytes, by a header write
     /// (after the caller made those bytes durable). Fenced like any write.
-    pub fn publish(&self, gen: u64, len: u64) -> io::Result<()> {
+    pub fn publish(&self, gen: u64, len: u64) -> DevResult<()> {
         self.permit()?;
         self.write_own(Some((gen, len)))
     }
 
     /// A renewal, carrying a new manifest pointer when `manifest` is given.
-    fn write_own(&self, manifest: Option<(u64, u64)>) -> io::Result<()> {
+    fn write_own(&self, manifest: Option<(u64, u64)>) -> DevResult<()> {
         let mut seq = self.renewing.lock();
         if let Some(why) = self.fenced() {
-            return Err(io::Error::other(FencedIo(why)));
+            return Err(Fault::Fenced(why));
         }
         let since = self.since_renewal();
         let slot = self.me.slot;
@@ -522,8 +523,8 @@ impl Lease {
         let started = self.base.elapsed().as_nanos() as u64;
         let wall = now_unix_ns();
         let h = self.table.read(slot).map_err(|e| match e {
-            Error::Io(io) => io,
-            other => io::Error::other(other),
+            Error::Io(io) => Fault::Os(io),
+            other => Fault::Os(io::Error::other(other)),
         })?;
         if h.epoch != self.me.epoch || h.mount_id != self.me.mount_id || h.state != SlotState::Held
         {
@@ -589,7 +590,7 @@ impl Lease {
         &self,
         keys: [u64; crate::format::INTENT_KEYS],
         prio: u64,
-    ) -> io::Result<()> {
+    ) -> DevResult<()> {
         self.permit()?;
         let mut hint = self.hint.lock();
         let intent = Intent {
@@ -604,7 +605,7 @@ impl Lease {
     }
 
     /// Withdraws the intent announced (done, or given up to let an older one go first).
-    pub(crate) fn clear_intent(&self) -> io::Result<()> {
+    pub(crate) fn clear_intent(&self) -> DevResult<()> {
         let mut hint = self.hint.lock();
         if hint.intent.is_empty() {
             return Ok(());
@@ -624,7 +625,7 @@ impl Lease {
     }
 
     /// Writes this slot's hint with `f` applied (probe and echo fields), visibly.
-    fn update_hint(&self, f: impl FnOnce(&mut SlotHint)) -> io::Result<()> {
+    fn update_hint(&self, f: impl FnOnce(&mut SlotHint)) -> DevResult<()> {
         self.permit()?;
         let mut hint = self.hint.lock();
         let mut next = *hint;
@@ -641,7 +642,7 @@ impl Lease {
     /// `hints` are echoed in this slot's hint in turn, in slot order, the one after the
     /// probe echoed last, so nodes that all mount at once each get their echo (the hint
     /// has room for one).
-    pub fn answer_probes(&self, hints: &[Option<SlotHint>]) -> io::Result<()> {
+    pub fn answer_probes(&self, hints: &[Option<SlotHint>]) -> DevResult<()> {
         let last = self.hint.lock().echo;
         let probes: Vec<u64> = hints
             .iter()
@@ -677,14 +678,14 @@ impl Lease {
                 .try_into()
                 .expect("8"),
         ) | 1;
-        self.update_hint(|h| h.probe = nonce).map_err(Error::Io)?;
+        self.update_hint(|h| h.probe = nonce).map_err(Error::from)?;
         let start = Instant::now();
         let answered =
             loop {
                 let hints = self.table.hints()?;
                 // Nodes that mount at the same moment (a job's prolog on every node) probe
                 // each other: each answers the others while it waits for its own echo.
-                self.answer_probes(&hints).map_err(Error::Io)?;
+                self.answer_probes(&hints).map_err(Error::from)?;
                 if let Some((i, _)) = hints.iter().enumerate().find(|(i, h)| {
                     *i as u32 != self.me.slot.0 && h.is_some_and(|h| h.echo == nonce)
                 }) {
@@ -695,7 +696,7 @@ impl Lease {
                 }
                 std::thread::sleep(Duration::from_millis(20));
             };
-        self.update_hint(|h| h.probe = 0).map_err(Error::Io)?;
+        self.update_hint(|h| h.probe = 0).map_err(Error::from)?;
         match answered {
             Some(a) => Ok(Some(a)),
             None => Err(Error::Incoherent(format!(
@@ -729,15 +730,15 @@ impl Lease {
 
     /// Lets a write to the backing space through only while the lease is valid: within 3/4
     /// of a lease of the last renewal, else after renewing now.
-    pub(crate) fn permit(&self) -> io::Result<()> {
+    pub(crate) fn permit(&self) -> DevResult<()> {
         if let Some(why) = self.fenced() {
-            return Err(io::Error::other(FencedIo(why)));
+            return Err(Fault::Fenced(why));
         }
         if self.released.load(Ordering::Acquire) {
-            return Err(io::Error::other(FencedIo(format!(
+            return Err(Fault::Fenced(format!(
                 "slot {} was released by this mount's unmount",
                 self.me.slot
-            ))));
+            )));
         }
         if self.since_renewal() < self.lease * 3 / 4 {
             return Ok(());
@@ -802,28 +803,28 @@ pub(crate) struct FencedDevice {
 }
 
 impl Device for FencedDevice {
-    fn read_at(&self, buf: &mut [u8], off: u64) -> io::Result<()> {
+    fn read_at(&self, buf: &mut [u8], off: u64) -> DevResult<()> {
         self.inner.read_at(buf, off)
     }
-    fn write_at(&self, buf: &[u8], off: u64) -> io::Result<()> {
+    fn write_at(&self, buf: &[u8], off: u64) -> DevResult<()> {
         self.lease.permit()?;
         self.inner.write_at(buf, off)
     }
-    fn sync(&self) -> io::Result<()> {
+    fn sync(&self) -> DevResult<()> {
         self.lease.permit()?;
         self.inner.sync()
     }
     fn len(&self) -> u64 {
         self.inner.len()
     }
-    fn set_len(&self, len: u64) -> io::Result<()> {
+    fn set_len(&self, len: u64) -> DevResult<()> {
         self.lease.permit()?;
         self.inner.set_len(len)
     }
     fn room_low(&self) -> bool {
         self.inner.room_low()
     }
-    fn file_now(&self) -> Option<io::Result<crate::device::FileNow>> {
+    fn file_now(&self) -> Option<DevResult<crate::device::FileNow>> {
         self.inner.file_now()
     }
 }

@@ -37,6 +37,7 @@
 mod health;
 mod repair;
 
+use crate::error::{DevResult, Fault};
 pub(crate) use health::SUSPECTS_MAX;
 use health::{Suspects, WarnKind, Warnings};
 #[cfg(test)]
@@ -517,7 +518,7 @@ pub(crate) type CutHook =
 
 /// A damaged record of the targets' on-disk structures (`record` names which).
 /// A placement record (or the placement file) that contradicts the space.
-fn bad(segment: Option<u64>, why: String) -> io::Error {
+fn bad(segment: Option<u64>, why: String) -> Fault {
     TargetFault::BadPlacement { segment, why }.into()
 }
 
@@ -530,7 +531,7 @@ impl Erasure {
         segments: u64,
         targets: Vec<Target>,
         map_dev: Arc<dyn Device>,
-    ) -> io::Result<Erasure> {
+    ) -> DevResult<Erasure> {
         Self::open_share(r, shard_bytes, segments, targets, map_dev, None)
     }
 
@@ -544,7 +545,7 @@ impl Erasure {
         targets: Vec<Target>,
         map_dev: Arc<dyn Device>,
         share: Option<Share>,
-    ) -> io::Result<Erasure> {
+    ) -> DevResult<Erasure> {
         if !shard_bytes.is_multiple_of(BLOCK as u64) || shard_bytes == 0 {
             return Err(bad(
                 None,
@@ -648,7 +649,7 @@ impl Erasure {
     /// Places segment `seg` unless it is placed already: for segments written outside the
     /// store's allocation (a slot's manifest area), whose bytes must never be dropped by a
     /// re-placement.
-    pub(crate) fn place_if_unplaced(&self, seg: u64) -> io::Result<()> {
+    pub(crate) fn place_if_unplaced(&self, seg: u64) -> DevResult<()> {
         if self
             .map
             .read()
@@ -667,7 +668,7 @@ impl Erasure {
     }
 
     /// Segment `seg`'s record as the placement file holds it now (another slot's segment).
-    fn read_record(&self, seg: u64) -> io::Result<Placed> {
+    fn read_record(&self, seg: u64) -> DevResult<Placed> {
         let mut b = [0u8; RECORD_BYTES];
         let mut why = String::new();
         for _ in 0..RECORD_READS {
@@ -844,7 +845,7 @@ impl Erasure {
         TARGET_HEADER_BYTES + slot as u64 * self.shard_bytes + block_in_shard * BLOCK as u64
     }
 
-    fn placed(&self, seg: u64) -> io::Result<Placed> {
+    fn placed(&self, seg: u64) -> DevResult<Placed> {
         if !self.owns(seg) {
             return self.read_record(seg);
         }
@@ -1202,7 +1203,7 @@ impl Erasure {
         r1: u64,
         mut have: Vec<Option<IoBuf>>,
         exclude: &[usize],
-    ) -> io::Result<Vec<Option<IoBuf>>> {
+    ) -> DevResult<Vec<Option<IoBuf>>> {
         let (m, k) = (self.r.data, self.r.parity);
         // Read what is missing until M shards are at hand.
         let count = |h: &[Option<IoBuf>]| {
@@ -1240,7 +1241,7 @@ impl Erasure {
             .filter(|i| !exclude.contains(i))
             .filter_map(|i| have[i].as_ref().map(|b| (i - m, b.as_slice())));
         let restored = reed_solomon_simd::decode(m, k, originals, recovery)
-            .map_err(|e| io::Error::from(TargetFault::Codec(format!("decode: {e}"))))?;
+            .map_err(|e| Fault::from(TargetFault::Codec(format!("decode: {e}"))))?;
         for i in missing {
             let data = restored
                 .get(&i)
@@ -1287,7 +1288,7 @@ impl Erasure {
 
     /// Reads segment bytes `off..` into `buf`; with `around`, around shards known bad
     /// (`known_bad`), else as stored (missing shards are still rebuilt).
-    fn read_in_segment(&self, seg: u64, off: u64, buf: &mut [u8], around: bool) -> io::Result<()> {
+    fn read_in_segment(&self, seg: u64, off: u64, buf: &mut [u8], around: bool) -> DevResult<()> {
         let p = self.placed(seg)?;
         let (r0, r1, need) = self.rows_of(off, buf.len());
         let bad = match around {
@@ -1324,7 +1325,7 @@ impl Erasure {
         Ok(())
     }
 
-    fn write_in_segment(&self, seg: u64, off: u64, buf: &[u8]) -> io::Result<()> {
+    fn write_in_segment(&self, seg: u64, off: u64, buf: &[u8]) -> DevResult<()> {
         if !self.owns(seg) {
             return Err(TargetFault::Foreign { segment: seg }.into());
         }
@@ -1343,7 +1344,7 @@ impl Erasure {
         let mut shards = cols;
         if k > 0 {
             let parity = reed_solomon_simd::encode(m, k, shards.iter().map(|c| c.as_slice()))
-                .map_err(|e| io::Error::from(TargetFault::Codec(format!("encode: {e}"))))?;
+                .map_err(|e| Fault::from(TargetFault::Codec(format!("encode: {e}"))))?;
             for p in parity {
                 let mut b = IoBuf::new();
                 b.extend_from_slice(&p);
@@ -1368,7 +1369,7 @@ impl Erasure {
                     written += 1;
                 }
                 // This node lost its slot: nothing is wrong with the target.
-                Err(e) if crate::error::FencedIo::is(&e) => return Err(e),
+                Err(e) if e.is_fenced() => return Err(e),
                 Err(e) => {
                     t.errors.fetch_add(1, Ordering::Relaxed);
                     self.fail_target(at.target, format!("write: {e}"));
@@ -1703,7 +1704,7 @@ impl Placement for Erasure {
         self.row_bytes() as usize
     }
 
-    fn read(&self, at: Location, buf: &mut [u8]) -> io::Result<()> {
+    fn read(&self, at: Location, buf: &mut [u8]) -> DevResult<()> {
         let len = buf.len();
         for (seg, off, range) in self.pieces(at, len) {
             self.read_in_segment(seg, off, &mut buf[range], true)?;
@@ -1711,7 +1712,7 @@ impl Placement for Erasure {
         Ok(())
     }
 
-    fn read_as_stored(&self, at: Location, buf: &mut [u8]) -> io::Result<()> {
+    fn read_as_stored(&self, at: Location, buf: &mut [u8]) -> DevResult<()> {
         let len = buf.len();
         for (seg, off, range) in self.pieces(at, len) {
             self.read_in_segment(seg, off, &mut buf[range], false)?;
@@ -1719,7 +1720,7 @@ impl Placement for Erasure {
         Ok(())
     }
 
-    fn write(&self, at: Location, buf: &[u8]) -> io::Result<()> {
+    fn write(&self, at: Location, buf: &[u8]) -> DevResult<()> {
         let row = self.row_bytes();
         if !at.offset.is_multiple_of(row) || !(buf.len() as u64).is_multiple_of(row) {
             return Err(TargetFault::Misaligned {
@@ -1735,7 +1736,7 @@ impl Placement for Erasure {
         Ok(())
     }
 
-    fn sync(&self) -> io::Result<()> {
+    fn sync(&self) -> DevResult<()> {
         if self.watched.due() {
             self.watch_files();
         }
@@ -1745,7 +1746,7 @@ impl Placement for Erasure {
             };
             if t.dirty.swap(false, Ordering::SeqCst) {
                 if let Err(e) = dev.sync() {
-                    if crate::error::FencedIo::is(&e) {
+                    if e.is_fenced() {
                         t.dirty.store(true, Ordering::SeqCst);
                         return Err(e);
                     }
@@ -1777,7 +1778,7 @@ impl Placement for Erasure {
         Ok(())
     }
 
-    fn prepare(&self, seg: SegmentId) -> io::Result<()> {
+    fn prepare(&self, seg: SegmentId) -> DevResult<()> {
         if !self.owns(seg.0) {
             return Err(TargetFault::Foreign { segment: seg.0 }.into());
         }
@@ -1868,7 +1869,7 @@ impl Placement for Erasure {
         at: Location,
         buf: &mut [u8],
         check: &mut dyn FnMut(&[u8]) -> bool,
-    ) -> io::Result<bool> {
+    ) -> DevResult<bool> {
         let pieces = self.pieces(at, buf.len());
         let [(seg, off, _)] = pieces[..] else {
             return Ok(false);
@@ -2381,7 +2382,7 @@ mod tests {
     }
 
     /// Reads segment `seg` whole with the targets `lost` failed (restored afterwards).
-    fn read_without(e: &Erasure, seg: u64, len: usize, lost: &[usize]) -> io::Result<Vec<u8>> {
+    fn read_without(e: &Erasure, seg: u64, len: usize, lost: &[usize]) -> DevResult<Vec<u8>> {
         for &i in lost {
             e.tg(i as u16).failed.store(true, Ordering::SeqCst);
         }

@@ -494,23 +494,23 @@ struct RecordingDevice {
 }
 
 impl Device for RecordingDevice {
-    fn read_at(&self, buf: &mut [u8], off: u64) -> std::io::Result<()> {
+    fn read_at(&self, buf: &mut [u8], off: u64) -> ckptfs_engine::DevResult<()> {
         self.reads
             .lock()
             .expect("lock")
             .push((off, off + buf.len() as u64));
         self.inner.read_at(buf, off)
     }
-    fn write_at(&self, buf: &[u8], off: u64) -> std::io::Result<()> {
+    fn write_at(&self, buf: &[u8], off: u64) -> ckptfs_engine::DevResult<()> {
         self.inner.write_at(buf, off)
     }
-    fn sync(&self) -> std::io::Result<()> {
+    fn sync(&self) -> ckptfs_engine::DevResult<()> {
         self.inner.sync()
     }
     fn len(&self) -> u64 {
         self.inner.len()
     }
-    fn set_len(&self, len: u64) -> std::io::Result<()> {
+    fn set_len(&self, len: u64) -> ckptfs_engine::DevResult<()> {
         self.inner.set_len(len)
     }
 }

@@ -1104,11 +1104,13 @@ pub(crate) fn open_db(
             failed,
         })
         .map_err(|e| match e {
-            // An error of the device itself (it carries an errno); redb reports what it
-            // finds wrong in the file's contents (a bad magic number) as an I/O error too,
-            // without one, and that is damage.
+            // An error of the device itself (it carries an errno, or the device's typed
+            // fault: fenced, targets); redb reports what it finds wrong in the file's
+            // contents (a bad magic number) as an I/O error too, without either, and that is
+            // damage.
             redb::DatabaseError::Storage(redb::StorageError::Io(io))
-                if io.raw_os_error().is_some() =>
+                if io.raw_os_error().is_some()
+                    || io.get_ref().is_some_and(|x| x.is::<crate::error::Fault>()) =>
             {
                 Error::from(io)
             }
@@ -1168,7 +1170,9 @@ pub(crate) struct MetaBackend {
 }
 
 impl MetaBackend {
-    fn watch<T>(&self, r: io::Result<T>) -> io::Result<T> {
+    /// A device result as redb's storage trait wants it (`io::Error`; a typed fault rides
+    /// as its payload, `Fault::into_io`), a failure raised as sticky.
+    fn watch<T>(&self, r: crate::error::DevResult<T>) -> io::Result<T> {
         if let Err(e) = &r {
             if self
                 .failed
@@ -1179,7 +1183,7 @@ impl MetaBackend {
                 );
             }
         }
-        r
+        r.map_err(crate::error::Fault::into_io)
     }
 }
 
@@ -1195,7 +1199,9 @@ impl redb::StorageBackend for MetaBackend {
     }
     fn read(&self, offset: u64, out: &mut [u8]) -> io::Result<()> {
         // A failed read changes nothing on disk: an error for this request, not sticky.
-        self.dev.read_at(out, offset)
+        self.dev
+            .read_at(out, offset)
+            .map_err(crate::error::Fault::into_io)
     }
     fn set_len(&self, len: u64) -> io::Result<()> {
         self.watch(self.dev.set_len(len))

@@ -103,8 +103,9 @@ fn refresh_copy(src: &Path, copy: &Path) -> Result<crate::mirror::CopyCheck> {
         let n = (len - off).min(want.len() as u64) as usize;
         src.read_exact_at(&mut want[..n], off)?;
         dst.read_exact_at(&mut got[..n], off)?;
-        found.blocks_rewritten +=
-            crate::mirror::mend(&want[..n], &got[..n], off, |b, at| dst.write_all_at(b, at))?;
+        found.blocks_rewritten += crate::mirror::mend(&want[..n], &got[..n], off, |b, at| {
+            Ok(dst.write_all_at(b, at)?)
+        })?;
         off += n as u64;
     }
     if found != crate::mirror::CopyCheck::default() {

@@ -244,7 +244,7 @@ impl ChunkStore {
         }
     }
 
-    fn fail<T>(&self, e: std::io::Error) -> Result<T> {
+    fn fail<T>(&self, e: crate::error::Fault) -> Result<T> {
         Err(self.fail_with(e.into()))
     }
 

@@ -20,6 +20,7 @@
 //! data shards of at most `TRIED_MAX` decodings of it being tried.
 
 use super::*;
+use crate::error::DevResult;
 
 /// Rows a repair reads at a time, before extending to the end of the chunks it holds.
 pub(crate) const REPAIR_ROWS: u64 = 64;
@@ -150,7 +151,7 @@ impl Erasure {
     }
 
     /// The K parity shards of data shards `data`.
-    pub(super) fn encode_parity(&self, data: &[Vec<u8>]) -> io::Result<Vec<Vec<u8>>> {
+    pub(super) fn encode_parity(&self, data: &[Vec<u8>]) -> DevResult<Vec<Vec<u8>>> {
         if self.r.parity == 0 {
             return Ok(Vec::new());
         }
@@ -265,7 +266,7 @@ impl Erasure {
     /// A segment holding nothing live with shards on failed targets: unplaced (its record
     /// zeroed, its slots free again), so nothing names those targets any more and nothing is
     /// copied for it; the store places it afresh when it takes it (`prepare`).
-    fn unplace_empty(&self, seg: u64, p: &Placed, bad: &[usize]) -> io::Result<()> {
+    fn unplace_empty(&self, seg: u64, p: &Placed, bad: &[usize]) -> DevResult<()> {
         if bad.iter().all(|&i| p.shards[i].is_none()) {
             // Its shards hold nothing live: one found damaged (or past a target's cut) costs
             // no redundancy, and would otherwise keep the target degraded (and its cut
@@ -305,7 +306,7 @@ impl Erasure {
         verify: &mut dyn FnMut(usize, &[u8]) -> bool,
         rep: &mut RebuildReport,
         throttle: &mut Throttle,
-    ) -> io::Result<()> {
+    ) -> DevResult<()> {
         let seg = job.seg;
         let (m, k) = (self.r.data, self.r.parity);
         let n = m + k;
@@ -435,7 +436,7 @@ impl Erasure {
     /// Syncs the targets a repair wrote to (the segment's and the new shards'). A target
     /// whose sync fails is failed; if it held a new shard, returns why the repair stops
     /// short. A fenced sync is an error: this node no longer owns the space.
-    fn sync_repaired(&self, p: &Placed, fixes: &[(usize, ShardAt)]) -> io::Result<Option<String>> {
+    fn sync_repaired(&self, p: &Placed, fixes: &[(usize, ShardAt)]) -> DevResult<Option<String>> {
         let mut failed = None;
         let targets: BTreeSet<u16> = p
             .shards
@@ -450,7 +451,7 @@ impl Erasure {
                 continue;
             }
             if let Some(Err(e)) = tg.dev.as_ref().map(|d| d.sync()) {
-                if crate::error::FencedIo::is(&e) {
+                if e.is_fenced() {
                     return Err(e);
                 }
                 tg.errors.fetch_add(1, Ordering::Relaxed);
@@ -466,12 +467,7 @@ impl Erasure {
     /// Switches segment `seg`'s record from `p` to the new shards (`fixes`, durable now),
     /// durably. False: the segment was re-placed meanwhile (freed and taken again), so the
     /// rebuilt shards are moot and go back.
-    fn switch_to_fixes(
-        &self,
-        seg: u64,
-        p: &Placed,
-        fixes: &[(usize, ShardAt)],
-    ) -> io::Result<bool> {
+    fn switch_to_fixes(&self, seg: u64, p: &Placed, fixes: &[(usize, ShardAt)]) -> DevResult<bool> {
         let mut next = p.clone();
         next.generation += 1;
         for (i, a) in fixes {
@@ -512,7 +508,7 @@ impl Erasure {
         chunks: &[SegmentChunk],
         verify: &mut dyn FnMut(usize, &[u8]) -> bool,
         rep: &mut RebuildReport,
-    ) -> io::Result<u64> {
+    ) -> DevResult<u64> {
         let m = self.r.data;
         let n = m + self.r.parity;
         let (p, seg) = (w.p, w.seg);
@@ -659,7 +655,7 @@ impl Erasure {
         win: &Window,
         v: &mut Verified,
         parity: &mut Columns,
-    ) -> io::Result<Vec<(usize, usize)>> {
+    ) -> DevResult<Vec<(usize, usize)>> {
         let (m, k) = (self.r.data, self.r.parity);
         let n = m + k;
         let rb = self.row_bytes();
@@ -758,7 +754,7 @@ impl Erasure {
         parity: &Columns,
         rewrite: &[(usize, usize)],
         rep: &mut RebuildReport,
-    ) -> io::Result<u64> {
+    ) -> DevResult<u64> {
         let m = self.r.data;
         let (p, seg) = (w.p, w.seg);
         let mut written = 0u64;
@@ -795,7 +791,7 @@ impl Erasure {
                     rep.blocks_rewritten += 1;
                     written += BLOCK as u64;
                 }
-                Err(e) if crate::error::FencedIo::is(&e) => return Err(e),
+                Err(e) if e.is_fenced() => return Err(e),
                 Err(e) => {
                     t.errors.fetch_add(1, Ordering::Relaxed);
                     self.fail_target(a.target, format!("write: {e}"));
@@ -816,7 +812,7 @@ impl Erasure {
         parity: &Columns,
         own_start: u64,
         rep: &mut RebuildReport,
-    ) -> io::Result<u64> {
+    ) -> DevResult<u64> {
         let m = self.r.data;
         let mut written = 0u64;
         for (i, at) in w.fixes {
@@ -832,7 +828,7 @@ impl Erasure {
             let mut b = IoBuf::new();
             b.extend_from_slice(&src[win.mine.start * BLOCK..win.mine.end * BLOCK]);
             if let Err(e) = dev.write_at(b.as_slice(), self.shard_offset(at.slot, own_start)) {
-                if crate::error::FencedIo::is(&e) {
+                if e.is_fenced() {
                     return Err(e);
                 }
                 t.errors.fetch_add(1, Ordering::Relaxed);

@@ -489,13 +489,13 @@ mod tests {
         /// A table device that only has a length, and counts how often it was asked.
         struct Table(AtomicU64, AtomicUsize);
         impl crate::device::Device for Table {
-            fn read_at(&self, _: &mut [u8], _: u64) -> std::io::Result<()> {
+            fn read_at(&self, _: &mut [u8], _: u64) -> crate::error::DevResult<()> {
                 unreachable!("the spill only asks the table's length")
             }
-            fn write_at(&self, _: &[u8], _: u64) -> std::io::Result<()> {
+            fn write_at(&self, _: &[u8], _: u64) -> crate::error::DevResult<()> {
                 unreachable!("the spill only asks the table's length")
             }
-            fn sync(&self) -> std::io::Result<()> {
+            fn sync(&self) -> crate::error::DevResult<()> {
                 Ok(())
             }
             fn len(&self) -> u64 {
