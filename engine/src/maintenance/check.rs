@@ -239,7 +239,7 @@ pub fn check(space: &Space, progress: &mut dyn FnMut(u64, u64)) -> Result<CheckR
     // Damage on a metadata mirror is repaired when the space is opened (the copy is
     // rewritten from the primary), so it is a warning, not a problem: said here so an
     // offline check, which opens the space to run, does not repair it unseen.
-    for f in &space.layout.mirror_findings {
+    for f in space.report().mirror_findings() {
         r.warning(format!("when the space was opened: {f}"));
     }
     let reader = space.reader()?;

@@ -185,10 +185,10 @@ impl Space {
         }
         // One gc at a time, from its plan to the end of its application: a second gc plans
         // against what the first left.
-        let _one = self.gc_lock.lock();
+        let _one = self.gc_state().turn();
         let plan = self.gc_plan(opts, false, progress)?;
         let r = self.run_gc(&plan, opts, progress)?;
-        self.gc_totals.lock().add(&r);
+        self.gc_state().totals().add(&r);
         Ok(r)
     }
 
@@ -199,8 +199,7 @@ impl Space {
         progress: &mut dyn FnMut(GcProgress),
     ) -> Result<GcReport> {
         // Chunks may move and segments be freed from here on (see `scrub`).
-        self.gc_epoch
-            .fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        self.gc_state().begin_moves();
         self.store().release_due(opts.pressure);
         if self.store().is_failed() {
             return Err(Error::Failed);
@@ -222,7 +221,7 @@ impl Space {
         // 1. Apply the plan's drops. The next transaction begins before the pin gate opens
         // again, as it always has: nothing commits between the two.
         let txn = {
-            let _gate = self.pin_gate.write();
+            let _gate = self.pins().gate_for_gc();
             let mut opts = opts.clone();
             self.sample_pins(&mut opts.pinned_revisions, &mut opts.open_inodes)?;
             let txn = self.begin_write(true)?;
@@ -277,7 +276,7 @@ impl Space {
         revs: &mut HashSet<RevisionId>,
         inos: &mut HashSet<InodeId>,
     ) -> Result<()> {
-        self.pins.sample(revs, inos);
+        self.pins().sample(revs, inos);
         let r = self.reader()?;
         for ino in inos.iter() {
             if let Some(rec) = r.inode(*ino)? {
@@ -470,7 +469,7 @@ impl Space {
         if oldest.is_empty() {
             return Ok(false);
         }
-        let _gate = self.pin_gate.write();
+        let _gate = self.pins().gate_for_gc();
         let mut pinned = opts.pinned_revisions.clone();
         let mut open = opts.open_inodes.clone();
         self.sample_pins(&mut pinned, &mut open)?;
@@ -759,7 +758,7 @@ impl Space {
         let start = Instant::now();
         let mut opts = opts.clone();
         {
-            let _gate = self.pin_gate.write();
+            let _gate = self.pins().gate_for_gc();
             self.sample_pins(&mut opts.pinned_revisions, &mut opts.open_inodes)?;
         }
         let snap = self.reader()?;
@@ -1325,7 +1324,7 @@ mod plan_tests {
             .map(|i| write_revision(&space, &mut rec, &vec![i; 200_000]))
             .collect();
         let opts = GcOptions::default();
-        let _one = space.gc_lock.lock();
+        let _one = space.gc_state().turn();
         let plan = space.gc_plan(&opts, true, &mut |_| {}).unwrap();
         assert_eq!(plan.report.revisions_dropped, 3, "{:?}", plan.report);
         // Between the plan and its application: revision 1 is opened, and a fifth revision

@@ -6,8 +6,8 @@
 //! unreadable or damaged since the mount; `scrub` visits every segment.
 //!
 //! Where the chunks are comes from one read snapshot per batch of segments. While a segment
-//! is repaired gc is held off (`gc_lock`), so none of its chunks moves and it is not freed;
-//! if a gc ran since the snapshot (`gc_epoch`), the snapshot is taken again first. A segment
+//! is repaired gc is held off (its turn, `GcState::turn`), so none of its chunks moves and it is not freed;
+//! if a gc ran since the snapshot (`GcState::epoch`), the snapshot is taken again first. A segment
 //! that held chunks not committed yet when its snapshot was taken (the store's
 //! `uncommitted_segments`, asked before the snapshot) may hold chunks the snapshot lacks, so
 //! nothing in it is rewritten in place (its rows are still copied to new shards). The
@@ -30,7 +30,6 @@ use std::collections::BTreeSet;
 use std::fs;
 use std::os::unix::fs::DirBuilderExt;
 use std::path::Path;
-use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
 /// Chunk entries one batch of segments holds (about 60 bytes each: 15 MiB).
@@ -277,7 +276,7 @@ impl Space {
         let seg_bytes = u64::from(self.superblock().segment_bytes);
         let mut next = segs.start;
         'snapshot: while next < segs.end {
-            let epoch = self.gc_epoch.load(Ordering::SeqCst);
+            let epoch = self.gc_state().epoch();
             // Taken before the snapshot: a segment with no uncommitted chunk then had every
             // chunk it holds on disk committed, so the snapshot has them all.
             let busy_then: BTreeSet<SegmentId> = self.store().uncommitted_segments();
@@ -313,8 +312,8 @@ impl Space {
                     next += 1;
                     continue;
                 }
-                let _no_gc = self.gc_lock.lock();
-                if self.gc_epoch.load(Ordering::SeqCst) != epoch {
+                let _no_gc = self.gc_state().turn();
+                if self.gc_state().epoch() != epoch {
                     continue 'snapshot;
                 }
                 let busy = busy_then.contains(&SegmentId(seg))

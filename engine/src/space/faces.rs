@@ -199,6 +199,23 @@ impl<'a> Pins<'a> {
         Ok(true)
     }
 
+    /// Holds every new pin off (the gate's other side) while gc samples the pins and
+    /// commits what retention drops, so no revision is dropped under a reader that pinned it
+    /// after gc began.
+    pub(crate) fn gate_for_gc(self) -> parking_lot::RwLockWriteGuard<'a, ()> {
+        self.0.pin_gate.write()
+    }
+
+    /// The pinned revisions and the open or held inodes, added to `revs` and `inos`; under
+    /// `gate_for_gc`.
+    pub(crate) fn sample(
+        self,
+        revs: &mut std::collections::HashSet<RevisionId>,
+        inos: &mut std::collections::HashSet<InodeId>,
+    ) {
+        self.0.pins.sample(revs, inos)
+    }
+
     /// The kernel forgot `n` references to `ino` (FUSE FORGET).
     pub fn forget_inode(self, ino: InodeId, n: u64) {
         self.0.pins.forget(ino, n);
@@ -301,6 +318,11 @@ impl Space {
 }
 
 impl<'a> Report<'a> {
+    /// What the mirrors' check at open found and mended (`ckptfs check` reports it).
+    pub(crate) fn mirror_findings(self) -> &'a [String] {
+        &self.0.layout.mirror_findings
+    }
+
     pub fn stats(self) -> Result<Stats> {
         let r = self.0.reader()?;
         let mut s = Stats {
@@ -314,7 +336,7 @@ impl<'a> Report<'a> {
             failure: self.0.store.failure(),
             backing_full: self.0.meta.room_low(),
             stages: self.0.store.stages().snapshot(),
-            gc: self.0.gc_totals.lock().clone(),
+            gc: self.0.gc.totals().clone(),
             carries: self.0.store.pipeline().carries.totals(),
             commits: {
                 let (files, transactions) = self.0.commits.counts();

@@ -106,21 +106,16 @@ pub struct Space {
     lock: parking_lot::Mutex<Option<File>>,
     /// The backing directory's files this open watches (`watch`).
     watch: watch::BackingWatch,
-    /// One gc at a time (and a repair of one segment holds it too: no chunk moves then).
-    pub(crate) gc_lock: parking_lot::Mutex<()>,
+    /// What gc and the segment repairs coordinate through (see `GcState`).
+    gc: GcState,
     /// File commits that arrive together share a transaction (`group`).
     commits: group::CommitGroup<catalog::WriteTxn>,
-    /// Bumped by every gc under `gc_lock`: a repair pass knows its snapshot of where the
-    /// chunks are still holds while this has not changed.
-    pub(crate) gc_epoch: std::sync::atomic::AtomicU64,
-    /// What gc did since the space was opened (for `stats`).
-    pub(crate) gc_totals: parking_lot::Mutex<GcTotals>,
     /// Shared while a reader pins a revision and loads it; exclusive while gc samples the pins
     /// and commits its retention transaction, so a revision is never dropped under a reader
     /// that pinned it after gc started.
-    pub(crate) pin_gate: parking_lot::RwLock<()>,
+    pin_gate: parking_lot::RwLock<()>,
     /// The revisions open files and restores hold (see `pins`).
-    pub(crate) pins: Arc<crate::pins::RevisionPins>,
+    pins: Arc<crate::pins::RevisionPins>,
     /// Opened by `open_read_only`: every metadata write transaction is refused, the data
     /// file refuses writes, and the lock is shared.
     read_only: bool,
@@ -131,7 +126,7 @@ pub struct Space {
     /// The parts of the space only some layouts have (publisher, union, clock, lease,
     /// targets, mirrors). Last, so its lease is released after the table and the store
     /// above have closed.
-    pub(crate) layout: crate::layout::Layout,
+    layout: crate::layout::Layout,
 }
 
 impl Drop for Space {
@@ -141,6 +136,41 @@ impl Drop for Space {
         if let Some(l) = self.slots().lease() {
             l.refresh_usage();
         }
+    }
+}
+
+/// What gc and the segment repairs (`maintenance`) coordinate through: one of them at a
+/// time (a repair of a segment takes the same turn, so no chunk moves under it), the count of
+/// gcs begun (a repair's snapshot of where chunks lie holds while it has not changed), and
+/// what the gcs since the open did. Maintenance reaches it as `Space::gc_state`, not as
+/// fields of the space.
+#[derive(Default)]
+pub(crate) struct GcState {
+    turn: parking_lot::Mutex<()>,
+    epoch: std::sync::atomic::AtomicU64,
+    totals: parking_lot::Mutex<GcTotals>,
+}
+
+impl GcState {
+    /// One gc or one segment repair at a time: held while it runs.
+    pub(crate) fn turn(&self) -> parking_lot::MutexGuard<'_, ()> {
+        self.turn.lock()
+    }
+
+    /// Chunks may move and segments be freed from now on: a repair's snapshot of where
+    /// chunks lie, taken before, is stale. Called by gc under its turn.
+    pub(crate) fn begin_moves(&self) {
+        self.epoch.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+    }
+
+    /// How many gcs have begun moving chunks.
+    pub(crate) fn epoch(&self) -> u64 {
+        self.epoch.load(std::sync::atomic::Ordering::SeqCst)
+    }
+
+    /// What the gcs since the open did (`ckptfs stats`).
+    pub(crate) fn totals(&self) -> parking_lot::MutexGuard<'_, GcTotals> {
+        self.totals.lock()
     }
 }
 
@@ -483,6 +513,11 @@ impl Space {
     #[doc(hidden)]
     pub fn store(&self) -> &ChunkStore {
         &self.store
+    }
+
+    /// What gc and the segment repairs coordinate through (`maintenance`).
+    pub(crate) fn gc_state(&self) -> &GcState {
+        &self.gc
     }
 
     /// The catalog itself: for the engine's tests that damage a space on purpose
