@@ -102,6 +102,20 @@ impl TempDir {
         TempDir { path }
     }
 
+    /// The directory `path` itself, emptied first: for a fixture that records absolute
+    /// paths (`TestMount::from_archive_at`). One test at a time may use a given path.
+    pub fn at(path: &Path) -> TempDir {
+        match fs::remove_dir_all(path) {
+            Ok(()) => {}
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+            Err(e) => panic!("empty {}: {e}", path.display()),
+        }
+        fs::create_dir_all(path).unwrap_or_else(|e| panic!("create {}: {e}", path.display()));
+        TempDir {
+            path: path.to_path_buf(),
+        }
+    }
+
     pub fn path(&self) -> &Path {
         &self.path
     }
@@ -298,11 +312,39 @@ impl TestMount {
         tm
     }
 
+    /// A space unpacked at the fixed directory `root` from a `.tar.gz` holding `backing/`
+    /// and whatever else its space names by absolute path under `root` (the storage
+    /// targets of `tests/fixtures/golden-targets-v1`), mounted. `root` is emptied first and
+    /// removed with the mount.
+    pub fn from_archive_at(archive: &Path, root: &Path) -> TestMount {
+        let mut tm = TestMount::unformatted_in(TempDir::at(root));
+        fs::remove_dir(&tm.backing).expect("the archive brings the backing directory");
+        let out = Command::new("tar")
+            .arg("-xzf")
+            .arg(archive)
+            .arg("-C")
+            .arg(root)
+            .output()
+            .unwrap_or_else(|e| panic!("run tar: {e}"));
+        assert!(
+            out.status.success(),
+            "unpacking {}: {}",
+            archive.display(),
+            String::from_utf8_lossy(&out.stderr)
+        );
+        tm.mount();
+        tm
+    }
+
     /// Empty backing directory and mountpoint, nothing mounted.
     fn unformatted() -> TestMount {
+        TestMount::unformatted_in(TempDir::new("test"))
+    }
+
+    /// `unformatted` in the directory `root`.
+    fn unformatted_in(root: TempDir) -> TestMount {
         require_fuse();
         let bin = ckptfs_bin();
-        let root = TempDir::new("test");
         let backing = root.path().join("backing");
         let mnt = root.path().join("mnt");
         fs::create_dir(&backing).expect("create backing dir");

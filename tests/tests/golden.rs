@@ -3,8 +3,11 @@
 //! `tests/fixtures/make-golden-space.sh` with the format as it was before the engine
 //! restructuring; `golden-slots-v1.tar.gz` one of two slots (two nodes' tables, published
 //! manifests, a revision over the other node's file) made by the same script (`slots`)
-//! during the layers redesign, before the object-store tier. Each `.manifest` says what its
-//! space holds. A change that breaks reading the existing format fails here, whatever the
+//! during the layers redesign, before the object-store tier; `golden-targets-v1.tar.gz` the
+//! same two nodes on two slots over three storage targets erasure-coded 2+1, made by the
+//! same script (`targets`) at the end of the layers redesign. The targets table records
+//! absolute paths, so that one is unpacked where it was made
+//! (`/tmp/ckptfs-golden-targets-v1`). Each `.manifest` says what its space holds. A change that breaks reading the existing format fails here, whatever the
 //! unit tests of the new code say.
 
 use std::collections::BTreeMap;
@@ -184,5 +187,44 @@ fn a_space_of_two_slots_mounts_reads_and_takes_new_revisions() {
             assert_eq!(sha256(&m.path(f[1])), f[2], "{line}");
         }
     }
+    check_clean(&mut m);
+}
+
+/// Where `golden-targets-v1` was made and must be unpacked: its targets table names the
+/// targets by these absolute paths (`tests/fixtures/make-golden-space.sh targets`).
+const GOLDEN_TARGETS_ROOT: &str = "/tmp/ckptfs-golden-targets-v1";
+
+#[test]
+fn a_space_of_two_slots_over_erasure_coded_targets_mounts_reads_and_takes_new_revisions() {
+    let mut m = TestMount::from_archive_at(
+        &fixture("golden-targets-v1.tar.gz"),
+        Path::new(GOLDEN_TARGETS_ROOT),
+    );
+    let rows = check_manifest(&mut m, "golden-targets-v1.manifest");
+    assert!(rows >= 18, "the manifest lost rows: {rows}");
+    check_clean(&mut m);
+    // The targets as the space recorded them: all three, none failed.
+    let mnt = m.mnt().to_path_buf();
+    let targets = m.ckptfs_json(&[
+        OsStr::new("targets"),
+        mnt.as_os_str(),
+        OsStr::new("--json"),
+    ]);
+    let list = targets["targets"].as_array().expect("a list of targets");
+    assert_eq!(list.len(), 3, "{targets}");
+    // A revision over the file the other node wrote last, and a new file: erasure-coded on
+    // the same targets, read back after a remount.
+    let data = ckptfs_tests::pattern(78, 300_000);
+    fs::write(m.path("ckpt/optimizer.pt"), &data).expect("write new revision");
+    fs::write(m.path("ckpt/step-3.bin"), &data[..123_456]).expect("write new file");
+    m.remount();
+    assert!(
+        fs::read(m.path("ckpt/optimizer.pt")).expect("read") == data,
+        "the new revision of optimizer.pt did not read back after a remount"
+    );
+    assert!(
+        fs::read(m.path("ckpt/step-3.bin")).expect("read") == data[..123_456],
+        "the new file did not read back after a remount"
+    );
     check_clean(&mut m);
 }
