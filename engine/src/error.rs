@@ -19,8 +19,9 @@ pub enum Error {
     Locked(String),
     /// A request the caller got wrong (bad option, bad size).
     Invalid(String),
-    /// The metadata table reported an error.
-    Meta(String),
+    /// The metadata table's library (redb) refused or failed, where that is neither damage
+    /// (`Corrupt`) nor the device's error (`Io`); see `MetaFault`.
+    Meta(MetaFault),
     /// An earlier write or sync failed, or a backing file was lost while mounted; the space
     /// refuses further writes (sticky failure).
     Failed,
@@ -51,6 +52,16 @@ pub enum Error {
     /// A namespace operation the namespace as it is refuses (`catalog::ns`): the filesystem
     /// answers each with its errno.
     Namespace(NsFault),
+}
+
+/// What the metadata table's library reported, typed where a caller decides.
+#[derive(Debug)]
+pub enum MetaFault {
+    /// A record larger than the table takes (redb's limit, 3 GiB): the change is refused
+    /// and nothing else is wrong (the filesystem answers EFBIG, not EIO).
+    TooLarge(usize),
+    /// Anything else the library reports, in its words (a bug or a misuse here: EIO).
+    Other(String),
 }
 
 /// Why a typed namespace operation was refused (`catalog::ns`).
@@ -87,7 +98,11 @@ impl fmt::Display for Error {
             Error::NotASpace(m) => write!(f, "{m}"),
             Error::Locked(m) => write!(f, "{m}"),
             Error::Invalid(m) => write!(f, "{m}"),
-            Error::Meta(m) => write!(f, "metadata table error: {m}"),
+            Error::Meta(MetaFault::TooLarge(n)) => write!(
+                f,
+                "metadata table error: a record of {n} bytes is larger than the table takes"
+            ),
+            Error::Meta(MetaFault::Other(m)) => write!(f, "metadata table error: {m}"),
             Error::Failed => write!(
                 f,
                 "the space failed earlier (a backing write or sync failed, or a backing file \
@@ -484,7 +499,13 @@ macro_rules! meta_err {
                     redb::Error::Corrupted(why) => {
                         Corruption::Catalog(format!("is damaged: {why}")).into()
                     }
-                    other => Error::Meta(other.to_string()),
+                    redb::Error::ValueTooLarge(n) => Error::Meta(MetaFault::TooLarge(n)),
+                    // Another process has the table open: the space is in use, as its lock
+                    // file would have said (exit status IN_USE, EBUSY).
+                    redb::Error::DatabaseAlreadyOpen => Error::Locked(
+                        "another process has this space's metadata table open".into(),
+                    ),
+                    other => Error::Meta(MetaFault::Other(other.to_string())),
                 }
             }
         }
@@ -513,7 +534,14 @@ mod tests {
             "{e:?}"
         );
         let e = Error::from(redb::StorageError::ValueTooLarge(1 << 40));
-        assert!(matches!(e, Error::Meta(_)), "{e:?}");
+        assert!(
+            matches!(e, Error::Meta(MetaFault::TooLarge(n)) if n == 1 << 40),
+            "{e:?}"
+        );
+        let e = Error::from(redb::DatabaseError::DatabaseAlreadyOpen);
+        assert!(matches!(e, Error::Locked(_)), "{e:?}");
+        let e = Error::from(redb::TransactionError::WouldBlock);
+        assert!(matches!(e, Error::Meta(MetaFault::Other(_))), "{e:?}");
         let e = Error::from(redb::StorageError::Io(io::Error::from_raw_os_error(
             libc::EIO,
         )));

@@ -31,7 +31,7 @@ pub mod write;
 
 /// The GPU codec crate, for the daemon to choose a device or the emulation.
 pub use ckptfs_kernels as kernels;
-pub use error::{DevResult, Error, Fault, Result, TargetFault};
+pub use error::{DevResult, Error, Fault, MetaFault, Result, TargetFault};
 pub use space::{Space, Stats};
 
 /// Parses a byte count with an optional binary suffix: 4096, 64K, 256M, 1G, 1GiB (the CLI's

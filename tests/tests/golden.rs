@@ -205,11 +205,7 @@ fn a_space_of_two_slots_over_erasure_coded_targets_mounts_reads_and_takes_new_re
     check_clean(&mut m);
     // The targets as the space recorded them: all three, none failed.
     let mnt = m.mnt().to_path_buf();
-    let targets = m.ckptfs_json(&[
-        OsStr::new("targets"),
-        mnt.as_os_str(),
-        OsStr::new("--json"),
-    ]);
+    let targets = m.ckptfs_json(&[OsStr::new("targets"), mnt.as_os_str(), OsStr::new("--json")]);
     let list = targets["targets"].as_array().expect("a list of targets");
     assert_eq!(list.len(), 3, "{targets}");
     // A revision over the file the other node wrote last, and a new file: erasure-coded on

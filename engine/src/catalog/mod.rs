@@ -1251,7 +1251,7 @@ impl Catalog {
             txn.set_two_phase_commit(true);
         } else {
             txn.set_durability(redb::Durability::None)
-                .map_err(|e| Error::Meta(e.to_string()))?;
+                .map_err(|e| Error::Meta(crate::error::MetaFault::Other(e.to_string())))?;
         }
         // Write transactions run one at a time: every non-durable commit so far is before
         // this one, and becomes durable with it.

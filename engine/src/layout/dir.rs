@@ -24,7 +24,7 @@ pub(crate) fn open_private(path: &Path, create: bool) -> Result<File> {
 /// space, or has feature flags this build cannot honour for the use (`writable`).
 pub fn read_backing_dir(dir: &Path, writable: bool) -> Result<Superblock> {
     if !dir.is_dir() {
-        return Err(Error::Invalid(format!(
+        return Err(Error::NotASpace(format!(
             "backing directory {} does not exist or is not a directory",
             dir.display()
         )));

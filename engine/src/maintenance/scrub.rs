@@ -89,9 +89,7 @@ impl Space {
                 // it; nodes learn the targets only when they mount.
                 return Err(replace_refused_on_shared(old, &new.path));
             }
-            let table = self
-                .targets_table()
-                .ok_or_else(|| Error::Invalid("this space has no targets table".into()))?;
+            let table = self.targets_table().ok_or(Error::OneTarget)?;
             let old_i = er.find_target(old).ok_or_else(|| {
                 Error::Invalid(format!(
                     "no target {old}: give its index or its directory (`ckptfs targets` \

@@ -622,7 +622,8 @@ impl<'a> Files<'a> {
             .0
             .reader()?
             .revision(rev)?
-            .ok_or_else(|| Error::Invalid(format!("no revision {}", rev.0)))?;
+            // Dropped by gc since the caller listed it: gone, as a removed name is.
+            .ok_or(Error::Namespace(crate::error::NsFault::NotFound))?;
         Ok(FileState::new(
             self.0.sb.chunk,
             self.0.files().load_map(rev)?,
