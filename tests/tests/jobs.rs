@@ -96,7 +96,18 @@ fn a_requeued_job_resumes_from_its_newest_acknowledged_checkpoint_after_a_node_d
         }
     }
     // Into the middle of the next step's writes, then the node dies: job and daemon at once.
-    std::thread::sleep(Duration::from_millis(300));
+    // The writes have begun when the next step's first rank file has bytes (the job sleeps
+    // STEP_SECS before it writes, so a fixed wait would kill it there, not mid-write).
+    let writing = mnt.join(format!("step-{}.tmp/rank-0.bin", acked + 1));
+    let begun = Instant::now() + Duration::from_secs(60);
+    while std::fs::metadata(&writing).map_or(true, |m| m.len() == 0) {
+        assert!(
+            Instant::now() < begun,
+            "the job did not begin writing step {} in 60 s",
+            acked + 1
+        );
+        std::thread::sleep(Duration::from_millis(5));
+    }
     let note = std::fs::read_to_string(backing.join("lock")).expect("lock note");
     let daemon: i32 = step_of(&note, "pid ").expect("daemon pid in the lock note") as i32;
     // SAFETY: plain kill(2) of the job's process group and of the daemon.
