@@ -26,6 +26,7 @@ use std::sync::Arc;
 
 /// The table definitions. Public for tests that damage a space on purpose; product code
 /// goes through `Reader` and `Txn`.
+pub mod audit;
 pub mod ns;
 
 pub mod tables {
