@@ -295,11 +295,6 @@ pub enum Fault {
 pub type DevResult<T> = std::result::Result<T, Fault>;
 
 impl Fault {
-    /// A fault with an errno (what the simulated devices inject).
-    pub fn errno(errno: i32) -> Fault {
-        Fault::Os(io::Error::from_raw_os_error(errno))
-    }
-
     /// The errno of an operating system's error.
     pub fn raw_os_error(&self) -> Option<i32> {
         match self {
@@ -316,6 +311,8 @@ impl Fault {
         }
     }
 
+    /// A write this node's fencing refused: not the storage's failure, never counted
+    /// against a target.
     pub fn is_fenced(&self) -> bool {
         matches!(self, Fault::Fenced(_))
     }
@@ -326,15 +323,6 @@ impl Fault {
         match self {
             Fault::Os(e) => e,
             other => io::Error::other(other),
-        }
-    }
-
-    /// The same fault with `what` said before an OS error's message (which segment, which
-    /// target); typed faults already say where.
-    pub fn context(self, what: impl fmt::Display) -> Fault {
-        match self {
-            Fault::Os(e) => Fault::Os(io::Error::new(e.kind(), format!("{what}: {e}"))),
-            other => other,
         }
     }
 }
