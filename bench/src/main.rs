@@ -7,6 +7,7 @@
 //!   ckptfs-bench slots [--nodes 4] [--small-files 2000] ...       several daemons on one space
 //!   ckptfs-bench targets [--targets 5] [--redundancy 3+2] [--lose 2] ...  erasure-coded targets
 //!   ckptfs-bench closes [--sizes 4K] [--threads 1,8] [--files 200] [--slots 1] ...  durable closes of small files
+//!   ckptfs-bench saves [--layouts trainer,zarr] [--jobs 1,4] [--steps 3] ...  many-file checkpoint steps
 //!   ckptfs-bench wide [--files 1024,4096,8192] [--per-file 128K] [--request 64K] ...  many files at once
 //!   ckptfs-bench full [--space 1G] [--steps 12] [--idle-secs 60] ...  a full space rotating checkpoints
 //!   ckptfs-bench gc-scale-build DIR [--files N] [--chunk-size BYTES]
@@ -27,6 +28,7 @@ mod gc_scale;
 mod gpu;
 mod limits;
 mod report;
+mod saves;
 mod sink;
 mod slots;
 mod sys;
@@ -167,6 +169,10 @@ enum Cmd {
     /// plain directory with and without fsync per file, and the daemon's durable commits and
     /// publications per close
     Closes(closes::ClosesOpts),
+    /// Checkpoint steps made of many files, shaped as frameworks save them (a Trainer step of
+    /// ten files, a zarr array of 64 chunk files), 1 and 4 jobs at once, beside a plain
+    /// directory with and without fsync per file
+    Saves(saves::SavesOpts),
     /// A full space rotating checkpoints (three steps kept, older ones removed): write
     /// amplification next to the bytes the application wrote, beside a plain directory, and
     /// what the daemon writes while the full space sits idle (run as root)
@@ -275,6 +281,13 @@ fn main() {
             Ok(()) => std::process::exit(0),
             Err(e) => {
                 eprintln!("ckptfs-bench closes: {e}");
+                std::process::exit(1);
+            }
+        },
+        Cmd::Saves(o) => match saves::run(&o) {
+            Ok(()) => std::process::exit(0),
+            Err(e) => {
+                eprintln!("ckptfs-bench saves: {e}");
                 std::process::exit(1);
             }
         },
