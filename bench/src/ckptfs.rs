@@ -24,6 +24,36 @@ pub struct Ckptfs {
 }
 
 impl Ckptfs {
+    /// A scenario's fresh space beside a plain directory on the same disk: `dir/backing`
+    /// formatted (`space` bytes, `format_args` added) and mounted at `dir/mnt`, the CLI's
+    /// output in `dir/logs`. Returns it with `dir/plain` (not created) and `dir/mnt`.
+    pub fn beside_plain(
+        bin: &Path,
+        dir: &Path,
+        mount_args: Vec<String>,
+        space: u64,
+        chunk_size: &str,
+        format_args: &[&str],
+    ) -> Result<(Ckptfs, PathBuf, PathBuf)> {
+        let logs = dir.join("logs");
+        crate::util::fresh_dir(&logs)?;
+        let mnt = dir.join("mnt");
+        fs::create_dir_all(&mnt).map_err(|e| format!("create {}: {e}", mnt.display()))?;
+        let mut ck = Ckptfs::new(
+            bin.to_path_buf(),
+            dir.join("backing"),
+            mnt.clone(),
+            logs,
+            mount_args,
+        );
+        ck.clear_stale_mount()?;
+        crate::util::fresh_dir(&dir.join("backing"))?;
+        ck.format(space, chunk_size, format_args)?;
+        ck.mount()?;
+        ck.configure()?;
+        Ok((ck, dir.join("plain"), mnt))
+    }
+
     pub fn new(
         bin: PathBuf,
         backing: PathBuf,

@@ -19,7 +19,7 @@
 use crate::ckptfs::Ckptfs;
 use crate::data::RandomSpec;
 use crate::sys::{self, Result};
-use crate::util::{ckptfs_bin, fresh_dir, size_label};
+use crate::util::{ckptfs_bin, fresh_dir, median, size_label};
 use crate::Opts;
 use clap::Args;
 use std::fs::{self, OpenOptions};
@@ -120,11 +120,6 @@ fn counts(st: &serde_json::Value) -> [u64; 3] {
     ]
 }
 
-fn median(v: &mut [f64]) -> f64 {
-    v.sort_by(|a, b| a.total_cmp(b));
-    v[v.len() / 2]
-}
-
 /// One row of the table: medians over the repetitions, per pass (new files, overwrite).
 struct Row {
     size: u64,
@@ -158,32 +153,17 @@ pub fn run(co: &ClosesOpts) -> Result<()> {
         space + 2 * most + GIB,
         "a ckptfs space, the plain files, 1 GiB margin",
     )?;
-    let logs = dir.join("logs");
-    fresh_dir(&logs)?;
-    let plain = dir.join("plain");
-    let mnt = dir.join("mnt");
-    fs::create_dir_all(&mnt).map_err(|e| format!("create {}: {e}", mnt.display()))?;
     let mut mount_args = o.mount_args.clone();
     if co.slots > 1 {
         mount_args.extend(["--slot".into(), "0".into()]);
     }
-    let mut ck = Ckptfs::new(
-        bin.clone(),
-        dir.join("backing"),
-        mnt.clone(),
-        logs,
-        mount_args,
-    );
-    ck.clear_stale_mount()?;
-    fresh_dir(&dir.join("backing"))?;
     let slots = co.slots.to_string();
     let extra: Vec<&str> = match co.slots {
         1 => vec![],
         _ => vec!["--slots", &slots],
     };
-    ck.format(space, &o.chunk_size, &extra)?;
-    ck.mount()?;
-    ck.configure()?;
+    let (mut ck, plain, mnt) =
+        Ckptfs::beside_plain(&bin, &dir, mount_args, space, &o.chunk_size, &extra)?;
     println!("ckptfs-bench closes");
     for (k, v) in sys::environment(&dir, &bin) {
         println!("  {k:<13} {v}");

@@ -20,7 +20,7 @@
 use crate::ckptfs::Ckptfs;
 use crate::data::RandomSpec;
 use crate::sys::{self, Result};
-use crate::util::{ckptfs_bin, fresh_dir};
+use crate::util::{ckptfs_bin, fresh_dir, median};
 use crate::Opts;
 use clap::Args;
 use std::fs::{self, OpenOptions};
@@ -176,11 +176,6 @@ fn save_step(root: &Path, jobs: &[Job], step: usize, fsync: bool) -> Result<f64>
     Ok(secs)
 }
 
-fn median(v: &mut [f64]) -> f64 {
-    v.sort_by(|a, b| a.total_cmp(b));
-    v[v.len() / 2]
-}
-
 pub fn run(so: &SavesOpts) -> Result<()> {
     let o = &so.o;
     if so.layouts.is_empty() || so.jobs.is_empty() || so.jobs.contains(&0) {
@@ -206,23 +201,8 @@ pub fn run(so: &SavesOpts) -> Result<()> {
         space + most + GIB,
         "a ckptfs space, the plain files, 1 GiB margin",
     )?;
-    let logs = dir.join("logs");
-    fresh_dir(&logs)?;
-    let plain = dir.join("plain");
-    let mnt = dir.join("mnt");
-    fs::create_dir_all(&mnt).map_err(|e| format!("create {}: {e}", mnt.display()))?;
-    let mut ck = Ckptfs::new(
-        bin.clone(),
-        dir.join("backing"),
-        mnt.clone(),
-        logs,
-        o.mount_args.clone(),
-    );
-    ck.clear_stale_mount()?;
-    fresh_dir(&dir.join("backing"))?;
-    ck.format(space, &o.chunk_size, &[])?;
-    ck.mount()?;
-    ck.configure()?;
+    let (mut ck, plain, mnt) =
+        Ckptfs::beside_plain(&bin, &dir, o.mount_args.clone(), space, &o.chunk_size, &[])?;
     println!("ckptfs-bench saves");
     for (k, v) in sys::environment(&dir, &bin) {
         println!("  {k:<13} {v}");

@@ -54,6 +54,12 @@ pub(crate) fn ckptfs_bin(o: &Opts) -> Result<PathBuf> {
     fs::canonicalize(&p).map_err(|e| format!("{}: {e}", p.display()))
 }
 
+/// The median of `v` (the upper one of an even count), sorting it.
+pub(crate) fn median(v: &mut [f64]) -> f64 {
+    v.sort_by(|a, b| a.total_cmp(b));
+    v[v.len() / 2]
+}
+
 pub(crate) fn fresh_dir(p: &Path) -> Result<()> {
     match fs::remove_dir_all(p) {
         Ok(()) => {}

@@ -15,7 +15,7 @@
 use crate::ckptfs::Ckptfs;
 use crate::data::RandomSpec;
 use crate::sys::{self, Result};
-use crate::util::{ckptfs_bin, fresh_dir, size_label};
+use crate::util::{ckptfs_bin, fresh_dir, median, size_label};
 use crate::Opts;
 use clap::Args;
 use std::fs::{self, File, OpenOptions};
@@ -134,11 +134,6 @@ fn carry_spills(st: &serde_json::Value) -> u64 {
     st["carries"]["spills"].as_u64().unwrap_or(0)
 }
 
-fn median(v: &mut [f64]) -> f64 {
-    v.sort_by(|a, b| a.total_cmp(b));
-    v[v.len() / 2]
-}
-
 pub fn run(wo: &WideOpts) -> Result<()> {
     let o = &wo.o;
     if wo.files.is_empty() || wo.threads == 0 || wo.request == 0 || wo.per_file == 0 || o.reps == 0
@@ -164,23 +159,8 @@ pub fn run(wo: &WideOpts) -> Result<()> {
         space + bytes + GIB,
         "a ckptfs space, the plain files, 1 GiB margin",
     )?;
-    let logs = dir.join("logs");
-    fresh_dir(&logs)?;
-    let plain = dir.join("plain");
-    let mnt = dir.join("mnt");
-    fs::create_dir_all(&mnt).map_err(|e| format!("create {}: {e}", mnt.display()))?;
-    let mut ck = Ckptfs::new(
-        bin.clone(),
-        dir.join("backing"),
-        mnt.clone(),
-        logs,
-        o.mount_args.clone(),
-    );
-    ck.clear_stale_mount()?;
-    fresh_dir(&dir.join("backing"))?;
-    ck.format(space, &o.chunk_size, &[])?;
-    ck.mount()?;
-    ck.configure()?;
+    let (mut ck, plain, mnt) =
+        Ckptfs::beside_plain(&bin, &dir, o.mount_args.clone(), space, &o.chunk_size, &[])?;
     eprintln!(
         "wide: {} files at once, {} each in {} writes, {} threads; ckptfs {}",
         wo.files

@@ -80,6 +80,23 @@ pub fn require_fuse() {
     );
 }
 
+/// Unpacks the `.tar.gz` `archive` into `into`.
+fn untar(archive: &Path, into: &Path) {
+    let out = Command::new("tar")
+        .arg("-xzf")
+        .arg(archive)
+        .arg("-C")
+        .arg(into)
+        .output()
+        .unwrap_or_else(|e| panic!("run tar: {e}"));
+    assert!(
+        out.status.success(),
+        "unpacking {}: {}",
+        archive.display(),
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
 /// A directory under the system temp dir, removed on drop.
 pub struct TempDir {
     path: PathBuf,
@@ -295,19 +312,7 @@ impl TestMount {
     /// build), mounted.
     pub fn from_archive(archive: &Path) -> TestMount {
         let mut tm = TestMount::unformatted();
-        let out = Command::new("tar")
-            .arg("-xzf")
-            .arg(archive)
-            .arg("-C")
-            .arg(&tm.backing)
-            .output()
-            .unwrap_or_else(|e| panic!("run tar: {e}"));
-        assert!(
-            out.status.success(),
-            "unpacking {}: {}",
-            archive.display(),
-            String::from_utf8_lossy(&out.stderr)
-        );
+        untar(archive, &tm.backing);
         tm.mount();
         tm
     }
@@ -319,19 +324,7 @@ impl TestMount {
     pub fn from_archive_at(archive: &Path, root: &Path) -> TestMount {
         let mut tm = TestMount::unformatted_in(TempDir::at(root));
         fs::remove_dir(&tm.backing).expect("the archive brings the backing directory");
-        let out = Command::new("tar")
-            .arg("-xzf")
-            .arg(archive)
-            .arg("-C")
-            .arg(root)
-            .output()
-            .unwrap_or_else(|e| panic!("run tar: {e}"));
-        assert!(
-            out.status.success(),
-            "unpacking {}: {}",
-            archive.display(),
-            String::from_utf8_lossy(&out.stderr)
-        );
+        untar(archive, root);
         tm.mount();
         tm
     }

@@ -1574,12 +1574,23 @@ impl Reader {
         Ok(out)
     }
 
+    /// A table only some spaces have (the shared namespace's, an old space's whiteouts):
+    /// None where this one has none.
+    fn optional<K: redb::Key + 'static, V: redb::Value + 'static>(
+        &self,
+        def: redb::TableDefinition<K, V>,
+    ) -> Result<Option<ReadOnlyTable<K, V>>> {
+        match self.txn.open_table(def) {
+            Ok(t) => Ok(Some(t)),
+            Err(redb::TableError::TableDoesNotExist(_)) => Ok(None),
+            Err(e) => Err(e.into()),
+        }
+    }
+
     /// This slot's whiteouts (none before the first).
     pub fn whiteouts(&self) -> Result<Vec<(Vec<u8>, Timestamp)>> {
-        let t = match self.txn.open_table(WHITEOUTS) {
-            Ok(t) => t,
-            Err(redb::TableError::TableDoesNotExist(_)) => return Ok(Vec::new()),
-            Err(e) => return Err(e.into()),
+        let Some(t) = self.optional(WHITEOUTS)? else {
+            return Ok(Vec::new());
         };
         let mut out = Vec::new();
         for item in t.iter()? {
@@ -1592,10 +1603,8 @@ impl Reader {
 
     /// This slot's records of the shared namespace (none in a space without one).
     pub fn bindings(&self) -> Result<Vec<(InodeId, Vec<u8>, Binding)>> {
-        let t = match self.txn.open_table(BINDINGS) {
-            Ok(t) => t,
-            Err(redb::TableError::TableDoesNotExist(_)) => return Ok(Vec::new()),
-            Err(e) => return Err(e.into()),
+        let Some(t) = self.optional(BINDINGS)? else {
+            return Ok(Vec::new());
         };
         let mut out = Vec::new();
         for item in t.iter()? {
@@ -1608,10 +1617,8 @@ impl Reader {
 
     /// Every local inode's version record (none in a space without a shared namespace).
     pub fn versions(&self) -> Result<Vec<(InodeId, VersionMeta)>> {
-        let t = match self.txn.open_table(VERSIONS) {
-            Ok(t) => t,
-            Err(redb::TableError::TableDoesNotExist(_)) => return Ok(Vec::new()),
-            Err(e) => return Err(e.into()),
+        let Some(t) = self.optional(VERSIONS)? else {
+            return Ok(Vec::new());
         };
         let mut out = Vec::new();
         for item in t.iter()? {
@@ -1622,10 +1629,8 @@ impl Reader {
     }
 
     pub fn version(&self, ino: InodeId) -> Result<Option<VersionMeta>> {
-        let t = match self.txn.open_table(VERSIONS) {
-            Ok(t) => t,
-            Err(redb::TableError::TableDoesNotExist(_)) => return Ok(None),
-            Err(e) => return Err(e.into()),
+        let Some(t) = self.optional(VERSIONS)? else {
+            return Ok(None);
         };
         t.get(ino.0)?
             .map(|v| VersionMeta::decode(v.value()))
