@@ -408,6 +408,7 @@ pub fn parse_faults(spec: &str) -> Result<Vec<Fault>, String> {
             let device = match p[0] {
                 "data" => "data",
                 "meta" => "meta",
+                "journal" => "journal",
                 d => {
                     let n = |prefix: &str| {
                         d.strip_prefix(prefix)
@@ -419,8 +420,8 @@ pub fn parse_faults(spec: &str) -> Result<Vec<Fault>, String> {
                         (_, Some(n)) => mirror_device_name(n),
                         _ => {
                             return Err(format!(
-                                "fault `{f}`: unknown device `{d}` (data, meta, target0 .. \
-                                 target{m}, mirror0 .. mirror{m})",
+                                "fault `{f}`: unknown device `{d}` (data, meta, journal, \
+                             target0 .. target{m}, mirror0 .. mirror{m})",
                                 m = MAX_TARGET_NAMES - 1
                             ))
                         }

@@ -232,6 +232,9 @@ fn a_space_without_xattr_tables_gains_them_at_open() {
     let space = Space::open(&dir).unwrap();
     let a = create(&space, InodeId::ROOT, b"a", false);
     commit(&space, a, &random(9, 10_000));
+    // The table itself holds the commit (a checkpoint) before it is changed behind the
+    // catalog's back.
+    space.sync_all().unwrap();
     let txn = space.catalog().raw().begin_write().unwrap();
     assert!(txn.delete_table(meta::XATTRS).unwrap());
     assert!(txn.delete_table(meta::REV_XATTRS).unwrap());

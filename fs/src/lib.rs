@@ -1777,8 +1777,10 @@ impl Fs {
         }
         // Namespace changes before this close (this file's create, an unlink) are durable
         // once close returns, even when there was no data to commit: usually the commit
-        // above made them so.
-        self.space.sync_meta_since(mark)?;
+        // above made them so. (Not on a mount that defers durability to fsync.)
+        if self.space.close_durable() {
+            self.space.sync_meta_since(mark)?;
+        }
         Ok(())
     }
 
@@ -1880,6 +1882,14 @@ impl Fs {
             if let Err(e) = self.commit_node(ino, &mut n, Seal::Complete, HandleId::NONE) {
                 log::error!("commit of inode {} at unmount failed: {e:?}", ino.0);
                 first_err.get_or_insert(e);
+            }
+        }
+        // Everything committed is durable at unmount, whatever closes promised, and the
+        // journal's records are in the table (the next mount has nothing to apply).
+        if !self.space.is_read_only() {
+            if let Err(e) = self.space.sync_all() {
+                log::error!("making the space durable at unmount failed: {e:?}");
+                first_err.get_or_insert(e.into());
             }
         }
         first_err.map_or(Ok(()), Err)

@@ -14,9 +14,14 @@
 //! step, pass the engine's consistency check, and equal one of the recorded states from the
 //! acknowledged one on: nothing acknowledged lost, nothing half-written mixed in.
 //!
-//! Replay one run: CKPTFS_CRASH_SEED=<seed> CKPTFS_CRASH_POINT=<op> (printed on failure).
-//! More runs: CKPTFS_CRASH_SEEDS=<n> (default 60 seeds; each does 1 clean, 12 crash and
-//! 6 fault runs).
+//! The same runs go over a space with a journal (`catalog::journal`: a close durable through
+//! one journal record), a small one so that it fills and checkpoints mid-workload, with
+//! closes durable when they return and with durability deferred to fsync
+//! (`--durability fsync`: only fsync, directory fsync and gc acknowledge).
+//!
+//! Replay one run: CKPTFS_CRASH_SEED=<seed> CKPTFS_CRASH_POINT=<op> CKPTFS_CRASH_KIND=<kind>
+//! (printed on failure). More runs: CKPTFS_CRASH_SEEDS=<n> (default 60 seeds for the space
+//! without a journal, 30 for each journal kind; each does 1 clean, 12 crash and 6 fault runs).
 
 mod common;
 
@@ -31,6 +36,37 @@ use rand::{Rng, SeedableRng};
 use std::sync::Arc;
 
 const SPACE_BYTES: u64 = 64 << 20;
+/// The journal of the journaled runs: small, so records fill it and checkpoints happen in
+/// the middle of a workload (a real one is `journal::JOURNAL_BYTES`).
+const JOURNAL_BYTES: u64 = 1 << 20;
+
+/// Which space a run writes to.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Kind {
+    /// No journal: every durable commit is redb's own.
+    Plain,
+    /// A journal, closes durable when they return.
+    Journal,
+    /// A journal, durability deferred to fsync.
+    JournalFsync,
+}
+
+impl Kind {
+    fn parse(s: &str) -> Kind {
+        match s {
+            "journal" => Kind::Journal,
+            "journal-fsync" => Kind::JournalFsync,
+            _ => Kind::Plain,
+        }
+    }
+    fn name(self) -> &'static str {
+        match self {
+            Kind::Plain => "plain",
+            Kind::Journal => "journal",
+            Kind::JournalFsync => "journal-fsync",
+        }
+    }
+}
 
 fn devices(disk: &Arc<SimDisk>, data: Image, meta: Image) -> Devices {
     Devices {
@@ -39,17 +75,28 @@ fn devices(disk: &Arc<SimDisk>, data: Image, meta: Image) -> Devices {
     }
 }
 
+/// `OnDevices` of a run's kind.
+fn on(devs: Devices, journal: Option<Arc<SimDevice>>) -> OnDevices {
+    match journal {
+        Some(j) => OnDevices::Journaled { devs, journal: j },
+        None => OnDevices::Single(devs),
+    }
+}
+
 struct Sim {
     disk: Arc<SimDisk>,
     data: Arc<SimDevice>,
     meta: Arc<SimDevice>,
+    journal: Option<Arc<SimDevice>>,
     sb: Superblock,
 }
 
-fn format() -> Sim {
+fn format(kind: Kind) -> Sim {
     let disk = SimDisk::new();
     let data = SimDevice::new("data", &disk, Image::new(SPACE_BYTES));
     let meta = SimDevice::new("meta", &disk, Image::new(0));
+    let journal =
+        (kind != Kind::Plain).then(|| SimDevice::new("journal", &disk, Image::new(JOURNAL_BYTES)));
     let devs = Devices {
         data: data.clone(),
         meta: meta.clone(),
@@ -65,6 +112,7 @@ fn format() -> Sim {
         disk,
         data,
         meta,
+        journal,
         sb,
     }
 }
@@ -80,15 +128,16 @@ enum Plan {
     Fault(u64, OpKind, i32),
 }
 
-fn run(seed: u64, plan: Plan, tally: &mut Tally) -> Result<u64, String> {
-    let sim = format();
+fn run(seed: u64, plan: Plan, kind: Kind, tally: &mut Tally) -> Result<u64, String> {
+    let sim = format(kind);
     let base = sim.disk.ops();
     let devs = Devices {
         data: sim.data.clone(),
         meta: sim.meta.clone(),
     };
-    let space = Space::open_devices_as(sim.sb.clone(), OnDevices::Single(devs))
+    let space = Space::open_devices_as(sim.sb.clone(), on(devs, sim.journal.clone()))
         .map_err(|e| format!("open after format: {e}"))?;
+    space.set_close_durable(kind != Kind::JournalFsync);
     // Chunks stored on the writing thread, in order: the crash point counts device
     // operations, and worker threads would interleave them differently on every run, so a
     // printed seed and point could not replay a failure. The commit protocol is the same
@@ -191,18 +240,20 @@ fn run(seed: u64, plan: Plan, tally: &mut Tally) -> Result<u64, String> {
     }
     // Power off: keep what a crash would, then reboot.
     let mut rng = SmallRng::seed_from_u64(seed ^ 0x5eed);
-    if sim.data.pending_writes() + sim.meta.pending_writes() > 0 {
+    let journal_pending = sim.journal.as_ref().map_or(0, |j| j.pending_writes());
+    if sim.data.pending_writes() + sim.meta.pending_writes() + journal_pending > 0 {
         tally.lost_writes_possible += 1;
     }
     let data = sim.data.crash_image(&mut rng);
     let meta = sim.meta.crash_image(&mut rng);
+    let journal = sim.journal.as_ref().map(|j| j.crash_image(&mut rng));
+    // The power is off: nothing the space does as it is dropped reaches the disk.
+    sim.disk.crash_at(0);
     drop(fs);
     let disk2 = SimDisk::new();
-    let space = Space::open_devices_as(
-        sim.sb.clone(),
-        OnDevices::Single(devices(&disk2, data, meta)),
-    )
-    .map_err(|e| format!("reopen after the crash failed: {e}"))?;
+    let journal = journal.map(|j| SimDevice::new("journal", &disk2, j));
+    let space = Space::open_devices_as(sim.sb.clone(), on(devices(&disk2, data, meta), journal))
+        .map_err(|e| format!("reopen after the crash failed: {e}"))?;
     let report = ckptfs_engine::maintenance::check::check(&space, &mut |_, _| {})
         .map_err(|e| format!("check failed to run: {e}"))?;
     if !report.is_clean() {
@@ -262,30 +313,54 @@ fn env_u64(k: &str) -> Option<u64> {
 
 #[test]
 fn committed_revisions_survive_crashes_and_faults() {
+    drive(Kind::Plain, 60);
+}
+
+/// The same over a journal: what a close acknowledged is in the journal, and the reopen
+/// applies it (`journal::replay`).
+#[test]
+fn journaled_closes_survive_crashes_and_faults() {
+    drive(Kind::Journal, 30);
+}
+
+/// Durability deferred to fsync: a crash keeps some prefix of the closes after the last
+/// fsync (a state the namespace went through, never a later close without an earlier
+/// one), and everything before it.
+#[test]
+fn closes_deferred_to_fsync_survive_crashes_in_order() {
+    drive(Kind::JournalFsync, 30);
+}
+
+fn drive(kind: Kind, default_seeds: u64) {
+    let replay_kind = std::env::var("CKPTFS_CRASH_KIND").map(|k| Kind::parse(&k));
     if let (Some(seed), Some(point)) = (env_u64("CKPTFS_CRASH_SEED"), env_u64("CKPTFS_CRASH_POINT"))
     {
+        if replay_kind.as_ref().is_ok_and(|k| *k != kind) {
+            return;
+        }
         let mut t = Tally::default();
-        run(seed, Plan::Crash(point), &mut t)
-            .unwrap_or_else(|e| panic!("seed {seed} point {point}: {e}"));
+        run(seed, Plan::Crash(point), kind, &mut t)
+            .unwrap_or_else(|e| panic!("seed {seed} point {point} kind {}: {e}", kind.name()));
         return;
     }
-    let seeds = env_u64("CKPTFS_CRASH_SEEDS").unwrap_or(60);
+    let seeds = env_u64("CKPTFS_CRASH_SEEDS").unwrap_or(default_seeds);
     let first = env_u64("CKPTFS_CRASH_SEED").unwrap_or(1);
+    let k = kind.name();
     let mut t = Tally::default();
     let mut points = 0u64;
     for seed in first..first + seeds {
-        let total = run(seed, Plan::Clean, &mut t)
-            .unwrap_or_else(|e| panic!("seed {seed} (clean run): {e}"));
+        let total = run(seed, Plan::Clean, kind, &mut t)
+            .unwrap_or_else(|e| panic!("seed {seed} kind {k} (clean run): {e}"));
         let mut rng = SmallRng::seed_from_u64(seed);
         for _ in 0..12 {
             let p = rng.random_range(0..total.max(1));
             points += 1;
-            run(seed, Plan::Crash(p), &mut t).unwrap_or_else(|e| {
-                panic!("seed {seed} crash point {p} (replay: CKPTFS_CRASH_SEED={seed} CKPTFS_CRASH_POINT={p}): {e}")
+            run(seed, Plan::Crash(p), kind, &mut t).unwrap_or_else(|e| {
+                panic!("seed {seed} crash point {p} (replay: CKPTFS_CRASH_SEED={seed} CKPTFS_CRASH_POINT={p} CKPTFS_CRASH_KIND={k}): {e}")
             });
         }
         for _ in 0..6 {
-            let (kind, nth) = match rng.random_range(0..4) {
+            let (fault, nth) = match rng.random_range(0..4) {
                 0 => (OpKind::Write, rng.random_range(0..total.max(1))),
                 1 => (OpKind::Sync, rng.random_range(0..(total / 4).max(1))),
                 2 => (OpKind::SetLen, rng.random_range(0..4)),
@@ -296,13 +371,15 @@ fn committed_revisions_survive_crashes_and_faults() {
             } else {
                 libc::EIO
             };
-            run(seed, Plan::Fault(nth, kind, errno), &mut t)
-                .unwrap_or_else(|e| panic!("seed {seed} fault {kind:?} #{nth} errno {errno}: {e}"));
+            run(seed, Plan::Fault(nth, fault, errno), kind, &mut t).unwrap_or_else(|e| {
+                panic!("seed {seed} kind {k} fault {fault:?} #{nth} errno {errno}: {e}")
+            });
         }
     }
     println!(
-        "crash/fault driver: {seeds} seeds, {points} crash points, {} runs ({} crashed mid-workload, \
-         {} faults fired, {} with unsynced writes at power-off), {} recovered states checked, 0 lost",
+        "crash/fault driver ({k}): {seeds} seeds, {points} crash points, {} runs ({} crashed \
+         mid-workload, {} faults fired, {} with unsynced writes at power-off), {} recovered \
+         states checked, 0 lost",
         t.runs, t.crashes, t.faults_fired, t.lost_writes_possible, t.acked_states_checked
     );
 }

@@ -86,6 +86,8 @@ pub(crate) struct Tuning {
     pub(crate) confirm_by_fingerprint: bool,
     /// `--cuts`: changes in place cut at the old boundaries (`true`) or by content.
     pub(crate) follow_changes: bool,
+    /// `--durability`: closes durable when they return (`true`), or at fsync/unmount.
+    pub(crate) close_durable: bool,
     pub(crate) cuda_lib_dir: Option<PathBuf>,
     /// Not tuning, but carried to the daemon alike: `--read-only`.
     pub(crate) read_only: bool,
@@ -442,15 +444,20 @@ pub(crate) fn configure_space(space: &mut Space, tuning: &Tuning) -> Result<(), 
         .tuning()
         .confirm_by_fingerprint(tuning.confirm_by_fingerprint && !tuning.read_only);
     space.tuning().follow_changes(tuning.follow_changes);
+    space.set_close_durable(tuning.close_durable);
     // The cutter's search is chosen by measuring the candidates once (a few ms): here, at
     // mount, rather than inside the first write, and said, since it differs by CPU.
     let search = ckptfs_engine::write::gear_search();
     log::info!(
         "{} FUSE threads, {} store workers, codec {}, new chunks compressed on {compressor}, \
-         cutter search {} ({})",
+         closes durable {}, cutter search {} ({})",
         tuning.threads,
         space.tuning().workers(),
         codec,
+        match tuning.close_durable {
+            true => "when they return",
+            false => "at fsync and unmount",
+        },
         search.name,
         search.measured
     );
@@ -848,7 +855,7 @@ pub(crate) fn apply_mount_options(
     allow_other: &mut bool,
 ) -> Result<(), CliError> {
     const KNOWN: &str = "ro, rw, allow_other, threads=N, workers=N, codec=lz4|shuffle|float, \
-                         gpu=auto|on|off|emulate, confirm=fingerprint|blake3, cuts=follow|content, cuda_lib_dir=DIR, slot=N, lease=DURATION, nosuid, \
+                         gpu=auto|on|off|emulate, confirm=fingerprint|blake3, cuts=follow|content, durability=close|fsync, cuda_lib_dir=DIR, slot=N, lease=DURATION, nosuid, \
                          noexec, suid, exec";
     for o in options.split(',').filter(|o| !o.is_empty()) {
         let (key, val) = match o.split_once('=') {
@@ -885,6 +892,7 @@ pub(crate) fn apply_mount_options(
                 tuning.confirm_by_fingerprint = one_of(&["fingerprint", "blake3"])? == "fingerprint"
             }
             ("cuts", _) => tuning.follow_changes = one_of(&["follow", "content"])? == "follow",
+            ("durability", _) => tuning.close_durable = one_of(&["close", "fsync"])? == "close",
             ("cuda_lib_dir", Some(d)) if !d.is_empty() => tuning.cuda_lib_dir = Some(d.into()),
             ("slot", _) => tuning.slot = Some(number(u32::MAX, 0)?),
             ("lease", Some(d)) => {

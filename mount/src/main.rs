@@ -320,6 +320,15 @@ enum Cmd {
         /// not only outside the changed regions (README, "Changes in place").
         #[arg(long, default_value = "follow", value_parser = ["follow", "content"])]
         cuts: String,
+        /// When a file's bytes are durable: `close` (the default) when its `close()`
+        /// returns, at the cost of one sync of the journal shared by the closes that arrive
+        /// together; `fsync` when the application calls `fsync` on any file or directory of
+        /// the mount (or it unmounts): `close()` returns without waiting for a disk, and a
+        /// crash may lose the closes after the last `fsync`, never one before it (POSIX's
+        /// contract, for jobs that make their own durability points). `syncfs(2)` is not
+        /// passed to FUSE filesystems by Linux: `fsync` one file instead.
+        #[arg(long, default_value = "close", value_parser = ["close", "fsync"])]
+        durability: String,
         /// Directory holding libcuda.so.1 / libnvrtc.so.13 when they are not on the loader's
         /// path (also CKPTFS_CUDA_LIB_DIR).
         #[arg(long, value_name = "DIR")]
@@ -332,7 +341,7 @@ enum Cmd {
         #[arg(long)]
         read_only: bool,
         /// Mount options, comma-separated, as mount(8) and fstab pass them: `ro` (as
-        /// --read-only), `rw`, `allow_other`, `threads=N`, `workers=N`, `codec=C`, `gpu=G`, `confirm=C`, `cuts=C`,
+        /// --read-only), `rw`, `allow_other`, `threads=N`, `workers=N`, `codec=C`, `gpu=G`, `confirm=C`, `cuts=C`, `durability=D`,
         /// `cuda_lib_dir=DIR` (as the flags), `suid` (ckptfs mounts nosuid unless told),
         /// `nosuid`, `noexec`, `exec`; the ones
         /// mount(8) and the kernel handle themselves (`defaults`, `auto`, `noauto`, `user`,
@@ -561,6 +570,7 @@ fn run(cli: Cli) -> Result<(), CliError> {
             gpu,
             confirm,
             cuts,
+            durability,
             cuda_lib_dir,
             read_only,
             options,
@@ -580,6 +590,7 @@ fn run(cli: Cli) -> Result<(), CliError> {
                 gpu,
                 confirm_by_fingerprint: confirm == "fingerprint",
                 follow_changes: cuts == "follow",
+                close_durable: durability == "close",
                 cuda_lib_dir,
                 read_only,
                 suid: false,
@@ -749,6 +760,7 @@ mod tests {
             gpu: "auto".into(),
             confirm_by_fingerprint: true,
             follow_changes: true,
+            close_durable: true,
             cuda_lib_dir: None,
             read_only: false,
             suid: false,

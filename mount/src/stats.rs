@@ -116,6 +116,21 @@ pub(crate) fn print_stats(s: &Stats) {
         "  reclaimable      {} (holding no referenced chunk; gc gives it back)",
         human(s.reclaimable_bytes() + u.unreferenced_bytes)
     );
+    if !s.commits.durability.is_empty() {
+        println!(
+            "durability         {}{}",
+            match s.commits.durability.as_str() {
+                "fsync" =>
+                    "at fsync and unmount (--durability fsync): a crash may lose \
+                            closes after the last fsync",
+                _ => "every close, when it returns",
+            },
+            match s.commits.journal {
+                true => "; through the journal (one sync per close, shared)",
+                false => "",
+            }
+        );
+    }
     if s.gc.runs > 0 {
         println!(
             "gc since mount     {} runs, {} revisions dropped, {} freed, {} copied, {:.1}s",

@@ -79,16 +79,43 @@ fn failed_data_sync_is_reported_sticky_and_loses_nothing_committed() {
     assert!(!m.stats().stats.failed);
 }
 
-/// A failed write into the metadata table (during a commit) fails that close and makes the
-/// space refuse writes, like a failed data write.
+/// A failed write into the journal (a close's durable record) or, on a space without one,
+/// into the metadata table fails that close and makes the space refuse writes, like a
+/// failed data write.
 #[test]
 fn failed_metadata_write_fails_the_close_and_is_sticky() {
+    // The journal of a single-slot space.
+    failed_metadata_write_case(&[], "journal:write:0:EIO:sticky");
+}
+
+/// The metadata table written by a journal's checkpoint (at unmount): the space fails, and
+/// the next mount applies the journal, so the close it acknowledged is there.
+#[test]
+fn failed_table_write_at_a_checkpoint_loses_no_close() {
     let mut m = TestMount::with_format_args("1G", &[]);
+    let a = pattern(13, 1 << 20);
+    write_file_checked(&m.path("a"), &a).expect("first checkpoint");
+    m.unmount();
+    m.set_env("CKPTFS_FAULTS", "meta:write:0:EIO:sticky");
+    m.mount();
+    // Durable through the journal: the table is first written by the unmount's checkpoint.
+    let b = pattern(14, 1 << 20);
+    write_file_checked(&m.path("b"), &b).expect("a close durable through the journal");
+    // The checkpoint fails (and `ckptfs umount` says so); the journal still has `b`.
+    m.unmount();
+    m.set_env("CKPTFS_FAULTS", "");
+    m.mount();
+    assert_file_eq(&m.path("a"), &a);
+    assert_file_eq(&m.path("b"), &b);
+}
+
+fn failed_metadata_write_case(format_args: &[&str], fault: &str) {
+    let mut m = TestMount::with_format_args("1G", format_args);
     let a = pattern(11, 1 << 20);
     write_file_checked(&m.path("a"), &a).expect("first checkpoint");
     m.unmount();
-    // Sticky from the first table write after the space is open (fault counts start there).
-    m.set_env("CKPTFS_FAULTS", "meta:write:0:EIO:sticky");
+    // Sticky from the first write after the space is open (fault counts start there).
+    m.set_env("CKPTFS_FAULTS", fault);
     m.mount();
     let err = write_file_checked(&m.path("b"), &pattern(12, 1 << 20))
         .expect_err("a close whose metadata commit failed must fail");

@@ -18,7 +18,7 @@ use crate::format::{
 use parking_lot::Mutex;
 use redb::{
     Database, ReadOnlyTable, ReadTransaction, ReadableDatabase, ReadableTable,
-    ReadableTableMetadata, Table, WriteTransaction,
+    ReadableTableMetadata, WriteTransaction,
 };
 use std::collections::BTreeSet;
 use std::io;
@@ -27,7 +27,10 @@ use std::sync::Arc;
 /// The table definitions. Public for tests that damage a space on purpose; product code
 /// goes through `Reader` and `Txn`.
 pub mod audit;
+pub mod journal;
 pub mod ns;
+
+use journal::{Logged, TxnLog};
 
 pub mod tables {
     use redb::TableDefinition;
@@ -140,7 +143,7 @@ impl Config {
         Ok(())
     }
 
-    fn write(&self, t: &mut Table<'_, &'static str, u64>) -> Result<()> {
+    fn write(&self, t: &mut Logged<'_, &'static str, u64>) -> Result<()> {
         self.validate()?;
         for (k, v) in Self::KEYS.iter().zip(self.values()) {
             t.insert(*k, v)?;
@@ -344,7 +347,7 @@ fn revision_xattrs(t: &impl ReadableTable<u64, &'static [u8]>, rev: RevisionId) 
 /// Records the extended attributes of `ino` as those of revision `rev` (no row if none).
 fn record_revision_xattrs(
     xattrs: &impl ReadableTable<(u64, &'static [u8]), &'static [u8]>,
-    rev_xattrs: &mut Table<'_, u64, &'static [u8]>,
+    rev_xattrs: &mut Logged<'_, u64, &'static [u8]>,
     ino: InodeId,
     rev: RevisionId,
 ) -> Result<()> {
@@ -357,10 +360,10 @@ fn record_revision_xattrs(
 
 /// Removes every extended attribute of `ino` (an inode being deleted).
 fn clear_xattrs(
-    xattrs: &mut Table<'_, (u64, &'static [u8]), &'static [u8]>,
+    xattrs: &mut Logged<'_, (u64, &'static [u8]), &'static [u8]>,
     ino: InodeId,
 ) -> Result<()> {
-    let names: Vec<Vec<u8>> = xattrs_of(xattrs, ino)?.into_keys().collect();
+    let names: Vec<Vec<u8>> = xattrs_of(&**xattrs, ino)?.into_keys().collect();
     for n in names {
         xattrs.remove((ino.0, n.as_slice()))?;
     }
@@ -406,46 +409,59 @@ fn list_dir(
 /// cookies, history membership) live in one place.
 pub struct Txn<'t> {
     wtxn: &'t WriteTransaction,
-    inodes: Table<'t, u64, &'static [u8]>,
-    dirents: Table<'t, (u64, &'static [u8]), (u64, u64)>,
-    dirlist: Table<'t, (u64, u64), &'static [u8]>,
-    counters: Table<'t, &'static str, u64>,
-    histories: Table<'t, u64, &'static [u8]>,
-    revisions: Table<'t, u64, &'static [u8]>,
-    history_revs: Table<'t, (u64, u64), ()>,
-    extents: Table<'t, (u64, u64), &'static [u8]>,
-    chunks: Table<'t, &'static [u8], &'static [u8]>,
-    candidates: Table<'t, &'static [u8], ()>,
-    free: Table<'t, u64, ()>,
-    config: Table<'t, &'static str, u64>,
-    xattrs: Table<'t, (u64, &'static [u8]), &'static [u8]>,
-    rev_xattrs: Table<'t, u64, &'static [u8]>,
+    /// Where the changes are recorded for the journal (None: the space has none).
+    log: Option<&'t Mutex<TxnLog>>,
+    inodes: Logged<'t, u64, &'static [u8]>,
+    dirents: Logged<'t, (u64, &'static [u8]), (u64, u64)>,
+    dirlist: Logged<'t, (u64, u64), &'static [u8]>,
+    counters: Logged<'t, &'static str, u64>,
+    histories: Logged<'t, u64, &'static [u8]>,
+    revisions: Logged<'t, u64, &'static [u8]>,
+    history_revs: Logged<'t, (u64, u64), ()>,
+    extents: Logged<'t, (u64, u64), &'static [u8]>,
+    chunks: Logged<'t, &'static [u8], &'static [u8]>,
+    candidates: Logged<'t, &'static [u8], ()>,
+    free: Logged<'t, u64, ()>,
+    config: Logged<'t, &'static str, u64>,
+    xattrs: Logged<'t, (u64, &'static [u8]), &'static [u8]>,
+    rev_xattrs: Logged<'t, u64, &'static [u8]>,
 }
 
 impl<'t> Txn<'t> {
     pub fn open(txn: &'t WriteTxn) -> Result<Txn<'t>> {
-        Self::on(&txn.0)
+        Self::on(&txn.txn, txn.journaled.then_some(&txn.log))
     }
 
-    /// `open` on a redb transaction (the catalog's own: `init`, its tests).
-    fn on(txn: &'t WriteTransaction) -> Result<Txn<'t>> {
+    /// `open` on a redb transaction, recording its changes in `log` if given (the
+    /// catalog's own: `init`, its tests).
+    fn on(txn: &'t WriteTransaction, log: Option<&'t Mutex<TxnLog>>) -> Result<Txn<'t>> {
         Ok(Txn {
             wtxn: txn,
-            inodes: txn.open_table(INODES)?,
-            dirents: txn.open_table(DIRENTS)?,
-            dirlist: txn.open_table(DIRLIST)?,
-            counters: txn.open_table(COUNTERS)?,
-            histories: txn.open_table(HISTORIES)?,
-            revisions: txn.open_table(REVISIONS)?,
-            history_revs: txn.open_table(HISTORY_REVS)?,
-            extents: txn.open_table(EXTENTS)?,
-            chunks: txn.open_table(CHUNKS)?,
-            candidates: txn.open_table(GC_CANDIDATES)?,
-            free: txn.open_table(FREE)?,
-            config: txn.open_table(CONFIG)?,
-            xattrs: txn.open_table(XATTRS)?,
-            rev_xattrs: txn.open_table(REV_XATTRS)?,
+            log,
+            inodes: Logged::open(txn, log, INODES)?,
+            dirents: Logged::open(txn, log, DIRENTS)?,
+            dirlist: Logged::open(txn, log, DIRLIST)?,
+            counters: Logged::open(txn, log, COUNTERS)?,
+            histories: Logged::open(txn, log, HISTORIES)?,
+            revisions: Logged::open(txn, log, REVISIONS)?,
+            history_revs: Logged::open(txn, log, HISTORY_REVS)?,
+            extents: Logged::open(txn, log, EXTENTS)?,
+            chunks: Logged::open(txn, log, CHUNKS)?,
+            candidates: Logged::open(txn, log, GC_CANDIDATES)?,
+            free: Logged::open(txn, log, FREE)?,
+            config: Logged::open(txn, log, CONFIG)?,
+            xattrs: Logged::open(txn, log, XATTRS)?,
+            rev_xattrs: Logged::open(txn, log, REV_XATTRS)?,
         })
+    }
+
+    /// A table only some spaces have (a shared namespace's), opened in this transaction
+    /// and recorded like the others.
+    fn extra<K: redb::Key + 'static, V: redb::Value + 'static>(
+        &self,
+        def: redb::TableDefinition<K, V>,
+    ) -> Result<Logged<'t, K, V>> {
+        Logged::open(self.wtxn, self.log, def)
     }
 
     /// An empty space's (or slot's) first rows: the root directory, the counters, `config`,
@@ -483,7 +499,7 @@ impl<'t> Txn<'t> {
     }
 
     pub fn config(&self) -> Result<Config> {
-        Config::read(&self.config)
+        Config::read(&*self.config)
     }
 
     /// Segments the data file writer took: no longer free.
@@ -494,8 +510,12 @@ impl<'t> Txn<'t> {
         Ok(())
     }
 
-    /// Segments gc emptied.
+    /// Segments gc emptied. With a journal the transaction becomes a checkpoint
+    /// (`journal::TxnLog::frees`).
     pub(crate) fn mark_free(&mut self, segs: &[SegmentId]) -> Result<()> {
+        if let (Some(l), false) = (self.log, segs.is_empty()) {
+            l.lock().frees = true;
+        }
         for s in segs {
             self.free.insert(s.0, ())?;
         }
@@ -503,7 +523,7 @@ impl<'t> Txn<'t> {
     }
 
     pub fn chunk(&self, h: &ChunkHash) -> Result<Option<ChunkRecord>> {
-        get_chunk(&self.chunks, h)
+        get_chunk(&*self.chunks, h)
     }
 
     /// One more reference to chunk `h`: a committed chunk gains one; a chunk the table does
@@ -534,6 +554,7 @@ impl<'t> Txn<'t> {
             ),
             None => {
                 let r = new().ok_or(Corruption::UnknownChunk(*h))?;
+                self.note_new_chunk(&r);
                 (ChunkRecord { refs: n, ..r }, true)
             }
         };
@@ -561,6 +582,14 @@ impl<'t> Txn<'t> {
         Ok(())
     }
 
+    /// A chunk whose bytes this transaction's record must carry or wait for (`journal`):
+    /// one new to the table, or moved.
+    fn note_new_chunk(&self, c: &ChunkRecord) {
+        if let Some(l) = self.log {
+            l.lock().new_chunks.push((c.offset.0, c.stored_len));
+        }
+    }
+
     /// Points chunk `h` at `new` if it still lies at `old` (gc moved it; a chunk deleted or
     /// moved meanwhile is left alone). Returns whether it was moved.
     pub(crate) fn move_chunk(
@@ -572,6 +601,7 @@ impl<'t> Txn<'t> {
         match self.chunk(h)? {
             Some(c) if c.offset == old => {
                 let c = ChunkRecord { offset: new, ..c };
+                self.note_new_chunk(&c);
                 self.chunks.insert(h.0.as_slice(), c.encode().as_slice())?;
                 Ok(true)
             }
@@ -592,10 +622,7 @@ impl<'t> Txn<'t> {
         let (mut done, mut freed, mut bytes) = (0u64, 0u64, 0u64);
         let mut still_pinned = Vec::new();
         loop {
-            let popped = self
-                .candidates
-                .pop_first()?
-                .map(|(k, _)| k.value().to_vec());
+            let popped = self.candidates.pop_first_key()?;
             let Some(key) = popped else {
                 break;
             };
@@ -622,7 +649,7 @@ impl<'t> Txn<'t> {
     }
 
     pub(crate) fn next_revision_id(&mut self) -> Result<RevisionId> {
-        let rev = counter(&self.counters, NEXT_REV)?;
+        let rev = counter(&*self.counters, NEXT_REV)?;
         self.counters.insert(NEXT_REV, rev + 1)?;
         Ok(RevisionId(rev))
     }
@@ -678,8 +705,8 @@ impl<'t> Txn<'t> {
         // tests replay a run's device operations exactly).
         let mut delta: std::collections::BTreeMap<ChunkHash, i64> = Default::default();
         if let Some(prev) = prev {
-            if let Some(old) = get_revision(&self.revisions, prev)? {
-                for (off, e) in extents_of(&self.extents, prev)? {
+            if let Some(old) = get_revision(&*self.revisions, prev)? {
+                for (off, e) in extents_of(&*self.extents, prev)? {
                     *delta.entry(e.chunk).or_default() -= 1;
                     self.extents.remove((prev.0, off))?;
                 }
@@ -710,7 +737,7 @@ impl<'t> Txn<'t> {
         };
         self.revisions.insert(rev.0, rr.encode().as_slice())?;
         self.history_revs.insert((rr.history.0, rev.0), ())?;
-        record_revision_xattrs(&self.xattrs, &mut self.rev_xattrs, ino, rev)?;
+        record_revision_xattrs(&*self.xattrs, &mut self.rev_xattrs, ino, rev)?;
         Ok(new_bytes)
     }
 
@@ -723,12 +750,12 @@ impl<'t> Txn<'t> {
     }
 
     pub fn revision(&self, rev: RevisionId) -> Result<Option<RevisionRecord>> {
-        get_revision(&self.revisions, rev)
+        get_revision(&*self.revisions, rev)
     }
 
     /// Marks revision `rev` complete; false if it was already (or does not exist).
     pub fn seal(&mut self, rev: RevisionId) -> Result<bool> {
-        match get_revision(&self.revisions, rev)? {
+        match get_revision(&*self.revisions, rev)? {
             Some(mut rr) if !rr.sealed => {
                 rr.sealed = true;
                 self.revisions.insert(rev.0, rr.encode().as_slice())?;
@@ -742,10 +769,10 @@ impl<'t> Txn<'t> {
     /// place in its history and its attributes. Chunks left with no reference stay until gc
     /// removes them.
     pub(crate) fn drop_revision(&mut self, rev: RevisionId) -> Result<()> {
-        let Some(rr) = get_revision(&self.revisions, rev)? else {
+        let Some(rr) = get_revision(&*self.revisions, rev)? else {
             return Ok(());
         };
-        for (off, e) in extents_of(&self.extents, rev)? {
+        for (off, e) in extents_of(&*self.extents, rev)? {
             self.drop_chunk_ref(&e.chunk)?;
             self.extents.remove((rev.0, off))?;
         }
@@ -779,7 +806,7 @@ impl<'t> Txn<'t> {
     pub(crate) fn remove_inode(&mut self, ino: InodeId) -> Result<()> {
         self.inodes.remove(ino.0)?;
         if self.has_table("versions")? {
-            self.wtxn.open_table(VERSIONS)?.remove(ino.0)?;
+            self.extra(VERSIONS)?.remove(ino.0)?;
         }
         clear_xattrs(&mut self.xattrs, ino)
     }
@@ -800,15 +827,14 @@ impl<'t> Txn<'t> {
 
     /// Sets this slot's record of the entry `(parent, name)`.
     pub fn put_binding(&mut self, parent: InodeId, name: &[u8], b: &Binding) -> Result<()> {
-        self.wtxn
-            .open_table(BINDINGS)?
+        self.extra(BINDINGS)?
             .insert((parent.0, name), b.encode().as_slice())?;
         Ok(())
     }
 
     /// Drops this slot's record of `(parent, name)` (superseded by another slot's).
     pub fn remove_binding(&mut self, parent: InodeId, name: &[u8]) -> Result<()> {
-        self.wtxn.open_table(BINDINGS)?.remove((parent.0, name))?;
+        self.extra(BINDINGS)?.remove((parent.0, name))?;
         Ok(())
     }
 
@@ -850,14 +876,14 @@ impl<'t> Txn<'t> {
     /// Starts inode numbers at `next` (a slot's range of a shared namespace), if they are
     /// below it.
     pub(crate) fn set_ino_floor(&mut self, next: u64) -> Result<()> {
-        if counter(&self.counters, NEXT_INO)? < next {
+        if counter(&*self.counters, NEXT_INO)? < next {
             self.counters.insert(NEXT_INO, next)?;
         }
         Ok(())
     }
 
     pub fn get_inode(&self, ino: InodeId) -> Result<Option<InodeRecord>> {
-        get_inode(&self.inodes, ino)
+        get_inode(&*self.inodes, ino)
     }
 
     /// The inode, or a corruption error: callers use it for inodes that must exist.
@@ -872,18 +898,18 @@ impl<'t> Txn<'t> {
     }
 
     pub fn lookup(&self, parent: InodeId, name: &[u8]) -> Result<Option<InodeId>> {
-        lookup(&self.dirents, parent, name)
+        lookup(&*self.dirents, parent, name)
     }
 
     pub fn alloc_ino(&mut self) -> Result<InodeId> {
-        let n = counter(&self.counters, NEXT_INO)?;
+        let n = counter(&*self.counters, NEXT_INO)?;
         self.counters.insert(NEXT_INO, n + 1)?;
         Ok(InodeId(n))
     }
 
     /// Adds the entry `name` -> `child` to `parent`, which must not have it yet.
     pub fn add_entry(&mut self, parent: InodeId, name: &[u8], child: InodeId) -> Result<()> {
-        let cookie = counter(&self.counters, NEXT_COOKIE)?;
+        let cookie = counter(&*self.counters, NEXT_COOKIE)?;
         self.counters.insert(NEXT_COOKIE, cookie + 1)?;
         let old = self.dirents.insert((parent.0, name), (child.0, cookie))?;
         assert!(old.is_none(), "add_entry over an existing name");
@@ -950,7 +976,7 @@ impl<'t> Txn<'t> {
 
     /// Starts a new history owned by `ino`.
     pub fn new_history(&mut self, ino: InodeId) -> Result<HistoryId> {
-        let hid = counter(&self.counters, NEXT_HISTORY)?;
+        let hid = counter(&*self.counters, NEXT_HISTORY)?;
         self.counters.insert(NEXT_HISTORY, hid + 1)?;
         let h = HistoryRecord {
             ino,
@@ -963,7 +989,7 @@ impl<'t> Txn<'t> {
 
     /// Marks a history as belonging to a path that no longer exists.
     pub fn retire_history(&mut self, hid: HistoryId, path: Vec<u8>, when: Timestamp) -> Result<()> {
-        let mut h = get_history(&self.histories, hid)?;
+        let mut h = get_history(&*self.histories, hid)?;
         h.unlinked = Some(when);
         h.path = path;
         self.histories.insert(hid.0, h.encode().as_slice())?;
@@ -971,7 +997,7 @@ impl<'t> Txn<'t> {
     }
 
     pub fn set_history_owner(&mut self, hid: HistoryId, ino: InodeId) -> Result<()> {
-        let mut h = get_history(&self.histories, hid)?;
+        let mut h = get_history(&*self.histories, hid)?;
         h.ino = ino;
         h.unlinked = None;
         h.path.clear();
@@ -994,11 +1020,11 @@ impl<'t> Txn<'t> {
 
     /// The revisions of a history, oldest first (sealed or not).
     pub fn history_revisions(&self, hid: HistoryId) -> Result<Vec<RevisionId>> {
-        revisions_of(&self.history_revs, hid)
+        revisions_of(&*self.history_revs, hid)
     }
 
     pub fn xattrs(&self, ino: InodeId) -> Result<Xattrs> {
-        xattrs_of(&self.xattrs, ino)
+        xattrs_of(&*self.xattrs, ino)
     }
 
     pub fn put_xattr(&mut self, ino: InodeId, name: &[u8], value: &[u8]) -> Result<()> {
@@ -1021,15 +1047,15 @@ impl<'t> Txn<'t> {
     }
 
     pub fn revision_xattrs(&self, rev: RevisionId) -> Result<Xattrs> {
-        revision_xattrs(&self.rev_xattrs, rev)
+        revision_xattrs(&*self.rev_xattrs, rev)
     }
 
     /// Adds a sealed revision to history `hid` with the content of revision `from`, taking a
     /// reference on each of its chunks. Used when a rename replaces a path's file.
     pub fn copy_revision(&mut self, from: RevisionId, hid: HistoryId) -> Result<RevisionId> {
-        let src = get_revision(&self.revisions, from)?
+        let src = get_revision(&*self.revisions, from)?
             .ok_or(Corruption::Missing(Missing::Revision(from)))?;
-        let rev = counter(&self.counters, NEXT_REV)?;
+        let rev = counter(&*self.counters, NEXT_REV)?;
         self.counters.insert(NEXT_REV, rev + 1)?;
         let rows: Vec<(u64, Vec<u8>)> = self
             .extents
@@ -1065,20 +1091,21 @@ pub struct Catalog {
     db: std::sync::Arc<Database>,
     /// A non-durable commit (a namespace change) happened since the last durable one.
     durability: Mutex<Durability>,
+    /// The journal a durable commit is made durable through (`journal`); None: every
+    /// durable commit is one of redb's (a multi-slot space's slot).
+    journal: Option<Arc<journal::Journal>>,
 }
 
-/// Which metadata commits are durable. Write transactions run one at a time (redb), so
-/// the open one's kind is a single field.
+/// Which metadata commits are durable (without a journal). Write transactions run one at a
+/// time (redb), so the one committing is a single field.
 #[derive(Default)]
 struct Durability {
-    /// The open write transaction is durable, and `nondurable` when it began: every
-    /// non-durable commit up to that count becomes durable with it.
-    open: Option<u64>,
     /// Non-durable commits made (counted before each commits, while it holds the writer).
     nondurable: u64,
     /// The count of non-durable commits made durable by the last durable commit.
     durable_upto: u64,
-    /// Durable transactions committed: `Stats::commits.durable`, what a close costs.
+    /// Durable transactions committed (with a journal: checkpoints):
+    /// `Stats::commits.durable`, with the journal's syncs.
     durable_commits: u64,
 }
 
@@ -1136,7 +1163,7 @@ pub(crate) fn init(
     txn.set_two_phase_commit(true);
     create_tables(&txn)?;
     {
-        let mut t = Txn::on(&txn)?;
+        let mut t = Txn::on(&txn, None)?;
         t.init(root, config, segments)?;
         if let Some(slot) = shared_slot {
             // A slot of a shared namespace numbers its inodes in its own range, so an
@@ -1188,6 +1215,22 @@ impl MetaBackend {
     }
 }
 
+impl MetaBackend {
+    /// Once the space has failed, nothing more reaches the table, not even redb's own
+    /// bookkeeping at close: with a journal, transactions committed without a sync name
+    /// chunks whose bytes may be in a write that failed, and redb's close would otherwise
+    /// make them the table's state. Refused, redb's next open falls back to the last
+    /// durable commit, and the journal's records (which carry those bytes) are applied.
+    fn refuse_if_failed(&self) -> io::Result<()> {
+        match self.failed.is_set() {
+            true => Err(io::Error::other(
+                "the space has failed: the metadata table is not written any more",
+            )),
+            false => Ok(()),
+        }
+    }
+}
+
 impl std::fmt::Debug for MetaBackend {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         write!(f, "MetaBackend({} bytes)", self.dev.len())
@@ -1205,12 +1248,15 @@ impl redb::StorageBackend for MetaBackend {
             .map_err(crate::error::Fault::into_io)
     }
     fn set_len(&self, len: u64) -> io::Result<()> {
+        self.refuse_if_failed()?;
         self.watch(self.dev.set_len(len))
     }
     fn sync_data(&self) -> io::Result<()> {
+        self.refuse_if_failed()?;
         self.watch(self.dev.sync())
     }
     fn write(&self, offset: u64, data: &[u8]) -> io::Result<()> {
+        self.refuse_if_failed()?;
         self.watch(self.dev.write_at(data, offset))
     }
 }
@@ -1218,67 +1264,177 @@ impl redb::StorageBackend for MetaBackend {
 /// A write transaction of the metadata table. Only the catalog begins (`Catalog::begin`),
 /// commits (`Catalog::commit`) and aborts them; changes go through `Txn::open`'s typed
 /// operations.
-pub struct WriteTxn(WriteTransaction);
+pub struct WriteTxn {
+    txn: WriteTransaction,
+    /// Its changes, for its journal record.
+    log: Mutex<TxnLog>,
+    journaled: bool,
+    /// It must be durable when its commit returns (or, with a journal, once its record
+    /// is: `Catalog::make_durable`). Raised by a member of a commit group that needs it.
+    durable: std::sync::atomic::AtomicBool,
+}
 
 impl WriteTxn {
     /// Drops the transaction and every change made in it.
     pub(crate) fn abort(self) -> Result<()> {
-        Ok(self.0.abort()?)
+        Ok(self.txn.abort()?)
+    }
+
+    /// It must be durable (a sync riding in a group begun by a commit that need not be).
+    pub(crate) fn want_durable(&self) {
+        self.durable
+            .store(true, std::sync::atomic::Ordering::Relaxed);
+    }
+
+    /// It is to be a checkpoint (`Space::checkpoint`): committed durably by redb itself,
+    /// after the data file's sync, and the journal starts over.
+    pub(crate) fn want_checkpoint(&self) {
+        self.want_durable();
+        self.log.lock().checkpoint = true;
+    }
+
+    pub(crate) fn durable(&self) -> bool {
+        self.durable.load(std::sync::atomic::Ordering::Relaxed)
     }
 }
 
-/// What `Catalog::committing` says of the transaction about to commit, for `committed`.
-#[derive(Clone, Copy, Debug)]
-pub(crate) struct Committing(Option<u64>);
+use crate::store::StoredBytes;
 
 impl Catalog {
     pub(crate) fn new(db: std::sync::Arc<Database>) -> Catalog {
         Catalog {
             db,
             durability: Mutex::new(Durability::default()),
+            journal: None,
         }
     }
 
-    /// Begins a write transaction. A durable one commits in two phases (its pages are
-    /// synced before the commit slot naming them is written), so on open redb never has to
-    /// fall back to the previous commit: an acknowledged commit cannot be silently rolled
-    /// back, and a damaged table is an error. Costs one more fdatasync of the table per
-    /// durable commit. Non-durable transactions (namespace changes) become durable with the
-    /// next durable one. The caller commits it (`Space::commit`, which makes a failed
-    /// commit sticky) or aborts it.
-    pub(crate) fn begin(&self, durable: bool) -> Result<WriteTxn> {
-        let mut txn = self.db.begin_write()?;
-        if durable {
-            txn.set_two_phase_commit(true);
-        } else {
-            txn.set_durability(redb::Durability::None)
-                .map_err(|e| Error::Meta(crate::error::MetaFault::Other(e.to_string())))?;
+    /// The catalog of a space with a journal (replayed already: `journal::replay`).
+    pub(crate) fn with_journal(db: std::sync::Arc<Database>, j: Arc<journal::Journal>) -> Self {
+        Catalog {
+            journal: Some(j),
+            ..Catalog::new(db)
         }
-        // Write transactions run one at a time: every non-durable commit so far is before
-        // this one, and becomes durable with it.
-        let mut d = self.durability.lock();
-        d.open = durable.then_some(d.nondurable);
-        Ok(WriteTxn(txn))
+    }
+
+    pub(crate) fn journal(&self) -> Option<&Arc<journal::Journal>> {
+        self.journal.as_ref()
+    }
+
+    /// Begins a write transaction. Without a journal, a durable one commits in two phases
+    /// (its pages are synced before the commit slot naming them is written), so on open
+    /// redb never has to fall back to the previous commit: an acknowledged commit cannot be
+    /// silently rolled back, and a damaged table is an error; non-durable transactions
+    /// (namespace changes) become durable with the next durable one. With a journal, every
+    /// transaction commits to redb without a sync and a durable one is made durable by its
+    /// journal record (`commit`, `make_durable`). The caller commits it (`Space::commit`,
+    /// which makes a failed commit sticky) or aborts it.
+    pub(crate) fn begin(&self, durable: bool) -> Result<WriteTxn> {
+        let txn = self.db.begin_write()?;
+        Ok(WriteTxn {
+            txn,
+            log: Mutex::new(TxnLog::default()),
+            journaled: self.journal.is_some(),
+            durable: std::sync::atomic::AtomicBool::new(durable),
+        })
     }
 
     /// Commits `txn`, counting it (`durable_commits`, `mark`). The caller makes a failure
-    /// sticky (`Space::commit`): the table's state on disk is unknown then.
-    pub(crate) fn commit(&self, txn: WriteTxn) -> Result<()> {
-        let c = self.committing();
-        txn.0.commit()?;
-        self.committed(c);
-        Ok(())
+    /// sticky (`Space::commit`): the table's state on disk is unknown then. With a journal:
+    /// queues its record (while it still holds redb's writer, so records follow commits),
+    /// carrying the stored bytes of the chunks it added if they are few (`bytes`), and
+    /// returns the record's number when the caller must wait for it (`make_durable`); a
+    /// transaction that frees segments, or asked to be one, is a checkpoint instead.
+    pub(crate) fn commit(&self, txn: WriteTxn, bytes: &dyn StoredBytes) -> Result<Option<u64>> {
+        let durable = txn.durable();
+        let WriteTxn { mut txn, log, .. } = txn;
+        let Some(j) = &self.journal else {
+            if durable {
+                txn.set_two_phase_commit(true);
+            } else {
+                set_durability(&mut txn, redb::Durability::None)?;
+            }
+            let c = self.committing(durable);
+            txn.commit()?;
+            self.committed(c);
+            return Ok(None);
+        };
+        let log = log.into_inner();
+        set_durability(&mut txn, redb::Durability::None)?;
+        let seq = j.reserve();
+        txn.open_table(COUNTERS)?
+            .insert(journal::JOURNAL_SEQ, seq)?;
+        if log.checkpoint || log.frees {
+            // The chunks earlier records carried are in the data file from now on.
+            j.sync_data()?;
+            set_durability(&mut txn, redb::Durability::Immediate)?;
+            txn.set_two_phase_commit(true);
+            j.checkpoint_begin(seq);
+            let r = txn.commit();
+            j.checkpoint_end(seq, r.is_ok());
+            r?;
+            self.durability.lock().durable_commits += 1;
+            return Ok(None);
+        }
+        let total: u64 = log.new_chunks.iter().map(|c| c.1 as u64).sum();
+        let mut inline = Vec::new();
+        let mut needs_data = false;
+        if total > journal::INLINE_BYTES {
+            needs_data = true;
+        } else {
+            for &(offset, len) in &log.new_chunks {
+                match bytes.stored_bytes(offset, len) {
+                    Some(b) => {
+                        inline.push(crate::format::journal::InlineChunk { offset, bytes: b })
+                    }
+                    None => {
+                        needs_data = true;
+                        inline.clear();
+                        break;
+                    }
+                }
+            }
+        }
+        j.push(seq, log.encode(j.id, seq, &inline), needs_data);
+        txn.commit()?;
+        Ok(durable.then_some(seq))
+    }
+
+    /// Waits until journal record `seq` (and every one before it) is durable. Ok(false):
+    /// the journal has no room for them before a checkpoint, which the caller makes.
+    pub(crate) fn make_durable(&self, seq: u64) -> Result<bool> {
+        match &self.journal {
+            Some(j) => Ok(j.make_durable(seq)? == journal::Flushed::Done),
+            None => Ok(true),
+        }
+    }
+
+    /// Writes out queued records past the queue's bound. Ok(false) as `make_durable`.
+    pub(crate) fn bound_queue(&self) -> Result<bool> {
+        match &self.journal {
+            Some(j) => Ok(j.bound_queue()? == journal::Flushed::Done),
+            None => Ok(true),
+        }
+    }
+
+    /// A checkpoint is due (`journal::CHECKPOINT_BYTES`, `CHECKPOINT_TXNS`).
+    pub(crate) fn checkpoint_due(&self) -> bool {
+        self.journal.as_ref().is_some_and(|j| j.checkpoint_due())
     }
 
     /// The open write transaction is about to commit (the caller still holds redb's
     /// writer): a non-durable one is counted now, before any reader can see it, so a mark
-    /// taken after a reader saw it (`mark`) covers it.
-    fn committing(&self) -> Committing {
+    /// taken after a reader saw it (`mark`) covers it. A durable one returns how many
+    /// non-durable ones it covers.
+    fn committing(&self, durable: bool) -> Committing {
         let mut d = self.durability.lock();
-        if d.open.is_none() {
-            d.nondurable += 1;
+        match durable {
+            true => Committing(Some(d.nondurable)),
+            false => {
+                d.nondurable += 1;
+                Committing(None)
+            }
         }
-        Committing(d.open.take())
     }
 
     /// The transaction `c` described committed.
@@ -1290,20 +1446,28 @@ impl Catalog {
         }
     }
 
-    /// Durable transactions committed so far.
+    /// Durable operations so far: durable transactions (checkpoints), and the journal's
+    /// syncs.
     pub(crate) fn durable_commits(&self) -> u64 {
-        self.durability.lock().durable_commits
+        self.durability.lock().durable_commits + self.journal.as_ref().map_or(0, |j| j.syncs())
     }
 
-    /// The non-durable commits made so far: `durable_since(mark)` says whether they are all
-    /// durable now.
+    /// The commits made so far that may not be durable yet: `durable_since(mark)` says
+    /// whether they are all durable now (without a journal, the non-durable commits
+    /// counted; with one, the newest record queued).
     pub(crate) fn mark(&self) -> u64 {
-        self.durability.lock().nondurable
+        match &self.journal {
+            Some(j) => j.last(),
+            None => self.durability.lock().nondurable,
+        }
     }
 
-    /// Whether every non-durable commit counted in `mark` has become durable.
+    /// Whether every commit counted in `mark` has become durable.
     pub(crate) fn durable_since(&self, mark: u64) -> bool {
-        self.durability.lock().durable_upto >= mark
+        match &self.journal {
+            Some(j) => j.is_durable(mark),
+            None => self.durability.lock().durable_upto >= mark,
+        }
     }
 
     /// A read snapshot.
@@ -1316,13 +1480,22 @@ impl Catalog {
         ChunkIndex(self.db.clone())
     }
 
-    /// The redb database itself: for the engine's tests that damage a table on purpose
+    /// The redb database itself: for the engine's tests that damage a space on purpose
     /// (`Space::catalog`). Nothing else reaches redb but through the catalog.
     #[doc(hidden)]
     pub fn raw(&self) -> &Database {
         &self.db
     }
 }
+
+fn set_durability(txn: &mut WriteTransaction, d: redb::Durability) -> Result<()> {
+    txn.set_durability(d)
+        .map_err(|e| Error::Meta(crate::error::MetaFault::Other(e.to_string())))
+}
+
+/// What `Catalog::committing` says of the transaction about to commit, for `committed`.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Committing(Option<u64>);
 
 /// The catalog's answer to the store's "where do these committed chunks lie".
 pub(crate) struct ChunkIndex(std::sync::Arc<Database>);
@@ -1728,7 +1901,7 @@ mod tests {
         let txn = db.begin_write().unwrap();
         create_tables(&txn).unwrap();
         let root = InodeRecord::new(NodeKind::Dir, 0o755, 0, 0);
-        Txn::on(&txn)
+        Txn::on(&txn, None)
             .unwrap()
             .init(&root, &Config::default(), 0..4)
             .unwrap();
@@ -1750,7 +1923,7 @@ mod tests {
     fn commit_two_refs(db: &Database, h: ChunkHash) -> RevisionId {
         let txn = db.begin_write().unwrap();
         let rev = {
-            let mut t = Txn::on(&txn).unwrap();
+            let mut t = Txn::on(&txn, None).unwrap();
             let rev = t.next_revision_id().unwrap();
             let e = Extent {
                 chunk: h,
@@ -1788,7 +1961,7 @@ mod tests {
         let h = ChunkHash([1; 32]);
         let rev = commit_two_refs(&db, h);
         let txn = db.begin_write().unwrap();
-        let mut t = Txn::on(&txn).unwrap();
+        let mut t = Txn::on(&txn, None).unwrap();
         t.drop_revision(rev).unwrap();
         assert_eq!(t.chunk(&h).unwrap().unwrap().refs, 0);
         let (freed, bytes) = t.delete_dead_chunks(|_| false, |_, _| {}).unwrap();
@@ -1808,7 +1981,7 @@ mod tests {
         let h = ChunkHash([2; 32]);
         let rev = commit_two_refs(&db, h);
         let txn = db.begin_write().unwrap();
-        let mut t = Txn::on(&txn).unwrap();
+        let mut t = Txn::on(&txn, None).unwrap();
         // Damage: the chunk claims one reference while two extents name it.
         t.chunks
             .insert(h.0.as_slice(), record(1).encode().as_slice())
@@ -1850,7 +2023,7 @@ mod tests {
             let db = db();
             let txn = db.begin_write().unwrap();
             let out = {
-                let mut t = Txn::on(&txn).unwrap();
+                let mut t = Txn::on(&txn, None).unwrap();
                 let other = t.next_revision_id().unwrap();
                 let (ea, eb, ec, ed) = (extent(a), extent(b), extent(c), extent(d));
                 t.put_revision(
@@ -1894,8 +2067,8 @@ mod tests {
                     .unwrap()
                 };
                 assert!(t.revision(prev).unwrap().is_none());
-                assert!(extents_of(&t.extents, prev).unwrap().is_empty());
-                let extents: Vec<(u64, ChunkHash)> = extents_of(&t.extents, rev)
+                assert!(extents_of(&*t.extents, prev).unwrap().is_empty());
+                let extents: Vec<(u64, ChunkHash)> = extents_of(&*t.extents, rev)
                     .unwrap()
                     .into_iter()
                     .map(|(o, e)| (o, e.chunk))
@@ -1927,7 +2100,7 @@ mod tests {
         let h = ChunkHash([3; 32]);
         let rev = commit_two_refs(&db, h);
         let txn = db.begin_write().unwrap();
-        let mut t = Txn::on(&txn).unwrap();
+        let mut t = Txn::on(&txn, None).unwrap();
         t.chunks.remove(h.0.as_slice()).unwrap();
         let unknown = |r| matches!(r, Err(Error::Corrupt(Corruption::UnknownChunk(x))) if x == h);
         assert!(unknown(t.drop_revision(rev)));

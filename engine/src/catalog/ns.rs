@@ -572,7 +572,7 @@ mod tests {
     fn namespace_operations_keep_the_rules_in_one_place() {
         let db = super::super::tests::db();
         let w = db.begin_write().unwrap();
-        let mut t = Txn::on(&w).unwrap();
+        let mut t = Txn::on(&w, None).unwrap();
         let now = Timestamp::EPOCH;
         let root = InodeId::ROOT;
         let (d, _) = t.create_node(root, b"d", dir(root), now).unwrap();

@@ -8,6 +8,7 @@ use crate::error::{Corruption, Error, Result};
 pub use crate::ids::*;
 
 mod cursor;
+pub mod journal;
 pub mod manifest;
 pub mod targets;
 pub use ckptfs_kernels::float::Transform;
@@ -90,11 +91,21 @@ impl Features {
         ro_compat: 0,
         incompat: 16,
     };
+    /// The journal (`journal` in the backing directory, FORMAT.md "Journal"): closes are
+    /// durable through its records, and the metadata table holds them only after the next
+    /// checkpoint, so a build without it would open a table missing acknowledged closes. Set
+    /// when the journal is made: at format, or at the first read-write open of a
+    /// single-slot space formatted before.
+    pub const INCOMPAT_JOURNAL: Features = Features {
+        compat: 0,
+        ro_compat: 0,
+        incompat: 32,
+    };
     /// Every flag this build knows.
     pub const KNOWN: Features = Features {
         compat: 1,
         ro_compat: 0,
-        incompat: 31,
+        incompat: 63,
     };
     /// What `format` sets: the features every new space has. Codecs 2 and 3 among them:
     /// the default policy writes them for chunks LZ4 would crawl through (`codec`), and a
@@ -147,6 +158,8 @@ pub const DATA_FILE: &str = "data";
 pub const META_FILE: &str = "meta.redb";
 pub const LOCK_FILE: &str = "lock";
 pub const LOG_FILE: &str = "daemon.log";
+/// The journal of a single-slot space on a data file (`catalog::journal`).
+pub const JOURNAL_FILE: &str = "journal";
 /// Segments a slot needs at least: two for chunks, two for its manifest area.
 pub(crate) const MIN_SLOT_SEGMENTS: u64 = 4;
 
@@ -154,7 +167,14 @@ pub(crate) const MIN_SLOT_SEGMENTS: u64 = 4;
 pub(crate) const SLOTS_DIR: &str = "slots";
 /// In `SLOTS_DIR`: two header copies per slot (`SlotHeader`).
 pub(crate) const SLOT_HEADERS_FILE: &str = "headers";
-pub const SPACE_FILES: [&str; 5] = [SUPERBLOCK_FILE, DATA_FILE, META_FILE, LOCK_FILE, LOG_FILE];
+pub const SPACE_FILES: [&str; 6] = [
+    SUPERBLOCK_FILE,
+    DATA_FILE,
+    META_FILE,
+    JOURNAL_FILE,
+    LOCK_FILE,
+    LOG_FILE,
+];
 /// The space-directory file listing the targets.
 pub(crate) const TARGETS_FILE: &str = "targets";
 /// The space-directory file of per-segment placement records.

@@ -61,6 +61,64 @@ pub(crate) fn write_superblock(dir: &Path, sb: &Superblock) -> Result<()> {
     sync_dir(dir)
 }
 
+/// Makes the journal file of a single-slot space (`catalog::journal`): written with zeros
+/// (so a sync of a record is the disk's flush, with no block to allocate), synced, and
+/// renamed into place; the caller flags the superblock after.
+pub(crate) fn create_journal(dir: &Path) -> Result<()> {
+    let tmp = dir.join("journal.tmp");
+    let mut f = open_private(&tmp, true)?;
+    f.set_len(0)?;
+    let zeros = vec![0u8; 1 << 20];
+    let mut left = crate::catalog::journal::JOURNAL_BYTES;
+    while left > 0 {
+        let n = left.min(zeros.len() as u64) as usize;
+        f.write_all(&zeros[..n])?;
+        left -= n as u64;
+    }
+    f.sync_all()?;
+    fs::rename(&tmp, dir.join(JOURNAL_FILE))?;
+    sync_dir(dir)
+}
+
+/// The journal of the single-slot space `sb` in `dir`, made first if the space was
+/// formatted before journals (its superblock flagged then, `sb` updated). A flagged space
+/// without the file is refused: its closes since the last checkpoint are there.
+pub(crate) fn journal_file(
+    dir: &Path,
+    sb: &mut Superblock,
+    writable: bool,
+) -> Result<Option<File>> {
+    let path = dir.join(JOURNAL_FILE);
+    let flagged = sb.features.contains(Features::INCOMPAT_JOURNAL);
+    if !path.exists() {
+        if flagged {
+            return Err(Error::NotASpace(format!(
+                "{} is a ckptfs space missing its journal {} (removed, or the directory is \
+                 incomplete): the closes made durable since its last checkpoint are there, \
+                 so it is not opened without it",
+                dir.display(),
+                path.display()
+            )));
+        }
+        if !writable {
+            return Ok(None);
+        }
+        create_journal(dir)?;
+        let flagged = sb.with_features(Features::INCOMPAT_JOURNAL);
+        write_superblock(dir, &flagged)?;
+        log::info!(
+            "made the journal {} (closes now cost one sync)",
+            path.display()
+        );
+        *sb = flagged;
+    }
+    let f = match writable {
+        true => open_private(&path, false)?,
+        false => File::open(&path)?,
+    };
+    Ok(Some(f))
+}
+
 /// The error for a directory without a lock file.
 pub(crate) fn no_lock_file(dir: &Path) -> Error {
     Error::NotASpace(format!(

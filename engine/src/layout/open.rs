@@ -46,6 +46,8 @@ pub struct Opened {
     /// Faults to arm once the space is open, so their operation counts start after the
     /// open's own I/O (a test can name "the first commit's write").
     pub(crate) faults: Option<Faults>,
+    /// The journal (`catalog::journal`) of a single-slot space on a data file.
+    pub(crate) journal: Option<Arc<dyn Device>>,
 }
 
 /// Injected I/O faults (`CKPTFS_FAULTS`, tests of what applications see on a mounted
@@ -272,7 +274,7 @@ pub(crate) fn claimed(
 }
 
 /// `open` for writing (`Mode::Mount`, `Mode::Offline`).
-fn open_writable(dir: &Path, sb: Superblock, req: &SlotRequest) -> Result<Opened> {
+fn open_writable(dir: &Path, mut sb: Superblock, req: &SlotRequest) -> Result<Opened> {
     if sb.slots == 1 {
         if let Some(s) = req.slot.filter(|s| s.0 != 0) {
             return Err(Error::Invalid(format!(
@@ -326,9 +328,22 @@ fn open_writable(dir: &Path, sb: Superblock, req: &SlotRequest) -> Result<Opened
         "metadata table",
         dir.join(&meta_file),
     ));
-    let watched = vec![data.clone(), meta.clone()];
+    let mut watched = vec![data.clone(), meta.clone()];
     let data = Faults::wrap(&faults, "data", data);
     let meta = Faults::wrap(&faults, "meta", meta);
+    let journal = match lease {
+        Some(_) => None,
+        None => {
+            let f = journal_file(dir, &mut sb, true)?.expect("made if missing");
+            let j = Arc::new(PathWatched::new(
+                Arc::new(FileDevice::new(f)?),
+                "journal",
+                dir.join(JOURNAL_FILE),
+            ));
+            watched.push(j.clone());
+            Some(Faults::wrap(&faults, "journal", j))
+        }
+    };
     let watch_lock = lease.is_none();
     let (slot, meta, place, layout, first_claim) = match lease {
         None => {
@@ -359,6 +374,7 @@ fn open_writable(dir: &Path, sb: Superblock, req: &SlotRequest) -> Result<Opened
         watched,
         watch_lock,
         faults,
+        journal,
     })
 }
 
@@ -457,12 +473,13 @@ fn open_targeted(
         watched,
         watch_lock,
         faults,
+        journal: None,
     })
 }
 
 /// `open` of `Mode::ReadOnly`.
 fn open_read_only(dir: &Path) -> Result<Opened> {
-    let sb = read_backing_dir(dir, false)?;
+    let mut sb = read_backing_dir(dir, false)?;
     if sb.slots > 1 {
         return Err(multi_slot_refusal(dir, &sb));
     }
@@ -489,11 +506,25 @@ fn open_read_only(dir: &Path) -> Result<Opened> {
             };
             (erasure, layout)
         } else {
-            let data: Arc<dyn Device> = Arc::new(crate::device::ReadOnlyDevice(Arc::new(
+            let mut data: Arc<dyn Device> = Arc::new(crate::device::ReadOnlyDevice(Arc::new(
                 FileDevice::new(ro(DATA_FILE)?)?,
             )));
+            if sb.features.contains(Features::INCOMPAT_JOURNAL) {
+                // The journal's records are applied in memory: the chunk bytes they carry
+                // land in this overlay, as the table's rows land in the table's.
+                data = Arc::new(crate::device::OverlayDevice::new(data));
+            }
             (slot_data_file(&sb, data, SlotId(0))?, Layout::default())
         };
+    let journal = match sb.features.contains(Features::INCOMPAT_TARGETS) {
+        true => None,
+        false => journal_file(dir, &mut sb, false)?.map(|f| -> Result<Arc<dyn Device>> {
+            Ok(Arc::new(crate::device::ReadOnlyDevice(Arc::new(
+                FileDevice::new(f)?,
+            ))))
+        }),
+    }
+    .transpose()?;
     Ok(Opened {
         sb,
         dir: dir.to_path_buf(),
@@ -507,6 +538,7 @@ fn open_read_only(dir: &Path) -> Result<Opened> {
         watched: Vec::new(),
         watch_lock: false,
         faults: None,
+        journal,
     })
 }
 

@@ -505,7 +505,9 @@ impl Space {
                 data: Arc::new(FileDevice::new(data)?),
                 meta: Arc::new(FileDevice::growable(meta)?),
             };
-            Self::format_devices(&devs, chunk_avg_bytes, config)?
+            let sb = Self::format_devices(&devs, chunk_avg_bytes, config)?;
+            crate::layout::create_journal(dir)?;
+            sb.with_features(Features::INCOMPAT_JOURNAL)
         } else {
             let (chunk, segment_bytes) = geometry(size_bytes, chunk_avg_bytes, &config)?;
             let sb = new_superblock(size_bytes, chunk, segment_bytes, slots);

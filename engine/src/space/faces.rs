@@ -345,6 +345,11 @@ impl<'a> Report<'a> {
                     transactions,
                     durable: self.0.catalog.durable_commits(),
                     publications: self.0.layout.publisher.as_ref().map_or(0, |p| p.written()),
+                    durability: match self.0.close_durable() {
+                        true => "close".into(),
+                        false => "fsync".into(),
+                    },
+                    journal: self.0.catalog.journal().is_some(),
                 }
             },
             ..Stats::default()

@@ -110,6 +110,10 @@ pub struct Space {
     gc: GcState,
     /// File commits that arrive together share a transaction (`group`).
     commits: group::CommitGroup<catalog::WriteTxn>,
+    /// Held by the thread making a due checkpoint (`after_commit`).
+    checkpoint_turn: parking_lot::Mutex<()>,
+    /// Closes are durable when they return (`set_close_durable`).
+    close_durable: std::sync::atomic::AtomicBool,
     /// Shared while a reader pins a revision and loads it; exclusive while gc samples the pins
     /// and commits its retention transaction, so a revision is never dropped under a reader
     /// that pinned it after gc started.
@@ -131,6 +135,16 @@ pub struct Space {
 
 impl Drop for Space {
     fn drop(&mut self) {
+        // redb's close makes the transactions committed without a sync the table's state:
+        // the chunks they name must be in the data file first (with a journal, a small
+        // commit's chunks may still be in the store's buffer, their bytes only in the
+        // journal). If that fails, the space fails, the table is not written any more, and
+        // the next open applies the journal instead.
+        if !self.read_only && !self.store.is_failed() {
+            if let Err(e) = self.store.flush_sync() {
+                log::error!("writing out the data file at close failed: {e}");
+            }
+        }
         // The store is still open here (fields drop after this): the released header
         // says what the slot holds.
         if let Some(l) = self.slots().lease() {
@@ -249,6 +263,11 @@ pub struct Stats {
     pub commits: CommitTotals,
 }
 
+/// Whether a transaction must be durable when committed.
+fn txn_durable(txn: &catalog::WriteTxn) -> bool {
+    txn.durable()
+}
+
 /// Drops a group's transaction whose changes failed (`group`).
 fn abort_group_txn(txn: catalog::WriteTxn) {
     if let Err(e) = txn.abort() {
@@ -271,6 +290,14 @@ pub struct CommitTotals {
     /// the manifest and one of the slot header.
     #[serde(default)]
     pub publications: u64,
+    /// When a close is durable: `close` (when it returns) or `fsync` (at the next fsync,
+    /// directory fsync or unmount; `ckptfs mount --durability`). `close` offline; empty in
+    /// an older daemon's answer.
+    #[serde(default)]
+    pub durability: String,
+    /// Durable commits go through the journal (a single-slot space on a data file).
+    #[serde(default)]
+    pub journal: bool,
 }
 
 impl Stats {
@@ -581,14 +608,116 @@ impl Space {
     /// looked at (`watch`): a commit into a table or data file that was removed or replaced,
     /// or while a second mount holds the lock, is refused rather than acknowledged.
     pub(crate) fn commit(&self, txn: catalog::WriteTxn) -> Result<()> {
+        if let Some(seq) = self.commit_quiet(txn)? {
+            self.make_durable(seq)?;
+        }
+        self.after_commit(false)
+    }
+
+    /// `commit` up to redb's commit: with a journal, the record number a durable commit
+    /// waits for (`make_durable`), which a commit group's member waits for after the group
+    /// (`group`), not while the next group gathers. Without a journal, a durable commit
+    /// syncs the data file first: it may make durable a file commit made without a sync
+    /// (a mount that defers durability to fsync), whose chunks must be on disk by then.
+    fn commit_quiet(&self, txn: catalog::WriteTxn) -> Result<Option<u64>> {
         self.watch_backing_due();
         if self.store.is_failed() {
             // Dropping the transaction aborts it.
             return Err(Error::Failed);
         }
+        if self.catalog.journal().is_none() && txn_durable(&txn) {
+            if let Err(e) = self.store.flush_sync() {
+                abort_group_txn(txn);
+                return Err(e);
+            }
+        }
         self.catalog
-            .commit(txn)
+            .commit(txn, &*self.store)
             .map_err(|e| self.store.fail_with(e))
+    }
+
+    /// Waits until journal record `seq` and every one before it is durable; where the
+    /// journal has no room for them, makes a checkpoint (which covers them).
+    fn make_durable(&self, seq: u64) -> Result<()> {
+        match self.catalog.make_durable(seq) {
+            Ok(true) => Ok(()),
+            Ok(false) => self.checkpoint(),
+            Err(e) => Err(self.store.fail_with(e)),
+        }
+    }
+
+    /// After a commit: the journal's queue kept to its bound, and with `due` a checkpoint
+    /// made when one is due (by the one thread that finds it due first; the others go on).
+    /// Only the close path passes `due`: gc and the namespace commit holding locks of their
+    /// own, and a checkpoint that can wait is not made under them.
+    fn after_commit(&self, due: bool) -> Result<()> {
+        if !self
+            .catalog
+            .bound_queue()
+            .map_err(|e| self.store.fail_with(e))?
+        {
+            return self.checkpoint();
+        }
+        if due && self.catalog.checkpoint_due() {
+            if let Some(_turn) = self.checkpoint_turn.try_lock() {
+                if self.catalog.checkpoint_due() {
+                    return self.checkpoint();
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Makes the metadata table itself durable, with everything committed so far, after
+    /// the data file's sync: the journal starts over (a space without one: a durable
+    /// commit). Unmount, offline commands and a journal past its bound make one. In the
+    /// file commits' group, so a checkpoint that arrives while commits gather rides in
+    /// their transaction.
+    pub fn checkpoint(&self) -> Result<()> {
+        if self.read_only {
+            return Ok(());
+        }
+        self.commits
+            .run(
+                || self.begin_write(true),
+                |txn| self.commit_quiet(txn).map(drop),
+                abort_group_txn,
+                |txn| {
+                    txn.want_checkpoint();
+                    Ok(())
+                },
+                false,
+            )
+            .map(drop)
+    }
+
+    /// Makes everything committed so far durable, and the table hold all of it: a
+    /// checkpoint if anything went into the journal since the last (unmount), or without
+    /// a journal a durable commit.
+    pub fn sync_all(&self) -> Result<()> {
+        match self.catalog.journal() {
+            _ if self.read_only => Ok(()),
+            Some(j) if j.dirty() => self.checkpoint(),
+            Some(_) => Ok(()),
+            None => self.sync_meta(),
+        }
+    }
+
+    /// Whether closes are durable when they return (the default), or only at the next
+    /// fsync, syncfs or unmount (`set_close_durable`).
+    pub fn close_durable(&self) -> bool {
+        self.close_durable
+            .load(std::sync::atomic::Ordering::Relaxed)
+    }
+
+    /// Chooses what a close promises: with `false` (`ckptfs mount --durability fsync`), a
+    /// close commits its file without waiting for any sync, and `fsync` of any file or
+    /// directory, `sync_meta` and unmount make everything committed before them durable. A
+    /// crash loses at most the closes after the last of those, in order (a later close is
+    /// never kept without an earlier one), and never a revision made durable.
+    pub fn set_close_durable(&self, on: bool) {
+        self.close_durable
+            .store(on, std::sync::atomic::Ordering::Relaxed);
     }
 
     /// File commits since the space was opened (`Stats::commits`).
@@ -651,11 +780,15 @@ impl Space {
         // the table's one writer while it syncs: with writers streaming other files, the
         // group found new bytes to sync again, and a step of 4 writers of 64 MiB files
         // wrote 10-20% slower with 10-40% more daemon CPU per GiB.)
+        let durable = self.close_durable();
         let (rev, applied) = self.commits.run(
-            || self.begin_write(true),
+            || self.begin_write(durable),
             |txn| self.commit_group_txn(txn),
             abort_group_txn,
             |txn| {
+                if durable {
+                    txn.want_durable();
+                }
                 let mut rec = rec.clone();
                 let mut t = Txn::open(txn)?;
                 let rev = t.next_revision_id()?;
@@ -701,6 +834,13 @@ impl Space {
             true,
         )?;
         *rec = applied;
+        // With a journal the group's transaction is in redb now, and its record queued:
+        // durable once the journal's next sync (shared with the closes that arrive
+        // meanwhile) is done.
+        if durable {
+            self.make_durable(self.catalog.mark())?;
+        }
+        self.after_commit(true)?;
         self.store.stages().commit.stop(t_commit, 0);
         self.store.recorded_taken(&taken);
         // Durable now: the pins of the chunks this commit names can go.
@@ -714,16 +854,11 @@ impl Space {
         Ok(rev)
     }
 
-    /// Commits a group's transaction (`group`): the data file first (one sync covers the
-    /// chunks of every member, appended before they joined), then the table.
+    /// Commits a group's transaction (`group`). Without a journal, the data file first (one
+    /// sync covers the chunks of every member, appended before they joined), then the
+    /// table; with one, its record is queued and each member waits for it after the group.
     fn commit_group_txn(&self, txn: catalog::WriteTxn) -> Result<()> {
-        match self.store.flush_sync() {
-            Ok(()) => self.commit(txn),
-            Err(e) => {
-                abort_group_txn(txn);
-                Err(e)
-            }
-        }
+        self.commit_quiet(txn).map(drop)
     }
 
     /// Tests: holds every file commit back until the guard drops (as if one were being
@@ -745,7 +880,7 @@ impl Space {
     /// has nothing left to commit at the close, so it would never be learned, and its next
     /// revision would be cut by content throughout (every checkpoint of a job that fsyncs).
     pub fn seal(&self, rev: RevisionId, file: &FileState) -> Result<()> {
-        let txn = self.begin_write(true)?;
+        let txn = self.begin_write(self.close_durable())?;
         if !Txn::open(&txn)?.seal(rev)? {
             txn.abort()?;
             return Ok(());
@@ -759,12 +894,20 @@ impl Space {
     /// the file commits' group (`group`): a sync that arrives while commits are gathering
     /// rides in their transaction instead of costing one of its own.
     pub fn sync_meta(&self) -> Result<()> {
+        if self.catalog.journal().is_some() {
+            // Every commit so far has its record queued: one sync of the journal.
+            self.make_durable(self.catalog.mark())?;
+            return self.after_commit(true);
+        }
         self.commits
             .run(
                 || self.begin_write(true),
                 |txn| self.commit_group_txn(txn),
                 abort_group_txn,
-                |_| Ok(()),
+                |txn| {
+                    txn.want_durable();
+                    Ok(())
+                },
                 false,
             )
             .map(drop)

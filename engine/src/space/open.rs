@@ -33,9 +33,11 @@ impl Space {
             watched,
             watch_lock,
             faults,
+            journal,
         } = o;
         let shared = layout.union.is_some();
-        let mut space = Self::compose_on(sb, meta, place, slot, layout, first_claim)?;
+        let journal = journal.map(|j| (j, !read_only));
+        let mut space = Self::compose_on(sb, meta, place, slot, layout, first_claim, journal)?;
         space.read_only = read_only;
         space.watch.lock_path = watch_lock.then(|| dir.join(LOCK_FILE));
         space.watch.files = watched;
@@ -68,6 +70,8 @@ impl Space {
     /// table (from the slot table's policy), the table and the store are opened over the
     /// placement, and a slot of a shared namespace gets its clock and reports its usage to
     /// its lease.
+    /// `journal`: the journal's device, and whether the space writes through it (a
+    /// read-only open only applies its records, in memory).
     fn compose_on(
         sb: Superblock,
         meta: Arc<dyn Device>,
@@ -75,6 +79,7 @@ impl Space {
         slot: SlotId,
         layout: Layout,
         first_claim: Option<[u64; 4]>,
+        journal: Option<(Arc<dyn Device>, bool)>,
     ) -> Result<Space> {
         if let Some([keep_revisions, keep_age_secs, keep_unlinked_secs, auto_gc_free_percent]) =
             first_claim
@@ -88,7 +93,7 @@ impl Space {
             create::init_meta(&meta, &config, sb.slot_segments(slot), Some(slot))?;
             log::info!("slot {slot}: first claim, metadata table created");
         }
-        let mut space = Space::open_placed(sb, meta, place, slot, layout)?;
+        let mut space = Space::open_placed(sb, meta, place, slot, layout, journal)?;
         if space.layout.union.is_some() {
             let floor = space.reader()?.ns_stamp()?;
             space.layout.clock = Some(Arc::new(crate::stamp::Clock::new(floor)));
@@ -109,7 +114,20 @@ impl Space {
         match on {
             OnDevices::Single(devs) => {
                 let place = crate::layout::slot_data_file(&sb, devs.data, SlotId(0))?;
-                Self::compose_on(sb, devs.meta, place, SlotId(0), Layout::default(), None)
+                Self::compose_on(
+                    sb,
+                    devs.meta,
+                    place,
+                    SlotId(0),
+                    Layout::default(),
+                    None,
+                    None,
+                )
+            }
+            OnDevices::Journaled { devs, journal } => {
+                let place = crate::layout::slot_data_file(&sb, devs.data, SlotId(0))?;
+                let j = Some((journal, true));
+                Self::compose_on(sb, devs.meta, place, SlotId(0), Layout::default(), None, j)
             }
             OnDevices::Slot {
                 devs,
@@ -125,14 +143,14 @@ impl Space {
                     data: devs.data,
                 };
                 let c = crate::layout::claimed(&sb, devs.meta, data, lease, table, &head)?;
-                Self::compose_on(sb, c.meta, c.place, slot, c.layout, c.first_claim)
+                Self::compose_on(sb, c.meta, c.place, slot, c.layout, c.first_claim, None)
             }
             OnDevices::Targets { meta, erasure } => {
                 let layout = Layout {
                     targets: Some(erasure.clone()),
                     ..Layout::default()
                 };
-                Self::compose_on(sb, meta, erasure, SlotId(0), layout, None)
+                Self::compose_on(sb, meta, erasure, SlotId(0), layout, None, None)
             }
         }
     }
@@ -151,12 +169,15 @@ impl Space {
 
     /// Opens slot `slot` of the space `sb` describes, with its metadata table on `meta`, its
     /// segments where `place` puts them, and the layout's parts.
+    /// With a journal, its records after the table's last checkpoint are applied first
+    /// (`journal::replay`), before anything reads the table.
     fn open_placed(
         sb: Superblock,
         meta: Arc<dyn Device>,
         place: Arc<dyn crate::placement::Placement>,
         slot: SlotId,
         layout: Layout,
+        journal: Option<(Arc<dyn Device>, bool)>,
     ) -> Result<Space> {
         let range = sb.slot_segments(slot);
         let failed = Arc::new(crate::device::Failure::default());
@@ -166,7 +187,31 @@ impl Space {
                 "added the extended-attribute tables to a space formatted by an earlier build"
             );
         }
-        let catalog = catalog::Catalog::new(db);
+        let mut attached = None;
+        if let Some((dev, writes)) = journal {
+            let r = catalog::journal::replay(&db, &*dev, &*place)?;
+            if r.records > 0 {
+                log::info!(
+                    "applied {} journal record(s) ({} bytes of chunks) the metadata table did \
+                     not hold yet: closes made durable before the space was last closed \
+                     without a checkpoint",
+                    r.records,
+                    r.chunk_bytes
+                );
+            }
+            if writes {
+                attached = Some(Arc::new(catalog::journal::Journal::new(
+                    dev,
+                    r.id,
+                    r.last,
+                    failed.clone(),
+                )));
+            }
+        }
+        let catalog = match &attached {
+            Some(j) => catalog::Catalog::with_journal(db, j.clone()),
+            None => catalog::Catalog::new(db),
+        };
         let free = catalog.reader()?.free_segments()?;
         if let Some(seg) = free.iter().find(|s| !range.contains(&s.0)) {
             return Err(Corruption::Layout(format!(
@@ -188,6 +233,13 @@ impl Space {
             free,
             failed,
         );
+        if let Some(j) = attached {
+            let store = Arc::downgrade(&store);
+            j.set_data_sync(Box::new(move || match store.upgrade() {
+                Some(s) => s.flush_sync(),
+                None => Ok(()),
+            }));
+        }
         Ok(Space {
             dir: PathBuf::new(),
             sb,
@@ -198,6 +250,8 @@ impl Space {
             watch: Default::default(),
             gc: Default::default(),
             commits: group::CommitGroup::new(),
+            checkpoint_turn: parking_lot::Mutex::new(()),
+            close_durable: std::sync::atomic::AtomicBool::new(true),
             pin_gate: parking_lot::RwLock::new(()),
             pins: Arc::default(),
             read_only: false,
@@ -212,6 +266,11 @@ impl Space {
 pub enum OnDevices {
     /// One data file and its table.
     Single(Devices),
+    /// One data file, its table and its journal (`catalog::journal`).
+    Journaled {
+        devs: Devices,
+        journal: Arc<dyn Device>,
+    },
     /// Claims a slot of a multi-slot space (`devs.meta`: that slot's table, `headers`: the
     /// slot table) as a mount does; the caller names the slot whose table it passes.
     Slot {

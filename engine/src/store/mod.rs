@@ -87,6 +87,13 @@ pub trait CommittedChunks: Send + Sync {
     fn committed(&self, hashes: &[ChunkHash]) -> Result<Vec<Option<ChunkRecord>>>;
 }
 
+/// The stored bytes of a chunk the store wrote at a data offset, for a journal record to
+/// carry (`catalog::journal::INLINE_BYTES`); None where the store cannot give them (a
+/// placement whose writes are rows of shards, where a replay could not patch a block).
+pub(crate) trait StoredBytes {
+    fn stored_bytes(&self, offset: u64, len: u32) -> Option<Vec<u8>>;
+}
+
 impl ChunkStore {
     pub(crate) fn new(
         place: Arc<dyn Placement>,
@@ -308,8 +315,9 @@ impl InFlight for ChunkStore {
         let overlaps = |s: u64, n: usize| s < end && s + n as u64 > off;
         let w = self.w.writer.lock();
         let mut out: Vec<Buffered> = w
-            .writing
+            .unwritten
             .iter()
+            .chain(&w.writing)
             .filter(|o| overlaps(o.start, o.n))
             .map(|o| Buffered {
                 start: o.start,
@@ -332,6 +340,50 @@ impl InFlight for ChunkStore {
             });
         }
         out
+    }
+}
+
+impl StoredBytes for ChunkStore {
+    /// From the write buffers when they hold them (a commit's chunks usually are: nothing
+    /// wrote them out yet), else read back from the placement. Only a placement of whole
+    /// blocks (the data file): a replay patches blocks, which rows of shards forbid.
+    fn stored_bytes(&self, offset: u64, len: u32) -> Option<Vec<u8>> {
+        if self.align != DIRECT_ALIGN {
+            return None;
+        }
+        let len = len as usize;
+        let mut out = vec![0u8; len];
+        let pieces = self.in_flight(offset, len);
+        // Bytes the buffers cover, as ranges relative to `offset`, to see whether the
+        // placement must be read at all.
+        let mut covered: Vec<(usize, usize)> = pieces
+            .iter()
+            .map(|b| {
+                let from = b.start.max(offset);
+                let to = (b.start + b.n as u64).min(offset + len as u64);
+                ((from - offset) as usize, (to - offset) as usize)
+            })
+            .collect();
+        covered.sort_unstable();
+        let mut reach = 0;
+        for (a, b) in &covered {
+            if *a > reach {
+                break;
+            }
+            reach = reach.max(*b);
+        }
+        if reach < len {
+            let at = crate::placement::Location::of(DataOffset(offset), self.segment_bytes);
+            self.place.read(at, &mut out).ok()?;
+        }
+        // Newer than what the placement has: laid over it.
+        for b in &pieces {
+            let from = b.start.max(offset);
+            let to = (b.start + b.n as u64).min(offset + len as u64);
+            let src = &b.buf.as_slice()[(from - b.start) as usize..(to - b.start) as usize];
+            out[(from - offset) as usize..(to - offset) as usize].copy_from_slice(src);
+        }
+        Some(out)
     }
 }
 

@@ -35,6 +35,9 @@ pub(super) struct Writer {
     /// Data-file offset of `buf[0]`; `buf` never crosses a segment boundary.
     pub(super) buf_start: u64,
     pub(super) buf: IoBuf,
+    /// Buffers whose write failed (the space has failed): still read from here
+    /// (`InFlight`).
+    pub(super) unwritten: Vec<OutBuf>,
     /// Buffers taken out of `buf` for writing, oldest first. They stay readable here until
     /// written (`read_stored`).
     pub(super) writing: Vec<OutBuf>,
@@ -96,6 +99,7 @@ impl WriteSide {
                 buf_start: 0,
                 buf: IoBuf::new(),
                 writing: Vec::new(),
+                unwritten: Vec::new(),
                 spare: Vec::new(),
                 segs: Segments::new(free),
             }),
@@ -368,6 +372,17 @@ impl ChunkStore {
             w.writing.retain(|o| o.start != start);
             if r.is_ok() {
                 self.w.writes_done.fetch_add(1, Ordering::SeqCst);
+            } else {
+                // Its chunks may belong to commits already made (their bytes only in the
+                // journal until the next open applies it): readable from here until then.
+                // Bounded: the failure is sticky, so only the buffers in flight at the time
+                // come here.
+                w.unwritten.push(OutBuf {
+                    start,
+                    buf: buf.clone(),
+                    n,
+                    started: true,
+                });
             }
             self.w.written.notify_all();
             if let Err(e) = r {

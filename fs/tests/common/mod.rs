@@ -174,7 +174,11 @@ pub fn workload(fs: &Fs, disk: &SimDisk, seed: u64, model: &mut Model) -> Option
                     }
                     model.push(s);
                     fs.flush(ino, fh, 7)?;
-                    model.ack();
+                    // A close is a durability point unless the mount defers durability
+                    // to fsync (`--durability fsync`).
+                    if fs.space().close_durable() {
+                        model.ack();
+                    }
                     if rng.random_bool(0.4) {
                         late.push((ino, fh));
                     } else {

@@ -1,0 +1,711 @@
+//! The journal: what makes a close durable at the cost of one sync.
+//!
+//! Without it every close was a durable redb transaction: the data file's sync, then
+//! redb's two-phase commit (two more), with the table's one writer held through all three,
+//! so the creates of other writers queued behind it and eight writers hardly shared a
+//! commit. With it (single-slot spaces, FORMAT.md "Journal"):
+//!
+//! - every metadata transaction commits to redb without a sync (`Durability::None`), and,
+//!   while it still holds redb's writer, queues a record of the rows it wrote and removed
+//!   (`Logged` tables record them as they are changed) here, numbered in commit order;
+//! - a close that must be durable waits until its record is: whoever finds no flush under
+//!   way writes every queued record in one write and syncs the journal once, while the
+//!   others wait for that flush (a group commit that never holds redb's writer);
+//! - the stored bytes of the chunks a small transaction added ride in its record (at most
+//!   `INLINE_BYTES`), so its close does not wait for the data file's sync at all; a larger
+//!   one's record waits for the data file's sync, done by the flush that writes it;
+//! - now and then (`CHECKPOINT_BYTES` of records or `CHECKPOINT_TXNS` transactions since
+//!   the last, a transaction that frees segments, unmount) a checkpoint syncs the data file
+//!   and commits redb durably; the journal then starts over at offset 0;
+//! - an open applies the records after the table's last checkpoint (`replay`): the chunk
+//!   bytes written where their records say, the rows applied, all committed durably.
+//!
+//! Each transaction also sets the counter `journal_seq` to its record's number, so the
+//! table says which records it already holds. Bounds: records queued and not yet written
+//! are written out (unsynced) past `QUEUE_BYTES`; the journal file is `JOURNAL_BYTES`; a
+//! flush that would not fit asks for a checkpoint instead (`Flushed::Full`).
+
+use super::tables::*;
+use crate::device::{Device, Failure};
+use crate::error::{Corruption, Error, Result};
+use crate::format::journal::{self as rec, Header, InlineChunk, JOURNAL_BLOCK, JOURNAL_HEADER};
+use crate::placement::{Location, Placement};
+use parking_lot::{Condvar, Mutex};
+use redb::{
+    AccessGuard, Key, ReadableDatabase, ReadableTable, Table, TableDefinition, Value,
+    WriteTransaction,
+};
+use std::borrow::Borrow;
+use std::collections::VecDeque;
+use std::sync::{Arc, OnceLock};
+
+/// The journal file's size, made at format (or at the first open of an older space).
+pub const JOURNAL_BYTES: u64 = 64 << 20;
+/// A checkpoint is due once this many bytes of records were written since the last.
+pub(crate) const CHECKPOINT_BYTES: u64 = 16 << 20;
+/// ... or this many transactions committed: redb frees the pages a transaction without a
+/// sync replaced only at the next durable commit, so the table grows until then.
+pub(crate) const CHECKPOINT_TXNS: u64 = 1024;
+/// Records queued (closes of a mount that defers durability to fsync) are written out,
+/// unsynced, once they hold this much: the bound on the queue's memory.
+const QUEUE_BYTES: usize = 4 << 20;
+/// The most chunk bytes one transaction carries in its record; above it, its close waits
+/// for the data file's sync instead.
+pub(crate) const INLINE_BYTES: u64 = 512 << 10;
+/// A transaction recording more rows than this (a gc dropping many revisions) stops
+/// recording and commits as a checkpoint instead: the bound on a record's memory.
+const LOG_BYTES: usize = 16 << 20;
+/// The counter naming the newest record the table holds.
+pub(crate) const JOURNAL_SEQ: &str = "journal_seq";
+/// The counter holding the journal's id (what its records' checksums cover).
+pub(crate) const JOURNAL_ID: &str = "journal_id";
+
+/// The rows one transaction changed, recorded as its `Logged` tables change them, and the
+/// chunks it added (by where they lie): what its journal record is made of.
+#[derive(Default)]
+pub struct TxnLog {
+    rows: Vec<u8>,
+    count: u32,
+    /// (data offset, stored length) of each chunk the transaction added.
+    pub(crate) new_chunks: Vec<(u64, u32)>,
+    /// The transaction frees segments (gc): it must be a checkpoint, since a record applied
+    /// after one of those segments was filled again would name bytes no longer there.
+    pub(crate) frees: bool,
+    /// A checkpoint was asked for (`Space::checkpoint`), or the rows passed `LOG_BYTES`.
+    pub(crate) checkpoint: bool,
+}
+
+impl TxnLog {
+    fn row(&mut self, table: u8, op: u8, key: &[u8], value: &[u8]) {
+        if self.checkpoint {
+            return;
+        }
+        rec::push_row(&mut self.rows, table, op, key, value);
+        self.count += 1;
+        if self.rows.len() > LOG_BYTES {
+            self.checkpoint = true;
+            self.rows = Vec::new();
+            self.count = 0;
+        }
+    }
+
+    /// The record, numbered `seq`, with `chunks`' bytes.
+    pub(crate) fn encode(&self, id: u64, seq: u64, chunks: &[InlineChunk]) -> Vec<u8> {
+        rec::encode_record(id, seq, self.count, &self.rows, chunks)
+    }
+}
+
+/// A redb table whose changes are also recorded in the transaction's log (when the space
+/// has a journal). Reads go to the table (`Deref`); the only changes are `insert`,
+/// `remove` and `pop_first`, each recorded as it is made.
+pub struct Logged<'t, K: Key + 'static, V: Value + 'static> {
+    t: Table<'t, K, V>,
+    id: u8,
+    /// None: nothing is recorded (a space without a journal).
+    log: Option<&'t Mutex<TxnLog>>,
+}
+
+impl<'t, K: Key + 'static, V: Value + 'static> Logged<'t, K, V> {
+    pub(crate) fn open(
+        txn: &'t WriteTransaction,
+        log: Option<&'t Mutex<TxnLog>>,
+        def: TableDefinition<K, V>,
+    ) -> Result<Self> {
+        let id = table_id(redb::TableHandle::name(&def))
+            .expect("every table the catalog changes has a number");
+        Ok(Logged {
+            t: txn.open_table(def)?,
+            id,
+            log,
+        })
+    }
+
+    pub(crate) fn insert<'k, 'v>(
+        &mut self,
+        key: impl Borrow<K::SelfType<'k>>,
+        value: impl Borrow<V::SelfType<'v>>,
+    ) -> std::result::Result<Option<AccessGuard<'_, V>>, redb::StorageError> {
+        if let Some(log) = self.log {
+            log.lock().row(
+                self.id,
+                rec::OP_INSERT,
+                K::as_bytes(key.borrow()).as_ref(),
+                V::as_bytes(value.borrow()).as_ref(),
+            );
+        }
+        self.t.insert(key, value)
+    }
+
+    pub(crate) fn remove<'k>(
+        &mut self,
+        key: impl Borrow<K::SelfType<'k>>,
+    ) -> std::result::Result<Option<AccessGuard<'_, V>>, redb::StorageError> {
+        if let Some(log) = self.log {
+            log.lock().row(
+                self.id,
+                rec::OP_REMOVE,
+                K::as_bytes(key.borrow()).as_ref(),
+                &[],
+            );
+        }
+        self.t.remove(key)
+    }
+
+    /// Removes the first row and returns its key's bytes.
+    pub(crate) fn pop_first_key(
+        &mut self,
+    ) -> std::result::Result<Option<Vec<u8>>, redb::StorageError> {
+        let key = self
+            .t
+            .first()?
+            .map(|(k, _)| K::as_bytes(&k.value()).as_ref().to_vec());
+        if let Some(k) = &key {
+            if let Some(log) = self.log {
+                log.lock().row(self.id, rec::OP_REMOVE, k, &[]);
+            }
+            self.t.remove(K::from_bytes(k))?;
+        }
+        Ok(key)
+    }
+}
+
+impl<'t, K: Key + 'static, V: Value + 'static> std::ops::Deref for Logged<'t, K, V> {
+    type Target = Table<'t, K, V>;
+    fn deref(&self) -> &Self::Target {
+        &self.t
+    }
+}
+
+/// The tables a record may name, by number. Numbers are on disk: append only.
+const TABLES: [&str; 17] = [
+    "inodes",
+    "dirents",
+    "dirlist",
+    "revisions",
+    "history_revs",
+    "histories",
+    "free_segments",
+    "gc_candidates",
+    "config",
+    "extents",
+    "chunks",
+    "counters",
+    "xattrs",
+    "revision_xattrs",
+    "whiteouts",
+    "bindings",
+    "versions",
+];
+
+fn table_id(name: &str) -> Option<u8> {
+    TABLES.iter().position(|t| *t == name).map(|i| i as u8)
+}
+
+fn apply_row<K: Key + 'static, V: Value + 'static>(
+    txn: &WriteTransaction,
+    def: TableDefinition<K, V>,
+    r: &rec::Row,
+) -> Result<()> {
+    let mut t = txn.open_table(def)?;
+    match r.op {
+        rec::OP_INSERT => {
+            t.insert(K::from_bytes(&r.key), V::from_bytes(&r.value))?;
+        }
+        _ => {
+            t.remove(K::from_bytes(&r.key))?;
+        }
+    }
+    Ok(())
+}
+
+/// Applies one recorded row change.
+fn apply(txn: &WriteTransaction, r: &rec::Row) -> Result<()> {
+    match r.table {
+        0 => apply_row(txn, INODES, r),
+        1 => apply_row(txn, DIRENTS, r),
+        2 => apply_row(txn, DIRLIST, r),
+        3 => apply_row(txn, REVISIONS, r),
+        4 => apply_row(txn, HISTORY_REVS, r),
+        5 => apply_row(txn, HISTORIES, r),
+        6 => apply_row(txn, FREE, r),
+        7 => apply_row(txn, GC_CANDIDATES, r),
+        8 => apply_row(txn, CONFIG, r),
+        9 => apply_row(txn, EXTENTS, r),
+        10 => apply_row(txn, CHUNKS, r),
+        11 => apply_row(txn, COUNTERS, r),
+        12 => apply_row(txn, XATTRS, r),
+        13 => apply_row(txn, REV_XATTRS, r),
+        14 => apply_row(txn, WHITEOUTS, r),
+        15 => apply_row(txn, BINDINGS, r),
+        16 => apply_row(txn, VERSIONS, r),
+        n => Err(Corruption::Record {
+            record: "journal record",
+            why: format!("names table {n}, which this build does not have"),
+        }
+        .into()),
+    }
+}
+
+/// A record queued for the journal.
+struct Queued {
+    seq: u64,
+    bytes: Vec<u8>,
+    /// It names chunks whose bytes are only in the data file: that file's sync must come
+    /// before the record is written.
+    needs_data: bool,
+}
+
+struct State {
+    /// The number the next transaction gets, and the newest record queued.
+    next_seq: u64,
+    pushed: u64,
+    queue: VecDeque<Queued>,
+    queued_bytes: usize,
+    /// Every record numbered up to this is in the journal file (or covered by a
+    /// checkpoint), and up to `synced` durable.
+    written: u64,
+    synced: u64,
+    /// Where the next write goes.
+    write_off: u64,
+    /// Bytes and transactions since the last checkpoint (what `checkpoint_due` weighs).
+    since_bytes: u64,
+    since_txns: u64,
+    /// A checkpoint numbered this is being committed: nothing is written until it is
+    /// (records after it go to offset 0, records before it are covered by it).
+    checkpointing: Option<u64>,
+    /// The checkpoint numbered this is durable: the next write starts at offset 0 and
+    /// leaves out records numbered up to it.
+    restart_after: Option<u64>,
+    /// A thread is writing (and syncing) records.
+    flushing: bool,
+    /// Syncs of the journal made (`Stats::commits.durable`).
+    syncs: u64,
+}
+
+/// The journal of a space (see the module doc).
+pub struct Journal {
+    dev: Arc<dyn Device>,
+    /// This open's id (`JOURNAL_ID`).
+    pub(crate) id: u64,
+    st: Mutex<State>,
+    changed: Condvar,
+    /// The data file's sync (the store's `flush_sync`), for records whose chunks are only
+    /// there; set once the store exists.
+    data_sync: OnceLock<Box<dyn Fn() -> Result<()> + Send + Sync>>,
+    failed: Arc<Failure>,
+}
+
+/// What a flush came to.
+#[derive(Debug, PartialEq, Eq)]
+pub(crate) enum Flushed {
+    Done,
+    /// The records do not fit in the journal before a checkpoint: the caller makes one
+    /// (it covers them).
+    Full,
+}
+
+impl Journal {
+    /// The journal on `dev`, after the table's record `last` (everything the file holds
+    /// numbered up to `last` is in the table, or was never acknowledged).
+    pub(crate) fn new(dev: Arc<dyn Device>, id: u64, last: u64, failed: Arc<Failure>) -> Journal {
+        Journal {
+            dev,
+            id,
+            st: Mutex::new(State {
+                next_seq: last + 1,
+                pushed: last,
+                queue: VecDeque::new(),
+                queued_bytes: 0,
+                written: last,
+                synced: last,
+                write_off: 0,
+                since_bytes: 0,
+                since_txns: 0,
+                checkpointing: None,
+                restart_after: None,
+                flushing: false,
+                syncs: 0,
+            }),
+            changed: Condvar::new(),
+            data_sync: OnceLock::new(),
+            failed,
+        }
+    }
+
+    pub(crate) fn set_data_sync(&self, f: Box<dyn Fn() -> Result<()> + Send + Sync>) {
+        let _ = self.data_sync.set(f);
+    }
+
+    /// The next record's number. Called under redb's writer, so numbers follow commits.
+    pub(crate) fn reserve(&self) -> u64 {
+        let mut s = self.st.lock();
+        let seq = s.next_seq;
+        s.next_seq += 1;
+        s.since_txns += 1;
+        seq
+    }
+
+    /// Queues record `seq` (numbered by `reserve`, under the same hold of redb's writer).
+    pub(crate) fn push(&self, seq: u64, bytes: Vec<u8>, needs_data: bool) {
+        let mut s = self.st.lock();
+        s.pushed = seq;
+        s.queued_bytes += bytes.len();
+        s.queue.push_back(Queued {
+            seq,
+            bytes,
+            needs_data,
+        });
+    }
+
+    /// The newest record queued.
+    pub(crate) fn last(&self) -> u64 {
+        self.st.lock().pushed
+    }
+
+    /// The data file's sync (before a checkpoint: the chunks records carried are only
+    /// there from then on).
+    pub(crate) fn sync_data(&self) -> Result<()> {
+        match self.data_sync.get() {
+            Some(f) => f(),
+            None => Ok(()),
+        }
+    }
+
+    pub(crate) fn is_durable(&self, seq: u64) -> bool {
+        self.st.lock().synced >= seq
+    }
+
+    pub(crate) fn syncs(&self) -> u64 {
+        self.st.lock().syncs
+    }
+
+    /// Whether enough went into the journal since the last checkpoint to make one.
+    pub(crate) fn checkpoint_due(&self) -> bool {
+        let s = self.st.lock();
+        s.checkpointing.is_none()
+            && (s.since_bytes >= CHECKPOINT_BYTES || s.since_txns >= CHECKPOINT_TXNS)
+    }
+
+    /// Whether records were committed since the last checkpoint.
+    pub(crate) fn dirty(&self) -> bool {
+        self.st.lock().since_txns > 0
+    }
+
+    /// Checkpoint `seq` is about to commit: hold every write until it has.
+    pub(crate) fn checkpoint_begin(&self, seq: u64) {
+        let mut s = self.st.lock();
+        while s.flushing {
+            self.changed.wait(&mut s);
+        }
+        s.checkpointing = Some(seq);
+    }
+
+    /// Checkpoint `seq` committed (`ok`) or failed (the space is failed then).
+    pub(crate) fn checkpoint_end(&self, seq: u64, ok: bool) {
+        log::debug!("journal checkpoint {seq}: committed {ok}");
+        let mut s = self.st.lock();
+        s.checkpointing = None;
+        if ok {
+            s.synced = s.synced.max(seq);
+            s.written = s.written.max(seq);
+            s.restart_after = Some(seq);
+            s.since_bytes = 0;
+            s.since_txns = 0;
+            while s.queue.front().is_some_and(|q| q.seq <= seq) {
+                let q = s.queue.pop_front().expect("front");
+                s.queued_bytes -= q.bytes.len();
+            }
+        }
+        self.changed.notify_all();
+    }
+
+    /// Writes the queued records out without a sync once they pass `QUEUE_BYTES`.
+    pub(crate) fn bound_queue(&self) -> Result<Flushed> {
+        if self.st.lock().queued_bytes < QUEUE_BYTES {
+            return Ok(Flushed::Done);
+        }
+        self.flush(None)
+    }
+
+    /// Makes every record numbered up to `upto` durable.
+    pub(crate) fn make_durable(&self, upto: u64) -> Result<Flushed> {
+        self.flush(Some(upto))
+    }
+
+    /// Writes the queued records, and with `Some(upto)` syncs until `upto` is durable.
+    fn flush(&self, upto: Option<u64>) -> Result<Flushed> {
+        let mut s = self.st.lock();
+        loop {
+            if self.failed.is_set() {
+                return Err(Error::Failed);
+            }
+            let done = match upto {
+                Some(u) => s.synced >= u,
+                None => s.queued_bytes < QUEUE_BYTES,
+            };
+            if done {
+                return Ok(Flushed::Done);
+            }
+            if s.flushing || s.checkpointing.is_some() {
+                self.changed.wait(&mut s);
+                continue;
+            }
+            s.flushing = true;
+            let mut batch: Vec<Queued> = s.queue.drain(..).collect();
+            s.queued_bytes = 0;
+            let restart = s.restart_after;
+            if let Some(c) = restart {
+                batch.retain(|q| q.seq > c);
+            }
+            let off = match (restart, batch.is_empty()) {
+                (Some(_), false) => 0,
+                _ => s.write_off,
+            };
+            let sync = upto.is_some();
+            drop(s);
+            let r = self.write_batch(&batch, off, sync);
+            s = self.st.lock();
+            s.flushing = false;
+            self.changed.notify_all();
+            match r {
+                Ok(Some(len)) => {
+                    if let Some(last) = batch.last() {
+                        s.written = s.written.max(last.seq);
+                        if restart.is_some() {
+                            s.restart_after = None;
+                        }
+                    }
+                    s.write_off = off + len;
+                    s.since_bytes += len;
+                    if sync {
+                        s.synced = s.synced.max(s.written);
+                        s.syncs += 1;
+                    }
+                }
+                Ok(None) => {
+                    // Did not fit: back to the queue, in order, for after the checkpoint.
+                    for q in batch.into_iter().rev() {
+                        s.queued_bytes += q.bytes.len();
+                        s.queue.push_front(q);
+                    }
+                    return Ok(Flushed::Full);
+                }
+                Err(e) => return Err(e),
+            }
+        }
+    }
+
+    /// Writes `batch` at `off` (padded to `JOURNAL_BLOCK`) and syncs with `sync`; the
+    /// data file first if a record needs it. Ok(None): it does not fit.
+    fn write_batch(&self, batch: &[Queued], off: u64, sync: bool) -> Result<Option<u64>> {
+        if batch.iter().any(|q| q.needs_data) {
+            self.sync_data()?;
+        }
+        if batch.is_empty() {
+            if sync {
+                self.watch(self.dev.sync())?;
+            }
+            return Ok(Some(0));
+        }
+        let len: usize = batch.iter().map(|q| q.bytes.len()).sum();
+        let padded = (len as u64).div_ceil(JOURNAL_BLOCK) * JOURNAL_BLOCK;
+        if off + padded > self.dev.len() {
+            return Ok(None);
+        }
+        let mut buf = Vec::with_capacity(padded as usize);
+        for q in batch {
+            buf.extend_from_slice(&q.bytes);
+        }
+        buf.resize(padded as usize, 0);
+        log::trace!(
+            "journal write at {off}: records {}..={} ({} bytes), sync {sync}",
+            batch[0].seq,
+            batch[batch.len() - 1].seq,
+            buf.len()
+        );
+        self.watch(self.dev.write_at(&buf, off))?;
+        if sync {
+            self.watch(self.dev.sync())?;
+        }
+        Ok(Some(padded))
+    }
+
+    fn watch<T>(&self, r: crate::error::DevResult<T>) -> Result<T> {
+        r.map_err(|e| {
+            if self
+                .failed
+                .raise(format!("a journal write or sync failed: {e}"))
+            {
+                log::error!("journal I/O failed, refusing further writes until remount: {e}");
+            }
+            Error::from(crate::error::Fault::into_io(e))
+        })
+    }
+}
+
+/// What `replay` did.
+#[derive(Debug, Default, PartialEq, Eq)]
+pub struct Replayed {
+    /// Records applied, and the chunk bytes they wrote into the data file.
+    pub records: u64,
+    pub chunk_bytes: u64,
+    /// The newest record the table holds now: the journal goes on after it.
+    pub last: u64,
+    /// The journal's new id: records written before this open no longer verify.
+    pub id: u64,
+}
+
+/// Reads the records of journal `id` after `from` in `dev`: the run of verified records
+/// numbered one after the other from offset 0 (the journal starts over there after every
+/// checkpoint), until one is missing, torn, of another open or out of order; those
+/// numbered after `from` are returned. The table may hold records past its last
+/// checkpoint (redb can keep a commit made without a sync), so the run may start at or
+/// before `from`, never after `from + 1`.
+pub(crate) fn read_records(dev: &dyn Device, id: u64, from: u64) -> Result<Vec<rec::Payload>> {
+    let end = dev.len();
+    let mut off = 0u64;
+    let mut prev: Option<u64> = None;
+    let mut out = Vec::new();
+    while off + JOURNAL_HEADER as u64 <= end {
+        let mut head = [0u8; JOURNAL_HEADER];
+        dev.read_at(&mut head, off)
+            .map_err(crate::error::Fault::into_io)?;
+        // A record starts with its magic (never a zero byte): a zero here is the padding
+        // after a write's last record (which may be shorter than a header, the next
+        // write's record after it), or at a block's start the journal's end.
+        if head[0] == 0 {
+            if off.is_multiple_of(JOURNAL_BLOCK) {
+                break;
+            }
+            off = off.next_multiple_of(JOURNAL_BLOCK);
+            continue;
+        }
+        match rec::decode_header(&head) {
+            Header::Zero | Header::Other => break,
+            Header::Record { len, seq, sum } => {
+                let len = len as u64;
+                let in_order = match prev {
+                    Some(p) => seq == p + 1,
+                    None => seq <= from + 1,
+                };
+                if !in_order || off + JOURNAL_HEADER as u64 + len > end {
+                    break;
+                }
+                let mut payload = vec![0u8; len as usize];
+                dev.read_at(&mut payload, off + JOURNAL_HEADER as u64)
+                    .map_err(crate::error::Fault::into_io)?;
+                if !rec::verify(id, &head, &payload, &sum) {
+                    break;
+                }
+                if seq > from {
+                    out.push(rec::decode_payload(&payload)?);
+                }
+                prev = Some(seq);
+                off += JOURNAL_HEADER as u64 + len;
+            }
+        }
+    }
+    Ok(out)
+}
+
+/// Applies the journal's records after the table's last checkpoint: the chunk bytes they
+/// carry written into the data file where their records say (read, patched and written
+/// back a block at a time: `place` writes whole blocks), synced, then their rows, in one
+/// durable transaction that also gives the journal a new id (`JOURNAL_ID`), so nothing
+/// written to it before this open is ever taken for a record again.
+pub(crate) fn replay(
+    db: &redb::Database,
+    dev: &dyn Device,
+    place: &dyn Placement,
+) -> Result<Replayed> {
+    let (from, id) = {
+        let r = db.begin_read()?;
+        match r.open_table(COUNTERS) {
+            Ok(t) => (
+                t.get(JOURNAL_SEQ)?.map(|v| v.value()).unwrap_or(0),
+                t.get(JOURNAL_ID)?.map(|v| v.value()).unwrap_or(0),
+            ),
+            Err(redb::TableError::TableDoesNotExist(_)) => (0, 0),
+            Err(e) => return Err(e.into()),
+        }
+    };
+    let records = read_records(dev, id, from)?;
+    log::debug!(
+        "journal replay after record {from} (id {id:x}): {} records",
+        records.len()
+    );
+    let mut done = Replayed {
+        last: from + records.len() as u64,
+        id: new_id(id),
+        ..Default::default()
+    };
+    let seg = place.segment_bytes();
+    let align = place.write_align() as u64;
+    for r in &records {
+        for c in &r.chunks {
+            write_patched(place, seg, align, c)?;
+            done.chunk_bytes += c.bytes.len() as u64;
+        }
+    }
+    if done.chunk_bytes > 0 {
+        place.sync().map_err(crate::error::Fault::into_io)?;
+    }
+    let mut txn = db.begin_write()?;
+    txn.set_two_phase_commit(true);
+    for r in &records {
+        for row in &r.rows {
+            apply(&txn, row)?;
+        }
+        done.records += 1;
+    }
+    {
+        let mut c = txn.open_table(COUNTERS)?;
+        c.insert(JOURNAL_SEQ, done.last)?;
+        c.insert(JOURNAL_ID, done.id)?;
+    }
+    txn.commit()?;
+    Ok(done)
+}
+
+/// A journal id unlike `old` (and, with the time and process in it, unlike any before).
+fn new_id(old: u64) -> u64 {
+    let mut h = blake3::Hasher::new();
+    h.update(&old.to_le_bytes());
+    h.update(&std::process::id().to_le_bytes());
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap_or_default();
+    h.update(&now.as_nanos().to_le_bytes());
+    let id = u64::from_le_bytes(h.finalize().as_bytes()[..8].try_into().expect("8"));
+    if id == old {
+        id ^ 1
+    } else {
+        id
+    }
+}
+
+/// Writes a chunk's bytes at its data offset: the blocks it touches are read, patched and
+/// written whole.
+fn write_patched(place: &dyn Placement, seg: u64, align: u64, c: &InlineChunk) -> Result<()> {
+    let start = c.offset / align * align;
+    let end = (c.offset + c.bytes.len() as u64).next_multiple_of(align);
+    if start / seg != (end - 1) / seg {
+        return Err(Corruption::Record {
+            record: "journal record",
+            why: format!("a chunk at {} crosses a segment boundary", c.offset),
+        }
+        .into());
+    }
+    let at = Location::of(crate::format::DataOffset(start), seg);
+    let mut buf = crate::device::IoBuf::new();
+    buf.extend_zeros((end - start) as usize);
+    place
+        .read(at, buf.as_mut_slice())
+        .map_err(crate::error::Fault::into_io)?;
+    let from = (c.offset - start) as usize;
+    buf.as_mut_slice()[from..from + c.bytes.len()].copy_from_slice(&c.bytes);
+    place
+        .write(at, buf.as_slice())
+        .map_err(crate::error::Fault::into_io)?;
+    Ok(())
+}
