@@ -8,6 +8,7 @@
 //!   ckptfs-bench targets [--targets 5] [--redundancy 3+2] [--lose 2] ...  erasure-coded targets
 //!   ckptfs-bench closes [--sizes 4K] [--threads 1,8] [--files 200] [--slots 1] ...  durable closes of small files
 //!   ckptfs-bench saves [--layouts trainer,zarr] [--jobs 1,4] [--steps 3] ...  many-file checkpoint steps
+//!   ckptfs-bench tree [--files 5000] [--listed 20000] [--slots 1] ...  untar, ls -l and stat of many files
 //!   ckptfs-bench wide [--files 1024,4096,8192] [--per-file 128K] [--request 64K] ...  many files at once
 //!   ckptfs-bench full [--space 1G] [--steps 12] [--idle-secs 60] ...  a full space rotating checkpoints
 //!   ckptfs-bench gc-scale-build DIR [--files N] [--chunk-size BYTES]
@@ -33,6 +34,7 @@ mod sink;
 mod slots;
 mod sys;
 mod targets;
+mod tree;
 mod util;
 mod wide;
 mod worker;
@@ -173,6 +175,9 @@ enum Cmd {
     /// ten files, a zarr array of 64 chunk files), 1 and 4 jobs at once, beside a plain
     /// directory with and without fsync per file
     Saves(saves::SavesOpts),
+    /// Metadata-heavy work beside a plain directory: untar of a tree of 5,000 small files,
+    /// `ls -l` and a stat of every file of a directory of 20,000
+    Tree(tree::TreeOpts),
     /// A full space rotating checkpoints (three steps kept, older ones removed): write
     /// amplification next to the bytes the application wrote, beside a plain directory, and
     /// what the daemon writes while the full space sits idle (run as root)
@@ -288,6 +293,13 @@ fn main() {
             Ok(()) => std::process::exit(0),
             Err(e) => {
                 eprintln!("ckptfs-bench saves: {e}");
+                std::process::exit(1);
+            }
+        },
+        Cmd::Tree(o) => match tree::run(&o) {
+            Ok(()) => std::process::exit(0),
+            Err(e) => {
+                eprintln!("ckptfs-bench tree: {e}");
                 std::process::exit(1);
             }
         },

@@ -566,6 +566,9 @@ pub(crate) fn spawn_daemon(
     if !tuning.follow_changes {
         cmd.arg("--cuts").arg("content");
     }
+    if !tuning.close_durable {
+        cmd.arg("--durability").arg("fsync");
+    }
     if let Some(d) = &tuning.cuda_lib_dir {
         cmd.arg("--cuda-lib-dir").arg(d);
     }

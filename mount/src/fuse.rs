@@ -9,8 +9,8 @@ use ckptfs_fs::{creds, Attr, Caller, Error, Fs, HandleId, ReadReply, Requester, 
 use fuser::{
     Errno, FileAttr, FileHandle, FileType, Filesystem, FopenFlags, Generation, INodeNo, InitFlags,
     KernelConfig, LockOwner, OpenAccMode, OpenFlags, RenameFlags, ReplyAttr, ReplyCreate,
-    ReplyData, ReplyDirectory, ReplyEmpty, ReplyEntry, ReplyOpen, ReplyStatfs, ReplyWrite,
-    ReplyXattr, Request, TimeOrNow, WriteFlags,
+    ReplyData, ReplyDirectory, ReplyDirectoryPlus, ReplyEmpty, ReplyEntry, ReplyOpen, ReplyStatfs,
+    ReplyWrite, ReplyXattr, Request, TimeOrNow, WriteFlags,
 };
 use parking_lot::Mutex;
 use std::collections::{HashMap, VecDeque};
@@ -809,6 +809,16 @@ impl Filesystem for CkptFs {
         let _ = config.set_max_readahead(MAX_WRITE_BYTES);
         let _ = config.set_max_background(MAX_BACKGROUND);
         let _ = config.add_capabilities(InitFlags::FUSE_ATOMIC_O_TRUNC);
+        // Listings carry each entry's attributes (`readdirplus`), so `ls -l` or a stat of
+        // every file after a listing costs no lookup round trip per file (20,000 files: the
+        // stats took 13x a plain directory's, one round trip each). Always, not the
+        // kernel's AUTO mode, which uses them for a listing's first batch only unless
+        // lookups came between batches: a program that lists a directory whole and then
+        // stats it (`ls -l`, Python's os.listdir) got them for the first few hundred
+        // entries. Not on a shared namespace, whose entries the kernel may not cache.
+        if !self.fs.shares_namespace() {
+            let _ = config.add_capabilities(InitFlags::FUSE_DO_READDIRPLUS);
+        }
         // File handles (name_to_handle_at, NFS export) carry the inode number; `lookup` of
         // "." and ".." finds an inode again from it after the kernel forgot it.
         if config
@@ -1205,6 +1215,62 @@ impl Filesystem for CkptFs {
             for it in &items {
                 let name = OsStr::from_bytes(&it.name);
                 if reply.add(INodeNo(it.ino.0), it.offset, kind(it.kind), name) {
+                    return reply.ok();
+                }
+                after = it.offset;
+            }
+        }
+    }
+
+    /// `readdir` with each entry's attributes. The kernel links every entry but "." and
+    /// "..", counting a lookup of it (later forgotten as a lookup's): counted here before
+    /// the entry is added, and given back for the one that did not fit. An entry removed
+    /// since the listing was read is left out.
+    fn readdirplus(
+        &self,
+        _req: &Request,
+        ino: INodeNo,
+        _fh: FileHandle,
+        offset: u64,
+        mut reply: ReplyDirectoryPlus,
+    ) {
+        let dir = InodeId(ino.0);
+        let mut after = offset;
+        loop {
+            let items = match self.fs.readdir(dir, after, READDIR_BATCH) {
+                Ok(i) => i,
+                Err(e) => return reply.error(fail("readdirplus", ino.0, e)),
+            };
+            if items.is_empty() {
+                return reply.ok();
+            }
+            for it in &items {
+                let dots = it.name == b"." || it.name == b"..";
+                let found = match dots {
+                    true => self.fs.getattr(it.ino),
+                    false => self.fs.lookup_entry(dir, &it.name),
+                };
+                let a = match found {
+                    Ok(a) => a,
+                    Err(Error::NotFound | Error::Stale) => {
+                        after = it.offset;
+                        continue;
+                    }
+                    Err(e) => return reply.error(fail("readdirplus", ino.0, e)),
+                };
+                let name = OsStr::from_bytes(&it.name);
+                let attr = file_attr(&a);
+                if reply.add(
+                    INodeNo(a.ino.0),
+                    it.offset,
+                    name,
+                    &self.ttl(),
+                    &attr,
+                    Generation(0),
+                ) {
+                    if !dots {
+                        self.fs.forget(a.ino, 1);
+                    }
                     return reply.ok();
                 }
                 after = it.offset;

@@ -789,13 +789,13 @@ mod tests {
             (Some("shuffle"), "off")
         );
         apply_mount_options(
-            "slot=7,lease=500ms,confirm=blake3,cuts=content",
+            "slot=7,lease=500ms,confirm=blake3,cuts=content,durability=fsync",
             &mut t,
             &mut other,
         )
         .unwrap();
         assert_eq!((t.slot, t.lease), (Some(7), Duration::from_millis(500)));
-        assert!(!t.confirm_by_fingerprint && !t.follow_changes);
+        assert!(!t.confirm_by_fingerprint && !t.follow_changes && !t.close_durable);
         for bad in [
             "bogus",
             "slot=x",

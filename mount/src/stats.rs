@@ -125,9 +125,10 @@ pub(crate) fn print_stats(s: &Stats) {
                             closes after the last fsync",
                 _ => "every close, when it returns",
             },
-            match s.commits.journal {
-                true => "; through the journal (one sync per close, shared)",
-                false => "",
+            match (s.commits.journal, s.commits.durability.as_str()) {
+                (true, "fsync") => "; through the journal (one sync per fsync)",
+                (true, _) => "; through the journal (one sync per close, shared)",
+                (false, _) => "",
             }
         );
     }

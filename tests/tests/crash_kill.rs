@@ -18,8 +18,14 @@
 //! end the run must have verified a floor of acknowledged versions, and most kills must have
 //! hit a commit that had not returned.
 //!
-//! `CKPTFS_KILL_ITERATIONS` sets the number of kill rounds (default 10, for CI);
-//! `CKPTFS_SEED` replays a run.
+//! The same runs over a mount with `--durability fsync` (closes durable only at the next
+//! fsync): there a close acknowledges nothing; a writer's directory fsync (after some closes,
+//! and after every rename) and its mid-way fsyncs are the durability points, and a file's
+//! content after the kill may be its last version made durable or any version closed after
+//! it (or the in-flight one, as above).
+//!
+//! `CKPTFS_KILL_ITERATIONS` sets the number of kill rounds (default 10, for CI; 5 for the
+//! fsync mode); `CKPTFS_SEED` replays a run.
 
 use std::fs::{self, OpenOptions};
 use std::io::{self, Write};
@@ -100,6 +106,10 @@ struct FileLog {
     baseline: Content,
     /// Versions acknowledged this round, in order.
     acked: Vec<usize>,
+    /// Mount with `--durability fsync`: versions closed since the writer's last durability
+    /// point, in order (acknowledged once one returns), each with the length at its own
+    /// mid-way fsync if it had one (that prefix was made durable, the close was not).
+    closed: Vec<(usize, Option<u64>)>,
     in_flight: Option<InFlight>,
 }
 
@@ -202,6 +212,7 @@ fn writer(
     seed: u64,
     killed: &AtomicBool,
     committing: &AtomicBool,
+    fsync_mode: bool,
 ) -> (Vec<FileLog>, Option<String>) {
     let mut rng = SmallRng::seed_from_u64(seed);
     loop {
@@ -244,7 +255,37 @@ fn writer(
             committing.store(false, Ordering::SeqCst);
             Ok(())
         })();
+        let synced_len = log.in_flight.and_then(|i| i.synced_len);
+        let synced_mid_way = synced_len.is_some();
+        let point = fsync_mode && result.is_ok() && !rename && rng.random_bool(0.3);
+        let result = result.and_then(|()| match point {
+            // A durability point for everything this writer closed before.
+            true => {
+                committing.store(true, Ordering::SeqCst);
+                let r = fs::File::open(mnt.join(log.rel.rsplit_once('/').map_or("", |p| p.0)))
+                    .and_then(|d| d.sync_all());
+                committing.store(false, Ordering::SeqCst);
+                r
+            }
+            false => Ok(()),
+        });
         match result {
+            Ok(()) if fsync_mode => {
+                log.in_flight = None;
+                // A durability point makes every version closed before it durable (the
+                // journal keeps one order): a mid-way fsync those before this version's
+                // close, a directory fsync after the close (or a rename's) this one too.
+                let after_close = rename || point;
+                if synced_mid_way && !after_close {
+                    acknowledge_closed(&mut files);
+                    files[fi].closed.push((v, synced_len));
+                } else {
+                    files[fi].closed.push((v, synced_len));
+                    if after_close {
+                        acknowledge_closed(&mut files);
+                    }
+                }
+            }
             Ok(()) => {
                 log.acked.push(v);
                 log.in_flight = None;
@@ -262,6 +303,14 @@ fn writer(
                 return (files, Some(msg));
             }
         }
+    }
+}
+
+/// Every version the writer closed is durable now (`--durability fsync`).
+fn acknowledge_closed(files: &mut [FileLog]) {
+    for f in files.iter_mut() {
+        let c = std::mem::take(&mut f.closed);
+        f.acked.extend(c.into_iter().map(|(v, _)| v));
     }
 }
 
@@ -308,10 +357,21 @@ fn verify_file(m: &mut TestMount, log: &FileLog, round: u64, t: &mut Totals) -> 
     // in-flight one (short versions can be equal) are the in-flight one where an fsync of it
     // returned: the check below must not take them for the old content.
     let synced = log.in_flight.is_some_and(|inf| inf.synced_len.is_some());
+    // With durability deferred to fsync: a version closed after the last durable one, whole.
+    // (Or the prefix its own mid-way fsync made durable.)
+    let later = log
+        .closed
+        .iter()
+        .rev()
+        .flat_map(|&(v, s)| {
+            let at_sync = s.map(|len| Content::Prefix { v, len });
+            std::iter::once(log.whole(v)).chain(at_sync)
+        })
+        .find(|c| matches(*c));
     let found = if matches(prev) && !(synced && landed.is_some()) {
         prev
     } else {
-        match landed {
+        match landed.or(later) {
             Some(c) => c,
             None => {
                 let shown = match &current {
@@ -321,9 +381,14 @@ fn verify_file(m: &mut TestMount, log: &FileLog, round: u64, t: &mut Totals) -> 
                             Content::Prefix { v, len } => log.versions[v].bytes(len),
                             Content::Missing => Vec::new(),
                         };
+                        let is = (0..log.versions.len())
+                            .filter(|&v| log.versions[v].has_prefix(d))
+                            .collect::<Vec<_>>();
                         format!(
-                            "{} bytes, vs the last acknowledged: {}",
+                            "{} bytes (a prefix of versions {is:?}; closed since the last \
+                             durability point: {:?}), vs the last acknowledged: {}",
                             d.len(),
+                            log.closed,
                             first_difference(d, &want).unwrap_or_default()
                         )
                     }
@@ -443,6 +508,7 @@ fn round(
     round_no: u64,
     mut files: Vec<FileLog>,
     t: &mut Totals,
+    fsync_mode: bool,
 ) -> Vec<FileLog> {
     let mut rng = SmallRng::seed_from_u64(mix(seed, round_no));
     let killed = Arc::new(AtomicBool::new(false));
@@ -455,7 +521,7 @@ fn round(
         let mnt = m.mnt().to_path_buf();
         let (killed, committing) = (killed.clone(), committing.clone());
         handles.push(std::thread::spawn(move || {
-            writer(&mnt, mine, wseed, &killed, &committing[w])
+            writer(&mnt, mine, wseed, &killed, &committing[w], fsync_mode)
         }));
     }
     // The writers' run time before the kill is part of the workload (random, seeded); then
@@ -504,11 +570,12 @@ fn round(
     t.commits_in_flight += crashed_commits as u64;
     t.rounds_with_commit_in_flight += u64::from(crashed_commits > 0);
 
-    m.mount();
+    m.mount_with(mount_args(fsync_mode));
     let acked: usize = files.iter().map(|f| f.acked.len()).sum();
     for f in &mut files {
         f.baseline = verify_file(m, f, round_no, t);
         f.acked.clear();
+        f.closed.clear();
         f.in_flight = None;
     }
     println!(
@@ -532,15 +599,47 @@ fn round(
     files
 }
 
+fn mount_args(fsync_mode: bool) -> &'static [&'static str] {
+    match fsync_mode {
+        true => &["--durability", "fsync"],
+        false => &[],
+    }
+}
+
 #[test]
 fn kill_9_loses_no_acknowledged_version() {
-    let seed = test_seed("kill_9_loses_no_acknowledged_version", 0xc4a5_0001);
+    kill_rounds(
+        "kill_9_loses_no_acknowledged_version",
+        0xc4a5_0001,
+        10,
+        false,
+    );
+}
+
+/// With `--durability fsync`: nothing before a writer's last fsync is lost, and what a
+/// file holds after the kill is a version it had.
+#[test]
+fn kill_9_with_durability_at_fsync_loses_nothing_before_an_fsync() {
+    kill_rounds(
+        "kill_9_with_durability_at_fsync_loses_nothing_before_an_fsync",
+        0xc4a5_0002,
+        5,
+        true,
+    );
+}
+
+fn kill_rounds(name: &str, default_seed: u64, default_rounds: u64, fsync_mode: bool) {
+    let seed = test_seed(name, default_seed);
     let rounds: u64 = std::env::var("CKPTFS_KILL_ITERATIONS")
         .ok()
         .and_then(|s| s.parse().ok())
-        .unwrap_or(10);
+        .unwrap_or(default_rounds);
     let start = Instant::now();
     let mut m = TestMount::with_format_args("1G", &["--keep-revisions", KEEP_REVISIONS]);
+    if fsync_mode {
+        m.unmount();
+        m.mount_with(mount_args(true));
+    }
     for w in 0..WRITERS {
         fs::create_dir(m.path(format!("w{w}"))).expect("mkdir");
     }
@@ -556,12 +655,13 @@ fn kill_9_loses_no_acknowledged_version() {
             versions: Vec::new(),
             baseline: Content::Missing,
             acked: Vec::new(),
+            closed: Vec::new(),
             in_flight: None,
         })
         .collect();
     let mut t = Totals::default();
     for r in 0..rounds {
-        files = round(&mut m, seed, r, files, &mut t);
+        files = round(&mut m, seed, r, files, &mut t, fsync_mode);
     }
 
     // Writes work again, and survive a clean umount + mount.
