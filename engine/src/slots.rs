@@ -861,14 +861,27 @@ mod tests {
                 })
                 .collect();
             let barrier = std::sync::Barrier::new(nodes as usize);
+            let done = std::sync::atomic::AtomicU32::new(0);
             std::thread::scope(|s| {
                 let handles: Vec<_> = leases
                     .iter()
                     .map(|l| {
-                        let barrier = &barrier;
+                        let (barrier, done) = (&barrier, &done);
                         s.spawn(move || {
                             barrier.wait();
-                            l.probe_coherence(Duration::from_secs(30))
+                            let r = l.probe_coherence(Duration::from_secs(30));
+                            done.fetch_add(1, Ordering::SeqCst);
+                            // A mounted node goes on answering (the daemon's
+                            // `answer_probes_while_held`): without it, the nodes whose echo
+                            // came first stopped answering, and under load the last one's
+                            // probe was left with no one to echo it (a failure seen in CI).
+                            while done.load(Ordering::SeqCst) < nodes {
+                                if let Ok(h) = l.table().hints() {
+                                    let _ = l.answer_probes(&h);
+                                }
+                                std::thread::sleep(Duration::from_millis(20));
+                            }
+                            r
                         })
                     })
                     .collect();
