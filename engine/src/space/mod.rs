@@ -608,7 +608,7 @@ impl Space {
     /// looked at (`watch`): a commit into a table or data file that was removed or replaced,
     /// or while a second mount holds the lock, is refused rather than acknowledged.
     pub(crate) fn commit(&self, txn: catalog::WriteTxn) -> Result<()> {
-        if let Some(seq) = self.commit_quiet(txn)? {
+        if let Some(seq) = self.commit_quiet(txn, false)? {
             self.make_durable(seq)?;
         }
         self.after_commit(false)
@@ -617,15 +617,17 @@ impl Space {
     /// `commit` up to redb's commit: with a journal, the record number a durable commit
     /// waits for (`make_durable`), which a commit group's member waits for after the group
     /// (`group`), not while the next group gathers. Without a journal, a durable commit
-    /// syncs the data file first: it may make durable a file commit made without a sync
-    /// (a mount that defers durability to fsync), whose chunks must be on disk by then.
-    fn commit_quiet(&self, txn: catalog::WriteTxn) -> Result<Option<u64>> {
+    /// syncs the data file first when it may make durable a file commit made without a
+    /// sync (`data_first`: a group's commit, or any durable commit on a mount that defers
+    /// durability to fsync), whose chunks must be on disk by then.
+    fn commit_quiet(&self, txn: catalog::WriteTxn, data_first: bool) -> Result<Option<u64>> {
         self.watch_backing_due();
         if self.store.is_failed() {
             // Dropping the transaction aborts it.
             return Err(Error::Failed);
         }
-        if self.catalog.journal().is_none() && txn_durable(&txn) {
+        let data_first = data_first || !self.close_durable();
+        if self.catalog.journal().is_none() && txn_durable(&txn) && data_first {
             if let Err(e) = self.store.flush_sync() {
                 abort_group_txn(txn);
                 return Err(e);
@@ -680,7 +682,7 @@ impl Space {
         self.commits
             .run(
                 || self.begin_write(true),
-                |txn| self.commit_quiet(txn).map(drop),
+                |txn| self.commit_quiet(txn, true).map(drop),
                 abort_group_txn,
                 |txn| {
                     txn.want_checkpoint();
@@ -858,7 +860,7 @@ impl Space {
     /// sync covers the chunks of every member, appended before they joined), then the
     /// table; with one, its record is queued and each member waits for it after the group.
     fn commit_group_txn(&self, txn: catalog::WriteTxn) -> Result<()> {
-        self.commit_quiet(txn).map(drop)
+        self.commit_quiet(txn, true).map(drop)
     }
 
     /// Tests: holds every file commit back until the guard drops (as if one were being
