@@ -120,19 +120,23 @@ impl<'t, K: Key + 'static, V: Value + 'static> Logged<'t, K, V> {
         })
     }
 
+    /// Records one change in the transaction's log (nothing without a journal).
+    fn record(&self, op: u8, key: &[u8], value: &[u8]) {
+        if let Some(log) = self.log {
+            log.lock().row(self.id, op, key, value);
+        }
+    }
+
     pub(crate) fn insert<'k, 'v>(
         &mut self,
         key: impl Borrow<K::SelfType<'k>>,
         value: impl Borrow<V::SelfType<'v>>,
     ) -> std::result::Result<Option<AccessGuard<'_, V>>, redb::StorageError> {
-        if let Some(log) = self.log {
-            log.lock().row(
-                self.id,
-                rec::OP_INSERT,
-                K::as_bytes(key.borrow()).as_ref(),
-                V::as_bytes(value.borrow()).as_ref(),
-            );
-        }
+        self.record(
+            rec::OP_INSERT,
+            K::as_bytes(key.borrow()).as_ref(),
+            V::as_bytes(value.borrow()).as_ref(),
+        );
         self.t.insert(key, value)
     }
 
@@ -140,14 +144,7 @@ impl<'t, K: Key + 'static, V: Value + 'static> Logged<'t, K, V> {
         &mut self,
         key: impl Borrow<K::SelfType<'k>>,
     ) -> std::result::Result<Option<AccessGuard<'_, V>>, redb::StorageError> {
-        if let Some(log) = self.log {
-            log.lock().row(
-                self.id,
-                rec::OP_REMOVE,
-                K::as_bytes(key.borrow()).as_ref(),
-                &[],
-            );
-        }
+        self.record(rec::OP_REMOVE, K::as_bytes(key.borrow()).as_ref(), &[]);
         self.t.remove(key)
     }
 
@@ -160,9 +157,7 @@ impl<'t, K: Key + 'static, V: Value + 'static> Logged<'t, K, V> {
             .first()?
             .map(|(k, _)| K::as_bytes(&k.value()).as_ref().to_vec());
         if let Some(k) = &key {
-            if let Some(log) = self.log {
-                log.lock().row(self.id, rec::OP_REMOVE, k, &[]);
-            }
+            self.record(rec::OP_REMOVE, k, &[]);
             self.t.remove(K::from_bytes(k))?;
         }
         Ok(key)

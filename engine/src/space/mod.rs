@@ -263,11 +263,6 @@ pub struct Stats {
     pub commits: CommitTotals,
 }
 
-/// Whether a transaction must be durable when committed.
-fn txn_durable(txn: &catalog::WriteTxn) -> bool {
-    txn.durable()
-}
-
 /// Drops a group's transaction whose changes failed (`group`).
 fn abort_group_txn(txn: catalog::WriteTxn) {
     if let Err(e) = txn.abort() {
@@ -627,7 +622,7 @@ impl Space {
             return Err(Error::Failed);
         }
         let data_first = data_first || !self.close_durable();
-        if self.catalog.journal().is_none() && txn_durable(&txn) && data_first {
+        if self.catalog.journal().is_none() && txn.durable() && data_first {
             if let Err(e) = self.store.flush_sync() {
                 abort_group_txn(txn);
                 return Err(e);
