@@ -129,7 +129,17 @@ fn the_reply_stage_counts_every_byte_read_and_its_cpu() {
     let before = m.stats_json_of(&mnt);
     let got = fs::read(m.path("ckpt.bin")).expect("read");
     assert!(got == data, "read back other bytes");
-    let after = m.stats_json_of(&mnt);
+    // The stage counts a reply once it has been sent, just after the kernel has it: the
+    // reader can return first (seen once in CI: 63 of 64 MiB counted). Wait for the count
+    // (the event), bounded, rather than read it once.
+    let reply_bytes = |s: &serde_json::Value| s["stages"]["reply"]["bytes"].as_f64();
+    let want = reply_bytes(&before).unwrap_or(0.0) + (64 << 20) as f64;
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+    let mut after = m.stats_json_of(&mnt);
+    while reply_bytes(&after).is_some_and(|b| b < want) && std::time::Instant::now() < deadline {
+        std::thread::yield_now();
+        after = m.stats_json_of(&mnt);
+    }
     let d = |what: &str| {
         let v = |s: &serde_json::Value| {
             s["stages"]["reply"][what]
