@@ -393,3 +393,49 @@ fn xattr_room_is_bounded() {
     let listed = list(&f);
     assert_eq!(listed.matches(',').count(), 255, "all 256 names listed");
 }
+
+/// `ls -l` asks every file for its SELinux label and its POSIX ACL; coreutils stops asking
+/// on a device once one answer says "not supported", while ENODATA (which the kernel caches
+/// for neither on FUSE) made each a round trip to the daemon per listed file (20,000 files:
+/// `ls -l` 13x a plain directory). Both answers, and ls's resulting calls, counted by strace.
+#[test]
+fn ls_l_asks_for_labels_and_acls_once_per_mount() {
+    let m = TestMount::new();
+    let d = m.path("many");
+    fs::create_dir(&d).unwrap();
+    for i in 0..200 {
+        fs::write(d.join(format!("f{i}")), b"x").unwrap();
+    }
+    let f = d.join("f0");
+    assert_eq!(get(&f, "security.selinux", 255), "errno 95");
+    assert_eq!(get(&f, "system.posix_acl_access", 0), "errno 95");
+    assert_eq!(get(&d, "system.posix_acl_default", 0), "errno 95");
+    assert_eq!(set(&f, "security.selinux", b"x", 0), "errno 95");
+    assert_eq!(remove(&f, "security.selinux"), "errno 95");
+    // Other security names are still stored (file capabilities among them).
+    assert_eq!(set(&f, "security.s", b"S", 0), "ok");
+    assert_eq!(get(&f, "security.s", 10), "ok S");
+    if Command::new("strace").arg("-V").output().is_err() {
+        return ckptfs_tests::skip(
+            "ls_l_asks_for_labels_and_acls_once_per_mount",
+            "strace",
+            "strace is not installed, so ls's extended-attribute calls cannot be counted",
+        );
+    }
+    let log = m.root().join("ls.strace");
+    let st = Command::new("strace")
+        .args(["-f", "-e", "trace=getxattr,lgetxattr", "-o"])
+        .arg(&log)
+        .args(["ls", "-l"])
+        .arg(&d)
+        .stdout(std::process::Stdio::null())
+        .status()
+        .unwrap();
+    assert!(st.success(), "ls -l failed: {st}");
+    let calls = fs::read_to_string(&log).unwrap();
+    let n = calls.lines().filter(|l| l.contains("getxattr(")).count();
+    assert!(
+        n <= 4,
+        "ls -l of 200 files made {n} extended-attribute calls (want at most 4):\n{calls}"
+    );
+}

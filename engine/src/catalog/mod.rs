@@ -363,7 +363,7 @@ fn clear_xattrs(
     xattrs: &mut Logged<'_, (u64, &'static [u8]), &'static [u8]>,
     ino: InodeId,
 ) -> Result<()> {
-    let names: Vec<Vec<u8>> = xattrs_of(&**xattrs, ino)?.into_keys().collect();
+    let names: Vec<Vec<u8>> = xattrs_of(xattrs.table()?, ino)?.into_keys().collect();
     for n in names {
         xattrs.remove((ino.0, n.as_slice()))?;
     }
@@ -459,7 +459,7 @@ impl<'t> Txn<'t> {
     /// and recorded like the others.
     fn extra<K: redb::Key + 'static, V: redb::Value + 'static>(
         &self,
-        def: redb::TableDefinition<K, V>,
+        def: redb::TableDefinition<'static, K, V>,
     ) -> Result<Logged<'t, K, V>> {
         Logged::open(self.wtxn, self.log, def)
     }
@@ -499,7 +499,7 @@ impl<'t> Txn<'t> {
     }
 
     pub fn config(&self) -> Result<Config> {
-        Config::read(&*self.config)
+        Config::read(self.config.table()?)
     }
 
     /// Segments the data file writer took: no longer free.
@@ -523,7 +523,7 @@ impl<'t> Txn<'t> {
     }
 
     pub fn chunk(&self, h: &ChunkHash) -> Result<Option<ChunkRecord>> {
-        get_chunk(&*self.chunks, h)
+        get_chunk(self.chunks.table()?, h)
     }
 
     /// One more reference to chunk `h`: a committed chunk gains one; a chunk the table does
@@ -618,7 +618,7 @@ impl<'t> Txn<'t> {
         keep: impl Fn(&ChunkHash) -> bool,
         mut each: impl FnMut(u64, u64),
     ) -> Result<(u64, u64)> {
-        let total = self.candidates.len()?;
+        let total = self.candidates.table()?.len()?;
         let (mut done, mut freed, mut bytes) = (0u64, 0u64, 0u64);
         let mut still_pinned = Vec::new();
         loop {
@@ -649,7 +649,7 @@ impl<'t> Txn<'t> {
     }
 
     pub(crate) fn next_revision_id(&mut self) -> Result<RevisionId> {
-        let rev = counter(&*self.counters, NEXT_REV)?;
+        let rev = counter(self.counters.table()?, NEXT_REV)?;
         self.counters.insert(NEXT_REV, rev + 1)?;
         Ok(RevisionId(rev))
     }
@@ -705,8 +705,8 @@ impl<'t> Txn<'t> {
         // tests replay a run's device operations exactly).
         let mut delta: std::collections::BTreeMap<ChunkHash, i64> = Default::default();
         if let Some(prev) = prev {
-            if let Some(old) = get_revision(&*self.revisions, prev)? {
-                for (off, e) in extents_of(&*self.extents, prev)? {
+            if let Some(old) = get_revision(self.revisions.table()?, prev)? {
+                for (off, e) in extents_of(self.extents.table()?, prev)? {
                     *delta.entry(e.chunk).or_default() -= 1;
                     self.extents.remove((prev.0, off))?;
                 }
@@ -737,7 +737,7 @@ impl<'t> Txn<'t> {
         };
         self.revisions.insert(rev.0, rr.encode().as_slice())?;
         self.history_revs.insert((rr.history.0, rev.0), ())?;
-        record_revision_xattrs(&*self.xattrs, &mut self.rev_xattrs, ino, rev)?;
+        record_revision_xattrs(self.xattrs.table()?, &mut self.rev_xattrs, ino, rev)?;
         Ok(new_bytes)
     }
 
@@ -750,12 +750,12 @@ impl<'t> Txn<'t> {
     }
 
     pub fn revision(&self, rev: RevisionId) -> Result<Option<RevisionRecord>> {
-        get_revision(&*self.revisions, rev)
+        get_revision(self.revisions.table()?, rev)
     }
 
     /// Marks revision `rev` complete; false if it was already (or does not exist).
     pub fn seal(&mut self, rev: RevisionId) -> Result<bool> {
-        match get_revision(&*self.revisions, rev)? {
+        match get_revision(self.revisions.table()?, rev)? {
             Some(mut rr) if !rr.sealed => {
                 rr.sealed = true;
                 self.revisions.insert(rev.0, rr.encode().as_slice())?;
@@ -769,10 +769,10 @@ impl<'t> Txn<'t> {
     /// place in its history and its attributes. Chunks left with no reference stay until gc
     /// removes them.
     pub(crate) fn drop_revision(&mut self, rev: RevisionId) -> Result<()> {
-        let Some(rr) = get_revision(&*self.revisions, rev)? else {
+        let Some(rr) = get_revision(self.revisions.table()?, rev)? else {
             return Ok(());
         };
-        for (off, e) in extents_of(&*self.extents, rev)? {
+        for (off, e) in extents_of(self.extents.table()?, rev)? {
             self.drop_chunk_ref(&e.chunk)?;
             self.extents.remove((rev.0, off))?;
         }
@@ -784,7 +784,7 @@ impl<'t> Txn<'t> {
         &self,
         from: HistoryId,
     ) -> Result<Option<(HistoryId, HistoryRecord)>> {
-        match self.histories.range(from.0..)?.next() {
+        match self.histories.table()?.range(from.0..)?.next() {
             Some(item) => {
                 let (k, v) = item?;
                 Ok(Some((
@@ -863,7 +863,11 @@ impl<'t> Txn<'t> {
 
     /// The shared namespace's clock as last stored (0 before the first stamp).
     pub(crate) fn ns_stamp(&self) -> Result<u64> {
-        Ok(self.counters.get(NS_STAMP)?.map_or(0, |v| v.value()))
+        Ok(self
+            .counters
+            .table()?
+            .get(NS_STAMP)?
+            .map_or(0, |v| v.value()))
     }
 
     pub fn set_ns_stamp(&mut self, stamp: u64) -> Result<()> {
@@ -876,14 +880,14 @@ impl<'t> Txn<'t> {
     /// Starts inode numbers at `next` (a slot's range of a shared namespace), if they are
     /// below it.
     pub(crate) fn set_ino_floor(&mut self, next: u64) -> Result<()> {
-        if counter(&*self.counters, NEXT_INO)? < next {
+        if counter(self.counters.table()?, NEXT_INO)? < next {
             self.counters.insert(NEXT_INO, next)?;
         }
         Ok(())
     }
 
     pub fn get_inode(&self, ino: InodeId) -> Result<Option<InodeRecord>> {
-        get_inode(&*self.inodes, ino)
+        get_inode(self.inodes.table()?, ino)
     }
 
     /// The inode, or a corruption error: callers use it for inodes that must exist.
@@ -898,18 +902,18 @@ impl<'t> Txn<'t> {
     }
 
     pub fn lookup(&self, parent: InodeId, name: &[u8]) -> Result<Option<InodeId>> {
-        lookup(&*self.dirents, parent, name)
+        lookup(self.dirents.table()?, parent, name)
     }
 
     pub fn alloc_ino(&mut self) -> Result<InodeId> {
-        let n = counter(&*self.counters, NEXT_INO)?;
+        let n = counter(self.counters.table()?, NEXT_INO)?;
         self.counters.insert(NEXT_INO, n + 1)?;
         Ok(InodeId(n))
     }
 
     /// Adds the entry `name` -> `child` to `parent`, which must not have it yet.
     pub fn add_entry(&mut self, parent: InodeId, name: &[u8], child: InodeId) -> Result<()> {
-        let cookie = counter(&*self.counters, NEXT_COOKIE)?;
+        let cookie = counter(self.counters.table()?, NEXT_COOKIE)?;
         self.counters.insert(NEXT_COOKIE, cookie + 1)?;
         let old = self.dirents.insert((parent.0, name), (child.0, cookie))?;
         assert!(old.is_none(), "add_entry over an existing name");
@@ -922,6 +926,7 @@ impl<'t> Txn<'t> {
     pub fn repoint_entry(&mut self, parent: InodeId, name: &[u8], child: InodeId) -> Result<()> {
         let (_, cookie) = self
             .dirents
+            .table()?
             .get((parent.0, name))?
             .map(|v| v.value())
             .ok_or(Corruption::Missing(Missing::Entry { dir: parent }))?;
@@ -969,6 +974,7 @@ impl<'t> Txn<'t> {
     pub fn dir_is_empty(&self, dir: InodeId) -> Result<bool> {
         Ok(self
             .dirlist
+            .table()?
             .range((dir.0, 0)..(dir.0, u64::MAX))?
             .next()
             .is_none())
@@ -976,7 +982,7 @@ impl<'t> Txn<'t> {
 
     /// Starts a new history owned by `ino`.
     pub fn new_history(&mut self, ino: InodeId) -> Result<HistoryId> {
-        let hid = counter(&*self.counters, NEXT_HISTORY)?;
+        let hid = counter(self.counters.table()?, NEXT_HISTORY)?;
         self.counters.insert(NEXT_HISTORY, hid + 1)?;
         let h = HistoryRecord {
             ino,
@@ -989,7 +995,7 @@ impl<'t> Txn<'t> {
 
     /// Marks a history as belonging to a path that no longer exists.
     pub fn retire_history(&mut self, hid: HistoryId, path: Vec<u8>, when: Timestamp) -> Result<()> {
-        let mut h = get_history(&*self.histories, hid)?;
+        let mut h = get_history(self.histories.table()?, hid)?;
         h.unlinked = Some(when);
         h.path = path;
         self.histories.insert(hid.0, h.encode().as_slice())?;
@@ -997,7 +1003,7 @@ impl<'t> Txn<'t> {
     }
 
     pub fn set_history_owner(&mut self, hid: HistoryId, ino: InodeId) -> Result<()> {
-        let mut h = get_history(&*self.histories, hid)?;
+        let mut h = get_history(self.histories.table()?, hid)?;
         h.ino = ino;
         h.unlinked = None;
         h.path.clear();
@@ -1020,11 +1026,11 @@ impl<'t> Txn<'t> {
 
     /// The revisions of a history, oldest first (sealed or not).
     pub fn history_revisions(&self, hid: HistoryId) -> Result<Vec<RevisionId>> {
-        revisions_of(&*self.history_revs, hid)
+        revisions_of(self.history_revs.table()?, hid)
     }
 
     pub fn xattrs(&self, ino: InodeId) -> Result<Xattrs> {
-        xattrs_of(&*self.xattrs, ino)
+        xattrs_of(self.xattrs.table()?, ino)
     }
 
     pub fn put_xattr(&mut self, ino: InodeId, name: &[u8], value: &[u8]) -> Result<()> {
@@ -1047,18 +1053,19 @@ impl<'t> Txn<'t> {
     }
 
     pub fn revision_xattrs(&self, rev: RevisionId) -> Result<Xattrs> {
-        revision_xattrs(&*self.rev_xattrs, rev)
+        revision_xattrs(self.rev_xattrs.table()?, rev)
     }
 
     /// Adds a sealed revision to history `hid` with the content of revision `from`, taking a
     /// reference on each of its chunks. Used when a rename replaces a path's file.
     pub fn copy_revision(&mut self, from: RevisionId, hid: HistoryId) -> Result<RevisionId> {
-        let src = get_revision(&*self.revisions, from)?
+        let src = get_revision(self.revisions.table()?, from)?
             .ok_or(Corruption::Missing(Missing::Revision(from)))?;
-        let rev = counter(&*self.counters, NEXT_REV)?;
+        let rev = counter(self.counters.table()?, NEXT_REV)?;
         self.counters.insert(NEXT_REV, rev + 1)?;
         let rows: Vec<(u64, Vec<u8>)> = self
             .extents
+            .table()?
             .range((from.0, 0)..=(from.0, u64::MAX))?
             .map(|r| r.map(|(k, v)| (k.value().1, v.value().to_vec())))
             .collect::<std::result::Result<_, _>>()?;
@@ -1077,7 +1084,11 @@ impl<'t> Txn<'t> {
         };
         self.revisions.insert(rev, rr.encode().as_slice())?;
         self.history_revs.insert((hid.0, rev), ())?;
-        let x = self.rev_xattrs.get(from.0)?.map(|v| v.value().to_vec());
+        let x = self
+            .rev_xattrs
+            .table()?
+            .get(from.0)?
+            .map(|v| v.value().to_vec());
         if let Some(x) = x {
             self.rev_xattrs.insert(rev, x.as_slice())?;
         }
@@ -2067,8 +2078,10 @@ mod tests {
                     .unwrap()
                 };
                 assert!(t.revision(prev).unwrap().is_none());
-                assert!(extents_of(&*t.extents, prev).unwrap().is_empty());
-                let extents: Vec<(u64, ChunkHash)> = extents_of(&*t.extents, rev)
+                assert!(extents_of(t.extents.table().unwrap(), prev)
+                    .unwrap()
+                    .is_empty());
+                let extents: Vec<(u64, ChunkHash)> = extents_of(t.extents.table().unwrap(), rev)
                     .unwrap()
                     .into_iter()
                     .map(|(o, e)| (o, e.chunk))
