@@ -273,6 +273,9 @@ pub struct Fs {
     /// Per-process selections for the control xattrs (see `select`), at most
     /// `SELECTIONS_MAX`, oldest dropped first.
     selections: Mutex<std::collections::VecDeque<(u32, Vec<u8>)>>,
+    /// Per-process pieces of paths being selected in pieces (`select_piece`), bounded
+    /// the same way.
+    selection_parts: Mutex<std::collections::VecDeque<(u32, Vec<u8>)>>,
     /// Open regular files and revision files, and their handles (see `OpenTable`).
     open: Mutex<OpenTable>,
     /// Non-hole bytes by (inode, revision), at most `DATA_BYTES_CACHE_MAX` entries.
@@ -359,6 +362,7 @@ impl Fs {
         Fs {
             space,
             selections: Mutex::new(std::collections::VecDeque::new()),
+            selection_parts: Mutex::new(std::collections::VecDeque::new()),
             open: Mutex::new(OpenTable::default()),
             auto_gc: Default::default(),
             maintenance: Default::default(),
@@ -2235,6 +2239,36 @@ impl Fs {
             s.pop_front();
         }
         s.push_back((pid, value));
+    }
+
+    /// A piece of a path selected in pieces: kept for `pid` (at most `SELECTIONS_MAX`
+    /// processes' pieces, each path below PATH_MAX), or, with `last`, taken with the ones
+    /// before it and returned whole. None: a piece kept, or a path too long (its pieces
+    /// are dropped).
+    pub fn select_piece(&self, pid: u32, piece: &[u8], last: bool) -> Option<Vec<u8>> {
+        let mut s = self.selection_parts.lock();
+        let at = s.iter().position(|(p, _)| *p == pid);
+        let mut path = match at {
+            Some(i) => s.remove(i).map(|(_, v)| v).unwrap_or_default(),
+            None => Vec::new(),
+        };
+        path.extend_from_slice(piece);
+        if path.len() >= libc::PATH_MAX as usize {
+            return None;
+        }
+        if last {
+            return Some(path);
+        }
+        if s.len() >= SELECTIONS_MAX {
+            s.pop_front();
+        }
+        s.push_back((pid, path));
+        None
+    }
+
+    /// Whether `path` (relative to the root) names inode `ino` now.
+    pub fn names(&self, path: &[u8], ino: InodeId) -> bool {
+        matches!(self.resolve(path), Ok(Some(i)) if i == ino)
     }
 
     pub fn selection(&self, pid: u32) -> Option<Vec<u8>> {

@@ -57,6 +57,17 @@ pub enum Request {
     /// Selects the path (relative to the mount's root) the revision requests below are
     /// about, for this process.
     Select(Vec<u8>),
+    /// `Select` by gets of the selected file's own attributes, for callers who may not set
+    /// an attribute of the mount's root (a user other than its owner). The kernel lets a
+    /// get of a `user.` attribute through only to a caller who can reach the file and read
+    /// it, so the request itself proves the access the revision view asks for; the daemon
+    /// selects the path only if it names that very file. The path travels hex-encoded in
+    /// attribute names of at most `SELECT_PIECE` path bytes each: pieces before the last
+    /// (`last` false) are kept, the last completes the selection.
+    SelectPiece {
+        last: bool,
+        piece: Vec<u8>,
+    },
     /// A page of the selected path's revisions, those with ids above this one.
     RevisionsAfter(u64),
     /// What the selected path (another slot's file) costs.
@@ -64,6 +75,27 @@ pub enum Request {
     History,
     /// Restore the selected path's revision in place.
     Restore(u64),
+}
+
+/// Names of a selection by gets (`Request::SelectPiece`), asked of the selected file.
+pub const SELECT_LAST: &str = "select-end-hex-";
+pub const SELECT_PART: &str = "select-part-hex-";
+/// Path bytes per `SelectPiece`: hex-encoded with the longer prefix they stay within the
+/// 255 bytes an attribute name may have.
+pub const SELECT_PIECE: usize = 100;
+
+fn hex(b: &[u8]) -> String {
+    b.iter().map(|x| format!("{x:02x}")).collect()
+}
+
+fn unhex(s: &str) -> Result<Vec<u8>, Refused> {
+    if s.len() % 2 != 0 || s.len() > 2 * SELECT_PIECE {
+        return Err(Refused::Invalid);
+    }
+    (0..s.len())
+        .step_by(2)
+        .map(|i| u8::from_str_radix(&s[i..i + 2], 16).map_err(|_| Refused::Invalid))
+        .collect()
 }
 
 /// Why an attribute is not a request.
@@ -159,6 +191,14 @@ impl Request {
             ("cost", None) => Cost,
             ("history", None) => History,
             ("restore", Some(v)) => Restore(text(v)?),
+            (n, None) if n.starts_with(SELECT_LAST) => SelectPiece {
+                last: true,
+                piece: unhex(&n[SELECT_LAST.len()..])?,
+            },
+            (n, None) if n.starts_with(SELECT_PART) => SelectPiece {
+                last: false,
+                piece: unhex(&n[SELECT_PART.len()..])?,
+            },
             (n, None) if n.starts_with(REVISIONS_AFTER) => RevisionsAfter(
                 n[REVISIONS_AFTER.len()..]
                     .parse()
@@ -216,6 +256,11 @@ impl Request {
             }
             Check => get("check"),
             Select(p) => set("select", p.clone()),
+            SelectPiece { last, piece } => get(&format!(
+                "{}{}",
+                if *last { SELECT_LAST } else { SELECT_PART },
+                hex(piece)
+            )),
             RevisionsAfter(id) => get(&format!("{REVISIONS_AFTER}{id}")),
             Cost => get("cost"),
             History => get("history"),
@@ -252,6 +297,48 @@ pub fn send(mnt: &Path, r: &Request) -> Result<serde_json::Value, CliError> {
             }
         }
     }
+}
+
+/// Selects `rel` (the path of `file` under the mount `mnt`) for this process: by setting
+/// `select` on the mount's root (one request), or, where this user may not set attributes
+/// of the root (it is not theirs), by gets of `SelectPiece`s asked of `file` itself, which
+/// the kernel allows anyone who may read the file.
+pub fn select(mnt: &Path, file: &Path, rel: &[u8]) -> Result<(), CliError> {
+    let p = cpath(mnt)?;
+    let n = xattr_name("select");
+    // SAFETY: valid C strings and a readable value buffer of the given length.
+    let rc = unsafe { libc::setxattr(p.as_ptr(), n.as_ptr(), rel.as_ptr().cast(), rel.len(), 0) };
+    if rc == 0 {
+        return Ok(());
+    }
+    let e = std::io::Error::last_os_error();
+    if !matches!(e.raw_os_error(), Some(libc::EPERM | libc::EACCES)) {
+        return Err(format!("select: {e}").into());
+    }
+    let f = cpath(file)?;
+    let pieces: Vec<&[u8]> = match rel.is_empty() {
+        true => vec![rel],
+        false => rel.chunks(SELECT_PIECE).collect(),
+    };
+    for (i, piece) in pieces.iter().enumerate() {
+        let (name, _) = Request::SelectPiece {
+            last: i + 1 == pieces.len(),
+            piece: piece.to_vec(),
+        }
+        .to_wire();
+        let n = xattr_name(&name);
+        // SAFETY: a size query writes nothing.
+        let r = unsafe { libc::getxattr(f.as_ptr(), n.as_ptr(), std::ptr::null_mut(), 0) };
+        if r < 0 {
+            return Err(format!(
+                "{}: {}: not readable by this user, or not a file of the mount",
+                file.display(),
+                std::io::Error::last_os_error()
+            )
+            .into());
+        }
+    }
+    Ok(())
 }
 
 // The wire: one attribute of the mount's root per request.
@@ -380,6 +467,14 @@ mod tests {
             },
             Check,
             Select(b"dir/ckpt.pt".to_vec()),
+            SelectPiece {
+                last: true,
+                piece: b"dir/\xffckpt.pt".to_vec(),
+            },
+            SelectPiece {
+                last: false,
+                piece: vec![b'a'; SELECT_PIECE],
+            },
             RevisionsAfter(42),
             Cost,
             History,

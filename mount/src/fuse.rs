@@ -520,9 +520,12 @@ impl CkptFs {
                 let s = self.fs.stats().map_err(|e| fail_json("stats", e))?;
                 to_json(crate::stats_json(&s))
             }
-            R::Select(_) | R::RevisionsAfter(_) | R::Cost | R::History | R::Restore(_) => {
-                self.control_revisions(req, r)
-            }
+            R::Select(_)
+            | R::SelectPiece { .. }
+            | R::RevisionsAfter(_)
+            | R::Cost
+            | R::History
+            | R::Restore(_) => self.control_revisions(req, r),
             r => self.control_maintenance(r),
         }
     }
@@ -638,6 +641,31 @@ impl CkptFs {
         }
     }
 
+    /// A piece of a selection by gets (`control::Request::SelectPiece`), asked of file `ino`:
+    /// the kernel passed it only because the caller may read that file. Pieces are kept
+    /// per process; the last one selects the whole path if it names `ino` (else EACCES: the
+    /// access proven is to another file).
+    fn select_piece(&self, req: &Request, ino: INodeNo, name: &str) -> Result<(), Errno> {
+        use control::Request as R;
+        let Ok(R::SelectPiece { last, piece }) = control::Request::parse(name, None) else {
+            return Err(Errno::from_i32(libc::EINVAL));
+        };
+        let pid = req.pid();
+        let Some(path) = self.fs.select_piece(pid, &piece, last) else {
+            return match last {
+                true => Err(Errno::from_i32(libc::EINVAL)),
+                false => Ok(()),
+            };
+        };
+        match self.fs.names(&path, InodeId(ino.0)) {
+            true => {
+                self.fs.select(pid, path);
+                Ok(())
+            }
+            false => Err(Errno::from_i32(libc::EACCES)),
+        }
+    }
+
     /// The control requests about one selected path's revisions (select, the revision
     /// listing's pages, cost, history, restore).
     fn control_revisions(&self, req: &Request, r: control::Request) -> Result<Vec<u8>, Errno> {
@@ -646,9 +674,15 @@ impl CkptFs {
         let einval = || Errno::from_i32(libc::EINVAL);
         let to_json = |v: serde_json::Value| Ok(v.to_string().into_bytes());
         let fail_json = |op: &str, e: Error| fail(op, 1, e);
-        if let R::Select(path) = r {
-            self.fs.select(pid, path);
-            return Ok(Vec::new());
+        match r {
+            R::Select(path) => {
+                self.fs.select(pid, path);
+                return Ok(Vec::new());
+            }
+            // Asked of the root, where everyone may get attributes: no proof of access to
+            // any file (`getxattr` routes the ones asked of a file to `select_piece`).
+            R::SelectPiece { .. } => return Err(Errno::from_i32(libc::EACCES)),
+            _ => {}
         }
         let path = self.fs.selection(pid).ok_or_else(einval)?;
         match r {
@@ -1307,6 +1341,20 @@ impl Filesystem for CkptFs {
     }
 
     fn getxattr(&self, req: &Request, ino: INodeNo, name: &OsStr, size: u32, reply: ReplyXattr) {
+        if ino != INodeNo::ROOT {
+            if let Some(r) = name
+                .to_str()
+                .and_then(|n| n.strip_prefix(CONTROL_PREFIX))
+                .filter(|n| {
+                    n.starts_with(control::SELECT_PART) || n.starts_with(control::SELECT_LAST)
+                })
+            {
+                return match self.select_piece(req, ino, r) {
+                    Ok(()) => Self::reply_xattr(&[], size, reply),
+                    Err(e) => reply.error(e),
+                };
+            }
+        }
         let Some(op) = name
             .to_str()
             .and_then(|n| n.strip_prefix(CONTROL_PREFIX))

@@ -53,7 +53,7 @@ pub(crate) fn list_revisions(
         }
         Target::Mounted { mnt } => {
             // Paged: one answer must fit an xattr value (64 KiB), a long history does not.
-            control::send(&mnt, &control::Request::Select(rel.clone()))?;
+            control::select(&mnt, path, &rel)?;
             let mut all = Vec::new();
             let mut after = 0u64;
             loop {
@@ -154,7 +154,7 @@ pub(crate) fn published_cost(path: &Path) -> Result<serde_json::Value, CliError>
     let Target::Mounted { mnt } = target else {
         return Err(format!("{}: not in a mount", path.display()).into());
     };
-    control::send(&mnt, &control::Request::Select(rel.clone()))?;
+    control::select(&mnt, path, &rel)?;
     let c = control::send(&mnt, &control::Request::Cost)?;
     if c.is_null() {
         return Ok(serde_json::Value::Array(Vec::new()));
@@ -216,12 +216,24 @@ pub(crate) fn cmd_restore(
     let (target, rel) = path_target(path, space)?;
     match (target, to) {
         (Target::Mounted { mnt }, None) => {
-            control::send(&mnt, &control::Request::Select(rel.clone()))?;
+            control::select(&mnt, path, &rel)?;
             control::send(&mnt, &control::Request::Restore(rev))?;
         }
         (Target::Mounted { mnt }, Some(to)) => {
-            // Through the view, by history id, so unlinked paths work too.
-            control::send(&mnt, &control::Request::Select(rel.clone()))?;
+            // Through the path's revision view, which anyone who may read the file may read
+            // (`.ckptfs/histories` is root's alone); else by history id, so unlinked paths
+            // work too.
+            let by_path = mnt
+                .join(".ckptfs/revisions")
+                .join(<std::ffi::OsStr as std::os::unix::ffi::OsStrExt>::from_bytes(&rel))
+                .join(rev.to_string());
+            if by_path.is_file() {
+                std::fs::copy(&by_path, to).map_err(|e| {
+                    format!("cannot copy revision {rev} ({}): {e}", by_path.display())
+                })?;
+                return Ok(());
+            }
+            control::select(&mnt, path, &rel)?;
             let hid = control::send(&mnt, &control::Request::History)?
                 .get("history")
                 .and_then(|h| h.as_u64())

@@ -867,3 +867,123 @@ fn control_attributes_refuse_other_users() {
     assert_eq!(m.config(&[])["keep_revisions"], 3);
     chown(m.mnt(), 0);
 }
+
+/// `ckptfs revisions`, `report` and `restore --to` for a user who does not own the mount's
+/// root (a job's user on a mount root made with --allow-other): the CLI cannot set the
+/// root's `select` attribute, so it selects by gets asked of the file itself, which the
+/// kernel lets through only to whoever may read the file. Their own files list; a file
+/// they may not read does not, and naming another file's path in a get of their own
+/// file's attribute selects nothing. Before, every such command failed for them with
+/// "select: Permission denied".
+#[test]
+fn a_user_lists_revisions_of_files_they_may_read_and_no_others() {
+    let mut m = allow_other_mount();
+    mkdir(&m.path("nobodydir"), 0o755);
+    chown(&m.path("nobodydir"), NOBODY);
+    let deep = format!("nobodydir/{}", vec!["d".repeat(90); 3].join("/"));
+    fs::create_dir_all(m.path(&deep)).expect("mkdir deep");
+    let mine = two_revisions(&mut m, "nobodydir/mine", 0o644);
+    let long_rel = format!("{deep}/{}", "f".repeat(40));
+    let long = two_revisions(&mut m, &long_rel, 0o644);
+    two_revisions(&mut m, "secret", 0o600);
+
+    let dir = TempDir::new("user-revisions");
+    let bin = dir.path().join("ckptfs");
+    fs::copy(ckptfs_tests::ckptfs_bin(), &bin).unwrap();
+    fs::set_permissions(&bin, fs::Permissions::from_mode(0o755)).unwrap();
+    fs::set_permissions(dir.path(), fs::Permissions::from_mode(0o755)).unwrap();
+    chown(dir.path(), NOBODY);
+    let run = |args: &[&OsStr]| {
+        let out = Command::new(&bin)
+            .args(args)
+            .uid(NOBODY)
+            .gid(NOBODY)
+            .output()
+            .unwrap();
+        println!(
+            "$ ckptfs {args:?}\n{}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+        out
+    };
+    for (rel, ids) in [("nobodydir/mine", &mine), (long_rel.as_str(), &long)] {
+        let p = m.path(rel);
+        let out = run(&["revisions".as_ref(), "--json".as_ref(), p.as_os_str()]);
+        assert!(
+            out.status.success(),
+            "revisions of {rel} as nobody: {out:?}"
+        );
+        let v: serde_json::Value = serde_json::from_slice(&out.stdout).expect("json");
+        let got: Vec<u64> = v
+            .as_array()
+            .expect("array")
+            .iter()
+            .map(|r| r["id"].as_u64().expect("id"))
+            .collect();
+        assert_eq!(&got, ids, "{rel}: the revisions root lists");
+    }
+    let to = dir.path().join("copy");
+    let out = run(&[
+        "restore".as_ref(),
+        m.path("nobodydir/mine").as_os_str(),
+        "--revision".as_ref(),
+        mine[0].to_string().as_ref(),
+        "--to".as_ref(),
+        to.as_os_str(),
+    ]);
+    assert!(out.status.success(), "restore --to as nobody: {out:?}");
+    assert_file_eq(&to, b"nobodydir/mine v1");
+    let out = run(&["revisions".as_ref(), m.path("secret").as_os_str()]);
+    assert!(
+        !out.status.success(),
+        "nobody listed a 0600 file's revisions"
+    );
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("not readable by this user"),
+        "{out:?}"
+    );
+
+    // A forged selection: a get of nobody's own file's attribute naming the secret's path.
+    let own = cpath(&m.path("nobodydir/mine"));
+    let root = cpath(m.mnt());
+    let forged = CString::new(format!(
+        "user.ckptfs.select-end-hex-{}",
+        b"secret"
+            .iter()
+            .map(|b| format!("{b:02x}"))
+            .collect::<String>()
+    ))
+    .unwrap();
+    let listing = CString::new("user.ckptfs.revisions-after-0").unwrap();
+    // SAFETY: the child makes only async-signal-safe syscalls and leaves with _exit.
+    let code = unsafe {
+        let pid = libc::fork();
+        assert!(pid >= 0);
+        if pid == 0 {
+            let code = if libc::setgroups(0, std::ptr::null()) != 0
+                || libc::setgid(NOBODY) != 0
+                || libc::setuid(NOBODY) != 0
+            {
+                255
+            } else if libc::getxattr(own.as_ptr(), forged.as_ptr(), std::ptr::null_mut(), 0) >= 0
+                || *libc::__errno_location() != libc::EACCES
+            {
+                1
+            } else if libc::getxattr(root.as_ptr(), listing.as_ptr(), std::ptr::null_mut(), 0) >= 0
+            {
+                2
+            } else {
+                0
+            };
+            libc::_exit(code);
+        }
+        let mut status = 0;
+        assert_eq!(libc::waitpid(pid, &mut status, 0), pid);
+        libc::WEXITSTATUS(status)
+    };
+    assert_eq!(
+        code, 0,
+        "1: the forged selection was not refused with EACCES; 2: it selected the secret"
+    );
+}
