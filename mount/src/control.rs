@@ -89,7 +89,7 @@ fn hex(b: &[u8]) -> String {
 }
 
 fn unhex(s: &str) -> Result<Vec<u8>, Refused> {
-    if s.len() % 2 != 0 || s.len() > 2 * SELECT_PIECE {
+    if !s.len().is_multiple_of(2) || s.len() > 2 * SELECT_PIECE {
         return Err(Refused::Invalid);
     }
     (0..s.len())

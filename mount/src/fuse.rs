@@ -1270,27 +1270,42 @@ impl Filesystem for CkptFs {
     ) {
         let dir = InodeId(ino.0);
         let mut after = offset;
+        // Entries added to this reply that the kernel will count as looked up: given back
+        // if the reply turns into an error, as are a batch's entries not sent.
+        let mut sent: Vec<InodeId> = Vec::new();
+        let give_back =
+            |rest: &mut dyn Iterator<Item = (ckptfs_fs::DirItem, Result<Attr, Error>)>| {
+                for (it, found) in rest {
+                    if let (false, Ok(a)) = (it.name == b"." || it.name == b"..", found) {
+                        self.fs.forget(a.ino, 1);
+                    }
+                }
+            };
         loop {
-            let items = match self.fs.readdir(dir, after, READDIR_BATCH) {
+            let items = match self.fs.readdir_plus(dir, after, READDIR_BATCH) {
                 Ok(i) => i,
-                Err(e) => return reply.error(fail("readdirplus", ino.0, e)),
+                Err(e) => {
+                    sent.iter().for_each(|i| self.fs.forget(*i, 1));
+                    return reply.error(fail("readdirplus", ino.0, e));
+                }
             };
             if items.is_empty() {
                 return reply.ok();
             }
-            for it in &items {
+            let mut items = items.into_iter();
+            while let Some((it, found)) = items.next() {
                 let dots = it.name == b"." || it.name == b"..";
-                let found = match dots {
-                    true => self.fs.getattr(it.ino),
-                    false => self.fs.lookup_entry(dir, &it.name),
-                };
                 let a = match found {
                     Ok(a) => a,
                     Err(Error::NotFound | Error::Stale) => {
                         after = it.offset;
                         continue;
                     }
-                    Err(e) => return reply.error(fail("readdirplus", ino.0, e)),
+                    Err(e) => {
+                        sent.iter().for_each(|i| self.fs.forget(*i, 1));
+                        give_back(&mut items);
+                        return reply.error(fail("readdirplus", ino.0, e));
+                    }
                 };
                 let name = OsStr::from_bytes(&it.name);
                 let attr = file_attr(&a);
@@ -1302,10 +1317,15 @@ impl Filesystem for CkptFs {
                     &attr,
                     Generation(0),
                 ) {
+                    // Full: this entry is not sent either.
                     if !dots {
                         self.fs.forget(a.ino, 1);
                     }
+                    give_back(&mut items);
                     return reply.ok();
+                }
+                if !dots {
+                    sent.push(a.ino);
                 }
                 after = it.offset;
             }

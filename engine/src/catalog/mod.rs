@@ -1536,6 +1536,13 @@ impl Reader {
         get_inode(&self.txn.open_table(INODES)?, ino)
     }
 
+    /// `inode` of each of `inos`, the table opened once (a listing's entries: opening it
+    /// per entry was most of a listing's cost).
+    pub fn inodes(&self, inos: &[InodeId]) -> Result<Vec<Option<InodeRecord>>> {
+        let t = self.txn.open_table(INODES)?;
+        inos.iter().map(|i| get_inode(&t, *i)).collect()
+    }
+
     pub fn lookup(&self, parent: InodeId, name: &[u8]) -> Result<Option<InodeId>> {
         lookup(&self.txn.open_table(DIRENTS)?, parent, name)
     }
@@ -1567,6 +1574,12 @@ impl Reader {
     /// The extents of revision `rev`, by file offset.
     pub fn extents(&self, rev: RevisionId) -> Result<Vec<(u64, Extent)>> {
         extents_of(&self.txn.open_table(EXTENTS)?, rev)
+    }
+
+    /// `extents` of each of `revs`, the table opened once.
+    pub fn extents_many(&self, revs: &[RevisionId]) -> Result<Vec<Vec<(u64, Extent)>>> {
+        let t = self.txn.open_table(EXTENTS)?;
+        revs.iter().map(|r| extents_of(&t, *r)).collect()
     }
 
     pub fn config(&self) -> Result<Config> {

@@ -199,6 +199,19 @@ impl<'a> Pins<'a> {
         Ok(true)
     }
 
+    /// `hold_inode` of each of `inos` in one snapshot of the table (a listing's entries):
+    /// the records of those that exist, each now held; None for one gc removed.
+    pub fn hold_inodes(self, inos: &[InodeId]) -> Result<Vec<Option<InodeRecord>>> {
+        let _gate = self.0.pin_gate.read();
+        let recs = self.0.reader()?.inodes(inos)?;
+        for (ino, r) in inos.iter().zip(&recs) {
+            if r.is_some() {
+                self.0.pins.hold(*ino);
+            }
+        }
+        Ok(recs)
+    }
+
     /// Holds every new pin off (the gate's other side) while gc samples the pins and
     /// commits what retention drops, so no revision is dropped under a reader that pinned it
     /// after gc began.
@@ -581,6 +594,26 @@ impl<'a> Files<'a> {
             return Ok(ExtentMap::new());
         }
         load_map_from(&self.0.reader()?, rev)
+    }
+
+    /// The bytes of each of `revs` that are not holes (the sum of its extents' lengths),
+    /// from one snapshot with the extent table opened once.
+    pub fn data_bytes_many(self, revs: &[RevisionId]) -> Result<Vec<u64>> {
+        let r = self.0.reader()?;
+        let some: Vec<RevisionId> = revs.iter().copied().filter(|r| r.0 != 0).collect();
+        let mut rows = r.extents_many(&some)?.into_iter();
+        revs.iter()
+            .map(|rev| {
+                if rev.0 == 0 {
+                    return Ok(0);
+                }
+                let mut map = ExtentMap::new();
+                for (off, e) in rows.next().expect("one row set per revision") {
+                    map.push_loaded(off, e)?;
+                }
+                Ok(map.iter().map(|(_, e)| e.len as u64).sum())
+            })
+            .collect()
     }
 
     /// Opens a file's committed content for reading and writing.

@@ -179,6 +179,11 @@ impl Namespace<'_> {
         self.space.reader()?.inode(ino)
     }
 
+    /// `get_inode` of each of `inos`, from one snapshot.
+    pub fn get_inodes(&self, inos: &[InodeId]) -> Result<Vec<Option<InodeRecord>>> {
+        self.space.reader()?.inodes(inos)
+    }
+
     /// The extended attributes of `ino`.
     pub fn xattrs(&self, ino: InodeId) -> Result<Xattrs> {
         self.space.reader()?.xattrs(ino)
