@@ -191,6 +191,12 @@ struct OpenNode {
     /// A layer of a shared namespace's file opened with O_TRUNC: the truncate (stamp,
     /// length) that cuts the other layers, recorded with the next commit.
     clip: Option<(u64, u64)>,
+    /// Counts the changes of this inode's extended attributes while it is open (`xattrs_changed`).
+    xattr_epoch: u64,
+    /// The `xattr_epoch` at which the file was seen to have no file capabilities: until
+    /// the attributes change, a write has none to drop and reads nothing (`drop_file_caps`,
+    /// one table read per write before: three per file of an untar).
+    no_caps_at: Option<u64>,
 }
 
 /// What ckptfs tracks of one open file handle (one open file description).
@@ -1179,6 +1185,8 @@ impl Fs {
                     handles: HashMap::new(),
                     ahead: ReadAhead::default(),
                     clip: None,
+                    xattr_epoch: 0,
+                    no_caps_at: None,
                 }));
                 t.nodes.insert(ino, n.clone());
                 n
@@ -2324,6 +2332,10 @@ impl Fs {
             n.file.mark_replaced();
             // The revision's extended attributes come back with its bytes (first, so the
             // commit below records them in the new revision).
+            // Under the node's lock: no write checks for file capabilities meanwhile, and
+            // the next one reads them again.
+            n.xattr_epoch += 1;
+            n.no_caps_at = None;
             self.space.ns().restore_xattrs(ino, RevisionId(rev))?;
             let now = Timestamp::now();
             n.rec.mtime = now;

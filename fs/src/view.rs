@@ -451,6 +451,8 @@ impl Fs {
                     handles: HashMap::new(),
                     ahead: ckptfs_engine::face::ReadAhead::default(),
                     clip: None,
+                    xattr_epoch: 0,
+                    no_caps_at: None,
                 }));
                 open.nodes.insert(ino, n.clone());
                 n

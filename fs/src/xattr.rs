@@ -159,7 +159,10 @@ impl Fs {
             create: how.create,
             replace: how.replace,
         };
-        self.space.ns().set_xattr(ino, (name, value), how, now)?;
+        self.xattrs_changed(ino);
+        let r = self.space.ns().set_xattr(ino, (name, value), how, now);
+        self.xattrs_changed(ino);
+        r?;
         self.refresh_open(ino, |r| r.ctime = now);
         Ok(())
     }
@@ -169,12 +172,41 @@ impl Fs {
     /// it (direct-I/O handles) and the O_TRUNC the daemon does at open come here instead.
     /// One table read when there is nothing to drop.
     pub(crate) fn drop_file_caps(&self, ino: InodeId) -> Result<()> {
+        let node = self.open_node(ino);
+        let epoch = match &node {
+            Some(n) => {
+                let n = n.lock();
+                if n.no_caps_at == Some(n.xattr_epoch) {
+                    return Ok(());
+                }
+                Some(n.xattr_epoch)
+            }
+            None => None,
+        };
         if self.space.ns().xattr(ino, FILE_CAPS)?.is_none() {
+            if let (Some(n), Some(e)) = (node, epoch) {
+                // Only if no change came between the epoch read and the table's answer.
+                let mut n = n.lock();
+                if n.xattr_epoch == e {
+                    n.no_caps_at = Some(e);
+                }
+            }
             return Ok(());
         }
         match self.removexattr(ino, FILE_CAPS) {
             Err(Error::NoData) => Ok(()),
             r => r,
+        }
+    }
+
+    /// Marks the extended attributes of open inode `ino` changed, so that a write looks for
+    /// file capabilities again (`drop_file_caps`). Called before and after a change, so
+    /// that a capability check racing it cannot record the answer from before.
+    pub(crate) fn xattrs_changed(&self, ino: InodeId) {
+        if let Some(n) = self.open_node(ino) {
+            let mut n = n.lock();
+            n.xattr_epoch += 1;
+            n.no_caps_at = None;
         }
     }
 
