@@ -793,6 +793,12 @@ impl ReplyDirectoryPlus {
         ))
     }
 
+    /// The most bytes of entries this reply may hold (the kernel's request size): lets a
+    /// filesystem read about as many entries as will fit (ckptfs addition).
+    pub fn max_size(&self) -> usize {
+        self.buf.max_size()
+    }
+
     /// Reply to a request with the filled directory buffer
     pub fn ok(self) {
         let response: ll::ResponseData = self.buf.into();

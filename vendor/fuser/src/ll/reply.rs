@@ -519,6 +519,10 @@ impl DirEntPlusList {
     pub(crate) fn new(max_size: usize) -> Self {
         Self(EntListBuf::new(max_size))
     }
+    /// The most bytes of entries the reply may hold (ckptfs: sizes its batches).
+    pub(crate) fn max_size(&self) -> usize {
+        self.0.max_size
+    }
     /// Add an entry to the directory reply buffer. Returns true if the buffer is full.
     /// A transparent offset value can be provided for each entry. The kernel uses these
     /// value to request the next entries in further readdir calls
