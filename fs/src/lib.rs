@@ -2016,7 +2016,14 @@ impl Fs {
         for (e, rec) in entries.iter().zip(recs) {
             let a = match rec {
                 None => Err(Error::NotFound),
-                Some(_) if self.open_node(e.ino).is_some() => self.local_getattr(e.ino),
+                Some(_) if self.open_node(e.ino).is_some() => {
+                    let a = self.local_getattr(e.ino);
+                    if a.is_err() {
+                        // Not answered: its hold is given back here.
+                        self.forget(e.ino, 1);
+                    }
+                    a
+                }
                 Some(rec) => {
                     let mut a = Attr::new(e.ino, rec);
                     if a.rec.kind == NodeKind::File {
