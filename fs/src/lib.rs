@@ -312,6 +312,13 @@ pub struct DirItem {
     pub name: Vec<u8>,
 }
 
+impl DirItem {
+    /// `.` or `..`: entries the kernel does not count as looked up.
+    pub fn is_dots(&self) -> bool {
+        self.name == b"." || self.name == b".."
+    }
+}
+
 /// What statfs reports, in bytes.
 #[derive(Clone, Copy, Debug)]
 pub struct SpaceUsage {
@@ -541,11 +548,7 @@ impl Fs {
             return Ok(*b);
         }
         let b = compute()?;
-        let mut c = self.data_bytes_cache.lock();
-        if c.len() >= DATA_BYTES_CACHE_MAX {
-            c.clear();
-        }
-        c.insert((ino, rev), b);
+        cache_data_bytes(&mut self.data_bytes_cache.lock(), (ino, rev), b);
         Ok(b)
     }
 
@@ -1924,24 +1927,7 @@ impl Fs {
 
     /// Entries of `dir` after `offset` (0 = from the start): ".", "..", then the entries.
     pub fn readdir(&self, dir: InodeId, offset: u64, limit: usize) -> Result<Vec<DirItem>> {
-        let mut out = Vec::new();
-        let parent = self.dir_parent(dir)?;
-        if offset < 1 {
-            out.push(DirItem {
-                offset: 1,
-                ino: dir,
-                kind: NodeKind::Dir,
-                name: b".".to_vec(),
-            });
-        }
-        if offset < 2 {
-            out.push(DirItem {
-                offset: 2,
-                ino: parent,
-                kind: NodeKind::Dir,
-                name: b"..".to_vec(),
-            });
-        }
+        let mut out = self.dot_items(dir, offset)?;
         let after = offset.max(2);
         if view::is_virtual(dir) {
             out.extend(self.view_readdir(dir, after, limit)?);
@@ -1966,6 +1952,21 @@ impl Fs {
         Ok(out)
     }
 
+    /// The `.` and `..` entries of `dir` a listing from `offset` starts with (offsets 1, 2).
+    fn dot_items(&self, dir: InodeId, offset: u64) -> Result<Vec<DirItem>> {
+        let parent = self.dir_parent(dir)?;
+        Ok([(1, dir, b".".as_slice()), (2, parent, b"..")]
+            .into_iter()
+            .filter(|(at, _, _)| offset < *at)
+            .map(|(at, ino, name)| DirItem {
+                offset: at,
+                ino,
+                kind: NodeKind::Dir,
+                name: name.to_vec(),
+            })
+            .collect())
+    }
+
     /// `readdir` with each entry's attributes as `lookup_entry` gives them (every entry but
     /// `.` and `..` counted as looked up by the kernel; one gc removed meanwhile answers
     /// NotFound), for READDIRPLUS. A local listing reads its entries' records and holds
@@ -1979,7 +1980,7 @@ impl Fs {
         offset: u64,
         limit: usize,
     ) -> Result<Vec<(DirItem, Result<Attr>)>> {
-        let entry = |it: &DirItem| match it.name == b"." || it.name == b".." {
+        let entry = |it: &DirItem| match it.is_dots() {
             true => self.getattr(it.ino),
             false => self.lookup_entry(dir, &it.name),
         };
@@ -1993,20 +1994,12 @@ impl Fs {
                 })
                 .collect());
         }
-        let mut out = Vec::new();
-        let parent = self.dir_parent(dir)?;
-        for (at, ino, name) in [(1, dir, b".".as_slice()), (2, parent, b"..")] {
-            if offset < at {
-                let it = DirItem {
-                    offset: at,
-                    ino,
-                    kind: NodeKind::Dir,
-                    name: name.to_vec(),
-                };
+        let mut out: Vec<(DirItem, Result<Attr>)> = (self.dot_items(dir, offset)?.into_iter())
+            .map(|it| {
                 let a = entry(&it);
-                out.push((it, a));
-            }
-        }
+                (it, a)
+            })
+            .collect();
         let entries = self.space.ns().list_dir(dir, offset.max(2), limit)?;
         let inos: Vec<InodeId> = entries.iter().map(|e| e.ino).collect();
         let recs = self.space.pins().hold_inodes(&inos)?;
@@ -2054,10 +2047,7 @@ impl Fs {
             for ((i, rev), b) in to_size.into_iter().zip(bytes) {
                 if let Ok(a) = &mut attrs[i] {
                     a.data_bytes = Some(b);
-                    if c.len() >= DATA_BYTES_CACHE_MAX {
-                        c.clear();
-                    }
-                    c.insert((a.ino, rev), b);
+                    cache_data_bytes(&mut c, (a.ino, rev), b);
                 }
             }
         }
@@ -2358,10 +2348,7 @@ impl Fs {
     pub fn select(&self, pid: u32, value: Vec<u8>) {
         let mut s = self.selections.lock();
         s.retain(|(p, _)| *p != pid);
-        if s.len() >= SELECTIONS_MAX {
-            s.pop_front();
-        }
-        s.push_back((pid, value));
+        keep_for(&mut s, pid, value);
     }
 
     /// A piece of a path selected in pieces: kept for `pid` (at most `SELECTIONS_MAX`
@@ -2382,10 +2369,7 @@ impl Fs {
         if last {
             return Some(path);
         }
-        if s.len() >= SELECTIONS_MAX {
-            s.pop_front();
-        }
-        s.push_back((pid, path));
+        keep_for(&mut s, pid, path);
         None
     }
 
@@ -2405,6 +2389,28 @@ impl Fs {
     pub fn stats(&self) -> Result<Stats> {
         Ok(self.space.report().stats()?)
     }
+}
+
+/// Remembers `b` non-hole bytes of `key` in `c` (the locked `Fs::data_bytes_cache`), which
+/// is emptied when full.
+fn cache_data_bytes(
+    c: &mut HashMap<(InodeId, RevisionId), u64>,
+    key: (InodeId, RevisionId),
+    b: u64,
+) {
+    if c.len() >= DATA_BYTES_CACHE_MAX {
+        c.clear();
+    }
+    c.insert(key, b);
+}
+
+/// Keeps `value` for process `pid` in `q` (no entry of `pid` there), dropping the oldest
+/// entry when `q` holds `SELECTIONS_MAX`.
+fn keep_for(q: &mut std::collections::VecDeque<(u32, Vec<u8>)>, pid: u32, value: Vec<u8>) {
+    if q.len() >= SELECTIONS_MAX {
+        q.pop_front();
+    }
+    q.push_back((pid, value));
 }
 
 /// What `Fs::read_reply` produced.

@@ -58,9 +58,10 @@ fn check_xattr_name(ino: InodeId, name: &[u8]) -> Result<()> {
     if not_offered(name) {
         return Err(Error::NotSupported);
     }
-    let Some(ns) = NAMESPACES.iter().find(|ns| name.starts_with(ns)) else {
-        return Err(Error::NotSupported);
-    };
+    let ns = NAMESPACES
+        .iter()
+        .find(|ns| name.starts_with(ns))
+        .expect("not_offered: in an offered namespace");
     if name.len() == ns.len() || name.contains(&0) {
         return Err(Error::Invalid);
     }

@@ -304,14 +304,10 @@ pub fn send(mnt: &Path, r: &Request) -> Result<serde_json::Value, CliError> {
 /// of the root (it is not theirs), by gets of `SelectPiece`s asked of `file` itself, which
 /// the kernel allows anyone who may read the file.
 pub fn select(mnt: &Path, file: &Path, rel: &[u8]) -> Result<(), CliError> {
-    let p = cpath(mnt)?;
-    let n = xattr_name("select");
-    // SAFETY: valid C strings and a readable value buffer of the given length.
-    let rc = unsafe { libc::setxattr(p.as_ptr(), n.as_ptr(), rel.as_ptr().cast(), rel.len(), 0) };
-    if rc == 0 {
-        return Ok(());
-    }
-    let e = std::io::Error::last_os_error();
+    let e = match set_xattr(&cpath(mnt)?, &xattr_name("select"), rel) {
+        Ok(()) => return Ok(()),
+        Err(e) => e,
+    };
     if !matches!(e.raw_os_error(), Some(libc::EPERM | libc::EACCES)) {
         return Err(format!("select: {e}").into());
     }
@@ -326,14 +322,10 @@ pub fn select(mnt: &Path, file: &Path, rel: &[u8]) -> Result<(), CliError> {
             piece: piece.to_vec(),
         }
         .to_wire();
-        let n = xattr_name(&name);
-        // SAFETY: a size query writes nothing.
-        let r = unsafe { libc::getxattr(f.as_ptr(), n.as_ptr(), std::ptr::null_mut(), 0) };
-        if r < 0 {
+        if let Err(e) = xattr_size(&f, &xattr_name(&name)) {
             return Err(format!(
-                "{}: {}: not readable by this user, or not a file of the mount",
-                file.display(),
-                std::io::Error::last_os_error()
+                "{}: {e}: not readable by this user, or not a file of the mount",
+                file.display()
             )
             .into());
         }
@@ -351,8 +343,8 @@ pub(crate) fn cpath(p: &Path) -> Result<std::ffi::CString, CliError> {
     std::ffi::CString::new(p.as_os_str().as_encoded_bytes()).map_err(CliError::from)
 }
 
-pub(crate) fn control_set(mnt: &Path, op: &str, value: &[u8]) -> Result<(), CliError> {
-    let (p, n) = (cpath(mnt)?, xattr_name(op));
+/// setxattr(2) of `n` on `p`.
+fn set_xattr(p: &std::ffi::CStr, n: &std::ffi::CStr, value: &[u8]) -> std::io::Result<()> {
     // SAFETY: valid C strings and a readable value buffer of the given length.
     let rc = unsafe {
         libc::setxattr(
@@ -363,8 +355,25 @@ pub(crate) fn control_set(mnt: &Path, op: &str, value: &[u8]) -> Result<(), CliE
             0,
         )
     };
-    if rc != 0 {
-        let e = std::io::Error::last_os_error();
+    match rc {
+        0 => Ok(()),
+        _ => Err(std::io::Error::last_os_error()),
+    }
+}
+
+/// The size of attribute `n` of `p` (getxattr(2) with no buffer: for a control attribute,
+/// this makes the daemon compute its answer).
+fn xattr_size(p: &std::ffi::CStr, n: &std::ffi::CStr) -> std::io::Result<usize> {
+    // SAFETY: a size query writes nothing.
+    let r = unsafe { libc::getxattr(p.as_ptr(), n.as_ptr(), std::ptr::null_mut(), 0) };
+    match r < 0 {
+        true => Err(std::io::Error::last_os_error()),
+        false => Ok(r as usize),
+    }
+}
+
+pub(crate) fn control_set(mnt: &Path, op: &str, value: &[u8]) -> Result<(), CliError> {
+    if let Err(e) = set_xattr(&cpath(mnt)?, &xattr_name(op), value) {
         if matches!(e.raw_os_error(), Some(libc::EPERM | libc::EACCES)) && op != "select" {
             return Err(format!(
                 "{op}: {e}: only root and the owner of the mount's root directory ({}) may \
@@ -408,12 +417,7 @@ pub(crate) fn control_get(
     let (p, n) = (cpath(mnt)?, xattr_name(op));
     let mut len = 65536;
     if probe {
-        // SAFETY: a size query writes nothing.
-        let r = unsafe { libc::getxattr(p.as_ptr(), n.as_ptr(), std::ptr::null_mut(), 0) };
-        if r < 0 {
-            return Err(CliError::from(control_error(op)));
-        }
-        len = r as usize;
+        len = xattr_size(&p, &n).map_err(|_| CliError::from(control_error(op)))?;
     }
     let mut buf = vec![0u8; len.max(1)];
     // SAFETY: getxattr writes at most buf.len() bytes into buf.

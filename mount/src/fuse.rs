@@ -1279,7 +1279,7 @@ impl Filesystem for CkptFs {
         let give_back =
             |rest: &mut dyn Iterator<Item = (ckptfs_fs::DirItem, Result<Attr, Error>)>| {
                 for (it, found) in rest {
-                    if let (false, Ok(a)) = (it.name == b"." || it.name == b"..", found) {
+                    if let (false, Ok(a)) = (it.is_dots(), found) {
                         self.fs.forget(a.ino, 1);
                     }
                 }
@@ -1301,7 +1301,7 @@ impl Filesystem for CkptFs {
             }
             let mut items = items.into_iter();
             while let Some((it, found)) = items.next() {
-                let dots = it.name == b"." || it.name == b"..";
+                let dots = it.is_dots();
                 let a = match found {
                     Ok(a) => a,
                     Err(Error::NotFound | Error::Stale) => {

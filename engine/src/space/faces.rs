@@ -607,10 +607,7 @@ impl<'a> Files<'a> {
                 if rev.0 == 0 {
                     return Ok(0);
                 }
-                let mut map = ExtentMap::new();
-                for (off, e) in rows.next().expect("one row set per revision") {
-                    map.push_loaded(off, e)?;
-                }
+                let map = map_of(rows.next().expect("one row set per revision"))?;
                 Ok(map.iter().map(|(_, e)| e.len as u64).sum())
             })
             .collect()

@@ -935,8 +935,13 @@ impl Space {
 
 /// The extent map of revision `rev` as `r` reads it.
 fn load_map_from(r: &Reader, rev: RevisionId) -> Result<ExtentMap> {
+    map_of(r.extents(rev)?)
+}
+
+/// A revision's extent map from its rows (checked as they are pushed).
+fn map_of(rows: Vec<(u64, crate::format::Extent)>) -> Result<ExtentMap> {
     let mut map = ExtentMap::new();
-    for (off, e) in r.extents(rev)? {
+    for (off, e) in rows {
         map.push_loaded(off, e)?;
     }
     Ok(map)
