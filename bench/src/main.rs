@@ -28,6 +28,7 @@ mod full;
 mod gc_scale;
 mod gpu;
 mod limits;
+mod remote;
 mod report;
 mod saves;
 mod sink;
@@ -178,6 +179,10 @@ enum Cmd {
     /// Metadata-heavy work beside a plain directory: untar of a tree of 5,000 small files,
     /// `ls -l` and a stat of every file of a directory of 20,000
     Tree(tree::TreeOpts),
+    /// The object-store tier beside a plain S3 client (boto3) on the same server: upload of
+    /// a full checkpoint and of a 5%-changed next revision (seconds, bytes sent, daemon CPU),
+    /// and a cold restore from the bucket beside a plain download
+    Remote(remote::RemoteOpts),
     /// A full space rotating checkpoints (three steps kept, older ones removed): write
     /// amplification next to the bytes the application wrote, beside a plain directory, and
     /// what the daemon writes while the full space sits idle (run as root)
@@ -293,6 +298,13 @@ fn main() {
             Ok(()) => std::process::exit(0),
             Err(e) => {
                 eprintln!("ckptfs-bench saves: {e}");
+                std::process::exit(1);
+            }
+        },
+        Cmd::Remote(o) => match remote::run(&o) {
+            Ok(()) => std::process::exit(0),
+            Err(e) => {
+                eprintln!("ckptfs-bench remote: {e}");
                 std::process::exit(1);
             }
         },

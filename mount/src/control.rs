@@ -31,6 +31,17 @@ pub enum Request {
     /// `CKPTFS_TEST_CLOCK=1` only).
     Clock(f64),
     Stats,
+    /// The object-store tier's status (`{"tier": false}` without one).
+    Remote,
+    /// `Remote`, after asking the uploader to upload everything changed before now
+    /// (`ckptfs umount` and `ckptfs remote --sync` then poll `Remote`).
+    RemoteNudge,
+    /// `ckptfs check --remote` on a mount: the bucket verified, damaged chunks uploaded again.
+    RemoteCheck,
+    /// gc of the bucket (`ckptfs gc` on a mount with a tier).
+    RemoteGc {
+        dry_run: bool,
+    },
     /// `ckptfs rebuild`: optionally replace target `old` by the spec `new` first.
     Rebuild {
         replace: Option<(String, String)>,
@@ -117,7 +128,7 @@ pub fn owner_only(name: &str, set: bool) -> bool {
             name,
             "clock" | "rebuild" | "scrub" | "drop_caches" | "advice" | "config" | "gc" | "restore"
         ),
-        false => name == "check",
+        false => matches!(name, "check" | "remote_gc" | "remote_check"),
     }
 }
 
@@ -145,6 +156,11 @@ impl Request {
                     .ok_or(Refused::Invalid)?,
             ),
             ("stats", None) => Stats,
+            ("remote", None) => Remote,
+            ("remote_nudge", None) => RemoteNudge,
+            ("remote_gc", None) => RemoteGc { dry_run: false },
+            ("remote_check", None) => RemoteCheck,
+            ("remote_gc_dry_run", None) => RemoteGc { dry_run: true },
             ("rebuild", Some(v)) => {
                 let r = json(v)?;
                 let replace = match r["replace"].as_array() {
@@ -218,6 +234,11 @@ impl Request {
             Sync => get("sync"),
             Clock(s) => set("clock", s.to_string().into_bytes()),
             Stats => get("stats"),
+            Remote => get("remote"),
+            RemoteNudge => get("remote_nudge"),
+            RemoteGc { dry_run: false } => get("remote_gc"),
+            RemoteCheck => get("remote_check"),
+            RemoteGc { dry_run: true } => get("remote_gc_dry_run"),
             Rebuild { replace, throttle } => {
                 let mut r = serde_json::json!({});
                 if let Some((old, new)) = replace {

@@ -100,6 +100,8 @@ pub(crate) struct Tuning {
     pub(crate) lease: Duration,
     pub(crate) take_over: bool,
     pub(crate) no_probe: bool,
+    /// `--remote-take-over`: take the object-store tier's lease even while it runs.
+    pub(crate) remote_take_over: bool,
 }
 
 /// The batch codec `--gpu` asks for, if any (see the flag's help).
@@ -241,9 +243,16 @@ pub(crate) fn mount(
     }
     fs.refresh_union()
         .map_err(|e| format!("cannot read the other slots' manifests: {e}"))?;
+    let uploader = match tuning.read_only {
+        true => None,
+        false => start_remote(&backing, &fs, tuning.remote_take_over)?,
+    };
     let fs_for_names = fs.clone();
     let mut adapter = fuse::CkptFs::new(fs.clone());
     adapter.allow_idmap = allow_other;
+    if let Some(u) = uploader {
+        let _ = adapter.remote.set(u);
+    }
     let notifier = adapter.notifier.clone();
     let invalidator = adapter.invalidator.clone();
     let maintenance = start_maintenance(fs);
@@ -283,6 +292,31 @@ pub(crate) fn mount(
     // destroy() stopped the scheduler; the space closes when this last holder of it ends.
     maintenance.join();
     Ok(result?)
+}
+
+/// The object-store tier's uploader of a space that has one (`remote` in its backing
+/// directory): refused while another node holds the bucket prefix's lease.
+fn start_remote(
+    backing: &Path,
+    fs: &Arc<Fs>,
+    take_over: bool,
+) -> Result<Option<Arc<ckptfs_remote::Uploader>>, CliError> {
+    let Some(cfg) = ckptfs_remote::RemoteConfig::load(backing).map_err(|e| e.to_string())? else {
+        return Ok(None);
+    };
+    if fs.shares_namespace() {
+        return Err(format!(
+            "{} has an object-store tier ({}), which takes spaces of one slot",
+            backing.display(),
+            cfg.url
+        )
+        .into());
+    }
+    let url = cfg.url.clone();
+    let u = ckptfs_remote::Uploader::start(fs.clone(), cfg, take_over)
+        .map_err(|e| format!("cannot start the object-store tier {url}: {e}"))?;
+    log::info!("object-store tier: {url} ({} durability)", u.durability());
+    Ok(Some(u))
 }
 
 /// Opens the space a foreground mount serves, as `tuning` says: a single-slot space once
@@ -587,6 +621,9 @@ pub(crate) fn spawn_daemon(
     if tuning.no_probe {
         cmd.arg("--no-probe");
     }
+    if tuning.remote_take_over {
+        cmd.arg("--remote-take-over");
+    }
     cmd.arg("--lease")
         .arg(format!("{}ms", tuning.lease.as_millis()));
     let kernel: Vec<&str> = [(tuning.suid, "suid"), (tuning.noexec, "noexec")]
@@ -801,10 +838,20 @@ pub(crate) fn umount(mnt: &Path) -> Result<(), CliError> {
     // Everything committed, durable and published before the unmount, or said why not
     // (the daemon's own exit status does not reach this process). A daemon from before
     // this request answers nothing: its unmount logs what it could not do.
-    let not_durable = match control::send(&mnt, &control::Request::Sync) {
+    let mut not_durable = match control::send(&mnt, &control::Request::Sync) {
         Ok(v) if v["ok"] == false => Some(v["error"].as_str().unwrap_or("unknown").to_string()),
         _ => None,
     };
+    // The object-store tier: wait (with progress) until the bucket holds it all, or say what
+    // it lacks (the daemon's own last try at exit is bounded and only logged).
+    if not_durable.is_none() {
+        if let Err(e) = crate::remote::wait_uploaded(&mnt, UMOUNT_TIMEOUT) {
+            not_durable = Some(format!(
+                "{e} (the local space holds it: mount it again to \
+                                        finish the upload)"
+            ));
+        }
+    }
     let status = Command::new("fusermount3")
         .arg("-u")
         .arg(&mnt)

@@ -15,6 +15,7 @@ pub(crate) fn cmd_format(c: Cmd) -> Result<(), CliError> {
         redundancy,
         codec,
         retention,
+        remote,
     } = c
     else {
         unreachable!("cmd_format of another command")
@@ -34,6 +35,27 @@ pub(crate) fn cmd_format(c: Cmd) -> Result<(), CliError> {
     })?;
     let mut config = Config::default();
     retention.apply(&mut config);
+    // Checked before anything is formatted: a bad URL, an unreachable store or a prefix
+    // that holds another space's checkpoints leave DIR as it was.
+    let tier = remote.config()?;
+    if let Some(t) = &tier {
+        if slots > 1 {
+            return Err("--remote takes spaces of one slot".into());
+        }
+        remote::check_prefix_unused(t)?;
+    }
+    let save_tier = |dir: &Path| -> Result<(), CliError> {
+        if let Some(t) = &tier {
+            t.save(dir).map_err(|e| e.to_string())?;
+            println!(
+                "ckptfs: {} uploads to {} ({} durability)",
+                dir.display(),
+                t.url,
+                t.durability
+            );
+        }
+        Ok(())
+    };
     // Erasing a single-slot space right after a plain unmount waits for its exiting
     // daemon, as a mount does (a live one is refused by the lock, as before).
     let abs = absolute(&dir);
@@ -50,6 +72,7 @@ pub(crate) fn cmd_format(c: Cmd) -> Result<(), CliError> {
         Space::format_targets(&dir, size, chunk, config, force, &targets, r, slots)
             .map_err(CliError::from)?;
         mark_codec(&dir)?;
+        save_tier(&dir)?;
         println!(
             "ckptfs: formatted {} ({}) over {} targets, redundancy {r}: any {} may be \
              lost",
@@ -62,6 +85,7 @@ pub(crate) fn cmd_format(c: Cmd) -> Result<(), CliError> {
     }
     Space::format_slots(&dir, size, chunk, config, force, slots).map_err(CliError::from)?;
     mark_codec(&dir)?;
+    save_tier(&dir)?;
     println!(
         "ckptfs: formatted {} ({})",
         dir.display(),

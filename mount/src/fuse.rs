@@ -433,6 +433,9 @@ pub struct CkptFs {
     pub invalidator: Arc<std::sync::OnceLock<Invalidator>>,
     /// Whether to offer idmapped mounts to the kernel (the mount has allow_other; see `init`).
     pub allow_idmap: bool,
+    /// The object-store tier's uploader, on a space that has one (set before the session
+    /// starts): a close or fsync in `close` mode returns once the bucket holds it.
+    pub remote: Arc<std::sync::OnceLock<Arc<ckptfs_remote::Uploader>>>,
 }
 
 const ANSWERS_MAX: usize = 64;
@@ -452,6 +455,7 @@ impl CkptFs {
             stop: Default::default(),
             notifier: Arc::new(std::sync::OnceLock::new()),
             allow_idmap: false,
+            remote: Arc::default(),
             invalidator: Arc::new(std::sync::OnceLock::new()),
         }
     }
@@ -521,8 +525,35 @@ impl CkptFs {
             }
             R::Stats => {
                 let s = self.fs.stats().map_err(|e| fail_json("stats", e))?;
-                to_json(crate::stats_json(&s))
+                let mut v = crate::stats_json(&s);
+                if let Some(u) = self.remote.get() {
+                    v["remote"] = serde_json::to_value(u.status()).unwrap_or_default();
+                }
+                to_json(v)
             }
+            R::Remote | R::RemoteNudge => match self.remote.get() {
+                Some(u) => {
+                    if matches!(r, R::RemoteNudge) {
+                        u.nudge();
+                    }
+                    to_json(serde_json::to_value(u.status()).unwrap_or_default())
+                }
+                None => to_json(serde_json::json!({"tier": false})),
+            },
+            R::RemoteCheck => match self.remote.get() {
+                Some(u) => to_json(match u.check_and_heal() {
+                    Ok(r) => serde_json::to_value(r).unwrap_or_default(),
+                    Err(e) => serde_json::json!({"error": e.to_string()}),
+                }),
+                None => to_json(serde_json::json!({"tier": false})),
+            },
+            R::RemoteGc { dry_run } => match self.remote.get() {
+                Some(u) => to_json(match u.gc(dry_run) {
+                    Ok(r) => serde_json::to_value(r).unwrap_or_default(),
+                    Err(e) => serde_json::json!({"error": e.to_string()}),
+                }),
+                None => to_json(serde_json::json!({"tier": false})),
+            },
             R::Select(_)
             | R::SelectPiece { .. }
             | R::RevisionsAfter(_)
@@ -832,6 +863,24 @@ impl CkptFs {
         }
     }
 
+    /// In the tier's `close` mode, waits (at most `CLOSE_WAIT`) until the bucket holds what
+    /// was just committed; else EIO (the bytes are durable locally; the upload goes on).
+    fn remote_durable(&self, op: &str, ino: u64) -> Result<(), Error> {
+        let Some(u) = self.remote.get() else {
+            return Ok(());
+        };
+        if u.durability() != ckptfs_remote::Durability::Close {
+            u.poke();
+            return Ok(());
+        }
+        u.sync(ckptfs_remote::upload::CLOSE_WAIT).map_err(|e| {
+            log::error!("{op} of inode {ino}: durable here, but not in the bucket: {e}");
+            Error::Engine(ckptfs_engine::Error::Io(std::io::Error::other(
+                e.to_string(),
+            )))
+        })
+    }
+
     fn reply_empty(r: Result<(), Error>, op: &str, ino: INodeNo, reply: ReplyEmpty) {
         match r {
             Ok(()) => reply.ok(),
@@ -886,6 +935,18 @@ impl Filesystem for CkptFs {
         match self.sync_all() {
             Ok(()) => log::info!("unmounted; everything closed is committed"),
             Err(e) => log::error!("unmounted, but NOT everything is committed: {e}"),
+        }
+        if let Some(u) = self.remote.get() {
+            // `ckptfs umount` waited for the upload already (with progress); an unmount by a
+            // signal or by fusermount gets a bounded last try.
+            match u.sync(ckptfs_remote::upload::EXIT_WAIT) {
+                Ok(()) => log::info!("the bucket holds everything committed here"),
+                Err(e) => log::error!(
+                    "unmounted, but the bucket does NOT hold everything committed here ({e}); \
+                     the local space does: mount it again to finish the upload"
+                ),
+            }
+            u.stop();
         }
     }
 
@@ -1201,7 +1262,10 @@ impl Filesystem for CkptFs {
         _lock_owner: LockOwner,
         reply: ReplyEmpty,
     ) {
-        let r = self.fs.flush(InodeId(ino.0), HandleId(fh.0), req.pid());
+        let r = self
+            .fs
+            .flush(InodeId(ino.0), HandleId(fh.0), req.pid())
+            .and_then(|()| self.remote_durable("flush", ino.0));
         Self::reply_empty(r, "flush", ino, reply);
     }
 
@@ -1221,7 +1285,10 @@ impl Filesystem for CkptFs {
     }
 
     fn fsync(&self, _req: &Request, ino: INodeNo, fh: FileHandle, _ds: bool, reply: ReplyEmpty) {
-        let r = self.fs.fsync(InodeId(ino.0), HandleId(fh.0));
+        let r = self
+            .fs
+            .fsync(InodeId(ino.0), HandleId(fh.0))
+            .and_then(|()| self.remote_durable("fsync", ino.0));
         Self::reply_empty(r, "fsync", ino, reply);
     }
 

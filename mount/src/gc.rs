@@ -77,6 +77,7 @@ pub(crate) fn cmd_gc(
         }
         t => t,
     };
+    let mut bucket = None;
     let r = match target {
         Target::Mounted { mnt } => {
             // The daemon runs gc inside the setxattr; the bar only shows that it is working.
@@ -90,7 +91,13 @@ pub(crate) fn cmd_gc(
                     empty_trash,
                 },
             )?;
-            gc_from_json(&v).ok_or("malformed gc answer")?
+            let r = gc_from_json(&v).ok_or("malformed gc answer")?;
+            // The object-store tier's bucket, after the space (what the space dropped may
+            // make packs unnamed once the next manifests stop naming them).
+            bucket = control::send(&mnt, &control::Request::RemoteGc { dry_run })
+                .ok()
+                .filter(|v| v["tier"] != false);
+            r
         }
         Target::Offline { fs } => fs
             .gc_with(opts, &mut |p| {
@@ -117,7 +124,11 @@ pub(crate) fn cmd_gc(
         pb.finish_and_clear();
     }
     if json {
-        println!("{}", gc_json(&r));
+        let mut v = gc_json(&r);
+        if let Some(b) = &bucket {
+            v["bucket"] = b.clone();
+        }
+        println!("{v}");
     } else {
         println!(
             "{}dropped {} revisions{}, freed {} chunks ({}), copied {}, freed {} segments",
@@ -144,6 +155,35 @@ pub(crate) fn cmd_gc(
             human(r.free_bytes_after),
             r.seconds
         );
+        if let Some(b) = &bucket {
+            if let Some(e) = b["error"].as_str() {
+                println!("bucket: gc failed: {e}");
+            } else {
+                let list = |k: &str| {
+                    b[k].as_array()
+                        .map(|a| a.iter().filter_map(|x| x.as_str()).collect::<Vec<_>>())
+                        .unwrap_or_default()
+                };
+                let (m, p) = (list("manifests_deleted"), list("packs_deleted"));
+                println!(
+                    "bucket: {} {} manifests and {} packs ({}); kept {} manifests, {} packs ({}), \
+                     {} younger than the grace period",
+                    if r.dry_run { "would delete" } else { "deleted" },
+                    m.len(),
+                    p.len(),
+                    human(b["bytes_deleted"].as_u64().unwrap_or(0)),
+                    b["manifests_kept"],
+                    b["packs_kept"],
+                    human(b["bytes_kept"].as_u64().unwrap_or(0)),
+                    b["young_kept"]
+                );
+                if r.dry_run {
+                    for k in m.iter().chain(&p) {
+                        println!("  {k}");
+                    }
+                }
+            }
+        }
     }
     Ok(())
 }

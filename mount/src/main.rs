@@ -22,6 +22,7 @@ mod error;
 mod format_cmd;
 mod fuse;
 mod gc;
+mod remote;
 mod revisions;
 mod stats;
 use config::*;
@@ -114,6 +115,22 @@ enum Cmd {
         codec: String,
         #[command(flatten)]
         retention: RetentionArgs,
+        #[command(flatten)]
+        remote: remote::RemoteArgs,
+    },
+    /// The object-store tier: on a mount, what the bucket holds and how far behind it is
+    /// (commits, bytes, seconds); on an unmounted backing directory, its settings and the
+    /// bucket's newest checkpoint, or (with --remote) give it a tier.
+    Remote {
+        /// A mountpoint or a backing directory.
+        path: PathBuf,
+        #[command(flatten)]
+        args: remote::RemoteArgs,
+        /// Wait until the bucket holds everything committed on the mount.
+        #[arg(long)]
+        sync: bool,
+        #[arg(long)]
+        json: bool,
     },
     /// Show the slots of a multi-slot space: who holds each (host, pid, mountpoint), its
     /// lease epoch and age, and the bytes it uses. Reads only the slot headers.
@@ -158,15 +175,27 @@ enum Cmd {
         #[arg(long)]
         json: bool,
     },
-    /// Rebuild the lost backing directory of a space formatted with --target from the
-    /// metadata mirror its targets hold (K+1 of them, `ckptfs targets` says which). Then
-    /// mount BACKING_DIR as before.
+    /// Rebuild a lost backing directory: of a space formatted with --target, from the
+    /// metadata mirror its targets hold (--from; K+1 of them, `ckptfs targets` says which);
+    /// of a space with an object-store tier, from the bucket alone (--remote). Then mount
+    /// BACKING_DIR as before.
     Recover {
         /// The backing directory to rebuild (new or empty; --force replaces a damaged one).
         backing: PathBuf,
         /// A target directory of the space: where to find the newest mirror.
-        #[arg(long, value_name = "TARGET_DIR")]
-        from: PathBuf,
+        #[arg(
+            long,
+            value_name = "TARGET_DIR",
+            required_unless_present = "remote",
+            conflicts_with = "remote"
+        )]
+        from: Option<PathBuf>,
+        #[command(flatten)]
+        remote: remote::RemoteArgs,
+        /// With --remote: the size of the new space (default: twice what the bucket's
+        /// newest checkpoint stores, plus 1 GiB).
+        #[arg(long, value_parser = parse_size, requires = "remote")]
+        size: Option<u64>,
         #[arg(long)]
         force: bool,
         #[arg(long)]
@@ -369,6 +398,19 @@ enum Cmd {
         /// README). Only when the other holders are known to be stopped.
         #[arg(long)]
         no_probe: bool,
+        /// With s3://BUCKET/PREFIX in place of BACKING_DIR: the local directory its space
+        /// lives in. An empty one is filled from the bucket first (its newest checkpoint);
+        /// the mount then owns the prefix (a lease) and uploads what it writes.
+        #[arg(long, value_name = "DIR")]
+        cache: Option<PathBuf>,
+        /// Take the object-store tier's lease even while it runs: only when its holder is
+        /// known to be dead (a node lost with its mount). A live holder is fenced at its next
+        /// upload, but what it wrote locally since is not in the bucket.
+        #[arg(long)]
+        remote_take_over: bool,
+        /// With s3://...: the object store's URL (as `format --remote-endpoint`).
+        #[arg(long, value_name = "URL")]
+        remote_endpoint: Option<String>,
         #[arg(long, hide = true)]
         notify_ready: bool,
     },
@@ -380,6 +422,10 @@ enum Cmd {
     Check {
         /// A mountpoint or a backing directory.
         path: PathBuf,
+        /// Check the space's object-store tier instead: read every chunk the bucket's
+        /// newest checkpoint names and verify it by blake3.
+        #[arg(long)]
+        remote: bool,
         #[arg(long)]
         json: bool,
     },
@@ -508,12 +554,28 @@ fn run(cli: Cli) -> Result<(), CliError> {
             throttle,
             json,
         } => targets::scrub(&path, throttle, json),
+        Cmd::Remote {
+            path,
+            args,
+            sync,
+            json,
+        } => remote::run(&path, &args, sync, json),
         Cmd::Recover {
             backing,
             from,
+            remote: r,
+            size,
             force,
             json,
         } => {
+            let Some(from) = from else {
+                if force {
+                    return Err("--force is for --from; recover --remote into a new or \
+                                empty directory"
+                        .into());
+                }
+                return remote::recover(&backing, &r, size, json);
+            };
             let r = ckptfs_engine::space::recover(&absolute(&backing), &absolute(&from), force)
                 .map_err(CliError::from)?;
             if json {
@@ -578,8 +640,24 @@ fn run(cli: Cli) -> Result<(), CliError> {
             lease,
             take_over,
             no_probe,
+            cache,
+            remote_take_over,
+            remote_endpoint,
             notify_ready,
         } => {
+            let mut paths = paths;
+            if let Some(url) = paths[0].to_str().filter(|p| p.starts_with("s3://")) {
+                if paths.len() != 2 {
+                    return Err(
+                        "usage: ckptfs mount s3://BUCKET/PREFIX MOUNTPOINT --cache DIR".into(),
+                    );
+                }
+                paths[0] = remote::cache_for(url, cache.as_deref(), remote_endpoint)?;
+            } else if cache.is_some() || remote_endpoint.is_some() {
+                return Err(
+                    "--cache and --remote-endpoint are for mounting s3://BUCKET/PREFIX".into(),
+                );
+            }
             if foreground {
                 block_termination_signals();
             }
@@ -599,6 +677,7 @@ fn run(cli: Cli) -> Result<(), CliError> {
                 lease,
                 take_over,
                 no_probe,
+                remote_take_over,
             };
             let mut allow_other = allow_other;
             if let Some(o) = &options {
@@ -665,7 +744,10 @@ fn main() -> ExitCode {
         }
     }
     // check has three outcomes (clean, damaged, could not check), so it picks its own status.
-    if let Cmd::Check { path, json } = &cli.cmd {
+    if let Cmd::Check { path, remote, json } = &cli.cmd {
+        if *remote {
+            return remote::check(path, *json);
+        }
         return check::run(path, *json);
     }
     match run(cli) {
@@ -769,6 +851,7 @@ mod tests {
             lease: ckptfs_engine::slots::DEFAULT_LEASE,
             take_over: false,
             no_probe: false,
+            remote_take_over: false,
         }
     }
 

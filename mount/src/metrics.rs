@@ -52,7 +52,12 @@ const G: &str = "gauge";
 const C: &str = "counter";
 
 /// The whole exposition for one space (and its storage targets, for a space over several).
-pub fn prometheus(s: &Stats, targets: Option<&TargetsReport>, space: &str) -> String {
+pub fn prometheus(
+    s: &Stats,
+    targets: Option<&TargetsReport>,
+    remote: Option<&serde_json::Value>,
+    space: &str,
+) -> String {
     let mut o = Out {
         text: String::new(),
         space: label(space),
@@ -67,7 +72,89 @@ pub fn prometheus(s: &Stats, targets: Option<&TargetsReport>, space: &str) -> St
         of_targets(&mut o, t);
     }
     of_stages(&mut o, s);
+    if let Some(r) = remote {
+        of_remote(&mut o, r);
+    }
     o.text
+}
+
+/// The object-store tier of a mount that has one (`ckptfs remote`'s status).
+fn of_remote(o: &mut Out, r: &serde_json::Value) {
+    let n = |k: &str| r[k].as_f64().unwrap_or(0.0);
+    let fams: [(&str, &str, &str, f64); 9] = [
+        (
+            "remote_head_seq",
+            G,
+            "Sequence number of the newest manifest the bucket holds (0: none).",
+            n("head_seq"),
+        ),
+        (
+            "remote_head_taken_seconds",
+            G,
+            "Unix time the snapshot of the bucket's newest manifest was taken.",
+            n("head_taken_unix"),
+        ),
+        (
+            "remote_behind_commits",
+            G,
+            "File commits made on this mount that the bucket does not hold yet.",
+            n("behind_commits"),
+        ),
+        (
+            "remote_behind_changes",
+            G,
+            "Namespace changes made on this mount that the bucket does not hold yet.",
+            n("behind_changes"),
+        ),
+        (
+            "remote_behind_seconds",
+            G,
+            "Seconds since the oldest change the bucket does not hold (0 when it holds all).",
+            n("behind_seconds"),
+        ),
+        (
+            "remote_pending_bytes",
+            G,
+            "Stored bytes the running upload still has to send.",
+            n("pending_bytes"),
+        ),
+        (
+            "remote_sent_bytes_total",
+            C,
+            "Bytes sent to the bucket since the mount.",
+            n("sent_bytes"),
+        ),
+        (
+            "remote_uploads_total",
+            C,
+            "Manifests written to the bucket since the mount.",
+            n("uploads"),
+        ),
+        (
+            "remote_fenced",
+            G,
+            "1 when another node took the bucket prefix over: nothing more is uploaded.",
+            if r["fenced"].is_string() { 1.0 } else { 0.0 },
+        ),
+    ];
+    for (name, kind, help, v) in fams {
+        o.family(name, kind, help);
+        o.sample(name, &[], v);
+    }
+    o.family(
+        "remote_error",
+        G,
+        "1 while the last try to upload failed (retrying with backoff).",
+    );
+    o.sample(
+        "remote_error",
+        &[],
+        if r["last_error"].is_string() {
+            1.0
+        } else {
+            0.0
+        },
+    );
 }
 
 /// The families of one sample each: (name, type, help, value). A ratio of nothing (no data)
@@ -392,7 +479,27 @@ mod tests {
             }],
             ..Stats::default()
         };
-        let t = prometheus(&s, None, "/ckpt");
+        let remote = serde_json::json!({
+            "head_seq": 7, "behind_commits": 2, "behind_seconds": 1.5, "sent_bytes": 4096,
+            "fenced": null, "last_error": "503 Slow Down",
+        });
+        let t = prometheus(&s, None, Some(&remote), "/ckpt");
+        assert!(
+            t.contains("ckptfs_remote_head_seq{space=\"/ckpt\"} 7\n"),
+            "{t}"
+        );
+        assert!(
+            t.contains("ckptfs_remote_behind_seconds{space=\"/ckpt\"} 1.5\n"),
+            "{t}"
+        );
+        assert!(
+            t.contains("ckptfs_remote_fenced{space=\"/ckpt\"} 0\n"),
+            "{t}"
+        );
+        assert!(
+            t.contains("ckptfs_remote_error{space=\"/ckpt\"} 1\n"),
+            "{t}"
+        );
         assert!(
             t.contains("ckptfs_reserved_bytes{space=\"/ckpt\"} 1073741824\n"),
             "{t}"

@@ -271,8 +271,18 @@ pub(crate) fn cmd_stats(path: &Path, json: bool, prometheus: bool) -> Result<(),
     }
     let s = read_stats(path)?;
     let (t, red) = targets_of(path);
+    // The object-store tier of a mount that has one.
+    let remote = match mounted_at(&abs) {
+        true => control::send(&abs, &control::Request::Remote)
+            .ok()
+            .filter(|v| v["tier"] != false),
+        false => None,
+    };
     if json {
         let mut v = stats_json(&s);
+        if let Some(r) = &remote {
+            v["remote"] = r.clone();
+        }
         if let Some(t) = &t {
             v["targets"] = serde_json::to_value(t).unwrap_or_default();
         }
@@ -283,11 +293,30 @@ pub(crate) fn cmd_stats(path: &Path, json: bool, prometheus: bool) -> Result<(),
     } else if prometheus {
         print!(
             "{}",
-            metrics::prometheus(&s, t.as_ref(), &absolute(path).to_string_lossy())
+            metrics::prometheus(
+                &s,
+                t.as_ref(),
+                remote.as_ref(),
+                &absolute(path).to_string_lossy()
+            )
         );
     } else {
         print_stats(&s);
         print_targets(t.as_ref(), red.as_ref());
+        if let Some(r) = &remote {
+            let u = |k: &str| r[k].as_u64().unwrap_or(0);
+            println!(
+                "object-store tier  {} ({} durability): {}; bucket holds manifest {}; \
+                 behind {} commits, {} changes, {:.1} s",
+                r["url"].as_str().unwrap_or("?"),
+                r["durability"].as_str().unwrap_or("?"),
+                r["state"].as_str().unwrap_or("?"),
+                u("head_seq"),
+                u("behind_commits"),
+                u("behind_changes"),
+                r["behind_seconds"].as_f64().unwrap_or(0.0)
+            );
+        }
     }
     Ok(())
 }

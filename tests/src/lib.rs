@@ -23,6 +23,7 @@ pub mod cluster;
 pub mod n1model;
 pub mod nsmodel;
 pub mod rotation;
+pub mod s3;
 pub mod tagged;
 
 /// Size of the backing space unless a test asks for another. Format reserves it with
@@ -269,6 +270,33 @@ impl TestMount {
         let args: Vec<OsString> = args.iter().map(|a| a.to_os_string()).collect();
         tm.run_ok("format", &args, FORMAT_TIMEOUT);
         tm.mount();
+        tm
+    }
+
+    /// `with_format_args` with `env` in the environment of every command, the format
+    /// included (an object-store tier's credentials and endpoint).
+    pub fn with_env_format_args(size: &str, extra: &[&str], env: &[(&str, String)]) -> TestMount {
+        let mut tm = TestMount::empty_with_env(env);
+        let mut args: Vec<OsString> = vec![
+            "format".into(),
+            tm.backing.clone().into_os_string(),
+            "--size".into(),
+            size.into(),
+        ];
+        args.extend(extra.iter().map(OsString::from));
+        tm.run_ok("format", &args, FORMAT_TIMEOUT);
+        tm.mount();
+        tm
+    }
+
+    /// An empty backing directory and mountpoint, nothing mounted, with `env` for every
+    /// command: for a space the test makes with its own commands (`ckptfs recover`), then
+    /// `mount()`s.
+    pub fn empty_with_env(env: &[(&str, String)]) -> TestMount {
+        let mut tm = TestMount::unformatted();
+        for (k, v) in env {
+            tm.set_env(k, v);
+        }
         tm
     }
 

@@ -160,6 +160,8 @@ pub const LOCK_FILE: &str = "lock";
 pub const LOG_FILE: &str = "daemon.log";
 /// The journal of a single-slot space on a data file (`catalog::journal`).
 pub const JOURNAL_FILE: &str = "journal";
+/// The settings of a space's object-store tier (`ckptfs-remote`), if it has one.
+pub const REMOTE_FILE: &str = "remote";
 /// Segments a slot needs at least: two for chunks, two for its manifest area.
 pub(crate) const MIN_SLOT_SEGMENTS: u64 = 4;
 
@@ -1158,7 +1160,7 @@ impl Codec {
     /// First id of the float codec's eight transforms.
     const FLOAT_BASE: u8 = 4;
 
-    pub(crate) fn from_u8(c: u8) -> Option<Codec> {
+    pub fn from_u8(c: u8) -> Option<Codec> {
         Some(match c {
             0 => Codec::Raw,
             1 => Codec::Lz4,

@@ -6,7 +6,7 @@ use super::*;
 
 /// Writes `name` in `dir` so a crash leaves the old file or the new one (temporary file,
 /// fsync, rename, directory fsync).
-pub(crate) fn write_file_durably(dir: &Path, name: &str, bytes: &[u8]) -> Result<()> {
+pub fn write_file_durably(dir: &Path, name: &str, bytes: &[u8]) -> Result<()> {
     write_file_durably_via(dir, name, &format!("{name}.tmp"), bytes)
 }
 
@@ -286,7 +286,7 @@ pub fn recover(backing: &Path, from: &Path, force: bool) -> Result<Recovered> {
             .collect::<std::io::Result<_>>()?;
         let ours = names.iter().all(|n| {
             let n = n.strip_suffix(".tmp").unwrap_or(n);
-            TARGETED_SPACE_FILES.contains(&n)
+            TARGETED_SPACE_FILES.contains(&n) || n == crate::format::REMOTE_FILE
         });
         if !ours {
             return Err(Error::Invalid(format!(

@@ -620,6 +620,7 @@ fn old_space_files(dir: &Path, force: bool) -> Result<Vec<String>> {
                 .strip_suffix(".tmp")
                 .map_or(n, |b| b.split('.').next().unwrap_or(b));
             SPACE_FILES.contains(&n)
+                || n == crate::format::REMOTE_FILE
                 || SLOTTED_SPACE_FILES.contains(&n)
                 || TARGETED_SPACE_FILES.contains(&n)
         })

@@ -487,7 +487,7 @@ impl<'a> Report<'a> {
 /// The space's data as the filesystem sizes and schedules its work by: room, failure,
 /// prefetching and the store's idle work; the chunk I/O file states write through.
 #[derive(Clone, Copy)]
-pub struct Data<'a>(&'a Space);
+pub struct Data<'a>(pub(super) &'a Space);
 
 impl Space {
     /// See `Data`.

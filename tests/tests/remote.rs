@@ -1,0 +1,532 @@
+//! The object-store tier against a real S3 server (SeaweedFS's `weed mini`, one per test, on
+//! loopback; `ckptfs_tests::s3`): a space restarts on another node from the bucket alone,
+//! `close` mode survives the node, a next revision uploads about what it newly stores, a
+//! stopped or killed store loses nothing and the status says what is pending, damage in the
+//! bucket is found and never restored, bucket gc keeps a rotation bounded, and refused
+//! credentials are said. Without `weed` each test prints SKIPPED (`CKPTFS_REQUIRE=s3`
+//! fails instead; `.ci/run` installs it).
+
+use ckptfs_tests::s3::Weed;
+use ckptfs_tests::{pattern, TestMount};
+use std::collections::BTreeMap;
+use std::ffi::OsStr;
+use std::fs;
+use std::os::unix::fs::{MetadataExt, PermissionsExt};
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+/// One node of a tree as the comparison sees it.
+#[derive(Debug, PartialEq)]
+enum Item {
+    Dir {
+        mode: u32,
+        mtime: i64,
+    },
+    File {
+        mode: u32,
+        mtime: i64,
+        bytes: Vec<u8>,
+        xattrs: Vec<(String, Vec<u8>)>,
+    },
+    Link(PathBuf),
+}
+
+fn xattrs(p: &Path) -> Vec<(String, Vec<u8>)> {
+    let c = std::ffi::CString::new(p.as_os_str().as_encoded_bytes()).expect("path");
+    let mut names = vec![0u8; 4096];
+    // SAFETY: the buffer is as long as said.
+    let n = unsafe { libc::llistxattr(c.as_ptr(), names.as_mut_ptr().cast(), names.len()) };
+    assert!(n >= 0, "listxattr {}", p.display());
+    let mut out = Vec::new();
+    for name in names[..n as usize]
+        .split(|&b| b == 0)
+        .filter(|n| !n.is_empty())
+    {
+        let cn = std::ffi::CString::new(name).expect("name");
+        let mut v = vec![0u8; 65536];
+        // SAFETY: the buffer is as long as said.
+        let m = unsafe { libc::lgetxattr(c.as_ptr(), cn.as_ptr(), v.as_mut_ptr().cast(), v.len()) };
+        assert!(m >= 0, "getxattr {}", p.display());
+        v.truncate(m as usize);
+        out.push((String::from_utf8_lossy(name).into_owned(), v));
+    }
+    out.sort();
+    out
+}
+
+/// Every node under `root` (relative path -> item).
+fn tree(root: &Path) -> BTreeMap<PathBuf, Item> {
+    let mut out = BTreeMap::new();
+    let mut stack = vec![root.to_path_buf()];
+    while let Some(d) = stack.pop() {
+        for e in fs::read_dir(&d).expect("read_dir") {
+            let p = e.expect("entry").path();
+            let m = fs::symlink_metadata(&p).expect("lstat");
+            let rel = p.strip_prefix(root).expect("under root").to_path_buf();
+            let item = if m.file_type().is_symlink() {
+                Item::Link(fs::read_link(&p).expect("readlink"))
+            } else if m.is_dir() {
+                stack.push(p.clone());
+                Item::Dir {
+                    mode: m.permissions().mode(),
+                    mtime: m.mtime(),
+                }
+            } else {
+                Item::File {
+                    mode: m.permissions().mode(),
+                    mtime: m.mtime(),
+                    bytes: fs::read(&p).expect("read"),
+                    xattrs: xattrs(&p),
+                }
+            };
+            out.insert(rel, item);
+        }
+    }
+    out
+}
+
+#[track_caller]
+fn assert_same_tree(a: &Path, b: &Path) {
+    let (ta, tb) = (tree(a), tree(b));
+    let ka: Vec<_> = ta.keys().collect();
+    let kb: Vec<_> = tb.keys().collect();
+    assert_eq!(ka, kb, "the trees name different nodes");
+    for (k, va) in &ta {
+        let vb = &tb[k];
+        if va != vb {
+            let short = |i: &Item| match i {
+                Item::File {
+                    mode,
+                    mtime,
+                    bytes,
+                    xattrs,
+                } => format!(
+                    "file mode {mode:o} mtime {mtime} {} bytes (blake3 {}) xattrs {xattrs:?}",
+                    bytes.len(),
+                    blake3_hex(bytes)
+                ),
+                other => format!("{other:?}"),
+            };
+            panic!("{}: {} != {}", k.display(), short(va), short(vb));
+        }
+    }
+}
+
+fn blake3_hex(b: &[u8]) -> String {
+    let mut h: u64 = 0xcbf29ce484222325;
+    for x in b {
+        h = (h ^ *x as u64).wrapping_mul(0x100000001b3);
+    }
+    format!("{h:016x}")
+}
+
+/// A checkpoint-shaped tree: a step directory with a large incompressible file, a
+/// compressible one, small JSON files, an empty file, a symlink, an attribute and odd modes.
+fn write_tree(root: &Path, step: u64) {
+    let d = root.join(format!("step-{step}"));
+    fs::create_dir_all(d.join("shards")).expect("mkdir");
+    fs::write(d.join("model.bin"), pattern(step, 3 << 20)).expect("write");
+    fs::write(d.join("optimizer.bin"), vec![step as u8; 2 << 20]).expect("write");
+    for r in 0..4 {
+        fs::write(
+            d.join(format!("shards/rank{r}.bin")),
+            pattern(step * 10 + r, 200_000),
+        )
+        .expect("write");
+    }
+    fs::write(d.join("config.json"), format!("{{\"step\": {step}}}\n")).expect("write");
+    fs::write(d.join("empty"), b"").expect("write");
+    fs::set_permissions(d.join("config.json"), fs::Permissions::from_mode(0o640)).expect("chmod");
+    let c = std::ffi::CString::new(d.join("model.bin").as_os_str().as_encoded_bytes()).unwrap();
+    // SAFETY: valid C strings and buffer.
+    let r = unsafe {
+        libc::setxattr(
+            c.as_ptr(),
+            c"user.ckpt.step".as_ptr(),
+            step.to_string().as_ptr().cast(),
+            step.to_string().len(),
+            0,
+        )
+    };
+    assert_eq!(r, 0, "setxattr");
+    let link = root.join("latest");
+    let _ = fs::remove_file(&link);
+    std::os::unix::fs::symlink(format!("step-{step}"), &link).expect("symlink");
+}
+
+fn os(s: &str) -> &OsStr {
+    OsStr::new(s)
+}
+
+/// A space with a tier at `weed`'s prefix `prefix`, mounted.
+fn space_with_tier(weed: &Weed, prefix: &str, extra: &[&str]) -> TestMount {
+    let url = weed.url(prefix);
+    let mut args = vec!["--remote", url.as_str()];
+    args.extend_from_slice(extra);
+    TestMount::with_env_format_args("1G", &args, &weed.env())
+}
+
+/// `ckptfs remote MNT --json`.
+fn status(m: &mut TestMount) -> serde_json::Value {
+    let mnt = m.mnt().to_path_buf();
+    m.ckptfs_json(&[os("remote"), mnt.as_os_str(), os("--json")])
+}
+
+/// A new node: recovers `prefix` into a fresh backing directory and mounts it.
+fn recover_elsewhere(weed: &Weed, prefix: &str) -> TestMount {
+    recover_elsewhere_with(weed, prefix, &[])
+}
+
+/// `recover_elsewhere` mounted with `options`.
+fn recover_elsewhere_with(weed: &Weed, prefix: &str, options: &[&str]) -> TestMount {
+    let mut n = TestMount::empty_with_env(&weed.env());
+    let backing = n.backing().to_path_buf();
+    let url = weed.url(prefix);
+    n.ckptfs_ok(&[os("recover"), backing.as_os_str(), os("--remote"), os(&url)]);
+    n.mount_with(options);
+    n
+}
+
+#[test]
+fn a_space_restarts_on_another_node_from_the_bucket_alone() {
+    let Some(weed) = Weed::start("a_space_restarts_on_another_node_from_the_bucket_alone") else {
+        return;
+    };
+    let mut a = space_with_tier(&weed, "job1", &[]);
+    write_tree(a.mnt(), 1);
+    write_tree(a.mnt(), 2);
+    // `ckptfs umount` waits until the bucket holds everything.
+    let keep = tempfile_copy(a.mnt());
+    a.unmount();
+    let mut b = recover_elsewhere(&weed, "job1");
+    assert_same_tree(keep.path(), b.mnt());
+    // The new node owns the prefix now: while it is mounted, the old space cannot be.
+    let backing_a = a.backing().to_path_buf();
+    let mnt_a = a.mnt().to_path_buf();
+    let (st, _, err) = a.ckptfs(&[os("mount"), backing_a.as_os_str(), mnt_a.as_os_str()]);
+    assert!(!st.success(), "a second owner of the prefix was mounted");
+    assert!(err.contains("owned by"), "{err}");
+    // It writes on, as the bucket's owner; a third node sees its step.
+    write_tree(b.mnt(), 3);
+    fs::remove_dir_all(b.mnt().join("step-1")).expect("rm step-1");
+    let keep_b = tempfile_copy(b.mnt());
+    b.unmount();
+    // The old space is now behind the bucket: mounting it as the owner would roll it back.
+    let (st, _, err) = a.ckptfs(&[os("mount"), backing_a.as_os_str(), mnt_a.as_os_str()]);
+    assert!(
+        !st.success(),
+        "a space behind the bucket was mounted as its owner"
+    );
+    assert!(err.contains("holds newer checkpoints"), "{err}");
+    let c = recover_elsewhere(&weed, "job1");
+    assert_same_tree(keep_b.path(), c.mnt());
+}
+
+/// A plain-directory copy of a tree (times, modes, attributes kept), to compare with later.
+fn tempfile_copy(from: &Path) -> ckptfs_tests::TempDir {
+    let t = ckptfs_tests::TempDir::new("remote-copy");
+    let st = std::process::Command::new("cp")
+        .args(["-a", "--preserve=all"])
+        .arg(format!("{}/.", from.display()))
+        .arg(t.path())
+        .status()
+        .expect("cp");
+    assert!(st.success(), "cp -a");
+    t
+}
+
+#[test]
+fn in_close_mode_a_closed_file_survives_the_node() {
+    let Some(weed) = Weed::start("in_close_mode_a_closed_file_survives_the_node") else {
+        return;
+    };
+    let mut a = space_with_tier(&weed, "close", &["--remote-durability", "close"]);
+    write_tree(a.mnt(), 7);
+    let keep = tempfile_copy(a.mnt());
+    // Every close returned: the node dies now, before any unmount. Its lease still runs,
+    // so the new node takes it over (it knows the old one is dead).
+    a.kill_daemon();
+    let b = recover_elsewhere_with(&weed, "close", &["--remote-take-over"]);
+    assert_same_tree(keep.path(), b.mnt());
+}
+
+#[test]
+fn a_next_revision_uploads_about_what_it_newly_stores() {
+    let Some(weed) = Weed::start("a_next_revision_uploads_about_what_it_newly_stores") else {
+        return;
+    };
+    let mut a = space_with_tier(&weed, "next", &[]);
+    let mut data = pattern(5, 32 << 20);
+    fs::write(a.path("ckpt.bin"), &data).expect("write");
+    let mnt = a.mnt().to_path_buf();
+    a.ckptfs_ok(&[os("remote"), mnt.as_os_str(), os("--sync")]);
+    let sent0 = status(&mut a)["sent_bytes"].as_u64().unwrap();
+    let stored0 = a.stats().json()["stored_bytes"].as_u64().unwrap();
+    // 5% of the 64 KiB blocks changed.
+    let blocks = data.len() / 65536;
+    for i in (0..blocks).step_by(20) {
+        let fresh = pattern(1000 + i as u64, 65536);
+        data[i * 65536..(i + 1) * 65536].copy_from_slice(&fresh);
+    }
+    fs::write(a.path("ckpt.bin"), &data).expect("write next");
+    a.ckptfs_ok(&[os("remote"), mnt.as_os_str(), os("--sync")]);
+    let sent = status(&mut a)["sent_bytes"].as_u64().unwrap() - sent0;
+    let stored = a.stats().json()["stored_bytes"].as_u64().unwrap() - stored0;
+    eprintln!("next revision: {stored} bytes newly stored, {sent} bytes sent");
+    assert!(stored > 0, "the next revision stored nothing new");
+    assert!(
+        sent as f64 <= 1.3 * stored as f64,
+        "sent {sent} bytes for {stored} newly stored"
+    );
+}
+
+#[test]
+fn a_stopped_store_delays_uploads_and_loses_nothing() {
+    let Some(weed) = Weed::start("a_stopped_store_delays_uploads_and_loses_nothing") else {
+        return;
+    };
+    let mut a = space_with_tier(&weed, "stopped", &[]);
+    write_tree(a.mnt(), 1);
+    let mnt = a.mnt().to_path_buf();
+    a.ckptfs_ok(&[os("remote"), mnt.as_os_str(), os("--sync")]);
+    weed.pause();
+    // Closes return at local durability while the store answers nothing.
+    write_tree(a.mnt(), 2);
+    let s = status(&mut a);
+    assert!(s["behind_commits"].as_u64().unwrap() > 0, "{s}");
+    assert_ne!(s["state"], "idle", "{s}");
+    let keep = tempfile_copy(a.mnt());
+    weed.resume();
+    a.unmount();
+    let b = recover_elsewhere(&weed, "stopped");
+    assert_same_tree(keep.path(), b.mnt());
+}
+
+#[test]
+fn a_killed_store_restarted_gets_everything_and_the_status_says_what_is_pending() {
+    let Some(mut weed) =
+        Weed::start("a_killed_store_restarted_gets_everything_and_the_status_says_what_is_pending")
+    else {
+        return;
+    };
+    let mut a = space_with_tier(&weed, "killed", &[]);
+    write_tree(a.mnt(), 1);
+    weed.kill();
+    write_tree(a.mnt(), 2);
+    // The uploader tries, fails (connection refused) and says so, with the commits pending.
+    let mut s = status(&mut a);
+    for _ in 0..600 {
+        if s["last_error"].is_string() {
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(100));
+        s = status(&mut a);
+    }
+    assert!(s["last_error"].is_string(), "no error reported: {s}");
+    assert!(s["behind_commits"].as_u64().unwrap() > 0, "{s}");
+    assert_eq!(s["state"], "retrying", "{s}");
+    let keep = tempfile_copy(a.mnt());
+    weed.restart();
+    a.unmount();
+    let b = recover_elsewhere(&weed, "killed");
+    assert_same_tree(keep.path(), b.mnt());
+}
+
+#[test]
+fn damage_in_the_bucket_is_found_never_restored_and_repaired_from_the_space() {
+    let Some(weed) =
+        Weed::start("damage_in_the_bucket_is_found_never_restored_and_repaired_from_the_space")
+    else {
+        return;
+    };
+    let mut a = space_with_tier(&weed, "damaged", &[]);
+    write_tree(a.mnt(), 1);
+    a.unmount();
+    let bucket = weed.bucket("damaged");
+    let packs: Vec<String> = bucket
+        .list("packs/")
+        .expect("list")
+        .into_iter()
+        .map(|o| o.rel)
+        .collect();
+    assert!(!packs.is_empty());
+    // One byte of the largest pack changed behind ckptfs's back.
+    let victim = packs
+        .iter()
+        .max_by_key(|p| bucket.get(p).unwrap().unwrap().0.len())
+        .unwrap()
+        .clone();
+    let (b, _) = bucket.get(&victim).unwrap().unwrap();
+    let mut b = b.to_vec();
+    let at = b.len() / 2;
+    b[at] ^= 0x40;
+    bucket
+        .put(&victim, b.into(), ckptfs_remote::bucket::Put::Overwrite)
+        .expect("put damaged");
+    let backing = a.backing().to_path_buf();
+    let (st, out, err) = a.ckptfs(&[os("check"), os("--remote"), backing.as_os_str()]);
+    assert_eq!(st.code(), Some(1), "check --remote: {out}{err}");
+    assert!(out.contains("does not match its blake3"), "{out}");
+    assert!(
+        out.contains("step-1/"),
+        "the damaged file is not named: {out}"
+    );
+    // A restore refuses to write what does not verify.
+    let mut n = TestMount::empty_with_env(&weed.env());
+    let nb = n.backing().to_path_buf();
+    let url = weed.url("damaged");
+    let (st, _, err) = n.ckptfs(&[os("recover"), nb.as_os_str(), os("--remote"), os(&url)]);
+    assert!(!st.success(), "a damaged bucket was recovered from");
+    assert!(err.contains("damaged in the bucket"), "{err}");
+    assert!(
+        fs::read_dir(&nb)
+            .map(|mut d| d.next().is_none())
+            .unwrap_or(true),
+        "a failed recovery left files in {}",
+        nb.display()
+    );
+    // Checked through the mount, the damaged chunks are uploaded again from the space's
+    // own verified bytes; then the bucket checks clean and restores exactly.
+    let keep = tempfile_copy_after_mount(&mut a);
+    let mnt = a.mnt().to_path_buf();
+    let (st, out, err) = a.ckptfs(&[os("check"), os("--remote"), mnt.as_os_str()]);
+    assert_eq!(
+        st.code(),
+        Some(1),
+        "check --remote on the mount: {out}{err}"
+    );
+    assert!(out.contains("uploaded again"), "{out}");
+    a.ckptfs_ok(&[os("remote"), mnt.as_os_str(), os("--sync")]);
+    let (st, out, err) = a.ckptfs(&[os("check"), os("--remote"), mnt.as_os_str()]);
+    assert_eq!(st.code(), Some(0), "after the repair: {out}{err}");
+    a.unmount();
+    let b = recover_elsewhere(&weed, "damaged");
+    assert_same_tree(keep.path(), b.mnt());
+}
+
+/// Mounts `m` and copies its tree to a plain directory.
+fn tempfile_copy_after_mount(m: &mut TestMount) -> ckptfs_tests::TempDir {
+    m.mount();
+    tempfile_copy(m.mnt())
+}
+
+#[test]
+fn bucket_gc_keeps_a_rotation_bounded() {
+    let Some(weed) = Weed::start("bucket_gc_keeps_a_rotation_bounded") else {
+        return;
+    };
+    let mut a = TestMount::empty_with_env(&weed.env());
+    a.set_env(ckptfs_engine::face::clock::TEST_CLOCK_ENV, "1");
+    let backing = a.backing().to_path_buf();
+    let url = weed.url("rotation");
+    a.ckptfs_ok(&[
+        os("format"),
+        backing.as_os_str(),
+        os("--size"),
+        os("1G"),
+        os("--remote"),
+        os(&url),
+    ]);
+    a.mount();
+    let mnt = a.mnt().to_path_buf();
+    let bucket = weed.bucket("rotation");
+    let packs_bytes = |b: &ckptfs_remote::Bucket| -> u64 {
+        b.list("packs/").unwrap().iter().map(|o| o.size).sum()
+    };
+    let mut most = 0;
+    for step in 1..=8u64 {
+        write_tree(a.mnt(), step);
+        if step > 2 {
+            fs::remove_dir_all(a.path(format!("step-{}", step - 2))).expect("rotate");
+        }
+        a.ckptfs_ok(&[os("remote"), mnt.as_os_str(), os("--sync")]);
+        // Past the grace period, then gc (the space's and the bucket's).
+        a.ckptfs_ok(&[os("gc"), mnt.as_os_str()]);
+        advance_clock(&mut a, 700.0);
+        let out = a.ckptfs_ok(&[os("gc"), mnt.as_os_str()]);
+        assert!(out.contains("bucket: deleted"), "{out}");
+        most = most.max(packs_bytes(&bucket));
+    }
+    // Two steps are live (about 6 MiB stored each: 3 MiB incompressible, the rest
+    // compressible or small); what the last three manifests name is kept.
+    let live: u64 = a.stats().json()["stored_bytes"].as_u64().unwrap();
+    eprintln!("bucket packs peaked at {most} bytes; live stored {live}");
+    assert!(
+        most <= 4 * live,
+        "the bucket grew to {most} bytes for {live} live bytes"
+    );
+    let keep = tempfile_copy(a.mnt());
+    a.unmount();
+    let b = recover_elsewhere(&weed, "rotation");
+    assert_same_tree(keep.path(), b.mnt());
+}
+
+/// Moves the daemon's clock (`CKPTFS_TEST_CLOCK=1`) forward by `secs`.
+fn advance_clock(m: &mut TestMount, secs: f64) {
+    let c = std::ffi::CString::new(m.mnt().as_os_str().as_encoded_bytes()).unwrap();
+    let v = secs.to_string();
+    // SAFETY: valid C strings and buffer.
+    let r = unsafe {
+        libc::setxattr(
+            c.as_ptr(),
+            c"user.ckptfs.clock".as_ptr(),
+            v.as_ptr().cast(),
+            v.len(),
+            0,
+        )
+    };
+    assert_eq!(r, 0, "clock control: {}", std::io::Error::last_os_error());
+}
+
+#[test]
+fn refused_credentials_are_said_and_local_writes_go_on() {
+    let Some(weed) = Weed::start("refused_credentials_are_said_and_local_writes_go_on") else {
+        return;
+    };
+    // A format checks the prefix, so wrong credentials are refused before anything is made.
+    let mut bad = weed.env();
+    for (k, v) in &mut bad {
+        if *k == "AWS_SECRET_ACCESS_KEY" {
+            *v = "wrong".into();
+        }
+    }
+    let mut n = TestMount::empty_with_env(&bad);
+    let nb = n.backing().to_path_buf();
+    let url = weed.url("creds");
+    let (st, _, err) = n.ckptfs(&[
+        os("format"),
+        nb.as_os_str(),
+        os("--size"),
+        os("1G"),
+        os("--remote"),
+        os(&url),
+    ]);
+    assert!(!st.success(), "format with refused credentials");
+    assert!(err.contains("cannot use"), "{err}");
+    assert!(
+        fs::read_dir(&nb).unwrap().next().is_none(),
+        "the refused format left files"
+    );
+    // A mount whose credentials stop working: writes keep their local durability, the
+    // status says why nothing is uploaded, and an unmount says what the bucket lacks.
+    let mut a = space_with_tier(&weed, "creds", &[]);
+    a.unmount();
+    a.set_env("AWS_SECRET_ACCESS_KEY", "wrong");
+    a.mount();
+    write_tree(a.mnt(), 1);
+    let mut s = status(&mut a);
+    for _ in 0..600 {
+        if s["last_error"].is_string() {
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(100));
+        s = status(&mut a);
+    }
+    assert!(s["last_error"].is_string(), "{s}");
+    assert!(s["behind_commits"].as_u64().unwrap() > 0, "{s}");
+    // The wait for the upload gives up once nothing moves for a while, saying why.
+    let mnt = a.mnt().to_path_buf();
+    let (st, _, err) = a.ckptfs(&[os("remote"), mnt.as_os_str(), os("--sync")]);
+    assert!(!st.success(), "--sync with refused credentials succeeded");
+    assert!(err.contains("still lacks"), "{err}");
+}
