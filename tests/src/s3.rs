@@ -79,11 +79,33 @@ impl Weed {
             base: free_base(),
             child: None,
         };
-        w.spawn();
-        Some(w)
+        // A port of the range taken between the probe and the server's bind (another test
+        // starting its own) makes the server exit at once: a new range, twice more.
+        for attempt in 1..=3 {
+            match w.try_spawn() {
+                Ok(()) => return Some(w),
+                Err(why) if attempt < 3 => {
+                    eprintln!(
+                        "SeaweedFS did not start on ports {}.. ({why}); new ports",
+                        w.base
+                    );
+                    w.kill();
+                    let _ = std::fs::remove_dir_all(w.dir.path().join("data"));
+                    w.base = free_base();
+                }
+                Err(why) => panic!("SeaweedFS did not start: {why}"),
+            }
+        }
+        unreachable!()
     }
 
     fn spawn(&mut self) {
+        if let Err(why) = self.try_spawn() {
+            panic!("SeaweedFS did not start again: {why}");
+        }
+    }
+
+    fn try_spawn(&mut self) -> Result<(), String> {
         let b = self.base;
         let port = |name: &str, off: u16| format!("-{name}={}", b + off);
         let log = std::fs::File::create(self.dir.path().join("weed.log")).expect("weed log");
@@ -120,44 +142,48 @@ impl Weed {
             .unwrap_or_else(|e| panic!("cannot start {}: {e}", self.bin.display()));
         self.child = Some(child);
         std::fs::create_dir_all(self.dir.path().join("data")).expect("weed data dir");
-        self.wait_ready();
+        self.wait_ready()
     }
 
     /// Waits until the S3 port answers and the bucket lists.
-    fn wait_ready(&mut self) {
+    fn wait_ready(&mut self) -> Result<(), String> {
         let start = Instant::now();
         while TcpStream::connect(("127.0.0.1", self.base + 6)).is_err() {
-            self.check_alive();
-            assert!(
-                start.elapsed() < START_LIMIT,
-                "SeaweedFS did not open its S3 port in {START_LIMIT:?}: {}",
-                self.log()
-            );
+            self.check_alive()?;
+            if start.elapsed() > START_LIMIT {
+                self.kill();
+                return Err(format!("no S3 port after {START_LIMIT:?}: {}", self.log()));
+            }
             std::thread::sleep(Duration::from_millis(50));
         }
         let b = self.bucket("ready-probe");
         loop {
             match b.list("") {
-                Ok(_) => return,
+                Ok(_) => return Ok(()),
                 Err(e) => {
-                    self.check_alive();
-                    assert!(
-                        start.elapsed() < START_LIMIT,
-                        "SeaweedFS's bucket does not list after {START_LIMIT:?}: {e}\n{}",
-                        self.log()
-                    );
+                    self.check_alive()?;
+                    if start.elapsed() > START_LIMIT {
+                        self.kill();
+                        return Err(format!(
+                            "the bucket does not list after {START_LIMIT:?}: {e}\n{}",
+                            self.log()
+                        ));
+                    }
                     std::thread::sleep(Duration::from_millis(100));
                 }
             }
         }
     }
 
-    fn check_alive(&mut self) {
+    /// An error (with the end of its log) if the server has exited.
+    fn check_alive(&mut self) -> Result<(), String> {
         if let Some(c) = &mut self.child {
             if let Ok(Some(st)) = c.try_wait() {
-                panic!("SeaweedFS exited ({st}): {}", self.log());
+                self.child = None;
+                return Err(format!("it exited ({st}): {}", self.log()));
             }
         }
+        Ok(())
     }
 
     /// The end of the server's log.
@@ -240,5 +266,119 @@ impl Drop for Weed {
             self.resume();
         }
         self.kill();
+    }
+}
+
+/// A TCP proxy in front of a server that can answer every request with an HTTP error
+/// instead of passing it on (`fail_with`): a store that returns 500/503, for as long as a
+/// test says. Turning errors on closes the connections passing at that moment (a client's
+/// pooled ones), so every request after it gets the error; an error answer closes its
+/// connection too.
+pub struct FaultProxy {
+    port: u16,
+    status: std::sync::Arc<std::sync::atomic::AtomicU16>,
+    passing: std::sync::Arc<std::sync::Mutex<Vec<TcpStream>>>,
+}
+
+impl FaultProxy {
+    /// Listens on a free loopback port and forwards to `127.0.0.1:upstream`.
+    pub fn start(upstream: u16) -> FaultProxy {
+        use std::sync::atomic::Ordering;
+        let l = TcpListener::bind(("127.0.0.1", 0)).expect("proxy listener");
+        let port = l.local_addr().expect("proxy address").port();
+        let status = std::sync::Arc::new(std::sync::atomic::AtomicU16::new(0));
+        let passing = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+        let st = status.clone();
+        let live = passing.clone();
+        std::thread::spawn(move || {
+            for c in l.incoming() {
+                let Ok(mut c) = c else { continue };
+                let code = st.load(Ordering::Acquire);
+                if code == 0 {
+                    if let Ok(k) = c.try_clone() {
+                        live.lock().expect("proxy list").push(k);
+                    }
+                }
+                std::thread::spawn(move || {
+                    use std::io::{Read, Write};
+                    if code != 0 {
+                        // Read the request head, answer the error, close.
+                        let mut head = Vec::new();
+                        let mut b = [0u8; 4096];
+                        while !head.windows(4).any(|w| w == b"\r\n\r\n") {
+                            match c.read(&mut b) {
+                                Ok(0) | Err(_) => return,
+                                Ok(n) => head.extend_from_slice(&b[..n]),
+                            }
+                        }
+                        // And its body, as a server does before it answers (a client still
+                        // sending when the socket closes sees a reset, not the status).
+                        let end = head.windows(4).position(|w| w == b"\r\n\r\n").unwrap() + 4;
+                        let text = String::from_utf8_lossy(&head[..end]).to_ascii_lowercase();
+                        let len: usize = text
+                            .lines()
+                            .find_map(|l| l.strip_prefix("content-length:"))
+                            .and_then(|v| v.trim().parse().ok())
+                            .unwrap_or(0);
+                        let mut left = len.saturating_sub(head.len() - end);
+                        while left > 0 {
+                            match c.read(&mut b) {
+                                Ok(0) | Err(_) => return,
+                                Ok(n) => left = left.saturating_sub(n),
+                            }
+                        }
+                        let body =
+                            "<Error><Code>SlowDown</Code><Message>injected</Message></Error>";
+                        let _ = write!(
+                            c,
+                            "HTTP/1.1 {code} Injected\r\nContent-Type: application/xml\r\n\
+                             Content-Length: {}\r\nConnection: close\r\n\r\n{body}",
+                            body.len()
+                        );
+                        return;
+                    }
+                    let Ok(u) = TcpStream::connect(("127.0.0.1", upstream)) else {
+                        return;
+                    };
+                    let (mut c2, mut u2) =
+                        (c.try_clone().expect("clone"), u.try_clone().expect("clone"));
+                    let (mut c, mut u) = (c, u);
+                    let t = std::thread::spawn(move || {
+                        let _ = std::io::copy(&mut c2, &mut u2);
+                        let _ = u2.shutdown(std::net::Shutdown::Write);
+                    });
+                    let _ = std::io::copy(&mut u, &mut c);
+                    let _ = c.shutdown(std::net::Shutdown::Write);
+                    let _ = t.join();
+                });
+            }
+        });
+        FaultProxy {
+            port,
+            status,
+            passing,
+        }
+    }
+
+    /// Every request from now on gets `code` (0: passes again).
+    pub fn fail_with(&self, code: u16) {
+        self.status
+            .store(code, std::sync::atomic::Ordering::Release);
+        if code != 0 {
+            for c in self.passing.lock().expect("proxy list").drain(..) {
+                let _ = c.shutdown(std::net::Shutdown::Both);
+            }
+        }
+    }
+
+    pub fn endpoint(&self) -> String {
+        format!("http://127.0.0.1:{}", self.port)
+    }
+}
+
+impl Weed {
+    /// The S3 port (for a `FaultProxy` in front of it).
+    pub fn s3_port(&self) -> u16 {
+        self.base + 6
     }
 }

@@ -530,3 +530,43 @@ fn refused_credentials_are_said_and_local_writes_go_on() {
     assert!(!st.success(), "--sync with refused credentials succeeded");
     assert!(err.contains("still lacks"), "{err}");
 }
+
+#[test]
+fn a_store_answering_503_gets_everything_once_it_recovers() {
+    let Some(weed) = Weed::start("a_store_answering_503_gets_everything_once_it_recovers") else {
+        return;
+    };
+    let proxy = ckptfs_tests::s3::FaultProxy::start(weed.s3_port());
+    let mut env = weed.env();
+    for (k, v) in &mut env {
+        if *k == "AWS_ENDPOINT_URL" {
+            *v = proxy.endpoint();
+        }
+    }
+    let url = weed.url("busy");
+    let mut a = TestMount::with_env_format_args("1G", &["--remote", &url], &env);
+    write_tree(a.mnt(), 1);
+    let mnt = a.mnt().to_path_buf();
+    a.ckptfs_ok(&[os("remote"), mnt.as_os_str(), os("--sync")]);
+    proxy.fail_with(503);
+    write_tree(a.mnt(), 2);
+    // The client retries 503 with backoff; past its limit the status says so.
+    let mut s = status(&mut a);
+    for _ in 0..900 {
+        if s["last_error"].is_string() {
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(100));
+        s = status(&mut a);
+    }
+    assert!(
+        s["last_error"].as_str().is_some_and(|e| e.contains("503")),
+        "{s}"
+    );
+    assert!(s["behind_commits"].as_u64().unwrap() > 0, "{s}");
+    let keep = tempfile_copy(a.mnt());
+    proxy.fail_with(0);
+    a.unmount();
+    let b = recover_elsewhere(&weed, "busy");
+    assert_same_tree(keep.path(), b.mnt());
+}
