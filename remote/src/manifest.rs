@@ -4,8 +4,8 @@
 //!   immutable and named by their content's blake3, so a repeated upload writes the same;
 //! - `manifests/<seq, 20 digits>-<writer's token>.json.zst`: the whole tree at one moment
 //!   (every node's path and attributes, each file's extents, and where each chunk they name
-//!   lies: pack, offset, lengths, codec); written once (`If-None-Match`), after every pack it
-//!   names; two writers never name the same object, and only the head says which is real;
+//!   lies: pack, offset, lengths, codec); written after every pack it names; two writers
+//!   never name the same object, and only the head says which is real;
 //! - `head`: the newest manifest's sequence number and blake3, replaced only with
 //!   `If-Match` on the ETag the owner last wrote, after that manifest;
 //! - `lease`: which node owns the prefix and until when (`If-None-Match` to take it, `If-Match`

@@ -598,10 +598,30 @@ impl Inner {
                 st.lease_expires = rec.expires_unix;
                 Ok(())
             }
-            Err(Error::Precondition(_)) => Err(Error::Fenced(format!(
-                "the lease of {} was taken by another node",
-                self.cfg.url
-            ))),
+            // A renewal applied whose answer was lost leaves this mount a stale ETag: the
+            // lease the bucket has is still this mount's then, and is renewed over it.
+            Err(Error::Precondition(_)) => {
+                let taken = || {
+                    Error::Fenced(format!(
+                        "the lease of {} was taken by another node",
+                        self.cfg.url
+                    ))
+                };
+                let (b, etag) = self.bucket.get(LEASE)?.ok_or_else(taken)?;
+                let now: LeaseRecord = serde_json::from_slice(&b).map_err(|_| taken())?;
+                let etag = etag.filter(|_| now.owner == self.owner).ok_or_else(taken)?;
+                let body = Bytes::from(serde_json::to_vec(&rec).expect("serializable"));
+                match self.bucket.put(LEASE, body, Put::IfMatch(etag)) {
+                    Ok(e) => {
+                        let mut st = self.state.lock();
+                        st.lease_etag = e;
+                        st.lease_expires = rec.expires_unix;
+                        Ok(())
+                    }
+                    Err(Error::Precondition(_)) => Err(taken()),
+                    Err(e) => Err(e),
+                }
+            }
             Err(e) => Err(e),
         }
     }
@@ -776,14 +796,10 @@ impl Inner {
         let sum = blake3::hash(&body).to_hex().to_string();
         let key = manifest_key(seq, self.token);
         let n = body.len() as u64;
-        match self.bucket.put(&key, Bytes::from(body), Put::Create) {
-            Err(Error::Precondition(_)) => {
-                return Err(Error::Fenced(format!(
-                    "manifest {seq} was written by another node"
-                )))
-            }
-            r => r?,
-        };
+        // The key carries this mount's token, so no other writer names it; a retry after a
+        // head that failed writes it again (no head names it yet). The head's `If-Match` is
+        // what orders writers.
+        self.bucket.put(&key, Bytes::from(body), Put::Overwrite)?;
         let head = Head {
             seq,
             manifest: key,
@@ -803,12 +819,7 @@ impl Inner {
             None => Put::Create,
         };
         let etag = match self.bucket.put(HEAD, hb.clone(), how) {
-            Err(Error::Precondition(_)) => {
-                return Err(Error::Fenced(format!(
-                    "the head of {} was replaced by another node",
-                    self.cfg.url
-                )))
-            }
+            Err(Error::Precondition(_)) => self.head_was_ours(&head)?,
             r => r?,
         };
         let mut st = self.state.lock();
@@ -828,6 +839,31 @@ impl Inner {
             m.stored_bytes >> 20
         );
         Ok(())
+    }
+
+    /// A head put refused by its condition: another node replaced the head (this mount is
+    /// fenced), or an earlier put of this mount's was applied although its answer was lost
+    /// (a timeout, a connection cut after the store wrote it), so the ETag this mount holds
+    /// is stale. The head the bucket has says which: one this mount wrote is adopted and
+    /// `head` put again over it.
+    fn head_was_ours(&self, head: &Head) -> Result<Option<String>> {
+        let fenced = || {
+            Error::Fenced(format!(
+                "the head of {} was replaced by another node",
+                self.cfg.url
+            ))
+        };
+        let (b, etag) = self.bucket.get(HEAD)?.ok_or_else(fenced)?;
+        let now: Head = serde_json::from_slice(&b).map_err(|_| fenced())?;
+        if now.owner != self.owner {
+            return Err(fenced());
+        }
+        let etag = etag.ok_or_else(fenced)?;
+        let hb = Bytes::from(serde_json::to_vec(head).expect("serializable"));
+        match self.bucket.put(HEAD, hb, Put::IfMatch(etag)) {
+            Err(Error::Precondition(_)) => Err(fenced()),
+            r => r,
+        }
     }
 
     fn finish_pack(

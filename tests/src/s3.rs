@@ -278,6 +278,59 @@ pub struct FaultProxy {
     port: u16,
     status: std::sync::Arc<std::sync::atomic::AtomicU16>,
     passing: std::sync::Arc<std::sync::Mutex<Vec<TcpStream>>>,
+    /// `cut_answer`: the next request whose first line holds this is passed on and its
+    /// answer dropped.
+    cut: std::sync::Arc<std::sync::Mutex<Option<String>>>,
+}
+
+/// Reads an HTTP request's head and its body (`Content-Length`), as bytes.
+fn read_request(c: &mut TcpStream) -> Option<Vec<u8>> {
+    use std::io::Read;
+    let mut m = Vec::new();
+    let mut b = [0u8; 65536];
+    let end = loop {
+        if let Some(p) = m.windows(4).position(|w| w == b"\r\n\r\n") {
+            break p + 4;
+        }
+        match c.read(&mut b) {
+            Ok(0) | Err(_) => return None,
+            Ok(n) => m.extend_from_slice(&b[..n]),
+        }
+    };
+    let text = String::from_utf8_lossy(&m[..end]).to_ascii_lowercase();
+    let len: usize = text
+        .lines()
+        .find_map(|l| l.strip_prefix("content-length:"))
+        .and_then(|v| v.trim().parse().ok())
+        .unwrap_or(0);
+    while m.len() < end + len {
+        match c.read(&mut b) {
+            Ok(0) | Err(_) => return None,
+            Ok(n) => m.extend_from_slice(&b[..n]),
+        }
+    }
+    Some(m)
+}
+
+/// Passes one request on with `Connection: close` (so the server closes after answering,
+/// and the client opens a new connection for its next request), and the answer back unless
+/// `drop_answer`; then closes the client's connection.
+fn pass_one(mut c: TcpStream, upstream: u16, mut req: Vec<u8>, drop_answer: bool) {
+    use std::io::{Read, Write};
+    let Ok(mut u) = TcpStream::connect(("127.0.0.1", upstream)) else {
+        return;
+    };
+    let first = req.windows(2).position(|w| w == b"\r\n").unwrap_or(0) + 2;
+    req.splice(first..first, b"Connection: close\r\n".iter().copied());
+    if u.write_all(&req).is_err() {
+        return;
+    }
+    let mut answer = Vec::new();
+    let _ = u.read_to_end(&mut answer);
+    if !drop_answer {
+        let _ = c.write_all(&answer);
+    }
+    let _ = c.shutdown(std::net::Shutdown::Both);
 }
 
 impl FaultProxy {
@@ -288,11 +341,33 @@ impl FaultProxy {
         let port = l.local_addr().expect("proxy address").port();
         let status = std::sync::Arc::new(std::sync::atomic::AtomicU16::new(0));
         let passing = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+        let cut: std::sync::Arc<std::sync::Mutex<Option<String>>> = Default::default();
         let st = status.clone();
         let live = passing.clone();
+        let armed = cut.clone();
         std::thread::spawn(move || {
             for c in l.incoming() {
                 let Ok(mut c) = c else { continue };
+                if armed.lock().expect("proxy cut").is_some() {
+                    let armed = armed.clone();
+                    std::thread::spawn(move || {
+                        let Some(req) = read_request(&mut c) else {
+                            return;
+                        };
+                        let line_end = req.windows(2).position(|w| w == b"\r\n").unwrap_or(0);
+                        let line = String::from_utf8_lossy(&req[..line_end]).into_owned();
+                        let hit = {
+                            let mut a = armed.lock().expect("proxy cut");
+                            let hit = a.as_ref().is_some_and(|w| line.contains(w.as_str()));
+                            if hit {
+                                *a = None;
+                            }
+                            hit
+                        };
+                        pass_one(c, upstream, req, hit);
+                    });
+                    continue;
+                }
                 let code = st.load(Ordering::Acquire);
                 if code == 0 {
                     if let Ok(k) = c.try_clone() {
@@ -357,6 +432,7 @@ impl FaultProxy {
             port,
             status,
             passing,
+            cut,
         }
     }
 
@@ -373,6 +449,21 @@ impl FaultProxy {
 
     pub fn endpoint(&self) -> String {
         format!("http://127.0.0.1:{}", self.port)
+    }
+
+    /// The next request whose first line holds `what` (`PUT /ckpt/p/head`) reaches the
+    /// server, and its answer is lost: the connection closes without one, as a network that
+    /// fails after the server acted. Until then every request passes, one per connection.
+    pub fn cut_answer(&self, what: &str) {
+        *self.cut.lock().expect("proxy cut") = Some(what.to_string());
+        for c in self.passing.lock().expect("proxy list").drain(..) {
+            let _ = c.shutdown(std::net::Shutdown::Both);
+        }
+    }
+
+    /// Whether the cut `cut_answer` armed has happened.
+    pub fn cut_done(&self) -> bool {
+        self.cut.lock().expect("proxy cut").is_none()
     }
 }
 

@@ -570,3 +570,39 @@ fn a_store_answering_503_gets_everything_once_it_recovers() {
     let b = recover_elsewhere(&weed, "busy");
     assert_same_tree(keep.path(), b.mnt());
 }
+
+#[test]
+fn a_head_put_whose_answer_is_lost_does_not_fence_the_mount() {
+    let Some(weed) = Weed::start("a_head_put_whose_answer_is_lost_does_not_fence_the_mount") else {
+        return;
+    };
+    let proxy = ckptfs_tests::s3::FaultProxy::start(weed.s3_port());
+    let mut env = weed.env();
+    for (k, v) in &mut env {
+        if *k == "AWS_ENDPOINT_URL" {
+            *v = proxy.endpoint();
+        }
+    }
+    let url = weed.url("lost");
+    let mut a = TestMount::with_env_format_args("1G", &["--remote", &url], &env);
+    write_tree(a.mnt(), 1);
+    let mnt = a.mnt().to_path_buf();
+    a.ckptfs_ok(&[os("remote"), mnt.as_os_str(), os("--sync")]);
+    // The store applies the next head but its answer never arrives: the client retries the
+    // put with the ETag it had, which the store refuses (412); the head there is this
+    // mount's own, so it goes on.
+    proxy.cut_answer("PUT /ckpt/lost/head");
+    write_tree(a.mnt(), 2);
+    a.ckptfs_ok(&[os("remote"), mnt.as_os_str(), os("--sync")]);
+    assert!(proxy.cut_done(), "no head put was cut");
+    let s = status(&mut a);
+    assert!(s["fenced"].is_null(), "{s}");
+    write_tree(a.mnt(), 3);
+    a.ckptfs_ok(&[os("remote"), mnt.as_os_str(), os("--sync")]);
+    let s = status(&mut a);
+    assert!(s["fenced"].is_null(), "{s}");
+    let keep = tempfile_copy(a.mnt());
+    a.unmount();
+    let b = recover_elsewhere(&weed, "lost");
+    assert_same_tree(keep.path(), b.mnt());
+}
