@@ -192,8 +192,17 @@ fn print_status(v: &serde_json::Value, json: bool) {
     }
 }
 
-/// How long an upload that keeps failing is waited for (`wait_uploaded`).
+/// How long an upload that keeps failing is waited for (`wait_uploaded`), unless
+/// `CKPTFS_REMOTE_STALL_SECS` says otherwise.
 const STALL_LIMIT: Duration = Duration::from_secs(30);
+
+fn stall_limit() -> Duration {
+    std::env::var("CKPTFS_REMOTE_STALL_SECS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .map(Duration::from_secs_f64)
+        .unwrap_or(STALL_LIMIT)
+}
 
 /// Waits until the bucket holds everything committed on the mount at `mnt` (a mount without
 /// a tier returns at once), with a progress bar on a terminal; an error says what is not
@@ -221,7 +230,7 @@ pub(crate) fn wait_uploaded(mnt: &Path, limit: Duration) -> Result<(), CliError>
         if u("sent_bytes") != last_sent.0 || v["state"] != "retrying" {
             last_sent = (u("sent_bytes"), Instant::now());
         }
-        let stalled = last_sent.1.elapsed() > STALL_LIMIT;
+        let stalled = last_sent.1.elapsed() > stall_limit();
         if let Some(f) = v["fenced"].as_str() {
             if let Some(pb) = &pb {
                 pb.finish_and_clear();

@@ -375,32 +375,13 @@ impl FaultProxy {
                     }
                 }
                 std::thread::spawn(move || {
-                    use std::io::{Read, Write};
+                    use std::io::Write;
                     if code != 0 {
-                        // Read the request head, answer the error, close.
-                        let mut head = Vec::new();
-                        let mut b = [0u8; 4096];
-                        while !head.windows(4).any(|w| w == b"\r\n\r\n") {
-                            match c.read(&mut b) {
-                                Ok(0) | Err(_) => return,
-                                Ok(n) => head.extend_from_slice(&b[..n]),
-                            }
-                        }
-                        // And its body, as a server does before it answers (a client still
-                        // sending when the socket closes sees a reset, not the status).
-                        let end = head.windows(4).position(|w| w == b"\r\n\r\n").unwrap() + 4;
-                        let text = String::from_utf8_lossy(&head[..end]).to_ascii_lowercase();
-                        let len: usize = text
-                            .lines()
-                            .find_map(|l| l.strip_prefix("content-length:"))
-                            .and_then(|v| v.trim().parse().ok())
-                            .unwrap_or(0);
-                        let mut left = len.saturating_sub(head.len() - end);
-                        while left > 0 {
-                            match c.read(&mut b) {
-                                Ok(0) | Err(_) => return,
-                                Ok(n) => left = left.saturating_sub(n),
-                            }
+                        // Read the request and its body, as a server does before it answers
+                        // (a client still sending when the socket closes sees a reset, not
+                        // the status), answer the error, close.
+                        if read_request(&mut c).is_none() {
+                            return;
                         }
                         let body =
                             "<Error><Code>SlowDown</Code><Message>injected</Message></Error>";

@@ -166,6 +166,34 @@ fn space_with_tier(weed: &Weed, prefix: &str, extra: &[&str]) -> TestMount {
     TestMount::with_env_format_args("1G", &args, &weed.env())
 }
 
+/// `status` once it reports an error (the client gives up on a request after its 30 s of
+/// retries; at most 90 s).
+fn status_with_error(m: &mut TestMount) -> serde_json::Value {
+    let mut s = status(m);
+    for _ in 0..900 {
+        if s["last_error"].is_string() {
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(100));
+        s = status(m);
+    }
+    s
+}
+
+/// A space with a tier at `prefix` reaching `weed` through a fault proxy.
+fn space_behind_proxy(weed: &Weed, prefix: &str) -> (ckptfs_tests::s3::FaultProxy, TestMount) {
+    let proxy = ckptfs_tests::s3::FaultProxy::start(weed.s3_port());
+    let mut env = weed.env();
+    for (k, v) in &mut env {
+        if *k == "AWS_ENDPOINT_URL" {
+            *v = proxy.endpoint();
+        }
+    }
+    let url = weed.url(prefix);
+    let m = TestMount::with_env_format_args("1G", &["--remote", &url], &env);
+    (proxy, m)
+}
+
 /// `ckptfs remote MNT --json`.
 fn status(m: &mut TestMount) -> serde_json::Value {
     let mnt = m.mnt().to_path_buf();
@@ -314,14 +342,7 @@ fn a_killed_store_restarted_gets_everything_and_the_status_says_what_is_pending(
     weed.kill();
     write_tree(a.mnt(), 2);
     // The uploader tries, fails (connection refused) and says so, with the commits pending.
-    let mut s = status(&mut a);
-    for _ in 0..600 {
-        if s["last_error"].is_string() {
-            break;
-        }
-        std::thread::sleep(Duration::from_millis(100));
-        s = status(&mut a);
-    }
+    let s = status_with_error(&mut a);
     assert!(s["last_error"].is_string(), "no error reported: {s}");
     assert!(s["behind_commits"].as_u64().unwrap() > 0, "{s}");
     assert_eq!(s["state"], "retrying", "{s}");
@@ -512,16 +533,11 @@ fn refused_credentials_are_said_and_local_writes_go_on() {
     let mut a = space_with_tier(&weed, "creds", &[]);
     a.unmount();
     a.set_env("AWS_SECRET_ACCESS_KEY", "wrong");
+    // `--sync` and `umount` give up after this long without progress (30 s by default).
+    a.set_env("CKPTFS_REMOTE_STALL_SECS", "3");
     a.mount();
     write_tree(a.mnt(), 1);
-    let mut s = status(&mut a);
-    for _ in 0..600 {
-        if s["last_error"].is_string() {
-            break;
-        }
-        std::thread::sleep(Duration::from_millis(100));
-        s = status(&mut a);
-    }
+    let s = status_with_error(&mut a);
     assert!(s["last_error"].is_string(), "{s}");
     assert!(s["behind_commits"].as_u64().unwrap() > 0, "{s}");
     // The wait for the upload gives up once nothing moves for a while, saying why.
@@ -536,29 +552,14 @@ fn a_store_answering_503_gets_everything_once_it_recovers() {
     let Some(weed) = Weed::start("a_store_answering_503_gets_everything_once_it_recovers") else {
         return;
     };
-    let proxy = ckptfs_tests::s3::FaultProxy::start(weed.s3_port());
-    let mut env = weed.env();
-    for (k, v) in &mut env {
-        if *k == "AWS_ENDPOINT_URL" {
-            *v = proxy.endpoint();
-        }
-    }
-    let url = weed.url("busy");
-    let mut a = TestMount::with_env_format_args("1G", &["--remote", &url], &env);
+    let (proxy, mut a) = space_behind_proxy(&weed, "busy");
     write_tree(a.mnt(), 1);
     let mnt = a.mnt().to_path_buf();
     a.ckptfs_ok(&[os("remote"), mnt.as_os_str(), os("--sync")]);
     proxy.fail_with(503);
     write_tree(a.mnt(), 2);
     // The client retries 503 with backoff; past its limit the status says so.
-    let mut s = status(&mut a);
-    for _ in 0..900 {
-        if s["last_error"].is_string() {
-            break;
-        }
-        std::thread::sleep(Duration::from_millis(100));
-        s = status(&mut a);
-    }
+    let s = status_with_error(&mut a);
     assert!(
         s["last_error"].as_str().is_some_and(|e| e.contains("503")),
         "{s}"
@@ -576,15 +577,7 @@ fn a_head_put_whose_answer_is_lost_does_not_fence_the_mount() {
     let Some(weed) = Weed::start("a_head_put_whose_answer_is_lost_does_not_fence_the_mount") else {
         return;
     };
-    let proxy = ckptfs_tests::s3::FaultProxy::start(weed.s3_port());
-    let mut env = weed.env();
-    for (k, v) in &mut env {
-        if *k == "AWS_ENDPOINT_URL" {
-            *v = proxy.endpoint();
-        }
-    }
-    let url = weed.url("lost");
-    let mut a = TestMount::with_env_format_args("1G", &["--remote", &url], &env);
+    let (proxy, mut a) = space_behind_proxy(&weed, "lost");
     write_tree(a.mnt(), 1);
     let mnt = a.mnt().to_path_buf();
     a.ckptfs_ok(&[os("remote"), mnt.as_os_str(), os("--sync")]);
