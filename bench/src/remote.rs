@@ -6,7 +6,9 @@
 //! written into the mount, then `ckptfs remote --sync` timed (the upload: until the bucket
 //! holds the revision), with the bytes sent (`ckptfs remote --json`) and the daemon's CPU
 //! seconds over that time; then `ckptfs recover` of the bucket into an empty directory
-//! (a cold restore: the whole newest checkpoint fetched, verified and written locally).
+//! (a cold restore: the whole newest checkpoint fetched, verified and written locally), and
+//! `ckptfs mount s3://...` into an empty cache directory with every file read once (the
+//! restore on demand: chunks fetched as they are read).
 //! Plain side: the same files uploaded by boto3 (`upload_file`, multipart, its default 10
 //! threads) to another prefix of the same server, the next revision uploaded whole, and
 //! downloaded into an empty directory (`download_file`). Both sides' files are in the page
@@ -104,6 +106,47 @@ fn write_step(o: &Opts, dir: &Path, next: bool) -> Result<()> {
         fs::write(&p, &data).map_err(|e| format!("write {}: {e}", p.display()))?;
     }
     Ok(())
+}
+
+/// Reads every file under `dir` once, one thread per file (as a restarting job's ranks
+/// do); returns the bytes read.
+fn read_all(dir: &Path) -> Result<u64> {
+    let mut files = Vec::new();
+    let mut stack = vec![dir.to_path_buf()];
+    while let Some(d) = stack.pop() {
+        for e in fs::read_dir(&d).map_err(|e| format!("{}: {e}", d.display()))? {
+            let e = e.map_err(|e| format!("{e}"))?;
+            let t = e.file_type().map_err(|e| format!("{e}"))?;
+            if t.is_dir() {
+                stack.push(e.path());
+            } else if t.is_file() {
+                files.push(e.path());
+            }
+        }
+    }
+    std::thread::scope(|s| {
+        let hs: Vec<_> = files
+            .iter()
+            .map(|p| {
+                s.spawn(move || -> Result<u64> {
+                    use std::io::Read;
+                    let mut f = fs::File::open(p).map_err(|e| format!("{}: {e}", p.display()))?;
+                    let mut buf = vec![0u8; 4 << 20];
+                    let mut n = 0u64;
+                    loop {
+                        match f.read(&mut buf) {
+                            Ok(0) => return Ok(n),
+                            Ok(k) => n += k as u64,
+                            Err(e) => return Err(format!("read {}: {e}", p.display())),
+                        }
+                    }
+                })
+            })
+            .collect();
+        hs.into_iter()
+            .map(|h| h.join().map_err(|_| "a reader panicked".to_string())?)
+            .sum()
+    })
 }
 
 fn ckptfs_cmd(bin: &Path, args: &[&str]) -> Result<String> {
@@ -255,6 +298,44 @@ pub fn run(r: &RemoteOpts) -> Result<()> {
         None,
     ));
 
+    // The same restore on demand: mounted from the bucket into an empty cache directory
+    // (ready after one manifest read), then every file read once, all files at once.
+    let cache = o.dir.join("cache");
+    let lazy_mnt = o.dir.join("mnt-from-bucket");
+    let _ = fs::remove_dir_all(&cache);
+    fresh_dir(&lazy_mnt)?;
+    sys::drop_caches().ok();
+    let t = Instant::now();
+    ckptfs_cmd(
+        &bin,
+        &[
+            "mount",
+            &url,
+            &lazy_mnt.to_string_lossy(),
+            "--cache",
+            &cache.to_string_lossy(),
+        ],
+    )?;
+    let ready = t.elapsed().as_secs_f64();
+    let read = read_all(&lazy_mnt);
+    let lt = t.elapsed().as_secs_f64();
+    let lazy = status(&bin, &lazy_mnt);
+    ckptfs_cmd(&bin, &["umount", &lazy_mnt.to_string_lossy()])?;
+    let (read, lazy) = (read?, lazy?);
+    if read != o.size {
+        return Err(format!(
+            "read {read} bytes back from the mount from the bucket, wrote {}",
+            o.size
+        ));
+    }
+    rows.push((
+        "restore: mount from bucket+read".into(),
+        lt,
+        gib / lt,
+        lazy["fetch"]["fetched_bytes"].as_u64().unwrap_or(0),
+        None,
+    ));
+
     println!(
         "remote: {} checkpoint of {} files ({} data), server {}",
         crate::util::size_label(o.size),
@@ -276,18 +357,22 @@ pub fn run(r: &RemoteOpts) -> Result<()> {
     println!(
         "ckptfs / plain: full upload {:.2}x the time ({:.0}% of its throughput); next revision \
          saved and uploaded in {:.2}x the time, sending {} for {} newly stored ({:.2}x); cold \
-         restore {:.2}x the plain download's time",
+         restore {:.2}x the plain download's time; mounted from the bucket, ready in {:.2} s \
+         and every file read in {:.2}x the plain download's time",
         ct / pt,
         100.0 * pt / ct,
         ct2 / pt2,
         crate::util::size_label(cb2),
         crate::util::size_label(newly),
         cb2 as f64 / newly.max(1) as f64,
-        rt / dt
+        rt / dt,
+        ready,
+        lt / dt
     );
     if !o.keep {
         let _ = fs::remove_dir_all(&down);
         let _ = fs::remove_dir_all(&rec);
+        let _ = fs::remove_dir_all(&cache);
         let _ = fs::remove_dir_all(&plain_dir);
     }
     Ok(())

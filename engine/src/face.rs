@@ -11,8 +11,8 @@ pub use crate::catalog::DirEntry;
 pub use crate::clock;
 pub use crate::error::NsFault;
 pub use crate::format::{
-    owner_slot, Binding, ChunkHash, HistoryId, HistoryRecord, InodeId, InodeRecord, NodeKind,
-    RevisionId, SlotId, Timestamp, VersionMeta, Xattrs, XATTR_NAMES_ROOM, XATTR_NAME_MAX,
+    owner_slot, Binding, ChunkHash, Extent, HistoryId, HistoryRecord, InodeId, InodeRecord,
+    NodeKind, RevisionId, SlotId, Timestamp, VersionMeta, Xattrs, XATTR_NAMES_ROOM, XATTR_NAME_MAX,
     XATTR_VALUES_ROOM, XATTR_VALUE_MAX,
 };
 pub use crate::maintenance::auto::AutoGc;

@@ -85,3 +85,10 @@ impl fmt::Display for SlotId {
 /// Byte offset inside the reserved data file.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct DataOffset(pub u64);
+
+impl DataOffset {
+    /// The offset of a chunk record whose bytes are held only by the space's object-store
+    /// tier (FORMAT.md "Object-store tier", chunks fetched on demand): no byte of the data
+    /// file is its. Never a real offset: the data file is far smaller than 2^64 bytes.
+    pub const REMOTE: DataOffset = DataOffset(u64::MAX);
+}

@@ -74,7 +74,8 @@ pub(crate) fn named_bytes(r: &Reader, chunks: u64) -> Result<u64> {
                 *refs.entry(p).or_default() += e.len as u64;
             }
         })?;
-        r.for_each_chunk(|h, c| {
+        // Chunks held only by the object-store tier are named all the same.
+        r.for_each_chunk_record(|h, c| {
             if let Some(n) = refs.get(&prefix(&h)) {
                 named += (*n).min(c.raw_len as u64);
             }

@@ -1536,6 +1536,33 @@ impl Fs {
         Ok(n)
     }
 
+    /// Sets `[0, len)` of the file open as `fh` to `pieces` (offsets from 0, extents of
+    /// chunks the space has records of: a space rebuilt from its object-store tier names
+    /// chunks the bucket holds this way), metadata only, as `copy_range` does; durable and
+    /// listed at the handle's close. A chunk the space has no record of is an error, and
+    /// then nothing changed.
+    pub fn paste_chunks(
+        &self,
+        ino: InodeId,
+        fh: HandleId,
+        pieces: &[(u64, ckptfs_engine::face::Extent)],
+        len: u64,
+        pid: u32,
+    ) -> Result<()> {
+        self.refuse_if_failed()?;
+        if len > MAX_FILE_BYTES {
+            return Err(Error::FileTooBig);
+        }
+        let node = self.handle_node(ino, fh, "write")?;
+        let chunks: Vec<_> = pieces.iter().map(|(_, e)| e.chunk).collect();
+        let pinned = self.space.pins().pin_stored(&chunks)?;
+        let mut n = node.lock();
+        n.file
+            .paste(self.space.data().chunks(), 0, len, pieces, pinned)?;
+        Self::touched_by(&mut n, fh, pid);
+        Ok(())
+    }
+
     /// Commits a modified file as handle `fh` (0: none). An unsealed current revision is
     /// replaced, unless another handle still has to seal it.
     fn commit_node(&self, ino: InodeId, n: &mut OpenNode, seal: Seal, fh: HandleId) -> Result<()> {

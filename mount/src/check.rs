@@ -105,6 +105,7 @@ pub(crate) fn check_json(r: &CheckReport, max_bytes: Option<usize>) -> Value {
         "used_bytes": r.used_bytes,
         "free_bytes": r.free_bytes,
         "stored_bytes": r.stored_bytes,
+        "remote_chunks": r.remote_chunks,
         "seconds": r.seconds,
         "damaged_chunks": r.damaged.len(),
         "damaged_revision_count": revs.len(),
@@ -173,6 +174,13 @@ fn print_human(v: &Value) {
         human(u("stored_bytes")),
         human(u("free_bytes"))
     );
+    if u("remote_chunks") > 0 {
+        println!(
+            "{} chunks are held only by the object store and were not read back here \
+             (`ckptfs check --remote` verifies the bucket)",
+            u("remote_chunks")
+        );
+    }
     for d in v["damaged_revisions"].as_array().into_iter().flatten() {
         let path = d["path"].as_str().unwrap_or("(path unknown)");
         let ranges: Vec<String> = d["ranges"]

@@ -244,7 +244,10 @@ pub(crate) fn mount(
     fs.refresh_union()
         .map_err(|e| format!("cannot read the other slots' manifests: {e}"))?;
     let uploader = match tuning.read_only {
-        true => None,
+        true => {
+            attach_remote_reader(&backing, &fs)?;
+            None
+        }
         false => start_remote(&backing, &fs, tuning.remote_take_over)?,
     };
     let fs_for_names = fs.clone();
@@ -315,6 +318,28 @@ fn start_remote(
         .map_err(|e| format!("cannot start the object-store tier {url}: {e}"))?;
     log::info!("object-store tier: {url} ({} durability)", u.durability());
     Ok(Some(u))
+}
+
+/// A read-only mount of a space whose chunks are partly held only by its bucket (mounted
+/// from it, `Features::INCOMPAT_REMOTE_CHUNKS`) reads them from there; it uploads nothing
+/// and takes no lease.
+fn attach_remote_reader(backing: &Path, fs: &Arc<Fs>) -> Result<(), CliError> {
+    use ckptfs_engine::format::Features;
+    if fs.shares_namespace()
+        || !fs
+            .space()
+            .superblock()
+            .features
+            .contains(Features::INCOMPAT_REMOTE_CHUNKS)
+    {
+        return Ok(());
+    }
+    let Some(cfg) = ckptfs_remote::RemoteConfig::load(backing).map_err(|e| e.to_string())? else {
+        return Ok(());
+    };
+    ckptfs_remote::fetch::attach_reader(fs, &cfg)
+        .map_err(|e| format!("cannot reach the object-store tier {}: {e}", cfg.url))?;
+    Ok(())
 }
 
 /// Opens the space a foreground mount serves, as `tuning` says: a single-slot space once

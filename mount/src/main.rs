@@ -401,8 +401,16 @@ enum Cmd {
         /// With s3://BUCKET/PREFIX in place of BACKING_DIR: the local directory its space
         /// lives in. An empty one is filled from the bucket first (its newest checkpoint);
         /// the mount then owns the prefix (a lease) and uploads what it writes.
+        ///
+        /// Chunks are fetched as files are read (ranged reads, read-ahead, every chunk
+        /// checked by blake3), not before the mount is ready.
         #[arg(long, value_name = "DIR")]
         cache: Option<PathBuf>,
+        /// With s3://...: the most bytes of fetched chunks kept on local disk
+        /// (`remote-cache` in the cache directory; default 4G, 0: none). Kept in its
+        /// `remote` file for later mounts.
+        #[arg(long, value_name = "SIZE", value_parser = parse_size)]
+        cache_size: Option<u64>,
         /// Take the object-store tier's lease even while it runs: only when its holder is
         /// known to be dead (a node lost with its mount). A live holder is fenced at its next
         /// upload, but what it wrote locally since is not in the bucket.
@@ -574,7 +582,7 @@ fn run(cli: Cli) -> Result<(), CliError> {
                                 empty directory"
                         .into());
                 }
-                return remote::recover(&backing, &r, size, json);
+                return remote::recover(&backing, &r, size, json, None);
             };
             let r = ckptfs_engine::space::recover(&absolute(&backing), &absolute(&from), force)
                 .map_err(CliError::from)?;
@@ -641,6 +649,7 @@ fn run(cli: Cli) -> Result<(), CliError> {
             take_over,
             no_probe,
             cache,
+            cache_size,
             remote_take_over,
             remote_endpoint,
             notify_ready,
@@ -652,10 +661,12 @@ fn run(cli: Cli) -> Result<(), CliError> {
                         "usage: ckptfs mount s3://BUCKET/PREFIX MOUNTPOINT --cache DIR".into(),
                     );
                 }
-                paths[0] = remote::cache_for(url, cache.as_deref(), remote_endpoint)?;
-            } else if cache.is_some() || remote_endpoint.is_some() {
+                paths[0] = remote::cache_for(url, cache.as_deref(), remote_endpoint, cache_size)?;
+            } else if cache.is_some() || remote_endpoint.is_some() || cache_size.is_some() {
                 return Err(
-                    "--cache and --remote-endpoint are for mounting s3://BUCKET/PREFIX".into(),
+                    "--cache, --cache-size and --remote-endpoint are for mounting \
+                     s3://BUCKET/PREFIX"
+                        .into(),
                 );
             }
             if foreground {

@@ -81,7 +81,8 @@ pub fn prometheus(
 /// The object-store tier of a mount that has one (`ckptfs remote`'s status).
 fn of_remote(o: &mut Out, r: &serde_json::Value) {
     let n = |k: &str| r[k].as_f64().unwrap_or(0.0);
-    let fams: [(&str, &str, &str, f64); 9] = [
+    let fetched = |k: &str| r["fetch"][k].as_f64().unwrap_or(0.0);
+    let fams: [(&str, &str, &str, f64); 11] = [
         (
             "remote_head_seq",
             G,
@@ -123,6 +124,18 @@ fn of_remote(o: &mut Out, r: &serde_json::Value) {
             C,
             "Bytes sent to the bucket since the mount.",
             n("sent_bytes"),
+        ),
+        (
+            "remote_fetched_bytes_total",
+            C,
+            "Bytes of chunks held only by the bucket fetched since the mount (ranged reads).",
+            fetched("fetched_bytes"),
+        ),
+        (
+            "remote_fetch_requests_total",
+            C,
+            "Ranged reads of chunks held only by the bucket since the mount.",
+            fetched("requests"),
         ),
         (
             "remote_uploads_total",

@@ -184,6 +184,20 @@ fn print_status(v: &serde_json::Value, json: bool) {
         u("sent_objects"),
         u("uploads")
     );
+    let f = &v["fetch"];
+    let fu = |k: &str| f.get(k).and_then(serde_json::Value::as_u64).unwrap_or(0);
+    if fu("chunks") > 0 {
+        println!(
+            "fetched:     {} chunks held only by the bucket ({} from the local cache), {} in {} \
+             requests; cache {} of {}",
+            fu("chunks"),
+            fu("cache_hits"),
+            human(fu("fetched_bytes")),
+            fu("requests"),
+            human(fu("cached_bytes")),
+            human(fu("cache_bytes"))
+        );
+    }
     if let Some(e) = v["last_error"].as_str() {
         println!("last error:  {e}");
     }
@@ -274,20 +288,31 @@ pub(crate) fn wait_uploaded(mnt: &Path, limit: Duration) -> Result<(), CliError>
 }
 
 /// `ckptfs recover DIR --remote s3://...`: a new space in DIR from the bucket alone.
+///
+/// `on_demand` (a mount of s3://...): no chunk is fetched now (`restore::recover`), and
+/// fetched ones are kept in up to `cache_bytes`.
 pub(crate) fn recover(
     dir: &Path,
     args: &RemoteArgs,
     size: Option<u64>,
     json: bool,
+    on_demand: Option<Option<u64>>,
 ) -> Result<(), CliError> {
-    let cfg = args.config()?.expect("called with --remote");
+    let mut cfg = args.config()?.expect("called with --remote");
+    if let Some(c) = on_demand {
+        cfg.cache_bytes = c;
+    }
     let dir = absolute(dir);
     let chunk = parse_size(DEFAULT_CHUNK)? as u32;
     let pb = progress_bar(!json);
     if let Some(pb) = &pb {
-        pb.set_message("fetching from the bucket");
+        pb.set_message(match on_demand {
+            Some(_) => "reading the bucket's newest checkpoint",
+            None => "fetching from the bucket",
+        });
     }
-    let r = ckptfs_remote::restore::recover(&cfg, &dir, size, chunk, |done, total| {
+    let how = on_demand.is_some();
+    let r = ckptfs_remote::restore::recover(&cfg, &dir, size, chunk, how, |done, total| {
         if let Some(pb) = &pb {
             pb.set_length(total >> 20);
             pb.set_position(done >> 20);
@@ -303,19 +328,28 @@ pub(crate) fn recover(
             serde_json::to_string(&r).map_err(|e| format!("serialize: {e}"))?
         );
     } else {
-        println!(
-            "recovered {} from {} (manifest {}, taken {}): {} files, {} in {:.1} s, {} fetched \
-             in {} requests; mount it to continue as the bucket's owner",
-            dir.display(),
+        let what = format!(
+            "{} (manifest {}, taken {}): {} files, {}",
             cfg.url,
             r.seq,
             when::human(r.taken_unix as f64),
             r.files,
-            human(r.logical_bytes),
-            r.seconds,
-            human(r.fetched_bytes),
-            r.requests
+            human(r.logical_bytes)
         );
+        match how {
+            true => println!(
+                "{} is the cache of {what}, fetched as they are read",
+                dir.display()
+            ),
+            false => println!(
+                "recovered {} from {what} in {:.1} s, {} fetched in {} requests; mount it to \
+                 continue as the bucket's owner",
+                dir.display(),
+                r.seconds,
+                human(r.fetched_bytes),
+                r.requests
+            ),
+        }
     }
     Ok(())
 }
@@ -326,6 +360,7 @@ pub(crate) fn cache_for(
     url: &str,
     cache: Option<&Path>,
     endpoint: Option<String>,
+    cache_size: Option<u64>,
 ) -> Result<PathBuf, CliError> {
     let cache = cache.ok_or_else(|| {
         format!("mounting {url} needs --cache DIR: the local directory its space lives in")
@@ -334,7 +369,13 @@ pub(crate) fn cache_for(
     if dir.join(ckptfs_engine::format::SUPERBLOCK_FILE).exists() {
         let have = RemoteConfig::load(&dir).map_err(|e| e.to_string())?;
         match have {
-            Some(c) if c.url == url.trim_end_matches('/') => return Ok(dir),
+            Some(mut c) if c.url == url.trim_end_matches('/') => {
+                if cache_size.is_some() && c.cache_bytes != cache_size {
+                    c.cache_bytes = cache_size;
+                    c.save(&dir).map_err(|e| e.to_string())?;
+                }
+                return Ok(dir);
+            }
             Some(c) => {
                 return Err(
                     format!("{} is the cache of {}, not of {url}", dir.display(), c.url).into(),
@@ -348,7 +389,7 @@ pub(crate) fn cache_for(
         remote_endpoint: endpoint,
         remote_durability: None,
     };
-    recover(&dir, &args, None, false)?;
+    recover(&dir, &args, None, false, Some(cache_size))?;
     Ok(dir)
 }
 
@@ -434,6 +475,13 @@ pub(crate) fn check(path: &Path, json: bool) -> ExitCode {
                  (`ckptfs remote {} --sync` waits for it)",
                 r.reuploaded,
                 path.display()
+            );
+        }
+        if !r.unrepairable.is_empty() {
+            println!(
+                "{} damaged chunks cannot be repaired: this space never fetched them, so the \
+                 bucket's copy was the only one",
+                r.unrepairable.len()
             );
         }
     }

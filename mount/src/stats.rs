@@ -91,6 +91,13 @@ pub(crate) fn print_stats(s: &Stats) {
         ratio_text(s.compression_ratio(), "nothing stored")
     );
     println!("chunks             {}", s.chunks);
+    if s.remote_chunks > 0 {
+        println!(
+            "in the bucket only {} chunks, {} stored (fetched as they are read)",
+            s.remote_chunks,
+            human(s.remote_bytes)
+        );
+    }
     println!("files              {}", s.files);
     println!("directories        {}", s.dirs);
     println!("revisions          {}", s.revisions);

@@ -62,6 +62,10 @@ pub struct RemoteConfig {
     /// a mount of this space as its owner would roll it back (refused).
     #[serde(default)]
     pub head_seq: u64,
+    /// Bytes of chunks fetched on demand kept in `remote-cache` (`mount --cache-size`;
+    /// default `fetch::DEFAULT_CACHE_BYTES`, 0: none kept).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cache_bytes: Option<u64>,
 }
 
 impl RemoteConfig {
@@ -74,6 +78,7 @@ impl RemoteConfig {
             region: None,
             durability,
             head_seq: 0,
+            cache_bytes: None,
         })
     }
 

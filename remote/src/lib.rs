@@ -11,6 +11,7 @@
 
 pub mod bucket;
 pub mod config;
+pub mod fetch;
 pub mod gc;
 pub mod manifest;
 pub mod restore;

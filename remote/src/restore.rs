@@ -13,7 +13,9 @@ use crate::manifest::{name_from_str, unhex, Head, Manifest, HEAD};
 use crate::upload::fetch_manifest;
 use crate::{Error, Result};
 use ckptfs_engine::chunk::Stored;
-use ckptfs_engine::format::{ChunkHash, ChunkRecord, DataOffset, InodeId, Timestamp};
+use ckptfs_engine::format::{
+    ChunkHash, ChunkRecord, Codec, DataOffset, Extent, Features, InodeId, Timestamp,
+};
 use ckptfs_engine::Space;
 use ckptfs_fs::{Caller, Fs, HandleId, SetAttr};
 use std::collections::{HashMap, VecDeque};
@@ -55,11 +57,16 @@ pub fn newest(bucket: &Bucket) -> Result<Option<(Head, Manifest)>> {
 /// Rebuilds the newest state the bucket holds into `dir` (new or empty), formatted with
 /// `size` bytes (default: twice the manifest's stored bytes plus 1 GiB) and average chunk
 /// size `chunk`.
+///
+/// `on_demand`: no chunk is fetched now; the space records where each lies in the bucket
+/// (`DataOffset::REMOTE`) and its mount fetches them as they are read (`fetch`). Otherwise
+/// every chunk is fetched, checked and written into the space before this returns.
 pub fn recover(
     cfg: &RemoteConfig,
     dir: &Path,
     size: Option<u64>,
     chunk: u32,
+    on_demand: bool,
     mut progress: impl FnMut(u64, u64),
 ) -> Result<Restored> {
     let start = std::time::Instant::now();
@@ -85,7 +92,11 @@ pub fn recover(
             let _ = std::fs::remove_dir(dir);
         }
     };
-    match fill(cfg, dir, &bucket, &head, &m, &mut progress) {
+    let filled = match on_demand {
+        true => attach(cfg, dir, &head, &m, &mut progress),
+        false => fill(cfg, dir, &bucket, &head, &m, &mut progress),
+    };
+    match filled {
         Ok(mut out) => {
             out.seconds = start.elapsed().as_secs_f64();
             Ok(out)
@@ -95,6 +106,48 @@ pub fn recover(
             Err(e)
         }
     }
+}
+
+/// `recover` on demand into the space just formatted in `dir`: the chunks recorded as
+/// held by the bucket, the tree made with files naming them.
+fn attach(
+    cfg: &RemoteConfig,
+    dir: &Path,
+    head: &Head,
+    m: &Manifest,
+    progress: &mut impl FnMut(u64, u64),
+) -> Result<Restored> {
+    let mut recs = Vec::with_capacity(m.chunks.len());
+    let mut features = Features::INCOMPAT_REMOTE_CHUNKS;
+    for c in &m.chunks {
+        let codec = c.codec()?;
+        if c.raw == 0 || c.stored == 0 || (codec == Codec::Raw && c.raw != c.stored) {
+            return Err(Error::Damaged(format!(
+                "the manifest gives chunk {} impossible lengths ({} stored, {} raw)",
+                c.hash, c.stored, c.raw
+            )));
+        }
+        if matches!(codec, Codec::Float(_)) {
+            features = features.union(Features::INCOMPAT_FLOAT_CODEC);
+        }
+        recs.push((
+            c.chunk_hash()?,
+            ChunkRecord {
+                offset: DataOffset::REMOTE,
+                stored_len: c.stored,
+                raw_len: c.raw,
+                codec,
+                refs: 0,
+            },
+        ));
+    }
+    // Marked before the first such record is written: a build without remote chunks
+    // refuses the space instead of reading their records as offsets.
+    ckptfs_engine::space::mark_features(dir, features)?;
+    let space = Space::open(dir)?;
+    space.data().add_remote_chunks(&recs)?;
+    drop(recs);
+    write_tree(cfg, space, head, m, &mut Content::OnDemand(m), progress)
 }
 
 /// `recover` into the space just formatted in `dir`.
@@ -118,7 +171,16 @@ fn fill(
             fetched_bytes: 0,
             requests: 0,
         };
-        let r = write_tree(cfg, dir, head, m, &mut chunks, progress);
+        let r = Space::open(dir).map_err(Error::from).and_then(|space| {
+            write_tree(
+                cfg,
+                space,
+                head,
+                m,
+                &mut Content::Fetched(&mut chunks),
+                progress,
+            )
+        });
         // The fetcher stops at its next send once this is gone.
         drop(chunks.rx);
         r.map(|mut out| {
@@ -129,17 +191,25 @@ fn fill(
     })
 }
 
-/// Creates every node of `m` in the space just formatted in `dir`, files' bytes from
-/// `chunks`.
+/// Where a rebuilt file's bytes come from.
+enum Content<'a, 'b> {
+    /// Fetched, checked chunks, written into the space.
+    Fetched(&'b mut Incoming<'a>),
+    /// Nowhere now: the file names the chunks the bucket holds (recorded already).
+    OnDemand(&'a Manifest),
+}
+
+/// Creates every node of `m` in the space just formatted (`space`), files' bytes from
+/// `content`.
 fn write_tree(
     cfg: &RemoteConfig,
-    dir: &Path,
+    space: Space,
     head: &Head,
     m: &Manifest,
-    chunks: &mut Incoming,
+    content: &mut Content,
     progress: &mut impl FnMut(u64, u64),
 ) -> Result<Restored> {
-    let space = Space::open(dir)?;
+    let dir = space.dir().to_path_buf();
     let fs = Arc::new(Fs::new(space));
     let mut out = Restored {
         seq: head.seq,
@@ -185,7 +255,10 @@ fn write_tree(
                 let h = HandleId(fh);
                 fh += 1;
                 let a = fs.create(parent, &name, n.perm, c, h, true, true, false)?;
-                write_file(&fs, a.ino, h, &n.extents, chunks)?;
+                match content {
+                    Content::Fetched(chunks) => write_file(&fs, a.ino, h, &n.extents, chunks)?,
+                    Content::OnDemand(m) => paste_file(&fs, a.ino, h, &n.extents, m, n.size)?,
+                }
                 if n.size > 0 {
                     fs.setattr(
                         a.ino,
@@ -247,7 +320,7 @@ fn write_tree(
     drop(fs);
     let mut cfg = cfg.clone();
     cfg.head_seq = head.seq;
-    cfg.save(dir)?;
+    cfg.save(&dir)?;
     Ok(out)
 }
 
@@ -276,6 +349,40 @@ impl Cache {
             }
         }
     }
+}
+
+/// Makes one file name the chunks of its extents where the bucket holds them.
+fn paste_file(
+    fs: &Fs,
+    ino: InodeId,
+    fh: HandleId,
+    extents: &[[u64; 4]],
+    m: &Manifest,
+    size: u64,
+) -> Result<()> {
+    let mut pieces = Vec::with_capacity(extents.len());
+    for x in extents {
+        let c = m
+            .chunks
+            .get(x[2] as usize)
+            .ok_or_else(|| Error::Damaged("an extent names a chunk the manifest lacks".into()))?;
+        let (off, len, coff) = (x[0], x[1], x[3]);
+        if len == 0 || coff + len > c.raw as u64 || off.checked_add(len).is_none_or(|e| e > size) {
+            return Err(Error::Damaged(format!(
+                "an extent of {len} bytes at {off} does not fit its chunk or its file"
+            )));
+        }
+        pieces.push((
+            off,
+            Extent {
+                chunk: c.chunk_hash()?,
+                chunk_off: coff as u32,
+                len: len as u32,
+            },
+        ));
+    }
+    fs.paste_chunks(ino, fh, &pieces, size, 0)?;
+    Ok(())
 }
 
 /// Writes one file's extents, each chunk taken from the fetcher's verified results.
@@ -538,6 +645,10 @@ pub struct BucketCheck {
     /// (a new manifest then names the new copies).
     #[serde(default)]
     pub reuploaded: u64,
+    /// On a mount: damaged chunks this space holds no copy of either (fetched on demand,
+    /// never read here): lost with the bucket's copy.
+    #[serde(default)]
+    pub unrepairable: Vec<String>,
 }
 
 /// Reads every chunk the newest manifest names, as a restore would, and checks each

@@ -18,6 +18,7 @@
 
 use crate::bucket::{Bucket, Put};
 use crate::config::{Durability, RemoteConfig};
+use crate::fetch::{locations_of, Fetcher, Loc, Locations};
 use crate::manifest::{
     hex, kind_name, manifest_key, name_to_str, now_unix, pack_key, ChunkAt, Head, LeaseRecord,
     Manifest, Node, HEAD, LEASE, MANIFEST_FORMAT,
@@ -25,6 +26,7 @@ use crate::manifest::{
 use crate::{Error, Result};
 use bytes::Bytes;
 use ckptfs_engine::format::{ChunkHash, NodeKind};
+use ckptfs_engine::read::RemoteChunks;
 use ckptfs_fs::Fs;
 use parking_lot::{Condvar, Mutex};
 use serde::Serialize;
@@ -51,16 +53,6 @@ pub const CLOSE_WAIT: Duration = Duration::from_secs(120);
 /// The longest an unmount the CLI did not wait for (a signal, `fusermount -u`) waits for
 /// the upload of what is left.
 pub const EXIT_WAIT: Duration = Duration::from_secs(60);
-
-/// Where a chunk lies in the bucket.
-#[derive(Clone, Debug)]
-struct Loc {
-    pack: Arc<str>,
-    off: u64,
-    stored: u32,
-    raw: u32,
-    codec: u8,
-}
 
 /// A pack being uploaded: the put, the chunks it holds, its bytes.
 type InFlight = (
@@ -93,6 +85,8 @@ pub struct RemoteStatus {
     pub uploads: u64,
     pub last_error: Option<String>,
     pub fenced: Option<String>,
+    /// Chunks held only by the bucket, fetched on demand since the mount (`fetch`).
+    pub fetch: crate::fetch::FetchStats,
 }
 
 struct State {
@@ -105,7 +99,6 @@ struct State {
     covered: (u64, u64),
     /// When the first change the head does not cover was seen.
     dirty_since: Option<Instant>,
-    known: HashMap<ChunkHash, Loc>,
     lease_etag: Option<String>,
     lease_expires: i64,
     /// The lease is held and the head read.
@@ -134,6 +127,11 @@ struct Inner {
     cfg: RemoteConfig,
     owner: String,
     state: Mutex<State>,
+    /// Where the chunks the bucket holds lie (shared with the fetcher; lock order: `state`
+    /// before this).
+    known: Locations,
+    /// Reads chunks held only by the bucket (`fetch`), for the engine's reader.
+    fetcher: Arc<Fetcher>,
     /// Wakes the uploader (a change, a sync, stop) and the waiters (an upload finished).
     cv: Condvar,
 }
@@ -166,7 +164,14 @@ impl Uploader {
             std::process::id()
         );
         let dir = fs.space().dir().to_path_buf();
+        let known: Locations = Arc::default();
+        let fetcher = Arc::new(Fetcher::new(&dir, &cfg, known.clone())?);
+        fs.space()
+            .data()
+            .set_remote_chunks(Some(fetcher.clone() as Arc<dyn RemoteChunks>));
         let inner = Arc::new(Inner {
+            known,
+            fetcher,
             fs,
             dir,
             token,
@@ -181,7 +186,6 @@ impl Uploader {
                 head_digest: None,
                 covered: (0, 0),
                 dirty_since: None,
-                known: HashMap::new(),
                 lease_etag: None,
                 lease_expires: 0,
                 ready: false,
@@ -313,6 +317,7 @@ impl Uploader {
             uploads: st.uploads,
             last_error: st.last_error.clone(),
             fenced: st.fenced.clone(),
+            fetch: self.inner.fetcher.stats(),
         }
     }
 
@@ -330,12 +335,22 @@ impl Uploader {
             .filter_map(|h| crate::manifest::unhex(h).ok())
             .filter_map(|b| b.try_into().ok().map(ChunkHash))
             .collect();
+        let data = self.inner.fs.space().data();
         let mut st = self.inner.state.lock();
+        let mut known = self.inner.known.lock();
         for h in &bad {
-            if st.known.remove(h).is_some() {
+            // A chunk held only by the bucket has no local copy to upload again.
+            if let Ok(Some(rec)) = data.committed_record(h) {
+                if rec.is_remote() {
+                    r.unrepairable.push(crate::manifest::hex(&h.0));
+                    continue;
+                }
+            }
+            if known.remove(h).is_some() {
                 r.reuploaded += 1;
             }
         }
+        drop(known);
         // The tree may be unchanged: the next upload must write a manifest anyway.
         st.head_digest = None;
         st.covered = (0, 0);
@@ -470,23 +485,10 @@ impl Inner {
         st.head_etag = etag;
         st.head_taken_unix = m.taken_unix;
         st.head_digest = Some(tree_digest(&m.nodes, &m.chunks, &m.packs));
-        for c in &m.chunks {
-            let pack: Arc<str> = m
-                .packs
-                .get(c.pack as usize)
-                .ok_or_else(|| Error::Damaged("a chunk names a pack the manifest lacks".into()))?
-                .as_str()
-                .into();
-            st.known.insert(
-                c.chunk_hash()?,
-                Loc {
-                    pack,
-                    off: c.off,
-                    stored: c.stored,
-                    raw: c.raw,
-                    codec: c.codec,
-                },
-            );
+        drop(st);
+        let mut known = self.known.lock();
+        for (h, l) in locations_of(&m)? {
+            known.insert(h, l);
         }
         Ok(())
     }
@@ -507,10 +509,7 @@ impl Inner {
         if !dry_run && !r.packs_deleted.is_empty() {
             let gone: std::collections::HashSet<&str> =
                 r.packs_deleted.iter().map(String::as_str).collect();
-            self.state
-                .lock()
-                .known
-                .retain(|_, l| !gone.contains(&*l.pack));
+            self.known.lock().retain(|_, l| !gone.contains(&*l.pack));
             log::info!(
                 "bucket gc: deleted {} manifests and {} packs ({} MiB)",
                 r.manifests_deleted.len(),
@@ -654,10 +653,12 @@ impl Inner {
         let tree = space.export_tree()?;
         // The chunks the bucket lacks, in data-file order (sequential reads).
         let mut missing: Vec<(ChunkHash, u64, u32)> = {
-            let st = self.state.lock();
+            let known = self.known.lock();
+            // A chunk held only by the bucket is there already (or lost with it: there is
+            // no copy here to send).
             tree.chunks
                 .iter()
-                .filter(|(h, _)| !st.known.contains_key(h))
+                .filter(|(h, r)| !known.contains_key(h) && !r.is_remote())
                 .map(|(h, r)| (*h, r.offset.0, r.stored_len))
                 .collect()
         };
@@ -713,38 +714,16 @@ impl Inner {
         }
         // The manifest: every node, and where each chunk it names lies.
         let st = self.state.lock();
-        let mut packs: Vec<String> = Vec::new();
-        let mut pack_ix: HashMap<Arc<str>, u32> = HashMap::new();
-        let mut chunk_ix: HashMap<ChunkHash, u64> = HashMap::new();
-        let mut chunks = Vec::with_capacity(tree.chunks.len());
+        let known = self.known.lock();
+        let mut named = Named::default();
         let mut nodes = Vec::with_capacity(tree.nodes.len());
-        let (mut logical, mut stored_total) = (0u64, 0u64);
+        let mut logical = 0u64;
         for n in &tree.nodes {
             let mut extents = Vec::with_capacity(n.extents.len());
             for (off, x) in &n.extents {
-                let ci = match chunk_ix.get(&x.chunk) {
-                    Some(i) => *i,
-                    None => {
-                        let loc = st.known.get(&x.chunk).ok_or_else(|| {
-                            Error::Other(format!("chunk {} was not uploaded", x.chunk))
-                        })?;
-                        let pi = *pack_ix.entry(loc.pack.clone()).or_insert_with(|| {
-                            packs.push(loc.pack.to_string());
-                            (packs.len() - 1) as u32
-                        });
-                        chunks.push(ChunkAt {
-                            hash: hex(&x.chunk.0),
-                            pack: pi,
-                            off: loc.off,
-                            stored: loc.stored,
-                            raw: loc.raw,
-                            codec: loc.codec,
-                        });
-                        stored_total += loc.stored as u64;
-                        chunk_ix.insert(x.chunk, (chunks.len() - 1) as u64);
-                        (chunks.len() - 1) as u64
-                    }
-                };
+                let ci = named
+                    .index(&known, &x.chunk)
+                    .ok_or_else(|| Error::Other(format!("chunk {} was not uploaded", x.chunk)))?;
                 extents.push([*off, x.len as u64, ci, x.chunk_off as u64]);
             }
             let r = &n.rec;
@@ -766,6 +745,26 @@ impl Inner {
                 extents,
             });
         }
+        // Chunks held only by the bucket that no current file names (kept revisions, the
+        // trash) are named too, so that bucket gc keeps the packs holding the only copy.
+        let mut extra: Vec<&ChunkHash> = tree
+            .chunks
+            .iter()
+            .filter(|(h, r)| r.is_remote() && !named.chunk_ix.contains_key(*h))
+            .map(|(h, _)| h)
+            .collect();
+        extra.sort_unstable();
+        for h in extra {
+            if named.index(&known, h).is_none() {
+                log::warn!("chunk {h} is held only by the bucket, and the bucket lacks it");
+            }
+        }
+        let Named {
+            packs,
+            chunks,
+            stored_total,
+            ..
+        } = named;
         let (seq, head_etag, same) = {
             let digest = tree_digest(&nodes, &chunks, &packs);
             (
@@ -774,6 +773,7 @@ impl Inner {
                 (st.head_digest == Some(digest), digest),
             )
         };
+        drop(known);
         drop(st);
         if same.0 {
             // The bucket holds this very tree already (a change undone, a change of times
@@ -873,10 +873,12 @@ impl Inner {
         n: u64,
     ) -> Result<()> {
         self.bucket.join(h)?;
-        let mut st = self.state.lock();
+        let mut known = self.known.lock();
         for (h, l) in entries {
-            st.known.insert(h, l);
+            known.insert(h, l);
         }
+        drop(known);
+        let mut st = self.state.lock();
         st.sent_bytes += n;
         st.sent_objects += 1;
         st.pending_bytes = st.pending_bytes.saturating_sub(n);
@@ -891,6 +893,44 @@ impl Inner {
         if covers(st.covered, marks(&self.fs)) {
             st.dirty_since = None;
         }
+    }
+}
+
+/// The chunks a manifest names, in the order first named, and their packs.
+#[derive(Default)]
+struct Named {
+    packs: Vec<String>,
+    pack_ix: HashMap<Arc<str>, u32>,
+    chunk_ix: HashMap<ChunkHash, u64>,
+    chunks: Vec<ChunkAt>,
+    stored_total: u64,
+}
+
+impl Named {
+    /// The index of chunk `h` in `chunks`, named now if it was not; None: the bucket does
+    /// not hold it (`known`).
+    fn index(&mut self, known: &HashMap<ChunkHash, Loc>, h: &ChunkHash) -> Option<u64> {
+        if let Some(i) = self.chunk_ix.get(h) {
+            return Some(*i);
+        }
+        let loc = known.get(h)?;
+        let packs = &mut self.packs;
+        let pi = *self.pack_ix.entry(loc.pack.clone()).or_insert_with(|| {
+            packs.push(loc.pack.to_string());
+            (packs.len() - 1) as u32
+        });
+        self.chunks.push(ChunkAt {
+            hash: hex(&h.0),
+            pack: pi,
+            off: loc.off,
+            stored: loc.stored,
+            raw: loc.raw,
+            codec: loc.codec,
+        });
+        self.stored_total += loc.stored as u64;
+        let i = (self.chunks.len() - 1) as u64;
+        self.chunk_ix.insert(*h, i);
+        Some(i)
     }
 }
 

@@ -2,8 +2,9 @@
 //! loopback; `ckptfs_tests::s3`): a space restarts on another node from the bucket alone,
 //! `close` mode survives the node, a next revision uploads about what it newly stores, a
 //! stopped or killed store loses nothing and the status says what is pending, damage in the
-//! bucket is found and never restored, bucket gc keeps a rotation bounded, and refused
-//! credentials are said. Without `weed` each test prints SKIPPED (`CKPTFS_REQUIRE=s3`
+//! bucket is found and never restored, bucket gc keeps a rotation bounded, refused
+//! credentials are said, and a space mounted from the bucket fetches chunks as they are read
+//! (within its cache bound, EIO for damage or a failing store, never wrong bytes). Without `weed` each test prints SKIPPED (`CKPTFS_REQUIRE=s3`
 //! fails instead; `.ci/run` installs it).
 
 use ckptfs_tests::s3::Weed;
@@ -182,6 +183,14 @@ fn status_with_error(m: &mut TestMount) -> serde_json::Value {
 
 /// A space with a tier at `prefix` reaching `weed` through a fault proxy.
 fn space_behind_proxy(weed: &Weed, prefix: &str) -> (ckptfs_tests::s3::FaultProxy, TestMount) {
+    let (proxy, env) = behind_proxy(weed);
+    let url = weed.url(prefix);
+    let m = TestMount::with_env_format_args("1G", &["--remote", &url], &env);
+    (proxy, m)
+}
+
+/// A fault proxy in front of `weed`, and the environment that reaches the store through it.
+fn behind_proxy(weed: &Weed) -> (ckptfs_tests::s3::FaultProxy, Vec<(&'static str, String)>) {
     let proxy = ckptfs_tests::s3::FaultProxy::start(weed.s3_port());
     let mut env = weed.env();
     for (k, v) in &mut env {
@@ -189,9 +198,7 @@ fn space_behind_proxy(weed: &Weed, prefix: &str) -> (ckptfs_tests::s3::FaultProx
             *v = proxy.endpoint();
         }
     }
-    let url = weed.url(prefix);
-    let m = TestMount::with_env_format_args("1G", &["--remote", &url], &env);
-    (proxy, m)
+    (proxy, env)
 }
 
 /// `ckptfs remote MNT --json`.
@@ -598,4 +605,203 @@ fn a_head_put_whose_answer_is_lost_does_not_fence_the_mount() {
     a.unmount();
     let b = recover_elsewhere(&weed, "lost");
     assert_same_tree(keep.path(), b.mnt());
+}
+
+/// A new node mounting `prefix` from the bucket into an empty cache directory (`ckptfs mount
+/// s3://... MNT --cache DIR`), with `options`.
+fn mount_from_bucket(weed: &Weed, prefix: &str, options: &[&str]) -> TestMount {
+    mount_from_bucket_with_env(weed, &weed.env(), prefix, options)
+}
+
+/// `mount_from_bucket` with the environment `env` (another endpoint: a fault proxy).
+fn mount_from_bucket_with_env(
+    weed: &Weed,
+    env: &[(&str, String)],
+    prefix: &str,
+    options: &[&str],
+) -> TestMount {
+    let mut n = TestMount::empty_with_env(env);
+    let (backing, mnt) = (n.backing().to_path_buf(), n.mnt().to_path_buf());
+    let url = weed.url(prefix);
+    let mut args = vec![
+        os("mount"),
+        os(&url),
+        mnt.as_os_str(),
+        os("--cache"),
+        backing.as_os_str(),
+    ];
+    args.extend(options.iter().map(|o| os(o)));
+    n.ckptfs_ok(&args);
+    n.mounted_elsewhere();
+    n
+}
+
+#[test]
+fn a_space_mounted_from_the_bucket_fetches_chunks_as_they_are_read() {
+    let Some(weed) = Weed::start("a_space_mounted_from_the_bucket_fetches_chunks_as_they_are_read")
+    else {
+        return;
+    };
+    let mut a = space_with_tier(&weed, "lazy", &[]);
+    write_tree(a.mnt(), 1);
+    write_tree(a.mnt(), 2);
+    let keep = tempfile_copy(a.mnt());
+    a.unmount();
+    // A cache smaller than what is read: chunks are evicted and fetched again, never more
+    // than the bound is kept.
+    let cache = 4u64 << 20;
+    let mut b = mount_from_bucket(&weed, "lazy", &["--cache-size", "4M"]);
+    // Ready before any chunk was fetched: the tree is there, the bytes are in the bucket.
+    let s = status(&mut b);
+    assert_eq!(
+        s["fetch"]["requests"], 0,
+        "fetched before the mount was ready: {s}"
+    );
+    let mnt = b.mnt().to_path_buf();
+    let st = b.ckptfs_json(&[os("stats"), mnt.as_os_str(), os("--json")]);
+    let remote_chunks = st["remote_chunks"].as_u64().unwrap();
+    assert!(
+        remote_chunks > 0,
+        "no chunk is held by the bucket alone: {st}"
+    );
+    assert_eq!(
+        st["chunks"], 0,
+        "chunks were stored locally at the mount: {st}"
+    );
+    // Read through: every byte as written, fetched with coalesced ranged reads.
+    assert_same_tree(keep.path(), b.mnt());
+    let s = status(&mut b);
+    let f = &s["fetch"];
+    let (requests, fetched) = (
+        f["requests"].as_u64().unwrap(),
+        f["fetched_bytes"].as_u64().unwrap(),
+    );
+    assert!(requests > 0 && fetched > 0, "{s}");
+    assert!(
+        requests < f["chunks"].as_u64().unwrap(),
+        "one request per chunk, nothing coalesced: {s}"
+    );
+    assert!(f["cached_bytes"].as_u64().unwrap() <= cache, "{s}");
+    assert_eq!(f["cache_bytes"].as_u64().unwrap(), cache, "{s}");
+    let on_disk = fs::metadata(b.backing().join("remote-cache"))
+        .unwrap()
+        .len();
+    assert!(on_disk <= cache, "remote-cache is {on_disk} bytes");
+    // The new owner writes on: a step of its own, the oldest removed (its chunks held by
+    // the bucket alone go at gc), and a step rewritten in place (read, changed, written).
+    write_tree(b.mnt(), 3);
+    fs::remove_dir_all(b.mnt().join("step-1")).expect("rm step-1");
+    let m2 = b.mnt().join("step-2/model.bin");
+    let mut bytes = fs::read(&m2).unwrap();
+    bytes[1000..2000].fill(7);
+    fs::write(&m2, &bytes).unwrap();
+    // step-1's revisions are kept (the trash) and the bucket holds their only copy: the
+    // manifest names those chunks though no file does, so bucket gc keeps their packs.
+    b.ckptfs_ok(&[os("remote"), mnt.as_os_str(), os("--sync")]);
+    let (_, m) = ckptfs_remote::restore::newest(&weed.bucket("lazy"))
+        .unwrap()
+        .unwrap();
+    let by_files: std::collections::HashSet<u64> = m
+        .nodes
+        .iter()
+        .flat_map(|n| n.extents.iter().map(|x| x[2]))
+        .collect();
+    assert!(
+        m.chunks.len() > by_files.len(),
+        "the manifest names only the current files' chunks; the trash's live only there"
+    );
+    b.ckptfs_ok(&[os("gc"), mnt.as_os_str(), os("--empty-trash")]);
+    let keep_b = tempfile_copy(b.mnt());
+    b.unmount();
+    let backing = b.backing().to_path_buf();
+    let (st, out, err) = b.ckptfs(&[os("check"), backing.as_os_str(), os("--json")]);
+    assert!(
+        st.success(),
+        "check of the space mounted from the bucket: {out}{err}"
+    );
+    let v: serde_json::Value = serde_json::from_str(&out).unwrap();
+    assert_eq!(v["problem_count"], 0, "{out}");
+    assert!(
+        v["remote_chunks"].as_u64().unwrap() < remote_chunks,
+        "gc dropped none of step-1's chunks: {out}"
+    );
+    // Mounted again (its cache file emptied), it reads what it still holds only in the
+    // bucket.
+    b.mount();
+    assert_same_tree(keep_b.path(), b.mnt());
+    b.unmount();
+    // Its uploads name the chunks it never fetched: a third node gets the whole tree.
+    let c = recover_elsewhere(&weed, "lazy");
+    assert_same_tree(keep_b.path(), c.mnt());
+}
+
+#[test]
+fn a_chunk_damaged_in_the_bucket_reads_as_eio_never_wrong_bytes() {
+    let Some(weed) = Weed::start("a_chunk_damaged_in_the_bucket_reads_as_eio_never_wrong_bytes")
+    else {
+        return;
+    };
+    let mut a = space_with_tier(&weed, "lazybad", &[]);
+    write_tree(a.mnt(), 1);
+    let good = fs::read(a.mnt().join("step-1/model.bin")).unwrap();
+    a.unmount();
+    let bucket = weed.bucket("lazybad");
+    let mut b = mount_from_bucket(&weed, "lazybad", &[]);
+    // Every pack damaged after the mount read the manifest: no read may return a byte of it.
+    for o in bucket.list("packs/").expect("list") {
+        let (bytes, _) = bucket.get(&o.rel).unwrap().unwrap();
+        let mut bytes = bytes.to_vec();
+        let at = bytes.len() / 2;
+        bytes[at] ^= 0x40;
+        bucket
+            .put(&o.rel, bytes.into(), ckptfs_remote::bucket::Put::Overwrite)
+            .expect("put damaged");
+    }
+    let mut damaged = 0;
+    for f in [
+        "model.bin",
+        "optimizer.bin",
+        "shards/rank0.bin",
+        "shards/rank3.bin",
+    ] {
+        match fs::read(b.mnt().join("step-1").join(f)) {
+            Ok(bytes) => {
+                if f == "model.bin" {
+                    assert_eq!(bytes, good, "wrong bytes read for {f}");
+                }
+            }
+            Err(e) => {
+                assert_eq!(e.raw_os_error(), Some(libc::EIO), "{f}: {e}");
+                damaged += 1;
+            }
+        }
+    }
+    assert!(damaged > 0, "no read met the damage");
+    // The damage is reported, and `check --remote` names it.
+    let mnt = b.mnt().to_path_buf();
+    let (st, out, err) = b.ckptfs(&[os("check"), os("--remote"), mnt.as_os_str()]);
+    assert_eq!(st.code(), Some(1), "check --remote: {out}{err}");
+    assert!(out.contains("cannot be repaired"), "{out}");
+}
+
+#[test]
+fn a_read_while_the_store_fails_is_eio_and_reads_once_it_answers() {
+    let Some(weed) = Weed::start("a_read_while_the_store_fails_is_eio_and_reads_once_it_answers")
+    else {
+        return;
+    };
+    let mut a = space_with_tier(&weed, "lazydown", &[]);
+    write_tree(a.mnt(), 1);
+    let good = fs::read(a.mnt().join("step-1/model.bin")).unwrap();
+    a.unmount();
+    let (proxy, env) = behind_proxy(&weed);
+    let b = mount_from_bucket_with_env(&weed, &env, "lazydown", &[]);
+    // The store answers 503 to everything: the client retries, then the read fails, EIO.
+    proxy.fail_with(503);
+    let p = b.mnt().join("step-1/model.bin");
+    let e = fs::read(&p).expect_err("a chunk the store could not give was read");
+    assert_eq!(e.raw_os_error(), Some(libc::EIO), "{e}");
+    // Nothing is remembered as bad: once the store answers, the same read gets every byte.
+    proxy.fail_with(0);
+    assert_eq!(fs::read(&p).unwrap(), good);
 }

@@ -118,8 +118,12 @@ pub struct CheckReport {
     /// Bytes of segments not in the free-segment table.
     pub used_bytes: u64,
     pub free_bytes: u64,
-    /// Stored bytes of all chunk records (live data; `used - stored` is dead or unused).
+    /// Stored bytes of all chunk records in the data file (live data; `used - stored` is
+    /// dead or unused).
     pub stored_bytes: u64,
+    /// Chunk records held only by the object-store tier (of `chunks`): not read back here
+    /// (`ckptfs check --remote` verifies the bucket's copies).
+    pub remote_chunks: u64,
     /// Chunks whose stored bytes were damaged but were rebuilt from the other shards of a
     /// space over several targets (each also named in `warnings`): intact data, less
     /// redundancy until it is rewritten.
@@ -367,7 +371,6 @@ pub(crate) fn check_chunks(
                 continue;
             }
         };
-        r.stored_bytes += rec.stored_len as u64;
         if rec.refs != refs_counted {
             r.problem(format!(
                 "chunk {h:?}: reference count {} but {} extents name it",
@@ -391,6 +394,13 @@ pub(crate) fn check_chunks(
                 rec.raw_len
             ));
         }
+        if rec.is_remote() {
+            // Held only by the object-store tier: no bytes here to place or read back
+            // (`check --remote` verifies the bucket's).
+            r.remote_chunks += 1;
+            continue;
+        }
+        r.stored_bytes += rec.stored_len as u64;
         let (off, end) = (rec.offset.0, rec.offset.0 + rec.stored_len as u64);
         let seg = off / seg_bytes;
         if off < range.start * seg_bytes || end > range.end * seg_bytes {

@@ -261,16 +261,18 @@ fn revisions_of(t: &impl ReadableTable<(u64, u64), ()>, hid: HistoryId) -> Resul
         .collect::<std::result::Result<_, _>>()?)
 }
 
+/// Every chunk record of `t`; `remote`: those held only by the object-store tier too.
 fn for_each_chunk_in(
     t: &impl ReadableTable<&'static [u8], &'static [u8]>,
+    remote: bool,
     mut f: impl FnMut(ChunkHash, ChunkRecord) -> Result<()>,
 ) -> Result<()> {
     for item in t.iter()? {
         let (k, v) = item?;
-        f(
-            hash_key(k.value(), "chunk")?,
-            ChunkRecord::decode(v.value())?,
-        )?;
+        let rec = ChunkRecord::decode(v.value())?;
+        if remote || !rec.is_remote() {
+            f(hash_key(k.value(), "chunk")?, rec)?;
+        }
     }
     Ok(())
 }
@@ -563,6 +565,29 @@ impl<'t> Txn<'t> {
         Ok(added)
     }
 
+    /// Records chunks held only by the object-store tier (`DataOffset::REMOTE`), with no
+    /// reference yet and queued for gc, so one no extent comes to name is dropped again;
+    /// a file state pins them (`pin_stored`) before it names them. A chunk the table has
+    /// already is left as it is. Returns how many were added.
+    pub fn add_remote_chunks(&mut self, chunks: &[(ChunkHash, ChunkRecord)]) -> Result<u64> {
+        let mut added = 0;
+        for (h, rec) in chunks {
+            if self.chunk(h)?.is_some() {
+                continue;
+            }
+            let rec = ChunkRecord {
+                offset: DataOffset::REMOTE,
+                refs: 0,
+                ..*rec
+            };
+            self.chunks
+                .insert(h.0.as_slice(), rec.encode().as_slice())?;
+            self.candidates.insert(h.0.as_slice(), ())?;
+            added += 1;
+        }
+        Ok(added)
+    }
+
     /// One reference fewer to chunk `h`; at zero the chunk becomes a gc candidate. A count
     /// that would go below zero, or a chunk the table does not have, is corruption (an
     /// extent named a chunk more often than counted), reported instead of hidden.
@@ -585,6 +610,10 @@ impl<'t> Txn<'t> {
     /// A chunk whose bytes this transaction's record must carry or wait for (`journal`):
     /// one new to the table, or moved.
     fn note_new_chunk(&self, c: &ChunkRecord) {
+        // A chunk held only by the object-store tier has no bytes here to carry.
+        if c.is_remote() {
+            return;
+        }
         if let Some(l) = self.log {
             l.lock().new_chunks.push((c.offset.0, c.stored_len));
         }
@@ -638,7 +667,10 @@ impl<'t> Txn<'t> {
                 } else {
                     self.chunks.remove(h.0.as_slice())?;
                     freed += 1;
-                    bytes += rec.stored_len as u64;
+                    // Held only by the object store: no byte of the data file freed.
+                    if !rec.is_remote() {
+                        bytes += rec.stored_len as u64;
+                    }
                 }
             }
         }
@@ -1676,7 +1708,7 @@ impl Reader {
             let (first, last) = match seg_of.get(&e.chunk) {
                 Some(s) => *s,
                 None => {
-                    let Some(c) = get_chunk(&chunks, &e.chunk)? else {
+                    let Some(c) = get_chunk(&chunks, &e.chunk)?.filter(|c| !c.is_remote()) else {
                         continue;
                     };
                     let end = c.offset.0 + u64::from(c.stored_len).max(1) - 1;
@@ -1702,11 +1734,21 @@ impl Reader {
         Ok(out)
     }
 
+    /// Every chunk stored in the data file (gc, scrub, usage: what segments hold); chunks
+    /// held only by the object-store tier are left out (`for_each_chunk_record`).
     pub(crate) fn for_each_chunk(
         &self,
         f: impl FnMut(ChunkHash, ChunkRecord) -> Result<()>,
     ) -> Result<()> {
-        for_each_chunk_in(&self.txn.open_table(CHUNKS)?, f)
+        for_each_chunk_in(&self.txn.open_table(CHUNKS)?, false, f)
+    }
+
+    /// Every chunk record, those held only by the object-store tier too.
+    pub(crate) fn for_each_chunk_record(
+        &self,
+        f: impl FnMut(ChunkHash, ChunkRecord) -> Result<()>,
+    ) -> Result<()> {
+        for_each_chunk_in(&self.txn.open_table(CHUNKS)?, true, f)
     }
 
     pub(crate) fn for_each_inode(&self, mut f: impl FnMut(InodeId, InodeRecord)) -> Result<()> {

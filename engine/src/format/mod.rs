@@ -101,11 +101,20 @@ impl Features {
         ro_compat: 0,
         incompat: 32,
     };
+    /// Chunk records at `DataOffset::REMOTE`: chunks held only by the space's object-store
+    /// tier, fetched on demand (`ckptfs mount s3://...` on an empty directory). A build
+    /// without them would read such a record as an offset past the data file's end. Set
+    /// before the first such record is written.
+    pub const INCOMPAT_REMOTE_CHUNKS: Features = Features {
+        compat: 0,
+        ro_compat: 0,
+        incompat: 64,
+    };
     /// Every flag this build knows.
     pub const KNOWN: Features = Features {
         compat: 1,
         ro_compat: 0,
-        incompat: 63,
+        incompat: 127,
     };
     /// What `format` sets: the features every new space has. Codecs 2 and 3 among them:
     /// the default policy writes them for chunks LZ4 would crawl through (`codec`), and a
@@ -1196,6 +1205,12 @@ pub struct ChunkRecord {
 pub(crate) const CHUNK_RECORD_LEN: usize = 32;
 
 impl ChunkRecord {
+    /// Held only by the object-store tier (`DataOffset::REMOTE`): read through the space's
+    /// `RemoteChunks`, never from the data file; no segment's bytes are its.
+    pub fn is_remote(&self) -> bool {
+        self.offset == DataOffset::REMOTE
+    }
+
     pub fn encode(&self) -> [u8; CHUNK_RECORD_LEN] {
         assert!(self.raw_len > 0 && self.stored_len > 0);
         assert!(self.codec != Codec::Raw || self.stored_len == self.raw_len);

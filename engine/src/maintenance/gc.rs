@@ -825,7 +825,9 @@ impl Space {
             let mut free_chunk = |h: ChunkHash, c: ChunkRecord, r: &mut GcReport| {
                 if !self.store().is_pinned(&h) && freed.insert(h) {
                     r.chunks_freed += 1;
-                    r.bytes_freed += c.stored_len as u64;
+                    if !c.is_remote() {
+                        r.bytes_freed += c.stored_len as u64;
+                    }
                 }
             };
             for h in snap.gc_candidates()? {

@@ -74,6 +74,16 @@ pub trait ChunkSource: Send + Sync {
     fn locate(&self, hashes: &[ChunkHash]) -> Result<Vec<Option<ChunkRecord>>>;
 }
 
+/// Where the chunks held only by the object-store tier come from (records at
+/// `DataOffset::REMOTE`, a space mounted from a bucket): the tier's fetcher, set by the
+/// mount (`Data::set_remote_chunks`). What it returns is checked here like a device read
+/// (decoded, blake3), so it never has to be trusted.
+pub trait RemoteChunks: Send + Sync {
+    /// The stored bytes of `chunks`, in order. `fresh`: from the object store itself, not
+    /// from a local copy (a copy it gave failed its check).
+    fn fetch(&self, chunks: &[(ChunkHash, ChunkRecord)], fresh: bool) -> Result<Vec<Vec<u8>>>;
+}
+
 /// Bytes of the data file that the writer holds and the device may not have yet.
 pub struct Buffered {
     /// Data-file offset of `buf[0]`.
@@ -117,6 +127,9 @@ pub struct ChunkReader {
     read_bufs: Arc<Mutex<Vec<IoBuf>>>,
     /// Set by every device read for chunks; `release_idle_read_buffers` clears it.
     read_lately: AtomicBool,
+    /// Chunks held only by the object-store tier are read through this (none: such a
+    /// chunk cannot be read, an I/O error).
+    remote: parking_lot::RwLock<Option<Arc<dyn RemoteChunks>>>,
 }
 
 impl ChunkReader {
@@ -140,7 +153,85 @@ impl ChunkReader {
             readers: std::sync::OnceLock::new(),
             read_bufs: Arc::default(),
             read_lately: AtomicBool::new(false),
+            remote: parking_lot::RwLock::new(None),
         })
+    }
+
+    /// Where chunks held only by the object-store tier are fetched from from now on (None:
+    /// nowhere; the tier is stopping).
+    pub fn set_remote(&self, r: Option<Arc<dyn RemoteChunks>>) {
+        *self.remote.write() = r;
+    }
+
+    /// Chunks held only by the object-store tier, checked, in order: each one's stored
+    /// bytes, and its decoded bytes where they differ (a compressed chunk). A chunk whose
+    /// bytes fail their check is fetched again from the store itself (the tier's local copy
+    /// may be what was damaged); failing again, it is reported and an error.
+    #[allow(clippy::type_complexity)]
+    fn fetch_remote(
+        &self,
+        chunks: &[(ChunkHash, ChunkRecord)],
+    ) -> Result<Vec<(Vec<u8>, Option<Vec<u8>>)>> {
+        let hook = self.remote.read().clone().ok_or_else(|| {
+            Error::Io(std::io::Error::other(format!(
+                "chunk {} is held only by the space's object store, which this mount does \
+                 not reach",
+                chunks[0].0
+            )))
+        })?;
+        let fetch = |asked: &[(ChunkHash, ChunkRecord)], fresh: bool| {
+            let bytes: usize = asked.iter().map(|(_, r)| r.stored_len as usize).sum();
+            let got = self
+                .stages()
+                .read
+                .time(bytes, || hook.fetch(asked, fresh))?;
+            match got.len() == asked.len() {
+                true => Ok(got),
+                false => Err(Error::Io(std::io::Error::other(
+                    "the object-store tier answered for other chunks than asked",
+                ))),
+            }
+        };
+        let check = |(h, rec): &(ChunkHash, ChunkRecord), b: &[u8]| {
+            self.stages().decode.time(rec.raw_len as usize, || {
+                let raw = StoredRef::new(*h, *rec, b).verify_raw()?;
+                self.successors.remember(h, &raw);
+                Ok(match raw {
+                    std::borrow::Cow::Borrowed(_) => None,
+                    std::borrow::Cow::Owned(v) => Some(v),
+                })
+            })
+        };
+        let mut out: Vec<(Vec<u8>, Option<Vec<u8>>)> = Vec::with_capacity(chunks.len());
+        let mut again: Vec<usize> = Vec::new();
+        for (i, (c, b)) in chunks.iter().zip(fetch(chunks, false)?).enumerate() {
+            match check(c, &b) {
+                Ok(raw) => out.push((b, raw)),
+                Err(Error::Corrupt(_)) => {
+                    out.push((Vec::new(), None));
+                    again.push(i);
+                }
+                Err(e) => return Err(e),
+            }
+        }
+        if !again.is_empty() {
+            let asked: Vec<_> = again.iter().map(|&i| chunks[i]).collect();
+            for ((i, c), b) in again.iter().zip(&asked).zip(fetch(&asked, true)?) {
+                match check(c, &b) {
+                    Ok(raw) => out[*i] = (b, raw),
+                    Err(e) => {
+                        log::error!(
+                            "chunk {} fetched from the object store fails its check ({e}): \
+                             the bucket's copy was damaged or replaced (`ckptfs check \
+                             --remote` lists every such chunk)",
+                            c.0
+                        );
+                        return Err(e);
+                    }
+                }
+            }
+        }
+        Ok(out)
     }
 
     /// Where data-file offset `off` lies (see `placement`).
@@ -160,6 +251,11 @@ impl ChunkReader {
     /// Reads a chunk's stored bytes. Parts not yet written out come from the buffers being
     /// written or the write buffer (a chunk may straddle them: head on disk, tail buffered).
     pub fn read_stored(&self, h: &ChunkHash, rec: &ChunkRecord) -> Result<Stored> {
+        if rec.is_remote() {
+            // Checked on the way (a damaged local copy of the tier's is fetched again).
+            let (stored, _) = self.fetch_remote(&[(*h, *rec)])?.pop().expect("one chunk");
+            return Ok(Stored::new(*h, *rec, stored));
+        }
         let bytes = self.read_range(rec.offset.0, rec.stored_len as usize)?;
         Ok(Stored::new(*h, *rec, bytes))
     }
@@ -579,6 +675,9 @@ impl ChunkReader {
             }
         }
         let mut missing: Vec<(ChunkHash, ChunkRecord)> = Vec::new();
+        // Chunks held only by the object-store tier: fetched after the device's runs, off
+        // the reuse hold (no segment is theirs, and a fetch may wait on the network).
+        let mut remote: Vec<(ChunkHash, ChunkRecord)> = Vec::new();
         // Runs of chunks read in one device read: the buffer, where the run starts in it,
         // the run's first data offset, and its chunks (indices into `missing`).
         let mut runs: Vec<(IoBuf, usize, u64, std::ops::Range<usize>)> = Vec::new();
@@ -595,7 +694,10 @@ impl ChunkReader {
                 let rec = rec
                     .or_else(|| known.get(h).copied())
                     .ok_or(Corruption::UnknownChunk(*h))?;
-                missing.push((*h, rec));
+                match rec.is_remote() {
+                    true => remote.push((*h, rec)),
+                    false => missing.push((*h, rec)),
+                }
             }
             missing.sort_by_key(|(_, r)| r.offset.0);
             let mut k = 0;
@@ -684,6 +786,18 @@ impl ChunkReader {
                     cache.get(&h, true);
                 }
                 found.insert(h, data);
+            }
+        }
+        if !remote.is_empty() {
+            let got = self.fetch_remote(&remote)?;
+            let mut cache = self.cache.lock();
+            for ((h, _), (stored, raw)) in remote.iter().zip(got) {
+                let data = ChunkBytes::owned(raw.unwrap_or(stored));
+                cache.put(*h, data.clone(), data.len());
+                if asked {
+                    cache.get(h, true);
+                }
+                found.insert(*h, data);
             }
         }
         Ok(hashes.iter().map(|h| found[h].clone()).collect())

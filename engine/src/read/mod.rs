@@ -17,6 +17,6 @@ mod chunks;
 
 pub use ahead::{ReadAhead, PREFETCH_BYTES, PREFETCH_FIRST_BYTES, PREFETCH_MIN_BYTES};
 pub use chunks::{
-    Buffered, ChunkReader, ChunkSource, InFlight, CACHE_BYTES, READ_THREADS, SPARE_READ_BUFS,
-    SPARE_READ_BUF_BYTES,
+    Buffered, ChunkReader, ChunkSource, InFlight, RemoteChunks, CACHE_BYTES, READ_THREADS,
+    SPARE_READ_BUFS, SPARE_READ_BUF_BYTES,
 };

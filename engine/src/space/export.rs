@@ -25,7 +25,9 @@ pub struct TreeNode {
 pub struct Tree {
     /// Parents before their children.
     pub nodes: Vec<TreeNode>,
-    /// The committed record of every chunk an extent names.
+    /// The committed record of every chunk an extent names, and of every chunk held only
+    /// by the object-store tier (`ChunkRecord::is_remote`), which kept revisions and the
+    /// trash may name too: the bucket must keep those, having the only copy.
     pub chunks: HashMap<ChunkHash, ChunkRecord>,
 }
 
@@ -90,6 +92,12 @@ impl Space {
                 }
             }
         }
+        r.for_each_chunk_record(|h, c| {
+            if c.is_remote() {
+                chunks.entry(h).or_insert(c);
+            }
+            Ok(())
+        })?;
         Ok(Tree { nodes, chunks })
     }
 }

@@ -388,7 +388,12 @@ impl<'a> Report<'a> {
         s.dirs = s.dirs.saturating_sub(1); // the root is not counted
         r.for_each_extent(|e| s.referenced_bytes += e.len as u64)?;
         s.revisions = r.revision_count()?;
-        r.for_each_chunk(|_, c| {
+        r.for_each_chunk_record(|_, c| {
+            if c.is_remote() {
+                s.remote_chunks += 1;
+                s.remote_bytes += c.stored_len as u64;
+                return Ok(());
+            }
             s.chunks += 1;
             s.stored_bytes += c.stored_len as u64;
             s.raw_chunk_bytes += c.raw_len as u64;
@@ -532,6 +537,34 @@ impl<'a> Data<'a> {
     pub fn idle_tick(self) {
         self.0.store.reader().release_idle_read_buffers();
         self.0.store.release_due(false);
+    }
+
+    /// Where chunks held only by the object-store tier are fetched from (`RemoteChunks`);
+    /// None when the tier stops.
+    pub fn set_remote_chunks(self, r: Option<Arc<dyn crate::read::RemoteChunks>>) {
+        self.0.store.reader().set_remote(r)
+    }
+
+    /// Records chunks held only by the object-store tier (`Txn::add_remote_chunks`), in one
+    /// durable commit, marking the superblock first (`Features::INCOMPAT_REMOTE_CHUNKS`,
+    /// set by the caller on the unmounted space). Returns how many were new.
+    pub fn add_remote_chunks(self, chunks: &[(ChunkHash, ChunkRecord)]) -> Result<u64> {
+        if !self
+            .0
+            .superblock()
+            .features
+            .contains(crate::format::Features::INCOMPAT_REMOTE_CHUNKS)
+        {
+            return Err(Error::Invalid(
+                "chunks held only by the object store need the space marked for them \
+                 (Features::INCOMPAT_REMOTE_CHUNKS)"
+                    .into(),
+            ));
+        }
+        let txn = self.0.begin_write(true)?;
+        let n = Txn::open(&txn)?.add_remote_chunks(chunks)?;
+        self.0.commit(txn)?;
+        Ok(n)
     }
 
     /// Forgets the decoded chunks this mount keeps (`ChunkStore::drop_cache`).

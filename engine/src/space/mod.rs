@@ -221,6 +221,13 @@ pub struct Stats {
     #[serde(default)]
     pub named_chunk_bytes: u64,
     pub chunks: u64,
+    /// Chunks (and their stored bytes) held only by the object-store tier, fetched on
+    /// demand (a space mounted from a bucket): not in `chunks` or `stored_bytes`. Absent
+    /// from an older daemon's answer, hence the default.
+    #[serde(default)]
+    pub remote_chunks: u64,
+    #[serde(default)]
+    pub remote_bytes: u64,
     pub files: u64,
     pub dirs: u64,
     pub symlinks: u64,
