@@ -426,8 +426,8 @@ pub(crate) fn check(path: &Path, json: bool) -> ExitCode {
     }
     // On a mount the daemon checks, and uploads again what failed from its verified local
     // bytes; offline the check only reports.
-    let r = match mounted_at(&abs_path(path)) {
-        true => control::send(&abs_path(path), &control::Request::RemoteCheck)
+    let r = match mounted_at(&absolute(path)) {
+        true => control::send(&absolute(path), &control::Request::RemoteCheck)
             .map_err(|e| e.to_string())
             .and_then(|v| match v["error"].as_str() {
                 Some(e) => Err(e.to_string()),
@@ -489,8 +489,4 @@ pub(crate) fn check(path: &Path, json: bool) -> ExitCode {
         true => ExitCode::SUCCESS,
         false => ExitCode::from(1),
     }
-}
-
-fn abs_path(p: &Path) -> PathBuf {
-    absolute(p)
 }

@@ -177,14 +177,7 @@ impl Bucket {
 
     /// Bytes `[start, end)` of an object.
     pub fn get_range(&self, rel: &str, start: u64, end: u64) -> Result<Bytes> {
-        let key = self.key(rel);
-        let store = self.store.clone();
-        self.rt.block_on(async move {
-            store
-                .get_range(&key, start..end)
-                .await
-                .map_err(|e| Error::store(&key, e))
-        })
+        self.join_get(self.spawn_get_range(rel, start, end))
     }
 
     /// `get_range` started on the client's runtime (`join_get` waits for it).

@@ -163,6 +163,10 @@ pub struct Manifest {
     pub packs: Vec<String>,
     pub chunks: Vec<ChunkAt>,
     pub nodes: Vec<Node>,
+    /// The root directory's mode, owner, times and attributes (its `path` empty). Absent
+    /// from manifests of builds before it: the root is then left as a new space makes it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub root: Option<Node>,
 }
 
 impl Manifest {
@@ -252,6 +256,7 @@ mod tests {
             packs: vec![],
             chunks: vec![],
             nodes: vec![],
+            root: None,
         };
         let b = m.encode();
         let h = blake3::hash(&b).to_hex().to_string();

@@ -316,6 +316,25 @@ fn write_tree(
             },
         )?;
     }
+    // The root as it was (a manifest of a build before it does not say).
+    if let Some(root) = &m.root {
+        for [k, v] in &root.xattrs {
+            fs.setxattr(InodeId::ROOT, &unhex(k)?, &unhex(v)?, Default::default())?;
+        }
+        fs.setattr(
+            InodeId::ROOT,
+            &SetAttr {
+                perm: Some(root.perm),
+                uid: Some(root.uid),
+                gid: Some(root.gid),
+                mtime: Some(Timestamp {
+                    secs: root.mtime,
+                    nanos: root.mtime_ns,
+                }),
+                ..Default::default()
+            },
+        )?;
+    }
     fs.commit_all()?;
     drop(fs);
     let mut cfg = cfg.clone();
@@ -760,6 +779,7 @@ mod tests {
                 chunk(1, 0, k),
             ],
             nodes: vec![file("x", &[0, 1, 2, 3]), file("y", &[1, 3, 0])],
+            root: None,
         };
         let jobs = plan(&m);
         let got: Vec<(u32, u64, u64, Vec<usize>)> = jobs

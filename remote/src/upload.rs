@@ -484,7 +484,7 @@ impl Inner {
         st.head_seq = head.seq;
         st.head_etag = etag;
         st.head_taken_unix = m.taken_unix;
-        st.head_digest = Some(tree_digest(&m.nodes, &m.chunks, &m.packs));
+        st.head_digest = Some(tree_digest(&m.nodes, m.root.as_ref(), &m.chunks, &m.packs));
         drop(st);
         let mut known = self.known.lock();
         for (h, l) in locations_of(&m)? {
@@ -726,25 +726,12 @@ impl Inner {
                     .ok_or_else(|| Error::Other(format!("chunk {} was not uploaded", x.chunk)))?;
                 extents.push([*off, x.len as u64, ci, x.chunk_off as u64]);
             }
-            let r = &n.rec;
-            if r.kind == NodeKind::File {
-                logical += r.size;
+            if n.rec.kind == NodeKind::File {
+                logical += n.rec.size;
             }
-            nodes.push(Node {
-                path: name_to_str(&n.path),
-                kind: kind_name(r.kind).into(),
-                perm: r.perm,
-                uid: r.uid,
-                gid: r.gid,
-                size: r.size,
-                mtime: r.mtime.secs,
-                mtime_ns: r.mtime.nanos,
-                rdev: r.rdev,
-                target: (r.kind == NodeKind::Symlink).then(|| name_to_str(&r.target)),
-                xattrs: n.xattrs.iter().map(|(k, v)| [hex(k), hex(v)]).collect(),
-                extents,
-            });
+            nodes.push(node_of(n, extents));
         }
+        let root = node_of(&tree.root, Vec::new());
         // Chunks held only by the bucket that no current file names (kept revisions, the
         // trash) are named too, so that bucket gc keeps the packs holding the only copy.
         let mut extra: Vec<&ChunkHash> = tree
@@ -766,7 +753,7 @@ impl Inner {
             ..
         } = named;
         let (seq, head_etag, same) = {
-            let digest = tree_digest(&nodes, &chunks, &packs);
+            let digest = tree_digest(&nodes, Some(&root), &chunks, &packs);
             (
                 st.head_seq + 1,
                 st.head_etag.clone(),
@@ -791,6 +778,7 @@ impl Inner {
             packs,
             chunks,
             nodes,
+            root: Some(root),
         };
         let body = m.encode();
         let sum = blake3::hash(&body).to_hex().to_string();
@@ -896,6 +884,25 @@ impl Inner {
     }
 }
 
+/// A node of the snapshot as the manifest gives it, with its extents as `extents`.
+fn node_of(n: &ckptfs_engine::space::TreeNode, extents: Vec<[u64; 4]>) -> Node {
+    let r = &n.rec;
+    Node {
+        path: name_to_str(&n.path),
+        kind: kind_name(r.kind).into(),
+        perm: r.perm,
+        uid: r.uid,
+        gid: r.gid,
+        size: r.size,
+        mtime: r.mtime.secs,
+        mtime_ns: r.mtime.nanos,
+        rdev: r.rdev,
+        target: (r.kind == NodeKind::Symlink).then(|| name_to_str(&r.target)),
+        xattrs: n.xattrs.iter().map(|(k, v)| [hex(k), hex(v)]).collect(),
+        extents,
+    }
+}
+
 /// The chunks a manifest names, in the order first named, and their packs.
 #[derive(Default)]
 struct Named {
@@ -936,9 +943,15 @@ impl Named {
 
 /// What a manifest says, without who wrote it or when: equal digests mean an upload would
 /// write the same tree again (a remount, a space just recovered).
-fn tree_digest(nodes: &[Node], chunks: &[ChunkAt], packs: &[String]) -> blake3::Hash {
+fn tree_digest(
+    nodes: &[Node],
+    root: Option<&Node>,
+    chunks: &[ChunkAt],
+    packs: &[String],
+) -> blake3::Hash {
     let mut h = blake3::Hasher::new();
     h.update(&serde_json::to_vec(nodes).expect("serializable"));
+    h.update(&serde_json::to_vec(&root).expect("serializable"));
     h.update(&serde_json::to_vec(chunks).expect("serializable"));
     h.update(&serde_json::to_vec(packs).expect("serializable"));
     h.finalize()

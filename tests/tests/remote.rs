@@ -138,21 +138,30 @@ fn write_tree(root: &Path, step: u64) {
     fs::write(d.join("config.json"), format!("{{\"step\": {step}}}\n")).expect("write");
     fs::write(d.join("empty"), b"").expect("write");
     fs::set_permissions(d.join("config.json"), fs::Permissions::from_mode(0o640)).expect("chmod");
-    let c = std::ffi::CString::new(d.join("model.bin").as_os_str().as_encoded_bytes()).unwrap();
+    set_xattr(
+        &d.join("model.bin"),
+        "user.ckpt.step",
+        step.to_string().as_bytes(),
+    );
+    let link = root.join("latest");
+    let _ = fs::remove_file(&link);
+    std::os::unix::fs::symlink(format!("step-{step}"), &link).expect("symlink");
+}
+
+fn set_xattr(p: &Path, name: &str, value: &[u8]) {
+    let c = std::ffi::CString::new(p.as_os_str().as_encoded_bytes()).unwrap();
+    let n = std::ffi::CString::new(name).unwrap();
     // SAFETY: valid C strings and buffer.
     let r = unsafe {
         libc::setxattr(
             c.as_ptr(),
-            c"user.ckpt.step".as_ptr(),
-            step.to_string().as_ptr().cast(),
-            step.to_string().len(),
+            n.as_ptr(),
+            value.as_ptr().cast(),
+            value.len(),
             0,
         )
     };
-    assert_eq!(r, 0, "setxattr");
-    let link = root.join("latest");
-    let _ = fs::remove_file(&link);
-    std::os::unix::fs::symlink(format!("step-{step}"), &link).expect("symlink");
+    assert_eq!(r, 0, "setxattr {name} on {}", p.display());
 }
 
 fn os(s: &str) -> &OsStr {
@@ -230,11 +239,24 @@ fn a_space_restarts_on_another_node_from_the_bucket_alone() {
     let mut a = space_with_tier(&weed, "job1", &[]);
     write_tree(a.mnt(), 1);
     write_tree(a.mnt(), 2);
+    // The root's own mode, times and attributes travel too.
+    fs::set_permissions(a.mnt(), fs::Permissions::from_mode(0o750)).expect("chmod root");
+    set_xattr(a.mnt(), "user.ckpt.job", b"job1");
+    let root = |p: &Path| {
+        let m = fs::metadata(p).expect("stat root");
+        (m.mode() & 0o7777, m.mtime(), m.mtime_nsec(), xattrs(p))
+    };
+    let root_a = root(a.mnt());
     // `ckptfs umount` waits until the bucket holds everything.
     let keep = tempfile_copy(a.mnt());
     a.unmount();
     let mut b = recover_elsewhere(&weed, "job1");
     assert_same_tree(keep.path(), b.mnt());
+    assert_eq!(
+        root(b.mnt()),
+        root_a,
+        "the root's mode, mtime or attributes"
+    );
     // The new node owns the prefix now: while it is mounted, the old space cannot be.
     let backing_a = a.backing().to_path_buf();
     let mnt_a = a.mnt().to_path_buf();

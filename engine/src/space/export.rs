@@ -23,6 +23,8 @@ pub struct TreeNode {
 
 /// The space as one read snapshot saw it.
 pub struct Tree {
+    /// The root directory (its path empty): its mode, owner, times and attributes.
+    pub root: TreeNode,
     /// Parents before their children.
     pub nodes: Vec<TreeNode>,
     /// The committed record of every chunk an extent names, and of every chunk held only
@@ -98,7 +100,20 @@ impl Space {
             }
             Ok(())
         })?;
-        Ok(Tree { nodes, chunks })
+        let root =
+            TreeNode {
+                path: Vec::new(),
+                rec: r.inode(InodeId::ROOT)?.ok_or(Error::from(
+                    crate::error::Corruption::Missing(crate::error::Missing::Inode(InodeId::ROOT)),
+                ))?,
+                extents: Vec::new(),
+                xattrs: r.xattrs(InodeId::ROOT)?,
+            };
+        Ok(Tree {
+            root,
+            nodes,
+            chunks,
+        })
     }
 }
 
