@@ -92,6 +92,9 @@ pub struct FetchStats {
     /// Ranged reads, and the bytes they fetched.
     pub requests: u64,
     pub fetched_bytes: u64,
+    /// Chunks fetched again from the store because the copy given first failed the
+    /// reader's check (a cache entry overwritten while read, or damaged).
+    pub refetched: u64,
     /// The cache's bound and what it holds now.
     pub cache_bytes: u64,
     pub cached_bytes: u64,
@@ -109,6 +112,7 @@ pub struct Fetcher {
     hits: AtomicU64,
     requests: AtomicU64,
     fetched: AtomicU64,
+    refetched: AtomicU64,
 }
 
 impl Fetcher {
@@ -140,6 +144,7 @@ impl Fetcher {
             hits: AtomicU64::new(0),
             requests: AtomicU64::new(0),
             fetched: AtomicU64::new(0),
+            refetched: AtomicU64::new(0),
         })
     }
 
@@ -178,6 +183,7 @@ impl Fetcher {
             cache_hits: self.hits.load(Ordering::Relaxed),
             requests: self.requests.load(Ordering::Relaxed),
             fetched_bytes: self.fetched.load(Ordering::Relaxed),
+            refetched: self.refetched.load(Ordering::Relaxed),
             cache_bytes: c.cap,
             cached_bytes: c.used,
         }
@@ -349,6 +355,7 @@ impl ckptfs_engine::read::RemoteChunks for Fetcher {
         let mut want = Vec::new();
         for (i, (h, rec)) in chunks.iter().enumerate() {
             if fresh {
+                self.refetched.fetch_add(1, Ordering::Relaxed);
                 self.cache.lock().forget(h);
             } else if let Some(b) = self.cached(h, rec.stored_len) {
                 self.hits.fetch_add(1, Ordering::Relaxed);
