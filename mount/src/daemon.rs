@@ -243,18 +243,18 @@ pub(crate) fn mount(
     }
     fs.refresh_union()
         .map_err(|e| format!("cannot read the other slots' manifests: {e}"))?;
-    let uploader = match tuning.read_only {
-        true => {
-            attach_remote_reader(&backing, &fs)?;
-            None
-        }
-        false => start_remote(&backing, &fs, tuning.remote_take_over)?,
+    let (uploader, fetcher) = match tuning.read_only {
+        true => (None, attach_remote_reader(&backing, &fs)?),
+        false => (start_remote(&backing, &fs, tuning.remote_take_over)?, None),
     };
     let fs_for_names = fs.clone();
     let mut adapter = fuse::CkptFs::new(fs.clone());
     adapter.allow_idmap = allow_other;
     if let Some(u) = uploader {
         let _ = adapter.remote.set(u);
+    }
+    if let Some(f) = fetcher {
+        let _ = adapter.fetcher.set(f);
     }
     let notifier = adapter.notifier.clone();
     let invalidator = adapter.invalidator.clone();
@@ -323,7 +323,10 @@ fn start_remote(
 /// A read-only mount of a space whose chunks are partly held only by its bucket (mounted
 /// from it, `Features::INCOMPAT_REMOTE_CHUNKS`) reads them from there; it uploads nothing
 /// and takes no lease.
-fn attach_remote_reader(backing: &Path, fs: &Arc<Fs>) -> Result<(), CliError> {
+fn attach_remote_reader(
+    backing: &Path,
+    fs: &Arc<Fs>,
+) -> Result<Option<Arc<ckptfs_remote::fetch::Fetcher>>, CliError> {
     use ckptfs_engine::format::Features;
     if fs.shares_namespace()
         || !fs
@@ -332,14 +335,14 @@ fn attach_remote_reader(backing: &Path, fs: &Arc<Fs>) -> Result<(), CliError> {
             .features
             .contains(Features::INCOMPAT_REMOTE_CHUNKS)
     {
-        return Ok(());
+        return Ok(None);
     }
     let Some(cfg) = ckptfs_remote::RemoteConfig::load(backing).map_err(|e| e.to_string())? else {
-        return Ok(());
+        return Ok(None);
     };
-    ckptfs_remote::fetch::attach_reader(fs, &cfg)
+    let f = ckptfs_remote::fetch::attach_reader(fs, &cfg)
         .map_err(|e| format!("cannot reach the object-store tier {}: {e}", cfg.url))?;
-    Ok(())
+    Ok(Some(f))
 }
 
 /// Opens the space a foreground mount serves, as `tuning` says: a single-slot space once

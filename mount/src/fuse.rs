@@ -436,6 +436,9 @@ pub struct CkptFs {
     /// The object-store tier's uploader, on a space that has one (set before the session
     /// starts): a close or fsync in `close` mode returns once the bucket holds it.
     pub remote: Arc<std::sync::OnceLock<Arc<ckptfs_remote::Uploader>>>,
+    /// A read-only mount's reader of chunks held only by the bucket (no uploader): what
+    /// `ckptfs remote` shows of it.
+    pub fetcher: Arc<std::sync::OnceLock<Arc<ckptfs_remote::fetch::Fetcher>>>,
 }
 
 const ANSWERS_MAX: usize = 64;
@@ -456,6 +459,7 @@ impl CkptFs {
             notifier: Arc::new(std::sync::OnceLock::new()),
             allow_idmap: false,
             remote: Arc::default(),
+            fetcher: Arc::default(),
             invalidator: Arc::new(std::sync::OnceLock::new()),
         }
     }
@@ -538,7 +542,17 @@ impl CkptFs {
                     }
                     to_json(serde_json::to_value(u.status()).unwrap_or_default())
                 }
-                None => to_json(serde_json::json!({"tier": false})),
+                // Read-only: nothing to upload (so `idle`, which ends an unmount's wait),
+                // chunks fetched from the bucket.
+                None => to_json(match self.fetcher.get() {
+                    Some(f) => serde_json::json!({
+                        "url": f.url(),
+                        "read_only": true,
+                        "state": "idle",
+                        "fetch": f.stats(),
+                    }),
+                    None => serde_json::json!({"tier": false}),
+                }),
             },
             R::RemoteCheck => match self.remote.get() {
                 Some(u) => to_json(match u.check_and_heal() {

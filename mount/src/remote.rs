@@ -155,6 +155,14 @@ fn print_status(v: &serde_json::Value, json: bool) {
         return;
     }
     let u = |k: &str| v[k].as_u64().unwrap_or(0);
+    if v["read_only"] == true {
+        println!(
+            "tier:        {} (read-only mount: chunks are fetched, nothing is uploaded)",
+            v["url"].as_str().unwrap_or("?")
+        );
+        print_fetched(&v["fetch"]);
+        return;
+    }
     println!(
         "tier:        {} ({} durability)",
         v["url"].as_str().unwrap_or("?"),
@@ -184,25 +192,30 @@ fn print_status(v: &serde_json::Value, json: bool) {
         u("sent_objects"),
         u("uploads")
     );
-    let f = &v["fetch"];
-    let fu = |k: &str| f.get(k).and_then(serde_json::Value::as_u64).unwrap_or(0);
-    if fu("chunks") > 0 {
-        println!(
-            "fetched:     {} chunks held only by the bucket ({} from the local cache), {} in {} \
-             requests; cache {} of {}",
-            fu("chunks"),
-            fu("cache_hits"),
-            human(fu("fetched_bytes")),
-            fu("requests"),
-            human(fu("cached_bytes")),
-            human(fu("cache_bytes"))
-        );
-    }
+    print_fetched(&v["fetch"]);
     if let Some(e) = v["last_error"].as_str() {
         println!("last error:  {e}");
     }
     if let Some(f) = v["fenced"].as_str() {
         println!("FENCED:      {f}");
+    }
+}
+
+/// What the mount fetched from the bucket on demand (`FetchStats`), if anything.
+fn print_fetched(f: &serde_json::Value) {
+    let fu = |k: &str| f.get(k).and_then(serde_json::Value::as_u64).unwrap_or(0);
+    if fu("chunks") > 0 {
+        println!(
+            "fetched:     {} chunks held only by the bucket ({} from the local cache, {} again \
+             after a failed check), {} in {} requests; cache {} of {}",
+            fu("chunks"),
+            fu("cache_hits"),
+            fu("refetched"),
+            human(fu("fetched_bytes")),
+            fu("requests"),
+            human(fu("cached_bytes")),
+            human(fu("cache_bytes"))
+        );
     }
 }
 

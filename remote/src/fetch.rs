@@ -102,6 +102,7 @@ pub struct FetchStats {
 
 /// The on-demand reader of one mount (see the module doc).
 pub struct Fetcher {
+    url: String,
     bucket: Bucket,
     locs: Locations,
     cache: Mutex<Ring>,
@@ -117,15 +118,28 @@ pub struct Fetcher {
 
 impl Fetcher {
     /// The fetcher of the space in `dir` (its cache file made empty), reading `cfg`'s bucket.
-    pub(crate) fn new(dir: &Path, cfg: &RemoteConfig, locs: Locations) -> Result<Fetcher> {
-        let cap = cfg.cache_bytes.unwrap_or(DEFAULT_CACHE_BYTES);
+    /// `read_only`: keep nothing on disk (a read-only mount writes nothing to the backing
+    /// directory); fetched chunks live only in the engine's decoded-chunk cache.
+    pub(crate) fn new(
+        dir: &Path,
+        cfg: &RemoteConfig,
+        locs: Locations,
+        read_only: bool,
+    ) -> Result<Fetcher> {
+        let cap = match read_only {
+            true => 0,
+            false => cfg.cache_bytes.unwrap_or(DEFAULT_CACHE_BYTES),
+        };
         let path = dir.join(CACHE_FILE);
         // The last mount's copies are not indexed any more: their room is given back now.
-        if let Err(e) = std::fs::OpenOptions::new()
-            .write(true)
-            .open(&path)
-            .and_then(|f| f.set_len(0))
-        {
+        let emptied = match read_only {
+            true => Ok(()),
+            false => std::fs::OpenOptions::new()
+                .write(true)
+                .open(&path)
+                .and_then(|f| f.set_len(0)),
+        };
+        if let Err(e) = emptied {
             if e.kind() != std::io::ErrorKind::NotFound {
                 log::warn!(
                     "cannot empty the fetched-chunk cache {}: {e}",
@@ -134,6 +148,7 @@ impl Fetcher {
             }
         }
         Ok(Fetcher {
+            url: cfg.url.clone(),
             bucket: Bucket::open(cfg)?,
             locs,
             cache: Mutex::new(Ring::new(cap)),
@@ -174,6 +189,11 @@ impl Fetcher {
                 }
             })
             .as_ref()
+    }
+
+    /// The bucket prefix it reads (`s3://BUCKET/PREFIX`).
+    pub fn url(&self) -> &str {
+        &self.url
     }
 
     pub fn stats(&self) -> FetchStats {
@@ -334,9 +354,15 @@ impl Fetcher {
 
 /// Reads chunks held only by the bucket for a mount that uploads nothing (`--read-only`):
 /// the fetcher, set as the engine's `RemoteChunks`, its locations read from the head at
-/// the first read that needs one.
+/// the first read that needs one, and no cache file (nothing is written to the backing
+/// directory).
 pub fn attach_reader(fs: &ckptfs_fs::Fs, cfg: &RemoteConfig) -> Result<Arc<Fetcher>> {
-    let f = Arc::new(Fetcher::new(fs.space().dir(), cfg, Locations::default())?);
+    let f = Arc::new(Fetcher::new(
+        fs.space().dir(),
+        cfg,
+        Locations::default(),
+        true,
+    )?);
     fs.space()
         .data()
         .set_remote_chunks(Some(f.clone() as Arc<dyn ckptfs_engine::read::RemoteChunks>));

@@ -165,7 +165,7 @@ impl Uploader {
         );
         let dir = fs.space().dir().to_path_buf();
         let known: Locations = Arc::default();
-        let fetcher = Arc::new(Fetcher::new(&dir, &cfg, known.clone())?);
+        let fetcher = Arc::new(Fetcher::new(&dir, &cfg, known.clone(), false)?);
         fs.space()
             .data()
             .set_remote_chunks(Some(fetcher.clone() as Arc<dyn RemoteChunks>));

@@ -10,7 +10,7 @@
 use ckptfs_tests::s3::Weed;
 use ckptfs_tests::{pattern, TestMount};
 use std::collections::BTreeMap;
-use std::ffi::OsStr;
+use std::ffi::{OsStr, OsString};
 use std::fs;
 use std::os::unix::fs::{MetadataExt, PermissionsExt};
 use std::path::{Path, PathBuf};
@@ -752,6 +752,35 @@ fn a_space_mounted_from_the_bucket_fetches_chunks_as_they_are_read() {
     b.mount();
     assert_same_tree(keep_b.path(), b.mnt());
     b.unmount();
+    // A read-only mount fetches the same way and writes nothing to the backing directory.
+    let listing = |d: &Path| -> Vec<(OsString, u64, i64, i64)> {
+        let mut v: Vec<_> = fs::read_dir(d)
+            .unwrap()
+            .map(|e| {
+                let e = e.unwrap();
+                let m = e.metadata().unwrap();
+                (e.file_name(), m.len(), m.mtime(), m.mtime_nsec())
+            })
+            .collect();
+        v.sort();
+        v
+    };
+    let before = listing(b.backing());
+    b.mount_with(&["--read-only"]);
+    let rel = "step-2/optimizer.bin";
+    assert_eq!(
+        fs::read(b.mnt().join(rel)).unwrap(),
+        fs::read(keep_b.path().join(rel)).unwrap()
+    );
+    let s = status(&mut b);
+    assert_eq!(s["read_only"], true, "{s}");
+    assert!(s["fetch"]["chunks"].as_u64().unwrap() > 0, "{s}");
+    b.unmount();
+    assert_eq!(
+        listing(b.backing()),
+        before,
+        "a read-only mount wrote there"
+    );
     // Its uploads name the chunks it never fetched: a third node gets the whole tree.
     let c = recover_elsewhere(&weed, "lazy");
     assert_same_tree(keep_b.path(), c.mnt());
