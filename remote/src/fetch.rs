@@ -42,6 +42,33 @@ pub const DEFAULT_CACHE_BYTES: u64 = 4 << 30;
 pub const RANGE_BYTES: u64 = 16 << 20;
 /// A gap between wanted chunks of a pack read through rather than split into two requests.
 pub const GAP_BYTES: u64 = 128 << 10;
+/// Ranged reads for chunks at `spans` (pack, offset, stored length), sorted by pack and
+/// offset: each read's span indices, start and end. Neighbours in a pack share a read of up
+/// to `RANGE_BYTES`, gaps of up to `GAP_BYTES` read through (the restore and the fetcher
+/// both read this way).
+pub(crate) fn coalesce<P: PartialEq>(
+    spans: &[(P, u64, u32)],
+) -> Vec<(std::ops::Range<usize>, u64, u64)> {
+    let mut reads = Vec::new();
+    let mut k = 0;
+    while k < spans.len() {
+        let (pack, start, len) = &spans[k];
+        let mut end = start + *len as u64;
+        let mut l = k + 1;
+        while let Some((p, off, n)) = spans.get(l) {
+            let c_end = off + *n as u64;
+            if p != pack || *off > end + GAP_BYTES || c_end - start > RANGE_BYTES {
+                break;
+            }
+            end = end.max(c_end);
+            l += 1;
+        }
+        reads.push((k..l, *start, end));
+        k = l;
+    }
+    reads
+}
+
 /// How often, at most, a chunk no known manifest names sends the fetcher to the head.
 const RELOAD_EVERY: Duration = Duration::from_secs(5);
 
@@ -263,24 +290,14 @@ impl Fetcher {
             items.push((i, l));
         }
         items.sort_by(|a, b| (&a.1.pack, a.1.off).cmp(&(&b.1.pack, b.1.off)));
-        // (pack, start, end, items in it)
-        let mut reads: Vec<(Arc<str>, u64, u64, std::ops::Range<usize>)> = Vec::new();
-        let mut k = 0;
-        while k < items.len() {
-            let first = &items[k].1;
-            let (start, mut end) = (first.off, first.off + first.stored as u64);
-            let mut l = k + 1;
-            while let Some((_, c)) = items.get(l) {
-                let c_end = c.off + c.stored as u64;
-                if c.pack != first.pack || c.off > end + GAP_BYTES || c_end - start > RANGE_BYTES {
-                    break;
-                }
-                end = end.max(c_end);
-                l += 1;
-            }
-            reads.push((first.pack.clone(), start, end, k..l));
-            k = l;
-        }
+        let spans: Vec<(&str, u64, u32)> = items
+            .iter()
+            .map(|(_, l)| (&*l.pack, l.off, l.stored))
+            .collect();
+        let reads: Vec<(Arc<str>, u64, u64, std::ops::Range<usize>)> = coalesce(&spans)
+            .into_iter()
+            .map(|(r, s, e)| (items[r.start].1.pack.clone(), s, e, r))
+            .collect();
         let started: Vec<_> = reads
             .iter()
             .map(|(pack, s, e, _)| self.bucket.spawn_get_range(pack, *s, *e))

@@ -22,10 +22,7 @@ use std::collections::{HashMap, VecDeque};
 use std::path::Path;
 use std::sync::Arc;
 
-/// Largest ranged read: neighbouring chunks of a pack fetched together up to this.
-pub const RANGE_BYTES: u64 = 16 << 20;
-/// A gap between wanted chunks of a pack read through rather than split into two requests.
-const GAP_BYTES: u64 = 128 << 10;
+use crate::fetch::{coalesce, RANGE_BYTES};
 /// Decoded chunks kept for files that share them (deduplicated ones), oldest dropped first.
 pub const CACHE_BYTES: usize = 256 << 20;
 
@@ -468,36 +465,23 @@ fn plan(m: &Manifest) -> Vec<Job> {
 }
 
 /// Chunks `want` as ranged reads: neighbours in a pack in one read of up to `RANGE_BYTES`,
-/// gaps of up to `GAP_BYTES` read through.
+/// gaps of up to `GAP_BYTES` read through (`fetch::coalesce`).
 fn group(m: &Manifest, want: &[usize]) -> Vec<Job> {
     let mut by_pack: Vec<usize> = want.to_vec();
     by_pack.sort_by_key(|&ci| (m.chunks[ci].pack, m.chunks[ci].off));
-    let mut jobs = Vec::new();
-    let mut k = 0;
-    while k < by_pack.len() {
-        let first = &m.chunks[by_pack[k]];
-        let (start, mut end) = (first.off, first.off + first.stored as u64);
-        let mut l = k + 1;
-        while l < by_pack.len() {
-            let c = &m.chunks[by_pack[l]];
-            if c.pack != first.pack
-                || c.off > end + GAP_BYTES
-                || c.off + c.stored as u64 - start > RANGE_BYTES
-            {
-                break;
-            }
-            end = end.max(c.off + c.stored as u64);
-            l += 1;
-        }
-        jobs.push(Job {
-            pack: first.pack,
+    let spans: Vec<(u32, u64, u32)> = by_pack
+        .iter()
+        .map(|&ci| (m.chunks[ci].pack, m.chunks[ci].off, m.chunks[ci].stored))
+        .collect();
+    coalesce(&spans)
+        .into_iter()
+        .map(|(r, start, end)| Job {
+            pack: spans[r.start].0,
             start,
             end,
-            chunks: by_pack[k..l].to_vec(),
-        });
-        k = l;
-    }
-    jobs
+            chunks: by_pack[r].to_vec(),
+        })
+        .collect()
 }
 
 /// Checks a job's bytes: each chunk decoded and compared with its blake3.
@@ -730,6 +714,7 @@ pub fn check(cfg: &RemoteConfig, mut progress: impl FnMut(u64, u64)) -> Result<B
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::fetch::GAP_BYTES;
     use crate::manifest::{ChunkAt, Node, MANIFEST_FORMAT};
 
     fn chunk(pack: u32, off: u64, stored: u32) -> ChunkAt {

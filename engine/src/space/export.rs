@@ -94,12 +94,20 @@ impl Space {
                 }
             }
         }
-        r.for_each_chunk_record(|h, c| {
-            if c.is_remote() {
-                chunks.entry(h).or_insert(c);
-            }
-            Ok(())
-        })?;
+        // Only a space marked for them has such chunks: the others skip the table scan
+        // (an upload exports the tree after every change).
+        if self
+            .superblock()
+            .features
+            .contains(crate::format::Features::INCOMPAT_REMOTE_CHUNKS)
+        {
+            r.for_each_chunk_record(|h, c| {
+                if c.is_remote() {
+                    chunks.entry(h).or_insert(c);
+                }
+                Ok(())
+            })?;
+        }
         let root =
             TreeNode {
                 path: Vec::new(),
