@@ -371,6 +371,9 @@ fn measure(name: &str, d: &[u8], avg: usize) -> Result<Row, String> {
 }
 
 pub fn run(o: &CodecOpts) -> Result<(), String> {
+    // The daemon's malloc settings (before any thread of this run starts), so the codecs'
+    // buffers come and go as they do in the daemon.
+    ckptfs_engine::heap::tune();
     let avg = o.chunk_size as usize;
     // Chosen (and measured) once per process: before the first timed cut, not inside it.
     let search = ckptfs_engine::write::gear_search();

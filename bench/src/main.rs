@@ -90,7 +90,7 @@ pub struct Opts {
     #[arg(long)]
     pub keep: bool,
     /// Data of `steps`: random bytes, compressible float64 field blocks (`field`), or fp32
-    /// weights (`tensor`: what the float codec, the default, is for)
+    /// weights (`tensor`: what the float codec, `--mount-arg=--codec=float`, is for)
     #[arg(long, default_value = "random", value_parser = ["random", "field", "tensor"])]
     pub data: String,
     /// Writer counts of `steps` (those above max(8, cores) are left out)

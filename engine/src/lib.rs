@@ -11,6 +11,7 @@ pub mod device;
 pub mod error;
 pub mod face;
 pub mod format;
+pub mod heap;
 pub(crate) mod ids;
 pub mod layout;
 pub mod maintenance;

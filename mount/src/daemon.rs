@@ -203,8 +203,8 @@ pub(crate) fn mount(
     if !foreground {
         return spawn_daemon(&backing, &mnt, allow_other, &tuning);
     }
-    // Before any thread starts: see `limit_heap_arenas`.
-    limit_heap_arenas();
+    // Before any thread starts: see `ckptfs_engine::heap`.
+    ckptfs_engine::heap::tune();
     let (mut space, slots) = open_for_mount(&backing, &mnt, &tuning)?;
     configure_space(&mut space, &tuning)?;
     if let Some(hint) = fuse::request_cap_hint(fuse::request_cap_pages()) {
@@ -1035,25 +1035,6 @@ pub(crate) fn parse_lease(s: &str) -> Result<Duration, CliError> {
         .into());
     }
     Ok(d)
-}
-
-/// Malloc arenas the daemon's threads share (`M_ARENA_MAX`). glibc gives threads up to 8
-/// arenas per core, and each keeps its own high-water mark of freed buffers: with 8192
-/// files written 64 KiB at a time in turn on 2 cores the daemon's peak RSS was 453-531 MiB
-/// with glibc's default (16 arenas), 449-479 with 4, 384-425 with 2 (`tests/tests/
-/// many_files.rs`), and on a 16-core node the default is 128. The buffers that go through
-/// malloc are 16 KiB to 4 MiB, one or a few per chunk or request, so two arenas are not
-/// contended (tcache serves the small allocations per thread).
-pub(crate) const HEAP_ARENAS: i32 = 2;
-
-pub(crate) fn limit_heap_arenas() {
-    #[cfg(all(target_os = "linux", target_env = "gnu"))]
-    // SAFETY: mallopt only sets an allocator parameter; called before other threads start.
-    unsafe {
-        if libc::mallopt(libc::M_ARENA_MAX, HEAP_ARENAS) != 1 {
-            log::warn!("could not limit malloc to {HEAP_ARENAS} arenas (mallopt failed)");
-        }
-    }
 }
 
 /// Gives the pages of freed memory back to the kernel, once a second. glibc keeps what its

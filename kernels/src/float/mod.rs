@@ -149,38 +149,86 @@ struct Scratch {
 
 fn encode_with(data: &[u8], plan: Plan, s: &mut Scratch) -> Vec<u8> {
     let t = plan.transform;
-    let mut out = Vec::with_capacity(bound(data.len()));
-    // The planes start half a page away from the frame's start (mod 4 KiB): copying a raw
-    // plane from a source at nearly the same page offset as its destination stalls every
-    // load behind the stores before it (4K aliasing), which cost a third of an uncoded
-    // chunk's time. Every byte is overwritten: only a change of length touches memory here.
-    s.planes.resize(data.len() + 4096, 0);
-    let pad = (out.as_ptr() as usize + 2048).wrapping_sub(s.planes.as_ptr() as usize) & 4095;
-    let planes = &mut s.planes[pad..pad + data.len()];
-    forward_into(data, t, planes);
-    let planes = &*planes;
+    let w = t.width as usize;
+    let len = data.len();
+    let n = len / w;
+    let mut out = Vec::with_capacity(bound(len));
     out.extend_from_slice(&ZSTD_MAGIC.to_le_bytes());
     // Frame_Content_Size_Flag 2 (4 bytes), Single_Segment_Flag: the window is the content,
     // so no window descriptor; no checksum, no dictionary.
     out.push(0xA0);
-    out.extend_from_slice(&(data.len() as u32).to_le_bytes());
-    let w = t.width as usize;
-    let blocks: Vec<(usize, usize, bool)> = pieces(planes.len(), w)
-        .flat_map(|(j, at, len)| {
-            let coded = j < w && plan.coded >> j & 1 == 1;
-            (0..len.div_ceil(BLOCK_MAX)).map(move |k| {
-                let s = at + k * BLOCK_MAX;
-                (s, (at + len - s).min(BLOCK_MAX), coded)
-            })
-        })
-        .collect();
-    if blocks.is_empty() {
+    out.extend_from_slice(&(len as u32).to_le_bytes());
+    // The planes before the first coded one are raw blocks whatever their bytes (an uncoded
+    // plane of at least MIN_HUFFMAN bytes in one block): the split writes them straight into
+    // the frame after their headers, so most of a float chunk's bytes are moved once, not
+    // split into a buffer and copied again. The rest (coded planes, the planes after them,
+    // the tail) go to the scratch buffer and are encoded from there.
+    let direct = if (MIN_HUFFMAN..=BLOCK_MAX).contains(&n) {
+        (plan.coded | !0u16 << w).trailing_zeros() as usize
+    } else {
+        0
+    };
+    let frame_start = out.len();
+    let rest = len - direct * n;
+    s.planes.resize(rest + 4096, 0);
+    // The scratch planes start half a page away from their place in the frame (mod 4 KiB):
+    // copying a raw plane from a source at nearly the same page offset as its destination
+    // stalls every load behind the stores before it (4K aliasing).
+    let pad = (out.as_ptr() as usize + frame_start + direct * (n + 3) + 2048)
+        .wrapping_sub(s.planes.as_ptr() as usize)
+        & 4095;
+    {
+        let spare = out.spare_capacity_mut();
+        assert!(spare.len() >= direct * (n + 3));
+        let base = spare.as_mut_ptr() as *mut u8;
+        let scratch = s.planes[pad..pad + rest].as_mut_ptr();
+        // SAFETY: plane j < direct goes to its block in `out`'s spare capacity (after a
+        // 3-byte header, n bytes, within `direct * (n + 3)` bytes: asserted), plane j >=
+        // direct to the scratch buffer at `(j - direct) * n`, the tail after the last plane
+        // there: disjoint, within `rest` bytes, and neither overlaps `data`.
+        unsafe {
+            let d = planes::Planes {
+                at: std::array::from_fn(|j| {
+                    if j < direct {
+                        base.add(j * (n + 3) + 3)
+                    } else {
+                        scratch.add((j.min(w) - direct) * n)
+                    }
+                }),
+                tail: scratch.add((w - direct) * n),
+            };
+            planes::split_to(data, w, t.rotate, &d);
+        }
+    }
+    let mut blocks: Vec<(usize, usize, bool)> = Vec::new();
+    for (j, at, l) in pieces(len, w).skip(direct) {
+        let coded = j < w && plan.coded >> j & 1 == 1;
+        let at = at - direct * n;
+        for k in 0..l.div_ceil(BLOCK_MAX) {
+            let s = at + k * BLOCK_MAX;
+            blocks.push((s, (at + l - s).min(BLOCK_MAX), coded));
+        }
+    }
+    for j in 0..direct {
+        let last = j + 1 == direct && blocks.is_empty();
+        let h = last as u32 | (n as u32) << 3;
+        // SAFETY: within the spare capacity (asserted above); the plane's bytes after it
+        // were written by the split.
+        unsafe {
+            let p = (out.spare_capacity_mut().as_mut_ptr() as *mut u8).add(j * (n + 3));
+            std::ptr::copy_nonoverlapping(h.to_le_bytes().as_ptr(), p, 3);
+        }
+    }
+    // SAFETY: the first `direct * (n + 3)` spare bytes are written (headers and planes).
+    unsafe { out.set_len(frame_start + direct * (n + 3)) };
+    if blocks.is_empty() && direct == 0 {
         // A frame has at least one block: an empty last raw block.
         block_header(&mut out, true, 0, 0);
     }
-    for (i, &(at, len, coded)) in blocks.iter().enumerate() {
+    let rest = &s.planes[pad..pad + rest];
+    for (i, &(at, l, coded)) in blocks.iter().enumerate() {
         let last = i + 1 == blocks.len();
-        encode_block(&planes[at..at + len], last, coded, &mut out, &mut s.streams);
+        encode_block(&rest[at..at + l], last, coded, &mut out, &mut s.streams);
     }
     out
 }
@@ -255,6 +303,21 @@ mod tests {
     /// holds byte `j` of every element, the tail comes last.
     #[test]
     fn transforms_equal_their_definition() {
+        check_transforms();
+    }
+
+    /// The same with AVX-512 off (the SSE and scalar paths), where the processor has it. The
+    /// flag is process-wide: other tests running meanwhile take the other paths too, which
+    /// are as correct (this test is what checks that).
+    #[test]
+    fn transforms_without_avx512_equal_their_definition() {
+        use std::sync::atomic::Ordering::Relaxed;
+        planes::NO_AVX512.store(true, Relaxed);
+        check_transforms();
+        planes::NO_AVX512.store(false, Relaxed);
+    }
+
+    fn check_transforms() {
         let mut x = 7u64;
         for len in (1..80).chain([4095, 4099, 65_541]) {
             let d = noise(&mut x, len);

@@ -21,22 +21,17 @@ pub fn rotate_left(data: &mut [u8]) {
     }
 }
 
-/// Inverse of [`rotate_left`].
+/// Inverse of [`rotate_left`]: byte `i` becomes `t[i] >> 1 | t[i + 1] << 7`, the byte after
+/// the last being the first. Walks forward, so each byte is written after the byte after it
+/// was read: 64 bytes a step as eight 64-bit words where the processor has AVX-512, the
+/// rest one byte at a time.
 pub fn rotate_right(data: &mut [u8]) {
     let Some(&first) = data.first() else { return };
-    // Walks from the end; `carry` is the low bit of the (original) byte after the current one.
-    let mut carry = first & 1;
-    let words_len = data.len() / 8 * 8;
-    let (words, rest) = data.split_at_mut(words_len);
-    for b in rest.iter_mut().rev() {
-        let next = *b & 1;
-        *b = *b >> 1 | carry << 7;
-        carry = next;
-    }
-    for w in words.chunks_exact_mut(8).rev() {
-        let v = u64::from_le_bytes((&*w).try_into().expect("8 bytes"));
-        w.copy_from_slice(&(v >> 1 | u64::from(carry) << 63).to_le_bytes());
-        carry = (v & 1) as u8;
+    let len = data.len();
+    let done = simd::rotate_right(data);
+    for i in done..len {
+        let next = if i + 1 < len { data[i + 1] } else { first };
+        data[i] = data[i] >> 1 | (next & 1) << 7;
     }
 }
 
@@ -59,41 +54,76 @@ fn unrotated(width: usize) -> Transform {
     }
 }
 
-/// Splits `elems` into `W` planes (or joins planes back into elements, `join`): 16
-/// elements a step with SIMD where the processor has it (`simd`), then eight at a time, so
-/// each plane row gets eight contiguous bytes per step; a width known at compile time lets
-/// the compiler unroll the byte moves.
-pub(super) fn planes<const W: usize>(src: &[u8], dst: &mut [u8], join: bool) {
+/// Joins `W` planes back into elements: 16 elements a step with SIMD where the processor
+/// has it (`simd`), then eight at a time, so each plane row gives eight contiguous bytes per
+/// step; a width known at compile time lets the compiler unroll the byte moves.
+fn join<const W: usize>(src: &[u8], dst: &mut [u8]) {
     let n = src.len() / W;
-    let done = simd::planes(src, dst, W, n, join);
+    let done = simd::join(src, dst, W, n);
     let n8 = done + (n - done) / 8 * 8;
     for g in (done..n8).step_by(8) {
         for j in 0..W {
             let row = j * n + g;
-            if join {
-                let r: [u8; 8] = src[row..row + 8].try_into().expect("8 bytes");
-                let el = &mut dst[g * W..(g + 8) * W];
-                for (i, v) in r.into_iter().enumerate() {
-                    el[i * W + j] = v;
-                }
-            } else {
-                let el = &src[g * W..(g + 8) * W];
-                let r: [u8; 8] = std::array::from_fn(|i| el[i * W + j]);
-                dst[row..row + 8].copy_from_slice(&r);
+            let r: [u8; 8] = src[row..row + 8].try_into().expect("8 bytes");
+            let el = &mut dst[g * W..(g + 8) * W];
+            for (i, v) in r.into_iter().enumerate() {
+                el[i * W + j] = v;
             }
         }
     }
     for e in n8..n {
         for j in 0..W {
-            if join {
-                dst[e * W + j] = src[j * n + e];
-            } else {
-                dst[j * n + e] = src[e * W + j];
-            }
+            dst[e * W + j] = src[j * n + e];
         }
     }
     let body = n * W;
     dst[body..].copy_from_slice(&src[body..]);
+}
+
+/// Tests set this to run the SSE paths on a processor with AVX-512 (both must equal the
+/// definition; CI machines have AVX-512, users' may not).
+#[cfg(test)]
+pub(super) static NO_AVX512: std::sync::atomic::AtomicBool =
+    std::sync::atomic::AtomicBool::new(false);
+
+/// Where a split writes: plane `j`'s `n` bytes at `at[j]`, the tail's (the bytes after the
+/// last whole element) at `tail`. Pointers, not slices, so the planes can go straight to
+/// their places in a frame between block headers (`encode_plan`), or side by side in one
+/// buffer (`forward_into`).
+pub(super) struct Planes {
+    pub at: [*mut u8; 8],
+    pub tail: *mut u8,
+}
+
+/// Splits `src` into planes of width `w` at `d`, rotated left by one bit first where
+/// `rotate`: one pass that reads each byte once.
+///
+/// # Safety
+/// For `n = src.len() / w`: `d.at[j]` (j < w) has `n` writable bytes and `d.tail`
+/// `src.len() - n * w`; none of them overlaps `src` or another.
+pub(super) unsafe fn split_to(src: &[u8], w: usize, rotate: bool, d: &Planes) {
+    let len = src.len();
+    if len == 0 {
+        return;
+    }
+    let n = len / w;
+    let done = simd::split(src, w, n, rotate, d);
+    // Rotated byte i: b[i] << 1 | b[i - 1] >> 7, the byte before the first being the last.
+    let rb = |i: usize| {
+        if rotate {
+            src[i] << 1 | src[if i == 0 { len - 1 } else { i - 1 }] >> 7
+        } else {
+            src[i]
+        }
+    };
+    for e in done..n {
+        for (j, &at) in d.at[..w].iter().enumerate() {
+            *at.add(e) = rb(e * w + j);
+        }
+    }
+    for i in n * w..len {
+        *d.tail.add(i - n * w) = rb(i);
+    }
 }
 
 /// Byte planes 16 elements at a time in SSE registers: joining interleaves plane rows with
@@ -101,50 +131,255 @@ pub(super) fn planes<const W: usize>(src: &[u8], dst: &mut [u8], join: bool) {
 /// a byte shuffle first (SSSE3, detected at run time). Elsewhere nothing is done here and
 /// the portable loop does all of it.
 mod simd {
-    /// Elements (a multiple of 16) of the `n` in `src` moved to `dst`.
-    pub fn planes(src: &[u8], dst: &mut [u8], w: usize, n: usize, join: bool) -> usize {
+    /// Bytes at the start of `data` rotated right by one bit (`super::rotate_right`), a
+    /// multiple of 64 that leaves at least 8 bytes after it (the last word it reads).
+    pub fn rotate_right(data: &mut [u8]) -> usize {
+        #[cfg(target_arch = "x86_64")]
+        if data.len() >= 72 && x86::has_avx512() {
+            // SAFETY: AVX-512 F checked; each step reads bytes at..at + 72 and writes
+            // at..at + 64, with at + 72 <= len.
+            return unsafe { x86::rotate_right(data) };
+        }
+        let _ = data;
+        0
+    }
+
+    /// Elements (a multiple of 16) of the `n` planes' rows in `src` joined into elements in
+    /// `dst`.
+    pub fn join(src: &[u8], dst: &mut [u8], w: usize, n: usize) -> usize {
         #[cfg(target_arch = "x86_64")]
         {
             let n16 = n / 16 * 16;
             assert!(src.len() >= n * w && dst.len() >= n * w);
-            if join {
-                // SAFETY: SSE2 is part of x86-64; every load and store below is of 16 bytes
-                // within plane rows `j * n + e` (e + 16 <= n16) of `src` and elements
-                // `e * w .. (e + 16) * w` of `dst`, both within `n * w` bytes (asserted).
-                unsafe { x86::join(src, dst, w, n, n16) };
-                return n16;
+            if w <= 4 && x86::has_vbmi() {
+                let n64 = n / 64 * 64;
+                // SAFETY: AVX-512 F/BW/VBMI checked; loads of 64 bytes at `j * n + e`
+                // (e + 64 <= n64), stores of 64 bytes at `e * w + 64 * k` (k < w), all
+                // within `n * w` bytes (asserted).
+                unsafe { x86::join512(src, dst, w, n, n64) };
+                return n64;
             }
-            if std::arch::is_x86_feature_detected!("ssse3") {
-                // SAFETY: as above, with SSSE3 checked.
-                unsafe { x86::split::<false>(src, dst, w, n, n16) };
-                return n16;
-            }
+            // SAFETY: SSE2 is part of x86-64; every load and store below is of 16 bytes
+            // within plane rows `j * n + e` (e + 16 <= n16) of `src` and elements
+            // `e * w .. (e + 16) * w` of `dst`, both within `n * w` bytes (asserted).
+            unsafe { x86::join(src, dst, w, n, n16) };
+            return n16;
         }
-        let _ = (src, dst, w, n, join);
-        0
+        #[allow(unreachable_code)]
+        {
+            let _ = (src, dst, w, n);
+            0
+        }
     }
 
-    /// Elements (a multiple of 16) of the `n` in `src` rotated left by one bit (as one
-    /// bit string, the byte before the first being the last) and split into planes in `dst`.
-    pub fn split_rotated(src: &[u8], dst: &mut [u8], w: usize, n: usize) -> usize {
+    /// Elements (a multiple of 16) of the `n` in `src` split into the planes `d` names,
+    /// rotated left by one bit first (as one bit string, the byte before the first being
+    /// the last) where `rotate`: 64 elements a step in AVX-512 registers where the
+    /// processor has VBMI (one byte permute gathers a register's bytes by plane), else 16
+    /// with SSSE3, else none.
+    ///
+    /// # Safety
+    /// As [`super::split_to`].
+    pub unsafe fn split(src: &[u8], w: usize, n: usize, rotate: bool, d: &super::Planes) -> usize {
         #[cfg(target_arch = "x86_64")]
         {
-            let n16 = n / 16 * 16;
-            assert!(src.len() >= n * w && dst.len() >= n * w && !src.is_empty());
-            if std::arch::is_x86_feature_detected!("ssse3") {
-                // SAFETY: SSSE3 checked; loads and stores as in `split` (within `n * w` bytes,
-                // asserted), plus the one byte `src[len - 1]` read by index.
-                unsafe { x86::split::<true>(src, dst, w, n, n16) };
+            assert!(src.len() >= n * w && !src.is_empty());
+            if w <= 4 && x86::has_vbmi() {
+                let n64 = n / 64 * 64;
+                // SAFETY: AVX-512 F/BW/VBMI checked; loads of 64 bytes at `e * w + 64 * k`
+                // (k < w, e + 64 <= n64) lie within `n * w` bytes of `src` (asserted), stores
+                // of 64 bytes at `d.at[j] + e` within the plane's `n` bytes (the caller's
+                // promise).
+                if rotate {
+                    x86::split512::<true>(src, w, n64, d);
+                } else {
+                    x86::split512::<false>(src, w, n64, d);
+                }
+                return n64;
+            }
+            if w > 1 && std::arch::is_x86_feature_detected!("ssse3") {
+                let n16 = n / 16 * 16;
+                // SAFETY: SSSE3 checked; loads as above of 16 bytes, stores of 16 bytes at
+                // `d.at[j] + e` (e + 16 <= n16 <= n), plus the one byte `src[len - 1]`.
+                if rotate {
+                    x86::split::<true>(src, w, n16, d);
+                } else {
+                    x86::split::<false>(src, w, n16, d);
+                }
                 return n16;
             }
         }
-        let _ = (src, dst, w, n);
+        let _ = (src, w, n, rotate, d);
         0
     }
 
     #[cfg(target_arch = "x86_64")]
     mod x86 {
+        use super::super::Planes;
         use std::arch::x86_64::*;
+
+        /// Whether AVX-512 F runs here (detected once).
+        pub fn has_avx512() -> bool {
+            #[cfg(test)]
+            if super::super::NO_AVX512.load(std::sync::atomic::Ordering::Relaxed) {
+                return false;
+            }
+            static HAS: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+            *HAS.get_or_init(|| std::arch::is_x86_feature_detected!("avx512f"))
+        }
+
+        /// [`super::rotate_right`] on 64 bytes a step: word `k` becomes `w[k] >> 1 |
+        /// w[k + 1] << 63`, the next words read as one load 8 bytes further on.
+        #[target_feature(enable = "avx512f")]
+        pub unsafe fn rotate_right(data: &mut [u8]) -> usize {
+            let p = data.as_mut_ptr();
+            let mut at = 0;
+            while at + 72 <= data.len() {
+                let x = _mm512_loadu_si512(p.add(at) as *const __m512i);
+                let y = _mm512_loadu_si512(p.add(at + 8) as *const __m512i);
+                let r = _mm512_or_si512(_mm512_srli_epi64::<1>(x), _mm512_slli_epi64::<63>(y));
+                _mm512_storeu_si512(p.add(at) as *mut __m512i, r);
+                at += 64;
+            }
+            at
+        }
+
+        /// Planes to elements, 64 a step: the inverse of [`split512`] (the same lane
+        /// transpose, then the inverse byte permute).
+        #[target_feature(enable = "avx512f,avx512bw,avx512vbmi")]
+        pub unsafe fn join512(src: &[u8], dst: &mut [u8], w: usize, n: usize, n64: usize) {
+            let ld = |at: usize| _mm512_loadu_si512(src.as_ptr().add(at) as *const __m512i);
+            let out = dst.as_mut_ptr();
+            let st = |at: usize, v: __m512i| _mm512_storeu_si512(out.add(at) as *mut __m512i, v);
+            // Byte q of an element register (element q / w, byte q % w) is at q % w * per
+            // + q / w of the plane-major register.
+            let scatter = |w: usize| -> __m512i {
+                let per = 64 / w;
+                let idx: [u8; 64] = std::array::from_fn(|q| ((q % w) * per + q / w) as u8);
+                _mm512_loadu_si512(idx.as_ptr() as *const __m512i)
+            };
+            match w {
+                1 => {
+                    for e in (0..n64).step_by(64) {
+                        st(e, ld(e));
+                    }
+                }
+                2 => {
+                    let m = scatter(2);
+                    for e in (0..n64).step_by(64) {
+                        let (p0, p1) = (ld(e), ld(n + e));
+                        let r0 = _mm512_shuffle_i64x2::<0x44>(p0, p1);
+                        let r1 = _mm512_shuffle_i64x2::<0xEE>(p0, p1);
+                        st(e * 2, _mm512_permutexvar_epi8(m, r0));
+                        st(e * 2 + 64, _mm512_permutexvar_epi8(m, r1));
+                    }
+                }
+                4 => {
+                    let m = scatter(4);
+                    for e in (0..n64).step_by(64) {
+                        let p: [__m512i; 4] = std::array::from_fn(|j| ld(j * n + e));
+                        let a = _mm512_shuffle_i64x2::<0x44>(p[0], p[1]);
+                        let b = _mm512_shuffle_i64x2::<0x44>(p[2], p[3]);
+                        let c = _mm512_shuffle_i64x2::<0xEE>(p[0], p[1]);
+                        let d = _mm512_shuffle_i64x2::<0xEE>(p[2], p[3]);
+                        let r = [
+                            _mm512_shuffle_i64x2::<0x88>(a, b),
+                            _mm512_shuffle_i64x2::<0xDD>(a, b),
+                            _mm512_shuffle_i64x2::<0x88>(c, d),
+                            _mm512_shuffle_i64x2::<0xDD>(c, d),
+                        ];
+                        for (k, r) in r.into_iter().enumerate() {
+                            st(e * 4 + 64 * k, _mm512_permutexvar_epi8(m, r));
+                        }
+                    }
+                }
+                _ => unreachable!("width {w}"),
+            }
+        }
+
+        /// Whether the byte permutes of [`split512`] run here (detected once).
+        pub fn has_vbmi() -> bool {
+            #[cfg(test)]
+            if super::super::NO_AVX512.load(std::sync::atomic::Ordering::Relaxed) {
+                return false;
+            }
+            static HAS: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+            *HAS.get_or_init(|| {
+                std::arch::is_x86_feature_detected!("avx512f")
+                    && std::arch::is_x86_feature_detected!("avx512bw")
+                    && std::arch::is_x86_feature_detected!("avx512vbmi")
+            })
+        }
+
+        /// Elements to planes, 64 a step (`w` registers of 64 bytes), rotated first (`ROT`)
+        /// or not: a byte permute gathers each register's bytes by plane (16 bytes of each of
+        /// four planes, or 32 of each of two), then 128-bit lanes are shuffled across
+        /// registers so that each holds 64 bytes of one plane. The rotation works on 64-bit
+        /// lanes (the same little-endian bit string): each lane shifted left by one, or'd with
+        /// the top bit of the lane before it, the last lane of the register before for the
+        /// first.
+        #[target_feature(enable = "avx512f,avx512bw,avx512vbmi")]
+        pub unsafe fn split512<const ROT: bool>(src: &[u8], w: usize, n64: usize, d: &Planes) {
+            // Lane 7 of `prev` is the word before the first: its top bit is the chunk's last
+            // bit (only that bit is used).
+            let last = u64::from(src[src.len() - 1]) << 56;
+            let mut prev = _mm512_set1_epi64(last as i64);
+            // [prev.7, v.0, ..., v.6]: each lane's predecessor.
+            let before = _mm512_setr_epi64(15, 0, 1, 2, 3, 4, 5, 6);
+            let mut load = |at: usize| {
+                let v = _mm512_loadu_si512(src.as_ptr().add(at) as *const __m512i);
+                if !ROT {
+                    return v;
+                }
+                let p = _mm512_permutex2var_epi64(v, before, prev);
+                prev = v;
+                _mm512_or_si512(_mm512_slli_epi64::<1>(v), _mm512_srli_epi64::<63>(p))
+            };
+            let put = |j: usize, e: usize, v: __m512i| {
+                _mm512_storeu_si512(d.at[j].add(e) as *mut __m512i, v)
+            };
+            // Output byte p of a register takes source byte idx[p]: plane-major within it.
+            let gather = |w: usize| -> __m512i {
+                let per = 64 / w;
+                let idx: [u8; 64] = std::array::from_fn(|p| ((p % per) * w + p / per) as u8);
+                _mm512_loadu_si512(idx.as_ptr() as *const __m512i)
+            };
+            match w {
+                1 => {
+                    for e in (0..n64).step_by(64) {
+                        put(0, e, load(e));
+                    }
+                }
+                2 => {
+                    let m = gather(2);
+                    for e in (0..n64).step_by(64) {
+                        let r0 = _mm512_permutexvar_epi8(m, load(e * 2));
+                        let r1 = _mm512_permutexvar_epi8(m, load(e * 2 + 64));
+                        put(0, e, _mm512_shuffle_i64x2::<0x44>(r0, r1));
+                        put(1, e, _mm512_shuffle_i64x2::<0xEE>(r0, r1));
+                    }
+                }
+                4 => {
+                    let m = gather(4);
+                    for e in (0..n64).step_by(64) {
+                        let r: [__m512i; 4] = std::array::from_fn(|k| {
+                            _mm512_permutexvar_epi8(m, load(e * 4 + 64 * k))
+                        });
+                        // Lanes 0-1 / 2-3 of r0 and r1, of r2 and r3; then plane j is lane j
+                        // of r0..r3.
+                        let a = _mm512_shuffle_i64x2::<0x44>(r[0], r[1]);
+                        let b = _mm512_shuffle_i64x2::<0x44>(r[2], r[3]);
+                        let c = _mm512_shuffle_i64x2::<0xEE>(r[0], r[1]);
+                        let dd = _mm512_shuffle_i64x2::<0xEE>(r[2], r[3]);
+                        put(0, e, _mm512_shuffle_i64x2::<0x88>(a, b));
+                        put(1, e, _mm512_shuffle_i64x2::<0xDD>(a, b));
+                        put(2, e, _mm512_shuffle_i64x2::<0x88>(c, dd));
+                        put(3, e, _mm512_shuffle_i64x2::<0xDD>(c, dd));
+                    }
+                }
+                _ => unreachable!("width {w}"),
+            }
+        }
 
         #[inline(always)]
         unsafe fn ld(p: &[u8], at: usize) -> __m128i {
@@ -215,13 +450,10 @@ mod simd {
 
         /// Elements to planes, rotated left by one bit first (`ROT`) or not.
         #[target_feature(enable = "ssse3")]
-        pub unsafe fn split<const ROT: bool>(
-            src: &[u8],
-            dst: &mut [u8],
-            w: usize,
-            n: usize,
-            n16: usize,
-        ) {
+        pub unsafe fn split<const ROT: bool>(src: &[u8], w: usize, n16: usize, d: &Planes) {
+            let put = |j: usize, e: usize, v: __m128i| {
+                _mm_storeu_si128(d.at[j].add(e) as *mut __m128i, v)
+            };
             // The byte before the first is the chunk's last (the rotation wraps around).
             let last = if ROT { src[src.len() - 1] } else { 0 };
             let mut prev = _mm_insert_epi16::<7>(_mm_setzero_si128(), i32::from(last) << 8);
@@ -241,8 +473,8 @@ mod simd {
                         let m = _mm_setr_epi8(0, 2, 4, 6, 8, 10, 12, 14, 1, 3, 5, 7, 9, 11, 13, 15);
                         let x0 = _mm_shuffle_epi8(load!(e * 2), m);
                         let x1 = _mm_shuffle_epi8(load!(e * 2 + 16), m);
-                        st(dst, e, _mm_unpacklo_epi64(x0, x1));
-                        st(dst, n + e, _mm_unpackhi_epi64(x0, x1));
+                        put(0, e, _mm_unpacklo_epi64(x0, x1));
+                        put(1, e, _mm_unpackhi_epi64(x0, x1));
                     }
                     4 => {
                         let m = _mm_setr_epi8(0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15);
@@ -254,10 +486,10 @@ mod simd {
                         let t1 = _mm_unpackhi_epi32(y[0], y[1]);
                         let t2 = _mm_unpacklo_epi32(y[2], y[3]);
                         let t3 = _mm_unpackhi_epi32(y[2], y[3]);
-                        st(dst, e, _mm_unpacklo_epi64(t0, t2));
-                        st(dst, n + e, _mm_unpackhi_epi64(t0, t2));
-                        st(dst, 2 * n + e, _mm_unpacklo_epi64(t1, t3));
-                        st(dst, 3 * n + e, _mm_unpackhi_epi64(t1, t3));
+                        put(0, e, _mm_unpacklo_epi64(t0, t2));
+                        put(1, e, _mm_unpackhi_epi64(t0, t2));
+                        put(2, e, _mm_unpacklo_epi64(t1, t3));
+                        put(3, e, _mm_unpackhi_epi64(t1, t3));
                     }
                     8 => {
                         let m = _mm_setr_epi8(0, 8, 1, 9, 2, 10, 3, 11, 4, 12, 5, 13, 6, 14, 7, 15);
@@ -286,8 +518,8 @@ mod simd {
                             _mm_unpackhi_epi32(a[5], a[7]),
                         ];
                         for k in 0..4 {
-                            st(dst, 2 * k * n + e, _mm_unpacklo_epi64(b[k], b[k + 4]));
-                            st(dst, (2 * k + 1) * n + e, _mm_unpackhi_epi64(b[k], b[k + 4]));
+                            put(2 * k, e, _mm_unpacklo_epi64(b[k], b[k + 4]));
+                            put(2 * k + 1, e, _mm_unpackhi_epi64(b[k], b[k + 4]));
                         }
                     }
                     _ => unreachable!("width {w}"),
@@ -304,43 +536,31 @@ pub fn forward(data: &[u8], t: Transform) -> Vec<u8> {
     out
 }
 
-/// [`forward`] into `dst` (as long as `data`): one pass that reads each byte once, rotating
-/// the 16-byte vectors it loads before splitting them where the processor has SSSE3.
+/// [`forward`] into `dst` (as long as `data`): the planes side by side, then the tail.
 pub fn forward_into(data: &[u8], t: Transform, dst: &mut [u8]) {
     assert_eq!(data.len(), dst.len());
     let w = t.width as usize;
-    if !t.rotate {
-        return split_or_join(data, dst, w, false);
-    }
-    let len = data.len();
-    if len == 0 {
-        return;
-    }
-    let n = len / w;
-    let done = if w == 1 {
-        0
-    } else {
-        simd::split_rotated(data, dst, w, n)
-    };
-    // Rotated byte i: b[i] << 1 | b[i - 1] >> 7, the byte before the first being the last.
-    let rb = |i: usize| data[i] << 1 | data[if i == 0 { len - 1 } else { i - 1 }] >> 7;
-    for e in done..n {
-        for j in 0..w {
-            dst[j * n + e] = rb(e * w + j);
-        }
-    }
-    for (i, d) in dst.iter_mut().enumerate().skip(n * w) {
-        *d = rb(i);
+    assert!(matches!(w, 1 | 2 | 4 | 8), "byte-plane width {w}");
+    let n = data.len() / w;
+    let base = dst.as_mut_ptr();
+    // SAFETY: plane j is `dst[j * n..(j + 1) * n]`, the tail `dst[n * w..]`: disjoint, within
+    // `dst` (as long as `data`), which is borrowed mutably and so overlaps nothing.
+    unsafe {
+        let d = Planes {
+            at: std::array::from_fn(|j| base.add(j.min(w) * n)),
+            tail: base.add(n * w),
+        };
+        split_to(data, w, t.rotate, &d);
     }
 }
 
-/// [`planes`] for a width known at run time (1: a copy).
-fn split_or_join(src: &[u8], dst: &mut [u8], width: usize, join: bool) {
+/// [`join`] for a width known at run time (1: a copy).
+fn join_any(src: &[u8], dst: &mut [u8], width: usize) {
     match width {
         1 => dst.copy_from_slice(src),
-        2 => planes::<2>(src, dst, join),
-        4 => planes::<4>(src, dst, join),
-        8 => planes::<8>(src, dst, join),
+        2 => join::<2>(src, dst),
+        4 => join::<4>(src, dst),
+        8 => join::<8>(src, dst),
         w => panic!("byte-plane width {w}"),
     }
 }
@@ -355,7 +575,7 @@ pub fn inverse(planes: &[u8], t: Transform) -> Vec<u8> {
 /// [`inverse`] into `dst` (as long as `planes`).
 pub fn inverse_into(planes: &[u8], t: Transform, dst: &mut [u8]) {
     assert_eq!(planes.len(), dst.len());
-    split_or_join(planes, dst, t.width as usize, true);
+    join_any(planes, dst, t.width as usize);
     if t.rotate {
         rotate_right(dst);
     }
