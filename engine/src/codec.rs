@@ -271,9 +271,13 @@ fn encode_float_probed(data: &[u8], probes: &Probes) -> (Codec, Option<Vec<u8>>)
     (codec, stored)
 }
 
-/// Decodes a float-codec chunk: the zstd library decodes the frame into the transformed
-/// bytes (a buffer of the thread's, exactly `raw_len` bytes' capacity, so a damaged frame
-/// cannot make it allocate more), `float::inverse_into` undoes the transform.
+/// Decodes a float-codec chunk into the chunk's bytes. A frame of the subset this encoder
+/// writes (`float::frame::blocks`) is read block by block: planes stored as one raw block
+/// each are joined from where they lie in `stored`, and only the other blocks are decoded
+/// into the thread's planes buffer (compressed ones by the zstd library, as one-block
+/// frames). Any other frame is decoded whole by the zstd library into that buffer. The
+/// buffer holds at most `raw_len` bytes, so a damaged frame cannot make it allocate more;
+/// `float::inverse_rows` undoes the transform.
 fn decode_float(
     t: float::Transform,
     stored: &[u8],
@@ -281,30 +285,66 @@ fn decode_float(
 ) -> std::result::Result<Vec<u8>, ChunkDamage> {
     thread_local! {
         /// One decompression context per thread (creating one costs more than decoding a
-        /// small chunk), and its planes buffer (at most the largest chunk decoded here).
-        static ZSTD: std::cell::RefCell<(Option<zstd::bulk::Decompressor<'static>>, Vec<u8>)> =
-            const { std::cell::RefCell::new((None, Vec::new())) };
+        /// small chunk), its planes buffer (at most the largest chunk decoded here) and the
+        /// buffer of one-block frames (at most a block and its header).
+        static ZSTD: std::cell::RefCell<(Option<zstd::bulk::Decompressor<'static>>, Vec<u8>, Vec<u8>)> =
+            const { std::cell::RefCell::new((None, Vec::new(), Vec::new())) };
     }
+    let invalid = |e: std::io::Error| ChunkDamage::Decode(format!("not a valid zstd frame: {e}"));
     ZSTD.with(|z| {
-        let (z, planes) = &mut *z.borrow_mut();
-        let decoded = (|| -> std::io::Result<usize> {
-            if z.is_none() {
-                *z = Some(zstd::bulk::Decompressor::new()?);
+        let (z, planes, frame) = &mut *z.borrow_mut();
+        if z.is_none() {
+            *z = Some(zstd::bulk::Decompressor::new().map_err(invalid)?);
+        }
+        let z = z.as_mut().expect("made above");
+        let w = usize::from(t.width);
+        let n = raw_len / w;
+        let mut direct: [Option<&[u8]>; 8] = [None; 8];
+        if let Some(blocks) = float::frame::blocks(stored, raw_len) {
+            // Every byte is written by a block (they cover the content): no clearing.
+            if planes.len() < raw_len {
+                planes.resize(raw_len, 0);
             }
+            for b in blocks {
+                let dst = &mut planes[b.at..b.at + b.len];
+                match b.kind {
+                    float::frame::BlockKind::Raw(bytes)
+                        if n > 0 && b.len == n && b.at % n == 0 && b.at / n < w =>
+                    {
+                        direct[b.at / n] = Some(bytes);
+                    }
+                    float::frame::BlockKind::Raw(bytes) => dst.copy_from_slice(bytes),
+                    float::frame::BlockKind::Rle(v) => dst.fill(v),
+                    float::frame::BlockKind::Literals(content) => {
+                        float::frame::one_block_frame(content, b.len, frame);
+                        let got = z.decompress_to_buffer(&frame[..], dst).map_err(invalid)?;
+                        if got != b.len {
+                            return Err(ChunkDamage::Decode(format!(
+                                "a block decodes to {got} bytes, its header says {}",
+                                b.len
+                            )));
+                        }
+                    }
+                }
+            }
+        } else {
             planes.clear();
             planes.reserve_exact(raw_len);
-            z.as_mut()
-                .expect("made above")
+            let decoded = z
                 .decompress_to_buffer(stored, &mut *planes)
-        })()
-        .map_err(|e| ChunkDamage::Decode(format!("not a valid zstd frame: {e}")))?;
-        if decoded != raw_len {
-            return Err(ChunkDamage::Decode(format!(
-                "it decodes to {decoded} bytes, its record says {raw_len}"
-            )));
+                .map_err(invalid)?;
+            if decoded != raw_len {
+                return Err(ChunkDamage::Decode(format!(
+                    "it decodes to {decoded} bytes, its record says {raw_len}"
+                )));
+            }
         }
+        let planes = &planes[..raw_len];
+        let rows: [&[u8]; 8] = std::array::from_fn(|j| {
+            direct[j].unwrap_or_else(|| &planes[(j * n).min(raw_len)..((j + 1) * n).min(raw_len)])
+        });
         let mut out = vec![0u8; raw_len];
-        float::inverse_into(planes, t, &mut out);
+        float::inverse_rows(&rows[..w], &planes[n * w..], t, &mut out);
         Ok(out)
     })
 }
@@ -888,6 +928,74 @@ mod tests {
                 assert!(matches!(codec, Codec::Float(_)), "{name}: {codec:?}");
                 let r = len as f64 / d.len() as f64;
                 assert!(r <= most, "{name}: stored {r:.3} of raw, want <= {most}");
+            }
+        }
+    }
+
+    /// Frames are read block by block (raw planes in place) and give what the zstd library's
+    /// reading gives, for this encoder's frames of every transform and plane mask, for
+    /// damaged ones (the same error or the same bytes), and for frames of another encoder
+    /// (decoded whole).
+    #[test]
+    fn float_frames_decode_block_by_block_as_the_zstd_library_decodes_them() {
+        use ckptfs_kernels::float::{self, Plan, Transform};
+        // The zstd library's reading of a frame, then the inverse transform.
+        let whole = |t: Transform, stored: &[u8], len: usize| -> Option<Vec<u8>> {
+            let planes = zstd::bulk::Decompressor::new()
+                .unwrap()
+                .decompress(stored, len)
+                .ok()?;
+            (planes.len() == len).then(|| float::inverse(&planes, t))
+        };
+        let mut rng = rand::rngs::SmallRng::seed_from_u64(77);
+        let fp32: Vec<u8> = (0..40_000)
+            .flat_map(|_| {
+                let (u, v): (f32, f32) = (rng.random::<f32>().max(1e-9), rng.random());
+                (0.02 * (-2.0 * u.ln()).sqrt() * (std::f32::consts::TAU * v).cos()).to_le_bytes()
+            })
+            .collect();
+        let text: Vec<u8> = (0..9000u32)
+            .flat_map(|i| format!("{i} ").into_bytes())
+            .take(30_001)
+            .collect();
+        for data in [&fp32[..], &fp32[3..150_003], &fp32[1..70_000], &text[..]] {
+            for t in Transform::all() {
+                for coded in [0u16, 0xFF, 0x08, 0x05] {
+                    let plan = Plan {
+                        transform: t,
+                        coded,
+                    };
+                    let stored = float::encode_plan(data, plan);
+                    assert!(float::frame::blocks(&stored, data.len()).is_some());
+                    let got = decode(Codec::Float(t), stored.clone(), data.len()).unwrap();
+                    assert_eq!(got, data, "{plan:?} len {}", data.len());
+                    // Damaged frames: this decoder says what the zstd library says, an
+                    // error where it errs (never a panic), the same bytes where it does not.
+                    for at in (0..stored.len())
+                        .step_by(stored.len() / 40 + 1)
+                        .chain([4, 9, 11])
+                    {
+                        let mut bad = stored.clone();
+                        bad[at] ^= 0x24;
+                        assert_eq!(
+                            decode(Codec::Float(t), bad.clone(), data.len()).ok(),
+                            whole(t, &bad, data.len()),
+                            "{plan:?} byte {at}"
+                        );
+                    }
+                }
+                // A frame of another encoder (matches, sequences, a checksum): the zstd
+                // library decodes it whole.
+                let planes = float::forward(data, t);
+                let mut c = zstd::bulk::Compressor::new(3).unwrap();
+                c.include_checksum(true).unwrap();
+                let foreign = c.compress(&planes).unwrap();
+                assert!(float::frame::blocks(&foreign, data.len()).is_none());
+                assert_eq!(
+                    decode(Codec::Float(t), foreign, data.len()).unwrap(),
+                    data,
+                    "{t:?}"
+                );
             }
         }
     }

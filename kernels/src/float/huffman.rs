@@ -12,10 +12,21 @@ pub const WEIGHT_LOG: u32 = 6;
 /// Largest tree description: its header byte holds the size of an FSE-coded one below 128.
 const MAX_TREE_BYTES: usize = 127;
 
+/// Byte counts of `p`: with AVX-512 where most of its bytes are a few values (an exponent
+/// plane), else eight tables side by side ([`histogram_scalar`]). Both count exactly, so
+/// the Huffman table, and the frame, do not depend on which ran.
+pub fn histogram(p: &[u8]) -> [u32; 256] {
+    #[cfg(target_arch = "x86_64")]
+    if let Some(h) = few::histogram(p) {
+        return h;
+    }
+    histogram_scalar(p)
+}
+
 /// Byte counts of `p`, eight tables side by side so that a run of one value (an exponent
 /// plane is mostly a handful of values) does not wait on one counter in memory: each
 /// increment of a table depends on the one eight bytes before, not the one before.
-pub fn histogram(p: &[u8]) -> [u32; 256] {
+pub fn histogram_scalar(p: &[u8]) -> [u32; 256] {
     let mut h = [[0u32; 256]; 8];
     let mut words = p.chunks_exact(8);
     for w in &mut words {
@@ -28,6 +39,154 @@ pub fn histogram(p: &[u8]) -> [u32; 256] {
         h[0][b as usize] += 1;
     }
     std::array::from_fn(|s| h.iter().map(|t| t[s]).sum())
+}
+
+/// Counting a plane whose bytes are mostly a few values with compares instead of table
+/// increments. The scalar histogram stores to a counter for every byte (about 1.3 cycles a
+/// byte here, a third of a float chunk's encoding); an exponent plane of weights or
+/// optimizer state is 99% a dozen values. So: the values of a 1 KiB sample that cover
+/// nearly all of it are compared with 64 bytes at a time, each match adding one to a byte
+/// counter of its lane in a register (summed before it can wrap), and the few bytes that
+/// are none of them (found by a table lookup of 64 bytes at once) are counted one by one. A plane that turns out not to be so (more than an eighth of its bytes left
+/// over after any 4 KiB) is finished by the scalar loop.
+#[cfg(target_arch = "x86_64")]
+mod few {
+    use std::arch::x86_64::*;
+
+    /// Bytes of the sample the candidates come from.
+    const SAMPLE: usize = 1 << 10;
+    /// At most this many candidates (each costs a compare, a popcount and an add per 64
+    /// bytes; beyond 16 the scalar loop is as fast).
+    const MAX_CANDIDATES: usize = 16;
+    /// The candidates must cover this many of the sample's bytes (97%).
+    const COVER: u32 = 993;
+    /// Bytes counted between checks that the leftovers stay rare.
+    const STRETCH: usize = 4 << 10;
+
+    fn avx512() -> bool {
+        static HAS: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+        *HAS.get_or_init(|| {
+            std::arch::is_x86_feature_detected!("avx512bw")
+                && std::arch::is_x86_feature_detected!("avx512vbmi")
+                && std::arch::is_x86_feature_detected!("popcnt")
+        })
+    }
+
+    /// The counts of `p`, or None where it is short, the processor lacks AVX-512 BW, or a
+    /// few values do not cover its sample.
+    pub fn histogram(p: &[u8]) -> Option<[u32; 256]> {
+        if p.len() < 4 * SAMPLE || !avx512() {
+            return None;
+        }
+        let mut sample = [0u32; 256];
+        for &b in &p[..SAMPLE] {
+            sample[b as usize] += 1;
+        }
+        let mut order: Vec<u8> = (0..=255u8).filter(|&s| sample[s as usize] > 0).collect();
+        order.sort_unstable_by_key(|&s| std::cmp::Reverse(sample[s as usize]));
+        let mut covered = 0;
+        let mut k = 0;
+        while k < order.len() && k < MAX_CANDIDATES && covered < COVER {
+            covered += sample[order[k] as usize];
+            k += 1;
+        }
+        if covered < COVER {
+            return None;
+        }
+        // Padded to a count known at compile time (so the counters stay in registers) with
+        // values the sample did not have, which are counted like the others.
+        let width = if k <= 4 {
+            4
+        } else if k <= 8 {
+            8
+        } else {
+            16
+        };
+        let mut candidates = order[..k].to_vec();
+        candidates.extend(
+            (0..=255u8)
+                .filter(|&s| sample[s as usize] == 0)
+                .take(width - k),
+        );
+        // SAFETY: AVX-512 BW, VBMI and POPCNT checked above.
+        Some(unsafe {
+            match width {
+                4 => count::<4>(p, &candidates),
+                8 => count::<8>(p, &candidates),
+                _ => count::<16>(p, &candidates),
+            }
+        })
+    }
+
+    #[target_feature(enable = "avx512f,avx512bw,avx512vbmi,popcnt")]
+    unsafe fn count<const K: usize>(p: &[u8], candidates: &[u8]) -> [u32; 256] {
+        let mut h = [0u32; 256];
+        // Byte b of `member` (b < 128) / of `member_hi` (b >= 128) is 0xFF for a candidate.
+        let mut table = [0u8; 256];
+        for &c in candidates {
+            table[c as usize] = 0xFF;
+        }
+        let lo = _mm512_loadu_si512(table.as_ptr() as *const __m512i);
+        let lo2 = _mm512_loadu_si512(table.as_ptr().add(64) as *const __m512i);
+        let hi = _mm512_loadu_si512(table.as_ptr().add(128) as *const __m512i);
+        let hi2 = _mm512_loadu_si512(table.as_ptr().add(192) as *const __m512i);
+        let values: [__m512i; K] = std::array::from_fn(|i| _mm512_set1_epi8(candidates[i] as i8));
+        // Per-lane byte counters, summed into `n` before they can wrap (255 steps).
+        let mut acc = [_mm512_setzero_si512(); K];
+        let mut n = [0u64; K];
+        let one = _mm512_set1_epi8(1);
+        let flush = |acc: &mut [__m512i; K], n: &mut [u64; K]| {
+            for (a, n) in acc.iter_mut().zip(n.iter_mut()) {
+                let s = _mm512_sad_epu8(*a, _mm512_setzero_si512());
+                *n += _mm512_reduce_add_epi64(s) as u64;
+                *a = _mm512_setzero_si512();
+            }
+        };
+        let body = p.len() / 64 * 64;
+        let (mut at, mut left_over, mut steps) = (0, 0usize, 0u32);
+        while at < body {
+            let end = (at + STRETCH).min(body);
+            while at < end {
+                // SAFETY: at + 64 <= body <= p.len().
+                let v = _mm512_loadu_si512(p.as_ptr().add(at) as *const __m512i);
+                for (a, &c) in acc.iter_mut().zip(&values) {
+                    *a = _mm512_mask_add_epi8(*a, _mm512_cmpeq_epi8_mask(v, c), *a, one);
+                }
+                // Candidates by table lookup: the low 7 bits index 128 entries, the top
+                // bit picks the half.
+                let in_lo = _mm512_permutex2var_epi8(lo, v, lo2);
+                let in_hi = _mm512_permutex2var_epi8(hi, v, hi2);
+                let top = _mm512_movepi8_mask(v);
+                let member = _mm512_mask_blend_epi8(top, in_lo, in_hi);
+                let mut rest = !_mm512_movepi8_mask(member);
+                if rest != 0 {
+                    left_over += rest.count_ones() as usize;
+                    while rest != 0 {
+                        h[p[at + rest.trailing_zeros() as usize] as usize] += 1;
+                        rest &= rest - 1;
+                    }
+                }
+                steps += 1;
+                if steps == 255 {
+                    flush(&mut acc, &mut n);
+                    steps = 0;
+                }
+                at += 64;
+            }
+            if left_over * 8 > at {
+                break;
+            }
+        }
+        flush(&mut acc, &mut n);
+        let tail = super::histogram_scalar(&p[at..]);
+        for (h, t) in h.iter_mut().zip(tail) {
+            *h += t;
+        }
+        for (&c, &n) in candidates.iter().zip(&n) {
+            h[c as usize] += n as u32;
+        }
+        h
+    }
 }
 
 /// Huffman code lengths for `counts` (zero where a count is zero), at most [`MAX_BITS`].
@@ -379,6 +538,11 @@ impl Stream {
 /// state stays in registers (four streams side by side spilled to the stack).
 fn write_streams(piece: &[u8], table: &[u32; 256], scratch: &mut Vec<u8>) -> [usize; 4] {
     #[cfg(target_arch = "x86_64")]
+    if wide::available() {
+        // SAFETY: AVX-512 F/BW/VBMI and BMI2 checked.
+        return unsafe { wide::write_streams(piece, table, scratch) };
+    }
+    #[cfg(target_arch = "x86_64")]
     if std::arch::is_x86_feature_detected!("bmi2") {
         // SAFETY: BMI2 checked (shifts by a register without the `cl` register: a third
         // faster here).
@@ -573,9 +737,281 @@ pub fn literals(
     true
 }
 
+/// The four streams with AVX-512: codes of 64 symbols looked up at once (byte permutes over
+/// the code table split into bytes) and merged in registers into sixteen groups of four,
+/// each group's bits as the scalar writer's `group` makes them; the groups are then appended
+/// one by one as there. The same bytes as [`write_streams_with`] (the tests compare them),
+/// about half its work a symbol: the lookups and in-group shifts were most of it.
+#[cfg(target_arch = "x86_64")]
+mod wide {
+    use super::{group, segments, Stream, MAX_BITS, STREAM_SLACK};
+    use std::arch::x86_64::*;
+
+    /// Whether this writer runs here (detected once).
+    pub fn available() -> bool {
+        #[cfg(test)]
+        if super::NO_WIDE.load(std::sync::atomic::Ordering::Relaxed) {
+            return false;
+        }
+        static HAS: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+        *HAS.get_or_init(|| {
+            std::arch::is_x86_feature_detected!("avx512f")
+                && std::arch::is_x86_feature_detected!("avx512bw")
+                && std::arch::is_x86_feature_detected!("avx512vbmi")
+                && std::arch::is_x86_feature_detected!("bmi2")
+        })
+    }
+
+    /// The code table as four 64-byte registers each of code bytes (low 8 bits) and of
+    /// high bits with the length (`code >> 8 | len << 3`).
+    struct Tables {
+        lo: [__m512i; 4],
+        hl: [__m512i; 4],
+    }
+
+    #[target_feature(enable = "avx512f,avx512bw,avx512vbmi")]
+    unsafe fn tables(table: &[u32; 256]) -> Tables {
+        let lo: [u8; 256] = std::array::from_fn(|s| table[s] as u8);
+        let hl: [u8; 256] =
+            std::array::from_fn(|s| ((table[s] & 0xFFFF) >> 8 | (table[s] >> 16) << 3) as u8);
+        let ld =
+            |t: &[u8; 256], k: usize| _mm512_loadu_si512(t.as_ptr().add(64 * k) as *const __m512i);
+        Tables {
+            lo: std::array::from_fn(|k| ld(&lo, k)),
+            hl: std::array::from_fn(|k| ld(&hl, k)),
+        }
+    }
+
+    /// The 16 groups of the 64 symbols at `p` (group `g`: symbols `4g..4g + 4`, the last
+    /// of them in the lowest bits) and their lengths in bits.
+    #[inline]
+    #[target_feature(enable = "avx512f,avx512bw,avx512vbmi")]
+    unsafe fn groups(p: *const u8, t: &Tables, out: &mut [u64; 16], lens: &mut [u64; 16]) {
+        let v = _mm512_loadu_si512(p as *const __m512i);
+        let top = _mm512_movepi8_mask(v);
+        let look = |r: &[__m512i; 4]| {
+            _mm512_mask_blend_epi8(
+                top,
+                _mm512_permutex2var_epi8(r[0], v, r[1]),
+                _mm512_permutex2var_epi8(r[2], v, r[3]),
+            )
+        };
+        let (lo, hl) = (look(&t.lo), look(&t.hl));
+        for half in 0..2 {
+            let (lo, hl) = if half == 0 {
+                (_mm512_castsi512_si256(lo), _mm512_castsi512_si256(hl))
+            } else {
+                (
+                    _mm512_extracti64x4_epi64::<1>(lo),
+                    _mm512_extracti64x4_epi64::<1>(hl),
+                )
+            };
+            let (lo, hl) = (_mm512_cvtepu8_epi16(lo), _mm512_cvtepu8_epi16(hl));
+            let code = _mm512_or_si512(
+                lo,
+                _mm512_slli_epi16::<8>(_mm512_and_si512(hl, _mm512_set1_epi16(7))),
+            );
+            let len = _mm512_srli_epi16::<3>(hl);
+            // Pairs (u32 lanes): symbol 2k + 1 first (low bits), then 2k.
+            let low16 = _mm512_set1_epi32(0xFFFF);
+            let (c_even, c_odd) = (_mm512_and_si512(code, low16), _mm512_srli_epi32::<16>(code));
+            let (l_even, l_odd) = (_mm512_and_si512(len, low16), _mm512_srli_epi32::<16>(len));
+            let pair = _mm512_or_si512(c_odd, _mm512_sllv_epi32(c_even, l_odd));
+            let plen = _mm512_add_epi32(l_even, l_odd);
+            // Groups (u64 lanes): pair 2m + 1 first, then 2m.
+            let low32 = _mm512_set1_epi64(0xFFFF_FFFF);
+            let (p_even, p_odd) = (_mm512_and_si512(pair, low32), _mm512_srli_epi64::<32>(pair));
+            let (q_even, q_odd) = (_mm512_and_si512(plen, low32), _mm512_srli_epi64::<32>(plen));
+            let group = _mm512_or_si512(p_odd, _mm512_sllv_epi64(p_even, q_odd));
+            let glen = _mm512_add_epi64(q_even, q_odd);
+            _mm512_storeu_si512(out.as_mut_ptr().add(8 * half) as *mut __m512i, group);
+            _mm512_storeu_si512(lens.as_mut_ptr().add(8 * half) as *mut __m512i, glen);
+        }
+    }
+
+    /// Appends 16 groups, the last first (symbols are written from the end).
+    #[inline(always)]
+    unsafe fn append(s: &mut Stream, g: &[u64; 16], l: &[u64; 16]) {
+        for k in (0..16).rev() {
+            s.acc |= g[k] << s.n;
+            s.n += l[k] as u32;
+            s.flush();
+        }
+    }
+
+    /// # Safety
+    /// AVX-512 F/BW/VBMI and BMI2 are available.
+    #[target_feature(enable = "avx512f,avx512bw,avx512vbmi,bmi2")]
+    pub unsafe fn write_streams(
+        piece: &[u8],
+        table: &[u32; 256],
+        scratch: &mut Vec<u8>,
+    ) -> [usize; 4] {
+        let segs = segments(piece.len());
+        let region = (piece.len().div_ceil(4) * MAX_BITS as usize).div_ceil(8) + STREAM_SLACK;
+        scratch.resize(4 * region, 0);
+        let base = scratch.as_mut_ptr();
+        let t = tables(table);
+        let mut sizes = [0usize; 4];
+        let (mut g0, mut l0, mut g1, mut l1) = ([0u64; 16], [0u64; 16], [0u64; 16], [0u64; 16]);
+        for pair in [0, 2] {
+            // SAFETY (all below): regions as in `write_streams_with`; each 64-byte load is
+            // of the 64 symbols below `p`, within the segment (`p - 64 >= from`).
+            let mut s: [Stream; 2] = std::array::from_fn(|i| {
+                let start = base.add((pair + i) * region);
+                Stream {
+                    at: start,
+                    start,
+                    acc: 0,
+                    n: 0,
+                }
+            });
+            let seg = [segs[pair], segs[pair + 1]];
+            let mut p = seg.map(|(_, e)| piece.as_ptr().add(e));
+            let blocks = seg.map(|(f, e)| (e - f) / 64);
+            let [s0, s1] = &mut s;
+            // Both streams' state in locals: through the `Stream`s it stayed in memory.
+            let (mut a0, mut n0, mut o0) = (s0.acc, s0.n, s0.at);
+            let (mut a1, mut n1, mut o1) = (s1.acc, s1.n, s1.at);
+            for _ in 0..blocks[0].min(blocks[1]) {
+                p[0] = p[0].sub(64);
+                p[1] = p[1].sub(64);
+                groups(p[0], &t, &mut g0, &mut l0);
+                groups(p[1], &t, &mut g1, &mut l1);
+                for k in (0..16).rev() {
+                    a0 |= g0[k] << n0;
+                    n0 += l0[k] as u32;
+                    a1 |= g1[k] << n1;
+                    n1 += l1[k] as u32;
+                    (o0 as *mut u64).write_unaligned(a0.to_le());
+                    (o1 as *mut u64).write_unaligned(a1.to_le());
+                    let (b0, b1) = (n0 >> 3, n1 >> 3);
+                    o0 = o0.add(b0 as usize);
+                    o1 = o1.add(b1 as usize);
+                    a0 >>= b0 * 8;
+                    a1 >>= b1 * 8;
+                    n0 &= 7;
+                    n1 &= 7;
+                }
+            }
+            (s0.acc, s0.n, s0.at) = (a0, n0, o0);
+            (s1.acc, s1.n, s1.at) = (a1, n1, o1);
+            for (i, s) in [s0, s1].into_iter().enumerate() {
+                let from = piece.as_ptr().add(seg[i].0);
+                while p[i].offset_from(from) >= 64 {
+                    p[i] = p[i].sub(64);
+                    groups(p[i], &t, &mut g0, &mut l0);
+                    append(s, &g0, &l0);
+                }
+                while p[i].offset_from(from) >= 4 {
+                    p[i] = p[i].sub(4);
+                    let (g, l) = group(table.as_ptr(), (p[i] as *const u32).read_unaligned());
+                    s.acc |= g << s.n;
+                    s.n += l;
+                    s.flush();
+                }
+                // Fewer than four symbols at the segment's start.
+                for &b in piece[seg[i].0..p[i].offset_from(piece.as_ptr()) as usize]
+                    .iter()
+                    .rev()
+                {
+                    s.put(table[b as usize]);
+                }
+                s.flush();
+                sizes[pair + i] = s.finish();
+            }
+        }
+        sizes
+    }
+}
+
+/// Tests set this to run the scalar stream writer on a processor with AVX-512.
+#[cfg(test)]
+static NO_WIDE: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The AVX-512 stream writer writes the bytes the scalar one writes: skewed and flat
+    /// pieces, bytes above 127 (the upper half of the lookup), lengths around every block and
+    /// group boundary of the four segments.
+    #[test]
+    fn wide_streams_equal_the_scalar_streams() {
+        use std::sync::atomic::Ordering::Relaxed;
+        let mut x = 0x9E37_79B9_7F4A_7C15u64;
+        let mut next = move || {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            x
+        };
+        let mut lens: Vec<usize> = (64..600).step_by(7).collect();
+        lens.extend([1023, 1024, 1025, 4096, 16_384 + 3, 65_536, 131_071]);
+        for len in lens {
+            for kind in 0..3 {
+                let piece: Vec<u8> = (0..len)
+                    .map(|_| {
+                        let r = next();
+                        match kind {
+                            0 => 0x78 + (r >> 8).trailing_zeros().min(20) as u8,
+                            1 => r as u8,
+                            _ => 0xF0 | (r & 3) as u8 | (((r >> 9) % 97 == 0) as u8 * 8),
+                        }
+                    })
+                    .collect();
+                let counts = histogram(&piece);
+                if counts.iter().filter(|&&c| c > 0).count() < 2 {
+                    continue;
+                }
+                let run = |wide_off: bool| {
+                    NO_WIDE.store(wide_off, Relaxed);
+                    let (mut out, mut scratch) = (Vec::new(), Vec::new());
+                    let ok = literals(&piece, &counts, &mut out, &mut scratch);
+                    NO_WIDE.store(false, Relaxed);
+                    (ok, out)
+                };
+                assert_eq!(run(false), run(true), "len {len} kind {kind}");
+            }
+        }
+    }
+
+    /// The histogram counts exactly what the scalar loop counts, whichever way it runs: planes
+    /// of a few values (the compare path), with rare values among them and at odd places,
+    /// planes whose sample is a few values and whose rest is not (the path gives up midway),
+    /// planes of many values (never taken), at lengths that are no multiple of 64.
+    #[test]
+    fn histogram_counts_what_the_scalar_loop_counts() {
+        let mut x = 0x2545_F491_4F6C_DD1Du64;
+        let mut next = move || {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            x
+        };
+        for len in [0, 63, 4095, 4096, 4161, 16_384, 65_536 + 37, 131_072] {
+            let few: Vec<u8> = (0..len)
+                .map(|_| {
+                    let r = next();
+                    // Geometric over about a dozen values, 1 in 500 anything.
+                    if r % 500 == 0 {
+                        (r >> 20) as u8
+                    } else {
+                        0x70 + (r >> 8).trailing_zeros().min(15) as u8
+                    }
+                })
+                .collect();
+            let mut turning = few.clone();
+            for b in turning.iter_mut().skip(len / 2) {
+                *b = next() as u8;
+            }
+            let many: Vec<u8> = (0..len).map(|_| next() as u8).collect();
+            let one = vec![0x7Fu8; len];
+            for p in [&few, &turning, &many, &one] {
+                assert_eq!(histogram(p), histogram_scalar(p), "len {len}");
+            }
+        }
+    }
 
     #[test]
     fn code_lengths_are_complete_and_limited() {

@@ -30,13 +30,17 @@
 //! the transformed bytes; undoing steps 2 and 1 is [`inverse`].
 
 mod choose;
+pub mod frame;
 mod huffman;
 mod planes;
 
 pub use choose::{choose, choose_for, quick_floor, SAMPLE};
-pub use huffman::{code_lengths, fse_weights, histogram, MAX_BITS, MAX_DIRECT_SYMBOL};
+pub use huffman::{
+    code_lengths, fse_weights, histogram, histogram_scalar, MAX_BITS, MAX_DIRECT_SYMBOL,
+};
 pub use planes::{
-    forward, forward_into, inverse, inverse_into, rotate_left, rotate_right, shuffle, unshuffle,
+    forward, forward_into, inverse, inverse_into, inverse_rows, rotate_left, rotate_right, shuffle,
+    unshuffle,
 };
 
 /// The zstd frame magic number.

@@ -57,14 +57,13 @@ fn unrotated(width: usize) -> Transform {
 /// Joins `W` planes back into elements: 16 elements a step with SIMD where the processor
 /// has it (`simd`), then eight at a time, so each plane row gives eight contiguous bytes per
 /// step; a width known at compile time lets the compiler unroll the byte moves.
-fn join<const W: usize>(src: &[u8], dst: &mut [u8]) {
-    let n = src.len() / W;
-    let done = simd::join(src, dst, W, n);
+fn join<const W: usize>(rows: &[&[u8]], tail: &[u8], dst: &mut [u8]) {
+    let n = rows[0].len();
+    let done = simd::join(rows, dst, W, n);
     let n8 = done + (n - done) / 8 * 8;
     for g in (done..n8).step_by(8) {
-        for j in 0..W {
-            let row = j * n + g;
-            let r: [u8; 8] = src[row..row + 8].try_into().expect("8 bytes");
+        for (j, row) in rows.iter().enumerate() {
+            let r: [u8; 8] = row[g..g + 8].try_into().expect("8 bytes");
             let el = &mut dst[g * W..(g + 8) * W];
             for (i, v) in r.into_iter().enumerate() {
                 el[i * W + j] = v;
@@ -72,12 +71,11 @@ fn join<const W: usize>(src: &[u8], dst: &mut [u8]) {
         }
     }
     for e in n8..n {
-        for j in 0..W {
-            dst[e * W + j] = src[j * n + e];
+        for (j, row) in rows.iter().enumerate() {
+            dst[e * W + j] = row[e];
         }
     }
-    let body = n * W;
-    dst[body..].copy_from_slice(&src[body..]);
+    dst[n * W..].copy_from_slice(tail);
 }
 
 /// Tests set this to run the SSE paths on a processor with AVX-512 (both must equal the
@@ -144,30 +142,30 @@ mod simd {
         0
     }
 
-    /// Elements (a multiple of 16) of the `n` planes' rows in `src` joined into elements in
+    /// Elements (a multiple of 16) of the `n` in the planes `rows` joined into elements in
     /// `dst`.
-    pub fn join(src: &[u8], dst: &mut [u8], w: usize, n: usize) -> usize {
+    pub fn join(rows: &[&[u8]], dst: &mut [u8], w: usize, n: usize) -> usize {
         #[cfg(target_arch = "x86_64")]
         {
             let n16 = n / 16 * 16;
-            assert!(src.len() >= n * w && dst.len() >= n * w);
+            assert!(rows.len() == w && rows.iter().all(|r| r.len() >= n) && dst.len() >= n * w);
             if w <= 4 && x86::has_vbmi() {
                 let n64 = n / 64 * 64;
-                // SAFETY: AVX-512 F/BW/VBMI checked; loads of 64 bytes at `j * n + e`
-                // (e + 64 <= n64), stores of 64 bytes at `e * w + 64 * k` (k < w), all
+                // SAFETY: AVX-512 F/BW/VBMI checked; loads of 64 bytes at `e` of each row
+                // (e + 64 <= n64 <= n), stores of 64 bytes at `e * w + 64 * k` (k < w),
                 // within `n * w` bytes (asserted).
-                unsafe { x86::join512(src, dst, w, n, n64) };
+                unsafe { x86::join512(rows, dst, w, n64) };
                 return n64;
             }
-            // SAFETY: SSE2 is part of x86-64; every load and store below is of 16 bytes
-            // within plane rows `j * n + e` (e + 16 <= n16) of `src` and elements
-            // `e * w .. (e + 16) * w` of `dst`, both within `n * w` bytes (asserted).
-            unsafe { x86::join(src, dst, w, n, n16) };
+            // SAFETY: SSE2 is part of x86-64; every load and store below is of 16 bytes at
+            // `e` of a row (e + 16 <= n16 <= n) and at elements `e * w .. (e + 16) * w` of
+            // `dst`, within `n * w` bytes (asserted).
+            unsafe { x86::join(rows, dst, w, n16) };
             return n16;
         }
         #[allow(unreachable_code)]
         {
-            let _ = (src, dst, w, n);
+            let _ = (rows, dst, w, n);
             0
         }
     }
@@ -247,8 +245,9 @@ mod simd {
         /// Planes to elements, 64 a step: the inverse of [`split512`] (the same lane
         /// transpose, then the inverse byte permute).
         #[target_feature(enable = "avx512f,avx512bw,avx512vbmi")]
-        pub unsafe fn join512(src: &[u8], dst: &mut [u8], w: usize, n: usize, n64: usize) {
-            let ld = |at: usize| _mm512_loadu_si512(src.as_ptr().add(at) as *const __m512i);
+        pub unsafe fn join512(rows: &[&[u8]], dst: &mut [u8], w: usize, n64: usize) {
+            let ld =
+                |j: usize, e: usize| _mm512_loadu_si512(rows[j].as_ptr().add(e) as *const __m512i);
             let out = dst.as_mut_ptr();
             let st = |at: usize, v: __m512i| _mm512_storeu_si512(out.add(at) as *mut __m512i, v);
             // Byte q of an element register (element q / w, byte q % w) is at q % w * per
@@ -261,13 +260,13 @@ mod simd {
             match w {
                 1 => {
                     for e in (0..n64).step_by(64) {
-                        st(e, ld(e));
+                        st(e, ld(0, e));
                     }
                 }
                 2 => {
                     let m = scatter(2);
                     for e in (0..n64).step_by(64) {
-                        let (p0, p1) = (ld(e), ld(n + e));
+                        let (p0, p1) = (ld(0, e), ld(1, e));
                         let r0 = _mm512_shuffle_i64x2::<0x44>(p0, p1);
                         let r1 = _mm512_shuffle_i64x2::<0xEE>(p0, p1);
                         st(e * 2, _mm512_permutexvar_epi8(m, r0));
@@ -277,7 +276,7 @@ mod simd {
                 4 => {
                     let m = scatter(4);
                     for e in (0..n64).step_by(64) {
-                        let p: [__m512i; 4] = std::array::from_fn(|j| ld(j * n + e));
+                        let p: [__m512i; 4] = std::array::from_fn(|j| ld(j, e));
                         let a = _mm512_shuffle_i64x2::<0x44>(p[0], p[1]);
                         let b = _mm512_shuffle_i64x2::<0x44>(p[2], p[3]);
                         let c = _mm512_shuffle_i64x2::<0xEE>(p[0], p[1]);
@@ -393,9 +392,9 @@ mod simd {
 
         /// Planes to elements.
         #[target_feature(enable = "sse2")]
-        pub unsafe fn join(src: &[u8], dst: &mut [u8], w: usize, n: usize, n16: usize) {
+        pub unsafe fn join(rows: &[&[u8]], dst: &mut [u8], w: usize, n16: usize) {
             for e in (0..n16).step_by(16) {
-                let p = |j: usize| ld(src, j * n + e);
+                let p = |j: usize| ld(rows[j], e);
                 match w {
                     2 => {
                         let (a, b) = (p(0), p(1));
@@ -555,12 +554,15 @@ pub fn forward_into(data: &[u8], t: Transform, dst: &mut [u8]) {
 }
 
 /// [`join`] for a width known at run time (1: a copy).
-fn join_any(src: &[u8], dst: &mut [u8], width: usize) {
-    match width {
-        1 => dst.copy_from_slice(src),
-        2 => join::<2>(src, dst),
-        4 => join::<4>(src, dst),
-        8 => join::<8>(src, dst),
+fn join_any(rows: &[&[u8]], tail: &[u8], dst: &mut [u8]) {
+    match rows.len() {
+        1 => {
+            dst[..rows[0].len()].copy_from_slice(rows[0]);
+            dst[rows[0].len()..].copy_from_slice(tail);
+        }
+        2 => join::<2>(rows, tail, dst),
+        4 => join::<4>(rows, tail, dst),
+        8 => join::<8>(rows, tail, dst),
         w => panic!("byte-plane width {w}"),
     }
 }
@@ -574,8 +576,22 @@ pub fn inverse(planes: &[u8], t: Transform) -> Vec<u8> {
 
 /// [`inverse`] into `dst` (as long as `planes`).
 pub fn inverse_into(planes: &[u8], t: Transform, dst: &mut [u8]) {
-    assert_eq!(planes.len(), dst.len());
-    join_any(planes, dst, t.width as usize);
+    let w = t.width as usize;
+    assert!(matches!(w, 1 | 2 | 4 | 8), "byte-plane width {w}");
+    let n = planes.len() / w;
+    let rows: [&[u8]; 8] =
+        std::array::from_fn(|j| &planes[j.min(w) * n..(j.min(w) * n + n).min(planes.len())]);
+    inverse_rows(&rows[..w], &planes[n * w..], t, dst);
+}
+
+/// [`inverse_into`] from planes that need not lie side by side (`rows`: `t.width` planes of
+/// equal length, then the `tail`), as a frame's raw blocks do.
+pub fn inverse_rows(rows: &[&[u8]], tail: &[u8], t: Transform, dst: &mut [u8]) {
+    assert_eq!(rows.len(), t.width as usize);
+    let n = rows[0].len();
+    assert!(rows.iter().all(|r| r.len() == n));
+    assert_eq!(n * rows.len() + tail.len(), dst.len());
+    join_any(rows, tail, dst);
     if t.rotate {
         rotate_right(dst);
     }
