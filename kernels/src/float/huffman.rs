@@ -63,19 +63,10 @@ mod few {
     /// Bytes counted between checks that the leftovers stay rare.
     const STRETCH: usize = 4 << 10;
 
-    fn avx512() -> bool {
-        static HAS: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-        *HAS.get_or_init(|| {
-            std::arch::is_x86_feature_detected!("avx512bw")
-                && std::arch::is_x86_feature_detected!("avx512vbmi")
-                && std::arch::is_x86_feature_detected!("popcnt")
-        })
-    }
-
     /// The counts of `p`, or None where it is short, the processor lacks AVX-512 BW, or a
     /// few values do not cover its sample.
     pub fn histogram(p: &[u8]) -> Option<[u32; 256]> {
-        if p.len() < 4 * SAMPLE || !avx512() {
+        if p.len() < 4 * SAMPLE || !super::super::avx512() {
             return None;
         }
         let mut sample = [0u32; 256];
@@ -538,7 +529,7 @@ impl Stream {
 /// state stays in registers (four streams side by side spilled to the stack).
 fn write_streams(piece: &[u8], table: &[u32; 256], scratch: &mut Vec<u8>) -> [usize; 4] {
     #[cfg(target_arch = "x86_64")]
-    if wide::available() {
+    if super::avx512() {
         // SAFETY: AVX-512 F/BW/VBMI and BMI2 checked.
         return unsafe { wide::write_streams(piece, table, scratch) };
     }
@@ -607,56 +598,107 @@ fn write_streams_with(piece: &[u8], table: &[u32; 256], scratch: &mut Vec<u8>) -
             });
             let (f0, e0) = segs[pair];
             let (f1, e1) = segs[pair + 1];
-            let (q0, q1) = ((e0 - f0) / 4, (e1 - f1) / 4);
-            let common = q0.min(q1);
+            let common = ((e0 - f0) / 4).min((e1 - f1) / 4);
             let (mut p0, mut p1) = (piece.as_ptr().add(e0), piece.as_ptr().add(e1));
             let [s0, s1] = &mut s;
-            let (mut a0, mut n0, mut o0) = (s0.acc, s0.n, s0.at);
-            let (mut a1, mut n1, mut o1) = (s1.acc, s1.n, s1.at);
+            let mut two = Two::of(s0, s1);
             for _ in 0..common {
                 p0 = p0.sub(4);
                 p1 = p1.sub(4);
                 let (g0, l0) = group(t, (p0 as *const u32).read_unaligned());
                 let (g1, l1) = group(t, (p1 as *const u32).read_unaligned());
-                a0 |= g0 << n0;
-                n0 += l0;
-                a1 |= g1 << n1;
-                n1 += l1;
-                (o0 as *mut u64).write_unaligned(a0.to_le());
-                (o1 as *mut u64).write_unaligned(a1.to_le());
-                let (b0, b1) = (n0 >> 3, n1 >> 3);
-                o0 = o0.add(b0 as usize);
-                o1 = o1.add(b1 as usize);
-                a0 >>= b0 * 8;
-                a1 >>= b1 * 8;
-                n0 &= 7;
-                n1 &= 7;
+                two.put(g0, l0, g1, l1);
             }
-            (s0.acc, s0.n, s0.at) = (a0, n0, o0);
-            (s1.acc, s1.n, s1.at) = (a1, n1, o1);
-            for (i, (s, mut p, from, quads)) in
-                [(s0, p0, f0, q0), (s1, p1, f1, q1)].into_iter().enumerate()
-            {
-                for _ in common..quads {
-                    p = p.sub(4);
-                    let (g, l) = group(t, (p as *const u32).read_unaligned());
-                    s.acc |= g << s.n;
-                    s.n += l;
-                    s.flush();
-                }
-                // Fewer than four symbols at the segment's start.
-                for &b in piece[from..p.offset_from(piece.as_ptr()) as usize]
-                    .iter()
-                    .rev()
-                {
-                    s.put(table[b as usize]);
-                }
-                s.flush();
-                sizes[pair + i] = s.finish();
+            two.back(s0, s1);
+            for (i, (s, p, from)) in [(s0, p0, f0), (s1, p1, f1)].into_iter().enumerate() {
+                let end = p.offset_from(piece.as_ptr()) as usize;
+                sizes[pair + i] = finish_segment(s, piece, from, end, table);
             }
         }
     }
     sizes
+}
+
+/// Two streams' writer state as plain values, so that it stays in registers while the
+/// streams are written side by side (through two `&mut Stream`s it stayed in memory, and
+/// writing took over a nanosecond a symbol).
+struct Two {
+    a: [u64; 2],
+    n: [u32; 2],
+    at: [*mut u8; 2],
+}
+
+impl Two {
+    fn of(s0: &Stream, s1: &Stream) -> Two {
+        Two {
+            a: [s0.acc, s1.acc],
+            n: [s0.n, s1.n],
+            at: [s0.at, s1.at],
+        }
+    }
+
+    fn back(self, s0: &mut Stream, s1: &mut Stream) {
+        (s0.acc, s0.n, s0.at) = (self.a[0], self.n[0], self.at[0]);
+        (s1.acc, s1.n, s1.at) = (self.a[1], self.n[1], self.at[1]);
+    }
+
+    /// Appends a group of bits (`g0`, `l0` bits) to the first stream and one to the second,
+    /// as `Stream::put` and `flush` do: at most 44 bits onto at most 7.
+    ///
+    /// # Safety
+    /// As `Stream::flush`, for both.
+    #[inline(always)]
+    unsafe fn put(&mut self, g0: u64, l0: u32, g1: u64, l1: u32) {
+        let [mut a0, mut a1] = self.a;
+        let [mut n0, mut n1] = self.n;
+        let [mut o0, mut o1] = self.at;
+        a0 |= g0 << n0;
+        n0 += l0;
+        a1 |= g1 << n1;
+        n1 += l1;
+        (o0 as *mut u64).write_unaligned(a0.to_le());
+        (o1 as *mut u64).write_unaligned(a1.to_le());
+        let (b0, b1) = (n0 >> 3, n1 >> 3);
+        o0 = o0.add(b0 as usize);
+        o1 = o1.add(b1 as usize);
+        a0 >>= b0 * 8;
+        a1 >>= b1 * 8;
+        n0 &= 7;
+        n1 &= 7;
+        (self.a, self.n, self.at) = ([a0, a1], [n0, n1], [o0, o1]);
+    }
+}
+
+/// Writes the symbols of `piece[from..end]` into `s`, four at a time from the end and then
+/// the fewer than four at the segment's start, and ends the stream: its length in bytes.
+/// Both stream writers finish each segment so, after their faster loops over its end.
+///
+/// # Safety
+/// `s`'s region has room for the segment's codes (as in `write_streams_with`), and
+/// `from <= end <= piece.len()`.
+#[inline(always)]
+unsafe fn finish_segment(
+    s: &mut Stream,
+    piece: &[u8],
+    from: usize,
+    mut end: usize,
+    table: &[u32; 256],
+) -> usize {
+    while end - from >= 4 {
+        end -= 4;
+        let (g, l) = group(
+            table.as_ptr(),
+            (piece.as_ptr().add(end) as *const u32).read_unaligned(),
+        );
+        s.acc |= g << s.n;
+        s.n += l;
+        s.flush();
+    }
+    for &b in piece[from..end].iter().rev() {
+        s.put(table[b as usize]);
+    }
+    s.flush();
+    s.finish()
 }
 
 /// Appends a compressed literals section (4 Huffman streams) and an empty sequences section
@@ -744,23 +786,8 @@ pub fn literals(
 /// about half its work a symbol: the lookups and in-group shifts were most of it.
 #[cfg(target_arch = "x86_64")]
 mod wide {
-    use super::{group, segments, Stream, MAX_BITS, STREAM_SLACK};
+    use super::{finish_segment, segments, Stream, Two, MAX_BITS, STREAM_SLACK};
     use std::arch::x86_64::*;
-
-    /// Whether this writer runs here (detected once).
-    pub fn available() -> bool {
-        #[cfg(test)]
-        if super::NO_WIDE.load(std::sync::atomic::Ordering::Relaxed) {
-            return false;
-        }
-        static HAS: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-        *HAS.get_or_init(|| {
-            std::arch::is_x86_feature_detected!("avx512f")
-                && std::arch::is_x86_feature_detected!("avx512bw")
-                && std::arch::is_x86_feature_detected!("avx512vbmi")
-                && std::arch::is_x86_feature_detected!("bmi2")
-        })
-    }
 
     /// The code table as four 64-byte registers each of code bytes (low 8 bits) and of
     /// high bits with the length (`code >> 8 | len << 3`).
@@ -870,32 +897,17 @@ mod wide {
             let mut p = seg.map(|(_, e)| piece.as_ptr().add(e));
             let blocks = seg.map(|(f, e)| (e - f) / 64);
             let [s0, s1] = &mut s;
-            // Both streams' state in locals: through the `Stream`s it stayed in memory.
-            let (mut a0, mut n0, mut o0) = (s0.acc, s0.n, s0.at);
-            let (mut a1, mut n1, mut o1) = (s1.acc, s1.n, s1.at);
+            let mut two = Two::of(s0, s1);
             for _ in 0..blocks[0].min(blocks[1]) {
                 p[0] = p[0].sub(64);
                 p[1] = p[1].sub(64);
                 groups(p[0], &t, &mut g0, &mut l0);
                 groups(p[1], &t, &mut g1, &mut l1);
                 for k in (0..16).rev() {
-                    a0 |= g0[k] << n0;
-                    n0 += l0[k] as u32;
-                    a1 |= g1[k] << n1;
-                    n1 += l1[k] as u32;
-                    (o0 as *mut u64).write_unaligned(a0.to_le());
-                    (o1 as *mut u64).write_unaligned(a1.to_le());
-                    let (b0, b1) = (n0 >> 3, n1 >> 3);
-                    o0 = o0.add(b0 as usize);
-                    o1 = o1.add(b1 as usize);
-                    a0 >>= b0 * 8;
-                    a1 >>= b1 * 8;
-                    n0 &= 7;
-                    n1 &= 7;
+                    two.put(g0[k], l0[k] as u32, g1[k], l1[k] as u32);
                 }
             }
-            (s0.acc, s0.n, s0.at) = (a0, n0, o0);
-            (s1.acc, s1.n, s1.at) = (a1, n1, o1);
+            two.back(s0, s1);
             for (i, s) in [s0, s1].into_iter().enumerate() {
                 let from = piece.as_ptr().add(seg[i].0);
                 while p[i].offset_from(from) >= 64 {
@@ -903,31 +915,13 @@ mod wide {
                     groups(p[i], &t, &mut g0, &mut l0);
                     append(s, &g0, &l0);
                 }
-                while p[i].offset_from(from) >= 4 {
-                    p[i] = p[i].sub(4);
-                    let (g, l) = group(table.as_ptr(), (p[i] as *const u32).read_unaligned());
-                    s.acc |= g << s.n;
-                    s.n += l;
-                    s.flush();
-                }
-                // Fewer than four symbols at the segment's start.
-                for &b in piece[seg[i].0..p[i].offset_from(piece.as_ptr()) as usize]
-                    .iter()
-                    .rev()
-                {
-                    s.put(table[b as usize]);
-                }
-                s.flush();
-                sizes[pair + i] = s.finish();
+                let end = p[i].offset_from(piece.as_ptr()) as usize;
+                sizes[pair + i] = finish_segment(s, piece, seg[i].0, end, table);
             }
         }
         sizes
     }
 }
-
-/// Tests set this to run the scalar stream writer on a processor with AVX-512.
-#[cfg(test)]
-static NO_WIDE: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
 
 #[cfg(test)]
 mod tests {
@@ -965,10 +959,10 @@ mod tests {
                     continue;
                 }
                 let run = |wide_off: bool| {
-                    NO_WIDE.store(wide_off, Relaxed);
+                    super::super::NO_AVX512.store(wide_off, Relaxed);
                     let (mut out, mut scratch) = (Vec::new(), Vec::new());
                     let ok = literals(&piece, &counts, &mut out, &mut scratch);
-                    NO_WIDE.store(false, Relaxed);
+                    super::super::NO_AVX512.store(false, Relaxed);
                     (ok, out)
                 };
                 assert_eq!(run(false), run(true), "len {len} kind {kind}");

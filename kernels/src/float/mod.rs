@@ -43,6 +43,33 @@ pub use planes::{
     unshuffle,
 };
 
+/// Whether the AVX-512 paths of this codec run here (detected once): the split and join of
+/// planes, the un-rotation, the exponent-plane histogram and the Huffman stream writer all
+/// need F, BW and VBMI (byte permutes), the last two also POPCNT and BMI2, which every
+/// processor with VBMI has. Elsewhere the SSE and scalar paths run; their results are the
+/// same (tested).
+#[cfg(target_arch = "x86_64")]
+fn avx512() -> bool {
+    #[cfg(test)]
+    if NO_AVX512.load(std::sync::atomic::Ordering::Relaxed) {
+        return false;
+    }
+    static HAS: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *HAS.get_or_init(|| {
+        std::arch::is_x86_feature_detected!("avx512f")
+            && std::arch::is_x86_feature_detected!("avx512bw")
+            && std::arch::is_x86_feature_detected!("avx512vbmi")
+            && std::arch::is_x86_feature_detected!("popcnt")
+            && std::arch::is_x86_feature_detected!("bmi2")
+    })
+}
+
+/// Tests set this to run the SSE and scalar paths on a processor with AVX-512 (both must
+/// give the same results; CI machines have AVX-512, users' may not). Process-wide: tests
+/// running meanwhile take the other paths too, which are as correct.
+#[cfg(test)]
+static NO_AVX512: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+
 /// The zstd frame magic number.
 pub const ZSTD_MAGIC: u32 = 0xFD2F_B528;
 /// Largest block zstd allows.
@@ -316,9 +343,9 @@ mod tests {
     #[test]
     fn transforms_without_avx512_equal_their_definition() {
         use std::sync::atomic::Ordering::Relaxed;
-        planes::NO_AVX512.store(true, Relaxed);
+        NO_AVX512.store(true, Relaxed);
         check_transforms();
-        planes::NO_AVX512.store(false, Relaxed);
+        NO_AVX512.store(false, Relaxed);
     }
 
     fn check_transforms() {

@@ -78,12 +78,6 @@ fn join<const W: usize>(rows: &[&[u8]], tail: &[u8], dst: &mut [u8]) {
     dst[n * W..].copy_from_slice(tail);
 }
 
-/// Tests set this to run the SSE paths on a processor with AVX-512 (both must equal the
-/// definition; CI machines have AVX-512, users' may not).
-#[cfg(test)]
-pub(super) static NO_AVX512: std::sync::atomic::AtomicBool =
-    std::sync::atomic::AtomicBool::new(false);
-
 /// Where a split writes: plane `j`'s `n` bytes at `at[j]`, the tail's (the bytes after the
 /// last whole element) at `tail`. Pointers, not slices, so the planes can go straight to
 /// their places in a frame between block headers (`encode_plan`), or side by side in one
@@ -133,7 +127,7 @@ mod simd {
     /// multiple of 64 that leaves at least 8 bytes after it (the last word it reads).
     pub fn rotate_right(data: &mut [u8]) -> usize {
         #[cfg(target_arch = "x86_64")]
-        if data.len() >= 72 && x86::has_avx512() {
+        if data.len() >= 72 && super::super::avx512() {
             // SAFETY: AVX-512 F checked; each step reads bytes at..at + 72 and writes
             // at..at + 64, with at + 72 <= len.
             return unsafe { x86::rotate_right(data) };
@@ -149,7 +143,7 @@ mod simd {
         {
             let n16 = n / 16 * 16;
             assert!(rows.len() == w && rows.iter().all(|r| r.len() >= n) && dst.len() >= n * w);
-            if w <= 4 && x86::has_vbmi() {
+            if w <= 4 && super::super::avx512() {
                 let n64 = n / 64 * 64;
                 // SAFETY: AVX-512 F/BW/VBMI checked; loads of 64 bytes at `e` of each row
                 // (e + 64 <= n64 <= n), stores of 64 bytes at `e * w + 64 * k` (k < w),
@@ -182,7 +176,7 @@ mod simd {
         #[cfg(target_arch = "x86_64")]
         {
             assert!(src.len() >= n * w && !src.is_empty());
-            if w <= 4 && x86::has_vbmi() {
+            if w <= 4 && super::super::avx512() {
                 let n64 = n / 64 * 64;
                 // SAFETY: AVX-512 F/BW/VBMI checked; loads of 64 bytes at `e * w + 64 * k`
                 // (k < w, e + 64 <= n64) lie within `n * w` bytes of `src` (asserted), stores
@@ -215,16 +209,6 @@ mod simd {
     mod x86 {
         use super::super::Planes;
         use std::arch::x86_64::*;
-
-        /// Whether AVX-512 F runs here (detected once).
-        pub fn has_avx512() -> bool {
-            #[cfg(test)]
-            if super::super::NO_AVX512.load(std::sync::atomic::Ordering::Relaxed) {
-                return false;
-            }
-            static HAS: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-            *HAS.get_or_init(|| std::arch::is_x86_feature_detected!("avx512f"))
-        }
 
         /// [`super::rotate_right`] on 64 bytes a step: word `k` becomes `w[k] >> 1 |
         /// w[k + 1] << 63`, the next words read as one load 8 bytes further on.
@@ -294,20 +278,6 @@ mod simd {
                 }
                 _ => unreachable!("width {w}"),
             }
-        }
-
-        /// Whether the byte permutes of [`split512`] run here (detected once).
-        pub fn has_vbmi() -> bool {
-            #[cfg(test)]
-            if super::super::NO_AVX512.load(std::sync::atomic::Ordering::Relaxed) {
-                return false;
-            }
-            static HAS: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-            *HAS.get_or_init(|| {
-                std::arch::is_x86_feature_detected!("avx512f")
-                    && std::arch::is_x86_feature_detected!("avx512bw")
-                    && std::arch::is_x86_feature_detected!("avx512vbmi")
-            })
         }
 
         /// Elements to planes, 64 a step (`w` registers of 64 bytes), rotated first (`ROT`)
