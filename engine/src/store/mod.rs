@@ -46,6 +46,9 @@ pub use crate::alloc::GC_RESERVE_SEGMENTS;
 /// Pieces handed to one worker job at most (see `submit_all`); also the run of chunks a
 /// storm streak may span (`codec::Streak`, `ckptfs-bench codec`).
 pub const BATCH_BYTES: usize = 512 << 10;
+/// A submission of at most this many bytes is stored on the submitting thread (see
+/// `submit_all`): as much as a small file's close hands over at once (`SMALL_STREAM`).
+const SMALL_BATCH_BYTES: usize = 256 << 10;
 
 pub struct ChunkStore {
     /// Itself, for the jobs it gives its workers.
@@ -330,6 +333,9 @@ impl InFlight for ChunkStore {
             let from = off.max(w.buf_start);
             let to = end.min(w.buf_start + w.buf.len() as u64);
             let mut copy = crate::device::IoBuf::new();
+            // Exactly what is copied: an appending buffer starts at 1 MiB, which malloc
+            // maps and unmaps for each small close's journal record.
+            copy.reserve_exact_total((to - from) as usize);
             copy.extend_from_slice(
                 &w.buf.as_slice()[(from - w.buf_start) as usize..(to - w.buf_start) as usize],
             );
@@ -410,6 +416,7 @@ impl ChunkIo for ChunkStore {
         let mut batch: Vec<(Piece, crate::write::pipeline::Completion)> = Vec::new();
         let mut batch_bytes = 0;
         let n = pieces.len();
+        let small = pieces.iter().map(|p| p.len()).sum::<usize>() <= SMALL_BATCH_BYTES;
         for (i, piece) in pieces.into_iter().enumerate() {
             let t = Ticket::pending();
             batch_bytes += piece.len();
@@ -426,6 +433,9 @@ impl ChunkIo for ChunkStore {
                 match pool.workers() {
                     // No workers (tests, a store opened for maintenance): in this thread.
                     0 => self.store_batch(job, permit),
+                    // A small submission (a small file's close, a stream's last chunks):
+                    // storing it here costs less than waking a worker and waiting for it.
+                    _ if small => self.store_batch(job, permit),
                     _ => {
                         let me = self.me.upgrade().expect("a store in use is alive");
                         pool.run(move || me.store_batch(job, permit));

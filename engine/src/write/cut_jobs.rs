@@ -16,6 +16,11 @@ pub(super) fn run_cutter(c: &dyn ChunkIo, job: Box<dyn FnOnce() + Send>) {
     }
 }
 
+/// A stream of at most this many bytes that is handed over whole as its file closes is cut
+/// on the closing thread: for a small file the hand-off to a worker and back was most of
+/// its cut's cost.
+pub(super) const SMALL_STREAM: usize = 256 << 10;
+
 /// Bytes a file's dirty blocks may hold before they are flushed into chunks.
 pub(super) const DIRTY_LIMIT_BYTES: usize = 32 << 20;
 

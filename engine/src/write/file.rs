@@ -363,6 +363,9 @@ impl FileState {
         // A stream that starts elsewhere than where the open cut ends (a writer that skipped
         // ahead after its whole buffer was handed over) is a new stream: the open one ends.
         let open = self.open_cut();
+        // A whole small stream ending now (a small file's close): its cut is a few
+        // microseconds, far less than waking a worker for it and waiting (`SMALL_STREAM`).
+        let whole_small = finish && open.is_none() && buf.len() <= SMALL_STREAM;
         if open.as_ref().is_some_and(|st| st.m.lock().end != start) {
             self.end_cut(c);
         }
@@ -401,7 +404,7 @@ impl FileState {
             g.segs.push_back((start, buf));
             g.finish |= finish;
             let spawn = !std::mem::replace(&mut g.running, true);
-            (spawn, spawn && g.here)
+            (spawn, spawn && (g.here || whole_small))
         };
         match spawn {
             // No cutter runs, so this segment is the only one queued: cut it here.

@@ -1398,3 +1398,45 @@ fn sequential_stream_is_content_defined() {
         b.map.len()
     );
 }
+
+/// A small file written whole and then closed is cut on the closing thread
+/// (`SMALL_STREAM`): waking a worker for its few bytes and waiting for it was most of a
+/// small close's cut. A larger stream, or one continuing a cut already open, still goes to
+/// the workers; the cuts are FastCDC's either way.
+#[test]
+fn a_small_file_is_cut_on_the_closing_thread() {
+    let p = params();
+    let c = AsyncChunks {
+        failing: false,
+        ..AsyncChunks::new(47)
+    };
+    let here = || c.cut_here.load(std::sync::atomic::Ordering::Relaxed);
+    let mut rng = SmallRng::seed_from_u64(47);
+    for (len, on_closer) in [
+        (1usize, true),
+        (4 << 10, true),
+        (SMALL_STREAM, true),
+        (SMALL_STREAM + 1, false),
+        (3 << 20, false),
+    ] {
+        let mut data = vec![0u8; len];
+        rng.fill_bytes(&mut data);
+        let before = here();
+        let mut f = FileState::new(p, ExtentMap::new(), 0, c.new_pins());
+        retry(|| f.write(&c, 0, &data));
+        c.quiesce();
+        retry(|| f.finish(&c));
+        let cut_here = here() - before;
+        assert_eq!(
+            cut_here > 0,
+            on_closer,
+            "{len} bytes: cut on the closing thread {cut_here} times"
+        );
+        let cuts: Vec<(u64, usize)> = f.map().iter().map(|(o, e)| (o, e.len as usize)).collect();
+        assert_eq!(cuts, whole_cut(p, &data), "{len} bytes: FastCDC's cuts");
+        assert!(
+            f.read(&c, 0, len).expect("read") == data,
+            "{len} bytes: read back"
+        );
+    }
+}
