@@ -879,8 +879,25 @@ impl Fs {
                 _ => {}
             }
         }
-        // Attributes only: change the stored record in place (its namespace fields, history
-        // and revision belong to other transactions), and the open copy alike.
+        // Attributes only, of a file open for writing on a space no other node reads: the
+        // open copy changes now and the engine holds the change for the next transaction,
+        // usually this file's own close (an untar's chown, chmod and utimens of each file
+        // were three transactions before its close's). Reads go to the open copy while the
+        // file is open, and through the engine's overlay after.
+        if self.shared.is_none() {
+            if let Some(node) = self.open_node(ino) {
+                let mut n = node.lock();
+                if n.writers > 0 {
+                    let mut rec = n.rec.clone();
+                    apply(&mut rec);
+                    self.space.ns().hold_attrs(ino, &rec)?;
+                    n.rec = rec;
+                    return Ok(n.attr(ino));
+                }
+            }
+        }
+        // Otherwise change the stored record in place (its namespace fields, history and
+        // revision belong to other transactions), and the open copy alike.
         let rec = self.space.ns().update_inode(ino, |r| apply(r))?;
         self.refresh_open(ino, |r| apply(r));
         if let Some(n) = self.open_node(ino) {

@@ -173,3 +173,95 @@ fn a_namespace_sync_rides_in_a_gathering_commit() {
     drop(fs);
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// An untar's file: create, write, then `futimens`, `fchown` and `fchmod` on the open
+/// descriptor, close. The three attribute changes are held for the close's commit
+/// (`space::deferred`): two metadata transactions per file (the create and the commit),
+/// where each change was one of its own before. The changes read back at once (open copy),
+/// after the release (the engine's overlay, then the table) and after reopening. A file
+/// opened for writing, changed and closed without a write commits its held changes at the
+/// close (a durability point): one transaction.
+#[test]
+fn attribute_changes_of_a_file_being_written_ride_in_its_close() {
+    let dir = fresh("untar");
+    Space::format(&dir, 256 << 20, 4096, Config::default(), false).expect("format");
+    let fs = Fs::new(Space::open(&dir).expect("open"));
+    let stamp = ckptfs_engine::format::Timestamp {
+        secs: 1_700_000_000,
+        nanos: 5,
+    };
+    let set = |perm, uid| ckptfs_fs::SetAttr {
+        perm: Some(perm),
+        uid: Some(uid),
+        mtime: Some(stamp),
+        ..ckptfs_fs::SetAttr::default()
+    };
+    let txns = |fs: &Fs| fs.space().meta_mark();
+    for i in 0..10u32 {
+        let name = format!("u{i}");
+        let before = txns(&fs);
+        let h = fh();
+        let ino = fs
+            .create(ROOT, name.as_bytes(), 0o600, ME, h, true, true, false)
+            .expect("create")
+            .ino;
+        fs.write(ino, h, PID, 0, &vec![i as u8; 5000])
+            .expect("write");
+        for s in [
+            ckptfs_fs::SetAttr {
+                mtime: Some(stamp),
+                ..Default::default()
+            },
+            ckptfs_fs::SetAttr {
+                uid: Some(1000 + i),
+                gid: Some(1000),
+                ..Default::default()
+            },
+            ckptfs_fs::SetAttr {
+                perm: Some(0o640),
+                ..Default::default()
+            },
+        ] {
+            let a = fs.setattr(ino, &s).expect("setattr");
+            assert_eq!(a.rec.perm & 0o7777, s.perm.unwrap_or(a.rec.perm & 0o7777));
+        }
+        let a = fs.getattr(ino).expect("getattr while open");
+        assert_eq!(
+            (a.rec.perm, a.rec.uid, a.rec.mtime),
+            (0o640, 1000 + i, stamp)
+        );
+        fs.flush(ino, h, PID).expect("close");
+        fs.release(ino, h).expect("release");
+        assert_eq!(
+            txns(&fs) - before,
+            2,
+            "{name}: the create and the close's commit, nothing for the three changes"
+        );
+        let a = fs.lookup(ROOT, name.as_bytes()).expect("lookup");
+        assert_eq!((a.rec.perm, a.rec.uid, a.rec.gid), (0o640, 1000 + i, 1000));
+    }
+    // Opened for writing, changed, closed without a write: the close commits the change.
+    let a = fs.lookup(ROOT, b"u0").expect("lookup");
+    let h = fh();
+    fs.open(a.ino, h, true, false).expect("open for writing");
+    let before = txns(&fs);
+    fs.setattr(a.ino, &set(0o604, 7)).expect("setattr");
+    assert_eq!(txns(&fs), before, "held");
+    fs.flush(a.ino, h, PID).expect("close");
+    assert_eq!(txns(&fs) - before, 1, "the close commits what was held");
+    fs.release(a.ino, h).expect("release");
+    drop(fs);
+    let fs = Fs::new(Space::open(&dir).expect("reopen"));
+    for i in 0..10u32 {
+        let a = fs.lookup(ROOT, format!("u{i}").as_bytes()).expect("lookup");
+        let want = match i {
+            0 => (0o604, 7),
+            _ => (0o640, 1000 + i),
+        };
+        assert_eq!((a.rec.perm, a.rec.uid), want, "u{i} after reopening");
+        assert_eq!(a.rec.mtime, stamp, "u{i} after reopening");
+        assert_eq!(read(&fs, &format!("u{i}")), vec![i as u8; 5000]);
+    }
+    drop(fs);
+    let _ = std::fs::remove_dir_all(&dir);
+}

@@ -3,8 +3,11 @@
 //! (a RELEASE arrives asynchronously, often after the same process's next OPEN of the file;
 //! bystanders open, read, stat and release the file at any moment; a rename replaces it).
 //!
+//! Writers also change the mode of the file they are writing before closing it, as an untar
+//! does (held by the engine until the next transaction: `space::deferred`).
+//!
 //! After every acknowledged close (FLUSH returned Ok) a writer reads its file back through a
-//! fresh handle and compares; at the end every file holds its last acknowledged content, the
+//! fresh handle and compares, its mode too; at the end every file holds its last acknowledged content, the
 //! table holds no handle and no node, and the same is true after the space is reopened.
 //!
 //! Seeded: `CKPTFS_SEED` replays each thread's choices (the interleaving is up to the
@@ -56,6 +59,8 @@ fn read_all(fs: &Fs, name: &str) -> Result<Vec<u8>, String> {
 struct Writer {
     name: String,
     acked: Vec<u8>,
+    /// The mode of its last acknowledged save.
+    mode: u32,
     /// A handle whose RELEASE the "kernel" has not sent yet: it goes after the next OPEN.
     late_release: Option<(InodeId, HandleId)>,
 }
@@ -67,6 +72,7 @@ impl Writer {
         rng.fill_bytes(&mut data);
         let e = |what: &str, err: Error| format!("save {n} of {}: {what}: {err:?}", self.name);
         let how = rng.random_range(0..10);
+        let mut mode = self.mode;
         let expected = if how < 2 {
             // write-temp-then-rename over the file.
             let tmp = format!("{}.tmp", self.name);
@@ -83,6 +89,11 @@ impl Writer {
             };
             fs.write(a.ino, h, 1, 0, &data)
                 .map_err(|x| e("write tmp", x))?;
+            // The temporary file's mode goes with it over the name (a new inode).
+            mode = match rng.random_bool(0.5) {
+                true => chmod(fs, a.ino, rng).map_err(|x| e("chmod tmp", x))?,
+                false => fs.getattr(a.ino).map_err(|x| e("stat tmp", x))?.rec.perm,
+            };
             fs.flush(a.ino, h, 1).map_err(|x| e("flush tmp", x))?;
             fs.release(a.ino, h).map_err(|x| e("release tmp", x))?;
             fs.rename(
@@ -116,6 +127,9 @@ impl Writer {
             } else {
                 fs.write(a.ino, h, 1, 0, &data).map_err(|x| e("write", x))?;
             }
+            if rng.random_bool(0.4) {
+                mode = chmod(fs, a.ino, rng).map_err(|x| e("chmod", x))?;
+            }
             fs.flush(a.ino, h, 1).map_err(|x| e("flush", x))?;
             if rng.random_bool(0.5) {
                 self.late_release = Some((a.ino, h));
@@ -128,6 +142,17 @@ impl Writer {
             }
             exp
         };
+        let got_mode = fs
+            .lookup(ROOT, self.name.as_bytes())
+            .map_err(|x| e("lookup after close", x))?
+            .rec
+            .perm;
+        if got_mode != mode {
+            return Err(format!(
+                "save {n} of {}: mode {got_mode:o} after the close, expected {mode:o}",
+                self.name
+            ));
+        }
         let got = read_all(fs, &self.name)?;
         if got != expected {
             return Err(format!(
@@ -140,6 +165,7 @@ impl Writer {
             ));
         }
         self.acked = expected;
+        self.mode = mode;
         Ok(())
     }
 
@@ -150,6 +176,16 @@ impl Writer {
         }
         Ok(())
     }
+}
+
+/// A chmod of the open file `ino` to a random mode, which it returns.
+fn chmod(fs: &Fs, ino: InodeId, rng: &mut SmallRng) -> Result<u32, Error> {
+    let perm = 0o600 | rng.random_range(0..0o100u32);
+    let s = ckptfs_fs::SetAttr {
+        perm: Some(perm),
+        ..ckptfs_fs::SetAttr::default()
+    };
+    Ok(fs.setattr(ino, &s)?.rec.perm)
 }
 
 /// Opens, reads, stats and releases the writers' files, sometimes keeping a handle across
@@ -239,6 +275,7 @@ fn racing_open_flush_release_rename_lose_nothing() {
             Writer {
                 name,
                 acked: Vec::new(),
+                mode: 0o644,
                 late_release: None,
             }
         })
@@ -318,6 +355,8 @@ fn racing_open_flush_release_rename_lose_nothing() {
             "{} differs after reopening the space",
             w.name
         );
+        let perm = fs.lookup(ROOT, w.name.as_bytes()).unwrap().rec.perm;
+        assert_eq!(perm, w.mode, "{}'s mode after reopening the space", w.name);
     }
     drop(fs);
     let _ = std::fs::remove_dir_all(&dir);

@@ -1315,6 +1315,9 @@ pub struct WriteTxn {
     /// It must be durable when its commit returns (or, with a journal, once its record
     /// is: `Catalog::make_durable`). Raised by a member of a commit group that needs it.
     durable: std::sync::atomic::AtomicBool,
+    /// The held attribute changes it applied first, by generation (`Space::begin_write`):
+    /// settled once it commits.
+    pub(crate) applied: Vec<(InodeId, u64)>,
 }
 
 impl WriteTxn {
@@ -1379,6 +1382,7 @@ impl Catalog {
             log: Mutex::new(TxnLog::default()),
             journaled: self.journal.is_some(),
             durable: std::sync::atomic::AtomicBool::new(durable),
+            applied: Vec::new(),
         })
     }
 

@@ -303,6 +303,16 @@ impl Txn<'_> {
         Ok(rec)
     }
 
+    /// `update_inode` of an inode that may be gone (a held attribute change of a file gc
+    /// removed since): nothing then.
+    pub fn set_attrs(&mut self, ino: InodeId, f: impl FnOnce(&mut InodeRecord)) -> Result<()> {
+        if let Some(mut rec) = self.get_inode(ino)? {
+            f(&mut rec);
+            self.put_inode(ino, &rec)?;
+        }
+        Ok(())
+    }
+
     /// Sets extended attribute `name` of `ino` as `how` says, within the room a record
     /// keeps for names and values (ENOSPC past it), and moves its ctime.
     pub fn set_xattr(

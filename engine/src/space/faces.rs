@@ -203,7 +203,8 @@ impl<'a> Pins<'a> {
     /// the records of those that exist, each now held; None for one gc removed.
     pub fn hold_inodes(self, inos: &[InodeId]) -> Result<Vec<Option<InodeRecord>>> {
         let _gate = self.0.pin_gate.read();
-        let recs = self.0.reader()?.inodes(inos)?;
+        let mut recs = self.0.reader()?.inodes(inos)?;
+        self.0.overlay_held(inos, &mut recs);
         for (ino, r) in inos.iter().zip(&recs) {
             if r.is_some() {
                 self.0.pins.hold(*ino);

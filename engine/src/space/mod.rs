@@ -20,6 +20,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 mod create;
+mod deferred;
 mod export;
 mod faces;
 mod group;
@@ -116,6 +117,9 @@ pub struct Space {
     checkpoint_turn: parking_lot::Mutex<()>,
     /// Closes are durable when they return (`set_close_durable`).
     close_durable: std::sync::atomic::AtomicBool,
+    /// Attribute changes of files open for writing, applied by the next write transaction
+    /// (`deferred`).
+    deferred: deferred::Deferred,
     /// Shared while a reader pins a revision and loads it; exclusive while gc samples the pins
     /// and commits its retention transaction, so a revision is never dropped under a reader
     /// that pinned it after gc started.
@@ -602,7 +606,18 @@ impl Space {
         if self.store.is_failed() {
             return Err(Error::Failed);
         }
-        self.catalog.begin(durable)
+        let mut txn = self.catalog.begin(durable)?;
+        // Held attribute changes come first, before this transaction's own (`deferred`).
+        let held = self.deferred.snapshot();
+        if !held.is_empty() {
+            let mut t = Txn::open(&txn)?;
+            for (ino, _, a) in &held {
+                t.set_attrs(*ino, |r| a.set(r))?;
+            }
+            drop(t);
+            txn.applied = held.iter().map(|(i, g, _)| (*i, *g)).collect();
+        }
+        Ok(txn)
     }
 
     /// Commits a metadata transaction. A failed commit is sticky like a failed data write:
@@ -624,7 +639,7 @@ impl Space {
     /// syncs the data file first when it may make durable a file commit made without a
     /// sync (`data_first`: a group's commit, or any durable commit on a mount that defers
     /// durability to fsync), whose chunks must be on disk by then.
-    fn commit_quiet(&self, txn: catalog::WriteTxn, data_first: bool) -> Result<Option<u64>> {
+    fn commit_quiet(&self, mut txn: catalog::WriteTxn, data_first: bool) -> Result<Option<u64>> {
         self.watch_backing_due();
         if self.store.is_failed() {
             // Dropping the transaction aborts it.
@@ -637,9 +652,13 @@ impl Space {
                 return Err(e);
             }
         }
-        self.catalog
+        let applied = std::mem::take(&mut txn.applied);
+        let r = self
+            .catalog
             .commit(txn, &*self.store)
-            .map_err(|e| self.store.fail_with(e))
+            .map_err(|e| self.store.fail_with(e))?;
+        self.deferred.settle(&applied);
+        Ok(r)
     }
 
     /// Waits until journal record `seq` and every one before it is durable; where the
@@ -701,6 +720,7 @@ impl Space {
     /// checkpoint if anything went into the journal since the last (unmount), or without
     /// a journal a durable commit.
     pub fn sync_all(&self) -> Result<()> {
+        self.commit_held()?;
         match self.catalog.journal() {
             _ if self.read_only => Ok(()),
             Some(j) if j.dirty() => self.checkpoint(),
@@ -900,6 +920,7 @@ impl Space {
     /// the file commits' group (`group`): a sync that arrives while commits are gathering
     /// rides in their transaction instead of costing one of its own.
     pub fn sync_meta(&self) -> Result<()> {
+        self.commit_held()?;
         if self.catalog.journal().is_some() {
             // Every commit so far has its record queued: one sync of the journal.
             self.make_durable(self.catalog.mark())?;
@@ -927,6 +948,28 @@ impl Space {
     }
 
     /// A mark of the namespace changes made so far, for `sync_meta_since`.
+    /// `recs` (the records of `inos` read from the table) with their held attribute
+    /// changes (`deferred`).
+    pub(crate) fn overlay_held(&self, inos: &[InodeId], recs: &mut [Option<InodeRecord>]) {
+        if self.deferred.is_empty() {
+            return;
+        }
+        for (ino, r) in inos.iter().zip(recs.iter_mut()) {
+            if let Some(r) = r {
+                self.deferred.overlay(*ino, r);
+            }
+        }
+    }
+
+    /// Commits the held attribute changes (`deferred`), if any, in a transaction of their
+    /// own: what a durability point without a transaction of its own runs first.
+    fn commit_held(&self) -> Result<()> {
+        if self.deferred.is_empty() || self.read_only {
+            return Ok(());
+        }
+        self.ns_write(false, |_| Ok::<(), Error>(()))
+    }
+
     pub fn meta_mark(&self) -> u64 {
         self.catalog.mark()
     }
@@ -935,7 +978,8 @@ impl Space {
     /// already (a durable commit began after them): what a close owes the changes that came
     /// before it, and not the ones other threads make meanwhile.
     pub fn sync_meta_since(&self, mark: u64) -> Result<()> {
-        if !self.catalog.durable_since(mark) {
+        // A held attribute change came before this point too (`deferred`).
+        if !self.deferred.is_empty() || !self.catalog.durable_since(mark) {
             self.sync_meta()?;
         }
         Ok(())

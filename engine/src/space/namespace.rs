@@ -65,6 +65,24 @@ impl Namespace<'_> {
         self.run(false, |t| t.rename_node(from, to, how, now))
     }
 
+    /// Holds attribute changes of a file open for writing until the next transaction of
+    /// any kind, usually its own close's commit (`deferred`): `rec` is the file's record
+    /// as the caller holds it, with the changes made. Only its attributes are taken (mode,
+    /// owner, times). Where too many are held already, commits them now instead.
+    pub fn hold_attrs(&self, ino: InodeId, rec: &InodeRecord) -> Result<()> {
+        if self.space.read_only {
+            return Err(crate::error::Error::ReadOnly);
+        }
+        if self.space.store.is_failed() {
+            return Err(crate::error::Error::Failed);
+        }
+        if self.space.deferred.hold(ino, rec) {
+            return Ok(());
+        }
+        let attrs = super::deferred::Attrs::of(rec);
+        self.run(false, |t| t.set_attrs(ino, |r| attrs.set(r)))
+    }
+
     /// Changes `ino`'s stored attributes (`Txn::update_inode`).
     pub fn update_inode(
         &self,
@@ -176,12 +194,18 @@ impl Namespace<'_> {
     // Reads: each from a snapshot of its own.
 
     pub fn get_inode(&self, ino: InodeId) -> Result<Option<InodeRecord>> {
-        self.space.reader()?.inode(ino)
+        let mut r = self.space.reader()?.inode(ino)?;
+        if let Some(r) = &mut r {
+            self.space.deferred.overlay(ino, r);
+        }
+        Ok(r)
     }
 
     /// `get_inode` of each of `inos`, from one snapshot.
     pub fn get_inodes(&self, inos: &[InodeId]) -> Result<Vec<Option<InodeRecord>>> {
-        self.space.reader()?.inodes(inos)
+        let mut rs = self.space.reader()?.inodes(inos)?;
+        self.space.overlay_held(inos, &mut rs);
+        Ok(rs)
     }
 
     /// The extended attributes of `ino`.

@@ -252,6 +252,7 @@ impl Space {
             commits: group::CommitGroup::new(),
             checkpoint_turn: parking_lot::Mutex::new(()),
             close_durable: std::sync::atomic::AtomicBool::new(true),
+            deferred: Default::default(),
             pin_gate: parking_lot::RwLock::new(()),
             pins: Arc::default(),
             read_only: false,

@@ -5,7 +5,7 @@
 
 use ckptfs_engine::format::InodeId;
 use ckptfs_engine::sim::SimDisk;
-use ckptfs_fs::{Caller, Error, Fs, HandleId};
+use ckptfs_fs::{Caller, Error, Fs, HandleId, SetAttr};
 use rand::rngs::SmallRng;
 use rand::{Rng, RngCore, SeedableRng};
 use std::collections::BTreeMap;
@@ -19,6 +19,10 @@ pub const ME: Caller = Caller { uid: 0, gid: 0 };
 pub struct FileModel {
     pub content: Arc<Vec<u8>>,
     pub sealed: Vec<Arc<Vec<u8>>>,
+    /// Mode bits and owner: an untar-like save sets them while the file is open for
+    /// writing, which the engine holds until the next transaction (`space::deferred`).
+    pub perm: u32,
+    pub uid: u32,
 }
 
 pub type State = BTreeMap<String, FileModel>;
@@ -120,7 +124,13 @@ pub fn workload(fs: &Fs, disk: &SimDisk, seed: u64, model: &mut Model) -> Option
                         Err(Error::NotFound) => {
                             let a =
                                 fs.create(ROOT, nm.as_bytes(), 0o644, ME, fh, true, false, false)?;
-                            s.insert(nm.clone(), FileModel::default());
+                            s.insert(
+                                nm.clone(),
+                                FileModel {
+                                    perm: 0o644,
+                                    ..FileModel::default()
+                                },
+                            );
                             model.push(s.clone());
                             a.ino
                         }
@@ -163,6 +173,27 @@ pub fn workload(fs: &Fs, disk: &SimDisk, seed: u64, model: &mut Model) -> Option
                             data.resize(end, 0);
                         }
                         data[*o as usize..end].copy_from_slice(p);
+                    }
+                    if rng.random_bool(0.4) {
+                        // As tar does before its close: owner and mode of the file being
+                        // written (a namespace change of its own, not part of the save).
+                        let (perm, uid) = (
+                            0o600 | rng.random_range(0..0o100u32),
+                            rng.random_range(0..3u32),
+                        );
+                        let attr = SetAttr {
+                            perm: Some(perm),
+                            uid: Some(uid),
+                            ..SetAttr::default()
+                        };
+                        let mut now = model.cur();
+                        if let Some(m) = now.get_mut(&nm) {
+                            (m.perm, m.uid) = (perm, uid);
+                        }
+                        model.push(now);
+                        let m = s.get_mut(&nm).unwrap();
+                        (m.perm, m.uid) = (perm, uid);
+                        fs.setattr(ino, &attr)?;
                     }
                     let data = Arc::new(data);
                     let m = s.get_mut(&nm).unwrap();
@@ -277,6 +308,8 @@ pub fn observe(fs: &Fs) -> Result<State, String> {
             FileModel {
                 content: Arc::new(content),
                 sealed,
+                perm: a.rec.perm & 0o7777,
+                uid: a.rec.uid,
             },
         );
     }
@@ -287,7 +320,9 @@ pub fn describe(s: &State) -> String {
     s.iter()
         .map(|(k, v)| {
             format!(
-                "{k}: {} bytes {}, sealed [{}]",
+                "{k}: mode {:o} uid {}, {} bytes {}, sealed [{}]",
+                v.perm,
+                v.uid,
                 v.content.len(),
                 blake3_short(&v.content),
                 v.sealed
