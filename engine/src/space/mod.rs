@@ -574,12 +574,6 @@ impl Space {
         durable: bool,
         f: impl FnOnce(&mut Txn) -> std::result::Result<R, E>,
     ) -> std::result::Result<R, E> {
-        if self.read_only {
-            return Err(Error::ReadOnly.into());
-        }
-        if self.store.is_failed() {
-            return Err(Error::Failed.into());
-        }
         let txn = self.begin_write(durable)?;
         let r = {
             let mut t = Txn::open(&txn)?;
@@ -600,12 +594,7 @@ impl Space {
     /// Begins a metadata transaction (`Catalog::begin`: the durability policy), refused on
     /// a read-only space and after a failed write (sticky failure).
     pub(crate) fn begin_write(&self, durable: bool) -> Result<catalog::WriteTxn> {
-        if self.read_only {
-            return Err(Error::ReadOnly);
-        }
-        if self.store.is_failed() {
-            return Err(Error::Failed);
-        }
+        self.refuse_changes()?;
         let mut txn = self.catalog.begin(durable)?;
         // Held attribute changes come first, before this transaction's own (`deferred`).
         let held = self.deferred.snapshot();
@@ -618,6 +607,17 @@ impl Space {
             txn.applied = held.iter().map(|(i, g, _)| (*i, *g)).collect();
         }
         Ok(txn)
+    }
+
+    /// A read-only space, or one whose writes failed, takes no change.
+    pub(crate) fn refuse_changes(&self) -> Result<()> {
+        if self.read_only {
+            return Err(Error::ReadOnly);
+        }
+        if self.store.is_failed() {
+            return Err(Error::Failed);
+        }
+        Ok(())
     }
 
     /// Commits a metadata transaction. A failed commit is sticky like a failed data write:

@@ -70,12 +70,7 @@ impl Namespace<'_> {
     /// as the caller holds it, with the changes made. Only its attributes are taken (mode,
     /// owner, times). Where too many are held already, commits them now instead.
     pub fn hold_attrs(&self, ino: InodeId, rec: &InodeRecord) -> Result<()> {
-        if self.space.read_only {
-            return Err(crate::error::Error::ReadOnly);
-        }
-        if self.space.store.is_failed() {
-            return Err(crate::error::Error::Failed);
-        }
+        self.space.refuse_changes()?;
         if self.space.deferred.hold(ino, rec) {
             return Ok(());
         }

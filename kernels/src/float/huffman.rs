@@ -927,19 +927,23 @@ mod wide {
 mod tests {
     use super::*;
 
+    /// The tests' pseudo-random words (xorshift64), from `seed`.
+    fn xorshift(mut x: u64) -> impl FnMut() -> u64 {
+        move || {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            x
+        }
+    }
+
     /// The AVX-512 stream writer writes the bytes the scalar one writes: skewed and flat
     /// pieces, bytes above 127 (the upper half of the lookup), lengths around every block and
     /// group boundary of the four segments.
     #[test]
     fn wide_streams_equal_the_scalar_streams() {
         use std::sync::atomic::Ordering::Relaxed;
-        let mut x = 0x9E37_79B9_7F4A_7C15u64;
-        let mut next = move || {
-            x ^= x << 13;
-            x ^= x >> 7;
-            x ^= x << 17;
-            x
-        };
+        let mut next = xorshift(0x9E37_79B9_7F4A_7C15);
         let mut lens: Vec<usize> = (64..600).step_by(7).collect();
         lens.extend([1023, 1024, 1025, 4096, 16_384 + 3, 65_536, 131_071]);
         for len in lens {
@@ -950,7 +954,7 @@ mod tests {
                         match kind {
                             0 => 0x78 + (r >> 8).trailing_zeros().min(20) as u8,
                             1 => r as u8,
-                            _ => 0xF0 | (r & 3) as u8 | (((r >> 9) % 97 == 0) as u8 * 8),
+                            _ => 0xF0 | (r & 3) as u8 | ((r >> 9).is_multiple_of(97) as u8 * 8),
                         }
                     })
                     .collect();
@@ -976,19 +980,13 @@ mod tests {
     /// planes of many values (never taken), at lengths that are no multiple of 64.
     #[test]
     fn histogram_counts_what_the_scalar_loop_counts() {
-        let mut x = 0x2545_F491_4F6C_DD1Du64;
-        let mut next = move || {
-            x ^= x << 13;
-            x ^= x >> 7;
-            x ^= x << 17;
-            x
-        };
+        let mut next = xorshift(0x2545_F491_4F6C_DD1D);
         for len in [0, 63, 4095, 4096, 4161, 16_384, 65_536 + 37, 131_072] {
             let few: Vec<u8> = (0..len)
                 .map(|_| {
                     let r = next();
                     // Geometric over about a dozen values, 1 in 500 anything.
-                    if r % 500 == 0 {
+                    if r.is_multiple_of(500) {
                         (r >> 20) as u8
                     } else {
                         0x70 + (r >> 8).trailing_zeros().min(15) as u8
