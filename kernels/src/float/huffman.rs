@@ -493,6 +493,24 @@ struct Stream {
 }
 
 impl Stream {
+    /// The streams of segments `pair` and `pair + 1`, each at the start of its region of
+    /// `region` bytes from `base`.
+    ///
+    /// # Safety
+    /// `base` holds at least `(pair + 2) * region` bytes.
+    unsafe fn pair(base: *mut u8, region: usize, pair: usize) -> [Stream; 2] {
+        std::array::from_fn(|i| {
+            // SAFETY: within the caller's buffer, as the caller promises.
+            let start = unsafe { base.add((pair + i) * region) };
+            Stream {
+                at: start,
+                start,
+                acc: 0,
+                n: 0,
+            }
+        })
+    }
+
     /// `e`: the code in the low 16 bits, its length above.
     #[inline(always)]
     fn put(&mut self, e: u32) {
@@ -587,15 +605,7 @@ fn write_streams_with(piece: &[u8], table: &[u32; 256], scratch: &mut Vec<u8>) -
         // each plus a word store past the last byte written; regions do not overlap; the
         // input pointers stay within their segments (each step reads the 4 bytes below).
         unsafe {
-            let mut s: [Stream; 2] = std::array::from_fn(|i| {
-                let start = base.add((pair + i) * region);
-                Stream {
-                    at: start,
-                    start,
-                    acc: 0,
-                    n: 0,
-                }
-            });
+            let mut s = Stream::pair(base, region, pair);
             let (f0, e0) = segs[pair];
             let (f1, e1) = segs[pair + 1];
             let common = ((e0 - f0) / 4).min((e1 - f1) / 4);
@@ -884,15 +894,7 @@ mod wide {
         for pair in [0, 2] {
             // SAFETY (all below): regions as in `write_streams_with`; each 64-byte load is
             // of the 64 symbols below `p`, within the segment (`p - 64 >= from`).
-            let mut s: [Stream; 2] = std::array::from_fn(|i| {
-                let start = base.add((pair + i) * region);
-                Stream {
-                    at: start,
-                    start,
-                    acc: 0,
-                    n: 0,
-                }
-            });
+            let mut s = Stream::pair(base, region, pair);
             let seg = [segs[pair], segs[pair + 1]];
             let mut p = seg.map(|(_, e)| piece.as_ptr().add(e));
             let blocks = seg.map(|(f, e)| (e - f) / 64);
