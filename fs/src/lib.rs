@@ -636,6 +636,19 @@ impl Fs {
     }
 
     fn make_node(&self, parent: InodeId, name: &[u8], rec: InodeRecord) -> Result<Attr> {
+        self.make_node_as(parent, name, rec, false)
+    }
+
+    /// `make_node`; `opened`: a regular file the caller opens at once (O_CREAT), whose
+    /// create rides in the next transaction, usually its close's commit, instead of one
+    /// of its own (`Namespace::create_file`).
+    fn make_node_as(
+        &self,
+        parent: InodeId,
+        name: &[u8],
+        rec: InodeRecord,
+        opened: bool,
+    ) -> Result<Attr> {
         check_name(name)?;
         if self.shared.is_some() {
             return self.sh_make(parent, name, rec, false).map(|(a, _)| a);
@@ -645,7 +658,10 @@ impl Fs {
             return Err(Error::Exists);
         }
         // The parent's group and setgid bit pass on as BSD semantics say (`create_node`).
-        let (ino, rec) = self.space.ns().create(parent, name, rec)?;
+        let (ino, rec) = match opened {
+            true => self.space.ns().create_file(parent, name, rec)?,
+            false => self.space.ns().create(parent, name, rec)?,
+        };
         Ok(Attr::new(ino, rec))
     }
 
@@ -712,7 +728,7 @@ impl Fs {
                 false => self.getattr(attr.ino),
             };
         }
-        let attr = self.make_node(parent, name, rec)?;
+        let attr = self.make_node_as(parent, name, rec, true)?;
         self.open(attr.ino, fh, write, false)?;
         Ok(attr)
     }
@@ -1776,7 +1792,7 @@ impl Fs {
     fn flush_local(&self, ino: InodeId, fh: HandleId, pid: u32) -> Result<()> {
         // The namespace changes before this close (its file's create, an unlink) are what
         // it owes durability to; not those other threads make while it commits.
-        let mut mark = self.space.meta_mark();
+        let mut mark = self.space.sync_mark();
         let node = self.handle_node(ino, fh, "flush")?;
         let mut n = node.lock();
         let n = &mut *n;
@@ -1814,7 +1830,7 @@ impl Fs {
             }
         } else if n.clip.is_some() {
             self.record_clip(ino, n)?;
-            mark = self.space.meta_mark();
+            mark = self.space.sync_mark();
         } else if seal_now && n.base.revision().0 != 0 {
             // Another handle's close (a reader's) already committed what this writer wrote.
             self.space.seal(n.base.revision(), &n.file)?;
@@ -1856,7 +1872,7 @@ impl Fs {
         self.commit_node(ino, &mut n, Seal::FsyncPoint, fh)?;
         drop(n);
         // What came before this fsync, including a truncate `commit_node` just recorded.
-        self.space.sync_meta_since(self.space.meta_mark())?;
+        self.space.sync_meta_since(self.space.sync_mark())?;
         self.publish_pending()
     }
 

@@ -947,6 +947,17 @@ impl<'t> Txn<'t> {
     pub fn add_entry(&mut self, parent: InodeId, name: &[u8], child: InodeId) -> Result<()> {
         let cookie = counter(self.counters.table()?, NEXT_COOKIE)?;
         self.counters.insert(NEXT_COOKIE, cookie + 1)?;
+        self.add_entry_at(parent, name, child, cookie)
+    }
+
+    /// `add_entry` with a cookie taken before (`reserve_ids`).
+    pub(crate) fn add_entry_at(
+        &mut self,
+        parent: InodeId,
+        name: &[u8],
+        child: InodeId,
+        cookie: u64,
+    ) -> Result<()> {
         let old = self.dirents.insert((parent.0, name), (child.0, cookie))?;
         assert!(old.is_none(), "add_entry over an existing name");
         self.dirlist.insert((parent.0, cookie), name)?;
@@ -1016,13 +1027,31 @@ impl<'t> Txn<'t> {
     pub fn new_history(&mut self, ino: InodeId) -> Result<HistoryId> {
         let hid = counter(self.counters.table()?, NEXT_HISTORY)?;
         self.counters.insert(NEXT_HISTORY, hid + 1)?;
+        self.new_history_at(HistoryId(hid), ino)?;
+        Ok(HistoryId(hid))
+    }
+
+    /// `new_history` with an id taken before (`reserve_ids`).
+    pub(crate) fn new_history_at(&mut self, hid: HistoryId, ino: InodeId) -> Result<()> {
         let h = HistoryRecord {
             ino,
             unlinked: None,
             path: Vec::new(),
         };
-        self.histories.insert(hid, h.encode().as_slice())?;
-        Ok(HistoryId(hid))
+        self.histories.insert(hid.0, h.encode().as_slice())?;
+        Ok(())
+    }
+
+    /// Takes `n` inode numbers, history ids and readdir cookies at once, for the mount to
+    /// hand out later without a transaction each (`space::deferred`): the first of each.
+    /// Those it never uses are skipped, as a crash skips them.
+    pub(crate) fn reserve_ids(&mut self, n: u64) -> Result<[u64; 3]> {
+        let mut first = [0; 3];
+        for (f, name) in first.iter_mut().zip([NEXT_INO, NEXT_HISTORY, NEXT_COOKIE]) {
+            *f = counter(self.counters.table()?, name)?;
+            self.counters.insert(name, *f + n)?;
+        }
+        Ok(first)
     }
 
     /// Marks a history as belonging to a path that no longer exists.
@@ -1315,9 +1344,17 @@ pub struct WriteTxn {
     /// It must be durable when its commit returns (or, with a journal, once its record
     /// is: `Catalog::make_durable`). Raised by a member of a commit group that needs it.
     durable: std::sync::atomic::AtomicBool,
-    /// The held attribute changes it applied first, by generation (`Space::begin_write`):
-    /// settled once it commits.
-    pub(crate) applied: Vec<(InodeId, u64)>,
+    /// The held changes it applied (`Space::apply_held`): settled once it commits.
+    pub(crate) applied: Mutex<Applied>,
+}
+
+/// What a transaction applied of the changes a space held (`space::deferred`).
+#[derive(Default)]
+pub(crate) struct Applied {
+    /// Attribute changes, by inode and generation.
+    pub(crate) attrs: Vec<(InodeId, u64)>,
+    /// Creates, by inode.
+    pub(crate) creates: Vec<InodeId>,
 }
 
 impl WriteTxn {
@@ -1382,7 +1419,7 @@ impl Catalog {
             log: Mutex::new(TxnLog::default()),
             journaled: self.journal.is_some(),
             durable: std::sync::atomic::AtomicBool::new(durable),
-            applied: Vec::new(),
+            applied: Mutex::default(),
         })
     }
 

@@ -86,6 +86,43 @@ impl Txn<'_> {
         Ok((ino, rec))
     }
 
+    /// Writes a create that was held (`space::deferred`): the checks `create_node` makes
+    /// were made when it was held, and nothing has changed them since (`Space::ns_gate`);
+    /// its ids were reserved (`reserve_ids`). A create found applied already (its inode
+    /// exists) is left alone.
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) fn apply_create(
+        &mut self,
+        parent: InodeId,
+        name: &[u8],
+        ino: InodeId,
+        cookie: u64,
+        rec: &InodeRecord,
+        at: Timestamp,
+    ) -> Result<()> {
+        if self.get_inode(ino)?.is_some() {
+            return Ok(());
+        }
+        let mut p = self.inode(parent)?;
+        if p.kind != NodeKind::Dir || self.lookup(parent, name)?.is_some() {
+            // The checks made when it was held no longer hold: a bug, not a refusal.
+            return Err(crate::error::Corruption::Record {
+                record: "held create",
+                why: format!(
+                    "the create of inode {} in directory {} no longer applies",
+                    ino.0, parent.0
+                ),
+            }
+            .into());
+        }
+        self.new_history_at(rec.history, ino)?;
+        self.put_inode(ino, rec)?;
+        self.add_entry_at(parent, name, ino, cookie)?;
+        p.mtime = p.mtime.max(at);
+        p.ctime = p.ctime.max(at);
+        self.put_inode(parent, &p)
+    }
+
     /// unlink (`dir` false) or rmdir of `name` in `parent`. The inode stays with nlink 0
     /// (open handles keep reading it; gc reclaims it); a file's history is retired under
     /// its path, restorable until retention drops it. Returns the inode and its record.

@@ -192,7 +192,8 @@ impl<'a> Pins<'a> {
     /// record, unlinked or not, until `forget_inode` (see `pins`).
     pub fn hold_inode(self, ino: InodeId) -> Result<bool> {
         let _gate = self.0.pin_gate.read();
-        if self.0.reader()?.inode(ino)?.is_none() {
+        // A held create has no row yet (`deferred`).
+        if self.0.inodes_held(&[ino])?[0].is_none() {
             return Ok(false);
         }
         self.0.pins.hold(ino);
@@ -203,8 +204,7 @@ impl<'a> Pins<'a> {
     /// the records of those that exist, each now held; None for one gc removed.
     pub fn hold_inodes(self, inos: &[InodeId]) -> Result<Vec<Option<InodeRecord>>> {
         let _gate = self.0.pin_gate.read();
-        let mut recs = self.0.reader()?.inodes(inos)?;
-        self.0.overlay_held(inos, &mut recs);
+        let recs = self.0.inodes_held(inos)?;
         for (ino, r) in inos.iter().zip(&recs) {
             if r.is_some() {
                 self.0.pins.hold(*ino);

@@ -120,6 +120,14 @@ pub struct Space {
     /// Attribute changes of files open for writing, applied by the next write transaction
     /// (`deferred`).
     deferred: deferred::Deferred,
+    /// Held by every namespace transaction (`ns_write`) from its start to its commit, and
+    /// by a create being checked and held (`Namespace::create_file`): what a held create
+    /// was checked against stays true until a transaction applies it (`deferred`).
+    ns_gate: parking_lot::Mutex<()>,
+    /// Held from a transaction's commit until what it applied is settled (`commit_quiet`),
+    /// and while the next one takes what is held (`begin_write`): a held create is never
+    /// taken by a transaction after the one that applied it committed.
+    commit_gate: parking_lot::Mutex<()>,
     /// Shared while a reader pins a revision and loads it; exclusive while gc samples the pins
     /// and commits its retention transaction, so a revision is never dropped under a reader
     /// that pinned it after gc started.
@@ -574,6 +582,7 @@ impl Space {
         durable: bool,
         f: impl FnOnce(&mut Txn) -> std::result::Result<R, E>,
     ) -> std::result::Result<R, E> {
+        let _gate = self.ns_gate.lock();
         let txn = self.begin_write(durable)?;
         let r = {
             let mut t = Txn::open(&txn)?;
@@ -595,18 +604,45 @@ impl Space {
     /// a read-only space and after a failed write (sticky failure).
     pub(crate) fn begin_write(&self, durable: bool) -> Result<catalog::WriteTxn> {
         self.refuse_changes()?;
-        let mut txn = self.catalog.begin(durable)?;
-        // Held attribute changes come first, before this transaction's own (`deferred`).
-        let held = self.deferred.snapshot();
-        if !held.is_empty() {
-            let mut t = Txn::open(&txn)?;
-            for (ino, _, a) in &held {
-                t.set_attrs(*ino, |r| a.set(r))?;
-            }
-            drop(t);
-            txn.applied = held.iter().map(|(i, g, _)| (*i, *g)).collect();
-        }
+        let txn = self.catalog.begin(durable)?;
+        // Held changes come first, before this transaction's own (`deferred`).
+        self.apply_held(&txn, true)?;
         Ok(txn)
+    }
+
+    /// Applies to `txn` what is held (`deferred`) that it has not applied yet: creates,
+    /// then attribute changes (which may be of a file created since). At its beginning
+    /// (`begin_write`, `first`), and in a commit group's transaction before each member's
+    /// change: a file created and closed while the group gathered must find its create
+    /// applied, and its close owes durability to every change made before it.
+    fn apply_held(&self, txn: &catalog::WriteTxn, first: bool) -> Result<()> {
+        if self.deferred.is_empty() {
+            return Ok(());
+        }
+        let (mut creates, mut attrs) = if first {
+            // Not while the transaction before settles (`commit_gate`); later the group's
+            // transaction is this one, which no one else commits.
+            let _settled = self.commit_gate.lock();
+            (self.deferred.snapshot_creates(), self.deferred.snapshot())
+        } else {
+            (self.deferred.snapshot_creates(), self.deferred.snapshot())
+        };
+        let mut done = txn.applied.lock();
+        creates.retain(|c| !done.creates.contains(&c.ino));
+        attrs.retain(|(i, g, _)| !done.attrs.contains(&(*i, *g)));
+        if creates.is_empty() && attrs.is_empty() {
+            return Ok(());
+        }
+        let mut t = Txn::open(txn)?;
+        for c in &creates {
+            t.apply_create(c.parent, &c.name, c.ino, c.cookie, &c.rec, c.at)?;
+        }
+        for (ino, _, a) in &attrs {
+            t.set_attrs(*ino, |r| a.set(r))?;
+        }
+        done.creates.extend(creates.iter().map(|c| c.ino));
+        done.attrs.extend(attrs.iter().map(|(i, g, _)| (*i, *g)));
+        Ok(())
     }
 
     /// A read-only space, or one whose writes failed, takes no change.
@@ -639,7 +675,7 @@ impl Space {
     /// syncs the data file first when it may make durable a file commit made without a
     /// sync (`data_first`: a group's commit, or any durable commit on a mount that defers
     /// durability to fsync), whose chunks must be on disk by then.
-    fn commit_quiet(&self, mut txn: catalog::WriteTxn, data_first: bool) -> Result<Option<u64>> {
+    fn commit_quiet(&self, txn: catalog::WriteTxn, data_first: bool) -> Result<Option<u64>> {
         self.watch_backing_due();
         if self.store.is_failed() {
             // Dropping the transaction aborts it.
@@ -652,12 +688,14 @@ impl Space {
                 return Err(e);
             }
         }
-        let applied = std::mem::take(&mut txn.applied);
+        let applied = std::mem::take(&mut *txn.applied.lock());
+        let _settling = self.commit_gate.lock();
         let r = self
             .catalog
             .commit(txn, &*self.store)
             .map_err(|e| self.store.fail_with(e))?;
-        self.deferred.settle(&applied);
+        self.deferred.settle_creates(&applied.creates);
+        self.deferred.settle(&applied.attrs);
         Ok(r)
     }
 
@@ -815,6 +853,9 @@ impl Space {
                 if durable {
                     txn.want_durable();
                 }
+                // What was held since the group's transaction began (this file's create
+                // among it, if it was made meanwhile).
+                self.apply_held(txn, false)?;
                 let mut rec = rec.clone();
                 let mut t = Txn::open(txn)?;
                 let rev = t.next_revision_id()?;
@@ -944,25 +985,31 @@ impl Space {
     /// that had no data to commit calls this, so a file created empty (a "done" marker) or an
     /// unlink before it survives a crash once close returns.
     pub(crate) fn sync_meta_if_dirty(&self) -> Result<()> {
-        self.sync_meta_since(self.catalog.mark())
+        self.sync_meta_since(self.sync_mark())
     }
 
-    /// A mark of the namespace changes made so far, for `sync_meta_since`.
-    /// `recs` (the records of `inos` read from the table) with their held attribute
-    /// changes (`deferred`).
-    pub(crate) fn overlay_held(&self, inos: &[InodeId], recs: &mut [Option<InodeRecord>]) {
+    /// The records of `inos` with what is held (`deferred`): held creates' records,
+    /// attribute changes, directories' times. Held creates are looked at before the table
+    /// is read: one settled in between is in the table by then (settled after its commit).
+    pub(crate) fn inodes_held(&self, inos: &[InodeId]) -> Result<Vec<Option<InodeRecord>>> {
         if self.deferred.is_empty() {
-            return;
+            return self.reader()?.inodes(inos);
         }
-        for (ino, r) in inos.iter().zip(recs.iter_mut()) {
+        let created: Vec<_> = inos.iter().map(|i| self.deferred.created(*i)).collect();
+        let mut recs = self.reader()?.inodes(inos)?;
+        for ((ino, r), c) in inos.iter().zip(recs.iter_mut()).zip(created) {
+            if r.is_none() {
+                *r = c;
+            }
             if let Some(r) = r {
                 self.deferred.overlay(*ino, r);
             }
         }
+        Ok(recs)
     }
 
-    /// Commits the held attribute changes (`deferred`), if any, in a transaction of their
-    /// own: what a durability point without a transaction of its own runs first.
+    /// Commits the held changes (`deferred`), if any, in a transaction of their own: what a
+    /// durability point without a transaction of its own runs first.
     fn commit_held(&self) -> Result<()> {
         if self.deferred.is_empty() || self.read_only {
             return Ok(());
@@ -970,20 +1017,40 @@ impl Space {
         self.ns_write(false, |_| Ok::<(), Error>(()))
     }
 
+    /// The metadata transactions committed so far (a count that only grows; tests and the
+    /// object-store tier compare two).
     pub fn meta_mark(&self) -> u64 {
         self.catalog.mark()
     }
 
+    /// A mark of the namespace changes made so far, committed and held, for
+    /// `sync_meta_since`.
+    pub fn sync_mark(&self) -> SyncMark {
+        // The held changes' first: a change held after it is read has a later generation.
+        let held = self.deferred.mark();
+        SyncMark {
+            committed: self.catalog.mark(),
+            held,
+        }
+    }
+
     /// `sync_meta` unless every namespace change made before `mark` was taken is durable
-    /// already (a durable commit began after them): what a close owes the changes that came
-    /// before it, and not the ones other threads make meanwhile.
-    pub fn sync_meta_since(&self, mark: u64) -> Result<()> {
-        // A held attribute change came before this point too (`deferred`).
-        if !self.deferred.is_empty() || !self.catalog.durable_since(mark) {
+    /// already (a durable commit began after them, and none of them is still held): what a
+    /// close owes the changes that came before it, and not the ones other threads make
+    /// meanwhile (other writers' creates, held until their own closes).
+    pub fn sync_meta_since(&self, mark: SyncMark) -> Result<()> {
+        if self.deferred.held_before(mark.held) || !self.catalog.durable_since(mark.committed) {
             self.sync_meta()?;
         }
         Ok(())
     }
+}
+
+/// See `Space::sync_mark`.
+#[derive(Clone, Copy, Debug)]
+pub struct SyncMark {
+    committed: u64,
+    held: u64,
 }
 
 /// The extent map of revision `rev` as `r` reads it.

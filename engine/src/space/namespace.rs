@@ -4,10 +4,11 @@
 //! namespace change becomes durable with the next durable commit (a close, an fsync), as
 //! the durability contract says.
 
+use super::deferred::{HeldCreate, RESERVE};
 use super::{RevisionInfo, Space};
 use crate::catalog::ns::{RenameHow, Replaced, XattrHow};
 use crate::catalog::{self, Txn};
-use crate::error::{Corruption, Missing, Result};
+use crate::error::{Corruption, Missing, NsFault, Result};
 use crate::format::{
     Binding, HistoryId, HistoryRecord, InodeId, InodeRecord, NodeKind, RevisionId, RevisionRecord,
     Timestamp, VersionMeta, Xattrs,
@@ -188,19 +189,14 @@ impl Namespace<'_> {
 
     // Reads: each from a snapshot of its own.
 
+    /// `ino`'s record, with what is held (`deferred`).
     pub fn get_inode(&self, ino: InodeId) -> Result<Option<InodeRecord>> {
-        let mut r = self.space.reader()?.inode(ino)?;
-        if let Some(r) = &mut r {
-            self.space.deferred.overlay(ino, r);
-        }
-        Ok(r)
+        Ok(self.space.inodes_held(&[ino])?.pop().flatten())
     }
 
     /// `get_inode` of each of `inos`, from one snapshot.
     pub fn get_inodes(&self, inos: &[InodeId]) -> Result<Vec<Option<InodeRecord>>> {
-        let mut rs = self.space.reader()?.inodes(inos)?;
-        self.space.overlay_held(inos, &mut rs);
-        Ok(rs)
+        self.space.inodes_held(inos)
     }
 
     /// The extended attributes of `ino`.
@@ -218,17 +214,92 @@ impl Namespace<'_> {
         self.space.reader()?.revision_xattrs(rev)
     }
 
+    /// The inode `name` in `parent` names, held creates included (looked at before the
+    /// table: one settled in between is in the table by then).
     pub fn lookup(&self, parent: InodeId, name: &[u8]) -> Result<Option<InodeId>> {
+        if let Some(ino) = self.space.deferred.created_named(parent, name) {
+            return Ok(Some(ino));
+        }
         self.space.reader()?.lookup(parent, name)
     }
 
+    /// Entries of `dir` with cookies greater than `after`, at most `limit`, held creates
+    /// included.
     pub fn list_dir(
         &self,
         dir: InodeId,
         after: u64,
         limit: usize,
     ) -> Result<Vec<catalog::DirEntry>> {
-        self.space.reader()?.list_dir(dir, after, limit)
+        // What is held first, then the table (see `lookup`).
+        let mut held = Vec::new();
+        self.space
+            .deferred
+            .list_with_created(dir, after, limit, &mut held);
+        let mut listed = self.space.reader()?.list_dir(dir, after, limit)?;
+        if !held.is_empty() {
+            held.retain(|h| !listed.iter().any(|e| e.ino == h.ino));
+            listed.extend(held);
+            listed.sort_unstable_by_key(|e| e.cookie);
+            listed.truncate(limit);
+        }
+        Ok(listed)
+    }
+
+    /// Creates the regular file `name` in `parent` as `rec`, like `create`, but on a
+    /// single-slot space without a transaction of its own: the create is held for the
+    /// next transaction, usually the file's close's commit (`deferred`). The fs layer asks
+    /// for this only for a file it opens at once (O_CREAT). Where no ids are reserved or
+    /// too many creates are held, creates in a transaction that reserves ids for the next.
+    pub fn create_file(
+        &self,
+        parent: InodeId,
+        name: &[u8],
+        mut rec: InodeRecord,
+    ) -> Result<(InodeId, InodeRecord)> {
+        debug_assert_eq!(rec.kind, NodeKind::File);
+        if self.space.slots().is_shared() {
+            return self.create(parent, name, rec);
+        }
+        self.space.refuse_changes()?;
+        {
+            let _gate = self.space.ns_gate.lock();
+            if self.space.deferred.has_ids() {
+                // The checks `Txn::create_node` makes, against the table and what is held.
+                let p = self.get_inode(parent)?.ok_or(NsFault::NotFound)?;
+                if p.kind != NodeKind::Dir {
+                    return Err(NsFault::NotDir.into());
+                }
+                if self.lookup(parent, name)?.is_some() {
+                    return Err(NsFault::Exists.into());
+                }
+                if p.perm & libc::S_ISGID != 0 {
+                    rec.gid = p.gid;
+                }
+                let at = Timestamp::now();
+                let held = self.space.deferred.hold_create(|ino, hid, cookie| {
+                    rec.history = hid;
+                    HeldCreate {
+                        parent,
+                        name: name.to_vec(),
+                        ino,
+                        cookie,
+                        rec: rec.clone(),
+                        at,
+                        gen: 0,
+                    }
+                });
+                if let Some(h) = held {
+                    return Ok((h.ino, h.rec));
+                }
+            }
+        }
+        let (made, first) = self.run(false, |t| {
+            let made = t.create_node(parent, name, rec, Timestamp::now())?;
+            Ok((made, t.reserve_ids(RESERVE)?))
+        })?;
+        self.space.deferred.add_ids(first, RESERVE);
+        Ok(made)
     }
 
     /// Walks `path` (relative to the root, `/`-separated) through the namespace.
@@ -273,6 +344,10 @@ impl Namespace<'_> {
     }
 
     pub fn history(&self, hid: HistoryId) -> Result<HistoryRecord> {
+        // A held create's new history (see `lookup` for the order).
+        if let Some(h) = self.space.deferred.created_history(hid) {
+            return Ok(h);
+        }
         self.space.reader()?.history(hid)
     }
 

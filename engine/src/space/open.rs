@@ -253,6 +253,8 @@ impl Space {
             checkpoint_turn: parking_lot::Mutex::new(()),
             close_durable: std::sync::atomic::AtomicBool::new(true),
             deferred: Default::default(),
+            ns_gate: Default::default(),
+            commit_gate: Default::default(),
             pin_gate: parking_lot::RwLock::new(()),
             pins: Arc::default(),
             read_only: false,
