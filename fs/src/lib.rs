@@ -2266,6 +2266,16 @@ impl Fs {
     }
 
     /// The object at `path` (components separated by '/'), as every node sees it.
+    /// The directory holding `path` (relative to the root), if it exists: the one whose
+    /// listing a restore of `path` may change.
+    pub fn parent_dir(&self, path: &[u8]) -> Result<Option<InodeId>> {
+        let dir = match path.iter().rposition(|b| *b == b'/') {
+            Some(i) => &path[..i],
+            None => &b""[..],
+        };
+        self.resolve(dir)
+    }
+
     fn resolve(&self, path: &[u8]) -> Result<Option<InodeId>> {
         if self.shared.is_none() {
             return Ok(self.space.ns().resolve(path)?);

@@ -780,9 +780,14 @@ impl CkptFs {
                     .fs
                     .restore(&path, rev, owner_of_restored(req))
                     .map_err(|e| fail_json("restore", e))?;
-                // The file's bytes changed behind the page cache of anyone reading it.
+                // The file's bytes changed behind the page cache of anyone reading it, and
+                // a removed file restored changed its directory's listing, which the kernel
+                // may keep (FOPEN_CACHE_DIR, `opendir`): both are dropped.
                 if let Some(inv) = self.invalidator.get() {
                     inv.pages(INodeNo(ino.0), 0, 0);
+                    if let Ok(Some(dir)) = self.fs.parent_dir(&path) {
+                        inv.pages(INodeNo(dir.0), 0, 0);
+                    }
                 }
                 Ok(Vec::new())
             }
@@ -1307,8 +1312,18 @@ impl Filesystem for CkptFs {
     }
 
     fn opendir(&self, _req: &Request, ino: INodeNo, _flags: OpenFlags, reply: ReplyOpen) {
+        // The kernel may keep a directory's listing (FOPEN_CACHE_DIR) where only this
+        // daemon changes the namespace and every change comes through the kernel, which
+        // drops the kept listing when it changes the directory or sees its mtime move.
+        // Not for the revision view, whose listings change with commits, nor on a shared
+        // namespace, whose other nodes change directories behind the kernel's back.
+        let cache = !self.fs.shares_namespace() && !ckptfs_fs::view::is_virtual(InodeId(ino.0));
+        let flags = match cache {
+            true => FopenFlags::FOPEN_CACHE_DIR | FopenFlags::FOPEN_KEEP_CACHE,
+            false => FopenFlags::empty(),
+        };
         match self.fs.opendir(InodeId(ino.0)) {
-            Ok(()) => reply.opened(FileHandle(0), FopenFlags::empty()),
+            Ok(()) => reply.opened(FileHandle(0), flags),
             Err(e) => reply.error(fail("opendir", ino.0, e)),
         }
     }
