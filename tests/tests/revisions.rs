@@ -818,3 +818,34 @@ fn revisions_show_local_time_with_age_and_rfc3339() {
         "no raw unix seconds for people:\n{out}"
     );
 }
+
+/// The kernel keeps directory listings on a single-slot space (`FOPEN_CACHE_DIR`); a
+/// restore that re-creates a removed file is the one change to a directory the daemon makes
+/// without the kernel, so it drops the kept listing: a listing right after the restore
+/// names the file (before, it was missing until the directory's attributes expired).
+#[test]
+fn a_restored_file_is_listed_at_once() {
+    let mut m = TestMount::with_format_args("256M", &["--keep-revisions", "5"]);
+    fs::create_dir(m.path("d")).expect("mkdir");
+    write(&m, "d/kept", b"kept");
+    write(&m, "d/back", b"back");
+    let id = m.revisions("d/back")[0].id;
+    fs::remove_file(m.path("d/back")).expect("rm");
+    let dir = m.path("d");
+    let names = || -> BTreeSet<String> {
+        fs::read_dir(&dir)
+            .expect("list")
+            .map(|e| e.expect("entry").file_name().into_string().expect("utf8"))
+            .collect()
+    };
+    // Listed twice: the second listing is the kept one.
+    assert_eq!(names(), BTreeSet::from(["kept".to_string()]));
+    assert_eq!(names(), BTreeSet::from(["kept".to_string()]));
+    m.restore("d/back", id);
+    assert_eq!(
+        names(),
+        BTreeSet::from(["back".to_string(), "kept".to_string()]),
+        "listed right after the restore"
+    );
+    assert_file_eq(&m.path("d/back"), b"back");
+}
