@@ -314,6 +314,23 @@ fn held_creates_against_a_model() {
     }
 }
 
+/// Closes every open file (its content is what it wrote, `m` learns it), drops `fs` and
+/// opens the space again.
+fn close_and_reopen(
+    fs: Fs,
+    dir: &std::path::Path,
+    open: &mut HashMap<InodeId, (HandleId, Vec<u8>)>,
+    m: &mut Model,
+) -> Fs {
+    for (ino, (h, buf)) in open.drain() {
+        fs.flush(ino, h, PID).expect("close");
+        fs.release(ino, h).expect("release");
+        m.content.insert(ino, buf);
+    }
+    drop(fs);
+    Fs::new(Space::open(dir).expect("reopen"))
+}
+
 fn model_run(seed: u64) {
     let dir = fresh(&format!("model-{seed}"));
     let mut fs = Fs::new(Space::open(&dir).expect("open"));
@@ -428,13 +445,7 @@ fn model_run(seed: u64) {
             95..=97 => compare(&fs, &m, &open, &format!("seed {seed} step {step}")),
             _ => {
                 // A remount: every open file closed first (its content is what it wrote).
-                for (ino, (h, buf)) in open.drain() {
-                    fs.flush(ino, h, PID).expect("close");
-                    fs.release(ino, h).expect("release");
-                    m.content.insert(ino, buf);
-                }
-                drop(fs);
-                fs = Fs::new(Space::open(&dir).expect("reopen"));
+                fs = close_and_reopen(fs, &dir, &mut open, &mut m);
                 compare(
                     &fs,
                     &m,
@@ -445,13 +456,7 @@ fn model_run(seed: u64) {
         }
     }
     compare(&fs, &m, &open, &format!("seed {seed}: end, files open"));
-    for (ino, (h, buf)) in open.drain() {
-        fs.flush(ino, h, PID).expect("close");
-        fs.release(ino, h).expect("release");
-        m.content.insert(ino, buf);
-    }
-    drop(fs);
-    let fs = Fs::new(Space::open(&dir).expect("reopen"));
+    let fs = close_and_reopen(fs, &dir, &mut open, &mut m);
     compare(&fs, &m, &open, &format!("seed {seed}: end, reopened"));
     drop(fs);
     let _ = std::fs::remove_dir_all(&dir);

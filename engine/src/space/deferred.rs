@@ -210,15 +210,6 @@ impl Deferred {
         });
     }
 
-    /// Ids are reserved for another held create.
-    pub(crate) fn has_ids(&self) -> bool {
-        self.creates
-            .lock()
-            .pool
-            .as_ref()
-            .is_some_and(|p| p.left > 0)
-    }
-
     /// Every held create, in the order they were made, for a transaction to apply.
     pub(crate) fn snapshot_creates(&self) -> Vec<HeldCreate> {
         if !self.holds_creates() {
@@ -287,36 +278,24 @@ impl Deferred {
             })
     }
 
-    /// `listed` (entries of `dir` after cookie `after`, at most `limit`, from the table)
-    /// with the held creates in `dir` among them, in cookie order, at most `limit`.
-    pub(crate) fn list_with_created(
-        &self,
-        dir: InodeId,
-        after: u64,
-        limit: usize,
-        listed: &mut Vec<DirEntry>,
-    ) {
+    /// The held creates in `dir` with cookies greater than `after`, for `merge_listing`.
+    pub(crate) fn created_in(&self, dir: InodeId, after: u64) -> Vec<DirEntry> {
         if !self.holds_creates() {
-            return;
+            return Vec::new();
         }
         let c = self.creates.lock();
         if !c.dirs.contains_key(&dir) {
-            return;
+            return Vec::new();
         }
-        for h in c.by_ino.values() {
-            // A create its transaction applied is listed by the table already until it
-            // settles.
-            if h.parent == dir && h.cookie > after && !listed.iter().any(|e| e.ino == h.ino) {
-                listed.push(DirEntry {
-                    cookie: h.cookie,
-                    name: h.name.clone(),
-                    ino: h.ino,
-                });
-            }
-        }
-        drop(c);
-        listed.sort_unstable_by_key(|e| e.cookie);
-        listed.truncate(limit);
+        c.by_ino
+            .values()
+            .filter(|h| h.parent == dir && h.cookie > after)
+            .map(|h| DirEntry {
+                cookie: h.cookie,
+                name: h.name.clone(),
+                ino: h.ino,
+            })
+            .collect()
     }
 
     /// A directory's record, `rec` as read from the table, with the times held creates in
@@ -383,6 +362,20 @@ impl Deferred {
     pub(crate) fn len(&self) -> usize {
         self.held.lock().len()
     }
+}
+
+/// `listed` (entries of a directory after some cookie, at most `limit`, from the table)
+/// with `held` (`Deferred::created_in`, taken before the table was read) among them, in
+/// cookie order, at most `limit`. A create its transaction applied is listed by the table
+/// already until it settles: listed once.
+pub(crate) fn merge_listing(listed: &mut Vec<DirEntry>, mut held: Vec<DirEntry>, limit: usize) {
+    if held.is_empty() {
+        return;
+    }
+    held.retain(|h| !listed.iter().any(|e| e.ino == h.ino));
+    listed.extend(held);
+    listed.sort_unstable_by_key(|e| e.cookie);
+    listed.truncate(limit);
 }
 
 #[cfg(test)]
@@ -463,7 +456,7 @@ mod tests {
             ino: InodeId(ino),
         };
         let mut listed = vec![entry(999, "old", 7), entry(1001, "mid", 8)];
-        d.list_with_created(InodeId(1), 0, 3, &mut listed);
+        merge_listing(&mut listed, d.created_in(InodeId(1), 0), 3);
         let order: Vec<u64> = listed.iter().map(|e| e.cookie).collect();
         assert_eq!(
             order,

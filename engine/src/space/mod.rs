@@ -619,14 +619,11 @@ impl Space {
         if self.deferred.is_empty() {
             return Ok(());
         }
-        let (mut creates, mut attrs) = if first {
-            // Not while the transaction before settles (`commit_gate`); later the group's
-            // transaction is this one, which no one else commits.
-            let _settled = self.commit_gate.lock();
-            (self.deferred.snapshot_creates(), self.deferred.snapshot())
-        } else {
-            (self.deferred.snapshot_creates(), self.deferred.snapshot())
-        };
+        // At the beginning, not while the transaction before settles (`commit_gate`);
+        // later the group's transaction is this one, which no one else commits.
+        let settled = first.then(|| self.commit_gate.lock());
+        let (mut creates, mut attrs) = (self.deferred.snapshot_creates(), self.deferred.snapshot());
+        drop(settled);
         let mut done = txn.applied.lock();
         creates.retain(|c| !done.creates.contains(&c.ino));
         attrs.retain(|(i, g, _)| !done.attrs.contains(&(*i, *g)));

@@ -4,7 +4,7 @@
 //! namespace change becomes durable with the next durable commit (a close, an fsync), as
 //! the durability contract says.
 
-use super::deferred::{HeldCreate, RESERVE};
+use super::deferred::{merge_listing, HeldCreate, RESERVE};
 use super::{RevisionInfo, Space};
 use crate::catalog::ns::{RenameHow, Replaced, XattrHow};
 use crate::catalog::{self, Txn};
@@ -232,17 +232,9 @@ impl Namespace<'_> {
         limit: usize,
     ) -> Result<Vec<catalog::DirEntry>> {
         // What is held first, then the table (see `lookup`).
-        let mut held = Vec::new();
-        self.space
-            .deferred
-            .list_with_created(dir, after, limit, &mut held);
+        let held = self.space.deferred.created_in(dir, after);
         let mut listed = self.space.reader()?.list_dir(dir, after, limit)?;
-        if !held.is_empty() {
-            held.retain(|h| !listed.iter().any(|e| e.ino == h.ino));
-            listed.extend(held);
-            listed.sort_unstable_by_key(|e| e.cookie);
-            listed.truncate(limit);
-        }
+        merge_listing(&mut listed, held, limit);
         Ok(listed)
     }
 
@@ -264,34 +256,33 @@ impl Namespace<'_> {
         self.space.refuse_changes()?;
         {
             let _gate = self.space.ns_gate.lock();
-            if self.space.deferred.has_ids() {
-                // The checks `Txn::create_node` makes, against the table and what is held.
-                let p = self.get_inode(parent)?.ok_or(NsFault::NotFound)?;
-                if p.kind != NodeKind::Dir {
-                    return Err(NsFault::NotDir.into());
+            // The checks `Txn::create_node` makes, against the table and what is held
+            // (repeated by the transaction below when no ids are left to hold it with).
+            let p = self.get_inode(parent)?.ok_or(NsFault::NotFound)?;
+            if p.kind != NodeKind::Dir {
+                return Err(NsFault::NotDir.into());
+            }
+            if self.lookup(parent, name)?.is_some() {
+                return Err(NsFault::Exists.into());
+            }
+            if p.perm & libc::S_ISGID != 0 {
+                rec.gid = p.gid;
+            }
+            let at = Timestamp::now();
+            let held = self.space.deferred.hold_create(|ino, hid, cookie| {
+                rec.history = hid;
+                HeldCreate {
+                    parent,
+                    name: name.to_vec(),
+                    ino,
+                    cookie,
+                    rec: rec.clone(),
+                    at,
+                    gen: 0,
                 }
-                if self.lookup(parent, name)?.is_some() {
-                    return Err(NsFault::Exists.into());
-                }
-                if p.perm & libc::S_ISGID != 0 {
-                    rec.gid = p.gid;
-                }
-                let at = Timestamp::now();
-                let held = self.space.deferred.hold_create(|ino, hid, cookie| {
-                    rec.history = hid;
-                    HeldCreate {
-                        parent,
-                        name: name.to_vec(),
-                        ino,
-                        cookie,
-                        rec: rec.clone(),
-                        at,
-                        gen: 0,
-                    }
-                });
-                if let Some(h) = held {
-                    return Ok((h.ino, h.rec));
-                }
+            });
+            if let Some(h) = held {
+                return Ok((h.ino, h.rec));
             }
         }
         let (made, first) = self.run(false, |t| {
