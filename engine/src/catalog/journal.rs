@@ -53,6 +53,12 @@ const QUEUE_BYTES: usize = 4 << 20;
 /// The most chunk bytes one transaction carries in its record; above it, its close waits
 /// for the data file's sync instead.
 pub(crate) const INLINE_BYTES: u64 = 512 << 10;
+/// The most queued record bytes a commit writes ahead (`Journal::write_ahead`): it does so
+/// while it holds redb's writer, and a larger write (a 64 KiB file's chunk carried in its
+/// record) kept the other writers' commits waiting longer than the close gained: eight
+/// writers of 64 KiB files closed 8-12% fewer files per second with every record written
+/// ahead, while one writer of 1 KiB files gained 10-15% (`ckptfs-bench closes`, 2-core VM).
+const WRITE_AHEAD_BYTES: usize = 16 << 10;
 /// A transaction recording more rows than this (a gc dropping many revisions) stops
 /// recording and commits as a checkpoint instead: the bound on a record's memory.
 const LOG_BYTES: usize = 16 << 20;
@@ -462,48 +468,87 @@ impl Journal {
                 self.changed.wait(&mut s);
                 continue;
             }
-            s.flushing = true;
-            let mut batch: Vec<Queued> = s.queue.drain(..).collect();
-            s.queued_bytes = 0;
-            let restart = s.restart_after;
-            if let Some(c) = restart {
-                batch.retain(|q| q.seq > c);
+            if self.write_queued(&mut s, upto.is_some())? == Flushed::Full {
+                return Ok(Flushed::Full);
             }
-            let off = match (restart, batch.is_empty()) {
-                (Some(_), false) => 0,
-                _ => s.write_off,
-            };
-            let sync = upto.is_some();
-            drop(s);
+        }
+    }
+
+    /// Writes the queued records now, without a sync, and starts their writeback, unless
+    /// another thread is writing or a checkpoint is being made (then it leaves them queued
+    /// and returns at once: it never waits). Called by a commit that a close will wait
+    /// for, right after queueing its record and before redb's commit: the record's write
+    /// to the disk then runs during that commit, and the close's sync after it waits only
+    /// for the disk's cache flush (on the project's VM a 4 KiB write then sync cost about
+    /// 100 us, of which about half the write). Records whose chunks are only in the data
+    /// file are left to the flush, which syncs that file first.
+    pub(crate) fn write_ahead(&self) -> Result<()> {
+        let mut s = self.st.lock();
+        if s.flushing
+            || s.checkpointing.is_some()
+            || s.queue.is_empty()
+            || s.queued_bytes > WRITE_AHEAD_BYTES
+            || s.queue.iter().any(|q| q.needs_data)
+        {
+            return Ok(());
+        }
+        // Full: the records stay queued, and the close's flush asks for a checkpoint.
+        self.write_queued(&mut s, false).map(|_| ())
+    }
+
+    /// Writes every queued record in one write, and with `sync` syncs the journal (else
+    /// starts the write's writeback), as the one thread writing (`flushing`, held while the
+    /// state's lock is let go for the I/O).
+    fn write_queued(
+        &self,
+        s: &mut parking_lot::MutexGuard<'_, State>,
+        sync: bool,
+    ) -> Result<Flushed> {
+        s.flushing = true;
+        let mut batch: Vec<Queued> = s.queue.drain(..).collect();
+        s.queued_bytes = 0;
+        let restart = s.restart_after;
+        if let Some(c) = restart {
+            batch.retain(|q| q.seq > c);
+        }
+        let off = match (restart, batch.is_empty()) {
+            (Some(_), false) => 0,
+            _ => s.write_off,
+        };
+        let r = parking_lot::MutexGuard::unlocked(s, || {
             let r = self.write_batch(&batch, off, sync);
-            s = self.st.lock();
-            s.flushing = false;
-            self.changed.notify_all();
-            match r {
-                Ok(Some(len)) => {
-                    if let Some(last) = batch.last() {
-                        s.written = s.written.max(last.seq);
-                        if restart.is_some() {
-                            s.restart_after = None;
-                        }
-                    }
-                    s.write_off = off + len;
-                    s.since_bytes += len;
-                    if sync {
-                        s.synced = s.synced.max(s.written);
-                        s.syncs += 1;
-                    }
-                }
-                Ok(None) => {
-                    // Did not fit: back to the queue, in order, for after the checkpoint.
-                    for q in batch.into_iter().rev() {
-                        s.queued_bytes += q.bytes.len();
-                        s.queue.push_front(q);
-                    }
-                    return Ok(Flushed::Full);
-                }
-                Err(e) => return Err(e),
+            if let (Ok(Some(len @ 1..)), false) = (&r, sync) {
+                self.dev.start_writeback(off, *len);
             }
+            r
+        });
+        s.flushing = false;
+        self.changed.notify_all();
+        match r {
+            Ok(Some(len)) => {
+                if let Some(last) = batch.last() {
+                    s.written = s.written.max(last.seq);
+                    if restart.is_some() {
+                        s.restart_after = None;
+                    }
+                }
+                s.write_off = off + len;
+                s.since_bytes += len;
+                if sync {
+                    s.synced = s.synced.max(s.written);
+                    s.syncs += 1;
+                }
+                Ok(Flushed::Done)
+            }
+            Ok(None) => {
+                // Did not fit: back to the queue, in order, for after the checkpoint.
+                for q in batch.into_iter().rev() {
+                    s.queued_bytes += q.bytes.len();
+                    s.queue.push_front(q);
+                }
+                Ok(Flushed::Full)
+            }
+            Err(e) => Err(e),
         }
     }
 

@@ -1480,6 +1480,11 @@ impl Catalog {
             }
         }
         j.push(seq, log.encode(j.id, seq, &inline), needs_data);
+        if durable {
+            // The close waiting for this record has its write under way during redb's
+            // commit (`Journal::write_ahead`).
+            j.write_ahead()?;
+        }
         txn.commit()?;
         Ok(durable.then_some(seq))
     }
