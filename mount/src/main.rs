@@ -307,8 +307,9 @@ enum Cmd {
         /// Let users other than the one mounting access the mount (modes still apply).
         #[arg(long)]
         allow_other: bool,
-        /// Threads serving FUSE requests.
-        #[arg(long, default_value_t = 4, value_parser = clap::value_parser!(u32).range(1..=64))]
+        /// Threads serving FUSE requests: at most this many requests (closes waiting for
+        /// their commit among them) are served at once.
+        #[arg(long, default_value_t = DEFAULT_THREADS, value_parser = clap::value_parser!(u32).range(1..=64))]
         threads: u32,
         /// Threads that hash, compress and store chunks (default: one per core). 0 does
         /// that work on the FUSE threads, inside each write request.
