@@ -2,6 +2,7 @@
 //! processor has it, and the fused pass the encoder uses (rotate and split in one read).
 
 use super::Transform;
+use std::mem::MaybeUninit;
 
 /// Rotates `data` left by one bit, as one little-endian bit string, in place.
 pub fn rotate_left(data: &mut [u8]) {
@@ -57,7 +58,7 @@ fn unrotated(width: usize) -> Transform {
 /// Joins `W` planes back into elements: 16 elements a step with SIMD where the processor
 /// has it (`simd`), then eight at a time, so each plane row gives eight contiguous bytes per
 /// step; a width known at compile time lets the compiler unroll the byte moves.
-fn join<const W: usize>(rows: &[&[u8]], tail: &[u8], dst: &mut [u8]) {
+fn join<const W: usize>(rows: &[&[u8]], tail: &[u8], dst: &mut [MaybeUninit<u8>]) {
     let n = rows[0].len();
     let done = simd::join(rows, dst, W, n);
     let n8 = done + (n - done) / 8 * 8;
@@ -66,16 +67,16 @@ fn join<const W: usize>(rows: &[&[u8]], tail: &[u8], dst: &mut [u8]) {
             let r: [u8; 8] = row[g..g + 8].try_into().expect("8 bytes");
             let el = &mut dst[g * W..(g + 8) * W];
             for (i, v) in r.into_iter().enumerate() {
-                el[i * W + j] = v;
+                el[i * W + j].write(v);
             }
         }
     }
     for e in n8..n {
         for (j, row) in rows.iter().enumerate() {
-            dst[e * W + j] = row[e];
+            dst[e * W + j].write(row[e]);
         }
     }
-    dst[n * W..].copy_from_slice(tail);
+    dst[n * W..].write_copy_of_slice(tail);
 }
 
 /// Where a split writes: plane `j`'s `n` bytes at `at[j]`, the tail's (the bytes after the
@@ -123,6 +124,7 @@ pub(super) unsafe fn split_to(src: &[u8], w: usize, rotate: bool, d: &Planes) {
 /// a byte shuffle first (SSSE3, detected at run time). Elsewhere nothing is done here and
 /// the portable loop does all of it.
 mod simd {
+    use std::mem::MaybeUninit;
     /// Bytes at the start of `data` rotated right by one bit (`super::rotate_right`), a
     /// multiple of 64 that leaves at least 8 bytes after it (the last word it reads).
     pub fn rotate_right(data: &mut [u8]) -> usize {
@@ -138,7 +140,7 @@ mod simd {
 
     /// Elements (a multiple of 16) of the `n` in the planes `rows` joined into elements in
     /// `dst`.
-    pub fn join(rows: &[&[u8]], dst: &mut [u8], w: usize, n: usize) -> usize {
+    pub fn join(rows: &[&[u8]], dst: &mut [MaybeUninit<u8>], w: usize, n: usize) -> usize {
         #[cfg(target_arch = "x86_64")]
         {
             let n16 = n / 16 * 16;
@@ -209,6 +211,7 @@ mod simd {
     mod x86 {
         use super::super::Planes;
         use std::arch::x86_64::*;
+        use std::mem::MaybeUninit;
 
         /// [`super::rotate_right`] on 64 bytes a step: word `k` becomes `w[k] >> 1 |
         /// w[k + 1] << 63`, the next words read as one load 8 bytes further on.
@@ -229,10 +232,10 @@ mod simd {
         /// Planes to elements, 64 a step: the inverse of [`split512`] (the same lane
         /// transpose, then the inverse byte permute).
         #[target_feature(enable = "avx512f,avx512bw,avx512vbmi")]
-        pub unsafe fn join512(rows: &[&[u8]], dst: &mut [u8], w: usize, n64: usize) {
+        pub unsafe fn join512(rows: &[&[u8]], dst: &mut [MaybeUninit<u8>], w: usize, n64: usize) {
             let ld =
                 |j: usize, e: usize| _mm512_loadu_si512(rows[j].as_ptr().add(e) as *const __m512i);
-            let out = dst.as_mut_ptr();
+            let out = dst.as_mut_ptr().cast::<u8>();
             let st = |at: usize, v: __m512i| _mm512_storeu_si512(out.add(at) as *mut __m512i, v);
             // Byte q of an element register (element q / w, byte q % w) is at q % w * per
             // + q / w of the plane-major register.
@@ -356,13 +359,13 @@ mod simd {
         }
 
         #[inline(always)]
-        unsafe fn st(p: &mut [u8], at: usize, v: __m128i) {
+        unsafe fn st(p: &mut [MaybeUninit<u8>], at: usize, v: __m128i) {
             _mm_storeu_si128(p.as_mut_ptr().add(at) as *mut __m128i, v)
         }
 
         /// Planes to elements.
         #[target_feature(enable = "sse2")]
-        pub unsafe fn join(rows: &[&[u8]], dst: &mut [u8], w: usize, n16: usize) {
+        pub unsafe fn join(rows: &[&[u8]], dst: &mut [MaybeUninit<u8>], w: usize, n16: usize) {
             for e in (0..n16).step_by(16) {
                 let p = |j: usize| ld(rows[j], e);
                 match w {
@@ -524,11 +527,11 @@ pub fn forward_into(data: &[u8], t: Transform, dst: &mut [u8]) {
 }
 
 /// [`join`] for a width known at run time (1: a copy).
-fn join_any(rows: &[&[u8]], tail: &[u8], dst: &mut [u8]) {
+fn join_any(rows: &[&[u8]], tail: &[u8], dst: &mut [MaybeUninit<u8>]) {
     match rows.len() {
         1 => {
-            dst[..rows[0].len()].copy_from_slice(rows[0]);
-            dst[rows[0].len()..].copy_from_slice(tail);
+            dst[..rows[0].len()].write_copy_of_slice(rows[0]);
+            dst[rows[0].len()..].write_copy_of_slice(tail);
         }
         2 => join::<2>(rows, tail, dst),
         4 => join::<4>(rows, tail, dst),
@@ -557,12 +560,32 @@ pub fn inverse_into(planes: &[u8], t: Transform, dst: &mut [u8]) {
 /// [`inverse_into`] from planes that need not lie side by side (`rows`: `t.width` planes of
 /// equal length, then the `tail`), as a frame's raw blocks do.
 pub fn inverse_rows(rows: &[&[u8]], tail: &[u8], t: Transform, dst: &mut [u8]) {
+    // SAFETY: the same memory seen as possibly uninitialized; only initialized bytes are
+    // written to it.
+    let dst = unsafe { &mut *(dst as *mut [u8] as *mut [MaybeUninit<u8>]) };
+    inverse_rows_uninit(rows, tail, t, dst);
+}
+
+/// [`inverse_rows`] into memory that need not be initialized: a decoder's new output, which
+/// then is not cleared first only to be overwritten (`codec::decode_float`; clearing 64 KiB
+/// is a few percent of decoding it). Every byte of `dst` is written. Returns `dst`,
+/// initialized.
+pub fn inverse_rows_uninit<'a>(
+    rows: &[&[u8]],
+    tail: &[u8],
+    t: Transform,
+    dst: &'a mut [MaybeUninit<u8>],
+) -> &'a mut [u8] {
     assert_eq!(rows.len(), t.width as usize);
     let n = rows[0].len();
     assert!(rows.iter().all(|r| r.len() == n));
     assert_eq!(n * rows.len() + tail.len(), dst.len());
     join_any(rows, tail, dst);
+    // SAFETY: the join wrote every byte of `dst`: the rows' n * width bytes element by
+    // element, then the tail after them (their lengths add up to dst's, asserted).
+    let dst = unsafe { std::slice::from_raw_parts_mut(dst.as_mut_ptr().cast::<u8>(), dst.len()) };
     if t.rotate {
         rotate_right(dst);
     }
+    dst
 }
