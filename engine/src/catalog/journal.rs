@@ -481,7 +481,11 @@ impl Journal {
     /// to the disk then runs during that commit, and the close's sync after it waits only
     /// for the disk's cache flush (on the project's VM a 4 KiB write then sync cost about
     /// 100 us, of which about half the write). Records whose chunks are only in the data
-    /// file are left to the flush, which syncs that file first.
+    /// file are left to the flush, which syncs that file first. The caller holds redb's
+    /// writer meanwhile, so a page-cache write the kernel throttles (dirty pages over its
+    /// limit) or a full disk queue delays the table's other transactions too, where before
+    /// it delayed only the closes waiting for the flush: `WRITE_AHEAD_BYTES` keeps the write
+    /// small.
     pub(crate) fn write_ahead(&self) -> Result<()> {
         let mut s = self.st.lock();
         if s.flushing
