@@ -343,18 +343,7 @@ fn decode_float(
         let rows: [&[u8]; 8] = std::array::from_fn(|j| {
             direct[j].unwrap_or_else(|| &planes[(j * n).min(raw_len)..((j + 1) * n).min(raw_len)])
         });
-        // Not cleared first: the join writes every byte.
-        let mut out = Vec::with_capacity(raw_len);
-        let written = float::inverse_rows_uninit(
-            &rows[..w],
-            &planes[n * w..],
-            t,
-            &mut out.spare_capacity_mut()[..raw_len],
-        )
-        .len();
-        // SAFETY: `inverse_rows_uninit` initialized the first raw_len bytes.
-        unsafe { out.set_len(written) };
-        Ok(out)
+        Ok(float::inverse_rows(&rows[..w], &planes[n * w..], t))
     })
 }
 

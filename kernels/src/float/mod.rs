@@ -39,8 +39,7 @@ pub use huffman::{
     code_lengths, fse_weights, histogram, histogram_scalar, MAX_BITS, MAX_DIRECT_SYMBOL,
 };
 pub use planes::{
-    forward, forward_into, inverse, inverse_into, inverse_rows, inverse_rows_uninit, rotate_left,
-    rotate_right, shuffle, unshuffle,
+    forward, forward_into, inverse, inverse_rows, rotate_left, rotate_right, shuffle, unshuffle,
 };
 
 /// Whether the AVX-512 paths of this codec run here (detected once): the split and join of

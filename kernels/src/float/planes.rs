@@ -542,50 +542,30 @@ fn join_any(rows: &[&[u8]], tail: &[u8], dst: &mut [MaybeUninit<u8>]) {
 
 /// The chunk whose transformed bytes are `planes`.
 pub fn inverse(planes: &[u8], t: Transform) -> Vec<u8> {
-    let mut out = vec![0u8; planes.len()];
-    inverse_into(planes, t, &mut out);
-    out
-}
-
-/// [`inverse`] into `dst` (as long as `planes`).
-pub fn inverse_into(planes: &[u8], t: Transform, dst: &mut [u8]) {
     let w = t.width as usize;
     assert!(matches!(w, 1 | 2 | 4 | 8), "byte-plane width {w}");
     let n = planes.len() / w;
     let rows: [&[u8]; 8] =
         std::array::from_fn(|j| &planes[j.min(w) * n..(j.min(w) * n + n).min(planes.len())]);
-    inverse_rows(&rows[..w], &planes[n * w..], t, dst);
+    inverse_rows(&rows[..w], &planes[n * w..], t)
 }
 
-/// [`inverse_into`] from planes that need not lie side by side (`rows`: `t.width` planes of
-/// equal length, then the `tail`), as a frame's raw blocks do.
-pub fn inverse_rows(rows: &[&[u8]], tail: &[u8], t: Transform, dst: &mut [u8]) {
-    // SAFETY: the same memory seen as possibly uninitialized; only initialized bytes are
-    // written to it.
-    let dst = unsafe { &mut *(dst as *mut [u8] as *mut [MaybeUninit<u8>]) };
-    inverse_rows_uninit(rows, tail, t, dst);
-}
-
-/// [`inverse_rows`] into memory that need not be initialized: a decoder's new output, which
-/// then is not cleared first only to be overwritten (`codec::decode_float`; clearing 64 KiB
-/// is a few percent of decoding it). Every byte of `dst` is written. Returns `dst`,
-/// initialized.
-pub fn inverse_rows_uninit<'a>(
-    rows: &[&[u8]],
-    tail: &[u8],
-    t: Transform,
-    dst: &'a mut [MaybeUninit<u8>],
-) -> &'a mut [u8] {
+/// [`inverse`] from planes that need not lie side by side (`rows`: `t.width` planes of
+/// equal length, then the `tail`), as a frame's raw blocks do. The chunk is joined into new
+/// memory that is not cleared first only to be overwritten (clearing 64 KiB is a few percent
+/// of decoding it): the join writes every byte.
+pub fn inverse_rows(rows: &[&[u8]], tail: &[u8], t: Transform) -> Vec<u8> {
     assert_eq!(rows.len(), t.width as usize);
     let n = rows[0].len();
     assert!(rows.iter().all(|r| r.len() == n));
-    assert_eq!(n * rows.len() + tail.len(), dst.len());
-    join_any(rows, tail, dst);
-    // SAFETY: the join wrote every byte of `dst`: the rows' n * width bytes element by
-    // element, then the tail after them (their lengths add up to dst's, asserted).
-    let dst = unsafe { std::slice::from_raw_parts_mut(dst.as_mut_ptr().cast::<u8>(), dst.len()) };
+    let len = n * rows.len() + tail.len();
+    let mut out = Vec::with_capacity(len);
+    join_any(rows, tail, &mut out.spare_capacity_mut()[..len]);
+    // SAFETY: the join wrote every one of the `len` bytes: the rows' n * width bytes
+    // element by element, then the tail after them.
+    unsafe { out.set_len(len) };
     if t.rotate {
-        rotate_right(dst);
+        rotate_right(&mut out);
     }
-    dst
+    out
 }
