@@ -276,6 +276,12 @@ impl SimDevice {
         img
     }
 
+    /// The bytes after the death of the process using the device, not of the machine: every
+    /// completed write (the kernel's page cache keeps them, and the next open reads them).
+    pub fn death_image(&self) -> Image {
+        self.st.lock().current.clone()
+    }
+
     /// Synced and not-yet-synced writes so far, for tests that want to know a crash had
     /// something to lose.
     pub fn pending_writes(&self) -> usize {

@@ -6,7 +6,10 @@
 //! directory fsyncs through `Fs`. Either power is lost at a chosen device operation (crash
 //! runs), or one chosen operation fails with EIO or ENOSPC and the run goes on (fault runs).
 //! Then the disk is "rebooted" from its crash image (synced writes plus a random subset of the
-//! unsynced ones, some torn) and reopened.
+//! unsynced ones, some torn) and reopened. On a journaled space in the default mode the same
+//! point is also taken as the death of the daemon alone (every completed write kept, as the
+//! page cache keeps them), after which every change that returned must be there, an unlink
+//! with no close after it included.
 //!
 //! The model: the workload records the namespace state (every file's content and its sealed
 //! revisions) after every change, and which state the last acknowledged durable call (close,
@@ -155,10 +158,7 @@ fn run(seed: u64, plan: Plan, kind: Kind, tally: &mut Tally) -> Result<u64, Stri
         }),
     }
     let fs = Fs::new(space);
-    let mut model = Model {
-        states: vec![State::new()],
-        acked: 0,
-    };
+    let mut model = Model::new();
     let failed = workload(&fs, &sim.disk, seed, &mut model);
     let total_ops = sim.disk.ops() - base;
     let fired = sim.disk.fired.load(std::sync::atomic::Ordering::SeqCst);
@@ -247,45 +247,34 @@ fn run(seed: u64, plan: Plan, kind: Kind, tally: &mut Tally) -> Result<u64, Stri
     let data = sim.data.crash_image(&mut rng);
     let meta = sim.meta.crash_image(&mut rng);
     let journal = sim.journal.as_ref().map(|j| j.crash_image(&mut rng));
+    // Or only the daemon dies, here: every completed write is kept. In the default mode of
+    // a journaled space a namespace change that returned survives that too.
+    let death = (kind == Kind::Journal).then(|| {
+        (
+            sim.data.death_image(),
+            sim.meta.death_image(),
+            sim.journal.as_ref().map(|j| j.death_image()),
+        )
+    });
     // The power is off: nothing the space does as it is dropped reaches the disk.
     sim.disk.crash_at(0);
     drop(fs);
-    let disk2 = SimDisk::new();
-    let journal = journal.map(|j| SimDevice::new("journal", &disk2, j));
-    let space = Space::open_devices_as(sim.sb.clone(), on(devices(&disk2, data, meta), journal))
-        .map_err(|e| format!("reopen after the crash failed: {e}"))?;
-    let report = ckptfs_engine::maintenance::check::check(&space, &mut |_, _| {})
-        .map_err(|e| format!("check failed to run: {e}"))?;
-    if !report.is_clean() {
-        return Err(format!(
-            "check after the crash: {} damaged chunks (first: {:?}), problems: {:?}",
-            report.damaged.len(),
-            report.damaged.first(),
-            report.problems.iter().take(5).collect::<Vec<_>>()
-        ));
+    if let Some((data, meta, journal)) = death {
+        let fs = reopen(&sim.sb, data, meta, journal, "the daemon's death")?;
+        let got = observe(&fs)?;
+        tally.death_states_checked += 1;
+        if !model.states[model.returned..].contains(&got) {
+            return Err(format!(
+                "after the daemon's death (every completed write kept): {}",
+                not_kept(&model, model.returned, &got, "returned")
+            ));
+        }
     }
-    let fs = Fs::new(space);
+    let fs = reopen(&sim.sb, data, meta, journal, "the crash")?;
     let got = observe(&fs)?;
     tally.acked_states_checked += 1;
     if !model.states[model.acked..].contains(&got) {
-        return Err(format!(
-            "the recovered state is none of the states from the last acknowledged one on\n  \
-             recovered: {}\n  acknowledged: {}\n  later states: {}",
-            describe(&got),
-            describe(&model.states[model.acked]),
-            model.states.len() - 1 - model.acked
-        ) + &format!(
-            "\n  it equals earlier state(s) {:?} of {}; acknowledged was {}",
-            model
-                .states
-                .iter()
-                .enumerate()
-                .filter(|(_, s)| **s == got)
-                .map(|(i, _)| i)
-                .collect::<Vec<_>>(),
-            model.states.len(),
-            model.acked
-        ));
+        return Err(not_kept(&model, model.acked, &got, "acknowledged"));
     }
     // The space takes writes again.
     let a = fs
@@ -305,6 +294,53 @@ fn run(seed: u64, plan: Plan, kind: Kind, tally: &mut Tally) -> Result<u64, Stri
         .and_then(|_| fs.release(a.ino, HandleId(5)))
         .map_err(|e| format!("write after reboot: {e:?}"))?;
     Ok(total_ops)
+}
+
+/// Opens the space on a new disk holding these images (after a reboot), with no repair
+/// step, and checks it.
+fn reopen(
+    sb: &Superblock,
+    data: Image,
+    meta: Image,
+    journal: Option<Image>,
+    after: &str,
+) -> Result<Fs, String> {
+    let disk = SimDisk::new();
+    let journal = journal.map(|j| SimDevice::new("journal", &disk, j));
+    let space = Space::open_devices_as(sb.clone(), on(devices(&disk, data, meta), journal))
+        .map_err(|e| format!("reopen after {after} failed: {e}"))?;
+    let report = ckptfs_engine::maintenance::check::check(&space, &mut |_, _| {})
+        .map_err(|e| format!("check failed to run: {e}"))?;
+    if !report.is_clean() {
+        return Err(format!(
+            "check after {after}: {} damaged chunks (first: {:?}), problems: {:?}",
+            report.damaged.len(),
+            report.damaged.first(),
+            report.problems.iter().take(5).collect::<Vec<_>>()
+        ));
+    }
+    Ok(Fs::new(space))
+}
+
+/// Says that the recovered state `got` is none of the model's states from `from` (the
+/// last `what` one) on.
+fn not_kept(model: &Model, from: usize, got: &State, what: &str) -> String {
+    format!(
+        "the recovered state is none of the states from the last {what} one on\n  \
+         recovered: {}\n  {what}: {}\n  later states: {}\n  it equals earlier state(s) \
+         {:?} of {}; {what} was {from}",
+        describe(got),
+        describe(&model.states[from]),
+        model.states.len() - 1 - from,
+        model
+            .states
+            .iter()
+            .enumerate()
+            .filter(|(_, s)| *s == got)
+            .map(|(i, _)| i)
+            .collect::<Vec<_>>(),
+        model.states.len(),
+    )
 }
 
 fn env_u64(k: &str) -> Option<u64> {
@@ -379,7 +415,12 @@ fn drive(kind: Kind, default_seeds: u64) {
     println!(
         "crash/fault driver ({k}): {seeds} seeds, {points} crash points, {} runs ({} crashed \
          mid-workload, {} faults fired, {} with unsynced writes at power-off), {} recovered \
-         states checked, 0 lost",
-        t.runs, t.crashes, t.faults_fired, t.lost_writes_possible, t.acked_states_checked
+         states checked after a power loss and {} after the daemon's death, 0 lost",
+        t.runs,
+        t.crashes,
+        t.faults_fired,
+        t.lost_writes_possible,
+        t.acked_states_checked,
+        t.death_states_checked
     );
 }

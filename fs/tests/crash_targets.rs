@@ -212,10 +212,7 @@ fn run(seed: u64, plan: Plan, t: &mut Totals) -> Result<u64, String> {
         }),
     }
     let fs = Fs::new(space);
-    let mut model = Model {
-        states: vec![State::new()],
-        acked: 0,
-    };
+    let mut model = Model::new();
     let failed = workload(&fs, &sim.disk, seed, &mut model);
     let total = sim.disk.ops() - base;
     match (plan, &failed) {

@@ -48,6 +48,8 @@ pub struct Cluster {
     /// The lease every mount takes (`--lease`).
     pub lease: Duration,
     step: u64,
+    /// Formatted with one slot: the default kind of space (no slot table; a journal).
+    single_slot: bool,
 }
 
 impl Cluster {
@@ -110,6 +112,7 @@ impl Cluster {
             shared_dir,
             lease,
             step: 0,
+            single_slot: slots == 1,
         };
         let mut args: Vec<OsString> = vec![
             "format".into(),
@@ -289,10 +292,24 @@ impl Cluster {
 
     /// The slot `node`'s mount holds.
     pub fn slot_of(&mut self, node: usize) -> u32 {
+        if self.single_slot {
+            return 0;
+        }
         self.row_of(node)["slot"].as_u64().expect("slot") as u32
     }
 
     fn pid_of(&mut self, node: usize) -> u32 {
+        if self.single_slot {
+            // A single-slot space has no slot table: its lock file names the daemon.
+            let lock = self.node_backing[node].join("lock");
+            let note = fs::read_to_string(&lock)
+                .unwrap_or_else(|e| panic!("read {}: {e}", lock.display()));
+            return note
+                .strip_prefix("pid ")
+                .and_then(|s| s.split_whitespace().next())
+                .and_then(|s| s.parse().ok())
+                .unwrap_or_else(|| panic!("{} names no pid: {note:?}", lock.display()));
+        }
         self.row_of(node)["pid"].as_u64().expect("pid") as u32
     }
 

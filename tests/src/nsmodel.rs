@@ -562,6 +562,21 @@ impl Run {
     }
 }
 
+/// Writes a fixed pattern into a held handle and closes it.
+fn close_held(run: &mut Run, h: Held, when: &str) {
+    let bytes = pattern(run.seed, 1234);
+    let got = err(h
+        .file
+        .write_all_at(&bytes, 0)
+        .and_then(|_| close_checked(h.file)));
+    run.model.write_at(h.ino, 0, &bytes);
+    run.expect(
+        &format!("{when}: node {}: write and close held {}", h.node, h.path),
+        Ok(()),
+        got,
+    );
+}
+
 fn compare_all(c: &Cluster, run: &Run, nodes: usize, when: &str) {
     let want = run.model.tree();
     for n in 0..nodes {
@@ -583,8 +598,26 @@ fn compare_all(c: &Cluster, run: &Run, nodes: usize, when: &str) {
 /// `ops` random operations, then every node's tree, `ckptfs check`, a remount of every
 /// node and the trees again. Panics with the seed and the last operations on a difference.
 pub fn run(seed: u64, ops: usize, clients: &[PathBuf]) {
+    run_inner(seed, ops, clients, None)
+}
+
+/// One seeded run on one mount of a single-slot space (the default kind), whose daemon is
+/// killed with SIGKILL after every `kill_every` operations, with no close or fsync before
+/// the kill (a handle held open is closed first, and the operations after it are often
+/// renames, removals, mkdirs and chmods only). After each kill the space is mounted again
+/// and its tree must equal the model's: every operation that returned survives the death of
+/// the daemon, as every operation that returned survives the death of a process on a local
+/// filesystem (README, "Guarantees").
+pub fn run_killing(seed: u64, ops: usize, kill_every: usize) {
+    run_inner(seed, ops, &[], Some(kill_every.max(1)))
+}
+
+fn run_inner(seed: u64, ops: usize, clients: &[PathBuf], kill_every: Option<usize>) {
     let mut rng = SmallRng::seed_from_u64(seed);
-    let nodes = rng.random_range(2..=4usize);
+    let nodes = match kill_every {
+        Some(_) => 1,
+        None => rng.random_range(2..=4usize),
+    };
     println!("seed {seed}: {nodes} nodes, {ops} operations");
     let mut c = Cluster::on_clients(nodes as u32, "1G", nodes, Duration::from_secs(10), clients);
     for n in 0..nodes {
@@ -598,7 +631,25 @@ pub fn run(seed: u64, ops: usize, clients: &[PathBuf]) {
         step: 0,
     };
     let mut held: Option<Held> = None;
+    let mut kills = 0;
     for i in 0..ops {
+        if kill_every.is_some_and(|k| i > 0 && i % k == 0) {
+            if let Some(h) = held.take() {
+                close_held(&mut run, h, &format!("#{i} before the kill"));
+            }
+            let last = run.log.last().cloned().unwrap_or_default();
+            run.log
+                .push(format!("#{i}: kill -9 of the daemon, then a mount"));
+            c.kill(0);
+            c.mount(0, &[]);
+            kills += 1;
+            compare_all(
+                &c,
+                &run,
+                nodes,
+                &format!("after kill {kills} (the last operation before it: {last})"),
+            );
+        }
         let n = run.rng.random_range(0..nodes);
         let at = |p: &str| c.path(n, p.trim_start_matches('/'));
         // A held handle writes and closes after a few operations (its inode may have moved
@@ -932,17 +983,7 @@ pub fn run(seed: u64, ops: usize, clients: &[PathBuf]) {
         }
     }
     if let Some(h) = held.take() {
-        let bytes = pattern(seed, 1234);
-        let got = err(h
-            .file
-            .write_all_at(&bytes, 0)
-            .and_then(|_| close_checked(h.file)));
-        run.model.write_at(h.ino, 0, &bytes);
-        run.expect(
-            &format!("end: node {}: write and close held {}", h.node, h.path),
-            Ok(()),
-            got,
-        );
+        close_held(&mut run, h, "end");
     }
     compare_all(&c, &run, nodes, "after the operations");
     for n in 0..nodes {

@@ -10,10 +10,16 @@
 //! the new name), renames and removals of other nodes' entries, truncates and chmods of
 //! them, and writes into other nodes' files.
 //!
+//! The same operations on one mount of a single-slot space whose daemon is killed with
+//! SIGKILL every few operations, with no close or fsync before the kill: after each kill and
+//! a mount the tree equals the model's, so every change that returned survived the daemon's
+//! death (a rename after a checkpoint's last close among them).
+//!
 //! Knobs: `CKPTFS_SEED` replays one seed; `CKPTFS_MODEL_OPS` operations per seed (default
-//! 160); `CKPTFS_MODEL_SEEDS` how many seeds from the first (default 2).
+//! 160); `CKPTFS_MODEL_SEEDS` how many seeds from the first (default 2);
+//! `CKPTFS_KILL_EVERY` operations between kills (default 12).
 
-use ckptfs_tests::nsmodel::{env_usize, run};
+use ckptfs_tests::nsmodel::{env_usize, run, run_killing};
 
 #[test]
 fn every_node_sees_one_posix_tree() {
@@ -25,5 +31,19 @@ fn every_node_sees_one_posix_tree() {
     };
     for s in 0..seeds as u64 {
         run(first + s, ops, &[]);
+    }
+}
+
+#[test]
+fn every_returned_change_survives_kill_9_of_the_daemon() {
+    let first = ckptfs_tests::test_seed("every_returned_change_survives_kill_9_of_the_daemon", 1);
+    let ops = env_usize("CKPTFS_MODEL_OPS", 160);
+    let every = env_usize("CKPTFS_KILL_EVERY", 12);
+    let seeds = match std::env::var_os("CKPTFS_SEED") {
+        Some(_) => 1,
+        None => env_usize("CKPTFS_MODEL_SEEDS", 2),
+    };
+    for s in 0..seeds as u64 {
+        run_killing(first + s, ops, every);
     }
 }

@@ -1427,8 +1427,9 @@ impl Catalog {
     /// sticky (`Space::commit`): the table's state on disk is unknown then. With a journal:
     /// queues its record (while it still holds redb's writer, so records follow commits),
     /// carrying the stored bytes of the chunks it added if they are few (`bytes`), and
-    /// returns the record's number when the caller must wait for it (`make_durable`); a
-    /// transaction that frees segments, or asked to be one, is a checkpoint instead.
+    /// returns the record's number, for the caller to wait for (`make_durable` if it is
+    /// durable, else `make_written` or nothing); a transaction that frees segments, or
+    /// asked to be one, is a checkpoint instead (None, durable once this returns).
     pub(crate) fn commit(&self, txn: WriteTxn, bytes: &dyn StoredBytes) -> Result<Option<u64>> {
         let durable = txn.durable();
         let WriteTxn { mut txn, log, .. } = txn;
@@ -1486,7 +1487,7 @@ impl Catalog {
             j.write_ahead()?;
         }
         txn.commit()?;
-        Ok(durable.then_some(seq))
+        Ok(Some(seq))
     }
 
     /// Waits until journal record `seq` (and every one before it) is durable. Ok(false):
@@ -1494,6 +1495,15 @@ impl Catalog {
     pub(crate) fn make_durable(&self, seq: u64) -> Result<bool> {
         match &self.journal {
             Some(j) => Ok(j.make_durable(seq)? == journal::Flushed::Done),
+            None => Ok(true),
+        }
+    }
+
+    /// Writes journal record `seq` (and every one before it) into the journal file, without
+    /// a sync (`Journal::make_written`). Ok(false) as `make_durable`.
+    pub(crate) fn make_written(&self, seq: u64) -> Result<bool> {
+        match &self.journal {
+            Some(j) => Ok(j.make_written(seq)? == journal::Flushed::Done),
             None => Ok(true),
         }
     }

@@ -582,7 +582,7 @@ impl Space {
         durable: bool,
         f: impl FnOnce(&mut Txn) -> std::result::Result<R, E>,
     ) -> std::result::Result<R, E> {
-        let _gate = self.ns_gate.lock();
+        let gate = self.ns_gate.lock();
         let txn = self.begin_write(durable)?;
         let r = {
             let mut t = Txn::open(&txn)?;
@@ -590,7 +590,11 @@ impl Space {
         };
         match r {
             Ok(v) => {
-                self.commit(txn)?;
+                let record = self.commit_unwritten(txn)?;
+                // Other namespace changes need not wait while this one's record is written
+                // (behind a flush under way, perhaps).
+                drop(gate);
+                self.write_out(record)?;
                 Ok(v)
             }
             Err(e) => {
@@ -659,11 +663,45 @@ impl Space {
     /// First (at most once per `device::WATCH_INTERVAL`) the backing directory's files are
     /// looked at (`watch`): a commit into a table or data file that was removed or replaced,
     /// or while a second mount holds the lock, is refused rather than acknowledged.
+    ///
+    /// A non-durable commit returns once its journal record is in the journal file
+    /// (`write_out`), in the default mode: a change that returned survives the daemon's
+    /// death, as a change on a local filesystem survives its process's.
     pub(crate) fn commit(&self, txn: catalog::WriteTxn) -> Result<()> {
-        if let Some(seq) = self.commit_quiet(txn, false)? {
-            self.make_durable(seq)?;
+        let record = self.commit_unwritten(txn)?;
+        self.write_out(record)
+    }
+
+    /// `commit` but the last step: the journal record it still has to write (`write_out`).
+    fn commit_unwritten(&self, txn: catalog::WriteTxn) -> Result<Option<u64>> {
+        let durable = txn.durable();
+        let record = self.commit_quiet(txn, false)?;
+        let mut unwritten = None;
+        match record {
+            Some(seq) if durable => self.make_durable(seq)?,
+            Some(seq) if self.close_durable() => unwritten = Some(seq),
+            // `--durability fsync`: a daemon's death may lose what came after the last
+            // fsync, the record stays queued until the next flush.
+            _ => {}
         }
-        self.after_commit(false)
+        self.after_commit(false)?;
+        Ok(unwritten)
+    }
+
+    /// Writes journal record `seq` and every one before it into the journal file, unsynced
+    /// (`Journal::make_written`): one `pwrite` of a journal block, usually. A record behind
+    /// one whose chunks are only in the data file waits for that file's sync (a durable
+    /// close's, which its own flush was about to make anyway). Where the journal has no
+    /// room, a checkpoint (which covers the record).
+    fn write_out(&self, record: Option<u64>) -> Result<()> {
+        let Some(seq) = record else {
+            return Ok(());
+        };
+        match self.catalog.make_written(seq) {
+            Ok(true) => Ok(()),
+            Ok(false) => self.checkpoint(),
+            Err(e) => Err(self.store.fail_with(e)),
+        }
     }
 
     /// `commit` up to redb's commit: with a journal, the record number a durable commit

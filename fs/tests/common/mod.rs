@@ -27,10 +27,15 @@ pub struct FileModel {
 
 pub type State = BTreeMap<String, FileModel>;
 
-/// Every state the namespace went through, and the first one a crash may fall back to.
+/// Every state the namespace went through, the first one a crash may fall back to, and the
+/// first one the daemon's death may fall back to.
 pub struct Model {
     pub states: Vec<State>,
     pub acked: usize,
+    /// A namespace change that returned (an unlink) survives the death of the process (its
+    /// journal record is written, unsynced: `Space::commit`), in the default mode of a
+    /// journaled space.
+    pub returned: usize,
 }
 
 impl Model {
@@ -40,9 +45,21 @@ impl Model {
     pub fn push(&mut self, s: State) {
         self.states.push(s);
     }
+    pub fn new() -> Model {
+        Model {
+            states: vec![State::new()],
+            acked: 0,
+            returned: 0,
+        }
+    }
     /// A durable call returned success: everything so far survives any crash.
     pub fn ack(&mut self) {
         self.acked = self.states.len() - 1;
+        self.returned = self.acked;
+    }
+    /// A namespace change returned: everything so far survives the daemon's death.
+    pub fn returned(&mut self) {
+        self.returned = self.states.len() - 1;
     }
 }
 
@@ -239,6 +256,7 @@ pub fn workload(fs: &Fs, disk: &SimDisk, seed: u64, model: &mut Model) -> Option
                         s.remove(&nm);
                         model.push(s);
                         fs.unlink(ROOT, nm.as_bytes())?;
+                        model.returned();
                     }
                 }
                 17 | 18 => {
@@ -349,4 +367,6 @@ pub struct Tally {
     pub faults_fired: u64,
     pub lost_writes_possible: u64,
     pub acked_states_checked: u64,
+    /// States checked after the daemon's death (every completed write kept).
+    pub death_states_checked: u64,
 }
