@@ -6,7 +6,9 @@
 //! directory fsyncs through `Fs`. Either power is lost at a chosen device operation (crash
 //! runs), or one chosen operation fails with EIO or ENOSPC and the run goes on (fault runs).
 //! Then the disk is "rebooted" from its crash image (synced writes plus a random subset of the
-//! unsynced ones, some torn) and reopened. On a journaled space in the default mode the same
+//! unsynced ones, some torn; on the journal a torn write also leaves one of its sectors
+//! garbage, which only a write over a synced block could turn into a lost acknowledged
+//! record) and reopened. On a journaled space in the default mode the same
 //! point is also taken as the death of the daemon alone (every completed write kept, as the
 //! page cache keeps them), after which every change that returned must be there, an unlink
 //! with no close after it included.
@@ -100,6 +102,11 @@ fn format(kind: Kind) -> Sim {
     let meta = SimDevice::new("meta", &disk, Image::new(0));
     let journal =
         (kind != Kind::Plain).then(|| SimDevice::new("journal", &disk, Image::new(JOURNAL_BYTES)));
+    if let Some(j) = &journal {
+        // The journal never writes over a block a sync covered (FORMAT.md "Journal"):
+        // a torn write's garbage sector then never holds an acknowledged record.
+        j.tear_into_garbage();
+    }
     let devs = Devices {
         data: data.clone(),
         meta: meta.clone(),

@@ -283,8 +283,16 @@ struct State {
     /// checkpoint), and up to `synced` durable.
     written: u64,
     synced: u64,
-    /// Where the next write goes.
+    /// Where the next write goes (a block boundary).
     write_off: u64,
+    /// The records in the last block written (from its start), when that write was not
+    /// synced and ended inside the block: the next write starts at that block again,
+    /// rewriting them first, so records written one at a time without a sync (namespace
+    /// changes, `make_written`) share blocks instead of taking 4 KiB each. Empty once a
+    /// sync covered them (the block may then hold records acknowledged as durable, which no
+    /// write may touch), after a checkpoint, and after a write that ended on a block's end.
+    /// At most `JOURNAL_BLOCK` bytes.
+    tail: Vec<u8>,
     /// Bytes and transactions since the last checkpoint (what `checkpoint_due` weighs).
     since_bytes: u64,
     since_txns: u64,
@@ -359,6 +367,7 @@ impl Journal {
                 written: last,
                 synced: last,
                 write_off: 0,
+                tail: Vec::new(),
                 since_bytes: 0,
                 since_txns: 0,
                 checkpointing: None,
@@ -449,6 +458,7 @@ impl Journal {
             s.synced = s.synced.max(seq);
             s.written = s.written.max(seq);
             s.restart_after = Some(seq);
+            s.tail.clear();
             s.since_bytes = 0;
             s.since_txns = 0;
             while s.queue.front().is_some_and(|q| q.seq <= seq) {
@@ -556,29 +566,44 @@ impl Journal {
         if let Some(c) = restart {
             batch.retain(|q| q.seq > c);
         }
-        let off = match (restart, batch.is_empty()) {
-            (Some(_), false) => 0,
-            _ => s.write_off,
+        let restarting = restart.is_some() && !batch.is_empty();
+        let off = if restarting { 0 } else { s.write_off };
+        // The unsynced records of the last block go first, where that block starts; a sync
+        // with nothing to write covers them.
+        let prefix = match restarting || (batch.is_empty() && sync) {
+            true => {
+                s.tail.clear();
+                Vec::new()
+            }
+            false => std::mem::take(&mut s.tail),
+        };
+        let start = match prefix.is_empty() {
+            true => off,
+            false => off - JOURNAL_BLOCK,
         };
         let r = parking_lot::MutexGuard::unlocked(s, || {
-            let r = self.write_batch(&batch, off, sync);
-            if let (Ok(Some(len @ 1..)), After::Writeback) = (&r, after) {
-                self.dev.start_writeback(off, *len);
+            let r = self.write_batch(&prefix, &batch, start, sync);
+            if let (Ok(Some((len @ 1.., _))), After::Writeback) = (&r, after) {
+                self.dev.start_writeback(start, *len);
             }
             r
         });
         s.flushing = false;
         self.changed.notify_all();
         match r {
-            Ok(Some(len)) => {
+            Ok(Some((len, tail))) => {
                 if let Some(last) = batch.last() {
                     s.written = s.written.max(last.seq);
                     if restart.is_some() {
                         s.restart_after = None;
                     }
                 }
-                s.write_off = off + len;
-                s.since_bytes += len;
+                s.write_off = s.write_off.max(start + len);
+                if restarting {
+                    s.write_off = start + len;
+                }
+                s.since_bytes += (start + len).saturating_sub(off);
+                s.tail = if sync { Vec::new() } else { tail };
                 if sync {
                     s.synced = s.synced.max(s.written);
                     s.syncs += 1;
@@ -586,7 +611,9 @@ impl Journal {
                 Ok(Flushed::Done)
             }
             Ok(None) => {
-                // Did not fit: back to the queue, in order, for after the checkpoint.
+                // Did not fit: back to the queue, in order, for after the checkpoint (which
+                // covers the tail's records too).
+                s.tail = prefix;
                 for q in batch.into_iter().rev() {
                     s.queued_bytes += q.bytes.len();
                     s.queue.push_front(q);
@@ -597,9 +624,18 @@ impl Journal {
         }
     }
 
-    /// Writes `batch` at `off` (padded to `JOURNAL_BLOCK`) and syncs with `sync`; the
-    /// data file first if a record needs it. Ok(None): it does not fit.
-    fn write_batch(&self, batch: &[Queued], off: u64, sync: bool) -> Result<Option<u64>> {
+    /// Writes `prefix` (the unsynced records of the block at `off`, or nothing) and then
+    /// `batch` at `off`, padded to `JOURNAL_BLOCK`, and syncs with `sync`; the data file
+    /// first if a record needs it. The bytes written and the records of its last block
+    /// when it ends inside one (the next write's prefix, unless synced). Ok(None): it does
+    /// not fit.
+    fn write_batch(
+        &self,
+        prefix: &[u8],
+        batch: &[Queued],
+        off: u64,
+        sync: bool,
+    ) -> Result<Option<(u64, Vec<u8>)>> {
         if batch.iter().any(|q| q.needs_data) {
             self.sync_data()?;
         }
@@ -607,29 +643,33 @@ impl Journal {
             if sync {
                 self.watch(self.dev.sync())?;
             }
-            return Ok(Some(0));
+            return Ok(Some((0, prefix.to_vec())));
         }
-        let len: usize = batch.iter().map(|q| q.bytes.len()).sum();
+        let len = prefix.len() + batch.iter().map(|q| q.bytes.len()).sum::<usize>();
         let padded = (len as u64).div_ceil(JOURNAL_BLOCK) * JOURNAL_BLOCK;
         if off + padded > self.dev.len() {
             return Ok(None);
         }
         let mut buf = Vec::with_capacity(padded as usize);
+        buf.extend_from_slice(prefix);
         for q in batch {
             buf.extend_from_slice(&q.bytes);
         }
+        let tail = buf[len - len % JOURNAL_BLOCK as usize..].to_vec();
         buf.resize(padded as usize, 0);
         log::trace!(
-            "journal write at {off}: records {}..={} ({} bytes), sync {sync}",
+            "journal write at {off}: records {}..={} ({} bytes, {} of them rewritten), sync \
+             {sync}",
             batch[0].seq,
             batch[batch.len() - 1].seq,
-            buf.len()
+            buf.len(),
+            prefix.len()
         );
         self.watch(self.dev.write_at(&buf, off))?;
         if sync {
             self.watch(self.dev.sync())?;
         }
-        Ok(Some(padded))
+        Ok(Some((padded, tail)))
     }
 
     fn watch<T>(&self, r: crate::error::DevResult<T>) -> Result<T> {
