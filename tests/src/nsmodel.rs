@@ -562,16 +562,21 @@ impl Run {
     }
 }
 
-/// Writes a fixed pattern into a held handle and closes it.
-fn close_held(run: &mut Run, h: Held, when: &str) {
-    let bytes = pattern(run.seed, 1234);
+/// Writes `bytes` at the start of a held handle's file and closes it (`when` names the
+/// moment in the log).
+fn close_held(run: &mut Run, h: Held, bytes: &[u8], when: &str) {
     let got = err(h
         .file
-        .write_all_at(&bytes, 0)
+        .write_all_at(bytes, 0)
         .and_then(|_| close_checked(h.file)));
-    run.model.write_at(h.ino, 0, &bytes);
+    run.model.write_at(h.ino, 0, bytes);
     run.expect(
-        &format!("{when}: node {}: write and close held {}", h.node, h.path),
+        &format!(
+            "{when}: node {}: write {} bytes to held {} and close",
+            h.node,
+            bytes.len(),
+            h.path
+        ),
         Ok(()),
         got,
     );
@@ -635,7 +640,8 @@ fn run_inner(seed: u64, ops: usize, clients: &[PathBuf], kill_every: Option<usiz
     for i in 0..ops {
         if kill_every.is_some_and(|k| i > 0 && i % k == 0) {
             if let Some(h) = held.take() {
-                close_held(&mut run, h, &format!("#{i} before the kill"));
+                let bytes = pattern(run.seed, 1234);
+                close_held(&mut run, h, &bytes, &format!("#{i} before the kill"));
             }
             let last = run.log.last().cloned().unwrap_or_default();
             run.log
@@ -658,21 +664,7 @@ fn run_inner(seed: u64, ops: usize, clients: &[PathBuf], kill_every: Option<usiz
             if h.ops_left == 0 {
                 let h = held.take().expect("held");
                 let bytes = run.data();
-                let got = err(h
-                    .file
-                    .write_all_at(&bytes, 0)
-                    .and_then(|_| close_checked(h.file)));
-                run.model.write_at(h.ino, 0, &bytes);
-                run.expect(
-                    &format!(
-                        "#{i} node {}: write {} bytes to held {} and close",
-                        h.node,
-                        bytes.len(),
-                        h.path
-                    ),
-                    Ok(()),
-                    got,
-                );
+                close_held(&mut run, h, &bytes, &format!("#{i}"));
                 continue;
             }
             h.ops_left -= 1;
@@ -983,7 +975,8 @@ fn run_inner(seed: u64, ops: usize, clients: &[PathBuf], kill_every: Option<usiz
         }
     }
     if let Some(h) = held.take() {
-        close_held(&mut run, h, "end");
+        let bytes = pattern(run.seed, 1234);
+        close_held(&mut run, h, &bytes, "end");
     }
     compare_all(&c, &run, nodes, "after the operations");
     for n in 0..nodes {
