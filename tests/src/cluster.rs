@@ -301,14 +301,7 @@ impl Cluster {
     fn pid_of(&mut self, node: usize) -> u32 {
         if self.single_slot {
             // A single-slot space has no slot table: its lock file names the daemon.
-            let lock = self.node_backing[node].join("lock");
-            let note = fs::read_to_string(&lock)
-                .unwrap_or_else(|e| panic!("read {}: {e}", lock.display()));
-            return note
-                .strip_prefix("pid ")
-                .and_then(|s| s.split_whitespace().next())
-                .and_then(|s| s.parse().ok())
-                .unwrap_or_else(|| panic!("{} names no pid: {note:?}", lock.display()));
+            return crate::daemon_pid_of(&self.node_backing[node]);
         }
         self.row_of(node)["pid"].as_u64().expect("pid") as u32
     }

@@ -36,6 +36,16 @@ pub(crate) const MOUNT_TIMEOUT: Duration = Duration::from_secs(60);
 const UMOUNT_TIMEOUT: Duration = Duration::from_secs(300);
 const STATS_TIMEOUT: Duration = Duration::from_secs(60);
 
+/// The pid of the daemon that holds the single-slot space in `backing`, from its lock file.
+pub fn daemon_pid_of(backing: &Path) -> u32 {
+    let lock = backing.join("lock");
+    let note = fs::read_to_string(&lock).unwrap_or_else(|e| panic!("read {}: {e}", lock.display()));
+    note.strip_prefix("pid ")
+        .and_then(|s| s.split_whitespace().next())
+        .and_then(|s| s.parse().ok())
+        .unwrap_or_else(|| panic!("{} names no pid: {note:?}", lock.display()))
+}
+
 /// Path of the `ckptfs` binary under test.
 pub fn ckptfs_bin() -> PathBuf {
     if let Some(p) = std::env::var_os("CKPTFS_BIN") {
@@ -556,13 +566,7 @@ impl TestMount {
 
     /// The mount daemon's pid, from the space's lock file ("pid N mounted at ...").
     pub fn daemon_pid(&self) -> u32 {
-        let lock = self.backing.join("lock");
-        let note =
-            fs::read_to_string(&lock).unwrap_or_else(|e| panic!("read {}: {e}", lock.display()));
-        note.strip_prefix("pid ")
-            .and_then(|s| s.split_whitespace().next())
-            .and_then(|s| s.parse().ok())
-            .unwrap_or_else(|| panic!("{} names no pid: {note:?}", lock.display()))
+        daemon_pid_of(&self.backing)
     }
 
     /// Crashes the daemon: SIGKILL, so nothing is flushed or committed on the way out. Waits

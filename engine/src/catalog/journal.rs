@@ -570,16 +570,14 @@ impl Journal {
         let off = if restarting { 0 } else { s.write_off };
         // The unsynced records of the last block go first, where that block starts; a sync
         // with nothing to write covers them.
-        let prefix = match restarting || (batch.is_empty() && sync) {
-            true => {
-                s.tail.clear();
-                Vec::new()
-            }
-            false => std::mem::take(&mut s.tail),
-        };
-        let start = match prefix.is_empty() {
-            true => off,
-            false => off - JOURNAL_BLOCK,
+        let mut prefix = std::mem::take(&mut s.tail);
+        if restarting || (batch.is_empty() && sync) {
+            prefix.clear();
+        }
+        let start = if prefix.is_empty() {
+            off
+        } else {
+            off - JOURNAL_BLOCK
         };
         let r = parking_lot::MutexGuard::unlocked(s, || {
             let r = self.write_batch(&prefix, &batch, start, sync);
@@ -598,10 +596,12 @@ impl Journal {
                         s.restart_after = None;
                     }
                 }
-                s.write_off = s.write_off.max(start + len);
-                if restarting {
-                    s.write_off = start + len;
-                }
+                // A write of nothing (`len` 0) after a prefix leaves the offset where it was.
+                s.write_off = if restarting {
+                    len
+                } else {
+                    s.write_off.max(start + len)
+                };
                 s.since_bytes += (start + len).saturating_sub(off);
                 s.tail = if sync { Vec::new() } else { tail };
                 if sync {

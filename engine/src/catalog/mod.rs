@@ -1490,22 +1490,19 @@ impl Catalog {
         Ok(Some(seq))
     }
 
-    /// Waits until journal record `seq` (and every one before it) is durable. Ok(false):
-    /// the journal has no room for them before a checkpoint, which the caller makes.
-    pub(crate) fn make_durable(&self, seq: u64) -> Result<bool> {
-        match &self.journal {
-            Some(j) => Ok(j.make_durable(seq)? == journal::Flushed::Done),
-            None => Ok(true),
-        }
-    }
-
-    /// Writes journal record `seq` (and every one before it) into the journal file, without
-    /// a sync (`Journal::make_written`). Ok(false) as `make_durable`.
-    pub(crate) fn make_written(&self, seq: u64) -> Result<bool> {
-        match &self.journal {
-            Some(j) => Ok(j.make_written(seq)? == journal::Flushed::Done),
-            None => Ok(true),
-        }
+    /// Waits until journal record `seq` (and every one before it) is durable, or with
+    /// `durable` false only written into the journal file (`Journal::make_written`).
+    /// Ok(false): the journal has no room for them before a checkpoint, which the caller
+    /// makes.
+    pub(crate) fn make_durable(&self, seq: u64, durable: bool) -> Result<bool> {
+        let Some(j) = &self.journal else {
+            return Ok(true);
+        };
+        let flushed = match durable {
+            true => j.make_durable(seq)?,
+            false => j.make_written(seq)?,
+        };
+        Ok(flushed == journal::Flushed::Done)
     }
 
     /// Writes out queued records past the queue's bound. Ok(false) as `make_durable`.

@@ -675,15 +675,16 @@ impl Space {
     /// `commit` but the last step: the journal record it still has to write (`write_out`).
     fn commit_unwritten(&self, txn: catalog::WriteTxn) -> Result<Option<u64>> {
         let durable = txn.durable();
-        let record = self.commit_quiet(txn, false)?;
-        let mut unwritten = None;
-        match record {
-            Some(seq) if durable => self.make_durable(seq)?,
-            Some(seq) if self.close_durable() => unwritten = Some(seq),
+        let unwritten = match self.commit_quiet(txn, false)? {
+            Some(seq) if durable => {
+                self.make_durable(seq)?;
+                None
+            }
+            Some(seq) if self.close_durable() => Some(seq),
             // `--durability fsync`: a daemon's death may lose what came after the last
             // fsync, the record stays queued until the next flush.
-            _ => {}
-        }
+            _ => None,
+        };
         self.after_commit(false)?;
         Ok(unwritten)
     }
@@ -694,13 +695,9 @@ impl Space {
     /// close's, which its own flush was about to make anyway). Where the journal has no
     /// room, a checkpoint (which covers the record).
     fn write_out(&self, record: Option<u64>) -> Result<()> {
-        let Some(seq) = record else {
-            return Ok(());
-        };
-        match self.catalog.make_written(seq) {
-            Ok(true) => Ok(()),
-            Ok(false) => self.checkpoint(),
-            Err(e) => Err(self.store.fail_with(e)),
+        match record {
+            Some(seq) => self.reach(seq, false),
+            None => Ok(()),
         }
     }
 
@@ -737,7 +734,13 @@ impl Space {
     /// Waits until journal record `seq` and every one before it is durable; where the
     /// journal has no room for them, makes a checkpoint (which covers them).
     fn make_durable(&self, seq: u64) -> Result<()> {
-        match self.catalog.make_durable(seq) {
+        self.reach(seq, true)
+    }
+
+    /// `make_durable`, or with `durable` false `write_out`: the record reached, a checkpoint
+    /// where the journal has no room, a failure made sticky.
+    fn reach(&self, seq: u64, durable: bool) -> Result<()> {
+        match self.catalog.make_durable(seq, durable) {
             Ok(true) => Ok(()),
             Ok(false) => self.checkpoint(),
             Err(e) => Err(self.store.fail_with(e)),
