@@ -20,10 +20,12 @@
 //! (`Streak`, `encode_after`).
 //!
 //! The `float` policy goes further for floating-point tensors, whose mantissa bytes LZ4
-//! cannot shrink at all: each chunk is rotated by one bit (the exponent lands in one byte)
-//! and split into byte planes, and each plane is Huffman-coded on its own, written as one
-//! standard zstd frame (`ckptfs_kernels::float`, FORMAT.md "Codecs") that the zstd library
-//! decodes here. It is chosen per chunk only where it is smaller than LZ4 would be.
+//! cannot shrink at all: each chunk is rotated by one or three bits (the exponent, or its
+//! low bits with the mantissa's top two, land in one byte) and split into byte planes, and
+//! each plane is Huffman-coded on its own, written as one standard zstd frame
+//! (`ckptfs_kernels::float`, FORMAT.md "Codecs") that the zstd library decodes here (blocks
+//! with codes of one length are unpacked without it). It is chosen per chunk only where it
+//! is smaller than LZ4 would be.
 
 use crate::error::ChunkDamage;
 use crate::format::Codec;
@@ -315,6 +317,8 @@ fn decode_float(
                     }
                     float::frame::BlockKind::Raw(bytes) => dst.copy_from_slice(bytes),
                     float::frame::BlockKind::Rle(v) => dst.fill(v),
+                    float::frame::BlockKind::Literals(content)
+                        if float::frame::decode_fixed(content, dst) => {}
                     float::frame::BlockKind::Literals(content) => {
                         float::frame::one_block_frame(content, b.len, frame);
                         let got = z.decompress_to_buffer(&frame[..], dst).map_err(invalid)?;
@@ -958,10 +962,28 @@ mod tests {
             .collect();
         for data in [&fp32[..], &fp32[3..150_003], &fp32[1..70_000], &text[..]] {
             for t in Transform::all() {
-                for coded in [0u16, 0xFF, 0x08, 0x05] {
+                // Plane 0 with codes of one length, for the bits it varies in (rotated by three
+                // bits, fp32's sign and low mantissa bits: `decode_fixed` reads those blocks).
+                let n = data.len() / usize::from(t.width);
+                let (and, or) = float::forward(data, t)[..n]
+                    .iter()
+                    .fold((0xFFu8, 0u8), |(a, o), &b| (a & b, o | b));
+                let fixed = (or & !and != 0xFF).then_some(float::Fixed {
+                    plane: 0,
+                    mask: or & !and,
+                });
+                for (coded, fixed) in [
+                    (0u16, None),
+                    (0xFF, None),
+                    (0x08, None),
+                    (0x05, None),
+                    (0xFF, fixed),
+                    (0x05, fixed),
+                ] {
                     let plan = Plan {
                         transform: t,
                         coded,
+                        fixed,
                     };
                     let stored = float::encode_plan(data, plan);
                     assert!(float::frame::blocks(&stored, data.len()).is_some());

@@ -42,7 +42,7 @@ struct FloatArgs {
     const u8* in;
     const u64* offs;
     const u32* lens;
-    const u16* plans;
+    const u32* plans;
     u8* out;
     const u64* out_offs;
     u32* out_lens;
@@ -110,7 +110,7 @@ extern "C" int ckpt_emu_lz4_decompress(const u8* in, const u64* in_offs, const u
 }
 
 extern "C" int ckpt_emu_float_compress(const u8* in, const u64* offs, const u32* lens,
-                                       const u16* plans, u8* out, const u64* out_offs,
+                                       const u32* plans, u8* out, const u64* out_offs,
                                        u32* out_lens, u32 count)
 {
     FloatArgs a = {in, offs, lens, plans, out, out_offs, out_lens, count};

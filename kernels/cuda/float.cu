@@ -5,10 +5,11 @@
 // to the same CUDA subset (threadIdx/blockIdx/gridDim .x, __shared__ arrays, __syncwarp,
 // __ballot_sync, __shfl_sync).
 //
-// A chunk of `len` bytes with plan p (transform t = p & 15: width w = 1 << (t / 2), rotate =
-// t & 1; coded planes: bit j of p >> 4 for plane j) becomes one zstd frame (RFC 8878) of
-// its transformed bytes: rotated left by one bit as a
-// little-endian bit string when `rotate`, then split into w byte planes of n = len / w bytes
+// A chunk of `len` bytes with plan p (transform t = p & 15: for t < 8 width w = 1 << (t / 2)
+// and rotation r = t & 1 bits, for t = 8..11 w = 1 << (t - 8) and r = 3; coded planes: bit j
+// of (p >> 4) & 255 for plane j; where bit 15 is set, plane (p >> 12) & 7 is tried with codes
+// of one length for mask (p >> 16) & 255) becomes one zstd frame (RFC 8878) of its transformed bytes: rotated
+// left by r bits as a little-endian bit string, then split into w byte planes of n = len / w bytes
 // (plane j holds byte j of every element), the len - n * w trailing bytes last. The
 // transformed bytes are never materialised: byte p of them is read from the chunk where it
 // comes from (`ckpt_tbyte`).
@@ -16,8 +17,10 @@
 // Frame: magic, descriptor 0xA0 (4-byte content size, single segment, no checksum), the
 // content size, then per plane (and the tail) blocks of at most 128 KiB, each
 //   under 64 bytes: RLE where every byte of it is the same, raw otherwise;
-//   of a coded plane: RLE where every byte is the same, compressed where a tree describes
-//              it and Huffman coding makes it smaller: a compressed literals section (four
+//   of a coded plane: RLE where every byte is the same (not tried for the fixed plane's
+//              blocks whose bytes vary in exactly its mask: those get codes of one length,
+//              the rank of the byte among the 2^v of its form, instead of a histogram's),
+//              compressed where a tree describes it and Huffman coding makes it smaller: a compressed literals section (four
 //              streams, the tree as direct 4-bit weights where every byte is at most 128
 //              and that form is no longer, else FSE-coded weights) and an empty sequences
 //              section; raw otherwise;
@@ -55,7 +58,16 @@ __device__ __forceinline__ u8 ckpt_tbyte(const u8* b, u32 len, u32 w, u32 n, u32
     if (!rot)
         return b[i];
     const u8 prev = b[i == 0 ? len - 1 : i - 1];
-    return (u8)((b[i] << 1) | (prev >> 7));
+    return (u8)((b[i] << rot) | (prev >> (8 - rot)));
+}
+
+// AND and OR of v over the warp (butterfly), the same in every lane.
+__device__ __forceinline__ void ckpt_warp_and_or(u32& a, u32& o)
+{
+    for (u32 m = 16; m > 0; m >>= 1) {
+        a &= __shfl_sync(CKPT_F_FULL, a, (int)(threadIdx.x ^ m));
+        o |= __shfl_sync(CKPT_F_FULL, o, (int)(threadIdx.x ^ m));
+    }
 }
 
 // Sum of v over the warp (butterfly), the same in every lane.
@@ -331,7 +343,7 @@ __device__ __forceinline__ u64 ckpt_float_bound(u32 len)
 extern "C" __global__ void ckpt_float_compress(const u8* __restrict__ in,
                                                const u64* __restrict__ offs,
                                                const u32* __restrict__ lens,
-                                               const u16* __restrict__ plans,
+                                               const u32* __restrict__ plans,
                                                u8* __restrict__ out,
                                                const u64* __restrict__ out_offs,
                                                u32* __restrict__ out_lens,
@@ -350,9 +362,12 @@ extern "C" __global__ void ckpt_float_compress(const u8* __restrict__ in,
         u8* dst = out + out_offs[c];
         const u32 len = lens[c];
         const u32 t = plans[c] & 15u;
-        const u32 coded_planes = plans[c] >> 4;
-        const u32 w = 1u << (t / 2);
-        const u32 rot = t & 1;
+        const u32 coded_planes = (plans[c] >> 4) & 255u;
+        const bool has_fixed = (plans[c] >> 15) & 1u;
+        const u32 fixed_plane = (plans[c] >> 12) & 7u;
+        const u32 fixed_mask = (plans[c] >> 16) & 255u;
+        const u32 w = t < 8 ? 1u << (t / 2) : 1u << (t - 8);
+        const u32 rot = t < 8 ? t & 1 : 3;
         const u32 n = len / w;
 
         if (lane == 0) {
@@ -396,46 +411,89 @@ extern "C" __global__ void ckpt_float_compress(const u8* __restrict__ in,
                     }
                 }
                 bool huff = false;
-                if (blen >= CKPT_F_MIN_HUFFMAN && coded) {
-                    for (u32 s = 0; s < 256; s++)
-                        rows[lane][s] = 0;
-                    for (u32 p = lane; p < blen; p += 32)
-                        rows[lane][ckpt_tbyte(src, len, w, n, rot, bs + p)]++;
-                    __syncwarp();
-                    for (u32 s = lane; s < 256; s += 32) {
-                        u32 sum = 0;
-                        for (u32 l = 0; l < 32; l++)
-                            sum += rows[l][s];
-                        hist[s] = sum;
-                    }
-                    __syncwarp();
-                    if (lane == 0) {
-                        u32 distinct = 0, one = 0;
-                        for (u32 s = 0; s < 256; s++)
-                            if (hist[s] > 0) {
-                                distinct++;
-                                one = s;
-                            }
-                        plan[3] = distinct;
-                        plan[4] = one;
-                    }
-                    __syncwarp();
-                    if (plan[3] == 1) {
-                        if (lane == 0) {
-                            ckpt_block_header(dst + o, last, 1, blen);
-                            dst[o + 3] = (u8)plan[4];
+                // The block's bytes: all of them, or all but the first where the fixed
+                // plane's first byte alone breaks its form (it goes into a raw block of its
+                // own before them; see float.rs `encode_block`).
+                u32 b0 = bs, bl = blen;
+                if (bl >= CKPT_F_MIN_HUFFMAN && coded) {
+                    // The fixed plane's block: the bits its bytes vary in.
+                    bool fixed = false;
+                    u32 constant = 0;
+                    if (has_fixed && j == fixed_plane) {
+                        // AND and OR of the bytes after the first, then with it.
+                        u32 a = 255, or_ = 0;
+                        for (u32 p = 1 + lane; p < bl; p += 32) {
+                            const u32 v = ckpt_tbyte(src, len, w, n, rot, b0 + p);
+                            a &= v;
+                            or_ |= v;
                         }
-                        o += 4;
-                        __syncwarp();
-                        continue;
+                        ckpt_warp_and_or(a, or_);
+                        const u32 first = ckpt_tbyte(src, len, w, n, rot, b0);
+                        const bool whole = ((or_ | first) & ~(a & first) & 255u) == fixed_mask;
+                        const bool rest = bl > CKPT_F_MIN_HUFFMAN && (or_ & ~a & 255u) == fixed_mask;
+                        fixed = whole || rest;
+                        constant = a & ~fixed_mask & 255u;
+                        if (fixed && !whole) {
+                            if (lane == 0) {
+                                ckpt_block_header(dst + o, 0, 0, 1);
+                                dst[o + 3] = (u8)first;
+                            }
+                            o += 4;
+                            b0 += 1;
+                            bl -= 1;
+                        }
                     }
+                    if (fixed) {
+                        if (lane == 0) {
+                            u32 v = 0;
+                            for (u32 b = 0; b < 8; b++)
+                                v += (fixed_mask >> b) & 1u;
+                            for (u32 s = 0; s < 256; s++)
+                                clen[s] = (s & ~fixed_mask) == constant ? (u8)v : 0;
+                        }
+                    } else {
+                        for (u32 s = 0; s < 256; s++)
+                            rows[lane][s] = 0;
+                        for (u32 p = lane; p < bl; p += 32)
+                            rows[lane][ckpt_tbyte(src, len, w, n, rot, b0 + p)]++;
+                        __syncwarp();
+                        for (u32 s = lane; s < 256; s += 32) {
+                            u32 sum = 0;
+                            for (u32 l = 0; l < 32; l++)
+                                sum += rows[l][s];
+                            hist[s] = sum;
+                        }
+                        __syncwarp();
+                        if (lane == 0) {
+                            u32 distinct = 0, one = 0;
+                            for (u32 s = 0; s < 256; s++)
+                                if (hist[s] > 0) {
+                                    distinct++;
+                                    one = s;
+                                }
+                            plan[3] = distinct;
+                            plan[4] = one;
+                        }
+                        __syncwarp();
+                        if (plan[3] == 1) {
+                            if (lane == 0) {
+                                ckpt_block_header(dst + o, last, 1, bl);
+                                dst[o + 3] = (u8)plan[4];
+                            }
+                            o += 4;
+                            __syncwarp();
+                            continue;
+                        }
+                        if (lane == 0)
+                            ckpt_code_lengths(hist, clen);
+                    }
+                    __syncwarp();
                     if (lane == 0) {
-                        ckpt_code_lengths(hist, clen);
                         u32 max_bits = 0, max_sym = 0;
                         for (u32 s = 0; s < 256; s++) {
                             if (clen[s] > max_bits)
                                 max_bits = clen[s];
-                            if (hist[s] > 0)
+                            if (clen[s] > 0)
                                 max_sym = s;
                         }
                         plan[2] = ckpt_tree(clen, max_sym, max_bits, tree);
@@ -450,18 +508,18 @@ extern "C" __global__ void ckpt_float_compress(const u8* __restrict__ in,
                         plan[1] = max_sym;
                     }
                     __syncwarp();
-                    // Bits of each stream: segments of (blen + 3) / 4 symbols, the last the rest.
-                    const u32 seg = (blen + 3) / 4;
+                    // Bits of each stream: segments of (bl + 3) / 4 symbols, the last the rest.
+                    const u32 seg = (bl + 3) / 4;
                     u32 bits[4];
                     for (u32 k = 0; k < 4; k++) {
-                        const u32 from = k * seg < blen ? k * seg : blen;
-                        const u32 to = (k + 1) * seg < blen ? (k + 1) * seg : blen;
+                        const u32 from = k * seg < bl ? k * seg : bl;
+                        const u32 to = (k + 1) * seg < bl ? (k + 1) * seg : bl;
                         u32 b = 0;
                         for (u32 p = from + lane; p < to; p += 32)
-                            b += clen[ckpt_tbyte(src, len, w, n, rot, bs + p)];
+                            b += clen[ckpt_tbyte(src, len, w, n, rot, b0 + p)];
                         bits[k] = ckpt_warp_sum(b);
                     }
-                    const u32 hdr = blen <= 1023 ? 3 : blen <= 16383 ? 4 : 5;
+                    const u32 hdr = bl <= 1023 ? 3 : bl <= 16383 ? 4 : 5;
                     const u32 field = hdr == 3 ? 10 : hdr == 4 ? 14 : 18;
                     const u32 tree_len = plan[2];
                     u32 sizes[4];
@@ -477,12 +535,12 @@ extern "C" __global__ void ckpt_float_compress(const u8* __restrict__ in,
                     if (compressed >= (1u << field))
                         fits = false;
                     const u32 content = hdr + compressed + 1;
-                    huff = fits && content < blen;
+                    huff = fits && content < bl;
                     if (huff) {
                         u8* d = dst + o;
                         if (lane == 0) {
                             ckpt_block_header(d, last, 2, content);
-                            const u64 h = 2ull | ((u64)(hdr - 2) << 2) | ((u64)blen << 4) |
+                            const u64 h = 2ull | ((u64)(hdr - 2) << 2) | ((u64)bl << 4) |
                                           ((u64)compressed << (4 + field));
                             for (u32 i = 0; i < hdr; i++)
                                 d[3 + i] = (u8)(h >> (8 * i));
@@ -501,13 +559,13 @@ extern "C" __global__ void ckpt_float_compress(const u8* __restrict__ in,
                             u32 at = 3 + hdr + tree_len + 6;
                             for (u32 q = 0; q < k; q++)
                                 at += sizes[q];
-                            const u32 from = k * seg < blen ? k * seg : blen;
-                            const u32 to = (k + 1) * seg < blen ? (k + 1) * seg : blen;
+                            const u32 from = k * seg < bl ? k * seg : bl;
+                            const u32 to = (k + 1) * seg < bl ? (k + 1) * seg : bl;
                             u64 acc = 0;
                             u32 nb = 0;
                             // Last symbol first: the decoder reads the stream from its end.
                             for (u32 p = to; p-- > from;) {
-                                const u8 v = ckpt_tbyte(src, len, w, n, rot, bs + p);
+                                const u8 v = ckpt_tbyte(src, len, w, n, rot, b0 + p);
                                 acc |= (u64)code[v] << nb;
                                 nb += clen[v];
                                 while (nb >= 8) {
@@ -530,10 +588,10 @@ extern "C" __global__ void ckpt_float_compress(const u8* __restrict__ in,
                 }
                 if (!huff) {
                     if (lane == 0)
-                        ckpt_block_header(dst + o, last, 0, blen);
-                    for (u32 p = lane; p < blen; p += 32)
-                        dst[o + 3 + p] = ckpt_tbyte(src, len, w, n, rot, bs + p);
-                    o += 3 + blen;
+                        ckpt_block_header(dst + o, last, 0, bl);
+                    for (u32 p = lane; p < bl; p += 32)
+                        dst[o + 3 + p] = ckpt_tbyte(src, len, w, n, rot, b0 + p);
+                    o += 3 + bl;
                 }
                 __syncwarp();
             }

@@ -18,7 +18,7 @@ extern "C" {
         input: *const u8,
         offs: *const u64,
         lens: *const u32,
-        plans: *const u16,
+        plans: *const u32,
         out: *mut u8,
         out_offs: *const u64,
         out_lens: *mut u32,

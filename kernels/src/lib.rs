@@ -148,7 +148,7 @@ pub(crate) struct FloatBatch {
     pub bytes: Vec<u8>,
     pub offs: Vec<u64>,
     pub lens: Vec<u32>,
-    pub plans: Vec<u16>,
+    pub plans: Vec<u32>,
     pub out_offs: Vec<u64>,
     pub out_bytes: usize,
 }

@@ -171,7 +171,7 @@ fn fse_weights_decode_with_the_zstd_library() {
             .collect();
         let t = float::Transform {
             width: 1,
-            rotate: false,
+            rotate: 0,
         };
         let frame = float::encode(&d, t);
         assert_eq!(decode(&frame, d.len(), t), d, "round {round}");

@@ -22,9 +22,10 @@ pub(crate) fn cmd_format(c: Cmd) -> Result<(), CliError> {
     };
     let mark_codec = |dir: &Path| -> Result<(), CliError> {
         if codec == "float" {
+            use ckptfs_engine::format::Features;
             ckptfs_engine::space::mark_features(
                 dir,
-                ckptfs_engine::format::Features::INCOMPAT_FLOAT_CODEC,
+                Features::INCOMPAT_FLOAT_CODEC.union(Features::INCOMPAT_FLOAT_ROTATE3),
             )
             .map_err(|e| format!("cannot record the codec in the superblock: {e}"))?;
         }

@@ -124,9 +124,7 @@ fn attach(
                 c.hash, c.stored, c.raw
             )));
         }
-        if matches!(codec, Codec::Float(_)) {
-            features = features.union(Features::INCOMPAT_FLOAT_CODEC);
-        }
+        features = features.union(codec.features());
         recs.push((
             c.chunk_hash()?,
             ChunkRecord {

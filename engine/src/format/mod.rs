@@ -110,11 +110,21 @@ impl Features {
         ro_compat: 0,
         incompat: 64,
     };
+    /// Chunks with codecs 12..=15: the float codec's transforms that rotate by three bits
+    /// (`Transform::ROTATIONS`). A build that knows only ids 4..=11 would refuse such a chunk
+    /// on every read. Set with `INCOMPAT_FLOAT_CODEC` wherever that is set by this build (a
+    /// read-write mount with the float codec, a format, a restore of such chunks), so a
+    /// space that has it may hold them.
+    pub const INCOMPAT_FLOAT_ROTATE3: Features = Features {
+        compat: 0,
+        ro_compat: 0,
+        incompat: 128,
+    };
     /// Every flag this build knows.
     pub const KNOWN: Features = Features {
         compat: 1,
         ro_compat: 0,
-        incompat: 127,
+        incompat: 255,
     };
     /// What `format` sets: the features every new space has. Codecs 2 and 3 among them:
     /// the default policy writes them for chunks LZ4 would crawl through (`codec`), and a
@@ -1159,14 +1169,15 @@ pub enum Codec {
     Shuffle4Lz4,
     /// Byte-shuffled as 8-byte elements (float64), then LZ4.
     Shuffle8Lz4,
-    /// The float codec (ids 4..=11, `4 + transform index`): one standard zstd frame of the
-    /// chunk's transformed bytes (rotated by one bit and/or split into byte planes, as the
-    /// transform says; `ckptfs_kernels::float`).
+    /// The float codec (ids 4..=15, `4 + transform index`): one standard zstd frame of the
+    /// chunk's transformed bytes (rotated by one or three bits and/or split into byte
+    /// planes, as the transform says; `ckptfs_kernels::float`). Ids 12..=15 (rotation by
+    /// three bits) need `Features::INCOMPAT_FLOAT_ROTATE3` besides the float codec's flag.
     Float(Transform),
 }
 
 impl Codec {
-    /// First id of the float codec's eight transforms.
+    /// First id of the float codec's twelve transforms.
     const FLOAT_BASE: u8 = 4;
 
     pub fn from_u8(c: u8) -> Option<Codec> {
@@ -1175,7 +1186,7 @@ impl Codec {
             1 => Codec::Lz4,
             2 => Codec::Shuffle4Lz4,
             3 => Codec::Shuffle8Lz4,
-            4..=11 => Codec::Float(Transform::from_index(c - Self::FLOAT_BASE)?),
+            4..=15 => Codec::Float(Transform::from_index(c - Self::FLOAT_BASE)?),
             _ => return None,
         })
     }
@@ -1188,6 +1199,18 @@ impl Codec {
             Codec::Shuffle4Lz4 => 2,
             Codec::Shuffle8Lz4 => 3,
             Codec::Float(t) => Self::FLOAT_BASE + t.index(),
+        }
+    }
+
+    /// The superblock flags a space needs before a chunk of this codec is written in it.
+    pub fn features(self) -> Features {
+        match self {
+            Codec::Raw | Codec::Lz4 => Features::default(),
+            Codec::Shuffle4Lz4 | Codec::Shuffle8Lz4 => Features::INCOMPAT_SHUFFLE_CODECS,
+            Codec::Float(t) if t.rotate == 3 => {
+                Features::INCOMPAT_FLOAT_CODEC.union(Features::INCOMPAT_FLOAT_ROTATE3)
+            }
+            Codec::Float(_) => Features::INCOMPAT_FLOAT_CODEC,
         }
     }
 }
@@ -1573,8 +1596,8 @@ mod tests {
         };
         assert_eq!(ChunkRecord::decode(&c.encode()).unwrap(), c);
         let mut bad = c.encode();
-        // Ids 0..=11 are codecs (4..=11 the float codec's transforms); 12 is not.
-        bad[16] = 12;
+        // Ids 0..=15 are codecs (4..=15 the float codec's transforms); 16 is not.
+        bad[16] = 16;
         assert!(ChunkRecord::decode(&bad).is_err());
         for t in Transform::all() {
             let f = ChunkRecord {

@@ -423,7 +423,9 @@ impl Space {
                 // Where the float codec does not pay, chunks are stored as `Lz4` stores them,
                 // byte-shuffled storms included.
                 Policy::Float => self.add_features(
-                    Features::INCOMPAT_FLOAT_CODEC.union(Features::INCOMPAT_SHUFFLE_CODECS),
+                    Features::INCOMPAT_FLOAT_CODEC
+                        .union(Features::INCOMPAT_FLOAT_ROTATE3)
+                        .union(Features::INCOMPAT_SHUFFLE_CODECS),
                 )?,
             }
         }

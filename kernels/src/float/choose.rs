@@ -2,7 +2,7 @@
 //! and the planes worth coding, with the stored fraction that is expected. Runs on the CPU
 //! only (the kernel takes the plan), so it may use floating point.
 
-use super::{Plan, Transform, MAX_DIRECT_SYMBOL};
+use super::{Fixed, Plan, Transform, MAX_DIRECT_SYMBOL};
 
 /// Bytes of a chunk's sample that [`choose`] looks at: enough to tell a plane 1% below 8 bits
 /// from noise (at width 4 a plane gets 1024 sample bytes, where the corrected entropy of
@@ -18,6 +18,13 @@ pub const SAMPLE: usize = 4 << 10;
 /// optimizer state (12.5%), zero-heavy planes, the low mantissa bytes of
 /// all-MiniLM-L6-v2 (5-6%), exponents (60-70%).
 const CODE_MIN_GAIN: f32 = 0.04;
+
+/// A coded plane whose sample entropy is within this many bits a byte of the number of bits
+/// in which its bytes vary gets codes of one length ([`Fixed`]). Uniform bits estimate
+/// within about 0.01 bits of their count (the Miller-Madow correction leaves no bias, and
+/// the spread over a 1 KiB sample of 64 values is under 0.01); a plane 0.03 bits below it
+/// would save at most 0.4% of its size with Huffman codes.
+const FIXED_SLACK: f32 = 0.03;
 
 /// Fixed-point scale of [`nlogn_table`]: 1/1024 bit.
 const NLOGN_ONE: f32 = 1024.0;
@@ -41,12 +48,20 @@ fn nlogn_table() -> &'static [u32] {
     })
 }
 
+/// How a plane of a candidate transform is expected to store.
+struct PlaneCost {
+    bits: f32,
+    coded: bool,
+    /// The bits its sample varies in, where they look uniform (codes of one length).
+    fixed: Option<u8>,
+}
+
 /// Bits one plane of `plane_len` bytes is expected to take, and whether to code it, from
 /// the histogram `h` of its sample: the sample's entropy with the Miller-Madow correction
 /// (a sample's entropy is low by about (K - 1) / (2 ln 2) bits for K distinct bytes),
 /// scaled to the plane, plus the tree description and headers; raw where that does not save
 /// [`CODE_MIN_GAIN`]; almost nothing for one repeated byte.
-fn plane_cost(h: &[u32; 256], plane_len: usize, nlogn: &[u32]) -> (f32, bool) {
+fn plane_cost(h: &[u32; 256], plane_len: usize, nlogn: &[u32]) -> PlaneCost {
     let (mut total, mut distinct) = (0u32, 0u32);
     let mut sums = [0u32; 4];
     for q in h.chunks_exact(4) {
@@ -60,13 +75,28 @@ fn plane_cost(h: &[u32; 256], plane_len: usize, nlogn: &[u32]) -> (f32, bool) {
     let max_sym = h.iter().rposition(|&c| c > 0).unwrap_or(0);
     let raw = 8.0 * plane_len as f32 + 24.0;
     if total == 0 {
-        return (raw, false);
+        return PlaneCost {
+            bits: raw,
+            coded: false,
+            fixed: None,
+        };
     }
     if distinct == 1 {
-        return (32.0, true);
+        return PlaneCost {
+            bits: 32.0,
+            coded: true,
+            fixed: None,
+        };
     }
     let sample_bits =
         nlogn[total as usize] as f32 / NLOGN_ONE - sum + 0.7213 * (distinct - 1) as f32;
+    let (and, or) = (0..=255u8)
+        .filter(|&s| h[usize::from(s)] > 0)
+        .fold((0xFFu8, 0u8), |(a, o), s| (a & s, o | s));
+    let varying = or & !and;
+    let fixed = (varying != 0xFF
+        && sample_bits / total as f32 >= varying.count_ones() as f32 - FIXED_SLACK)
+        .then_some(varying);
     // Direct weights: 4 bits a symbol up to the largest; FSE-coded ones: about half a bit
     // for each absent symbol below the largest and three for each present one.
     let fse = 48.0 + 0.5 * (max_sym + 1 - distinct as usize) as f32 + 3.0 * distinct as f32;
@@ -78,9 +108,17 @@ fn plane_cost(h: &[u32; 256], plane_len: usize, nlogn: &[u32]) -> (f32, bool) {
     // Block and literals headers and the jump table: 14 bytes.
     let coded = sample_bits * plane_len as f32 / total as f32 + tree + 112.0;
     if coded < raw * (1.0 - CODE_MIN_GAIN) {
-        (coded, true)
+        PlaneCost {
+            bits: coded,
+            coded: true,
+            fixed,
+        }
     } else {
-        (raw, false)
+        PlaneCost {
+            bits: raw,
+            coded: false,
+            fixed: None,
+        }
     }
 }
 
@@ -90,7 +128,7 @@ fn add(a: &[u32; 256], b: &[u32; 256]) -> [u32; 256] {
 
 /// The plan that should store `data` smallest, and the estimated stored fraction, from
 /// histograms of a sample (the first and middle `SAMPLE / 2` bytes): one pass counts bytes
-/// by position mod 8, unrotated and rotated; the planes of width 4, 2 and 1 are sums of
+/// by position mod 8 under each rotation; the planes of width 4, 2 and 1 are sums of
 /// those (positions `j mod 4` are `j` and `j + 4 mod 8`, and so on).
 pub fn choose(data: &[u8]) -> (Plan, f32) {
     choose_among(data, None)
@@ -115,20 +153,29 @@ fn sample(data: &[u8]) -> [&[u8]; 2] {
 
 fn choose_among(data: &[u8], only: Option<Transform>) -> (Plan, f32) {
     let parts = sample(data);
-    let mut raw = [[0u32; 256]; 8];
-    let mut rot = [[0u32; 256]; 8];
-    let (count_raw, count_rot) = only.map_or((true, true), |t| (!t.rotate, t.rotate));
+    // Histograms by position mod 8 of the sample under each rotation (`Transform::ROTATIONS`
+    // in order: none, one bit, three bits).
+    let mut hist = [[[0u32; 256]; 8]; 3];
+    let counted = Transform::ROTATIONS.map(|r| only.is_none_or(|t| t.rotate == r));
+    let [raw, one, three] = &mut hist;
     for s in parts {
-        if count_raw {
+        if counted[0] {
             for (k, &byte) in s.iter().enumerate() {
                 raw[k & 7][byte as usize] += 1;
             }
         }
-        if count_rot {
-            let mut prev_top = s.last().map_or(0, |b| b >> 7);
+        // The byte before the part's first is taken to be its last (a sample's parts have no
+        // byte before them here; one byte in 2048 is off).
+        let mut prev = s.last().copied().unwrap_or(0);
+        if counted[1] || counted[2] {
             for (k, &byte) in s.iter().enumerate() {
-                rot[k & 7][(byte << 1 | prev_top) as usize] += 1;
-                prev_top = byte >> 7;
+                if counted[1] {
+                    one[k & 7][(byte << 1 | prev >> 7) as usize] += 1;
+                }
+                if counted[2] {
+                    three[k & 7][(byte << 3 | prev >> 5) as usize] += 1;
+                }
+                prev = byte;
             }
         }
     }
@@ -136,16 +183,17 @@ fn choose_among(data: &[u8], only: Option<Transform>) -> (Plan, f32) {
     let plain = Plan {
         transform: only.unwrap_or(Transform {
             width: 1,
-            rotate: false,
+            rotate: 0,
         }),
         coded: 0,
+        fixed: None,
     };
     if total == 0 {
         return (plain, 1.0);
     }
     let nlogn = nlogn_table();
     let mut best = (plain, f32::MAX);
-    for (rotate, h8) in [(false, &raw), (true, &rot)] {
+    for (h8, rotate) in hist.iter().zip(Transform::ROTATIONS) {
         if only.is_some_and(|t| t.rotate != rotate) {
             continue;
         }
@@ -158,17 +206,30 @@ fn choose_among(data: &[u8], only: Option<Transform>) -> (Plan, f32) {
                 continue;
             }
             let plane_len = data.len() / width as usize;
-            let (mut bits, mut coded) = (0.0, 0u16);
+            let (mut bits, mut coded, mut fixed) = (0.0, 0u16, None);
             for (j, h) in planes.iter().enumerate() {
-                let (b, c) = plane_cost(h, plane_len, nlogn);
-                bits += b;
-                coded |= u16::from(c) << j;
+                let c = plane_cost(h, plane_len, nlogn);
+                bits += c.bits;
+                coded |= u16::from(c.coded) << j;
+                if let (None, Some(mask)) = (fixed, c.fixed) {
+                    fixed = Some(Fixed {
+                        plane: j as u8,
+                        mask,
+                    });
+                }
             }
             // The tail of trailing bytes, raw.
             bits += 8.0 * (data.len() % width as usize) as f32;
             if bits < best.1 {
                 let transform = Transform { width, rotate };
-                best = (Plan { transform, coded }, bits);
+                best = (
+                    Plan {
+                        transform,
+                        coded,
+                        fixed,
+                    },
+                    bits,
+                );
             }
         }
     }
@@ -179,7 +240,7 @@ fn choose_among(data: &[u8], only: Option<Transform>) -> (Plan, f32) {
 const QUICK_SAMPLE: usize = 1 << 10;
 
 /// A quick floor under the fraction [`choose`] could find, from the collision counts of a
-/// small sample's bytes by position mod 8, unrotated and rotated: the Rényi entropy of order
+/// small sample's bytes by position mod 8, under each rotation: the Rényi entropy of order
 /// 2 of each position's bytes, which is never above their entropy; a plane of any width is
 /// a mix of these positions and has at least their mean entropy. About a microsecond, where
 /// `choose` takes several: the policy asks this first on chunks that LZ4 compresses well or
@@ -190,20 +251,20 @@ pub fn quick_floor(data: &[u8]) -> Option<f32> {
         return None;
     }
     let mid = (data.len() / 2) & !7;
-    let mut raw = [[0u8; 256]; 8];
-    let mut rot = [[0u8; 256]; 8];
-    let (mut raw_pairs, mut rot_pairs) = ([0u32; 8], [0u32; 8]);
+    // Counts and pair counts by position mod 8 under each rotation (none, one bit, three).
+    let mut counts = [[[0u8; 256]; 8]; 3];
+    let mut pairs = [[0u32; 8]; 3];
     for start in [0, mid] {
-        // The bit rotated into the first byte is the top bit of the byte before it.
-        let mut prev_top = data[(start + data.len() - 1) % data.len()] >> 7;
+        // The bits rotated into the first byte are the top bits of the byte before it.
+        let mut prev = data[(start + data.len() - 1) % data.len()];
         for (k, &byte) in data[start..start + QUICK_SAMPLE / 2].iter().enumerate() {
-            let r = &mut raw[k & 7][byte as usize];
-            raw_pairs[k & 7] += u32::from(*r);
-            *r += 1;
-            let t = &mut rot[k & 7][(byte << 1 | prev_top) as usize];
-            rot_pairs[k & 7] += u32::from(*t);
-            *t += 1;
-            prev_top = byte >> 7;
+            let rotated = [byte, byte << 1 | prev >> 7, byte << 3 | prev >> 5];
+            for (r, v) in rotated.into_iter().enumerate() {
+                let c = &mut counts[r][k & 7][v as usize];
+                pairs[r][k & 7] += u32::from(*c);
+                *c += 1;
+            }
+            prev = byte;
         }
     }
     // Pairs of positions in one class: n (n - 1) / 2 for n = QUICK_SAMPLE / 8.
@@ -216,5 +277,5 @@ pub fn quick_floor(data: &[u8]) -> Option<f32> {
             .sum::<f32>()
             / 64.0
     };
-    Some(bits(&raw_pairs).min(bits(&rot_pairs)))
+    Some(pairs.iter().map(bits).fold(f32::MAX, f32::min))
 }

@@ -77,14 +77,23 @@ pub fn blocks(frame: &[u8], len: usize) -> Option<Vec<Block<'_>>> {
 /// The decoded size of a compressed block's `content` that holds Huffman-coded literals
 /// with their own tree (RFC 8878 3.1.1.3.1) and no sequences, else None.
 fn literals_size(content: &[u8]) -> Option<usize> {
+    let (header, regenerated, compressed) = literals_header(content)?;
+    // Then Number_of_Sequences 0 (one zero byte), and nothing after it.
+    (header + compressed + 1 == content.len() && content[header + compressed] == 0)
+        .then_some(regenerated)
+}
+
+/// A compressed literals section's header: its length, the regenerated size and the
+/// compressed size (of the tree and streams); None unless Literals_Block_Type is 2
+/// (compressed, with its tree; 3, treeless, reuses the tree of a block before: not written
+/// here).
+pub fn literals_header(content: &[u8]) -> Option<(usize, usize, usize)> {
     let b = |i: usize| content.get(i).map(|&v| v as usize);
     let b0 = b(0)?;
-    // Literals_Block_Type 2: compressed, with its tree (3, treeless, reuses the tree of a
-    // block before: not written here).
     if b0 & 3 != 2 {
         return None;
     }
-    let (header, regenerated, compressed) = match (b0 >> 2) & 3 {
+    Some(match (b0 >> 2) & 3 {
         0 | 1 => (3, b0 >> 4 | (b(1)? & 0x3F) << 4, b(1)? >> 6 | b(2)? << 2),
         2 => (
             4,
@@ -96,10 +105,14 @@ fn literals_size(content: &[u8]) -> Option<usize> {
             b0 >> 4 | b(1)? << 4 | (b(2)? & 0x3F) << 12,
             b(2)? >> 6 | b(3)? << 2 | b(4)? << 10,
         ),
-    };
-    // Then Number_of_Sequences 0 (one zero byte), and nothing after it.
-    (header + compressed + 1 == content.len() && content[header + compressed] == 0)
-        .then_some(regenerated)
+    })
+}
+
+/// Decodes a compressed block's `content` into `dst` without the zstd library where its
+/// tree is one of codes of one length ([`super::huffman::decode_fixed`]); false where it is
+/// not (or this processor's `pdep` is slow): the caller asks the library.
+pub fn decode_fixed(content: &[u8], dst: &mut [u8]) -> bool {
+    super::huffman::decode_fixed(content, dst)
 }
 
 /// A frame holding only the compressed block `content` (decoding to `len` bytes), for the

@@ -3,6 +3,9 @@
 //! occurs or that is smaller), four Huffman streams and the section header. Every step is
 //! integer-only and deterministic, so `cuda/float.cu` writes the very same bytes.
 
+use std::collections::HashMap;
+use std::rc::Rc;
+
 /// Longest Huffman code zstd allows.
 pub const MAX_BITS: u32 = 11;
 /// Largest byte value a directly written Huffman tree can describe.
@@ -484,6 +487,15 @@ fn segments(n: usize) -> [(usize, usize); 4] {
     std::array::from_fn(|k| ((k * seg).min(n), ((k + 1) * seg).min(n)))
 }
 
+/// The four segments of a piece of `n` bytes, and the size of the region of `scratch` each
+/// one's stream is written to (11 bits a symbol and the writers' slack), `scratch` grown to
+/// hold the four.
+fn stream_regions(n: usize, scratch: &mut Vec<u8>) -> ([(usize, usize); 4], usize) {
+    let region = (n.div_ceil(4) * MAX_BITS as usize).div_ceil(8) + STREAM_SLACK;
+    scratch.resize(4 * region, 0);
+    (segments(n), region)
+}
+
 /// One stream's bit writer over its region of the scratch buffer.
 struct Stream {
     at: *mut u8,
@@ -592,9 +604,7 @@ unsafe fn group(table: *const u32, v: u32) -> (u64, u32) {
 
 #[inline(always)]
 fn write_streams_with(piece: &[u8], table: &[u32; 256], scratch: &mut Vec<u8>) -> [usize; 4] {
-    let segs = segments(piece.len());
-    let region = (piece.len().div_ceil(4) * MAX_BITS as usize).div_ceil(8) + STREAM_SLACK;
-    scratch.resize(4 * region, 0);
+    let (segs, region) = stream_regions(piece.len(), scratch);
     let base = scratch.as_mut_ptr();
     let t = table.as_ptr();
     let mut sizes = [0usize; 4];
@@ -725,8 +735,236 @@ pub fn literals(
         .find(|&s| counts[s] > 0)
         .expect("two symbols");
     let lens = code_lengths(counts);
+    let bits: u64 = (0..=max_sym)
+        .map(|s| u64::from(counts[s]) * u64::from(lens[s]))
+        .sum();
+    literals_with(piece, &lens, max_sym, bits, None, out, scratch)
+}
+
+/// [`literals`] with codes of one length for a piece whose bytes vary only in the bits of
+/// `mask` (at least one, not all eight) and have `constant` in the others: every one of the
+/// `2^v` bytes of that form (v bits in `mask`) gets a `v`-bit code, its rank among them, so
+/// no histogram is needed, and the streams are the `mask` bits of each byte packed (one
+/// `pext` for eight bytes where the processor has a fast one). Where those bits are uniform
+/// (the low mantissa bits and the sign of floats, under a rotation that left constant
+/// exponent bits beside them) Huffman coding would give the same lengths.
+pub fn fixed_literals(
+    piece: &[u8],
+    mask: u8,
+    constant: u8,
+    out: &mut Vec<u8>,
+    scratch: &mut Vec<u8>,
+) -> bool {
+    debug_assert!(mask != 0 && mask != 0xFF && constant & mask == 0);
+    let (lens, max_sym) = fixed_lengths(mask, constant);
+    let bits = piece.len() as u64 * u64::from(mask.count_ones());
+    literals_with(piece, &lens, max_sym, bits, Some(mask), out, scratch)
+}
+
+/// The code lengths of [`fixed_literals`]: `v` for each byte of the form, and the largest.
+fn fixed_lengths(mask: u8, constant: u8) -> ([u8; 256], usize) {
+    let v = mask.count_ones() as u8;
+    let lens = std::array::from_fn(|s| if s as u8 & !mask == constant { v } else { 0 });
+    (lens, usize::from(constant | mask))
+}
+
+/// The tree description [`fixed_literals`] writes for `mask` and `constant`, as
+/// [`tree_description`] makes it; cached on the thread (a chunk's fixed plane has the same
+/// form as the chunk's before it nearly always, and the FSE-coded weights cost a few
+/// microseconds).
+fn fixed_description(mask: u8, constant: u8) -> Option<Rc<[u8]>> {
+    /// Descriptions by (mask, constant); None where the tree cannot be described.
+    type Cache = HashMap<(u8, u8), Option<Rc<[u8]>>>;
+    thread_local! {
+        /// At most one entry per (mask, constant) pair: 6,304 of them, each under 128 bytes.
+        static CACHE: std::cell::RefCell<Cache> = std::cell::RefCell::default();
+    }
+    CACHE.with(|c| {
+        c.borrow_mut()
+            .entry((mask, constant))
+            .or_insert_with(|| {
+                let (lens, max_sym) = fixed_lengths(mask, constant);
+                tree_description(&lens, max_sym, mask.count_ones()).map(Into::into)
+            })
+            .clone()
+    })
+}
+
+/// (mask, constant) of each form of codes of one length, by its tree description.
+type Forms = HashMap<Box<[u8]>, (u8, u8)>;
+
+/// Every form [`fixed_literals`] can write, by its tree description: a description equal to
+/// one of these bytes for bytes describes exactly that tree, codes of one length for the
+/// bytes of that form, so a decoder may unpack the streams without building a table
+/// ([`decode_fixed`]). Built once (6,304 descriptions, about 8 ms here).
+fn fixed_forms() -> &'static Forms {
+    static FORMS: std::sync::OnceLock<Forms> = std::sync::OnceLock::new();
+    FORMS.get_or_init(|| {
+        let mut m = HashMap::new();
+        for mask in 1..=254u8 {
+            for constant in (0..=255u8).filter(|&c| c & mask == 0) {
+                let (lens, max_sym) = fixed_lengths(mask, constant);
+                if let Some(d) = tree_description(&lens, max_sym, mask.count_ones()) {
+                    m.insert(d.into_boxed_slice(), (mask, constant));
+                }
+            }
+        }
+        m
+    })
+}
+
+/// Whether this processor's `pext` and `pdep` are fast: BMI2 on Intel, and on AMD from Zen 3
+/// (family 19h) on; Zen 1 and 2 run them in microcode, hundreds of cycles for the masks here,
+/// so there the table-driven writer and the zstd library's decoder are used instead.
+pub fn fast_bit_scatter() -> bool {
+    #[cfg(not(target_arch = "x86_64"))]
+    return false;
+    #[cfg(target_arch = "x86_64")]
+    static FAST: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *FAST.get_or_init(|| {
+        if !std::arch::is_x86_feature_detected!("bmi2") {
+            return false;
+        }
+        let v = std::arch::x86_64::__cpuid(0);
+        let (vendor, sig) = ([v.ebx, v.edx, v.ecx], std::arch::x86_64::__cpuid(1).eax);
+        let amd = vendor == [0x6874_7541, 0x6974_6E65, 0x444D_4163]; // "AuthenticAMD"
+        let family = (sig >> 8 & 0xF)
+            + if sig >> 8 & 0xF == 0xF {
+                sig >> 20 & 0xFF
+            } else {
+                0
+            };
+        !amd || family >= 0x19
+    })
+}
+
+/// Decodes the compressed block `content` (a literals section written by [`fixed_literals`]
+/// and an empty sequences section) into `dst`: the tree is looked up among the fixed forms,
+/// and each stream's codes are deposited back into the mask's bits eight at a time. False,
+/// with `dst` partly written, where the block is not of that form or anything in it does not
+/// add up (a stream that does not end exactly at its last code, sizes that do not fit): the
+/// caller then decodes the block with the zstd library, which decodes any valid block and
+/// refuses a damaged one.
+pub fn decode_fixed(content: &[u8], dst: &mut [u8]) -> bool {
+    #[cfg(target_arch = "x86_64")]
+    if fast_bit_scatter() {
+        // SAFETY: BMI2 checked (fast_bit_scatter).
+        return unsafe { decode_fixed_bmi2(content, dst) };
+    }
+    let _ = (content, dst);
+    false
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "bmi2")]
+unsafe fn decode_fixed_bmi2(content: &[u8], dst: &mut [u8]) -> bool {
+    use std::arch::x86_64::_pdep_u64;
+    let Some((header, regenerated, compressed)) = super::frame::literals_header(content) else {
+        return false;
+    };
+    let n = dst.len();
+    // Size_Format 0 is one stream (never written here).
+    let four_streams = content[0] >> 2 & 3 != 0;
+    // As the zstd library reads a one-block frame of the block: no block larger than its
+    // content; and only blocks the encoder could have written (it codes no shorter piece).
+    if !four_streams
+        || regenerated != n
+        || header + compressed + 1 != content.len()
+        || content[header + compressed] != 0
+        || content.len() > n
+        || n < super::MIN_HUFFMAN
+    {
+        return false;
+    }
+    let section = &content[header..header + compressed];
+    let tree_len = match section.first() {
+        Some(&h) if h < 128 => 1 + usize::from(h),
+        Some(&h) => 1 + (usize::from(h) - 127).div_ceil(2),
+        None => return false,
+    };
+    let Some(&(mask, constant)) = section.get(..tree_len).and_then(|d| fixed_forms().get(d)) else {
+        return false;
+    };
+    let Some(jump) = section.get(tree_len..tree_len + 6) else {
+        return false;
+    };
+    let sizes3: [usize; 3] =
+        std::array::from_fn(|k| usize::from(u16::from_le_bytes([jump[2 * k], jump[2 * k + 1]])));
+    let streams = &section[tree_len + 6..];
+    let Some(last) = streams.len().checked_sub(sizes3.iter().sum::<usize>()) else {
+        return false;
+    };
+    let v = mask.count_ones() as usize;
+    let wide = u64::from(mask) * 0x0101_0101_0101_0101;
+    let fill = u64::from(constant) * 0x0101_0101_0101_0101;
+    let field = (1u64 << (8 * v)) - 1;
+    let segs = segments(n);
+    let mut at = 0;
+    for (k, size) in [sizes3[0], sizes3[1], sizes3[2], last]
+        .into_iter()
+        .enumerate()
+    {
+        let s = &streams[at..at + size];
+        at += size;
+        let (from, to) = segs[k];
+        // The end mark: the highest set bit of the last byte; the codes are below it.
+        let Some(&end) = s.last() else { return false };
+        if end == 0 || (s.len() - 1) * 8 + (7 - end.leading_zeros() as usize) != (to - from) * v {
+            return false;
+        }
+        // Bits [p - 8v, p) hold the next eight codes, the first of them highest. A word is
+        // read from the byte holding bit p - 8v; near the stream's end through a padded copy.
+        let word = |bit: usize| -> u64 {
+            let b = bit / 8;
+            let mut w = [0u8; 8];
+            let have = (s.len() - b).min(8);
+            w[..have].copy_from_slice(&s[b..b + have]);
+            u64::from_le_bytes(w) >> (bit % 8)
+        };
+        let mut p = (to - from) * v;
+        let mut o = from;
+        while o + 8 <= to {
+            p -= 8 * v;
+            let w = if p / 8 + 8 <= s.len() {
+                (s.as_ptr().add(p / 8) as *const u64)
+                    .read_unaligned()
+                    .to_le()
+                    >> (p % 8)
+            } else {
+                word(p)
+            };
+            let bytes = _pdep_u64(w & field, wide).swap_bytes() | fill;
+            dst[o..o + 8].copy_from_slice(&bytes.to_le_bytes());
+            o += 8;
+        }
+        while o < to {
+            p -= v;
+            let code = word(p) & ((1 << v) - 1);
+            dst[o] = _pdep_u64(code, u64::from(mask)) as u8 | constant;
+            o += 1;
+        }
+    }
+    true
+}
+
+/// The section for code lengths `lens` (symbols up to `max_sym`; `bits`: the streams' total
+/// bits), the streams packed by mask where `fixed` says every code is the byte's `fixed`
+/// bits.
+fn literals_with(
+    piece: &[u8],
+    lens: &[u8; 256],
+    max_sym: usize,
+    bits: u64,
+    fixed: Option<u8>,
+    out: &mut Vec<u8>,
+    scratch: &mut Vec<u8>,
+) -> bool {
     let max_bits = u32::from(*lens.iter().max().expect("256 lengths"));
-    let Some(tree) = tree_description(&lens, max_sym, max_bits) else {
+    let tree = match fixed {
+        Some(mask) => fixed_description(mask, (max_sym as u8) & !mask),
+        None => tree_description(lens, max_sym, max_bits).map(Into::into),
+    };
+    let Some(tree) = tree else {
         return false;
     };
     // Canonical codes as zstd assigns them: longest codes first, in symbol order within a
@@ -745,13 +983,13 @@ pub fn literals(
     // The streams take at least their bits: where that with the tree and headers is not
     // below the raw size, the block will be stored raw, so nothing is written (the same
     // decision the exact sizes give, at a tenth of the cost).
-    let bits: u64 = (0..=max_sym)
-        .map(|s| u64::from(counts[s]) * u64::from(lens[s]))
-        .sum();
     if (bits / 8) as usize + tree.len() + 6 + 3 + 1 >= piece.len() {
         return false;
     }
-    let sizes = write_streams(piece, &table, scratch);
+    let sizes = match fixed {
+        Some(mask) => write_fixed_streams(piece, mask, &table, scratch),
+        None => write_streams(piece, &table, scratch),
+    };
     if sizes[..3].iter().any(|&s| s > 0xFFFF) {
         return false;
     }
@@ -789,6 +1027,59 @@ pub fn literals(
     true
 }
 
+/// The four streams of a piece whose codes are the `mask` bits of each byte (`table` holds
+/// them as codes too): the same bytes [`write_streams`] writes from `table` (tested), eight
+/// symbols a step with BMI2's `pext` where it is fast (the eight bytes reversed, so the last
+/// comes first, as the streams are written), else through `table`.
+fn write_fixed_streams(
+    piece: &[u8],
+    mask: u8,
+    table: &[u32; 256],
+    scratch: &mut Vec<u8>,
+) -> [usize; 4] {
+    #[cfg(target_arch = "x86_64")]
+    if fast_bit_scatter() {
+        // SAFETY: BMI2 checked.
+        return unsafe { write_fixed_streams_bmi2(piece, mask, table, scratch) };
+    }
+    let _ = mask;
+    write_streams(piece, table, scratch)
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "bmi2")]
+unsafe fn write_fixed_streams_bmi2(
+    piece: &[u8],
+    mask: u8,
+    table: &[u32; 256],
+    scratch: &mut Vec<u8>,
+) -> [usize; 4] {
+    use std::arch::x86_64::_pext_u64;
+    let (segs, region) = stream_regions(piece.len(), scratch);
+    let base = scratch.as_mut_ptr();
+    let wide = u64::from(mask) * 0x0101_0101_0101_0101;
+    let step = 8 * mask.count_ones();
+    let mut sizes = [0usize; 4];
+    for pair in [0, 2] {
+        // SAFETY: regions as in `write_streams_with` (at most 7 bits a symbol here, where
+        // they allow 11); each 8-byte read is of the 8 bytes below `end`, within the
+        // segment; after a flush at most 7 bits are pending, so 56 more fit in the word.
+        let mut s = Stream::pair(base, region, pair);
+        for (i, st) in s.iter_mut().enumerate() {
+            let (from, mut end) = segs[pair + i];
+            while end - from >= 8 {
+                end -= 8;
+                let v = (piece.as_ptr().add(end) as *const u64).read_unaligned();
+                st.acc |= _pext_u64(u64::from_le(v).swap_bytes(), wide) << st.n;
+                st.n += step;
+                st.flush();
+            }
+            sizes[pair + i] = finish_segment(st, piece, from, end, table);
+        }
+    }
+    sizes
+}
+
 /// The four streams with AVX-512: codes of 64 symbols looked up at once (byte permutes over
 /// the code table split into bytes) and merged in registers into sixteen groups of four,
 /// each group's bits as the scalar writer's `group` makes them; the groups are then appended
@@ -796,7 +1087,7 @@ pub fn literals(
 /// about half its work a symbol: the lookups and in-group shifts were most of it.
 #[cfg(target_arch = "x86_64")]
 mod wide {
-    use super::{finish_segment, segments, Stream, Two, MAX_BITS, STREAM_SLACK};
+    use super::{finish_segment, stream_regions, Stream, Two};
     use std::arch::x86_64::*;
 
     /// The code table as four 64-byte registers each of code bytes (low 8 bits) and of
@@ -884,9 +1175,7 @@ mod wide {
         table: &[u32; 256],
         scratch: &mut Vec<u8>,
     ) -> [usize; 4] {
-        let segs = segments(piece.len());
-        let region = (piece.len().div_ceil(4) * MAX_BITS as usize).div_ceil(8) + STREAM_SLACK;
-        scratch.resize(4 * region, 0);
+        let (segs, region) = stream_regions(piece.len(), scratch);
         let base = scratch.as_mut_ptr();
         let t = tables(table);
         let mut sizes = [0usize; 4];
@@ -972,6 +1261,83 @@ mod tests {
                     (ok, out)
                 };
                 assert_eq!(run(false), run(true), "len {len} kind {kind}");
+            }
+        }
+    }
+
+    /// Codes of one length: the packed streams are the bytes the table-driven writer makes
+    /// from the same lengths (every mask width, constants in any bits, lengths that leave a
+    /// segment remainder of every size), and the section decodes to the piece.
+    #[test]
+    fn fixed_streams_equal_the_table_streams_and_decode() {
+        let mut next = xorshift(0x1234_5678_9ABC_DEF1);
+        let masks = [0x01u8, 0x80, 0xF8, 0x7E, 0xFE, 0x7F, 0xE7, 0x3C, 0xAA];
+        let mut lens: Vec<usize> = (64..200).step_by(13).collect();
+        lens.extend([1023, 4099, 16_384, 65_536 + 5]);
+        for mask in masks {
+            for &len in &lens {
+                let constant = (next() as u8) & !mask;
+                let piece: Vec<u8> = (0..len).map(|_| next() as u8 & mask | constant).collect();
+                let v = mask.count_ones() as u8;
+                let table_lens: [u8; 256] =
+                    std::array::from_fn(|s| if s as u8 & !mask == constant { v } else { 0 });
+                let max_sym = usize::from(constant | mask);
+                let bits = len as u64 * u64::from(v);
+                let (mut a, mut b, mut scratch) = (Vec::new(), Vec::new(), Vec::new());
+                let packed = fixed_literals(&piece, mask, constant, &mut a, &mut scratch);
+                let table = literals_with(
+                    &piece,
+                    &table_lens,
+                    max_sym,
+                    bits,
+                    None,
+                    &mut b,
+                    &mut scratch,
+                );
+                assert_eq!((packed, &a), (table, &b), "mask {mask:#x} len {len}");
+                // The encoder stores a block raw unless the section is smaller (a compressed
+                // block may be no larger than the frame's content, here the piece).
+                if !packed || a.len() >= len {
+                    continue;
+                }
+                // A one-block frame of the section, as the zstd library reads it.
+                let mut frame = super::super::ZSTD_MAGIC.to_le_bytes().to_vec();
+                frame.push(0xA0);
+                frame.extend_from_slice(&(len as u32).to_le_bytes());
+                let h = 1u32 | 2 << 1 | (a.len() as u32) << 3;
+                frame.extend_from_slice(&h.to_le_bytes()[..3]);
+                frame.extend_from_slice(&a);
+                let got = zstd::bulk::decompress(&frame, len)
+                    .unwrap_or_else(|e| panic!("mask {mask:#x} len {len}: {e}"));
+                assert_eq!(got, piece, "mask {mask:#x} len {len}");
+                // Unpacked without the library: the same bytes, where `pdep` is fast.
+                let mut unpacked = vec![0u8; len];
+                let fast = fast_bit_scatter();
+                assert_eq!(
+                    decode_fixed(&a, &mut unpacked),
+                    fast,
+                    "mask {mask:#x} len {len}"
+                );
+                if fast {
+                    assert_eq!(unpacked, piece, "mask {mask:#x} len {len}");
+                }
+                // Damaged anywhere: unpacked only where the library reads the same bytes.
+                for _ in 0..8 {
+                    let mut bad = a.clone();
+                    let bit = next() as usize % (bad.len() * 8);
+                    bad[bit / 8] ^= 1 << (bit % 8);
+                    if decode_fixed(&bad, &mut unpacked) {
+                        let mut frame = frame.clone();
+                        let at = frame.len() - bad.len();
+                        frame[at..].copy_from_slice(&bad);
+                        let lib = zstd::bulk::decompress(&frame, len).ok();
+                        assert_eq!(
+                            lib.as_ref(),
+                            Some(&unpacked),
+                            "mask {mask:#x} len {len} bit {bit}"
+                        );
+                    }
+                }
             }
         }
     }

@@ -8,10 +8,13 @@
 //! entropy-coded on its own:
 //!
 //! 1. **rotate** (optional): the whole chunk, read as one little-endian bit string, is rotated
-//!    left by one bit: `t[i] = b[i] << 1 | b[i-1] >> 7`. For IEEE floats of any width at any
-//!    alignment this puts the whole exponent into one byte (bf16, fp32) or the top 8 of its
-//!    11 bits into one byte (fp64), and moves the sign bit into the low mantissa byte, where it
-//!    costs nothing. It needs no element boundaries, so chunks cut anywhere in an array work.
+//!    left by one or three bits: `t[i] = b[i] << r | b[i-1] >> (8 - r)`. For IEEE floats of
+//!    any width at any alignment one bit puts the whole exponent into one byte (bf16, fp32)
+//!    or the top 8 of its 11 bits into one byte (fp64), and moves the sign bit into the low
+//!    mantissa byte, where it costs nothing. Three bits put the low six exponent bits and the
+//!    top two mantissa bits into that byte, and the sign and the top two exponent bits into
+//!    the low byte ([`Transform::ROTATIONS`] says why). It needs no element boundaries, so
+//!    chunks cut anywhere in an array work.
 //! 2. **planes** of width `w` (1, 2, 4 or 8): all bytes at positions `0 mod w`, then all at
 //!    `1 mod w`, ... (`shuffle`), trailing bytes that make no whole element last. Order-0
 //!    entropy does not depend on where elements start, so no phase is needed either.
@@ -20,7 +23,9 @@
 //!    of at most 128 KiB that are RLE (a constant plane), raw (a plane that does not
 //!    compress, or that the plan leaves uncoded), or compressed with Huffman-coded literals
 //!    only: four streams, the tree as direct 4-bit weights or as FSE-coded weights
-//!    (`huffman`), and zero sequences. No match finder: a GPU produces exactly these bytes
+//!    (`huffman`), and zero sequences; where the plan names a plane whose bytes vary only in
+//!    some bits, uniformly, its codes are those bits ([`Fixed`]: no histogram, the streams
+//!    packed eight bytes an instruction). No match finder: a GPU produces exactly these bytes
 //!    with a histogram, a table and bit packing (`cuda/float.cu` is the same algorithm,
 //!    checked byte for byte against this file).
 //!
@@ -90,32 +95,54 @@ pub fn bound(len: usize) -> usize {
 pub struct Transform {
     /// Byte-plane width: 1 (no split), 2, 4 or 8.
     pub width: u8,
-    /// Rotate the chunk left by one bit first.
-    pub rotate: bool,
+    /// Bits the chunk is rotated left by first: 0, 1 or 3 ([`Transform::ROTATIONS`]).
+    pub rotate: u8,
 }
 
 impl Transform {
     pub const WIDTHS: [u8; 4] = [1, 2, 4, 8];
+    /// The rotations a transform may have. One bit puts a bf16's or fp32's whole exponent
+    /// into one byte (and the sign into the lowest mantissa byte). Three bits put the low
+    /// six exponent bits and the top two mantissa bits there instead, and the sign and top
+    /// two exponent bits into the lowest byte: where those two bits are constant (every
+    /// value between 2^-63 and 2 in magnitude, which weights and optimizer state are) the
+    /// lowest plane then codes to six bits a byte, and the mantissa's top bits, skewed by
+    /// the exponent (a normal distribution's density falls across each binade above its
+    /// standard deviation), are coded together with it: 0.1 to 0.5 points of a tensor
+    /// smaller than one bit, at the cost of a second coded plane.
+    pub const ROTATIONS: [u8; 3] = [0, 1, 3];
 
     /// Every transform, in the order ties are broken (narrow and unrotated first).
     pub fn all() -> impl Iterator<Item = Transform> {
-        [false, true].into_iter().flat_map(|rotate| {
+        Transform::ROTATIONS.into_iter().flat_map(|rotate| {
             Transform::WIDTHS
                 .into_iter()
                 .map(move |width| Transform { width, rotate })
         })
     }
 
-    /// A number 0..8 for codec ids: `log2(width) * 2 + rotate`.
+    /// A number 0..12 for codec ids: `log2(width) * 2 + rotate` for rotations 0 and 1 (the
+    /// ids of the first builds), `8 + log2(width)` for rotation 3.
     pub fn index(self) -> u8 {
-        self.width.trailing_zeros() as u8 * 2 + self.rotate as u8
+        let log = self.width.trailing_zeros() as u8;
+        match self.rotate {
+            3 => 8 + log,
+            r => log * 2 + r,
+        }
     }
 
     pub fn from_index(i: u8) -> Option<Transform> {
-        (i < 8).then(|| Transform {
-            width: 1 << (i / 2),
-            rotate: i % 2 == 1,
-        })
+        match i {
+            0..8 => Some(Transform {
+                width: 1 << (i / 2),
+                rotate: i % 2,
+            }),
+            8..12 => Some(Transform {
+                width: 1 << (i - 8),
+                rotate: 3,
+            }),
+            _ => None,
+        }
     }
 }
 
@@ -128,6 +155,19 @@ impl Transform {
 pub struct Plan {
     pub transform: Transform,
     pub coded: u16,
+    /// A coded plane to try with codes of one length (at most one a chunk).
+    pub fixed: Option<Fixed>,
+}
+
+/// A coded plane whose sample varied only in the bits of `mask`, uniformly: each block of it
+/// whose bytes vary in exactly those bits is coded with `v`-bit codes for the `2^v` bytes of
+/// that form ([`huffman::fixed_literals`]: no histogram, the streams packed with one
+/// instruction for eight bytes); a block whose bytes vary in other bits too (a zero among
+/// the weights, say) gets the histogram and Huffman codes as any coded plane.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct Fixed {
+    pub plane: u8,
+    pub mask: u8,
 }
 
 impl Plan {
@@ -136,12 +176,17 @@ impl Plan {
         Plan {
             transform,
             coded: 0xFF,
+            fixed: None,
         }
     }
 
-    /// The plan as the kernel takes it: the transform's index in bits 0-3, `coded` above.
-    pub fn packed(self) -> u16 {
-        u16::from(self.transform.index()) | (self.coded & 0xFF) << 4
+    /// The plan as the kernel takes it: the transform's index in bits 0-3, `coded` in bits
+    /// 4-11; a fixed plane's index in bits 12-14 with bit 15 set, its mask in bits 16-23.
+    pub fn packed(self) -> u32 {
+        let fixed = self.fixed.map_or(0, |f| {
+            (8 | u32::from(f.plane)) << 12 | u32::from(f.mask) << 16
+        });
+        u32::from(self.transform.index()) | u32::from(self.coded & 0xFF) << 4 | fixed
     }
 }
 
@@ -230,13 +275,20 @@ fn encode_with(data: &[u8], plan: Plan, s: &mut Scratch) -> Vec<u8> {
             planes::split_to(data, w, t.rotate, &d);
         }
     }
-    let mut blocks: Vec<(usize, usize, bool)> = Vec::new();
+    let mut blocks: Vec<(usize, usize, Coding)> = Vec::new();
     for (j, at, l) in pieces(len, w).skip(direct) {
-        let coded = j < w && plan.coded >> j & 1 == 1;
+        let coding = if j >= w || plan.coded >> j & 1 == 0 {
+            Coding::Raw
+        } else {
+            match plan.fixed {
+                Some(f) if usize::from(f.plane) == j => Coding::Fixed(f.mask),
+                _ => Coding::Huffman,
+            }
+        };
         let at = at - direct * n;
         for k in 0..l.div_ceil(BLOCK_MAX) {
             let s = at + k * BLOCK_MAX;
-            blocks.push((s, (at + l - s).min(BLOCK_MAX), coded));
+            blocks.push((s, (at + l - s).min(BLOCK_MAX), coding));
         }
     }
     for j in 0..direct {
@@ -256,9 +308,9 @@ fn encode_with(data: &[u8], plan: Plan, s: &mut Scratch) -> Vec<u8> {
         block_header(&mut out, true, 0, 0);
     }
     let rest = &s.planes[pad..pad + rest];
-    for (i, &(at, l, coded)) in blocks.iter().enumerate() {
+    for (i, &(at, l, coding)) in blocks.iter().enumerate() {
         let last = i + 1 == blocks.len();
-        encode_block(&rest[at..at + l], last, coded, &mut out, &mut s.streams);
+        encode_block(&rest[at..at + l], last, coding, &mut out, &mut s.streams);
     }
     out
 }
@@ -269,35 +321,119 @@ fn block_header(out: &mut Vec<u8>, last: bool, kind: u32, size: usize) {
     out.extend_from_slice(&h.to_le_bytes()[..3]);
 }
 
+/// How a block is to be written (the plan's word for its plane).
+#[derive(Clone, Copy, Debug)]
+enum Coding {
+    Raw,
+    Huffman,
+    /// Codes of one length where the block's bytes vary in exactly these bits.
+    Fixed(u8),
+}
+
+/// The AND and the OR of the bytes of `p` (the bits they all have, and the bits any has).
+fn and_or(p: &[u8]) -> (u8, u8) {
+    let (mut and, mut or) = (!0u64, 0u64);
+    let mut words = p.chunks_exact(8);
+    for w in &mut words {
+        let v = u64::from_le_bytes(w.try_into().expect("8 bytes"));
+        and &= v;
+        or |= v;
+    }
+    let fold = |x: u64, f: fn(u8, u8) -> u8| x.to_le_bytes().into_iter().fold(x as u8, f);
+    let (mut and, mut or) = (fold(and, |a, b| a & b), fold(or, |a, b| a | b));
+    for &b in words.remainder() {
+        and &= b;
+        or |= b;
+    }
+    (and, or)
+}
+
 /// Appends one block holding `piece`. A coded piece of at least [`MIN_HUFFMAN`] bytes: RLE
-/// when it is one repeated byte, Huffman-coded literals when they are smaller, raw
-/// otherwise. A shorter piece: RLE or raw. An uncoded one: raw.
-fn encode_block(piece: &[u8], last: bool, coded: bool, out: &mut Vec<u8>, streams: &mut Vec<u8>) {
+/// when it is one repeated byte, Huffman-coded literals when they are smaller (codes of one
+/// length where the plan says so and the bytes vary in exactly its bits), raw otherwise. A
+/// shorter piece: RLE or raw. An uncoded one: raw.
+///
+/// The fixed plane's first byte may be the one exception to its form: a rotation carries the
+/// chunk's last bits into its first byte, and a chunk cut anywhere in a tensor ends in
+/// another byte of an element than the exponent's. So where every byte but the first has
+/// the form, the first goes alone into a raw block of one byte before the rest's.
+fn encode_block(
+    piece: &[u8],
+    last: bool,
+    coding: Coding,
+    out: &mut Vec<u8>,
+    streams: &mut Vec<u8>,
+) {
     let rle = |out: &mut Vec<u8>| {
         block_header(out, last, 1, piece.len());
         out.push(piece[0]);
+    };
+    let raw = |out: &mut Vec<u8>, piece: &[u8]| {
+        block_header(out, last, 0, piece.len());
+        out.extend_from_slice(piece);
     };
     if piece.len() < MIN_HUFFMAN {
         if piece.iter().all(|&b| b == piece[0]) && !piece.is_empty() {
             return rle(out);
         }
-    } else if coded {
-        let counts = histogram(piece);
-        if counts.iter().filter(|&&c| c > 0).count() == 1 {
-            return rle(out);
-        }
-        let at = out.len();
-        block_header(out, last, 2, 0);
-        if huffman::literals(piece, &counts, out, streams) && out.len() - at - 3 < piece.len() {
-            let size = out.len() - at - 3;
-            let h = last as u32 | 2 << 1 | (size as u32) << 3;
-            out[at..at + 3].copy_from_slice(&h.to_le_bytes()[..3]);
-            return;
-        }
-        out.truncate(at);
+        return raw(out, piece);
     }
-    block_header(out, last, 0, piece.len());
-    out.extend_from_slice(piece);
+    match coding {
+        Coding::Raw => return raw(out, piece),
+        Coding::Fixed(mask) => {
+            // The bits the bytes after the first vary in, and with the first.
+            let (and, or) = and_or(&piece[1..]);
+            let first = piece[0];
+            let whole = (or | first) & !(and & first) == mask;
+            if whole || (piece.len() > MIN_HUFFMAN && or & !and == mask) {
+                let rest = if whole {
+                    piece
+                } else {
+                    block_header(out, false, 0, 1);
+                    out.push(first);
+                    &piece[1..]
+                };
+                let constant = and & !mask;
+                if !compressed(rest, last, out, |o| {
+                    huffman::fixed_literals(rest, mask, constant, o, streams)
+                }) {
+                    raw(out, rest)
+                }
+                return;
+            }
+        }
+        Coding::Huffman => {}
+    }
+    let counts = histogram(piece);
+    if counts.iter().filter(|&&c| c > 0).count() == 1 {
+        return rle(out);
+    }
+    if !compressed(piece, last, out, |o| {
+        huffman::literals(piece, &counts, o, streams)
+    }) {
+        raw(out, piece)
+    }
+}
+
+/// Appends a compressed block of `piece` whose content `write` appends (false: it could
+/// not); true where it did and the block is smaller than `piece` raw, else nothing is left
+/// appended.
+fn compressed(
+    piece: &[u8],
+    last: bool,
+    out: &mut Vec<u8>,
+    write: impl FnOnce(&mut Vec<u8>) -> bool,
+) -> bool {
+    let at = out.len();
+    block_header(out, last, 2, 0);
+    if write(out) && out.len() - at - 3 < piece.len() {
+        let size = out.len() - at - 3;
+        let h = last as u32 | 2 << 1 | (size as u32) << 3;
+        out[at..at + 3].copy_from_slice(&h.to_le_bytes()[..3]);
+        return true;
+    }
+    out.truncate(at);
+    false
 }
 
 #[cfg(test)]
@@ -355,10 +491,11 @@ mod tests {
                 let w = t.width as usize;
                 let r: Vec<u8> = (0..len)
                     .map(|i| {
-                        if t.rotate {
-                            d[i] << 1 | d[(i + len - 1) % len] >> 7
-                        } else {
+                        let k = t.rotate;
+                        if k == 0 {
                             d[i]
+                        } else {
+                            d[i] << k | d[(i + len - 1) % len] >> (8 - k)
                         }
                     })
                     .collect();
@@ -375,12 +512,64 @@ mod tests {
         }
     }
 
+    /// A tensor chunk cut mid-element, rotated by three bits: the lowest plane's first byte
+    /// takes its low bits from the chunk's last byte (a mantissa byte), so it alone breaks the
+    /// plane's form; it gets a raw block of its own and the rest codes of one length, and the
+    /// zstd library reads the frame back.
+    #[test]
+    fn the_fixed_planes_first_byte_may_go_alone() {
+        let mut x = 0x2545_F491_4F6C_DD1Du64;
+        let weights: Vec<u8> = (0..16_384)
+            .flat_map(|_| {
+                // N(0, 0.02) by Box-Muller: every exponent below 127, above 64.
+                let mut uniform = || {
+                    let b = noise(&mut x, 4);
+                    (u32::from_le_bytes([b[0], b[1], b[2], b[3]]) >> 8) as f32 / 16_777_216.0
+                };
+                let (u, v) = (uniform().max(1e-7), uniform());
+                (0.02 * (-2.0 * u.ln()).sqrt() * (std::f32::consts::TAU * v).cos()).to_le_bytes()
+            })
+            .collect();
+        let mut split = 0;
+        for len in (65_536 - 11..=65_536).rev() {
+            let d = &weights[..len];
+            let (plan, _) = choose(d);
+            assert_eq!(plan.transform.rotate, 3, "len {len}: {plan:?}");
+            let fixed = plan.fixed.expect("a fixed plane");
+            assert_eq!(fixed.plane, 0, "len {len}");
+            // The first byte breaks the form where the chunk's last byte is not an exponent
+            // byte and its top bits differ from the sign and exponent bits of the others.
+            let n = len / 4;
+            let plane0 = &forward(d, plan.transform)[..n];
+            let and = plane0[1..].iter().fold(0xFF, |a, &b| a & b);
+            let breaks = plane0[0] & !fixed.mask != and & !fixed.mask;
+            assert!(!breaks || len % 4 != 0, "len {len}");
+            let frame = encode_plan(d, plan);
+            let blocks = frame::blocks(&frame, len).expect("this encoder's frame");
+            let alone = blocks[0].len == 1;
+            assert_eq!(alone, breaks, "len {len}");
+            split += usize::from(alone);
+            let rest = &blocks[usize::from(alone)];
+            assert!(
+                matches!(rest.kind, frame::BlockKind::Literals(_)),
+                "len {len}"
+            );
+            assert_eq!(rest.len, n - usize::from(alone), "len {len}");
+            let planes = zstd::bulk::decompress(&frame, len).expect("a valid frame");
+            assert_eq!(inverse(&planes, plan.transform), d, "len {len}");
+        }
+        assert!(
+            split >= 3,
+            "{split} of 12 lengths had a first byte of its own"
+        );
+    }
+
     #[test]
     fn transform_ids_round_trip() {
         for t in Transform::all() {
             assert_eq!(Transform::from_index(t.index()), Some(t));
         }
-        assert_eq!(Transform::from_index(8), None);
+        assert_eq!(Transform::from_index(12), None);
     }
 
     /// Rotation puts an fp32's exponent into one byte whatever the alignment.
@@ -394,7 +583,7 @@ mod tests {
             let mut d = vec![0xAAu8; skew];
             d.extend_from_slice(&v);
             let mut r = d.clone();
-            rotate_left(&mut r);
+            rotate_left(&mut r, 1);
             for (k, f) in [1.5f32, -1.5, 3.0e-3, -7.0e-6].iter().enumerate() {
                 let exp = (f.to_bits() >> 23 & 0xFF) as u8;
                 assert_eq!(r[skew + 4 * k + 3], exp, "skew {skew} value {f}");

@@ -1,38 +1,42 @@
-//! The float codec's transforms: rotation by one bit and byte planes, with SIMD where the
+//! The float codec's transforms: rotation by `k` bits (1 or 3) and byte planes, with SIMD where the
 //! processor has it, and the fused pass the encoder uses (rotate and split in one read).
 
 use super::Transform;
 use std::mem::MaybeUninit;
 
-/// Rotates `data` left by one bit, as one little-endian bit string, in place.
-pub fn rotate_left(data: &mut [u8]) {
+/// Rotates `data` left by `k` bits (1 to 7), as one little-endian bit string, in place:
+/// byte `i` becomes `b[i] << k | b[i - 1] >> (8 - k)`, the byte before the first being the
+/// last.
+pub fn rotate_left(data: &mut [u8], k: u32) {
+    assert!((1..8).contains(&k), "rotation by {k} bits");
     let Some(&last) = data.last() else { return };
-    let mut carry = u64::from(last >> 7);
+    let mut carry = u64::from(last >> (8 - k));
     // Eight bytes at a time as one little-endian word: the same bit string.
     let mut words = data.chunks_exact_mut(8);
     for w in &mut words {
         let v = u64::from_le_bytes(w.try_into().expect("8 bytes"));
-        w.copy_from_slice(&(v << 1 | carry).to_le_bytes());
-        carry = v >> 63;
+        w.copy_from_slice(&(v << k | carry).to_le_bytes());
+        carry = v >> (64 - k);
     }
     for b in words.into_remainder() {
-        let next = *b >> 7;
-        *b = *b << 1 | carry as u8;
+        let next = *b >> (8 - k);
+        *b = *b << k | carry as u8;
         carry = u64::from(next);
     }
 }
 
-/// Inverse of [`rotate_left`]: byte `i` becomes `t[i] >> 1 | t[i + 1] << 7`, the byte after
-/// the last being the first. Walks forward, so each byte is written after the byte after it
-/// was read: 64 bytes a step as eight 64-bit words where the processor has AVX-512, the
-/// rest one byte at a time.
-pub fn rotate_right(data: &mut [u8]) {
+/// Inverse of [`rotate_left`]: byte `i` becomes `t[i] >> k | t[i + 1] << (8 - k)`, the byte
+/// after the last being the first. Walks forward, so each byte is written after the byte
+/// after it was read: 64 bytes a step as eight 64-bit words where the processor has
+/// AVX-512, the rest one byte at a time.
+pub fn rotate_right(data: &mut [u8], k: u32) {
+    assert!((1..8).contains(&k), "rotation by {k} bits");
     let Some(&first) = data.first() else { return };
     let len = data.len();
-    let done = simd::rotate_right(data);
+    let done = simd::rotate_right(data, k);
     for i in done..len {
         let next = if i + 1 < len { data[i + 1] } else { first };
-        data[i] = data[i] >> 1 | (next & 1) << 7;
+        data[i] = data[i] >> k | next << (8 - k);
     }
 }
 
@@ -51,7 +55,7 @@ fn unrotated(width: usize) -> Transform {
     assert!(matches!(width, 1 | 2 | 4 | 8), "byte-plane width {width}");
     Transform {
         width: width as u8,
-        rotate: false,
+        rotate: 0,
     }
 }
 
@@ -88,25 +92,26 @@ pub(super) struct Planes {
     pub tail: *mut u8,
 }
 
-/// Splits `src` into planes of width `w` at `d`, rotated left by one bit first where
-/// `rotate`: one pass that reads each byte once.
+/// Splits `src` into planes of width `w` at `d`, rotated left by `rotate` bits first (0:
+/// not rotated): one pass that reads each byte once.
 ///
 /// # Safety
 /// For `n = src.len() / w`: `d.at[j]` (j < w) has `n` writable bytes and `d.tail`
 /// `src.len() - n * w`; none of them overlaps `src` or another.
-pub(super) unsafe fn split_to(src: &[u8], w: usize, rotate: bool, d: &Planes) {
+pub(super) unsafe fn split_to(src: &[u8], w: usize, rotate: u8, d: &Planes) {
     let len = src.len();
     if len == 0 {
         return;
     }
     let n = len / w;
     let done = simd::split(src, w, n, rotate, d);
-    // Rotated byte i: b[i] << 1 | b[i - 1] >> 7, the byte before the first being the last.
+    // Rotated byte i: b[i] << k | b[i - 1] >> (8 - k), the byte before the first being the
+    // last.
     let rb = |i: usize| {
-        if rotate {
-            src[i] << 1 | src[if i == 0 { len - 1 } else { i - 1 }] >> 7
-        } else {
+        if rotate == 0 {
             src[i]
+        } else {
+            src[i] << rotate | src[if i == 0 { len - 1 } else { i - 1 }] >> (8 - rotate)
         }
     };
     for e in done..n {
@@ -125,16 +130,16 @@ pub(super) unsafe fn split_to(src: &[u8], w: usize, rotate: bool, d: &Planes) {
 /// the portable loop does all of it.
 mod simd {
     use std::mem::MaybeUninit;
-    /// Bytes at the start of `data` rotated right by one bit (`super::rotate_right`), a
+    /// Bytes at the start of `data` rotated right by `k` bits (`super::rotate_right`), a
     /// multiple of 64 that leaves at least 8 bytes after it (the last word it reads).
-    pub fn rotate_right(data: &mut [u8]) -> usize {
+    pub fn rotate_right(data: &mut [u8], k: u32) -> usize {
         #[cfg(target_arch = "x86_64")]
         if data.len() >= 72 && super::super::avx512() {
             // SAFETY: AVX-512 F checked; each step reads bytes at..at + 72 and writes
             // at..at + 64, with at + 72 <= len.
-            return unsafe { x86::rotate_right(data) };
+            return unsafe { x86::rotate_right(data, k) };
         }
-        let _ = data;
+        let _ = (data, k);
         0
     }
 
@@ -167,14 +172,14 @@ mod simd {
     }
 
     /// Elements (a multiple of 16) of the `n` in `src` split into the planes `d` names,
-    /// rotated left by one bit first (as one bit string, the byte before the first being
-    /// the last) where `rotate`: 64 elements a step in AVX-512 registers where the
+    /// rotated left by `rotate` bits first (as one bit string, the byte before the first
+    /// being the last; 0: not rotated): 64 elements a step in AVX-512 registers where the
     /// processor has VBMI (one byte permute gathers a register's bytes by plane), else 16
     /// with SSSE3, else none.
     ///
     /// # Safety
     /// As [`super::split_to`].
-    pub unsafe fn split(src: &[u8], w: usize, n: usize, rotate: bool, d: &super::Planes) -> usize {
+    pub unsafe fn split(src: &[u8], w: usize, n: usize, rotate: u8, d: &super::Planes) -> usize {
         #[cfg(target_arch = "x86_64")]
         {
             assert!(src.len() >= n * w && !src.is_empty());
@@ -184,10 +189,10 @@ mod simd {
                 // (k < w, e + 64 <= n64) lie within `n * w` bytes of `src` (asserted), stores
                 // of 64 bytes at `d.at[j] + e` within the plane's `n` bytes (the caller's
                 // promise).
-                if rotate {
-                    x86::split512::<true>(src, w, n64, d);
+                if rotate > 0 {
+                    x86::split512::<true>(src, w, n64, d, rotate.into());
                 } else {
-                    x86::split512::<false>(src, w, n64, d);
+                    x86::split512::<false>(src, w, n64, d, 0);
                 }
                 return n64;
             }
@@ -195,10 +200,10 @@ mod simd {
                 let n16 = n / 16 * 16;
                 // SAFETY: SSSE3 checked; loads as above of 16 bytes, stores of 16 bytes at
                 // `d.at[j] + e` (e + 16 <= n16 <= n), plus the one byte `src[len - 1]`.
-                if rotate {
-                    x86::split::<true>(src, w, n16, d);
+                if rotate > 0 {
+                    x86::split::<true>(src, w, n16, d, rotate.into());
                 } else {
-                    x86::split::<false>(src, w, n16, d);
+                    x86::split::<false>(src, w, n16, d, 0);
                 }
                 return n16;
             }
@@ -213,16 +218,20 @@ mod simd {
         use std::arch::x86_64::*;
         use std::mem::MaybeUninit;
 
-        /// [`super::rotate_right`] on 64 bytes a step: word `k` becomes `w[k] >> 1 |
-        /// w[k + 1] << 63`, the next words read as one load 8 bytes further on.
+        /// [`super::rotate_right`] on 64 bytes a step: word `i` becomes `w[i] >> k |
+        /// w[i + 1] << (64 - k)`, the next words read as one load 8 bytes further on.
         #[target_feature(enable = "avx512f")]
-        pub unsafe fn rotate_right(data: &mut [u8]) -> usize {
+        pub unsafe fn rotate_right(data: &mut [u8], k: u32) -> usize {
             let p = data.as_mut_ptr();
+            let (right, left) = (
+                _mm_cvtsi32_si128(k as i32),
+                _mm_cvtsi32_si128(64 - k as i32),
+            );
             let mut at = 0;
             while at + 72 <= data.len() {
                 let x = _mm512_loadu_si512(p.add(at) as *const __m512i);
                 let y = _mm512_loadu_si512(p.add(at + 8) as *const __m512i);
-                let r = _mm512_or_si512(_mm512_srli_epi64::<1>(x), _mm512_slli_epi64::<63>(y));
+                let r = _mm512_or_si512(_mm512_srl_epi64(x, right), _mm512_sll_epi64(y, left));
                 _mm512_storeu_si512(p.add(at) as *mut __m512i, r);
                 at += 64;
             }
@@ -283,17 +292,27 @@ mod simd {
             }
         }
 
-        /// Elements to planes, 64 a step (`w` registers of 64 bytes), rotated first (`ROT`)
-        /// or not: a byte permute gathers each register's bytes by plane (16 bytes of each of
+        /// Elements to planes, 64 a step (`w` registers of 64 bytes), rotated left by `k`
+        /// bits first (`ROT`) or not: a byte permute gathers each register's bytes by plane (16 bytes of each of
         /// four planes, or 32 of each of two), then 128-bit lanes are shuffled across
         /// registers so that each holds 64 bytes of one plane. The rotation works on 64-bit
-        /// lanes (the same little-endian bit string): each lane shifted left by one, or'd with
-        /// the top bit of the lane before it, the last lane of the register before for the
-        /// first.
+        /// lanes (the same little-endian bit string): each lane shifted left by `k`, or'd with
+        /// the top `k` bits of the lane before it, the last lane of the register before for
+        /// the first.
         #[target_feature(enable = "avx512f,avx512bw,avx512vbmi")]
-        pub unsafe fn split512<const ROT: bool>(src: &[u8], w: usize, n64: usize, d: &Planes) {
-            // Lane 7 of `prev` is the word before the first: its top bit is the chunk's last
-            // bit (only that bit is used).
+        pub unsafe fn split512<const ROT: bool>(
+            src: &[u8],
+            w: usize,
+            n64: usize,
+            d: &Planes,
+            k: u32,
+        ) {
+            let (left, right) = (
+                _mm_cvtsi32_si128(k as i32),
+                _mm_cvtsi32_si128(64 - k as i32),
+            );
+            // Lane 7 of `prev` is the word before the first: its top bits are the chunk's last
+            // (only those `k` bits are used).
             let last = u64::from(src[src.len() - 1]) << 56;
             let mut prev = _mm512_set1_epi64(last as i64);
             // [prev.7, v.0, ..., v.6]: each lane's predecessor.
@@ -305,7 +324,7 @@ mod simd {
                 }
                 let p = _mm512_permutex2var_epi64(v, before, prev);
                 prev = v;
-                _mm512_or_si512(_mm512_slli_epi64::<1>(v), _mm512_srli_epi64::<63>(p))
+                _mm512_or_si512(_mm512_sll_epi64(v, left), _mm512_srl_epi64(p, right))
             };
             let put = |j: usize, e: usize, v: __m512i| {
                 _mm512_storeu_si512(d.at[j].add(e) as *mut __m512i, v)
@@ -408,21 +427,44 @@ mod simd {
             }
         }
 
-        /// One 16-byte vector of the rotated bit string at byte `at`: `v << 1` per byte,
-        /// or'd with the top bit of the byte before it (the last byte of `prev`, the vector
-        /// loaded before this one).
+        /// How [`ld_rotated`] rotates by `k` bits: the shift counts and the byte masks.
+        #[derive(Clone, Copy)]
+        struct Rot {
+            left: __m128i,
+            right: __m128i,
+            high: __m128i,
+            low: __m128i,
+        }
+
+        impl Rot {
+            #[inline(always)]
+            unsafe fn new(k: u32) -> Rot {
+                Rot {
+                    left: _mm_cvtsi32_si128(k as i32),
+                    right: _mm_cvtsi32_si128(8 - k as i32),
+                    high: _mm_set1_epi8((0xFFu8 << k) as i8),
+                    low: _mm_set1_epi8(((1u8 << k) - 1) as i8),
+                }
+            }
+        }
+
+        /// One 16-byte vector of the rotated bit string at byte `at`: `v << k` per byte,
+        /// or'd with the top `k` bits of the byte before it (the last byte of `prev`, the
+        /// vector loaded before this one). The shifts are of 16-bit lanes, the masks keep
+        /// each byte's own bits.
         #[inline(always)]
-        unsafe fn ld_rotated(src: &[u8], at: usize, prev: &mut __m128i) -> __m128i {
+        unsafe fn ld_rotated(src: &[u8], at: usize, prev: &mut __m128i, r: Rot) -> __m128i {
             let v = ld(src, at);
             let before = _mm_alignr_epi8::<15>(v, *prev);
             *prev = v;
-            let top = _mm_and_si128(_mm_srli_epi16::<7>(before), _mm_set1_epi8(1));
-            _mm_or_si128(_mm_add_epi8(v, v), top)
+            let top = _mm_and_si128(_mm_srl_epi16(before, r.right), r.low);
+            _mm_or_si128(_mm_and_si128(_mm_sll_epi16(v, r.left), r.high), top)
         }
 
-        /// Elements to planes, rotated left by one bit first (`ROT`) or not.
+        /// Elements to planes, rotated left by `k` bits first (`ROT`) or not.
         #[target_feature(enable = "ssse3")]
-        pub unsafe fn split<const ROT: bool>(src: &[u8], w: usize, n16: usize, d: &Planes) {
+        pub unsafe fn split<const ROT: bool>(src: &[u8], w: usize, n16: usize, d: &Planes, k: u32) {
+            let rot = Rot::new(if ROT { k } else { 1 });
             let put = |j: usize, e: usize, v: __m128i| {
                 _mm_storeu_si128(d.at[j].add(e) as *mut __m128i, v)
             };
@@ -433,7 +475,7 @@ mod simd {
             macro_rules! load {
                 ($at:expr) => {
                     if ROT {
-                        ld_rotated(src, $at, &mut prev)
+                        ld_rotated(src, $at, &mut prev, rot)
                     } else {
                         ld(src, $at)
                     }
@@ -564,8 +606,8 @@ pub fn inverse_rows(rows: &[&[u8]], tail: &[u8], t: Transform) -> Vec<u8> {
     // SAFETY: the join wrote every one of the `len` bytes: the rows' n * width bytes
     // element by element, then the tail after them.
     unsafe { out.set_len(len) };
-    if t.rotate {
-        rotate_right(&mut out);
+    if t.rotate > 0 {
+        rotate_right(&mut out, t.rotate.into());
     }
     out
 }

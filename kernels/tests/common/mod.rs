@@ -167,6 +167,16 @@ pub fn float_cases() -> Vec<(String, Vec<u8>, ckptfs_kernels::float::Plan)> {
     .chain([1, 2, 3])
     .collect();
     data.push(("fp32 specials, odd tail".into(), specials));
+    // Weights cut where a store cuts them: the chunk ends inside an element, so under the
+    // three-bit rotation the first byte of the lowest plane takes bits of a mantissa byte,
+    // not the sign and exponent bits every other byte of that plane has.
+    data.push((
+        "fp32 N(0, 0.02), cut mid-element".into(),
+        (0..20_000)
+            .flat_map(|_| (0.02 * normal(&mut rng)).to_le_bytes())
+            .take(80_001 - 2)
+            .collect(),
+    ));
     data.push((
         "fp64 specials".into(),
         [f64::NAN, f64::NEG_INFINITY, -0.0, 5e-324, 1e308]
@@ -231,7 +241,7 @@ pub fn float_cases() -> Vec<(String, Vec<u8>, ckptfs_kernels::float::Plan)> {
         let d: Vec<u8> = (0..len).map(|_| rng.random::<u8>() & 7).collect();
         data.push((format!("short {len}"), d));
     }
-    use ckptfs_kernels::float::Plan;
+    use ckptfs_kernels::float::{Fixed, Plan};
     let mut out = Vec::new();
     for (name, d) in data {
         for t in ckptfs_kernels::float::Transform::all() {
@@ -239,8 +249,35 @@ pub fn float_cases() -> Vec<(String, Vec<u8>, ckptfs_kernels::float::Plan)> {
             let none = Plan {
                 transform: t,
                 coded: 0,
+                fixed: None,
             };
             out.push((format!("{name} {t:?} uncoded"), d.clone(), none));
+            // Codes of one length for the lowest plane: with the bits it varies in (taken),
+            // with the bits it varies in after its first byte (which a rotation fills from
+            // the chunk's last byte: that byte then gets a block of its own), and with a mask
+            // it does not vary in exactly (Huffman codes instead).
+            let n = d.len() / usize::from(t.width);
+            let plane0 = &ckptfs_kernels::float::forward(&d, t)[..n];
+            let varying = |p: &[u8]| {
+                let (and, or) = p.iter().fold((0xFFu8, 0u8), |(a, o), &b| (a & b, o | b));
+                or & !and
+            };
+            let mut masks = vec![
+                varying(plane0),
+                varying(plane0.get(1..).unwrap_or(&[])),
+                0x3C,
+            ];
+            masks.dedup();
+            for mask in masks {
+                if mask == 0 || mask == 0xFF {
+                    continue;
+                }
+                let fixed = Plan {
+                    fixed: Some(Fixed { plane: 0, mask }),
+                    ..Plan::every(t)
+                };
+                out.push((format!("{name} {t:?} fixed {mask:#x}"), d.clone(), fixed));
+            }
         }
         let (chosen, _) = ckptfs_kernels::float::choose(&d);
         out.push((format!("{name} {chosen:?} chosen"), d.clone(), chosen));
