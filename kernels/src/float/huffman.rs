@@ -817,25 +817,23 @@ fn fixed_forms() -> &'static Forms {
 /// (family 19h) on; Zen 1 and 2 run them in microcode, hundreds of cycles for the masks here,
 /// so there the table-driven writer and the zstd library's decoder are used instead.
 pub fn fast_bit_scatter() -> bool {
-    #[cfg(not(target_arch = "x86_64"))]
-    return false;
     #[cfg(target_arch = "x86_64")]
-    static FAST: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    *FAST.get_or_init(|| {
-        if !std::arch::is_x86_feature_detected!("bmi2") {
-            return false;
-        }
-        let v = std::arch::x86_64::__cpuid(0);
-        let (vendor, sig) = ([v.ebx, v.edx, v.ecx], std::arch::x86_64::__cpuid(1).eax);
-        let amd = vendor == [0x6874_7541, 0x6974_6E65, 0x444D_4163]; // "AuthenticAMD"
-        let family = (sig >> 8 & 0xF)
-            + if sig >> 8 & 0xF == 0xF {
-                sig >> 20 & 0xFF
-            } else {
-                0
-            };
-        !amd || family >= 0x19
-    })
+    {
+        static FAST: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+        *FAST.get_or_init(|| {
+            if !std::arch::is_x86_feature_detected!("bmi2") {
+                return false;
+            }
+            let v = std::arch::x86_64::__cpuid(0);
+            let (vendor, sig) = ([v.ebx, v.edx, v.ecx], std::arch::x86_64::__cpuid(1).eax);
+            let amd = vendor == [0x6874_7541, 0x6974_6E65, 0x444D_4163]; // "AuthenticAMD"
+            let base = sig >> 8 & 0xF;
+            let family = base + if base == 0xF { sig >> 20 & 0xFF } else { 0 };
+            !amd || family >= 0x19
+        })
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    false
 }
 
 /// Decodes the compressed block `content` (a literals section written by [`fixed_literals`]

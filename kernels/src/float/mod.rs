@@ -108,7 +108,7 @@ impl Transform {
     /// value between 2^-63 and 2 in magnitude, which weights and optimizer state are) the
     /// lowest plane then codes to six bits a byte, and the mantissa's top bits, skewed by
     /// the exponent (a normal distribution's density falls across each binade above its
-    /// standard deviation), are coded together with it: 0.1 to 0.5 points of a tensor
+    /// standard deviation), are coded together with it: 0.1 to 0.8 points of a tensor
     /// smaller than one bit, at the cost of a second coded plane.
     pub const ROTATIONS: [u8; 3] = [0, 1, 3];
 
