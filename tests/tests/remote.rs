@@ -920,3 +920,45 @@ fn readers_racing_over_a_small_cache_get_exact_bytes() {
         "{s}"
     );
 }
+
+/// Float tensors through the bucket: a float space's chunks (fp32 weights, rotated by three
+/// bits: codecs 12 to 15) uploaded, a new node mounting from the bucket reads them back
+/// exact, and its space is marked for those codecs (`incompat` bits 4 and 7), so a build
+/// that knows neither refuses it instead of failing on every read.
+#[test]
+fn float_chunks_come_back_from_the_bucket_with_the_flags_they_need() {
+    use ckptfs_engine::format::{Features, Superblock, SUPERBLOCK_FILE};
+    use rand::{Rng, SeedableRng};
+    let Some(weed) = Weed::start("float_chunks_come_back_from_the_bucket_with_the_flags_they_need")
+    else {
+        return;
+    };
+    let mut rng = rand::rngs::SmallRng::seed_from_u64(0x5eed_0064);
+    let weights: Vec<u8> = (0..1 << 20)
+        .flat_map(|_| {
+            let (u, v): (f32, f32) = (rng.random::<f32>().max(1e-12), rng.random());
+            (0.02 * (-2.0 * u.ln()).sqrt() * (std::f32::consts::TAU * v).cos()).to_le_bytes()
+        })
+        .collect();
+    let mut a = space_with_tier(&weed, "float", &["--codec", "float"]);
+    fs::write(a.mnt().join("w.f32"), &weights).expect("write");
+    a.unmount();
+    // Mounted with `--codec lz4`, so the flags must come from the restore (a float mount
+    // would set them for its own writes).
+    let b = mount_from_bucket(&weed, "float", &["--codec", "lz4"]);
+    assert!(
+        fs::read(b.mnt().join("w.f32")).expect("read") == weights,
+        "the weights read back differ"
+    );
+    let sb = Superblock::decode(&fs::read(b.backing().join(SUPERBLOCK_FILE)).expect("read"))
+        .expect("decode");
+    for (flag, what) in [
+        (Features::INCOMPAT_FLOAT_CODEC, "the float codec"),
+        (Features::INCOMPAT_FLOAT_ROTATE3, "codecs 12 to 15"),
+    ] {
+        assert!(
+            sb.features.contains(flag),
+            "the space mounted from the bucket is not marked for {what}"
+        );
+    }
+}
