@@ -109,11 +109,9 @@ pub fn literals_header(content: &[u8]) -> Option<(usize, usize, usize)> {
 }
 
 /// Decodes a compressed block's `content` into `dst` without the zstd library where its
-/// tree is one of codes of one length ([`super::huffman::decode_fixed`]); false where it is
-/// not (or this processor's `pdep` is slow): the caller asks the library.
-pub fn decode_fixed(content: &[u8], dst: &mut [u8]) -> bool {
-    super::huffman::decode_fixed(content, dst)
-}
+/// tree is one of codes of one length; false where it is not (or this processor's `pdep` is
+/// slow): the caller asks the library.
+pub use super::huffman::decode_fixed;
 
 /// A frame holding only the compressed block `content` (decoding to `len` bytes), for the
 /// zstd library, in `buf`.

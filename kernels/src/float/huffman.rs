@@ -3,8 +3,8 @@
 //! occurs or that is smaller), four Huffman streams and the section header. Every step is
 //! integer-only and deterministic, so `cuda/float.cu` writes the very same bytes.
 
+use std::borrow::Cow;
 use std::collections::HashMap;
-use std::rc::Rc;
 
 /// Longest Huffman code zstd allows.
 pub const MAX_BITS: u32 = 11;
@@ -758,7 +758,15 @@ pub fn fixed_literals(
     debug_assert!(mask != 0 && mask != 0xFF && constant & mask == 0);
     let (lens, max_sym) = fixed_lengths(mask, constant);
     let bits = piece.len() as u64 * u64::from(mask.count_ones());
-    literals_with(piece, &lens, max_sym, bits, Some(mask), out, scratch)
+    literals_with(
+        piece,
+        &lens,
+        max_sym,
+        bits,
+        Some((mask, constant)),
+        out,
+        scratch,
+    )
 }
 
 /// The code lengths of [`fixed_literals`]: `v` for each byte of the form, and the largest.
@@ -768,48 +776,32 @@ fn fixed_lengths(mask: u8, constant: u8) -> ([u8; 256], usize) {
     (lens, usize::from(constant | mask))
 }
 
-/// The tree description [`fixed_literals`] writes for `mask` and `constant`, as
-/// [`tree_description`] makes it; cached on the thread (a chunk's fixed plane has the same
-/// form as the chunk's before it nearly always, and the FSE-coded weights cost a few
-/// microseconds).
-fn fixed_description(mask: u8, constant: u8) -> Option<Rc<[u8]>> {
-    /// Descriptions by (mask, constant); None where the tree cannot be described.
-    type Cache = HashMap<(u8, u8), Option<Rc<[u8]>>>;
-    thread_local! {
-        /// At most one entry per (mask, constant) pair: 6,304 of them, each under 128 bytes.
-        static CACHE: std::cell::RefCell<Cache> = std::cell::RefCell::default();
-    }
-    CACHE.with(|c| {
-        c.borrow_mut()
-            .entry((mask, constant))
-            .or_insert_with(|| {
-                let (lens, max_sym) = fixed_lengths(mask, constant);
-                tree_description(&lens, max_sym, mask.count_ones()).map(Into::into)
-            })
-            .clone()
-    })
+/// Every form of codes of one length, both ways: the tree description [`fixed_literals`]
+/// writes for each (mask, constant), as [`tree_description`] makes it, and the form of each
+/// such description. A description equal to one of these bytes for bytes describes exactly
+/// that tree, so a decoder may unpack the streams without building a table
+/// ([`decode_fixed`]).
+struct Forms {
+    trees: HashMap<(u8, u8), Box<[u8]>>,
+    by_tree: HashMap<Box<[u8]>, (u8, u8)>,
 }
 
-/// (mask, constant) of each form of codes of one length, by its tree description.
-type Forms = HashMap<Box<[u8]>, (u8, u8)>;
-
-/// Every form [`fixed_literals`] can write, by its tree description: a description equal to
-/// one of these bytes for bytes describes exactly that tree, codes of one length for the
-/// bytes of that form, so a decoder may unpack the streams without building a table
-/// ([`decode_fixed`]). Built once (6,304 descriptions, about 8 ms here).
+/// The [`Forms`], built once (6,304 descriptions, about 8 ms here, under 2 MB).
 fn fixed_forms() -> &'static Forms {
     static FORMS: std::sync::OnceLock<Forms> = std::sync::OnceLock::new();
     FORMS.get_or_init(|| {
-        let mut m = HashMap::new();
+        let (mut trees, mut by_tree) = (HashMap::new(), HashMap::new());
         for mask in 1..=254u8 {
             for constant in (0..=255u8).filter(|&c| c & mask == 0) {
                 let (lens, max_sym) = fixed_lengths(mask, constant);
                 if let Some(d) = tree_description(&lens, max_sym, mask.count_ones()) {
-                    m.insert(d.into_boxed_slice(), (mask, constant));
+                    let d = d.into_boxed_slice();
+                    by_tree.insert(d.clone(), (mask, constant));
+                    trees.insert((mask, constant), d);
                 }
             }
         }
-        m
+        Forms { trees, by_tree }
     })
 }
 
@@ -880,7 +872,10 @@ unsafe fn decode_fixed_bmi2(content: &[u8], dst: &mut [u8]) -> bool {
         Some(&h) => 1 + (usize::from(h) - 127).div_ceil(2),
         None => return false,
     };
-    let Some(&(mask, constant)) = section.get(..tree_len).and_then(|d| fixed_forms().get(d)) else {
+    let Some(&(mask, constant)) = section
+        .get(..tree_len)
+        .and_then(|d| fixed_forms().by_tree.get(d))
+    else {
         return false;
     };
     let Some(jump) = section.get(tree_len..tree_len + 6) else {
@@ -946,21 +941,24 @@ unsafe fn decode_fixed_bmi2(content: &[u8], dst: &mut [u8]) -> bool {
 }
 
 /// The section for code lengths `lens` (symbols up to `max_sym`; `bits`: the streams' total
-/// bits), the streams packed by mask where `fixed` says every code is the byte's `fixed`
-/// bits.
+/// bits), the streams packed by mask where `fixed` names the form (mask, constant) whose
+/// codes of one length `lens` are.
 fn literals_with(
     piece: &[u8],
     lens: &[u8; 256],
     max_sym: usize,
     bits: u64,
-    fixed: Option<u8>,
+    fixed: Option<(u8, u8)>,
     out: &mut Vec<u8>,
     scratch: &mut Vec<u8>,
 ) -> bool {
     let max_bits = u32::from(*lens.iter().max().expect("256 lengths"));
-    let tree = match fixed {
-        Some(mask) => fixed_description(mask, (max_sym as u8) & !mask),
-        None => tree_description(lens, max_sym, max_bits).map(Into::into),
+    let tree: Option<Cow<[u8]>> = match fixed {
+        Some(form) => fixed_forms()
+            .trees
+            .get(&form)
+            .map(|t| Cow::Borrowed(&t[..])),
+        None => tree_description(lens, max_sym, max_bits).map(Cow::Owned),
     };
     let Some(tree) = tree else {
         return false;
@@ -985,7 +983,7 @@ fn literals_with(
         return false;
     }
     let sizes = match fixed {
-        Some(mask) => write_fixed_streams(piece, mask, &table, scratch),
+        Some((mask, _)) => write_fixed_streams(piece, mask, &table, scratch),
         None => write_streams(piece, &table, scratch),
     };
     if sizes[..3].iter().any(|&s| s > 0xFFFF) {
