@@ -1177,6 +1177,33 @@ fn every_node_mounting_at_once_succeeds() {
     }
 }
 
+/// Each slot is an equal, fixed share of the space: a node that writes more than its share
+/// gets ENOSPC while the other slots' shares are empty (a job that saves on one rank only
+/// meets this at 1/N of the space). The daemon's log must say so, not only "space full":
+/// which slot's share filled, and how much room the other slots have that this node
+/// cannot use.
+#[test]
+fn a_full_slot_share_is_explained() {
+    let mut c = Cluster::new(2, "256M", 2, Duration::from_secs(5));
+    let slot = c.mount(0, &[]);
+    let mut f = fs::File::create(c.path(0, "big")).unwrap();
+    // 40 x 8 MiB of incompressible bytes: more than the whole space.
+    let wrote = (0..40).try_for_each(|i| f.write_all(&pattern(i, 8 << 20)));
+    let e = wrote
+        .err()
+        .or_else(|| close_checked(f).err())
+        .expect("more than the slot's share was written without an error");
+    assert_eq!(e.raw_os_error(), Some(libc::ENOSPC), "{e}");
+    let log = c.log_tail();
+    for want in [
+        format!("slot {slot}'s share of a 2-slot space"),
+        "the other slots' shares have".to_string(),
+        "fewer slots".to_string(),
+    ] {
+        assert!(log.contains(&want), "the log does not say {want:?}:\n{log}");
+    }
+}
+
 /// One node removes files another node wrote (a rotation script deleting the oldest step):
 /// the owner learns of it, its kernel is told to drop the names, and its gc reclaims the
 /// space at once (before, the owner's kernel kept holding the inodes it created, and gc kept

@@ -59,6 +59,44 @@ fn pressure_opts(throttle: Option<f64>, room_goal_bytes: u64) -> GcOptions {
     }
 }
 
+/// On a multi-slot space, what a full space means there: this node fills its own slot's
+/// share only, while the other slots' shares may have room it cannot use (each slot is an
+/// equal, fixed share of the data file). A job whose one node writes most of the bytes
+/// (a `Trainer` saving on rank 0 only) meets this at 1/N of the space, and the bare ENOSPC
+/// and "space full" said nothing of why. Empty for a single-slot space.
+fn slot_share_note(space: &Space) -> String {
+    let Some(lease) = space.slots().lease() else {
+        return String::new();
+    };
+    let sb = space.superblock();
+    let seg = u64::from(sb.segment_bytes);
+    let share = |slot| {
+        let r = sb.slot_segments(slot);
+        (r.end - r.start) * seg
+    };
+    let me = lease.slot();
+    // The others' room as their headers last said (a live node's renewals keep it fresh).
+    let others_free: u64 = match lease.table().all() {
+        Ok(headers) => headers
+            .iter()
+            .filter(|h| h.slot != me)
+            .map(|h| share(h.slot).saturating_sub(h.used_bytes))
+            .sum(),
+        Err(_) => return String::new(),
+    };
+    let mib = |b: u64| format!("{:.1} MiB", b as f64 / (1u64 << 20) as f64);
+    format!(
+        ". This node writes into slot {me}'s share of a {}-slot space ({} of the data file's \
+         {}); the other slots' shares have {} free, which only their own nodes can use (each \
+         slot is an equal share of the space). Where one node writes most of the bytes, \
+         format the space with fewer slots, or larger",
+        sb.slots,
+        mib(share(me)),
+        mib(sb.data_size_bytes),
+        mib(others_free)
+    )
+}
+
 impl AutoGc {
     /// Under space pressure: retention, then compaction of every segment with dead bytes,
     /// until `PRESSURE_ROOM_FRACTION` of the space is free or nothing more can be had.
@@ -86,8 +124,9 @@ impl AutoGc {
                 } else if !room && !self.full_said.swap(true, Ordering::Relaxed) {
                     log::warn!(
                         "space full: gc found nothing to reclaim ({} bytes free); writers get \
-                         ENOSPC until files are removed or retention allows more (said once)",
-                        r.free_bytes_after
+                         ENOSPC until files are removed or retention allows more (said once){}",
+                        r.free_bytes_after,
+                        slot_share_note(space)
                     );
                 }
                 gained > 0 || room
