@@ -148,6 +148,60 @@ impl SlotTable {
     }
 }
 
+/// This kernel boot and pid namespace, as the first 8 bytes of a mount id (the rest are
+/// random): a holder whose mount id starts with this tag, under this host name, ran on this
+/// very machine since its last boot and in this pid namespace, so whether its pid still
+/// runs is known here for certain. None where the boot id or the namespace cannot be read
+/// (then no holder is ever known gone, and takeovers wait for the lease as before).
+fn machine_tag() -> Option<[u8; 8]> {
+    static TAG: std::sync::OnceLock<Option<[u8; 8]>> = std::sync::OnceLock::new();
+    *TAG.get_or_init(|| {
+        let boot = std::fs::read_to_string("/proc/sys/kernel/random/boot_id").ok()?;
+        let ns = std::fs::read_link("/proc/self/ns/pid").ok()?;
+        let h = blake3::hash(format!("ckptfs holder {} {}", boot.trim(), ns.display()).as_bytes());
+        Some(h.as_bytes()[..8].try_into().expect("8 bytes"))
+    })
+}
+
+/// Whether the holder of `h` is certainly gone: it held the slot from this machine, this
+/// boot and this pid namespace (`machine_tag`, and this host name), and its process no
+/// longer runs (no such pid, or a zombie). A job whose daemons were all killed (a
+/// scheduler's `kill -9`, an OOM kill) left every slot held by a live-looking lease, and
+/// the next job's mounts on the same nodes were refused for a whole lease ("every one of
+/// the slots ... is held by a live mount", naming pids that were gone). A holder that still
+/// runs, even stopped or hung, or whose pid was reused by any process, is not gone: its
+/// lease is waited for as before. A holder of another machine, boot or pid namespace (two
+/// containers under one host name) never is: its pid means nothing here.
+pub fn holder_gone_here(h: &SlotHeader) -> bool {
+    let Some(tag) = machine_tag() else {
+        return false;
+    };
+    if h.state != SlotState::Held || h.mount_id[..8] != tag || h.host != host_name() {
+        return false;
+    }
+    if h.pid == std::process::id() {
+        return false;
+    }
+    match std::fs::read_to_string(format!("/proc/{}/stat", h.pid)) {
+        Err(e) => e.kind() == std::io::ErrorKind::NotFound,
+        // The state follows the command name's closing parenthesis.
+        Ok(stat) => stat
+            .rsplit(')')
+            .next()
+            .and_then(|rest| rest.split_whitespace().next())
+            .is_some_and(|state| state == "Z" || state == "X"),
+    }
+}
+
+/// A slot a claim for `mountpoint` may take: not held by a live lease, or held by a holder
+/// gone from this machine (`holder_gone_here`) that was mounted at the same mountpoint:
+/// this node's next mount takes its own slot back at once; any other mount waits for the
+/// lease as before (tests stand for a remote node's death by killing a local daemon, and a
+/// mount elsewhere on this machine has free or expired slots to take).
+fn claimable(h: &SlotHeader, now_ns: u64, mountpoint: &str) -> bool {
+    !is_live(h, now_ns) || (h.mountpoint == mountpoint && holder_gone_here(h))
+}
+
 /// Whether a header's lease is still running at `now_ns` (plus the clock-skew margin).
 pub fn is_live(h: &SlotHeader, now_ns: u64) -> bool {
     h.state == SlotState::Held
@@ -276,11 +330,21 @@ impl Lease {
             )
             .as_bytes()[..16],
         );
+        if let Some(tag) = machine_tag() {
+            mount_id[..8].copy_from_slice(&tag);
+        }
         let mut lost = Vec::new();
         for slot in candidates {
             let h = table.read(slot)?;
             let now = now_unix_ns();
-            if is_live(&h, now) && req.take_over && req.slot.is_some() {
+            if is_live(&h, now) && claimable(&h, now, &mountpoint) {
+                log::warn!(
+                    "taking over slot {slot} at once: its holder ran on this machine and is \
+                     gone (pid {} no longer runs): {}",
+                    h.pid,
+                    describe_holder(&h, now)
+                );
+            } else if is_live(&h, now) && req.take_over && req.slot.is_some() {
                 log::warn!(
                     "taking over slot {slot} while its lease runs (--take-over): {}",
                     describe_holder(&h, now)
@@ -382,7 +446,10 @@ impl Lease {
                 let now = now_unix_ns();
                 let me = host_name();
                 let mine = |h: &SlotHeader| h.host == me && h.mountpoint == mountpoint;
-                let mut c: Vec<&SlotHeader> = all.iter().filter(|h| !is_live(h, now)).collect();
+                let mut c: Vec<&SlotHeader> = all
+                    .iter()
+                    .filter(|h| claimable(h, now, mountpoint))
+                    .collect();
                 c.sort_by_key(|h| (h.state == SlotState::Held, !mine(h), h.slot));
                 if c.is_empty() {
                     let mut holders: Vec<String> = all
@@ -936,6 +1003,73 @@ mod tests {
             hints[0].map(|h| h.seq),
             Some(prober.table().read(SlotId(0)).unwrap().seq)
         );
+    }
+
+    /// A slot whose holder ran on this machine (this boot, this pid namespace, this host
+    /// name) at the same mountpoint and no longer runs is taken at once, lease or not: the
+    /// next job's mounts after a `kill -9` of every daemon were refused for a whole lease. A
+    /// holder that still runs, one of another machine (its mount id does not carry this
+    /// machine's tag), or one that was mounted elsewhere keeps its slot until its lease runs
+    /// out.
+    #[test]
+    fn a_slot_whose_holder_is_gone_from_this_machine_is_taken_at_once() {
+        let Some(tag) = machine_tag() else {
+            eprintln!("SKIPPED: no boot id or pid namespace to tell this machine by");
+            return;
+        };
+        // No process has the pid `pid_max`: pids are below it.
+        let gone_pid: u32 = std::fs::read_to_string("/proc/sys/kernel/pid_max")
+            .ok()
+            .and_then(|s| s.trim().parse().ok())
+            .unwrap_or(4_194_304);
+        let mut alive = std::process::Command::new("sleep")
+            .arg("30")
+            .spawn()
+            .unwrap();
+        let held = |slot: u32, pid: u32, tagged: bool| {
+            let mut h = SlotHeader::free(SlotId(slot));
+            h.state = SlotState::Held;
+            h.seq = 1;
+            h.epoch = 1;
+            h.renewed_unix_ns = now_unix_ns();
+            h.lease_ms = 60_000;
+            h.pid = pid;
+            h.host = host_name();
+            h.mountpoint = format!("/ckpt{slot}");
+            h.mount_id = [7; 16];
+            if tagged {
+                h.mount_id[..8].copy_from_slice(&tag);
+            }
+            h
+        };
+        let claim_any = |holders: &[SlotHeader]| {
+            let dev: Arc<dyn Device> = Arc::new(MemDevice::new(8 << 20));
+            let table = SlotTable::new(dev, holders.len() as u32);
+            for h in holders {
+                table.write(h, &SlotHint::of(h)).unwrap();
+            }
+            let req = SlotRequest {
+                lease: MIN_LEASE,
+                mountpoint: "/ckpt1".into(),
+                ..SlotRequest::default()
+            };
+            Lease::claim(table, &req, Duration::ZERO).map(|l| l.slot())
+        };
+        // Slot 1's holder is gone from this machine: taken, though slot 0 comes first and
+        // both leases run.
+        let got = claim_any(&[held(0, alive.id(), true), held(1, gone_pid, true)]);
+        assert_eq!(got.ok(), Some(SlotId(1)));
+        // The same pid, but under another machine's tag: its pid means nothing here.
+        let got = claim_any(&[held(0, alive.id(), true), held(1, gone_pid, false)]);
+        assert!(matches!(got, Err(Error::Locked(_))), "{got:?}");
+        // A holder that runs keeps its slot.
+        let got = claim_any(&[held(0, alive.id(), true)]);
+        assert!(matches!(got, Err(Error::Locked(_))), "{got:?}");
+        // A gone holder that was mounted elsewhere (`/ckpt0`): its lease is waited for.
+        let got = claim_any(&[held(0, gone_pid, true), held(1, alive.id(), true)]);
+        assert!(matches!(got, Err(Error::Locked(_))), "{got:?}");
+        alive.kill().unwrap();
+        alive.wait().unwrap();
     }
 
     #[test]

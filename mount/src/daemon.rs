@@ -46,7 +46,37 @@ pub(crate) fn ensure_default_space(dir: &Path) -> Result<(), CliError> {
     Ok(())
 }
 
+/// Detaches a ckptfs mount at `m` whose daemon is gone (the kernel answers ENOTCONN: the
+/// daemon was killed, `kill -9` or the OOM killer, with no unmount), saying so. Such a
+/// mountpoint refused the next `ckptfs mount` ("Transport endpoint is not connected") until
+/// someone ran `fusermount3 -u`: a job requeued on the nodes of a killed one failed in its
+/// prolog. Nothing can be read or written through the dead mount; only ckptfs mounts
+/// (`/proc/self/mountinfo` source `ckptfs:...`) are touched, never another filesystem's.
+fn detach_dead_mount(m: &Path) {
+    let dead = matches!(std::fs::metadata(m), Err(e) if e.raw_os_error() == Some(libc::ENOTCONN));
+    let Some(backing) = dead.then(|| backing_of(m)).flatten() else {
+        return;
+    };
+    let detached = Command::new("fusermount3")
+        .arg("-u")
+        .arg("-z")
+        .arg(m)
+        .status()
+        .is_ok_and(|s| s.success())
+        // SAFETY: a NUL-terminated path; MNT_DETACH has no other preconditions.
+        || std::ffi::CString::new(m.as_os_str().as_encoded_bytes())
+            .is_ok_and(|c| unsafe { libc::umount2(c.as_ptr(), libc::MNT_DETACH) } == 0);
+    if detached {
+        eprintln!(
+            "ckptfs: detached the dead ckptfs mount of {} at {} (its daemon is gone)",
+            backing.display(),
+            m.display()
+        );
+    }
+}
+
 pub(crate) fn check_mountpoint(m: &Path) -> Result<(), CliError> {
+    detach_dead_mount(m);
     match std::fs::metadata(m) {
         Ok(md) if md.is_dir() => Ok(()),
         Ok(_) => Err(format!("mountpoint {} is not a directory", m.display()).into()),

@@ -312,7 +312,11 @@ fn wait_for_exit(dir: &Path, mut h: SlotHeader) -> Result<SlotHeader, CliError> 
 /// this node's data in two shares and taking a slot another node may be about to claim.
 pub fn wait_for_own_exiting_daemon(dir: &Path, mnt: &Path) -> Result<(), CliError> {
     let mnt = mnt.to_string_lossy();
-    wait_for_exiting(dir, |h| h.mountpoint == mnt)
+    // A holder certainly gone (its process no longer runs on this machine) is not waited
+    // for: the claim takes its slot over at once (`slots::holder_gone_here`).
+    wait_for_exiting(dir, |h| {
+        h.mountpoint == mnt && !ckptfs_engine::slots::holder_gone_here(h)
+    })
 }
 
 /// Before `stats` of the multi-slot space in `dir`: waits for every daemon of this host

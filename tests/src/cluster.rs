@@ -411,6 +411,13 @@ impl Cluster {
 
     /// SIGKILL `node`'s daemon, wait for it to be gone, and detach its dead mount.
     pub fn kill(&mut self, node: usize) {
+        self.kill_leaving_mount(node);
+        detach(&self.nodes[node].mnt, self.root.path());
+    }
+
+    /// SIGKILL `node`'s daemon and wait for it to be gone, leaving its dead mount in place
+    /// (`ENOTCONN` at the mountpoint), as a node whose daemon was killed has it.
+    pub fn kill_leaving_mount(&mut self, node: usize) {
         self.signal(node, libc::SIGKILL);
         let pid = self.nodes[node].pid.take().expect("pid");
         let start = Instant::now();
@@ -427,7 +434,6 @@ impl Cluster {
             std::thread::sleep(Duration::from_millis(5));
         }
         self.nodes[node].stopped = false;
-        detach(&self.nodes[node].mnt, self.root.path());
     }
 
     /// Waits until `slot`'s lease has run out by the rule a taker applies

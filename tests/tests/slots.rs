@@ -1204,6 +1204,41 @@ fn a_full_slot_share_is_explained() {
     }
 }
 
+/// A job's daemons are all killed (`kill -9`: the scheduler ended the job, the OOM killer),
+/// and the next job mounts the space on the same nodes at once: every mount succeeds without
+/// waiting for the dead holders' leases, over the dead mounts left at the mountpoints, each
+/// node gets its own slot back, and what was closed before the kill is all there. Before,
+/// each mount was refused ("Transport endpoint is not connected" at the mountpoint; then,
+/// once detached by hand, "every one of the 2 slots ... is held by a live mount" naming
+/// pids that were gone) until the leases ran out.
+#[test]
+fn the_next_job_mounts_at_once_after_every_daemon_was_killed() {
+    // A lease far longer than the test: only a takeover of holders known gone passes.
+    let mut c = Cluster::new(2, "256M", 2, Duration::from_secs(120));
+    let slots = [c.mount(0, &[]), c.mount(1, &[])];
+    for n in 0..2 {
+        let mut f = fs::File::create(c.path(n, &format!("rank{n}"))).unwrap();
+        f.write_all(&pattern(n as u64, 3 << 20)).unwrap();
+        close_checked(f).unwrap();
+    }
+    c.kill_leaving_mount(0);
+    c.kill_leaving_mount(1);
+    let results = c.mount_at_once(&[0, 1], |_| Vec::new());
+    for (n, (st, out, err)) in results.iter().enumerate() {
+        assert!(
+            st.success(),
+            "node {n} was refused after the job's daemons were killed: {out}{err}\n{}",
+            c.log_tail()
+        );
+    }
+    for (n, &slot) in slots.iter().enumerate() {
+        assert_eq!(c.slot_of(n), slot, "node {n} got another slot");
+        for r in 0..2 {
+            assert_file_eq(&c.path(n, &format!("rank{r}")), &pattern(r as u64, 3 << 20));
+        }
+    }
+}
+
 /// One node removes files another node wrote (a rotation script deleting the oldest step):
 /// the owner learns of it, its kernel is told to drop the names, and its gc reclaims the
 /// space at once (before, the owner's kernel kept holding the inodes it created, and gc kept
