@@ -446,11 +446,23 @@ impl Lease {
                 let now = now_unix_ns();
                 let me = host_name();
                 let mine = |h: &SlotHeader| h.host == me && h.mountpoint == mountpoint;
+                // This mount's own slot, held by a daemon gone from this machine, ranks as
+                // released: a node whose daemon was killed gets its own slot back rather than
+                // a free one (its data stays in one share, the free slot stays for others).
+                let gone_mine = |h: &SlotHeader| {
+                    h.state == SlotState::Held && is_live(h, now) && claimable(h, now, mountpoint)
+                };
                 let mut c: Vec<&SlotHeader> = all
                     .iter()
                     .filter(|h| claimable(h, now, mountpoint))
                     .collect();
-                c.sort_by_key(|h| (h.state == SlotState::Held, !mine(h), h.slot));
+                c.sort_by_key(|h| {
+                    (
+                        h.state == SlotState::Held && !gone_mine(h),
+                        !mine(h),
+                        h.slot,
+                    )
+                });
                 if c.is_empty() {
                     let mut holders: Vec<String> = all
                         .iter()
@@ -735,7 +747,9 @@ impl Lease {
             .table
             .all()?
             .into_iter()
-            .filter(|h| h.slot != self.me.slot && is_live(h, now))
+            // A holder gone from this machine answers nothing: waiting for it refused the
+            // mount of a node whose killed daemon left its slot held.
+            .filter(|h| h.slot != self.me.slot && is_live(h, now) && !holder_gone_here(h))
             .collect();
         if live.is_empty() {
             return Ok(None);
@@ -1068,6 +1082,24 @@ mod tests {
         // A gone holder that was mounted elsewhere (`/ckpt0`): its lease is waited for.
         let got = claim_any(&[held(0, gone_pid, true), held(1, alive.id(), true)]);
         assert!(matches!(got, Err(Error::Locked(_))), "{got:?}");
+        // With a free slot too, this mount's own slot comes first (a killed node gets its
+        // own slot back), and the gone holder is no live node to probe: the probe passes
+        // at once instead of waiting for an echo that cannot come.
+        let dev: Arc<dyn Device> = Arc::new(MemDevice::new(8 << 20));
+        let table = SlotTable::new(dev, 3);
+        let gone = held(1, gone_pid, true);
+        table.write(&gone, &SlotHint::of(&gone)).unwrap();
+        let req = SlotRequest {
+            lease: MIN_LEASE,
+            mountpoint: "/ckpt1".into(),
+            ..SlotRequest::default()
+        };
+        let mine = Lease::claim(table.clone(), &req, Duration::ZERO).unwrap();
+        assert_eq!(mine.slot(), SlotId(1), "the killed node's own slot");
+        let other = held(2, gone_pid, true);
+        table.write(&other, &SlotHint::of(&other)).unwrap();
+        let probe = mine.probe_coherence(Duration::from_millis(300));
+        assert!(matches!(probe, Ok(None)), "{probe:?}");
         alive.kill().unwrap();
         alive.wait().unwrap();
     }

@@ -216,10 +216,22 @@ pub fn for_each_offline_slot(
         };
         let now = now_unix_ns();
         if is_live(&h, now) {
+            // A holder killed on this machine has no mount to go through: say what brings
+            // the slot back instead.
+            let how = if ckptfs_engine::slots::holder_gone_here(&h) {
+                format!(
+                    "its daemon no longer runs (killed?): mount the space again at {} on this \
+                     host, which takes the slot back at once, and run `ckptfs {what}` through \
+                     that mount, or run it here once the lease has run out",
+                    h.mountpoint
+                )
+            } else {
+                format!("run `ckptfs {what}` through that mount")
+            };
             out.push((
                 h.slot.0,
                 Err(format!(
-                    "not checked here: {}; run `ckptfs {what}` through that mount",
+                    "not checked here: {}; {how}",
                     describe_holder(&h, now)
                 )),
             ));

@@ -1210,11 +1210,13 @@ fn a_full_slot_share_is_explained() {
 /// node gets its own slot back, and what was closed before the kill is all there. Before,
 /// each mount was refused ("Transport endpoint is not connected" at the mountpoint; then,
 /// once detached by hand, "every one of the 2 slots ... is held by a live mount" naming
-/// pids that were gone) until the leases ran out.
+/// pids that were gone) until the leases ran out; and with a spare slot, a node took the
+/// spare and then waited in vain for its dead holder's echo to its coherence probe.
 #[test]
 fn the_next_job_mounts_at_once_after_every_daemon_was_killed() {
-    // A lease far longer than the test: only a takeover of holders known gone passes.
-    let mut c = Cluster::new(2, "256M", 2, Duration::from_secs(120));
+    // A lease far longer than the test: only a takeover of holders known gone passes. One
+    // slot more than nodes: each must still get its own back.
+    let mut c = Cluster::new(3, "384M", 2, Duration::from_secs(120));
     let slots = [c.mount(0, &[]), c.mount(1, &[])];
     for n in 0..2 {
         let mut f = fs::File::create(c.path(n, &format!("rank{n}"))).unwrap();
