@@ -156,6 +156,16 @@ impl SlotTable {
 fn machine_tag() -> Option<[u8; 8]> {
     static TAG: std::sync::OnceLock<Option<[u8; 8]>> = std::sync::OnceLock::new();
     *TAG.get_or_init(|| {
+        // A /proc of another pid namespace than this process's (a host's /proc in a
+        // container with its own) would answer for other processes' pids: then no tag.
+        let seen_as: u32 = std::fs::read_link("/proc/self")
+            .ok()?
+            .to_str()?
+            .parse()
+            .ok()?;
+        if seen_as != std::process::id() {
+            return None;
+        }
         let boot = std::fs::read_to_string("/proc/sys/kernel/random/boot_id").ok()?;
         let ns = std::fs::read_link("/proc/self/ns/pid").ok()?;
         let h = blake3::hash(format!("ckptfs holder {} {}", boot.trim(), ns.display()).as_bytes());
