@@ -46,14 +46,18 @@ pub(crate) fn ensure_default_space(dir: &Path) -> Result<(), CliError> {
     Ok(())
 }
 
-/// Detaches a ckptfs mount at `m` whose daemon is gone (the kernel answers ENOTCONN: the
-/// daemon was killed, `kill -9` or the OOM killer, with no unmount), saying so. Such a
+/// Detaches a ckptfs mount at `m` whose daemon is gone (the kernel answers ENOTCONN, or
+/// ECONNABORTED while the connection is being torn down: the daemon was killed, `kill -9`
+/// or the OOM killer, with no unmount), saying so. Such a
 /// mountpoint refused the next `ckptfs mount` ("Transport endpoint is not connected") until
 /// someone ran `fusermount3 -u`: a job requeued on the nodes of a killed one failed in its
 /// prolog. Nothing can be read or written through the dead mount; only ckptfs mounts
 /// (`/proc/self/mountinfo` source `ckptfs:...`) are touched, never another filesystem's.
 fn detach_dead_mount(m: &Path) {
-    let dead = matches!(std::fs::metadata(m), Err(e) if e.raw_os_error() == Some(libc::ENOTCONN));
+    // ECONNABORTED: a request that met the connection while it was being aborted (seen
+    // right after the daemon's death, the next one says ENOTCONN).
+    let dead = matches!(std::fs::metadata(m), Err(e)
+        if matches!(e.raw_os_error(), Some(libc::ENOTCONN | libc::ECONNABORTED)));
     let Some(backing) = dead.then(|| backing_of(m)).flatten() else {
         return;
     };
