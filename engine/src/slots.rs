@@ -189,17 +189,32 @@ pub fn holder_gone_here(h: &SlotHeader) -> bool {
     if h.state != SlotState::Held || h.mount_id[..8] != tag || h.host != host_name() {
         return false;
     }
-    if h.pid == std::process::id() {
+    h.pid != std::process::id() && !process_runs(h.pid)
+}
+
+/// Whether process `pid` still runs: it exists and has not exited. An exited daemon stays a
+/// zombie until its parent reaps it, and a daemon `mount` started in the background has
+/// init (or a container's first process) for a parent, which may reap it seconds later: an
+/// idle unmount took 2 s waiting for that. A process this user may not signal (EPERM), or
+/// whose `/proc` entry it may not read, exists: it runs.
+pub fn process_runs(pid: u32) -> bool {
+    let Ok(pid) = i32::try_from(pid) else {
+        return false;
+    };
+    // SAFETY: kill with signal 0 only checks whether the process exists.
+    if pid <= 0
+        || (unsafe { libc::kill(pid, 0) } != 0
+            && std::io::Error::last_os_error().raw_os_error() != Some(libc::EPERM))
+    {
         return false;
     }
-    match std::fs::read_to_string(format!("/proc/{}/stat", h.pid)) {
-        Err(e) => e.kind() == std::io::ErrorKind::NotFound,
-        // The state follows the command name's closing parenthesis.
-        Ok(stat) => stat
-            .rsplit(')')
-            .next()
-            .and_then(|rest| rest.split_whitespace().next())
-            .is_some_and(|state| state == "Z" || state == "X"),
+    // /proc/PID/stat: "pid (comm) state ...", comm may hold spaces and parentheses.
+    match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
+        Ok(st) => st
+            .rfind(')')
+            .and_then(|i| st[i + 1..].split_whitespace().next())
+            .is_none_or(|state| state != "Z" && state != "X"),
+        Err(_) => true,
     }
 }
 
@@ -456,23 +471,16 @@ impl Lease {
                 let now = now_unix_ns();
                 let me = host_name();
                 let mine = |h: &SlotHeader| h.host == me && h.mountpoint == mountpoint;
-                // This mount's own slot, held by a daemon gone from this machine, ranks as
-                // released: a node whose daemon was killed gets its own slot back rather than
-                // a free one (its data stays in one share, the free slot stays for others).
-                let gone_mine = |h: &SlotHeader| {
-                    h.state == SlotState::Held && is_live(h, now) && claimable(h, now, mountpoint)
-                };
                 let mut c: Vec<&SlotHeader> = all
                     .iter()
                     .filter(|h| claimable(h, now, mountpoint))
                     .collect();
-                c.sort_by_key(|h| {
-                    (
-                        h.state == SlotState::Held && !gone_mine(h),
-                        !mine(h),
-                        h.slot,
-                    )
-                });
+                // Expired slots last. A held slot still claimable is this mount's own, held
+                // by a daemon gone from this machine: it ranks as released, so a node whose
+                // daemon was killed gets its own slot back rather than a free one (its data
+                // stays in one share, the free slot stays for others).
+                let expired = |h: &SlotHeader| h.state == SlotState::Held && !is_live(h, now);
+                c.sort_by_key(|h| (expired(h), !mine(h), h.slot));
                 if c.is_empty() {
                     let mut holders: Vec<String> = all
                         .iter()
@@ -1066,17 +1074,18 @@ mod tests {
             }
             h
         };
+        // Every claim below is a mount at `/ckpt1`.
+        let req = SlotRequest {
+            lease: MIN_LEASE,
+            mountpoint: "/ckpt1".into(),
+            ..SlotRequest::default()
+        };
         let claim_any = |holders: &[SlotHeader]| {
             let dev: Arc<dyn Device> = Arc::new(MemDevice::new(8 << 20));
             let table = SlotTable::new(dev, holders.len() as u32);
             for h in holders {
                 table.write(h, &SlotHint::of(h)).unwrap();
             }
-            let req = SlotRequest {
-                lease: MIN_LEASE,
-                mountpoint: "/ckpt1".into(),
-                ..SlotRequest::default()
-            };
             Lease::claim(table, &req, Duration::ZERO).map(|l| l.slot())
         };
         // Slot 1's holder is gone from this machine: taken, though slot 0 comes first and
@@ -1099,11 +1108,6 @@ mod tests {
         let table = SlotTable::new(dev, 3);
         let gone = held(1, gone_pid, true);
         table.write(&gone, &SlotHint::of(&gone)).unwrap();
-        let req = SlotRequest {
-            lease: MIN_LEASE,
-            mountpoint: "/ckpt1".into(),
-            ..SlotRequest::default()
-        };
         let mine = Lease::claim(table.clone(), &req, Duration::ZERO).unwrap();
         assert_eq!(mine.slot(), SlotId(1), "the killed node's own slot");
         let other = held(2, gone_pid, true);

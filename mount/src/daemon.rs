@@ -48,10 +48,9 @@ pub(crate) fn ensure_default_space(dir: &Path) -> Result<(), CliError> {
 
 /// Detaches a ckptfs mount at `m` whose daemon is gone (the kernel answers ENOTCONN, or
 /// ECONNABORTED while the connection is being torn down: the daemon was killed, `kill -9`
-/// or the OOM killer, with no unmount), saying so. Such a
-/// mountpoint refused the next `ckptfs mount` ("Transport endpoint is not connected") until
-/// someone ran `fusermount3 -u`: a job requeued on the nodes of a killed one failed in its
-/// prolog. Nothing can be read or written through the dead mount; only ckptfs mounts
+/// or the OOM killer, with no unmount), saying so. Such a mountpoint refused the next
+/// `ckptfs mount` ("Transport endpoint is not connected") until someone ran
+/// `fusermount3 -u`: a job requeued on the nodes of a killed one failed in its prolog. Nothing can be read or written through the dead mount; only ckptfs mounts
 /// (`/proc/self/mountinfo` source `ckptfs:...`) are touched, never another filesystem's.
 fn detach_dead_mount(m: &Path) {
     // ECONNABORTED: a request that met the connection while it was being aborted (seen
@@ -872,25 +871,6 @@ pub(crate) fn check_apart(backing: &Path, mnt: &Path) -> Result<(), CliError> {
     .into())
 }
 
-/// Whether process `pid` still runs: it exists and has not exited. An exited daemon stays a
-/// zombie until its parent reaps it, and a daemon `mount` started in the background has
-/// init (or a container's first process) for a parent, which may reap it seconds later: an
-/// idle unmount took 2 s waiting for that.
-pub(crate) fn process_runs(pid: i32) -> bool {
-    // SAFETY: kill with signal 0 only checks whether the process exists.
-    if unsafe { libc::kill(pid, 0) } != 0 {
-        return false;
-    }
-    // /proc/PID/stat: "pid (comm) state ...", comm may hold spaces and parentheses.
-    match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
-        Ok(st) => st
-            .rfind(')')
-            .and_then(|i| st[i + 1..].split_whitespace().next())
-            .is_none_or(|state| state != "Z" && state != "X"),
-        Err(_) => false,
-    }
-}
-
 pub(crate) fn mounted_at(mnt: &Path) -> bool {
     backing_of(mnt).is_some()
 }
@@ -935,7 +915,7 @@ pub(crate) fn umount(mnt: &Path) -> Result<(), CliError> {
     }
     if let Some(pid) = pid {
         let start = Instant::now();
-        while process_runs(pid) {
+        while ckptfs_engine::slots::process_runs(pid as u32) {
             if start.elapsed() > UMOUNT_TIMEOUT {
                 return Err(format!("daemon {pid} did not exit after unmount").into());
             }
