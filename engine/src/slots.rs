@@ -362,19 +362,20 @@ impl Lease {
         for slot in candidates {
             let h = table.read(slot)?;
             let now = now_unix_ns();
-            if is_live(&h, now) && claimable(&h, now, &mountpoint) {
+            let live = is_live(&h, now);
+            if live && claimable(&h, now, &mountpoint) {
                 log::warn!(
                     "taking over slot {slot} at once: its holder ran on this machine and is \
                      gone (pid {} no longer runs): {}",
                     h.pid,
                     describe_holder(&h, now)
                 );
-            } else if is_live(&h, now) && req.take_over && req.slot.is_some() {
+            } else if live && req.take_over && req.slot.is_some() {
                 log::warn!(
                     "taking over slot {slot} while its lease runs (--take-over): {}",
                     describe_holder(&h, now)
                 );
-            } else if is_live(&h, now) {
+            } else if live {
                 if req.slot.is_some() {
                     return Err(Error::Locked(format!(
                         "slot {slot} is held by a live mount: {}; it can be taken over once \

@@ -50,7 +50,8 @@ pub(crate) fn ensure_default_space(dir: &Path) -> Result<(), CliError> {
 /// ECONNABORTED while the connection is being torn down: the daemon was killed, `kill -9`
 /// or the OOM killer, with no unmount), saying so. Such a mountpoint refused the next
 /// `ckptfs mount` ("Transport endpoint is not connected") until someone ran
-/// `fusermount3 -u`: a job requeued on the nodes of a killed one failed in its prolog. Nothing can be read or written through the dead mount; only ckptfs mounts
+/// `fusermount3 -u`: a job requeued on the nodes of a killed one failed in its prolog.
+/// Nothing can be read or written through the dead mount; only ckptfs mounts
 /// (`/proc/self/mountinfo` source `ckptfs:...`) are touched, never another filesystem's.
 fn detach_dead_mount(m: &Path) {
     // ECONNABORTED: a request that met the connection while it was being aborted (seen
