@@ -38,8 +38,6 @@ impl Location {
 /// chunks stored back to back); an implementation splits them where its layout needs.
 pub trait Placement: Send + Sync {
     fn segment_bytes(&self) -> u64;
-    /// Segments the space (slot) allocates from.
-    fn segments(&self) -> u64;
     fn read(&self, at: Location, buf: &mut [u8]) -> DevResult<()>;
     /// `read` of the bytes exactly as stored, for a verifier (`ckptfs check`): where
     /// `read` goes around parts already found damaged (erasure-coded targets rebuild them
@@ -80,17 +78,11 @@ pub trait Placement: Send + Sync {
 pub(crate) struct SingleFile {
     dev: Arc<dyn Device>,
     segment_bytes: u64,
-    /// Segments this space allocates from (a slot's share of a multi-slot data file).
-    segments: u64,
 }
 
 impl SingleFile {
-    pub fn new(dev: Arc<dyn Device>, segment_bytes: u64, segments: u64) -> SingleFile {
-        SingleFile {
-            dev,
-            segment_bytes,
-            segments,
-        }
+    pub fn new(dev: Arc<dyn Device>, segment_bytes: u64) -> SingleFile {
+        SingleFile { dev, segment_bytes }
     }
 }
 
@@ -104,10 +96,6 @@ impl SingleFile {
 impl Placement for SingleFile {
     fn segment_bytes(&self) -> u64 {
         self.segment_bytes
-    }
-
-    fn segments(&self) -> u64 {
-        self.segments
     }
 
     fn read(&self, at: Location, buf: &mut [u8]) -> DevResult<()> {

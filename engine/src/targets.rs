@@ -1696,10 +1696,6 @@ impl Placement for Erasure {
         self.segment_bytes
     }
 
-    fn segments(&self) -> u64 {
-        self.segments
-    }
-
     fn write_align(&self) -> usize {
         self.row_bytes() as usize
     }

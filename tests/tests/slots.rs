@@ -1204,6 +1204,45 @@ fn a_full_slot_share_is_explained() {
     }
 }
 
+/// Each node's `df` is its slot's share: the size `ckptfs slots` gives every slot, nearly all
+/// of it free before anything is written, and a write's bytes taken from it. Over targets a
+/// mount reported the whole space as its size and the other slots' shares as used (an
+/// empty 2-slot space of 1 GiB: 1.0G, 528M used), which also set auto-gc's thresholds
+/// against the whole space instead of the node's share.
+#[test]
+fn each_node_reports_its_slots_share_as_its_size() {
+    let mut c = Cluster::new(2, "512M", 2, LEASE);
+    for n in 0..2 {
+        c.mount(n, &[]);
+    }
+    let (st, out, err) = c.ckptfs(&["slots".into(), c.backing.clone().into(), "--json".into()]);
+    assert!(st.success(), "ckptfs slots: {out}{err}");
+    let v: serde_json::Value = serde_json::from_str(&out).expect("slots json");
+    let share = v["slots"][0]["reserved_bytes"]
+        .as_u64()
+        .expect("reserved_bytes");
+    let mut free = [0u64; 2];
+    for (n, free) in free.iter_mut().enumerate() {
+        let (avail, total) = ckptfs_tests::statvfs_bytes(&c.nodes[n].mnt);
+        assert_eq!(total, share, "node {n}'s size is its slot's share");
+        assert!(
+            total - avail < share / 8,
+            "node {n}: {} of {total} bytes in use before anything was written",
+            total - avail
+        );
+        *free = avail;
+    }
+    let mut f = fs::File::create(c.path(0, "rank-0")).unwrap();
+    f.write_all(&pattern(9, 16 << 20)).unwrap();
+    close_checked(f).unwrap();
+    let (avail, _) = ckptfs_tests::statvfs_bytes(&c.nodes[0].mnt);
+    assert!(
+        free[0] - avail >= 16 << 20,
+        "16 MiB written took {} bytes of node 0's share",
+        free[0] - avail
+    );
+}
+
 /// A job's daemons are all killed (`kill -9`: the scheduler ended the job, the OOM killer),
 /// and the next job mounts the space on the same nodes at once: every mount succeeds without
 /// waiting for the dead holders' leases, over the dead mounts left at the mountpoints, each

@@ -173,11 +173,11 @@ pub(crate) enum SlotData {
     Targets(Arc<crate::targets::Erasure>),
 }
 
-/// Slot `slot`'s segments of the data file `data`, checked against the superblock.
+/// The data file `data` as a placement (a slot allocates from its share of it: the store's
+/// segments), checked against the superblock.
 pub(crate) fn slot_data_file(
     sb: &Superblock,
     data: Arc<dyn Device>,
-    slot: SlotId,
 ) -> Result<Arc<crate::placement::SingleFile>> {
     if data.len() != sb.data_size_bytes {
         return Err(Corruption::Layout(format!(
@@ -187,11 +187,9 @@ pub(crate) fn slot_data_file(
         ))
         .into());
     }
-    let range = sb.slot_segments(slot);
     Ok(Arc::new(crate::placement::SingleFile::new(
         data,
         sb.segment_bytes as u64,
-        range.end - range.start,
     )))
 }
 
@@ -233,7 +231,7 @@ pub(crate) fn claimed(
     // bytes) and other slots' manifests are read from.
     let (place, manifests, align, erasure): (Arc<dyn Placement>, _, _, _) = match data {
         SlotData::File { data, shared } => {
-            let place = slot_data_file(sb, fence(data), slot)?;
+            let place = slot_data_file(sb, fence(data))?;
             let written = place.device();
             (place, (written, shared), crate::device::DIRECT_ALIGN, None)
         }
@@ -347,7 +345,7 @@ fn open_writable(dir: &Path, mut sb: Superblock, req: &SlotRequest) -> Result<Op
     let watch_lock = lease.is_none();
     let (slot, meta, place, layout, first_claim) = match lease {
         None => {
-            let place = slot_data_file(&sb, data, SlotId(0))?;
+            let place = slot_data_file(&sb, data)?;
             (SlotId(0), meta, place as _, Layout::default(), None)
         }
         Some(lease) => {
@@ -514,7 +512,7 @@ fn open_read_only(dir: &Path) -> Result<Opened> {
                 // land in this overlay, as the table's rows land in the table's.
                 data = Arc::new(crate::device::OverlayDevice::new(data));
             }
-            (slot_data_file(&sb, data, SlotId(0))?, Layout::default())
+            (slot_data_file(&sb, data)?, Layout::default())
         };
     let journal = match sb.features.contains(Features::INCOMPAT_TARGETS) {
         true => None,

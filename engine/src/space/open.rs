@@ -113,7 +113,7 @@ impl Space {
     pub fn open_devices_as(sb: Superblock, on: OnDevices) -> Result<Space> {
         match on {
             OnDevices::Single(devs) => {
-                let place = crate::layout::slot_data_file(&sb, devs.data, SlotId(0))?;
+                let place = crate::layout::slot_data_file(&sb, devs.data)?;
                 Self::compose_on(
                     sb,
                     devs.meta,
@@ -125,7 +125,7 @@ impl Space {
                 )
             }
             OnDevices::Journaled { devs, journal } => {
-                let place = crate::layout::slot_data_file(&sb, devs.data, SlotId(0))?;
+                let place = crate::layout::slot_data_file(&sb, devs.data)?;
                 let j = Some((journal, true));
                 Self::compose_on(sb, devs.meta, place, SlotId(0), Layout::default(), None, j)
             }
@@ -226,8 +226,12 @@ impl Space {
                 "writing the metadata table failed while opening it",
             )));
         }
+        // The store's capacity is the slot's share, whatever the placement spans: a slot
+        // over targets places in the whole space's segment numbers, and its capacity as
+        // the whole space's made `df` show the other slots' shares as used.
         let store = ChunkStore::new(
             place,
+            range.end - range.start,
             crate::write::pipeline::Pipeline::new(),
             Arc::new(catalog.chunk_index()),
             free,

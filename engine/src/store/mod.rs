@@ -98,14 +98,16 @@ pub(crate) trait StoredBytes {
 }
 
 impl ChunkStore {
+    /// `segments`: how many segments the space (a slot: its share after its manifest area)
+    /// allocates from, its capacity; `free` the free ones among them.
     pub(crate) fn new(
         place: Arc<dyn Placement>,
+        segments: u64,
         pipeline: Arc<Pipeline>,
         db: Arc<dyn CommittedChunks>,
         free: BTreeSet<SegmentId>,
         failed: Arc<crate::device::Failure>,
     ) -> Arc<Self> {
-        let segments = place.segments();
         let segment_bytes = place.segment_bytes();
         let align = place.write_align();
         assert!(
