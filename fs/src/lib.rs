@@ -496,11 +496,17 @@ impl Fs {
     }
 
     pub fn getattr(&self, ino: InodeId) -> Result<Attr> {
+        self.getattr_at(ino, self.lookup_since())
+    }
+
+    /// `getattr` for a request that started at `t`: on a multi-slot space, as of a refresh
+    /// of the other slots' records that started at `t` or later (one per request).
+    fn getattr_at(&self, ino: InodeId, t: std::time::Instant) -> Result<Attr> {
         if view::is_virtual(ino) {
             return self.view_getattr(ino);
         }
         if self.shared.is_some() {
-            return self.sh_getattr(ino);
+            return self.sh_getattr_at(ino, t);
         }
         self.local_getattr(ino)
     }
@@ -553,6 +559,16 @@ impl Fs {
     }
 
     pub fn lookup(&self, parent: InodeId, name: &[u8]) -> Result<Attr> {
+        match self.lookup_at(parent, name, self.lookup_since()) {
+            Err(Error::NotFound) if self.has_lookup_window() => {
+                self.lookup_at(parent, name, std::time::Instant::now())
+            }
+            r => r,
+        }
+    }
+
+    /// `lookup` for a request that started at `t` (`getattr_at`).
+    fn lookup_at(&self, parent: InodeId, name: &[u8], t: std::time::Instant) -> Result<Attr> {
         if name.len() > NAME_MAX {
             return Err(Error::NameTooLong);
         }
@@ -562,7 +578,7 @@ impl Fs {
         // the caller).
         if name == b"." {
             // A removed file keeps its record for its revisions, but is gone as a file.
-            return self.getattr(parent).and_then(|a| {
+            return self.getattr_at(parent, t).and_then(|a| {
                 if a.rec.nlink == 0 {
                     Err(Error::NotFound)
                 } else {
@@ -571,7 +587,7 @@ impl Fs {
             });
         }
         if name == b".." {
-            return self.getattr(self.dir_parent(parent)?);
+            return self.getattr_at(self.dir_parent(parent)?, t);
         }
         if view::is_virtual(parent) {
             return self.view_lookup(parent, name);
@@ -580,7 +596,7 @@ impl Fs {
             return self.view_getattr(view::CTL);
         }
         if self.shared.is_some() {
-            return self.sh_lookup(parent, name);
+            return self.sh_lookup(parent, name, t);
         }
         let child = self
             .space
@@ -594,11 +610,22 @@ impl Fs {
     /// forgets it (`forget`), so gc keeps its record when a rename or unlink removes its
     /// last name while the kernel may still open or stat it by number.
     pub fn lookup_entry(&self, parent: InodeId, name: &[u8]) -> Result<Attr> {
+        match self.lookup_entry_at(parent, name, self.lookup_since()) {
+            // A name another node made just now is found at once (`set_lookup_window`).
+            Err(Error::NotFound) if self.has_lookup_window() => {
+                self.lookup_entry_at(parent, name, std::time::Instant::now())
+            }
+            r => r,
+        }
+    }
+
+    /// `lookup_entry` for a request that started at `t` (`getattr_at`).
+    fn lookup_entry_at(&self, parent: InodeId, name: &[u8], t: std::time::Instant) -> Result<Attr> {
         // A retry is needed only when gc removed the inode between this lookup's read of
         // the name and its count (the name was replaced or removed meanwhile); the next
         // read sees the change, so a second race needs another gc within the same window.
         for _ in 0..8 {
-            let a = self.lookup(parent, name)?;
+            let a = self.lookup_at(parent, name, t)?;
             if self.remember(a.ino)? {
                 return Ok(a);
             }
@@ -609,6 +636,26 @@ impl Fs {
             }
         }
         Err(Error::Stale)
+    }
+
+    /// What an open of `ino` on a close-to-open mount checks (`ckptfs mount --coherence`):
+    /// after reading what every node published, whether each `(parent, name, child)` the
+    /// kernel walked still binds that child, and `ino`'s attributes now. A single-slot
+    /// space changes only through this mount: nothing can have moved.
+    pub fn open_check(
+        &self,
+        ino: InodeId,
+        links: &[(InodeId, &[u8], InodeId)],
+    ) -> Result<(bool, Attr)> {
+        if self.shared.is_none() {
+            return Ok((true, self.getattr(ino)?));
+        }
+        let t = std::time::Instant::now();
+        self.refresh_since(t);
+        let bound = links
+            .iter()
+            .all(|(p, n, c)| self.sh_binding(*p, n) == Some(*c));
+        Ok((bound, self.getattr_at(ino, t)?))
     }
 
     /// Counts one kernel reference to `ino`, which the caller answers the kernel with (a
@@ -2040,9 +2087,12 @@ impl Fs {
         offset: u64,
         limit: usize,
     ) -> Result<Vec<(DirItem, Result<Attr>)>> {
+        // On a multi-slot space one refresh serves the whole batch: a hint read per entry
+        // (two, with the lookup's getattr) was nearly all of an `ls -l`'s time.
+        let t = std::time::Instant::now();
         let entry = |it: &DirItem| match it.is_dots() {
-            true => self.getattr(it.ino),
-            false => self.lookup_entry(dir, &it.name),
+            true => self.getattr_at(it.ino, t),
+            false => self.lookup_entry_at(dir, &it.name, t),
         };
         if view::is_virtual(dir) || self.shared.is_some() {
             let items = self.readdir(dir, offset, limit)?;

@@ -134,6 +134,8 @@ pub(crate) struct Tuning {
     pub(crate) follow_changes: bool,
     /// `--durability`: closes durable when they return (`true`), or at fsync/unmount.
     pub(crate) close_durable: bool,
+    /// `--coherence close-to-open` (`true`) or `strict`; of multi-slot spaces only.
+    pub(crate) close_to_open: bool,
     pub(crate) cuda_lib_dir: Option<PathBuf>,
     /// Not tuning, but carried to the daemon alike: `--read-only`.
     pub(crate) read_only: bool,
@@ -296,6 +298,14 @@ pub(crate) fn mount(
     let fs_for_names = fs.clone();
     let mut adapter = fuse::CkptFs::new(fs.clone());
     adapter.allow_idmap = allow_other;
+    if tuning.close_to_open && fs.shares_namespace() {
+        adapter.told = Some(Default::default());
+        fs.set_lookup_window(crate::told::LOOKUP_WINDOW);
+        log::info!(
+            "close-to-open coherence: names and attributes kept by the kernel for 1 s, \
+             lookups answered from a read of the other slots' records up to 0.1 s old"
+        );
+    }
     if let Some(u) = uploader {
         let _ = adapter.remote.set(u);
     }
@@ -675,6 +685,9 @@ pub(crate) fn spawn_daemon(
     if !tuning.close_durable {
         cmd.arg("--durability").arg("fsync");
     }
+    if tuning.close_to_open {
+        cmd.arg("--coherence").arg("close-to-open");
+    }
     if let Some(d) = &tuning.cuda_lib_dir {
         cmd.arg("--cuda-lib-dir").arg(d);
     }
@@ -958,7 +971,7 @@ pub(crate) fn apply_mount_options(
     allow_other: &mut bool,
 ) -> Result<(), CliError> {
     const KNOWN: &str = "ro, rw, allow_other, threads=N, workers=N, codec=lz4|shuffle|float, \
-                         gpu=auto|on|off|emulate, confirm=fingerprint|blake3, cuts=follow|content, durability=close|fsync, cuda_lib_dir=DIR, slot=N, lease=DURATION, nosuid, \
+                         gpu=auto|on|off|emulate, confirm=fingerprint|blake3, cuts=follow|content, durability=close|fsync, coherence=strict|close-to-open, cuda_lib_dir=DIR, slot=N, lease=DURATION, nosuid, \
                          noexec, suid, exec";
     for o in options.split(',').filter(|o| !o.is_empty()) {
         let (key, val) = match o.split_once('=') {
@@ -996,6 +1009,9 @@ pub(crate) fn apply_mount_options(
             }
             ("cuts", _) => tuning.follow_changes = one_of(&["follow", "content"])? == "follow",
             ("durability", _) => tuning.close_durable = one_of(&["close", "fsync"])? == "close",
+            ("coherence", _) => {
+                tuning.close_to_open = one_of(&["strict", "close-to-open"])? == "close-to-open"
+            }
             ("cuda_lib_dir", Some(d)) if !d.is_empty() => tuning.cuda_lib_dir = Some(d.into()),
             ("slot", _) => tuning.slot = Some(number(u32::MAX, 0)?),
             ("lease", Some(d)) => {

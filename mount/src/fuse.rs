@@ -433,6 +433,11 @@ pub struct CkptFs {
     pub invalidator: Arc<std::sync::OnceLock<Invalidator>>,
     /// Whether to offer idmapped mounts to the kernel (the mount has allow_other; see `init`).
     pub allow_idmap: bool,
+    /// A close-to-open mount of a multi-slot space (`--coherence close-to-open`): the
+    /// kernel keeps names and attributes for `told::C2O_TTL`, and what it was told is kept
+    /// here for opens to check (`stale_at_open`). None: strict (the kernel keeps nothing
+    /// of a multi-slot space), or a single-slot space.
+    pub told: Option<Mutex<crate::told::Told>>,
     /// The object-store tier's uploader, on a space that has one (set before the session
     /// starts): a close or fsync in `close` mode returns once the bucket holds it.
     pub remote: Arc<std::sync::OnceLock<Arc<ckptfs_remote::Uploader>>>,
@@ -461,6 +466,7 @@ impl CkptFs {
             remote: Arc::default(),
             fetcher: Arc::default(),
             invalidator: Arc::new(std::sync::OnceLock::new()),
+            told: None,
         }
     }
 
@@ -528,7 +534,14 @@ impl CkptFs {
                 ))
             }
             R::Stats => {
-                let s = self.fs.stats().map_err(|e| fail_json("stats", e))?;
+                let mut s = self.fs.stats().map_err(|e| fail_json("stats", e))?;
+                if self.fs.shares_namespace() {
+                    s.commits.coherence = match self.told {
+                        Some(_) => "close-to-open",
+                        None => "strict",
+                    }
+                    .into();
+                }
                 let mut v = crate::stats_json(&s);
                 if let Some(u) = self.remote.get() {
                     v["remote"] = serde_json::to_value(u.status()).unwrap_or_default();
@@ -617,6 +630,11 @@ impl CkptFs {
             // reads go to the backing space. For cold-read measurements and tests.
             R::DropCaches => {
                 space.data().drop_caches();
+                // And what it knows of the other slots: read again now (a close-to-open
+                // mount's lookups may use a read up to `told::LOOKUP_WINDOW` old).
+                self.fs
+                    .refresh_union()
+                    .map_err(|e| fail_json("drop_caches", e))?;
                 to_json(serde_json::json!({"ok": true}))
             }
             R::Advice => {
@@ -809,12 +827,59 @@ impl CkptFs {
     }
 
     /// How long the kernel may cache names and attributes: not at all when other nodes
-    /// change the namespace too (a multi-slot space), else `TTL`.
+    /// change the namespace too (a multi-slot space), unless the mount is close-to-open
+    /// (`told`), else `TTL`.
     fn ttl(&self) -> Duration {
-        match self.fs.shares_namespace() {
-            true => Duration::ZERO,
-            false => TTL,
+        match (self.fs.shares_namespace(), &self.told) {
+            (true, None) => Duration::ZERO,
+            (true, Some(_)) => crate::told::C2O_TTL,
+            (false, _) => TTL,
         }
+    }
+
+    /// On a close-to-open mount: the kernel was told `a` as `name` in `parent`.
+    fn tell_named(&self, parent: u64, name: &[u8], a: &FileAttr) {
+        if let Some(t) = &self.told {
+            t.lock().named(parent, name, a);
+        }
+    }
+
+    /// On a close-to-open mount: the kernel was told attributes `a`.
+    fn tell_attrs(&self, a: &FileAttr) {
+        if let Some(t) = &self.told {
+            t.lock().attrs(a);
+        }
+    }
+
+    /// On a close-to-open mount: whether the open of `ino` must be answered ESTALE, so the
+    /// kernel walks its path again asking for every name (the module doc of `told`). Reads
+    /// what every node published first. Drops the kernel's attributes of `ino` where
+    /// another node changed them since they were told.
+    fn stale_at_open(&self, ino: INodeNo, append: bool) -> bool {
+        let Some(told) = &self.told else {
+            return false;
+        };
+        if ino == INodeNo::ROOT || ckptfs_fs::view::is_virtual(InodeId(ino.0)) {
+            return false;
+        }
+        let chain = told.lock().chain(ino.0);
+        let links: Vec<(InodeId, &[u8], InodeId)> = (chain.links.iter())
+            .map(|(p, n, c)| (InodeId(*p), n.as_slice(), InodeId(*c)))
+            .collect();
+        let stale = match self.fs.open_check(InodeId(ino.0), &links) {
+            Ok((bound, a)) => {
+                let moved = chain.print != Some(crate::told::Print::of(&file_attr(&a)));
+                if moved {
+                    self.attrs_changed(ino);
+                }
+                // Never told (or forgotten): nothing says the kernel's name is current.
+                !bound || chain.print.is_none() || (moved && append)
+            }
+            // Gone: the retry's lookup answers ENOENT.
+            Err(Error::NotFound) => true,
+            Err(_) => false,
+        };
+        told.lock().refuse(ino.0, stale)
     }
 
     /// A new file handle; fs tracks what each one may do and has done.
@@ -822,9 +887,19 @@ impl CkptFs {
         FileHandle(self.next_fh.fetch_add(1, Ordering::Relaxed))
     }
 
-    fn reply_entry(&self, r: Result<Attr, Error>, op: &str, parent: INodeNo, reply: ReplyEntry) {
+    fn reply_entry(
+        &self,
+        r: Result<Attr, Error>,
+        op: &str,
+        (parent, name): (INodeNo, &OsStr),
+        reply: ReplyEntry,
+    ) {
         match r {
-            Ok(a) => reply.entry(&self.ttl(), &file_attr(&a), Generation(0)),
+            Ok(a) => {
+                let fa = file_attr(&a);
+                self.tell_named(parent.0, name.as_bytes(), &fa);
+                reply.entry(&self.ttl(), &fa, Generation(0))
+            }
             Err(e) => reply.error(fail(op, parent.0, e)),
         }
     }
@@ -920,8 +995,9 @@ impl Filesystem for CkptFs {
         // kernel's AUTO mode, which uses them for a listing's first batch only unless
         // lookups came between batches: a program that lists a directory whole and then
         // stats it (`ls -l`, Python's os.listdir) got them for the first few hundred
-        // entries. Not on a shared namespace, whose entries the kernel may not cache.
-        if !self.fs.shares_namespace() {
+        // entries. Not on a strict shared namespace, whose entries the kernel may not
+        // cache; on a close-to-open one it keeps them as a single node's.
+        if !self.fs.shares_namespace() || self.told.is_some() {
             let _ = config.add_capabilities(InitFlags::FUSE_DO_READDIRPLUS);
         }
         // File handles (name_to_handle_at, NFS export) carry the inode number; `lookup` of
@@ -998,7 +1074,7 @@ impl Filesystem for CkptFs {
         let r = self.fs.lookup_entry(InodeId(parent.0), name.as_bytes());
         match r {
             Err(Error::NotFound) => reply.error(Errno::ENOENT),
-            r => self.reply_entry(r, "lookup", parent, reply),
+            r => self.reply_entry(r, "lookup", (parent, name), reply),
         }
     }
 
@@ -1008,7 +1084,11 @@ impl Filesystem for CkptFs {
 
     fn getattr(&self, _req: &Request, ino: INodeNo, _fh: Option<FileHandle>, reply: ReplyAttr) {
         match self.fs.getattr(InodeId(ino.0)) {
-            Ok(a) => reply.attr(&self.ttl(), &file_attr(&a)),
+            Ok(a) => {
+                let fa = file_attr(&a);
+                self.tell_attrs(&fa);
+                reply.attr(&self.ttl(), &fa)
+            }
             Err(e) => reply.error(fail("getattr", ino.0, e)),
         }
     }
@@ -1042,7 +1122,11 @@ impl Filesystem for CkptFs {
             fh: fh.map_or(HandleId::NONE, |h| HandleId(h.0)),
         };
         match self.fs.setattr_by(InodeId(ino.0), &s, &requester(req)) {
-            Ok(a) => reply.attr(&self.ttl(), &file_attr(&a)),
+            Ok(a) => {
+                let fa = file_attr(&a);
+                self.tell_attrs(&fa);
+                reply.attr(&self.ttl(), &fa)
+            }
             Err(e) => reply.error(fail("setattr", ino.0, e)),
         }
     }
@@ -1068,7 +1152,7 @@ impl Filesystem for CkptFs {
             .fs
             .mknod(InodeId(parent.0), name.as_bytes(), mode, rdev, caller(req));
         self.remember(&r, "mknod");
-        self.reply_entry(r, "mknod", parent, reply);
+        self.reply_entry(r, "mknod", (parent, name), reply);
     }
 
     fn mkdir(
@@ -1084,7 +1168,7 @@ impl Filesystem for CkptFs {
             .fs
             .mkdir(InodeId(parent.0), name.as_bytes(), mode, caller(req));
         self.remember(&r, "mkdir");
-        self.reply_entry(r, "mkdir", parent, reply);
+        self.reply_entry(r, "mkdir", (parent, name), reply);
     }
 
     fn unlink(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEmpty) {
@@ -1112,7 +1196,7 @@ impl Filesystem for CkptFs {
             caller(req),
         );
         self.remember(&r, "symlink");
-        self.reply_entry(r, "symlink", parent, reply);
+        self.reply_entry(r, "symlink", (parent, link_name), reply);
     }
 
     fn rename(
@@ -1144,17 +1228,20 @@ impl Filesystem for CkptFs {
         _req: &Request,
         ino: INodeNo,
         _newparent: INodeNo,
-        _newname: &OsStr,
+        newname: &OsStr,
         reply: ReplyEntry,
     ) {
         // Hard links are refused on purpose: a revision belongs to one path.
         let r = self.fs.link();
         self.remember(&r, "link");
-        self.reply_entry(r, "link", ino, reply);
+        self.reply_entry(r, "link", (ino, newname), reply);
     }
 
     fn open(&self, req: &Request, ino: INodeNo, flags: OpenFlags, reply: ReplyOpen) {
         let w = writes(flags);
+        if self.stale_at_open(ino, w && flags.0 & libc::O_APPEND != 0) {
+            return reply.error(Errno::ESTALE);
+        }
         let trunc = flags.0 & libc::O_TRUNC != 0 && w;
         let fh = self.fh();
         // O_TRUNC is done here (atomic_o_trunc), so the kernel's truncate, which would drop
@@ -1412,6 +1499,9 @@ impl Filesystem for CkptFs {
                 };
                 let name = OsStr::from_bytes(&it.name);
                 let attr = file_attr(&a);
+                if !dots {
+                    self.tell_named(ino.0, &it.name, &attr);
+                }
                 if reply.add(
                     INodeNo(a.ino.0),
                     it.offset,
@@ -1646,7 +1736,9 @@ impl Filesystem for CkptFs {
                 if !how.contains(FopenFlags::FOPEN_DIRECT_IO) {
                     self.cached.lock().opened(fh, INodeNo(a.ino.0));
                 }
-                reply.created(&self.ttl(), &file_attr(&a), Generation(0), fh, how)
+                let fa = file_attr(&a);
+                self.tell_named(parent.0, name.as_bytes(), &fa);
+                reply.created(&self.ttl(), &fa, Generation(0), fh, how)
             }
             Err(e) => reply.error(fail("create", parent.0, e)),
         }

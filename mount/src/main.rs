@@ -36,6 +36,7 @@ mod metrics;
 mod report;
 mod slots;
 mod targets;
+mod told;
 mod when;
 
 use ckptfs_engine::format::SlotId;
@@ -359,6 +360,16 @@ enum Cmd {
         /// passed to FUSE filesystems by Linux: `fsync` one file instead.
         #[arg(long, default_value = "close", value_parser = ["close", "fsync"])]
         durability: String,
+        /// Of a multi-slot space: when this node sees what other nodes changed. `strict`
+        /// (the default): every lookup, stat and listing, as soon as the other node's call
+        /// returned; the kernel keeps no name or attribute, so each stat asks the daemon
+        /// and reads the slots' hints. `close-to-open` (as NFS): opens, creates, renames,
+        /// removals, listings and lookups of names this node has not seen still see other
+        /// nodes' changes at once, but a stat, or a path walk to an open that then
+        /// checks it, may use what the kernel learnt up to 1 s before; `ls -l` and stat of
+        /// many files run at a single node's speed (README, "Several nodes").
+        #[arg(long, default_value = "strict", value_parser = ["strict", "close-to-open"])]
+        coherence: String,
         /// Directory holding libcuda.so.1 / libnvrtc.so.13 when they are not on the loader's
         /// path (also CKPTFS_CUDA_LIB_DIR).
         #[arg(long, value_name = "DIR")]
@@ -372,7 +383,7 @@ enum Cmd {
         read_only: bool,
         /// Mount options, comma-separated, as mount(8) and fstab pass them: `ro` (as
         /// --read-only), `rw`, `allow_other`, `threads=N`, `workers=N`, `codec=C`, `gpu=G`, `confirm=C`, `cuts=C`, `durability=D`,
-        /// `cuda_lib_dir=DIR` (as the flags), `suid` (ckptfs mounts nosuid unless told),
+        /// `coherence=C`, `cuda_lib_dir=DIR` (as the flags), `suid` (ckptfs mounts nosuid unless told),
         /// `nosuid`, `noexec`, `exec`; the ones
         /// mount(8) and the kernel handle themselves (`defaults`, `auto`, `noauto`, `user`,
         /// `nofail`, `_netdev`, `dev`, `nodev`, the atime ones, `x-*`, `comment=`) are
@@ -642,6 +653,7 @@ fn run(cli: Cli) -> Result<(), CliError> {
             confirm,
             cuts,
             durability,
+            coherence,
             cuda_lib_dir,
             read_only,
             options,
@@ -681,6 +693,7 @@ fn run(cli: Cli) -> Result<(), CliError> {
                 confirm_by_fingerprint: confirm == "fingerprint",
                 follow_changes: cuts == "follow",
                 close_durable: durability == "close",
+                close_to_open: coherence == "close-to-open",
                 cuda_lib_dir,
                 read_only,
                 suid: false,
@@ -855,6 +868,7 @@ mod tests {
             confirm_by_fingerprint: true,
             follow_changes: true,
             close_durable: true,
+            close_to_open: false,
             cuda_lib_dir: None,
             read_only: false,
             suid: false,
@@ -884,13 +898,15 @@ mod tests {
             (Some("shuffle"), "off")
         );
         apply_mount_options(
-            "slot=7,lease=500ms,confirm=blake3,cuts=content,durability=fsync",
+            "slot=7,lease=500ms,confirm=blake3,cuts=content,durability=fsync,\
+             coherence=close-to-open",
             &mut t,
             &mut other,
         )
         .unwrap();
         assert_eq!((t.slot, t.lease), (Some(7), Duration::from_millis(500)));
         assert!(!t.confirm_by_fingerprint && !t.follow_changes && !t.close_durable);
+        assert!(t.close_to_open);
         for bad in [
             "bogus",
             "slot=x",
@@ -900,6 +916,7 @@ mod tests {
             "codec=zstd",
             "confirm=xxh3",
             "cuts=fixed",
+            "coherence=weak",
             "ro=1",
             "cuda_lib_dir=",
         ] {

@@ -139,6 +139,16 @@ pub(crate) fn print_stats(s: &Stats) {
             }
         );
     }
+    match s.commits.coherence.as_str() {
+        "strict" => {
+            println!("coherence          strict: every lookup and stat sees other nodes' changes")
+        }
+        "close-to-open" => println!(
+            "coherence          close-to-open (--coherence): opens see other nodes' changes, \
+             a stat may show them up to 1 s late"
+        ),
+        _ => {}
+    }
     if s.gc.runs > 0 {
         println!(
             "gc since mount     {} runs, {} revisions dropped, {} freed, {} copied, {:.1}s",

@@ -584,7 +584,10 @@ fn close_held(run: &mut Run, h: Held, bytes: &[u8], when: &str) {
 
 fn compare_all(c: &Cluster, run: &Run, nodes: usize, when: &str) {
     let want = run.model.tree();
+    // Of close-to-open mounts: after the barrier `run_close_to_open` describes.
+    let _ = fs::write("/proc/sys/vm/drop_caches", b"2");
     for n in 0..nodes {
+        crate::cluster::drop_daemon_caches(&c.nodes[n].mnt);
         let got = seen_tree(&c.nodes[n].mnt)
             .unwrap_or_else(|e| panic!("seed {}: {when}: walking node {n}'s tree: {e}", run.seed));
         let d = diff_trees(&want, &got, 20);
@@ -603,7 +606,19 @@ fn compare_all(c: &Cluster, run: &Run, nodes: usize, when: &str) {
 /// `ops` random operations, then every node's tree, `ckptfs check`, a remount of every
 /// node and the trees again. Panics with the seed and the last operations on a difference.
 pub fn run(seed: u64, ops: usize, clients: &[PathBuf]) {
-    run_inner(seed, ops, clients, None)
+    run_inner(seed, ops, clients, None, &[])
+}
+
+/// `run` with every node mounted `--coherence close-to-open`: each node's kernel keeps
+/// names and attributes for a second, so a node may act on a name another node changed
+/// within it (as an NFS client does), which the model does not. The contract is that an
+/// application that synchronises with the other nodes and looks again sees their changes:
+/// before each operation on a node other than the last one's, the node's kernel forgets
+/// the names it is not using (`drop_caches`) and its daemon reads every node's records
+/// (the `drop_caches` control); no handle is held across operations (it would keep its
+/// path's names in the kernel: the strict run covers that).
+pub fn run_close_to_open(seed: u64, ops: usize) {
+    run_inner(seed, ops, &[], None, &["--coherence", "close-to-open"])
 }
 
 /// One seeded run on one mount of a single-slot space (the default kind), whose daemon is
@@ -614,10 +629,10 @@ pub fn run(seed: u64, ops: usize, clients: &[PathBuf]) {
 /// the daemon, as every operation that returned survives the death of a process on a local
 /// filesystem (README, "Guarantees").
 pub fn run_killing(seed: u64, ops: usize, kill_every: usize) {
-    run_inner(seed, ops, &[], Some(kill_every.max(1)))
+    run_inner(seed, ops, &[], Some(kill_every.max(1)), &[])
 }
 
-fn run_inner(seed: u64, ops: usize, clients: &[PathBuf], kill_every: Option<usize>) {
+fn run_inner(seed: u64, ops: usize, clients: &[PathBuf], kill_every: Option<usize>, args: &[&str]) {
     let mut rng = SmallRng::seed_from_u64(seed);
     let nodes = match kill_every {
         Some(_) => 1,
@@ -626,7 +641,7 @@ fn run_inner(seed: u64, ops: usize, clients: &[PathBuf], kill_every: Option<usiz
     println!("seed {seed}: {nodes} nodes, {ops} operations");
     let mut c = Cluster::on_clients(nodes as u32, "1G", nodes, Duration::from_secs(10), clients);
     for n in 0..nodes {
-        c.mount(n, &[]);
+        c.mount(n, args);
     }
     let mut run = Run {
         seed,
@@ -637,6 +652,8 @@ fn run_inner(seed: u64, ops: usize, clients: &[PathBuf], kill_every: Option<usiz
     };
     let mut held: Option<Held> = None;
     let mut kills = 0;
+    let close_to_open = args.contains(&"close-to-open");
+    let mut last_node = None;
     for i in 0..ops {
         if kill_every.is_some_and(|k| i > 0 && i % k == 0) {
             if let Some(h) = held.take() {
@@ -657,6 +674,12 @@ fn run_inner(seed: u64, ops: usize, clients: &[PathBuf], kill_every: Option<usiz
             );
         }
         let n = run.rng.random_range(0..nodes);
+        if close_to_open && last_node != Some(n) {
+            // What a job's barrier stands for (`run_close_to_open`).
+            let _ = fs::write("/proc/sys/vm/drop_caches", b"2");
+            crate::cluster::drop_daemon_caches(&c.nodes[n].mnt);
+        }
+        last_node = Some(n);
         let at = |p: &str| c.path(n, p.trim_start_matches('/'));
         // A held handle writes and closes after a few operations (its inode may have moved
         // or gone meanwhile).
@@ -914,7 +937,7 @@ fn run_inner(seed: u64, ops: usize, clients: &[PathBuf], kill_every: Option<usiz
             }
             92..=95 => {
                 // Open a file and keep it open across the next operations.
-                if held.is_some() {
+                if held.is_some() || close_to_open {
                     continue;
                 }
                 let p = run.path();
@@ -996,7 +1019,7 @@ fn run_inner(seed: u64, ops: usize, clients: &[PathBuf], kill_every: Option<usiz
         "seed {seed}: offline check of the space: {out}{e}"
     );
     for n in (0..nodes).rev() {
-        c.mount(n, &[]);
+        c.mount(n, args);
     }
     compare_all(&c, &run, nodes, "after every node remounted");
 }

@@ -19,7 +19,7 @@
 //! 160); `CKPTFS_MODEL_SEEDS` how many seeds from the first (default 2);
 //! `CKPTFS_KILL_EVERY` operations between kills (default 12).
 
-use ckptfs_tests::nsmodel::{env_usize, run, run_killing};
+use ckptfs_tests::nsmodel::{env_usize, run, run_close_to_open, run_killing};
 
 #[test]
 fn every_node_sees_one_posix_tree() {
@@ -45,5 +45,18 @@ fn every_returned_change_survives_kill_9_of_the_daemon() {
     };
     for s in 0..seeds as u64 {
         run_killing(first + s, ops, every);
+    }
+}
+
+#[test]
+fn every_node_sees_one_posix_tree_close_to_open() {
+    let first = ckptfs_tests::test_seed("every_node_sees_one_posix_tree_close_to_open", 1);
+    let ops = env_usize("CKPTFS_MODEL_OPS", 160);
+    let seeds = match std::env::var_os("CKPTFS_SEED") {
+        Some(_) => 1,
+        None => env_usize("CKPTFS_MODEL_SEEDS", 2),
+    };
+    for s in 0..seeds as u64 {
+        run_close_to_open(first + s, ops);
     }
 }

@@ -1652,3 +1652,101 @@ fn a_remount_right_after_an_unmount_waits_for_its_own_slot() {
     assert_file_eq(&c.path(0, "kept"), b"still here");
     c.unmount(0);
 }
+
+/// `--coherence close-to-open`: each node's kernel keeps names and attributes for a second,
+/// so a stat there may show another node's change late, but an open never does. Two nodes
+/// take turns changing what the other has just looked up (so its kernel holds the old
+/// names): a rotation that keeps the previous `latest` under another name (the old inode
+/// lives on), a directory moved aside and made again, a file grown, a file removed, and
+/// appends from both nodes. The reader's open finds the new bytes every time, and the
+/// appends land in order. Without the open's check (`told` in the mount) every run failed
+/// with 33 stale reads of 36 (the old `latest`, the moved directory's file, the old size)
+/// and appends written over each other.
+#[test]
+fn close_to_open_opens_see_other_nodes_changes_the_kernel_kept_old_names_of() {
+    const ROUNDS: usize = 12;
+    let mut c = Cluster::new(2, "512M", 2, Duration::from_secs(5));
+    for n in 0..2 {
+        c.mount(n, &["--coherence", "close-to-open"]);
+    }
+    let (st, out, err) = c.ckptfs(&["stats".into(), c.mountpoint(1).into(), "--json".into()]);
+    assert!(st.success(), "stats: {err}");
+    let v: serde_json::Value = serde_json::from_str(&out).expect("stats json");
+    assert_eq!(v["commits"]["coherence"], "close-to-open", "{out}");
+    fs::create_dir(c.path(0, "run")).unwrap();
+    let read = |c: &Cluster, n: usize, p: &str| {
+        fs::read_to_string(c.path(n, p)).unwrap_or_else(|e| format!("<{e}>"))
+    };
+    let append = |c: &Cluster, n: usize, s: &str| {
+        let mut f = fs::OpenOptions::new()
+            .append(true)
+            .create(true)
+            .open(c.path(n, "run/log"))
+            .unwrap();
+        f.write_all(s.as_bytes()).unwrap();
+        close_checked(f).unwrap();
+    };
+    let mut wrong = Vec::new();
+    let mut log = String::new();
+    for i in 0..ROUNDS {
+        let (w, r) = (i % 2, 1 - i % 2);
+        // The reader looks everything up first, as a job polling the directory does.
+        for p in ["run/latest", "run/cur/x", "run/grows"] {
+            let _ = fs::metadata(c.path(r, p));
+        }
+        fs::write(c.path(w, "run/latest.tmp"), format!("v{i}")).unwrap();
+        if c.path(w, "run/latest").exists() {
+            fs::rename(c.path(w, "run/latest"), c.path(w, &format!("run/prev{i}"))).unwrap();
+        }
+        fs::rename(c.path(w, "run/latest.tmp"), c.path(w, "run/latest")).unwrap();
+        if c.path(w, "run/cur").exists() {
+            fs::rename(c.path(w, "run/cur"), c.path(w, &format!("run/old{i}"))).unwrap();
+        }
+        fs::create_dir(c.path(w, "run/cur")).unwrap();
+        fs::write(c.path(w, "run/cur/x"), format!("c{i}")).unwrap();
+        let grown = "g".repeat(100 * (i + 1));
+        fs::write(c.path(w, "run/grows"), &grown).unwrap();
+        for (p, want) in [
+            ("run/latest", format!("v{i}")),
+            ("run/cur/x", format!("c{i}")),
+            ("run/grows", grown),
+        ] {
+            let got = read(&c, r, p);
+            if got != want {
+                wrong.push(format!(
+                    "round {i}: node {r} read {p} as {got:?}, not {want:?}"
+                ));
+            }
+        }
+        if i > 0 {
+            // The previous one, which the reader just looked up, removed.
+            let prev = format!("run/prev{i}");
+            let _ = fs::metadata(c.path(r, &prev));
+            fs::remove_file(c.path(w, &prev)).unwrap();
+            if fs::File::open(c.path(r, &prev)).is_ok() {
+                wrong.push(format!(
+                    "round {i}: node {r} opened {prev}, removed by node {w}"
+                ));
+            }
+        }
+        let (a, b) = (format!("{i}a{w};"), format!("{i}b{r};"));
+        append(&c, w, &a);
+        append(&c, r, &b);
+        log.push_str(&a);
+        log.push_str(&b);
+    }
+    for n in 0..2 {
+        if read(&c, n, "run/log") != log {
+            wrong.push(format!(
+                "node {n} reads the appends as {:?}",
+                read(&c, n, "run/log")
+            ));
+        }
+    }
+    assert!(
+        wrong.is_empty(),
+        "{} stale opens:\n{}",
+        wrong.len(),
+        wrong.join("\n")
+    );
+}

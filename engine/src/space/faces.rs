@@ -364,6 +364,7 @@ impl<'a> Report<'a> {
                         false => "fsync".into(),
                     },
                     journal: self.0.catalog.journal().is_some(),
+                    coherence: String::new(),
                 }
             },
             ..Stats::default()

@@ -314,6 +314,10 @@ pub struct CommitTotals {
     /// Durable commits go through the journal (a single-slot space on a data file).
     #[serde(default)]
     pub journal: bool,
+    /// Of a multi-slot space's mount: when it sees other nodes' changes, `strict` or
+    /// `close-to-open` (`ckptfs mount --coherence`, set by the mount); empty otherwise.
+    #[serde(default)]
+    pub coherence: String,
 }
 
 impl Stats {

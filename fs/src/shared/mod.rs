@@ -63,6 +63,16 @@ pub(crate) struct Shared {
     /// mount (`Fs::set_entry_invalidator`); until then, and in tests without a kernel,
     /// nothing is told.
     pub(crate) invalidate_entry: std::sync::OnceLock<EntryInvalidator>,
+    /// How old a refresh a lookup or getattr that finds its object may use
+    /// (`set_lookup_window`): none (every one reads the hints) unless the mount is
+    /// close-to-open.
+    pub(crate) lookup_window: std::sync::OnceLock<std::time::Duration>,
+    /// Changes of `own` (`own_write`), for the listing cache's key.
+    own_gen: std::sync::atomic::AtomicU64,
+    /// The last directory listed, sorted by offset, with the views it was listed from
+    /// (`sorted_listing`): a listing's batches (a few dozen entries each) sorted the whole
+    /// directory every time, 800 sorts of 20,000 names for one `ls -l`. One directory.
+    listing: Mutex<Option<Listing>>,
     /// Extent maps of this slot's committed layers of files other nodes wrote too, by
     /// (layer, revision): a read of such a file paints this slot's layer from its map, which
     /// was loaded from the catalog (one row per extent) on every read request before. At
@@ -105,9 +115,36 @@ impl Shared {
             merged_handles: Mutex::default(),
             reconciled: Mutex::default(),
             invalidate_entry: std::sync::OnceLock::new(),
+            lookup_window: std::sync::OnceLock::new(),
+            own_gen: Default::default(),
+            listing: Mutex::default(),
             layer_maps: Mutex::default(),
         }
     }
+}
+
+impl Shared {
+    /// `own` for a change, counted first (`listing`'s key): a listing that read the count
+    /// before the change is keyed by the old count, which no later listing asks for.
+    fn own_write(&self) -> parking_lot::RwLockWriteGuard<'_, SlotView> {
+        self.own_gen
+            .fetch_add(1, std::sync::atomic::Ordering::AcqRel);
+        self.own.write()
+    }
+}
+
+/// A directory's entries as `(offset, name, binding)`, sorted by offset.
+type Entries = Arc<Vec<(u64, Vec<u8>, Binding)>>;
+
+/// One directory's sorted entries and the views they came from: every other slot's view
+/// (as the union holds it; a refresh that changes one replaces it) and this slot's count of
+/// changes.
+/// The views are held, not only named: a freed one's address could be a new one's.
+struct Listing {
+    dir: InodeId,
+    others: Vec<(SlotId, Arc<SlotView>)>,
+    own_gen: u64,
+    entries: Entries,
 }
 
 /// What getattr and reads need of one version, copied out of the views.
@@ -206,7 +243,7 @@ impl Fs {
     fn apply_and_publish(&self, recs: Vec<Record>) -> Result<()> {
         let sh = self.sh();
         let _one = sh.publishing.lock();
-        sh.own.write().apply(recs.clone());
+        sh.own_write().apply(recs.clone());
         if sh.republish.load(std::sync::atomic::Ordering::Acquire) {
             self.space.slots().publish_snapshot()?;
             sh.republish
@@ -229,7 +266,7 @@ impl Fs {
         let recs = self.space.slots().own_records()?;
         let mut v = SlotView::default();
         v.apply(recs);
-        *sh.own.write() = v;
+        *sh.own_write() = v;
         if !self.space.is_read_only() {
             if let Err(e) = self.space.slots().publish_snapshot() {
                 // The next publication tries the whole snapshot again.
@@ -259,7 +296,7 @@ impl Fs {
             let recs = self.space.slots().own_records()?;
             let mut v = SlotView::default();
             v.apply(recs);
-            *sh.own.write() = v;
+            *sh.own_write() = v;
             self.space.slots().publish_snapshot()?;
             sh.republish
                 .store(false, std::sync::atomic::Ordering::Release);
@@ -269,7 +306,7 @@ impl Fs {
             return Ok(());
         }
         let recs = self.space.slots().version_records(&touched)?;
-        sh.own.write().apply(recs.clone());
+        sh.own_write().apply(recs.clone());
         if let Err(e) = self.space.slots().publish(&recs) {
             sh.republish
                 .store(true, std::sync::atomic::Ordering::Release);
@@ -284,10 +321,17 @@ impl Fs {
 
     /// The attributes every node sees of object `obj`.
     pub(crate) fn sh_getattr(&self, obj: InodeId) -> Result<Attr> {
+        self.sh_getattr_at(obj, Instant::now())
+    }
+
+    /// `sh_getattr` as of a refresh that started at `t` or later: a request that already
+    /// refreshed (a lookup, each entry of a listing with attributes, a change checked after
+    /// its intent) passes the time it refreshed at, and reads no hint again.
+    pub(crate) fn sh_getattr_at(&self, obj: InodeId, t: Instant) -> Result<Attr> {
         // fstat of a descriptor opened before another node's close must see that close (a
         // writer with O_APPEND appends at the size the kernel learns here): the hints say
         // whether any slot published since, one read shared by concurrent requests.
-        self.refresh_since(Instant::now());
+        self.refresh_since(t);
         if self.local_only(obj) {
             return self.local_getattr(obj);
         }
@@ -368,13 +412,20 @@ impl Fs {
         })
     }
 
-    pub(crate) fn sh_lookup(&self, parent: InodeId, name: &[u8]) -> Result<Attr> {
+    /// The object `name` in `parent` names in the views as they are (no refresh).
+    pub(crate) fn sh_binding(&self, parent: InodeId, name: &[u8]) -> Option<InodeId> {
+        self.with_views(|v| v.entry(parent, name))
+            .map(|(_, b)| b.child)
+    }
+
+    /// The object `name` in `parent` names, as of a refresh that started at `t` or later.
+    pub(crate) fn sh_lookup(&self, parent: InodeId, name: &[u8], t: Instant) -> Result<Attr> {
         // Close-to-open: a name looked up after another node's change returned finds it.
-        self.refresh_since(Instant::now());
+        self.refresh_since(t);
         let (_, b) = self
             .with_views(|v| v.entry(parent, name))
             .ok_or(Error::NotFound)?;
-        self.sh_getattr(b.child)
+        self.sh_getattr_at(b.child, t)
     }
 
     /// The parent of directory `dir` (`..`).
@@ -442,7 +493,8 @@ impl Fs {
             &[name_key(parent, name, true), dir_key(parent, false)],
             prio,
         )?;
-        self.refresh_since(Instant::now());
+        let t = Instant::now();
+        self.refresh_since(t);
         let (pkind, existing) =
             self.with_views(|v| (self.kind_in_tree(v, parent), v.entry(parent, name)));
         match pkind {
@@ -452,12 +504,12 @@ impl Fs {
         }
         if let Some((_, b)) = existing {
             if open_existing && b.kind == NodeKind::File {
-                return Ok((self.sh_getattr(b.child)?, false));
+                return Ok((self.sh_getattr_at(b.child, t)?, false));
             }
             return Err(Error::Exists);
         }
         // BSD group semantics of a setgid directory, as on one node.
-        let p = self.sh_getattr(parent)?;
+        let p = self.sh_getattr_at(parent, t)?;
         if p.rec.perm & libc::S_ISGID != 0 {
             rec.gid = p.rec.gid;
             if rec.kind == NodeKind::Dir {
@@ -481,7 +533,8 @@ impl Fs {
         )];
         recs.extend(self.space.slots().version_records(&[ino])?);
         self.apply_and_publish(recs)?;
-        Ok((self.sh_getattr(ino)?, true))
+        // Its own change is in this slot's view already: no other node's is needed.
+        Ok((self.sh_getattr_at(ino, t)?, true))
     }
 
     /// unlink (`dir` false) or rmdir of `name` in `parent`, for every node.
@@ -1188,6 +1241,38 @@ impl Fs {
         limit: usize,
     ) -> Result<Vec<DirItem>> {
         self.refresh_since(Instant::now());
+        let items = self.sorted_listing(dir);
+        let from = items.partition_point(|(o, _, _)| *o <= after);
+        Ok(items[from..]
+            .iter()
+            .take(limit)
+            .map(|(offset, name, b)| DirItem {
+                offset: *offset,
+                ino: b.child,
+                kind: b.kind,
+                name: name.clone(),
+            })
+            .collect())
+    }
+
+    /// `dir`'s entries sorted by offset, from the views as they are (`Shared::listing`).
+    fn sorted_listing(&self, dir: InodeId) -> Entries {
+        let sh = self.sh();
+        let own_gen = sh.own_gen.load(std::sync::atomic::Ordering::Acquire);
+        let others = (self.space.slots().union())
+            .map(|u| u.views())
+            .unwrap_or_default();
+        if let Some(l) = sh.listing.lock().as_ref() {
+            let same = |a: &[(SlotId, Arc<SlotView>)], b: &[(SlotId, Arc<SlotView>)]| {
+                a.len() == b.len()
+                    && a.iter()
+                        .zip(b)
+                        .all(|(x, y)| x.0 == y.0 && Arc::ptr_eq(&x.1, &y.1))
+            };
+            if l.dir == dir && l.own_gen == own_gen && same(&l.others, &others) {
+                return l.entries.clone();
+            }
+        }
         let mut items: Vec<(u64, Vec<u8>, Binding)> = self.with_views(|v| {
             v.list(dir)
                 .into_iter()
@@ -1195,17 +1280,14 @@ impl Fs {
                 .collect()
         });
         items.sort_by(|a, b| (a.0, &a.1).cmp(&(b.0, &b.1)));
-        Ok(items
-            .into_iter()
-            .filter(|(o, _, _)| *o > after)
-            .take(limit)
-            .map(|(offset, name, b)| DirItem {
-                offset,
-                ino: b.child,
-                kind: b.kind,
-                name,
-            })
-            .collect())
+        let entries = Arc::new(items);
+        *sh.listing.lock() = Some(Listing {
+            dir,
+            others,
+            own_gen,
+            entries: entries.clone(),
+        });
+        entries
     }
 
     pub(crate) fn sh_readlink(&self, obj: InodeId) -> Result<Vec<u8>> {
@@ -1264,6 +1346,33 @@ impl Fs {
 
     /// Sets how the kernel is told to drop a name another node removed (the mount's FUSE
     /// notifier). Nothing on a single-slot space, whose names only this node changes.
+    /// Of a close-to-open mount (`ckptfs mount --coherence close-to-open`), whose kernel
+    /// keeps names and attributes for a second anyway: a lookup or getattr that finds its
+    /// object may use a refresh of the other slots' records up to `d` old, so the lookups
+    /// of an `ls -l` (one per file) share one hint read per `d` instead of one each. A
+    /// lookup that finds nothing, a listing, an open and every change still refresh first.
+    pub fn set_lookup_window(&self, d: std::time::Duration) {
+        if let Some(sh) = &self.shared {
+            let _ = sh.lookup_window.set(d);
+        }
+    }
+
+    /// Whether lookups may use an older refresh (`set_lookup_window`).
+    pub(crate) fn has_lookup_window(&self) -> bool {
+        self.shared
+            .as_ref()
+            .is_some_and(|sh| sh.lookup_window.get().is_some())
+    }
+
+    /// The time a lookup or getattr asks a refresh from (`set_lookup_window`).
+    pub(crate) fn lookup_since(&self) -> Instant {
+        let now = Instant::now();
+        match self.shared.as_ref().and_then(|sh| sh.lookup_window.get()) {
+            Some(d) => now.checked_sub(*d).unwrap_or(now),
+            None => now,
+        }
+    }
+
     pub fn set_entry_invalidator(&self, f: EntryInvalidator) {
         if let Some(sh) = &self.shared {
             let _ = sh.invalidate_entry.set(f);
