@@ -2094,12 +2094,38 @@ impl Fs {
             true => self.getattr_at(it.ino, t),
             false => self.lookup_entry_at(dir, &it.name, t),
         };
-        if view::is_virtual(dir) || self.shared.is_some() {
+        if view::is_virtual(dir) {
             let items = self.readdir(dir, offset, limit)?;
             return Ok(items
                 .into_iter()
                 .map(|it| {
                     let a = entry(&it);
+                    (it, a)
+                })
+                .collect());
+        }
+        if self.shared.is_some() {
+            // This slot's files no other slot has a version of are answered as on one slot,
+            // from one snapshot (a lookup each read the table once per entry: most of a
+            // close-to-open `ls -l`'s daemon time); the others through the merge.
+            let items = self.readdir(dir, offset, limit)?;
+            let local: Vec<bool> = items
+                .iter()
+                .map(|it| !it.is_dots() && self.local_only(it.ino))
+                .collect();
+            let inos: Vec<InodeId> = (items.iter().zip(&local))
+                .filter(|(_, l)| **l)
+                .map(|(it, _)| it.ino)
+                .collect();
+            let mut held = self.local_attrs_held(&inos)?.into_iter();
+            return Ok(items
+                .into_iter()
+                .zip(local)
+                .map(|(it, l)| {
+                    let a = match l {
+                        true => held.next().unwrap_or(Err(Error::NotFound)),
+                        false => entry(&it),
+                    };
                     (it, a)
                 })
                 .collect());
@@ -2112,26 +2138,45 @@ impl Fs {
             .collect();
         let entries = self.space.ns().list_dir(dir, offset.max(2), limit)?;
         let inos: Vec<InodeId> = entries.iter().map(|e| e.ino).collect();
-        let recs = self.space.pins().hold_inodes(&inos)?;
+        let attrs = self.local_attrs_held(&inos)?;
+        for (e, a) in entries.into_iter().zip(attrs) {
+            let kind = a.as_ref().map_or(NodeKind::File, |a| a.rec.kind);
+            let it = DirItem {
+                offset: e.cookie,
+                ino: e.ino,
+                kind,
+                name: e.name,
+            };
+            out.push((it, a));
+        }
+        Ok(out)
+    }
+
+    /// The attributes of this slot's inodes `inos`, each held as looked up by the kernel
+    /// (`remember`; one gc removed meanwhile answers NotFound and is not held), their
+    /// records from one snapshot and the sizes of their revisions from another. On an
+    /// error nothing is held.
+    fn local_attrs_held(&self, inos: &[InodeId]) -> Result<Vec<Result<Attr>>> {
+        let recs = self.space.pins().hold_inodes(inos)?;
         let mut attrs: Vec<Result<Attr>> = Vec::with_capacity(recs.len());
         // (index, revision) of the files whose non-hole bytes are not cached.
         let mut to_size: Vec<(usize, RevisionId)> = Vec::new();
-        for (e, rec) in entries.iter().zip(recs) {
+        for (&ino, rec) in inos.iter().zip(recs) {
             let a = match rec {
                 None => Err(Error::NotFound),
-                Some(_) if self.open_node(e.ino).is_some() => {
-                    let a = self.local_getattr(e.ino);
+                Some(_) if self.open_node(ino).is_some() => {
+                    let a = self.local_getattr(ino);
                     if a.is_err() {
                         // Not answered: its hold is given back here.
-                        self.forget(e.ino, 1);
+                        self.forget(ino, 1);
                     }
                     a
                 }
                 Some(rec) => {
-                    let mut a = Attr::new(e.ino, rec);
+                    let mut a = Attr::new(ino, rec);
                     if a.rec.kind == NodeKind::File {
                         let rev = a.rec.current_rev;
-                        match self.data_bytes_cache.lock().get(&(e.ino, rev)) {
+                        match self.data_bytes_cache.lock().get(&(ino, rev)) {
                             Some(b) => a.data_bytes = Some(*b),
                             None => to_size.push((attrs.len(), rev)),
                         }
@@ -2161,17 +2206,7 @@ impl Fs {
                 }
             }
         }
-        for (e, a) in entries.into_iter().zip(attrs) {
-            let kind = a.as_ref().map_or(NodeKind::File, |a| a.rec.kind);
-            let it = DirItem {
-                offset: e.cookie,
-                ino: e.ino,
-                kind,
-                name: e.name,
-            };
-            out.push((it, a));
-        }
-        Ok(out)
+        Ok(attrs)
     }
 
     /// Publishes what this slot committed since the last publication (a multi-slot space;
