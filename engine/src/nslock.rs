@@ -66,12 +66,16 @@ pub fn exclusive(k: u64) -> u64 {
 }
 
 /// Held while a change of the shared namespace is made; withdraws the intent when dropped.
+/// Holds this node's other changes of names off meanwhile (`Lease::changing`).
 pub struct NsGuard<'a> {
     lease: &'a Lease,
+    _one: Option<parking_lot::MutexGuard<'a, ()>>,
 }
 
 impl Drop for NsGuard<'_> {
     fn drop(&mut self) {
+        // The intent is withdrawn before the next change of this node may announce its own
+        // (fields drop after this body).
         if let Err(e) = self.lease.clear_intent() {
             // A fenced or failing owner: its intent stays until its lease runs out, after
             // which the others ignore it.
@@ -106,6 +110,10 @@ pub fn lock<'a>(lease: &'a Lease, union: &Union, keys: &[u64], prio: u64) -> Res
     let started = Instant::now();
     let limit = lease.lease_len() * WAIT_LEASES;
     let mut backoff = Duration::from_micros(500);
+    // One change of names of this node at a time, from its announcement to its withdrawal
+    // (the slot's hint holds one intent). Held across a retry's wait too: the next change
+    // of this node would only meet the same older change of another node.
+    let mut one = Some(lease.changing.lock());
     loop {
         lease
             .announce(mine, prio)
@@ -113,7 +121,7 @@ pub fn lock<'a>(lease: &'a Lease, union: &Union, keys: &[u64], prio: u64) -> Res
                 Some(why) => Error::Fenced(why),
                 None => Error::from(e),
             })?;
-        let guard = NsGuard { lease };
+        let mut guard = NsGuard { lease, _one: None };
         let seen = union.intents()?;
         let live = |slot: SlotId| -> Result<bool> {
             let h = union.table().read(slot)?;
@@ -132,6 +140,7 @@ pub fn lock<'a>(lease: &'a Lease, union: &Union, keys: &[u64], prio: u64) -> Res
             younger.push((s.slot, s.intent.seq));
         }
         if older {
+            // Withdraws, keeping this node's turn.
             drop(guard);
             if started.elapsed() > limit {
                 return Err(busy(started));
@@ -163,6 +172,7 @@ pub fn lock<'a>(lease: &'a Lease, union: &Union, keys: &[u64], prio: u64) -> Res
             }
             younger = still;
         }
+        guard._one = one.take();
         return Ok(guard);
     }
 }

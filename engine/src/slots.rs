@@ -317,6 +317,12 @@ pub struct Lease {
     /// The hint last written (the newest header's fields and the intent announced now):
     /// what an announcement or a header write writes again with its change.
     hint: Mutex<SlotHint>,
+    /// Held by the one change of names of this node under way (`nslock::lock`, from its
+    /// announcement to its withdrawal): a slot's hint carries one intent, so a second
+    /// change announcing while the first is under way replaced the first's keys, and a
+    /// conflicting change on another node saw neither (two O_EXCL creates of one name on
+    /// two nodes both succeeded while other processes of the first node made files).
+    pub(crate) changing: Mutex<()>,
     /// A fault point for the fencing test (`CKPTFS_FAULT_STOP_IN_RENEWAL=PATH`): once a file
     /// exists at PATH, the next renewal stops the daemon (SIGSTOP) between reading its
     /// header and writing it, once, as a node frozen at the worst moment.
@@ -439,6 +445,7 @@ impl Lease {
                 used: AtomicU64::new(h.used_bytes),
                 manifest: Mutex::new((h.manifest_gen, h.manifest_len)),
                 hint: Mutex::new(SlotHint::of(&mine)),
+                changing: Mutex::new(()),
                 stop_in_renewal: Mutex::new(
                     std::env::var_os("CKPTFS_FAULT_STOP_IN_RENEWAL").map(Into::into),
                 ),
