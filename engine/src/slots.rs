@@ -747,7 +747,9 @@ impl Lease {
     /// `hints` are echoed in this slot's hint in turn, in slot order, the one after the
     /// probe echoed last, so nodes that all mount at once each get their echo (the hint
     /// has room for one).
-    pub fn answer_probes(&self, hints: &[Option<SlotHint>]) -> DevResult<()> {
+    /// Whether any other slot shows a probe (a node mounting now, which clears its probe
+    /// once answered or given up).
+    pub fn answer_probes(&self, hints: &[Option<SlotHint>]) -> DevResult<bool> {
         let last = self.hint.lock().echo;
         let probes: Vec<u64> = hints
             .iter()
@@ -756,10 +758,10 @@ impl Lease {
             .filter_map(|(_, h)| h.map(|h| h.probe))
             .filter(|&p| p != 0)
             .collect();
-        match next_echo(&probes, last) {
-            Some(p) => self.update_hint(|h| h.echo = p),
-            None => Ok(()),
+        if let Some(p) = next_echo(&probes, last) {
+            self.update_hint(|h| h.echo = p)?;
         }
+        Ok(!probes.is_empty())
     }
 
     /// Probes whether the other live nodes see this node's writes and this node theirs: a
