@@ -507,6 +507,9 @@ struct Run {
     model: Model,
     log: Vec<String>,
     step: usize,
+    /// Close-to-open mounts: a barrier (`barrier`) before an operation on another node
+    /// than the last, and before every comparison.
+    close_to_open: bool,
 }
 
 impl Run {
@@ -582,12 +585,19 @@ fn close_held(run: &mut Run, h: Held, bytes: &[u8], when: &str) {
     );
 }
 
+/// What a job's barrier stands for on close-to-open mounts (`run_close_to_open`): `node`'s
+/// kernel forgets the names it is not using and its daemon reads every node's records.
+fn barrier(c: &Cluster, node: usize) {
+    let _ = fs::write("/proc/sys/vm/drop_caches", b"2");
+    crate::cluster::drop_daemon_caches(&c.nodes[node].mnt);
+}
+
 fn compare_all(c: &Cluster, run: &Run, nodes: usize, when: &str) {
     let want = run.model.tree();
-    // Of close-to-open mounts: after the barrier `run_close_to_open` describes.
-    let _ = fs::write("/proc/sys/vm/drop_caches", b"2");
     for n in 0..nodes {
-        crate::cluster::drop_daemon_caches(&c.nodes[n].mnt);
+        if run.close_to_open {
+            barrier(c, n);
+        }
         let got = seen_tree(&c.nodes[n].mnt)
             .unwrap_or_else(|e| panic!("seed {}: {when}: walking node {n}'s tree: {e}", run.seed));
         let d = diff_trees(&want, &got, 20);
@@ -649,10 +659,10 @@ fn run_inner(seed: u64, ops: usize, clients: &[PathBuf], kill_every: Option<usiz
         model: Model::new(),
         log: Vec::new(),
         step: 0,
+        close_to_open: args.contains(&"close-to-open"),
     };
     let mut held: Option<Held> = None;
     let mut kills = 0;
-    let close_to_open = args.contains(&"close-to-open");
     let mut last_node = None;
     for i in 0..ops {
         if kill_every.is_some_and(|k| i > 0 && i % k == 0) {
@@ -674,10 +684,8 @@ fn run_inner(seed: u64, ops: usize, clients: &[PathBuf], kill_every: Option<usiz
             );
         }
         let n = run.rng.random_range(0..nodes);
-        if close_to_open && last_node != Some(n) {
-            // What a job's barrier stands for (`run_close_to_open`).
-            let _ = fs::write("/proc/sys/vm/drop_caches", b"2");
-            crate::cluster::drop_daemon_caches(&c.nodes[n].mnt);
+        if run.close_to_open && last_node != Some(n) {
+            barrier(&c, n);
         }
         last_node = Some(n);
         let at = |p: &str| c.path(n, p.trim_start_matches('/'));
@@ -937,7 +945,7 @@ fn run_inner(seed: u64, ops: usize, clients: &[PathBuf], kill_every: Option<usiz
             }
             92..=95 => {
                 // Open a file and keep it open across the next operations.
-                if held.is_some() || close_to_open {
+                if held.is_some() || run.close_to_open {
                     continue;
                 }
                 let p = run.path();

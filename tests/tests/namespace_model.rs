@@ -21,15 +21,19 @@
 
 use ckptfs_tests::nsmodel::{env_usize, run, run_close_to_open, run_killing};
 
+/// Seeds per test from the first: one with `CKPTFS_SEED`, else `CKPTFS_MODEL_SEEDS`.
+fn seeds() -> u64 {
+    match std::env::var_os("CKPTFS_SEED") {
+        Some(_) => 1,
+        None => env_usize("CKPTFS_MODEL_SEEDS", 2) as u64,
+    }
+}
+
 #[test]
 fn every_node_sees_one_posix_tree() {
     let first = ckptfs_tests::test_seed("every_node_sees_one_posix_tree", 1);
     let ops = env_usize("CKPTFS_MODEL_OPS", 160);
-    let seeds = match std::env::var_os("CKPTFS_SEED") {
-        Some(_) => 1,
-        None => env_usize("CKPTFS_MODEL_SEEDS", 2),
-    };
-    for s in 0..seeds as u64 {
+    for s in 0..seeds() {
         run(first + s, ops, &[]);
     }
 }
@@ -39,11 +43,7 @@ fn every_returned_change_survives_kill_9_of_the_daemon() {
     let first = ckptfs_tests::test_seed("every_returned_change_survives_kill_9_of_the_daemon", 1);
     let ops = env_usize("CKPTFS_MODEL_OPS", 160);
     let every = env_usize("CKPTFS_KILL_EVERY", 12);
-    let seeds = match std::env::var_os("CKPTFS_SEED") {
-        Some(_) => 1,
-        None => env_usize("CKPTFS_MODEL_SEEDS", 2),
-    };
-    for s in 0..seeds as u64 {
+    for s in 0..seeds() {
         run_killing(first + s, ops, every);
     }
 }
@@ -52,11 +52,7 @@ fn every_returned_change_survives_kill_9_of_the_daemon() {
 fn every_node_sees_one_posix_tree_close_to_open() {
     let first = ckptfs_tests::test_seed("every_node_sees_one_posix_tree_close_to_open", 1);
     let ops = env_usize("CKPTFS_MODEL_OPS", 160);
-    let seeds = match std::env::var_os("CKPTFS_SEED") {
-        Some(_) => 1,
-        None => env_usize("CKPTFS_MODEL_SEEDS", 2),
-    };
-    for s in 0..seeds as u64 {
+    for s in 0..seeds() {
         run_close_to_open(first + s, ops);
     }
 }
