@@ -847,6 +847,60 @@ pub fn decode_fixed(content: &[u8], dst: &mut [u8]) -> bool {
     false
 }
 
+/// `decode_fixed_bmi2`'s loop 64 codes at a time with AVX-512 VBMI: the `v` bytes that hold
+/// each eight codes are gathered into a 64-bit lane each (`vpermb` of one 64-byte load, the
+/// stream's bit offset the same for every group since a group is `v` whole bytes), each code
+/// is shifted into a byte of its lane (`vpmultishiftqb`), and the bytes are looked up in a
+/// 128-entry table of `pdep(code, mask) | constant` (`vpermi2b`, which reads the low seven
+/// bits of each index: the table repeats every `2^v` entries, so the bits above a code need
+/// no mask). Five instructions for 64 bytes, where the scalar loop takes about eight for
+/// eight: it was a quarter of a bf16 chunk's decode. Returns where it stopped (`o`, `p`);
+/// the scalar loops finish the stream.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f,avx512bw,avx512vbmi,bmi2")]
+#[allow(clippy::too_many_arguments)]
+unsafe fn fixed_wide(
+    s: &[u8],
+    mut p: usize,
+    mut o: usize,
+    to: usize,
+    v: usize,
+    mask: u8,
+    constant: u8,
+    dst: &mut [u8],
+) -> (usize, usize) {
+    use std::arch::x86_64::*;
+    if o + 64 > to || !(1..=7).contains(&v) {
+        return (o, p);
+    }
+    let table: [u8; 128] = std::array::from_fn(|i| {
+        _pdep_u32(i as u32 & ((1 << v) - 1), u32::from(mask)) as u8 | constant
+    });
+    // Output lane g holds the codes `o + 8g ..`: the group nearest the stream's start is
+    // the last (codes are read from the end), so lane g starts `v * (7 - g)` bytes in.
+    let gather: [u8; 64] = std::array::from_fn(|b| (v * (7 - b / 8) + b % 8) as u8);
+    // The bit offset of every group within its bytes: p falls by 64v bits, 8v bytes, a step.
+    let shift = (p - 64 * v) % 8;
+    let control: [u8; 64] = std::array::from_fn(|b| (shift + (7 - b % 8) * v) as u8);
+    let lo = _mm512_loadu_si512(table.as_ptr().cast());
+    let hi = _mm512_loadu_si512(table.as_ptr().add(64).cast());
+    let gather = _mm512_loadu_si512(gather.as_ptr().cast());
+    let control = _mm512_loadu_si512(control.as_ptr().cast());
+    while o + 64 <= to {
+        p -= 64 * v;
+        let at = p / 8;
+        let have = s.len() - at;
+        let k: u64 = if have >= 64 { !0 } else { (1 << have) - 1 };
+        let x = _mm512_maskz_loadu_epi8(k, s.as_ptr().add(at).cast());
+        let lanes = _mm512_permutexvar_epi8(gather, x);
+        let codes = _mm512_multishift_epi64_epi8(control, lanes);
+        let bytes = _mm512_permutex2var_epi8(lo, codes, hi);
+        _mm512_storeu_si512(dst.as_mut_ptr().add(o).cast(), bytes);
+        o += 64;
+    }
+    (o, p)
+}
+
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "bmi2")]
 unsafe fn decode_fixed_bmi2(content: &[u8], dst: &mut [u8]) -> bool {
@@ -918,6 +972,11 @@ unsafe fn decode_fixed_bmi2(content: &[u8], dst: &mut [u8]) -> bool {
         };
         let mut p = (to - from) * v;
         let mut o = from;
+        if super::avx512() {
+            // SAFETY: AVX-512 F, BW and VBMI checked; `o + 64 <= to <= dst.len()` and
+            // loads masked to `s` inside `fixed_wide`.
+            (o, p) = fixed_wide(s, p, o, to, v, mask, constant, dst);
+        }
         while o + 8 <= to {
             p -= 8 * v;
             let w = if p / 8 + 8 <= s.len() {
@@ -1319,16 +1378,20 @@ mod tests {
                 let got = zstd::bulk::decompress(&frame, len)
                     .unwrap_or_else(|e| panic!("mask {mask:#x} len {len}: {e}"));
                 assert_eq!(got, piece, "mask {mask:#x} len {len}");
-                // Unpacked without the library: the same bytes, where `pdep` is fast.
+                // Unpacked without the library: the same bytes, where `pdep` is fast, with
+                // and without the AVX-512 loop (64 codes a step).
+                use std::sync::atomic::Ordering::Relaxed;
                 let mut unpacked = vec![0u8; len];
                 let fast = fast_bit_scatter();
-                assert_eq!(
-                    decode_fixed(&a, &mut unpacked),
-                    fast,
-                    "mask {mask:#x} len {len}"
-                );
-                if fast {
-                    assert_eq!(unpacked, piece, "mask {mask:#x} len {len}");
+                for wide_off in [false, true] {
+                    super::super::NO_AVX512.store(wide_off, Relaxed);
+                    unpacked.fill(0);
+                    let ok = decode_fixed(&a, &mut unpacked);
+                    super::super::NO_AVX512.store(false, Relaxed);
+                    assert_eq!(ok, fast, "mask {mask:#x} len {len}");
+                    if fast {
+                        assert_eq!(unpacked, piece, "mask {mask:#x} len {len} {wide_off}");
+                    }
                 }
                 // Damaged anywhere: unpacked only where the library reads the same bytes.
                 for _ in 0..8 {
