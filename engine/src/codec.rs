@@ -257,18 +257,20 @@ const QUICK_FLOOR_NOISE: f32 = 0.02;
 /// else that, so no chunk is stored larger than under `lz4`.
 ///
 /// CPU per chunk: the LZ4 probes `lz4` takes anyway; a floor under the float codec's
-/// fraction from a 1 KiB sample (`float::quick_floor`, about 4 us on a 2-core VM): where it is not
-/// below what LZ4 stores of the probes (random bytes, text, logs), the chunk is stored as
-/// `lz4` stores it and nothing else is spent. Otherwise a plan and estimate from a 4 KiB
-/// sample (`float::choose`); the `lz4` encoding, unless its probes found nothing to
-/// compress (float weights); then the float frame only where the estimate beats it.
+/// fraction from a 1 KiB sample (`float::quick_floor`, about 4 us on a 2-core VM): where
+/// it is not below what LZ4 stores of the probes by the gain (random bytes, text, logs),
+/// the chunk is stored as `lz4` stores it and nothing else is spent. Otherwise a plan and
+/// estimate from a 4 KiB sample (`float::choose`), and again `lz4`'s storage where the
+/// estimate does not beat what it should store by the gain; the `lz4` encoding, unless its
+/// probes found nothing to compress (float weights); then the float frame only where the
+/// estimate beats it.
 ///
 /// In a storm (`Probes::storm`: LZ4 would take a short match every few bytes, at 0.25-0.37
-/// GiB/s, the slowest step by far) whose estimate is below what LZ4 made of the probes
-/// by the gain, the frame is encoded first and kept, without LZ4 of the whole chunk, where it is
-/// smaller than the probes' LZ4 ratio says LZ4 would store. Such chunks are homogeneous
-/// arrays, so the probes' ratio stands for the chunk's; the comparison is with it, not
-/// with the chunk's own LZ4.
+/// GiB/s, the slowest step by far) whose estimate is below what `lz4` would store of the
+/// probes (shuffled, where it shuffles) by the gain, the frame is encoded first and kept,
+/// without LZ4 of the whole chunk, where it is that much smaller. Such chunks are
+/// homogeneous arrays, so the probes' ratio stands for the chunk's; the comparison is with
+/// it, not with the chunk's own LZ4.
 fn encode_float(data: &[u8]) -> (Codec, Option<Vec<u8>>) {
     if data.len() < FLOAT_MIN_BYTES {
         return encode(data, Policy::Lz4);
@@ -830,7 +832,8 @@ mod tests {
     }
 
     /// Under the float policy a storm chunk takes the float codec without LZ4 of the whole
-    /// chunk (`encode_float`), and is still stored no larger than plain LZ4 would store it.
+    /// chunk (`encode_float`) where the frame is `FLOAT_MIN_GAIN_OVER_LZ4` below what `lz4`
+    /// stores; a storm it saves only a few percent on is stored exactly as `lz4` stores it.
     #[test]
     fn float_policy_takes_storm_chunks_where_it_pays_and_stays_below_lz4() {
         let (storms, _) = storm_and_calm_data();
