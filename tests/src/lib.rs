@@ -1499,3 +1499,11 @@ pub fn finish_said(child: std::process::Child) -> (std::process::ExitStatus, Str
     );
     (out.status, text)
 }
+
+/// A count from the environment (a stress test's knob), `default` where unset or unparsable.
+pub fn env_usize(name: &str, default: usize) -> usize {
+    std::env::var(name)
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(default)
+}

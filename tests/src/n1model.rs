@@ -458,10 +458,4 @@ fn check(c: &Cluster, model: &Model, name: &str, seed: u64, log: &[String]) {
     }
 }
 
-/// A count from the environment.
-pub fn env_usize(key: &str, default: usize) -> usize {
-    std::env::var(key)
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(default)
-}
+pub use crate::env_usize;

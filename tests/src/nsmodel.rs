@@ -468,12 +468,7 @@ fn tail(log: &[String]) -> String {
     log[from..].join("\n")
 }
 
-pub fn env_usize(name: &str, default: usize) -> usize {
-    std::env::var(name)
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(default)
-}
+pub use crate::env_usize;
 
 fn err<T>(r: std::io::Result<T>) -> R<T> {
     r.map_err(|e| e.raw_os_error().unwrap_or(-1))

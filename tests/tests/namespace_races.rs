@@ -221,10 +221,7 @@ fn an_empty_save_over_another_nodes_file_empties_it_everywhere() {
 #[test]
 fn an_exclusive_create_stays_exclusive_while_other_processes_of_the_node_make_files() {
     use std::sync::atomic::{AtomicBool, Ordering};
-    let rounds: usize = std::env::var("CKPTFS_EXCL_RACE_ROUNDS")
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(150);
+    let rounds = ckptfs_tests::env_usize("CKPTFS_EXCL_RACE_ROUNDS", 150);
     let mut c = Cluster::new(2, "512M", 2, LEASE);
     for n in 0..2 {
         c.mount(n, &[]);

@@ -847,44 +847,62 @@ pub fn decode_fixed(content: &[u8], dst: &mut [u8]) -> bool {
     false
 }
 
+/// The tables of `fixed_wide` for one block (its four streams share a mask): the byte each
+/// code becomes, `pdep(code, mask) | constant`, for every 7-bit index (the table repeats
+/// every `2^v` entries, so the bits above a code need no mask), and where each output
+/// lane's eight codes start in a 64-byte load.
+#[cfg(target_arch = "x86_64")]
+struct WideTables {
+    bytes: [u8; 128],
+    gather: [u8; 64],
+}
+
+#[cfg(target_arch = "x86_64")]
+impl WideTables {
+    /// None where `v` bits a code do not fit the 7-bit index.
+    #[target_feature(enable = "bmi2")]
+    fn new(v: usize, mask: u8, constant: u8) -> Option<WideTables> {
+        use std::arch::x86_64::_pdep_u32;
+        (1..=7).contains(&v).then(|| WideTables {
+            bytes: std::array::from_fn(|i| {
+                _pdep_u32(i as u32 & ((1 << v) - 1), u32::from(mask)) as u8 | constant
+            }),
+            // Output lane g holds the codes `o + 8g ..`: the group nearest the stream's
+            // start is the last (codes are read from the end), so lane g starts
+            // `v * (7 - g)` bytes in.
+            gather: std::array::from_fn(|b| (v * (7 - b / 8) + b % 8) as u8),
+        })
+    }
+}
+
 /// `decode_fixed_bmi2`'s loop 64 codes at a time with AVX-512 VBMI: the `v` bytes that hold
 /// each eight codes are gathered into a 64-bit lane each (`vpermb` of one 64-byte load, the
 /// stream's bit offset the same for every group since a group is `v` whole bytes), each code
-/// is shifted into a byte of its lane (`vpmultishiftqb`), and the bytes are looked up in a
-/// 128-entry table of `pdep(code, mask) | constant` (`vpermi2b`, which reads the low seven
-/// bits of each index: the table repeats every `2^v` entries, so the bits above a code need
-/// no mask). Five instructions for 64 bytes, where the scalar loop takes about eight for
-/// eight: it was a quarter of a bf16 chunk's decode. Returns where it stopped (`o`, `p`);
-/// the scalar loops finish the stream.
+/// is shifted into a byte of its lane (`vpmultishiftqb`), and the bytes are looked up in
+/// `t` (`vpermi2b`, which reads the low seven bits of each index). Five instructions for 64
+/// bytes, where the scalar loop takes about eight for eight: it was a quarter of a bf16
+/// chunk's decode. Returns where it stopped (`o`, `p`); the scalar loops finish the stream.
 #[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx512f,avx512bw,avx512vbmi,bmi2")]
-#[allow(clippy::too_many_arguments)]
+#[target_feature(enable = "avx512f,avx512bw,avx512vbmi")]
 unsafe fn fixed_wide(
+    t: &WideTables,
     s: &[u8],
     mut p: usize,
     mut o: usize,
     to: usize,
     v: usize,
-    mask: u8,
-    constant: u8,
     dst: &mut [u8],
 ) -> (usize, usize) {
     use std::arch::x86_64::*;
-    if o + 64 > to || !(1..=7).contains(&v) {
+    if o + 64 > to {
         return (o, p);
     }
-    let table: [u8; 128] = std::array::from_fn(|i| {
-        _pdep_u32(i as u32 & ((1 << v) - 1), u32::from(mask)) as u8 | constant
-    });
-    // Output lane g holds the codes `o + 8g ..`: the group nearest the stream's start is
-    // the last (codes are read from the end), so lane g starts `v * (7 - g)` bytes in.
-    let gather: [u8; 64] = std::array::from_fn(|b| (v * (7 - b / 8) + b % 8) as u8);
     // The bit offset of every group within its bytes: p falls by 64v bits, 8v bytes, a step.
     let shift = (p - 64 * v) % 8;
     let control: [u8; 64] = std::array::from_fn(|b| (shift + (7 - b % 8) * v) as u8);
-    let lo = _mm512_loadu_si512(table.as_ptr().cast());
-    let hi = _mm512_loadu_si512(table.as_ptr().add(64).cast());
-    let gather = _mm512_loadu_si512(gather.as_ptr().cast());
+    let lo = _mm512_loadu_si512(t.bytes.as_ptr().cast());
+    let hi = _mm512_loadu_si512(t.bytes.as_ptr().add(64).cast());
+    let gather = _mm512_loadu_si512(t.gather.as_ptr().cast());
     let control = _mm512_loadu_si512(control.as_ptr().cast());
     while o + 64 <= to {
         p -= 64 * v;
@@ -948,6 +966,11 @@ unsafe fn decode_fixed_bmi2(content: &[u8], dst: &mut [u8]) -> bool {
     let fill = u64::from(constant) * 0x0101_0101_0101_0101;
     let field = (1u64 << (8 * v)) - 1;
     let segs = segments(n);
+    // Once a block: its four streams share the tables.
+    let tables = match super::avx512() {
+        true => WideTables::new(v, mask, constant),
+        false => None,
+    };
     let mut at = 0;
     for (k, size) in [sizes3[0], sizes3[1], sizes3[2], last]
         .into_iter()
@@ -972,10 +995,10 @@ unsafe fn decode_fixed_bmi2(content: &[u8], dst: &mut [u8]) -> bool {
         };
         let mut p = (to - from) * v;
         let mut o = from;
-        if super::avx512() {
-            // SAFETY: AVX-512 F, BW and VBMI checked; `o + 64 <= to <= dst.len()` and
-            // loads masked to `s` inside `fixed_wide`.
-            (o, p) = fixed_wide(s, p, o, to, v, mask, constant, dst);
+        if let Some(t) = &tables {
+            // SAFETY: AVX-512 F, BW and VBMI checked (`tables`); `o + 64 <= to <= dst.len()`
+            // and loads masked to `s` inside `fixed_wide`.
+            (o, p) = fixed_wide(t, s, p, o, to, v, dst);
         }
         while o + 8 <= to {
             p -= 8 * v;
